@@ -1,0 +1,15 @@
+"""hybrid-zoo components: every mixer is a plain ``nn.Module`` reusable outside the zoo."""
+
+from components.block import Block
+from components.context import Context
+from components.model import DEFAULT_MIXERS, HybridLM, count_active_parameters, count_parameters
+from components.norm import RMSNorm
+from components.pattern import PatternError, parse_pattern
+from components.rotary import RotaryEmbedding, apply_rotary
+from components.sequence import QCAttention
+from components.state import MLP
+
+__all__ = [
+    "Block", "Context", "DEFAULT_MIXERS", "HybridLM", "MLP", "PatternError", "QCAttention", "RMSNorm",
+    "RotaryEmbedding", "apply_rotary", "count_active_parameters", "count_parameters", "parse_pattern",
+]

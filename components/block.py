@@ -1,0 +1,53 @@
+"""``Block``: a sequence mixer then a state mixer, each behind pre-RMSNorm and a residual."""
+
+import torch
+from torch import nn
+
+from components.context import Context
+from components.norm import RMSNorm
+
+
+class Block(nn.Module):
+    """``x += sequence_mixer(norm(x), context)``; ``x += state_mixer(norm(x))``. Either may be None.
+
+    Args:
+        d_model: model width.
+        sequence_mixer: a module ``(x [B,T,d], context) -> [B,T,d]``, or None.
+        state_mixer: a module ``x [B,T,d] -> [B,T,d]``, or None.
+        token: the pattern token this block was built from (for summaries and messages).
+        norm_eps: RMSNorm epsilon.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        sequence_mixer: nn.Module | None,
+        state_mixer: nn.Module | None,
+        *,
+        token: str = "",
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        if sequence_mixer is None and state_mixer is None:
+            raise ValueError("Block: needs a sequence mixer, a state mixer, or both")
+        self.token = token
+        self.sequence_norm = RMSNorm(d_model, eps=norm_eps) if sequence_mixer is not None else None
+        self.sequence_mixer = sequence_mixer
+        self.state_norm = RMSNorm(d_model, eps=norm_eps) if state_mixer is not None else None
+        self.state_mixer = state_mixer
+
+    def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        if self.sequence_mixer is not None:
+            x = x + self._checked(self.sequence_mixer(self.sequence_norm(x), context), x, "sequence")
+        if self.state_mixer is not None:
+            x = x + self._checked(self.state_mixer(self.state_norm(x)), x, "state")
+        return x
+
+    def _checked(self, y: torch.Tensor, x: torch.Tensor, slot: str) -> torch.Tensor:
+        if y.shape != x.shape:
+            mixer = getattr(self, f"{slot}_mixer")
+            raise ValueError(
+                f"block {self.token!r}: {slot} mixer {type(mixer).__name__} returned shape {tuple(y.shape)}; "
+                f"mixers must map [B, T, d_model] = {tuple(x.shape)} to the same shape"
+            )
+        return y

@@ -1,0 +1,213 @@
+"""``HybridLM``: embedding → blocks built from a layer pattern → final RMSNorm → LM head."""
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from components.block import Block
+from components.context import Context
+from components.norm import RMSNorm
+from components.pattern import PatternError, parse_tokens
+from components.rotary import RotaryEmbedding
+from components.sequence import QCAttention
+from components.state import MLP
+
+MixerFactory = Callable[[int], nn.Module]
+"""Builds one mixer from ``d_model``: a class, a ``functools.partial``, or a jsonargparse binding."""
+
+DEFAULT_MIXERS: dict[str, MixerFactory] = {
+    "A": QCAttention,
+    "M": MLP,
+}
+"""Letters bound when a recipe does not bind them (SPEC §4)."""
+
+
+class HybridLM(nn.Module):
+    """A language model whose blocks are listed by a layer pattern.
+
+    Args:
+        vocab_size: number of token ids.
+        d_model: model width, passed to every mixer factory.
+        pattern: the layer pattern, e.g. ``"SM SM SM AM"`` (see :mod:`components.pattern`).
+        mixers: letter → factory ``d_model -> nn.Module``, merged over :data:`DEFAULT_MIXERS`. Each
+            factory is called once per block, so no two blocks share parameters.
+        max_seq_len: longest sequence accepted (also RoPE's trained range; NTK scaling past it).
+        tie_embeddings: share the embedding matrix with the LM head (default False).
+        rope_base: base of the shared rotary table (default 10000).
+        init_std: std of the normal init of every ``nn.Linear`` and ``nn.Embedding`` weight (0.02);
+            other parameters keep their component's own initialisation.
+        norm_eps: RMSNorm epsilon.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        pattern: str,
+        mixers: Mapping[str, MixerFactory] | None = None,
+        *,
+        max_seq_len: int = 2048,
+        tie_embeddings: bool = False,
+        rope_base: float = 10000.0,
+        init_std: float = 0.02,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("max_seq_len", max_seq_len)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"HybridLM: {name}={value!r} must be a positive integer")
+        self.vocab_size, self.d_model, self.pattern, self.max_seq_len = vocab_size, d_model, pattern, max_seq_len
+        self.bindings = {**DEFAULT_MIXERS, **(mixers or {})}
+        tokens = parse_tokens(pattern)
+        self._check_bound(tokens)
+
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.rotary = RotaryEmbedding(max_seq_len, base=rope_base)
+        self.blocks = nn.ModuleList(
+            Block(
+                d_model,
+                self._build(t.seq, d_model),
+                self._build(t.state, d_model),
+                token=str(t),
+                norm_eps=norm_eps,
+            )
+            for t in tokens
+        )
+        self.norm = RMSNorm(d_model, eps=norm_eps)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        self._init_weights(init_std)
+        if tie_embeddings:
+            self.lm_head.weight = self.embedding.weight
+        self.tie_embeddings = tie_embeddings
+
+    def _check_bound(self, tokens) -> None:
+        for t in tokens:
+            for letter, column in ((t.seq, t.column), (t.state, t.column + 1)):
+                if letter is not None and letter not in self.bindings:
+                    bound = ", ".join(sorted(self.bindings))
+                    raise PatternError(self.pattern, column, f"letter {letter!r} is not bound (bound: {bound})")
+
+    def _build(self, letter: str | None, d_model: int) -> nn.Module | None:
+        if letter is None:
+            return None
+        factory = self.bindings[letter]
+        if not callable(factory):
+            raise TypeError(f"HybridLM: the binding of letter {letter!r} is not callable: {factory!r}")
+        module = factory(d_model)
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"HybridLM: the binding of letter {letter!r} returned {type(module).__name__}, not an nn.Module")
+        return module
+
+    def _init_weights(self, std: float) -> None:
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        position_ids: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``input_ids [B, T]`` → final-normed hidden states ``[B, T, d_model]``.
+
+        ``position_ids [B, T]`` default to ``0..T-1``; ``padding_mask [B, T]`` is True at padding.
+        """
+        self._check_input(input_ids, position_ids, padding_mask)
+        B, T = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
+        context = Context(position_ids=position_ids, padding_mask=padding_mask, rotary=self.rotary)
+        x = self.embedding(input_ids)  # [B, T, d_model]
+        for block in self.blocks:
+            x = block(x, context)
+        return self.norm(x)
+
+    def forward(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+        """``input_ids [B, T]`` → logits ``[B, T, vocab_size]``; keywords as :meth:`hidden_states`."""
+        return self.lm_head(self.hidden_states(input_ids, **kwargs))
+
+    def auxiliary_losses(self) -> dict[str, torch.Tensor]:
+        """The auxiliary losses of the last forward, by module name.
+
+        The one mechanism for them (SPEC §3): a mixer with an auxiliary loss (a routed MoE's balancing
+        loss) assigns a scalar tensor to its attribute ``aux_loss`` in every forward.
+        """
+        return {
+            name: module.aux_loss
+            for name, module in self.named_modules()
+            if isinstance(getattr(module, "aux_loss", None), torch.Tensor)
+        }
+
+    def _check_input(self, input_ids, position_ids, padding_mask) -> None:
+        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(
+                f"HybridLM: input_ids must be an integer tensor [B, T]; got {input_ids.dtype} {tuple(input_ids.shape)}"
+            )
+        T = input_ids.shape[1]
+        if T > self.max_seq_len:
+            raise ValueError(
+                f"HybridLM: sequence length {T} exceeds max_seq_len={self.max_seq_len}; "
+                "build the model with a larger max_seq_len"
+            )
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
+            raise ValueError(
+                f"HybridLM: token ids must lie in [0, vocab_size={self.vocab_size}); "
+                f"got values in [{int(input_ids.min())}, {int(input_ids.max())}]"
+            )
+        for name, t in (("position_ids", position_ids), ("padding_mask", padding_mask)):
+            if t is not None and t.shape != input_ids.shape:
+                raise ValueError(f"HybridLM: {name} must have the shape of input_ids {tuple(input_ids.shape)}; got {tuple(t.shape)}")
+
+    # ---- parameter accounting -------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """A table: one row per block (token, mixer classes, parameters), then the totals."""
+        rows = [("#", "token", "sequence mixer", "state mixer", "params", "active")]
+        for i, block in enumerate(self.blocks):
+            rows.append((
+                str(i), block.token,
+                type(block.sequence_mixer).__name__ if block.sequence_mixer is not None else "-",
+                type(block.state_mixer).__name__ if block.state_mixer is not None else "-",
+                f"{count_parameters(block):,}", f"{count_active_parameters(block):,}",
+            ))
+        head = 0 if self.tie_embeddings else self.lm_head.weight.numel()
+        rows.append(("", "embed", "Embedding", "", f"{self.embedding.weight.numel():,}", f"{self.embedding.weight.numel():,}"))
+        rows.append(("", "head", "RMSNorm + Linear" + (" (tied)" if self.tie_embeddings else ""), "",
+                     f"{head + self.norm.weight.numel():,}", f"{head + self.norm.weight.numel():,}"))
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        line = lambda r: "  ".join(  # noqa: E731 - a formatting helper local to this table
+            cell.rjust(w) if c in (0, 4, 5) else cell.ljust(w) for c, (cell, w) in enumerate(zip(r, widths))
+        )
+        rule = "-" * len(line(rows[0]))
+        total, active = count_parameters(self), count_active_parameters(self)
+        return "\n".join([
+            f"HybridLM  pattern={self.pattern!r}  blocks={len(self.blocks)}  d_model={self.d_model}  vocab={self.vocab_size}",
+            line(rows[0]), rule, *map(line, rows[1:]), rule,
+            f"total parameters: {total:,}   active per token: {active:,}",
+        ])
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Unique parameters of ``module`` (tied weights counted once)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def count_active_parameters(module: nn.Module) -> int:
+    """Parameters one token uses. A module that activates only part of itself per token (a routed MoE)
+    defines ``active_parameters() -> int``; every other module counts all of its parameters."""
+    if hasattr(module, "active_parameters"):
+        return module.active_parameters()
+    own = sum(p.numel() for p in module.parameters(recurse=False))
+    seen = {id(p) for p in module.parameters(recurse=False)}
+    total = own
+    for child in module.children():
+        if any(id(p) in seen for p in child.parameters()):
+            # A child sharing a parameter with us (tied weights): count only what is new.
+            total += sum(p.numel() for p in child.parameters() if id(p) not in seen)
+            continue
+        total += count_active_parameters(child)
+        seen.update(id(p) for p in child.parameters())
+    return total

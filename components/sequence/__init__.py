@@ -1,0 +1,5 @@
+"""Sequence mixers: ``forward(x [B,T,d], context=None) -> [B,T,d]``, mixing across positions."""
+
+from components.sequence.attention import QCAttention
+
+__all__ = ["QCAttention"]

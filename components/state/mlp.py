@@ -1,0 +1,60 @@
+"""Dense MLP state mixers: SwiGLU, OTCE's double-gated DGLU (SwiSig, SwiTanh), and the GELU FFN."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from components._checks import check_choice, check_positive
+
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+# The second (gate) branch of each gated form; the GELU FFN has none.
+GATES = {"swiglu": lambda v: v, "swisig": torch.sigmoid, "switanh": torch.tanh}
+FORMS = (*GATES, "gelu")
+
+
+def default_d_ff(d_model: int, activation: str) -> int:
+    """Width at which every form has about ``8·d_model²`` parameters: ``4·d`` for the two-matrix
+    GELU FFN, ``8/3·d`` (rounded up to a multiple of 8) for the three-matrix gated forms."""
+    if activation == "gelu":
+        return 4 * d_model
+    return -(-8 * d_model // 3 // 8) * 8
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward state mixer, ``[..., d_model] → [..., d_model]``.
+
+    Forms (``activation``), with ``act`` the nonlinearity (default SiLU, i.e. Swish)::
+
+        swiglu   (act(xW) ⊙ xV) W₂
+        swisig   (act(xW) ⊙ σ(xV)) W₂        OTCE eq. 13a
+        switanh  (act(xW) ⊙ tanh(xV)) W₂     OTCE eq. 13b
+        gelu     gelu(xW) W₂                 (two matrices; ``act`` is ignored)
+
+    Args:
+        d_model: model width.
+        d_ff: hidden width (default :func:`default_d_ff`, equal parameters across forms).
+        activation: one of ``swiglu``, ``swisig``, ``switanh``, ``gelu`` (default ``swiglu``).
+        act: ``silu`` | ``gelu`` | ``relu`` for the gated forms (default ``silu``).
+    """
+
+    def __init__(self, d_model: int, *, d_ff: int | None = None, activation: str = "swiglu", act: str = "silu"):
+        super().__init__()
+        check_choice("MLP", "activation", activation, FORMS)
+        check_choice("MLP", "act", act, ACTIVATIONS)
+        d_ff = default_d_ff(d_model, activation) if d_ff is None else d_ff
+        check_positive("MLP", d_model=d_model, d_ff=d_ff)
+        self.activation, self.act_name, self.d_ff = activation, act, d_ff
+        self.act = F.gelu if activation == "gelu" else ACTIVATIONS[act]
+        self.gate = GATES.get(activation)
+        n_in = 1 if self.gate is None else 2
+        self.in_proj = nn.Linear(d_model, n_in * d_ff, bias=False)  # [W | V] fused
+        self.out_proj = nn.Linear(d_ff, d_model, bias=False)  # W₂
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate is None:
+            return self.out_proj(self.act(self.in_proj(x)))
+        h, v = self.in_proj(x).chunk(2, dim=-1)  # 2 × [..., d_ff]
+        return self.out_proj(self.act(h) * self.gate(v))
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}, act={self.act_name}, d_ff={self.d_ff}"

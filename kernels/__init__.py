@@ -1,0 +1,1 @@
+"""Functional ops of hybrid-zoo: one sub-package per op (reference + fast path + public entry)."""

@@ -1,0 +1,23 @@
+"""Backend selection shared by every op: ``auto`` | ``reference`` | ``triton``."""
+
+import torch
+
+BACKENDS = ("auto", "reference", "triton")
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+
+
+def resolve_backend(backend: str, tensor: torch.Tensor, *, op: str, has_triton: bool) -> str:
+    """Pick the concrete backend for ``op``. ``auto`` takes Triton on CUDA tensors when the op has a
+    Triton kernel, the plain-torch reference otherwise."""
+    check_backend(backend)
+    if backend == "auto":
+        return "triton" if (has_triton and tensor.is_cuda) else "reference"
+    if backend == "triton" and not has_triton:
+        raise NotImplementedError(
+            f"{op}: backend='triton' has no kernel yet; use backend='reference' or 'auto'"
+        )
+    return backend

@@ -1,0 +1,72 @@
+"""``attention``: softmax attention with an additive per-key bias (the dynamic mask), causal and
+key-padding masks, grouped-query heads and an optional top-``w`` key window. See README.md."""
+
+import torch
+
+from kernels._backend import check_backend, resolve_backend
+from kernels.attention.reference import attention_reference
+
+__all__ = ["attention", "attention_reference"]
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    causal: bool = True,
+    key_padding_mask: torch.Tensor | None = None,
+    keep_window: int | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Scaled-dot-product attention.
+
+    Args:
+        q: ``[B, T, H, D]`` queries.
+        k, v: ``[B, S, H_kv, D]`` keys and values; ``H`` must be a multiple of ``H_kv`` (GQA).
+        bias: ``[B, H, S]`` added to every query's score for key ``j`` (one value per head and key).
+        causal: query ``i`` sees keys ``j <= S - T + i`` (bottom-right aligned, so decoding works).
+        key_padding_mask: ``[B, S]`` bool, True where the key is padding (never attended to).
+        keep_window: keep, per query, only the ``keep_window`` allowed keys with the largest bias
+            (ties to the most recent); the selection carries no gradient, the bias does.
+        scale: score scale, default ``1/sqrt(D)``.
+        backend: ``auto`` | ``reference`` | ``triton``.
+
+    Returns:
+        ``[B, T, H, D]``. A query with no allowed key returns zeros.
+    """
+    check_backend(backend)
+    _check_arguments(q, k, v, bias, key_padding_mask, keep_window)
+    resolve_backend(backend, q, op="attention", has_triton=False)
+    return attention_reference(
+        q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
+        keep_window=keep_window, scale=scale,
+    )
+
+
+def _check_arguments(q, k, v, bias, key_padding_mask, keep_window) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"attention: q, k, v must be [B, T, H, D]; got q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}"
+        )
+    B, T, H, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"attention: k{tuple(k.shape)} and v{tuple(v.shape)} must have the same shape")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"attention: k{tuple(k.shape)} does not match q{tuple(q.shape)} in batch or head dim")
+    S, Hkv = k.shape[1], k.shape[2]
+    if H % Hkv != 0:
+        raise ValueError(f"attention: query heads H={H} are not a multiple of key/value heads H_kv={Hkv}")
+    if bias is not None and tuple(bias.shape) != (B, H, S):
+        raise ValueError(f"attention: bias must be [B, H, S] = {(B, H, S)}; got {tuple(bias.shape)}")
+    if key_padding_mask is not None:
+        if tuple(key_padding_mask.shape) != (B, S):
+            raise ValueError(
+                f"attention: key_padding_mask must be [B, S] = {(B, S)}; got {tuple(key_padding_mask.shape)}"
+            )
+        if key_padding_mask.dtype != torch.bool:
+            raise ValueError(f"attention: key_padding_mask must be bool (True = padding); got {key_padding_mask.dtype}")
+    if keep_window is not None and (not isinstance(keep_window, int) or keep_window < 1):
+        raise ValueError(f"attention: keep_window={keep_window!r} must be an integer >= 1 (or None)")

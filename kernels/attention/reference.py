@@ -1,0 +1,94 @@
+"""Plain-torch reference for attention with an additive per-key bias.
+
+Materialises the ``[B, H, T, S]`` mask, so memory is quadratic: this is the readable, exact oracle,
+and the default on CPU. The math is in README.md beside this file.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def allowed_keys(
+    T: int,
+    S: int,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """Boolean ``[B or 1, 1, T, S]``: may query i look at key j (before any window)?
+
+    Causal alignment is bottom-right: query i sits at key position ``S - T + i``, so a decoding step
+    (``T=1``) sees every cached key.
+    """
+    allowed = torch.ones(1, 1, T, S, dtype=torch.bool, device=device)
+    if causal:
+        q_pos = torch.arange(T, device=device)[:, None] + (S - T)  # [T, 1]
+        k_pos = torch.arange(S, device=device)[None, :]  # [1, S]
+        allowed = allowed & (k_pos <= q_pos)
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask[:, None, None, :]  # [B, 1, 1, S]
+    return allowed
+
+
+def select_window(allowed: torch.Tensor, bias: torch.Tensor | None, keep_window: int) -> torch.Tensor:
+    """Keep, per query, at most ``keep_window`` allowed keys: those with the largest bias, ties going to
+    the most recent key. No gradient flows through the selection.
+
+    allowed: ``[B|1, 1|H, T, S]`` bool; bias: ``[B, H, S]`` or None → ``[B|1, H|1, T, S]`` bool.
+    """
+    S = allowed.shape[-1]
+    score = torch.zeros(S, device=allowed.device) if bias is None else bias.detach()[:, :, None, :]
+    # Recency as a tie-break: a key position's rank among equal biases. A stable sort on the bias of
+    # keys laid out newest-first gives exactly "largest bias, then most recent".
+    score = torch.broadcast_to(score, torch.broadcast_shapes(allowed.shape, torch.as_tensor(score).shape))
+    score = score.masked_fill(~allowed, float("-inf")).flip(-1)  # newest key first
+    order = torch.sort(score, dim=-1, descending=True, stable=True).indices  # [.., T, S]
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(S, device=order.device).expand_as(order))
+    keep = (rank < keep_window).flip(-1)  # back to oldest-first key order
+    return allowed & keep
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    causal: bool = True,
+    key_padding_mask: torch.Tensor | None = None,
+    keep_window: int | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """q ``[B,T,H,D]``, k/v ``[B,S,Hkv,D]``, bias ``[B,H,S]`` → ``[B,T,H,D]`` (arguments pre-checked).
+
+    A query with no allowed key (all its keys padded) returns zeros rather than NaN.
+    """
+    B, T, H, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    # Grouped-query attention: query head h reads kv head h // (H / Hkv).
+    k = k.repeat_interleave(H // Hkv, dim=2)  # [B, S, H, D]
+    v = v.repeat_interleave(H // Hkv, dim=2)  # [B, S, H, D]
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T|S, D]
+
+    if bias is None and key_padding_mask is None and keep_window is None:
+        # Fast path: nothing to materialise; torch's causal flag aligns top-left, so only for T == S.
+        if not causal or T == S:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal and T > 1, scale=scale)
+            return out.transpose(1, 2)  # [B, T, H, D]
+
+    allowed = allowed_keys(T, S, causal=causal, key_padding_mask=key_padding_mask, device=q.device)
+    if keep_window is not None:
+        allowed = select_window(allowed, bias, keep_window)
+    empty = ~allowed.any(-1, keepdim=True)  # [B|1, H|1, T, 1] queries with nothing to attend to
+    allowed = allowed | empty  # avoid NaN from an all -inf row; zeroed below
+    mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
+    if bias is not None:
+        mask = mask + bias[:, :, None, :].to(q.dtype)  # [B, H, T, S]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, T, D]
+    out = out.masked_fill(empty, 0.0)
+    return out.transpose(1, 2)  # [B, T, H, D]

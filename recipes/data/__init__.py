@@ -1,0 +1,5 @@
+"""Data modules of the recipes. Each exposes ``vocab_size``, which the CLI links into the model."""
+
+from recipes.data.text import TextCorpus
+
+__all__ = ["TextCorpus"]

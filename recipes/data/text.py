@@ -1,0 +1,110 @@
+"""``TextCorpus``: byte-level language modelling on a text that ships with Python, or a local file."""
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+def default_text() -> str:
+    """The documentation topics of ``pydoc_data`` (about 0.47 MB of English and Python), present in every
+    CPython install, so training runs on a fresh machine with no download."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+class Windows(Dataset):
+    """Windows of ``seq_len + 1`` bytes from ``data``, starting every ``stride`` bytes.
+
+    Item: ``{"input_ids": [seq_len], "labels": [seq_len]}``, the labels shifted by one.
+    """
+
+    def __init__(self, data: torch.Tensor, seq_len: int, stride: int):
+        self.data, self.seq_len, self.stride = data, seq_len, stride
+        self.count = max((len(data) - seq_len - 1) // stride + 1, 0)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> dict:
+        start = i * self.stride
+        chunk = self.data[start:start + self.seq_len + 1].long()  # [seq_len + 1]
+        return {"input_ids": chunk[:-1], "labels": chunk[1:]}
+
+
+class TextCorpus(L.LightningDataModule):
+    """Byte-level text: vocabulary 256, a train / val / test split by position.
+
+    Training windows start at every byte and are drawn in random order (random windows); validation
+    and test windows do not overlap.
+
+    Args:
+        path: a local UTF-8 ``.txt`` file; default None, the ``pydoc_data`` topics.
+        seq_len: tokens per window (default 256).
+        batch_size: windows per batch (default 16).
+        val_fraction, test_fraction: tail fractions of the text held out (default 0.05 each).
+        num_workers: dataloader workers (default 0).
+    """
+
+    vocab_size = 256
+
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        seq_len: int = 256,
+        batch_size: int = 16,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"TextCorpus: path={path!r} is not a file")
+        if seq_len < 1 or batch_size < 1:
+            raise ValueError(f"TextCorpus: seq_len={seq_len} and batch_size={batch_size} must be >= 1")
+        if not (0 < val_fraction and 0 < test_fraction and val_fraction + test_fraction < 1):
+            raise ValueError(
+                f"TextCorpus: val_fraction={val_fraction}, test_fraction={test_fraction} must be positive "
+                "and leave some text to train on"
+            )
+        self.path, self.seq_len, self.batch_size, self.num_workers = path, seq_len, batch_size, num_workers
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.splits: dict[str, torch.Tensor] = {}
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        text = Path(self.path).read_text(encoding="utf-8") if self.path else default_text()
+        data = torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8)  # [n_bytes]
+        n = len(data)
+        n_val, n_test = int(n * self.val_fraction), int(n * self.test_fraction)
+        self.splits = {
+            "train": data[: n - n_val - n_test],
+            "val": data[n - n_val - n_test : n - n_test],
+            "test": data[n - n_test :],
+        }
+        for name, split in self.splits.items():
+            if len(split) < self.seq_len + 1:
+                raise ValueError(
+                    f"TextCorpus: the {name} split has {len(split)} bytes, fewer than seq_len + 1 = {self.seq_len + 1}; "
+                    "use a longer text, a larger fraction or a shorter seq_len"
+                )
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        stride = 1 if split == "train" else self.seq_len
+        return DataLoader(
+            Windows(self.splits[split], self.seq_len, stride), batch_size=self.batch_size, shuffle=shuffle,
+            num_workers=self.num_workers, drop_last=shuffle, persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)

@@ -1,0 +1,168 @@
+"""``LanguageModel``: the one LightningModule of the recipes — next-token loss, auxiliary losses,
+perplexity, AdamW with linear warm-up and cosine decay, throughput and learning-rate logging."""
+
+import math
+import time
+from collections.abc import Mapping
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+import torchmetrics
+from torchmetrics.text import Perplexity
+
+from components.model import HybridLM, MixerFactory, count_active_parameters, count_parameters
+
+IGNORE_INDEX = -100
+
+
+class LanguageModel(L.LightningModule):
+    """Trains a :class:`components.HybridLM` on batches ``{"input_ids": [B,T], "labels": [B,T]}``.
+
+    Labels equal to -100 carry no loss, and the LM head is computed only at positions that carry one
+    (MQAR's few query positions make this matter). Model arguments are those of ``HybridLM``
+    (``vocab_size`` is normally linked from the data module by the CLI).
+
+    Args:
+        d_model, pattern, mixers, vocab_size, max_seq_len, tie_embeddings, rope_base, init_std:
+            passed to ``HybridLM``.
+        lr: peak learning rate of AdamW (default 1e-3).
+        betas, eps, weight_decay: AdamW settings (papers: (0.9, 0.98), 1e-6, 0.1). Weight decay
+            applies to matrices only, not to norms' gains or other vectors.
+        warmup_fraction: fraction of the run spent in linear warm-up (default 0.1).
+        final_lr_fraction: the cosine decays to this fraction of ``lr`` (default 0.1).
+        aux_loss_coef: coefficient on the sum of the mixers' auxiliary losses (default 0.01).
+    """
+
+    def __init__(
+        self,
+        d_model: int = 128,
+        pattern: str = "AM×4",
+        mixers: Mapping[str, MixerFactory] | None = None,
+        *,
+        vocab_size: int = 256,
+        max_seq_len: int = 2048,
+        tie_embeddings: bool = False,
+        rope_base: float = 10000.0,
+        init_std: float = 0.02,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.98),
+        eps: float = 1e-6,
+        weight_decay: float = 0.1,
+        warmup_fraction: float = 0.1,
+        final_lr_fraction: float = 0.1,
+        aux_loss_coef: float = 0.01,
+    ):
+        hparams = {k: v for k, v in locals().items() if k not in ("self", "mixers", "__class__")}
+        super().__init__()
+        if not 0.0 <= warmup_fraction < 1.0:
+            raise ValueError(f"LanguageModel: warmup_fraction={warmup_fraction} must lie in [0, 1)")
+        if not 0.0 <= final_lr_fraction <= 1.0:
+            raise ValueError(f"LanguageModel: final_lr_fraction={final_lr_fraction} must lie in [0, 1]")
+        self.model = HybridLM(
+            vocab_size, d_model, pattern, mixers, max_seq_len=max_seq_len, tie_embeddings=tie_embeddings,
+            rope_base=rope_base, init_std=init_std,
+        )
+        # The factories themselves do not serialise: record what each letter was built as, and the sizes.
+        self.save_hyperparameters({
+            **hparams,
+            "mixers": describe_bindings(self.model),
+            "n_blocks": len(self.model.blocks),
+            "n_params": count_parameters(self.model),
+            "n_active_params": count_active_parameters(self.model),
+        })
+
+        self.val_loss = torchmetrics.MeanMetric()
+        self.val_ppl = Perplexity()
+        self.val_acc = torchmetrics.classification.MulticlassAccuracy(vocab_size, average="micro")
+        self._step_started: float | None = None
+
+    # ---- the loss --------------------------------------------------------------------------------
+
+    def forward_loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """→ (cross-entropy, logits ``[N, V]`` at the N labelled positions, their labels ``[N]``)."""
+        labels = batch["labels"]
+        hidden = self.model.hidden_states(
+            batch["input_ids"], position_ids=batch.get("position_ids"), padding_mask=batch.get("padding_mask")
+        )  # [B, T, d]
+        keep = labels != IGNORE_INDEX  # [B, T]
+        logits = self.model.lm_head(hidden[keep])  # [N, V]
+        targets = labels[keep]  # [N]
+        return F.cross_entropy(logits.float(), targets), logits, targets
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        ce, _, _ = self.forward_loss(batch)
+        loss = ce
+        aux = self.model.auxiliary_losses()
+        if aux:
+            aux_total = torch.stack([v.float() for v in aux.values()]).sum()
+            loss = ce + self.hparams.aux_loss_coef * aux_total
+            self.log("train/aux_loss", aux_total)
+        self.log("train/loss", ce, prog_bar=True)
+        self.log("train/ppl", torch.exp(ce.detach()))
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: dict, stage: str) -> None:
+        ce, logits, targets = self.forward_loss(batch)
+        self.val_loss.update(ce, weight=targets.numel())
+        self.val_ppl.update(logits[None].float(), targets[None])  # [1, N, V], [1, N]
+        self.val_acc.update(logits, targets)
+        self.log(f"{stage}/loss", self.val_loss, prog_bar=True)
+        self.log(f"{stage}/ppl", self.val_ppl)
+        self.log(f"{stage}/acc", self.val_acc)
+
+    # ---- progress, throughput, learning rate -----------------------------------------------------
+
+    def on_fit_start(self) -> None:
+        if self.trainer.is_global_zero:
+            print(self.model.summary(), flush=True)
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        self._step_started = time.perf_counter()
+
+    def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
+        if self._step_started is not None:
+            seconds = time.perf_counter() - self._step_started
+            self.log("train/tokens_per_sec", batch["input_ids"].numel() / max(seconds, 1e-9), prog_bar=True)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+
+    # ---- optimiser and schedule ------------------------------------------------------------------
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        matrices = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
+        vectors = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": matrices, "weight_decay": hp.weight_decay}, {"params": vectors, "weight_decay": 0.0}],
+            lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
+        )
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_cosine(step, total, hp.warmup_fraction, hp.final_lr_fraction)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def warmup_cosine(step: int, total: int, warmup_fraction: float, final_fraction: float) -> float:
+    """Multiplier of the peak learning rate: linear 0→1 over the warm-up, cosine 1→``final_fraction``."""
+    warmup = int(warmup_fraction * total)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+    return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def describe_bindings(model: HybridLM) -> dict[str, str]:
+    """Letter → what it was built as, e.g. ``{"A": "QCAttention(n_heads=4, ...)"}`` (letters in use)."""
+    described = {}
+    for block in model.blocks:
+        for letter, module in zip(block.token, (block.sequence_mixer, block.state_mixer)):
+            if module is not None and letter not in described:
+                described[letter] = f"{type(module).__name__}({module.extra_repr()})"
+    return described
