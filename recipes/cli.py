@@ -51,9 +51,12 @@ class HybridCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> HybridCLI:
-    args = sys.argv[1:] if args is None else args
+    """Run the CLI on ``args`` (default: the command line)."""
     try:
-        args = resolve_config_args(args)
+        if args is None:
+            sys.argv[1:] = resolve_config_args(sys.argv[1:])
+        else:
+            args = resolve_config_args(args)
     except FileNotFoundError as error:
         sys.exit(f"error: {error}")
     return HybridCLI(

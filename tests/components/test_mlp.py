@@ -1,0 +1,52 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from components import MLP
+
+
+@pytest.mark.parametrize(
+    "activation, formula",
+    [
+        ("swiglu", lambda x, W, V, W2: (F.silu(x @ W) * (x @ V)) @ W2),
+        ("swisig", lambda x, W, V, W2: (F.silu(x @ W) * torch.sigmoid(x @ V)) @ W2),
+        ("switanh", lambda x, W, V, W2: (F.silu(x @ W) * torch.tanh(x @ V)) @ W2),
+    ],
+)
+def test_gated_forms_match_their_formula(activation, formula):
+    mlp = MLP(16, d_ff=24, activation=activation)
+    W, V = mlp.in_proj.weight.T.chunk(2, dim=1)  # [16, 24] each
+    x = torch.randn(3, 5, 16)
+    torch.testing.assert_close(mlp(x), formula(x, W, V, mlp.out_proj.weight.T))
+
+
+def test_gelu_form_is_two_matrices():
+    mlp = MLP(16, d_ff=40, activation="gelu")
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(mlp(x), F.gelu(x @ mlp.in_proj.weight.T) @ mlp.out_proj.weight.T)
+    assert sum(p.numel() for p in mlp.parameters()) == 2 * 16 * 40
+
+
+def test_default_widths_give_about_equal_parameters():
+    sizes = {a: sum(p.numel() for p in MLP(192, activation=a).parameters()) for a in ("swiglu", "switanh", "gelu")}
+    assert max(sizes.values()) / min(sizes.values()) < 1.02
+
+
+def test_is_position_wise():
+    mlp = MLP(8)
+    x = torch.randn(2, 6, 8)
+    torch.testing.assert_close(mlp(x)[:, 2], mlp(x[:, 2]))
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(activation="relu2"), "activation='relu2' is not one of ('swiglu', 'swisig', 'switanh', 'gelu')"),
+        (dict(act="tanhh"), "act='tanhh' is not one of"),
+        (dict(d_ff=0), "d_ff=0 must be a positive integer"),
+    ],
+)
+def test_bad_configuration_names_the_problem(kwargs, words):
+    with pytest.raises(ValueError) as info:
+        MLP(16, **kwargs)
+    assert words in str(info.value)

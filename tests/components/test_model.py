@@ -1,0 +1,94 @@
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+from components import MLP, HybridLM, QCAttention, count_active_parameters, count_parameters
+
+TINY = dict(vocab_size=50, d_model=32, mixers={"A": functools.partial(QCAttention, n_heads=4)})
+
+
+def test_hybridlm_is_causal(assert_causal):
+    model = HybridLM(pattern="AM -M A-", **TINY)
+    assert_causal(model, torch.randint(0, 50, (2, 13)))
+
+
+def test_no_two_blocks_share_parameters():
+    model = HybridLM(pattern="(AM)×3 -M", **TINY)
+    seen: dict[int, str] = {}
+    for i, block in enumerate(model.blocks):
+        for name, p in block.named_parameters():
+            assert id(p) not in seen, f"block {i} {name} shares a parameter with {seen[id(p)]}"
+            seen[id(p)] = f"block {i} {name}"
+    assert model.blocks[0].sequence_mixer is not model.blocks[1].sequence_mixer
+
+
+def test_blocks_follow_the_pattern():
+    model = HybridLM(pattern="AM -M A-", **TINY)
+    kinds = [(type(b.sequence_mixer).__name__, type(b.state_mixer).__name__) for b in model.blocks]
+    assert kinds == [("QCAttention", "MLP"), ("NoneType", "MLP"), ("QCAttention", "NoneType")]
+
+
+def test_tied_embeddings_share_the_matrix_and_count_once():
+    tied = HybridLM(pattern="AM", tie_embeddings=True, **TINY)
+    untied = HybridLM(pattern="AM", **TINY)
+    assert tied.lm_head.weight is tied.embedding.weight
+    assert count_parameters(untied) - count_parameters(tied) == 50 * 32
+    assert count_active_parameters(tied) == count_parameters(tied)
+
+
+def test_sequence_longer_than_supported_is_refused():
+    model = HybridLM(pattern="AM", max_seq_len=16, **TINY)
+    model(torch.zeros(1, 16, dtype=torch.long))
+    with pytest.raises(ValueError, match="sequence length 17 exceeds max_seq_len=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_token_ids_out_of_range_are_refused():
+    model = HybridLM(pattern="AM", **TINY)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, vocab_size=50\); got values in \[0, 50\]"):
+        model(torch.tensor([[0, 50]]))
+
+
+def test_mixer_with_the_wrong_output_shape_is_named():
+    class Shrink(nn.Module):
+        def __init__(self, d_model):
+            super().__init__()
+            self.proj = nn.Linear(d_model, d_model // 2)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    model = HybridLM(pattern="-K", vocab_size=10, d_model=8, mixers={"K": Shrink})
+    with pytest.raises(ValueError, match="state mixer Shrink returned shape"):
+        model(torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_auxiliary_losses_are_collected_by_module_name():
+    class WithAux(MLP):
+        def forward(self, x):
+            y = super().forward(x)
+            self.aux_loss = y.pow(2).mean()
+            return y
+
+    model = HybridLM(pattern="AM AW", vocab_size=10, d_model=16, mixers={"W": WithAux, "A": TINY["mixers"]["A"]})
+    assert model.auxiliary_losses() == {}  # nothing before a forward
+    model(torch.zeros(1, 4, dtype=torch.long))
+    aux = model.auxiliary_losses()
+    assert list(aux) == ["blocks.1.state_mixer"]
+    assert aux["blocks.1.state_mixer"].requires_grad
+
+
+def test_summary_lists_every_block_and_the_total():
+    model = HybridLM(pattern="AM -M", **TINY)
+    text = model.summary()
+    assert "QCAttention" in text and "MLP" in text
+    rows = [line for line in text.splitlines() if line.strip().startswith(("0 ", "1 "))]
+    assert len(rows) == 2 and "-M" in rows[1]
+    assert f"total parameters: {count_parameters(model):,}" in text
+
+
+def test_invalid_sizes_are_refused():
+    with pytest.raises(ValueError, match="d_model=0 must be a positive integer"):
+        HybridLM(vocab_size=10, d_model=0, pattern="AM")

@@ -1,0 +1,26 @@
+import pytest
+import torch
+
+
+def check_causal(fn, x: torch.Tensor, cut_points=(0, 3, None)) -> None:
+    """Changing inputs after position t leaves outputs up to t unchanged, and does change later ones
+    (so the check could fail: the function really mixes across positions)."""
+    T = x.shape[1]
+    y = fn(x)
+    for t in cut_points:
+        t = T - 2 if t is None else t
+        x2 = x.clone()
+        x2[:, t + 1:] = torch.randn_like(x2[:, t + 1:]) if x.is_floating_point() else torch.randint_like(x2[:, t + 1:], 0, int(x.max()) + 1)
+        y2 = fn(x2)
+        torch.testing.assert_close(y2[:, : t + 1], y[:, : t + 1], rtol=0, atol=1e-6)
+        assert not torch.allclose(y2[:, t + 1:], y[:, t + 1:]), f"outputs after {t} did not react to their inputs"
+
+
+@pytest.fixture
+def assert_causal():
+    return check_causal
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,0 +1,130 @@
+"""``kernels.attention`` against a direct softmax written independently here."""
+
+import math
+
+import pytest
+import torch
+
+from kernels.attention import attention
+
+
+def direct_attention(q, k, v, bias=None, causal=True, key_padding_mask=None, keep_window=None):
+    """Loop-level oracle: per (b, h, i), list the allowed keys, softmax over them."""
+    B, T, H, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        for h in range(H):
+            g = h // (H // Hkv)
+            for i in range(T):
+                keys = [j for j in range(S) if (not causal or j <= S - T + i)
+                        and (key_padding_mask is None or not key_padding_mask[b, j])]
+                if keep_window is not None:
+                    by_rank = sorted(keys, key=lambda j: (-(0.0 if bias is None else float(bias[b, h, j].detach())), -j))
+                    keys = sorted(by_rank[:keep_window])
+                if not keys:
+                    continue
+                idx = torch.tensor(keys)
+                scores = k[b, idx, g] @ q[b, i, h] / math.sqrt(D)  # [n]
+                if bias is not None:
+                    scores = scores + bias[b, h, idx]
+                out[b, i, h] = torch.softmax(scores, 0) @ v[b, idx, g]
+    return out
+
+
+def make(B=2, T=9, S=None, H=4, Hkv=2, D=8, bias=True, dtype=torch.float64):
+    S = T if S is None else S
+    q = torch.randn(B, T, H, D, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, S, Hkv, D, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, S, Hkv, D, dtype=dtype, requires_grad=True)
+    b = (torch.randn(B, H, S, dtype=dtype) * 2).requires_grad_() if bias else None
+    return q, k, v, b
+
+
+def grads(out, tensors):
+    torch.manual_seed(1)
+    weight = torch.randn(out.shape, dtype=out.dtype)  # not randn_like: it copies strides
+    return torch.autograd.grad((out * weight).sum(), [t for t in tensors if t is not None])
+
+
+CASES = {
+    "plain causal": dict(),
+    "bias": dict(bias=True),
+    "non-causal with bias": dict(causal=False, bias=True),
+    "gqa 4:1": dict(Hkv=1, bias=True),
+    "padding": dict(pad=True, bias=True),
+    "window 3": dict(keep_window=3, bias=True),
+    "window without bias": dict(keep_window=4),
+    "decode-style T<S": dict(T=3, S=10, bias=True),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_direct_softmax_outputs_and_gradients(name):
+    case = dict(CASES[name])
+    pad, keep_window, causal = case.pop("pad", False), case.pop("keep_window", None), case.pop("causal", True)
+    case.setdefault("bias", False)
+    q, k, v, bias = make(**case)
+    mask = None
+    if pad:
+        mask = torch.zeros(q.shape[0], k.shape[1], dtype=torch.bool)
+        mask[0, :2] = True  # left padding in the first sequence
+        mask[1, -3:] = True  # right padding in the second
+    kwargs = dict(bias=bias, causal=causal, key_padding_mask=mask, keep_window=keep_window)
+    got = attention(q, k, v, backend="reference", **kwargs)
+    want = direct_attention(q, k, v, **kwargs)
+    if pad:
+        # Query rows with no allowed key are defined as zero; the oracle leaves them zero too.
+        assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want)
+    for g_got, g_want in zip(grads(got, (q, k, v, bias)), grads(want, (q, k, v, bias))):
+        torch.testing.assert_close(g_got, g_want)
+
+
+def test_bias_gradient_is_nonzero_and_padded_keys_get_no_attention():
+    q, k, v, bias = make(B=1, T=6, H=2, Hkv=2)
+    mask = torch.tensor([[False, True, False, False, True, False]])
+    out = attention(q, k, v, bias=bias, key_padding_mask=mask)
+    (g_bias,) = torch.autograd.grad(out.sum() + (out**2).sum(), bias)
+    assert g_bias[0, :, [0, 2, 3, 5]].abs().min() > 0
+    # A padded key's value never reaches any output: its v gradient is exactly zero.
+    (g_v,) = torch.autograd.grad(attention(q, k, v, bias=bias, key_padding_mask=mask).sum(), v)
+    assert g_v[0, [1, 4]].abs().max() == 0
+    assert g_v[0, [0, 2]].abs().min() > 0
+
+
+def test_keep_window_bias_picks_the_largest_bias_keys():
+    # With one huge bias on key 0, a window of 1 makes every query read exactly v[0].
+    q, k, v, _ = make(B=1, T=5, H=1, Hkv=1, bias=False)
+    bias = torch.zeros(1, 1, 5, dtype=torch.float64)
+    bias[0, 0, 0] = 5.0
+    out = attention(q, k, v, bias=bias, keep_window=1)
+    torch.testing.assert_close(out[0, :, 0], v[0, 0, 0].expand(5, -1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(keep_window=0), "keep_window=0 must be an integer >= 1"),
+        (dict(bias=torch.zeros(2, 3, 9)), "bias must be [B, H, S]"),
+        (dict(key_padding_mask=torch.zeros(2, 9)), "key_padding_mask must be bool"),
+        (dict(backend="cuda"), "backend='cuda' is not one of"),
+    ],
+)
+def test_bad_arguments_name_the_problem(kwargs, words):
+    q, k, v, _ = make(bias=False)
+    with pytest.raises(ValueError) as info:
+        attention(q, k, v, **kwargs)
+    assert words in str(info.value)
+
+
+def test_heads_not_a_multiple_of_kv_heads():
+    q, k, v, _ = make(H=3, Hkv=2, bias=False)
+    with pytest.raises(ValueError, match="H=3 are not a multiple of key/value heads H_kv=2"):
+        attention(q, k, v)
+
+
+def test_triton_backend_not_built_yet_says_so():
+    q, k, v, _ = make(bias=False)
+    with pytest.raises(NotImplementedError, match="no kernel yet"):
+        attention(q, k, v, backend="triton")

@@ -1,0 +1,58 @@
+import inspect
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from components import MLP, HybridLM
+from recipes import LanguageModel
+from recipes.module import warmup_cosine
+
+
+def test_language_model_exposes_every_hybridlm_argument():
+    model_args = set(inspect.signature(HybridLM).parameters) - {"norm_eps"}
+    assert model_args <= set(inspect.signature(LanguageModel).parameters)
+
+
+def test_warmup_then_cosine_to_the_final_fraction():
+    total = 100
+    values = [warmup_cosine(s, total, 0.1, 0.1) for s in range(total)]
+    assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
+    assert all(a <= b for a, b in zip(values[:10], values[1:10]))
+    assert all(a >= b for a, b in zip(values[10:], values[11:]))
+    assert warmup_cosine(total, total, 0.1, 0.1) == pytest.approx(0.1)
+    assert warmup_cosine(55, total, 0.1, 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+
+
+class SquareAux(MLP):
+    def forward(self, x):
+        y = super().forward(x)
+        self.aux_loss = y.pow(2).mean()
+        return y
+
+
+def test_training_loss_adds_the_auxiliary_losses_with_their_coefficient():
+    lm = LanguageModel(16, "AW -W", {"W": SquareAux}, vocab_size=20, aux_loss_coef=0.5)
+    batch = {"input_ids": torch.randint(0, 20, (2, 6)), "labels": torch.randint(0, 20, (2, 6))}
+    loss = lm.training_step(batch, 0)
+    logits = lm.model(batch["input_ids"])
+    ce = F.cross_entropy(logits.reshape(-1, 20), batch["labels"].reshape(-1))
+    aux = sum(lm.model.auxiliary_losses().values())
+    torch.testing.assert_close(loss, ce + 0.5 * aux)
+
+
+def test_loss_only_at_labelled_positions():
+    lm = LanguageModel(16, "AM", vocab_size=20)
+    ids = torch.randint(0, 20, (2, 6))
+    labels = torch.full((2, 6), -100)
+    labels[0, 3], labels[1, 5] = 7, 2
+    ce, logits, targets = lm.forward_loss({"input_ids": ids, "labels": labels})
+    assert logits.shape == (2, 20) and targets.tolist() == [7, 2]
+    full = lm.model(ids)
+    torch.testing.assert_close(ce, F.cross_entropy(full[[0, 1], [3, 5]], torch.tensor([7, 2])))
+
+
+def test_bad_schedule_values_are_refused():
+    with pytest.raises(ValueError, match="warmup_fraction=1.5 must lie in"):
+        LanguageModel(16, "AM", warmup_fraction=1.5)
