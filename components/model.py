@@ -10,7 +10,7 @@ from components.context import Context
 from components.norm import RMSNorm
 from components.pattern import PatternError, parse_tokens
 from components.rotary import RotaryEmbedding
-from components.sequence import QCAttention
+from components.sequence import SSD, QCAttention
 from components.state import MLP
 
 MixerFactory = Callable[[int], nn.Module]
@@ -19,6 +19,7 @@ MixerFactory = Callable[[int], nn.Module]
 DEFAULT_MIXERS: dict[str, MixerFactory] = {
     "A": QCAttention,
     "M": MLP,
+    "S": SSD,
 }
 """Letters bound when a recipe does not bind them (SPEC §4)."""
 

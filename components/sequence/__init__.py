@@ -1,5 +1,6 @@
 """Sequence mixers: ``forward(x [B,T,d], context=None) -> [B,T,d]``, mixing across positions."""
 
 from components.sequence.attention import QCAttention
+from components.sequence.ssd import SSD
 
-__all__ = ["QCAttention"]
+__all__ = ["QCAttention", "SSD"]

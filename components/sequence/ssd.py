@@ -1,0 +1,133 @@
+"""SSD: the Mamba-2 state-space sequence mixer, with three sources of position (conv, decay, rope)."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from components._checks import check_choice, check_divisible, check_positive
+from components.context import Context
+from components.norm import RMSNorm
+from components.rotary import apply_rotary
+from kernels._backend import check_backend
+from kernels.ssd import ssd_scan
+
+POSITIONS = ("rope", "decay", "conv")
+
+
+class SSD(nn.Module):
+    """State-space duality (Mamba-2) sequence mixer, ``[B, T, d_model] → [B, T, d_model]``.
+
+    Per head ``h`` (``H`` heads of dim ``P``, state dim ``N``, ``G`` groups for B and C)::
+
+        X = x W_x [B,T,H,P]   B = x W_B, C = x W_C [B,T,G,N]   Δ = softplus(x W_Δ + Δ_bias) [B,T,H]
+        state_t = exp(Δ_t A) state_{t-1} + Δ_t X_t ⊗ B_t      y_t = state_t C_t (+ D X_t)
+        out = y W_out
+
+    ``positions`` chooses where position comes from:
+        ``conv``  — Mamba-2's depthwise causal Conv1d (kernel ``conv_kernel``) + SiLU over [X, B, C],
+                    and the ``D`` skip ("Conv1d + D" in the papers);
+        ``decay`` — nothing but the cumulative decay ``exp(Δ A)`` (a_t);
+        ``rope``  — RoPE on B and C over the state dim, from the context's shared table (default).
+
+    Args:
+        d_model: model width.
+        n_heads, head_dim: give at most one; ``n_heads · head_dim = expand · d_model``. Default
+            ``head_dim = min(64, expand · d_model)``.
+        d_state: state dim ``N`` per head (default 64); even for ``rope``.
+        n_groups: groups sharing B and C (default 1); must divide ``n_heads``.
+        expand: inner width ``expand · d_model`` (default 1, as the papers' listings; Mamba-2 uses 2).
+        chunk_size: chunk length of the scan (default 64).
+        positions: ``rope`` | ``decay`` | ``conv``.
+        gate: Mamba-2's ``z`` branch, ``y ← rms_norm(y) · silu(x W_z)`` (default False).
+        conv_kernel: width of the causal convolution for ``conv`` (default 4).
+        backend: ``auto`` | ``reference`` | ``triton`` for the scan.
+
+    Initialisation as Mamba-2: ``A_log = log U(1, 16)``; ``Δ_bias`` so that ``softplus(Δ_bias)`` is
+    log-uniform in ``[1e-3, 1e-1]``; ``D = 1``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        n_heads: int | None = None,
+        head_dim: int | None = None,
+        d_state: int = 64,
+        n_groups: int = 1,
+        expand: int = 1,
+        chunk_size: int = 64,
+        positions: str = "rope",
+        gate: bool = False,
+        conv_kernel: int = 4,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        check_choice("SSD", "positions", positions, POSITIONS)
+        check_backend(backend)
+        check_positive("SSD", d_model=d_model, d_state=d_state, n_groups=n_groups, expand=expand,
+                       chunk_size=chunk_size, conv_kernel=conv_kernel)
+        d_inner = expand * d_model
+        if n_heads is not None and head_dim is not None:
+            raise ValueError(f"SSD: give n_heads={n_heads} or head_dim={head_dim}, not both")
+        if n_heads is None:
+            head_dim = min(64, d_inner) if head_dim is None else head_dim
+            check_positive("SSD", head_dim=head_dim)
+            check_divisible("SSD", "expand·d_model", d_inner, "head_dim", head_dim)
+            n_heads = d_inner // head_dim
+        check_positive("SSD", n_heads=n_heads)
+        check_divisible("SSD", "expand·d_model" if expand != 1 else "d_model", d_inner, "n_heads", n_heads)
+        check_divisible("SSD", "n_heads", n_heads, "n_groups", n_groups)
+        if positions == "rope" and d_state % 2 != 0:
+            raise ValueError(f"SSD: d_state={d_state} must be even for positions='rope' (RoPE rotates pairs)")
+        self.n_heads, self.head_dim, self.d_state, self.n_groups = n_heads, d_inner // n_heads, d_state, n_groups
+        self.d_inner, self.chunk_size, self.positions, self.backend = d_inner, chunk_size, positions, backend
+
+        # One fused input projection: [X | B | C | Δ | z].
+        self.d_xbc = d_inner + 2 * n_groups * d_state
+        self.in_proj = nn.Linear(d_model, self.d_xbc + n_heads + (d_inner if gate else 0), bias=False)
+        self.conv = (
+            nn.Conv1d(self.d_xbc, self.d_xbc, conv_kernel, groups=self.d_xbc, padding=conv_kernel - 1)
+            if positions == "conv" else None
+        )
+        self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(1, 16).log())
+        dt = torch.exp(torch.empty(n_heads).uniform_(math.log(1e-3), math.log(1e-1)))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
+        self.D = nn.Parameter(torch.ones(n_heads)) if positions == "conv" else None
+        self.gate_norm = RMSNorm(d_inner) if gate else None
+        self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        context = context or Context.default(x)
+        batch, T, _ = x.shape
+        H, P, G, N = self.n_heads, self.head_dim, self.n_groups, self.d_state
+        proj = self.in_proj(x)  # [b, T, d_xbc + H (+ d_inner)]
+        xbc, dt, z = proj.split([self.d_xbc, H, proj.shape[-1] - self.d_xbc - H], dim=-1)
+        if context.padding_mask is not None:
+            # Padding must not touch the state: no input, no decay (dt = 0), nothing in the conv window.
+            xbc = xbc.masked_fill(context.padding_mask[..., None], 0.0)
+        if self.conv is not None:
+            xbc = self.conv(xbc.transpose(1, 2))[..., :T].transpose(1, 2)  # [b, T, d_xbc] causal
+            xbc = F.silu(xbc)
+        xs, B, C = xbc.split([self.d_inner, G * N, G * N], dim=-1)
+        xs = xs.view(batch, T, H, P)  # [b, T, H, P]
+        B = B.view(batch, T, G, N)  # [b, T, G, N]
+        C = C.view(batch, T, G, N)  # [b, T, G, N]
+        if self.positions == "rope":
+            cos, sin = context.rotary_tables(N)  # [b, T, N]
+            B, C = apply_rotary(B, cos, sin), apply_rotary(C, cos, sin)
+        dt = F.softplus(dt + self.dt_bias)  # [b, T, H]
+        if context.padding_mask is not None:
+            dt = dt.masked_fill(context.padding_mask[..., None], 0.0)
+        A = -torch.exp(self.A_log.float())  # [H]
+        y = ssd_scan(xs, dt, A, B, C, chunk_size=self.chunk_size, D=self.D, backend=self.backend)
+        y = y.reshape(batch, T, self.d_inner)  # [b, T, d_inner]
+        if self.gate_norm is not None:
+            y = self.gate_norm(y) * F.silu(z)
+        return self.out_proj(y)
+
+    def extra_repr(self) -> str:
+        return (f"positions={self.positions}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
+                f"d_state={self.d_state}, n_groups={self.n_groups}, chunk_size={self.chunk_size}, "
+                f"gate={self.gate_norm is not None}")

@@ -1,0 +1,70 @@
+"""``ssd_scan``: the Mamba-2 SSD scan (chunked), and ``ssd_step`` for decoding. See README.md."""
+
+import torch
+
+from kernels._backend import check_backend, resolve_backend
+from kernels.ssd.reference import segment_sum, ssd_chunked, ssd_recurrent, ssd_step
+
+__all__ = ["segment_sum", "ssd_chunked", "ssd_recurrent", "ssd_scan", "ssd_step"]
+
+
+def ssd_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    chunk_size: int = 64,
+    D: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    return_final_state: bool = False,
+    backend: str = "auto",
+):
+    """The SSD scan, with the arguments of mamba_ssm's ``mamba_chunk_scan_combined`` (``dt`` already
+    positive: apply the bias and softplus before).
+
+    Args:
+        x: ``[B, T, H, P]`` inputs.
+        dt: ``[B, T, H]`` step sizes, > 0.
+        A: ``[H]`` decay rates, < 0 (``-exp(A_log)``).
+        B, C: ``[B, T, G, N]`` input and output projections; ``H`` must be a multiple of ``G``.
+        chunk_size: positions per chunk (default 64); any ``T`` is accepted.
+        D: ``[H]`` skip connection ``y += D · x``, or None.
+        initial_state: ``[B, H, P, N]`` state before the first position, or None (zeros).
+        return_final_state: also return the state after the last position.
+        backend: ``auto`` | ``reference`` | ``triton``.
+
+    Returns:
+        ``y [B, T, H, P]``, or ``(y, final_state [B, H, P, N])`` with ``return_final_state``.
+    """
+    check_backend(backend)
+    _check_arguments(x, dt, A, B, C, chunk_size, D, initial_state)
+    resolve_backend(backend, x, op="ssd_scan", has_triton=False)
+    y, final_state = ssd_chunked(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_state=initial_state)
+    return (y, final_state) if return_final_state else y
+
+
+def _check_arguments(x, dt, A, B, C, chunk_size, D, initial_state) -> None:
+    if x.dim() != 4:
+        raise ValueError(f"ssd_scan: x must be [B, T, H, P]; got shape {tuple(x.shape)}")
+    batch, T, H, P = x.shape
+    if tuple(dt.shape) != (batch, T, H):
+        raise ValueError(f"ssd_scan: dt must be [B, T, H] = {(batch, T, H)}; got {tuple(dt.shape)}")
+    if tuple(A.shape) != (H,):
+        raise ValueError(f"ssd_scan: A must be [H] = {(H,)}; got {tuple(A.shape)}")
+    if B.dim() != 4 or B.shape != C.shape or B.shape[:2] != (batch, T):
+        raise ValueError(
+            f"ssd_scan: B and C must both be [B, T, G, N] with B={batch}, T={T}; got B{tuple(B.shape)} C{tuple(C.shape)}"
+        )
+    G, N = B.shape[2], B.shape[3]
+    if H % G != 0:
+        raise ValueError(f"ssd_scan: heads H={H} are not a multiple of groups G={G}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"ssd_scan: chunk_size={chunk_size!r} must be a positive integer")
+    if D is not None and tuple(D.shape) != (H,):
+        raise ValueError(f"ssd_scan: D must be [H] = {(H,)}; got {tuple(D.shape)}")
+    if initial_state is not None and tuple(initial_state.shape) != (batch, H, P, N):
+        raise ValueError(
+            f"ssd_scan: initial_state must be [B, H, P, N] = {(batch, H, P, N)}; got {tuple(initial_state.shape)}"
+        )

@@ -1,0 +1,134 @@
+"""Plain-torch SSD (Mamba-2 state space duality): the chunked algorithm and the step recurrence.
+
+Notation: b batch, t/s time, c chunk, l/m position inside a chunk, h head, g group, p head dim,
+n state dim. Per head, with ``a_t = dt_t · A < 0``::
+
+    state_t = exp(a_t) · state_{t-1} + dt_t · x_t ⊗ B_t          [P, N]
+    y_t     = state_t · C_t  (+ D · x_t)
+
+The chunked form computes the same thing as (1) a masked quadratic product inside each chunk, (2)
+each chunk's final state, (3) a recurrence over chunk states, and (4) each position's read-out of
+the state entering its chunk. README.md beside this file derives it.
+"""
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange, repeat
+
+
+def segment_sum(a: torch.Tensor) -> torch.Tensor:
+    """``a [..., L]`` → ``[..., L, L]`` with ``out[..., i, j] = a_{j+1} + ... + a_i`` for ``j <= i`` and
+    ``-inf`` above the diagonal, so ``exp(out)`` is the causal decay matrix.
+
+    Summed directly (masked cumsum) rather than as a difference of cumsums, which would cancel
+    catastrophically in fp32 on long chunks.
+    """
+    L = a.shape[-1]
+    a = repeat(a, "... i -> ... i j", j=L)  # [..., L, L], a[..., i, j] = a_i
+    below = torch.tril(torch.ones(L, L, dtype=torch.bool, device=a.device), diagonal=-1)
+    sums = torch.cumsum(a.masked_fill(~below, 0.0), dim=-2)  # sum over j < r <= i
+    causal = torch.tril(torch.ones(L, L, dtype=torch.bool, device=a.device))
+    return sums.masked_fill(~causal, float("-inf"))
+
+
+def ssd_chunked(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    chunk_size: int = 64,
+    D: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked SSD. Shapes as :func:`kernels.ssd.ssd_scan`; returns ``(y [b,t,h,p], final_state [b,h,p,n])``.
+
+    Any ``T``: the sequence is padded to a whole number of chunks with ``dt = 0`` (decay 1, no
+    input), which leaves the outputs and the final state unchanged.
+    """
+    batch, T, H, P = x.shape
+    G = B.shape[2]
+    pad = (-T) % chunk_size
+    if pad:
+        x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))  # [b, T+pad, ·, ·]
+        dt = F.pad(dt, (0, 0, 0, pad))  # [b, T+pad, h]
+    # Groups broadcast to heads: head h reads group h // (H / G).
+    B = repeat(B, "b t g n -> b t (g r) n", r=H // G)  # [b, t, h, n]
+    C = repeat(C, "b t g n -> b t (g r) n", r=H // G)  # [b, t, h, n]
+    xdt = x * dt[..., None]  # [b, t, h, p] the input term dt_t · x_t
+    x_c, B_c, C_c = (rearrange(t, "b (c l) h d -> b c l h d", l=chunk_size) for t in (xdt, B, C))
+    a = rearrange(dt * A, "b (c l) h -> b h c l", l=chunk_size)  # [b, h, c, l] log-decays
+    a_cum = torch.cumsum(a, dim=-1)  # [b, h, c, l]
+
+    # (1) Inside each chunk: y_l = Σ_{m<=l} (C_l·B_m) exp(a_{m+1..l}) dt_m x_m.
+    decay = torch.exp(segment_sum(a))  # [b, h, c, l, m]
+    scores = torch.einsum("bclhn,bcmhn->bhclm", C_c, B_c) * decay  # [b, h, c, l, m]
+    y = torch.einsum("bhclm,bcmhp->bclhp", scores, x_c)  # [b, c, l, h, p]
+
+    # (2) Each chunk's own contribution to its final state (from a zero state).
+    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [b, h, c, l]
+    chunk_states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B_c, decay_to_end, x_c)  # [b, c, h, p, n]
+
+    # (3) Recurrence over chunks: the state entering chunk c, and the final state.
+    if initial_state is None:
+        initial_state = torch.zeros_like(chunk_states[:, 0])  # [b, h, p, n]
+    states = torch.cat([initial_state[:, None].to(chunk_states.dtype), chunk_states], dim=1)  # [b, c+1, h, p, n]
+    chunk_decay = torch.exp(segment_sum(F.pad(a_cum[..., -1], (1, 0))))  # [b, h, c+1, c+1]
+    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)  # [b, c+1, h, p, n]
+    entering, final_state = states[:, :-1], states[:, -1]  # [b, c, h, p, n], [b, h, p, n]
+
+    # (4) Each position reads the state entering its chunk, decayed to its own position.
+    y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", C_c, entering, torch.exp(a_cum))  # [b, c, l, h, p]
+
+    y = rearrange(y, "b c l h p -> b (c l) h p")[:, :T]  # [b, T, h, p]
+    if D is not None:
+        y = y + x[:, :T] * D[:, None]
+    return y, final_state
+
+
+def ssd_step(
+    state: torch.Tensor,
+    x_t: torch.Tensor,
+    dt_t: torch.Tensor,
+    A: torch.Tensor,
+    B_t: torch.Tensor,
+    C_t: torch.Tensor,
+    D: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the recurrence, for decoding.
+
+    Args: ``state [b,h,p,n]``, ``x_t [b,h,p]``, ``dt_t [b,h]``, ``A [h]``, ``B_t, C_t [b,g,n]``,
+    ``D [h]`` or None. Returns ``(y_t [b,h,p], new state [b,h,p,n])``.
+    """
+    H, G = x_t.shape[1], B_t.shape[1]
+    B_t = repeat(B_t, "b g n -> b (g r) n", r=H // G)  # [b, h, n]
+    C_t = repeat(C_t, "b g n -> b (g r) n", r=H // G)  # [b, h, n]
+    decay = torch.exp(dt_t * A)[..., None, None]  # [b, h, 1, 1]
+    state = state * decay + torch.einsum("bhp,bhn->bhpn", x_t * dt_t[..., None], B_t)
+    y_t = torch.einsum("bhpn,bhn->bhp", state, C_t)
+    if D is not None:
+        y_t = y_t + x_t * D[:, None]
+    return y_t, state
+
+
+def ssd_recurrent(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    D: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrence token by token with :func:`ssd_step`: the test oracle. Returns ``(y, final_state)``."""
+    batch, T, H, P = x.shape
+    N = B.shape[-1]
+    state = x.new_zeros(batch, H, P, N) if initial_state is None else initial_state
+    ys = []
+    for t in range(T):
+        y_t, state = ssd_step(state, x[:, t], dt[:, t], A, B[:, t], C[:, t], D)
+        ys.append(y_t)
+    y = torch.stack(ys, dim=1) if ys else x.new_zeros(batch, 0, H, P)  # [b, T, h, p]
+    return y, state

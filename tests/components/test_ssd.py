@@ -1,0 +1,117 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from components import SSD, Context, HybridLM
+
+VARIANTS = ["rope", "decay", "conv"]
+
+
+def small(positions, **kw):
+    return SSD(32, head_dim=8, d_state=8, chunk_size=8, positions=positions, **kw)
+
+
+@pytest.mark.parametrize("positions", VARIANTS)
+@pytest.mark.parametrize("gate", [False, True])
+def test_ssd_is_causal(assert_causal, positions, gate):
+    assert_causal(small(positions, gate=gate), torch.randn(2, 19, 32), cut_points=(0, 7, 8, None))
+
+
+def test_rope_ssd_depends_on_relative_position_only():
+    mixer = small("rope")
+    x = torch.randn(2, 21, 32)
+    base = mixer(x, Context(position_ids=torch.arange(21).expand(2, 21)))
+    shifted = mixer(x, Context(position_ids=torch.arange(21).expand(2, 21) + 1000))
+    torch.testing.assert_close(shifted, base, atol=1e-4, rtol=1e-4)
+    # ...and does use positions: scrambled ids change the output.
+    scrambled = mixer(x, Context(position_ids=torch.randperm(21).expand(2, 21)))
+    assert not torch.allclose(scrambled, base, atol=1e-3)
+
+
+@pytest.mark.parametrize("positions", ["decay", "conv"])
+def test_conv_and_decay_ignore_position_ids(positions):
+    mixer = small(positions)
+    x = torch.randn(2, 13, 32)
+    base = mixer(x)
+    other = mixer(x, Context(position_ids=torch.randint(0, 500, (2, 13))))
+    torch.testing.assert_close(other, base, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("positions", VARIANTS)
+def test_left_padding_does_not_reach_real_tokens(positions):
+    mixer = small(positions)
+    x = torch.randn(1, 12, 32)
+    padding = torch.zeros(1, 12, dtype=torch.bool)
+    padding[0, :4] = True
+    ctx = Context(position_ids=torch.arange(12)[None], padding_mask=padding)
+    y = mixer(x, ctx)
+    x2 = x.clone()
+    x2[0, :4] = 10 * torch.randn(4, 32)
+    torch.testing.assert_close(mixer(x2, ctx)[0, 4:], y[0, 4:])
+
+
+def test_module_matches_its_math_written_out():
+    # The decay variant end to end through the recurrence, from the module's own weights.
+    mixer = SSD(16, head_dim=4, d_state=6, n_groups=2, chunk_size=4, positions="decay")
+    x = torch.randn(1, 9, 16)
+    H, P, G, N = 4, 4, 2, 6
+    proj = x @ mixer.in_proj.weight.T
+    xs, B, C, dt = proj.split([16, G * N, G * N, H], dim=-1)
+    dt = F.softplus(dt + mixer.dt_bias)
+    A = -torch.exp(mixer.A_log)
+    state = torch.zeros(1, H, P, N)
+    ys = []
+    for t in range(9):
+        for h in range(H):
+            g = h // (H // G)
+            b_t, c_t = B[0, t].view(G, N)[g], C[0, t].view(G, N)[g]
+            x_t = xs[0, t].view(H, P)[h]
+            state[0, h] = torch.exp(dt[0, t, h] * A[h]) * state[0, h] + dt[0, t, h] * torch.outer(x_t, b_t)
+        ys.append(torch.stack([state[0, h] @ C[0, t].view(G, N)[h // 2] for h in range(H)]).reshape(-1))
+    want = torch.stack(ys)[None] @ mixer.out_proj.weight.T
+    torch.testing.assert_close(mixer(x), want, atol=1e-5, rtol=1e-4)
+
+
+def test_mamba2_initialisation():
+    mixer = SSD(256, head_dim=4, positions="conv")
+    A = -torch.exp(mixer.A_log)
+    assert (A <= -1).all() and (A >= -16).all()
+    dt = F.softplus(mixer.dt_bias)
+    assert (dt >= 1e-3 * 0.999).all() and (dt <= 1e-1 * 1.001).all()
+    assert dt.min() < 1e-2 < dt.max()  # spread over the range, not a constant
+    torch.testing.assert_close(mixer.D, torch.ones_like(mixer.D))
+    assert small("rope").D is None and small("decay").D is None and small("rope").conv is None
+
+
+def test_chunk_size_does_not_change_the_result():
+    a, b = small("rope"), SSD(32, head_dim=8, d_state=8, chunk_size=64, positions="rope")
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 50, 32)
+    torch.testing.assert_close(a(x), b(x), atol=1e-5, rtol=1e-5)
+
+
+def test_s_is_bound_to_ssd_by_default():
+    model = HybridLM(vocab_size=16, d_model=32, pattern="SM S-")
+    assert type(model.blocks[0].sequence_mixer).__name__ == "SSD"
+    assert model.blocks[0].sequence_mixer.positions == "rope"
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(d_state=7, positions="rope"), "d_state=7 must be even for positions='rope'"),
+        (dict(n_heads=3), "d_model=32 is not divisible by n_heads=3"),
+        (dict(head_dim=5), "expand·d_model=32 is not divisible by head_dim=5"),
+        (dict(n_heads=4, n_groups=3), "n_heads=4 is not divisible by n_groups=3"),
+        (dict(n_heads=4, head_dim=8), "give n_heads=4 or head_dim=8, not both"),
+        (dict(positions="alibi"), "positions='alibi' is not one of ('rope', 'decay', 'conv')"),
+    ],
+)
+def test_bad_configuration_names_the_problem(kwargs, words):
+    with pytest.raises(ValueError) as info:
+        SSD(32, **kwargs)
+    assert words in str(info.value)
+
+
+def test_odd_d_state_is_fine_without_rope():
+    assert SSD(32, d_state=7, positions="decay")(torch.randn(1, 5, 32)).shape == (1, 5, 32)
