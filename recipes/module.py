@@ -66,6 +66,7 @@ class LanguageModel(L.LightningModule):
         # The factories themselves do not serialise: record what each letter was built as, and the sizes.
         self.save_hyperparameters({
             **hparams,
+            "betas": list(betas),  # plain YAML, not a python/tuple tag
             "mixers": describe_bindings(self.model),
             "n_blocks": len(self.model.blocks),
             "n_params": count_parameters(self.model),
