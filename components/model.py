@@ -10,7 +10,7 @@ from components.context import Context
 from components.norm import RMSNorm
 from components.pattern import PatternError, parse_tokens
 from components.rotary import RotaryEmbedding
-from components.sequence import SSD, QCAttention
+from components.sequence import SSD, InnerFuncAttention, QCAttention
 from components.state import MLP
 
 MixerFactory = Callable[[int], nn.Module]
@@ -20,6 +20,7 @@ DEFAULT_MIXERS: dict[str, MixerFactory] = {
     "A": QCAttention,
     "M": MLP,
     "S": SSD,
+    "I": InnerFuncAttention,
 }
 """Letters bound when a recipe does not bind them (SPEC §4)."""
 

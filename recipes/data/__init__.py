@@ -1,5 +1,6 @@
 """Data modules of the recipes. Each exposes ``vocab_size``, which the CLI links into the model."""
 
+from recipes.data.mqar import MQAR
 from recipes.data.text import TextCorpus
 
-__all__ = ["TextCorpus"]
+__all__ = ["MQAR", "TextCorpus"]

@@ -1,0 +1,159 @@
+"""InnerFuncAttention: attention whose value is an inner function of the input, with a dynamic mask."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from components._checks import check_choice, check_divisible, check_positive
+from components.context import Context
+from components.rotary import apply_rotary
+from components.sequence.ssd import SSD
+from kernels._backend import check_backend
+from kernels.attention import attention
+
+INNERS = ("linear", "retrieval", "ssd")
+MASKS = ("content", "position", "none")
+
+
+class RetrievedValue(nn.Module):
+    """Seed 002 §3.2's retrieval inner function, ``[..., d] → [..., d]``::
+
+        g = (x W_vQ) θ_vKᵀ ∈ [..., n_values]      top-k of g → indices i_j, scores g_j
+        V = x ⊙ Σ_j softmax(g_topk)_j E[i_j]       E ∈ [n_values, d]
+
+    Weighting the retrieved rows by the softmax of their scores (as PEER does) gives ``W_vQ`` and
+    ``θ_vK`` a gradient; the paper's listing sums them unweighted and leaves both untrained.
+    """
+
+    def __init__(self, d_model: int, *, n_values: int, d_retrieval: int, top_k: int):
+        super().__init__()
+        check_positive("InnerFuncAttention", n_values=n_values, d_retrieval=d_retrieval, top_k=top_k)
+        if top_k > n_values:
+            raise ValueError(f"InnerFuncAttention: top_k={top_k} exceeds n_values={n_values}")
+        self.top_k = top_k
+        self.query = nn.Linear(d_model, d_retrieval, bias=False)  # W_vQ
+        self.keys = nn.Parameter(torch.randn(n_values, d_retrieval) / d_retrieval**0.5)  # θ_vK
+        self.values = nn.Embedding(n_values, d_model)  # E
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.query(x) @ self.keys.T  # [..., n_values]
+        top, index = scores.topk(self.top_k, dim=-1)  # [..., k] each
+        weights = torch.softmax(top, dim=-1)  # [..., k]
+        mixed = torch.einsum("...k,...kd->...d", weights, self.values(index))  # [..., d]
+        return x * mixed
+
+
+class InnerFuncAttention(nn.Module):
+    """Causal attention with an inner-function value and a dynamic mask, ``[B,T,d] → [B,T,d]``.
+
+    Q and K exactly as :class:`QCAttention` (GQA, RoPE). The value, by ``inner``:
+        ``linear``    — ``V = x W_V`` (with ``mask="content"``, Doge's attention);
+        ``retrieval`` — :class:`RetrievedValue` (seed 002 §3.2);
+        ``ssd``       — ``V = SSD(x)`` (seed 001 §4.2), a selective recurrent summary.
+    The dynamic mask, by ``mask``, an additive bias per head and key:
+        ``content``  — ``bias[b,h,j] = A_h · softplus((V W_δ)[b,j,h])``, ``A`` initialised to 0 so
+                       training starts as plain attention (the authors' latest form, Doge);
+        ``position`` — ``bias[h,j] = θ[h, position_j]``, learned over ``max_position`` positions;
+        ``none``     — causal and padding only.
+    ``keep_window=w``: each query keeps only its ``w`` allowed keys with the largest bias.
+
+    Args:
+        d_model: model width.
+        n_heads: query heads (default 8); ``d_model`` must be divisible by it.
+        n_kv_heads: key heads (default ``n_heads``). The ``linear`` value has ``n_kv_heads`` heads; the
+            ``retrieval`` and ``ssd`` values map ``d_model → d_model`` and so have ``n_heads`` heads,
+            and the keys are repeated to match them.
+        inner: ``linear`` | ``retrieval`` | ``ssd`` (default ``linear``).
+        mask: ``content`` | ``position`` | ``none`` (default ``content``).
+        keep_window: at most this many keys per query (default None: all).
+        n_values, d_retrieval, top_k: the retrieval value's table size, query width and top-k
+            (defaults 2, ``d_model // 2``, 2; seed 002 Table 6
+            has 2 values. With ``top_k = 1`` the softmax of one score is 1 and the retrieval query and
+            keys get no gradient, as in the paper's listing).
+        max_position: positions the ``position`` mask covers (default 2048).
+        ssd: keyword arguments of the inner :class:`SSD` (default ``{}``: RoPE positions).
+        backend: attention kernel, ``auto`` | ``reference`` | ``triton``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        n_heads: int = 8,
+        n_kv_heads: int | None = None,
+        inner: str = "linear",
+        mask: str = "content",
+        keep_window: int | None = None,
+        n_values: int = 2,
+        d_retrieval: int | None = None,
+        top_k: int = 2,
+        max_position: int = 2048,
+        ssd: dict | None = None,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        check_choice("InnerFuncAttention", "inner", inner, INNERS)
+        check_choice("InnerFuncAttention", "mask", mask, MASKS)
+        check_backend(backend)
+        check_positive("InnerFuncAttention", d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                       max_position=max_position)
+        check_divisible("InnerFuncAttention", "d_model", d_model, "n_heads", n_heads)
+        check_divisible("InnerFuncAttention", "n_heads", n_heads, "n_kv_heads", n_kv_heads)
+        if keep_window is not None and (not isinstance(keep_window, int) or keep_window < 1):
+            raise ValueError(f"InnerFuncAttention: keep_window={keep_window!r} must be an integer >= 1 (or None)")
+        self.head_dim = d_model // n_heads
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"InnerFuncAttention: head_dim = d_model / n_heads = {self.head_dim} must be even for RoPE")
+        self.n_heads, self.n_kv_heads, self.inner, self.mask = n_heads, n_kv_heads, inner, mask
+        self.keep_window, self.max_position, self.backend = keep_window, max_position, backend
+        self.v_heads = n_kv_heads if inner == "linear" else n_heads
+
+        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        if inner == "linear":
+            self.value = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        elif inner == "retrieval":
+            d_retrieval = d_model // 2 if d_retrieval is None else d_retrieval
+            self.value = RetrievedValue(d_model, n_values=n_values, d_retrieval=d_retrieval, top_k=top_k)
+        else:
+            self.value = SSD(d_model, **(ssd or {}))
+        if mask == "content":
+            self.delta_proj = nn.Linear(self.v_heads * self.head_dim, n_heads, bias=False)  # W_δ
+            self.A = nn.Parameter(torch.zeros(n_heads))
+        elif mask == "position":
+            self.position_bias = nn.Parameter(torch.zeros(n_heads, max_position))  # θ
+        self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        context = context or Context.default(x)
+        batch, T, _ = x.shape
+        q = self.q_proj(x).view(batch, T, self.n_heads, self.head_dim)  # [b, T, H, Dh]
+        k = self.k_proj(x).view(batch, T, self.n_kv_heads, self.head_dim)  # [b, T, Hkv, Dh]
+        v_flat = self.value(x, context) if self.inner == "ssd" else self.value(x)  # [b, T, v_heads·Dh]
+        v = v_flat.view(batch, T, self.v_heads, self.head_dim)  # [b, T, Hv, Dh]
+        cos, sin = context.rotary_tables(self.head_dim)  # [b, T, Dh]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.v_heads != self.n_kv_heads:
+            k = k.repeat_interleave(self.v_heads // self.n_kv_heads, dim=2)  # [b, T, Hv, Dh]
+        y = attention(q, k, v, bias=self.dynamic_bias(v_flat, context), causal=True,
+                      key_padding_mask=context.padding_mask, keep_window=self.keep_window, backend=self.backend)
+        return self.out_proj(y.reshape(batch, T, self.n_heads * self.head_dim))
+
+    def dynamic_bias(self, v_flat: torch.Tensor, context: Context) -> torch.Tensor | None:
+        """The additive key bias ``[B, H, T]`` of the chosen mask, or None."""
+        if self.mask == "content":
+            delta = self.delta_proj(v_flat)  # [b, T, H]
+            return (self.A * F.softplus(delta)).transpose(1, 2)  # [b, H, T]
+        if self.mask == "position":
+            last = int(context.position_ids.max())
+            if last >= self.max_position:
+                raise ValueError(
+                    f"InnerFuncAttention: position {last} is past the position mask's max_position={self.max_position}"
+                )
+            return self.position_bias[:, context.position_ids].transpose(0, 1)  # [b, H, T]
+        return None
+
+    def extra_repr(self) -> str:
+        return (f"inner={self.inner}, mask={self.mask}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+                f"keep_window={self.keep_window}")

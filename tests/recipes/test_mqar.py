@@ -1,0 +1,91 @@
+import numpy as np
+import pytest
+import torch
+
+from recipes.data import MQAR
+from recipes.data.mqar import IGNORE_INDEX, is_test_sequence
+
+
+def examples(data: MQAR, split: str, n: int):
+    dataset = data.train if split == "train" else data.test
+    return [dataset[i] for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def small():
+    return MQAR(vocab_size=256, seq_len=64, num_pairs=16, batch_size=8, test_size=64, train_size=1000)
+
+
+def test_every_query_target_is_the_value_that_followed_its_key(small):
+    for example in examples(small, "train", 50):
+        ids, labels = example["input_ids"].tolist(), example["labels"].tolist()
+        pairs = {ids[2 * i]: ids[2 * i + 1] for i in range(16)}
+        queries = [p for p, label in enumerate(labels) if label != IGNORE_INDEX]
+        assert len(queries) == 16
+        for p in queries:
+            assert p >= 32  # after the pairs
+            assert ids[p] in pairs and labels[p] == pairs[ids[p]]
+        assert sorted(ids[p] for p in queries) == sorted(pairs)  # each key asked once
+
+
+def test_keys_are_unique_and_fillers_never_look_like_keys(small):
+    for example in examples(small, "test", 30):
+        ids, labels = example["input_ids"], example["labels"]
+        keys = ids[0:32:2]
+        assert len(set(keys.tolist())) == 16 and (keys >= 1).all() and (keys < 128).all()
+        query = labels != IGNORE_INDEX
+        fillers = ids[32:][~query[32:]]
+        assert (fillers >= 128).all()
+
+
+def test_loss_mask_covers_exactly_the_queries(small):
+    batch = next(iter(small.val_dataloader()))
+    assert batch["input_ids"].shape == (8, 64)
+    assert ((batch["labels"] != IGNORE_INDEX).sum(dim=1) == 16).all()
+
+
+def test_same_seed_same_data_and_another_seed_differs():
+    a, b = MQAR(256, 64, 16, seed=3), MQAR(256, 64, 16, seed=3)
+    c = MQAR(256, 64, 16, seed=4)
+    for i in (0, 7, 123):
+        assert torch.equal(a.train[i]["input_ids"], b.train[i]["input_ids"])
+        assert torch.equal(a.test[i]["labels"], b.test[i]["labels"])
+    assert not torch.equal(a.train[0]["input_ids"], c.train[0]["input_ids"])
+
+
+def test_train_and_test_are_disjoint(small):
+    train = {bytes(e["input_ids"].numpy().tobytes()) for e in examples(small, "train", 1000)}
+    test = {bytes(e["input_ids"].numpy().tobytes()) for e in examples(small, "test", 64)}
+    assert not train & test
+    assert all(is_test_sequence(np.frombuffer(t, dtype=np.int64)) for t in test)
+    assert not any(is_test_sequence(np.frombuffer(t, dtype=np.int64)) for t in train)
+
+
+def test_queries_follow_a_power_law_close_to_the_pairs():
+    data = MQAR(vocab_size=1024, seq_len=512, num_pairs=16)
+    offsets = np.concatenate([
+        np.flatnonzero(data.train[i]["labels"].numpy() != IGNORE_INDEX) - 32 for i in range(200)
+    ])
+    # With a = 0.01 the density falls like 1/slot: the first eighth of the space gets far more than an eighth.
+    assert (offsets < (512 - 32) / 8).mean() > 0.4
+
+
+def test_safe_with_worker_processes(small):
+    loader = torch.utils.data.DataLoader(small.test, batch_size=8, num_workers=2)
+    in_workers = torch.cat([b["input_ids"] for b in loader])
+    in_process = torch.stack([small.test[i]["input_ids"] for i in range(64)])
+    assert torch.equal(in_workers, in_process)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(seq_len=60, num_pairs=16), "seq_len=60 is too short for num_pairs=16"),
+        (dict(vocab_size=20, seq_len=64, num_pairs=16), "num_pairs=16 needs more distinct keys than the 9"),
+        (dict(seq_len=0), "seq_len=0 must be a positive integer"),
+    ],
+)
+def test_bad_settings_name_the_problem(kwargs, words):
+    with pytest.raises(ValueError) as info:
+        MQAR(**{"vocab_size": 256, **kwargs})
+    assert words in str(info.value)
