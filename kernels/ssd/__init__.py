@@ -41,7 +41,14 @@ def ssd_scan(
     check_backend(backend)
     _check_arguments(x, dt, A, B, C, chunk_size, D, initial_state)
     resolve_backend(backend, x, op="ssd_scan", has_triton=False)
-    y, final_state = ssd_chunked(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_state=initial_state)
+    # The reference computes in at least fp32 whatever the inputs and any autocast region say: the
+    # decays are exponentials of long sums, which bf16 cannot hold. The output comes back in x's dtype.
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        up = lambda t: None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))  # noqa: E731
+        y, final_state = ssd_chunked(
+            up(x), up(dt), up(A), up(B), up(C), chunk_size=chunk_size, D=up(D), initial_state=up(initial_state),
+        )
+    y = y.to(x.dtype)
     return (y, final_state) if return_final_state else y
 
 

@@ -124,3 +124,16 @@ def test_bad_arguments_name_the_problem(change, words):
     with pytest.raises(ValueError) as info:
         ssd_scan(**inputs)
     assert words in str(info.value)
+
+
+def test_reference_computes_in_fp32_under_bf16_inputs_and_autocast():
+    inputs = make(65)
+    want = ssd_scan(**inputs)
+    low = {k: v.bfloat16() for k, v in inputs.items()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = ssd_scan(**low)
+    assert got.dtype == torch.bfloat16
+    # Only the bf16 rounding of the inputs and of the output remains (a few parts in a thousand).
+    exact_from_rounded = ssd_scan(**{k: v.float() for k, v in low.items()})
+    assert rel_err(got.float(), exact_from_rounded) < 1e-2
+    assert rel_err(got.float(), want) < 5e-2
