@@ -37,8 +37,12 @@ class HybridLM(nn.Module):
         max_seq_len: longest sequence accepted (also RoPE's trained range; NTK scaling past it).
         tie_embeddings: share the embedding matrix with the LM head (default False).
         rope_base: base of the shared rotary table (default 10000).
-        init_std: std of the normal init of every ``nn.Linear`` and ``nn.Embedding`` weight (0.02);
-            other parameters keep their component's own initialisation.
+        init_std: if set, re-initialise every ``nn.Linear`` and ``nn.Embedding`` weight from
+            ``N(0, init_std²)`` (GPT-2 style 0.02). Default None keeps PyTorch's own initialisation
+            (embeddings ``N(0, 1)``, linear layers ``U(±1/√fan_in)``): on MQAR the 0.02 init kept a
+            2-layer attention model on the recall plateau for thousands of steps, the default
+            solved it in under 1,000 (docs/attention.md). Other parameters always keep their
+            component's own initialisation.
         norm_eps: RMSNorm epsilon.
     """
 
@@ -52,7 +56,7 @@ class HybridLM(nn.Module):
         max_seq_len: int = 2048,
         tie_embeddings: bool = False,
         rope_base: float = 10000.0,
-        init_std: float = 0.02,
+        init_std: float | None = None,
         norm_eps: float = 1e-6,
     ):
         super().__init__()
@@ -78,7 +82,8 @@ class HybridLM(nn.Module):
         )
         self.norm = RMSNorm(d_model, eps=norm_eps)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        self._init_weights(init_std)
+        if init_std is not None:
+            self._init_weights(init_std)
         if tie_embeddings:
             self.lm_head.weight = self.embedding.weight
         self.tie_embeddings = tie_embeddings

@@ -44,7 +44,7 @@ class LanguageModel(L.LightningModule):
         max_seq_len: int = 2048,
         tie_embeddings: bool = False,
         rope_base: float = 10000.0,
-        init_std: float = 0.02,
+        init_std: float | None = None,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-6,
