@@ -159,11 +159,12 @@ class HybridLM(nn.Module):
                 f"HybridLM: sequence length {T} exceeds max_seq_len={self.max_seq_len}; "
                 "build the model with a larger max_seq_len"
             )
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
-            raise ValueError(
-                f"HybridLM: token ids must lie in [0, vocab_size={self.vocab_size}); "
-                f"got values in [{int(input_ids.min())}, {int(input_ids.max())}]"
-            )
+        if input_ids.numel():
+            low, high = (int(v) for v in torch.aminmax(input_ids))  # one pass, one host sync
+            if low < 0 or high >= self.vocab_size:
+                raise ValueError(
+                    f"HybridLM: token ids must lie in [0, vocab_size={self.vocab_size}); got values in [{low}, {high}]"
+                )
         for name, t in (("position_ids", position_ids), ("padding_mask", padding_mask)):
             if t is not None and t.shape != input_ids.shape:
                 raise ValueError(f"HybridLM: {name} must have the shape of input_ids {tuple(input_ids.shape)}; got {tuple(t.shape)}")

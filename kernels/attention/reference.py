@@ -40,10 +40,11 @@ def select_window(allowed: torch.Tensor, bias: torch.Tensor | None, keep_window:
     allowed: ``[B|1, 1|H, T, S]`` bool; bias: ``[B, H, S]`` or None → ``[B|1, H|1, T, S]`` bool.
     """
     S = allowed.shape[-1]
-    score = torch.zeros(S, device=allowed.device) if bias is None else bias.detach()[:, :, None, :]
-    # Recency as a tie-break: a key position's rank among equal biases. A stable sort on the bias of
-    # keys laid out newest-first gives exactly "largest bias, then most recent".
-    score = torch.broadcast_to(score, torch.broadcast_shapes(allowed.shape, torch.as_tensor(score).shape))
+    score = torch.zeros(allowed.shape, device=allowed.device)  # [B|1, 1|H, T, S]
+    if bias is not None:
+        score = score + bias.detach()[:, :, None, :]  # [B, H, T, S]
+    # A stable sort on the bias of keys laid out newest-first gives exactly "largest bias, then most
+    # recent" — recency is the tie-break.
     score = score.masked_fill(~allowed, float("-inf")).flip(-1)  # newest key first
     order = torch.sort(score, dim=-1, descending=True, stable=True).indices  # [.., T, S]
     rank = torch.empty_like(order)
