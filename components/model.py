@@ -11,7 +11,7 @@ from components.norm import RMSNorm
 from components.pattern import PatternError, parse_tokens
 from components.rotary import RotaryEmbedding
 from components.sequence import SSD, InnerFuncAttention, QCAttention
-from components.state import MLP
+from components.state import MLP, CDMoE, CohesiveMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
 
 MixerFactory = Callable[[int], nn.Module]
 """Builds one mixer from ``d_model``: a class, a ``functools.partial``, or a jsonargparse binding."""
@@ -21,6 +21,11 @@ DEFAULT_MIXERS: dict[str, MixerFactory] = {
     "M": MLP,
     "S": SSD,
     "I": InnerFuncAttention,
+    "E": CDMoE,
+    "R": RoutedMoE,
+    "H": SharedExpertMoE,
+    "C": CohesiveMoE,
+    "X": ExpansiveMoE,
 }
 """Letters bound when a recipe does not bind them (SPEC §4)."""
 
@@ -146,6 +151,15 @@ class HybridLM(nn.Module):
             name: module.aux_loss
             for name, module in self.named_modules()
             if isinstance(getattr(module, "aux_loss", None), torch.Tensor)
+        }
+
+    def expert_loads(self) -> dict[str, torch.Tensor]:
+        """The expert load of the last forward, by module name: every MoE assigns to ``expert_load``
+        a vector ``[n_experts]`` of the fraction of routed assignments each expert took."""
+        return {
+            name: module.expert_load
+            for name, module in self.named_modules()
+            if isinstance(getattr(module, "expert_load", None), torch.Tensor)
         }
 
     def _check_input(self, input_ids, position_ids, padding_mask) -> None:

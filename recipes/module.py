@@ -12,6 +12,7 @@ import torchmetrics
 from torchmetrics.text import Perplexity
 
 from components.model import HybridLM, MixerFactory, count_active_parameters, count_parameters
+from components.sizing import SizeTarget, describe_size, sized_mixers
 
 IGNORE_INDEX = -100
 
@@ -26,6 +27,9 @@ class LanguageModel(L.LightningModule):
     Args:
         d_model, pattern, mixers, vocab_size, max_seq_len, tie_embeddings, rope_base, init_std:
             passed to ``HybridLM``.
+        size_to: solve one width of some mixers so the model has a target parameter count
+            (:class:`components.sizing.SizeTarget`; YAML ``size_to: {params: 600000, letters: [M, R]}``);
+            the solved width is recorded in the hyper-parameters as ``sized_width``.
         lr: peak learning rate of AdamW (default 1e-3).
         betas, eps, weight_decay: AdamW settings (papers: (0.9, 0.98), 1e-6, 0.1). Weight decay
             applies to matrices only, not to norms' gains or other vectors.
@@ -45,6 +49,7 @@ class LanguageModel(L.LightningModule):
         tie_embeddings: bool = False,
         rope_base: float = 10000.0,
         init_std: float | None = None,
+        size_to: SizeTarget | None = None,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-6,
@@ -59,10 +64,13 @@ class LanguageModel(L.LightningModule):
             raise ValueError(f"LanguageModel: warmup_fraction={warmup_fraction} must lie in [0, 1)")
         if not 0.0 <= final_lr_fraction <= 1.0:
             raise ValueError(f"LanguageModel: final_lr_fraction={final_lr_fraction} must lie in [0, 1]")
-        self.model = HybridLM(
-            vocab_size, d_model, pattern, mixers, max_seq_len=max_seq_len, tie_embeddings=tie_embeddings,
-            rope_base=rope_base, init_std=init_std,
-        )
+        model_kwargs = dict(max_seq_len=max_seq_len, tie_embeddings=tie_embeddings, rope_base=rope_base)
+        self.size_note, sized_width = None, None
+        if size_to is not None:
+            mixers, sized_width = sized_mixers(vocab_size, d_model, pattern, mixers, size_to, **model_kwargs)
+        self.model = HybridLM(vocab_size, d_model, pattern, mixers, init_std=init_std, **model_kwargs)
+        if size_to is not None:
+            self.size_note = describe_size(self.model, size_to, sized_width)
         # The factories themselves do not serialise: record what each letter was built as, and the sizes.
         self.save_hyperparameters({
             **hparams,
@@ -71,6 +79,8 @@ class LanguageModel(L.LightningModule):
             "n_blocks": len(self.model.blocks),
             "n_params": count_parameters(self.model),
             "n_active_params": count_active_parameters(self.model),
+            "sized_width": sized_width,
+            "size_to": None if size_to is None else vars(size_to),
         })
 
         self.val_loss = torchmetrics.MeanMetric()
@@ -101,7 +111,18 @@ class LanguageModel(L.LightningModule):
             self.log("train/aux_loss", aux_total)
         self.log("train/loss", ce, prog_bar=True)
         self.log("train/ppl", torch.exp(ce.detach()))
+        self._log_expert_loads()
         return loss
+
+    def _log_expert_loads(self) -> None:
+        """Per MoE layer: the load's entropy over log(E) (1 = uniform, 0 = one expert takes all) and the
+        busiest expert's load over the mean (1 = uniform, E = collapse), so collapse shows up."""
+        for name, load in self.model.expert_loads().items():
+            layer = name.removeprefix("blocks.").replace(".state_mixer", "").replace(".sequence_mixer", "-seq")
+            n = load.numel()
+            entropy = -(load * load.clamp_min(1e-12).log()).sum() / math.log(n) if n > 1 else load.new_ones(())
+            self.log(f"moe/block{layer}/load_entropy", entropy)
+            self.log(f"moe/block{layer}/max_over_mean_load", load.max() * n)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._evaluate(batch, "val")
@@ -123,6 +144,8 @@ class LanguageModel(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.trainer.is_global_zero:
             print(self.model.summary(), flush=True)
+            if self.size_note:
+                print(self.size_note, flush=True)
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
         self._step_started = time.perf_counter()

@@ -1,5 +1,12 @@
 """State mixers: ``forward(x [B,T,d]) -> [B,T,d]``, transforming each position on its own."""
 
+from components.state.cdmoe import CDMoE
+from components.state.experts import CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
 from components.state.mlp import MLP
+from components.state.moe import MoE, CohesiveMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
+from components.state.router import Routing, TopKRouter, switch_balancing_loss
 
-__all__ = ["MLP"]
+__all__ = [
+    "CDMoE", "CohesiveExperts", "CohesiveMoE", "ExpansiveExperts", "ExpansiveMoE", "MLP", "MLPExperts", "MoE",
+    "RoutedMoE", "Routing", "SharedExpertMoE", "SharedGate", "TopKRouter", "switch_balancing_loss",
+]

@@ -55,8 +55,8 @@ def is_test_sequence(input_ids: np.ndarray) -> bool:
 class MQARSplit(Dataset):
     """``size`` MQAR examples of one split; example ``i`` is the same on every call and every worker."""
 
-    def __init__(self, split: str, size: int, seed: int, **task):
-        self.split, self.size, self.seed, self.task = split, size, seed, task
+    def __init__(self, split: str, size: int, seed: int, *, min_pairs: int | None = None, **task):
+        self.split, self.size, self.seed, self.task, self.min_pairs = split, size, seed, task, min_pairs
         self.stream = {"train": 0, "test": 1}[split]
 
     def __len__(self) -> int:
@@ -65,7 +65,10 @@ class MQARSplit(Dataset):
     def __getitem__(self, i: int) -> dict:
         for attempt in range(10_000):
             rng = np.random.default_rng([self.seed, self.stream, i, attempt])
-            input_ids, labels = make_sequence(rng, **self.task)
+            task = self.task
+            if self.min_pairs is not None:  # a mixture of difficulties: this example's pair count
+                task = {**task, "num_pairs": int(rng.integers(self.min_pairs, task["num_pairs"] + 1))}
+            input_ids, labels = make_sequence(rng, **task)
             if is_test_sequence(input_ids) == (self.split == "test"):
                 return {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels)}
         raise RuntimeError(f"MQAR: no {self.split} sequence found for example {i} in 10,000 attempts")
@@ -80,6 +83,10 @@ class MQAR(L.LightningDataModule):
         num_pairs: key-value pairs per sequence (default ``T/4``); needs ``T ≥ 4·num_pairs`` and
             ``num_pairs < vocab_size/2``.
         power_a: exponent of the query-position power law (default 0.01, Zoology).
+        train_min_pairs: if set, each training example draws its pair count uniformly from
+            ``[train_min_pairs, num_pairs]`` (test examples always have ``num_pairs``). Zoology also
+            trains on a mixture of pair counts; at ``T=128`` with 32 pairs the easier examples are what
+            lets a small attention model leave the recall plateau (docs/attention.md).
         train_size, test_size: examples per split (defaults 2¹⁸ and 1024, seed 002 Table 5).
         batch_size: examples per batch (default 64).
         seed: the data seed (default 0).
@@ -93,6 +100,7 @@ class MQAR(L.LightningDataModule):
         num_pairs: int | None = None,
         *,
         power_a: float = 0.01,
+        train_min_pairs: int | None = None,
         train_size: int = 2**18,
         test_size: int = 1024,
         batch_size: int = 64,
@@ -115,11 +123,13 @@ class MQAR(L.LightningDataModule):
                 f"MQAR: num_pairs={num_pairs} needs more distinct keys than the {vocab_size // 2 - 1} of "
                 f"vocab_size={vocab_size} (keys come from [1, vocab_size/2))"
             )
+        if train_min_pairs is not None and not 1 <= train_min_pairs <= num_pairs:
+            raise ValueError(f"MQAR: train_min_pairs={train_min_pairs!r} must lie in [1, num_pairs={num_pairs}]")
         if power_a <= 0:
             raise ValueError(f"MQAR: power_a={power_a} must be positive")
         self.vocab_size, self.batch_size, self.num_workers = vocab_size, batch_size, num_workers
         task = dict(vocab_size=vocab_size, seq_len=seq_len, num_pairs=num_pairs, power_a=power_a)
-        self.train = MQARSplit("train", train_size, seed, **task)
+        self.train = MQARSplit("train", train_size, seed, min_pairs=train_min_pairs, **task)
         self.test = MQARSplit("test", test_size, seed, **task)
 
     def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:

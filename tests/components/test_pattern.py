@@ -73,4 +73,4 @@ def test_unbound_letter_lists_the_bound_letters():
     message = str(info.value)
     assert "letter 'Q' is not bound" in message
     assert "column 4" in message
-    assert "bound: A, I, M, S" in message
+    assert "bound: A, C, E, H, I, M, R, S, X" in message

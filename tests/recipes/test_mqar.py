@@ -89,3 +89,18 @@ def test_bad_settings_name_the_problem(kwargs, words):
     with pytest.raises(ValueError) as info:
         MQAR(**{"vocab_size": 256, **kwargs})
     assert words in str(info.value)
+
+
+def test_train_min_pairs_mixes_difficulties_in_training_only():
+    data = MQAR(vocab_size=256, seq_len=64, num_pairs=16, train_min_pairs=4, test_size=32)
+    counts = []
+    for example in examples(data, "train", 200):
+        ids, labels = example["input_ids"].tolist(), example["labels"].tolist()
+        n = sum(label != IGNORE_INDEX for label in labels)
+        pairs = {ids[2 * i]: ids[2 * i + 1] for i in range(n)}
+        assert all(labels[p] == pairs[ids[p]] for p, label in enumerate(labels) if label != IGNORE_INDEX)
+        counts.append(n)
+    assert min(counts) == 4 and max(counts) == 16 and len(set(counts)) == 13
+    assert all((e["labels"] != IGNORE_INDEX).sum() == 16 for e in examples(data, "test", 32))
+    with pytest.raises(ValueError, match=r"train_min_pairs=17 must lie in \[1, num_pairs=16\]"):
+        MQAR(vocab_size=256, seq_len=64, num_pairs=16, train_min_pairs=17)

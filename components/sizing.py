@@ -1,0 +1,87 @@
+"""Size a model to a target parameter count by solving for one width, as the papers' equal-parameter
+ablations do ("adjust the dimension size of FFN so that any combination has the same total")."""
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from components.model import DEFAULT_MIXERS, HybridLM, MixerFactory, count_parameters
+
+
+@dataclass
+class SizeTarget:
+    """Solve ``arg`` of the mixers bound to ``letters`` (one common value) so that the model's total
+    parameter count is as close as possible to ``params``.
+
+    Attributes:
+        params: the target total parameter count.
+        letters: the letters whose mixers take the solved width (default ``["M"]``).
+        arg: the keyword the width is passed as (default ``d_ff``).
+        multiple_of: the width is a multiple of this (default 8).
+    """
+
+    params: int
+    letters: list[str] = field(default_factory=lambda: ["M"])
+    arg: str = "d_ff"
+    multiple_of: int = 8
+
+
+def solve_width(count: Callable[[int], int], target: int, *, multiple_of: int = 8, limit: int = 1 << 20) -> int:
+    """The multiple of ``multiple_of`` whose ``count(width)`` is closest to ``target`` (``count`` must grow
+    with the width). Raises if even the smallest width overshoots the target."""
+    if count(multiple_of) > target:
+        raise ValueError(f"target of {target:,} parameters is below the smallest model ({count(multiple_of):,} "
+                         f"parameters at width {multiple_of})")
+    low, high = 1, 2  # in units of multiple_of; invariant count(low·m) ≤ target
+    while count(high * multiple_of) <= target:
+        low, high = high, 2 * high
+        if high * multiple_of > limit:
+            raise ValueError(f"target of {target:,} parameters needs a width above {limit:,}")
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if count(mid * multiple_of) <= target else (low, mid)
+    best = min((low, high), key=lambda n: abs(count(n * multiple_of) - target))
+    return best * multiple_of
+
+
+def sized_mixers(
+    vocab_size: int,
+    d_model: int,
+    pattern: str,
+    mixers: Mapping[str, MixerFactory] | None,
+    target: SizeTarget,
+    **model_kwargs,
+) -> tuple[dict[str, MixerFactory], int]:
+    """The bindings with ``target.letters`` given the solved width, and that width.
+
+    Models are built on the ``meta`` device while solving, so no memory is allocated.
+    """
+    bindings = {**DEFAULT_MIXERS, **(mixers or {})}
+    unknown = [letter for letter in target.letters if letter not in bindings]
+    if unknown or not target.letters:
+        raise ValueError(f"size_to: letters={target.letters} must name bound letters (bound: {', '.join(sorted(bindings))})")
+    used = set(pattern.replace("×", "x"))
+    if not any(letter in used for letter in target.letters):
+        raise ValueError(f"size_to: none of letters={target.letters} occurs in pattern {pattern!r}, so no width can be solved")
+
+    def with_width(width: int) -> dict[str, MixerFactory]:
+        return {**bindings, **{letter: functools.partial(bindings[letter], **{target.arg: width}) for letter in target.letters}}
+
+    def count(width: int) -> int:
+        with torch.device("meta"):
+            return count_parameters(HybridLM(vocab_size, d_model, pattern, with_width(width), **model_kwargs))
+
+    width = solve_width(count, target.params, multiple_of=target.multiple_of)
+    return with_width(width), width
+
+
+def describe_size(model: nn.Module, target: SizeTarget, width: int) -> str:
+    total = count_parameters(model)
+    return (f"sized: {target.arg}={width} for {', '.join(target.letters)} → {total:,} parameters "
+            f"(target {target.params:,}, {100 * (total - target.params) / target.params:+.2f}%)")
+
+
+__all__: Sequence[str] = ["SizeTarget", "describe_size", "sized_mixers", "solve_width"]

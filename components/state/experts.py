@@ -1,0 +1,107 @@
+"""Banks of routed experts, weights stacked on a leading expert dim ``[E, ...]``.
+
+A bank computes one expert on the tokens routed to it: ``expert(i, x, shared) -> [m, d_model]``,
+where ``x [m, d_model]`` are those tokens and ``shared`` their rows of the state a cross-domain
+transform computed once for every token (None when the MoE has no such transform). The
+:class:`~components.state.moe.MoE` engine groups tokens by expert and calls each expert once.
+
+Initialisation follows ``nn.Linear``'s default, ``U(±1/√fan_in)`` per expert.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from components._checks import check_choice, check_positive
+from components.state.mlp import ACTIVATIONS, GATES
+
+
+def _linear_init(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
+    bound = 1.0 / math.sqrt(fan_in)
+    return nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
+
+
+class MLPExperts(nn.Module):
+    """``E`` private gated MLPs: expert ``i`` is ``(act(x W_i) ⊙ gate(x V_i)) W₂ᵢ``.
+
+    Args:
+        d_model: token width.
+        n_experts: ``E``.
+        d_ff: hidden width of each expert.
+        activation: ``swiglu`` | ``swisig`` | ``switanh`` (the gate: identity, σ, tanh).
+        act: ``silu`` | ``gelu`` | ``relu``.
+    """
+
+    def __init__(self, d_model: int, n_experts: int, d_ff: int, *, activation: str = "swiglu", act: str = "silu"):
+        super().__init__()
+        check_positive("MLPExperts", d_model=d_model, n_experts=n_experts, d_ff=d_ff)
+        check_choice("MLPExperts", "activation", activation, GATES)
+        check_choice("MLPExperts", "act", act, ACTIVATIONS)
+        self.n_experts, self.d_ff, self.activation = n_experts, d_ff, activation
+        self.act, self.gate = ACTIVATIONS[act], GATES[activation]
+        self.w_in = _linear_init((n_experts, d_model, 2 * d_ff), d_model)  # [E, d, W | V]
+        self.w_out = _linear_init((n_experts, d_ff, d_model), d_ff)  # [E, d_ff, d]
+
+    def expert(self, i: int, x: torch.Tensor, shared: torch.Tensor | None = None) -> torch.Tensor:
+        h, v = (x @ self.w_in[i]).chunk(2, dim=-1)  # 2 × [m, d_ff]
+        return (self.act(h) * self.gate(v)) @ self.w_out[i]  # [m, d]
+
+    def params_per_expert(self) -> int:
+        return (self.w_in.numel() + self.w_out.numel()) // self.n_experts
+
+    def extra_repr(self) -> str:
+        return f"n_experts={self.n_experts}, d_ff={self.d_ff}, activation={self.activation}"
+
+
+class CohesiveExperts(nn.Module):
+    """OTCE eq. 18: expert ``i`` is ``(act(x W_iᵖ) ⊙ shared) W₂ᵢᵖ``, where ``shared = tanh(x Vˢ)``
+    ``[m, d_ff]`` comes from one matrix every expert shares (:class:`SharedGate`)."""
+
+    def __init__(self, d_model: int, n_experts: int, d_ff: int, *, act: str = "silu"):
+        super().__init__()
+        check_positive("CohesiveExperts", d_model=d_model, n_experts=n_experts, d_ff=d_ff)
+        check_choice("CohesiveExperts", "act", act, ACTIVATIONS)
+        self.n_experts, self.d_ff, self.act = n_experts, d_ff, ACTIVATIONS[act]
+        self.w_in = _linear_init((n_experts, d_model, d_ff), d_model)  # [E, d, d_ff]  W_iᵖ
+        self.w_out = _linear_init((n_experts, d_ff, d_model), d_ff)  # [E, d_ff, d]  W₂ᵢᵖ
+
+    def expert(self, i: int, x: torch.Tensor, shared: torch.Tensor | None) -> torch.Tensor:
+        return (self.act(x @ self.w_in[i]) * shared) @ self.w_out[i]  # [m, d]
+
+    def params_per_expert(self) -> int:
+        return (self.w_in.numel() + self.w_out.numel()) // self.n_experts
+
+    def extra_repr(self) -> str:
+        return f"n_experts={self.n_experts}, d_ff={self.d_ff}"
+
+
+class SharedGate(nn.Module):
+    """The cohesive experts' shared half: ``gate(x Vˢ)``, ``[..., d_model] → [..., d_ff]``."""
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "switanh"):
+        super().__init__()
+        check_choice("SharedGate", "activation", activation, GATES)
+        self.gate, self.activation = GATES[activation], activation
+        self.proj = nn.Linear(d_model, d_ff, bias=False)  # Vˢ
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gate(self.proj(x))
+
+
+class ExpansiveExperts(nn.Module):
+    """OTCE eq. 19: expert ``i`` reads the shared FFN's output ``h = shared`` ``[m, d_model]``, gates
+    it with its own ``W₃ᵢ``, ``u = h ⊙ σ(h W₃ᵢ)``, and applies its private gated MLP to ``u``."""
+
+    def __init__(self, d_model: int, n_experts: int, d_ff: int, *, activation: str = "switanh", act: str = "silu"):
+        super().__init__()
+        self.private = MLPExperts(d_model, n_experts, d_ff, activation=activation, act=act)
+        self.n_experts = n_experts
+        self.w_gate = _linear_init((n_experts, d_model, d_model), d_model)  # [E, d, d]  W₃ᵢ
+
+    def expert(self, i: int, x: torch.Tensor, shared: torch.Tensor | None) -> torch.Tensor:
+        u = shared * torch.sigmoid(shared @ self.w_gate[i])  # [m, d]
+        return self.private.expert(i, u)
+
+    def params_per_expert(self) -> int:
+        return self.w_gate.numel() // self.n_experts + self.private.params_per_expert()

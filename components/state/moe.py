@@ -1,0 +1,170 @@
+"""Routed mixtures of experts, composed from a router, a bank of experts, and optionally a shared
+expert (SEI) or a shared cross-domain transform whose output the experts read (OTCE).
+
+    y = Σ_{i ∈ topk(x)} g_i(x) · expert_i(x, s(x))  +  shared_expert(x)        s = cross-domain state
+
+Every variant is the one :class:`MoE` engine with different parts; the named classes only build
+the parts. Dropless: every token reaches its ``top_k`` experts, with no capacity limit. Tokens are
+grouped by expert with one sort, so the only Python loop is over experts, never over tokens.
+"""
+
+import torch
+from torch import nn
+
+from components._checks import check_positive
+from components.state.experts import CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
+from components.state.mlp import MLP, default_d_ff
+from components.state.router import Routing, TopKRouter, switch_balancing_loss
+
+
+def dispatch(experts: nn.Module, x: torch.Tensor, shared: torch.Tensor | None, routing: Routing) -> torch.Tensor:
+    """``Σ_k gates[m,k] · experts.expert(ids[m,k], x_m, shared_m)`` for ``x [M, d]`` → ``[M, d]``."""
+    M, k = routing.experts.shape
+    flat = routing.experts.reshape(-1)  # [M·k] assignment → expert
+    order = torch.argsort(flat, stable=True)  # assignments grouped by expert
+    token = order // k  # [M·k] the token of each sorted assignment
+    counts = torch.bincount(flat, minlength=experts.n_experts).tolist()  # one host sync per layer
+    xs = x[token].split(counts)  # E × [m_i, d]
+    ss = shared[token].split(counts) if shared is not None else [None] * len(counts)
+    outs = [experts.expert(i, xi, si) for i, (xi, si) in enumerate(zip(xs, ss)) if counts[i] > 0]
+    y = torch.cat(outs) * routing.gates.reshape(-1)[order].unsqueeze(-1)  # [M·k, d]
+    return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+
+
+class MoE(nn.Module):
+    """The routed-MoE engine, ``[B, T, d_model] → [B, T, d_model]``.
+
+    After each forward, ``aux_loss`` holds the Switch balancing loss (summed into the training loss
+    by the recipe, SPEC §3) and ``expert_load [E]`` the fraction of assignments each expert took.
+
+    Args:
+        router: a :class:`TopKRouter`.
+        experts: a bank with ``n_experts``, ``expert(i, x, shared)`` and ``params_per_expert()``.
+        shared_expert: a module added on every token (SEI), or None.
+        cross_domain: a module computing, once per token, the shared state the experts read, or None.
+    """
+
+    def __init__(self, router: TopKRouter, experts: nn.Module, *, shared_expert: nn.Module | None = None,
+                 cross_domain: nn.Module | None = None):
+        super().__init__()
+        if router.n_experts != experts.n_experts:
+            raise ValueError(f"MoE: the router has {router.n_experts} experts, the bank {experts.n_experts}")
+        self.router, self.experts = router, experts
+        self.shared_expert, self.cross_domain = shared_expert, cross_domain
+        self.aux_loss: torch.Tensor | None = None
+        self.expert_load: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # [M, d], M = B·T
+        shared = self.cross_domain(flat) if self.cross_domain is not None else None
+        routing = self.router(flat)
+        y = dispatch(self.experts, flat, shared, routing)
+        if self.shared_expert is not None:
+            y = y + self.shared_expert(flat)
+        self.expert_load = routing.load(self.router.n_experts)
+        self.aux_loss = switch_balancing_loss(routing.probs, self.expert_load)
+        return y.view(shape)
+
+    def active_parameters(self) -> int:
+        """Router, shared parts, and ``top_k`` experts: what one token uses."""
+        always = [m for m in (self.router, self.shared_expert, self.cross_domain) if m is not None]
+        always = sum(p.numel() for m in always for p in m.parameters())
+        return always + self.router.top_k * self.experts.params_per_expert()
+
+
+def _expert_width(d_ff: int | None, d_model: int, activation: str) -> int:
+    return default_d_ff(d_model, activation) if d_ff is None else d_ff
+
+
+class RoutedMoE(MoE):
+    """Top-k routed MoE of gated-MLP experts (OTCE eq. 15-17, Switch/GShard routing).
+
+    Args:
+        d_model: model width.
+        n_experts: number of experts (default 8).
+        top_k: experts per token (default 2).
+        d_ff: each expert's hidden width (default: the dense MLP's, :func:`default_d_ff`).
+        activation: ``swiglu`` | ``swisig`` | ``switanh`` (default ``swiglu``).
+        act: ``silu`` | ``gelu`` | ``relu`` (default ``silu``).
+        normalize: renormalise the top-k gates to sum to 1 (default False).
+    """
+
+    def __init__(self, d_model: int, *, n_experts: int = 8, top_k: int = 2, d_ff: int | None = None,
+                 activation: str = "swiglu", act: str = "silu", normalize: bool = False):
+        d_ff = _expert_width(d_ff, d_model, activation)
+        super().__init__(
+            TopKRouter(d_model, n_experts, top_k, normalize=normalize),
+            MLPExperts(d_model, n_experts, d_ff, activation=activation, act=act),
+        )
+
+
+class SharedExpertMoE(MoE):
+    """Shared-expert isolation (DeepSeekMoE, "SEI"): :class:`RoutedMoE` plus ``n_shared`` experts that
+    every token uses with gate 1. The ``n_shared`` always-on experts of width ``d_ff`` are one MLP of
+    width ``n_shared·d_ff`` (the same function and parameters).
+
+    Args:
+        n_shared: always-on experts (default 1; 0 gives a plain RoutedMoE).
+        others: as :class:`RoutedMoE`.
+    """
+
+    def __init__(self, d_model: int, *, n_experts: int = 8, top_k: int = 2, n_shared: int = 1,
+                 d_ff: int | None = None, activation: str = "swiglu", act: str = "silu", normalize: bool = False):
+        if not isinstance(n_shared, int) or n_shared < 0:
+            raise ValueError(f"SharedExpertMoE: n_shared={n_shared!r} must be a non-negative integer")
+        d_ff = _expert_width(d_ff, d_model, activation)
+        super().__init__(
+            TopKRouter(d_model, n_experts, top_k, normalize=normalize),
+            MLPExperts(d_model, n_experts, d_ff, activation=activation, act=act),
+            shared_expert=MLP(d_model, d_ff=n_shared * d_ff, activation=activation, act=act) if n_shared else None,
+        )
+
+
+class CohesiveMoE(MoE):
+    """OTCE's cohesive cross-domain MoE (eq. 18): expert ``i`` is ``(act(x W_iᵖ) ⊙ tanh(x Vˢ)) W₂ᵢᵖ``
+    with one ``Vˢ`` for all experts, computed once per token. The shared share of the parameters is
+    fixed by ``n_experts`` (``Vˢ`` is as wide as every expert).
+
+    Args:
+        d_model: model width.
+        n_experts, top_k, normalize: as :class:`RoutedMoE` (defaults 8, 2, False).
+        d_ff: the experts' (and ``Vˢ``'s) width (default: the dense MLP's).
+        gate: the shared half's squashing, ``switanh`` (default, eq. 18) | ``swisig`` | ``swiglu``.
+        act: ``silu`` | ``gelu`` | ``relu``.
+    """
+
+    def __init__(self, d_model: int, *, n_experts: int = 8, top_k: int = 2, d_ff: int | None = None,
+                 gate: str = "switanh", act: str = "silu", normalize: bool = False):
+        d_ff = _expert_width(d_ff, d_model, "switanh")
+        check_positive("CohesiveMoE", d_ff=d_ff)
+        super().__init__(
+            TopKRouter(d_model, n_experts, top_k, normalize=normalize),
+            CohesiveExperts(d_model, n_experts, d_ff, act=act),
+            cross_domain=SharedGate(d_model, d_ff, activation=gate),
+        )
+
+
+class ExpansiveMoE(MoE):
+    """OTCE's expansive cross-domain MoE (eq. 19): a shared gated FFN ``h = FFNˢ(x)`` computed once per
+    token; expert ``i`` gates it, ``u = h ⊙ σ(h W₃ᵢ)``, and applies its private gated FFN to ``u``.
+
+    Args:
+        d_model: model width.
+        n_experts, top_k, normalize: as :class:`RoutedMoE` (defaults 8, 2, False).
+        d_ff: each private expert's width (default: the dense MLP's).
+        d_shared: the shared FFN's width, free of ``d_ff`` so the shared/private ratio can be set
+            (default: the dense MLP's).
+        activation: ``switanh`` (default, eq. 19) | ``swisig`` | ``swiglu``, for both FFNs.
+        act: ``silu`` | ``gelu`` | ``relu``.
+    """
+
+    def __init__(self, d_model: int, *, n_experts: int = 8, top_k: int = 2, d_ff: int | None = None,
+                 d_shared: int | None = None, activation: str = "switanh", act: str = "silu", normalize: bool = False):
+        d_ff = _expert_width(d_ff, d_model, activation)
+        d_shared = _expert_width(d_shared, d_model, activation)
+        super().__init__(
+            TopKRouter(d_model, n_experts, top_k, normalize=normalize),
+            ExpansiveExperts(d_model, n_experts, d_ff, activation=activation, act=act),
+            cross_domain=MLP(d_model, d_ff=d_shared, activation=activation, act=act),
+        )

@@ -1,0 +1,75 @@
+"""Top-k routing for the routed mixtures of experts, and the Switch-style balancing loss."""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from components._checks import check_positive
+
+
+@dataclass
+class Routing:
+    """Where each of ``M`` tokens goes.
+
+    Attributes:
+        experts: ``[M, k]`` expert ids, best first; ties go to the lower id.
+        gates: ``[M, k]`` the weights the experts' outputs are combined with.
+        probs: ``[M, E]`` the full affinity softmax (for the balancing loss).
+    """
+
+    experts: torch.Tensor
+    gates: torch.Tensor
+    probs: torch.Tensor
+
+    def load(self, n_experts: int) -> torch.Tensor:
+        """``[E]`` fraction of the ``M·k`` assignments each expert received (sums to 1); no gradient."""
+        counts = torch.bincount(self.experts.reshape(-1), minlength=n_experts)  # [E]
+        return counts.float() / max(self.experts.numel(), 1)
+
+
+def top_k_lowest_index(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` over the last dim, best first, ties broken toward the lower index.
+
+    ``torch.topk`` leaves the order of equal values unspecified; a stable descending sort does not.
+    """
+    values, indices = torch.sort(scores, dim=-1, descending=True, stable=True)
+    return values[..., :k], indices[..., :k]
+
+
+def switch_balancing_loss(probs: torch.Tensor, load: torch.Tensor) -> torch.Tensor:
+    """Switch Transformer's ``N · Σ_i f_i · P_i``: ``f`` the load fractions ``[E]`` (no gradient),
+    ``P`` the mean affinity ``[E]`` over the ``M`` tokens of ``probs [M, E]``. It equals 1 when the
+    routing is uniform and grows to ``N`` as every token crowds onto one expert."""
+    n_experts = probs.shape[-1]
+    return n_experts * torch.dot(load.to(probs.dtype), probs.mean(dim=0))
+
+
+class TopKRouter(nn.Module):
+    """Affinity ``softmax_i(x · e_i)`` over ``n_experts`` learned centroids, each token to its top-k.
+
+    Args:
+        d_model: token width.
+        n_experts: number of experts ``E``.
+        top_k: experts per token (``1 ≤ top_k ≤ n_experts``).
+        normalize: renormalise the top-k gates to sum to 1 (default False: the gate is the affinity).
+    """
+
+    def __init__(self, d_model: int, n_experts: int, top_k: int, *, normalize: bool = False):
+        super().__init__()
+        check_positive("TopKRouter", d_model=d_model, n_experts=n_experts, top_k=top_k)
+        if top_k > n_experts:
+            raise ValueError(f"TopKRouter: top_k={top_k} exceeds n_experts={n_experts}")
+        self.n_experts, self.top_k, self.normalize = n_experts, top_k, normalize
+        self.centroids = nn.Linear(d_model, n_experts, bias=False)  # rows are the centroids e_i
+
+    def forward(self, x: torch.Tensor) -> Routing:
+        """``x [M, d_model]`` → :class:`Routing` of the M tokens."""
+        probs = torch.softmax(self.centroids(x).float(), dim=-1)  # [M, E], fp32 for a stable softmax
+        gates, experts = top_k_lowest_index(probs, self.top_k)  # [M, k] each
+        if self.normalize:
+            gates = gates / gates.sum(dim=-1, keepdim=True)
+        return Routing(experts=experts, gates=gates.to(x.dtype), probs=probs)
+
+    def extra_repr(self) -> str:
+        return f"n_experts={self.n_experts}, top_k={self.top_k}, normalize={self.normalize}"

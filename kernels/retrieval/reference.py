@@ -1,0 +1,57 @@
+"""Plain-torch reference of CDMoE's retrieval: product-key top-k and the expert gather-and-mix."""
+
+from collections.abc import Callable
+
+import torch
+
+
+def product_key_topk(scores_a: torch.Tensor, scores_b: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of the ``n_keys²`` sums ``scores_a[i] + scores_b[j]``, computed from ``k²`` candidates.
+
+    The best ``k`` sums only ever combine one of the best ``k`` of ``a`` with one of the best ``k`` of
+    ``b``, so the search costs ``O(n_keys + k²)`` per row instead of ``O(n_keys²)``.
+
+    Args:
+        scores_a, scores_b: ``[..., n_keys]`` the scores of the two halves of each query.
+        k: how many experts to return (``≤ n_keys``).
+
+    Returns:
+        ``scores [..., k]`` best first and ``experts [..., k]``, expert ``e = i·n_keys + j``.
+    """
+    n_keys = scores_a.shape[-1]
+    top_a, idx_a = scores_a.topk(k, dim=-1)  # [..., k]
+    top_b, idx_b = scores_b.topk(k, dim=-1)  # [..., k]
+    sums = top_a.unsqueeze(-1) + top_b.unsqueeze(-2)  # [..., k, k]
+    scores, flat = sums.flatten(-2).topk(k, dim=-1)  # [..., k], flat = a_slot·k + b_slot
+    experts = idx_a.gather(-1, flat // k) * n_keys + idx_b.gather(-1, flat % k)  # [..., k]
+    return scores, experts
+
+
+def expert_mix_reference(
+    x: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+    down: torch.Tensor,
+    up: torch.Tensor,
+    act: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """``y_m = Σ_{h,k} weights[m,h,k] · act(⟨x_m, down[e]⟩) · up[e]`` with ``e = experts[m,h,k]``.
+
+    Args:
+        x: ``[M, d]`` what the experts read.
+        experts: ``[M, H, k]`` expert ids in ``[0, N)``.
+        weights: ``[M, H, k]`` mixing weights.
+        down, up: ``[N, d]`` each expert's input and output row.
+        act: the experts' nonlinearity.
+
+    Returns:
+        ``[M, d]``. This reference gathers the ``[M, H, k, d]`` rows of ``down`` (the Triton kernel
+        does not); ``up``'s rows are mixed by ``embedding_bag``, which never gathers them.
+    """
+    M, H, k = experts.shape
+    rows = down[experts]  # [M, H, k, d]
+    inner = torch.einsum("mhkd,md->mhk", rows, x)  # [M, H, k]
+    coef = weights * act(inner)  # [M, H, k]
+    return torch.nn.functional.embedding_bag(
+        experts.reshape(M, H * k), up, per_sample_weights=coef.reshape(M, H * k).to(up.dtype), mode="sum"
+    )  # [M, d]

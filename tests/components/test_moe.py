@@ -1,0 +1,169 @@
+"""Routed MoEs against a dense oracle written here from the parameters: every expert on every token,
+combined with gates computed by brute force."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from components import CohesiveMoE, ExpansiveMoE, HybridLM, RoutedMoE, SharedExpertMoE, TopKRouter
+from components.state import switch_balancing_loss
+from components.state.router import Routing
+
+GATE = {"swiglu": lambda v: v, "swisig": torch.sigmoid, "switanh": torch.tanh}
+
+
+def dense_gates(x, centroids, top_k, normalize):
+    """``[M, E]``: the affinity at each token's top-k experts (brute force), zero elsewhere."""
+    probs = torch.softmax(x @ centroids.T, dim=-1)  # [M, E]
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    for m in range(probs.shape[0]):
+        order = sorted(range(probs.shape[1]), key=lambda i: (-probs[m, i].item(), i))
+        keep[m, order[:top_k]] = True
+    gates = probs * keep
+    return gates / gates.sum(-1, keepdim=True) if normalize else gates
+
+
+def gated_mlp(x, w_in, w_out, gate):
+    h, v = (x @ w_in).chunk(2, dim=-1)
+    return (F.silu(h) * gate(v)) @ w_out
+
+
+def oracle(moe, x):
+    """Every expert on every token, ``Σ_i G[:, i] · expert_i(x)``, plus the shared parts."""
+    r, bank = moe.router, moe.experts
+    G = dense_gates(x, r.centroids.weight, r.top_k, r.normalize)  # [M, E]
+    if isinstance(moe, CohesiveMoE):
+        shared = torch.tanh(x @ moe.cross_domain.proj.weight.T)  # [M, d_ff]
+        outs = [(F.silu(x @ bank.w_in[i]) * shared) @ bank.w_out[i] for i in range(bank.n_experts)]
+    elif isinstance(moe, ExpansiveMoE):
+        mlp = moe.cross_domain
+        W, V = mlp.in_proj.weight.T.chunk(2, dim=1)
+        h = (F.silu(x @ W) * torch.tanh(x @ V)) @ mlp.out_proj.weight.T  # shared FFN [M, d]
+        outs = []
+        for i in range(bank.n_experts):
+            u = h * torch.sigmoid(h @ bank.w_gate[i])
+            outs.append(gated_mlp(u, bank.private.w_in[i], bank.private.w_out[i], torch.tanh))
+    else:
+        outs = [gated_mlp(x, bank.w_in[i], bank.w_out[i], GATE[bank.activation]) for i in range(bank.n_experts)]
+    y = sum(G[:, i : i + 1] * outs[i] for i in range(bank.n_experts))
+    if moe.shared_expert is not None:
+        mlp = moe.shared_expert
+        W, V = mlp.in_proj.weight.T.chunk(2, dim=1)
+        y = y + (F.silu(x @ W) * GATE[mlp.activation](x @ V)) @ mlp.out_proj.weight.T
+    return y
+
+
+MIXERS = {
+    "routed": lambda: RoutedMoE(12, n_experts=5, top_k=2, d_ff=10),
+    "routed-normalized-swisig": lambda: RoutedMoE(12, n_experts=4, top_k=3, d_ff=8, activation="swisig", normalize=True),
+    "routed-top1": lambda: RoutedMoE(12, n_experts=6, top_k=1, d_ff=8),
+    "shared-expert": lambda: SharedExpertMoE(12, n_experts=4, top_k=2, n_shared=2, d_ff=6),
+    "cohesive": lambda: CohesiveMoE(12, n_experts=4, top_k=2, d_ff=10),
+    "expansive": lambda: ExpansiveMoE(12, n_experts=4, top_k=2, d_ff=6, d_shared=14),
+}
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_matches_dense_oracle_outputs_and_gradients(name):
+    torch.set_default_dtype(torch.float64)
+    try:
+        moe = MIXERS[name]()
+        x = torch.randn(3, 7, 12, requires_grad=True)
+        y = moe(x)
+        ref = oracle(moe, x.reshape(-1, 12)).view_as(y)
+        torch.testing.assert_close(y, ref)
+        grad_out = torch.randn_like(y)
+        params = [x, *moe.parameters()]
+        got = torch.autograd.grad(y, params, grad_out, allow_unused=True)
+        want = torch.autograd.grad(ref, params, grad_out, allow_unused=True)
+        for (pname, _), g, w in zip([("x", x), *moe.named_parameters()], got, want):
+            torch.testing.assert_close(g, w, msg=lambda m: f"gradient of {pname}: {m}")
+        assert got[1].abs().sum() > 0  # the router's centroids (first parameter) learn through the gates
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_top_k_picks_the_best_experts_and_breaks_ties_toward_lower_ids():
+    router = TopKRouter(2, 4, 2)
+    with torch.no_grad():  # affinity logits = x · e_i with x = (1, 0): the first column of the centroids
+        router.centroids.weight.copy_(torch.tensor([[1.0, 0], [3.0, 0], [3.0, 0], [0.0, 0]]))
+    r = router(torch.tensor([[1.0, 0.0]]))
+    assert r.experts.tolist() == [[1, 2]]
+    with torch.no_grad():
+        router.centroids.weight.copy_(torch.tensor([[2.0, 0], [1.0, 0], [2.0, 0], [2.0, 0]]))
+    r = router(torch.tensor([[1.0, 0.0]]))
+    assert r.experts.tolist() == [[0, 2]]  # three-way tie at 2: the two lowest ids
+    probs = torch.softmax(torch.tensor([2.0, 1.0, 2.0, 2.0]), dim=0)
+    torch.testing.assert_close(r.gates, probs[[0, 2]][None])  # gate = affinity when not normalised
+
+
+def test_normalized_gates_sum_to_one():
+    r = TopKRouter(8, 6, 3, normalize=True)(torch.randn(10, 8))
+    torch.testing.assert_close(r.gates.sum(-1), torch.ones(10))
+
+
+def test_balancing_loss_equals_its_formula_on_a_hand_built_routing():
+    # 4 tokens, 2 experts, top-1: three tokens go to expert 0, one to expert 1.
+    probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4], [0.3, 0.7]])
+    routing = Routing(experts=torch.tensor([[0], [0], [0], [1]]), gates=probs.max(-1, keepdim=True).values, probs=probs)
+    load = routing.load(2)
+    torch.testing.assert_close(load, torch.tensor([0.75, 0.25]))
+    # N Σ f_i P_i = 2 · (0.75 · 0.65 + 0.25 · 0.35)
+    torch.testing.assert_close(switch_balancing_loss(probs, load), torch.tensor(2 * (0.75 * 0.65 + 0.25 * 0.35)))
+    uniform = torch.full((4, 2), 0.5)
+    torch.testing.assert_close(switch_balancing_loss(uniform, torch.tensor([0.5, 0.5])), torch.tensor(1.0))
+
+
+def test_aux_loss_and_load_are_exposed_and_the_aux_loss_trains_the_router():
+    moe = RoutedMoE(8, n_experts=4, top_k=2, d_ff=8)
+    moe(torch.randn(2, 9, 8))
+    assert moe.expert_load.shape == (4,) and moe.expert_load.sum().item() == pytest.approx(1.0)
+    (grad,) = torch.autograd.grad(moe.aux_loss, [moe.router.centroids.weight])
+    assert grad.abs().sum() > 0
+    model = HybridLM(32, 8, "-R -R", {"R": lambda d: RoutedMoE(d, n_experts=4, top_k=1, d_ff=8)})
+    model(torch.randint(0, 32, (2, 5)))
+    assert sorted(model.auxiliary_losses()) == ["blocks.0.state_mixer", "blocks.1.state_mixer"]
+    assert sorted(model.expert_loads()) == ["blocks.0.state_mixer", "blocks.1.state_mixer"]
+
+
+def test_active_parameters_on_a_hand_computed_case():
+    # d=4, E=4, k=2, d_ff=8: router 4·4 = 16; one expert 4·16 (W|V) + 8·4 (W₂) = 96.
+    moe = RoutedMoE(4, n_experts=4, top_k=2, d_ff=8)
+    assert sum(p.numel() for p in moe.parameters()) == 16 + 4 * 96
+    assert moe.active_parameters() == 16 + 2 * 96
+    sei = SharedExpertMoE(4, n_experts=4, top_k=2, n_shared=1, d_ff=8)  # + one always-on expert
+    assert sei.active_parameters() == 16 + 2 * 96 + 96
+    # cohesive: shared V 4·8 = 32; one expert W 4·8 + W₂ 8·4 = 64
+    assert CohesiveMoE(4, n_experts=4, top_k=2, d_ff=8).active_parameters() == 16 + 32 + 2 * 64
+    # expansive: shared FFN 4·2·6 + 6·4 = 72; one expert W₃ 16 + 96
+    assert ExpansiveMoE(4, n_experts=4, top_k=2, d_ff=8, d_shared=6).active_parameters() == 16 + 72 + 2 * (16 + 96)
+    model = HybridLM(10, 4, "-R -M", {"R": lambda d: RoutedMoE(d, n_experts=4, top_k=2, d_ff=8)})
+    dense = sum(p.numel() for p in model.parameters()) - (4 - 2) * 96
+    from components import count_active_parameters
+    assert count_active_parameters(model) == dense
+
+
+def test_every_token_is_computed_dropless():
+    """All tokens routed to one expert still all get it (no capacity limit)."""
+    moe = RoutedMoE(6, n_experts=3, top_k=1, d_ff=4)
+    with torch.no_grad():
+        moe.router.centroids.weight.zero_()
+        moe.router.centroids.weight[1, 0] = 100.0
+    x = torch.randn(50, 6).abs()  # x · e_1 = 100·x₀ > 0: every token picks expert 1
+    y = moe(x[None])[0]
+    assert moe.expert_load.tolist() == [0.0, 1.0, 0.0]
+    torch.testing.assert_close(y, moe.experts.expert(1, x) * moe.router(x).gates)
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: RoutedMoE(8, n_experts=4, top_k=5), "top_k=5 exceeds n_experts=4"),
+        (lambda: SharedExpertMoE(8, n_shared=-1), "n_shared=-1"),
+        (lambda: RoutedMoE(8, n_experts=0), "n_experts=0"),
+        (lambda: RoutedMoE(8, activation="gelu"), "activation='gelu'"),
+    ],
+)
+def test_bad_arguments_name_the_problem(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()

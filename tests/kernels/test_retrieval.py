@@ -1,0 +1,49 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.retrieval import expert_mix, product_key_topk
+
+
+@pytest.mark.parametrize("n_heads, n_keys, k", [(1, 8, 1), (2, 16, 4), (4, 32, 8), (3, 11, 11)])
+def test_product_key_topk_equals_brute_force_over_all_pairs(n_heads, n_keys, k):
+    a, b = torch.randn(2, 5, n_heads, n_keys).unbind(0)  # [5, H, n_keys] each
+    scores, experts = product_key_topk(a, b, k)
+    every = (a.unsqueeze(-1) + b.unsqueeze(-2)).flatten(-2)  # [5, H, n_keys²]: expert i·n_keys + j
+    want_scores, want_experts = every.topk(k, dim=-1)
+    torch.testing.assert_close(scores, want_scores)
+    assert torch.equal(experts, want_experts)  # random scores: no ties, so the ids are determined
+    torch.testing.assert_close(every.gather(-1, experts), scores)
+
+
+def test_expert_mix_matches_a_loop_over_retrieved_experts_with_gradients():
+    M, H, k, N, d = 5, 2, 3, 20, 6
+    x = torch.randn(M, d, dtype=torch.float64, requires_grad=True)
+    down = torch.randn(N, d, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(N, d, dtype=torch.float64, requires_grad=True)
+    weights = torch.rand(M, H, k, dtype=torch.float64, requires_grad=True)
+    experts = torch.randint(0, N, (M, H, k))
+    y = expert_mix(x, experts, weights, down, up, act="gelu")
+    rows = []
+    for m in range(M):
+        acc = torch.zeros(d, dtype=torch.float64)
+        for h in range(H):
+            for j in range(k):
+                e = experts[m, h, j]
+                acc = acc + weights[m, h, j] * F.gelu(x[m] @ down[e]) * up[e]
+        rows.append(acc)
+    ref = torch.stack(rows)
+    torch.testing.assert_close(y, ref)
+    g = torch.randn_like(y)
+    for got, want in zip(torch.autograd.grad(y, [x, down, up, weights], g), torch.autograd.grad(ref, [x, down, up, weights], g)):
+        torch.testing.assert_close(got, want)
+
+
+def test_expert_mix_rejects_mismatched_shapes():
+    x, rows = torch.randn(4, 6), torch.randn(10, 6)
+    with pytest.raises(ValueError, match="experts and weights must both be"):
+        expert_mix(x, torch.zeros(4, 2, 3, dtype=torch.long), torch.ones(4, 2, 2), rows, rows)
+    with pytest.raises(ValueError, match="same d"):
+        expert_mix(x, torch.zeros(4, 2, 3, dtype=torch.long), torch.ones(4, 2, 3), torch.randn(10, 5), torch.randn(10, 5))
+    with pytest.raises(ValueError, match="act='tanh'"):
+        expert_mix(x, torch.zeros(4, 2, 3, dtype=torch.long), torch.ones(4, 2, 3), rows, rows, act="tanh")
