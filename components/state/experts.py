@@ -1,9 +1,12 @@
 """Banks of routed experts, weights stacked on a leading expert dim ``[E, ...]``.
 
-A bank computes one expert on the tokens routed to it: ``expert(i, x, shared) -> [m, d_model]``,
-where ``x [m, d_model]`` are those tokens and ``shared`` their rows of the state a cross-domain
-transform computed once for every token (None when the MoE has no such transform). The
-:class:`~components.state.moe.MoE` engine groups tokens by expert and calls each expert once.
+A bank maps the tokens routed to each expert to that expert's outputs:
+``bank(xs, shareds) -> outs``, three lists of ``E`` tensors ``[m_i, ...]``, where ``xs[i]`` are the
+tokens routed to expert ``i`` and ``shareds[i]`` their rows of the state a cross-domain transform
+computed once for every token (None when the MoE has no such transform). The
+:class:`~components.state.moe.MoE` engine groups tokens by expert with one sort and calls the bank
+once. The stacked weights are split with one ``unbind`` per forward, so the backward stacks the
+experts' gradients once instead of adding ``E`` full-size zero-padded ones.
 
 Initialisation follows ``nn.Linear``'s default, ``U(±1/√fan_in)`` per expert.
 """
@@ -43,9 +46,12 @@ class MLPExperts(nn.Module):
         self.w_in = _linear_init((n_experts, d_model, 2 * d_ff), d_model)  # [E, d, W | V]
         self.w_out = _linear_init((n_experts, d_ff, d_model), d_ff)  # [E, d_ff, d]
 
-    def expert(self, i: int, x: torch.Tensor, shared: torch.Tensor | None = None) -> torch.Tensor:
-        h, v = (x @ self.w_in[i]).chunk(2, dim=-1)  # 2 × [m, d_ff]
-        return (self.act(h) * self.gate(v)) @ self.w_out[i]  # [m, d]
+    def forward(self, xs: list[torch.Tensor], shareds: list | None = None) -> list[torch.Tensor]:
+        return [self._mlp(x, w_in, w_out) for x, w_in, w_out in zip(xs, self.w_in.unbind(0), self.w_out.unbind(0))]
+
+    def _mlp(self, x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
+        h, v = (x @ w_in).chunk(2, dim=-1)  # 2 × [m, d_ff]
+        return (self.act(h) * self.gate(v)) @ w_out  # [m, d]
 
     def params_per_expert(self) -> int:
         return (self.w_in.numel() + self.w_out.numel()) // self.n_experts
@@ -66,8 +72,9 @@ class CohesiveExperts(nn.Module):
         self.w_in = _linear_init((n_experts, d_model, d_ff), d_model)  # [E, d, d_ff]  W_iᵖ
         self.w_out = _linear_init((n_experts, d_ff, d_model), d_ff)  # [E, d_ff, d]  W₂ᵢᵖ
 
-    def expert(self, i: int, x: torch.Tensor, shared: torch.Tensor | None) -> torch.Tensor:
-        return (self.act(x @ self.w_in[i]) * shared) @ self.w_out[i]  # [m, d]
+    def forward(self, xs: list[torch.Tensor], shareds: list[torch.Tensor]) -> list[torch.Tensor]:
+        weights = zip(self.w_in.unbind(0), self.w_out.unbind(0))
+        return [(self.act(x @ w_in) * shared) @ w_out for x, shared, (w_in, w_out) in zip(xs, shareds, weights)]  # [m_i, d]
 
     def params_per_expert(self) -> int:
         return (self.w_in.numel() + self.w_out.numel()) // self.n_experts
@@ -99,9 +106,9 @@ class ExpansiveExperts(nn.Module):
         self.n_experts = n_experts
         self.w_gate = _linear_init((n_experts, d_model, d_model), d_model)  # [E, d, d]  W₃ᵢ
 
-    def expert(self, i: int, x: torch.Tensor, shared: torch.Tensor | None) -> torch.Tensor:
-        u = shared * torch.sigmoid(shared @ self.w_gate[i])  # [m, d]
-        return self.private.expert(i, u)
+    def forward(self, xs: list[torch.Tensor], shareds: list[torch.Tensor]) -> list[torch.Tensor]:
+        us = [h * torch.sigmoid(h @ w_gate) for h, w_gate in zip(shareds, self.w_gate.unbind(0))]  # [m_i, d]
+        return self.private(us)
 
     def params_per_expert(self) -> int:
         return self.w_gate.numel() // self.n_experts + self.private.params_per_expert()

@@ -18,16 +18,15 @@ from components.state.router import Routing, TopKRouter, switch_balancing_loss
 
 
 def dispatch(experts: nn.Module, x: torch.Tensor, shared: torch.Tensor | None, routing: Routing) -> torch.Tensor:
-    """``Σ_k gates[m,k] · experts.expert(ids[m,k], x_m, shared_m)`` for ``x [M, d]`` → ``[M, d]``."""
+    """``Σ_k gates[m,k] · expert_{ids[m,k]}(x_m, shared_m)`` for ``x [M, d]`` → ``[M, d]``."""
     M, k = routing.experts.shape
     flat = routing.experts.reshape(-1)  # [M·k] assignment → expert
     order = torch.argsort(flat, stable=True)  # assignments grouped by expert
     token = order // k  # [M·k] the token of each sorted assignment
     counts = torch.bincount(flat, minlength=experts.n_experts).tolist()  # one host sync per layer
     xs = x[token].split(counts)  # E × [m_i, d]
-    ss = shared[token].split(counts) if shared is not None else [None] * len(counts)
-    outs = [experts.expert(i, xi, si) for i, (xi, si) in enumerate(zip(xs, ss)) if counts[i] > 0]
-    y = torch.cat(outs) * routing.gates.reshape(-1)[order].unsqueeze(-1)  # [M·k, d]
+    ss = shared[token].split(counts) if shared is not None else None  # E × [m_i, ...]
+    y = torch.cat(experts(xs, ss)) * routing.gates.reshape(-1)[order].unsqueeze(-1)  # [M·k, d]
     return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
 
 
@@ -39,7 +38,8 @@ class MoE(nn.Module):
 
     Args:
         router: a :class:`TopKRouter`.
-        experts: a bank with ``n_experts``, ``expert(i, x, shared)`` and ``params_per_expert()``.
+        experts: a bank (:mod:`components.state.experts`): ``n_experts``, ``params_per_expert()``, and
+            ``experts(xs, shareds)`` mapping per-expert lists of routed tokens to outputs.
         shared_expert: a module added on every token (SEI), or None.
         cross_domain: a module computing, once per token, the shared state the experts read, or None.
     """

@@ -49,7 +49,7 @@ def expert_mix_reference(
         does not); ``up``'s rows are mixed by ``embedding_bag``, which never gathers them.
     """
     M, H, k = experts.shape
-    rows = down[experts]  # [M, H, k, d]
+    rows = torch.nn.functional.embedding(experts, down)  # [M, H, k, d]; its backward is a sorted scatter, not index_put
     inner = torch.einsum("mhkd,md->mhk", rows, x)  # [M, H, k]
     coef = weights * act(inner)  # [M, H, k]
     return torch.nn.functional.embedding_bag(

@@ -8,23 +8,11 @@ achieved GFLOP/s against this machine's fp32 matmul GFLOP/s, measured in the sam
 """
 
 import argparse
-import statistics
-import time
-
 import torch
 
+from kernels._timing import median_ms
 from kernels.attention import attention
 from kernels.ssd import ssd_recurrent, ssd_scan
-
-
-def median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def matmul_gflops(repeats: int, size: int = 2048) -> float:

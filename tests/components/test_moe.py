@@ -152,7 +152,8 @@ def test_every_token_is_computed_dropless():
     x = torch.randn(50, 6).abs()  # x · e_1 = 100·x₀ > 0: every token picks expert 1
     y = moe(x[None])[0]
     assert moe.expert_load.tolist() == [0.0, 1.0, 0.0]
-    torch.testing.assert_close(y, moe.experts.expert(1, x) * moe.router(x).gates)
+    expert_1 = gated_mlp(x, moe.experts.w_in[1], moe.experts.w_out[1], GATE["swiglu"])
+    torch.testing.assert_close(y, expert_1 * moe.router(x).gates)
 
 
 @pytest.mark.parametrize(

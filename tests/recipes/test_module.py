@@ -56,3 +56,28 @@ def test_loss_only_at_labelled_positions():
 def test_bad_schedule_values_are_refused():
     with pytest.raises(ValueError, match="warmup_fraction=1.5 must lie in"):
         LanguageModel(16, "AM", warmup_fraction=1.5)
+
+
+def test_expert_load_is_logged_per_moe_layer():
+    from functools import partial
+
+    from components import RoutedMoE
+
+    lm = LanguageModel(16, "AR AM", {"R": partial(RoutedMoE, n_experts=4, top_k=1, d_ff=8)}, vocab_size=20)
+    logged = {}
+    lm.log = lambda name, value, **kwargs: logged.__setitem__(name, value)
+    lm.training_step({"input_ids": torch.randint(0, 20, (2, 6)), "labels": torch.randint(0, 20, (2, 6))}, 0)
+    load = lm.model.expert_loads()["blocks.0.state_mixer"]
+    entropy = -(load[load > 0] * load[load > 0].log()).sum() / math.log(4)
+    torch.testing.assert_close(logged["moe/block0/load_entropy"], entropy)
+    torch.testing.assert_close(logged["moe/block0/max_over_mean_load"], load.max() * 4)
+    assert "train/aux_loss" in logged
+
+
+def test_size_to_sizes_the_model_and_records_the_width():
+    from components.sizing import SizeTarget
+
+    lm = LanguageModel(32, "AM AM", vocab_size=64, size_to=SizeTarget(100_000, ["M"], multiple_of=2))
+    assert abs(lm.hparams.n_params - 100_000) < 200
+    assert lm.hparams.sized_width == lm.model.blocks[0].state_mixer.d_ff
+    assert "sized: d_ff=" in lm.size_note

@@ -1,0 +1,36 @@
+from functools import partial
+
+import pytest
+
+from components import MLP, HybridLM, RoutedMoE, count_parameters
+from components.sizing import SizeTarget, sized_mixers, solve_width
+
+
+def test_solve_width_finds_the_closest_multiple():
+    count = lambda w: 1000 + 30 * w  # noqa: E731
+    assert solve_width(count, 1000 + 30 * 96, multiple_of=8) == 96  # exact
+    assert solve_width(count, 1000 + 30 * 99, multiple_of=8) == 96  # 99 is nearer 96 than 104
+    assert solve_width(count, 1000 + 30 * 101, multiple_of=8) == 104
+    with pytest.raises(ValueError, match="below the smallest model"):
+        solve_width(count, 500)
+
+
+@pytest.mark.parametrize("pattern", ["AM AM", "AR AM", "AR AR"])
+def test_sized_models_land_on_the_target(pattern):
+    bindings = {"R": partial(RoutedMoE, n_experts=4, top_k=2), "M": MLP}
+    target = SizeTarget(params=200_000, letters=["M", "R"], multiple_of=2)
+    mixers, width = sized_mixers(64, 32, pattern, bindings, target)
+    model = HybridLM(64, 32, pattern, mixers)
+    assert abs(count_parameters(model) - 200_000) / 200_000 < 0.01
+    widths = {m.experts.d_ff if isinstance(m, RoutedMoE) else m.d_ff for b in model.blocks for m in [b.state_mixer]}
+    assert widths == {width}
+    # the same total, more MoE: narrower FFNs
+    if pattern == "AR AR":
+        assert width < sized_mixers(64, 32, "AM AM", bindings, target)[1]
+
+
+def test_sizing_errors_name_the_problem():
+    with pytest.raises(ValueError, match=r"letters=\['Q'\] must name bound letters"):
+        sized_mixers(64, 32, "AM", None, SizeTarget(10_000, ["Q"]))
+    with pytest.raises(ValueError, match=r"none of letters=\['R'\] occurs in pattern 'AM'"):
+        sized_mixers(64, 32, "AM", None, SizeTarget(10_000, ["R"]))
