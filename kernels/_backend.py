@@ -1,5 +1,7 @@
 """Backend selection shared by every op: ``auto`` | ``reference`` | ``triton``."""
 
+import os
+
 import torch
 
 BACKENDS = ("auto", "reference", "triton")
@@ -19,5 +21,10 @@ def resolve_backend(backend: str, tensor: torch.Tensor, *, op: str, has_triton: 
     if backend == "triton" and not has_triton:
         raise NotImplementedError(
             f"{op}: backend='triton' has no kernel yet; use backend='reference' or 'auto'"
+        )
+    if backend == "triton" and not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f"{op}: backend='triton' needs CUDA tensors (got {tensor.device}); on a CPU, set TRITON_INTERPRET=1 "
+            "before importing triton to run the kernel in Triton's interpreter (slow: for tests)"
         )
     return backend

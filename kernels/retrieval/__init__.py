@@ -49,5 +49,8 @@ def expert_mix(
         )
     if experts.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"expert_mix: experts must hold integer ids; got {experts.dtype}")
-    resolve_backend(backend, x, op="expert_mix", has_triton=False)
+    if resolve_backend(backend, x, op="expert_mix", has_triton=True) == "triton":
+        from kernels.retrieval.triton import expert_mix_triton  # imports triton only when asked for
+
+        return expert_mix_triton(x, experts, weights, down, up, act)
     return expert_mix_reference(x, experts, weights, down, up, ACTIVATIONS[act]).to(x.dtype)

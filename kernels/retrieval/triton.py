@@ -1,0 +1,108 @@
+"""Triton gather-and-mix for CDMoE: ``y_m = Σ_j w_mj · act(⟨x_m, down[e_mj]⟩) · up[e_mj]``.
+
+One program per token: it walks the token's ``H·k`` retrieved experts, loading each expert's two
+rows once, so the ``[M, H, k, d]`` rows are never materialised (the reference gathers them).
+The backward recomputes the inner products; the experts' row gradients are scattered with atomic
+adds (tokens share experts), so their summation order, not their value, may vary between runs.
+
+Accumulation is in fp32 whatever the input dtype.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+ACT_IDS = {"silu": 0, "gelu": 1, "relu": 2}
+
+
+@triton.jit
+def _act_and_grad(z, ACT: tl.constexpr):
+    """``(act(z), act'(z))`` for silu (0), exact gelu (1), relu (2)."""
+    if ACT == 0:
+        s = tl.sigmoid(z)
+        return z * s, s * (1 + z * (1 - s))
+    elif ACT == 1:
+        cdf = 0.5 * (1 + tl.math.erf(z * 0.7071067811865476))
+        pdf = 0.3989422804014327 * tl.exp(-0.5 * z * z)
+        return z * cdf, cdf + z * pdf
+    else:
+        positive = z > 0
+        return tl.where(positive, z, 0.0), tl.where(positive, 1.0, 0.0)
+
+
+@triton.jit
+def _mix_forward(x_ptr, e_ptr, w_ptr, down_ptr, up_ptr, y_ptr, D, HK,
+                 ACT: tl.constexpr, BLOCK_D: tl.constexpr):
+    m = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    in_row = cols < D
+    x = tl.load(x_ptr + m * D + cols, mask=in_row, other=0.0).to(tl.float32)  # [BLOCK_D]
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for j in range(HK):
+        e = tl.load(e_ptr + m * HK + j).to(tl.int64)
+        w = tl.load(w_ptr + m * HK + j).to(tl.float32)
+        down = tl.load(down_ptr + e * D + cols, mask=in_row, other=0.0).to(tl.float32)
+        up = tl.load(up_ptr + e * D + cols, mask=in_row, other=0.0).to(tl.float32)
+        a, _ = _act_and_grad(tl.sum(x * down, axis=0), ACT)
+        acc += (w * a) * up
+    tl.store(y_ptr + m * D + cols, acc.to(y_ptr.dtype.element_ty), mask=in_row)
+
+
+@triton.jit
+def _mix_backward(x_ptr, e_ptr, w_ptr, down_ptr, up_ptr, dy_ptr, dx_ptr, dw_ptr, ddown_ptr, dup_ptr, D, HK,
+                  ACT: tl.constexpr, BLOCK_D: tl.constexpr):
+    m = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    in_row = cols < D
+    x = tl.load(x_ptr + m * D + cols, mask=in_row, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + m * D + cols, mask=in_row, other=0.0).to(tl.float32)
+    dx = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for j in range(HK):
+        e = tl.load(e_ptr + m * HK + j).to(tl.int64)
+        w = tl.load(w_ptr + m * HK + j).to(tl.float32)
+        down = tl.load(down_ptr + e * D + cols, mask=in_row, other=0.0).to(tl.float32)
+        up = tl.load(up_ptr + e * D + cols, mask=in_row, other=0.0).to(tl.float32)
+        a, da = _act_and_grad(tl.sum(x * down, axis=0), ACT)
+        g = tl.sum(dy * up, axis=0)  # ⟨dy, up_e⟩
+        tl.store(dw_ptr + m * HK + j, a * g)
+        d_inner = w * g * da
+        dx += d_inner * down
+        tl.atomic_add(ddown_ptr + e * D + cols, d_inner * x, mask=in_row)
+        tl.atomic_add(dup_ptr + e * D + cols, (w * a) * dy, mask=in_row)
+    tl.store(dx_ptr + m * D + cols, dx.to(dx_ptr.dtype.element_ty), mask=in_row)
+
+
+class ExpertMix(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, experts, weights, down, up, act: str):
+        M, D = x.shape
+        HK = experts.shape[1] * experts.shape[2]
+        ctx.weights_shape = weights.shape
+        x, down, up = x.contiguous(), down.contiguous(), up.contiguous()
+        experts, weights = experts.reshape(M, HK).contiguous(), weights.reshape(M, HK).contiguous()
+        y = torch.empty_like(x)
+        block = triton.next_power_of_2(D)
+        _mix_forward[(M,)](x, experts, weights, down, up, y, D, HK, ACT=ACT_IDS[act], BLOCK_D=block)
+        ctx.save_for_backward(x, experts, weights, down, up)
+        ctx.act, ctx.block = act, block
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, experts, weights, down, up = ctx.saved_tensors
+        M, D = x.shape
+        HK = experts.shape[1]
+        dx = torch.empty_like(x)
+        dw = torch.empty(M, HK, dtype=torch.float32, device=x.device)
+        # fp32 accumulators for the scattered row gradients
+        ddown = torch.zeros(down.shape, dtype=torch.float32, device=x.device)
+        dup = torch.zeros(up.shape, dtype=torch.float32, device=x.device)
+        _mix_backward[(M,)](x, experts, weights, down, up, dy.contiguous(), dx, dw, ddown, dup, D, HK,
+                            ACT=ACT_IDS[ctx.act], BLOCK_D=ctx.block)
+        return dx, None, dw.view(ctx.weights_shape).to(weights.dtype), ddown.to(down.dtype), dup.to(up.dtype), None
+
+
+def expert_mix_triton(x, experts, weights, down, up, act: str) -> torch.Tensor:
+    """Same contract as :func:`kernels.retrieval.reference.expert_mix_reference` (``weights`` keeps
+    its ``[M, H, k]`` shape in the gradient)."""
+    return ExpertMix.apply(x, experts, weights, down, up, act)
