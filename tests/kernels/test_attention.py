@@ -124,7 +124,7 @@ def test_heads_not_a_multiple_of_kv_heads():
         attention(q, k, v)
 
 
-def test_triton_backend_not_built_yet_says_so():
+def test_triton_backend_without_keep_window_support_says_so():
     q, k, v, _ = make(bias=False)
-    with pytest.raises(NotImplementedError, match="no kernel yet"):
-        attention(q, k, v, backend="triton")
+    with pytest.raises(NotImplementedError, match="keep_window is not implemented by backend='triton'"):
+        attention(q, k, v, keep_window=2, backend="triton")

@@ -1,0 +1,233 @@
+"""Triton flash attention with an additive per-key bias: forward and backward in O(T) memory.
+
+    scores[t, s] = scale · ⟨q_t, k_s⟩ + bias[s]      masked: causal (bottom-right), key padding
+    out_t        = softmax_s(scores[t]) · V
+
+Forward: one program per (query block, batch·head) streams the key blocks with the online softmax
+and keeps the row log-sum-exp ``lse`` for the backward; never a ``[T, S]`` tensor. Backward
+(FlashAttention-2): ``Δ_t = ⟨dO_t, O_t⟩``, then one kernel per key block that loops over query blocks
+and accumulates ``dK``, ``dV`` and the bias gradient ``dbias[s] = Σ_t dS[t, s]`` in registers, and
+one kernel per query block for ``dQ``. Every output element is written by exactly one program: no
+atomics, so the bias gradient is deterministic (FlexAttention's learned-bias gradient is not).
+With grouped-query attention, ``dK``/``dV`` are computed per query head and summed over each group
+afterwards, also without atomics.
+
+``keep_window`` is not implemented here yet (``attention`` refuses it with ``backend="triton"``).
+A query with no allowed key returns zeros, as in the reference. Accumulation is in fp32.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _scores(q, k, bias_ptr, pad_ptr, offs_m, offs_n, T, S, scale,
+            HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr):
+    """``[BLOCK_M, BLOCK_N]`` biased scores and the mask of allowed (query, key) pairs."""
+    s = tl.dot(q, tl.trans(k)) * scale
+    valid = (offs_m[:, None] < T) & (offs_n[None, :] < S)
+    if HAS_BIAS:
+        s += tl.load(bias_ptr + offs_n, mask=offs_n < S, other=0.0).to(tl.float32)[None, :]
+    if HAS_PAD:
+        padded = tl.load(pad_ptr + offs_n, mask=offs_n < S, other=1)
+        valid = valid & (padded == 0)[None, :]
+    if CAUSAL:
+        valid = valid & (offs_n[None, :] <= offs_m[:, None] + (S - T))
+    return s, valid
+
+
+@triton.jit
+def _forward(Q, K, V, BIAS, PAD, O, LSE,
+             sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_t, so_h, sbias_b, sbias_h, spad_b,
+             T, S, H, GROUP, D, scale,
+             HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    hk = h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    in_d = offs_d[None, :] < D
+    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :],
+                mask=(offs_m[:, None] < T) & in_d, other=0.0)
+    bias_ptr, pad_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    hi = S
+    if CAUSAL:
+        hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n[:, None] < S) & in_d
+        k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], mask=kv_mask, other=0.0)
+        s, valid = _scores(q, k, bias_ptr, pad_ptr, offs_m, offs_n, T, S, scale, HAS_BIAS, HAS_PAD, CAUSAL)
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_s + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    has_keys = l_i > 0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    tl.store(O + b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :], out.to(O.dtype.element_ty),
+             mask=(offs_m[:, None] < T) & in_d)
+    lse = tl.where(has_keys, m_i + tl.log(tl.where(has_keys, l_i, 1.0)), float("inf"))  # inf: p = 0 in backward
+    tl.store(LSE + bh * T + offs_m, lse, mask=offs_m < T)
+
+
+@triton.jit
+def _backward_kv(Q, K, V, BIAS, PAD, DO, LSE, DELTA, DK, DV, DBIAS,
+                 sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdk_b, sdk_s, sdk_h, sbias_b, sbias_h, spad_b,
+                 T, S, H, GROUP, D, scale,
+                 HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_n, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    hk = h // GROUP
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    in_d = offs_d[None, :] < D
+    kv_mask = (offs_n[:, None] < S) & in_d
+    k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_s + offs_d[None, :], mask=kv_mask, other=0.0)
+    bias_ptr, pad_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dbias = tl.zeros([BLOCK_N], dtype=tl.float32)
+    lo = 0
+    if CAUSAL:  # queries before this key block's first key (offset by S - T) never see it
+        lo = tl.maximum(pid_n * BLOCK_N - (S - T), 0) // BLOCK_M * BLOCK_M
+    for start_m in range(lo, T, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q_mask = (offs_m[:, None] < T) & in_d
+        q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask, other=0.0)
+        do = tl.load(DO + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask, other=0.0)
+        lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=float("inf"))
+        delta = tl.load(DELTA + bh * T + offs_m, mask=offs_m < T, other=0.0)
+        s, valid = _scores(q, k, bias_ptr, pad_ptr, offs_m, offs_n, T, S, scale, HAS_BIAS, HAS_PAD, CAUSAL)
+        p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)  # [BLOCK_M, BLOCK_N]
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q) * scale
+        dbias += tl.sum(ds, 0)
+    out = DK + b * sdk_b + h * sdk_h + offs_n[:, None] * sdk_s + offs_d[None, :]
+    tl.store(out, dk.to(DK.dtype.element_ty), mask=kv_mask)
+    out = DV + b * sdk_b + h * sdk_h + offs_n[:, None] * sdk_s + offs_d[None, :]
+    tl.store(out, dv.to(DV.dtype.element_ty), mask=kv_mask)
+    if HAS_BIAS:
+        tl.store(DBIAS + bh * S + offs_n, dbias, mask=offs_n < S)
+
+
+@triton.jit
+def _backward_q(Q, K, V, BIAS, PAD, DO, LSE, DELTA, DQ,
+                sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sbias_b, sbias_h, spad_b,
+                T, S, H, GROUP, D, scale,
+                HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    hk = h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    in_d = offs_d[None, :] < D
+    q_mask = (offs_m[:, None] < T) & in_d
+    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask, other=0.0)
+    do = tl.load(DO + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask, other=0.0)
+    lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=float("inf"))
+    delta = tl.load(DELTA + bh * T + offs_m, mask=offs_m < T, other=0.0)
+    bias_ptr, pad_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    hi = S
+    if CAUSAL:
+        hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n[:, None] < S) & in_d
+        k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_s + offs_d[None, :], mask=kv_mask, other=0.0)
+        s, valid = _scores(q, k, bias_ptr, pad_ptr, offs_m, offs_n, T, S, scale, HAS_BIAS, HAS_PAD, CAUSAL)
+        p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
+        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k) * scale
+    tl.store(DQ + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+             mask=q_mask)
+
+
+def _blocks(q: torch.Tensor) -> tuple[int, int, int]:
+    block_d = max(16, triton.next_power_of_2(q.shape[-1]))
+    if q.is_cuda:
+        return 64, 64 if block_d <= 64 else 32, block_d
+    return 16, 16, block_d  # the interpreter: small tiles, fewer wasted lanes
+
+
+class FlashBiasAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, bias, key_padding_mask, causal: bool, scale: float):
+        B, T, H, D = q.shape
+        S, Hkv = k.shape[1], k.shape[2]
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        bias_c = bias.contiguous() if bias is not None else q.new_zeros(1)
+        pad = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else q.new_zeros(1, dtype=torch.int8)
+        o = torch.empty_like(q)
+        lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
+        block_m, block_n, block_d = _blocks(q)
+        flags = dict(HAS_BIAS=bias is not None, HAS_PAD=key_padding_mask is not None, CAUSAL=causal)
+        _forward[(triton.cdiv(T, block_m), B * H)](
+            q, k, v, bias_c, pad, o, lse,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            bias_c.stride(0) if bias is not None else 0, bias_c.stride(1) if bias is not None else 0,
+            pad.stride(0) if key_padding_mask is not None else 0,
+            T, S, H, H // Hkv, D, scale, **flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        )
+        ctx.save_for_backward(q, k, v, bias_c, pad, o, lse)
+        ctx.flags, ctx.scale, ctx.blocks, ctx.bias_dtype = flags, scale, (block_m, block_n, block_d), (
+            bias.dtype if bias is not None else None)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, bias, pad, o, lse = ctx.saved_tensors
+        B, T, H, D = q.shape
+        S, Hkv = k.shape[1], k.shape[2]
+        do = do.contiguous()
+        delta = (do.float() * o.float()).sum(-1).transpose(1, 2).contiguous()  # [B, H, T]
+        dq = torch.empty_like(q)
+        dk_heads = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)  # per query head, summed below
+        dv_heads = torch.empty_like(dk_heads)
+        dbias = torch.empty(B, H, S, dtype=torch.float32, device=q.device) if ctx.flags["HAS_BIAS"] else None
+        block_m, block_n, block_d = ctx.blocks
+        bias_strides = (bias.stride(0), bias.stride(1)) if ctx.flags["HAS_BIAS"] else (0, 0)
+        pad_stride = pad.stride(0) if ctx.flags["HAS_PAD"] else 0
+        common = (T, S, H, H // Hkv, D, ctx.scale)
+        meta = dict(**ctx.flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d)
+        _backward_kv[(triton.cdiv(S, block_n), B * H)](
+            q, k, v, bias, pad, do, lse, delta, dk_heads, dv_heads, dbias if dbias is not None else lse,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), dk_heads.stride(0), dk_heads.stride(1), dk_heads.stride(2),
+            *bias_strides, pad_stride, *common, **meta,
+        )
+        _backward_q[(triton.cdiv(T, block_m), B * H)](
+            q, k, v, bias, pad, do, lse, delta, dq,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), *bias_strides, pad_stride, *common, **meta,
+        )
+        group = H // Hkv
+        dk = dk_heads.view(B, S, Hkv, group, D).sum(3)  # [B, S, Hkv, D]
+        dv = dv_heads.view(B, S, Hkv, group, D).sum(3)
+        dbias = dbias.to(ctx.bias_dtype) if dbias is not None else None
+        return dq, dk, dv, dbias, None, None, None
+
+
+def attention_triton(q, k, v, *, bias=None, causal=True, key_padding_mask=None, scale=None) -> torch.Tensor:
+    """Same contract as :func:`kernels.attention.reference.attention_reference`, without ``keep_window``."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return FlashBiasAttention.apply(q, k, v, bias, key_padding_mask, causal, scale)
