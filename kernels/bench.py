@@ -1,0 +1,158 @@
+"""Kernel benchmark: each op's Triton kernel against its plain-torch reference and public baselines.
+
+    python -m kernels.bench                         # on a CUDA GPU, bf16, the shapes of SPEC §7
+    python -m kernels.bench --lengths 1024 2048 --ops attention
+    python -m kernels.bench --device cpu --lengths 512 1024   # references only (no Triton timing on CPU)
+
+Prints one markdown table per op: forward and forward+backward milliseconds (median), TFLOP/s where
+meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs, FlashAttention's
+convention), and peak memory above the inputs (CUDA only). Optional baselines are used when installed and named when
+missing: mamba_ssm's ``mamba_chunk_scan_combined`` (SSD) and flash-dmattn (attention with a dynamic
+mask). Shapes: SSD ``B=4, H=32, P=64, N=128, chunk 256``; attention ``B=4, H=16, D=64, causal``;
+CDMoE retrieval ``n_experts=65536, top_k=16, heads=4``.
+"""
+
+import argparse
+import importlib.util
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kernels._timing import median_ms
+from kernels.attention import attention
+from kernels.retrieval import expert_mix
+from kernels.ssd import ssd_scan
+from kernels.ssd.bench import ssd_flops
+
+
+def measure(fn, inputs: list[torch.Tensor], backward: bool, repeats: int) -> tuple[float, float]:
+    """(median ms, peak MiB or nan) of ``fn()`` (+ backward of its sum)."""
+    def step():
+        for t in inputs:
+            t.grad = None
+        out = fn()
+        if backward:
+            out.float().sum().backward()
+    cuda = inputs[0].is_cuda
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+
+    def timed():
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    ms = median_ms(timed, repeats)
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else math.nan
+    return ms, peak
+
+
+def row(name: str, T: int, fwd, both, flops_fwd: float | None) -> str:
+    tflops = lambda ms, mult: f"{flops_fwd * mult / (ms * 1e-3) / 1e12:.3g}" if flops_fwd else "-"  # noqa: E731
+    peak = "-" if math.isnan(both[1]) else f"{both[1]:.0f}"
+    return f"| {name} | {T} | {fwd[0]:.2f} | {tflops(fwd[0], 1)} | {both[0]:.2f} | {tflops(both[0], 3.5)} | {peak} |"
+
+
+HEADER = "| kernel | T | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd peak MiB |\n|---|---|---|---|---|---|---|"
+
+
+def bench_attention(lengths, device, dtype, repeats, use_triton) -> list[str]:
+    B, H, D = 4, 16, 64
+    lines = [f"Attention, B={B}, H={H}, D={D}, causal, {dtype}:", "", HEADER]
+    for T in lengths:
+        q, k, v = (torch.randn(B, T, H, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        bias = torch.randn(B, H, T, device=device, dtype=dtype, requires_grad=True)
+        flops = 4 * B * H * T * T * D / 2  # causal: half the scores
+        dense_mask = torch.triu(torch.full((T, T), float("-inf"), device=device, dtype=dtype), 1)
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        cases = {
+            "SDPA, no bias": (lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True), [q, k, v]),
+            "SDPA, dense float bias mask": (
+                lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense_mask + bias[:, :, None, :]),
+                [q, k, v, bias]),
+            "reference (bias)": (lambda: attention(q, k, v, bias=bias, backend="reference"), [q, k, v, bias]),
+        }
+        if use_triton:
+            cases["triton flash (bias)"] = (lambda: attention(q, k, v, bias=bias, backend="triton"), [q, k, v, bias])
+        if importlib.util.find_spec("flash_dmattn") is None:
+            note = "flash-dmattn not installed: its row is skipped"
+        else:
+            note = "flash-dmattn installed but not wired into this benchmark yet"
+        for name, (fn, ins) in cases.items():
+            lines.append(row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), flops))
+    return lines + ["", note]
+
+
+def bench_ssd(lengths, device, dtype, repeats) -> list[str]:
+    B, H, P, N, L = 4, 32, 64, 128, 256
+    lines = [f"SSD, B={B}, H={H}, P={P}, N={N}, chunk {L}, {dtype}:", "", HEADER]
+    for T in lengths:
+        x = torch.randn(B, T, H, P, device=device, dtype=dtype, requires_grad=True)
+        dt = F.softplus(torch.randn(B, T, H, device=device) - 3).to(dtype).requires_grad_()
+        A = (-torch.exp(torch.rand(H, device=device))).requires_grad_()
+        Bm, Cm = (torch.randn(B, T, 1, N, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+        ins = [x, dt, A, Bm, Cm]
+        flops = ssd_flops(B, T, H, P, N, L)
+        fn = lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, backend="reference")  # noqa: E731
+        lines.append(row("reference (chunked torch)", T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), flops))
+    notes = ["The Triton SSD kernel is not built yet (kernels/ssd: reference only)."]
+    if importlib.util.find_spec("mamba_ssm") is None:
+        notes.append("mamba_ssm not installed: mamba_chunk_scan_combined's row is skipped.")
+    else:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+        for T in lengths:
+            x = torch.randn(B, T, H, P, device=device, dtype=dtype, requires_grad=True)
+            dt = F.softplus(torch.randn(B, T, H, device=device) - 3).to(dtype).requires_grad_()
+            A = (-torch.exp(torch.rand(H, device=device))).requires_grad_()
+            Bm, Cm = (torch.randn(B, T, 1, N, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+            fn = lambda: mamba_chunk_scan_combined(x, dt, A, Bm, Cm, chunk_size=L)  # noqa: E731
+            ins = [x, dt, A, Bm, Cm]
+            lines.append(row("mamba_ssm", T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats),
+                             ssd_flops(B, T, H, P, N, L)))
+    return lines + [""] + notes
+
+
+def bench_retrieval(device, dtype, repeats, use_triton, tokens: int) -> list[str]:
+    N, H, k, d = 65536, 4, 16, 512
+    x = torch.randn(tokens, d, device=device, dtype=dtype, requires_grad=True)
+    down, up = (torch.randn(N, d, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+    weights = torch.rand(tokens, H, k, device=device, dtype=dtype, requires_grad=True)
+    experts = torch.randint(0, N, (tokens, H, k), device=device)
+    lines = [f"CDMoE gather-and-mix, {tokens} tokens, d={d}, n_experts={N}, heads={H}, top_k={k}, {dtype}:", "", HEADER]
+    backends = ["reference"] + (["triton"] if use_triton else [])
+    for backend in backends:
+        fn = lambda: expert_mix(x, experts, weights, down, up, backend=backend)  # noqa: E731
+        ins = [x, weights, down, up]
+        lines.append(row(backend, tokens, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), None))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    parser.add_argument("--ops", nargs="+", default=["attention", "ssd", "retrieval"],
+                        choices=["attention", "ssd", "retrieval"])
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    name = torch.cuda.get_device_name() if cuda else "CPU"
+    print(f"device: {name}, torch {torch.__version__}, {dtype}")
+    if not cuda:
+        print("No CUDA: Triton rows are skipped (the interpreter checks logic, not speed).")
+    sections = {
+        "attention": lambda: bench_attention(args.lengths, args.device, dtype, args.repeats, cuda),
+        "ssd": lambda: bench_ssd(args.lengths, args.device, dtype, args.repeats),
+        "retrieval": lambda: bench_retrieval(args.device, dtype, args.repeats, cuda, tokens=4 * 1024 if cuda else 1024),
+    }
+    for op in args.ops:
+        print()
+        print("\n".join(sections[op]()))
+
+
+if __name__ == "__main__":
+    main()
