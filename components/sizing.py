@@ -2,13 +2,14 @@
 ablations do ("adjust the dimension size of FFN so that any combination has the same total")."""
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from components.model import DEFAULT_MIXERS, HybridLM, MixerFactory, count_parameters
+from components.pattern import parse_tokens
 
 
 @dataclass
@@ -63,7 +64,7 @@ def sized_mixers(
     unknown = [letter for letter in target.letters if letter not in bindings]
     if unknown or not target.letters:
         raise ValueError(f"size_to: letters={target.letters} must name bound letters (bound: {', '.join(sorted(bindings))})")
-    used = set(pattern.replace("×", "x"))
+    used = {letter for t in parse_tokens(pattern) for letter in (t.seq, t.state)}
     if not any(letter in used for letter in target.letters):
         raise ValueError(f"size_to: none of letters={target.letters} occurs in pattern {pattern!r}, so no width can be solved")
 
@@ -83,5 +84,3 @@ def describe_size(model: nn.Module, target: SizeTarget, width: int) -> str:
     return (f"sized: {target.arg}={width} for {', '.join(target.letters)} → {total:,} parameters "
             f"(target {target.params:,}, {100 * (total - target.params) / target.params:+.2f}%)")
 
-
-__all__: Sequence[str] = ["SizeTarget", "describe_size", "sized_mixers", "solve_width"]

@@ -11,7 +11,6 @@ grouped by expert with one sort, so the only Python loop is over experts, never 
 import torch
 from torch import nn
 
-from components._checks import check_positive
 from components.state.experts import CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
 from components.state.mlp import MLP, default_d_ff
 from components.state.router import Routing, TopKRouter, switch_balancing_loss
@@ -137,7 +136,6 @@ class CohesiveMoE(MoE):
     def __init__(self, d_model: int, *, n_experts: int = 8, top_k: int = 2, d_ff: int | None = None,
                  gate: str = "switanh", act: str = "silu", normalize: bool = False):
         d_ff = _expert_width(d_ff, d_model, "switanh")
-        check_positive("CohesiveMoE", d_ff=d_ff)
         super().__init__(
             TopKRouter(d_model, n_experts, top_k, normalize=normalize),
             CohesiveExperts(d_model, n_experts, d_ff, act=act),
