@@ -5,6 +5,8 @@ import torch
 from kernels._backend import check_backend, resolve_backend
 from kernels.ssd.reference import segment_sum, ssd_chunked, ssd_recurrent, ssd_step
 
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 __all__ = ["segment_sum", "ssd_chunked", "ssd_recurrent", "ssd_scan", "ssd_step"]
 
 
@@ -33,14 +35,25 @@ def ssd_scan(
         D: ``[H]`` skip connection ``y += D · x``, or None.
         initial_state: ``[B, H, P, N]`` state before the first position, or None (zeros).
         return_final_state: also return the state after the last position.
-        backend: ``auto`` | ``reference`` | ``triton``.
+        backend: ``auto`` (Triton on CUDA tensors in fp32/bf16/fp16, the reference otherwise) |
+            ``reference`` | ``triton``.
 
     Returns:
         ``y [B, T, H, P]``, or ``(y, final_state [B, H, P, N])`` with ``return_final_state``.
     """
     check_backend(backend)
     _check_arguments(x, dt, A, B, C, chunk_size, D, initial_state)
-    resolve_backend(backend, x, op="ssd_scan", has_triton=False)
+    kernel_dtype = x.dtype in KERNEL_DTYPES and B.dtype in KERNEL_DTYPES and C.dtype in KERNEL_DTYPES
+    if backend == "triton" and not kernel_dtype:
+        raise ValueError(
+            f"ssd_scan: backend='triton' takes x, B, C in {KERNEL_DTYPES}; got x {x.dtype}, B {B.dtype}, C {C.dtype}"
+        )
+    # auto: the Triton kernel on CUDA for the dtypes it has; float64 (gradcheck) stays on the reference
+    if resolve_backend(backend, x, op="ssd_scan", has_triton=kernel_dtype) == "triton" and x.shape[1] > 0:
+        from kernels.ssd.triton import ssd_scan_triton  # imports triton only when asked for
+
+        y, final_state = ssd_scan_triton(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_state=initial_state)
+        return (y, final_state) if return_final_state else y
     # The reference computes in at least fp32 whatever the inputs and any autocast region say: the
     # decays are exponentials of long sums, which bf16 cannot hold. The output comes back in x's dtype.
     with torch.autocast(device_type=x.device.type, enabled=False):

@@ -1,0 +1,329 @@
+"""Triton SSD scan (Mamba-2), forward and backward, accumulating in fp32.
+
+Notation of reference.py. Per (batch, head) and chunk ``c`` of ``L`` positions, ``Λ_l = a_1 + … + a_l``
+is the chunk-local cumulative log-decay (``a_t = dt_t A``) and ``α_c = Λ_L`` the chunk's total.
+
+Forward, three kernels:
+
+1. ``_chunk_state``  ``S_c = Σ_m exp(α_c − Λ_m) dt_m x_m ⊗ B_m``                  ``[P, N]`` per chunk
+2. ``_decayed_scan`` ``E_0 = initial state``, ``E_{c+1} = exp(α_c) E_c + S_c``        (``E_nc``: final state)
+3. ``_chunk_scan``   ``y_l = Σ_{m≤l} (C_l·B_m) exp(Λ_l − Λ_m) dt_m x_m + exp(Λ_l) E_c C_l + D x_l``
+
+Backward, the same kernels with other operands, and one more:
+
+1. ``_chunk_state`` on ``(dy, C)`` with weights ``exp(Λ_l)``: what the read-outs send to ``E_c``.
+2. ``_decayed_scan`` run backwards: ``G_nc = d final``, ``G_c = exp(α_c) G_{c+1} + (1.)``, so
+   ``dE_c = G_c``, ``dS_c = G_{c+1}`` and ``d initial = G_0``.
+3. ``_chunk_scan`` on ``(dy, x, B)``: ``dC_l = Σ_{m≤l} (dy_l·x_m) exp(Λ_l − Λ_m) dt_m B_m + exp(Λ_l) dy_l E_c``.
+4. ``_chunk_scan_bwd_source``: per source position ``m``, streaming the ``l ≥ m``, the gradient of
+   ``dt_m x_m`` (hence ``dx``) and ``dB_m`` (per head), plus ``⟨x_m, d(dt x)_m⟩`` for ``d dt``.
+
+The log-decays need no kernel: every term that holds ``exp(Λ_l)`` as a factor is linear in it, so
+``∂/∂Λ_l`` of the output is ``⟨dC_l, C_l⟩``; every term with ``exp(−Λ_m)`` gives ``−⟨dB_m, B_m⟩ =
+−dt_m ⟨x_m, d(dt x)_m⟩``; and the chunk total gives ``⟨G_{c+1}, E_{c+1}⟩``. A reverse cumulative sum
+inside each chunk turns ``dΛ`` into ``da``, then ``d dt = A da + ⟨x, d(dt x)⟩`` and ``dA = Σ dt da``.
+These ``O(T·H·N)`` steps are plain torch.
+
+Any ``T``: rows past ``T`` load as zero with ``dt = 0``, which contributes nothing, and the log-decays
+are padded with ``a = 0``. Groups: ``B``/``C`` rows are read at group ``h // (H / G)``; their
+gradients are written per head and summed over each group afterwards (no atomics, deterministic).
+Dot products take the inputs' dtype (tf32 for fp32 inputs on a GPU, as mamba_ssm does).
+"""
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rows(b, t, T, n_heads, head, dim, offs_d):
+    """Offsets of rows ``t`` of a contiguous ``[batch, T, n_heads, dim]`` tensor at (b, head)."""
+    return ((b * T + t[:, None]) * n_heads + head) * dim + offs_d[None, :]
+
+
+@triton.jit
+def _chunk_state(X, DT, BM, LAM, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N,
+                 DECAY_TO_END: tl.constexpr, SCALE_BY_DT: tl.constexpr,
+                 BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``OUT[b, c, h] = Σ_l w_l X_l ⊗ BM_l`` over chunk ``c``: ``[P, N]`` fp32.
+
+    ``w_l = exp(α_c − Λ_l)·dt_l`` (forward: the chunk's state) or ``exp(Λ_l)`` (backward: what the
+    read-outs send to the entering state)."""
+    bc, h = tl.program_id(0), tl.program_id(1)
+    b, c = bc // n_chunks, bc % n_chunks
+    bm_head = h // (H // BM_HEADS)
+    offs_p, offs_n = tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_N)
+    lam_ptr = LAM + (b * H + h) * Tp + c * L
+    lam_end = tl.load(lam_ptr + L - 1)
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for l0 in range(0, L, BLOCK_L):
+        offs_l = l0 + tl.arange(0, BLOCK_L)
+        t = c * L + offs_l
+        valid = (offs_l < L) & (t < T)
+        x = tl.load(X + _rows(b, t, T, H, h, P, offs_p), mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
+        bm = tl.load(BM + _rows(b, t, T, BM_HEADS, bm_head, N, offs_n),
+                     mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
+        lam = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
+        if DECAY_TO_END:
+            w = tl.exp(lam_end - lam)
+        else:
+            w = tl.exp(lam)
+        if SCALE_BY_DT:
+            w *= tl.load(DT + (b * T + t) * H + h, mask=valid, other=0.0).to(tl.float32)
+        w = tl.where(valid, w, 0.0)
+        acc += tl.dot(tl.trans((x * w[:, None]).to(bm.dtype)), bm)
+    out = OUT + ((b * n_chunks + c) * H + h) * P * N + offs_p[:, None] * N + offs_n[None, :]
+    tl.store(out, acc, mask=(offs_p[:, None] < P) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _decayed_scan(U, LAM, H0, OUT, L, Tp, n_chunks, H, PN,
+                  HAS_H0: tl.constexpr, REVERSE: tl.constexpr, BLOCK: tl.constexpr):
+    """The linear recurrence over chunks, on flattened ``[P·N]`` states, fp32.
+
+    Forward: ``OUT[0] = H0``, ``OUT[c+1] = exp(α_c) OUT[c] + U[c]``.
+    Reverse: ``OUT[nc] = H0``, ``OUT[c] = exp(α_c) OUT[c+1] + U[c]``.
+    ``U [b, nc, h, PN]``, ``OUT [b, nc+1, h, PN]``, ``H0 [b, h, PN]``."""
+    blk, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < PN
+    if HAS_H0:
+        state = tl.load(H0 + bh * PN + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        state = tl.zeros([BLOCK], dtype=tl.float32)
+    first = n_chunks if REVERSE else 0
+    tl.store(OUT + ((b * (n_chunks + 1) + first) * H + h) * PN + offs, state, mask=mask)
+    for i in range(0, n_chunks):
+        c = n_chunks - 1 - i if REVERSE else i
+        alpha = tl.load(LAM + bh * Tp + c * L + L - 1)
+        u = tl.load(U + ((b * n_chunks + c) * H + h) * PN + offs, mask=mask, other=0.0)
+        state = tl.exp(alpha) * state + u
+        dest = c if REVERSE else c + 1
+        tl.store(OUT + ((b * (n_chunks + 1) + dest) * H + h) * PN + offs, state, mask=mask)
+
+
+@triton.jit
+def _chunk_scan(Q, K, V, DT, LAM, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS, V_HEADS, DQK, DV,
+                TRANS_STATE: tl.constexpr, HAS_D: tl.constexpr,
+                BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr):
+    """``OUT_l = Σ_{m≤l} (Q_l·K_m) exp(Λ_l − Λ_m) dt_m V_m + exp(Λ_l) Q_l M_c (+ D V_l)`` per head, with
+    ``M_c [DQK, DV]`` the entering state ``STATES[b, c, h]`` (``[P, N]``, transposed when TRANS_STATE).
+
+    Forward: ``Q, K, V = C, B, x`` gives ``y``. Backward: ``Q, K, V = dy, x, B`` gives ``dC`` per head.
+    Grid: (row blocks of the chunk, b·nc, h)."""
+    pid_l, bc, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, c = bc // n_chunks, bc % n_chunks
+    q_head, k_head, v_head = h // (H // Q_HEADS), h // (H // K_HEADS), h // (H // V_HEADS)
+    offs_qk, offs_v = tl.arange(0, BLOCK_QK), tl.arange(0, BLOCK_V)
+    in_qk, in_v = offs_qk[None, :] < DQK, offs_v[None, :] < DV
+    offs_l = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
+    t_l = c * L + offs_l
+    valid_l = (offs_l < L) & (t_l < T)
+    lam_ptr = LAM + (b * H + h) * Tp + c * L
+    q = tl.load(Q + _rows(b, t_l, T, Q_HEADS, q_head, DQK, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
+    lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
+
+    # The state entering the chunk, read out at each row and decayed to it.
+    state_ptr = STATES + ((b * (n_chunks + 1) + c) * H + h) * DQK * DV
+    if TRANS_STATE:
+        state_offs = offs_v[None, :] * DQK + offs_qk[:, None]
+    else:
+        state_offs = offs_qk[:, None] * DV + offs_v[None, :]
+    state = tl.load(state_ptr + state_offs, mask=(offs_qk[:, None] < DQK) & in_v, other=0.0)
+    acc = tl.dot(q.to(tl.float32), state) * tl.exp(lam_l)[:, None]  # [BLOCK_L, BLOCK_V]
+
+    # Inside the chunk: causal, decayed, like attention without the softmax.
+    hi = tl.minimum((pid_l + 1) * BLOCK_L, L)
+    for m0 in range(0, hi, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        t_m = c * L + offs_m
+        valid_m = (offs_m < L) & (t_m < T)
+        k = tl.load(K + _rows(b, t_m, T, K_HEADS, k_head, DQK, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
+        v = tl.load(V + _rows(b, t_m, T, V_HEADS, v_head, DV, offs_v), mask=valid_m[:, None] & in_v, other=0.0)
+        dt_m = tl.load(DT + (b * T + t_m) * H + h, mask=valid_m, other=0.0).to(tl.float32)
+        lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
+        causal = (offs_m[None, :] <= offs_l[:, None]) & valid_m[None, :]
+        decay = tl.exp(tl.where(causal, lam_l[:, None] - lam_m[None, :], float("-inf")))
+        s = tl.dot(q, tl.trans(k.to(q.dtype))) * decay * dt_m[None, :]  # [BLOCK_L, BLOCK_M]
+        acc += tl.dot(s.to(v.dtype), v)
+
+    if HAS_D:  # forward only, where V is x
+        v_l = tl.load(V + _rows(b, t_l, T, V_HEADS, v_head, DV, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
+        acc += tl.load(DSKIP + h).to(tl.float32) * v_l.to(tl.float32)
+    tl.store(OUT + _rows(b, t_l, T, H, h, DV, offs_v), acc.to(OUT.dtype.element_ty), mask=valid_l[:, None] & in_v)
+
+
+@triton.jit
+def _chunk_scan_bwd_source(X, DT, BM, CM, DY, LAM, DSTATES, DSKIP, DX, DDT_X, DB_HEADS,
+                           T, L, Tp, n_chunks, H, G, P, N, HAS_D: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For source rows ``m`` of chunk ``c`` (grid: row blocks, b·nc, h), streaming the rows ``l ≥ m``:
+
+        d(dt x)_m = Σ_{l≥m} (B_m·C_l) exp(Λ_l − Λ_m) dy_l + exp(α_c − Λ_m) dS_c B_m
+        dB_m      = Σ_{l≥m} (dt_m x_m·dy_l) exp(Λ_l − Λ_m) C_l + exp(α_c − Λ_m) dt_m dS_cᵀ x_m
+
+    with ``dS_c = DSTATES[b, c+1, h]``. Writes ``dx = dt·d(dt x) + D dy``, ``⟨x, d(dt x)⟩`` and ``dB``
+    for this head."""
+    pid_m, bc, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, c = bc // n_chunks, bc % n_chunks
+    g = h // (H // G)
+    offs_p, offs_n = tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_N)
+    in_p, in_n = offs_p[None, :] < P, offs_n[None, :] < N
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    t_m = c * L + offs_m
+    valid_m = (offs_m < L) & (t_m < T)
+    lam_ptr = LAM + (b * H + h) * Tp + c * L
+    x_m = tl.load(X + _rows(b, t_m, T, H, h, P, offs_p), mask=valid_m[:, None] & in_p, other=0.0)
+    b_m = tl.load(BM + _rows(b, t_m, T, G, g, N, offs_n), mask=valid_m[:, None] & in_n, other=0.0)
+    dt_m = tl.load(DT + (b * T + t_m) * H + h, mask=valid_m, other=0.0).to(tl.float32)
+    lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
+    dxdt = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
+    db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for l0 in range(pid_m * BLOCK_M, L, BLOCK_L):
+        offs_l = l0 + tl.arange(0, BLOCK_L)
+        t_l = c * L + offs_l
+        valid_l = (offs_l < L) & (t_l < T)
+        c_l = tl.load(CM + _rows(b, t_l, T, G, g, N, offs_n), mask=valid_l[:, None] & in_n, other=0.0)
+        dy_l = tl.load(DY + _rows(b, t_l, T, H, h, P, offs_p), mask=valid_l[:, None] & in_p, other=0.0)
+        lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
+        causal = (offs_l[None, :] >= offs_m[:, None]) & valid_l[None, :]
+        decay = tl.exp(tl.where(causal, lam_l[None, :] - lam_m[:, None], float("-inf")))  # [BLOCK_M, BLOCK_L]
+        s = tl.dot(b_m, tl.trans(c_l.to(b_m.dtype))) * decay
+        dxdt += tl.dot(s.to(dy_l.dtype), dy_l)
+        g_ml = tl.dot(x_m.to(dy_l.dtype), tl.trans(dy_l)) * decay * dt_m[:, None]
+        db += tl.dot(g_ml.to(c_l.dtype), c_l)
+
+    # What this chunk's final state sends back to each source row.
+    lam_end = tl.load(lam_ptr + L - 1)
+    w = tl.exp(lam_end - lam_m)
+    w = tl.where(valid_m, w, 0.0)
+    ds_ptr = DSTATES + ((b * (n_chunks + 1) + c + 1) * H + h) * P * N
+    ds = tl.load(ds_ptr + offs_p[:, None] * N + offs_n[None, :], mask=(offs_p[:, None] < P) & in_n, other=0.0)
+    dxdt += tl.dot(b_m.to(tl.float32), tl.trans(ds)) * w[:, None]  # [BLOCK_M, BLOCK_P]
+    db += tl.dot(x_m.to(tl.float32), ds) * (w * dt_m)[:, None]  # [BLOCK_M, BLOCK_N]
+
+    dx = dxdt * dt_m[:, None]
+    if HAS_D:
+        dy_m = tl.load(DY + _rows(b, t_m, T, H, h, P, offs_p), mask=valid_m[:, None] & in_p, other=0.0)
+        dx += tl.load(DSKIP + h).to(tl.float32) * dy_m.to(tl.float32)
+    tl.store(DX + _rows(b, t_m, T, H, h, P, offs_p), dx.to(DX.dtype.element_ty), mask=valid_m[:, None] & in_p)
+    tl.store(DDT_X + (b * T + t_m) * H + h, tl.sum(x_m.to(tl.float32) * dxdt, 1), mask=valid_m)
+    tl.store(DB_HEADS + _rows(b, t_m, T, H, h, N, offs_n), db, mask=valid_m[:, None] & in_n)
+
+
+def _blocks(x: torch.Tensor, P: int, N: int) -> dict:
+    pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731  (tl.dot needs every side >= 16)
+    rows = 64 if x.is_cuda else 16  # the interpreter: small tiles, fewer wasted lanes
+    return dict(rows=rows, P=pow2(P), N=pow2(N))
+
+
+def _chunk_log_decays(dt: torch.Tensor, A: torch.Tensor, L: int) -> torch.Tensor:
+    """``Λ [b, h, nc·L]`` fp32: the cumulative log-decay inside each chunk, padded with ``a = 0``."""
+    batch, T, H = dt.shape
+    a = dt.float() * A.float()  # [b, T, h]
+    a = F.pad(a, (0, 0, 0, (-T) % L))  # [b, nc·L, h]
+    lam = torch.cumsum(a.view(batch, -1, L, H), dim=2)  # [b, nc, L, h]
+    return lam.permute(0, 3, 1, 2).reshape(batch, H, -1).contiguous()  # [b, h, nc·L]
+
+
+def _chunk_state_call(X, dt, BM, lam, T, L, forward: bool, blk: dict) -> torch.Tensor:
+    batch, _, H, P = X.shape
+    n_chunks, N = lam.shape[-1] // L, BM.shape[-1]
+    out = torch.empty(batch, n_chunks, H, P, N, dtype=torch.float32, device=X.device)
+    _chunk_state[(batch * n_chunks, H)](
+        X, dt, BM, lam, out, T, L, lam.shape[-1], n_chunks, H, BM.shape[2], P, N,
+        DECAY_TO_END=forward, SCALE_BY_DT=forward, BLOCK_L=blk["rows"], BLOCK_P=blk["P"], BLOCK_N=blk["N"],
+    )
+    return out  # [b, nc, h, P, N]
+
+
+def _decayed_scan_call(U, lam, h0, L, reverse: bool) -> torch.Tensor:
+    batch, n_chunks, H, P, N = U.shape
+    out = torch.empty(batch, n_chunks + 1, H, P, N, dtype=torch.float32, device=U.device)
+    block = min(1024, triton.next_power_of_2(P * N))
+    h0_arg = h0.contiguous() if h0 is not None else U
+    _decayed_scan[(triton.cdiv(P * N, block), batch * H)](
+        U, lam, h0_arg, out, L, lam.shape[-1], n_chunks, H, P * N, HAS_H0=h0 is not None, REVERSE=reverse, BLOCK=block,
+    )
+    return out  # [b, nc+1, h, P, N]
+
+
+def _chunk_scan_call(Q, K, V, dt, lam, states, D, out, T, L, trans_state: bool, blk: dict) -> None:
+    batch, _, H, _ = out.shape
+    n_chunks = lam.shape[-1] // L
+    DQK, DV = Q.shape[-1], V.shape[-1]
+    block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
+    _chunk_scan[(triton.cdiv(L, blk["rows"]), batch * n_chunks, H)](
+        Q, K, V, dt, lam, states, D if D is not None else lam, out,
+        T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], DQK, DV,
+        TRANS_STATE=trans_state, HAS_D=D is not None,
+        BLOCK_L=blk["rows"], BLOCK_M=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
+    )
+
+
+class SSDScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, D, initial_state, chunk_size: int):
+        batch, T, H, P = x.shape
+        G, N = B.shape[2], B.shape[3]
+        L = chunk_size
+        x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
+        blk = _blocks(x, P, N)
+        lam = _chunk_log_decays(dt, A, L)  # [b, h, nc·L]
+        chunk_states = _chunk_state_call(x, dt, B, lam, T, L, forward=True, blk=blk)  # [b, nc, h, P, N]
+        states = _decayed_scan_call(chunk_states, lam, initial_state, L, reverse=False)  # [b, nc+1, h, P, N]
+        y = torch.empty_like(x)
+        _chunk_scan_call(C, B, x, dt, lam, states, D, y, T, L, trans_state=True, blk=blk)
+        ctx.save_for_backward(x, dt, A, B, C, D, lam, states)
+        ctx.chunk_size, ctx.blk, ctx.has_initial = L, blk, initial_state is not None
+        ctx.initial_dtype = initial_state.dtype if initial_state is not None else None
+        return y, states[:, -1].clone()
+
+    @staticmethod
+    def backward(ctx, dy, d_final):
+        x, dt, A, B, C, D, lam, states = ctx.saved_tensors
+        batch, T, H, P = x.shape
+        G, N = B.shape[2], B.shape[3]
+        L, blk = ctx.chunk_size, ctx.blk
+        n_chunks = lam.shape[-1] // L
+        dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+
+        # dE: what the read-outs send to each entering state, then the reverse recurrence over chunks.
+        read_out = _chunk_state_call(dy, dt, C, lam, T, L, forward=False, blk=blk)  # [b, nc, h, P, N]
+        d_states = _decayed_scan_call(read_out, lam, d_final, L, reverse=True)  # [b, nc+1, h, P, N]
+
+        dC_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
+        _chunk_scan_call(dy, x, B, dt, lam, states, None, dC_heads, T, L, trans_state=False, blk=blk)
+
+        dx = torch.empty_like(x)
+        ddt_x = torch.empty(batch, T, H, dtype=torch.float32, device=x.device)  # ⟨x, d(dt x)⟩
+        dB_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
+        _chunk_scan_bwd_source[(triton.cdiv(L, blk["rows"]), batch * n_chunks, H)](
+            x, dt, B, C, dy, lam, d_states, D if D is not None else lam, dx, ddt_x, dB_heads,
+            T, L, lam.shape[-1], n_chunks, H, G, P, N, HAS_D=D is not None,
+            BLOCK_M=blk["rows"], BLOCK_L=blk["rows"], BLOCK_P=blk["P"], BLOCK_N=blk["N"],
+        )
+
+        # Log-decays (module docstring): dΛ_l = ⟨dC_l, C_l⟩ − dt_l ⟨x_l, d(dt x)_l⟩ + [l = L] ⟨G_{c+1}, E_{c+1}⟩.
+        per_group = lambda t: t.view(batch, T, G, H // G, N)  # noqa: E731  [b, T, g, h/g, N]
+        d_lam = (per_group(dC_heads) * C.float()[:, :, :, None]).sum(-1).view(batch, T, H)
+        d_lam = d_lam - dt.float() * ddt_x  # [b, T, h]
+        d_lam = F.pad(d_lam, (0, 0, 0, n_chunks * L - T)).view(batch, n_chunks, L, H)  # [b, nc, L, h]
+        d_lam[:, :, -1] += torch.einsum("bchpn,bchpn->bch", d_states[:, 1:], states[:, 1:])
+        da = d_lam.flip(2).cumsum(2).flip(2).view(batch, n_chunks * L, H)[:, :T]  # [b, T, h]
+
+        d_dt = (ddt_x + da * A.float()).to(dt.dtype)
+        dA = (da * dt.float()).sum((0, 1)).to(A.dtype)
+        dB = per_group(dB_heads).sum(3).to(B.dtype)  # [b, T, g, N]
+        dC = per_group(dC_heads).sum(3).to(C.dtype)
+        dD = (dy.float() * x.float()).sum((0, 1, 3)).to(D.dtype) if D is not None else None
+        d_initial = d_states[:, 0].to(ctx.initial_dtype) if ctx.has_initial else None
+        return dx, d_dt, dA, dB, dC, dD, d_initial, None
+
+
+def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_state=None):
+    """Same contract as :func:`kernels.ssd.reference.ssd_chunked`: returns ``(y [b,T,h,P] in x's dtype,
+    final_state [b,h,P,N] fp32)``."""
+    return SSDScan.apply(x, dt, A, B, C, D, initial_state, chunk_size)
