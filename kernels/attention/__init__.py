@@ -39,15 +39,11 @@ def attention(
     """
     check_backend(backend)
     _check_arguments(q, k, v, bias, key_padding_mask, keep_window)
-    if keep_window is not None and backend == "triton":
-        raise NotImplementedError(
-            "attention: keep_window is not implemented by backend='triton' yet; use backend='reference' or 'auto'"
-        )
-    # auto: the flash kernel on CUDA, except for keep_window, which only the reference has so far
-    if resolve_backend(backend, q, op="attention", has_triton=keep_window is None) == "triton":
+    if resolve_backend(backend, q, op="attention", has_triton=True) == "triton":
         from kernels.attention.triton import attention_triton  # imports triton only when asked for
 
-        return attention_triton(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask, scale=scale)
+        return attention_triton(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
+                                keep_window=keep_window, scale=scale)
     return attention_reference(
         q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
         keep_window=keep_window, scale=scale,

@@ -12,7 +12,8 @@ atomics, so the bias gradient is deterministic (FlexAttention's learned-bias gra
 With grouped-query attention, ``dK``/``dV`` are computed per query head and summed over each group
 afterwards, also without atomics.
 
-``keep_window`` is not implemented here yet (``attention`` refuses it with ``backend="triton"``).
+``keep_window`` becomes one threshold per query, computed beforehand in O(T) memory (window.py),
+which the score mask tests beside causality and padding; the backward uses the same mask.
 A query with no allowed key returns zeros, as in the reference. Accumulation is in fp32.
 """
 
@@ -22,28 +23,51 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention.window import window_thresholds
+
 
 @triton.jit
-def _scores(q, k, bias_ptr, pad_ptr, offs_m, offs_n, T, S, scale,
-            HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr):
-    """``[BLOCK_M, BLOCK_N]`` biased scores and the mask of allowed (query, key) pairs."""
+def _scores(q, k, bias_ptr, pad_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
+            HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """``[BLOCK_M, BLOCK_N]`` biased scores and the mask of allowed (query, key) pairs.
+
+    With a window, ``win_b, win_j [BLOCK_M]`` are each query's threshold (window.py): key ``j`` stays
+    when ``(bias_j, j)`` is at least the query's ``w``-th best allowed ``(bias, position)``."""
     s = tl.dot(q, tl.trans(k)) * scale
     valid = (offs_m[:, None] < T) & (offs_n[None, :] < S)
+    key_bias = offs_n.to(tl.float32) * 0.0  # without a bias every key ties at 0
     if HAS_BIAS:
-        s += tl.load(bias_ptr + offs_n, mask=offs_n < S, other=0.0).to(tl.float32)[None, :]
+        key_bias = tl.load(bias_ptr + offs_n, mask=offs_n < S, other=0.0).to(tl.float32)
+        s += key_bias[None, :]
     if HAS_PAD:
         padded = tl.load(pad_ptr + offs_n, mask=offs_n < S, other=1)
         valid = valid & (padded == 0)[None, :]
     if CAUSAL:
         valid = valid & (offs_n[None, :] <= offs_m[:, None] + (S - T))
+    if HAS_WINDOW:
+        above = key_bias[None, :] > win_b[:, None]
+        tie_newer = (key_bias[None, :] == win_b[:, None]) & (offs_n[None, :] >= win_j[:, None])
+        valid = valid & (above | tie_newer)
     return s, valid
 
 
 @triton.jit
-def _forward(Q, K, V, BIAS, PAD, O, LSE,
+def _window_rows(WIN_B, WIN_J, bh, T, offs_m, HAS_WINDOW: tl.constexpr):
+    """The window thresholds of these query rows (unused placeholders without a window)."""
+    if HAS_WINDOW:
+        win_b = tl.load(WIN_B + bh * T + offs_m, mask=offs_m < T, other=float("-inf"))
+        win_j = tl.load(WIN_J + bh * T + offs_m, mask=offs_m < T, other=-1)
+    else:
+        win_b = offs_m.to(tl.float32) * 0.0
+        win_j = offs_m * 0
+    return win_b, win_j
+
+
+@triton.jit
+def _forward(Q, K, V, BIAS, PAD, WIN_B, WIN_J, O, LSE,
              sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_t, so_h, sbias_b, sbias_h, spad_b,
              T, S, H, GROUP, D, scale,
-             HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr,
+             HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -54,6 +78,7 @@ def _forward(Q, K, V, BIAS, PAD, O, LSE,
     q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :],
                 mask=(offs_m[:, None] < T) & in_d, other=0.0)
     bias_ptr, pad_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b
+    win_b, win_j = _window_rows(WIN_B, WIN_J, bh, T, offs_m, HAS_WINDOW)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -64,7 +89,8 @@ def _forward(Q, K, V, BIAS, PAD, O, LSE,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n[:, None] < S) & in_d
         k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], mask=kv_mask, other=0.0)
-        s, valid = _scores(q, k, bias_ptr, pad_ptr, offs_m, offs_n, T, S, scale, HAS_BIAS, HAS_PAD, CAUSAL)
+        s, valid = _scores(q, k, bias_ptr, pad_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
+                              HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW)
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
@@ -83,10 +109,10 @@ def _forward(Q, K, V, BIAS, PAD, O, LSE,
 
 
 @triton.jit
-def _backward_kv(Q, K, V, BIAS, PAD, DO, LSE, DELTA, DK, DV, DBIAS,
+def _backward_kv(Q, K, V, BIAS, PAD, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, DBIAS,
                  sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdk_b, sdk_s, sdk_h, sbias_b, sbias_h, spad_b,
                  T, S, H, GROUP, D, scale,
-                 HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -110,8 +136,10 @@ def _backward_kv(Q, K, V, BIAS, PAD, DO, LSE, DELTA, DK, DV, DBIAS,
         q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask, other=0.0)
         do = tl.load(DO + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask, other=0.0)
         lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=float("inf"))
+        win_b, win_j = _window_rows(WIN_B, WIN_J, bh, T, offs_m, HAS_WINDOW)
         delta = tl.load(DELTA + bh * T + offs_m, mask=offs_m < T, other=0.0)
-        s, valid = _scores(q, k, bias_ptr, pad_ptr, offs_m, offs_n, T, S, scale, HAS_BIAS, HAS_PAD, CAUSAL)
+        s, valid = _scores(q, k, bias_ptr, pad_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
+                              HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW)
         p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)  # [BLOCK_M, BLOCK_N]
         dv += tl.dot(tl.trans(p.to(do.dtype)), do)
         dp = tl.dot(do, tl.trans(v))
@@ -127,10 +155,10 @@ def _backward_kv(Q, K, V, BIAS, PAD, DO, LSE, DELTA, DK, DV, DBIAS,
 
 
 @triton.jit
-def _backward_q(Q, K, V, BIAS, PAD, DO, LSE, DELTA, DQ,
+def _backward_q(Q, K, V, BIAS, PAD, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
                 sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sbias_b, sbias_h, spad_b,
                 T, S, H, GROUP, D, scale,
-                HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr,
+                HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -144,6 +172,7 @@ def _backward_q(Q, K, V, BIAS, PAD, DO, LSE, DELTA, DQ,
     lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=float("inf"))
     delta = tl.load(DELTA + bh * T + offs_m, mask=offs_m < T, other=0.0)
     bias_ptr, pad_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b
+    win_b, win_j = _window_rows(WIN_B, WIN_J, bh, T, offs_m, HAS_WINDOW)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     hi = S
     if CAUSAL:
@@ -153,7 +182,8 @@ def _backward_q(Q, K, V, BIAS, PAD, DO, LSE, DELTA, DQ,
         kv_mask = (offs_n[:, None] < S) & in_d
         k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_s + offs_d[None, :], mask=kv_mask, other=0.0)
-        s, valid = _scores(q, k, bias_ptr, pad_ptr, offs_m, offs_n, T, S, scale, HAS_BIAS, HAS_PAD, CAUSAL)
+        s, valid = _scores(q, k, bias_ptr, pad_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
+                              HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW)
         p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
         ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k) * scale
@@ -170,7 +200,7 @@ def _blocks(q: torch.Tensor) -> tuple[int, int, int]:
 
 class FlashBiasAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, bias, key_padding_mask, causal: bool, scale: float):
+    def forward(ctx, q, k, v, bias, key_padding_mask, causal: bool, scale: float, keep_window: int | None):
         B, T, H, D = q.shape
         S, Hkv = k.shape[1], k.shape[2]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -179,23 +209,29 @@ class FlashBiasAttention(torch.autograd.Function):
         o = torch.empty_like(q)
         lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
         block_m, block_n, block_d = _blocks(q)
-        flags = dict(HAS_BIAS=bias is not None, HAS_PAD=key_padding_mask is not None, CAUSAL=causal)
+        flags = dict(HAS_BIAS=bias is not None, HAS_PAD=key_padding_mask is not None, CAUSAL=causal,
+                     HAS_WINDOW=keep_window is not None)
+        if keep_window is not None:  # two numbers per query; the selection carries no gradient
+            win_b, win_j = window_thresholds(bias, key_padding_mask, batch=B, heads=H, T=T, S=S, causal=causal,
+                                             keep_window=keep_window, device=q.device)
+        else:
+            win_b, win_j = lse, lse  # unused placeholders
         _forward[(triton.cdiv(T, block_m), B * H)](
-            q, k, v, bias_c, pad, o, lse,
+            q, k, v, bias_c, pad, win_b, win_j, o, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             bias_c.stride(0) if bias is not None else 0, bias_c.stride(1) if bias is not None else 0,
             pad.stride(0) if key_padding_mask is not None else 0,
             T, S, H, H // Hkv, D, scale, **flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         )
-        ctx.save_for_backward(q, k, v, bias_c, pad, o, lse)
+        ctx.save_for_backward(q, k, v, bias_c, pad, win_b, win_j, o, lse)
         ctx.flags, ctx.scale, ctx.blocks, ctx.bias_dtype = flags, scale, (block_m, block_n, block_d), (
             bias.dtype if bias is not None else None)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, bias, pad, o, lse = ctx.saved_tensors
+        q, k, v, bias, pad, win_b, win_j, o, lse = ctx.saved_tensors
         B, T, H, D = q.shape
         S, Hkv = k.shape[1], k.shape[2]
         do = do.contiguous()
@@ -210,13 +246,13 @@ class FlashBiasAttention(torch.autograd.Function):
         common = (T, S, H, H // Hkv, D, ctx.scale)
         meta = dict(**ctx.flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d)
         _backward_kv[(triton.cdiv(S, block_n), B * H)](
-            q, k, v, bias, pad, do, lse, delta, dk_heads, dv_heads, dbias if dbias is not None else lse,
+            q, k, v, bias, pad, win_b, win_j, do, lse, delta, dk_heads, dv_heads, dbias if dbias is not None else lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), dk_heads.stride(0), dk_heads.stride(1), dk_heads.stride(2),
             *bias_strides, pad_stride, *common, **meta,
         )
         _backward_q[(triton.cdiv(T, block_m), B * H)](
-            q, k, v, bias, pad, do, lse, delta, dq,
+            q, k, v, bias, pad, win_b, win_j, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), *bias_strides, pad_stride, *common, **meta,
         )
@@ -224,10 +260,11 @@ class FlashBiasAttention(torch.autograd.Function):
         dk = dk_heads.view(B, S, Hkv, group, D).sum(3)  # [B, S, Hkv, D]
         dv = dv_heads.view(B, S, Hkv, group, D).sum(3)
         dbias = dbias.to(ctx.bias_dtype) if dbias is not None else None
-        return dq, dk, dv, dbias, None, None, None
+        return dq, dk, dv, dbias, None, None, None, None
 
 
-def attention_triton(q, k, v, *, bias=None, causal=True, key_padding_mask=None, scale=None) -> torch.Tensor:
-    """Same contract as :func:`kernels.attention.reference.attention_reference`, without ``keep_window``."""
+def attention_triton(q, k, v, *, bias=None, causal=True, key_padding_mask=None, keep_window=None,
+                     scale=None) -> torch.Tensor:
+    """Same contract as :func:`kernels.attention.reference.attention_reference`."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return FlashBiasAttention.apply(q, k, v, bias, key_padding_mask, causal, scale)
+    return FlashBiasAttention.apply(q, k, v, bias, key_padding_mask, causal, scale, keep_window)

@@ -123,8 +123,3 @@ def test_heads_not_a_multiple_of_kv_heads():
     with pytest.raises(ValueError, match="H=3 are not a multiple of key/value heads H_kv=2"):
         attention(q, k, v)
 
-
-def test_triton_backend_without_keep_window_support_says_so():
-    q, k, v, _ = make(bias=False)
-    with pytest.raises(NotImplementedError, match="keep_window is not implemented by backend='triton'"):
-        attention(q, k, v, keep_window=2, backend="triton")

@@ -53,3 +53,72 @@ def test_bias_gradient_is_deterministic():
     g = torch.randn(1, 33, 2, 16, device=DEVICE)
     first, second = (torch.autograd.grad(attention(q, k, v, bias=b, backend="triton"), [b], g)[0] for _ in range(2))
     assert torch.equal(first, second)
+
+
+WINDOW_CASES = {  # name: (B, T, S, H, causal, bias kind, padding, keep_window)
+    "causal, distinct biases, w=3": (2, 19, 19, 2, True, "randn", False, 3),
+    "causal, tied biases, padding, w=4": (2, 23, 23, 2, True, "ties", True, 4),
+    "no bias: sliding window of 5": (1, 21, 21, 2, True, None, False, 5),
+    "T<S decode, w=2": (2, 6, 17, 2, True, "ties", True, 2),
+    "non-causal, tied, w=7": (2, 13, 15, 2, False, "ties", True, 7),
+    "w larger than S": (1, 9, 9, 2, True, "randn", False, 50),
+}
+
+
+def window_inputs(B, T, S, H, bias_kind, padding):
+    g = torch.Generator().manual_seed(T * S + H)
+    if bias_kind == "randn":
+        bias = torch.randn(B, H, S, generator=g)
+    elif bias_kind == "ties":  # few distinct values: the tie-break to the most recent key decides
+        bias = torch.randint(0, 3, (B, H, S), generator=g).float()
+    else:
+        bias = None
+    pad = None
+    if padding:
+        pad = torch.rand(B, S, generator=g) < 0.25
+        pad[0, :3] = True
+    return (bias.to(DEVICE) if bias is not None else None), (pad.to(DEVICE) if pad is not None else None)
+
+
+@pytest.mark.parametrize("name", WINDOW_CASES)
+def test_window_thresholds_keep_exactly_the_reference_selection(name):
+    from kernels.attention.reference import allowed_keys, select_window
+    from kernels.attention.window import window_thresholds
+
+    B, T, S, H, causal, bias_kind, padding, w = WINDOW_CASES[name]
+    bias, pad = window_inputs(B, T, S, H, bias_kind, padding)
+    allowed = allowed_keys(T, S, causal=causal, key_padding_mask=pad, device=DEVICE)  # [B|1, 1, T, S]
+    want = select_window(allowed, bias, w).expand(B, H, T, S)
+    # block=4 walks the queries in many blocks: the carried best keys are what is under test
+    tau_bias, tau_pos = window_thresholds(bias, pad, batch=B, heads=H, T=T, S=S, causal=causal, keep_window=w,
+                                          device=torch.device(DEVICE), block=4)
+    key_bias = bias[:, :, None, :] if bias is not None else torch.zeros(1, 1, 1, S, device=DEVICE)
+    j = torch.arange(S, device=DEVICE)
+    kept = allowed & ((key_bias > tau_bias[..., None]) | ((key_bias == tau_bias[..., None]) & (j >= tau_pos[..., None])))
+    assert torch.equal(kept, want)
+
+
+@pytest.mark.parametrize("name", WINDOW_CASES)
+def test_triton_keep_window_matches_reference_outputs_and_gradients(name):
+    B, T, S, H, causal, bias_kind, padding, w = WINDOW_CASES[name]
+    bias, pad = window_inputs(B, T, S, H, bias_kind, padding)
+    torch.manual_seed(0)
+    q = torch.randn(B, T, H, 16, device=DEVICE, requires_grad=True)
+    k, v = (torch.randn(B, S, 1, 16, device=DEVICE, requires_grad=True) for _ in range(2))
+    bias = bias.requires_grad_() if bias is not None else None
+    kwargs = dict(bias=bias, causal=causal, key_padding_mask=pad, keep_window=w)
+    out = attention(q, k, v, **kwargs, backend="triton")
+    ref = attention(q, k, v, **kwargs, backend="reference")
+    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+    tensors = [t for t in (q, k, v, bias) if t is not None]
+    g = torch.randn_like(out)
+    for n, got, want in zip(["q", "k", "v", "bias"], torch.autograd.grad(out, tensors, g),
+                            torch.autograd.grad(ref, tensors, g)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {n}: {m}")
+
+
+def test_triton_on_cpu_without_the_interpreter_says_so(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q = torch.randn(1, 4, 2, 16)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        attention(q, q, q, backend="triton")
