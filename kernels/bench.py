@@ -85,34 +85,28 @@ def bench_attention(lengths, device, dtype, repeats, use_triton) -> list[str]:
     return lines + ["", note]
 
 
-def bench_ssd(lengths, device, dtype, repeats) -> list[str]:
+def bench_ssd(lengths, device, dtype, repeats, use_triton) -> list[str]:
     B, H, P, N, L = 4, 32, 64, 128, 256
     lines = [f"SSD, B={B}, H={H}, P={P}, N={N}, chunk {L}, {dtype}:", "", HEADER]
+    have_mamba = importlib.util.find_spec("mamba_ssm") is not None
     for T in lengths:
         x = torch.randn(B, T, H, P, device=device, dtype=dtype, requires_grad=True)
         dt = F.softplus(torch.randn(B, T, H, device=device) - 3).to(dtype).requires_grad_()
         A = (-torch.exp(torch.rand(H, device=device))).requires_grad_()
         Bm, Cm = (torch.randn(B, T, 1, N, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
         ins = [x, dt, A, Bm, Cm]
-        flops = ssd_flops(B, T, H, P, N, L)
-        fn = lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, backend="reference")  # noqa: E731
-        lines.append(row("reference (chunked torch)", T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), flops))
-    notes = ["The Triton SSD kernel is not built yet (kernels/ssd: reference only)."]
-    if importlib.util.find_spec("mamba_ssm") is None:
-        notes.append("mamba_ssm not installed: mamba_chunk_scan_combined's row is skipped.")
-    else:
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+        cases = {"reference (chunked torch)": lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, backend="reference")}
+        if use_triton:
+            cases["triton"] = lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, backend="triton")
+        if have_mamba:
+            from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
-        for T in lengths:
-            x = torch.randn(B, T, H, P, device=device, dtype=dtype, requires_grad=True)
-            dt = F.softplus(torch.randn(B, T, H, device=device) - 3).to(dtype).requires_grad_()
-            A = (-torch.exp(torch.rand(H, device=device))).requires_grad_()
-            Bm, Cm = (torch.randn(B, T, 1, N, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
-            fn = lambda: mamba_chunk_scan_combined(x, dt, A, Bm, Cm, chunk_size=L)  # noqa: E731
-            ins = [x, dt, A, Bm, Cm]
-            lines.append(row("mamba_ssm", T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats),
+            cases["mamba_ssm mamba_chunk_scan_combined"] = lambda: mamba_chunk_scan_combined(x, dt, A, Bm, Cm, chunk_size=L)
+        for name, fn in cases.items():
+            lines.append(row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats),
                              ssd_flops(B, T, H, P, N, L)))
-    return lines + [""] + notes
+    note = [] if have_mamba else ["mamba_ssm not installed: mamba_chunk_scan_combined's row is skipped."]
+    return lines + [""] + note
 
 
 def bench_retrieval(device, dtype, repeats, use_triton, tokens: int) -> list[str]:
@@ -146,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         print("No CUDA: Triton rows are skipped (the interpreter checks logic, not speed).")
     sections = {
         "attention": lambda: bench_attention(args.lengths, args.device, dtype, args.repeats, cuda),
-        "ssd": lambda: bench_ssd(args.lengths, args.device, dtype, args.repeats),
+        "ssd": lambda: bench_ssd(args.lengths, args.device, dtype, args.repeats, cuda),
         "retrieval": lambda: bench_retrieval(args.device, dtype, args.repeats, cuda, tokens=4 * 1024 if cuda else 1024),
     }
     for op in args.ops:

@@ -93,15 +93,22 @@ def _decayed_scan(U, LAM, H0, OUT, L, Tp, n_chunks, H, PN,
         state = tl.load(H0 + bh * PN + offs, mask=mask, other=0.0).to(tl.float32)
     else:
         state = tl.zeros([BLOCK], dtype=tl.float32)
-    first = n_chunks if REVERSE else 0
-    tl.store(OUT + ((b * (n_chunks + 1) + first) * H + h) * PN + offs, state, mask=mask)
+    out_ptr = OUT + (b * (n_chunks + 1) * H + h) * PN + offs  # OUT[b, 0, h]; chunk c at + c·H·PN
+    if REVERSE:
+        tl.store(out_ptr + n_chunks * H * PN, state, mask=mask)
+    else:
+        tl.store(out_ptr, state, mask=mask)
     for i in range(0, n_chunks):
-        c = n_chunks - 1 - i if REVERSE else i
+        if REVERSE:
+            c = n_chunks - 1 - i
+            dest = c
+        else:
+            c = i
+            dest = c + 1
         alpha = tl.load(LAM + bh * Tp + c * L + L - 1)
         u = tl.load(U + ((b * n_chunks + c) * H + h) * PN + offs, mask=mask, other=0.0)
         state = tl.exp(alpha) * state + u
-        dest = c if REVERSE else c + 1
-        tl.store(OUT + ((b * (n_chunks + 1) + dest) * H + h) * PN + offs, state, mask=mask)
+        tl.store(out_ptr + dest * H * PN, state, mask=mask)
 
 
 @triton.jit

@@ -1,0 +1,116 @@
+"""GPU only: every Triton kernel in bf16 at larger shapes, by flash-attention's tolerance rule.
+
+The kernel's error against an fp32 reference must be at most about twice that of the plain-torch
+version run in the same low precision, on the output and on every gradient. Skipped without CUDA
+(the interpreter has no bf16); run them with ``python -m pytest tests/kernels/test_gpu_precision.py``
+on a GPU machine.
+"""
+
+import pytest
+import torch
+
+from kernels.attention import attention
+from kernels.attention.reference import attention_reference
+from kernels.retrieval import expert_mix
+from kernels.ssd import ssd_scan
+from kernels.ssd.reference import ssd_chunked
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+LOW = torch.bfloat16
+
+
+def outputs_and_grads(fn, inputs: dict, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``[outputs…, gradients of the floating inputs…]`` of ``Σ_i ⟨out_i, weights_i⟩``, all as fp32."""
+    leaves = {k: (v.detach().clone().requires_grad_() if v is not None and v.is_floating_point() else v)
+              for k, v in inputs.items()}
+    outs = fn(**leaves)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    loss = sum((o.float() * w).sum() for o, w in zip(outs, weights))
+    grad_leaves = [v for v in leaves.values() if v is not None and v.is_floating_point()]
+    grads = torch.autograd.grad(loss, grad_leaves)
+    return [t.detach().float() for t in (*outs, *grads)]
+
+
+def check_rule(kernel, torch_low, ref, inputs: dict, names: list[str], seed: int = 0):
+    """``kernel`` and ``torch_low`` get the inputs in bf16, ``ref`` in fp32; compare all results."""
+    torch.manual_seed(seed)
+    low = {k: (v.to(LOW) if v is not None and v.is_floating_point() else v) for k, v in inputs.items()}
+    want = outputs_and_grads(ref, {k: (v.float() if v is not None and v.is_floating_point() else v)
+                                   for k, v in low.items()}, WEIGHTS)
+    got = outputs_and_grads(kernel, low, WEIGHTS)
+    baseline = outputs_and_grads(torch_low, low, WEIGHTS)
+    assert len(got) == len(want) == len(baseline) == len(names)
+    for name, g, b, w in zip(names, got, baseline, want):
+        err_kernel = (g - w).abs().max().item()
+        err_torch = (b - w).abs().max().item()
+        assert err_kernel <= 2 * err_torch + 1e-5, f"{name}: kernel error {err_kernel:.3g} > 2 × torch {LOW} error {err_torch:.3g}"
+
+
+WEIGHTS: list[torch.Tensor] = []
+
+
+def set_weights(*shapes):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    WEIGHTS[:] = [torch.randn(s, generator=g, device="cuda") for s in shapes]
+
+
+@pytest.mark.parametrize("keep_window", [None, 100])
+def test_attention_bf16(keep_window):
+    B, T, H, Hkv, D = 2, 1001, 8, 2, 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g, device="cuda")  # noqa: E731
+    pad = torch.zeros(B, T, dtype=torch.bool, device="cuda")
+    pad[0, :37] = True
+    inputs = dict(q=r(B, T, H, D), k=r(B, T, Hkv, D), v=r(B, T, Hkv, D), bias=2 * r(B, H, T))
+    set_weights((B, T, H, D))
+    call = lambda backend: lambda q, k, v, bias: attention(  # noqa: E731
+        q, k, v, bias=bias, key_padding_mask=pad, keep_window=keep_window, backend=backend)
+    torch_low = lambda q, k, v, bias: attention_reference(  # noqa: E731
+        q, k, v, bias=bias, key_padding_mask=pad, keep_window=keep_window)
+    check_rule(call("triton"), torch_low, call("reference"), inputs, ["out", "dq", "dk", "dv", "dbias"])
+
+
+def test_ssd_bf16():
+    B, T, H, P, G, N, L = 2, 1001, 8, 64, 2, 128, 256
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g, device="cuda")  # noqa: E731
+    inputs = dict(x=r(B, T, H, P), dt=torch.nn.functional.softplus(r(B, T, H) - 3), A=-torch.exp(r(H) * 0.5),
+                  B=r(B, T, G, N), C=r(B, T, G, N), D=r(H), initial_state=r(B, H, P, N))
+    set_weights((B, T, H, P), (B, H, P, N))
+    kernel = lambda **a: ssd_scan(**a, chunk_size=L, return_final_state=True, backend="triton")  # noqa: E731
+    ref = lambda **a: ssd_scan(**a, chunk_size=L, return_final_state=True, backend="reference")  # noqa: E731
+
+    def torch_low(x, dt, A, B, C, D, initial_state):  # the chunked einsums computed in bf16 throughout
+        return ssd_chunked(x, dt, A, B, C, chunk_size=L, D=D, initial_state=initial_state)
+
+    check_rule(kernel, torch_low, ref, inputs, ["y", "final", "dx", "ddt", "dA", "dB", "dC", "dD", "dinitial"])
+
+
+def test_expert_mix_bf16():
+    M, heads, k, N, d = 2048, 4, 16, 65536, 256
+    g = torch.Generator(device="cuda").manual_seed(0)
+    experts = torch.randint(0, N, (M, heads, k), generator=g, device="cuda")
+    inputs = dict(x=torch.randn(M, d, generator=g, device="cuda"), experts=experts,
+                  weights=torch.rand(M, heads, k, generator=g, device="cuda"),
+                  down=torch.randn(N, d, generator=g, device="cuda") / d**0.5,
+                  up=torch.randn(N, d, generator=g, device="cuda"))
+    set_weights((M, d))
+    call = lambda backend: lambda **a: expert_mix(**a, backend=backend)  # noqa: E731
+    check_rule(call("triton"), call("reference"), call("reference"), inputs, ["y", "dx", "dweights", "ddown", "dup"])
+
+
+def test_bias_attention_peak_memory_is_linear_in_T():
+    B, H, D = 1, 4, 64
+    peaks = []
+    for T in (2048, 4096, 8192):
+        q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=LOW, requires_grad=True) for _ in range(3))
+        bias = torch.randn(B, H, T, device="cuda", dtype=LOW, requires_grad=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        attention(q, k, v, bias=bias, backend="triton").sum().backward()
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+    # doubling T doubles the O(T) buffers; a [T, T] term would quadruple
+    assert peaks[2] / peaks[1] < 2.5 and peaks[1] / peaks[0] < 2.5, peaks
