@@ -191,11 +191,18 @@ def _backward_q(Q, K, V, BIAS, PAD, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
              mask=q_mask)
 
 
-def _blocks(q: torch.Tensor) -> tuple[int, int, int]:
-    block_d = max(16, triton.next_power_of_2(q.shape[-1]))
-    if q.is_cuda:
-        return 64, 64 if block_d <= 64 else 32, block_d
-    return 16, 16, block_d  # the interpreter: small tiles, fewer wasted lanes
+def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Tiles, warps and pipeline stages. On CUDA in bf16/fp16: 64×64 tiles (32 key rows above head
+    dim 64) and 8 warps, at which ``python -m kernels.compile_check`` finds no register spills on sm_90
+    at head dim 64 (with 4 warps the dK/dV/dbias kernel spills). In fp32: 32×32 tiles, 4 warps and 2
+    stages — the 64×64 tiles spill there and need up to 112 KiB of shared memory, more than consumer
+    GPUs have. Not timed: no GPU yet."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if not cuda:  # the interpreter: small tiles
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=4, num_stages=1)
+    if dtype == torch.float32:
+        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, num_warps=4, num_stages=2)
+    return dict(BLOCK_M=64, BLOCK_N=64 if block_d <= 64 else 32, BLOCK_D=block_d, num_warps=8, num_stages=3)
 
 
 class FlashBiasAttention(torch.autograd.Function):
@@ -208,7 +215,7 @@ class FlashBiasAttention(torch.autograd.Function):
         pad = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else q.new_zeros(1, dtype=torch.int8)
         o = torch.empty_like(q)
         lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
-        block_m, block_n, block_d = _blocks(q)
+        config = launch_config(D, q.is_cuda, q.dtype)
         flags = dict(HAS_BIAS=bias is not None, HAS_PAD=key_padding_mask is not None, CAUSAL=causal,
                      HAS_WINDOW=keep_window is not None)
         if keep_window is not None:  # two numbers per query; the selection carries no gradient
@@ -216,16 +223,16 @@ class FlashBiasAttention(torch.autograd.Function):
                                              keep_window=keep_window, device=q.device)
         else:
             win_b, win_j = lse, lse  # unused placeholders
-        _forward[(triton.cdiv(T, block_m), B * H)](
+        _forward[(triton.cdiv(T, config["BLOCK_M"]), B * H)](
             q, k, v, bias_c, pad, win_b, win_j, o, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             bias_c.stride(0) if bias is not None else 0, bias_c.stride(1) if bias is not None else 0,
             pad.stride(0) if key_padding_mask is not None else 0,
-            T, S, H, H // Hkv, D, scale, **flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+            T, S, H, H // Hkv, D, scale, **flags, **config,
         )
         ctx.save_for_backward(q, k, v, bias_c, pad, win_b, win_j, o, lse)
-        ctx.flags, ctx.scale, ctx.blocks, ctx.bias_dtype = flags, scale, (block_m, block_n, block_d), (
+        ctx.flags, ctx.scale, ctx.config, ctx.bias_dtype = flags, scale, config, (
             bias.dtype if bias is not None else None)
         return o
 
@@ -240,18 +247,17 @@ class FlashBiasAttention(torch.autograd.Function):
         dk_heads = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)  # per query head, summed below
         dv_heads = torch.empty_like(dk_heads)
         dbias = torch.empty(B, H, S, dtype=torch.float32, device=q.device) if ctx.flags["HAS_BIAS"] else None
-        block_m, block_n, block_d = ctx.blocks
         bias_strides = (bias.stride(0), bias.stride(1)) if ctx.flags["HAS_BIAS"] else (0, 0)
         pad_stride = pad.stride(0) if ctx.flags["HAS_PAD"] else 0
         common = (T, S, H, H // Hkv, D, ctx.scale)
-        meta = dict(**ctx.flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d)
-        _backward_kv[(triton.cdiv(S, block_n), B * H)](
+        meta = dict(**ctx.flags, **ctx.config)
+        _backward_kv[(triton.cdiv(S, meta["BLOCK_N"]), B * H)](
             q, k, v, bias, pad, win_b, win_j, do, lse, delta, dk_heads, dv_heads, dbias if dbias is not None else lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), dk_heads.stride(0), dk_heads.stride(1), dk_heads.stride(2),
             *bias_strides, pad_stride, *common, **meta,
         )
-        _backward_q[(triton.cdiv(T, block_m), B * H)](
+        _backward_q[(triton.cdiv(T, meta["BLOCK_M"]), B * H)](
             q, k, v, bias, pad, win_b, win_j, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), *bias_strides, pad_stride, *common, **meta,

@@ -72,6 +72,11 @@ def _mix_backward(x_ptr, e_ptr, w_ptr, down_ptr, up_ptr, dy_ptr, dx_ptr, dw_ptr,
     tl.store(dx_ptr + m * D + cols, dx.to(dx_ptr.dtype.element_ty), mask=in_row)
 
 
+def launch_config(d_model: int) -> dict:
+    """One program per token holds a whole row: ``BLOCK_D`` is ``d_model`` rounded up to a power of two."""
+    return dict(BLOCK_D=triton.next_power_of_2(d_model), num_warps=4, num_stages=3)
+
+
 class ExpertMix(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, experts, weights, down, up, act: str):
@@ -81,10 +86,10 @@ class ExpertMix(torch.autograd.Function):
         x, down, up = x.contiguous(), down.contiguous(), up.contiguous()
         experts, weights = experts.reshape(M, HK).contiguous(), weights.reshape(M, HK).contiguous()
         y = torch.empty_like(x)
-        block = triton.next_power_of_2(D)
-        _mix_forward[(M,)](x, experts, weights, down, up, y, D, HK, ACT=ACT_IDS[act], BLOCK_D=block)
+        config = launch_config(D)
+        _mix_forward[(M,)](x, experts, weights, down, up, y, D, HK, ACT=ACT_IDS[act], **config)
         ctx.save_for_backward(x, experts, weights, down, up)
-        ctx.act, ctx.block = act, block
+        ctx.act, ctx.config = act, config
         return y
 
     @staticmethod
@@ -98,7 +103,7 @@ class ExpertMix(torch.autograd.Function):
         ddown = torch.zeros(down.shape, dtype=torch.float32, device=x.device)
         dup = torch.zeros(up.shape, dtype=torch.float32, device=x.device)
         _mix_backward[(M,)](x, experts, weights, down, up, dy.contiguous(), dx, dw, ddown, dup, D, HK,
-                            ACT=ACT_IDS[ctx.act], BLOCK_D=ctx.block)
+                            ACT=ACT_IDS[ctx.act], **ctx.config)
         return dx, None, dw.view(ctx.weights_shape).to(weights.dtype), ddown.to(down.dtype), dup.to(up.dtype), None
 
 

@@ -15,8 +15,9 @@ Backward, the same kernels with other operands, and one more:
 2. ``_decayed_scan`` run backwards: ``G_nc = d final``, ``G_c = exp(α_c) G_{c+1} + (1.)``, so
    ``dE_c = G_c``, ``dS_c = G_{c+1}`` and ``d initial = G_0``.
 3. ``_chunk_scan`` on ``(dy, x, B)``: ``dC_l = Σ_{m≤l} (dy_l·x_m) exp(Λ_l − Λ_m) dt_m B_m + exp(Λ_l) dy_l E_c``.
-4. ``_chunk_scan_bwd_source``: per source position ``m``, streaming the ``l ≥ m``, the gradient of
-   ``dt_m x_m`` (hence ``dx``) and ``dB_m`` (per head), plus ``⟨x_m, d(dt x)_m⟩`` for ``d dt``.
+4. ``_chunk_scan_reverse``, its transpose, per source position ``m`` streaming the ``l ≥ m``: on
+   ``(B, C, dy)`` the gradient of ``dt_m x_m`` (hence ``dx`` and ``⟨x_m, d(dt x)_m⟩`` for ``d dt``), on
+   ``(x, dy, C)`` ``dB_m`` per head.
 
 The log-decays need no kernel: every term that holds ``exp(Λ_l)`` as a factor is linear in it, so
 ``∂/∂Λ_l`` of the output is ``⟨dC_l, C_l⟩``; every term with ``exp(−Λ_m)`` gives ``−⟨dB_m, B_m⟩ =
@@ -163,67 +164,66 @@ def _chunk_scan(Q, K, V, DT, LAM, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H, Q_H
 
 
 @triton.jit
-def _chunk_scan_bwd_source(X, DT, BM, CM, DY, LAM, DSTATES, DSKIP, DX, DDT_X, DB_HEADS,
-                           T, L, Tp, n_chunks, H, G, P, N, HAS_D: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """For source rows ``m`` of chunk ``c`` (grid: row blocks, b·nc, h), streaming the rows ``l ≥ m``:
+def _chunk_scan_reverse(Q, K, V, DT, LAM, DSTATES, OUT, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS, V_HEADS, DQK, DV,
+                        TRANS_STATE: tl.constexpr, SCALE_BY_DT: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The transpose of :func:`_chunk_scan`, for source rows ``m`` of chunk ``c``, streaming the rows
+    ``l ≥ m``: ``OUT_m = [Σ_{l≥m} (Q_m·K_l) exp(Λ_l − Λ_m) V_l + exp(α_c − Λ_m) Q_m M_c] (· dt_m)``, fp32,
+    with ``M_c`` from ``dS_c = DSTATES[b, c+1, h]`` (``[P, N]``, transposed when TRANS_STATE).
 
-        d(dt x)_m = Σ_{l≥m} (B_m·C_l) exp(Λ_l − Λ_m) dy_l + exp(α_c − Λ_m) dS_c B_m
-        dB_m      = Σ_{l≥m} (dt_m x_m·dy_l) exp(Λ_l − Λ_m) C_l + exp(α_c − Λ_m) dt_m dS_cᵀ x_m
-
-    with ``dS_c = DSTATES[b, c+1, h]``. Writes ``dx = dt·d(dt x) + D dy``, ``⟨x, d(dt x)⟩`` and ``dB``
-    for this head."""
+    ``Q, K, V = B, C, dy`` (TRANS_STATE) gives ``d(dt·x)``; ``Q, K, V = x, dy, C`` (SCALE_BY_DT) gives
+    ``dB`` per head. Grid: (row blocks of the chunk, b·nc, h)."""
     pid_m, bc, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, c = bc // n_chunks, bc % n_chunks
-    g = h // (H // G)
-    offs_p, offs_n = tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_N)
-    in_p, in_n = offs_p[None, :] < P, offs_n[None, :] < N
+    q_head, k_head, v_head = h // (H // Q_HEADS), h // (H // K_HEADS), h // (H // V_HEADS)
+    offs_qk, offs_v = tl.arange(0, BLOCK_QK), tl.arange(0, BLOCK_V)
+    in_qk, in_v = offs_qk[None, :] < DQK, offs_v[None, :] < DV
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     t_m = c * L + offs_m
     valid_m = (offs_m < L) & (t_m < T)
     lam_ptr = LAM + (b * H + h) * Tp + c * L
-    x_m = tl.load(X + _rows(b, t_m, T, H, h, P, offs_p), mask=valid_m[:, None] & in_p, other=0.0)
-    b_m = tl.load(BM + _rows(b, t_m, T, G, g, N, offs_n), mask=valid_m[:, None] & in_n, other=0.0)
-    dt_m = tl.load(DT + (b * T + t_m) * H + h, mask=valid_m, other=0.0).to(tl.float32)
+    q = tl.load(Q + _rows(b, t_m, T, Q_HEADS, q_head, DQK, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
     lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
-    dxdt = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
-    db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+
+    # What the chunk's final state sends back to each source row.
+    ds_ptr = DSTATES + ((b * (n_chunks + 1) + c + 1) * H + h) * DQK * DV
+    if TRANS_STATE:
+        ds_offs = offs_v[None, :] * DQK + offs_qk[:, None]
+    else:
+        ds_offs = offs_qk[:, None] * DV + offs_v[None, :]
+    ds = tl.load(ds_ptr + ds_offs, mask=(offs_qk[:, None] < DQK) & in_v, other=0.0)
+    lam_end = tl.load(lam_ptr + L - 1)
+    acc = tl.dot(q.to(tl.float32), ds) * tl.exp(lam_end - lam_m)[:, None]  # [BLOCK_M, BLOCK_V]
+
     for l0 in range(pid_m * BLOCK_M, L, BLOCK_L):
         offs_l = l0 + tl.arange(0, BLOCK_L)
         t_l = c * L + offs_l
         valid_l = (offs_l < L) & (t_l < T)
-        c_l = tl.load(CM + _rows(b, t_l, T, G, g, N, offs_n), mask=valid_l[:, None] & in_n, other=0.0)
-        dy_l = tl.load(DY + _rows(b, t_l, T, H, h, P, offs_p), mask=valid_l[:, None] & in_p, other=0.0)
+        k = tl.load(K + _rows(b, t_l, T, K_HEADS, k_head, DQK, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
+        v = tl.load(V + _rows(b, t_l, T, V_HEADS, v_head, DV, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
         lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
         causal = (offs_l[None, :] >= offs_m[:, None]) & valid_l[None, :]
         decay = tl.exp(tl.where(causal, lam_l[None, :] - lam_m[:, None], float("-inf")))  # [BLOCK_M, BLOCK_L]
-        s = tl.dot(b_m, tl.trans(c_l.to(b_m.dtype))) * decay
-        dxdt += tl.dot(s.to(dy_l.dtype), dy_l)
-        g_ml = tl.dot(x_m.to(dy_l.dtype), tl.trans(dy_l)) * decay * dt_m[:, None]
-        db += tl.dot(g_ml.to(c_l.dtype), c_l)
+        s = tl.dot(q, tl.trans(k.to(q.dtype))) * decay
+        acc += tl.dot(s.to(v.dtype), v)
 
-    # What this chunk's final state sends back to each source row.
-    lam_end = tl.load(lam_ptr + L - 1)
-    w = tl.exp(lam_end - lam_m)
-    w = tl.where(valid_m, w, 0.0)
-    ds_ptr = DSTATES + ((b * (n_chunks + 1) + c + 1) * H + h) * P * N
-    ds = tl.load(ds_ptr + offs_p[:, None] * N + offs_n[None, :], mask=(offs_p[:, None] < P) & in_n, other=0.0)
-    dxdt += tl.dot(b_m.to(tl.float32), tl.trans(ds)) * w[:, None]  # [BLOCK_M, BLOCK_P]
-    db += tl.dot(x_m.to(tl.float32), ds) * (w * dt_m)[:, None]  # [BLOCK_M, BLOCK_N]
-
-    dx = dxdt * dt_m[:, None]
-    if HAS_D:
-        dy_m = tl.load(DY + _rows(b, t_m, T, H, h, P, offs_p), mask=valid_m[:, None] & in_p, other=0.0)
-        dx += tl.load(DSKIP + h).to(tl.float32) * dy_m.to(tl.float32)
-    tl.store(DX + _rows(b, t_m, T, H, h, P, offs_p), dx.to(DX.dtype.element_ty), mask=valid_m[:, None] & in_p)
-    tl.store(DDT_X + (b * T + t_m) * H + h, tl.sum(x_m.to(tl.float32) * dxdt, 1), mask=valid_m)
-    tl.store(DB_HEADS + _rows(b, t_m, T, H, h, N, offs_n), db, mask=valid_m[:, None] & in_n)
+    if SCALE_BY_DT:
+        acc *= tl.load(DT + (b * T + t_m) * H + h, mask=valid_m, other=0.0).to(tl.float32)[:, None]
+    tl.store(OUT + _rows(b, t_m, T, H, h, DV, offs_v), acc, mask=valid_m[:, None] & in_v)
 
 
-def _blocks(x: torch.Tensor, P: int, N: int) -> dict:
-    pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731  (tl.dot needs every side >= 16)
-    rows = 64 if x.is_cuda else 16  # the interpreter: small tiles, fewer wasted lanes
-    return dict(rows=rows, P=pow2(P), N=pow2(N))
+def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Tiles, warps and pipeline stages. ``P`` and ``N`` are one tile each (``tl.dot`` needs every side
+    >= 16). On CUDA the choice is the one at which ``python -m kernels.compile_check`` finds no register
+    spills on sm_90 for ``P = 64, N = 128``: 64 rows and 8 warps in bf16/fp16 (4 warps spill); 32 rows
+    and 2 stages in fp32, whose 64-row tiles spill and need up to 209 KiB of shared memory, more than
+    an A100 has. Not timed: no GPU yet."""
+    pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
+    if not cuda:  # the interpreter: small tiles, fewer wasted lanes
+        return dict(rows=16, P=pow2(P), N=pow2(N), warps=4, stages=1)
+    if dtype == torch.float32:
+        return dict(rows=32, P=pow2(P), N=pow2(N), warps=8, stages=2)
+    return dict(rows=64, P=pow2(P), N=pow2(N), warps=8, stages=3)
 
 
 def _chunk_log_decays(dt: torch.Tensor, A: torch.Tensor, L: int) -> torch.Tensor:
@@ -242,6 +242,7 @@ def _chunk_state_call(X, dt, BM, lam, T, L, forward: bool, blk: dict) -> torch.T
     _chunk_state[(batch * n_chunks, H)](
         X, dt, BM, lam, out, T, L, lam.shape[-1], n_chunks, H, BM.shape[2], P, N,
         DECAY_TO_END=forward, SCALE_BY_DT=forward, BLOCK_L=blk["rows"], BLOCK_P=blk["P"], BLOCK_N=blk["N"],
+        num_warps=blk["warps"], num_stages=blk["stages"],
     )
     return out  # [b, nc, h, P, N]
 
@@ -267,6 +268,19 @@ def _chunk_scan_call(Q, K, V, dt, lam, states, D, out, T, L, trans_state: bool, 
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], DQK, DV,
         TRANS_STATE=trans_state, HAS_D=D is not None,
         BLOCK_L=blk["rows"], BLOCK_M=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
+        num_warps=blk["warps"], num_stages=blk["stages"],
+    )
+
+
+def _chunk_scan_reverse_call(Q, K, V, dt, lam, d_states, out, T, L, trans_state: bool, blk: dict) -> None:
+    batch, _, H, _ = out.shape
+    n_chunks = lam.shape[-1] // L
+    block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
+    _chunk_scan_reverse[(triton.cdiv(L, blk["rows"]), batch * n_chunks, H)](
+        Q, K, V, dt, lam, d_states, out, T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2],
+        Q.shape[-1], V.shape[-1], TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state,
+        BLOCK_M=blk["rows"], BLOCK_L=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
+        num_warps=blk["warps"], num_stages=blk["stages"],
     )
 
 
@@ -277,7 +291,7 @@ class SSDScan(torch.autograd.Function):
         G, N = B.shape[2], B.shape[3]
         L = chunk_size
         x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
-        blk = _blocks(x, P, N)
+        blk = launch_config(P, N, x.is_cuda, x.dtype)
         lam = _chunk_log_decays(dt, A, L)  # [b, h, nc·L]
         chunk_states = _chunk_state_call(x, dt, B, lam, T, L, forward=True, blk=blk)  # [b, nc, h, P, N]
         states = _decayed_scan_call(chunk_states, lam, initial_state, L, reverse=False)  # [b, nc+1, h, P, N]
@@ -304,14 +318,14 @@ class SSDScan(torch.autograd.Function):
         dC_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
         _chunk_scan_call(dy, x, B, dt, lam, states, None, dC_heads, T, L, trans_state=False, blk=blk)
 
-        dx = torch.empty_like(x)
-        ddt_x = torch.empty(batch, T, H, dtype=torch.float32, device=x.device)  # ⟨x, d(dt x)⟩
+        dxdt = torch.empty(batch, T, H, P, dtype=torch.float32, device=x.device)  # d(dt·x)
+        _chunk_scan_reverse_call(B, C, dy, dt, lam, d_states, dxdt, T, L, trans_state=True, blk=blk)
         dB_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
-        _chunk_scan_bwd_source[(triton.cdiv(L, blk["rows"]), batch * n_chunks, H)](
-            x, dt, B, C, dy, lam, d_states, D if D is not None else lam, dx, ddt_x, dB_heads,
-            T, L, lam.shape[-1], n_chunks, H, G, P, N, HAS_D=D is not None,
-            BLOCK_M=blk["rows"], BLOCK_L=blk["rows"], BLOCK_P=blk["P"], BLOCK_N=blk["N"],
-        )
+        _chunk_scan_reverse_call(x, dy, C, dt, lam, d_states, dB_heads, T, L, trans_state=False, blk=blk)
+        dx = dxdt * dt.float()[..., None]  # [b, T, h, P]
+        if D is not None:
+            dx = dx + D.float()[:, None] * dy.float()
+        ddt_x = (x.float() * dxdt).sum(-1)  # [b, T, h] ⟨x, d(dt·x)⟩
 
         # Log-decays (module docstring): dΛ_l = ⟨dC_l, C_l⟩ − dt_l ⟨x_l, d(dt x)_l⟩ + [l = L] ⟨G_{c+1}, E_{c+1}⟩.
         per_group = lambda t: t.view(batch, T, G, H // G, N)  # noqa: E731  [b, T, g, h/g, N]
@@ -321,6 +335,7 @@ class SSDScan(torch.autograd.Function):
         d_lam[:, :, -1] += torch.einsum("bchpn,bchpn->bch", d_states[:, 1:], states[:, 1:])
         da = d_lam.flip(2).cumsum(2).flip(2).view(batch, n_chunks * L, H)[:, :T]  # [b, T, h]
 
+        dx = dx.to(x.dtype)
         d_dt = (ddt_x + da * A.float()).to(dt.dtype)
         dA = (da * dt.float()).sum((0, 1)).to(A.dtype)
         dB = per_group(dB_heads).sum(3).to(B.dtype)  # [b, T, g, N]

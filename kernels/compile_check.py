@@ -1,0 +1,174 @@
+"""Compile every Triton kernel for an NVIDIA GPU, without one, and report its resource use.
+
+    python -m kernels.compile_check                          # sm_90 (H100), bf16
+    python -m kernels.compile_check --arch 80 --dtypes bf16 fp16 fp32
+
+The interpreter that runs the kernels on CPU in the tests checks their logic but never lowers them to
+GPU code, so it misses what only the compiler sees: a ``tl.dot`` shape or dtype it rejects, a
+construct it cannot lower, a tile that needs too much shared memory. This compiles each kernel, at
+the launch configuration its wrapper uses on CUDA and the benchmark's shapes, with Triton's bundled
+``ptxas``, and prints registers per thread, spilled bytes (stack) and shared memory per program.
+Spills are what the tile and warp choices in each ``launch_config`` were picked to avoid; how fast
+the kernels run still needs a GPU (``python -m kernels.bench``). Exits 1 if a kernel fails to compile
+or needs more shared memory than the architecture gives one program (it would fail at launch).
+
+Needs ``TRITON_INTERPRET`` unset (with it, ``@triton.jit`` builds interpreter functions instead).
+"""
+
+import argparse
+import inspect
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+@dataclass
+class Case:
+    """One kernel at one configuration. ``data`` pointers take the input dtype; ``types`` fixes the
+    rest (other pointers, float scalars); unnamed arguments are i32 scalars."""
+
+    name: str
+    kernel: object
+    constexprs: dict
+    options: dict  # num_warps, num_stages
+    data: tuple[str, ...] = ()
+    types: dict = field(default_factory=dict)
+
+
+# Shared memory one program may use, KiB, by compute capability (CUDA programming guide, opt-in max).
+SHARED_LIMIT_KIB = {80: 163, 86: 99, 87: 163, 89: 99, 90: 227}
+
+
+def cases(dtype: str) -> list[Case]:
+    import torch
+
+    from kernels.attention import triton as attention
+    from kernels.retrieval import triton as retrieval
+    from kernels.ssd import triton as ssd
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    out = []
+    # SSD at the benchmark's P=64, N=128.
+    cfg = ssd.launch_config(64, 128, cuda=True, dtype=torch_dtype)
+    rows, P, N = cfg["rows"], cfg["P"], cfg["N"]
+    warps = dict(num_warps=cfg["warps"], num_stages=cfg["stages"])
+    f32 = lambda *names: {n: "*fp32" for n in names}  # noqa: E731
+    out += [
+        Case("ssd _chunk_state (forward)", ssd._chunk_state, dict(DECAY_TO_END=True, SCALE_BY_DT=True, BLOCK_L=rows,
+             BLOCK_P=P, BLOCK_N=N), warps, ("X", "BM"), f32("DT", "LAM", "OUT")),
+        Case("ssd _chunk_state (backward)", ssd._chunk_state, dict(DECAY_TO_END=False, SCALE_BY_DT=False,
+             BLOCK_L=rows, BLOCK_P=P, BLOCK_N=N), warps, ("X", "BM"), f32("DT", "LAM", "OUT")),
+        Case("ssd _decayed_scan", ssd._decayed_scan, dict(HAS_H0=True, REVERSE=True, BLOCK=1024), {}, (),
+             f32("U", "LAM", "H0", "OUT")),
+        Case("ssd _chunk_scan (y)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True, BLOCK_L=rows, BLOCK_M=rows,
+             BLOCK_QK=N, BLOCK_V=P), warps, ("Q", "K", "V", "OUT"), f32("DT", "LAM", "STATES", "DSKIP")),
+        Case("ssd _chunk_scan (dC)", ssd._chunk_scan, dict(TRANS_STATE=False, HAS_D=False, BLOCK_L=rows, BLOCK_M=rows,
+             BLOCK_QK=P, BLOCK_V=N), warps, ("Q", "K", "V"), f32("DT", "LAM", "STATES", "DSKIP", "OUT")),
+        Case("ssd _chunk_scan_reverse (dx)", ssd._chunk_scan_reverse, dict(TRANS_STATE=True, SCALE_BY_DT=False,
+             BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=N, BLOCK_V=P), warps, ("Q", "K", "V"),
+             f32("DT", "LAM", "DSTATES", "OUT")),
+        Case("ssd _chunk_scan_reverse (dB)", ssd._chunk_scan_reverse, dict(TRANS_STATE=False, SCALE_BY_DT=True,
+             BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=P, BLOCK_V=N), warps, ("Q", "K", "V"),
+             f32("DT", "LAM", "DSTATES", "OUT")),
+    ]
+    # Attention at head dim 64 with every option on (bias, padding, causal, window).
+    cfg = attention.launch_config(64, cuda=True, dtype=torch_dtype)
+    warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
+    flags = dict(HAS_BIAS=True, HAS_PAD=True, CAUSAL=True, HAS_WINDOW=True, **cfg)
+    types = {"PAD": "*i8", "WIN_J": "*i32", "scale": "fp32", **f32("WIN_B", "LSE", "DELTA", "DBIAS")}
+    data = ("Q", "K", "V", "BIAS", "O", "DO", "DQ", "DK", "DV")
+    for kernel in (attention._forward, attention._backward_kv, attention._backward_q):
+        out.append(Case(f"attention {kernel.__name__}", kernel, flags, warps, data, types))
+    # Gather-and-mix at d_model 512 (the benchmark's width).
+    cfg = retrieval.launch_config(512)
+    warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
+    types = {"e_ptr": "*i64", **f32("dw_ptr", "ddown_ptr", "dup_ptr")}
+    data = ("x_ptr", "w_ptr", "down_ptr", "up_ptr", "y_ptr", "dy_ptr", "dx_ptr")
+    for kernel in (retrieval._mix_forward, retrieval._mix_backward):
+        out.append(Case(f"retrieval {kernel.__name__}", kernel, dict(ACT=0, **cfg), warps, data, types))
+    return out
+
+
+def compile_case(case: Case, dtype: str, arch: int):
+    """Compile for ``sm_{arch}``; returns the compiled kernel (``.asm`` holds ptx and cubin)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(inspect.signature(case.kernel.fn).parameters)
+    signature = {}
+    for n in names:
+        if n in case.constexprs:
+            signature[n] = "constexpr"
+        elif n in case.data:
+            signature[n] = f"*{dtype}"
+        else:
+            signature[n] = case.types.get(n, "i32")
+    constexprs = {(names.index(k),): v for k, v in case.constexprs.items()}
+    source = ASTSource(case.kernel, signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=case.options)
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """``{"REG": …, "STACK": …}`` from the bundled cuobjdump, or {} where it is missing."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    for line in text.splitlines():
+        if "REG:" in line:
+            return {k: int(v) for k, v in (item.split(":") for item in line.split() if ":" in item) if v.isdigit()}
+    return {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", type=int, default=90, help="compute capability ×10: 80 A100, 90 H100 (default)")
+    parser.add_argument("--dtypes", nargs="+", default=["bf16"], choices=DTYPES)
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("kernels.compile_check: unset TRITON_INTERPRET (it makes @triton.jit build interpreter functions, "
+              "which cannot be compiled)", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's own default, stated to silence its warning
+    print(f"Compiling for sm_{args.arch} (no GPU needed):\n")
+    print("| kernel | dtype | warps, stages | registers | spilled bytes | shared KiB | compile s |\n"
+          "|---|---|---|---|---|---|---|")
+    limit = SHARED_LIMIT_KIB.get(args.arch)
+    failures = 0
+    for dtype in args.dtypes:
+        for case in cases(dtype):
+            launch = f"{case.options.get('num_warps', 4)}, {case.options.get('num_stages', 3)}"
+            start = time.perf_counter()
+            try:
+                compiled = compile_case(case, dtype, args.arch)
+            except Exception as error:  # report every kernel, then fail
+                failures += 1
+                print(f"| {case.name} | {dtype} | {launch} | FAILED: {type(error).__name__}: "
+                      f"{str(error).splitlines()[0][:200]} | | | |")
+                continue
+            seconds = time.perf_counter() - start
+            usage = resource_usage(compiled.asm["cubin"])
+            shared = compiled.metadata.shared / 1024
+            over = limit is not None and shared > limit
+            failures += over
+            print(f"| {case.name} | {dtype} | {launch} | {usage.get('REG', '-')} | {usage.get('STACK', '-')} "
+                  f"| {shared:.0f}{f' > {limit}: TOO MUCH' if over else ''} | {seconds:.1f} |")
+    if failures:
+        print(f"\n{failures} kernel(s) failed to compile or need more shared memory than sm_{args.arch} has",
+              file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
