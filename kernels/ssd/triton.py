@@ -291,7 +291,10 @@ class SSDScan(torch.autograd.Function):
         G, N = B.shape[2], B.shape[3]
         L = chunk_size
         x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
-        blk = launch_config(P, N, x.is_cuda, x.dtype)
+        # Tiles sized for the widest operand: fp32 B, C beside a bf16 x (RoPE tables under autocast) need
+        # the fp32 tiles, or the shared memory outgrows smaller GPUs.
+        widest = torch.float32 if torch.float32 in (x.dtype, B.dtype, C.dtype) else x.dtype
+        blk = launch_config(P, N, x.is_cuda, widest)
         lam = _chunk_log_decays(dt, A, L)  # [b, h, nc·L]
         chunk_states = _chunk_state_call(x, dt, B, lam, T, L, forward=True, blk=blk)  # [b, nc, h, P, N]
         states = _decayed_scan_call(chunk_states, lam, initial_state, L, reverse=False)  # [b, nc+1, h, P, N]
