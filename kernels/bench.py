@@ -76,12 +76,20 @@ def bench_attention(lengths, device, dtype, repeats, use_triton) -> list[str]:
         }
         if use_triton:
             cases["triton flash (bias)"] = (lambda: attention(q, k, v, bias=bias, backend="triton"), [q, k, v, bias])
-        if importlib.util.find_spec("flash_dmattn") is None:
-            note = "flash-dmattn not installed: its row is skipped"
-        else:
-            note = "flash-dmattn installed but not wired into this benchmark yet"
+        note = "flash-dmattn not installed: its row is skipped"
+        if importlib.util.find_spec("flash_dmattn") is not None and use_triton:
+            from flash_dmattn import flash_dmattn_func_auto
+
+            dmattn = flash_dmattn_func_auto()  # its best backend: CUDA, else Triton, else Flex
+            # its bias is [B, H, T|1, S]; the per-key bias broadcast over queries, as a view
+            dm_bias = lambda: bias[:, :, None, :].expand(B, H, T, T)  # noqa: E731
+            cases["flash-dmattn (bias)"] = (lambda: dmattn(q, k, v, attn_bias=dm_bias(), is_causal=True), [q, k, v, bias])
+            note = "flash-dmattn: flash_dmattn_func_auto(), bias passed as a broadcast [B, H, T, S] view"
         for name, (fn, ins) in cases.items():
-            lines.append(row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), flops))
+            try:
+                lines.append(row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), flops))
+            except Exception as error:  # an optional baseline that fails is named, not fatal
+                lines.append(f"| {name} | {T} | failed: {type(error).__name__}: {str(error).splitlines()[0][:120]} | | | | |")
     return lines + ["", note]
 
 
