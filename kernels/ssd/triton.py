@@ -44,6 +44,25 @@ def _rows(b, t, T, n_heads, head, dim, offs_d):
 
 
 @triton.jit
+def _chunk_rows(start, c, L, T, BLOCK: tl.constexpr):
+    """Rows ``start … start+BLOCK`` of chunk ``c``: (offsets in the chunk, positions in the sequence,
+    valid = inside the chunk and before ``T``)."""
+    offs = start + tl.arange(0, BLOCK)
+    t = c * L + offs
+    return offs, t, (offs < L) & (t < T)
+
+
+@triton.jit
+def _state_tile(ptr, offs_qk, offs_v, DQK, DV, TRANS_STATE: tl.constexpr):
+    """A ``[P, N]`` fp32 state read as ``[DQK, DV]``: itself, or its transpose when TRANS_STATE."""
+    if TRANS_STATE:
+        offs = offs_v[None, :] * DQK + offs_qk[:, None]
+    else:
+        offs = offs_qk[:, None] * DV + offs_v[None, :]
+    return tl.load(ptr + offs, mask=(offs_qk[:, None] < DQK) & (offs_v[None, :] < DV), other=0.0)
+
+
+@triton.jit
 def _chunk_state(X, DT, BM, LAM, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N,
                  DECAY_TO_END: tl.constexpr, SCALE_BY_DT: tl.constexpr,
                  BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -59,9 +78,7 @@ def _chunk_state(X, DT, BM, LAM, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N,
     lam_end = tl.load(lam_ptr + L - 1)
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
     for l0 in range(0, L, BLOCK_L):
-        offs_l = l0 + tl.arange(0, BLOCK_L)
-        t = c * L + offs_l
-        valid = (offs_l < L) & (t < T)
+        offs_l, t, valid = _chunk_rows(l0, c, L, T, BLOCK_L)
         x = tl.load(X + _rows(b, t, T, H, h, P, offs_p), mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
         bm = tl.load(BM + _rows(b, t, T, BM_HEADS, bm_head, N, offs_n),
                      mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
@@ -126,28 +143,19 @@ def _chunk_scan(Q, K, V, DT, LAM, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H, Q_H
     q_head, k_head, v_head = h // (H // Q_HEADS), h // (H // K_HEADS), h // (H // V_HEADS)
     offs_qk, offs_v = tl.arange(0, BLOCK_QK), tl.arange(0, BLOCK_V)
     in_qk, in_v = offs_qk[None, :] < DQK, offs_v[None, :] < DV
-    offs_l = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
-    t_l = c * L + offs_l
-    valid_l = (offs_l < L) & (t_l < T)
+    offs_l, t_l, valid_l = _chunk_rows(pid_l * BLOCK_L, c, L, T, BLOCK_L)
     lam_ptr = LAM + (b * H + h) * Tp + c * L
     q = tl.load(Q + _rows(b, t_l, T, Q_HEADS, q_head, DQK, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
     lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
 
     # The state entering the chunk, read out at each row and decayed to it.
-    state_ptr = STATES + ((b * (n_chunks + 1) + c) * H + h) * DQK * DV
-    if TRANS_STATE:
-        state_offs = offs_v[None, :] * DQK + offs_qk[:, None]
-    else:
-        state_offs = offs_qk[:, None] * DV + offs_v[None, :]
-    state = tl.load(state_ptr + state_offs, mask=(offs_qk[:, None] < DQK) & in_v, other=0.0)
+    state = _state_tile(STATES + ((b * (n_chunks + 1) + c) * H + h) * DQK * DV, offs_qk, offs_v, DQK, DV, TRANS_STATE)
     acc = tl.dot(q.to(tl.float32), state) * tl.exp(lam_l)[:, None]  # [BLOCK_L, BLOCK_V]
 
     # Inside the chunk: causal, decayed, like attention without the softmax.
     hi = tl.minimum((pid_l + 1) * BLOCK_L, L)
     for m0 in range(0, hi, BLOCK_M):
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        t_m = c * L + offs_m
-        valid_m = (offs_m < L) & (t_m < T)
+        offs_m, t_m, valid_m = _chunk_rows(m0, c, L, T, BLOCK_M)
         k = tl.load(K + _rows(b, t_m, T, K_HEADS, k_head, DQK, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
         v = tl.load(V + _rows(b, t_m, T, V_HEADS, v_head, DV, offs_v), mask=valid_m[:, None] & in_v, other=0.0)
         dt_m = tl.load(DT + (b * T + t_m) * H + h, mask=valid_m, other=0.0).to(tl.float32)
@@ -178,27 +186,19 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, DSTATES, OUT, T, L, Tp, n_chunks, H, Q
     q_head, k_head, v_head = h // (H // Q_HEADS), h // (H // K_HEADS), h // (H // V_HEADS)
     offs_qk, offs_v = tl.arange(0, BLOCK_QK), tl.arange(0, BLOCK_V)
     in_qk, in_v = offs_qk[None, :] < DQK, offs_v[None, :] < DV
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    t_m = c * L + offs_m
-    valid_m = (offs_m < L) & (t_m < T)
+    offs_m, t_m, valid_m = _chunk_rows(pid_m * BLOCK_M, c, L, T, BLOCK_M)
     lam_ptr = LAM + (b * H + h) * Tp + c * L
     q = tl.load(Q + _rows(b, t_m, T, Q_HEADS, q_head, DQK, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
     lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
 
     # What the chunk's final state sends back to each source row.
-    ds_ptr = DSTATES + ((b * (n_chunks + 1) + c + 1) * H + h) * DQK * DV
-    if TRANS_STATE:
-        ds_offs = offs_v[None, :] * DQK + offs_qk[:, None]
-    else:
-        ds_offs = offs_qk[:, None] * DV + offs_v[None, :]
-    ds = tl.load(ds_ptr + ds_offs, mask=(offs_qk[:, None] < DQK) & in_v, other=0.0)
+    ds = _state_tile(DSTATES + ((b * (n_chunks + 1) + c + 1) * H + h) * DQK * DV, offs_qk, offs_v, DQK, DV,
+                     TRANS_STATE)
     lam_end = tl.load(lam_ptr + L - 1)
     acc = tl.dot(q.to(tl.float32), ds) * tl.exp(lam_end - lam_m)[:, None]  # [BLOCK_M, BLOCK_V]
 
     for l0 in range(pid_m * BLOCK_M, L, BLOCK_L):
-        offs_l = l0 + tl.arange(0, BLOCK_L)
-        t_l = c * L + offs_l
-        valid_l = (offs_l < L) & (t_l < T)
+        offs_l, t_l, valid_l = _chunk_rows(l0, c, L, T, BLOCK_L)
         k = tl.load(K + _rows(b, t_l, T, K_HEADS, k_head, DQK, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
         v = tl.load(V + _rows(b, t_l, T, V_HEADS, v_head, DV, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
         lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
