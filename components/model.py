@@ -1,10 +1,11 @@
 """``HybridLM``: embedding → blocks built from a layer pattern → final RMSNorm → LM head."""
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
+from components.bindings import MixerFactory, binding_factory, binding_spec
 from components.block import Block
 from components.context import Context
 from components.norm import RMSNorm
@@ -12,9 +13,6 @@ from components.pattern import PatternError, parse_tokens
 from components.rotary import RotaryEmbedding
 from components.sequence import SSD, InnerFuncAttention, QCAttention
 from components.state import MLP, CDMoE, CohesiveMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
-
-MixerFactory = Callable[[int], nn.Module]
-"""Builds one mixer from ``d_model``: a class, a ``functools.partial``, or a jsonargparse binding."""
 
 DEFAULT_MIXERS: dict[str, MixerFactory] = {
     "A": QCAttention,
@@ -37,8 +35,9 @@ class HybridLM(nn.Module):
         vocab_size: number of token ids.
         d_model: model width, passed to every mixer factory.
         pattern: the layer pattern, e.g. ``"SM SM SM AM"`` (see :mod:`components.pattern`).
-        mixers: letter → factory ``d_model -> nn.Module``, merged over :data:`DEFAULT_MIXERS`. Each
-            factory is called once per block, so no two blocks share parameters.
+        mixers: letter → factory ``d_model -> nn.Module`` or spec ``{"class_path", "init_args"}``
+            (:mod:`components.bindings`), merged over :data:`DEFAULT_MIXERS`. Each factory is called
+            once per block, so no two blocks share parameters.
         max_seq_len: longest sequence accepted (also RoPE's trained range; NTK scaling past it).
         tie_embeddings: share the embedding matrix with the LM head (default False).
         rope_base: base of the shared rotary table (default 10000).
@@ -69,7 +68,7 @@ class HybridLM(nn.Module):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"HybridLM: {name}={value!r} must be a positive integer")
         self.vocab_size, self.d_model, self.pattern, self.max_seq_len = vocab_size, d_model, pattern, max_seq_len
-        self.bindings = {**DEFAULT_MIXERS, **(mixers or {})}
+        self.bindings = {letter: binding_factory(letter, b) for letter, b in {**DEFAULT_MIXERS, **(mixers or {})}.items()}
         tokens = parse_tokens(pattern)
         self._check_bound(tokens)
 
@@ -103,13 +102,16 @@ class HybridLM(nn.Module):
     def _build(self, letter: str | None, d_model: int) -> nn.Module | None:
         if letter is None:
             return None
-        factory = self.bindings[letter]
-        if not callable(factory):
-            raise TypeError(f"HybridLM: the binding of letter {letter!r} is not callable: {factory!r}")
-        module = factory(d_model)
+        module = self.bindings[letter](d_model)
         if not isinstance(module, nn.Module):
             raise TypeError(f"HybridLM: the binding of letter {letter!r} returned {type(module).__name__}, not an nn.Module")
         return module
+
+    def binding_specs(self) -> dict[str, dict]:
+        """``{letter: {"class_path", "init_args"}}`` for every letter the pattern uses: what a checkpoint
+        records so the same modules can be rebuilt (:func:`components.bindings.binding_spec`)."""
+        used = sorted({letter for t in parse_tokens(self.pattern) for letter in (t.seq, t.state) if letter})
+        return {letter: binding_spec(letter, self.bindings[letter]) for letter in used}
 
     def _init_weights(self, std: float) -> None:
         for module in self.modules():

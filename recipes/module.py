@@ -1,5 +1,6 @@
 """``LanguageModel``: the one LightningModule of the recipes — next-token loss, auxiliary losses,
-perplexity, AdamW with linear warm-up and cosine decay, throughput and learning-rate logging."""
+perplexity, AdamW with linear warm-up and cosine decay, gradient clipping with a divergence stop,
+throughput and learning-rate logging, and checkpoints that rebuild the model (docs/training.md)."""
 
 import math
 import time
@@ -9,10 +10,13 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 import torchmetrics
+from lightning.pytorch.accelerators import CPUAccelerator
 from torchmetrics.text import Perplexity
 
-from components.model import HybridLM, MixerFactory, count_active_parameters, count_parameters
+from components.bindings import MixerFactory
+from components.model import HybridLM, count_active_parameters, count_parameters
 from components.sizing import SizeTarget, describe_size, sized_mixers
+from recipes.training import DivergenceError, rng_states, set_rng_states
 
 IGNORE_INDEX = -100
 
@@ -21,8 +25,18 @@ class LanguageModel(L.LightningModule):
     """Trains a :class:`components.HybridLM` on batches ``{"input_ids": [B,T], "labels": [B,T]}``.
 
     Labels equal to -100 carry no loss, and the LM head is computed only at positions that carry one
-    (MQAR's few query positions make this matter). Model arguments are those of ``HybridLM``
-    (``vocab_size`` is normally linked from the data module by the CLI).
+    (MQAR's few query positions make this matter); a batch with no labelled position has loss 0.
+    Model arguments are those of ``HybridLM`` (``vocab_size`` is normally linked from the data module
+    by the CLI).
+
+    The hyper-parameters a checkpoint records are the constructor's arguments with each letter's
+    binding written as ``{class_path, init_args}``, so ``LanguageModel.load_from_checkpoint(path)`` and
+    ``python -m recipes validate --ckpt_path path`` rebuild the same model. Parameter counts and the
+    solved width go to the logger's hyper-parameters (TensorBoard, ``hparams.yaml``) instead.
+
+    Every optimizer step computes the gradient norm (logged as ``train/grad_norm``, before clipping),
+    clips it when the trainer says so (the recipes clip at norm 1.0), and raises
+    :class:`recipes.training.DivergenceError` before the update if the loss or the norm is not finite.
 
     Args:
         d_model, pattern, mixers, vocab_size, max_seq_len, tie_embeddings, rope_base, init_std:
@@ -64,6 +78,8 @@ class LanguageModel(L.LightningModule):
             raise ValueError(f"LanguageModel: warmup_fraction={warmup_fraction} must lie in [0, 1)")
         if not 0.0 <= final_lr_fraction <= 1.0:
             raise ValueError(f"LanguageModel: final_lr_fraction={final_lr_fraction} must lie in [0, 1]")
+        if isinstance(size_to, Mapping):  # as a checkpoint records it
+            size_to = SizeTarget(**size_to)
         model_kwargs = dict(max_seq_len=max_seq_len, tie_embeddings=tie_embeddings, rope_base=rope_base)
         self.size_note, sized_width = None, None
         if size_to is not None:
@@ -71,22 +87,25 @@ class LanguageModel(L.LightningModule):
         self.model = HybridLM(vocab_size, d_model, pattern, mixers, init_std=init_std, **model_kwargs)
         if size_to is not None:
             self.size_note = describe_size(self.model, size_to, sized_width)
-        # The factories themselves do not serialise: record what each letter was built as, and the sizes.
+        # Only plain values, so the checkpoint reloads (weights_only) and re-parses through the CLI.
         self.save_hyperparameters({
             **hparams,
-            "betas": list(betas),  # plain YAML, not a python/tuple tag
-            "mixers": describe_bindings(self.model),
+            "betas": list(betas),
+            "mixers": self.model.binding_specs(),
+            "size_to": None if size_to is None else vars(size_to),
+        })
+        self.sizes = {
             "n_blocks": len(self.model.blocks),
             "n_params": count_parameters(self.model),
             "n_active_params": count_active_parameters(self.model),
             "sized_width": sized_width,
-            "size_to": None if size_to is None else vars(size_to),
-        })
+        }
 
         self.val_loss = torchmetrics.MeanMetric()
         self.val_ppl = Perplexity()
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(vocab_size, average="micro")
         self._step_started: float | None = None
+        self._last_loss: torch.Tensor | None = None
 
     # ---- the loss --------------------------------------------------------------------------------
 
@@ -99,7 +118,10 @@ class LanguageModel(L.LightningModule):
         keep = labels != IGNORE_INDEX  # [B, T]
         logits = self.model.lm_head(hidden[keep])  # [N, V]
         targets = labels[keep]  # [N]
-        return F.cross_entropy(logits.float(), targets), logits, targets
+        # A sum over max(N, 1) rather than a mean: a batch with nothing labelled gives 0, not NaN
+        # (and still reaches every parameter, which DDP needs).
+        ce = F.cross_entropy(logits.float(), targets, reduction="sum") / max(targets.numel(), 1)
+        return ce, logits, targets
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         ce, _, _ = self.forward_loss(batch)
@@ -109,10 +131,28 @@ class LanguageModel(L.LightningModule):
             aux_total = torch.stack([v.float() for v in aux.values()]).sum()
             loss = ce + self.hparams.aux_loss_coef * aux_total
             self.log("train/aux_loss", aux_total)
-        self.log("train/loss", ce, prog_bar=True)
+        self._last_loss = loss.detach()
+        # Averaged over the processes under DDP, so the logged loss is that of the whole batch.
+        self.log("train/loss", ce, prog_bar=True, sync_dist=True)
         self.log("train/ppl", torch.exp(ce.detach()))
         self._log_expert_loads()
         return loss
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Log the gradient norm, stop on a non-finite loss or norm, then clip as the trainer asks."""
+        grads = [p.grad.detach().float() for p in self.parameters() if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads \
+            else torch.zeros((), device=self.device)  # of this process's gradients (a shard of them under FSDP)
+        self.log("train/grad_norm", norm)
+        # With a loss scaler (16-mixed) an inf gradient is routine: the scaler skips the step itself.
+        scaled = self.trainer.precision == "16-mixed"
+        loss = self._last_loss if self._last_loss is not None else torch.zeros((), device=self.device)
+        finite = bool(torch.isfinite(loss) if scaled else torch.isfinite(loss) & torch.isfinite(norm))  # one sync
+        if self.trainer.world_size > 1:  # every process must stop, or none
+            finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+        if not finite:
+            raise DivergenceError(self.trainer.global_step + 1, float(loss), None if scaled else float(norm))
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm)
 
     def _log_expert_loads(self) -> None:
         """Per MoE layer: the load's entropy over log(E) (1 = uniform, 0 = one expert takes all) and the
@@ -132,6 +172,8 @@ class LanguageModel(L.LightningModule):
 
     def _evaluate(self, batch: dict, stage: str) -> None:
         ce, logits, targets = self.forward_loss(batch)
+        if targets.numel() == 0:
+            return
         self.val_loss.update(ce, weight=targets.numel())
         self.val_ppl.update(logits[None].float(), targets[None])  # [1, N, V], [1, N]
         self.val_acc.update(logits, targets)
@@ -141,11 +183,31 @@ class LanguageModel(L.LightningModule):
 
     # ---- progress, throughput, learning rate -----------------------------------------------------
 
+    def setup(self, stage: str) -> None:
+        if self.trainer.precision == "16-true" and isinstance(self.trainer.accelerator, CPUAccelerator):
+            raise ValueError(
+                "precision='16-true' on CPU: every weight, activation and optimizer state would be fp16, whose "
+                "range (max 65504, eps 1e-3) overflows the softmax and loses small updates, and CPUs have no "
+                "fast fp16 arithmetic; use precision '32-true' or 'bf16-mixed'"
+            )
+
     def on_fit_start(self) -> None:
+        for logger in self.loggers:
+            logger.log_hyperparams(self.sizes)
         if self.trainer.is_global_zero:
             print(self.model.summary(), flush=True)
             if self.size_note:
                 print(self.size_note, flush=True)
+
+    # ---- checkpoints: the RNG states travel with the weights -------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng_states"] = rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # Only when training resumes: loading weights elsewhere must not reset the caller's RNGs.
+        if self._trainer is not None and self.trainer.state.fn == "fit" and "rng_states" in checkpoint:
+            set_rng_states(checkpoint["rng_states"])
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
         self._step_started = time.perf_counter()
@@ -181,12 +243,3 @@ def warmup_cosine(step: int, total: int, warmup_fraction: float, final_fraction:
     progress = min((step - warmup) / max(total - warmup, 1), 1.0)
     return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
 
-
-def describe_bindings(model: HybridLM) -> dict[str, str]:
-    """Letter → what it was built as, e.g. ``{"A": "QCAttention(n_heads=4, ...)"}`` (letters in use)."""
-    described = {}
-    for block in model.blocks:
-        for letter, module in zip(block.token, (block.sequence_mixer, block.state_mixer)):
-            if module is not None and letter not in described:
-                described[letter] = f"{type(module).__name__}({module.extra_repr()})"
-    return described

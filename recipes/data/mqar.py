@@ -15,10 +15,11 @@ and each split rejects the other's sequences, so train and test never share a se
 
 import zlib
 
-import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from recipes.data.order import ResumableDataModule
 
 IGNORE_INDEX = -100
 TEST_MODULUS = 16
@@ -74,7 +75,7 @@ class MQARSplit(Dataset):
         raise RuntimeError(f"MQAR: no {self.split} sequence found for example {i} in 10,000 attempts")
 
 
-class MQAR(L.LightningDataModule):
+class MQAR(ResumableDataModule):
     """Multi-query associative recall; accuracy on the query positions is logged as ``val/acc``.
 
     Args:
@@ -89,7 +90,7 @@ class MQAR(L.LightningDataModule):
             lets a small attention model leave the recall plateau (docs/attention.md).
         train_size, test_size: examples per split (defaults 2¹⁸ and 1024, seed 002 Table 5).
         batch_size: examples per batch (default 64).
-        seed: the data seed (default 0).
+        seed: the data seed (default 0): the examples and the training order.
         num_workers: dataloader workers (default 0).
     """
 
@@ -127,20 +128,20 @@ class MQAR(L.LightningDataModule):
             raise ValueError(f"MQAR: train_min_pairs={train_min_pairs!r} must lie in [1, num_pairs={num_pairs}]")
         if power_a <= 0:
             raise ValueError(f"MQAR: power_a={power_a} must be positive")
-        self.vocab_size, self.batch_size, self.num_workers = vocab_size, batch_size, num_workers
+        self.vocab_size, self.batch_size, self.num_workers, self.order_seed = vocab_size, batch_size, num_workers, seed
         task = dict(vocab_size=vocab_size, seq_len=seq_len, num_pairs=num_pairs, power_a=power_a)
         self.train = MQARSplit("train", train_size, seed, min_pairs=train_min_pairs, **task)
         self.test = MQARSplit("test", test_size, seed, **task)
 
-    def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
-                          drop_last=shuffle, persistent_workers=self.num_workers > 0)
+    def _eval_loader(self) -> DataLoader:
+        return DataLoader(self.test, batch_size=self.batch_size, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train, shuffle=True)
+        return self.train_loader(self.train)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.test, shuffle=False)
+        return self._eval_loader()
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test, shuffle=False)
+        return self._eval_loader()

@@ -2,9 +2,10 @@
 
 from pathlib import Path
 
-import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from recipes.data.order import ResumableDataModule
 
 
 def default_text() -> str:
@@ -34,11 +35,26 @@ class Windows(Dataset):
         return {"input_ids": chunk[:-1], "labels": chunk[1:]}
 
 
-class TextCorpus(L.LightningDataModule):
+def read_text(path: str) -> str:
+    """The UTF-8 text of ``path``; an empty or undecodable file is refused with its name."""
+    data = Path(path).read_bytes()
+    if not data.strip():
+        raise ValueError(f"TextCorpus: {path} is empty")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"TextCorpus: {path} is not UTF-8 text (byte {error.start}: {data[error.start:error.start + 4]!r}); "
+            "convert it, e.g. iconv -f latin1 -t utf-8"
+        ) from None
+
+
+class TextCorpus(ResumableDataModule):
     """Byte-level text: vocabulary 256, a train / val / test split by position.
 
-    Training windows start at every byte and are drawn in random order (random windows); validation
-    and test windows do not overlap.
+    Training windows start at every byte and are drawn in random order (random windows), the order of
+    each epoch fixed by ``seed`` so a resumed run continues it exactly (:mod:`recipes.data.order`);
+    validation and test windows do not overlap.
 
     Args:
         path: a local UTF-8 ``.txt`` file; default None, the ``pydoc_data`` topics.
@@ -46,6 +62,7 @@ class TextCorpus(L.LightningDataModule):
         batch_size: windows per batch (default 16).
         val_fraction, test_fraction: tail fractions of the text held out (default 0.05 each).
         num_workers: dataloader workers (default 0).
+        seed: seed of the training order (default None: the run's seed, ``seed_everything``).
     """
 
     vocab_size = 256
@@ -59,6 +76,7 @@ class TextCorpus(L.LightningDataModule):
         val_fraction: float = 0.05,
         test_fraction: float = 0.05,
         num_workers: int = 0,
+        seed: int | None = None,
     ):
         super().__init__()
         if path is not None and not Path(path).is_file():
@@ -72,12 +90,13 @@ class TextCorpus(L.LightningDataModule):
             )
         self.path, self.seq_len, self.batch_size, self.num_workers = path, seq_len, batch_size, num_workers
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.order_seed = torch.initial_seed() if seed is None else seed
         self.splits: dict[str, torch.Tensor] = {}
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        text = Path(self.path).read_text(encoding="utf-8") if self.path else default_text()
+        text = read_text(self.path) if self.path else default_text()
         data = torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8)  # [n_bytes]
         n = len(data)
         n_val, n_test = int(n * self.val_fraction), int(n * self.test_fraction)
@@ -93,18 +112,15 @@ class TextCorpus(L.LightningDataModule):
                     "use a longer text, a larger fraction or a shorter seq_len"
                 )
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        stride = 1 if split == "train" else self.seq_len
-        return DataLoader(
-            Windows(self.splits[split], self.seq_len, stride), batch_size=self.batch_size, shuffle=shuffle,
-            num_workers=self.num_workers, drop_last=shuffle, persistent_workers=self.num_workers > 0,
-        )
+    def _eval_loader(self, split: str) -> DataLoader:
+        return DataLoader(Windows(self.splits[split], self.seq_len, self.seq_len), batch_size=self.batch_size,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
+        return self.train_loader(Windows(self.splits["train"], self.seq_len, stride=1))
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
+        return self._eval_loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+        return self._eval_loader("test")

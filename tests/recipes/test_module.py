@@ -78,6 +78,9 @@ def test_size_to_sizes_the_model_and_records_the_width():
     from components.sizing import SizeTarget
 
     lm = LanguageModel(32, "AM AM", vocab_size=64, size_to=SizeTarget(100_000, ["M"], multiple_of=2))
-    assert abs(lm.hparams.n_params - 100_000) < 200
-    assert lm.hparams.sized_width == lm.model.blocks[0].state_mixer.d_ff
+    assert abs(lm.sizes["n_params"] - 100_000) < 200
+    assert lm.sizes["sized_width"] == lm.model.blocks[0].state_mixer.d_ff
     assert "sized: d_ff=" in lm.size_note
+    # Rebuilt from its own hyper-parameters (as load_from_checkpoint does), it is the same model.
+    again = LanguageModel(**lm.hparams)
+    assert again.sizes == lm.sizes and again.hparams == lm.hparams

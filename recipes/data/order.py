@@ -1,0 +1,97 @@
+"""The training order of a data module, kept so that a resumed run sees exactly the batches the
+uninterrupted run would have seen (SPEC §12).
+
+The order of epoch ``e`` is a permutation drawn from ``seed + e`` alone (not from the global RNG),
+split across processes as ``DistributedSampler`` does, so it can be recomputed after a restart. The
+training loader counts the batches the model has actually taken in the current epoch (at the moment
+each batch is moved to the device, after Lightning's prefetching) and Lightning stores its
+``{epoch, batches, seed}`` in the checkpoint; on resume, the sampler starts epoch ``e`` after those
+batches.
+"""
+
+import itertools
+
+import lightning as L
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class ResumableSampler(DistributedSampler):
+    """A ``DistributedSampler`` (one permutation per epoch from ``seed + epoch``; process ``rank`` of
+    ``num_replicas`` takes every ``num_replicas``-th index) that can start an epoch part-way.
+
+    Being a ``DistributedSampler``, Lightning leaves it in place under DDP instead of wrapping it.
+    """
+
+    def __init__(self, dataset: Dataset, *, seed: int, shuffle: bool = True, num_replicas: int = 1, rank: int = 0):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
+        self._resume: tuple[int, int] | None = None
+
+    def resume(self, epoch: int, samples: int) -> None:
+        """Make the next pass over ``epoch`` skip its first ``samples`` indices (of this process)."""
+        self.set_epoch(epoch)  # Lightning creates the first iterator before it sets the epoch
+        self._resume = (epoch, samples)
+
+    def __iter__(self):
+        indices = super().__iter__()
+        if self._resume is not None:
+            epoch, samples = self._resume
+            self._resume = None
+            if epoch == self.epoch:
+                return itertools.islice(indices, samples, None)
+        return indices
+
+
+class ResumableLoader(DataLoader):
+    """The training ``DataLoader`` of a :class:`ResumableDataModule`. It counts the batches the model
+    has taken in the current epoch; Lightning stores its ``state_dict`` in every checkpoint and hands
+    it back on resume, before the first batch is drawn."""
+
+    def __init__(self, dataset: Dataset, *, batch_size: int, seed: int, num_replicas: int = 1, rank: int = 0,
+                 num_workers: int = 0):
+        order = ResumableSampler(dataset, seed=seed, num_replicas=num_replicas, rank=rank)
+        super().__init__(dataset, batch_size=batch_size, sampler=order, drop_last=True, num_workers=num_workers,
+                         persistent_workers=num_workers > 0)
+        self.order = order
+        self.taken_epoch, self.taken = 0, 0  # batches taken so far in epoch `taken_epoch`
+
+    def took_batch(self, epoch: int) -> None:
+        if epoch != self.taken_epoch:
+            self.taken_epoch, self.taken = epoch, 0
+        self.taken += 1
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.taken_epoch, "batches": self.taken, "seed": self.order.seed}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        epoch, batches = int(state_dict["epoch"]), int(state_dict["batches"])
+        if batches >= len(self):  # saved after the epoch's last batch
+            epoch, batches = epoch + 1, 0
+        self.order.seed = int(state_dict["seed"])
+        self.order.resume(epoch, batches * self.batch_size)
+        self.taken_epoch, self.taken = epoch, batches
+
+
+class ResumableDataModule(L.LightningDataModule):
+    """Base of the recipes' data modules: a training loader whose position is part of the checkpoint.
+
+    Subclasses set ``self.batch_size``, ``self.num_workers`` and ``self.order_seed`` and build their
+    training loader with :meth:`train_loader`; this class tells the loader when the model takes a
+    training batch (after Lightning's prefetching, so the count is exact).
+    """
+
+    batch_size: int
+    num_workers: int = 0
+    order_seed: int = 0
+
+    def train_loader(self, dataset: Dataset) -> ResumableLoader:
+        trainer = self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        self._train_loader = ResumableLoader(dataset, batch_size=self.batch_size, seed=self.order_seed,
+                                             num_replicas=world, rank=rank, num_workers=self.num_workers)
+        return self._train_loader
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        trainer = self.trainer
+        if trainer is not None and trainer.training and getattr(self, "_train_loader", None) is not None:
+            self._train_loader.took_batch(trainer.current_epoch)
+        return batch

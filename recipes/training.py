@@ -1,0 +1,247 @@
+"""Training that can be trusted (SPEC §12): the checkpoint policy, atomic checkpoint writes, the
+signals that save before stopping, and the errors a run stops with. docs/training.md explains them.
+
+    runs/<name>/<version>/checkpoints/last.ckpt   every ``every_n_steps`` optimizer steps, at the end of
+                                                  training, and on SIGINT/SIGTERM before exiting
+    runs/<name>/<version>/checkpoints/best.ckpt   whenever the monitored validation metric improves
+"""
+
+import logging
+import math
+import os
+import random
+import signal
+import threading
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+log = logging.getLogger(__name__)
+
+
+class DivergenceError(RuntimeError):
+    """The loss or the gradient norm stopped being finite. Raised before the optimizer step, so the
+    weights (and any checkpoint) keep their last finite values."""
+
+    def __init__(self, step: int, loss: float, grad_norm: float | None):
+        self.step, self.loss, self.grad_norm = step, loss, grad_norm
+        norm = "" if grad_norm is None else f", gradient norm {grad_norm}"
+        super().__init__(
+            f"training diverged at step {step}: loss {loss}{norm}. This step's update was not applied and no "
+            "checkpoint was written from it. Lower the learning rate, raise the warm-up, or use a wider precision."
+        )
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT or SIGTERM stopped training at a step boundary, after ``last.ckpt`` was written."""
+
+    def __init__(self, signum: int, step: int, path: str | None):
+        self.signum, self.step, self.path = signum, step, path
+        saved = f"; last checkpoint: {path}" if path else ""
+        super().__init__(f"{signal.Signals(signum).name} received: stopped after step {step}{saved}")
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes a checkpoint to a temporary file beside its destination, flushes it to disk, then renames
+    it into place, so a reader (or a resume after a crash) never sees a partial file."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)  # atomic on POSIX within one filesystem
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def parameters_finite(module: torch.nn.Module) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in module.parameters())
+
+
+class CheckpointPolicy(Checkpoint):
+    """What a recipe's run writes, in ``<log dir>/checkpoints/`` (the logger's version folder):
+
+    - ``last.ckpt`` every ``every_n_steps`` optimizer steps, at the end of training, and when SIGINT
+      (Ctrl+C) or SIGTERM arrives: training finishes the current step, writes it, and the process
+      exits with 128 + the signal number (unless that step was the last one). A second Ctrl+C stops
+      at once, without writing.
+    - ``best.ckpt`` whenever ``monitor`` (default ``val/loss``) reaches a new minimum.
+
+    A checkpoint is never written from non-finite weights, so the last one on disk is always usable.
+    ``python -m recipes fit --ckpt_path last`` resumes from ``last.ckpt`` (recipes/cli.py).
+
+    Args:
+        every_n_steps: optimizer steps between two writes of ``last.ckpt`` (default 100; 0: only at the
+            end and on a signal).
+        keep_best: also keep ``best.ckpt`` (default True).
+        monitor: the validation metric ``best.ckpt`` minimises (default ``val/loss``).
+    """
+
+    def __init__(self, every_n_steps: int = 100, keep_best: bool = True, monitor: str = "val/loss"):
+        if not isinstance(every_n_steps, int) or every_n_steps < 0:
+            raise ValueError(f"CheckpointPolicy: every_n_steps={every_n_steps!r} must be an integer >= 0")
+        self.every_n_steps, self.keep_best, self.monitor = every_n_steps, keep_best, monitor
+        self.dirpath: Path | None = None
+        self.last_path: str | None = None
+        self.last_step: int | None = None
+        self.best_score: float = math.inf
+        self.best_path: str | None = None
+        self._signal: int | None = None
+        self._stop_pending = False
+        self._previous_handlers: dict[int, object] = {}
+        self._world_size = 1
+
+    # ---- where ---------------------------------------------------------------------------------
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        dirpath = Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints"
+        self.dirpath = Path(trainer.strategy.broadcast(str(dirpath)))
+
+    def _skip(self, trainer: L.Trainer) -> bool:
+        return bool(trainer.fast_dev_run) or trainer.sanity_checking or self.dirpath is None
+
+    def _save(self, trainer: L.Trainer, name: str) -> str | None:
+        """Write ``name`` (every rank takes part: saving is collective under DDP/FSDP)."""
+        if not parameters_finite(trainer.lightning_module):
+            log.error("CheckpointPolicy: the weights are not finite at step %d; %s not written", trainer.global_step, name)
+            return None
+        path = str(self.dirpath / name)
+        trainer.save_checkpoint(path, weights_only=False)  # the full training state
+        return path
+
+    def _save_last(self, trainer: L.Trainer) -> None:
+        if self._skip(trainer) or self.last_step == trainer.global_step:
+            return
+        path = self._save(trainer, "last.ckpt")
+        if path is not None:
+            self.last_path, self.last_step = path, trainer.global_step
+
+    # ---- when ----------------------------------------------------------------------------------
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return  # mid-accumulation: no optimizer step has completed, nothing to write or stop at
+        if self.every_n_steps and trainer.global_step % self.every_n_steps == 0:
+            self._save_last(trainer)
+        stop = self._signal is not None
+        if trainer.world_size > 1:  # every rank must take the same decision: saving is collective
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if stop and not self._stop_pending:
+            self._save_last(trainer)
+            self._stop_pending = True
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # Stop here rather than at the end of the step that saved: by now Lightning has logged that step
+        # (and run its validation if one was due), so the curves have no hole where the run stopped.
+        if self._stop_pending:
+            raise TrainingInterrupted(self._signal or signal.SIGTERM, trainer.global_step, self.last_path)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._save_last(trainer)
+        self._restore_handlers()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not self.keep_best or self._skip(trainer) or trainer.state.fn != "fit":
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None or not math.isfinite(float(value)) or float(value) >= self.best_score:
+            return
+        path = self._save(trainer, "best.ckpt")
+        if path is not None:
+            self.best_score, self.best_path = float(value), path
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._restore_handlers()
+        if isinstance(exception, SIGTERMException):
+            # Lightning's own SIGTERM stop (under DDP), raised between two steps: a safe point to save.
+            self._save_last(trainer)
+            if trainer.is_global_zero and self.last_path:
+                log.warning("wrote %s (step %d); resume with --ckpt_path last", self.last_path, self.last_step)
+        if isinstance(exception, DivergenceError) and trainer.is_global_zero:
+            where = (f"{self.last_path} (step {self.last_step}), not overwritten" if self.last_path
+                     else "none was written in this run")
+            log.error("last finite checkpoint: %s", where)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._restore_handlers()
+
+    # ---- signals -------------------------------------------------------------------------------
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._signal, self._stop_pending, self._world_size = None, False, trainer.world_size
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be installed from the main thread
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous_handlers[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if signum == signal.SIGINT and self._signal is not None:
+            raise KeyboardInterrupt  # a second Ctrl+C: stop now, without saving
+        self._signal = signum
+        previous = self._previous_handlers.get(signum)
+        if signum == signal.SIGTERM and self._world_size > 1 and callable(previous):
+            previous(signum, frame)  # Lightning's own: tells the other DDP processes
+        log.warning("%s received: stopping after this step and writing last.ckpt", signal.Signals(signum).name)
+
+    def _restore_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._previous_handlers.items():
+                signal.signal(signum, handler)
+        self._previous_handlers = {}
+
+    # ---- resume --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"best_score": self.best_score, "best_path": self.best_path,
+                "last_path": self.last_path, "last_step": self.last_step}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.best_score = state_dict.get("best_score", math.inf)
+        self.best_path = state_dict.get("best_path")
+        self.last_path, self.last_step = state_dict.get("last_path"), state_dict.get("last_step")
+
+
+# ---- random number generators ------------------------------------------------------------------
+
+def rng_states() -> dict:
+    """Every global RNG this process uses, in a form ``torch.load(weights_only=True)`` reads back."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
+        "python": list(random.getstate()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    name, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = states["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+# ---- finding a run's last checkpoint -------------------------------------------------------------
+
+def newest_checkpoint(root: Path, name: str = "last.ckpt") -> Path | None:
+    """The most recently written ``<root>/<version>/checkpoints/<name>``, or None."""
+    candidates = [p for p in root.glob(f"*/checkpoints/{name}") if p.is_file()]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None

@@ -1,0 +1,231 @@
+"""Training that can be trusted (SPEC §12): checkpoints reload, a killed run resumes exactly, a diverged
+run stops without spoiling its checkpoint, signals save before exiting, DDP equals one process."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from recipes import LanguageModel
+from recipes.cli import main
+from recipes.data.order import ResumableLoader, ResumableSampler
+from recipes.training import AtomicCheckpointIO, CheckpointPolicy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TEXT = ["--config", "quickstart.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
+        "--data.init_args.seq_len", "32", "--data.init_args.batch_size", "8"]
+MQAR = ["--config", "mqar/qcattn.yaml", "--model.d_model", "32", "--data.init_args.seq_len", "64",
+        "--data.init_args.num_pairs", "8", "--data.init_args.batch_size", "8"]
+SHORT = ["--trainer.max_steps", "14", "--trainer.val_check_interval", "7", "--trainer.limit_val_batches", "2",
+         "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false", "--checkpoint.every_n_steps", "5"]
+
+INTERRUPT = '''
+import os
+import lightning as L
+
+class SignalAtStep(L.Callback):
+    """Sends ``signum`` to this process when step ``step`` is about to start."""
+    def __init__(self, step: int, signum: int):
+        self.step, self.signum = step, signum
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+'''
+
+
+def fit(cwd: Path, *args: str, signal_at: tuple[int, int] | None = None) -> subprocess.CompletedProcess:
+    """``python -m recipes fit ARGS`` in ``cwd`` as its own process; with ``signal_at=(step, signum)`` the
+    process signals itself when that step starts (SIGKILL: a crash at an arbitrary moment)."""
+    extra = []
+    if signal_at is not None:
+        (cwd / "interrupt.py").write_text(INTERRUPT)
+        (cwd / "interrupt.yaml").write_text(
+            f"trainer:\n  callbacks: [{{class_path: interrupt.SignalAtStep, init_args: {{step: {signal_at[0]}, "
+            f"signum: {int(signal_at[1])}}}}}]\n")
+        extra = ["--config", "interrupt.yaml"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "recipes", "fit", *args, *extra], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def scalars(run: Path, tag: str) -> dict[int, float]:
+    events = EventAccumulator(str(run))
+    events.Reload()
+    return {e.step: e.value for e in events.Scalars(tag)}
+
+
+def checkpoint_step(path: Path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=True)["global_step"]
+
+
+def fit_here(cwd: Path, *args: str) -> None:
+    """``python -m recipes fit ARGS`` in this process (no interpreter start-up), from folder ``cwd``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        main(["fit", *args])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, dict[int, float]]:
+    """The per-step training losses of each recipe run without interruption."""
+    cwd = tmp_path_factory.mktemp("uninterrupted")
+    losses = {}
+    for name, recipe, logs in (("text", TEXT, "quickstart"), ("mqar", MQAR, "mqar/qcattn")):
+        fit_here(cwd, *recipe, *SHORT, "--trainer.logger.init_args.version", name)
+        losses[name] = scalars(cwd / "runs" / logs / name, "train/loss")
+    return losses
+
+
+@pytest.mark.parametrize("data, signum, code", [
+    ("text", signal.SIGKILL, -signal.SIGKILL),
+    ("mqar", signal.SIGKILL, -signal.SIGKILL),
+    ("text", signal.SIGTERM, 128 + signal.SIGTERM),
+    ("mqar", signal.SIGINT, 128 + signal.SIGINT),
+], ids=["text-kill9", "mqar-kill9", "text-sigterm", "mqar-sigint"])
+def test_interrupted_run_resumes_with_the_same_losses(uninterrupted, tmp_path, capsys, data, signum, code):
+    recipe = TEXT if data == "text" else MQAR
+    cut = fit(tmp_path, *recipe, *SHORT, signal_at=(12, signum))
+    assert cut.returncode == code, cut.stderr[-3000:]
+    [last] = tmp_path.glob("runs/**/checkpoints/last.ckpt")
+    # kill -9 at the start of step 13 leaves the step-10 checkpoint; a signal lets step 13 finish and saves it.
+    assert checkpoint_step(last) == (10 if signum == signal.SIGKILL else 13)
+    if signum != signal.SIGKILL:
+        assert "resume with --ckpt_path last" in cut.stderr
+
+    fit_here(tmp_path, *recipe, *SHORT, "--ckpt_path", "last")
+    assert f"resuming from {last.relative_to(tmp_path)}" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("runs/**/events.out.tfevents.*"))) == 2  # both in the same run folder
+
+    expected, got = uninterrupted[data], scalars(last.parent.parent, "train/loss")
+    assert sorted(got) == sorted(expected) == list(range(14))
+    assert max(abs(got[s] - expected[s]) for s in expected) <= 1e-6
+
+
+def test_ddp_on_two_processes_matches_one_process_on_the_combined_batch(tmp_path):
+    common = [*TEXT, "--trainer.max_steps", "6", "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps",
+              "1", "--trainer.enable_progress_bar", "false"]
+    ddp = fit(tmp_path, *common, "--data.init_args.batch_size", "4", "--trainer.strategy", "ddp",
+              "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.logger.init_args.version", "ddp")
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    fit_here(tmp_path, *common, "--data.init_args.batch_size", "8", "--trainer.logger.init_args.version", "one")
+    got, expected = (scalars(tmp_path / "runs" / "quickstart" / v, "train/loss") for v in ("ddp", "one"))
+    assert sorted(got) == sorted(expected) == list(range(6))
+    # Same samples, same mean gradient; only the order of floating-point sums differs.
+    assert max(abs(got[s] - expected[s]) / expected[s] for s in expected) <= 1e-5
+
+
+def test_each_process_takes_its_own_share_of_the_combined_order():
+    data = list(range(40))
+    one = list(ResumableSampler(data, seed=3))
+    shards = [list(ResumableSampler(data, seed=3, num_replicas=2, rank=r)) for r in (0, 1)]
+    assert not set(shards[0]) & set(shards[1])
+    # Step s of two processes with batch b covers exactly step s of one process with batch 2b.
+    b = 4
+    for s in range(len(shards[0]) // b):
+        assert sorted(shards[0][s * b:(s + 1) * b] + shards[1][s * b:(s + 1) * b]) == sorted(one[2 * s * b:2 * (s + 1) * b])
+
+
+def test_loader_resumes_mid_epoch_and_after_the_last_batch():
+    data = list(range(30))
+    reference = ResumableLoader(data, batch_size=4, seed=1)
+    reference.order.set_epoch(2)
+    batches = [b.tolist() for b in reference]
+    resumed = ResumableLoader(data, batch_size=4, seed=99)  # the seed comes back from the state
+    resumed.load_state_dict({"epoch": 2, "batches": 3, "seed": 1})
+    assert [b.tolist() for b in resumed] == batches[3:]
+    at_end = ResumableLoader(data, batch_size=4, seed=1)
+    at_end.load_state_dict({"epoch": 2, "batches": len(batches), "seed": 1})
+    assert at_end.order.epoch == 3 and len(list(at_end)) == len(batches)
+
+
+def test_checkpoints_reload_through_the_cli_and_load_from_checkpoint(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    main(["fit", *TEXT, "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
+          "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false", "--checkpoint.every_n_steps", "3"])
+    checkpoints = tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert checkpoint_step(checkpoints / "last.ckpt") == 4  # written at step 3 and again at the end
+
+    model = LanguageModel.load_from_checkpoint(checkpoints / "last.ckpt")
+    saved = torch.load(checkpoints / "last.ckpt", weights_only=True)["state_dict"]
+    assert model.hparams.d_model == 32 and model.hparams.mixers["A"]["init_args"]["n_heads"] == 2
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0)
+
+    # The recipe says d_model 128; the checkpoint's own hyper-parameters win, so its weights fit.
+    cli = main(["validate", "--config", "quickstart.yaml", "--ckpt_path", "last", "--trainer.limit_val_batches", "2",
+                "--trainer.enable_progress_bar", "false"])
+    assert cli.model.model.d_model == 32
+    assert f"checkpoint: {Path('runs/quickstart/version_0/checkpoints/last.ckpt')}" in capsys.readouterr().out
+
+
+def test_ckpt_path_last_without_a_checkpoint_is_a_named_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *TEXT, "--ckpt_path", "last"])
+    assert "--ckpt_path last: no last.ckpt under runs/quickstart/*/checkpoints/" in str(info.value.code)
+    with pytest.raises(SystemExit, match="no such checkpoint file"):
+        main(["validate", *TEXT, "--ckpt_path", "missing.ckpt"])
+
+
+def test_divergence_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *TEXT, "--model.lr", "1e6", "--model.warmup_fraction", "0", "--trainer.max_steps", "30",
+              "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
+              "--checkpoint.every_n_steps", "1"])
+    message = str(info.value.code)
+    assert message.startswith("error: training diverged at step ") and "was not applied" in message
+    step = int(message.split("step ")[1].split(":")[0])
+    last = tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    assert checkpoint["global_step"] == step - 1
+    assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values())
+    assert f"last finite checkpoint: {Path('runs/quickstart/version_0/checkpoints/last.ckpt')} (step {step - 1})" in caplog.text
+
+
+def test_fully_fp16_training_on_cpu_is_refused_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="precision='16-true' on CPU: .* overflows"):
+        main(["fit", *TEXT, "--trainer.precision", "16-true", "--trainer.max_steps", "1"])
+
+
+def test_a_checkpoint_write_that_fails_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
+
+    def crash(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
+
+
+def test_no_checkpoint_is_written_from_non_finite_weights(tmp_path):
+    class Trainer:
+        global_step = 7
+
+        def __init__(self, module):
+            self.lightning_module = module
+
+        def save_checkpoint(self, path, weights_only=False):
+            raise AssertionError("must not be called")
+
+    module = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        module.weight[0, 0] = float("nan")
+    policy = CheckpointPolicy()
+    policy.dirpath = tmp_path
+    assert policy._save(Trainer(module), "last.ckpt") is None
