@@ -15,3 +15,22 @@ def check_positive(owner: str, **values: int) -> None:
 def check_divisible(owner: str, name: str, value: int, by_name: str, by: int) -> None:
     if value % by != 0:
         raise ValueError(f"{owner}: {name}={value} is not divisible by {by_name}={by}")
+
+
+def check_mixer_input(owner: str, x, d_model: int, weight, *, sequence: bool) -> None:
+    """A mixer's input: a floating tensor ``[B, T, d_model]`` (sequence mixers) or ``[..., d_model]``
+    (state mixers), in the parameters' dtype unless autocast decides the dtypes."""
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{owner}: the input must be a tensor; got {type(x).__name__}")
+    shape = "[B, T, d_model]" if sequence else "[..., d_model]"
+    if (x.dim() != 3 if sequence else x.dim() < 1) or x.shape[-1] != d_model:
+        raise ValueError(f"{owner}: the input must be {shape} with d_model={d_model}; got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{owner}: the input must be a floating-point tensor; got {x.dtype}")
+    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise ValueError(
+            f"{owner}: the input is {x.dtype} but the parameters are {weight.dtype}; convert one of them "
+            "(module.to(dtype)) or run under torch.autocast"
+        )

@@ -1,5 +1,7 @@
 """``Block``: a sequence mixer then a state mixer, each behind pre-RMSNorm and a residual."""
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -35,12 +37,17 @@ class Block(nn.Module):
         self.sequence_mixer = sequence_mixer
         self.state_norm = RMSNorm(d_model, eps=norm_eps) if state_mixer is not None else None
         self.state_mixer = state_mixer
+        # A state mixer that reads padding (a MoE, to leave it out of its load) declares `padding_mask`.
+        self._state_takes_padding = state_mixer is not None and "padding_mask" in inspect.signature(state_mixer.forward).parameters
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         if self.sequence_mixer is not None:
             x = x + self._checked(self.sequence_mixer(self.sequence_norm(x), context), x, "sequence")
         if self.state_mixer is not None:
-            x = x + self._checked(self.state_mixer(self.state_norm(x)), x, "state")
+            h = self.state_norm(x)
+            padding = context.padding_mask if context is not None else None
+            y = self.state_mixer(h, padding_mask=padding) if self._state_takes_padding else self.state_mixer(h)
+            x = x + self._checked(y, x, "state")
         return x
 
     def _checked(self, y: torch.Tensor, x: torch.Tensor, slot: str) -> torch.Tensor:

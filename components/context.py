@@ -22,6 +22,27 @@ class Context:
     rotary: RotaryEmbedding = field(default_factory=RotaryEmbedding)
     _tables: dict = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.position_ids.dim() != 2:
+            raise ValueError(f"Context: position_ids must be [B, T]; got shape {tuple(self.position_ids.shape)}")
+        mask = self.padding_mask
+        if mask is not None:
+            if mask.dtype != torch.bool:
+                raise ValueError(f"Context: padding_mask must be a bool tensor (True = padding); got {mask.dtype}")
+            if mask.shape != self.position_ids.shape:
+                raise ValueError(f"Context: padding_mask {tuple(mask.shape)} must have the shape of position_ids "
+                                 f"{tuple(self.position_ids.shape)}")
+
+    def zero_padding(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, T, ...]`` with the padded positions set to 0 — whatever they held, NaN or inf
+        included — so that nothing computed from them can reach a valid position."""
+        if self.padding_mask is None:
+            return x
+        if x.shape[:2] != self.padding_mask.shape:
+            raise ValueError(f"Context: the input's [B, T] = {tuple(x.shape[:2])} does not match the padding mask "
+                             f"{tuple(self.padding_mask.shape)}")
+        return x.masked_fill(self.padding_mask.view(*self.padding_mask.shape, *(1,) * (x.dim() - 2)), 0.0)
+
     @classmethod
     def default(cls, x: torch.Tensor, rotary: RotaryEmbedding | None = None) -> "Context":
         """Positions ``0..T-1`` and no padding for ``x [B, T, ...]``: what a mixer assumes alone."""

@@ -184,6 +184,10 @@ class HybridLM(nn.Module):
         for name, t in (("position_ids", position_ids), ("padding_mask", padding_mask)):
             if t is not None and t.shape != input_ids.shape:
                 raise ValueError(f"HybridLM: {name} must have the shape of input_ids {tuple(input_ids.shape)}; got {tuple(t.shape)}")
+        if padding_mask is not None and padding_mask.dtype != torch.bool:
+            raise ValueError(f"HybridLM: padding_mask must be a bool tensor (True = padding); got {padding_mask.dtype}")
+        if position_ids is not None and position_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"HybridLM: position_ids must be an integer tensor; got {position_ids.dtype}")
 
     # ---- parameter accounting -------------------------------------------------------------------
 

@@ -9,13 +9,18 @@ Grammar (SPEC §4)::
 
 A run of letters with no separator is split into two-letter tokens (``"SMSMAM"`` = ``SM SM AM``), so
 the papers' tables paste as they are. A repetition after a run of more than one token is refused as
-ambiguous (write ``(SMSM)×2``). Every error names the column (1-based) where it was found.
+ambiguous (write ``(SMSM)×2``). Counts are ASCII digits; a pattern may expand to at most
+``MAX_BLOCKS`` blocks and nest at most ``MAX_DEPTH`` parentheses deep. Every error names the column
+(1-based) where it was found.
 """
 
 from dataclasses import dataclass
 
 REPEAT = "x×*"
 LETTERS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ-")
+DIGITS = set("0123456789")  # ASCII only: str.isdigit() also accepts '²' and other scripts' digits
+MAX_BLOCKS = 10_000  # far beyond any real model; stops "(SM×1000)×1000" before it fills memory
+MAX_DEPTH = 32  # nested parentheses
 
 
 class PatternError(ValueError):
@@ -23,9 +28,14 @@ class PatternError(ValueError):
 
     def __init__(self, pattern: str, column: int, problem: str):
         self.pattern, self.column, self.problem = pattern, column, problem
-        shown = f"  pattern {pattern!r}"
-        pointer = " " * (len("  pattern '") + column - 1) + "^"
-        super().__init__(f"pattern {pattern!r}, column {column}: {problem}\n{shown}\n{pointer}")
+        # A long pattern is shown as a window around the column, so the message stays readable.
+        start = max(0, min(column - 1 - 30, len(pattern) - 60)) if len(pattern) > 60 else 0
+        window = pattern[start:start + 60]
+        left, right = ("…" if start > 0 else ""), ("…" if start + 60 < len(pattern) else "")
+        shown = f"  pattern '{left}{window}{right}'"
+        pointer = " " * (len("  pattern '") + len(left) + column - 1 - start) + "^"
+        quoted = repr(pattern) if len(pattern) <= 60 else f"of {len(pattern)} characters"
+        super().__init__(f"pattern {quoted}, column {column}: {problem}\n{shown}\n{pointer}")
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,7 @@ class _Parser:
     """Recursive descent over the string; ``self.i`` is the 0-based cursor."""
 
     def __init__(self, text: str):
-        self.text, self.i = text, 0
+        self.text, self.i, self.depth = text, 0, 0
 
     def error(self, problem: str, at: int | None = None) -> PatternError:
         return PatternError(self.text, (self.i if at is None else at) + 1, problem)
@@ -84,6 +94,8 @@ class _Parser:
             raise self.error("empty pattern" if open_at is None else "empty group '()'")
         while True:
             tokens += self.term()
+            if len(tokens) > MAX_BLOCKS:
+                raise self.error(f"the pattern exceeds the limit of {MAX_BLOCKS:,} blocks")
             start = self.i
             self.skip_space()
             had_space = self.i > start
@@ -107,9 +119,13 @@ class _Parser:
         start = self.i
         char = self.peek()
         if char == "(":
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise self.error(f"parentheses nest deeper than {MAX_DEPTH} levels")
             self.i += 1
             tokens = self.pattern(open_at=start)
             self.i += 1  # the ')'
+            self.depth -= 1
             run_length = 1
         elif char in LETTERS:
             tokens = self.letter_run()
@@ -126,13 +142,18 @@ class _Parser:
             self.i += 1
             self.skip_space()
             digits_at = self.i
-            while self.peek().isdigit():
+            while self.peek() and self.peek() in DIGITS:
                 self.i += 1
             if self.i == digits_at:
-                raise self.error(f"repetition {self.text[op_at]!r} needs a count after it")
-            count = int(self.text[digits_at:self.i])
+                raise self.error(f"repetition {self.text[op_at]!r} needs a count after it (ASCII digits 0-9)")
+            digits = self.text[digits_at:self.i]
+            count = int(digits) if len(digits) <= len(str(MAX_BLOCKS)) else MAX_BLOCKS + 1
             if count < 1:
                 raise self.error(f"repetition count must be at least 1; got {count}", at=digits_at)
+            if len(tokens) * count > MAX_BLOCKS:
+                shown = digits if len(digits) <= 12 else f"{digits[:6]}… ({len(digits)} digits)"
+                raise self.error(f"repeating {len(tokens)} blocks {shown} times exceeds the limit of {MAX_BLOCKS:,} "
+                                 "blocks", at=digits_at)
             if run_length > 1:
                 raise self.error(
                     f"repetition after the run {self.text[start:op_at].strip()!r} of {run_length} blocks is "

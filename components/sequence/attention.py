@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from components._checks import check_divisible, check_positive
+from components._checks import check_divisible, check_mixer_input, check_positive
 from components.context import Context
 from components.rotary import apply_rotary
 from kernels._backend import check_backend
@@ -35,13 +35,15 @@ class QCAttention(nn.Module):
             raise ValueError(
                 f"QCAttention: head_dim = d_model / n_heads = {self.head_dim} must be even for RoPE"
             )
-        self.backend = backend
+        self.d_model, self.backend = d_model, backend
         self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=False)
         self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        check_mixer_input(type(self).__name__, x, self.d_model, self.q_proj.weight, sequence=True)
         context = context or Context.default(x)
+        x = context.zero_padding(x)
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # [B, T, H, Dh]
         k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_heads, self.head_dim).unbind(2)  # 2 × [B, T, Hkv, Dh]

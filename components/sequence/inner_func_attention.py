@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components._checks import check_choice, check_divisible, check_positive
+from components._checks import check_choice, check_divisible, check_mixer_input, check_positive
 from components.context import Context
 from components.rotary import apply_rotary
 from components.sequence.ssd import SSD
@@ -105,7 +105,7 @@ class InnerFuncAttention(nn.Module):
         self.head_dim = d_model // n_heads
         if self.head_dim % 2 != 0:
             raise ValueError(f"InnerFuncAttention: head_dim = d_model / n_heads = {self.head_dim} must be even for RoPE")
-        self.n_heads, self.n_kv_heads, self.inner, self.mask = n_heads, n_kv_heads, inner, mask
+        self.d_model, self.n_heads, self.n_kv_heads, self.inner, self.mask = d_model, n_heads, n_kv_heads, inner, mask
         self.keep_window, self.max_position, self.backend = keep_window, max_position, backend
         self.v_heads = n_kv_heads if inner == "linear" else n_heads
 
@@ -126,7 +126,9 @@ class InnerFuncAttention(nn.Module):
         self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        check_mixer_input(type(self).__name__, x, self.d_model, self.q_proj.weight, sequence=True)
         context = context or Context.default(x)
+        x = context.zero_padding(x)
         batch, T, _ = x.shape
         q = self.q_proj(x).view(batch, T, self.n_heads, self.head_dim)  # [b, T, H, Dh]
         k = self.k_proj(x).view(batch, T, self.n_kv_heads, self.head_dim)  # [b, T, Hkv, Dh]
@@ -146,7 +148,7 @@ class InnerFuncAttention(nn.Module):
             delta = self.delta_proj(v_flat)  # [b, T, H]
             return (self.A * F.softplus(delta)).transpose(1, 2)  # [b, H, T]
         if self.mask == "position":
-            last = int(context.position_ids.max())
+            last = int(context.position_ids.max()) if context.position_ids.numel() else 0
             if last >= self.max_position:
                 raise ValueError(
                     f"InnerFuncAttention: position {last} is past the position mask's max_position={self.max_position}"

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components._checks import check_choice, check_divisible, check_positive
+from components._checks import check_choice, check_divisible, check_mixer_input, check_positive
 from components.context import Context
 from components.norm import RMSNorm
 from components.rotary import apply_rotary
@@ -82,7 +82,7 @@ class SSD(nn.Module):
         if positions == "rope" and d_state % 2 != 0:
             raise ValueError(f"SSD: d_state={d_state} must be even for positions='rope' (RoPE rotates pairs)")
         self.n_heads, self.head_dim, self.d_state, self.n_groups = n_heads, d_inner // n_heads, d_state, n_groups
-        self.d_inner, self.chunk_size, self.positions, self.backend = d_inner, chunk_size, positions, backend
+        self.d_model, self.d_inner, self.chunk_size, self.positions, self.backend = d_model, d_inner, chunk_size, positions, backend
 
         # One fused input projection: [X | B | C | Δ | z].
         self.d_xbc = d_inner + 2 * n_groups * d_state
@@ -99,15 +99,14 @@ class SSD(nn.Module):
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        check_mixer_input(type(self).__name__, x, self.d_model, self.in_proj.weight, sequence=True)
         context = context or Context.default(x)
+        x = context.zero_padding(x)  # padding puts nothing into the state (nor NaN, whatever it holds)
         batch, T, _ = x.shape
         H, P, G, N = self.n_heads, self.head_dim, self.n_groups, self.d_state
         proj = self.in_proj(x)  # [b, T, d_xbc + H (+ d_inner)]
         xbc, dt, z = proj.split([self.d_xbc, H, proj.shape[-1] - self.d_xbc - H], dim=-1)
-        if context.padding_mask is not None:
-            # Padding must not touch the state: no input, no decay (dt = 0), nothing in the conv window.
-            xbc = xbc.masked_fill(context.padding_mask[..., None], 0.0)
-        if self.conv is not None:
+        if self.conv is not None and T > 0:
             xbc = self.conv(xbc.transpose(1, 2))[..., :T].transpose(1, 2)  # [b, T, d_xbc] causal
             xbc = F.silu(xbc)
         xs, B, C = xbc.split([self.d_inner, G * N, G * N], dim=-1)
@@ -118,7 +117,7 @@ class SSD(nn.Module):
             cos, sin = context.rotary_tables(N)  # [b, T, N]
             B, C = apply_rotary(B, cos, sin), apply_rotary(C, cos, sin)
         dt = F.softplus(dt + self.dt_bias)  # [b, T, H]
-        if context.padding_mask is not None:
+        if context.padding_mask is not None:  # and no decay: dt = 0 (x = 0 already leaves xbc and the conv window 0)
             dt = dt.masked_fill(context.padding_mask[..., None], 0.0)
         A = -torch.exp(self.A_log.float())  # [H]
         y = ssd_scan(xs, dt, A, B, C, chunk_size=self.chunk_size, D=self.D, backend=self.backend)

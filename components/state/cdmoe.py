@@ -5,8 +5,9 @@ import math
 import torch
 from torch import nn
 
-from components._checks import check_choice, check_positive
+from components._checks import check_choice, check_mixer_input, check_positive
 from components.state.mlp import ACTIVATIONS
+from components.state.router import assignment_load, token_mean, valid_tokens
 from kernels._backend import check_backend
 from kernels.retrieval import expert_mix, product_key_topk
 
@@ -92,27 +93,35 @@ class CDMoE(nn.Module):
         scores, experts = product_key_topk(scores_a, scores_b, self.top_k)  # [M, H, k] each
         return scores, experts, (scores_a, scores_b)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [..., d]``; ``padding_mask`` (True at padding) zeroes those tokens and leaves them out
+        of ``expert_load`` and the balancing loss."""
+        owner = type(self).__name__
+        check_mixer_input(owner, x, self.down.shape[1], self.down, sequence=False)
+        valid = valid_tokens(padding_mask, x.shape, owner)  # [M] or None
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [M, d], M = B·T
+        if valid is not None:
+            flat = flat.masked_fill(valid[:, None] == 0, 0.0)
         phi = self.shared_out(self.act(self.shared_in(flat)))  # [M, d]
         scores, experts, halves = self.retrieve(phi)
         weights = torch.softmax(scores.float(), dim=-1).to(phi.dtype)  # [M, H, k]
         reads = phi if self.cross_domain == "sequential" else flat
         y = phi + expert_mix(reads, experts, weights, self.down, self.up, act=self.act_name, backend=self.backend)
-        self._record_usage(experts, halves)
+        self._record_usage(experts, halves, valid)
         return y.view(shape)
 
-    def _record_usage(self, experts: torch.Tensor, halves: tuple[torch.Tensor, torch.Tensor]) -> None:
-        flat = experts.reshape(-1)  # [M·H·k]
-        self.expert_load = torch.bincount(flat, minlength=self.n_experts).float() / flat.numel()  # [N]
+    def _record_usage(self, experts: torch.Tensor, halves: tuple[torch.Tensor, torch.Tensor],
+                      valid: torch.Tensor | None) -> None:
+        per_token = experts.reshape(experts.shape[0], self.n_heads * self.top_k)  # [M, H·k]
+        self.expert_load = assignment_load(per_token, self.n_experts, valid)  # [N]
         if not self.balance_loss:
             return
         losses = []
-        for rows, scores in ((flat // self.n_keys, halves[0]), (flat % self.n_keys, halves[1])):
-            load = torch.bincount(rows, minlength=self.n_keys).float() / rows.numel()  # [n_keys]
-            probs = torch.softmax(scores.float(), dim=-1).reshape(-1, self.n_keys)  # [M·H, n_keys]
-            losses.append(self.n_keys * torch.dot(load, probs.mean(dim=0)))
+        for rows, scores in ((per_token // self.n_keys, halves[0]), (per_token % self.n_keys, halves[1])):
+            load = assignment_load(rows, self.n_keys, valid)  # [n_keys]
+            probs = torch.softmax(scores.float(), dim=-1)  # [M, H, n_keys]
+            losses.append(self.n_keys * torch.dot(load, token_mean(probs, valid).mean(dim=0)))
         self.aux_loss = (losses[0] + losses[1]) / 2
 
     def active_parameters(self) -> int:

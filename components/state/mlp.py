@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components._checks import check_choice, check_positive
+from components._checks import check_choice, check_mixer_input, check_positive
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 # The second (gate) branch of each gated form; the GELU FFN has none.
@@ -43,7 +43,7 @@ class MLP(nn.Module):
         check_choice("MLP", "act", act, ACTIVATIONS)
         d_ff = default_d_ff(d_model, activation) if d_ff is None else d_ff
         check_positive("MLP", d_model=d_model, d_ff=d_ff)
-        self.activation, self.act_name, self.d_ff = activation, act, d_ff
+        self.d_model, self.activation, self.act_name, self.d_ff = d_model, activation, act, d_ff
         self.act = F.gelu if activation == "gelu" else ACTIVATIONS[act]
         self.gate = GATES.get(activation)
         n_in = 1 if self.gate is None else 2
@@ -51,6 +51,7 @@ class MLP(nn.Module):
         self.out_proj = nn.Linear(d_ff, d_model, bias=False)  # W₂
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_mixer_input(type(self).__name__, x, self.d_model, self.out_proj.weight, sequence=False)
         if self.gate is None:
             return self.out_proj(self.act(self.in_proj(x)))
         h, v = self.in_proj(x).chunk(2, dim=-1)  # 2 × [..., d_ff]

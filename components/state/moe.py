@@ -13,7 +13,8 @@ from torch import nn
 
 from components.state.experts import CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
 from components.state.mlp import MLP, default_d_ff
-from components.state.router import Routing, TopKRouter, switch_balancing_loss
+from components._checks import check_mixer_input
+from components.state.router import Routing, TopKRouter, switch_balancing_loss, valid_tokens
 
 
 def dispatch(experts: nn.Module, x: torch.Tensor, shared: torch.Tensor | None, routing: Routing) -> torch.Tensor:
@@ -34,6 +35,8 @@ class MoE(nn.Module):
 
     After each forward, ``aux_loss`` holds the Switch balancing loss (summed into the training loss
     by the recipe, SPEC §3) and ``expert_load [E]`` the fraction of assignments each expert took.
+    ``forward(x, padding_mask=None)``: with ``padding_mask [B, T]`` (True at padding; the block passes
+    the model's), padded tokens are zeroed and count in neither the load nor the balancing loss.
 
     Args:
         router: a :class:`TopKRouter`.
@@ -53,16 +56,21 @@ class MoE(nn.Module):
         self.aux_loss: torch.Tensor | None = None
         self.expert_load: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        owner = type(self).__name__
+        check_mixer_input(owner, x, self.router.centroids.in_features, self.router.centroids.weight, sequence=False)
+        valid = valid_tokens(padding_mask, x.shape, owner)  # [M] or None
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [M, d], M = B·T
+        if valid is not None:
+            flat = flat.masked_fill(valid[:, None] == 0, 0.0)
         shared = self.cross_domain(flat) if self.cross_domain is not None else None
         routing = self.router(flat)
         y = dispatch(self.experts, flat, shared, routing)
         if self.shared_expert is not None:
             y = y + self.shared_expert(flat)
-        self.expert_load = routing.load(self.router.n_experts)
-        self.aux_loss = switch_balancing_loss(routing.probs, self.expert_load)
+        self.expert_load = routing.load(self.router.n_experts, valid)
+        self.aux_loss = switch_balancing_loss(routing.probs, self.expert_load, valid)
         return y.view(shape)
 
     def active_parameters(self) -> int:

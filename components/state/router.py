@@ -22,10 +22,36 @@ class Routing:
     gates: torch.Tensor
     probs: torch.Tensor
 
-    def load(self, n_experts: int) -> torch.Tensor:
-        """``[E]`` fraction of the ``M·k`` assignments each expert received (sums to 1); no gradient."""
-        counts = torch.bincount(self.experts.reshape(-1), minlength=n_experts)  # [E]
-        return counts.float() / max(self.experts.numel(), 1)
+    def load(self, n_experts: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """``[E]`` fraction of the assignments each expert received (sums to 1), counting only the
+        tokens where ``valid [M]`` (float 0/1) is 1; no gradient."""
+        return assignment_load(self.experts, n_experts, valid)
+
+
+def assignment_load(ids: torch.Tensor, n: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """``ids [M, j]`` (each of M tokens assigned to j of ``n`` slots) → ``[n]`` fraction of the
+    assignments of the valid tokens (``valid [M]``, float 0/1; None: all) that each slot received."""
+    weights = None if valid is None else valid[:, None].expand(ids.shape).reshape(-1)  # [M·j]
+    counts = torch.bincount(ids.reshape(-1), weights=weights, minlength=n).float()  # [n]
+    return counts / counts.sum().clamp_min(1.0)
+
+
+def token_mean(values: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of ``values [M, ...]`` over the valid tokens (``valid [M]``, float 0/1; None: all)."""
+    if valid is None:
+        return values.sum(dim=0) / max(values.shape[0], 1)  # (0, not NaN, for no tokens at all)
+    weights = valid.to(values.dtype).view(-1, *(1,) * (values.dim() - 1))
+    return (values * weights).sum(dim=0) / weights.sum().clamp_min(1.0)
+
+
+def valid_tokens(padding_mask: torch.Tensor | None, shape: torch.Size, owner: str) -> torch.Tensor | None:
+    """``[M]`` float 1 at real tokens, 0 at padding, for an input of ``shape`` ``[..., d]``; None without a mask."""
+    if padding_mask is None:
+        return None
+    if padding_mask.dtype != torch.bool or padding_mask.shape != shape[:-1]:
+        raise ValueError(f"{owner}: padding_mask must be bool with the input's leading shape {tuple(shape[:-1])}; "
+                         f"got {padding_mask.dtype} {tuple(padding_mask.shape)}")
+    return (~padding_mask).reshape(-1).float()
 
 
 def top_k_lowest_index(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,12 +63,12 @@ def top_k_lowest_index(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torc
     return values[..., :k], indices[..., :k]
 
 
-def switch_balancing_loss(probs: torch.Tensor, load: torch.Tensor) -> torch.Tensor:
+def switch_balancing_loss(probs: torch.Tensor, load: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Switch Transformer's ``N · Σ_i f_i · P_i``: ``f`` the load fractions ``[E]`` (no gradient),
-    ``P`` the mean affinity ``[E]`` over the ``M`` tokens of ``probs [M, E]``. It equals 1 when the
+    ``P`` the mean affinity ``[E]`` over the valid tokens of ``probs [M, E]``. It equals 1 when the
     routing is uniform and grows to ``N`` as every token crowds onto one expert."""
     n_experts = probs.shape[-1]
-    return n_experts * torch.dot(load.to(probs.dtype), probs.mean(dim=0))
+    return n_experts * torch.dot(load.to(probs.dtype), token_mean(probs, valid))
 
 
 class TopKRouter(nn.Module):

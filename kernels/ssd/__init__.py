@@ -48,8 +48,13 @@ def ssd_scan(
         raise ValueError(
             f"ssd_scan: backend='triton' takes x, B, C in {KERNEL_DTYPES}; got x {x.dtype}, B {B.dtype}, C {C.dtype}"
         )
+    if x.shape[1] == 0:  # an empty sequence: no output, and the state passes through unchanged
+        batch, _, H, P = x.shape
+        final_state = initial_state if initial_state is not None else x.new_zeros(batch, H, P, B.shape[-1])
+        y = x.new_zeros(x.shape)
+        return (y, final_state) if return_final_state else y
     # auto: the Triton kernel on CUDA for the dtypes it has; float64 (gradcheck) stays on the reference
-    if resolve_backend(backend, x, op="ssd_scan", has_triton=kernel_dtype) == "triton" and x.shape[1] > 0:
+    if resolve_backend(backend, x, op="ssd_scan", has_triton=kernel_dtype) == "triton":
         from kernels.ssd.triton import ssd_scan_triton  # imports triton only when asked for
 
         y, final_state = ssd_scan_triton(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_state=initial_state)

@@ -84,3 +84,29 @@ def test_size_to_sizes_the_model_and_records_the_width():
     # Rebuilt from its own hyper-parameters (as load_from_checkpoint does), it is the same model.
     again = LanguageModel(**lm.hparams)
     assert again.sizes == lm.sizes and again.hparams == lm.hparams
+
+
+def test_a_batch_with_every_label_ignored_has_loss_zero_not_nan():
+    lm = LanguageModel(16, "AM", vocab_size=20)
+    batch = {"input_ids": torch.randint(0, 20, (2, 6)), "labels": torch.full((2, 6), -100)}
+    loss = lm.training_step(batch, 0)
+    assert loss.item() == 0.0
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in lm.parameters())
+
+
+def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
+    import random
+
+    import numpy as np
+
+    from recipes.training import rng_states, set_rng_states
+
+    torch.manual_seed(3), np.random.seed(3), random.seed(3)
+    torch.save({"rng": rng_states()}, tmp_path / "c.ckpt")
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(9), np.random.seed(9), random.seed(9)
+    set_rng_states(torch.load(tmp_path / "c.ckpt", weights_only=True)["rng"])
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    torch.testing.assert_close(got[0], expected[0])
+    assert np.array_equal(got[1], expected[1]) and got[2] == expected[2]

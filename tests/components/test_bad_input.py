@@ -1,0 +1,142 @@
+"""Bad input gets a named error, empty input works, and padding never reaches a valid position — not
+even when what sits at the padded positions is NaN or inf."""
+
+from functools import partial
+
+import pytest
+import torch
+
+from components import (
+    CDMoE, MLP, SSD, CohesiveMoE, Context, ExpansiveMoE, HybridLM, InnerFuncAttention, PatternError, QCAttention,
+    RoutedMoE, SharedExpertMoE, parse_pattern,
+)
+
+SEQUENCE = {
+    "QCAttention": lambda: QCAttention(32, n_heads=4, n_kv_heads=2),
+    "IFA content": lambda: InnerFuncAttention(32, n_heads=4),
+    "IFA position": lambda: InnerFuncAttention(32, n_heads=4, mask="position", max_position=64),
+    "IFA ssd value": lambda: InnerFuncAttention(32, n_heads=4, inner="ssd", ssd={"d_state": 8, "chunk_size": 4}),
+    "IFA retrieval": lambda: InnerFuncAttention(32, n_heads=4, inner="retrieval", keep_window=3),
+    "SSD rope": lambda: SSD(32, d_state=8, chunk_size=4),
+    "SSD conv": lambda: SSD(32, d_state=8, chunk_size=4, positions="conv", gate=True),
+}
+STATE = {
+    "MLP": lambda: MLP(32),
+    "RoutedMoE": lambda: RoutedMoE(32, n_experts=4),
+    "SharedExpertMoE": lambda: SharedExpertMoE(32, n_experts=4),
+    "CohesiveMoE": lambda: CohesiveMoE(32, n_experts=4),
+    "ExpansiveMoE": lambda: ExpansiveMoE(32, n_experts=4),
+    "CDMoE": lambda: CDMoE(32, n_experts=64, top_k=4, balance_loss=True),
+}
+ALL = {**SEQUENCE, **STATE}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_wrong_width_dtype_or_rank_is_named(name):
+    mixer = ALL[name]()
+    owner = type(mixer).__name__
+    with pytest.raises(ValueError, match=rf"{owner}: the input must be \[.*d_model\] with d_model=32; got shape \(2, 5, 16\)"):
+        mixer(torch.randn(2, 5, 16))
+    with pytest.raises(ValueError, match=rf"{owner}: the input must be a floating-point tensor; got torch.int64"):
+        mixer(torch.ones(2, 5, 32, dtype=torch.long))
+    with pytest.raises(ValueError, match=rf"{owner}: the input is torch.float64 but the parameters are torch.float32"):
+        mixer(torch.randn(2, 5, 32, dtype=torch.float64))
+    if name in SEQUENCE:
+        with pytest.raises(ValueError, match=rf"{owner}: the input must be \[B, T, d_model\] .* got shape \(5, 32\)"):
+            mixer(torch.randn(5, 32))
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("shape", [(2, 0, 32), (0, 5, 32)], ids=["T=0", "B=0"])
+def test_empty_batches_and_sequences_work(name, shape):
+    mixer = ALL[name]()
+    x = torch.randn(shape, requires_grad=True)
+    y = mixer(x)
+    assert y.shape == shape
+    y.sum().backward()
+    for value in (getattr(mixer, "aux_loss", None), getattr(mixer, "expert_load", None)):
+        assert value is None or torch.isfinite(value).all()
+
+
+def test_model_takes_empty_input_and_refuses_a_non_bool_padding_mask():
+    model = HybridLM(50, 32, "AM SR IE", mixers={"S": partial(SSD, d_state=8), "E": partial(CDMoE, n_experts=64, top_k=4)})
+    assert model(torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0, 50)
+    assert model(torch.zeros(0, 3, dtype=torch.long)).shape == (0, 3, 50)
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="HybridLM: padding_mask must be a bool tensor .*; got torch.int64"):
+        model(ids, padding_mask=torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="HybridLM: position_ids must be an integer tensor"):
+        model(ids, position_ids=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="Context: padding_mask must be a bool tensor"):
+        Context(position_ids=ids, padding_mask=torch.zeros(2, 3))
+
+
+def left_padded(batch: int = 3, T: int = 11, pad: tuple = (0, 4, 7)) -> torch.Tensor:
+    mask = torch.zeros(batch, T, dtype=torch.bool)
+    for b, n in enumerate(pad):
+        mask[b, :n] = True
+    return mask
+
+
+@pytest.mark.parametrize("name", SEQUENCE)
+def test_padded_nan_and_inf_never_reach_valid_positions(name):
+    mixer = SEQUENCE[name]()
+    mask = left_padded()
+    positions = (torch.cumsum(~mask, dim=1) - 1).clamp_min(0)  # each sequence counts from its first token
+    context = lambda: Context(position_ids=positions, padding_mask=mask)  # noqa: E731
+    x = torch.randn(3, 11, 32)
+    clean = mixer(x.masked_fill(mask[..., None], 0.0), context())
+    poisoned = x.clone()
+    poisoned[mask] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e30]).repeat(8)
+    poisoned.requires_grad_(True)
+    y = mixer(poisoned, context())
+    torch.testing.assert_close(y[~mask], clean[~mask])
+    y[~mask].sum().backward()
+    assert torch.isfinite(poisoned.grad).all() and (poisoned.grad[mask] == 0).all()
+    assert all(torch.isfinite(p.grad).all() for p in mixer.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("name", [n for n in STATE if n != "MLP"])
+def test_expert_load_and_balancing_loss_ignore_padding(name):
+    mixer = STATE[name]()
+    mask = left_padded(2, 7, (0, 3))
+    x = torch.randn(2, 7, 32)
+    x[mask] = float("nan")
+    y = mixer(x, padding_mask=mask)
+    assert torch.isfinite(y[~mask]).all()
+    load, aux = mixer.expert_load, mixer.aux_loss
+    mixer(x[~mask][None])  # the valid tokens alone, no padding at all
+    torch.testing.assert_close(load, mixer.expert_load)
+    torch.testing.assert_close(aux, mixer.aux_loss)
+    assert torch.isfinite(aux)
+
+
+def test_a_model_with_a_nan_pad_embedding_computes_what_it_computes_without_it():
+    torch.manual_seed(0)
+    model = HybridLM(50, 32, "AM SR IE SM", mixers={"S": partial(SSD, d_state=8, chunk_size=4, positions="conv"),
+                                                    "E": partial(CDMoE, n_experts=64, top_k=4, balance_loss=True)})
+    mask = left_padded()
+    ids = torch.randint(1, 50, (3, 11)).masked_fill(mask, 0)
+    positions = (torch.cumsum(~mask, dim=1) - 1).clamp_min(0)
+    clean = model(ids, position_ids=positions, padding_mask=mask)
+    with torch.no_grad():
+        model.embedding.weight[0] = float("nan")  # the pad token's row
+    poisoned = model(ids, position_ids=positions, padding_mask=mask)
+    torch.testing.assert_close(poisoned[~mask], clean[~mask])
+    aux = model.auxiliary_losses()
+    assert aux and all(torch.isfinite(v) for v in aux.values())
+
+
+@pytest.mark.parametrize("pattern, problem", [
+    ("SM×²", "needs a count after it (ASCII digits 0-9)"),
+    ("SM×٣", "needs a count after it (ASCII digits 0-9)"),
+    ("SM×10001", "exceeds the limit of 10,000 blocks"),
+    ("SM×" + "9" * 5000, "exceeds the limit of 10,000 blocks"),
+    ("((SM×1000)×1000)×1000", "exceeds the limit of 10,000 blocks"),
+    ("(SM×6000 AM×6000)", "the pattern exceeds the limit of 10,000 blocks"),
+    ("(" * 5000 + "SM" + ")" * 5000, "parentheses nest deeper than 32 levels"),
+])
+def test_pathological_patterns_are_named_not_hung(pattern, problem):
+    with pytest.raises(PatternError, match=r"column \d+: .*" + problem.replace("(", r"\(").replace(")", r"\)")) as info:
+        parse_pattern(pattern)
+    assert len(str(info.value)) < 400  # a window of a long pattern, not all of it
