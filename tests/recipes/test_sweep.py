@@ -1,0 +1,56 @@
+"""``python -m recipes.sweep`` tabulates exactly the runs it launched and reports the ones that failed."""
+
+from functools import partial
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from components import HybridLM, QCAttention, count_parameters
+from recipes.sweep import main
+
+TINY = """seed_everything: 0
+model:
+  d_model: {width}
+  pattern: "AM"
+  mixers:
+    A: {{class_path: components.QCAttention, init_args: {{n_heads: 2}}}}
+    M: {{class_path: {mlp}}}
+data:
+  class_path: recipes.data.TextCorpus
+  init_args: {{seq_len: 16, batch_size: 4}}
+trainer:
+  max_steps: 4
+  val_check_interval: 2
+  limit_val_batches: 2
+  logger:
+    class_path: lightning.pytorch.loggers.TensorBoardLogger
+    init_args: {{save_dir: runs, name: fake/{name}, default_hp_metric: false}}
+"""
+
+
+def test_sweep_reads_the_runs_it_launched_and_fails_on_a_failed_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    family = tmp_path / "family"
+    family.mkdir()
+    for name, width, mlp in (("a_narrow", 16, "components.MLP"), ("b_wide", 32, "components.MLP"),
+                             ("c_broken", 16, "components.NoSuchMixer")):
+        (family / f"{name}.yaml").write_text(TINY.format(name=name, width=width, mlp=mlp))
+    # A decoy: an older run of a_narrow with a newer-looking version and an impossible loss.
+    decoy = tmp_path / "runs" / "fake" / "a_narrow" / "version_99"
+    decoy.mkdir(parents=True)
+    (decoy / "hparams.yaml").write_text("pattern: decoy\nn_params: 1\n")
+    with SummaryWriter(str(decoy)) as writer:
+        writer.add_scalar("val/loss", 0.001, 3)
+
+    with pytest.raises(SystemExit) as info:
+        main([str(family), "--set", "trainer.enable_checkpointing=false"])
+    assert str(info.value.code) == "error: 1 of 3 runs failed: c_broken"
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert "FAILED (exit" in rows["c_broken"] and "c_broken.log" in rows["c_broken"]
+    for name, width in (("a_narrow", 16), ("b_wide", 32)):
+        params = count_parameters(HybridLM(256, width, "AM", {"A": partial(QCAttention, n_heads=2)}))
+        assert f"| `AM` | {params:,} |" in rows[name]
+        assert "| 4 |" in rows[name]  # the steps of the launched run (validated at steps 2 and 4)
+        loss = float(rows[name].split("|")[6])
+        assert 2.0 < loss < 6.0  # a real byte-level loss, not the decoy's 0.001
