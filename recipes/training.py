@@ -114,7 +114,10 @@ class CheckpointPolicy(Checkpoint):
 
     def _save(self, trainer: L.Trainer, name: str) -> str | None:
         """Write ``name`` (every rank takes part: saving is collective under DDP/FSDP)."""
-        if not parameters_finite(trainer.lightning_module):
+        finite = parameters_finite(trainer.lightning_module)  # of this process's shard under FSDP
+        if trainer.world_size > 1:  # all processes save, or none: saving is collective
+            finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
+        if not finite:
             log.error("CheckpointPolicy: the weights are not finite at step %d; %s not written", trainer.global_step, name)
             return None
         path = str(self.dirpath / name)

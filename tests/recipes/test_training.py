@@ -215,7 +215,7 @@ def test_a_checkpoint_write_that_fails_leaves_the_previous_file_whole(tmp_path, 
 
 def test_no_checkpoint_is_written_from_non_finite_weights(tmp_path):
     class Trainer:
-        global_step = 7
+        global_step, world_size = 7, 1
 
         def __init__(self, module):
             self.lightning_module = module
