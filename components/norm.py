@@ -1,7 +1,13 @@
-"""RMSNorm (all the papers use it in place of LayerNorm)."""
+"""RMSNorm (all the papers use it in place of LayerNorm), and Mamba-2's grouped, gated form."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in fp32, or in its own dtype if wider (float64 stays float64, for gradcheck)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 class RMSNorm(nn.Module):
@@ -18,6 +24,36 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
+        x32 = at_least_fp32(x)
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        return (y * at_least_fp32(self.weight)).to(x.dtype)
+
+
+class GroupedRMSNorm(nn.Module):
+    """RMSNorm over each of ``groups`` equal groups of the last dimension, then one gain per channel
+    (Mamba-2's gate norm with ``n_groups``; ``groups=1`` is plain RMSNorm). Computed in fp32.
+
+    Args:
+        dim: the normalised (last) dimension, a multiple of ``groups``.
+        groups: how many groups (default 1).
+        eps: added to each group's mean square (default 1e-6).
+    """
+
+    def __init__(self, dim: int, groups: int = 1, *, eps: float = 1e-6):
+        super().__init__()
+        if dim % groups:
+            raise ValueError(f"GroupedRMSNorm: dim={dim} is not divisible by groups={groups}")
+        self.groups, self.eps = groups, eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [..., dim]``; with ``gate`` (same shape) normalises ``x ⊙ silu(gate)`` (Mamba-2's order)."""
+        x32 = at_least_fp32(x)
+        if gate is not None:
+            x32 = x32 * F.silu(at_least_fp32(gate))
+        x32 = x32.unflatten(-1, (self.groups, -1))  # [..., groups, dim / groups]
+        y = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)  # [..., dim]
+        return (y * at_least_fp32(self.weight)).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.numel()}, groups={self.groups}, eps={self.eps}"

@@ -8,12 +8,12 @@ from torch import nn
 
 from components._checks import check_choice, check_divisible, check_mixer_input, check_positive
 from components.context import Context
-from components.norm import RMSNorm
+from components.norm import GroupedRMSNorm, at_least_fp32
 from components.rotary import apply_rotary
 from kernels._backend import check_backend
 from kernels.ssd import ssd_scan
 
-POSITIONS = ("rope", "decay", "conv")
+POSITIONS = ("rope", "decay", "conv", "conv+rope")
 
 
 class SSD(nn.Module):
@@ -26,10 +26,17 @@ class SSD(nn.Module):
         out = y W_out
 
     ``positions`` chooses where position comes from:
-        ``conv``  — Mamba-2's depthwise causal Conv1d (kernel ``conv_kernel``) + SiLU over [X, B, C],
-                    and the ``D`` skip ("Conv1d + D" in the papers);
-        ``decay`` — nothing but the cumulative decay ``exp(Δ A)`` (a_t);
-        ``rope``  — RoPE on B and C over the state dim, from the context's shared table (default).
+        ``conv``      — Mamba-2's depthwise causal Conv1d (kernel ``conv_kernel``, with bias) + SiLU over
+                        [X, B, C], and the ``D`` skip ("Conv1d + D" in the papers);
+        ``decay``     — nothing but the cumulative decay ``exp(Δ A)`` (a_t);
+        ``rope``      — RoPE on B and C over the state dim, from the context's shared table (default);
+        ``conv+rope`` — both, with ``D`` (OTCE's code: conv, D and RoPE on B/C).
+    ``d_skip`` switches ``D`` on or off independently (default: on exactly when there is a conv).
+
+    ``gate=True`` adds Mamba-2's ``z`` branch as Mamba-2 computes it (mamba_ssm ``norm_before_gate=False``,
+    Hugging Face ``MambaRMSNormGated``)::
+
+        y ← rms_norm_g(y ⊙ silu(x W_z)) · w        RMS over each of the n_groups groups of d_inner/n_groups
 
     Args:
         d_model: model width.
@@ -39,8 +46,10 @@ class SSD(nn.Module):
         n_groups: groups sharing B and C (default 1); must divide ``n_heads``.
         expand: inner width ``expand · d_model`` (default 1, as the papers' listings; Mamba-2 uses 2).
         chunk_size: chunk length of the scan (default 64).
-        positions: ``rope`` | ``decay`` | ``conv``.
-        gate: Mamba-2's ``z`` branch, ``y ← rms_norm(y) · silu(x W_z)`` (default False).
+        positions: ``rope`` | ``decay`` | ``conv`` | ``conv+rope``.
+        d_skip: the ``D`` skip (default None: on with a conv, off otherwise).
+        gate: Mamba-2's gated, grouped RMSNorm on the output (default False, as the papers' listings).
+        norm_eps: epsilon of the gate's RMSNorm (default 1e-6; Mamba-2 uses 1e-5: the model's).
         conv_kernel: width of the causal convolution for ``conv`` (default 4).
         backend: ``auto`` | ``reference`` | ``triton`` for the scan.
 
@@ -59,7 +68,9 @@ class SSD(nn.Module):
         expand: int = 1,
         chunk_size: int = 64,
         positions: str = "rope",
+        d_skip: bool | None = None,
         gate: bool = False,
+        norm_eps: float = 1e-6,
         conv_kernel: int = 4,
         backend: str = "auto",
     ):
@@ -79,7 +90,7 @@ class SSD(nn.Module):
         check_positive("SSD", n_heads=n_heads)
         check_divisible("SSD", "expand·d_model" if expand != 1 else "d_model", d_inner, "n_heads", n_heads)
         check_divisible("SSD", "n_heads", n_heads, "n_groups", n_groups)
-        if positions == "rope" and d_state % 2 != 0:
+        if "rope" in positions and d_state % 2 != 0:
             raise ValueError(f"SSD: d_state={d_state} must be even for positions='rope' (RoPE rotates pairs)")
         self.n_heads, self.head_dim, self.d_state, self.n_groups = n_heads, d_inner // n_heads, d_state, n_groups
         self.d_model, self.d_inner, self.chunk_size, self.positions, self.backend = d_model, d_inner, chunk_size, positions, backend
@@ -89,13 +100,15 @@ class SSD(nn.Module):
         self.in_proj = nn.Linear(d_model, self.d_xbc + n_heads + (d_inner if gate else 0), bias=False)
         self.conv = (
             nn.Conv1d(self.d_xbc, self.d_xbc, conv_kernel, groups=self.d_xbc, padding=conv_kernel - 1)
-            if positions == "conv" else None
+            if "conv" in positions else None
         )
+        self.rope = "rope" in positions
         self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(1, 16).log())
         dt = torch.exp(torch.empty(n_heads).uniform_(math.log(1e-3), math.log(1e-1)))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
-        self.D = nn.Parameter(torch.ones(n_heads)) if positions == "conv" else None
-        self.gate_norm = RMSNorm(d_inner) if gate else None
+        d_skip = self.conv is not None if d_skip is None else d_skip
+        self.D = nn.Parameter(torch.ones(n_heads)) if d_skip else None
+        self.gate_norm = GroupedRMSNorm(d_inner, n_groups, eps=norm_eps) if gate else None
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
@@ -113,20 +126,20 @@ class SSD(nn.Module):
         xs = xs.view(batch, T, H, P)  # [b, T, H, P]
         B = B.view(batch, T, G, N)  # [b, T, G, N]
         C = C.view(batch, T, G, N)  # [b, T, G, N]
-        if self.positions == "rope":
+        if self.rope:
             cos, sin = context.rotary_tables(N)  # [b, T, N]
             B, C = apply_rotary(B, cos, sin), apply_rotary(C, cos, sin)
         dt = F.softplus(dt + self.dt_bias)  # [b, T, H]
         if context.padding_mask is not None:  # and no decay: dt = 0 (x = 0 already leaves xbc and the conv window 0)
             dt = dt.masked_fill(context.padding_mask[..., None], 0.0)
-        A = -torch.exp(self.A_log.float())  # [H]
+        A = -torch.exp(at_least_fp32(self.A_log))  # [H]
         y = ssd_scan(xs, dt, A, B, C, chunk_size=self.chunk_size, D=self.D, backend=self.backend)
         y = y.reshape(batch, T, self.d_inner)  # [b, T, d_inner]
         if self.gate_norm is not None:
-            y = self.gate_norm(y) * F.silu(z)
+            y = self.gate_norm(y, gate=z)
         return self.out_proj(y)
 
     def extra_repr(self) -> str:
         return (f"positions={self.positions}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
                 f"d_state={self.d_state}, n_groups={self.n_groups}, chunk_size={self.chunk_size}, "
-                f"gate={self.gate_norm is not None}")
+                f"d_skip={self.D is not None}, gate={self.gate_norm is not None}")

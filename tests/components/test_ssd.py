@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -104,7 +106,7 @@ def test_s_is_bound_to_ssd_by_default():
         (dict(head_dim=5), "expand·d_model=32 is not divisible by head_dim=5"),
         (dict(n_heads=4, n_groups=3), "n_heads=4 is not divisible by n_groups=3"),
         (dict(n_heads=4, head_dim=8), "give n_heads=4 or head_dim=8, not both"),
-        (dict(positions="alibi"), "positions='alibi' is not one of ('rope', 'decay', 'conv')"),
+        (dict(positions="alibi"), "positions='alibi' is not one of ('rope', 'decay', 'conv', 'conv+rope')"),
     ],
 )
 def test_bad_configuration_names_the_problem(kwargs, words):
@@ -115,3 +117,59 @@ def test_bad_configuration_names_the_problem(kwargs, words):
 
 def test_odd_d_state_is_fine_without_rope():
     assert SSD(32, d_state=7, positions="decay")(torch.randn(1, 5, 32)).shape == (1, 5, 32)
+
+
+def rope_by_hand(v: torch.Tensor, pos: int, base: float = 10000.0) -> torch.Tensor:
+    """Rotate-half RoPE of one vector: the pair (i, i + n/2) turns by pos·base^(-2i/n)."""
+    n = v.shape[-1]
+    out = v.clone()
+    for i in range(n // 2):
+        angle = pos * base ** (-2 * i / n)
+        a, b = v[i], v[i + n // 2]
+        out[i] = a * math.cos(angle) - b * math.sin(angle)
+        out[i + n // 2] = b * math.cos(angle) + a * math.sin(angle)
+    return out
+
+
+@pytest.mark.parametrize("positions, d_skip, gate", [
+    ("conv+rope", None, True), ("conv", False, True), ("rope", True, False), ("decay", None, True),
+])
+def test_every_variant_matches_its_math_written_out(positions, d_skip, gate):
+    torch.manual_seed(1)
+    H, P, G, N, K, T = 4, 3, 2, 6, 3, 7
+    mixer = SSD(12, n_heads=H, d_state=N, n_groups=G, chunk_size=4, positions=positions, d_skip=d_skip,
+                gate=gate, conv_kernel=K, norm_eps=1e-5)
+    with torch.no_grad():
+        for p in (mixer.D, mixer.gate_norm.weight if gate else None):
+            if p is not None:
+                p.uniform_(0.5, 1.5)  # not 1, so a missing D or gain shows
+    x = torch.randn(1, T, 12, dtype=torch.float64)
+    mixer.double()
+    proj = x[0] @ mixer.in_proj.weight.T  # [T, ...]
+    xbc, dt, z = proj[:, :12 + 2 * G * N], proj[:, 12 + 2 * G * N:12 + 2 * G * N + H], proj[:, 12 + 2 * G * N + H:]
+    if "conv" in positions:
+        w, bias = mixer.conv.weight[:, 0], mixer.conv.bias  # [C, K], [C]
+        conv = torch.stack([bias + sum(w[:, K - 1 - j] * xbc[t - j] for j in range(K) if t - j >= 0) for t in range(T)])
+        xbc = conv * torch.sigmoid(conv)
+    xs, B, C = xbc[:, :12].view(T, H, P), xbc[:, 12:12 + G * N].view(T, G, N), xbc[:, 12 + G * N:].view(T, G, N)
+    if "rope" in positions:
+        B = torch.stack([torch.stack([rope_by_hand(B[t, g], t) for g in range(G)]) for t in range(T)])
+        C = torch.stack([torch.stack([rope_by_hand(C[t, g], t) for g in range(G)]) for t in range(T)])
+    dt = F.softplus(dt + mixer.dt_bias)
+    A = -torch.exp(mixer.A_log)
+    state = torch.zeros(H, P, N, dtype=torch.float64)
+    ys = []
+    for t in range(T):
+        y_t = []
+        for h in range(H):
+            g = h // (H // G)
+            state[h] = torch.exp(dt[t, h] * A[h]) * state[h] + dt[t, h] * torch.outer(xs[t, h], B[t, g])
+            y_t.append(state[h] @ C[t, g] + (mixer.D[h] * xs[t, h] if mixer.D is not None else 0))
+        ys.append(torch.cat(y_t))
+    y = torch.stack(ys)  # [T, H·P]
+    if gate:
+        u = (y * z * torch.sigmoid(z)).view(T, G, -1)  # y ⊙ silu(z), then RMS per group
+        y = (u / torch.sqrt(u.pow(2).mean(-1, keepdim=True) + 1e-5)).reshape(T, -1) * mixer.gate_norm.weight
+    want = y @ mixer.out_proj.weight.T
+    torch.testing.assert_close(mixer(x)[0], want, rtol=1e-6, atol=1e-9)  # (RoPE tables are fp32)
+    assert (mixer.D is not None) == (d_skip if d_skip is not None else "conv" in positions)
