@@ -1,5 +1,24 @@
+import math
+
 import pytest
 import torch
+
+
+def rope_by_hand(v: torch.Tensor, pos: int, base: float = 10000.0) -> torch.Tensor:
+    """Rotate-half RoPE of one vector, written out: the pair (i, i + n/2) turns by pos·base^(-2i/n)."""
+    n = v.shape[-1]
+    out = v.clone()
+    for i in range(n // 2):
+        angle = pos * base ** (-2 * i / n)
+        a, b = v[i], v[i + n // 2]
+        out[i] = a * math.cos(angle) - b * math.sin(angle)
+        out[i + n // 2] = b * math.cos(angle) + a * math.sin(angle)
+    return out
+
+
+@pytest.fixture
+def rope_reference():
+    return rope_by_hand
 
 
 def check_causal(fn, x: torch.Tensor, cut_points=(0, 3, None)) -> None:

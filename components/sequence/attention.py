@@ -1,13 +1,41 @@
-"""QCAttention: quadratic causal self-attention with grouped-query heads and RoPE."""
+"""QCAttention: quadratic causal self-attention with grouped-query heads, RoPE and optional QK-norm."""
 
 import torch
 from torch import nn
 
 from components._checks import check_divisible, check_mixer_input, check_positive
 from components.context import Context
+from components.norm import RMSNorm
 from components.rotary import apply_rotary
 from kernels._backend import check_backend
 from kernels.attention import attention
+
+
+class QueryKeyPositions(nn.Module):
+    """What Q and K go through before the scores, shared by QCAttention and InnerFuncAttention:
+    an optional per-head RMSNorm (``qk_norm``, Doge's attention; one gain per head channel, shared by
+    the heads) and then RoPE from the context's shared table (unless ``rope=False``, as Jamba's
+    attention, which has no positional encoding)."""
+
+    def __init__(self, owner: str, head_dim: int, *, rope: bool, qk_norm: bool, norm_eps: float):
+        super().__init__()
+        if rope and head_dim % 2 != 0:
+            raise ValueError(f"{owner}: head_dim = d_model / n_heads = {head_dim} must be even for RoPE")
+        self.head_dim, self.rope = head_dim, rope
+        self.q_norm = RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, context: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q [B,T,H,Dh]``, ``k [B,T,Hkv,Dh]`` → the same, normed and rotated."""
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope:
+            cos, sin = context.rotary_tables(self.head_dim)  # [B, T, Dh]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return q, k
+
+    def extra_repr(self) -> str:
+        return f"rope={self.rope}, qk_norm={self.q_norm is not None}"
 
 
 class QCAttention(nn.Module):
@@ -18,12 +46,15 @@ class QCAttention(nn.Module):
         n_heads: query heads (default 8); ``d_model`` must be divisible by it.
         n_kv_heads: key/value heads for grouped-query attention (default ``n_heads``); must divide
             ``n_heads``.
+        rope: RoPE on Q and K over the head dim, from the context's shared table (default True; the
+            head dim must then be even). False: no positional encoding (Jamba).
+        qk_norm: per-head RMSNorm on Q and K before RoPE (default False; Doge).
+        norm_eps: that norm's epsilon (default 1e-6).
         backend: attention kernel, ``auto`` | ``reference`` | ``triton``.
-
-    RoPE from the context's shared table is applied to Q and K over the head dim, which must be even.
     """
 
-    def __init__(self, d_model: int, *, n_heads: int = 8, n_kv_heads: int | None = None, backend: str = "auto"):
+    def __init__(self, d_model: int, *, n_heads: int = 8, n_kv_heads: int | None = None, rope: bool = True,
+                 qk_norm: bool = False, norm_eps: float = 1e-6, backend: str = "auto"):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         check_positive("QCAttention", d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads)
@@ -31,10 +62,7 @@ class QCAttention(nn.Module):
         check_divisible("QCAttention", "n_heads", n_heads, "n_kv_heads", n_kv_heads)
         check_backend(backend)
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
-        if self.head_dim % 2 != 0:
-            raise ValueError(
-                f"QCAttention: head_dim = d_model / n_heads = {self.head_dim} must be even for RoPE"
-            )
+        self.positions = QueryKeyPositions("QCAttention", self.head_dim, rope=rope, qk_norm=qk_norm, norm_eps=norm_eps)
         self.d_model, self.backend = d_model, backend
         self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=False)
@@ -47,8 +75,7 @@ class QCAttention(nn.Module):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # [B, T, H, Dh]
         k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_heads, self.head_dim).unbind(2)  # 2 × [B, T, Hkv, Dh]
-        cos, sin = context.rotary_tables(self.head_dim)  # [B, T, Dh]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = self.positions(q, k, context)
         y = attention(q, k, v, causal=True, key_padding_mask=context.padding_mask, backend=self.backend)
         return self.out_proj(y.reshape(B, T, self.n_heads * self.head_dim))  # [B, T, d_model]
 

@@ -6,13 +6,13 @@ from torch import nn
 
 from components._checks import check_choice, check_divisible, check_mixer_input, check_positive
 from components.context import Context
-from components.rotary import apply_rotary
+from components.sequence.attention import QueryKeyPositions
 from components.sequence.ssd import SSD
 from kernels._backend import check_backend
 from kernels.attention import attention
 
 INNERS = ("linear", "retrieval", "ssd")
-MASKS = ("content", "position", "none")
+MASKS = ("content", "content_exp", "position", "none")
 
 
 class RetrievedValue(nn.Module):
@@ -46,13 +46,16 @@ class RetrievedValue(nn.Module):
 class InnerFuncAttention(nn.Module):
     """Causal attention with an inner-function value and a dynamic mask, ``[B,T,d] → [B,T,d]``.
 
-    Q and K exactly as :class:`QCAttention` (GQA, RoPE). The value, by ``inner``:
+    Q and K exactly as :class:`QCAttention` (GQA, RoPE or not, optional QK-norm). The value, by ``inner``:
         ``linear``    — ``V = x W_V`` (with ``mask="content"``, Doge's attention);
         ``retrieval`` — :class:`RetrievedValue` (seed 002 §3.2);
         ``ssd``       — ``V = SSD(x)`` (seed 001 §4.2), a selective recurrent summary.
     The dynamic mask, by ``mask``, an additive bias per head and key:
-        ``content``  — ``bias[b,h,j] = A_h · softplus((V W_δ)[b,j,h])``, ``A`` initialised to 0 so
-                       training starts as plain attention (the authors' latest form, Doge);
+        ``content``  — ``bias[b,h,j] = A_h · softplus((V W_δ)[b,j,h])``, one ``A`` per query head,
+                       initialised to 0 so training starts as plain attention;
+        ``content_exp`` — ``bias[b,h,j] = exp(A_g · softplus((V W_δ)[b,j,g]))`` with one ``A`` (and one
+                       δ) per key/value head ``g`` of query head ``h``: the released Doge models'
+                       form (Hugging Face ``DogeAttention``); at ``A = 0`` the bias is 1 everywhere;
         ``position`` — ``bias[h,j] = θ[h, position_j]``, learned over ``max_position`` positions;
         ``none``     — causal and padding only.
     ``keep_window=w``: each query keeps only its ``w`` allowed keys with the largest bias.
@@ -71,6 +74,7 @@ class InnerFuncAttention(nn.Module):
             has 2 values. With ``top_k = 1`` the softmax of one score is 1 and the retrieval query and
             keys get no gradient, as in the paper's listing).
         max_position: positions the ``position`` mask covers (default 2048).
+        rope, qk_norm, norm_eps: as :class:`QCAttention`.
         ssd: keyword arguments of the inner :class:`SSD` (default ``{}``: RoPE positions).
         backend: attention kernel, ``auto`` | ``reference`` | ``triton``.
     """
@@ -89,6 +93,9 @@ class InnerFuncAttention(nn.Module):
         top_k: int = 2,
         max_position: int = 2048,
         ssd: dict | None = None,
+        rope: bool = True,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
         backend: str = "auto",
     ):
         super().__init__()
@@ -103,8 +110,8 @@ class InnerFuncAttention(nn.Module):
         if keep_window is not None and (not isinstance(keep_window, int) or keep_window < 1):
             raise ValueError(f"InnerFuncAttention: keep_window={keep_window!r} must be an integer >= 1 (or None)")
         self.head_dim = d_model // n_heads
-        if self.head_dim % 2 != 0:
-            raise ValueError(f"InnerFuncAttention: head_dim = d_model / n_heads = {self.head_dim} must be even for RoPE")
+        self.positions = QueryKeyPositions("InnerFuncAttention", self.head_dim, rope=rope, qk_norm=qk_norm,
+                                           norm_eps=norm_eps)
         self.d_model, self.n_heads, self.n_kv_heads, self.inner, self.mask = d_model, n_heads, n_kv_heads, inner, mask
         self.keep_window, self.max_position, self.backend = keep_window, max_position, backend
         self.v_heads = n_kv_heads if inner == "linear" else n_heads
@@ -118,9 +125,10 @@ class InnerFuncAttention(nn.Module):
             self.value = RetrievedValue(d_model, n_values=n_values, d_retrieval=d_retrieval, top_k=top_k)
         else:
             self.value = SSD(d_model, **(ssd or {}))
-        if mask == "content":
-            self.delta_proj = nn.Linear(self.v_heads * self.head_dim, n_heads, bias=False)  # W_δ
-            self.A = nn.Parameter(torch.zeros(n_heads))
+        if mask in ("content", "content_exp"):
+            n_bias = n_heads if mask == "content" else self.v_heads  # one δ and A per query / per kv head
+            self.delta_proj = nn.Linear(self.v_heads * self.head_dim, n_bias, bias=False)  # W_δ
+            self.A = nn.Parameter(torch.zeros(n_bias))
         elif mask == "position":
             self.position_bias = nn.Parameter(torch.zeros(n_heads, max_position))  # θ
         self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
@@ -134,8 +142,7 @@ class InnerFuncAttention(nn.Module):
         k = self.k_proj(x).view(batch, T, self.n_kv_heads, self.head_dim)  # [b, T, Hkv, Dh]
         v_flat = self.value(x, context) if self.inner == "ssd" else self.value(x)  # [b, T, v_heads·Dh]
         v = v_flat.view(batch, T, self.v_heads, self.head_dim)  # [b, T, Hv, Dh]
-        cos, sin = context.rotary_tables(self.head_dim)  # [b, T, Dh]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = self.positions(q, k, context)
         if self.v_heads != self.n_kv_heads:
             k = k.repeat_interleave(self.v_heads // self.n_kv_heads, dim=2)  # [b, T, Hv, Dh]
         y = attention(q, k, v, bias=self.dynamic_bias(v_flat, context), causal=True,
@@ -147,6 +154,10 @@ class InnerFuncAttention(nn.Module):
         if self.mask == "content":
             delta = self.delta_proj(v_flat)  # [b, T, H]
             return (self.A * F.softplus(delta)).transpose(1, 2)  # [b, H, T]
+        if self.mask == "content_exp":
+            delta = self.delta_proj(v_flat)  # [b, T, Hv]
+            bias = torch.exp(self.A * F.softplus(delta)).transpose(1, 2)  # [b, Hv, T]
+            return bias.repeat_interleave(self.n_heads // self.v_heads, dim=1)  # [b, H, T]
         if self.mask == "position":
             last = int(context.position_ids.max()) if context.position_ids.numel() else 0
             if last >= self.max_position:

@@ -100,7 +100,7 @@ def test_i_is_bound_by_default():
     [
         (dict(keep_window=0), "keep_window=0 must be an integer >= 1"),
         (dict(inner="mlp"), "inner='mlp' is not one of ('linear', 'retrieval', 'ssd')"),
-        (dict(mask="alibi"), "mask='alibi' is not one of ('content', 'position', 'none')"),
+        (dict(mask="alibi"), "mask='alibi' is not one of ('content', 'content_exp', 'position', 'none')"),
         (dict(inner="retrieval", n_values=2, top_k=3), "top_k=3 exceeds n_values=2"),
         (dict(n_heads=5), "d_model=32 is not divisible by n_heads=5"),
     ],

@@ -1,5 +1,3 @@
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,22 +117,10 @@ def test_odd_d_state_is_fine_without_rope():
     assert SSD(32, d_state=7, positions="decay")(torch.randn(1, 5, 32)).shape == (1, 5, 32)
 
 
-def rope_by_hand(v: torch.Tensor, pos: int, base: float = 10000.0) -> torch.Tensor:
-    """Rotate-half RoPE of one vector: the pair (i, i + n/2) turns by pos·base^(-2i/n)."""
-    n = v.shape[-1]
-    out = v.clone()
-    for i in range(n // 2):
-        angle = pos * base ** (-2 * i / n)
-        a, b = v[i], v[i + n // 2]
-        out[i] = a * math.cos(angle) - b * math.sin(angle)
-        out[i + n // 2] = b * math.cos(angle) + a * math.sin(angle)
-    return out
-
-
 @pytest.mark.parametrize("positions, d_skip, gate", [
     ("conv+rope", None, True), ("conv", False, True), ("rope", True, False), ("decay", None, True),
 ])
-def test_every_variant_matches_its_math_written_out(positions, d_skip, gate):
+def test_every_variant_matches_its_math_written_out(rope_reference, positions, d_skip, gate):
     torch.manual_seed(1)
     H, P, G, N, K, T = 4, 3, 2, 6, 3, 7
     mixer = SSD(12, n_heads=H, d_state=N, n_groups=G, chunk_size=4, positions=positions, d_skip=d_skip,
@@ -153,8 +139,8 @@ def test_every_variant_matches_its_math_written_out(positions, d_skip, gate):
         xbc = conv * torch.sigmoid(conv)
     xs, B, C = xbc[:, :12].view(T, H, P), xbc[:, 12:12 + G * N].view(T, G, N), xbc[:, 12 + G * N:].view(T, G, N)
     if "rope" in positions:
-        B = torch.stack([torch.stack([rope_by_hand(B[t, g], t) for g in range(G)]) for t in range(T)])
-        C = torch.stack([torch.stack([rope_by_hand(C[t, g], t) for g in range(G)]) for t in range(T)])
+        B = torch.stack([torch.stack([rope_reference(B[t, g], t) for g in range(G)]) for t in range(T)])
+        C = torch.stack([torch.stack([rope_reference(C[t, g], t) for g in range(G)]) for t in range(T)])
     dt = F.softplus(dt + mixer.dt_bias)
     A = -torch.exp(mixer.A_log)
     state = torch.zeros(H, P, N, dtype=torch.float64)

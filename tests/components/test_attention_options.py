@@ -1,0 +1,98 @@
+"""QCAttention and InnerFuncAttention options against their math written out: RoPE on or off,
+QK-norm, GQA, and the two content masks (``A·softplus(δ)`` per query head; Doge's ``exp(A·softplus(δ))``
+per key/value head)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from components import Context, InnerFuncAttention, QCAttention
+
+
+def rms_by_hand(v: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return v / torch.sqrt((v * v).mean() + eps) * weight
+
+
+def attend_by_hand(q, k, v, bias=None):
+    """``q [T,H,D]``, ``k, v [T,Hkv,D]``, ``bias [H,T]`` → ``[T,H,D]``: causal softmax, one query at a time."""
+    T, H, D = q.shape
+    group = H // k.shape[1]
+    out = torch.zeros_like(q)
+    for h in range(H):
+        for i in range(T):
+            scores = torch.stack([q[i, h] @ k[j, h // group] / math.sqrt(D) + (bias[h, j] if bias is not None else 0)
+                                  for j in range(i + 1)])
+            out[i, h] = torch.softmax(scores, 0) @ v[: i + 1, h // group]
+    return out
+
+
+def positions_by_hand(q, k, mixer, rope_reference, positions):
+    T = q.shape[0]
+    if mixer.positions.q_norm is not None:
+        eps = mixer.positions.q_norm.eps
+        q = torch.stack([torch.stack([rms_by_hand(q[t, h], mixer.positions.q_norm.weight, eps) for h in range(q.shape[1])]) for t in range(T)])
+        k = torch.stack([torch.stack([rms_by_hand(k[t, h], mixer.positions.k_norm.weight, eps) for h in range(k.shape[1])]) for t in range(T)])
+    if mixer.positions.rope:
+        q = torch.stack([torch.stack([rope_reference(q[t, h], positions[t]) for h in range(q.shape[1])]) for t in range(T)])
+        k = torch.stack([torch.stack([rope_reference(k[t, h], positions[t]) for h in range(k.shape[1])]) for t in range(T)])
+    return q, k
+
+
+@pytest.mark.parametrize("rope, qk_norm", [(True, False), (False, False), (True, True), (False, True)])
+def test_qcattention_matches_its_math_written_out(rope_reference, rope, qk_norm):
+    torch.manual_seed(0)
+    mixer = QCAttention(16, n_heads=4, n_kv_heads=2, rope=rope, qk_norm=qk_norm, norm_eps=1e-5).double()
+    if qk_norm:
+        with torch.no_grad():
+            mixer.positions.q_norm.weight.uniform_(0.5, 1.5), mixer.positions.k_norm.weight.uniform_(0.5, 1.5)
+    T, positions = 6, [3, 4, 5, 6, 7, 8]  # not starting at 0, so the rotation shows
+    x = torch.randn(1, T, 16, dtype=torch.float64)
+    q = (x[0] @ mixer.q_proj.weight.T).view(T, 4, 4)
+    k, v = (x[0] @ mixer.kv_proj.weight.T).view(T, 2, 2, 4).unbind(1)
+    q, k = positions_by_hand(q, k, mixer, rope_reference, positions)
+    want = attend_by_hand(q, k, v).reshape(T, 16) @ mixer.out_proj.weight.T
+    got = mixer(x, Context(position_ids=torch.tensor([positions])))
+    torch.testing.assert_close(got[0], want, rtol=1e-6, atol=1e-9)  # (RoPE tables are fp32)
+
+
+def test_attention_without_rope_ignores_positions():
+    mixer = QCAttention(16, n_heads=4, rope=False)
+    x = torch.randn(2, 7, 16)
+    plain = mixer(x)
+    moved = mixer(x, Context(position_ids=torch.randint(0, 1000, (2, 7))))
+    torch.testing.assert_close(moved, plain, rtol=0, atol=0)
+    assert not torch.allclose(QCAttention(16, n_heads=4)(x, Context(position_ids=torch.randint(0, 1000, (2, 7)))),
+                              QCAttention(16, n_heads=4)(x))
+
+
+@pytest.mark.parametrize("mask", ["content", "content_exp"])
+def test_content_masks_match_their_formula(rope_reference, mask):
+    torch.manual_seed(0)
+    mixer = InnerFuncAttention(16, n_heads=4, n_kv_heads=2, mask=mask, qk_norm=True).double()
+    with torch.no_grad():
+        mixer.A.uniform_(-2, 2)
+    T = 7
+    x = torch.randn(1, T, 16, dtype=torch.float64)
+    q = (x[0] @ mixer.q_proj.weight.T).view(T, 4, 4)
+    k = (x[0] @ mixer.k_proj.weight.T).view(T, 2, 4)
+    v_flat = x[0] @ mixer.value.weight.T  # [T, Hkv·Dh]
+    delta = F.softplus(v_flat @ mixer.delta_proj.weight.T)  # [T, 4] per query head, or [T, 2] per kv head
+    if mask == "content":
+        bias = (mixer.A * delta).T  # [H, T]
+    else:
+        bias = torch.exp(mixer.A * delta).T.repeat_interleave(2, dim=0)  # kv head g serves query heads 2g, 2g+1
+        assert mixer.A.shape == (2,)
+    q, k = positions_by_hand(q, k, mixer, rope_reference, list(range(T)))
+    want = attend_by_hand(q, k, v_flat.view(T, 2, 4), bias).reshape(T, 16) @ mixer.out_proj.weight.T
+    torch.testing.assert_close(mixer(x)[0], want, rtol=1e-6, atol=1e-9)
+
+
+def test_exp_mask_starts_as_plain_attention():
+    torch.manual_seed(0)
+    ifa = InnerFuncAttention(16, n_heads=4, n_kv_heads=2, mask="content_exp")
+    plain = InnerFuncAttention(16, n_heads=4, n_kv_heads=2, mask="none")
+    plain.load_state_dict({k: v for k, v in ifa.state_dict().items() if k not in ("A", "delta_proj.weight")})
+    x = torch.randn(2, 9, 16)
+    torch.testing.assert_close(ifa(x), plain(x))  # exp(0) = 1 on every key: a constant shift of the scores
