@@ -12,12 +12,18 @@ from components.norm import RMSNorm
 class Block(nn.Module):
     """``x += sequence_mixer(norm(x), context)``; ``x += state_mixer(norm(x))``. Either may be None.
 
+    With ``residual_scale=True`` (Doge) each residual is scaled by a learned per-channel vector,
+    ``x ← r ⊙ x + mixer(norm(x))``, ``r`` initialised to 1. A sequence mixer that computes a whole
+    block itself (OTCE's Expresser, :class:`components.Expresser`) sets ``owns_residual = True``: it
+    receives the raw stream, with no norm before it, and its output replaces the stream.
+
     Args:
         d_model: model width.
         sequence_mixer: a module ``(x [B,T,d], context) -> [B,T,d]``, or None.
         state_mixer: a module ``x [B,T,d] -> [B,T,d]``, or None.
         token: the pattern token this block was built from (for summaries and messages).
         norm_eps: RMSNorm epsilon.
+        residual_scale: learned per-channel residual scales (default False).
     """
 
     def __init__(
@@ -28,27 +34,40 @@ class Block(nn.Module):
         *,
         token: str = "",
         norm_eps: float = 1e-6,
+        residual_scale: bool = False,
     ):
         super().__init__()
         if sequence_mixer is None and state_mixer is None:
             raise ValueError("Block: needs a sequence mixer, a state mixer, or both")
         self.token = token
-        self.sequence_norm = RMSNorm(d_model, eps=norm_eps) if sequence_mixer is not None else None
+        self.owns_residual = bool(getattr(sequence_mixer, "owns_residual", False))
+        has_norm = sequence_mixer is not None and not self.owns_residual
+        self.sequence_norm = RMSNorm(d_model, eps=norm_eps) if has_norm else None
         self.sequence_mixer = sequence_mixer
         self.state_norm = RMSNorm(d_model, eps=norm_eps) if state_mixer is not None else None
         self.state_mixer = state_mixer
         # A state mixer that reads padding (a MoE, to leave it out of its load) declares `padding_mask`.
         self._state_takes_padding = state_mixer is not None and "padding_mask" in inspect.signature(state_mixer.forward).parameters
+        scaled = lambda mixer: nn.Parameter(torch.ones(d_model)) if residual_scale and mixer is not None else None  # noqa: E731
+        self.sequence_residual = scaled(sequence_mixer if has_norm else None)
+        self.state_residual = scaled(state_mixer)
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
-        if self.sequence_mixer is not None:
-            x = x + self._checked(self.sequence_mixer(self.sequence_norm(x), context), x, "sequence")
+        if self.owns_residual:
+            x = self._checked(self.sequence_mixer(x, context), x, "sequence")
+        elif self.sequence_mixer is not None:
+            x = self._residual(x, self.sequence_residual) + self._checked(
+                self.sequence_mixer(self.sequence_norm(x), context), x, "sequence")
         if self.state_mixer is not None:
             h = self.state_norm(x)
             padding = context.padding_mask if context is not None else None
             y = self.state_mixer(h, padding_mask=padding) if self._state_takes_padding else self.state_mixer(h)
-            x = x + self._checked(y, x, "state")
+            x = self._residual(x, self.state_residual) + self._checked(y, x, "state")
         return x
+
+    @staticmethod
+    def _residual(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        return x if scale is None else scale * x
 
     def _checked(self, y: torch.Tensor, x: torch.Tensor, slot: str) -> torch.Tensor:
         if y.shape != x.shape:

@@ -38,7 +38,10 @@ class HybridLM(nn.Module):
         mixers: letter → factory ``d_model -> nn.Module`` or spec ``{"class_path", "init_args"}``
             (:mod:`components.bindings`), merged over :data:`DEFAULT_MIXERS`. Each factory is called
             once per block, so no two blocks share parameters.
-        max_seq_len: longest sequence accepted (also RoPE's trained range; NTK scaling past it).
+        max_seq_len: RoPE's trained range, and the longest sequence accepted unless ``extrapolate``.
+        extrapolate: accept sequences longer than ``max_seq_len`` (default False); RoPE's base is then
+            NTK-stretched, per sequence, past ``max_seq_len`` (:class:`RotaryEmbedding`).
+        rope_ntk_factor: the NTK stretch's factor ``f`` (default 1.0; Doge-320M uses 4).
         tie_embeddings: share the embedding matrix with the LM head (default False).
         rope_base: base of the shared rotary table (default 10000).
         init_std: if set, re-initialise every ``nn.Linear`` and ``nn.Embedding`` weight from
@@ -47,7 +50,8 @@ class HybridLM(nn.Module):
             2-layer attention model on the recall plateau for thousands of steps, the default
             solved it in under 1,000 (docs/attention.md). Other parameters always keep their
             component's own initialisation.
-        norm_eps: RMSNorm epsilon.
+        norm_eps: RMSNorm epsilon of the blocks' and the final norms (default 1e-6).
+        residual_scale: learned per-channel scales on every residual, Doge's (default False).
     """
 
     def __init__(
@@ -58,22 +62,26 @@ class HybridLM(nn.Module):
         mixers: Mapping[str, MixerFactory] | None = None,
         *,
         max_seq_len: int = 2048,
+        extrapolate: bool = False,
         tie_embeddings: bool = False,
         rope_base: float = 10000.0,
+        rope_ntk_factor: float = 1.0,
         init_std: float | None = None,
         norm_eps: float = 1e-6,
+        residual_scale: bool = False,
     ):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("max_seq_len", max_seq_len)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"HybridLM: {name}={value!r} must be a positive integer")
         self.vocab_size, self.d_model, self.pattern, self.max_seq_len = vocab_size, d_model, pattern, max_seq_len
+        self.extrapolate = extrapolate
         self.bindings = {letter: binding_factory(letter, b) for letter, b in {**DEFAULT_MIXERS, **(mixers or {})}.items()}
         tokens = parse_tokens(pattern)
         self._check_bound(tokens)
 
         self.embedding = nn.Embedding(vocab_size, d_model)
-        self.rotary = RotaryEmbedding(max_seq_len, base=rope_base)
+        self.rotary = RotaryEmbedding(max_seq_len, base=rope_base, scaling_factor=rope_ntk_factor)
         self.blocks = nn.ModuleList(
             Block(
                 d_model,
@@ -81,6 +89,7 @@ class HybridLM(nn.Module):
                 self._build(t.state, d_model),
                 token=str(t),
                 norm_eps=norm_eps,
+                residual_scale=residual_scale,
             )
             for t in tokens
         )
@@ -170,10 +179,10 @@ class HybridLM(nn.Module):
                 f"HybridLM: input_ids must be an integer tensor [B, T]; got {input_ids.dtype} {tuple(input_ids.shape)}"
             )
         T = input_ids.shape[1]
-        if T > self.max_seq_len:
+        if T > self.max_seq_len and not self.extrapolate:
             raise ValueError(
-                f"HybridLM: sequence length {T} exceeds max_seq_len={self.max_seq_len}; "
-                "build the model with a larger max_seq_len"
+                f"HybridLM: sequence length {T} exceeds max_seq_len={self.max_seq_len}; build the model with a "
+                "larger max_seq_len, or with extrapolate=True to stretch RoPE (NTK) past it"
             )
         if input_ids.numel():
             low, high = (int(v) for v in torch.aminmax(input_ids))  # one pass, one host sync

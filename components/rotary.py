@@ -2,7 +2,9 @@
 
 Rotate-half convention over an even dimension ``d``, ``θ_i = base^(-2i/d)``. Attention applies it to
 Q and K over the head dim, SSD to C and B over the state dim, so ``<R_t c, R_s b>`` depends on
-``t - s`` only. Past ``max_position`` the base is stretched NTK-style (seed 001, listing A.1).
+``t - s`` only. Past ``max_position`` the base is stretched NTK-style (seed 001, listing A.1, the same
+formula as Hugging Face's "dynamic" RoPE), per sequence: each sequence's stretch comes from its own
+last position, never from the other sequences of the batch.
 """
 
 import torch
@@ -37,22 +39,27 @@ class RotaryEmbedding(nn.Module):
         self.base = base
         self.scaling_factor = scaling_factor
 
-    def inv_freq(self, dim: int, seq_len: int, device: torch.device) -> torch.Tensor:
-        """``[dim/2]`` frequencies ``base^(-2i/dim)``, NTK-scaled when ``seq_len > max_position``."""
+    def inv_freq(self, dim: int, seq_len, device: torch.device) -> torch.Tensor:
+        """Frequencies ``base^(-2i/dim)``, ``[..., dim/2]`` for ``seq_len`` an int or a tensor ``[...]`` of
+        lengths; the base is NTK-stretched where the length exceeds ``max_position``:
+        ``base · (f·L/max − (f − 1))^(dim/(dim−2))`` with ``f`` the scaling factor."""
         if dim <= 0 or dim % 2 != 0:
             raise ValueError(f"RotaryEmbedding: the rotary dimension must be even and positive; got {dim}")
-        base = self.base
-        if seq_len > self.max_position:
-            stretch = self.scaling_factor * seq_len / self.max_position - (self.scaling_factor - 1)
-            base = base * stretch ** (dim / (dim - 2)) if dim > 2 else base * stretch
-        exponent = torch.arange(0, dim, 2, device=device, dtype=torch.float64) / dim
-        return (1.0 / base**exponent).float()
+        length = torch.as_tensor(seq_len, device=device, dtype=torch.float64)
+        stretch = self.scaling_factor * length / self.max_position - (self.scaling_factor - 1)
+        stretch = torch.where(length > self.max_position, stretch, torch.ones_like(stretch))
+        base = self.base * stretch ** (dim / (dim - 2) if dim > 2 else 1.0)  # [...]
+        exponent = torch.arange(0, dim, 2, device=device, dtype=torch.float64) / dim  # [dim/2]
+        return (1.0 / base[..., None] ** exponent).float()  # [..., dim/2]
 
     def forward(self, position_ids: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``position_ids [B, T]`` → ``(cos, sin)`` each ``[B, T, dim]`` in fp32."""
-        seq_len = int(position_ids.max()) + 1 if position_ids.numel() else 0
-        inv_freq = self.inv_freq(dim, seq_len, position_ids.device)  # [dim/2]
-        angles = position_ids.float()[..., None] * inv_freq  # [B, T, dim/2]
+        if position_ids.shape[-1] == 0:
+            empty = position_ids.new_zeros(*position_ids.shape, dim, dtype=torch.float32)
+            return empty, empty
+        lengths = position_ids.amax(dim=-1) + 1  # [B] each sequence's own extent, no host sync
+        inv_freq = self.inv_freq(dim, lengths, position_ids.device)  # [B, dim/2]
+        angles = position_ids.float()[..., None] * inv_freq[:, None, :]  # [B, T, dim/2]
         angles = torch.cat((angles, angles), dim=-1)  # [B, T, dim]
         return angles.cos(), angles.sin()
 

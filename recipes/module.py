@@ -39,8 +39,8 @@ class LanguageModel(L.LightningModule):
     :class:`recipes.training.DivergenceError` before the update if the loss or the norm is not finite.
 
     Args:
-        d_model, pattern, mixers, vocab_size, max_seq_len, tie_embeddings, rope_base, init_std:
-            passed to ``HybridLM``.
+        d_model, pattern, mixers, vocab_size, max_seq_len, extrapolate, tie_embeddings, rope_base,
+            rope_ntk_factor, init_std, norm_eps, residual_scale: passed to ``HybridLM``.
         size_to: solve one width of some mixers so the model has a target parameter count
             (:class:`components.sizing.SizeTarget`; YAML ``size_to: {params: 600000, letters: [M, R]}``);
             the solved width is recorded in the hyper-parameters as ``sized_width``.
@@ -60,9 +60,13 @@ class LanguageModel(L.LightningModule):
         *,
         vocab_size: int = 256,
         max_seq_len: int = 2048,
+        extrapolate: bool = False,
         tie_embeddings: bool = False,
         rope_base: float = 10000.0,
+        rope_ntk_factor: float = 1.0,
         init_std: float | None = None,
+        norm_eps: float = 1e-6,
+        residual_scale: bool = False,
         size_to: SizeTarget | None = None,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.98),
@@ -80,7 +84,9 @@ class LanguageModel(L.LightningModule):
             raise ValueError(f"LanguageModel: final_lr_fraction={final_lr_fraction} must lie in [0, 1]")
         if isinstance(size_to, Mapping):  # as a checkpoint records it
             size_to = SizeTarget(**size_to)
-        model_kwargs = dict(max_seq_len=max_seq_len, tie_embeddings=tie_embeddings, rope_base=rope_base)
+        model_kwargs = dict(max_seq_len=max_seq_len, extrapolate=extrapolate, tie_embeddings=tie_embeddings,
+                            rope_base=rope_base, rope_ntk_factor=rope_ntk_factor, norm_eps=norm_eps,
+                            residual_scale=residual_scale)
         self.size_note, sized_width = None, None
         if size_to is not None:
             mixers, sized_width = sized_mixers(vocab_size, d_model, pattern, mixers, size_to, **model_kwargs)

@@ -1,7 +1,8 @@
 """Sequence mixers: ``forward(x [B,T,d], context=None) -> [B,T,d]``, mixing across positions."""
 
 from components.sequence.attention import QCAttention
+from components.sequence.expresser import Expresser
 from components.sequence.inner_func_attention import InnerFuncAttention, RetrievedValue
 from components.sequence.ssd import SSD
 
-__all__ = ["InnerFuncAttention", "QCAttention", "RetrievedValue", "SSD"]
+__all__ = ["Expresser", "InnerFuncAttention", "QCAttention", "RetrievedValue", "SSD"]

@@ -1,0 +1,72 @@
+"""Block options against their formulas: Doge's residual scales, a mixer that owns its residual (OTCE's
+Expresser, checked against the authors' layer written out), and RoPE's per-sequence NTK stretch."""
+
+import math
+from functools import partial
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from components import MLP, Block, Context, Expresser, HybridLM, QCAttention, RotaryEmbedding
+
+
+def rms(v, weight, eps=1e-6):
+    return v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def test_residual_scales_multiply_each_residual_per_channel():
+    torch.manual_seed(0)
+    block = Block(8, QCAttention(8, n_heads=2), MLP(8), residual_scale=True)
+    with torch.no_grad():
+        for p in (block.sequence_residual, block.state_residual, block.sequence_norm.weight, block.state_norm.weight):
+            p.uniform_(0.5, 1.5)
+    x = torch.randn(2, 5, 8)
+    h = block.sequence_residual * x + block.sequence_mixer(rms(x, block.sequence_norm.weight))
+    want = block.state_residual * h + block.state_mixer(rms(h, block.state_norm.weight))
+    torch.testing.assert_close(block(x), want)
+    assert torch.equal(Block(8, QCAttention(8, n_heads=2), None, residual_scale=True).sequence_residual, torch.ones(8))
+    mixers = {"A": partial(QCAttention, n_heads=2)}
+    model = HybridLM(20, 8, "AM -M", mixers, residual_scale=True)
+    assert sum(n.endswith("_residual") for n, _ in model.named_parameters()) == 3
+    assert not any(n.endswith("_residual") for n, _ in HybridLM(20, 8, "AM", mixers).named_parameters())
+
+
+def test_expresser_is_the_authors_expression_layer():
+    torch.manual_seed(0)
+    expresser = Expresser(16, n_heads=4, n_kv_heads=2, d_ff=24)
+    with torch.no_grad():
+        for norm in (expresser.attention_norm, expresser.mlp_norm, expresser.dense_norm):
+            norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 7, 16)
+    # CheemsExpressionLayer.forward, step by step.
+    original = x
+    h = x + expresser.attention(rms(x, expresser.attention_norm.weight))
+    gate, up = (rms(h, expresser.mlp_norm.weight) @ expresser.mlp.in_proj.weight.T).chunk(2, dim=-1)
+    h = h + (F.silu(gate) * torch.tanh(up)) @ expresser.mlp.out_proj.weight.T
+    h = rms(h, expresser.dense_norm.weight) + original
+    want = F.silu(h @ expresser.dense.weight.T) @ expresser.projection.weight.T
+    torch.testing.assert_close(expresser(x), want)
+    # In a block it gets the raw stream, no norm, and its output replaces the stream (no residual).
+    block = Block(16, expresser, None, residual_scale=True)
+    assert block.sequence_norm is None and block.sequence_residual is None
+    torch.testing.assert_close(block(x, Context.default(x)), want)
+
+
+def test_ntk_stretch_is_per_sequence_and_follows_the_dynamic_formula():
+    rope = RotaryEmbedding(16, base=10000.0, scaling_factor=4.0)
+    short, long = torch.arange(10)[None], torch.arange(40)[None]
+    batch = torch.cat([F.pad(short, (0, 30)), long])  # row 0: positions 0..9 then zeros
+    cos, _ = rope(batch, 8)
+    cos_short, _ = rope(short, 8)
+    torch.testing.assert_close(cos[0, :10], cos_short[0])  # the long row does not stretch the short one
+    base = 10000.0 * (4.0 * 40 / 16 - 3.0) ** (8 / 6)  # Hugging Face's "dynamic" RoPE at length 40
+    angle = 39 * base ** (-2 / 8)
+    torch.testing.assert_close(cos[1, 39, 1], torch.tensor(math.cos(angle)), rtol=1e-5, atol=1e-6)
+
+
+def test_longer_sequences_need_extrapolate():
+    mixers = {"A": partial(QCAttention, n_heads=2)}
+    with pytest.raises(ValueError, match="exceeds max_seq_len=8; .* extrapolate=True"):
+        HybridLM(20, 8, "AM", mixers, max_seq_len=8)(torch.zeros(1, 9, dtype=torch.long))
+    assert HybridLM(20, 8, "AM", mixers, max_seq_len=8, extrapolate=True)(torch.zeros(1, 9, dtype=torch.long)).shape == (1, 9, 20)
