@@ -96,15 +96,25 @@ class SharedGate(nn.Module):
         return self.gate(self.proj(x))
 
 
+GATE_FORMS = ("matrix", "scalar")
+
+
 class ExpansiveExperts(nn.Module):
     """OTCE eq. 19: expert ``i`` reads the shared FFN's output ``h = shared`` ``[m, d_model]``, gates
-    it with its own ``W₃ᵢ``, ``u = h ⊙ σ(h W₃ᵢ)``, and applies its private gated MLP to ``u``."""
+    it with its own ``W₃ᵢ``, ``u = h ⊙ σ(h W₃ᵢ)``, and applies its private gated MLP to ``u``.
 
-    def __init__(self, d_model: int, n_experts: int, d_ff: int, *, activation: str = "switanh", act: str = "silu"):
+    ``gate="matrix"``: ``W₃ᵢ ∈ R^{d×d}`` (the paper's equation); ``gate="scalar"``: ``w₃ᵢ ∈ R^d``, one
+    gate value per token, ``u = h · σ(h · w₃ᵢ)`` (the authors' code: ``shared_expert_gate = Linear(d, 1)``),
+    which costs ``d`` parameters per expert instead of ``d²``."""
+
+    def __init__(self, d_model: int, n_experts: int, d_ff: int, *, activation: str = "switanh", act: str = "silu",
+                 gate: str = "matrix"):
         super().__init__()
+        check_choice("ExpansiveExperts", "gate", gate, GATE_FORMS)
         self.private = MLPExperts(d_model, n_experts, d_ff, activation=activation, act=act)
-        self.n_experts = n_experts
-        self.w_gate = _linear_init((n_experts, d_model, d_model), d_model)  # [E, d, d]  W₃ᵢ
+        self.n_experts, self.gate = n_experts, gate
+        width = d_model if gate == "matrix" else 1
+        self.w_gate = _linear_init((n_experts, d_model, width), d_model)  # [E, d, d | 1]  W₃ᵢ
 
     def forward(self, xs: list[torch.Tensor], shareds: list[torch.Tensor]) -> list[torch.Tensor]:
         us = [h * torch.sigmoid(h @ w_gate) for h, w_gate in zip(shareds, self.w_gate.unbind(0))]  # [m_i, d]

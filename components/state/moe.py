@@ -163,14 +163,17 @@ class ExpansiveMoE(MoE):
             (default: the dense MLP's).
         activation: ``switanh`` (default, eq. 19) | ``swisig`` | ``swiglu``, for both FFNs.
         act: ``silu`` | ``gelu`` | ``relu``.
+        gate: each expert's gate on the shared output, ``matrix`` (``d×d``, eq. 19; default) |
+            ``scalar`` (one ``d``-vector per expert, the authors' code; what the recipes use).
     """
 
     def __init__(self, d_model: int, *, n_experts: int = 8, top_k: int = 2, d_ff: int | None = None,
-                 d_shared: int | None = None, activation: str = "switanh", act: str = "silu", normalize: bool = False):
+                 d_shared: int | None = None, activation: str = "switanh", act: str = "silu", normalize: bool = False,
+                 gate: str = "matrix"):
         d_ff = _expert_width(d_ff, d_model, activation)
         d_shared = _expert_width(d_shared, d_model, activation)
         super().__init__(
             TopKRouter(d_model, n_experts, top_k, normalize=normalize),
-            ExpansiveExperts(d_model, n_experts, d_ff, activation=activation, act=act),
+            ExpansiveExperts(d_model, n_experts, d_ff, activation=activation, act=act, gate=gate),
             cross_domain=MLP(d_model, d_ff=d_shared, activation=activation, act=act),
         )

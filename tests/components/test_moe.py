@@ -41,7 +41,10 @@ def oracle(moe, x):
         h = (F.silu(x @ W) * torch.tanh(x @ V)) @ mlp.out_proj.weight.T  # shared FFN [M, d]
         outs = []
         for i in range(bank.n_experts):
-            u = h * torch.sigmoid(h @ bank.w_gate[i])
+            if bank.gate == "scalar":  # one number per token: σ(⟨h, w₃ᵢ⟩)
+                u = h * torch.sigmoid((h * bank.w_gate[i][:, 0]).sum(-1, keepdim=True))
+            else:
+                u = h * torch.sigmoid(h @ bank.w_gate[i])
             outs.append(gated_mlp(u, bank.private.w_in[i], bank.private.w_out[i], torch.tanh))
     else:
         outs = [gated_mlp(x, bank.w_in[i], bank.w_out[i], GATE[bank.activation]) for i in range(bank.n_experts)]
@@ -60,6 +63,7 @@ MIXERS = {
     "shared-expert": lambda: SharedExpertMoE(12, n_experts=4, top_k=2, n_shared=2, d_ff=6),
     "cohesive": lambda: CohesiveMoE(12, n_experts=4, top_k=2, d_ff=10),
     "expansive": lambda: ExpansiveMoE(12, n_experts=4, top_k=2, d_ff=6, d_shared=14),
+    "expansive-scalar-gate": lambda: ExpansiveMoE(12, n_experts=4, top_k=2, d_ff=6, d_shared=14, gate="scalar"),
 }
 
 
@@ -137,6 +141,7 @@ def test_active_parameters_on_a_hand_computed_case():
     assert CohesiveMoE(4, n_experts=4, top_k=2, d_ff=8).active_parameters() == 16 + 32 + 2 * 64
     # expansive: shared FFN 4·2·6 + 6·4 = 72; one expert W₃ 16 + 96
     assert ExpansiveMoE(4, n_experts=4, top_k=2, d_ff=8, d_shared=6).active_parameters() == 16 + 72 + 2 * (16 + 96)
+    assert ExpansiveMoE(4, n_experts=4, top_k=2, d_ff=8, d_shared=6, gate="scalar").active_parameters() == 16 + 72 + 2 * (4 + 96)
     model = HybridLM(10, 4, "-R -M", {"R": lambda d: RoutedMoE(d, n_experts=4, top_k=2, d_ff=8)})
     dense = sum(p.numel() for p in model.parameters()) - (4 - 2) * 96
     from components import count_active_parameters
