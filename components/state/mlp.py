@@ -9,13 +9,13 @@ from components._checks import check_choice, check_mixer_input, check_positive
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 # The second (gate) branch of each gated form; the GELU FFN has none.
 GATES = {"swiglu": lambda v: v, "swisig": torch.sigmoid, "switanh": torch.tanh}
-FORMS = (*GATES, "gelu")
+FORMS = (*GATES, "gelu", "plain")
 
 
 def default_d_ff(d_model: int, activation: str) -> int:
     """Width at which every form has about ``8·d_model²`` parameters: ``4·d`` for the two-matrix
-    GELU FFN, ``8/3·d`` (rounded up to a multiple of 8) for the three-matrix gated forms."""
-    if activation == "gelu":
+    forms (GELU, plain), ``8/3·d`` (rounded up to a multiple of 8) for the three-matrix gated forms."""
+    if activation in ("gelu", "plain"):
         return 4 * d_model
     return -(-8 * d_model // 3 // 8) * 8
 
@@ -29,12 +29,13 @@ class MLP(nn.Module):
         swisig   (act(xW) ⊙ σ(xV)) W₂        OTCE eq. 13a
         switanh  (act(xW) ⊙ tanh(xV)) W₂     OTCE eq. 13b
         gelu     gelu(xW) W₂                 (two matrices; ``act`` is ignored)
+        plain    act(xW) W₂                  (two matrices; CDMoE's cross-domain MLP in seed 002)
 
     Args:
         d_model: model width.
         d_ff: hidden width (default :func:`default_d_ff`, equal parameters across forms).
-        activation: one of ``swiglu``, ``swisig``, ``switanh``, ``gelu`` (default ``swiglu``).
-        act: ``silu`` | ``gelu`` | ``relu`` for the gated forms (default ``silu``).
+        activation: one of ``swiglu``, ``swisig``, ``switanh``, ``gelu``, ``plain`` (default ``swiglu``).
+        act: ``silu`` | ``gelu`` | ``relu`` for the gated and plain forms (default ``silu``).
     """
 
     def __init__(self, d_model: int, *, d_ff: int | None = None, activation: str = "swiglu", act: str = "silu"):

@@ -6,24 +6,24 @@ import torch
 
 
 def product_key_topk(scores_a: torch.Tensor, scores_b: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of the ``n_keys²`` sums ``scores_a[i] + scores_b[j]``, computed from ``k²`` candidates.
+    """Top-k of the ``n_a·n_b`` sums ``scores_a[i] + scores_b[j]``, computed from ``k²`` candidates.
 
     The best ``k`` sums only ever combine one of the best ``k`` of ``a`` with one of the best ``k`` of
-    ``b``, so the search costs ``O(n_keys + k²)`` per row instead of ``O(n_keys²)``.
+    ``b``, so the search costs ``O(n_a + n_b + k²)`` per row instead of ``O(n_a·n_b)``.
 
     Args:
-        scores_a, scores_b: ``[..., n_keys]`` the scores of the two halves of each query.
-        k: how many experts to return (``≤ n_keys``).
+        scores_a: ``[..., n_a]``, scores_b: ``[..., n_b]``, the scores of the two halves of each query.
+        k: how many experts to return (``≤ min(n_a, n_b)``).
 
     Returns:
-        ``scores [..., k]`` best first and ``experts [..., k]``, expert ``e = i·n_keys + j``.
+        ``scores [..., k]`` best first and ``experts [..., k]``, expert ``e = i·n_b + j``.
     """
-    n_keys = scores_a.shape[-1]
+    n_b = scores_b.shape[-1]
     top_a, idx_a = scores_a.topk(k, dim=-1)  # [..., k]
     top_b, idx_b = scores_b.topk(k, dim=-1)  # [..., k]
     sums = top_a.unsqueeze(-1) + top_b.unsqueeze(-2)  # [..., k, k]
     scores, flat = sums.flatten(-2).topk(k, dim=-1)  # [..., k], flat = a_slot·k + b_slot
-    experts = idx_a.gather(-1, flat // k) * n_keys + idx_b.gather(-1, flat % k)  # [..., k]
+    experts = idx_a.gather(-1, flat // k) * n_b + idx_b.gather(-1, flat % k)  # [..., k]
     return scores, experts
 
 

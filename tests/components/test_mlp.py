@@ -27,6 +27,13 @@ def test_gelu_form_is_two_matrices():
     assert sum(p.numel() for p in mlp.parameters()) == 2 * 16 * 40
 
 
+def test_plain_form_is_two_matrices_with_the_chosen_activation():
+    mlp = MLP(16, d_ff=40, activation="plain", act="relu")
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(mlp(x), F.relu(x @ mlp.in_proj.weight.T) @ mlp.out_proj.weight.T)
+    assert MLP(16, activation="plain").d_ff == 64
+
+
 def test_default_widths_give_about_equal_parameters():
     sizes = {a: sum(p.numel() for p in MLP(192, activation=a).parameters()) for a in ("swiglu", "switanh", "gelu")}
     assert max(sizes.values()) / min(sizes.values()) < 1.02
@@ -41,7 +48,7 @@ def test_is_position_wise():
 @pytest.mark.parametrize(
     "kwargs, words",
     [
-        (dict(activation="relu2"), "activation='relu2' is not one of ('swiglu', 'swisig', 'switanh', 'gelu')"),
+        (dict(activation="relu2"), "activation='relu2' is not one of ('swiglu', 'swisig', 'switanh', 'gelu', 'plain')"),
         (dict(act="tanhh"), "act='tanhh' is not one of"),
         (dict(d_ff=0), "d_ff=0 must be a positive integer"),
     ],

@@ -5,11 +5,12 @@ import torch.nn.functional as F
 from kernels.retrieval import expert_mix, product_key_topk
 
 
-@pytest.mark.parametrize("n_heads, n_keys, k", [(1, 8, 1), (2, 16, 4), (4, 32, 8), (3, 11, 11)])
-def test_product_key_topk_equals_brute_force_over_all_pairs(n_heads, n_keys, k):
-    a, b = torch.randn(2, 5, n_heads, n_keys).unbind(0)  # [5, H, n_keys] each
+@pytest.mark.parametrize("n_heads, n_a, n_b, k", [(1, 8, 8, 1), (2, 16, 16, 4), (4, 32, 32, 8), (3, 11, 11, 11),
+                                                  (2, 6, 16, 5), (1, 48, 64, 8)])
+def test_product_key_topk_equals_brute_force_over_all_pairs(n_heads, n_a, n_b, k):
+    a, b = torch.randn(5, n_heads, n_a), torch.randn(5, n_heads, n_b)
     scores, experts = product_key_topk(a, b, k)
-    every = (a.unsqueeze(-1) + b.unsqueeze(-2)).flatten(-2)  # [5, H, n_keys²]: expert i·n_keys + j
+    every = (a.unsqueeze(-1) + b.unsqueeze(-2)).flatten(-2)  # [5, H, n_a·n_b]: expert i·n_b + j
     want_scores, want_experts = every.topk(k, dim=-1)
     torch.testing.assert_close(scores, want_scores)
     assert torch.equal(experts, want_experts)  # random scores: no ties, so the ids are determined
