@@ -50,6 +50,9 @@ class LanguageModel(L.LightningModule):
         warmup_fraction: fraction of the run spent in linear warm-up (default 0.1).
         final_lr_fraction: the cosine decays to this fraction of ``lr`` (default 0.1).
         aux_loss_coef: coefficient on the sum of the mixers' auxiliary losses (default 0.01).
+        init_from: a checkpoint whose weights start the model (``python -m recipes.hf`` writes one from a
+            Hugging Face folder), for fine-tuning; not recorded in the hyper-parameters, since the
+            checkpoints of this run hold the weights themselves.
     """
 
     def __init__(
@@ -75,8 +78,9 @@ class LanguageModel(L.LightningModule):
         warmup_fraction: float = 0.1,
         final_lr_fraction: float = 0.1,
         aux_loss_coef: float = 0.01,
+        init_from: str | None = None,
     ):
-        hparams = {k: v for k, v in locals().items() if k not in ("self", "mixers", "__class__")}
+        hparams = {k: v for k, v in locals().items() if k not in ("self", "mixers", "__class__", "init_from")}
         super().__init__()
         if not 0.0 <= warmup_fraction < 1.0:
             raise ValueError(f"LanguageModel: warmup_fraction={warmup_fraction} must lie in [0, 1)")
@@ -93,6 +97,8 @@ class LanguageModel(L.LightningModule):
         self.model = HybridLM(vocab_size, d_model, pattern, mixers, init_std=init_std, **model_kwargs)
         if size_to is not None:
             self.size_note = describe_size(self.model, size_to, sized_width)
+        if init_from is not None:
+            self._load_initial_weights(init_from)
         # Only plain values, so the checkpoint reloads (weights_only) and re-parses through the CLI.
         self.save_hyperparameters({
             **hparams,
@@ -188,6 +194,17 @@ class LanguageModel(L.LightningModule):
         self.log(f"{stage}/acc", self.val_acc)
 
     # ---- progress, throughput, learning rate -----------------------------------------------------
+
+    def _load_initial_weights(self, path: str) -> None:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+        except FileNotFoundError:
+            raise FileNotFoundError(f"LanguageModel: init_from={path!r}: no such checkpoint file") from None
+        model_state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+        missing, unexpected = self.model.load_state_dict(model_state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"LanguageModel: init_from={path!r} does not fit this model: missing {missing[:4]}, "
+                             f"unexpected {unexpected[:4]}")
 
     def setup(self, stage: str) -> None:
         if self.trainer.precision == "16-true" and isinstance(self.trainer.accelerator, CPUAccelerator):

@@ -50,7 +50,7 @@ def read_text(path: str) -> str:
 
 
 class TextCorpus(ResumableDataModule):
-    """Byte-level text: vocabulary 256, a train / val / test split by position.
+    """Byte-level text: vocabulary 256 (or larger, see ``vocab_size``), a train / val / test split by position.
 
     Training windows start at every byte and are drawn in random order (random windows), the order of
     each epoch fixed by ``seed`` so a resumed run continues it exactly (:mod:`recipes.data.order`);
@@ -63,9 +63,10 @@ class TextCorpus(ResumableDataModule):
         val_fraction, test_fraction: tail fractions of the text held out (default 0.05 each).
         num_workers: dataloader workers (default 0).
         seed: seed of the training order (default None: the run's seed, ``seed_everything``).
+        vocab_size: the vocabulary the model is built with (default 256, the bytes). A larger one only
+            adds embedding rows the bytes never use: it builds a model at a paper's parameter count (its
+            tokenizer's vocabulary) before a tokenized corpus is at hand.
     """
-
-    vocab_size = 256
 
     def __init__(
         self,
@@ -77,8 +78,12 @@ class TextCorpus(ResumableDataModule):
         test_fraction: float = 0.05,
         num_workers: int = 0,
         seed: int | None = None,
+        vocab_size: int = 256,
     ):
         super().__init__()
+        if not isinstance(vocab_size, int) or vocab_size < 256:
+            raise ValueError(f"TextCorpus: vocab_size={vocab_size!r} must be an integer >= 256 (the bytes)")
+        self.vocab_size = vocab_size
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"TextCorpus: path={path!r} is not a file")
         if seq_len < 1 or batch_size < 1:

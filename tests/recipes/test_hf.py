@@ -1,0 +1,190 @@
+"""Hugging Face checkpoints load into the zoo and give the same logits and gradients: Llama, Mamba-2 and
+Doge (dense and CDMoE), tiny random models built with ``transformers`` (a dev extra), saved to a
+temporary folder with ``save_pretrained``, loaded with :func:`recipes.hf.from_pretrained`."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the Hugging Face parity tests need `pip install -e .[dev]`")
+
+from recipes.hf import from_pretrained, hf_recipe, main  # noqa: E402
+
+VOCAB, T = 97, 19
+
+
+def randomize(model: torch.nn.Module) -> None:
+    """Move the parameters Hugging Face initialises to constants (norm gains, residual scales, Doge's A,
+    Mamba's D) away from them, so a weight mapped to the wrong place cannot hide."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("norm.weight", "layernorm.weight", "_residual", "norm_f.weight", ".D")):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".A"):
+                p.uniform_(-1.0, 1.0)
+
+
+def build(kind: str):
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, tie_word_embeddings=False)
+    if kind == "llama":
+        config = transformers.LlamaConfig(**common, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                                          max_position_embeddings=64, rms_norm_eps=1e-5)
+        model = transformers.LlamaForCausalLM(config)
+    elif kind == "mamba2":
+        config = transformers.Mamba2Config(**common, num_heads=8, head_dim=8, expand=2, state_size=16, n_groups=2,
+                                           chunk_size=8, conv_kernel=4)
+        model = transformers.Mamba2ForCausalLM(config)
+    else:
+        config = transformers.DogeConfig(**{**common, "tie_word_embeddings": True}, intermediate_size=48,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         keep_window_size=64, is_moe=kind == "doge-moe", num_experts=16,
+                                         num_experts_per_tok=3)
+        model = transformers.DogeForCausalLM(config)
+    model.config._attn_implementation = "eager"
+    randomize(model)
+    return model.eval()
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got - want).abs().max() / want.abs().max()).item()
+
+
+def saved(tmp_path, kind):
+    hf = build(kind)
+    hf.save_pretrained(tmp_path / kind)
+    return hf, from_pretrained(tmp_path / kind).eval()
+
+
+def left_padded_batch():
+    ids = torch.randint(0, VOCAB, (3, T))
+    mask = torch.ones(3, T, dtype=torch.long)
+    mask[1, :5], mask[2, :11] = 0, 0
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    return ids, mask, positions
+
+
+@pytest.mark.parametrize("kind", ["llama", "mamba2", "doge"])
+def test_logits_and_every_gradient_equal_hugging_face(tmp_path, kind):
+    hf, zoo = saved(tmp_path, kind)
+    ids = torch.randint(0, VOCAB, (2, T))
+    want = hf(ids).logits
+    got = zoo(ids)
+    assert relative_error(got, want) <= 1e-5
+
+    # Left padding: the logits of the real tokens are the same.
+    ids, mask, positions = left_padded_batch()
+    extra = {} if kind == "mamba2" else {"position_ids": positions}
+    want = hf(ids, attention_mask=mask, **extra).logits
+    got = zoo(ids, padding_mask=mask == 0, position_ids=positions)
+    valid = mask.bool()
+    assert relative_error(got[valid], want[valid]) <= 1e-5
+
+    # Every weight's gradient, through a loss on the real tokens.
+    target = torch.randn_like(want)
+    (want[valid] * target[valid]).sum().backward()
+    (got[valid] * target[valid]).sum().backward()
+    zoo_grads = dict(zoo.named_parameters())
+    checked = 0
+    for name, p in hf.named_parameters():
+        if p.grad is None:
+            continue
+        mine = mapped_gradient(kind, name, zoo_grads, hf.config)
+        if mine is None:
+            continue
+        assert relative_error(mine, p.grad) <= 1e-4, name
+        checked += 1
+    assert checked == sum(p.grad is not None for p in hf.parameters())
+
+
+def mapped_gradient(kind, name, zoo, config):
+    """The zoo's gradient for the Hugging Face parameter ``name`` (sliced where one is fused)."""
+    import re
+
+    grad = lambda ours: zoo[ours].grad  # noqa: E731
+    if name in ("model.embed_tokens.weight", "backbone.embeddings.weight"):
+        return grad("embedding.weight")
+    if name in ("model.norm.weight", "backbone.norm_f.weight"):
+        return grad("norm.weight")
+    if name == "lm_head.weight":
+        return grad("lm_head.weight")
+    i, rest = re.match(r"(?:model|backbone)\.layers\.(\d+)\.(.+)", name).groups()
+    b = f"blocks.{i}"
+    if kind == "mamba2":
+        d_inner, conv = 64, 64 + 2 * config.n_groups * config.state_size
+        if rest == "mixer.in_proj.weight":
+            xbc, dt, z = grad(f"{b}.sequence_mixer.in_proj.weight").split([conv, config.num_heads, d_inner])
+            return torch.cat([z, xbc, dt])
+        table = {"norm.weight": "sequence_norm.weight", "mixer.conv1d.weight": "sequence_mixer.conv.weight",
+                 "mixer.conv1d.bias": "sequence_mixer.conv.bias", "mixer.norm.weight": "sequence_mixer.gate_norm.weight"}
+        return grad(f"{b}.{table.get(rest, rest.replace('mixer.', 'sequence_mixer.'))}")
+    table = {"input_layernorm.weight": "sequence_norm.weight", "post_attention_layernorm.weight": "state_norm.weight",
+             "self_attn.q_proj.weight": "sequence_mixer.q_proj.weight", "self_attn.o_proj.weight": "sequence_mixer.out_proj.weight",
+             "self_attn.k_proj.weight": "sequence_mixer.k_proj.weight", "self_attn.v_proj.weight": "sequence_mixer.value.weight",
+             "self_attn.dt_proj.weight": "sequence_mixer.delta_proj.weight", "self_attn.A": "sequence_mixer.A",
+             "self_attn.q_norm.weight": "sequence_mixer.positions.q_norm.weight",
+             "self_attn.k_norm.weight": "sequence_mixer.positions.k_norm.weight",
+             "input_residual": "sequence_residual", "post_attention_residual": "state_residual",
+             "mlp.down_proj.weight": "state_mixer.out_proj.weight"}
+    if kind == "llama" and rest in ("self_attn.k_proj.weight", "self_attn.v_proj.weight"):
+        k, v = grad(f"{b}.sequence_mixer.kv_proj.weight").chunk(2)
+        return k if "k_proj" in rest else v
+    if rest in ("mlp.gate_proj.weight", "mlp.up_proj.weight"):
+        gate, up = grad(f"{b}.state_mixer.in_proj.weight").chunk(2)
+        return gate if "gate" in rest else up
+    return grad(f"{b}.{table[rest]}")
+
+
+def test_doge_moe_equals_hugging_face_decoding_one_token_at_a_time(tmp_path):
+    # Hugging Face's DogeCDMoE reshapes its router logits across tokens in a full forward (its own
+    # comment says so); one token at a time it computes the per-token math, which the zoo implements.
+    hf, zoo = saved(tmp_path, "doge-moe")
+    ids = torch.randint(0, VOCAB, (1, T))
+    got = zoo(ids)
+    cache, steps = None, []
+    with torch.no_grad():
+        for t in range(T):
+            out = hf(ids[:, t:t + 1], past_key_values=cache, use_cache=True,
+                     position_ids=torch.tensor([[t]]))
+            cache = out.past_key_values
+            steps.append(out.logits[:, -1])
+    want = torch.stack(steps, dim=1)
+    assert relative_error(got, want) <= 1e-5
+    # One token in a full forward is the per-token math too: every gradient agrees there.
+    hf.zero_grad(), zoo.zero_grad()
+    one = ids[:, :1]
+    target = torch.randn(1, 1, VOCAB)
+    (hf(one).logits * target).sum().backward()
+    (zoo(one) * target).sum().backward()
+    ours = dict(zoo.named_parameters())
+    for i in range(2):
+        layer, block = hf.model.layers[i].mlp, f"blocks.{i}.state_mixer"
+        for theirs, mine in ((layer.router_gate.weight, "router.weight"), (layer.down_embed.weight, "down"),
+                             (layer.up_embed.weight, "up"), (layer.down_proj.weight, "shared.out_proj.weight")):
+            assert relative_error(ours[f"{block}.{mine}"].grad, theirs.grad) <= 1e-4, mine
+
+
+def test_recipe_and_fine_tuning_checkpoint(tmp_path, capsys):
+    from recipes import LanguageModel
+
+    hf, zoo = saved(tmp_path, "llama")
+    recipe = hf_recipe(tmp_path / "llama")
+    assert recipe["pattern"] == "AM×2" and recipe["mixers"]["A"]["init_args"] == {"n_heads": 4, "n_kv_heads": 2}
+    main([str(tmp_path / "llama"), "--out", str(tmp_path / "out" / "llama.ckpt")])
+    assert "fine-tune: python -m recipes fit --config" in capsys.readouterr().out
+    lm = LanguageModel.load_from_checkpoint(tmp_path / "out" / "llama.ckpt")
+    ids = torch.randint(0, VOCAB, (1, 7))
+    torch.testing.assert_close(lm.model(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)
+    import yaml
+
+    config = yaml.safe_load((tmp_path / "out" / "llama.yaml").read_text())
+    assert config["model"]["init_from"] == str(tmp_path / "out" / "llama.ckpt")
+    started = LanguageModel(**{k: v for k, v in config["model"].items() if k != "lr"})
+    torch.testing.assert_close(started.model(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_folders_are_named(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    with pytest.raises(ValueError, match="architecture 'GPT2LMHeadModel' is not supported"):
+        from_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        from_pretrained(tmp_path / "missing")
