@@ -16,27 +16,30 @@ QUICK = ["--trainer.enable_progress_bar", "false", "--data.init_args.batch_size"
 # One recipe per family (folder), the cheapest that still has the family's mixers.
 REPRESENTATIVES = ["quickstart.yaml", "ablate_moe.yaml", "positions/hybrid_conv.yaml", "attention/ssd_ifa_mask.yaml",
                    "moe_placement/alternate.yaml", "moe_shared/cdmoe.yaml", "mqar/ifa_mask.yaml",
-                   "mqar/paper/ssd_T256.yaml"]
+                   "mqar/paper/ssd_T256.yaml", "arch/tiny/otce.yaml"]
 
 
 def test_every_family_has_a_representative():
     families = {name.rsplit("/", 1)[0] if "/" in name else name for name in bundled_configs()}
     covered = {name.rsplit("/", 1)[0] if "/" in name else name for name in REPRESENTATIVES}
-    assert families - {"quickstart.yaml", "ablate_moe.yaml"} <= covered
+    # The paper-size architectures are for GPUs; their tiny twins stand for them (tests/recipes/test_architectures.py).
+    assert families - {"quickstart.yaml", "ablate_moe.yaml", "arch"} <= covered
 
 
 @pytest.mark.parametrize("name", bundled_configs())
 def test_bundled_recipe_builds_and_its_hyperparameters_rebuild_it(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cli = main(["--config", name, *QUICK], run=False)
-    assert cli.trainer.gradient_clip_val == 1.0
-    hparams = dict(cli.model.hparams)
-    # What `--ckpt_path` does with a checkpoint's hyper-parameters: parse them into the recipe's config.
-    config = cli.parser.parse_object({"model": copy.deepcopy(hparams)}, cli.config)  # (it converts in place)
-    rebuilt = cli.parser.instantiate_classes(config).model
-    for model in (rebuilt, LanguageModel(**hparams)):  # and what load_from_checkpoint does
-        assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in cli.model.state_dict().items()}
-        assert str(model.model) == str(cli.model.model)
+    with torch.device("meta"):  # no memory and no initialisation, even for the 1B recipes
+        cli = main(["--config", name, *QUICK], run=False)
+        assert cli.trainer.gradient_clip_val == 1.0
+        hparams = dict(cli.model.hparams)
+        # What `--ckpt_path` does with a checkpoint's hyper-parameters: parse them into the recipe's config.
+        config = cli.parser.parse_object({"model": copy.deepcopy(hparams)}, cli.config)  # (it converts in place)
+        rebuilt = cli.parser.instantiate_classes(config).model
+        for model in (rebuilt, LanguageModel(**hparams)):  # and what load_from_checkpoint does
+            shapes = {k: v.shape for k, v in model.state_dict().items()}
+            assert shapes == {k: v.shape for k, v in cli.model.state_dict().items()}
+            assert str(model.model) == str(cli.model.model)
 
 
 @pytest.mark.parametrize("name", REPRESENTATIVES)
