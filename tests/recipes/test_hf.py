@@ -188,3 +188,30 @@ def test_unsupported_folders_are_named(tmp_path):
         from_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError, match="no config.json"):
         from_pretrained(tmp_path / "missing")
+
+
+def test_routed_moe_equals_mixtrals_sparse_block_with_gradients():
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    from components import RoutedMoE
+
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(hidden_size=16, intermediate_size=12, num_local_experts=5, num_experts_per_tok=2)
+    theirs = MixtralSparseMoeBlock(config)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_(0, 0.3)
+    ours = RoutedMoE(16, n_experts=5, top_k=2, d_ff=12, normalize=True)
+    with torch.no_grad():
+        ours.router.centroids.weight.copy_(theirs.gate.weight)
+        ours.experts.w_in.copy_(theirs.experts.gate_up_proj.transpose(1, 2))  # [E, d, gate | up]
+        ours.experts.w_out.copy_(theirs.experts.down_proj.transpose(1, 2))  # [E, d_ff, d]
+    x = torch.randn(2, 9, 16)
+    want, got = theirs(x), ours(x)
+    assert relative_error(got, want) <= 1e-5
+    g = torch.randn_like(want)
+    (want * g).sum().backward()
+    (got * g).sum().backward()
+    assert relative_error(ours.router.centroids.weight.grad, theirs.gate.weight.grad) <= 1e-4
+    assert relative_error(ours.experts.w_in.grad, theirs.experts.gate_up_proj.grad.transpose(1, 2)) <= 1e-4
+    assert relative_error(ours.experts.w_out.grad, theirs.experts.down_proj.grad.transpose(1, 2)) <= 1e-4
