@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from components.cache import InferenceCache
 from components.rotary import RotaryEmbedding
 
 
@@ -15,11 +16,13 @@ class Context:
         position_ids: ``[B, T]`` integer positions.
         padding_mask: ``[B, T]`` bool, True where the token is padding; None for no padding.
         rotary: the model's one RotaryEmbedding; its tables are computed once per dimension.
+        cache: when decoding, the :class:`InferenceCache` the mixers read and extend; None otherwise.
     """
 
     position_ids: torch.Tensor
     padding_mask: torch.Tensor | None = None
     rotary: RotaryEmbedding = field(default_factory=RotaryEmbedding)
+    cache: InferenceCache | None = None
     _tables: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -32,6 +35,21 @@ class Context:
             if mask.shape != self.position_ids.shape:
                 raise ValueError(f"Context: padding_mask {tuple(mask.shape)} must have the shape of position_ids "
                                  f"{tuple(self.position_ids.shape)}")
+
+    def keys(self, owner, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """An attention layer's keys and values ``[B, T, Hkv, Dh]`` → those it attends to, with their
+        padding mask: this call's alone, or (decoding) every cached one plus this call's."""
+        if self.cache is None:
+            return k, v, self.padding_mask
+        T = k.shape[1]
+        return (self.cache.append(owner, "k", k), self.cache.append(owner, "v", v),
+                self.cache.key_padding(T))
+
+    def key_bias(self, owner, bias: torch.Tensor | None) -> torch.Tensor | None:
+        """A per-key attention bias ``[B, H, T]`` → the one over every key attended to (cached ones too)."""
+        if self.cache is None or bias is None:
+            return bias
+        return self.cache.append(owner, "bias", bias, dim=2)
 
     def zero_padding(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, T, ...]`` with the padded positions set to 0 — whatever they held, NaN or inf

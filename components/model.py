@@ -7,7 +7,9 @@ from torch import nn
 
 from components.bindings import MixerFactory, binding_factory, binding_spec
 from components.block import Block
+from components.cache import InferenceCache
 from components.context import Context
+from components.generation import generate
 from components.norm import RMSNorm
 from components.pattern import PatternError, parse_tokens
 from components.rotary import RotaryEmbedding
@@ -133,24 +135,52 @@ class HybridLM(nn.Module):
         *,
         position_ids: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
+        cache: InferenceCache | None = None,
     ) -> torch.Tensor:
         """``input_ids [B, T]`` → final-normed hidden states ``[B, T, d_model]``.
 
-        ``position_ids [B, T]`` default to ``0..T-1``; ``padding_mask [B, T]`` is True at padding.
+        ``position_ids [B, T]`` default to ``0..T-1`` (after the cached tokens, when decoding);
+        ``padding_mask [B, T]`` is True at padding. With ``cache`` (:meth:`new_cache`) the tokens
+        continue the cached ones: the prompt at prefill, then a few (usually one) per step.
         """
-        self._check_input(input_ids, position_ids, padding_mask)
+        self._check_input(input_ids, position_ids, padding_mask, cache)
         B, T = input_ids.shape
+        seen = cache.seen if cache is not None else 0
         if position_ids is None:
-            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
-        context = Context(position_ids=position_ids, padding_mask=padding_mask, rotary=self.rotary)
+            position_ids = torch.arange(seen, seen + T, device=input_ids.device).expand(B, T)  # [B, T]
+        if cache is not None:
+            cache.begin(T, padding_mask)
+        context = Context(position_ids=position_ids, padding_mask=padding_mask, rotary=self.rotary, cache=cache)
         x = self.embedding(input_ids)  # [B, T, d_model]
         for block in self.blocks:
             x = block(x, context)
+        if cache is not None:
+            cache.end(T)
         return self.norm(x)
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
         """``input_ids [B, T]`` → logits ``[B, T, vocab_size]``; keywords as :meth:`hidden_states`."""
         return self.lm_head(self.hidden_states(input_ids, **kwargs))
+
+    def new_cache(self, batch: int, capacity: int) -> InferenceCache:
+        """An empty decoding cache for ``batch`` sequences of at most ``capacity`` tokens in all."""
+        return InferenceCache(batch, capacity, device=self.embedding.weight.device)
+
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, stop_token: int | None = None,
+                 padding_mask: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Continue each prompt of ``input_ids [B, T]`` by ``max_new_tokens`` tokens → ``[B, T + max_new_tokens]``.
+
+        Greedy at ``temperature=0`` (default); otherwise sampled from the softmax at that temperature,
+        restricted to the ``top_k`` best tokens and the ``top_p`` nucleus, drawing from ``generator``.
+        A sequence that produces ``stop_token`` stops: its later positions hold ``stop_token``, and
+        generation ends when every sequence has stopped. Prompts of different lengths are
+        left-padded, ``padding_mask [B, T]`` True at the padding; each sequence's positions count from
+        its first real token. The prompt goes through the chunked forward once (prefill); each new
+        token is one step from the cache (attention: keys and values; SSD: a constant-size state).
+        """
+        return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        stop_token=stop_token, padding_mask=padding_mask, generator=generator)
 
     def auxiliary_losses(self) -> dict[str, torch.Tensor]:
         """The auxiliary losses of the last forward, by module name.
@@ -173,17 +203,19 @@ class HybridLM(nn.Module):
             if isinstance(getattr(module, "expert_load", None), torch.Tensor)
         }
 
-    def _check_input(self, input_ids, position_ids, padding_mask) -> None:
+    def _check_input(self, input_ids, position_ids, padding_mask, cache=None) -> None:
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(
                 f"HybridLM: input_ids must be an integer tensor [B, T]; got {input_ids.dtype} {tuple(input_ids.shape)}"
             )
-        T = input_ids.shape[1]
+        T = input_ids.shape[1] + (cache.seen if cache is not None else 0)
         if T > self.max_seq_len and not self.extrapolate:
             raise ValueError(
                 f"HybridLM: sequence length {T} exceeds max_seq_len={self.max_seq_len}; build the model with a "
                 "larger max_seq_len, or with extrapolate=True to stretch RoPE (NTK) past it"
             )
+        if cache is not None and cache.batch != input_ids.shape[0]:
+            raise ValueError(f"HybridLM: the cache holds {cache.batch} sequences; input_ids has {input_ids.shape[0]}")
         if input_ids.numel():
             low, high = (int(v) for v in torch.aminmax(input_ids))  # one pass, one host sync
             if low < 0 or high >= self.vocab_size:

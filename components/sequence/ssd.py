@@ -11,7 +11,7 @@ from components.context import Context
 from components.norm import GroupedRMSNorm, at_least_fp32
 from components.rotary import apply_rotary
 from kernels._backend import check_backend
-from kernels.ssd import ssd_scan
+from kernels.ssd import ssd_scan, ssd_step
 
 POSITIONS = ("rope", "decay", "conv", "conv+rope")
 
@@ -99,7 +99,7 @@ class SSD(nn.Module):
         self.d_xbc = d_inner + 2 * n_groups * d_state
         self.in_proj = nn.Linear(d_model, self.d_xbc + n_heads + (d_inner if gate else 0), bias=False)
         self.conv = (
-            nn.Conv1d(self.d_xbc, self.d_xbc, conv_kernel, groups=self.d_xbc, padding=conv_kernel - 1)
+            nn.Conv1d(self.d_xbc, self.d_xbc, conv_kernel, groups=self.d_xbc)  # weights only: see _causal_conv
             if "conv" in positions else None
         )
         self.rope = "rope" in positions
@@ -119,9 +119,9 @@ class SSD(nn.Module):
         H, P, G, N = self.n_heads, self.head_dim, self.n_groups, self.d_state
         proj = self.in_proj(x)  # [b, T, d_xbc + H (+ d_inner)]
         xbc, dt, z = proj.split([self.d_xbc, H, proj.shape[-1] - self.d_xbc - H], dim=-1)
-        if self.conv is not None and T > 0:
-            xbc = self.conv(xbc.transpose(1, 2))[..., :T].transpose(1, 2)  # [b, T, d_xbc] causal
-            xbc = F.silu(xbc)
+        cached = context.cache.state(self) if context.cache is not None else None  # decoding: conv window, state
+        if self.conv is not None:
+            xbc = F.silu(self._causal_conv(xbc, cached))  # [b, T, d_xbc]
         xs, B, C = xbc.split([self.d_inner, G * N, G * N], dim=-1)
         xs = xs.view(batch, T, H, P)  # [b, T, H, P]
         B = B.view(batch, T, G, N)  # [b, T, G, N]
@@ -133,11 +133,31 @@ class SSD(nn.Module):
         if context.padding_mask is not None:  # and no decay: dt = 0 (x = 0 already leaves xbc and the conv window 0)
             dt = dt.masked_fill(context.padding_mask[..., None], 0.0)
         A = -torch.exp(at_least_fp32(self.A_log))  # [H]
-        y = ssd_scan(xs, dt, A, B, C, chunk_size=self.chunk_size, D=self.D, backend=self.backend)
+        if cached is None:
+            y = ssd_scan(xs, dt, A, B, C, chunk_size=self.chunk_size, D=self.D, backend=self.backend)
+        elif T == 1 and "state" in cached:  # a decoding step: one token of the recurrence
+            y, cached["state"] = ssd_step(cached["state"], xs[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], self.D)
+            y = y[:, None].to(xs.dtype)  # [b, 1, H, P]
+        else:  # prefill, or several new tokens: the chunked scan from the cached state
+            y, cached["state"] = ssd_scan(xs, dt, A, B, C, chunk_size=self.chunk_size, D=self.D,
+                                          initial_state=cached.get("state"), return_final_state=True,
+                                          backend=self.backend)
         y = y.reshape(batch, T, self.d_inner)  # [b, T, d_inner]
         if self.gate_norm is not None:
             y = self.gate_norm(y, gate=z)
         return self.out_proj(y)
+
+    def _causal_conv(self, xbc: torch.Tensor, cached: dict | None) -> torch.Tensor:
+        """Depthwise causal conv of ``xbc [b, T, C]``: each output reads its input and the ``K - 1`` before
+        it, which are zeros before the sequence, or (decoding) the window the last call left."""
+        K = self.conv.kernel_size[0]
+        window = cached.get("conv") if cached is not None else None
+        if window is None:
+            window = xbc.new_zeros(xbc.shape[0], K - 1, xbc.shape[2])  # [b, K-1, C]
+        full = torch.cat([window, xbc], dim=1)  # [b, K-1+T, C]
+        if cached is not None:
+            cached["conv"] = full[:, full.shape[1] - (K - 1):]
+        return F.conv1d(full.transpose(1, 2), self.conv.weight, self.conv.bias, groups=full.shape[2]).transpose(1, 2)
 
     def extra_repr(self) -> str:
         return (f"positions={self.positions}, n_heads={self.n_heads}, head_dim={self.head_dim}, "

@@ -1,0 +1,85 @@
+"""``InferenceCache``: what the sequence mixers keep between decoding calls (SPEC §11).
+
+A model forward with a cache in its :class:`~components.context.Context` processes the next ``T``
+tokens of each sequence (the prompt at prefill, then one token per step) and leaves in the cache what
+the next call needs:
+
+- attention (QCAttention, InnerFuncAttention, the Expresser's): keys and values after RoPE and
+  QK-norm, ``[B, capacity, H_kv, Dh]``, and InnerFuncAttention's per-key mask bias ``[B, H, capacity]``,
+  written in place into buffers sized once for the whole generation;
+- SSD: its conv window (the last ``conv_kernel - 1`` inputs of the convolution) and its state
+  ``[B, H, P, N]``: a constant size, whatever the length;
+- the model: which of the cached positions are padding, ``[B, capacity]``.
+
+State mixers keep nothing: they act on each token alone.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass
+class InferenceCache:
+    """Decoding state of one batch of sequences.
+
+    Attributes:
+        batch: sequences in the batch.
+        capacity: the most tokens (prompt + generated) any call may bring the cache to.
+        seen: tokens already processed, the same for every sequence (shorter prompts are left-padded).
+        padding: ``[B, capacity]`` bool, True at padded positions (valid up to ``seen``).
+        layers: each mixer's own state, keyed by the mixer.
+    """
+
+    batch: int
+    capacity: int
+    device: torch.device | str = "cpu"
+    seen: int = 0
+    padding: torch.Tensor | None = None
+    layers: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1 or self.batch < 0:
+            raise ValueError(f"InferenceCache: capacity={self.capacity} must be >= 1 and batch={self.batch} >= 0")
+        if self.padding is None:
+            self.padding = torch.zeros(self.batch, self.capacity, dtype=torch.bool, device=self.device)
+
+    def begin(self, T: int, padding_mask: torch.Tensor | None) -> None:
+        """Called by the model before a forward over the next ``T`` tokens."""
+        if self.seen + T > self.capacity:
+            raise ValueError(f"InferenceCache: {self.seen} cached + {T} new tokens exceed its capacity={self.capacity}")
+        if padding_mask is not None:
+            self.padding[:, self.seen:self.seen + T] = padding_mask
+
+    def end(self, T: int) -> None:
+        """Called by the model after the forward: the ``T`` tokens are now cached."""
+        self.seen += T
+
+    def key_padding(self, T: int) -> torch.Tensor:
+        """``[B, seen + T]``: the padding of every key a query of this call may see."""
+        return self.padding[:, :self.seen + T]
+
+    def append(self, owner: nn.Module, name: str, new: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """Write ``new`` (this call's ``T`` entries along ``dim``) into ``owner``'s buffer ``name`` and
+        return every entry so far: ``[..., seen + T, ...]``. The buffer is allocated at the first call."""
+        state = self.layers.setdefault(owner, {})
+        T = new.shape[dim]
+        if name not in state:
+            shape = list(new.shape)
+            shape[dim] = self.capacity
+            state[name] = new.new_zeros(shape)
+        buffer = state[name]
+        buffer.narrow(dim, self.seen, T).copy_(new)
+        return buffer.narrow(dim, 0, self.seen + T)
+
+    def state(self, owner: nn.Module) -> dict:
+        """``owner``'s own entries (a recurrent mixer keeps its fixed-size state here)."""
+        return self.layers.setdefault(owner, {})
+
+    def nbytes(self) -> int:
+        """Bytes held by the cached tensors (buffers at full capacity)."""
+        total = self.padding.numel() * self.padding.element_size()
+        for state in self.layers.values():
+            total += sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
+        return total

@@ -1,0 +1,69 @@
+"""Decoding for :class:`components.HybridLM`: greedy and sampled generation from a cache (SPEC §11)."""
+
+import torch
+
+from components.cache import InferenceCache
+
+
+def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``logits [B, V]`` → next tokens ``[B]``: the argmax at temperature 0, else a draw from the
+    softmax of ``logits / temperature`` restricted to the ``top_k`` best tokens and to the smallest set
+    whose probability reaches ``top_p`` (nucleus), in that order."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the better tokens: keep while it is below top_p
+        sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens={max_new_tokens!r} must be an integer >= 0")
+    if temperature < 0:
+        raise ValueError(f"generate: temperature={temperature} must be >= 0 (0 is greedy)")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"generate: top_k={top_k!r} must be a positive integer or None")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"generate: top_p={top_p} must lie in (0, 1] or be None")
+
+
+@torch.no_grad()
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, stop_token: int | None = None,
+             padding_mask: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """See :meth:`components.HybridLM.generate`."""
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    B, T = input_ids.shape
+    if T == 0:
+        raise ValueError("generate: the prompt is empty; give at least one token per sequence")
+    if padding_mask is not None and padding_mask.shape == input_ids.shape and bool(padding_mask[:, -1].any()):
+        raise ValueError("generate: prompts must be left-padded (the last position of each one a real token)")
+    real = ~padding_mask if padding_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+    positions = (real.long().cumsum(dim=1) - 1).clamp_min(0)  # each sequence counts from its first real token
+    cache = InferenceCache(B, T + max(max_new_tokens, 1), device=input_ids.device)
+    logits = model(input_ids, position_ids=positions, padding_mask=padding_mask, cache=cache)[:, -1]  # [B, V]
+    out = torch.empty(B, T + max_new_tokens, dtype=input_ids.dtype, device=input_ids.device)
+    out[:, :T] = input_ids
+    done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+    position = positions[:, -1:]  # [B, 1]
+    for i in range(max_new_tokens):
+        token = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        if stop_token is not None:
+            token = token.masked_fill(done, stop_token)
+            done |= token == stop_token
+        out[:, T + i] = token
+        if i == max_new_tokens - 1 or (stop_token is not None and bool(done.all())):
+            out[:, T + i + 1:] = stop_token if stop_token is not None else 0
+            break
+        position = position + 1
+        logits = model(token[:, None], position_ids=position, cache=cache)[:, -1]
+    return out

@@ -1,0 +1,164 @@
+"""Decoding (SPEC §11): prefill + one token at a time equals the full forward, for every sequence mixer
+and every tiny named architecture, with and without left padding; greedy generation equals the argmax
+loop over full forwards; SSD's cache does not grow with the generated length."""
+
+from functools import partial
+
+import pytest
+import torch
+
+from components import SSD, Context, Expresser, HybridLM, InnerFuncAttention, QCAttention
+from components.cache import InferenceCache
+
+MIXERS = {
+    "QCAttention": lambda: QCAttention(32, n_heads=4, n_kv_heads=2),
+    "QCAttention no RoPE, QK-norm": lambda: QCAttention(32, n_heads=4, rope=False, qk_norm=True),
+    "IFA content": lambda: InnerFuncAttention(32, n_heads=4, n_kv_heads=2, mask="content"),
+    "IFA content_exp, window 5": lambda: InnerFuncAttention(32, n_heads=4, n_kv_heads=2, mask="content_exp", keep_window=5, qk_norm=True),
+    "IFA position": lambda: InnerFuncAttention(32, n_heads=4, mask="position", max_position=64),
+    "IFA retrieval": lambda: InnerFuncAttention(32, n_heads=4, inner="retrieval"),
+    "IFA ssd value": lambda: InnerFuncAttention(32, n_heads=4, inner="ssd", ssd={"d_state": 8, "chunk_size": 4, "positions": "conv"}),
+    "SSD rope": lambda: SSD(32, head_dim=8, d_state=8, chunk_size=4),
+    "SSD decay": lambda: SSD(32, head_dim=8, d_state=8, chunk_size=4, positions="decay"),
+    "SSD conv+rope, gate, 2 groups": lambda: SSD(32, head_dim=8, d_state=8, n_groups=2, chunk_size=4, positions="conv+rope", gate=True),
+    "Expresser": lambda: Expresser(32, n_heads=4, n_kv_heads=2),
+}
+
+
+def randomize(module: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith(("A", "position_bias")):
+                p.uniform_(-1.0, 1.0)  # dynamic masks away from their neutral start
+
+
+def padded(B: int = 3, T: int = 13, pads: tuple = (0, 3, 6)):
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    for b, n in enumerate(pads):
+        mask[b, :n] = True
+    return mask, (torch.cumsum(~mask, dim=1) - 1).clamp_min(0)
+
+
+def relative(got, want, valid=None):
+    if valid is not None:
+        got, want = got[valid], want[valid]
+    return ((got - want).abs().max() / want.abs().max()).item()
+
+
+@pytest.mark.parametrize("name", MIXERS)
+@pytest.mark.parametrize("prefill", [1, 5, 8])
+@pytest.mark.parametrize("with_padding", [False, True])
+def test_prefill_then_steps_equals_the_full_forward(name, prefill, with_padding):
+    torch.manual_seed(0)
+    mixer = MIXERS[name]()
+    randomize(mixer)
+    B, T = 3, 13
+    mask, positions = padded(B, T) if with_padding else (None, torch.arange(T).expand(B, T))
+    x = torch.randn(B, T, 32)
+    full = mixer(x, Context(position_ids=positions, padding_mask=mask))
+    cache = InferenceCache(B, T)
+    outs = []
+    for start, stop in [(0, prefill), *((t, t + 1) for t in range(prefill, T))]:
+        piece = None if mask is None else mask[:, start:stop]
+        cache.begin(stop - start, piece)
+        outs.append(mixer(x[:, start:stop], Context(position_ids=positions[:, start:stop], padding_mask=piece, cache=cache)))
+        cache.end(stop - start)
+    valid = None if mask is None else ~mask
+    assert relative(torch.cat(outs, dim=1), full, valid) <= 1e-5
+
+
+ARCHITECTURES = {
+    "llama": ("AM×3", {"A": partial(QCAttention, n_heads=4, n_kv_heads=2)}, {}),
+    "mamba2": ("S-×3", {"S": partial(SSD, positions="conv", gate=True, expand=2, head_dim=8, d_state=8, chunk_size=4)}, {"tie_embeddings": True}),
+    "jamba": ("SM SR AM SR", {"S": partial(SSD, positions="conv", expand=2, head_dim=8, d_state=8, chunk_size=4),
+                              "A": partial(QCAttention, n_heads=4, rope=False)}, {}),
+    "otce": ("SM SX AX SM O-", {"S": partial(SSD, positions="conv+rope", d_state=8, head_dim=8, chunk_size=4),
+                                "A": partial(QCAttention, n_heads=4), "O": partial(Expresser, n_heads=4),
+                                "X": {"class_path": "components.ExpansiveMoE", "init_args": {"n_experts": 4, "top_k": 1, "gate": "scalar"}}}, {}),
+    "cheems": ("SE SE IE", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4),
+                            "I": partial(InnerFuncAttention, n_heads=4, inner="retrieval", n_values=6),
+                            "E": {"class_path": "components.CDMoE", "init_args": {"n_experts": 48, "n_keys": [6, 8], "top_k": 4, "key_dim": 8}}}, {}),
+    "transxssm": ("SM SM AM", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4), "A": partial(QCAttention, n_heads=4)}, {}),
+    "doge": ("IE IM", {"I": partial(InnerFuncAttention, n_heads=4, n_kv_heads=2, mask="content_exp", qk_norm=True, keep_window=6),
+                       "E": {"class_path": "components.CDMoE", "init_args": {"n_experts": 64, "n_heads": 1, "top_k": 4, "key_dim": None,
+                                                                           "shared_mlp": "swiglu", "cross_domain": "parallel"}}},
+             {"residual_scale": True, "tie_embeddings": True}),
+}
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_every_named_architecture_decodes_as_its_full_forward(name):
+    torch.manual_seed(0)
+    pattern, mixers, options = ARCHITECTURES[name]
+    model = HybridLM(61, 32, pattern, mixers, **options)
+    randomize(model)
+    mask, positions = padded()
+    ids = torch.randint(1, 61, (3, 13)).masked_fill(mask, 0)
+    full = model(ids, position_ids=positions, padding_mask=mask)
+    cache = model.new_cache(3, 13)
+    outs = [model(ids[:, :6], position_ids=positions[:, :6], padding_mask=mask[:, :6], cache=cache)]
+    outs += [model(ids[:, t:t + 1], position_ids=positions[:, t:t + 1], cache=cache) for t in range(6, 13)]
+    assert relative(torch.cat(outs, dim=1), full, ~mask) <= 1e-5
+
+
+def tiny_hybrid():
+    torch.manual_seed(0)
+    return HybridLM(61, 32, "SM AM IM", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4, positions="conv"),
+                                         "A": partial(QCAttention, n_heads=4),
+                                         "I": partial(InnerFuncAttention, n_heads=4, mask="content_exp")})
+
+
+def test_greedy_generate_equals_the_argmax_loop_over_full_forwards():
+    model = tiny_hybrid()
+    randomize(model)
+    mask, _ = padded(3, 7, (0, 2, 4))
+    prompt = torch.randint(1, 61, (3, 7)).masked_fill(mask, 0)
+    out = model.generate(prompt, 9, padding_mask=mask)
+    assert out.shape == (3, 16) and torch.equal(out[:, :7], prompt)
+    ids, pad = prompt, mask
+    for _ in range(9):
+        positions = (torch.cumsum(~pad, dim=1) - 1).clamp_min(0)
+        nxt = model(ids, position_ids=positions, padding_mask=pad)[:, -1].argmax(-1, keepdim=True)
+        ids, pad = torch.cat([ids, nxt], 1), torch.cat([pad, torch.zeros(3, 1, dtype=torch.bool)], 1)
+    assert torch.equal(out, ids)
+
+
+def test_ssd_cache_does_not_grow_with_the_generated_length():
+    model = HybridLM(61, 32, "S-×2", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4, positions="conv")})
+    ssd = model.blocks[0].sequence_mixer
+    sizes = {}
+    for steps in (3, 40):
+        cache = model.new_cache(1, 5 + steps)
+        model(torch.randint(0, 61, (1, 5)), cache=cache)
+        for t in range(steps):
+            model(torch.randint(0, 61, (1, 1)), cache=cache)
+        sizes[steps] = {k: tuple(v.shape) for k, v in cache.state(ssd).items()}
+    assert sizes[3] == sizes[40] == {"conv": (1, 3, ssd.d_xbc), "state": (1, ssd.n_heads, ssd.head_dim, ssd.d_state)}
+
+
+def test_stop_token_ends_each_sequence_and_fills_the_rest():
+    model = tiny_hybrid()
+    prompt = torch.randint(1, 61, (2, 4))
+    greedy = model.generate(prompt, 6)
+    stop = int(greedy[0, 5])  # the second token sequence 0 produces
+    out = model.generate(prompt, 6, stop_token=stop)
+    row = out[0, 4:].tolist()
+    first = row.index(stop)
+    assert first <= 1 and all(t == stop for t in row[first:])
+    assert torch.equal(out[0, :4 + first + 1], greedy[0, :4 + first + 1])
+
+
+def test_sampling_options():
+    model = tiny_hybrid()
+    prompt = torch.randint(1, 61, (2, 4))
+    greedy = model.generate(prompt, 5)
+    assert torch.equal(model.generate(prompt, 5, temperature=1.0, top_k=1), greedy)  # top-1 is the argmax
+    assert torch.equal(model.generate(prompt, 5, temperature=0.7, top_p=1e-6), greedy)  # the nucleus of one token
+    draw = lambda seed: model.generate(prompt, 8, temperature=1.5, generator=torch.Generator().manual_seed(seed))  # noqa: E731
+    assert torch.equal(draw(3), draw(3)) and not torch.equal(draw(3), draw(4))
+    with pytest.raises(ValueError, match="top_p=1.5 must lie in"):
+        model.generate(prompt, 2, temperature=1.0, top_p=1.5)
+    with pytest.raises(ValueError, match="prompts must be left-padded"):
+        model.generate(prompt, 2, padding_mask=torch.tensor([[False, False, False, True]] * 2))
+    with pytest.raises(ValueError, match="exceed its capacity=3"):
+        model(torch.zeros(1, 4, dtype=torch.long), cache=model.new_cache(1, 3))
