@@ -38,6 +38,7 @@ class InferenceCache:
     seen: int = 0
     padding: torch.Tensor | None = None
     layers: dict = field(default_factory=dict)
+    has_padding: bool = False
 
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.batch < 0:
@@ -51,14 +52,16 @@ class InferenceCache:
             raise ValueError(f"InferenceCache: {self.seen} cached + {T} new tokens exceed its capacity={self.capacity}")
         if padding_mask is not None:
             self.padding[:, self.seen:self.seen + T] = padding_mask
+            self.has_padding = self.has_padding or bool(padding_mask.any())  # one sync, at prefill
 
     def end(self, T: int) -> None:
         """Called by the model after the forward: the ``T`` tokens are now cached."""
         self.seen += T
 
-    def key_padding(self, T: int) -> torch.Tensor:
-        """``[B, seen + T]``: the padding of every key a query of this call may see."""
-        return self.padding[:, :self.seen + T]
+    def key_padding(self, T: int) -> torch.Tensor | None:
+        """``[B, seen + T]``: the padding of every key a query of this call may see (None: no padding,
+        so attention needs no mask beyond causality)."""
+        return self.padding[:, :self.seen + T] if self.has_padding else None
 
     def append(self, owner: nn.Module, name: str, new: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """Write ``new`` (this call's ``T`` entries along ``dim``) into ``owner``'s buffer ``name`` and

@@ -77,8 +77,9 @@ def attention_reference(
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T|S, D]
 
     if bias is None and key_padding_mask is None and keep_window is None:
-        # Fast path: nothing to materialise; torch's causal flag aligns top-left, so only for T == S.
-        if not causal or T == S:
+        # Fast path: nothing to materialise. torch's causal flag aligns top-left, so only for T == S; a
+        # single query (a decoding step) sits after every key, so it needs no causal mask at all.
+        if not causal or T == S or T == 1:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal and T > 1, scale=scale)
             return out.transpose(1, 2)  # [B, T, H, D]
 

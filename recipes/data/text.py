@@ -117,6 +117,16 @@ class TextCorpus(ResumableDataModule):
                     "use a longer text, a larger fraction or a shorter seq_len"
                 )
 
+    @staticmethod
+    def encode(text: str) -> list[int]:
+        """Text → token ids: its UTF-8 bytes."""
+        return list(text.encode("utf-8"))
+
+    @staticmethod
+    def decode(ids: list[int]) -> str:
+        """Token ids → text; ids past 255 (a padded vocabulary) and broken UTF-8 show as U+FFFD."""
+        return bytes(i if i < 256 else 0xFF for i in ids).decode("utf-8", errors="replace")
+
     def _eval_loader(self, split: str) -> DataLoader:
         return DataLoader(Windows(self.splits[split], self.seq_len, self.seq_len), batch_size=self.batch_size,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0)

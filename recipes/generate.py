@@ -1,0 +1,74 @@
+"""``python -m recipes generate``: text from a trained checkpoint.
+
+    python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "def " --max_new_tokens 200
+    python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "The " --temperature 0.8 --top_p 0.95 --seed 1
+
+The recipe's data module says how text becomes tokens and back (``encode``/``decode``: bytes for
+``TextCorpus``); ``--ckpt_path`` is a file, or ``last``/``best`` of the recipe's runs, as for ``fit``.
+"""
+
+import argparse
+import importlib
+import sys
+
+import torch
+import yaml
+from jsonargparse import dict_to_namespace
+
+from recipes.cli import newest_checkpoint, resolve_config, run_logger
+
+
+def load_recipe(path: str) -> dict:
+    return yaml.safe_load(open(resolve_config(path)).read())
+
+
+def checkpoint_path(recipe: dict, ckpt_path: str) -> str:
+    if ckpt_path not in ("last", "best"):
+        return ckpt_path
+    _, root = run_logger(dict_to_namespace(recipe.get("trainer") or {}))
+    found = newest_checkpoint(root, f"{ckpt_path}.ckpt") if root is not None else None
+    if found is None:
+        raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no {ckpt_path}.ckpt under {root}/*/checkpoints/; train first")
+    return str(found)
+
+
+def tokenizer(recipe: dict):
+    """The recipe's data module, which must offer ``encode(text) -> ids`` and ``decode(ids) -> text``."""
+    data = recipe.get("data") or {}
+    module_name, _, class_name = data.get("class_path", "").rpartition(".")
+    cls = getattr(importlib.import_module(module_name), class_name) if module_name else None
+    if cls is None or not (hasattr(cls, "encode") and hasattr(cls, "decode")):
+        raise ValueError(f"the recipe's data module {data.get('class_path')!r} has no text tokenizer (encode/decode)")
+    return cls(**(data.get("init_args") or {}))
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(prog="python -m recipes generate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="the recipe the checkpoint was trained with")
+    parser.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best")
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--max_new_tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    parser.add_argument("--top_k", type=int, default=None)
+    parser.add_argument("--top_p", type=float, default=None)
+    parser.add_argument("--stop", default=None, help="stop at this text (one token of it)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    from recipes.module import LanguageModel
+
+    try:
+        recipe = load_recipe(args.config)
+        path = checkpoint_path(recipe, args.ckpt_path)
+        data = tokenizer(recipe)
+        lm = LanguageModel.load_from_checkpoint(path, map_location="cpu")
+    except (FileNotFoundError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    prompt = torch.tensor([data.encode(args.prompt)])  # [1, T]
+    stop = data.encode(args.stop)[0] if args.stop else None
+    out = lm.model.eval().generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                   top_p=args.top_p, stop_token=stop,
+                                   generator=torch.Generator().manual_seed(args.seed))
+    text = data.decode(out[0].tolist())
+    print(text)
+    return text

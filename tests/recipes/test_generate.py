@@ -1,0 +1,39 @@
+"""``python -m recipes generate``: text from a checkpoint, through the recipe's tokenizer."""
+
+import pytest
+import torch
+
+from recipes import LanguageModel
+from recipes.cli import main as cli
+from recipes.data import TextCorpus
+from recipes.generate import main
+
+TINY = ["--config", "quickstart.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
+        "--data.init_args.seq_len", "32", "--data.init_args.batch_size", "8", "--trainer.max_steps", "30",
+        "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"]
+
+
+def test_generate_prints_the_prompt_and_its_greedy_continuation(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    cli(["fit", *TINY])
+    capsys.readouterr()  # (the training's own output)
+    text = main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "def é", "--max_new_tokens", "12"])
+    assert capsys.readouterr().out.rstrip("\n") == text
+    assert text.startswith("def é")
+    model = LanguageModel.load_from_checkpoint(next(tmp_path.glob("runs/**/last.ckpt"))).model
+    ids = model.generate(torch.tensor([TextCorpus.encode("def é")]), 12)
+    assert text == TextCorpus.decode(ids[0].tolist())
+    sampled = main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "a", "--max_new_tokens", "12",
+                    "--temperature", "1.0", "--seed", "3"])
+    assert sampled == main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "a",
+                            "--max_new_tokens", "12", "--temperature", "1.0", "--seed", "3"])
+
+
+def test_generate_without_a_checkpoint_is_a_named_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="--ckpt_path last: no last.ckpt under runs/quickstart"):
+        main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "x"])
+
+
+def test_bytes_round_trip():
+    assert TextCorpus.decode(TextCorpus.encode("naïve ✓")) == "naïve ✓"
