@@ -151,6 +151,8 @@ class SSD(nn.Module):
         """Depthwise causal conv of ``xbc [b, T, C]``: each output reads its input and the ``K - 1`` before
         it, which are zeros before the sequence, or (decoding) the window the last call left."""
         K = self.conv.kernel_size[0]
+        if xbc.shape[1] == 0:
+            return xbc
         window = cached.get("conv") if cached is not None else None
         if window is None:
             window = xbc.new_zeros(xbc.shape[0], K - 1, xbc.shape[2])  # [b, K-1, C]
