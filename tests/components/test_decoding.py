@@ -162,3 +162,39 @@ def test_sampling_options():
         model.generate(prompt, 2, padding_mask=torch.tensor([[False, False, False, True]] * 2))
     with pytest.raises(ValueError, match="exceed its capacity=3"):
         model(torch.zeros(1, 4, dtype=torch.long), cache=model.new_cache(1, 3))
+
+
+def test_positions_continue_after_the_cached_tokens_by_default():
+    model = tiny_hybrid()
+    ids = torch.randint(1, 61, (2, 9))
+    full = model(ids)
+    cache = model.new_cache(2, 9)
+    model(ids[:, :6], cache=cache)  # no position_ids given: 0..5, then 6, 7, 8
+    steps = torch.cat([model(ids[:, t:t + 1], cache=cache) for t in range(6, 9)], dim=1)
+    assert relative(steps, full[:, 6:]) < 1e-5
+
+
+def test_top_k_and_top_p_keep_exactly_their_tokens():
+    from components.generation import sample_next
+
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().expand(4000, 4)  # probabilities 0.5, 0.3, 0.15, 0.05
+    draw = lambda **kw: set(sample_next(logits, temperature=1.0, generator=torch.Generator().manual_seed(0), **kw).tolist())  # noqa: E731
+    assert draw() == {0, 1, 2, 3}
+    assert draw(top_k=2) == {0, 1} and draw(top_k=3) == {0, 1, 2}
+    # The nucleus is the smallest set whose mass reaches top_p: 0.6 needs the second token, 0.85 the third.
+    assert draw(top_p=0.6) == {0, 1} and draw(top_p=0.85) == {0, 1, 2} and draw(top_p=0.4) == {0}
+    counts = torch.bincount(sample_next(logits, temperature=1.0, top_k=2, generator=torch.Generator().manual_seed(1)),
+                            minlength=4).float()
+    assert abs(counts[0] / counts[:2].sum() - 0.5 / 0.8) < 0.03  # renormalised over the kept tokens
+
+
+def test_left_padded_generation_equals_each_prompt_alone():
+    model = tiny_hybrid()
+    prompts = [torch.randint(1, 61, (n,)) for n in (7, 4, 2)]
+    batch = torch.zeros(3, 7, dtype=torch.long)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        batch[b, 7 - len(p):], mask[b, 7 - len(p):] = p, False
+    out = model.generate(batch, 5, padding_mask=mask)
+    for b, p in enumerate(prompts):
+        assert torch.equal(out[b, 7:], model.generate(p[None], 5)[0, len(p):]), f"prompt {b}"

@@ -109,3 +109,15 @@ def test_bad_configuration_names_the_problem(kwargs, words):
     with pytest.raises(ValueError) as info:
         InnerFuncAttention(32, **kwargs)
     assert words in str(info.value)
+
+
+def test_content_mask_value_equals_its_formula():
+    # bias[b, h, j] = A_h · softplus((V W_δ)[b, j, h]): softplus keeps the mask's sign that of A.
+    mixer = with_nonzero_A(make())
+    x = torch.randn(2, 7, 32)
+    v = mixer.value(x)  # [2, 7, 32]
+    delta = v @ mixer.delta_proj.weight.T  # [2, 7, H]
+    expected = (mixer.A * torch.log1p(torch.exp(delta))).transpose(1, 2)  # [2, H, 7]
+    got = mixer.dynamic_bias(v, Context.default(x))
+    torch.testing.assert_close(got, expected)
+    assert (delta < 0).any()  # the softplus is exercised where it differs from the identity

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -56,3 +58,30 @@ def test_context_shares_one_table_per_dimension():
     ctx = Context.default(torch.zeros(2, 6, 4))
     assert ctx.rotary_tables(8) is ctx.rotary_tables(8)
     assert ctx.rotary_tables(8)[0].shape == (2, 6, 8)
+
+
+def test_rotation_equals_hand_computed_values_direction_pinned(rope_reference):
+    # dim 2, position 1: the pair (x₀, x₁) turns by +1 radian, counter-clockwise: (1, 0) → (cos 1, sin 1).
+    rope = RotaryEmbedding()
+    cos, sin = rope(torch.tensor([[1]]), 2)
+    turned = apply_rotary(torch.tensor([1.0, 0.0]).view(1, 1, 1, 2), cos, sin).flatten()
+    torch.testing.assert_close(turned, torch.tensor([math.cos(1.0), math.sin(1.0)]))
+    # Any even dim and position: pair (i, i + d/2) turns by position · base^(-2i/d), written out by hand.
+    v = torch.randn(12, dtype=torch.float64)
+    for position in (0, 3, 17, 250):
+        cos, sin = rope(torch.tensor([[position]]), 12)
+        got = apply_rotary(v.float().view(1, 1, 1, 12), cos, sin).flatten().double()
+        torch.testing.assert_close(got, rope_reference(v, position), rtol=1e-5, atol=1e-5)
+
+
+def test_ntk_stretch_is_per_sequence_not_per_batch():
+    rope = RotaryEmbedding(max_position=8)
+    short, long = torch.arange(6), torch.arange(20)
+    batch = torch.stack([torch.cat([short, short.new_zeros(14)]), long])  # [2, 20]; row 0 ends at position 5
+    cos, sin = rope(batch, 8)
+    alone_cos, alone_sin = rope(short[None], 8)
+    torch.testing.assert_close(cos[0, :6], alone_cos[0])  # the long neighbour does not stretch it
+    torch.testing.assert_close(sin[0, :6], alone_sin[0])
+    long_cos, _ = rope(long[None], 8)
+    torch.testing.assert_close(cos[1], long_cos[0])
+    assert not torch.allclose(long_cos[0, :6], alone_cos[0])  # ...and the long one is stretched

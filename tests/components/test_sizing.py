@@ -34,3 +34,15 @@ def test_sizing_errors_name_the_problem():
         sized_mixers(64, 32, "AM", None, SizeTarget(10_000, ["Q"]))
     with pytest.raises(ValueError, match=r"none of letters=\['R'\] occurs in pattern 'AM'"):
         sized_mixers(64, 32, "AM", None, SizeTarget(10_000, ["R"]))
+
+
+def test_sizing_counts_tied_embeddings_once():
+    # Vocabulary 500 at d_model 32: the 16,000-parameter head is shared when tied, so a tied model sized
+    # to the same target has wider MLPs, and both land on the target.
+    target = SizeTarget(params=120_000, letters=["M"], multiple_of=2)
+    widths = {}
+    for tie in (False, True):
+        mixers, widths[tie] = sized_mixers(500, 32, "AM AM", None, target, tie_embeddings=tie)
+        model = HybridLM(500, 32, "AM AM", mixers, tie_embeddings=tie)
+        assert abs(count_parameters(model) - 120_000) <= 3 * 32 * 2, f"tie_embeddings={tie}: {count_parameters(model):,}"
+    assert widths[True] > widths[False]

@@ -159,3 +159,18 @@ def test_every_variant_matches_its_math_written_out(rope_reference, positions, d
     want = y @ mixer.out_proj.weight.T
     torch.testing.assert_close(mixer(x)[0], want, rtol=1e-6, atol=1e-9)  # (RoPE tables are fp32)
     assert (mixer.D is not None) == (d_skip if d_skip is not None else "conv" in positions)
+
+
+@pytest.mark.parametrize("positions", [*VARIANTS, "conv+rope"])
+def test_left_padded_sequence_equals_the_sequence_alone(positions):
+    # With a conv the padded positions' conv output is silu(bias) ≠ 0, so only dt = 0 there keeps the
+    # state empty until the first real token.
+    mixer = small(positions, gate=True)
+    with torch.no_grad():
+        mixer.conv.bias.uniform_(0.5, 1.0) if mixer.conv is not None else None
+    real = torch.randn(1, 9, 32)
+    alone = mixer(real)
+    padded = torch.cat([torch.randn(1, 4, 32), real], dim=1)  # [1, 13, 32]
+    padding = torch.arange(13)[None] < 4
+    ctx = Context(position_ids=(torch.arange(13)[None] - 4).clamp_min(0), padding_mask=padding)
+    torch.testing.assert_close(mixer(padded, ctx)[:, 4:], alone, rtol=1e-5, atol=1e-6)

@@ -70,3 +70,31 @@ def test_text_too_short_for_the_window(tmp_path):
     path.write_text("x" * 100)
     with pytest.raises(ValueError, match="the val split has 5 bytes, fewer than seq_len \\+ 1 = 33"):
         TextCorpus(str(path), seq_len=32).setup()
+
+
+def test_train_validation_and_test_windows_share_no_content(tmp_path):
+    # Random letters: every 12-byte string occurs once, so a shared 12-gram means shared text.
+    rng = torch.Generator().manual_seed(0)
+    letters = torch.randint(0, 52, (30_000,), generator=rng)
+    text = "".join("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"[i] for i in letters.tolist())
+    path = tmp_path / "letters.txt"
+    path.write_text(text)
+    data = TextCorpus(str(path), seq_len=32, batch_size=8, val_fraction=0.1, test_fraction=0.1, seed=0)
+    data.setup()
+
+    def grams(loader, n: int = 12) -> set[bytes]:
+        seen = set()
+        for batch in loader:
+            # Each window's content is its inputs plus its last label: seq_len + 1 bytes.
+            windows = torch.cat([batch["input_ids"], batch["labels"][:, -1:]], dim=1)
+            for w in windows.to(torch.uint8):
+                raw = bytes(w.tolist())
+                seen.update(raw[i:i + n] for i in range(len(raw) - n + 1))
+        return seen
+
+    train, val, test = grams(data.train_dataloader()), grams(data.val_dataloader()), grams(data.test_dataloader())
+    assert train and val and test
+    assert not train & val and not train & test and not val & test
+    # The test is not vacuous: the 12-grams seen cover most of each split (80% / 10% / 10% of the text;
+    # the evaluation windows are back to back, so 12-grams across two of them are not counted).
+    assert len(train) > 0.75 * len(text) and len(val) > 0.06 * len(text) and len(test) > 0.06 * len(text)

@@ -110,3 +110,42 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
     got = (torch.rand(3), np.random.rand(3), random.random())
     torch.testing.assert_close(got[0], expected[0])
     assert np.array_equal(got[1], expected[1]) and got[2] == expected[2]
+
+
+def configured(lm: LanguageModel, total_steps: int):
+    """configure_optimizers as a trainer of ``total_steps`` optimizer steps would call it."""
+    from types import SimpleNamespace
+
+    lm.trainer = SimpleNamespace(estimated_stepping_batches=total_steps)
+    return lm.configure_optimizers()
+
+
+def test_learning_rate_at_chosen_steps_and_stepped_per_optimizer_step():
+    lm = LanguageModel(16, "AM", vocab_size=20, lr=2e-3, warmup_fraction=0.2, final_lr_fraction=0.05)
+    config = configured(lm, 50)
+    assert config["lr_scheduler"]["interval"] == "step"  # per optimizer step, not per epoch
+    optimizer, schedule = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(51):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    # Warm-up over int(0.2·50) = 10 steps: (s+1)/10 of the peak; then a cosine down to 5% at step 50.
+    assert lrs[0] == pytest.approx(2e-3 / 10) and lrs[4] == pytest.approx(2e-3 * 5 / 10)
+    assert lrs[9] == pytest.approx(2e-3) and lrs[10] == pytest.approx(2e-3)
+    assert lrs[30] == pytest.approx(2e-3 * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * 20 / 40))))
+    assert lrs[50] == pytest.approx(2e-3 * 0.05)
+    assert all(g["lr"] == optimizer.param_groups[0]["lr"] for g in optimizer.param_groups)
+
+
+def test_weight_decay_applies_to_matrices_only():
+    lm = LanguageModel(16, "SM AM", vocab_size=20, weight_decay=0.1, residual_scale=True)
+    optimizer = configured(lm, 10)["optimizer"]
+    decay = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    names = dict(lm.named_parameters())
+    assert set(decay) == {id(p) for p in names.values()}  # every parameter, once
+    for name, p in names.items():
+        expected = 0.1 if p.dim() >= 2 else 0.0
+        assert decay[id(p)] == expected, f"{name} {tuple(p.shape)}: weight decay {decay[id(p)]}, expected {expected}"
+    assert decay[id(names["model.norm.weight"])] == 0.0 and decay[id(names["model.blocks.0.sequence_mixer.A_log"])] == 0.0
+    assert decay[id(names["model.embedding.weight"])] == 0.1

@@ -229,3 +229,28 @@ def test_no_checkpoint_is_written_from_non_finite_weights(tmp_path):
     policy = CheckpointPolicy()
     policy.dirpath = tmp_path
     assert policy._save(Trainer(module), "last.ckpt") is None
+
+
+def test_best_checkpoint_follows_the_minimum_of_the_validation_loss(tmp_path):
+    from types import SimpleNamespace
+
+    saved = []
+
+    class Trainer:
+        global_step, world_size, fast_dev_run, sanity_checking = 0, 1, False, False
+        state = SimpleNamespace(fn="fit")
+        lightning_module = torch.nn.Linear(2, 2)
+
+        def __init__(self):
+            self.callback_metrics = {}
+
+        def save_checkpoint(self, path, weights_only=False):
+            saved.append((self.global_step, Path(path).name))
+
+    policy, trainer = CheckpointPolicy(), Trainer()
+    policy.dirpath = tmp_path
+    for step, loss in ((10, 3.0), (20, 2.0), (30, 2.5), (40, float("nan")), (50, 1.5), (60, 1.5)):
+        trainer.global_step, trainer.callback_metrics = step, {"val/loss": torch.tensor(loss)}
+        policy.on_validation_end(trainer, trainer.lightning_module)
+    assert saved == [(10, "best.ckpt"), (20, "best.ckpt"), (50, "best.ckpt")]  # improvements only
+    assert policy.best_score == 1.5 and policy.best_path == str(tmp_path / "best.ckpt")

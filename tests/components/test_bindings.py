@@ -1,0 +1,44 @@
+"""Letter bindings round-trip through their recorded spec: the rebuilt factory builds the same module."""
+
+import functools
+
+import pytest
+import torch
+import yaml
+
+from components import MLP, SSD, HybridLM, QCAttention
+from components.bindings import binding_factory, binding_spec
+
+
+@pytest.mark.parametrize("factory, spec", [
+    (QCAttention, {"class_path": "components.QCAttention", "init_args": {}}),
+    (functools.partial(QCAttention, n_heads=2, n_kv_heads=1),
+     {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "n_kv_heads": 1}}),
+    (functools.partial(SSD, d_state=8, positions="conv", n_groups=1),
+     {"class_path": "components.SSD", "init_args": {"d_state": 8, "positions": "conv", "n_groups": 1}}),
+    ({"class_path": "components.MLP", "init_args": {"d_ff": 24, "activation": "switanh"}},
+     {"class_path": "components.MLP", "init_args": {"d_ff": 24, "activation": "switanh"}}),
+])
+def test_spec_records_the_class_and_every_keyword(factory, spec):
+    assert binding_spec("X", factory) == spec
+    assert yaml.safe_load(yaml.safe_dump(spec)) == spec  # plain values only
+
+
+def test_a_model_rebuilt_from_its_specs_has_the_same_modules_and_outputs():
+    mixers = {"A": functools.partial(QCAttention, n_heads=2), "M": functools.partial(MLP, d_ff=40, activation="swisig")}
+    model = HybridLM(30, 16, "AM -M", mixers)
+    rebuilt = HybridLM(30, 16, "AM -M", yaml.safe_load(yaml.safe_dump(model.binding_specs())))
+    assert str(rebuilt) == str(model)
+    rebuilt.load_state_dict(model.state_dict())
+    ids = torch.randint(0, 30, (2, 5))
+    torch.testing.assert_close(rebuilt(ids), model(ids))
+    assert binding_factory("A", model.binding_specs()["A"])(16).n_heads == 2
+
+
+def test_bindings_that_cannot_be_recorded_are_refused_by_name():
+    with pytest.raises(ValueError, match="letter 'A'.*cannot be recorded"):
+        binding_spec("A", lambda d: QCAttention(d))
+    with pytest.raises(ValueError, match="must not set d_model"):
+        binding_spec("A", functools.partial(QCAttention, d_model=8))
+    with pytest.raises(ValueError, match="argument init_args.act=.*cannot be recorded"):
+        binding_spec("M", functools.partial(MLP, act=torch.nn.functional.silu))

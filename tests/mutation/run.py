@@ -1,0 +1,165 @@
+"""Mutation testing: plant each bug of ``mutants.txt`` in a copy of the project, run the tests its
+line names, and report the bugs no test caught (the survivors).
+
+    python tests/mutation/run.py                 # every mutant, 2 at a time
+    python tests/mutation/run.py --only ssd rope # the mutants whose line mentions a word
+    python tests/mutation/run.py --list          # print the list and check every line applies
+
+A line of ``mutants.txt`` is ``file :: old text :: new text :: tests`` (tests: pytest node ids or
+files, space-separated; ``\n`` in the texts stands for a line break). ``old text`` must occur exactly once in ``file``, so a line that no longer
+applies after an edit is an error, not a silent pass. Before the mutants, the union of their tests
+runs once on the unchanged copy: a test that already fails would "kill" every mutant it touches.
+Exit status: 0 when every mutant is killed, 1 when some survive, 2 when the list or the baseline is
+broken. docs/testing.md says how to use it and what the list covers.
+"""
+
+import argparse
+import concurrent.futures as futures
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LIST = Path(__file__).with_name("mutants.txt")
+SEPARATOR = " :: "
+
+
+@dataclass
+class Mutant:
+    line: int
+    file: str
+    old: str
+    new: str
+    tests: list[str]
+
+    def __str__(self) -> str:
+        return f"#{self.line} {self.file}: {self.old.strip()!r} -> {self.new.strip()!r}"
+
+
+def read_mutants(path: Path = LIST) -> list[Mutant]:
+    """Parse and check every line: its file exists and its old text occurs there exactly once."""
+    mutants, problems = [], []
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        parts = raw.split(SEPARATOR)
+        if len(parts) != 4:
+            problems.append(f"line {number}: expected 'file :: old :: new :: tests', got {len(parts)} fields")
+            continue
+        file, old, new, tests = (p.strip() if i in (0, 3) else p.replace("\\n", "\n") for i, p in enumerate(parts))
+        source = ROOT / file
+        if not source.is_file():
+            problems.append(f"line {number}: no file {file}")
+            continue
+        found = source.read_text().count(old)
+        if found != 1:
+            problems.append(f"line {number}: {old!r} occurs {found} times in {file} (must be exactly once)")
+            continue
+        if old == new or not tests.split():
+            problems.append(f"line {number}: the new text equals the old, or no tests are named")
+            continue
+        mutants.append(Mutant(number, file, old, new, tests.split()))
+    if problems:
+        raise SystemExit("mutants.txt is broken:\n  " + "\n  ".join(problems))
+    return mutants
+
+
+def copy_project(into: Path) -> None:
+    """Copy the files git tracks (and untracked, unignored ones) — the project as the tests see it."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            check=True, capture_output=True, text=True).stdout.split("\n")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name)
+
+
+def run_tests(where: Path, tests: list[str], timeout: float) -> tuple[int | None, str]:
+    """pytest in ``where`` (its modules first on the path), stopping at the first failure."""
+    env = {**os.environ, "PYTHONPATH": str(where), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", *tests]
+    try:
+        done = subprocess.run(command, cwd=where, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "timed out"
+    return done.returncode, done.stdout + done.stderr
+
+
+def first_failure(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith(("FAILED", "ERROR")):
+            return line.split(" - ")[0]
+    return output.strip().splitlines()[-1] if output.strip() else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", default=[], help="only the mutants whose line mentions one of these words")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants tested at once (default 2)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant; past it counts as killed")
+    parser.add_argument("--skip-baseline", action="store_true", help="do not first run the tests unmutated")
+    parser.add_argument("--list", action="store_true", help="check and print the list, run nothing")
+    args = parser.parse_args(argv)
+
+    mutants = read_mutants()
+    if args.only:
+        mutants = [m for m in mutants if any(w in f"{m.file} {m.old} {m.new} {' '.join(m.tests)}" for w in args.only)]
+    if args.list:
+        for m in mutants:
+            print(m)
+        print(f"{len(mutants)} mutants, every line applies")
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
+        copies = [Path(tmp) / f"copy{i}" for i in range(max(args.jobs, 1))]
+        for copy in copies:
+            copy_project(copy)
+        if not args.skip_baseline:
+            tests = sorted({t for m in mutants for t in m.tests})
+            started = time.perf_counter()
+            code, output = run_tests(copies[0], tests, args.timeout * 4)
+            if code != 0:
+                print(output[-4000:])
+                print(f"baseline: the unmutated tests fail ({first_failure(output)}); fix them first")
+                return 2
+            print(f"baseline: {len(tests)} test targets pass unmutated ({time.perf_counter() - started:.0f} s)", flush=True)
+
+        free = list(copies)
+
+        def trial(m: Mutant) -> tuple[Mutant, str, str, float]:
+            copy = free.pop()
+            target = copy / m.file
+            original = target.read_text()
+            started = time.perf_counter()
+            try:
+                target.write_text(original.replace(m.old, m.new, 1))
+                code, output = run_tests(copy, m.tests, args.timeout)
+            finally:
+                target.write_text(original)
+                free.append(copy)
+            verdict = "killed" if code != 0 else "SURVIVED"
+            how = "timed out" if code is None else (first_failure(output) if code else "")
+            return m, verdict, how, time.perf_counter() - started
+
+        survivors = []
+        with futures.ThreadPoolExecutor(max_workers=len(copies)) as pool:
+            for i, (m, verdict, how, seconds) in enumerate(pool.map(trial, mutants), start=1):
+                print(f"[{i}/{len(mutants)}] {verdict:8s} {seconds:5.0f} s  {m}" + (f"\n{'':18}by {how}" if how else ""),
+                      flush=True)
+                if verdict == "SURVIVED":
+                    survivors.append(m)
+    print(f"\n{len(mutants)} mutants: {len(mutants) - len(survivors)} killed, {len(survivors)} survived")
+    for m in survivors:
+        print(f"  survived: {m}")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
