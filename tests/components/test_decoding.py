@@ -189,7 +189,13 @@ def test_top_k_and_top_p_keep_exactly_their_tokens():
 
 
 def test_left_padded_generation_equals_each_prompt_alone():
-    model = tiny_hybrid()
+    # RoPE sees only relative positions, so a position mask (absolute positions) is what shows that each
+    # sequence counts its positions from its own first token.
+    model = HybridLM(61, 32, "PM SM", {"P": partial(InnerFuncAttention, n_heads=4, mask="position", max_position=32),
+                                       "S": partial(SSD, d_state=8, head_dim=8, chunk_size=4)})
+    randomize(model)
+    with torch.no_grad():
+        model.blocks[0].sequence_mixer.position_bias.mul_(4)
     prompts = [torch.randint(1, 61, (n,)) for n in (7, 4, 2)]
     batch = torch.zeros(3, 7, dtype=torch.long)
     mask = torch.ones(3, 7, dtype=torch.bool)

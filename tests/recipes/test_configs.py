@@ -26,13 +26,21 @@ def test_every_family_has_a_representative():
     assert families - {"quickstart.yaml", "ablate_moe.yaml", "arch"} <= covered
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict:
+    """Every bundled recipe parsed and built on the ``meta`` device (no memory, no initialisation,
+    even for the 1B recipes), once for the tests of this file: name → the unrun LightningCLI."""
+    with pytest.MonkeyPatch.context() as patch, torch.device("meta"):
+        patch.chdir(tmp_path_factory.mktemp("recipes"))
+        return {name: main(["--config", name, *QUICK], run=False) for name in bundled_configs()}
+
+
 @pytest.mark.parametrize("name", bundled_configs())
-def test_bundled_recipe_builds_and_its_hyperparameters_rebuild_it(name, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    with torch.device("meta"):  # no memory and no initialisation, even for the 1B recipes
-        cli = main(["--config", name, *QUICK], run=False)
-        assert cli.trainer.gradient_clip_val == 1.0
-        hparams = dict(cli.model.hparams)
+def test_bundled_recipe_builds_and_its_hyperparameters_rebuild_it(name, built):
+    cli = built[name]
+    assert cli.trainer.gradient_clip_val == 1.0
+    hparams = dict(cli.model.hparams)
+    with torch.device("meta"):
         # What `--ckpt_path` does with a checkpoint's hyper-parameters: parse them into the recipe's config.
         config = cli.parser.parse_object({"model": copy.deepcopy(hparams)}, cli.config)  # (it converts in place)
         rebuilt = cli.parser.instantiate_classes(config).model
@@ -40,6 +48,66 @@ def test_bundled_recipe_builds_and_its_hyperparameters_rebuild_it(name, tmp_path
             shapes = {k: v.shape for k, v in model.state_dict().items()}
             assert shapes == {k: v.shape for k, v in cli.model.state_dict().items()}
             assert str(model.model) == str(cli.model.model)
+
+
+def family(built: dict, folder: str) -> dict:
+    return {name.removeprefix(folder + "/").removesuffix(".yaml"): cli for name, cli in built.items()
+            if name.startswith(folder + "/") and name.count("/") == folder.count("/") + 1}
+
+
+def recipe_without(cli, *paths: str) -> dict:
+    """The recipe's model and data settings with the named dotted paths removed: what must be equal."""
+    config = copy.deepcopy({"model": cli.config.model.as_dict() if hasattr(cli.config.model, "as_dict") else dict(cli.config.model),
+                            "data": cli.config.data.as_dict(), "trainer": cli.config.trainer.as_dict()})
+    config["trainer"].pop("logger", None)
+    for path in paths:
+        *parents, leaf = path.split(".")
+        node = config
+        for key in parents:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return config
+
+
+@pytest.mark.parametrize("folder", ["moe_placement", "moe_shared"])
+def test_equal_parameter_families_land_on_their_total(built, folder):
+    recipes = family(built, folder)
+    assert len(recipes) >= 5
+    for name, cli in recipes.items():
+        assert abs(cli.model.sizes["n_params"] - 600_000) / 600_000 < 0.01, (name, cli.model.sizes)
+    if folder == "moe_shared":  # active parameters close to the routed MoE's (docs/moe.md: within 7%)
+        routed = recipes["routed"].model.sizes["n_active_params"]
+        for name, cli in recipes.items():
+            assert abs(cli.model.sizes["n_active_params"] - routed) / routed < 0.08, (name, cli.model.sizes)
+    if folder == "moe_placement":  # more MoE blocks: narrower experts, fewer active parameters
+        active = {name: cli.model.sizes["n_active_params"] for name, cli in recipes.items()}
+        assert active["dense"] == max(active.values()) and active["all"] == min(active.values())
+
+
+@pytest.mark.parametrize("folder, varies", [
+    ("positions", ["model.pattern", "model.mixers.S.init_args.positions", "model.mixers.A"]),
+    ("attention", ["model.pattern", "model.mixers.A", "model.mixers.I"]),
+    ("mqar", ["model.pattern", "model.mixers"]),
+])
+def test_ablation_families_differ_only_in_what_they_ablate(built, folder, varies):
+    recipes = family(built, folder)
+    assert len(recipes) >= 3
+    settings = {name: recipe_without(cli, *varies) for name, cli in recipes.items()}
+    first = next(iter(settings.values()))
+    for name, config in settings.items():
+        assert config == first, f"{folder}/{name} differs from the family in more than {varies}"
+    if folder == "mqar":  # same task and width for every mixer
+        assert len({cli.model.hparams.d_model for cli in recipes.values()}) == 1
+
+
+@pytest.mark.parametrize("length", [256, 512, 1024, 2048])
+def test_paper_mqar_recipes_share_the_task_at_each_length(built, length):
+    recipes = {name: cli for name, cli in family(built, "mqar/paper").items() if name.endswith(f"_T{length}")}
+    assert sorted(recipes) == [f"{m}_T{length}" for m in ("ifa", "ifa_mask", "qcattn", "ssd")]
+    tasks = {name: recipe_without(cli, "model.pattern", "model.mixers") for name, cli in recipes.items()}
+    assert len({repr(t) for t in tasks.values()}) == 1
+    assert next(iter(recipes.values())).datamodule.train.task["seq_len"] == length
 
 
 @pytest.mark.parametrize("name", REPRESENTATIVES)
