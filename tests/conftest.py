@@ -1,7 +1,13 @@
 import math
+import os
 
 import pytest
 import torch
+
+# Under pytest-xdist (addopts: -n 2) each worker takes one core: two workers with two threads each
+# would oversubscribe the two cores CI has. Tests that launch their own processes are unaffected.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 def rope_by_hand(v: torch.Tensor, pos: int, base: float = 10000.0) -> torch.Tensor:

@@ -84,7 +84,7 @@ def run_tests(where: Path, tests: list[str], timeout: float) -> tuple[int | None
     """pytest in ``where`` (its modules first on the path), stopping at the first failure."""
     env = {**os.environ, "PYTHONPATH": str(where), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "PYTHONDONTWRITEBYTECODE": "1"}
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", *tests]
+    command = [sys.executable, "-m", "pytest", "-n", "0", "-x", "-q", "-p", "no:cacheprovider", "--no-header", *tests]
     try:
         done = subprocess.run(command, cwd=where, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
