@@ -1,13 +1,20 @@
-"""Plain-torch reference for attention with an additive per-key bias.
+"""Plain-torch attention with an additive per-key bias: the default on CPU, and the tests' oracle.
 
-Materialises the ``[B, H, T, S]`` mask, so memory is quadratic: this is the readable, exact oracle,
-and the default on CPU. The math is in README.md beside this file.
+Three paths, by what the call needs:
+- nothing to mask beyond causality: torch's SDPA as it is;
+- a per-key bias and/or key padding: the bias rides in an extra head dimension through the fused SDPA
+  (:mod:`kernels.attention.sdpa`), ``O(T)`` memory;
+- a ``keep_window`` that can cut keys (``S > w``), a causal ``T < S`` with several queries, or fp16:
+  the ``[B, H, T, S]`` additive mask written out (:func:`attention_masked`), quadratic memory, the most
+  readable form of the math. The math is in README.md beside this file.
 """
 
 import math
 
 import torch
 import torch.nn.functional as F
+
+from kernels.attention.sdpa import attention_bias_sdpa, supports
 
 
 def allowed_keys(
@@ -76,13 +83,25 @@ def attention_reference(
     v = v.repeat_interleave(H // Hkv, dim=2)  # [B, S, H, D]
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T|S, D]
 
+    if keep_window is not None and keep_window >= S:
+        keep_window = None  # every query already has at most S ≥ w allowed keys: the window cuts nothing
     if bias is None and key_padding_mask is None and keep_window is None:
-        # Fast path: nothing to materialise. torch's causal flag aligns top-left, so only for T == S; a
-        # single query (a decoding step) sits after every key, so it needs no causal mask at all.
+        # Nothing to materialise. torch's causal flag aligns top-left, so only for T == S; a single
+        # query (a decoding step) sits after every key, so it needs no causal mask at all.
         if not causal or T == S or T == 1:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal and T > 1, scale=scale)
             return out.transpose(1, 2)  # [B, T, H, D]
+    if keep_window is None and supports(q, T, S, causal):
+        out = attention_bias_sdpa(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask, scale=scale)
+        return out.transpose(1, 2)  # [B, T, H, D]
+    return attention_masked(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
+                            keep_window=keep_window, scale=scale).transpose(1, 2)  # [B, T, H, D]
 
+
+def attention_masked(q, k, v, *, bias, causal, key_padding_mask, keep_window, scale) -> torch.Tensor:
+    """The math with the ``[B, H, T, S]`` mask written out: ``q [B,H,T,D]``, ``k, v [B,H,S,D]`` →
+    ``[B,H,T,D]``."""
+    T, S = q.shape[2], k.shape[2]
     allowed = allowed_keys(T, S, causal=causal, key_padding_mask=key_padding_mask, device=q.device)
     if keep_window is not None:
         allowed = select_window(allowed, bias, keep_window)
@@ -92,5 +111,4 @@ def attention_reference(
     if bias is not None:
         mask = mask + bias[:, :, None, :].to(q.dtype)  # [B, H, T, S]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, T, D]
-    out = out.masked_fill(empty, 0.0)
-    return out.transpose(1, 2)  # [B, T, H, D]
+    return out.masked_fill(empty, 0.0)

@@ -53,38 +53,40 @@ def ssd_chunked(
     if pad:
         x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))  # [b, T+pad, ·, ·]
         dt = F.pad(dt, (0, 0, 0, pad))  # [b, T+pad, h]
-    # Groups broadcast to heads: head h reads group h // (H / G).
-    B = repeat(B, "b t g n -> b t (g r) n", r=H // G)  # [b, t, h, n]
-    C = repeat(C, "b t g n -> b t (g r) n", r=H // G)  # [b, t, h, n]
+    # Heads come in G groups of r = H/G that share B and C (head h reads group h // r); the products
+    # that involve only B and C are taken once per group, never copied to every head.
     xdt = x * dt[..., None]  # [b, t, h, p] the input term dt_t · x_t
-    x_c, B_c, C_c = (rearrange(t, "b (c l) h d -> b c l h d", l=chunk_size) for t in (xdt, B, C))
-    a = rearrange(dt * A, "b (c l) h -> b h c l", l=chunk_size)  # [b, h, c, l] log-decays
-    a_cum = torch.cumsum(a, dim=-1)  # [b, h, c, l]
+    x_c = rearrange(xdt, "b (c l) (g r) p -> b c l g r p", l=chunk_size, g=G)
+    B_c, C_c = (rearrange(t, "b (c l) g n -> b c l g n", l=chunk_size) for t in (B, C))
+    a = rearrange(dt * A, "b (c l) (g r) -> b g r c l", l=chunk_size, g=G)  # log-decays
+    a_cum = torch.cumsum(a, dim=-1)  # [b, g, r, c, l]
 
     # (1) Inside each chunk: y_l = Σ_{m<=l} (C_l·B_m) exp(a_{m+1..l}) dt_m x_m.
-    decay = torch.exp(segment_sum(a))  # [b, h, c, l, m]
-    scores = torch.einsum("bclhn,bcmhn->bhclm", C_c, B_c) * decay  # [b, h, c, l, m]
-    y = torch.einsum("bhclm,bcmhp->bclhp", scores, x_c)  # [b, c, l, h, p]
+    CB = torch.einsum("bclgn,bcmgn->bgclm", C_c, B_c)  # [b, g, c, l, m] once per group
+    scores = CB[:, :, None] * torch.exp(segment_sum(a))  # [b, g, r, c, l, m] with each head's decay
+    y = torch.einsum("bgrclm,bcmgrp->bclgrp", scores, x_c)  # [b, c, l, g, r, p]
 
     # (2) Each chunk's own contribution to its final state (from a zero state).
-    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [b, h, c, l]
-    chunk_states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B_c, decay_to_end, x_c)  # [b, c, h, p, n]
+    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [b, g, r, c, l]
+    chunk_states = torch.einsum("bclgn,bgrcl,bclgrp->bcgrpn", B_c, decay_to_end, x_c)  # [b, c, g, r, p, n]
 
     # (3) Recurrence over chunks: the state entering chunk c, and the final state.
     if initial_state is None:
-        initial_state = torch.zeros_like(chunk_states[:, 0])  # [b, h, p, n]
-    states = torch.cat([initial_state[:, None].to(chunk_states.dtype), chunk_states], dim=1)  # [b, c+1, h, p, n]
-    chunk_decay = torch.exp(segment_sum(F.pad(a_cum[..., -1], (1, 0))))  # [b, h, c+1, c+1]
-    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)  # [b, c+1, h, p, n]
-    entering, final_state = states[:, :-1], states[:, -1]  # [b, c, h, p, n], [b, h, p, n]
+        initial_state = torch.zeros_like(chunk_states[:, 0])  # [b, g, r, p, n]
+    else:
+        initial_state = initial_state.view(batch, G, H // G, P, -1)  # [b, h, p, n] → [b, g, r, p, n]
+    states = torch.cat([initial_state[:, None].to(chunk_states.dtype), chunk_states], dim=1)  # [b, c+1, g, r, p, n]
+    chunk_decay = torch.exp(segment_sum(F.pad(a_cum[..., -1], (1, 0))))  # [b, g, r, c+1, c+1]
+    states = torch.einsum("bgrzc,bcgrpn->bzgrpn", chunk_decay, states)  # [b, c+1, g, r, p, n]
+    entering, final_state = states[:, :-1], states[:, -1]  # [b, c, g, r, p, n], [b, g, r, p, n]
 
     # (4) Each position reads the state entering its chunk, decayed to its own position.
-    y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", C_c, entering, torch.exp(a_cum))  # [b, c, l, h, p]
+    y = y + torch.einsum("bclgn,bcgrpn,bgrcl->bclgrp", C_c, entering, torch.exp(a_cum))  # [b, c, l, g, r, p]
 
-    y = rearrange(y, "b c l h p -> b (c l) h p")[:, :T]  # [b, T, h, p]
+    y = rearrange(y, "b c l g r p -> b (c l) (g r) p")[:, :T]  # [b, T, h, p]
     if D is not None:
         y = y + x[:, :T] * D[:, None]
-    return y, final_state
+    return y, final_state.flatten(1, 2)  # [b, h, p, n]
 
 
 def ssd_step(

@@ -123,3 +123,74 @@ def test_heads_not_a_multiple_of_kv_heads():
     with pytest.raises(ValueError, match="H=3 are not a multiple of key/value heads H_kv=2"):
         attention(q, k, v)
 
+
+
+class LargestTensor:
+    """Records the largest tensor any aten op produces inside the ``with`` block (forward or backward)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        record = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor):
+                        record.largest = max(record.largest, t.numel())
+                return out
+
+        self.largest, self.mode = 0, Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_and_padding_never_materialise_a_query_by_key_tensor(dtype):
+    B, T, H, Hkv, D = 2, 384, 2, 1, 16
+    q, k, v, bias = (t.detach().to(dtype).requires_grad_() for t in make(B=B, T=T, H=H, Hkv=Hkv, D=D))
+    padding = torch.zeros(B, T, dtype=torch.bool)
+    padding[1, :50] = True
+    with LargestTensor() as record:
+        out = attention(q, k, v, bias=bias, key_padding_mask=padding, backend="reference")
+        out.float().pow(2).sum().backward()
+    assert record.largest < T * T, f"a tensor of {record.largest:,} elements (T·S = {T * T:,}) was built"
+    assert bias.grad is not None and torch.isfinite(bias.grad).all()
+    # The check can fail: a key window that cuts keys takes the written-out mask.
+    with LargestTensor() as record:
+        attention(q, k, v, bias=bias, key_padding_mask=padding, keep_window=8, backend="reference")
+    assert record.largest >= B * H * T * T
+
+
+@pytest.mark.parametrize("case", ["bias", "padding only", "bias and padding, gqa", "non-causal", "one query (decoding)"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_bias_path_equals_the_written_out_mask(case, dtype):
+    from kernels.attention.reference import attention_masked
+    from kernels.attention.sdpa import attention_bias_sdpa
+
+    T, S = (1, 37) if case == "one query (decoding)" else (37, 37)
+    q, k, v, bias = make(B=3, T=T, S=S, H=4, Hkv=1 if "gqa" in case else 4, D=16, bias=case != "padding only",
+                         dtype=torch.float32)
+    padding = None
+    if "padding" in case or case == "one query (decoding)":
+        padding = torch.zeros(3, S, dtype=torch.bool)
+        padding[0, :5], padding[1, -4:] = True, True  # left, right
+        padding[2, :] = True  # a sequence with nothing to attend to: zeros, no NaN
+    causal = case != "non-causal"
+    heads = [t.detach().repeat_interleave(q.shape[2] // t.shape[2], dim=2).transpose(1, 2).to(dtype).requires_grad_()
+             for t in (q, k, v)]  # [B, H, T|S, D]
+    b = None if bias is None else bias.detach().to(dtype).requires_grad_()
+    kw = dict(bias=b, causal=causal, key_padding_mask=padding, scale=0.25)
+    got = attention_bias_sdpa(*heads, **kw)
+    got_grads = grads(got, (*heads, b))
+    want = attention_masked(*heads, keep_window=None, **kw)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, want, **tol)
+    for g_got, g_want in zip(got_grads, grads(want, (*heads, b))):
+        assert torch.isfinite(g_got).all()
+        torch.testing.assert_close(g_got, g_want, **tol)

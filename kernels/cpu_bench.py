@@ -1,0 +1,139 @@
+"""CPU benchmark of the plain-torch paths: attention with a per-key bias against torch's SDPA, and the
+SSD reference against the textbook four-operand einsum form, time and peak memory.
+
+    python -m kernels.cpu_bench                        # T = 1024 2048 4096, fwd+bwd, 5 repeats
+    python -m kernels.cpu_bench --lengths 1024 --repeats 3
+
+Times are medians of ``--repeats`` forward+backward passes, each case interleaved with its baseline
+in the same process. Peak memory is measured in a fresh process per case: the growth of its peak
+resident set (``VmHWM``, reset through ``/proc/self/clear_refs``; Linux) over what it held after
+building the inputs, so it counts every buffer the pass allocates, the saved activations included. Shapes: attention ``B=1, H=8, D=64``, causal,
+bias ``[B, H, T]``, a quarter of one sequence left-padded in the padded rows; SSD ``B=1, H=8, P=64,
+N=64, G=1, chunk 64``.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+from kernels._timing import median_ms
+from kernels.attention.reference import attention_masked, attention_reference
+from kernels.ssd.reference import segment_sum, ssd_chunked
+
+H, D, P, N, CHUNK = 8, 64, 64, 64, 64
+
+
+def ssd_four_operand(x, dt, A, B, C, chunk_size):
+    """The baseline: the chunked SSD as the Mamba-2 paper writes it, B and C broadcast to every head and
+    the intra-chunk term one four-operand einsum (``T`` a multiple of ``chunk_size``, one group)."""
+    X, Bh, Ch = (rearrange(t, "b (c l) ... -> b c l ...", l=chunk_size) for t in (x * dt[..., None], B, C))
+    Bh, Ch = (t.expand(-1, -1, -1, x.shape[2], -1) for t in (Bh, Ch))  # [b, c, l, h, n]
+    a = rearrange(dt * A, "b (c l) h -> b h c l", l=chunk_size)
+    a_cum = torch.cumsum(a, dim=-1)
+    y = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", Ch, Bh, torch.exp(segment_sum(a)), X)
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bh, torch.exp(a_cum[..., -1:] - a_cum), X)
+    states = torch.cat([torch.zeros_like(states[:, :1]), states], dim=1)
+    states = torch.einsum("bhzc,bchpn->bzhpn", torch.exp(segment_sum(F.pad(a_cum[..., -1], (1, 0)))), states)[:, :-1]
+    y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", Ch, states, torch.exp(a_cum))
+    return rearrange(y, "b c l h p -> b (c l) h p")
+
+
+def inputs(case: str, T: int) -> tuple:
+    torch.manual_seed(0)
+    g = dict(requires_grad=True)
+    if case.startswith("ssd"):
+        return (torch.randn(1, T, H, P, **g), F.softplus(torch.randn(1, T, H) - 3).requires_grad_(),
+                (-torch.exp(torch.rand(H) * 2.7)).requires_grad_(), torch.randn(1, T, 1, N, **g), torch.randn(1, T, 1, N, **g))
+    q, k, v = (torch.randn(1, T, H, D, **g) for _ in range(3))
+    bias = torch.randn(1, H, T).requires_grad_()
+    padding = torch.zeros(1, T, dtype=torch.bool)
+    padding[0, : T // 4] = True
+    return q, k, v, bias, padding
+
+
+def run(case: str, tensors: tuple) -> torch.Tensor:
+    if case == "ssd reference":
+        return ssd_chunked(*tensors, chunk_size=CHUNK)[0]
+    if case == "ssd four-operand einsum":
+        return ssd_four_operand(*tensors, chunk_size=CHUNK)
+    q, k, v, bias, padding = tensors
+    if case == "attention SDPA, no bias":
+        return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True)
+    if case == "attention bias (fused)":
+        return attention_reference(q, k, v, bias=bias)
+    if case == "attention bias + padding (fused)":
+        return attention_reference(q, k, v, bias=bias, key_padding_mask=padding)
+    if case == "attention bias (written-out mask)":
+        return attention_masked(*(t.transpose(1, 2) for t in (q, k, v)), bias=bias, causal=True,
+                                key_padding_mask=None, keep_window=None, scale=D ** -0.5)
+    raise ValueError(case)
+
+
+def step(case: str, tensors: tuple) -> None:
+    for t in tensors:
+        t.grad = None
+    run(case, tensors).sum().backward()
+
+
+def peak_mib(case: str, T: int) -> float:
+    """Peak memory of one fwd+bwd above the inputs, in a fresh process."""
+    out = subprocess.run([sys.executable, "-m", "kernels.cpu_bench", "--peak-of", case, str(T)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["mib"]
+
+
+def resident_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
+
+
+def measure_peak(case: str, T: int) -> None:
+    tensors = inputs(case, T)
+    step(case, inputs(case, 64))  # load kernels and libraries before the baseline
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak resident set (VmHWM) to the current one (Linux)
+    before = resident_kib("VmRSS")
+    step(case, tensors)
+    print(json.dumps({"mib": (resident_kib("VmHWM") - before) / 1024}))
+
+
+PAIRS = {
+    "attention": ["attention SDPA, no bias", "attention bias (fused)", "attention bias + padding (fused)",
+                  "attention bias (written-out mask)"],
+    "ssd": ["ssd four-operand einsum", "ssd reference"],
+}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ops", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    parser.add_argument("--peak-of", nargs=2, metavar=("CASE", "T"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.peak_of:
+        return measure_peak(args.peak_of[0], int(args.peak_of[1]))
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, fwd+bwd")
+    for op in args.ops:
+        print(f"\n| {op} | T | ms | × baseline | peak MiB | × baseline |\n|---|---|---|---|---|---|")
+        for T in args.lengths:
+            times = {case: [] for case in PAIRS[op]}
+            for _ in range(args.repeats):  # interleaved rounds: drift hits every case alike
+                for case in PAIRS[op]:
+                    tensors = inputs(case, T)
+                    times[case].append(median_ms(lambda: step(case, tensors), 1))
+            base = PAIRS[op][0]
+            ms = {case: sorted(v)[len(v) // 2] for case, v in times.items()}
+            peaks = {case: peak_mib(case, T) for case in PAIRS[op]}
+            for case in PAIRS[op]:
+                print(f"| {case} | {T} | {ms[case]:.1f} | {ms[case] / ms[base]:.2f} | {peaks[case]:.1f} | "
+                      f"{peaks[case] / max(peaks[base], 1e-9):.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
