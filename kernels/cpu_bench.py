@@ -14,14 +14,15 @@ N=64, G=1, chunk 64``.
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from kernels._timing import median_ms
 from kernels.attention.reference import attention_masked, attention_reference
 from kernels.ssd.reference import segment_sum, ssd_chunked
 
@@ -122,13 +123,17 @@ def main(argv=None) -> None:
     for op in args.ops:
         print(f"\n| {op} | T | ms | × baseline | peak MiB | × baseline |\n|---|---|---|---|---|---|")
         for T in args.lengths:
+            tensors = {case: inputs(case, T) for case in PAIRS[op]}
+            for case in PAIRS[op]:
+                step(case, tensors[case])  # warm-up
             times = {case: [] for case in PAIRS[op]}
             for _ in range(args.repeats):  # interleaved rounds: drift hits every case alike
                 for case in PAIRS[op]:
-                    tensors = inputs(case, T)
-                    times[case].append(median_ms(lambda: step(case, tensors), 1))
+                    start = time.perf_counter()
+                    step(case, tensors[case])
+                    times[case].append((time.perf_counter() - start) * 1e3)
             base = PAIRS[op][0]
-            ms = {case: sorted(v)[len(v) // 2] for case, v in times.items()}
+            ms = {case: statistics.median(v) for case, v in times.items()}
             peaks = {case: peak_mib(case, T) for case in PAIRS[op]}
             for case in PAIRS[op]:
                 print(f"| {case} | {T} | {ms[case]:.1f} | {ms[case] / ms[base]:.2f} | {peaks[case]:.1f} | "

@@ -57,8 +57,7 @@ def family(built: dict, folder: str) -> dict:
 
 def recipe_without(cli, *paths: str) -> dict:
     """The recipe's model and data settings with the named dotted paths removed: what must be equal."""
-    config = copy.deepcopy({"model": cli.config.model.as_dict() if hasattr(cli.config.model, "as_dict") else dict(cli.config.model),
-                            "data": cli.config.data.as_dict(), "trainer": cli.config.trainer.as_dict()})
+    config = {part: copy.deepcopy(cli.config[part].as_dict()) for part in ("model", "data", "trainer")}
     config["trainer"].pop("logger", None)
     for path in paths:
         *parents, leaf = path.split(".")

@@ -36,11 +36,7 @@ def test_sweep_reads_the_runs_it_launched_and_fails_on_a_failed_run(tmp_path, mo
                              ("c_broken", 16, "components.NoSuchMixer")):
         (family / f"{name}.yaml").write_text(TINY.format(name=name, width=width, mlp=mlp))
     # A decoy: an older run of a_narrow with a newer-looking version and an impossible loss.
-    decoy = tmp_path / "runs" / "fake" / "a_narrow" / "version_99"
-    decoy.mkdir(parents=True)
-    (decoy / "hparams.yaml").write_text("pattern: decoy\nn_params: 1\n")
-    with SummaryWriter(str(decoy)) as writer:
-        writer.add_scalar("val/loss", 0.001, 3)
+    write_run(tmp_path / "runs" / "fake" / "a_narrow" / "version_99", {3: 0.001}, [], pattern="decoy")
 
     with pytest.raises(SystemExit) as info:
         main([str(family), "--set", "trainer.enable_checkpointing=false"])
