@@ -34,3 +34,21 @@ def check_mixer_input(owner: str, x, d_model: int, weight, *, sequence: bool) ->
             f"{owner}: the input is {x.dtype} but the parameters are {weight.dtype}; convert one of them "
             "(module.to(dtype)) or run under torch.autocast"
         )
+
+
+def check_on_device(ok, static_message: str, message=None, *, sync: bool) -> None:
+    """Fail unless the bool scalar tensor ``ok`` is True.
+
+    With ``sync`` (eval, eager): one host sync, then a ``ValueError`` with ``message()`` (a callable,
+    so the values it names are read only on failure) or ``static_message``. Without (training mode,
+    or while ``torch.compile`` traces): ``torch._assert_async`` with ``static_message``, which never
+    waits for the device, so a training step stays free of host syncs (CUDA graphs, fullgraph
+    compilation); on CPU it raises a ``RuntimeError`` at once, on CUDA a device-side assert.
+    """
+    import torch
+
+    if sync and not torch.compiler.is_compiling():
+        if not bool(ok):
+            raise ValueError(message() if message is not None else static_message)
+        return
+    torch._assert_async(ok, static_message)

@@ -7,6 +7,7 @@ from torch import nn
 
 from components.bindings import MixerFactory, binding_factory, binding_spec
 from components.block import Block
+from components._checks import check_on_device
 from components.cache import InferenceCache
 from components.context import Context
 from components.generation import generate
@@ -217,11 +218,11 @@ class HybridLM(nn.Module):
         if cache is not None and cache.batch != input_ids.shape[0]:
             raise ValueError(f"HybridLM: the cache holds {cache.batch} sequences; input_ids has {input_ids.shape[0]}")
         if input_ids.numel():
-            low, high = (int(v) for v in torch.aminmax(input_ids))  # one pass, one host sync
-            if low < 0 or high >= self.vocab_size:
-                raise ValueError(
-                    f"HybridLM: token ids must lie in [0, vocab_size={self.vocab_size}); got values in [{low}, {high}]"
-                )
+            low, high = torch.aminmax(input_ids)  # one pass
+            rule = f"HybridLM: token ids must lie in [0, vocab_size={self.vocab_size})"
+            # In training, an assert on the device: no host sync (the data modules check their ids).
+            check_on_device((low >= 0) & (high < self.vocab_size), rule,
+                            lambda: f"{rule}; got values in [{int(low)}, {int(high)}]", sync=not self.training)
         for name, t in (("position_ids", position_ids), ("padding_mask", padding_mask)):
             if t is not None and t.shape != input_ids.shape:
                 raise ValueError(f"HybridLM: {name} must have the shape of input_ids {tuple(input_ids.shape)}; got {tuple(t.shape)}")

@@ -24,8 +24,11 @@ IGNORE_INDEX = -100
 class LanguageModel(L.LightningModule):
     """Trains a :class:`components.HybridLM` on batches ``{"input_ids": [B,T], "labels": [B,T]}``.
 
-    Labels equal to -100 carry no loss, and the LM head is computed only at positions that carry one
-    (MQAR's few query positions make this matter); a batch with no labelled position has loss 0.
+    Labels equal to -100 carry no loss; a batch with no labelled position has loss 0. In training the
+    LM head runs at every position and the loss ignores the unlabelled ones (``loss_positions="all"``,
+    no host sync); ``"labelled"`` gathers the labelled positions first, which saves memory when few
+    carry a label and the vocabulary is large (MQAR), at the price of one host sync per step.
+    Evaluation always gathers.
     Model arguments are those of ``HybridLM`` (``vocab_size`` is normally linked from the data module
     by the CLI).
 
@@ -50,6 +53,11 @@ class LanguageModel(L.LightningModule):
         warmup_fraction: fraction of the run spent in linear warm-up (default 0.1).
         final_lr_fraction: the cosine decays to this fraction of ``lr`` (default 0.1).
         aux_loss_coef: coefficient on the sum of the mixers' auxiliary losses (default 0.01).
+        loss_positions: ``all`` (default) | ``labelled``, where the training loss computes logits (above).
+        compile: compile the model's forward with ``torch.compile(fullgraph=True)`` (default False):
+            True for the default backend (inductor), or a backend's name (``aot_eager`` traces and
+            differentiates the graph without generating code). The weights and checkpoints are those of
+            the plain model; a graph break is an error, not a silent fallback.
         init_from: a checkpoint whose weights start the model (``python -m recipes.hf`` writes one from a
             Hugging Face folder), for fine-tuning; not recorded in the hyper-parameters, since the
             checkpoints of this run hold the weights themselves.
@@ -78,6 +86,8 @@ class LanguageModel(L.LightningModule):
         warmup_fraction: float = 0.1,
         final_lr_fraction: float = 0.1,
         aux_loss_coef: float = 0.01,
+        loss_positions: str = "all",
+        compile: bool | str = False,
         init_from: str | None = None,
     ):
         hparams = {k: v for k, v in locals().items() if k not in ("self", "mixers", "__class__", "init_from")}
@@ -86,6 +96,8 @@ class LanguageModel(L.LightningModule):
             raise ValueError(f"LanguageModel: warmup_fraction={warmup_fraction} must lie in [0, 1)")
         if not 0.0 <= final_lr_fraction <= 1.0:
             raise ValueError(f"LanguageModel: final_lr_fraction={final_lr_fraction} must lie in [0, 1]")
+        if loss_positions not in ("all", "labelled"):
+            raise ValueError(f"LanguageModel: loss_positions={loss_positions!r} is not one of ('all', 'labelled')")
         if isinstance(size_to, Mapping):  # as a checkpoint records it
             size_to = SizeTarget(**size_to)
         model_kwargs = dict(max_seq_len=max_seq_len, extrapolate=extrapolate, tie_embeddings=tie_embeddings,
@@ -116,17 +128,34 @@ class LanguageModel(L.LightningModule):
         self.val_loss = torchmetrics.MeanMetric()
         self.val_ppl = Perplexity()
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(vocab_size, average="micro")
-        self._step_started: float | None = None
+        self._window_started: float | None = None  # tokens/s is measured over each logging window
+        self._window_tokens = 0
         self._last_loss: torch.Tensor | None = None
+        self._hidden_states = self.model.hidden_states
+        if compile:
+            backend = "inductor" if compile is True else compile
+            self._hidden_states = torch.compile(self.model.hidden_states, fullgraph=True, backend=backend)
 
     # ---- the loss --------------------------------------------------------------------------------
+
+    def _hidden(self, batch: dict) -> torch.Tensor:
+        return self._hidden_states(
+            batch["input_ids"], position_ids=batch.get("position_ids"), padding_mask=batch.get("padding_mask")
+        )  # [B, T, d]
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        """The mean cross-entropy over the labelled positions, computed as ``loss_positions`` says."""
+        if self.hparams.loss_positions == "labelled":
+            return self.forward_loss(batch)[0]
+        labels = batch["labels"]  # [B, T]
+        logits = self.model.lm_head(self._hidden(batch))  # [B, T, V]
+        total = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        return total / (labels != IGNORE_INDEX).sum().clamp_min(1)  # a count on the device: no host sync
 
     def forward_loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """→ (cross-entropy, logits ``[N, V]`` at the N labelled positions, their labels ``[N]``)."""
         labels = batch["labels"]
-        hidden = self.model.hidden_states(
-            batch["input_ids"], position_ids=batch.get("position_ids"), padding_mask=batch.get("padding_mask")
-        )  # [B, T, d]
+        hidden = self._hidden(batch)  # [B, T, d]
         keep = labels != IGNORE_INDEX  # [B, T]
         logits = self.model.lm_head(hidden[keep])  # [N, V]
         targets = labels[keep]  # [N]
@@ -136,7 +165,7 @@ class LanguageModel(L.LightningModule):
         return ce, logits, targets
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        ce, _, _ = self.forward_loss(batch)
+        ce = self.training_loss(batch)
         loss = ce
         aux = self.model.auxiliary_losses()
         if aux:
@@ -233,12 +262,20 @@ class LanguageModel(L.LightningModule):
             set_rng_states(checkpoint["rng_states"])
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
-        self._step_started = time.perf_counter()
+        if self._window_started is None:
+            self._window_started, self._window_tokens = time.perf_counter(), 0
 
     def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
-        if self._step_started is not None:
-            seconds = time.perf_counter() - self._step_started
-            self.log("train/tokens_per_sec", batch["input_ids"].numel() / max(seconds, 1e-9), prog_bar=True)
+        # Tokens over wall time across a logging window (data loading included), read after one device
+        # synchronisation per window: timing single steps without one measures kernel launches on a GPU.
+        self._window_tokens += batch["input_ids"].numel()
+        if (self.trainer.global_step % max(self.trainer.log_every_n_steps, 1) == 0
+                or self.trainer.global_step >= self.trainer.max_steps > 0):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            seconds = time.perf_counter() - self._window_started
+            self.log("train/tokens_per_sec", self._window_tokens / max(seconds, 1e-9), prog_bar=True)
+            self._window_started, self._window_tokens = time.perf_counter(), 0
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
 
     # ---- optimiser and schedule ------------------------------------------------------------------

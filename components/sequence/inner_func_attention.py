@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components._checks import check_choice, check_divisible, check_mixer_input, check_positive
+from components._checks import check_choice, check_divisible, check_mixer_input, check_on_device, check_positive
 from components.context import Context
 from components.sequence.attention import QueryKeyPositions
 from components.sequence.ssd import SSD
@@ -161,11 +161,11 @@ class InnerFuncAttention(nn.Module):
             bias = torch.exp(self.A * F.softplus(delta)).transpose(1, 2)  # [b, Hv, T]
             return bias.repeat_interleave(self.n_heads // self.v_heads, dim=1)  # [b, H, T]
         if self.mask == "position":
-            last = int(context.position_ids.max()) if context.position_ids.numel() else 0
-            if last >= self.max_position:
-                raise ValueError(
-                    f"InnerFuncAttention: position {last} is past the position mask's max_position={self.max_position}"
-                )
+            if context.position_ids.numel():
+                last = context.position_ids.max()
+                rule = f"InnerFuncAttention: positions must lie below the position mask's max_position={self.max_position}"
+                check_on_device(last < self.max_position, rule, sync=not self.training, message=lambda: (
+                    f"InnerFuncAttention: position {int(last)} is past the position mask's max_position={self.max_position}"))
             return self.position_bias[:, context.position_ids].transpose(0, 1)  # [b, H, T]
         return None
 

@@ -1,12 +1,12 @@
 """Banks of routed experts, weights stacked on a leading expert dim ``[E, ...]``.
 
-A bank maps the tokens routed to each expert to that expert's outputs:
-``bank(xs, shareds) -> outs``, three lists of ``E`` tensors ``[m_i, ...]``, where ``xs[i]`` are the
-tokens routed to expert ``i`` and ``shareds[i]`` their rows of the state a cross-domain transform
-computed once for every token (None when the MoE has no such transform). The
-:class:`~components.state.moe.MoE` engine groups tokens by expert with one sort and calls the bank
-once. The stacked weights are split with one ``unbind`` per forward, so the backward stacks the
-experts' gradients once instead of adding ``E`` full-size zero-padded ones.
+A bank maps routed tokens, sorted by expert, to the experts' outputs:
+``bank(x, shared, ends) -> [R, d]`` for ``x [R, d]`` the ``R`` routed assignments grouped by expert,
+``ends [E]`` (int32) where each expert's rows end, and ``shared [R, ...]`` their rows of the state a
+cross-domain transform computed once per token (None when the MoE has no such transform). The
+:class:`~components.state.moe.MoE` engine sorts the assignments once and calls the bank once; every
+expert matmul is one :func:`kernels.grouped_matmul.grouped_matmul` over all experts, which reads
+the group sizes on the device (no host sync, no Python loop over experts).
 
 Initialisation follows ``nn.Linear``'s default, ``U(±1/√fan_in)`` per expert.
 """
@@ -18,6 +18,7 @@ from torch import nn
 
 from components._checks import check_choice, check_positive
 from components.state.mlp import ACTIVATIONS, GATES
+from kernels.grouped_matmul import grouped_matmul
 
 
 def _linear_init(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
@@ -46,12 +47,9 @@ class MLPExperts(nn.Module):
         self.w_in = _linear_init((n_experts, d_model, 2 * d_ff), d_model)  # [E, d, W | V]
         self.w_out = _linear_init((n_experts, d_ff, d_model), d_ff)  # [E, d_ff, d]
 
-    def forward(self, xs: list[torch.Tensor], shareds: list | None = None) -> list[torch.Tensor]:
-        return [self._mlp(x, w_in, w_out) for x, w_in, w_out in zip(xs, self.w_in.unbind(0), self.w_out.unbind(0))]
-
-    def _mlp(self, x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
-        h, v = (x @ w_in).chunk(2, dim=-1)  # 2 × [m, d_ff]
-        return (self.act(h) * self.gate(v)) @ w_out  # [m, d]
+    def forward(self, x: torch.Tensor, shared: torch.Tensor | None, ends: torch.Tensor) -> torch.Tensor:
+        h, v = grouped_matmul(x, self.w_in, ends).chunk(2, dim=-1)  # 2 × [R, d_ff]
+        return grouped_matmul(self.act(h) * self.gate(v), self.w_out, ends)  # [R, d]
 
     def params_per_expert(self) -> int:
         return (self.w_in.numel() + self.w_out.numel()) // self.n_experts
@@ -72,9 +70,9 @@ class CohesiveExperts(nn.Module):
         self.w_in = _linear_init((n_experts, d_model, d_ff), d_model)  # [E, d, d_ff]  W_iᵖ
         self.w_out = _linear_init((n_experts, d_ff, d_model), d_ff)  # [E, d_ff, d]  W₂ᵢᵖ
 
-    def forward(self, xs: list[torch.Tensor], shareds: list[torch.Tensor]) -> list[torch.Tensor]:
-        weights = zip(self.w_in.unbind(0), self.w_out.unbind(0))
-        return [(self.act(x @ w_in) * shared) @ w_out for x, shared, (w_in, w_out) in zip(xs, shareds, weights)]  # [m_i, d]
+    def forward(self, x: torch.Tensor, shared: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        h = self.act(grouped_matmul(x, self.w_in, ends)) * shared  # [R, d_ff]
+        return grouped_matmul(h, self.w_out, ends)  # [R, d]
 
     def params_per_expert(self) -> int:
         return (self.w_in.numel() + self.w_out.numel()) // self.n_experts
@@ -116,9 +114,9 @@ class ExpansiveExperts(nn.Module):
         width = d_model if gate == "matrix" else 1
         self.w_gate = _linear_init((n_experts, d_model, width), d_model)  # [E, d, d | 1]  W₃ᵢ
 
-    def forward(self, xs: list[torch.Tensor], shareds: list[torch.Tensor]) -> list[torch.Tensor]:
-        us = [h * torch.sigmoid(h @ w_gate) for h, w_gate in zip(shareds, self.w_gate.unbind(0))]  # [m_i, d]
-        return self.private(us)
+    def forward(self, x: torch.Tensor, shared: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        u = shared * torch.sigmoid(grouped_matmul(shared, self.w_gate, ends))  # [R, d]
+        return self.private(u, None, ends)
 
     def params_per_expert(self) -> int:
         return self.w_gate.numel() // self.n_experts + self.private.params_per_expert()

@@ -5,7 +5,8 @@ expert (SEI) or a shared cross-domain transform whose output the experts read (O
 
 Every variant is the one :class:`MoE` engine with different parts; the named classes only build
 the parts. Dropless: every token reaches its ``top_k`` experts, with no capacity limit. Tokens are
-grouped by expert with one sort, so the only Python loop is over experts, never over tokens.
+grouped by expert with one sort, and every expert matmul is one grouped matmul over all experts:
+no Python loop, no host sync.
 """
 
 import torch
@@ -18,15 +19,16 @@ from components.state.router import Routing, TopKRouter, switch_balancing_loss, 
 
 
 def dispatch(experts: nn.Module, x: torch.Tensor, shared: torch.Tensor | None, routing: Routing) -> torch.Tensor:
-    """``Σ_k gates[m,k] · expert_{ids[m,k]}(x_m, shared_m)`` for ``x [M, d]`` → ``[M, d]``."""
+    """``Σ_k gates[m,k] · expert_{ids[m,k]}(x_m, shared_m)`` for ``x [M, d]`` → ``[M, d]``.
+
+    The ``M·k`` assignments are sorted by expert once; where each expert's run ends is found on the
+    device (a search in the sorted ids), so nothing waits for the host."""
     M, k = routing.experts.shape
-    flat = routing.experts.reshape(-1)  # [M·k] assignment → expert
-    order = torch.argsort(flat, stable=True)  # assignments grouped by expert
+    ids, order = torch.sort(routing.experts.reshape(-1), stable=True)  # [M·k] expert ids, grouped
     token = order // k  # [M·k] the token of each sorted assignment
-    counts = torch.bincount(flat, minlength=experts.n_experts).tolist()  # one host sync per layer
-    xs = x[token].split(counts)  # E × [m_i, d]
-    ss = shared[token].split(counts) if shared is not None else None  # E × [m_i, ...]
-    y = torch.cat(experts(xs, ss)) * routing.gates.reshape(-1)[order].unsqueeze(-1)  # [M·k, d]
+    ends = torch.searchsorted(ids, torch.arange(experts.n_experts, device=ids.device), right=True)  # [E]
+    y = experts(x[token], shared[token] if shared is not None else None, ends.to(torch.int32))  # [M·k, d]
+    y = y * routing.gates.reshape(-1)[order].unsqueeze(-1)
     return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
 
 

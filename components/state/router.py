@@ -31,8 +31,13 @@ class Routing:
 def assignment_load(ids: torch.Tensor, n: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """``ids [M, j]`` (each of M tokens assigned to j of ``n`` slots) → ``[n]`` fraction of the
     assignments of the valid tokens (``valid [M]``, float 0/1; None: all) that each slot received."""
-    weights = None if valid is None else valid[:, None].expand(ids.shape).reshape(-1)  # [M·j]
-    counts = torch.bincount(ids.reshape(-1), weights=weights, minlength=n).float()  # [n]
+    flat = ids.reshape(-1)  # [M·j]
+    if valid is None:
+        weights = torch.ones(flat.shape, device=ids.device, dtype=torch.float32)
+    else:
+        weights = valid[:, None].expand(ids.shape).reshape(-1).float()  # [M·j]
+    # index_add, not bincount: bincount sizes its output from the ids' maximum, a host sync on CUDA.
+    counts = torch.zeros(n, device=ids.device, dtype=torch.float32).index_add_(0, flat, weights)  # [n]
     return counts / counts.sum().clamp_min(1.0)
 
 

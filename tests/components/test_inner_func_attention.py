@@ -87,7 +87,9 @@ def test_position_mask_refuses_positions_past_its_table():
     mixer = make("linear", "position")
     ctx = Context(position_ids=torch.arange(70)[None])
     with pytest.raises(ValueError, match="position 69 is past the position mask's max_position=64"):
-        mixer(torch.randn(1, 70, 32), ctx)
+        mixer.eval()(torch.randn(1, 70, 32), ctx)
+    with pytest.raises(RuntimeError, match="positions must lie below the position mask's max_position=64"):
+        mixer.train()(torch.randn(1, 70, 32), ctx)
 
 
 def test_i_is_bound_by_default():

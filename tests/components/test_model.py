@@ -46,9 +46,14 @@ def test_sequence_longer_than_supported_is_refused():
 
 
 def test_token_ids_out_of_range_are_refused():
-    model = HybridLM(pattern="AM", **TINY)
+    model = HybridLM(pattern="AM", **TINY).eval()
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, vocab_size=50\); got values in \[0, 50\]"):
         model(torch.tensor([[0, 50]]))
+    with pytest.raises(ValueError, match=r"got values in \[-1, 3\]"):
+        model(torch.tensor([[-1, 3]]))
+    # In training the check is an assert on the device (no host sync): on CPU it fails at once.
+    with pytest.raises(RuntimeError, match=r"token ids must lie in \[0, vocab_size=50\)"):
+        model.train()(torch.tensor([[0, 50]]))
 
 
 def test_mixer_with_the_wrong_output_shape_is_named():

@@ -1,0 +1,71 @@
+import pytest
+import torch
+
+from kernels.grouped_matmul import fused_available, grouped_matmul, grouped_matmul_reference
+
+
+def per_row_oracle(x, weight, sizes):
+    """Row by row, each with its group's matrix, in float64: no grouping logic shared with the code."""
+    group = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))  # [R]
+    return torch.einsum("rk,rkn->rn", x.double(), weight.double()[group])
+
+
+# (sizes per group, K, N): empty groups first, last and in the middle; widths off the 16-byte grid.
+CASES = [([3, 0, 5, 2], 8, 12), ([0, 7, 0], 5, 3), ([4, 4, 4, 4, 4], 16, 1), ([1], 3, 7), ([0, 0, 9, 0], 12, 20)]
+
+
+@pytest.mark.parametrize("sizes, K, N", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_grouped_matmul_matches_rows_times_their_group_matrix_outputs_and_gradients(sizes, K, N, dtype):
+    assert fused_available(torch.zeros(1, dtype=dtype))  # this torch has F.grouped_mm on CPU
+    torch.manual_seed(0)
+    ends = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    x = torch.randn(sum(sizes), K, dtype=dtype, requires_grad=True)
+    weight = torch.randn(len(sizes), K, N, dtype=dtype, requires_grad=True)
+    grad = torch.randn(sum(sizes), N, dtype=torch.float64)
+    y = grouped_matmul(x, weight, ends)
+    assert y.dtype == dtype and y.shape == (sum(sizes), N)
+    gx, gw = torch.autograd.grad(y, (x, weight), grad.to(dtype))
+
+    x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    want = per_row_oracle(x64, w64, sizes)
+    want_gx, want_gw = torch.autograd.grad(want, (x64, w64), grad)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=2e-2)
+    torch.testing.assert_close(y.double(), want, **tol)
+    torch.testing.assert_close(gx.double(), want_gx, **tol)
+    torch.testing.assert_close(gw.double(), want_gw, **tol)  # an empty group's matrix gets a zero gradient
+
+
+def test_backward_accepts_a_broadcast_incoming_gradient():
+    # y.sum()'s gradient is an expanded (stride-0) tensor, which torch's own grouped_mm backward rejects.
+    ends = torch.tensor([2, 2, 5], dtype=torch.int32)
+    x, weight = torch.randn(5, 4, requires_grad=True), torch.randn(3, 4, 8, requires_grad=True)
+    grouped_matmul(x, weight, ends).sum().backward()
+    want_x = torch.cat([weight[0].sum(1).expand(2, 4), weight[2].sum(1).expand(3, 4)]).detach()
+    torch.testing.assert_close(x.grad, want_x)
+    torch.testing.assert_close(weight.grad[1], torch.zeros(4, 8))
+
+
+def test_reference_loop_and_fused_op_agree_and_fp64_takes_the_loop():
+    torch.manual_seed(1)
+    sizes = [2, 0, 3]
+    ends = torch.tensor(sizes).cumsum(0)
+    x, weight = torch.randn(5, 6, dtype=torch.float64), torch.randn(3, 6, 4, dtype=torch.float64)
+    assert not fused_available(x)
+    torch.testing.assert_close(grouped_matmul(x, weight, ends), per_row_oracle(x, weight, sizes))
+    torch.testing.assert_close(grouped_matmul_reference(x.float(), weight.float(), ends),
+                               grouped_matmul(x.float(), weight.float(), ends))
+
+
+def test_autocast_runs_both_operands_in_autocast_dtype():
+    ends = torch.tensor([3, 4], dtype=torch.int32)
+    x, weight = torch.randn(4, 8), torch.randn(2, 8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = grouped_matmul(x, weight, ends)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), per_row_oracle(x, weight, [3, 1]).float(), atol=0.1, rtol=2e-2)
+
+
+def test_mismatched_shapes_are_named():
+    with pytest.raises(ValueError, match=r"need x \[R, K\], weight \[E, K, N\], ends \[E\]"):
+        grouped_matmul(torch.randn(4, 8), torch.randn(2, 6, 8), torch.tensor([2, 4]))
