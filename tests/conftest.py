@@ -3,6 +3,7 @@ import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # Under pytest-xdist (addopts: -n 2) each worker takes one core: two workers with two threads each
 # would oversubscribe the two cores CI has. Tests that launch their own processes are unaffected.
@@ -49,3 +50,50 @@ def assert_causal():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+aten = torch.ops.aten
+# Ops whose output size or value the host must read back before the next op can be launched.
+SYNCING = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
+           aten.bincount.default, aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default,
+           aten.repeat_interleave.Tensor, aten.item.default}
+INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
+
+
+class HostSyncs(TorchDispatchMode):
+    """Records every op that makes the host wait on the device: reading a value (``.item()``,
+    ``int()``, ``bool()``), a data-dependent output size (``nonzero``, boolean-mask indexing) — and,
+    through a patched ``Tensor.tolist`` (it bypasses the dispatcher), ``.tolist()``."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+        self._tolist = torch.Tensor.tolist
+
+    def __enter__(self):
+        tolist, found = self._tolist, self.found
+
+        def recording_tolist(tensor):
+            found.append("Tensor.tolist")
+            return tolist(tensor)
+        torch.Tensor.tolist = recording_tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in SYNCING:
+            self.found.append(str(func))
+        elif func in INDEXING and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                      for i in (args[1] if len(args) > 1 else ())):
+            self.found.append(f"{func} with a boolean index")
+        return func(*args, **kwargs)
+
+
+@pytest.fixture
+def host_syncs():
+    """``with host_syncs() as syncs: ...`` then ``syncs.found`` lists the host syncs the block made."""
+    return HostSyncs

@@ -154,11 +154,13 @@ class InnerFuncAttention(nn.Module):
     def dynamic_bias(self, v_flat: torch.Tensor, context: Context) -> torch.Tensor | None:
         """The additive key bias ``[B, H, T]`` of the chosen mask, or None."""
         if self.mask == "content":
-            delta = self.delta_proj(v_flat)  # [b, T, H]
-            return (self.A * F.softplus(delta)).transpose(1, 2)  # [b, H, T]
+            # heads-first before the softplus: with a transposed gradient, softplus_backward's real strides
+            # differ from the ones aot_autograd traces, and the compiled backward fails on a view
+            delta = self.delta_proj(v_flat).transpose(1, 2).contiguous()  # [b, T, H] → [b, H, T]
+            return self.A[:, None] * F.softplus(delta)  # [b, H, T]
         if self.mask == "content_exp":
-            delta = self.delta_proj(v_flat)  # [b, T, Hv]
-            bias = torch.exp(self.A * F.softplus(delta)).transpose(1, 2)  # [b, Hv, T]
+            delta = self.delta_proj(v_flat).transpose(1, 2).contiguous()  # [b, T, Hv] → [b, Hv, T], as above
+            bias = torch.exp(self.A[:, None] * F.softplus(delta))  # [b, Hv, T]
             return bias.repeat_interleave(self.n_heads // self.v_heads, dim=1)  # [b, H, T]
         if self.mask == "position":
             if context.position_ids.numel():
