@@ -2,14 +2,16 @@
 
     python -m kernels.bench                         # on a CUDA GPU, bf16, the shapes of SPEC §7
     python -m kernels.bench --lengths 1024 2048 --ops attention
-    python -m kernels.bench --device cpu --lengths 512 1024   # references only (no Triton timing on CPU)
+    python -m kernels.bench --device cpu            # references only (no Triton timing on CPU), CPU sizes
 
 Prints one markdown table per op: forward and forward+backward milliseconds (median), TFLOP/s where
 meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs, FlashAttention's
 convention), and peak memory above the inputs (CUDA only). Optional baselines are used when installed and named when
 missing: mamba_ssm's ``mamba_chunk_scan_combined`` (SSD) and flash-dmattn (attention with a dynamic
 mask). Shapes: SSD ``B=4, H=32, P=64, N=128, chunk 256``; attention ``B=4, H=16, D=64, causal``;
-CDMoE retrieval ``n_experts=65536, top_k=16, heads=4``.
+CDMoE retrieval ``n_experts=65536, top_k=16, heads=4``. Sizes follow the device: on a GPU, T = 1024 … 8192
+and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alone is ``B·H·T²`` floats:
+16 GiB at GPU sizes). ``python -m kernels.cpu_bench`` is the CPU benchmark with peak memory.
 """
 
 import argparse
@@ -58,8 +60,8 @@ def row(name: str, T: int, fwd, both, flops_fwd: float | None) -> str:
 HEADER = "| kernel | T | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd peak MiB |\n|---|---|---|---|---|---|---|"
 
 
-def bench_attention(lengths, device, dtype, repeats, use_triton) -> list[str]:
-    B, H, D = 4, 16, 64
+def bench_attention(lengths, device, dtype, repeats, use_triton, B: int) -> list[str]:
+    H, D = 16, 64
     lines = [f"Attention, B={B}, H={H}, D={D}, causal, {dtype}:", "", HEADER]
     for T in lengths:
         q, k, v = (torch.randn(B, T, H, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
@@ -93,8 +95,8 @@ def bench_attention(lengths, device, dtype, repeats, use_triton) -> list[str]:
     return lines + ["", note]
 
 
-def bench_ssd(lengths, device, dtype, repeats, use_triton) -> list[str]:
-    B, H, P, N, L = 4, 32, 64, 128, 256
+def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int) -> list[str]:
+    H, P, N, L = 32, 64, 128, 256
     lines = [f"SSD, B={B}, H={H}, P={P}, N={N}, chunk {L}, {dtype}:", "", HEADER]
     have_mamba = importlib.util.find_spec("mamba_ssm") is not None
     for T in lengths:
@@ -135,20 +137,23 @@ def bench_retrieval(device, dtype, repeats, use_triton, tokens: int) -> list[str
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    parser.add_argument("--lengths", type=int, nargs="+", help="default: 1024 … 8192 on a GPU, 512 … 2048 on a CPU")
+    parser.add_argument("--batch", type=int, help="default: 4 on a GPU, 1 on a CPU")
     parser.add_argument("--ops", nargs="+", default=["attention", "ssd", "retrieval"],
                         choices=["attention", "ssd", "retrieval"])
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args(argv)
     cuda = args.device.startswith("cuda")
+    lengths = args.lengths or ([1024, 2048, 4096, 8192] if cuda else [512, 1024, 2048])
+    batch = args.batch or (4 if cuda else 1)
     dtype = torch.bfloat16 if cuda else torch.float32
     name = torch.cuda.get_device_name() if cuda else "CPU"
     print(f"device: {name}, torch {torch.__version__}, {dtype}")
     if not cuda:
         print("No CUDA: Triton rows are skipped (the interpreter checks logic, not speed).")
     sections = {
-        "attention": lambda: bench_attention(args.lengths, args.device, dtype, args.repeats, cuda),
-        "ssd": lambda: bench_ssd(args.lengths, args.device, dtype, args.repeats, cuda),
+        "attention": lambda: bench_attention(lengths, args.device, dtype, args.repeats, cuda, batch),
+        "ssd": lambda: bench_ssd(lengths, args.device, dtype, args.repeats, cuda, batch),
         "retrieval": lambda: bench_retrieval(args.device, dtype, args.repeats, cuda, tokens=4 * 1024 if cuda else 1024),
     }
     for op in args.ops:

@@ -1,0 +1,223 @@
+"""Model-level benchmark: one training step (forward, cross-entropy, backward, AdamW) of each named
+architecture, and of its Hugging Face twin where one exists, for several sequence lengths.
+
+    python -m recipes.bench                                    # every model, T = 512 2048 8192 (CPU sizes)
+    python -m recipes.bench --models llama hf-llama hybrid --lengths 4096 8192
+    python -m recipes.bench --models llama hybrid --lengths 2048 --compile   # adds torch.compile'd rows
+
+Twins are built from one Hugging Face config (``transformers`` must be installed for the ``hf-*``
+rows): ``hf-llama`` is ``LlamaForCausalLM`` and ``llama`` the zoo model :func:`recipes.hf.hf_recipe`
+makes of the same config, so the two have the same parameter count by construction; likewise
+``mamba2`` / ``hf-mamba2`` and ``doge`` / ``hf-doge`` (HF's SDPA attention where it has one). The other
+named architectures take their pattern and components from ``recipes/configs/arch/tiny/`` at the
+benchmark's width (heads of 64, SSD states of ``--d-state``); ``hybrid`` is ``SM×(L-1) AM``, the
+SSD hybrid of the issue that asked for this, against ``llama``'s ``AM×L``.
+
+Each (model, T) runs in a fresh process: a warm-up step at T=64 (AdamW's states exist after it), then
+one step at T whose peak memory is read (CPU: growth of the peak resident set, ``VmHWM``, reset through
+``/proc/self/clear_refs``; CUDA: ``max_memory_allocated``), then ``--repeats`` timed steps whose median
+gives tokens/s. The ratio column divides by the row's baseline: the HF twin for ``llama``, ``mamba2``,
+``doge``; ``llama`` for the others. On CUDA the step runs under bf16 autocast and the sizes grow.
+"""
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+from components import HybridLM, count_parameters
+
+CONFIGS = Path(__file__).parent / "configs"
+TWINS = {"llama": "hf-llama", "mamba2": "hf-mamba2", "doge": "hf-doge"}
+NAMED = ["jamba", "otce", "cheems", "transxssm", "doge_moe"]
+MODELS = ["llama", "hf-llama", "mamba2", "hf-mamba2", "doge", "hf-doge", "hybrid", *NAMED]
+
+
+def sizes(cuda: bool) -> dict:
+    """The benchmark's shapes on the device it runs on."""
+    if cuda:
+        return dict(d_model=1024, layers=12, vocab=32768, batch=4, d_state=128, chunk=256, lengths=[512, 1024, 2048, 4096, 8192])
+    return dict(d_model=256, layers=8, vocab=8192, batch=1, d_state=64, chunk=64, lengths=[512, 2048, 8192])
+
+
+def hf_config(kind: str, s: dict, max_len: int):
+    import transformers
+
+    d, heads = s["d_model"], s["d_model"] // 64
+    common = dict(vocab_size=s["vocab"], hidden_size=d, num_hidden_layers=s["layers"], tie_word_embeddings=False)
+    ff = 64 * round(8 / 3 * d / 64)
+    if kind == "llama":
+        config = transformers.LlamaConfig(**common, intermediate_size=ff, num_attention_heads=heads,
+                                          num_key_value_heads=max(heads // 2, 1), max_position_embeddings=max_len)
+    elif kind == "mamba2":
+        config = transformers.Mamba2Config(**common, num_heads=2 * d // 64, head_dim=64, expand=2, state_size=s["d_state"],
+                                           n_groups=1, chunk_size=s["chunk"])
+    else:  # doge: Doge's default key window (2048) kept, so T > 2048 takes the windowed path in both
+        config = transformers.DogeConfig(**common, intermediate_size=ff, num_attention_heads=heads,
+                                         num_key_value_heads=max(heads // 2, 1), max_position_embeddings=max_len)
+    config.architectures = [type(config).__name__.replace("Config", "ForCausalLM")]
+    return config
+
+
+def scaled(spec: dict, s: dict) -> dict:
+    """A tiny recipe's mixer spec at the benchmark's width: heads of 64, SSD states of ``d_state``."""
+    args = dict(spec.get("init_args", {}))
+    name = spec["class_path"].rsplit(".", 1)[-1]
+    if name == "SSD":
+        args.update(head_dim=64, d_state=s["d_state"], chunk_size=s["chunk"])
+    elif "n_heads" in args and name != "CDMoE":
+        heads = s["d_model"] // 64
+        group = args["n_heads"] // args.get("n_kv_heads", args["n_heads"])
+        args.update(n_heads=heads, **({"n_kv_heads": max(heads // group, 1)} if "n_kv_heads" in args else {}))
+    return {"class_path": spec["class_path"], "init_args": args}
+
+
+def build(name: str, s: dict, max_len: int) -> torch.nn.Module:
+    """The model ``name`` at the benchmark's sizes; HF models return logits through ``.logits``."""
+    if name.startswith("hf-"):
+        import transformers
+
+        config = hf_config(name.removeprefix("hf-"), s, max_len)
+        model = getattr(transformers, config.architectures[0])(config)
+        if name == "hf-doge":
+            model.config._attn_implementation = "sdpa"
+        return model
+    if name in TWINS:
+        from recipes.hf import hf_recipe
+
+        recipe = hf_recipe(hf_config(name, s, max_len).to_dict())
+        recipe["max_seq_len"] = max_len
+        return HybridLM(recipe.pop("vocab_size"), recipe.pop("d_model"), recipe.pop("pattern"), recipe.pop("mixers"), **recipe)
+    if name == "hybrid":
+        ssd = {"class_path": "components.SSD", "init_args": {"positions": "conv", "expand": 2}}
+        attention = {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "n_kv_heads": 2}}
+        mixers = {"S": scaled(ssd, s), "A": scaled(attention, s), "M": {"class_path": "components.MLP"}}
+        return HybridLM(s["vocab"], s["d_model"], f"SM×{s['layers'] - 1} AM", mixers, max_seq_len=max_len)
+    recipe = yaml.safe_load((CONFIGS / "arch" / "tiny" / f"{name}.yaml").read_text())["model"]
+    options = {k: recipe[k] for k in ("tie_embeddings", "residual_scale") if k in recipe}
+    mixers = {letter: scaled(spec, s) for letter, spec in recipe["mixers"].items()}
+    return HybridLM(s["vocab"], s["d_model"], recipe["pattern"], mixers, max_seq_len=max_len, **options)
+
+
+def resident_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
+
+
+def measure(name: str, T: int, s: dict, repeats: int, compiled: bool) -> dict:
+    """In this (fresh) process: peak MiB of one step at T above the warmed-up model, and the median step time."""
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    torch.manual_seed(0)
+    model = build(name, s, max(T, 64)).to(device).train()
+    params = count_parameters(model)
+    forward = torch.compile(model, fullgraph=True) if compiled else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(length: int) -> None:
+        ids = torch.randint(0, s["vocab"], (s["batch"], length + 1), device=device)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=cuda):
+            out = forward(ids[:, :-1])
+            logits = out.logits if hasattr(out, "logits") else out  # [B, T, V]
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+
+    started = time.perf_counter()
+    step(64)  # the optimizer's states, libraries, (compiled) kernels
+    warmup_s = time.perf_counter() - started
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # the peak resident set restarts from the current one (Linux)
+        before = resident_kib("VmRSS") * 1024
+    step(T)  # also compiles the shapes of T when compiled
+    peak = (torch.cuda.max_memory_allocated() if cuda else resident_kib("VmHWM") * 1024) - before
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        step(T)
+        times.append(time.perf_counter() - started)
+    return {"params": params, "seconds": statistics.median(times), "peak_mib": peak / 2**20, "warmup_s": warmup_s}
+
+
+def run_child(name: str, T: int, args) -> dict:
+    command = [sys.executable, "-m", "recipes.bench", "--child", name, str(T), "--repeats", str(args.repeats),
+               *(["--compile"] if args.compile_child else [])]
+    for key in ("d_model", "layers", "vocab", "batch", "d_state", "chunk"):
+        command += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        lines = (out.stderr.strip() or out.stdout.strip() or "no output").splitlines()
+        return {"error": lines[-1][:160]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def baseline_of(name: str) -> str:
+    return TWINS.get(name, "llama" if name not in ("llama", *TWINS.values()) else name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    parser.add_argument("--lengths", type=int, nargs="+")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="add a torch.compile(fullgraph=True) row per zoo model")
+    for key in ("d-model", "layers", "vocab", "batch", "d-state", "chunk"):
+        parser.add_argument(f"--{key}", type=int)
+    parser.add_argument("--child", nargs=2, metavar=("MODEL", "T"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    s = sizes(torch.cuda.is_available())
+    for key in ("d_model", "layers", "vocab", "batch", "d_state", "chunk"):
+        if getattr(args, key) is None:
+            setattr(args, key, s[key])
+        s[key] = getattr(args, key)
+    if args.child:
+        print(json.dumps(measure(args.child[0], int(args.child[1]), s, args.repeats, args.compile)))
+        return
+    lengths = args.lengths or s["lengths"]
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads, fp32"
+    print(f"# {device}, torch {torch.__version__}; d_model {s['d_model']}, {s['layers']} blocks, vocab {s['vocab']}, "
+          f"batch {s['batch']}, SSD state {s['d_state']}, chunk {s['chunk']}; median of {args.repeats} steps")
+    print("\n| model | params | T | tok/s | peak MiB | baseline | × baseline tok/s | × baseline peak |\n|---|---|---|---|---|---|---|---|")
+    rows = [(name, False) for name in args.models]
+    if args.compile:
+        rows += [(name, True) for name in args.models if not name.startswith("hf-")]
+    for T in lengths:
+        results = {}
+        for name, compiled in rows:  # the whole column of T first: a row's baseline may come after it
+            args.compile_child = compiled
+            results[name, compiled] = run_child(name, T, args)
+        for (name, compiled), r in results.items():
+            print(table_row(name, compiled, T, r, results, s["batch"]), flush=True)
+
+
+def table_row(name: str, compiled: bool, T: int, r: dict, results: dict, batch: int) -> str:
+    label = name + (" (compiled)" if compiled else "")
+    if "error" in r:
+        return f"| {label} | - | {T} | failed: {r['error']} | | | | |"
+    base_name = name if compiled else baseline_of(name)
+    base = results.get((base_name, False), {})
+    has_base = "seconds" in base and base is not r
+
+    def ratio(key: str, invert: bool) -> str:
+        return "-" if not has_base else f"{base[key] / r[key] if invert else r[key] / base[key]:.2f}"
+    extra = f" (compile + first step {r['warmup_s']:.0f} s)" if compiled else ""
+    return (f"| {label} | {r['params'] / 1e6:.2f}M | {T} | {batch * T / r['seconds']:,.0f} | {r['peak_mib']:,.0f} | "
+            f"{base_name if has_base else '-'} | {ratio('seconds', True)} | {ratio('peak_mib', False)}{extra} |")
+
+if __name__ == "__main__":
+    main()
