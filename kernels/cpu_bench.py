@@ -1,5 +1,6 @@
-"""CPU benchmark of the plain-torch paths: attention with a per-key bias against torch's SDPA, and the
-SSD reference against the textbook four-operand einsum form, time and peak memory.
+"""CPU benchmark of the plain-torch paths: attention with a per-key bias against torch's SDPA, the
+SSD reference against the textbook four-operand einsum form, and the MoE experts' grouped matmul
+against one matmul per expert; time and peak memory.
 
     python -m kernels.cpu_bench                        # T = 1024 2048 4096, fwd+bwd, 5 repeats
     python -m kernels.cpu_bench --lengths 1024 --repeats 3
@@ -9,7 +10,8 @@ in the same process. Peak memory is measured in a fresh process per case: the gr
 resident set (``VmHWM``, reset through ``/proc/self/clear_refs``; Linux) over what it held after
 building the inputs, so it counts every buffer the pass allocates, the saved activations included. Shapes: attention ``B=1, H=8, D=64``, causal,
 bias ``[B, H, T]``, a quarter of one sequence left-padded in the padded rows; SSD ``B=1, H=8, P=64,
-N=64, G=1, chunk 64``.
+N=64, G=1, chunk 64``; experts ``E=8, d=256, f=704`` (a SiLU MLP per expert), ``T`` rows (token ×
+top-k assignments) spread over the experts at random.
 """
 
 import argparse
@@ -24,9 +26,11 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from kernels.attention.reference import attention_masked, attention_reference
+from kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
 from kernels.ssd.reference import segment_sum, ssd_chunked
 
 H, D, P, N, CHUNK = 8, 64, 64, 64, 64
+EXPERTS, D_MODEL, D_FF = 8, 256, 704
 
 
 def ssd_four_operand(x, dt, A, B, C, chunk_size):
@@ -50,6 +54,11 @@ def inputs(case: str, T: int) -> tuple:
     if case.startswith("ssd"):
         return (torch.randn(1, T, H, P, **g), F.softplus(torch.randn(1, T, H) - 3).requires_grad_(),
                 (-torch.exp(torch.rand(H) * 2.7)).requires_grad_(), torch.randn(1, T, 1, N, **g), torch.randn(1, T, 1, N, **g))
+    if case.startswith("experts"):
+        ids = torch.randint(0, EXPERTS, (T,)).sort().values
+        ends = torch.searchsorted(ids, torch.arange(EXPERTS), right=True).to(torch.int32)  # [E]
+        return (torch.randn(T, D_MODEL, **g), (torch.randn(EXPERTS, D_MODEL, D_FF) / D_MODEL ** 0.5).requires_grad_(),
+                (torch.randn(EXPERTS, D_FF, D_MODEL) / D_FF ** 0.5).requires_grad_(), ends)
     q, k, v = (torch.randn(1, T, H, D, **g) for _ in range(3))
     bias = torch.randn(1, H, T).requires_grad_()
     padding = torch.zeros(1, T, dtype=torch.bool)
@@ -62,6 +71,10 @@ def run(case: str, tensors: tuple) -> torch.Tensor:
         return ssd_chunked(*tensors, chunk_size=CHUNK)[0]
     if case == "ssd four-operand einsum":
         return ssd_four_operand(*tensors, chunk_size=CHUNK)
+    if case.startswith("experts"):
+        x, w_in, w_out, ends = tensors
+        matmul = grouped_matmul_reference if "loop" in case else grouped_matmul
+        return matmul(F.silu(matmul(x, w_in, ends)), w_out, ends)  # [T, d]
     q, k, v, bias, padding = tensors
     if case == "attention SDPA, no bias":
         return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True)
@@ -107,6 +120,7 @@ PAIRS = {
     "attention": ["attention SDPA, no bias", "attention bias (fused)", "attention bias + padding (fused)",
                   "attention bias (written-out mask)"],
     "ssd": ["ssd four-operand einsum", "ssd reference"],
+    "moe": ["experts, one matmul per expert (loop)", "experts, grouped_mm"],
 }
 
 

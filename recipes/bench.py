@@ -11,7 +11,8 @@ makes of the same config, so the two have the same parameter count by constructi
 ``mamba2`` / ``hf-mamba2`` and ``doge`` / ``hf-doge`` (HF's SDPA attention where it has one). The other
 named architectures take their pattern and components from ``recipes/configs/arch/tiny/`` at the
 benchmark's width (heads of 64, SSD states of ``--d-state``); ``hybrid`` is ``SM×(L-1) AM``, the
-SSD hybrid of the issue that asked for this, against ``llama``'s ``AM×L``.
+SSD hybrid of the issue that asked for this, against ``llama``'s ``AM×L``, and ``hybrid-recompute``
+the same with the SSD's activations recomputed in the backward (``SSD(recompute=True)``).
 
 Each (model, T) runs in a fresh process: a warm-up step at T=64 (AdamW's states exist after it), then
 one step at T whose peak memory is read (CPU: growth of the peak resident set, ``VmHWM``, reset through
@@ -38,7 +39,7 @@ from components import HybridLM, count_parameters
 CONFIGS = Path(__file__).parent / "configs"
 TWINS = {"llama": "hf-llama", "mamba2": "hf-mamba2", "doge": "hf-doge"}
 NAMED = ["jamba", "otce", "cheems", "transxssm", "doge_moe"]
-MODELS = ["llama", "hf-llama", "mamba2", "hf-mamba2", "doge", "hf-doge", "hybrid", *NAMED]
+MODELS = ["llama", "hf-llama", "mamba2", "hf-mamba2", "doge", "hf-doge", "hybrid", "hybrid-recompute", *NAMED]
 
 
 def sizes(cuda: bool) -> dict:
@@ -96,8 +97,9 @@ def build(name: str, s: dict, max_len: int) -> torch.nn.Module:
         recipe = hf_recipe(hf_config(name, s, max_len).to_dict())
         recipe["max_seq_len"] = max_len
         return HybridLM(recipe.pop("vocab_size"), recipe.pop("d_model"), recipe.pop("pattern"), recipe.pop("mixers"), **recipe)
-    if name == "hybrid":
-        ssd = {"class_path": "components.SSD", "init_args": {"positions": "conv", "expand": 2}}
+    if name.startswith("hybrid"):
+        ssd = {"class_path": "components.SSD", "init_args": {"positions": "conv", "expand": 2,
+                                                             "recompute": name == "hybrid-recompute"}}
         attention = {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "n_kv_heads": 2}}
         mixers = {"S": scaled(ssd, s), "A": scaled(attention, s), "M": {"class_path": "components.MLP"}}
         return HybridLM(s["vocab"], s["d_model"], f"SM×{s['layers'] - 1} AM", mixers, max_seq_len=max_len)

@@ -5,6 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from components._checks import check_choice, check_divisible, check_mixer_input, check_positive
 from components.context import Context
@@ -52,6 +53,11 @@ class SSD(nn.Module):
         norm_eps: epsilon of the gate's RMSNorm (default 1e-6; Mamba-2 uses 1e-5: the model's).
         conv_kernel: width of the causal convolution for ``conv`` (default 4).
         backend: ``auto`` | ``reference`` | ``triton`` for the scan.
+        recompute: keep only the mixer's input for the backward and recompute everything between it
+            and the output projection there (activation checkpointing; default False). What a layer
+            keeps for the backward drops about 12× (d_model 256, expand 2, chunk 64: from 27 KB to 2 KB
+            per token) for one more forward of the mixer per step (docs/performance.md). Never when
+            decoding or without gradients.
 
     Initialisation as Mamba-2: ``A_log = log U(1, 16)``; ``Δ_bias`` so that ``softplus(Δ_bias)`` is
     log-uniform in ``[1e-3, 1e-1]``; ``D = 1``.
@@ -73,6 +79,7 @@ class SSD(nn.Module):
         norm_eps: float = 1e-6,
         conv_kernel: int = 4,
         backend: str = "auto",
+        recompute: bool = False,
     ):
         super().__init__()
         check_choice("SSD", "positions", positions, POSITIONS)
@@ -94,6 +101,7 @@ class SSD(nn.Module):
             raise ValueError(f"SSD: d_state={d_state} must be even for positions='rope' (RoPE rotates pairs)")
         self.n_heads, self.head_dim, self.d_state, self.n_groups = n_heads, d_inner // n_heads, d_state, n_groups
         self.d_model, self.d_inner, self.chunk_size, self.positions, self.backend = d_model, d_inner, chunk_size, positions, backend
+        self.recompute = recompute
 
         # One fused input projection: [X | B | C | Δ | z].
         self.d_xbc = d_inner + 2 * n_groups * d_state
@@ -114,6 +122,11 @@ class SSD(nn.Module):
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         check_mixer_input(type(self).__name__, x, self.d_model, self.in_proj.weight, sequence=True)
         context = context or Context.default(x)
+        if self.recompute and torch.is_grad_enabled() and context.cache is None:
+            return checkpoint(self._mix, x, context, use_reentrant=False)
+        return self._mix(x, context)
+
+    def _mix(self, x: torch.Tensor, context: Context) -> torch.Tensor:
         x = context.zero_padding(x)  # padding puts nothing into the state (nor NaN, whatever it holds)
         batch, T, _ = x.shape
         H, P, G, N = self.n_heads, self.head_dim, self.n_groups, self.d_state
@@ -164,4 +177,5 @@ class SSD(nn.Module):
     def extra_repr(self) -> str:
         return (f"positions={self.positions}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
                 f"d_state={self.d_state}, n_groups={self.n_groups}, chunk_size={self.chunk_size}, "
-                f"d_skip={self.D is not None}, gate={self.gate_norm is not None}")
+                f"d_skip={self.D is not None}, gate={self.gate_norm is not None}"
+                + (", recompute=True" if self.recompute else ""))

@@ -29,6 +29,7 @@ SEQUENCE = {
     "SSD rope": partial(SSD, head_dim=8, d_state=8, chunk_size=4),
     "SSD decay": partial(SSD, head_dim=8, d_state=8, chunk_size=4, positions="decay"),
     "SSD conv+rope, gate, 2 groups": partial(SSD, head_dim=8, d_state=8, n_groups=2, chunk_size=4, positions="conv+rope", gate=True),
+    "SSD conv, gate, recompute": partial(SSD, head_dim=8, d_state=8, chunk_size=4, positions="conv", gate=True, recompute=True),
     "Expresser": partial(Expresser, n_heads=4, n_kv_heads=2),
 }
 STATE = {

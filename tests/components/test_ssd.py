@@ -174,3 +174,43 @@ def test_left_padded_sequence_equals_the_sequence_alone(positions):
     padding = torch.arange(13)[None] < 4
     ctx = Context(position_ids=(torch.arange(13)[None] - 4).clamp_min(0), padding_mask=padding)
     torch.testing.assert_close(mixer(padded, ctx)[:, 4:], alone, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("positions", ["conv", "conv+rope"])
+def test_recompute_gives_the_same_outputs_and_gradients_and_keeps_only_the_input(positions):
+    """``recompute=True`` (activation checkpointing) changes what the backward keeps, nothing it computes."""
+    mask = torch.zeros(2, 23, dtype=torch.bool)
+    mask[1, :5] = True
+    context = Context(position_ids=(torch.cumsum(~mask, 1) - 1).clamp_min(0), padding_mask=mask)
+    x = torch.randn(2, 23, 32)
+    results = {}
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        ssd = SSD(32, positions=positions, expand=2, head_dim=8, d_state=8, chunk_size=8, gate=True, recompute=recompute)
+        xr = x.clone().requires_grad_()
+        kept = {}
+
+        def pack(t):
+            if not isinstance(t, torch.nn.Parameter):
+                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = ssd(xr, context)
+        y.square().sum().backward()
+        results[recompute] = (y.detach(), xr.grad, {n: p.grad for n, p in ssd.named_parameters()}, sum(kept.values()))
+    (y0, dx0, g0, kept0), (y1, dx1, g1, kept1) = results[False], results[True]
+    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
+    torch.testing.assert_close(dx1, dx0, rtol=1e-6, atol=1e-7)
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], rtol=1e-6, atol=1e-7, msg=name)
+    assert kept1 <= x.numel() * 4 + 1024 < kept0 / 10  # the input (and the small context), against everything
+
+
+def test_recompute_is_off_when_decoding():
+    ssd = SSD(32, head_dim=8, d_state=8, chunk_size=4, positions="conv", recompute=True)
+    model = HybridLM(61, 32, "S-", {"S": lambda d: ssd})
+    ids = torch.randint(0, 61, (2, 9))
+    full = model(ids)
+    cache = model.new_cache(2, 9)
+    steps = [model(ids[:, :5], cache=cache)] + [model(ids[:, t:t + 1], cache=cache) for t in range(5, 9)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)

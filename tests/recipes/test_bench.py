@@ -1,0 +1,51 @@
+"""The model-level benchmark compares like with like: each zoo model and its Hugging Face twin come from
+one config and have the same parameters — and the same logits once the weights are copied — and a
+measured step reports a peak and a time."""
+
+import pytest
+import torch
+
+from components import count_parameters
+from recipes import bench
+
+TINY = dict(d_model=128, layers=2, vocab=97, batch=1, d_state=16, chunk=16, lengths=[32])
+
+
+@pytest.mark.parametrize("name", list(bench.TWINS))
+def test_each_twin_has_the_zoo_models_parameters_and_logits(name):
+    transformers = pytest.importorskip("transformers")  # noqa: F841 - the hf-* rows need it
+    from recipes.hf import convert_weights
+
+    torch.manual_seed(0)
+    ours, theirs = bench.build(name, TINY, 64).eval(), bench.build(bench.TWINS[name], TINY, 64).eval()
+    assert count_parameters(ours) == count_parameters(theirs)
+    config = bench.hf_config(name, TINY, 64).to_dict()
+    ours.load_state_dict(convert_weights(config, dict(theirs.state_dict())))
+    ids = torch.randint(0, TINY["vocab"], (2, 29))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), theirs(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_every_named_model_builds_at_the_benchmarks_width():
+    for name in bench.MODELS:
+        if name.startswith("hf-"):
+            continue
+        model = bench.build(name, TINY, 64)
+        assert model.d_model == TINY["d_model"], name
+    assert [block.token for block in bench.build("hybrid", TINY, 64).blocks] == ["SM", "AM"]  # SM×(L-1) AM
+
+
+def test_a_measured_step_reports_time_peak_and_parameters():
+    result = bench.measure("llama", 48, TINY, repeats=2, compiled=False)
+    assert result["params"] == count_parameters(bench.build("llama", TINY, 64))
+    assert result["seconds"] > 0 and result["peak_mib"] >= 0
+
+
+def test_a_failed_measurement_is_a_row_that_says_so():
+    row = bench.table_row("otce", False, 512, {"error": "ValueError: SSD: n_heads=1 is not divisible by n_groups=2"},
+                          {}, 1)
+    assert "failed: ValueError: SSD: n_heads=1" in row
+    good = {"params": 1e6, "seconds": 0.5, "peak_mib": 30.0, "warmup_s": 1.0}
+    base = {"params": 1e6, "seconds": 1.0, "peak_mib": 60.0, "warmup_s": 1.0}
+    row = bench.table_row("llama", False, 512, good, {("hf-llama", False): base}, 1)
+    assert row.split(" | ")[3:8] == ["1,024", "30", "hf-llama", "2.00", "0.50"]
