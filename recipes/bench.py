@@ -10,7 +10,9 @@ rows): ``hf-llama`` is ``LlamaForCausalLM`` and ``llama`` the zoo model :func:`r
 makes of the same config, so the two have the same parameter count by construction; likewise
 ``mamba2`` / ``hf-mamba2`` and ``doge`` / ``hf-doge`` (HF's SDPA attention where it has one). The other
 named architectures take their pattern and components from ``recipes/configs/arch/tiny/`` at the
-benchmark's width (heads of 64, SSD states of ``--d-state``); ``hybrid`` is ``SM×(L-1) AM``, the
+benchmark's width (heads of 64, SSD states of ``--d-state``, no key window: Doge's window, a top-k over
+a written-out ``[B, H, T, S]`` mask in HF's code and the zoo's alike, would take minutes per step at
+T = 8192 on a CPU, so the Doge twins get a window as long as the sequence); ``hybrid`` is ``SM×(L-1) AM``, the
 SSD hybrid of the issue that asked for this, against ``llama``'s ``AM×L``, and ``hybrid-recompute``
 the same with the SSD's activations recomputed in the backward (``SSD(recompute=True)``).
 
@@ -61,9 +63,11 @@ def hf_config(kind: str, s: dict, max_len: int):
     elif kind == "mamba2":
         config = transformers.Mamba2Config(**common, num_heads=2 * d // 64, head_dim=64, expand=2, state_size=s["d_state"],
                                            n_groups=1, chunk_size=s["chunk"])
-    else:  # doge: Doge's default key window (2048) kept, so T > 2048 takes the windowed path in both
+    else:  # doge: the key window as long as the sequence, so neither model takes the windowed path (a top-k
+        # over a written-out [B, H, T, S] mask in both: minutes per step at T = 8192 on a CPU)
         config = transformers.DogeConfig(**common, intermediate_size=ff, num_attention_heads=heads,
-                                         num_key_value_heads=max(heads // 2, 1), max_position_embeddings=max_len)
+                                         num_key_value_heads=max(heads // 2, 1), max_position_embeddings=max_len,
+                                         keep_window_size=max_len)
     config.architectures = [type(config).__name__.replace("Config", "ForCausalLM")]
     return config
 
@@ -75,6 +79,7 @@ def scaled(spec: dict, s: dict) -> dict:
     if name == "SSD":
         args.update(head_dim=64, d_state=s["d_state"], chunk_size=s["chunk"])
     elif "n_heads" in args and name != "CDMoE":
+        args.pop("keep_window", None)  # as for the Doge twins: no windowed path
         heads = s["d_model"] // 64
         group = args["n_heads"] // args.get("n_kv_heads", args["n_heads"])
         args.update(n_heads=heads, **({"n_kv_heads": max(heads // group, 1)} if "n_kv_heads" in args else {}))
