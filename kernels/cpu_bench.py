@@ -1,6 +1,7 @@
 """CPU benchmark of the plain-torch paths: attention with a per-key bias against torch's SDPA, the
-SSD reference against the textbook four-operand einsum form, and the MoE experts' grouped matmul
-against one matmul per expert; time and peak memory.
+SSD reference against the textbook four-operand einsum form, the MoE experts' grouped matmul
+against one matmul per expert, and CDMoE's expert mix as its tables grow (dense against sparse
+table gradients); time and peak memory.
 
     python -m kernels.cpu_bench                        # T = 1024 2048 4096, fwd+bwd, 5 repeats
     python -m kernels.cpu_bench --lengths 1024 --repeats 3
@@ -11,7 +12,8 @@ resident set (``VmHWM``, reset through ``/proc/self/clear_refs``; Linux) over wh
 building the inputs, so it counts every buffer the pass allocates, the saved activations included. Shapes: attention ``B=1, H=8, D=64``, causal,
 bias ``[B, H, T]``, a quarter of one sequence left-padded in the padded rows; SSD ``B=1, H=8, P=64,
 N=64, G=1, chunk 64``; experts ``E=8, d=256, f=704`` (a SiLU MLP per expert), ``T`` rows (token ×
-top-k assignments) spread over the experts at random.
+top-k assignments) spread over the experts at random; CDMoE's mix ``T`` tokens, ``d=256``, 4 heads of
+16 experts each, drawn at random from a table of 1,024 (the baseline) or 65,536 experts.
 """
 
 import argparse
@@ -27,10 +29,21 @@ from einops import rearrange
 
 from kernels.attention.reference import attention_masked, attention_reference
 from kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
+from kernels.retrieval.reference import expert_mix_reference
 from kernels.ssd.reference import segment_sum, ssd_chunked
 
 H, D, P, N, CHUNK = 8, 64, 64, 64, 64
 EXPERTS, D_MODEL, D_FF = 8, 256, 704
+MIX_HEADS, MIX_TOP_K = 4, 16
+
+
+def expert_mix_sparse_grads(x, experts, weights, down, up):
+    """:func:`expert_mix_reference` with sparse gradients for the tables (the alternative measured)."""
+    M, H, k = experts.shape
+    rows = F.embedding(experts, down, sparse=True)  # [M, H, k, d]
+    coef = weights * F.silu(torch.einsum("mhkd,md->mhk", rows, x))  # [M, H, k]
+    return F.embedding_bag(experts.reshape(M, H * k), up, per_sample_weights=coef.reshape(M, H * k),
+                           mode="sum", sparse=True)  # [M, d]
 
 
 def ssd_four_operand(x, dt, A, B, C, chunk_size):
@@ -54,6 +67,11 @@ def inputs(case: str, T: int) -> tuple:
     if case.startswith("ssd"):
         return (torch.randn(1, T, H, P, **g), F.softplus(torch.randn(1, T, H) - 3).requires_grad_(),
                 (-torch.exp(torch.rand(H) * 2.7)).requires_grad_(), torch.randn(1, T, 1, N, **g), torch.randn(1, T, 1, N, **g))
+    if case.startswith("cdmoe"):
+        n = 65536 if "65,536" in case else 1024
+        return (torch.randn(T, D_MODEL, **g), torch.randint(0, n, (T, MIX_HEADS, MIX_TOP_K)),
+                torch.rand(T, MIX_HEADS, MIX_TOP_K, **g), (torch.randn(n, D_MODEL) / D_MODEL ** 0.5).requires_grad_(),
+                (torch.randn(n, D_MODEL) / D_MODEL ** 0.5).requires_grad_())
     if case.startswith("experts"):
         ids = torch.randint(0, EXPERTS, (T,)).sort().values
         ends = torch.searchsorted(ids, torch.arange(EXPERTS), right=True).to(torch.int32)  # [E]
@@ -71,6 +89,10 @@ def run(case: str, tensors: tuple) -> torch.Tensor:
         return ssd_chunked(*tensors, chunk_size=CHUNK)[0]
     if case == "ssd four-operand einsum":
         return ssd_four_operand(*tensors, chunk_size=CHUNK)
+    if case.startswith("cdmoe"):
+        if "sparse" in case:
+            return expert_mix_sparse_grads(*tensors)
+        return expert_mix_reference(*tensors, act=F.silu)
     if case.startswith("experts"):
         x, w_in, w_out, ends = tensors
         matmul = grouped_matmul_reference if "loop" in case else grouped_matmul
@@ -90,7 +112,8 @@ def run(case: str, tensors: tuple) -> torch.Tensor:
 
 def step(case: str, tensors: tuple) -> None:
     for t in tensors:
-        t.grad = None
+        if t.is_floating_point():
+            t.grad = None
     run(case, tensors).sum().backward()
 
 
@@ -121,6 +144,7 @@ PAIRS = {
                   "attention bias (written-out mask)"],
     "ssd": ["ssd four-operand einsum", "ssd reference"],
     "moe": ["experts, one matmul per expert (loop)", "experts, grouped_mm"],
+    "cdmoe": ["cdmoe mix, 1,024 experts", "cdmoe mix, 65,536 experts", "cdmoe mix, 65,536 experts, sparse grads"],
 }
 
 

@@ -4,6 +4,7 @@ architecture, and of its Hugging Face twin where one exists, for several sequenc
     python -m recipes.bench                                    # every model, T = 512 2048 8192 (CPU sizes)
     python -m recipes.bench --models llama hf-llama hybrid --lengths 4096 8192
     python -m recipes.bench --models llama hybrid --lengths 2048 --compile   # adds torch.compile'd rows
+    python -m recipes.bench --models llama hybrid hybrid-recompute --lengths 2048 --saved  # kept for backward
 
 Twins are built from one Hugging Face config (``transformers`` must be installed for the ``hf-*``
 rows): ``hf-llama`` is ``LlamaForCausalLM`` and ``llama`` the zoo model :func:`recipes.hf.hf_recipe`
@@ -126,7 +127,7 @@ def measure(name: str, T: int, s: dict, repeats: int, compiled: bool) -> dict:
     torch.manual_seed(0)
     model = build(name, s, max(T, 64)).to(device).train()
     params = count_parameters(model)
-    forward = torch.compile(model, fullgraph=True) if compiled else model
+    forward = torch.compile(model, fullgraph=True, dynamic=False) if compiled else model  # as recipes.module does
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step(length: int) -> None:
@@ -161,6 +162,45 @@ def measure(name: str, T: int, s: dict, repeats: int, compiled: bool) -> dict:
     return {"params": params, "seconds": statistics.median(times), "peak_mib": peak / 2**20, "warmup_s": warmup_s}
 
 
+def saved_for_backward(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, tuple[int, int]]:
+    """What a training forward of ``model`` on ``ids [B, T]`` keeps for the backward, per kind of mixer:
+    ``{class name: (layers, bytes)}``, plus ``"other"`` (embedding, norms, LM head, loss). Each storage
+    counts once, parameters never; counted by a saved-tensor hook, so it is exact, not a peak."""
+    owner, kept, seen, layers = ["other"], {}, set(), {}
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    for block in getattr(model, "blocks", []):
+        for mixer in (block.sequence_mixer, block.state_mixer):
+            kind = type(mixer).__name__
+            layers[kind] = layers.get(kind, 0) + 1
+            mixer.register_forward_pre_hook(lambda m, a, kind=kind: owner.append(kind))
+            mixer.register_forward_hook(lambda m, a, o: owner.pop())
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = t.untyped_storage().data_ptr()
+        if key not in seen and key not in params:
+            seen.add(key)
+            kept[owner[-1]] = kept.get(owner[-1], 0) + t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(ids[:, :-1])  # [B, T, V]
+        F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+    return {kind: (layers.get(kind, 0), kept[kind]) for kind in sorted(kept)}
+
+
+def print_saved(models: list[str], lengths: list[int], s: dict) -> None:
+    print("\n| model | T | component | layers | MiB kept per layer | MiB kept in all |\n|---|---|---|---|---|---|")
+    for name in models:
+        for T in lengths:
+            torch.manual_seed(0)
+            ids = torch.randint(0, s["vocab"], (s["batch"], T + 1))
+            kept = saved_for_backward(build(name, s, T).train(), ids)
+            for kind, (layers, nbytes) in kept.items():
+                per = f"{nbytes / layers / 2**20:,.1f}" if layers else "-"
+                print(f"| {name} | {T} | {kind} | {layers or '-'} | {per} | {nbytes / 2**20:,.1f} |")
+            print(f"| {name} | {T} | **total** | | | {sum(b for _, b in kept.values()) / 2**20:,.1f} |", flush=True)
+
+
 def run_child(name: str, T: int, args) -> dict:
     command = [sys.executable, "-m", "recipes.bench", "--child", name, str(T), "--repeats", str(args.repeats),
                *(["--compile"] if args.compile_child else [])]
@@ -183,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lengths", type=int, nargs="+")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="add a torch.compile(fullgraph=True) row per zoo model")
+    parser.add_argument("--saved", action="store_true",
+                        help="instead of timing: what a step keeps for the backward, per kind of mixer (zoo models)")
     for key in ("d-model", "layers", "vocab", "batch", "d-state", "chunk"):
         parser.add_argument(f"--{key}", type=int)
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "T"), help=argparse.SUPPRESS)
@@ -199,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads, fp32"
     print(f"# {device}, torch {torch.__version__}; d_model {s['d_model']}, {s['layers']} blocks, vocab {s['vocab']}, "
           f"batch {s['batch']}, SSD state {s['d_state']}, chunk {s['chunk']}; median of {args.repeats} steps")
+    if args.saved:
+        return print_saved([m for m in args.models if not m.startswith("hf-")], lengths, s)
     print("\n| model | params | T | tok/s | peak MiB | baseline | × baseline tok/s | × baseline peak |\n|---|---|---|---|---|---|---|---|")
     rows = [(name, False) for name in args.models]
     if args.compile:

@@ -134,7 +134,10 @@ class LanguageModel(L.LightningModule):
         self._hidden_states = self.model.hidden_states
         if compile:
             backend = "inductor" if compile is True else compile
-            self._hidden_states = torch.compile(self.model.hidden_states, fullgraph=True, backend=backend)
+            # Static shapes: a new batch shape (validation's) compiles once more rather than turning every
+            # size symbolic, which inductor (torch 2.13) cannot lower for the SSD's chunked scan.
+            self._hidden_states = torch.compile(self.model.hidden_states, fullgraph=True, dynamic=False,
+                                                backend=backend)
 
     # ---- the loss --------------------------------------------------------------------------------
 

@@ -89,7 +89,9 @@ def attention_reference(
         # Nothing to materialise. torch's causal flag aligns top-left, so only for T == S; a single
         # query (a decoding step) sits after every key, so it needs no causal mask at all.
         if not causal or T == S or T == 1:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal and T > 1, scale=scale)
+            # `True if … else False`: compiled with dynamic shapes, `T > 1` is a SymBool, which SDPA rejects
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True if causal and T > 1 else False,
+                                                 scale=scale)
             return out.transpose(1, 2)  # [B, T, H, D]
     if keep_window is None and supports(q, T, S, causal):
         out = attention_bias_sdpa(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask, scale=scale)

@@ -46,7 +46,9 @@ def attention_bias_sdpa(
     q_aug = torch.cat([q * scale, q.new_ones(B, H, T, 1)], dim=-1)  # [B, H, T, D+1]
     k_aug = torch.cat([k, key_bias[..., None]], dim=-1)  # [B, H, S, D+1]
     v_aug = F.pad(v, (0, 1))  # [B, H, S, D+1], the extra column 0
-    out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, is_causal=causal and T > 1, scale=1.0)[..., :D]
+    # `True if … else False`: compiled with dynamic shapes, `T > 1` is a SymBool, which SDPA rejects
+    out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, is_causal=True if causal and T > 1 else False,
+                                         scale=1.0)[..., :D]
     if key_padding_mask is None:
         return out  # every query sees at least itself (causal) or every key
     real = ~key_padding_mask  # [B, S]
