@@ -27,6 +27,7 @@ gives tokens/s. The ratio column divides by the row's baseline: the HF twin for 
 import argparse
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -152,14 +153,17 @@ def measure(name: str, T: int, s: dict, repeats: int, compiled: bool) -> dict:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # the peak resident set restarts from the current one (Linux)
         before = resident_kib("VmRSS") * 1024
+    started = time.perf_counter()
     step(T)  # also compiles the shapes of T when compiled
+    first_step_s = time.perf_counter() - started
     peak = (torch.cuda.max_memory_allocated() if cuda else resident_kib("VmHWM") * 1024) - before
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
         step(T)
         times.append(time.perf_counter() - started)
-    return {"params": params, "seconds": statistics.median(times), "peak_mib": peak / 2**20, "warmup_s": warmup_s}
+    return {"params": params, "seconds": statistics.median(times), "peak_mib": peak / 2**20, "warmup_s": warmup_s,
+            "first_step_s": first_step_s}
 
 
 def saved_for_backward(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, tuple[int, int]]:
@@ -168,12 +172,16 @@ def saved_for_backward(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, t
     counts once, parameters never; counted by a saved-tensor hook, so it is exact, not a peak."""
     owner, kept, seen, layers = ["other"], {}, set(), {}
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def leave(module, args, output) -> None:  # a forward hook that returns something replaces the output
+        owner.pop()
+
     for block in getattr(model, "blocks", []):
-        for mixer in (block.sequence_mixer, block.state_mixer):
+        for mixer in filter(None, (block.sequence_mixer, block.state_mixer)):  # Mamba-2's blocks have no state mixer
             kind = type(mixer).__name__
             layers[kind] = layers.get(kind, 0) + 1
             mixer.register_forward_pre_hook(lambda m, a, kind=kind: owner.append(kind))
-            mixer.register_forward_hook(lambda m, a, o: owner.pop())
+            mixer.register_forward_hook(leave)
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = t.untyped_storage().data_ptr()
@@ -201,6 +209,14 @@ def print_saved(models: list[str], lengths: list[int], s: dict) -> None:
             print(f"| {name} | {T} | **total** | | | {sum(b for _, b in kept.values()) / 2**20:,.1f} |", flush=True)
 
 
+def error_line(text: str) -> str:
+    """The last ``SomeError: …`` line of a child's traceback (torch.compile's end with advice, not the
+    error), else its last line; at most 160 characters."""
+    lines = text.splitlines()
+    errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception|Unsupported): ", line)]
+    return (errors or lines)[-1][:160]
+
+
 def run_child(name: str, T: int, args) -> dict:
     command = [sys.executable, "-m", "recipes.bench", "--child", name, str(T), "--repeats", str(args.repeats),
                *(["--compile"] if args.compile_child else [])]
@@ -208,8 +224,7 @@ def run_child(name: str, T: int, args) -> dict:
         command += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     out = subprocess.run(command, capture_output=True, text=True)
     if out.returncode != 0:
-        lines = (out.stderr.strip() or out.stdout.strip() or "no output").splitlines()
-        return {"error": lines[-1][:160]}
+        return {"error": error_line(out.stderr.strip() or out.stdout.strip() or "no output")}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -240,7 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     lengths = args.lengths or s["lengths"]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads, fp32"
     print(f"# {device}, torch {torch.__version__}; d_model {s['d_model']}, {s['layers']} blocks, vocab {s['vocab']}, "
-          f"batch {s['batch']}, SSD state {s['d_state']}, chunk {s['chunk']}; median of {args.repeats} steps")
+          f"batch {s['batch']}, SSD state {s['d_state']}, chunk {s['chunk']}"
+          + ("" if args.saved else f"; median of {args.repeats} steps"))
     if args.saved:
         return print_saved([m for m in args.models if not m.startswith("hf-")], lengths, s)
     print("\n| model | params | T | tok/s | peak MiB | baseline | × baseline tok/s | × baseline peak |\n|---|---|---|---|---|---|---|---|")
@@ -266,7 +282,7 @@ def table_row(name: str, compiled: bool, T: int, r: dict, results: dict, batch: 
 
     def ratio(key: str, invert: bool) -> str:
         return "-" if not has_base else f"{base[key] / r[key] if invert else r[key] / base[key]:.2f}"
-    extra = f" (compile + first step {r['warmup_s']:.0f} s)" if compiled else ""
+    extra = f" (first step at T, compiling: {r['first_step_s']:.0f} s)" if compiled else ""
     return (f"| {label} | {r['params'] / 1e6:.2f}M | {T} | {batch * T / r['seconds']:,.0f} | {r['peak_mib']:,.0f} | "
             f"{base_name if has_base else '-'} | {ratio('seconds', True)} | {ratio('peak_mib', False)}{extra} |")
 

@@ -50,3 +50,11 @@ def test_a_failed_measurement_is_a_row_that_says_so():
     row = bench.table_row("llama", False, 512, good, {("hf-llama", False): base}, 1)
     cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
     assert cells == ["llama", "1.00M", "512", "1,024", "30", "hf-llama", "2.00", "0.50"]
+
+
+def test_a_failed_child_reports_its_error_not_the_advice_after_it():
+    trace = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+             "torch._dynamo.exc.Unsupported: TypeError when making fake tensor call\n\nfrom user code:\n"
+             "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace")
+    assert bench.error_line(trace) == "torch._dynamo.exc.Unsupported: TypeError when making fake tensor call"
+    assert bench.error_line("Killed") == "Killed"
