@@ -106,7 +106,7 @@ def run(case: str, tensors: tuple) -> torch.Tensor:
         return attention_reference(q, k, v, bias=bias, key_padding_mask=padding)
     if case == "attention bias (written-out mask)":
         return attention_masked(*(t.transpose(1, 2) for t in (q, k, v)), bias=bias, causal=True,
-                                key_padding_mask=None, keep_window=None, scale=D ** -0.5)
+                                key_padding_mask=None, keep_window=None, scale=D ** -0.5).transpose(1, 2)  # [B, T, H, D]
     raise ValueError(case)
 
 

@@ -58,3 +58,31 @@ def test_a_failed_child_reports_its_error_not_the_advice_after_it():
              "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace")
     assert bench.error_line(trace) == "torch._dynamo.exc.Unsupported: TypeError when making fake tensor call"
     assert bench.error_line("Killed") == "Killed"
+
+
+def test_what_a_step_keeps_for_the_backward_is_counted_per_mixer_kind():
+    ids = torch.randint(0, TINY["vocab"], (1, 34), generator=torch.Generator().manual_seed(0))
+    full = bench.saved_for_backward(bench.build("hybrid", TINY, 64).train(), ids)
+    lean = bench.saved_for_backward(bench.build("hybrid-recompute", TINY, 64).train(), ids)
+    assert set(full) == {"SSD", "QCAttention", "MLP", "other"} and full["SSD"][0] == TINY["layers"] - 1
+    # Recomputed, an SSD keeps only its input: [1, 33, d_model] fp32 per layer, each storage counted once.
+    assert lean["SSD"] == (TINY["layers"] - 1, (TINY["layers"] - 1) * 33 * TINY["d_model"] * 4)
+    assert full["SSD"][1] > 5 * lean["SSD"][1]
+    assert full["MLP"] == lean["MLP"] and full["QCAttention"] == lean["QCAttention"]
+
+
+class Toy(torch.nn.Module):
+    """Embedding, then ``e·e`` (a product that saves the same tensor twice) or ``e²`` (saves it once)."""
+
+    def __init__(self, twice: bool):
+        super().__init__()
+        self.twice, self.embedding, self.head = twice, torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11)
+
+    def forward(self, ids):
+        e = self.embedding(ids)  # [B, T, 8]
+        return self.head(e * e if self.twice else e.square())  # [B, T, 11]
+
+
+def test_a_tensor_saved_twice_is_counted_once():
+    ids = torch.randint(0, 11, (2, 9))
+    assert bench.saved_for_backward(Toy(twice=True), ids) == bench.saved_for_backward(Toy(twice=False), ids)
