@@ -47,6 +47,12 @@ def assert_causal():
     return check_causal
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _corpus_cache(tmp_path_factory):
+    """Token caches (recipes.data.TokenizedCorpus) go to a temporary directory, never the user's home."""
+    os.environ["HYBRID_ZOO_CACHE"] = str(tmp_path_factory.mktemp("hybrid-zoo-cache"))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -1,6 +1,7 @@
 """Data modules of the recipes. Each exposes ``vocab_size``, which the CLI links into the model."""
 
+from recipes.data.corpus import TokenizedCorpus
 from recipes.data.mqar import MQAR
 from recipes.data.text import TextCorpus
 
-__all__ = ["MQAR", "TextCorpus"]
+__all__ = ["MQAR", "TextCorpus", "TokenizedCorpus"]

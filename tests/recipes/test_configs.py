@@ -14,7 +14,7 @@ QUICK = ["--trainer.enable_progress_bar", "false", "--data.init_args.batch_size"
          "--data.init_args.num_workers", "0", "--trainer.limit_val_batches", "2",  # ("1" would parse as 1.0: all)
          "--trainer.num_sanity_val_steps", "0"]
 # One recipe per family (folder), the cheapest that still has the family's mixers.
-REPRESENTATIVES = ["quickstart.yaml", "ablate_moe.yaml", "positions/hybrid_conv.yaml", "attention/ssd_ifa_mask.yaml",
+REPRESENTATIVES = ["quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", "positions/hybrid_conv.yaml", "attention/ssd_ifa_mask.yaml",
                    "moe_placement/alternate.yaml", "moe_shared/cdmoe.yaml", "mqar/ifa_mask.yaml",
                    "mqar/paper/ssd_T256.yaml", "arch/tiny/otce.yaml"]
 
@@ -23,7 +23,7 @@ def test_every_family_has_a_representative():
     families = {name.rsplit("/", 1)[0] if "/" in name else name for name in bundled_configs()}
     covered = {name.rsplit("/", 1)[0] if "/" in name else name for name in REPRESENTATIVES}
     # The paper-size architectures are for GPUs; their tiny twins stand for them (tests/recipes/test_architectures.py).
-    assert families - {"quickstart.yaml", "ablate_moe.yaml", "arch"} <= covered
+    assert families - {"quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", "arch"} <= covered
 
 
 @pytest.fixture(scope="module")

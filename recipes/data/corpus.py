@@ -1,0 +1,362 @@
+"""``TokenizedCorpus``: language modelling on local corpora, tokenized once into a memory-mapped cache.
+
+Documents come from ``.txt`` files (a file is one document, or split on ``txt_separator``), ``.jsonl``
+files (one JSON object per line, the document in ``text_field``) and ``.parquet`` files (the column
+``column``; needs ``pyarrow``). The tokenizer is a ``tokenizers`` JSON file, or, when none is given, a
+byte-level BPE of ``vocab_size`` tokens trained on the training documents and saved in the cache.
+
+The cache is a directory ``cache_dir/<key>/`` holding ``train.bin`` and ``val.bin`` (the token ids,
+``uint16`` when the vocabulary fits, else ``uint32``, an end-of-document token after each document),
+``meta.json`` and ``tokenizer.json``. ``key`` hashes what the tokens depend on: each file's path, size
+and modification time, the tokenizer file's bytes (or the BPE's size), the fields, the separator and
+the split. A second run with the same key memory-maps the cache and tokenizes nothing; a changed file
+or tokenizer makes a new key. The cache is written under a temporary name and renamed when complete,
+so an interrupted build is never mistaken for a finished one.
+
+Tokenization streams: documents are read a piece at a time (``.txt`` files in pieces of about 1 MB cut
+at line ends, ``.parquet`` in record batches), encoded in batches, and appended to the ``.bin`` files;
+memory stays bounded by a batch, not the corpus. Validation takes whole documents (every
+``round(1 / val_fraction)``-th), so no validation text is ever trained on.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from recipes.data.order import ResumableDataModule
+
+END_OF_DOCUMENT = "<|endoftext|>"
+FORMATS = (".txt", ".jsonl", ".parquet")
+PIECE_BYTES = 1 << 20  # a .txt document is read and encoded in pieces of about this size
+BATCH_PIECES = 256  # pieces encoded together (the tokenizer parallelises a batch)
+CACHE_VERSION = 1
+
+
+def corpus_files(paths: str | list[str]) -> list[Path]:
+    """The files named by ``paths`` (files or glob patterns), sorted within each pattern; each must exist,
+    match something and have a supported suffix."""
+    files = []
+    for pattern in [paths] if isinstance(paths, str) else paths:
+        matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True)) if glob.has_magic(pattern) else [pattern]
+        if not matches:
+            raise FileNotFoundError(f"TokenizedCorpus: the pattern {pattern!r} matches no file")
+        for match in matches:
+            path = Path(match)
+            if not path.is_file():
+                raise FileNotFoundError(f"TokenizedCorpus: {str(path)!r} is not a file")
+            if path.suffix not in FORMATS:
+                raise ValueError(f"TokenizedCorpus: {str(path)!r} has suffix {path.suffix!r}; supported: {', '.join(FORMATS)}")
+            files.append(path)
+    return files
+
+
+def _parquet_module():
+    try:
+        import pyarrow.parquet
+    except ImportError:
+        raise ImportError("TokenizedCorpus: reading .parquet files needs pyarrow: pip install 'hybrid-zoo[parquet]' "
+                          "(or pip install pyarrow)") from None
+    return pyarrow.parquet
+
+
+def document_pieces(files: list[Path], text_field: str, column: str, txt_separator: str | None) -> Iterator[tuple[str, bool]]:
+    """``(text, ends_document)`` pieces of every document of ``files`` in order."""
+    for path in files:
+        if path.suffix == ".txt":
+            yield from _txt_pieces(path, txt_separator)
+        elif path.suffix == ".jsonl":
+            with open(path, encoding="utf-8") as lines:
+                for number, line in enumerate(lines, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        text = json.loads(line)[text_field]
+                    except (json.JSONDecodeError, KeyError, TypeError) as error:
+                        raise ValueError(f"TokenizedCorpus: {path}, line {number}: no string field {text_field!r} "
+                                         f"({type(error).__name__}: {error})") from None
+                    if not isinstance(text, str):
+                        raise ValueError(f"TokenizedCorpus: {path}, line {number}: {text_field!r} is {type(text).__name__}, not text")
+                    yield text, True
+        else:
+            parquet = _parquet_module().ParquetFile(path)
+            if column not in parquet.schema_arrow.names:
+                raise ValueError(f"TokenizedCorpus: {path} has no column {column!r}; it has {parquet.schema_arrow.names}")
+            for batch in parquet.iter_batches(columns=[column]):
+                for text in batch.column(0).to_pylist():
+                    yield text or "", True
+
+
+def _txt_pieces(path: Path, separator: str | None) -> Iterator[tuple[str, bool]]:
+    """A ``.txt`` file as pieces of at most about PIECE_BYTES, cut at line ends; with a separator, each
+    occurrence ends a document (the separator itself is dropped)."""
+    buffer = ""
+    with open(path, encoding="utf-8", newline="") as text:
+        for line in text:
+            buffer += line
+            if separator is not None:
+                *documents, buffer = buffer.split(separator)
+                for document in documents:
+                    yield document, True
+            if len(buffer) >= PIECE_BYTES:
+                yield buffer, False
+                buffer = ""
+    yield buffer, True
+
+
+def default_documents() -> list[str]:
+    """The ``pydoc_data`` topics, one document each: a corpus every CPython install has."""
+    from pydoc_data.topics import topics
+
+    return [topics[key] for key in sorted(topics)]
+
+
+def _identity(files: list[Path]) -> list:
+    return [[str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns] for path in files]
+
+
+class MemmapWindows(Dataset):
+    """Windows of ``seq_len + 1`` tokens from a token file, starting every ``stride`` tokens; the file is
+    opened lazily (once per process, so dataloader workers map it themselves).
+
+    Item: ``{"input_ids": [seq_len], "labels": [seq_len]}`` (int64), the labels shifted by one.
+    """
+
+    def __init__(self, path: Path, dtype: str, seq_len: int, stride: int):
+        self.path, self.dtype, self.seq_len, self.stride = path, dtype, seq_len, stride
+        tokens = path.stat().st_size // np.dtype(dtype).itemsize
+        self.count = max((tokens - seq_len - 1) // stride + 1, 0)
+        self._tokens = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> dict:
+        if self._tokens is None:
+            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
+        start = i * self.stride
+        chunk = torch.from_numpy(self._tokens[start:start + self.seq_len + 1].astype(np.int64))  # [seq_len + 1]
+        return {"input_ids": chunk[:-1], "labels": chunk[1:]}
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tokens": None}
+
+
+class TokenizedCorpus(ResumableDataModule):
+    """Tokenized local corpora (or, with no ``paths``, the ``pydoc_data`` topics), memory-mapped.
+
+    Training windows are ``seq_len + 1`` tokens, non-overlapping, drawn in a random order fixed by
+    ``seed`` per epoch (a resumed run continues it exactly: the loader's position is in the checkpoint);
+    validation windows come from the validation documents only. Windows run across document ends; the
+    end-of-document token marks them.
+
+    Args:
+        paths: files or glob patterns of ``.txt``, ``.jsonl``, ``.parquet`` files; default None, the
+            ``pydoc_data`` topics.
+        tokenizer: a ``tokenizers`` JSON file; default None: train a byte-level BPE on the training documents.
+        vocab_size: the trained BPE's vocabulary (default 8192; ignored with ``tokenizer``, whose size is used).
+        text_field: the ``.jsonl`` field holding the text (default ``"text"``).
+        column: the ``.parquet`` column holding the text (default ``"text"``).
+        txt_separator: splits ``.txt`` files into documents; default None, one document per file.
+        cache_dir: where token caches live (default ``$HYBRID_ZOO_CACHE/corpora``, the variable's default
+            ``~/.cache/hybrid-zoo``).
+        seq_len: tokens per window (default 256).
+        batch_size: windows per batch (default 16).
+        val_fraction: the fraction of documents held out for validation (default 0.05).
+        num_workers: dataloader workers (default 0).
+        seed: seed of the training order (default None: the run's seed).
+    """
+
+    def __init__(
+        self,
+        paths: str | list[str] | None = None,
+        *,
+        tokenizer: str | None = None,
+        vocab_size: int = 8192,
+        text_field: str = "text",
+        column: str = "text",
+        txt_separator: str | None = None,
+        cache_dir: str | None = None,
+        seq_len: int = 256,
+        batch_size: int = 16,
+        val_fraction: float = 0.05,
+        num_workers: int = 0,
+        seed: int | None = None,
+    ):
+        super().__init__()
+        self.files = corpus_files(paths) if paths is not None else None
+        if tokenizer is not None and not Path(tokenizer).is_file():
+            raise FileNotFoundError(f"TokenizedCorpus: tokenizer={tokenizer!r} is not a file")
+        if tokenizer is None and not (isinstance(vocab_size, int) and 257 <= vocab_size <= 2**32):
+            raise ValueError(f"TokenizedCorpus: vocab_size={vocab_size!r} must be an integer >= 257 (bytes + end of document)")
+        if seq_len < 1 or batch_size < 1:
+            raise ValueError(f"TokenizedCorpus: seq_len={seq_len} and batch_size={batch_size} must be >= 1")
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"TokenizedCorpus: val_fraction={val_fraction} must lie in (0, 1)")
+        if txt_separator == "":
+            raise ValueError("TokenizedCorpus: txt_separator must not be empty (None: one document per file)")
+        self.tokenizer_path, self.text_field, self.column, self.txt_separator = tokenizer, text_field, column, txt_separator
+        default_root = Path(os.environ.get("HYBRID_ZOO_CACHE", "~/.cache/hybrid-zoo")) / "corpora"
+        self.cache_root = Path(cache_dir or default_root).expanduser()
+        self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
+        self.val_every = max(round(1 / val_fraction), 2)
+        self.order_seed = torch.initial_seed() if seed is None else seed
+        self.vocab_size = self._tokenizer_file_vocab(tokenizer) if tokenizer else vocab_size
+        self._tokenizer, self._cache = None, None
+        self.meta: dict | None = None
+
+    # ---- the cache -------------------------------------------------------------------------------
+
+    @classmethod
+    def _tokenizer_file_vocab(cls, path: str) -> int:
+        """The vocabulary of a tokenizer file once the end-of-document token is in it (added if missing)."""
+        tokenizer = cls._load_tokenizer(path)
+        return tokenizer.get_vocab_size() + (tokenizer.token_to_id(END_OF_DOCUMENT) is None)
+
+    @staticmethod
+    def _load_tokenizer(path):
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path))
+
+    def cache_key(self) -> str:
+        source = _identity(self.files) if self.files is not None else ["pydoc_data", sys.version]
+        tokenizer = (hashlib.sha256(Path(self.tokenizer_path).read_bytes()).hexdigest() if self.tokenizer_path
+                     else f"bpe:{self.vocab_size}")
+        what = [CACHE_VERSION, source, tokenizer, self.text_field, self.column, self.txt_separator, self.val_every]
+        return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
+
+    @property
+    def cache(self) -> Path:
+        """This corpus's cache directory, keyed when first asked for (a file changed later is a new corpus)."""
+        if self._cache is None:
+            self._cache = self.cache_root / self.cache_key()
+        return self._cache
+
+    def _pieces(self) -> Iterator[tuple[str, bool]]:
+        if self.files is None:
+            return ((document, True) for document in default_documents())
+        return document_pieces(self.files, self.text_field, self.column, self.txt_separator)
+
+    def _training_documents(self) -> Iterator[str]:
+        """The training documents' pieces (what the BPE is trained on)."""
+        document = 0
+        for text, ends in self._pieces():
+            if document % self.val_every != self.val_every - 1:
+                yield text
+            document += ends
+
+    def _train_bpe(self, path: Path) -> None:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=self.vocab_size, special_tokens=[END_OF_DOCUMENT],
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tokenizer.train_from_iterator(self._training_documents(), trainer)
+        tokenizer.save(str(path))
+
+    def prepare_data(self) -> None:
+        """Build the cache unless a finished one exists (on one process: Lightning calls this on rank 0)."""
+        if (self.cache / "meta.json").is_file():
+            return
+        building = self.cache_root / f"{self.cache.name}.building-{os.getpid()}"
+        shutil.rmtree(building, ignore_errors=True)
+        building.mkdir(parents=True)
+        if self.tokenizer_path:
+            shutil.copyfile(self.tokenizer_path, building / "tokenizer.json")
+        else:
+            self._train_bpe(building / "tokenizer.json")
+        tokenizer = self._load_tokenizer(building / "tokenizer.json")
+        end = tokenizer.token_to_id(END_OF_DOCUMENT)
+        if end is None:  # a tokenizer file without it: add it as a special token
+            tokenizer.add_special_tokens([END_OF_DOCUMENT])
+            tokenizer.save(str(building / "tokenizer.json"))
+            end = tokenizer.token_to_id(END_OF_DOCUMENT)
+        vocab = max(tokenizer.get_vocab_size(), self.vocab_size)
+        dtype = "uint16" if vocab <= 2**16 else "uint32"
+        counts = {"train": [0, 0], "val": [0, 0]}  # documents, tokens
+        total = sum(path.stat().st_size for path in self.files) if self.files else None
+        with open(building / "train.bin", "wb") as train, open(building / "val.bin", "wb") as val, \
+                tqdm(total=total, unit="B", unit_scale=True, desc=f"tokenizing into {self.cache}") as progress:
+            out = {"train": train, "val": val}
+            batch: list[tuple[str, bool, str]] = []
+            document = 0
+
+            def flush():
+                encodings = tokenizer.encode_batch([text for text, _, _ in batch], add_special_tokens=False)
+                for (text, ends, split), encoding in zip(batch, encodings):
+                    ids = encoding.ids + ([end] if ends else [])
+                    np.asarray(ids, dtype=dtype).tofile(out[split])
+                    counts[split][0] += ends
+                    counts[split][1] += len(ids)
+                    progress.update(len(text.encode("utf-8")))
+                batch.clear()
+
+            for text, ends in self._pieces():
+                split = "val" if document % self.val_every == self.val_every - 1 else "train"
+                batch.append((text, ends, split))
+                document += ends
+                if len(batch) >= BATCH_PIECES:
+                    flush()
+            flush()
+        meta = {"dtype": dtype, "vocab_size": vocab, "end_of_document": end,
+                "documents": {k: v[0] for k, v in counts.items()}, "tokens": {k: v[1] for k, v in counts.items()},
+                "files": _identity(self.files) if self.files else "pydoc_data", "version": CACHE_VERSION}
+        (building / "meta.json").write_text(json.dumps(meta, indent=1))
+        try:
+            building.rename(self.cache)
+        except OSError:  # another process finished the same cache first
+            shutil.rmtree(building, ignore_errors=True)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.meta is not None:
+            return
+        self.prepare_data()  # a no-op when the cache exists; builds it when called without a Trainer
+        self.meta = json.loads((self.cache / "meta.json").read_text())
+        if self.meta["vocab_size"] > self.vocab_size:
+            raise ValueError(f"TokenizedCorpus: the tokenizer has {self.meta['vocab_size']} tokens, more than "
+                             f"vocab_size={self.vocab_size}")
+        for split in ("train", "val"):
+            if self.meta["tokens"][split] < self.seq_len + 1:
+                raise ValueError(f"TokenizedCorpus: the {split} split has {self.meta['tokens'][split]} tokens "
+                                 f"({self.meta['documents'][split]} documents), fewer than seq_len + 1 = "
+                                 f"{self.seq_len + 1}; use more text, a larger val_fraction or a shorter seq_len")
+
+    # ---- text <-> tokens -------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self.setup()
+            self._tokenizer = self._load_tokenizer(self.cache / "tokenizer.json")
+        return self._tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    # ---- loaders ---------------------------------------------------------------------------------
+
+    def windows(self, split: str) -> MemmapWindows:
+        self.setup()
+        return MemmapWindows(self.cache / f"{split}.bin", self.meta["dtype"], self.seq_len, self.seq_len)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.train_loader(self.windows("train"))
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.windows("val"), batch_size=self.batch_size, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)

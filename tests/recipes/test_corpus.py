@@ -1,0 +1,182 @@
+"""TokenizedCorpus: text → cache → tokens round trips for every format, the cache's reuse and rebuild,
+the split by documents, the token width, and the errors that name the problem."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from recipes.data import TokenizedCorpus
+from recipes.data import corpus as corpus_module
+from recipes.data.corpus import END_OF_DOCUMENT
+
+DOCUMENTS = [f"Document {i}: the {'quick ' * (i % 5)}brown fox {i * 7} jumps.\nSecond line ünïcode {i}." for i in range(40)]
+
+
+def write(tmp_path, fmt: str, documents=DOCUMENTS) -> str:
+    if fmt == "txt":  # one file per document
+        for i, document in enumerate(documents):
+            (tmp_path / f"doc{i:03d}.txt").write_text(document, encoding="utf-8")
+        return str(tmp_path / "doc*.txt")
+    if fmt == "txt-separated":
+        (tmp_path / "all.txt").write_text("<DOC>".join(documents), encoding="utf-8")
+        return str(tmp_path / "all.txt")
+    if fmt == "jsonl":
+        with open(tmp_path / "all.jsonl", "w", encoding="utf-8") as f:
+            for document in documents:
+                f.write(json.dumps({"body": document, "id": 1}) + "\n")
+        return str(tmp_path / "all.jsonl")
+    import pyarrow
+    import pyarrow.parquet
+
+    pyarrow.parquet.write_table(pyarrow.table({"content": documents}), tmp_path / "all.parquet", row_group_size=7)
+    return str(tmp_path / "all.parquet")
+
+
+def corpus(tmp_path, paths, **kwargs) -> TokenizedCorpus:
+    options = dict(vocab_size=320, seq_len=8, batch_size=2, val_fraction=0.1, cache_dir=str(tmp_path / "cache"),
+                   text_field="body", column="content", seed=0)
+    return TokenizedCorpus(paths, **{**options, **kwargs})
+
+
+def documents_of(data: TokenizedCorpus, split: str) -> list[str]:
+    tokens = np.fromfile(data.cache / f"{split}.bin", dtype=data.meta["dtype"]).tolist()
+    end = data.meta["end_of_document"]
+    assert tokens[-1] == end
+    documents, current = [], []
+    for token in tokens:
+        if token == end:
+            documents.append(data.decode(current))
+            current = []
+        else:
+            current.append(token)
+    return documents
+
+
+@pytest.mark.parametrize("fmt", ["txt", "txt-separated", "jsonl", "parquet"])
+def test_text_to_cache_to_tokens_round_trips_and_splits_by_documents(tmp_path, fmt):
+    extra = {"txt_separator": "<DOC>"} if fmt == "txt-separated" else {}
+    data = corpus(tmp_path, write(tmp_path, fmt), **extra)
+    data.setup()
+    train, val = documents_of(data, "train"), documents_of(data, "val")
+    assert val == DOCUMENTS[9::10]  # every 10th document, whole
+    assert train == [d for i, d in enumerate(DOCUMENTS) if i % 10 != 9]
+    assert data.meta["documents"] == {"train": 36, "val": 4} and data.meta["dtype"] == "uint16"
+    window = data.windows("train")[1]
+    assert torch.equal(window["input_ids"][1:], window["labels"][:-1]) and window["input_ids"].dtype == torch.int64
+
+
+def test_a_long_txt_document_is_read_in_pieces_and_still_round_trips(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus_module, "PIECE_BYTES", 50)  # many pieces per document
+    data = corpus(tmp_path, write(tmp_path, "txt-separated"), txt_separator="<DOC>")
+    data.setup()
+    assert documents_of(data, "val") == DOCUMENTS[9::10]
+    assert documents_of(data, "train") == [d for i, d in enumerate(DOCUMENTS) if i % 10 != 9]
+
+
+def test_the_cache_is_reused_and_rebuilt_when_a_file_or_the_tokenizer_changes(tmp_path, monkeypatch):
+    paths = write(tmp_path, "jsonl")
+    first = corpus(tmp_path, paths)
+    first.setup()
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the cache was rebuilt")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TokenizedCorpus, "_train_bpe", no_build)
+        patch.setattr(corpus_module, "document_pieces", no_build)
+        again = corpus(tmp_path, paths)
+        again.setup()
+    assert again.cache == first.cache and again.encode("brown fox") == first.encode("brown fox")
+
+    write(tmp_path, "jsonl", DOCUMENTS[:-1])  # a file changed
+    changed = corpus(tmp_path, paths)
+    changed.setup()
+    assert changed.cache != first.cache and changed.meta["documents"] == {"train": 36, "val": 3}
+
+    tokenizer_file = tmp_path / "words.json"
+    word_level(tokenizer_file, ["brown", "fox"])
+    with_file = corpus(tmp_path, paths, tokenizer=str(tokenizer_file))
+    with_file.setup()
+    word_level(tokenizer_file, ["brown", "fox", "quick"])  # the tokenizer changed
+    rebuilt = corpus(tmp_path, paths, tokenizer=str(tokenizer_file))
+    rebuilt.setup()
+    assert len({with_file.cache, rebuilt.cache, changed.cache}) == 3
+    assert rebuilt.vocab_size == with_file.vocab_size + 1
+
+
+def word_level(path, words):
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path))
+
+
+def test_a_vocabulary_past_65536_is_stored_in_uint32(tmp_path):
+    words = [f"w{i}" for i in range(70_000)]
+    word_level(tmp_path / "big.json", words)
+    documents = [" ".join(words[i::997]) for i in range(30)]  # ids up to 70,000
+    data = corpus(tmp_path, write(tmp_path, "jsonl", documents), tokenizer=str(tmp_path / "big.json"))
+    assert data.vocab_size == 70_002  # [UNK], the words, and the end-of-document token it adds
+    data.setup()
+    assert data.meta["dtype"] == "uint32"
+    tokens = np.fromfile(data.cache / "train.bin", dtype="uint32")
+    assert tokens.max() == data.meta["end_of_document"] == 70_001 and (tokens > 65_535).sum() > 100
+    assert documents_of(data, "train")[0].split() == documents[0].split()
+
+
+def test_with_no_paths_it_tokenizes_the_pydoc_topics(tmp_path):
+    data = TokenizedCorpus(cache_dir=str(tmp_path), vocab_size=400, seq_len=64, val_fraction=0.1)
+    data.setup()
+    from pydoc_data.topics import topics
+
+    assert data.meta["documents"]["train"] + data.meta["documents"]["val"] == len(topics)
+    assert data.decode(data.encode("The with statement")) == "The with statement"
+    assert max(data.encode("The with statement")) < data.vocab_size
+
+
+def test_the_training_order_resumes_exactly(tmp_path):
+    data = corpus(tmp_path, write(tmp_path, "jsonl"))
+    data.setup()
+    loader = data.train_dataloader()
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+        loader.took_batch(0)
+    rest = [b["input_ids"] for b in batches]
+    resumed = corpus(tmp_path, write(tmp_path, "jsonl"))  # same files, same times: the same cache
+    resumed.setup()
+    loader2 = resumed.train_dataloader()
+    loader2.load_state_dict(loader.state_dict() | {"batches": 3})
+    got = [b["input_ids"] for b in loader2]
+    assert len(got) == len(rest) > 0 and all(torch.equal(a, b) for a, b in zip(got, rest))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: TokenizedCorpus(str(p / "missing.txt")), "is not a file"),
+    (lambda p: TokenizedCorpus(str(p / "nothing*.jsonl")), "matches no file"),
+    (lambda p: (p / "a.csv").write_text("x") and TokenizedCorpus(str(p / "a.csv")), "supported: .txt, .jsonl, .parquet"),
+    (lambda p: TokenizedCorpus(tokenizer=str(p / "none.json")), "tokenizer='"),
+    (lambda p: TokenizedCorpus(vocab_size=100), "vocab_size=100"),
+    (lambda p: TokenizedCorpus(val_fraction=1.5), "val_fraction=1.5"),
+])
+def test_bad_arguments_are_named(tmp_path, make, message):
+    with pytest.raises((ValueError, FileNotFoundError), match=message.replace(".", r"\.").replace("(", r"\(")):
+        make(tmp_path)
+
+
+def test_bad_files_are_named_with_their_line_or_column(tmp_path, monkeypatch):
+    (tmp_path / "bad.jsonl").write_text('{"body": "ok"}\n{"text": "no body"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: no string field 'body'"):
+        corpus(tmp_path, str(tmp_path / "bad.jsonl")).setup()
+    paths = write(tmp_path, "parquet")
+    with pytest.raises(ValueError, match=r"has no column 'body'"):
+        corpus(tmp_path, paths, column="body").setup()
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # as if pyarrow were not installed
+    with pytest.raises(ImportError, match=r"pip install 'hybrid-zoo\[parquet\]'"):
+        corpus(tmp_path, paths, cache_dir=str(tmp_path / "other")).setup()
+    short = write(tmp_path, "jsonl", DOCUMENTS[:3])
+    with pytest.raises(ValueError, match=r"the val split has 0 tokens"):
+        corpus(tmp_path, short).setup()
