@@ -180,3 +180,12 @@ def test_bad_files_are_named_with_their_line_or_column(tmp_path, monkeypatch):
     short = write(tmp_path, "jsonl", DOCUMENTS[:3])
     with pytest.raises(ValueError, match=r"the val split has 0 tokens"):
         corpus(tmp_path, short).setup()
+
+
+def test_the_bpe_never_sees_the_validation_documents(tmp_path):
+    # A word repeated only in validation documents would become one token if the BPE were trained on them.
+    documents = [f"plain words {i} " * 5 + ("qzvxkjw " * 60 if i % 10 == 9 else "") for i in range(40)]
+    data = corpus(tmp_path, write(tmp_path, "jsonl", documents))
+    data.setup()
+    assert len(data.encode("qzvxkjw")) >= 4
+    assert len(data.encode(" plain words")) <= 2  # while the training documents' words did merge
