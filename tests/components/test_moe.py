@@ -173,3 +173,17 @@ def test_every_token_is_computed_dropless():
 def test_bad_arguments_name_the_problem(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_the_load_counts_only_valid_tokens():
+    probs = torch.full((4, 2), 0.5)
+    routing = Routing(experts=torch.tensor([[0], [0], [1], [1]]), gates=probs[:, :1], probs=probs)
+    torch.testing.assert_close(routing.load(2, torch.tensor([1.0, 1.0, 1.0, 0.0])), torch.tensor([2 / 3, 1 / 3]))
+    moe = RoutedMoE(8, n_experts=4, top_k=2, d_ff=8)
+    x = torch.randn(1, 9, 8)
+    mask = torch.zeros(1, 9, dtype=torch.bool)
+    mask[0, :4] = True  # left padding
+    moe(x, padding_mask=mask)
+    padded = moe.expert_load.clone()
+    moe(x[:, 4:])  # the valid tokens alone
+    torch.testing.assert_close(padded, moe.expert_load)
