@@ -189,3 +189,16 @@ def test_the_bpe_never_sees_the_validation_documents(tmp_path):
     data.setup()
     assert len(data.encode("qzvxkjw")) >= 4
     assert len(data.encode(" plain words")) <= 2  # while the training documents' words did merge
+
+
+def test_the_benchmarks_generated_corpus_has_the_size_and_documents_it_says(tmp_path):
+    from recipes import corpus_bench
+
+    paths = corpus_bench.generate(tmp_path / "corpus", 1, "txt")
+    size = sum((tmp_path / "corpus" / p).stat().st_size for p in paths)
+    assert 1e6 <= size < 1.05e6
+    separators = sum(open(p, encoding="utf-8").read().count("\n<DOC>\n") for p in paths)
+    data = corpus(tmp_path, paths, txt_separator="\n<DOC>\n", vocab_size=400)
+    data.setup()
+    # each document ends at a separator; the text after the last one is one more (empty) document
+    assert data.meta["documents"]["train"] + data.meta["documents"]["val"] == separators + len(paths)
