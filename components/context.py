@@ -17,17 +17,28 @@ class Context:
         padding_mask: ``[B, T]`` bool, True where the token is padding; None for no padding.
         rotary: the model's one RotaryEmbedding; its tables are computed once per dimension.
         cache: when decoding, the :class:`InferenceCache` the mixers read and extend; None otherwise.
+        document_ids: ``[B, T]`` integers, for packed documents: no mixer lets a token see another
+            document (attention keeps to the document, the SSD's state and conv restart at its start);
+            None: each row is one sequence.
     """
 
     position_ids: torch.Tensor
     padding_mask: torch.Tensor | None = None
     rotary: RotaryEmbedding = field(default_factory=RotaryEmbedding)
     cache: InferenceCache | None = None
+    document_ids: torch.Tensor | None = None
     _tables: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.position_ids.dim() != 2:
             raise ValueError(f"Context: position_ids must be [B, T]; got shape {tuple(self.position_ids.shape)}")
+        ids = self.document_ids
+        if ids is not None:
+            if ids.shape != self.position_ids.shape or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+                raise ValueError(f"Context: document_ids must be integers of the shape of position_ids "
+                                 f"{tuple(self.position_ids.shape)}; got {ids.dtype} {tuple(ids.shape)}")
+            if self.cache is not None:
+                raise ValueError("Context: document_ids are for packed training batches, not for decoding with a cache")
         mask = self.padding_mask
         if mask is not None:
             if mask.dtype != torch.bool:
@@ -35,6 +46,14 @@ class Context:
             if mask.shape != self.position_ids.shape:
                 raise ValueError(f"Context: padding_mask {tuple(mask.shape)} must have the shape of position_ids "
                                  f"{tuple(self.position_ids.shape)}")
+
+    @property
+    def document_starts(self) -> torch.Tensor | None:
+        """``[B, T]`` bool, True where a document begins after another (never at ``t = 0``); None without documents."""
+        if self.document_ids is None:
+            return None
+        ids = self.document_ids
+        return torch.cat([torch.zeros_like(ids[:, :1], dtype=torch.bool), ids[:, 1:] != ids[:, :-1]], dim=1)
 
     def keys(self, owner, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """An attention layer's keys and values ``[B, T, Hkv, Dh]`` → those it attends to, with their

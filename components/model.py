@@ -31,6 +31,16 @@ DEFAULT_MIXERS: dict[str, MixerFactory] = {
 """Letters bound when a recipe does not bind them (SPEC §4)."""
 
 
+def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
+    """``document_ids [B, T]`` → ``[B, T]`` positions counted from each document's first token."""
+    B, T = document_ids.shape
+    t = torch.arange(T, device=document_ids.device).expand(B, T)  # [B, T]
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]  # [B, T]
+    first = torch.cummax(torch.where(starts, t, 0), dim=1).values  # [B, T] the current document's first token
+    return t - first
+
+
 class HybridLM(nn.Module):
     """A language model whose blocks are listed by a layer pattern.
 
@@ -137,21 +147,27 @@ class HybridLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
         cache: InferenceCache | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``input_ids [B, T]`` → final-normed hidden states ``[B, T, d_model]``.
 
-        ``position_ids [B, T]`` default to ``0..T-1`` (after the cached tokens, when decoding);
-        ``padding_mask [B, T]`` is True at padding. With ``cache`` (:meth:`new_cache`) the tokens
-        continue the cached ones: the prompt at prefill, then a few (usually one) per step.
+        ``position_ids [B, T]`` default to ``0..T-1`` (after the cached tokens, when decoding; from each
+        document's first token with ``document_ids``); ``padding_mask [B, T]`` is True at padding. With
+        ``cache`` (:meth:`new_cache`) the tokens continue the cached ones: the prompt at prefill, then a
+        few (usually one) per step. ``document_ids [B, T]`` (integers, for packed training batches)
+        keeps every document to itself: a packed row computes what its documents would alone.
         """
         self._check_input(input_ids, position_ids, padding_mask, cache)
         B, T = input_ids.shape
         seen = cache.seen if cache is not None else 0
+        if position_ids is None and document_ids is not None:
+            position_ids = document_positions(document_ids)  # [B, T]
         if position_ids is None:
             position_ids = torch.arange(seen, seen + T, device=input_ids.device).expand(B, T)  # [B, T]
         if cache is not None:
             cache.begin(T, padding_mask)
-        context = Context(position_ids=position_ids, padding_mask=padding_mask, rotary=self.rotary, cache=cache)
+        context = Context(position_ids=position_ids, padding_mask=padding_mask, rotary=self.rotary, cache=cache,
+                          document_ids=document_ids)
         x = self.embedding(input_ids)  # [B, T, d_model]
         for block in self.blocks:
             x = block(x, context)

@@ -148,7 +148,7 @@ class InnerFuncAttention(nn.Module):
         if self.v_heads != self.n_kv_heads:
             k = k.repeat_interleave(self.v_heads // self.n_kv_heads, dim=2)  # [b, S, Hv, Dh]
         y = attention(q, k, v, bias=bias, causal=True, key_padding_mask=key_padding, keep_window=self.keep_window,
-                      backend=self.backend)
+                      document_ids=context.document_ids, backend=self.backend)
         return self.out_proj(y.reshape(batch, T, self.n_heads * self.head_dim))
 
     def dynamic_bias(self, v_flat: torch.Tensor, context: Context) -> torch.Tensor | None:

@@ -134,7 +134,7 @@ class SSD(nn.Module):
         xbc, dt, z = proj.split([self.d_xbc, H, proj.shape[-1] - self.d_xbc - H], dim=-1)
         cached = context.cache.state(self) if context.cache is not None else None  # decoding: conv window, state
         if self.conv is not None:
-            xbc = F.silu(self._causal_conv(xbc, cached))  # [b, T, d_xbc]
+            xbc = F.silu(self._causal_conv(xbc, cached, context.document_ids))  # [b, T, d_xbc]
         xs, B, C = xbc.split([self.d_inner, G * N, G * N], dim=-1)
         xs = xs.view(batch, T, H, P)  # [b, T, H, P]
         B = B.view(batch, T, G, N)  # [b, T, G, N]
@@ -147,7 +147,8 @@ class SSD(nn.Module):
             dt = dt.masked_fill(context.padding_mask[..., None], 0.0)
         A = -torch.exp(at_least_fp32(self.A_log))  # [H]
         if cached is None:
-            y = ssd_scan(xs, dt, A, B, C, chunk_size=self.chunk_size, D=self.D, backend=self.backend)
+            y = ssd_scan(xs, dt, A, B, C, chunk_size=self.chunk_size, D=self.D, backend=self.backend,
+                         document_starts=context.document_starts)
         elif T == 1 and "state" in cached:  # a decoding step: one token of the recurrence
             y, cached["state"] = ssd_step(cached["state"], xs[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], self.D)
             y = y[:, None].to(xs.dtype)  # [b, 1, H, P]
@@ -160,9 +161,10 @@ class SSD(nn.Module):
             y = self.gate_norm(y, gate=z)
         return self.out_proj(y)
 
-    def _causal_conv(self, xbc: torch.Tensor, cached: dict | None) -> torch.Tensor:
+    def _causal_conv(self, xbc: torch.Tensor, cached: dict | None, document_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Depthwise causal conv of ``xbc [b, T, C]``: each output reads its input and the ``K - 1`` before
-        it, which are zeros before the sequence, or (decoding) the window the last call left."""
+        it, which are zeros before the sequence, or (decoding) the window the last call left; with
+        ``document_ids [b, T]``, only those of its own document."""
         K = self.conv.kernel_size[0]
         if xbc.shape[1] == 0:
             return xbc
@@ -172,6 +174,12 @@ class SSD(nn.Module):
         full = torch.cat([window, xbc], dim=1)  # [b, K-1+T, C]
         if cached is not None:
             cached["conv"] = full[:, full.shape[1] - (K - 1):]
+        if document_ids is not None:  # tap k reads position t - (K-1-k); it counts only within t's document
+            T = xbc.shape[1]
+            ids = F.pad(document_ids, (K - 1, 0), value=-1)  # [b, K-1+T]; the zeros before belong to none
+            taps = [full[:, k:k + T] * (ids[:, k:k + T] == document_ids)[..., None] * self.conv.weight[:, 0, k]
+                    for k in range(K)]  # K × [b, T, C]
+            return sum(taps) + self.conv.bias
         return F.conv1d(full.transpose(1, 2), self.conv.weight, self.conv.bias, groups=full.shape[2]).transpose(1, 2)
 
     def extra_repr(self) -> str:

@@ -19,6 +19,7 @@ def attention(
     key_padding_mask: torch.Tensor | None = None,
     keep_window: int | None = None,
     scale: float | None = None,
+    document_ids: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Scaled-dot-product attention.
@@ -32,6 +33,9 @@ def attention(
         keep_window: keep, per query, only the ``keep_window`` allowed keys with the largest bias
             (ties to the most recent); the selection carries no gradient, the bias does.
         scale: score scale, default ``1/sqrt(D)``.
+        document_ids: ``[B, T]`` integers (``S == T``): packed documents; query ``i`` sees key ``j`` only
+            when both belong to the same document. Taken by the reference (a written-out mask); the
+            Triton kernel does not take it yet (``auto`` then runs the reference).
         backend: ``auto`` | ``reference`` | ``triton``.
 
     Returns:
@@ -39,6 +43,11 @@ def attention(
     """
     check_backend(backend)
     _check_arguments(q, k, v, bias, key_padding_mask, keep_window)
+    if document_ids is not None:
+        _check_documents(document_ids, q, k)
+        if backend == "triton":
+            raise ValueError("attention: backend='triton' does not take document_ids yet; use backend='reference'")
+        backend = "reference"
     if resolve_backend(backend, q, op="attention", has_triton=True) == "triton":
         from kernels.attention.triton import attention_triton  # imports triton only when asked for
 
@@ -46,8 +55,17 @@ def attention(
                                 keep_window=keep_window, scale=scale)
     return attention_reference(
         q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
-        keep_window=keep_window, scale=scale,
+        keep_window=keep_window, scale=scale, document_ids=document_ids,
     )
+
+
+def _check_documents(document_ids, q, k) -> None:
+    B, T = q.shape[:2]
+    if tuple(document_ids.shape) != (B, T) or k.shape[1] != T:
+        raise ValueError(f"attention: document_ids must be [B, T] = {(B, T)} with as many keys as queries; got "
+                         f"{tuple(document_ids.shape)} and {k.shape[1]} keys")
+    if document_ids.dtype.is_floating_point or document_ids.dtype == torch.bool:
+        raise ValueError(f"attention: document_ids must be integers; got {document_ids.dtype}")
 
 
 def _check_arguments(q, k, v, bias, key_padding_mask, keep_window) -> None:

@@ -70,8 +70,10 @@ def attention_reference(
     key_padding_mask: torch.Tensor | None = None,
     keep_window: int | None = None,
     scale: float | None = None,
+    document_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q ``[B,T,H,D]``, k/v ``[B,S,Hkv,D]``, bias ``[B,H,S]`` → ``[B,T,H,D]`` (arguments pre-checked).
+    """q ``[B,T,H,D]``, k/v ``[B,S,Hkv,D]``, bias ``[B,H,S]``, document_ids ``[B,T]`` (``S == T``) →
+    ``[B,T,H,D]`` (arguments pre-checked).
 
     A query with no allowed key (all its keys padded) returns zeros rather than NaN.
     """
@@ -85,6 +87,9 @@ def attention_reference(
 
     if keep_window is not None and keep_window >= S:
         keep_window = None  # every query already has at most S ≥ w allowed keys: the window cuts nothing
+    if document_ids is not None:  # packed documents: a block-diagonal mask, written out
+        return attention_masked(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
+                                keep_window=keep_window, scale=scale, document_ids=document_ids).transpose(1, 2)
     if bias is None and key_padding_mask is None and keep_window is None:
         # Nothing to materialise. torch's causal flag aligns top-left, so only for T == S; a single
         # query (a decoding step) sits after every key, so it needs no causal mask at all.
@@ -100,11 +105,13 @@ def attention_reference(
                             keep_window=keep_window, scale=scale).transpose(1, 2)  # [B, T, H, D]
 
 
-def attention_masked(q, k, v, *, bias, causal, key_padding_mask, keep_window, scale) -> torch.Tensor:
+def attention_masked(q, k, v, *, bias, causal, key_padding_mask, keep_window, scale, document_ids=None) -> torch.Tensor:
     """The math with the ``[B, H, T, S]`` mask written out: ``q [B,H,T,D]``, ``k, v [B,H,S,D]`` →
-    ``[B,H,T,D]``."""
+    ``[B,H,T,D]``; ``document_ids [B, T]`` (``S == T``) keeps each query within its document."""
     T, S = q.shape[2], k.shape[2]
     allowed = allowed_keys(T, S, causal=causal, key_padding_mask=key_padding_mask, device=q.device)
+    if document_ids is not None:
+        allowed = allowed & (document_ids[:, None, :, None] == document_ids[:, None, None, :])  # [B, 1, T, S]
     if keep_window is not None:
         allowed = select_window(allowed, bias, keep_window)
     empty = ~allowed.any(-1, keepdim=True)  # [B|1, H|1, T, 1] queries with nothing to attend to

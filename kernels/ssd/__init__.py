@@ -21,6 +21,7 @@ def ssd_scan(
     D: torch.Tensor | None = None,
     initial_state: torch.Tensor | None = None,
     return_final_state: bool = False,
+    document_starts: torch.Tensor | None = None,
     backend: str = "auto",
 ):
     """The SSD scan, with the arguments of mamba_ssm's ``mamba_chunk_scan_combined`` (``dt`` already
@@ -35,6 +36,9 @@ def ssd_scan(
         D: ``[H]`` skip connection ``y += D · x``, or None.
         initial_state: ``[B, H, P, N]`` state before the first position, or None (zeros).
         return_final_state: also return the state after the last position.
+        document_starts: ``[B, T]`` bool, True where a packed document begins: the state is reset
+            there (mamba_ssm's ``seq_idx``). Taken by the reference; the Triton kernel does not take
+            it yet (``auto`` then runs the reference).
         backend: ``auto`` (Triton on CUDA tensors in fp32/bf16/fp16, the reference otherwise) |
             ``reference`` | ``triton``.
 
@@ -43,6 +47,13 @@ def ssd_scan(
     """
     check_backend(backend)
     _check_arguments(x, dt, A, B, C, chunk_size, D, initial_state)
+    if document_starts is not None:
+        if tuple(document_starts.shape) != tuple(x.shape[:2]) or document_starts.dtype != torch.bool:
+            raise ValueError(f"ssd_scan: document_starts must be a bool [B, T] = {tuple(x.shape[:2])}; got "
+                             f"{document_starts.dtype} {tuple(document_starts.shape)}")
+        if backend == "triton":
+            raise ValueError("ssd_scan: backend='triton' does not take document_starts yet; use backend='reference'")
+        backend = "reference"
     kernel_dtype = x.dtype in KERNEL_DTYPES and B.dtype in KERNEL_DTYPES and C.dtype in KERNEL_DTYPES
     if backend == "triton" and not kernel_dtype:
         raise ValueError(
@@ -65,6 +76,7 @@ def ssd_scan(
         up = lambda t: None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))  # noqa: E731
         y, final_state = ssd_chunked(
             up(x), up(dt), up(A), up(B), up(C), chunk_size=chunk_size, D=up(D), initial_state=up(initial_state),
+            document_starts=document_starts,
         )
     y = y.to(x.dtype)
     return (y, final_state) if return_final_state else y

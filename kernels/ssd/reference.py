@@ -41,11 +41,15 @@ def ssd_chunked(
     chunk_size: int = 64,
     D: torch.Tensor | None = None,
     initial_state: torch.Tensor | None = None,
+    document_starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked SSD. Shapes as :func:`kernels.ssd.ssd_scan`; returns ``(y [b,t,h,p], final_state [b,h,p,n])``.
 
     Any ``T``: the sequence is padded to a whole number of chunks with ``dt = 0`` (decay 1, no
-    input), which leaves the outputs and the final state unchanged.
+    input), which leaves the outputs and the final state unchanged. ``document_starts [b, t]`` (bool,
+    True where a packed document begins) resets the state there: the log-decay into a start is
+    ``-inf``, so nothing before it reaches it or anything after — every decay below is a sum of
+    log-decays, never a difference, so ``-inf`` never meets ``-inf`` in a subtraction.
     """
     batch, T, H, P = x.shape
     G = B.shape[2]
@@ -58,7 +62,11 @@ def ssd_chunked(
     xdt = x * dt[..., None]  # [b, t, h, p] the input term dt_t · x_t
     x_c = rearrange(xdt, "b (c l) (g r) p -> b c l g r p", l=chunk_size, g=G)
     B_c, C_c = (rearrange(t, "b (c l) g n -> b c l g n", l=chunk_size) for t in (B, C))
-    a = rearrange(dt * A, "b (c l) (g r) -> b g r c l", l=chunk_size, g=G)  # log-decays
+    log_decay = dt * A  # [b, t, h]
+    if document_starts is not None:
+        starts = F.pad(document_starts, (0, pad))  # [b, T+pad]
+        log_decay = log_decay.masked_fill(starts[..., None], float("-inf"))
+    a = rearrange(log_decay, "b (c l) (g r) -> b g r c l", l=chunk_size, g=G)  # log-decays
     a_cum = torch.cumsum(a, dim=-1)  # [b, g, r, c, l]
 
     # (1) Inside each chunk: y_l = Σ_{m<=l} (C_l·B_m) exp(a_{m+1..l}) dt_m x_m.
@@ -67,7 +75,8 @@ def ssd_chunked(
     y = torch.einsum("bgrclm,bcmgrp->bclgrp", scores, x_c)  # [b, c, l, g, r, p]
 
     # (2) Each chunk's own contribution to its final state (from a zero state).
-    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [b, g, r, c, l]
+    after = torch.flip(torch.cumsum(torch.flip(a, [-1]), -1), [-1])  # [b, g, r, c, l]: Σ_{r >= l} a_r
+    decay_to_end = torch.exp(F.pad(after[..., 1:], (0, 1)))  # [b, g, r, c, l]: exp Σ_{r > l} a_r
     chunk_states = torch.einsum("bclgn,bgrcl,bclgrp->bcgrpn", B_c, decay_to_end, x_c)  # [b, c, g, r, p, n]
 
     # (3) Recurrence over chunks: the state entering chunk c, and the final state.
@@ -123,13 +132,17 @@ def ssd_recurrent(
     *,
     D: torch.Tensor | None = None,
     initial_state: torch.Tensor | None = None,
+    document_starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The recurrence token by token with :func:`ssd_step`: the test oracle. Returns ``(y, final_state)``."""
+    """The recurrence token by token with :func:`ssd_step`: the test oracle. Returns ``(y, final_state)``;
+    ``document_starts [b, t]`` zeroes the state before each start."""
     batch, T, H, P = x.shape
     N = B.shape[-1]
     state = x.new_zeros(batch, H, P, N) if initial_state is None else initial_state
     ys = []
     for t in range(T):
+        if document_starts is not None:
+            state = state * ~document_starts[:, t, None, None, None]  # [b, h, p, n]
         y_t, state = ssd_step(state, x[:, t], dt[:, t], A, B[:, t], C[:, t], D)
         ys.append(y_t)
     y = torch.stack(ys, dim=1) if ys else x.new_zeros(batch, 0, H, P)  # [b, T, h, p]
