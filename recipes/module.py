@@ -143,7 +143,8 @@ class LanguageModel(L.LightningModule):
 
     def _hidden(self, batch: dict) -> torch.Tensor:
         return self._hidden_states(
-            batch["input_ids"], position_ids=batch.get("position_ids"), padding_mask=batch.get("padding_mask")
+            batch["input_ids"], position_ids=batch.get("position_ids"), padding_mask=batch.get("padding_mask"),
+            document_ids=batch.get("document_ids"),
         )  # [B, T, d]
 
     def training_loss(self, batch: dict) -> torch.Tensor:

@@ -128,11 +128,13 @@ class MemmapWindows(Dataset):
     """Windows of ``seq_len + 1`` tokens from a token file, starting every ``stride`` tokens; the file is
     opened lazily (once per process, so dataloader workers map it themselves).
 
-    Item: ``{"input_ids": [seq_len], "labels": [seq_len]}`` (int64), the labels shifted by one.
+    Item: ``{"input_ids": [seq_len], "labels": [seq_len]}`` (int64), the labels shifted by one; with
+    ``end_of_document``, also ``"document_ids" [seq_len]``, which start a new document at each such token.
     """
 
-    def __init__(self, path: Path, dtype: str, seq_len: int, stride: int):
+    def __init__(self, path: Path, dtype: str, seq_len: int, stride: int, end_of_document: int | None = None):
         self.path, self.dtype, self.seq_len, self.stride = path, dtype, seq_len, stride
+        self.end_of_document = end_of_document
         tokens = path.stat().st_size // np.dtype(dtype).itemsize
         self.count = max((tokens - seq_len - 1) // stride + 1, 0)
         self._tokens = None
@@ -145,7 +147,12 @@ class MemmapWindows(Dataset):
             self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
         start = i * self.stride
         chunk = torch.from_numpy(self._tokens[start:start + self.seq_len + 1].astype(np.int64))  # [seq_len + 1]
-        return {"input_ids": chunk[:-1], "labels": chunk[1:]}
+        item = {"input_ids": chunk[:-1], "labels": chunk[1:]}
+        if self.end_of_document is not None:
+            # Each end-of-document token opens the next document (it is that document's BOS): the
+            # previous one learns to end, the next one starts from it and sees nothing before it.
+            item["document_ids"] = torch.cumsum(item["input_ids"] == self.end_of_document, dim=0)  # [seq_len]
+        return item
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_tokens": None}
@@ -157,7 +164,7 @@ class TokenizedCorpus(ResumableDataModule):
     Training windows are ``seq_len + 1`` tokens, non-overlapping, drawn in a random order fixed by
     ``seed`` per epoch (a resumed run continues it exactly: the loader's position is in the checkpoint);
     validation windows come from the validation documents only. Windows run across document ends; the
-    end-of-document token marks them.
+    end-of-document token marks them, and with ``packed`` the model also keeps the documents apart.
 
     Args:
         paths: files or glob patterns of ``.txt``, ``.jsonl``, ``.parquet`` files; default None, the
@@ -174,6 +181,9 @@ class TokenizedCorpus(ResumableDataModule):
         val_fraction: the fraction of documents held out for validation (default 0.05).
         num_workers: dataloader workers (default 0).
         seed: seed of the training order (default None: the run's seed).
+        packed: give every batch ``document_ids`` (default False), so the model keeps each document of a
+            window to itself: attention within it, SSD state and conv restarting, positions from its
+            start (docs/data.md). False: windows are plain token streams, as in most LM training.
     """
 
     def __init__(
@@ -191,8 +201,10 @@ class TokenizedCorpus(ResumableDataModule):
         val_fraction: float = 0.05,
         num_workers: int = 0,
         seed: int | None = None,
+        packed: bool = False,
     ):
         super().__init__()
+        self.packed = packed
         self.files = corpus_files(paths) if paths is not None else None
         if tokenizer is not None and not Path(tokenizer).is_file():
             raise FileNotFoundError(f"TokenizedCorpus: tokenizer={tokenizer!r} is not a file")
@@ -352,7 +364,8 @@ class TokenizedCorpus(ResumableDataModule):
 
     def windows(self, split: str) -> MemmapWindows:
         self.setup()
-        return MemmapWindows(self.cache / f"{split}.bin", self.meta["dtype"], self.seq_len, self.seq_len)
+        return MemmapWindows(self.cache / f"{split}.bin", self.meta["dtype"], self.seq_len, self.seq_len,
+                             self.meta["end_of_document"] if self.packed else None)
 
     def train_dataloader(self) -> DataLoader:
         return self.train_loader(self.windows("train"))

@@ -202,3 +202,28 @@ def test_the_benchmarks_generated_corpus_has_the_size_and_documents_it_says(tmp_
     data.setup()
     # each document ends at a separator; the text after the last one is one more (empty) document
     assert data.meta["documents"]["train"] + data.meta["documents"]["val"] == separators + len(paths)
+
+
+def test_packed_windows_open_a_document_at_each_end_of_document_and_the_model_keeps_them_apart(tmp_path):
+    from recipes import LanguageModel
+
+    data = corpus(tmp_path, write(tmp_path, "jsonl"), packed=True, seq_len=48)
+    data.setup()
+    end = data.meta["end_of_document"]
+    training_text = "".join(documents_of(data, "train"))
+    lm = LanguageModel(32, "AM", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}},
+                       vocab_size=data.vocab_size).eval()
+    for i in (0, 3, 7):
+        item = data.windows("train")[i]
+        ids, documents = item["input_ids"], item["document_ids"]
+        pieces = ids.split(torch.unique_consecutive(documents, return_counts=True)[1].tolist())
+        assert len(pieces) >= 2
+        for n, piece in enumerate(pieces):
+            assert (piece == end).sum() == (n > 0) and (n == 0 or piece[0] == end)  # each opens with its end token
+            assert data.decode([t for t in piece.tolist() if t != end]) in training_text
+        # The recipe's loss reads the batch's documents: its logits are those of each piece alone.
+        batch = {k: v[None] for k, v in item.items()}
+        with torch.no_grad():
+            packed = lm.model.lm_head(lm._hidden(batch))[0]  # [T, V]
+            alone = torch.cat([lm.model(piece[None])[0] for piece in pieces])
+        torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
