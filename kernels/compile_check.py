@@ -76,14 +76,16 @@ def cases(dtype: str) -> list[Case]:
              BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=P, BLOCK_V=N), warps, ("Q", "K", "V"),
              f32("DT", "LAM", "DSTATES", "OUT")),
     ]
-    # Attention at head dim 64 with every option on (bias, padding, causal, window).
+    # Attention at head dim 64 with every option on (bias, padding, causal, window), then with packed
+    # documents in place of the window (the two never meet: the host refuses documents with a window).
     cfg = attention.launch_config(64, cuda=True, dtype=torch_dtype)
     warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
-    flags = dict(HAS_BIAS=True, HAS_PAD=True, CAUSAL=True, HAS_WINDOW=True, **cfg)
-    types = {"PAD": "*i8", "WIN_J": "*i32", "scale": "fp32", **f32("WIN_B", "LSE", "DELTA", "DBIAS")}
+    types = {"PAD": "*i8", "DOC": "*i32", "WIN_J": "*i32", "scale": "fp32", **f32("WIN_B", "LSE", "DELTA", "DBIAS")}
     data = ("Q", "K", "V", "BIAS", "O", "DO", "DQ", "DK", "DV")
-    for kernel in (attention._forward, attention._backward_kv, attention._backward_q):
-        out.append(Case(f"attention {kernel.__name__}", kernel, flags, warps, data, types))
+    for label, window in (("", True), (", documents", False)):
+        flags = dict(HAS_BIAS=True, HAS_PAD=True, CAUSAL=True, HAS_WINDOW=window, HAS_DOCS=not window, **cfg)
+        for kernel in (attention._forward, attention._backward_kv, attention._backward_q):
+            out.append(Case(f"attention {kernel.__name__}{label}", kernel, flags, warps, data, types))
     # Gather-and-mix at d_model 512 (the benchmark's width).
     cfg = retrieval.launch_config(512)
     warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}

@@ -34,8 +34,9 @@ def attention(
             (ties to the most recent); the selection carries no gradient, the bias does.
         scale: score scale, default ``1/sqrt(D)``.
         document_ids: ``[B, T]`` integers (``S == T``): packed documents; query ``i`` sees key ``j`` only
-            when both belong to the same document. Taken by the reference (a written-out mask); the
-            Triton kernel does not take it yet (``auto`` then runs the reference).
+            when both belong to the same document. The reference writes the mask out; the Triton
+            kernel compares the ids per tile (with a ``keep_window`` it does not take them yet:
+            ``auto`` then runs the reference).
         backend: ``auto`` | ``reference`` | ``triton``.
 
     Returns:
@@ -45,14 +46,13 @@ def attention(
     _check_arguments(q, k, v, bias, key_padding_mask, keep_window)
     if document_ids is not None:
         _check_documents(document_ids, q, k)
-        if backend == "triton":
-            raise ValueError("attention: backend='triton' does not take document_ids yet; use backend='reference'")
-        backend = "reference"
+        if keep_window is not None and backend == "auto":
+            backend = "reference"  # the kernel's window does not know documents yet
     if resolve_backend(backend, q, op="attention", has_triton=True) == "triton":
         from kernels.attention.triton import attention_triton  # imports triton only when asked for
 
         return attention_triton(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
-                                keep_window=keep_window, scale=scale)
+                                keep_window=keep_window, scale=scale, document_ids=document_ids)
     return attention_reference(
         q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
         keep_window=keep_window, scale=scale, document_ids=document_ids,

@@ -27,9 +27,12 @@ from kernels.attention.window import window_thresholds
 
 
 @triton.jit
-def _scores(q, k, bias_ptr, pad_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
-            HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+def _scores(q, k, bias_ptr, pad_ptr, doc_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
+            HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+            HAS_DOCS: tl.constexpr):
     """``[BLOCK_M, BLOCK_N]`` biased scores and the mask of allowed (query, key) pairs.
+
+    With documents (``S == T``), a query keeps to the keys of its own document.
 
     With a window, ``win_b, win_j [BLOCK_M]`` are each query's threshold (window.py): key ``j`` stays
     when ``(bias_j, j)`` is at least the query's ``w``-th best allowed ``(bias, position)``."""
@@ -44,6 +47,10 @@ def _scores(q, k, bias_ptr, pad_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
         valid = valid & (padded == 0)[None, :]
     if CAUSAL:
         valid = valid & (offs_n[None, :] <= offs_m[:, None] + (S - T))
+    if HAS_DOCS:
+        doc_q = tl.load(doc_ptr + offs_m, mask=offs_m < T, other=-1)
+        doc_k = tl.load(doc_ptr + offs_n, mask=offs_n < S, other=-2)
+        valid = valid & (doc_q[:, None] == doc_k[None, :])
     if HAS_WINDOW:
         above = key_bias[None, :] > win_b[:, None]
         tie_newer = (key_bias[None, :] == win_b[:, None]) & (offs_n[None, :] >= win_j[:, None])
@@ -80,11 +87,11 @@ def _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, b, h, bh, offs_m, offs_d, in
 
 
 @triton.jit
-def _forward(Q, K, V, BIAS, PAD, WIN_B, WIN_J, O, LSE,
-             sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_t, so_h, sbias_b, sbias_h, spad_b,
+def _forward(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, O, LSE,
+             sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_t, so_h, sbias_b, sbias_h, spad_b, sdoc_b,
              T, S, H, GROUP, D, scale,
              HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+             HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     hk = h // GROUP
@@ -93,7 +100,7 @@ def _forward(Q, K, V, BIAS, PAD, WIN_B, WIN_J, O, LSE,
     in_d = offs_d[None, :] < D
     q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :],
                 mask=(offs_m[:, None] < T) & in_d, other=0.0)
-    bias_ptr, pad_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b
+    bias_ptr, pad_ptr, doc_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b, DOC + b * sdoc_b
     win_b, win_j = _window_rows(WIN_B, WIN_J, bh, T, offs_m, HAS_WINDOW)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -105,8 +112,8 @@ def _forward(Q, K, V, BIAS, PAD, WIN_B, WIN_J, O, LSE,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n[:, None] < S) & in_d
         k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], mask=kv_mask, other=0.0)
-        s, valid = _scores(q, k, bias_ptr, pad_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
-                           HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW)
+        s, valid = _scores(q, k, bias_ptr, pad_ptr, doc_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
+                           HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW, HAS_DOCS)
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
@@ -125,11 +132,11 @@ def _forward(Q, K, V, BIAS, PAD, WIN_B, WIN_J, O, LSE,
 
 
 @triton.jit
-def _backward_kv(Q, K, V, BIAS, PAD, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, DBIAS,
-                 sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdk_b, sdk_s, sdk_h, sbias_b, sbias_h, spad_b,
+def _backward_kv(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, DBIAS,
+                 sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdk_b, sdk_s, sdk_h, sbias_b, sbias_h, spad_b, sdoc_b,
                  T, S, H, GROUP, D, scale,
                  HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                 HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     hk = h // GROUP
@@ -139,7 +146,7 @@ def _backward_kv(Q, K, V, BIAS, PAD, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, DBIAS
     kv_mask = (offs_n[:, None] < S) & in_d
     k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_s + offs_d[None, :], mask=kv_mask, other=0.0)
-    bias_ptr, pad_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b
+    bias_ptr, pad_ptr, doc_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b, DOC + b * sdoc_b
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dbias = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -150,8 +157,8 @@ def _backward_kv(Q, K, V, BIAS, PAD, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, DBIAS
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q, do, lse, delta, win_b, win_j = _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, b, h, bh, offs_m, offs_d,
                                                          in_d, sq_b, sq_t, sq_h, T, HAS_WINDOW)
-        s, valid = _scores(q, k, bias_ptr, pad_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
-                           HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW)
+        s, valid = _scores(q, k, bias_ptr, pad_ptr, doc_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
+                           HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW, HAS_DOCS)
         p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)  # [BLOCK_M, BLOCK_N]
         dv += tl.dot(tl.trans(p.to(do.dtype)), do)
         dp = tl.dot(do, tl.trans(v))
@@ -167,11 +174,11 @@ def _backward_kv(Q, K, V, BIAS, PAD, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, DBIAS
 
 
 @triton.jit
-def _backward_q(Q, K, V, BIAS, PAD, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
-                sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sbias_b, sbias_h, spad_b,
+def _backward_q(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
+                sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sbias_b, sbias_h, spad_b, sdoc_b,
                 T, S, H, GROUP, D, scale,
                 HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     hk = h // GROUP
@@ -181,7 +188,7 @@ def _backward_q(Q, K, V, BIAS, PAD, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
     q_mask = (offs_m[:, None] < T) & in_d
     q, do, lse, delta, win_b, win_j = _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, b, h, bh, offs_m, offs_d, in_d,
                                                      sq_b, sq_t, sq_h, T, HAS_WINDOW)
-    bias_ptr, pad_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b
+    bias_ptr, pad_ptr, doc_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b, DOC + b * sdoc_b
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     hi = S
     if CAUSAL:
@@ -191,8 +198,8 @@ def _backward_q(Q, K, V, BIAS, PAD, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
         kv_mask = (offs_n[:, None] < S) & in_d
         k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_s + offs_d[None, :], mask=kv_mask, other=0.0)
-        s, valid = _scores(q, k, bias_ptr, pad_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
-                           HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW)
+        s, valid = _scores(q, k, bias_ptr, pad_ptr, doc_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
+                           HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW, HAS_DOCS)
         p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
         ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k) * scale
@@ -216,38 +223,40 @@ def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16
 
 class FlashBiasAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, bias, key_padding_mask, causal: bool, scale: float, keep_window: int | None):
+    def forward(ctx, q, k, v, bias, key_padding_mask, causal: bool, scale: float, keep_window: int | None,
+                document_ids=None):
         B, T, H, D = q.shape
         S, Hkv = k.shape[1], k.shape[2]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         bias_c = bias.contiguous() if bias is not None else q.new_zeros(1)
         pad = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else q.new_zeros(1, dtype=torch.int8)
+        docs = document_ids.to(torch.int32).contiguous() if document_ids is not None else q.new_zeros(1, 1, dtype=torch.int32)
         o = torch.empty_like(q)
         lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
         config = launch_config(D, q.is_cuda, q.dtype)
         flags = dict(HAS_BIAS=bias is not None, HAS_PAD=key_padding_mask is not None, CAUSAL=causal,
-                     HAS_WINDOW=keep_window is not None)
+                     HAS_WINDOW=keep_window is not None, HAS_DOCS=document_ids is not None)
         if keep_window is not None:  # two numbers per query; the selection carries no gradient
             win_b, win_j = window_thresholds(bias, key_padding_mask, batch=B, heads=H, T=T, S=S, causal=causal,
                                              keep_window=keep_window, device=q.device)
         else:
             win_b, win_j = lse, lse  # unused placeholders
         _forward[(triton.cdiv(T, config["BLOCK_M"]), B * H)](
-            q, k, v, bias_c, pad, win_b, win_j, o, lse,
+            q, k, v, bias_c, pad, docs, win_b, win_j, o, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             bias_c.stride(0) if bias is not None else 0, bias_c.stride(1) if bias is not None else 0,
-            pad.stride(0) if key_padding_mask is not None else 0,
+            pad.stride(0) if key_padding_mask is not None else 0, docs.stride(0),
             T, S, H, H // Hkv, D, scale, **flags, **config,
         )
-        ctx.save_for_backward(q, k, v, bias_c, pad, win_b, win_j, o, lse)
+        ctx.save_for_backward(q, k, v, bias_c, pad, docs, win_b, win_j, o, lse)
         ctx.flags, ctx.scale, ctx.config, ctx.bias_dtype = flags, scale, config, (
             bias.dtype if bias is not None else None)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, bias, pad, win_b, win_j, o, lse = ctx.saved_tensors
+        q, k, v, bias, pad, docs, win_b, win_j, o, lse = ctx.saved_tensors
         B, T, H, D = q.shape
         S, Hkv = k.shape[1], k.shape[2]
         do = do.contiguous()
@@ -261,25 +270,29 @@ class FlashBiasAttention(torch.autograd.Function):
         common = (T, S, H, H // Hkv, D, ctx.scale)
         meta = dict(**ctx.flags, **ctx.config)
         _backward_kv[(triton.cdiv(S, meta["BLOCK_N"]), B * H)](
-            q, k, v, bias, pad, win_b, win_j, do, lse, delta, dk_heads, dv_heads, dbias if dbias is not None else lse,
+            q, k, v, bias, pad, docs, win_b, win_j, do, lse, delta, dk_heads, dv_heads, dbias if dbias is not None else lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), dk_heads.stride(0), dk_heads.stride(1), dk_heads.stride(2),
-            *bias_strides, pad_stride, *common, **meta,
+            *bias_strides, pad_stride, docs.stride(0), *common, **meta,
         )
         _backward_q[(triton.cdiv(T, meta["BLOCK_M"]), B * H)](
-            q, k, v, bias, pad, win_b, win_j, do, lse, delta, dq,
+            q, k, v, bias, pad, docs, win_b, win_j, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), *bias_strides, pad_stride, *common, **meta,
+            v.stride(0), v.stride(1), v.stride(2), *bias_strides, pad_stride, docs.stride(0), *common, **meta,
         )
         group = H // Hkv
         dk = dk_heads.view(B, S, Hkv, group, D).sum(3)  # [B, S, Hkv, D]
         dv = dv_heads.view(B, S, Hkv, group, D).sum(3)
         dbias = dbias.to(ctx.bias_dtype) if dbias is not None else None
-        return dq, dk, dv, dbias, None, None, None, None
+        return dq, dk, dv, dbias, None, None, None, None, None
 
 
 def attention_triton(q, k, v, *, bias=None, causal=True, key_padding_mask=None, keep_window=None,
-                     scale=None) -> torch.Tensor:
-    """Same contract as :func:`kernels.attention.reference.attention_reference`."""
+                     scale=None, document_ids=None) -> torch.Tensor:
+    """Same contract as :func:`kernels.attention.reference.attention_reference` (``document_ids`` without
+    a ``keep_window``: the window's thresholds do not know documents yet)."""
+    if document_ids is not None and keep_window is not None:
+        raise ValueError("attention: backend='triton' does not take document_ids with a keep_window yet; "
+                         "use backend='reference'")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return FlashBiasAttention.apply(q, k, v, bias, key_padding_mask, causal, scale, keep_window)
+    return FlashBiasAttention.apply(q, k, v, bias, key_padding_mask, causal, scale, keep_window, document_ids)
