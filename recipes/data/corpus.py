@@ -108,8 +108,11 @@ def _txt_pieces(path: Path, separator: str | None) -> Iterator[tuple[str, bool]]
                 for document in documents:
                     yield document, True
             if len(buffer) >= PIECE_BYTES:
-                yield buffer, False
-                buffer = ""
+                # keep what could be the start of a separator that the next lines complete
+                keep = len(separator) - 1 if separator is not None else 0
+                cut = len(buffer) - keep
+                yield buffer[:cut], False
+                buffer = buffer[cut:]
     yield buffer, True
 
 

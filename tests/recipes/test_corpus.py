@@ -69,9 +69,12 @@ def test_text_to_cache_to_tokens_round_trips_and_splits_by_documents(tmp_path, f
     assert torch.equal(window["input_ids"][1:], window["labels"][:-1]) and window["input_ids"].dtype == torch.int64
 
 
-def test_a_long_txt_document_is_read_in_pieces_and_still_round_trips(tmp_path, monkeypatch):
+@pytest.mark.parametrize("separator", ["<DOC>", "\n<DOC>\n"])
+def test_a_long_txt_document_is_read_in_pieces_and_still_round_trips(tmp_path, monkeypatch, separator):
     monkeypatch.setattr(corpus_module, "PIECE_BYTES", 50)  # many pieces per document
-    data = corpus(tmp_path, write(tmp_path, "txt-separated"), txt_separator="<DOC>")
+    (tmp_path / "all.txt").write_text(separator.join(DOCUMENTS), encoding="utf-8")
+    # a separator over two lines must be found even when a piece is cut between them
+    data = corpus(tmp_path, str(tmp_path / "all.txt"), txt_separator=separator)
     data.setup()
     assert documents_of(data, "val") == DOCUMENTS[9::10]
     assert documents_of(data, "train") == [d for i, d in enumerate(DOCUMENTS) if i % 10 != 9]
