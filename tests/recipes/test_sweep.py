@@ -85,3 +85,48 @@ def test_table_only_takes_the_most_recently_written_run(tmp_path, monkeypatch):
         os.utime(root / version, (1_000_000 + written, 1_000_000 + written))
     # version_10 was written last, but sorts before version_9 (and version_2) by name.
     assert newest_run(config).resolve() == root / "version_10"
+
+
+def test_seed_statistics_over_a_fake_family_with_known_outcomes(tmp_path):
+    """Three recipes × 3 seeds written by hand: the means, deviations and 95% intervals (t₀.₉₇₅,₂ =
+    4.3027), the runs behind each cell, Welch's p against the baseline, and a failed run named and left out."""
+    from recipes.sweep import Run, seed_table
+
+    losses = {"base": [2.0, 2.1, 1.9], "worse": [3.0, 3.1, 2.9], "same": [2.05, 1.95, 2.0]}
+    runs = []
+    for name, values in losses.items():
+        for seed, loss in enumerate(values):
+            write_run(tmp_path / name / f"s{seed}", {9: 9.0, 19: loss}, [100.0 * (seed + 1)])
+            runs.append(Run(tmp_path / f"{name}.yaml", tmp_path / name / f"s{seed}", seed=seed))
+    runs.append(Run(tmp_path / "same.yaml", tmp_path / "same" / "s3", returncode=1, log="same_seed3.log", seed=3))
+    out = seed_table(runs, baseline="base")
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| recipe")}
+    half = 4.302652729911275 * 0.1 / 3 ** 0.5
+    assert rows["base"][:3] == ["3 of 3", "2.0000 ± 0.1000", f"[{2 - half:.4f}, {2 + half:.4f}]"]
+    assert rows["base"][4] == "200" and rows["base"][5:] == ["+nan", "nan"]
+    assert rows["worse"][5] == "+1.0000" and 2e-4 < float(rows["worse"][6]) < 3e-4  # t = 12.25 on 4 df
+    assert rows["same"][0] == "3 of 4" and rows["same"][5] == "+0.0000" and float(rows["same"][6]) > 0.9
+    assert "same seed 3 FAILED (exit 1; log same_seed3.log)" in out
+
+
+def test_seeds_launch_one_run_per_seed_in_parallel_and_tabulate_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    family = tmp_path / "family"
+    family.mkdir()
+    for name, width in (("a_narrow", 16), ("b_wide", 32)):
+        (family / f"{name}.yaml").write_text(TINY.format(name=name, width=width, mlp="components.MLP"))
+    main([str(family), "--seeds", "2", "--jobs", "2", "--baseline", "a_narrow",
+          "--set", "trainer.enable_checkpointing=false"])
+    out = capsys.readouterr().out
+    for name in ("a_narrow", "b_wide"):
+        folders = sorted((tmp_path / "runs" / "fake" / name).glob("sweep_*_seed*"))
+        assert [f.name[-5:] for f in folders] == ["seed0", "seed1"]
+        assert f"| {name} | 2 of 2 |" in out
+    from recipes.sweep import read_run
+
+    a0, a1 = (read_run(tmp_path / "runs" / "fake" / "a_narrow" / f) for f in
+              sorted(p.name for p in (tmp_path / "runs" / "fake" / "a_narrow").glob("sweep_*")))
+    assert a0["val_loss"] != a1["val_loss"]  # the seeds differ
+    with pytest.raises(SystemExit, match="--baseline 'nope' is not one of the recipes"):
+        main([str(family), "--seeds", "2", "--baseline", "nope"])
