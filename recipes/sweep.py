@@ -19,17 +19,31 @@ interval of the mean, the number of runs behind each cell (of those launched), a
 ``--baseline NAME`` the difference of mean loss to that recipe with the p-value of Welch's t-test
 (:mod:`recipes.stats`). The cells come from exactly the runs launched; a failed run is named under the
 table and left out of its recipe's cells.
+
+Every sweep writes ``runs/sweep-logs/<time>/``: the runs' logs, ``sweep.json`` (the runs it launched:
+recipe, seed, run folder, exit status; rewritten as each run ends), ``table.md`` (the table printed),
+and ``val_loss.png``, each recipe's validation-loss curve (with seeds: the mean over seeds and a band
+of ± one standard deviation). ``--from runs/sweep-logs/<time>`` tabulates and plots an earlier sweep
+again from its ``sweep.json``, exactly its runs. ``--vs KEY`` adds ``<metric>_vs_<KEY>.png``: the
+final ``--metric`` (default ``val_acc``) against a model hyper-parameter such as ``d_model``, one line
+per recipe name without its last ``_`` part (``ssd_T64_d16``, ``ssd_T64_d32`` → line ``ssd_T64``).
+
+TensorBoard: every run logs to ``<save_dir>/<family>/<recipe>/sweep_<time>[_seed<k>]``, so
+``tensorboard --logdir runs/<family>`` overlays the family's recipes and seeds (filter on
+``sweep_<time>`` for one sweep); the sweep prints that command.
 """
 
 import argparse
 import concurrent.futures
+import json
 import math
 import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
@@ -69,13 +83,35 @@ class Run:
 
     config: Path
     folder: Path
-    returncode: int = 0
+    returncode: int | None = 0  # None: still running
     log: Path | None = None
     seed: int | None = None
 
     @property
     def failed(self) -> bool:
         return self.returncode != 0
+
+
+def write_manifest(folder: Path, family: str, runs: list[Run]) -> None:
+    """``folder/sweep.json``: the runs of this sweep and how each ended (``returncode`` None: not yet)."""
+    record = {"family": family, "runs": [{**asdict(run), "config": str(Path(run.config).resolve()),
+                                         "folder": str(Path(run.folder).resolve()), "log": str(run.log)}
+                                        for run in runs]}
+    temporary = folder / "sweep.json.tmp"
+    temporary.write_text(json.dumps(record, indent=1))
+    temporary.replace(folder / "sweep.json")  # a reader never sees half a file
+
+
+def read_manifest(folder: Path) -> tuple[str, list[Run]]:
+    """The family and runs an earlier sweep recorded in ``folder/sweep.json``; a run that never ended
+    (the sweep was stopped) counts as failed."""
+    path = Path(folder) / "sweep.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: --from takes a folder a sweep wrote (runs/sweep-logs/<time>)")
+    record = json.loads(path.read_text())
+    runs = [Run(Path(r["config"]), Path(r["folder"]), -1 if r["returncode"] is None else r["returncode"],
+                Path(r["log"]), r["seed"]) for r in record["runs"]]
+    return record["family"], runs
 
 
 def read_run(run: Path) -> dict:
@@ -121,9 +157,10 @@ def table(runs: list[Run]) -> str:
     return "\n".join(rows)
 
 
-def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, jobs: int = 1) -> list[Run]:
+def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, jobs: int = 1,
+           family: str = "") -> tuple[Path, list[Run]]:
     """Run each recipe (once, or once per seed ``0 … seeds-1``) as its own process, ``jobs`` at a time,
-    each into a run folder named for this sweep (and seed)."""
+    each into a run folder named for this sweep (and seed). Returns the sweep's log folder and its runs."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     logs = Path("runs") / "sweep-logs" / stamp
     logs.mkdir(parents=True, exist_ok=True)
@@ -131,8 +168,10 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     for config in configs:
         for seed in range(seeds) if seeds else [None]:
             suffix = "" if seed is None else f"_seed{seed}"
-            runs.append(Run(config, logger_root(config) / f"sweep_{stamp}{suffix}",
+            runs.append(Run(config, logger_root(config) / f"sweep_{stamp}{suffix}", returncode=None,
                             log=logs / f"{config.stem}{suffix}.log", seed=seed))
+    lock = threading.Lock()
+    write_manifest(logs, family, runs)
     threads = max(1, (os.cpu_count() or 1) // jobs)  # each process's share of the cores
 
     def one(run: Run) -> None:
@@ -142,14 +181,17 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
                    *([] if run.seed is None else ["--seed_everything", str(run.seed)]), *overrides]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         with open(run.log, "w") as log:
-            run.returncode = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+            returncode = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        with lock:
+            run.returncode = returncode
+            write_manifest(logs, family, runs)
         status = "ok" if not run.failed else f"FAILED (exit {run.returncode}; see {run.log})"
         print(f"{run.config.stem}{'' if run.seed is None else f' seed {run.seed}'}: {status} in "
               f"{time.perf_counter() - start:.0f} s", flush=True)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(one, runs))
-    return runs
+    return logs, runs
 
 
 def seed_table(runs: list[Run], baseline: str | None = None) -> str:
@@ -187,16 +229,146 @@ def seed_table(runs: list[Run], baseline: str | None = None) -> str:
     return "\n".join(rows + ([""] + [f"- {line}" for line in failed] if failed else []))
 
 
+def scalar_series(run: Path, tag: str) -> dict[int, float]:
+    """``{step: value}`` of one scalar of a run's TensorBoard events (empty when the run never logged it)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run))
+    events.Reload()
+    return {e.step: e.value for e in events.Scalars(tag)} if tag in events.Tags()["scalars"] else {}
+
+
+def val_curves(runs: list[Run], tag: str = "val/loss") -> dict[str, tuple[list[int], list[float], list[float], int]]:
+    """Per recipe, over its finished runs: ``(steps, mean, std, n_runs)`` of ``tag`` at the steps every
+    one of those runs validated at (std is 0 for a single run)."""
+    series: dict[str, list[dict[int, float]]] = {}
+    for run in runs:
+        if not run.failed:
+            values = scalar_series(Path(run.folder), tag)
+            if values:
+                series.setdefault(run.config.stem, []).append(values)
+    curves = {}
+    for name, per_run in series.items():
+        steps = sorted(set.intersection(*(set(v) for v in per_run)))
+        mean = [statistics.fmean(v[step] for v in per_run) for step in steps]
+        std = [statistics.stdev(v[step] for v in per_run) if len(per_run) > 1 else 0.0 for step in steps]
+        curves[name] = (steps, mean, std, len(per_run))
+    return curves
+
+
+def plot_curves(curves: dict, path: Path, title: str) -> None:
+    """Validation curves, the mean over seeds with a band of ± one standard deviation, into ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name, (steps, mean, std, n) in curves.items():
+        line, = axes.plot(steps, mean, marker="o", markersize=3, label=f"{name} (n={n})")
+        axes.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                          color=line.get_color(), alpha=0.2)
+    axes.set(xlabel="training step", ylabel="validation loss", title=title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def hparam(run: Path, key: str):
+    """A (dotted) key of a run's ``hparams.yaml``, e.g. ``d_model``."""
+    value = yaml.safe_load((Path(run) / "hparams.yaml").read_text())
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(f"hyper-parameter {key!r} not in {run}/hparams.yaml")
+        value = value[part]
+    return value
+
+
+def metric_vs(runs: list[Run], key: str, metric: str = "val_acc") -> dict[str, list[tuple[float, float, float, int]]]:
+    """Per line (a recipe's name without its last ``_`` part), the points ``(x, mean, std, n)`` of the
+    final ``metric`` over the finished runs of each recipe, ``x`` its hyper-parameter ``key``, sorted by x."""
+    values: dict[tuple[str, float], list[float]] = {}
+    for run in runs:
+        if run.failed:
+            continue
+        line = run.config.stem.rsplit("_", 1)[0]
+        value = read_run(Path(run.folder))[metric]
+        if not math.isnan(value):
+            values.setdefault((line, float(hparam(run.folder, key))), []).append(value)
+    lines: dict[str, list] = {}
+    for (line, x), v in sorted(values.items(), key=lambda item: (item[0][0], item[0][1])):
+        lines.setdefault(line, []).append((x, statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)))
+    return lines
+
+
+def plot_vs(lines: dict, path: Path, key: str, metric: str, title: str) -> None:
+    """``metric`` against ``key``, one line per entry of :func:`metric_vs`, error bars ± one std."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4.5))
+    for name, points in lines.items():
+        xs, mean, std, _ = zip(*points)
+        axes.errorbar(xs, mean, yerr=std, marker="o", capsize=3, label=name)
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(sorted({x for points in lines.values() for x, *_ in points}))
+    axes.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    axes.set(xlabel=key, ylabel=metric.replace("_", " "), title=title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def report(runs: list[Run], logs: Path, family: str, seeds: bool, baseline: str | None,
+           vs: str | None, metric: str) -> str:
+    """The table (printed and written to ``logs/table.md``) and the figures beside it."""
+    text = seed_table(runs, baseline) if seeds else table(runs)
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "table.md").write_text(f"# {family}\n\n{text}\n")
+    curves = val_curves(runs)
+    if curves:
+        plot_curves(curves, logs / "val_loss.png", f"{family}: validation loss" + (" (mean ± std over seeds)" if seeds else ""))
+    if vs:
+        lines = metric_vs(runs, vs, metric)
+        if lines:
+            plot_vs(lines, logs / f"{metric}_vs_{vs.replace('.', '_')}.png", vs, metric, f"{family}: {metric} against {vs}")
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folder", help="a folder of recipes: a path, or a bundled name such as 'positions'")
+    parser.add_argument("folder", nargs="?", help="a folder of recipes: a path, or a bundled name such as 'positions'")
+    parser.add_argument("--from", dest="from_logs", metavar="LOGS", default=None,
+                        help="tabulate and plot an earlier sweep again: its runs/sweep-logs/<time> folder")
     parser.add_argument("--only", nargs="+", default=None, help="recipe names (file stems) to run")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for every run")
     parser.add_argument("--table-only", action="store_true", help="do not run; tabulate the latest runs")
     parser.add_argument("--seeds", type=int, default=None, help="run each recipe with seeds 0 … N-1; statistics")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (threads split between them)")
     parser.add_argument("--baseline", default=None, help="with --seeds: the recipe the others are compared with")
+    parser.add_argument("--vs", default=None, metavar="KEY",
+                        help="also plot the final --metric against this hyper-parameter (e.g. d_model)")
+    parser.add_argument("--metric", default="val_acc", choices=["val_acc", "val_loss", "val_ppl"],
+                        help="what --vs plots (default val_acc)")
     args = parser.parse_args(argv)
+    if args.from_logs is not None:
+        try:
+            family, runs = read_manifest(Path(args.from_logs))
+        except FileNotFoundError as error:
+            sys.exit(f"error: {error}")
+        seeded = any(run.seed is not None for run in runs)
+        if args.baseline is not None and args.baseline not in {run.config.stem for run in runs}:
+            sys.exit(f"error: --baseline {args.baseline!r} is not one of the recipes of that sweep")
+        print(report(runs, Path(args.from_logs), family, seeded, args.baseline, args.vs, args.metric))
+        return
+    if args.folder is None:
+        sys.exit("error: name a folder of recipes (or --from a sweep's log folder)")
     if args.seeds is not None and args.seeds < 1 or args.jobs < 1:
         sys.exit(f"error: --seeds {args.seeds} and --jobs {args.jobs} must be >= 1")
     if args.seeds is not None and args.table_only:
@@ -219,7 +391,9 @@ def main(argv: list[str] | None = None) -> None:
         key, value = item.split("=", 1)
         overrides += [f"--{key}", value]
 
+    family = Path(args.folder).name
     if args.table_only:
+        logs = Path("runs") / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S-table")
         runs = []
         for config in configs:
             try:
@@ -227,8 +401,10 @@ def main(argv: list[str] | None = None) -> None:
             except FileNotFoundError as error:
                 runs.append(Run(config, logger_root(config), returncode=-1, log=str(error)))
     else:
-        runs = launch(configs, overrides, args.seeds, args.jobs)
-    print(seed_table(runs, args.baseline) if args.seeds else table(runs))
+        logs, runs = launch(configs, overrides, args.seeds, args.jobs, family)
+    print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric))
+    roots = {logger_root(run.config).parent for run in runs}
+    print(f"\ntable and figures: {logs}/  TensorBoard: tensorboard --logdir {' '.join(map(str, sorted(roots)))}")
     failed = [run.config.stem for run in runs if run.failed]
     if failed:
         sys.exit(f"error: {len(failed)} of {len(runs)} runs failed: {', '.join(failed)}")
