@@ -5,6 +5,7 @@ architecture, and of its Hugging Face twin where one exists, for several sequenc
     python -m recipes.bench --models llama hf-llama hybrid --lengths 4096 8192
     python -m recipes.bench --models llama hybrid --lengths 2048 --compile   # adds torch.compile'd rows
     python -m recipes.bench --models llama hybrid hybrid-recompute --lengths 2048 --saved  # kept for backward
+    python -m recipes.bench --family efficiency --plot efficiency.png   # seed 004 Fig. 4 / seed 002 Fig. 6
 
 Twins are built from one Hugging Face config (``transformers`` must be installed for the ``hf-*``
 rows): ``hf-llama`` is ``LlamaForCausalLM`` and ``llama`` the zoo model :func:`recipes.hf.hf_recipe`
@@ -21,7 +22,14 @@ Each (model, T) runs in a fresh process: a warm-up step at T=64 (AdamW's states 
 one step at T whose peak memory is read (CPU: growth of the peak resident set, ``VmHWM``, reset through
 ``/proc/self/clear_refs``; CUDA: ``max_memory_allocated``), then ``--repeats`` timed steps whose median
 gives tokens/s. The ratio column divides by the row's baseline: the HF twin for ``llama``, ``mamba2``,
-``doge``; ``llama`` for the others. On CUDA the step runs under bf16 autocast and the sizes grow.
+``doge``; ``llama`` for the others (``--baseline NAME``: that model for every row). On CUDA the step
+runs under bf16 autocast and the sizes grow.
+
+``--trials N`` measures each (model, T) in N fresh processes: tokens/s and peak memory are the medians
+over them, and the table adds the range of tokens/s. ``--plot PATH`` draws tokens/s and peak memory
+against T, one line per model. ``--family efficiency`` is the efficiency family of the ablations
+(Llama, Mamba-2, TransXSSM and Jamba at one width, T = 512 … 8192, against llama, 3 trials); any
+option given with it overrides its setting.
 """
 
 import argparse
@@ -43,6 +51,8 @@ from components import HybridLM, count_parameters
 CONFIGS = Path(__file__).parent / "configs"
 TWINS = {"llama": "hf-llama", "mamba2": "hf-mamba2", "doge": "hf-doge"}
 NAMED = ["jamba", "otce", "cheems", "transxssm", "doge_moe"]
+FAMILIES = {"efficiency": dict(models=["llama", "mamba2", "transxssm", "jamba"], lengths=[512, 1024, 2048, 4096, 8192],
+                               baseline="llama", trials=3, repeats=2)}
 MODELS = ["llama", "hf-llama", "mamba2", "hf-mamba2", "doge", "hf-doge", "hybrid", "hybrid-recompute", *NAMED]
 
 
@@ -228,15 +238,62 @@ def run_child(name: str, T: int, args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def baseline_of(name: str) -> str:
+def baseline_of(name: str, baseline: str | None = None) -> str:
+    if baseline is not None:
+        return baseline
     return TWINS.get(name, "llama" if name not in ("llama", *TWINS.values()) else name)
+
+
+def over_trials(trials: list[dict]) -> dict:
+    """One (model, T)'s result over its trials (fresh processes): the median step time and peak, and the
+    fastest and slowest trial's time; the first error if any trial failed."""
+    errors = [t for t in trials if "error" in t]
+    if errors:
+        return errors[0]
+    seconds = [t["seconds"] for t in trials]
+    return {**trials[0], "seconds": statistics.median(seconds), "peak_mib": statistics.median(t["peak_mib"] for t in trials),
+            "fastest_s": min(seconds), "slowest_s": max(seconds), "trials": len(trials)}
+
+
+def plot(results: dict, batch: int, path: Path) -> None:
+    """Tokens/s and peak memory against T, one line per model, from ``{(name, T): result}``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+
+    figure, (speed, memory) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name in dict.fromkeys(name for name, _ in results):
+        points = sorted((T, r) for (n, T), r in results.items() if n == name and "seconds" in r)
+        if not points:
+            continue
+        lengths = [T for T, _ in points]
+        tok_s = [batch * T / r["seconds"] for T, r in points]
+        low = [batch * T / r.get("slowest_s", r["seconds"]) for T, r in points]
+        high = [batch * T / r.get("fastest_s", r["seconds"]) for T, r in points]
+        line, = speed.plot(lengths, tok_s, marker="o", label=name)
+        speed.fill_between(lengths, low, high, color=line.get_color(), alpha=0.2)
+        memory.plot(lengths, [r["peak_mib"] for _, r in points], marker="o", label=name)
+    for axes, label in ((speed, "training tokens/s (band: fastest to slowest trial)"), (memory, "peak memory of a step (MiB)")):
+        axes.set_xscale("log", base=2)
+        axes.set(xlabel="sequence length T", ylabel=label)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+    memory.set_yscale("log", base=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    parser.add_argument("--family", choices=sorted(FAMILIES), help="a preset of the options below")
+    parser.add_argument("--models", nargs="+", choices=MODELS, help="default: every model")
     parser.add_argument("--lengths", type=int, nargs="+")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, help="timed steps per process (default 3)")
+    parser.add_argument("--trials", type=int, help="fresh processes per (model, T) (default 1)")
+    parser.add_argument("--baseline", choices=MODELS, help="divide every row by this model (default: twin or llama)")
+    parser.add_argument("--plot", type=Path, help="a PNG of tokens/s and peak memory against T")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile(fullgraph=True) row per zoo model")
     parser.add_argument("--saved", action="store_true",
                         help="instead of timing: what a step keeps for the backward, per kind of mixer (zoo models)")
@@ -244,6 +301,14 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(f"--{key}", type=int)
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    defaults = dict(models=MODELS, repeats=3, trials=1, baseline=None)
+    for key, value in {**defaults, **FAMILIES.get(args.family, {})}.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.trials < 1 or args.repeats < 1:
+        sys.exit(f"error: --trials {args.trials} and --repeats {args.repeats} must be >= 1")
+    if args.baseline is not None and args.baseline not in args.models:
+        sys.exit(f"error: --baseline {args.baseline} is not one of --models ({' '.join(args.models)})")
     s = sizes(torch.cuda.is_available())
     for key in ("d_model", "layers", "vocab", "batch", "d_state", "chunk"):
         if getattr(args, key) is None:
@@ -256,34 +321,41 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads, fp32"
     print(f"# {device}, torch {torch.__version__}; d_model {s['d_model']}, {s['layers']} blocks, vocab {s['vocab']}, "
           f"batch {s['batch']}, SSD state {s['d_state']}, chunk {s['chunk']}"
-          + ("" if args.saved else f"; median of {args.repeats} steps"))
+          + ("" if args.saved else f"; median of {args.repeats} steps" +
+             (f", median of {args.trials} processes (range: fastest to slowest)" if args.trials > 1 else "")))
     if args.saved:
         return print_saved([m for m in args.models if not m.startswith("hf-")], lengths, s)
     print("\n| model | params | T | tok/s | peak MiB | baseline | × baseline tok/s | × baseline peak |\n|---|---|---|---|---|---|---|---|")
     rows = [(name, False) for name in args.models]
     if args.compile:
         rows += [(name, True) for name in args.models if not name.startswith("hf-")]
+    measured = {}
     for T in lengths:
         results = {}
         for name, compiled in rows:  # the whole column of T first: a row's baseline may come after it
             args.compile_child = compiled
-            results[name, compiled] = run_child(name, T, args)
+            results[name, compiled] = over_trials([run_child(name, T, args) for _ in range(args.trials)])
+            measured[name + (" (compiled)" if compiled else ""), T] = results[name, compiled]
         for (name, compiled), r in results.items():
-            print(table_row(name, compiled, T, r, results, s["batch"]), flush=True)
+            print(table_row(name, compiled, T, r, results, s["batch"], args.baseline), flush=True)
+    if args.plot:
+        plot(measured, s["batch"], args.plot)
+        print(f"\nplot: {args.plot}")
 
 
-def table_row(name: str, compiled: bool, T: int, r: dict, results: dict, batch: int) -> str:
+def table_row(name: str, compiled: bool, T: int, r: dict, results: dict, batch: int, baseline: str | None = None) -> str:
     label = name + (" (compiled)" if compiled else "")
     if "error" in r:
         return f"| {label} | - | {T} | failed: {r['error']} | | | | |"
-    base_name = name if compiled else baseline_of(name)
+    base_name = name if compiled else baseline_of(name, baseline)
     base = results.get((base_name, False), {})
     has_base = "seconds" in base and base is not r
 
     def ratio(key: str, invert: bool) -> str:
         return "-" if not has_base else f"{base[key] / r[key] if invert else r[key] / base[key]:.2f}"
     extra = f" (first step at T, compiling: {r['first_step_s']:.0f} s)" if compiled else ""
-    return (f"| {label} | {r['params'] / 1e6:.2f}M | {T} | {batch * T / r['seconds']:,.0f} | {r['peak_mib']:,.0f} | "
+    spread = f" ({batch * T / r['slowest_s']:,.0f}–{batch * T / r['fastest_s']:,.0f})" if r.get("trials", 1) > 1 else ""
+    return (f"| {label} | {r['params'] / 1e6:.2f}M | {T} | {batch * T / r['seconds']:,.0f}{spread} | {r['peak_mib']:,.0f} | "
             f"{base_name if has_base else '-'} | {ratio('seconds', True)} | {ratio('peak_mib', False)}{extra} |")
 
 if __name__ == "__main__":

@@ -95,7 +95,8 @@ class Run:
 def write_manifest(folder: Path, family: str, runs: list[Run]) -> None:
     """``folder/sweep.json``: the runs of this sweep and how each ended (``returncode`` None: not yet)."""
     record = {"family": family, "runs": [{**asdict(run), "config": str(Path(run.config).resolve()),
-                                         "folder": str(Path(run.folder).resolve()), "log": str(run.log)}
+                                         "folder": str(Path(run.folder).resolve()),
+                                          "log": None if run.log is None else str(run.log)}
                                         for run in runs]}
     temporary = folder / "sweep.json.tmp"
     temporary.write_text(json.dumps(record, indent=1))
@@ -110,7 +111,7 @@ def read_manifest(folder: Path) -> tuple[str, list[Run]]:
         raise FileNotFoundError(f"{path} not found: --from takes a folder a sweep wrote (runs/sweep-logs/<time>)")
     record = json.loads(path.read_text())
     runs = [Run(Path(r["config"]), Path(r["folder"]), -1 if r["returncode"] is None else r["returncode"],
-                Path(r["log"]), r["seed"]) for r in record["runs"]]
+                r["log"] and Path(r["log"]), r["seed"]) for r in record["runs"]]
     return record["family"], runs
 
 

@@ -86,3 +86,31 @@ class Toy(torch.nn.Module):
 def test_a_tensor_saved_twice_is_counted_once():
     ids = torch.randint(0, 11, (2, 9))
     assert bench.saved_for_backward(Toy(twice=True), ids) == bench.saved_for_backward(Toy(twice=False), ids)
+
+
+def test_trials_give_the_median_and_the_range_and_a_failed_trial_fails_the_cell():
+    trials = [{"params": 10, "seconds": s, "peak_mib": m} for s, m in ((2.0, 30.0), (1.0, 10.0), (4.0, 20.0))]
+    r = bench.over_trials(trials)
+    assert (r["seconds"], r["peak_mib"], r["fastest_s"], r["slowest_s"], r["trials"]) == (2.0, 20.0, 1.0, 4.0, 3)
+    assert bench.over_trials([trials[0], {"error": "Killed"}]) == {"error": "Killed"}
+    base = bench.over_trials([{"params": 10, "seconds": 4.0, "peak_mib": 40.0}] * 3)
+    row = bench.table_row("mamba2", False, 512, r, {("llama", False): base}, 1, baseline="llama")
+    cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+    # tok/s: 512 / 2 s, range 512 / 4 s to 512 / 1 s; divided by llama (not mamba2's HF twin), as asked
+    assert cells == ["mamba2", "0.00M", "512", "256 (128–512)", "20", "llama", "2.00", "0.50"]
+
+
+def test_the_efficiency_family_is_a_preset_that_options_override(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_child(name, T, args):
+        calls.append((name, T, args.repeats))
+        return {"params": 1e6, "seconds": T / 1000 * (2.0 if name == "llama" else 1.0), "peak_mib": T / 64}
+
+    monkeypatch.setattr(bench, "run_child", fake_child)
+    bench.main(["--family", "efficiency", "--lengths", "64", "128", "--plot", str(tmp_path / "eff.png")])
+    models = bench.FAMILIES["efficiency"]["models"]
+    assert sorted(calls) == sorted((m, T, 2) for m in models for T in (64, 128) for _ in range(3))  # 3 trials each
+    assert (tmp_path / "eff.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit, match="--baseline llama is not one of --models"):
+        bench.main(["--family", "efficiency", "--models", "mamba2", "jamba"])

@@ -1,6 +1,7 @@
 """``python -m recipes.sweep`` tabulates exactly the runs it launched and reports the ones that failed."""
 
 from functools import partial
+from pathlib import Path
 
 import pytest
 from torch.utils.tensorboard import SummaryWriter
@@ -52,12 +53,15 @@ def test_sweep_reads_the_runs_it_launched_and_fails_on_a_failed_run(tmp_path, mo
         assert 2.0 < loss < 6.0  # a real byte-level loss, not the decoy's 0.001
 
 
-def write_run(folder, losses: dict[int, float], speeds: list[float], pattern: str = "AM") -> None:
+def write_run(folder, losses: dict[int, float], speeds: list[float], pattern: str = "AM", acc: float | None = None,
+              d_model: int = 64) -> None:
     folder.mkdir(parents=True)
-    (folder / "hparams.yaml").write_text(f"pattern: {pattern}\nn_params: 1234\nn_active_params: 1000\n")
+    (folder / "hparams.yaml").write_text(f"pattern: {pattern}\nn_params: 1234\nn_active_params: 1000\nd_model: {d_model}\n")
     with SummaryWriter(str(folder)) as writer:
         for step, loss in losses.items():
             writer.add_scalar("val/loss", loss, step)
+            if acc is not None:
+                writer.add_scalar("val/acc", acc, step)
         for step, speed in enumerate(speeds):
             writer.add_scalar("train/tokens_per_sec", speed, step)
 
@@ -123,10 +127,80 @@ def test_seeds_launch_one_run_per_seed_in_parallel_and_tabulate_them(tmp_path, m
         folders = sorted((tmp_path / "runs" / "fake" / name).glob("sweep_*_seed*"))
         assert [f.name[-5:] for f in folders] == ["seed0", "seed1"]
         assert f"| {name} | 2 of 2 |" in out
-    from recipes.sweep import read_run
+    logs = next((tmp_path / "runs" / "sweep-logs").iterdir())
+    assert (logs / "table.md").read_text().count("| 2 of 2 |") == 2
+    assert (logs / "val_loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"tensorboard --logdir {Path('runs') / 'fake'}" in out
+    from recipes.sweep import read_manifest, read_run
+
+    family_name, recorded = read_manifest(logs)
+    assert family_name == "family" and sorted((r.config.stem, r.seed, r.returncode) for r in recorded) == [
+        ("a_narrow", 0, 0), ("a_narrow", 1, 0), ("b_wide", 0, 0), ("b_wide", 1, 0)]
 
     a0, a1 = (read_run(tmp_path / "runs" / "fake" / "a_narrow" / f) for f in
               sorted(p.name for p in (tmp_path / "runs" / "fake" / "a_narrow").glob("sweep_*")))
     assert a0["val_loss"] != a1["val_loss"]  # the seeds differ
     with pytest.raises(SystemExit, match="--baseline 'nope' is not one of the recipes"):
         main([str(family), "--seeds", "2", "--baseline", "nope"])
+
+
+def fake_family(tmp_path) -> list:
+    """Two recipes × 3 seeds with hand-written validation curves; seed 2 of ``b`` validated one step less."""
+    from recipes.sweep import Run
+
+    runs = []
+    for name, curves in {"a": [{10: 4.0, 20: 3.0}, {10: 5.0, 20: 3.5}, {10: 6.0, 20: 4.0}],
+                         "b": [{10: 2.0, 20: 1.0}, {10: 2.0, 20: 1.0}, {10: 2.0}]}.items():
+        for seed, curve in enumerate(curves):
+            write_run(tmp_path / name / f"s{seed}", curve, [1.0])
+            runs.append(Run(tmp_path / f"{name}.yaml", tmp_path / name / f"s{seed}", seed=seed))
+    return runs
+
+
+def test_validation_curves_are_averaged_over_the_seeds_at_the_steps_all_of_them_have(tmp_path):
+    from recipes.sweep import Run, plot_curves, val_curves
+
+    runs = fake_family(tmp_path) + [Run(tmp_path / "a.yaml", tmp_path / "a" / "s9", returncode=1, seed=9)]
+    curves = val_curves(runs)
+    assert curves["a"] == ([10, 20], [5.0, 3.5], [1.0, 0.5], 3)  # the failed seed 9 is not read
+    assert curves["b"] == ([10], [2.0], [0.0], 3)  # step 20 is missing from one run: not averaged over two
+    plot_curves(curves, tmp_path / "curves.png", "fake")
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
+    from recipes.sweep import main, write_manifest
+
+    runs = fake_family(tmp_path)
+    runs[1].returncode = None  # the sweep was stopped while a seed 1 ran: it counts as failed
+    write_run(tmp_path / "a" / "s_other", {20: 0.5}, [1.0])  # a run of the same recipe not in the sweep
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_manifest(logs, "fake", runs)
+    main(["--from", str(logs), "--baseline", "a"])
+    out = capsys.readouterr().out
+    assert "| a | 2 of 3 | 3.5000 ± 0.7071 |" in out and "| b | 3 of 3 | 1.3333 ± 0.5774 |" in out
+    assert "a seed 1 FAILED (exit -1; log None)" in out
+    assert (logs / "table.md").read_text().startswith("# fake") and (logs / "val_loss.png").is_file()
+    with pytest.raises(SystemExit, match="sweep.json not found"):
+        main(["--from", str(tmp_path)])
+
+
+def test_a_metric_against_a_hyperparameter_has_one_line_per_recipe_series(tmp_path):
+    from recipes.sweep import Run, metric_vs, plot_vs
+
+    runs = []
+    for name, d, accs in (("ssd_T64_d16", 16, [0.1, 0.3]), ("ssd_T64_d32", 32, [0.5, 0.5]),
+                          ("attn_T64_d16", 16, [1.0, 0.9])):
+        for seed, acc in enumerate(accs):
+            write_run(tmp_path / name / f"s{seed}", {5: 1.0}, [1.0], acc=acc, d_model=d)
+            runs.append(Run(tmp_path / f"{name}.yaml", tmp_path / name / f"s{seed}", seed=seed))
+    lines = metric_vs(runs, "d_model", "val_acc")
+    assert set(lines) == {"ssd_T64", "attn_T64"}
+    (x16, mean16, std16, n16), (x32, mean32, std32, n32) = lines["ssd_T64"]
+    assert (x16, n16, x32, n32) == (16.0, 2, 32.0, 2)
+    assert mean16 == pytest.approx(0.2) and std16 == pytest.approx(2 ** 0.5 / 10) and mean32 == pytest.approx(0.5)
+    plot_vs(lines, tmp_path / "acc.png", "d_model", "val_acc", "fake")
+    assert (tmp_path / "acc.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(KeyError, match="'n_layers' not in"):
+        metric_vs(runs, "n_layers")
