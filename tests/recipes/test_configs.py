@@ -16,7 +16,8 @@ QUICK = ["--trainer.enable_progress_bar", "false", "--data.init_args.batch_size"
 # One recipe per family (folder), the cheapest that still has the family's mixers.
 REPRESENTATIVES = ["quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", "positions/hybrid_conv.yaml", "attention/ssd_ifa_mask.yaml",
                    "moe_placement/alternate.yaml", "moe_shared/cdmoe.yaml", "mqar/ifa_mask.yaml",
-                   "mqar/paper/ssd_T256.yaml", "arch/tiny/otce.yaml"]
+                   "mqar/paper/ssd_T256.yaml", "arch/tiny/otce.yaml",
+                   "expresser/otce_expresser.yaml", "mqar_grid/ssd_T64_d16.yaml"]
 
 
 def test_every_family_has_a_representative():
@@ -69,16 +70,20 @@ def recipe_without(cli, *paths: str) -> dict:
     return config
 
 
-@pytest.mark.parametrize("folder", ["moe_placement", "moe_shared"])
+@pytest.mark.parametrize("folder", ["moe_placement", "moe_shared", "expresser"])
 def test_equal_parameter_families_land_on_their_total(built, folder):
     recipes = family(built, folder)
-    assert len(recipes) >= 5
+    assert len(recipes) >= 3
     for name, cli in recipes.items():
         assert abs(cli.model.sizes["n_params"] - 600_000) / 600_000 < 0.01, (name, cli.model.sizes)
     if folder == "moe_shared":  # active parameters close to the routed MoE's (docs/moe.md: within 7%)
         routed = recipes["routed"].model.sizes["n_active_params"]
         for name, cli in recipes.items():
             assert abs(cli.model.sizes["n_active_params"] - routed) / routed < 0.08, (name, cli.model.sizes)
+            # The variants differ in how parameters are shared, not in their gated activation (SwiGLU),
+            # except the one recipe that measures the activation alone.
+            gates = {m.activation for m in cli.model.model.modules() if isinstance(getattr(m, "activation", None), str)}
+            assert gates == ({"switanh", "swiglu"} if name == "routed_switanh" else {"swiglu"}), (name, gates)
     if folder == "moe_placement":  # more MoE blocks: narrower experts, fewer active parameters
         active = {name: cli.model.sizes["n_active_params"] for name, cli in recipes.items()}
         assert active["dense"] == max(active.values()) and active["all"] == min(active.values())
@@ -88,6 +93,8 @@ def test_equal_parameter_families_land_on_their_total(built, folder):
     ("positions", ["model.pattern", "model.mixers.S.init_args.positions", "model.mixers.A"]),
     ("attention", ["model.pattern", "model.mixers.A", "model.mixers.I"]),
     ("mqar", ["model.pattern", "model.mixers"]),
+    ("expresser", ["model.pattern", "model.mixers.O", "model.size_to.letters"]),
+    ("mqar_grid", ["model.pattern", "model.mixers", "model.d_model", "data.init_args.seq_len", "data.init_args.num_pairs"]),
 ])
 def test_ablation_families_differ_only_in_what_they_ablate(built, folder, varies):
     recipes = family(built, folder)
@@ -98,6 +105,14 @@ def test_ablation_families_differ_only_in_what_they_ablate(built, folder, varies
         assert config == first, f"{folder}/{name} differs from the family in more than {varies}"
     if folder == "mqar":  # same task and width for every mixer
         assert len({cli.model.hparams.d_model for cli in recipes.values()}) == 1
+    if folder == "mqar_grid":  # the full grid, each cell named for what it is
+        cells = {(name.split("_")[0], cli.config.data.init_args.seq_len, cli.model.hparams.d_model)
+                 for name, cli in recipes.items()}
+        assert cells == {(m, T, d) for m in ("qcattn", "ssd") for T in (64, 128) for d in (16, 32, 64)}
+        for name, cli in recipes.items():
+            m, T, d = name.split("_")
+            assert (int(T[1:]), int(d[1:])) == (cli.config.data.init_args.seq_len, cli.model.hparams.d_model), name
+            assert cli.config.data.init_args.num_pairs == int(T[1:]) // 4, name
 
 
 @pytest.mark.parametrize("length", [256, 512, 1024, 2048])
