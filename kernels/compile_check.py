@@ -58,7 +58,8 @@ def cases(dtype: str) -> list[Case]:
     rows, P, N = cfg["rows"], cfg["P"], cfg["N"]
     warps = dict(num_warps=cfg["warps"], num_stages=cfg["stages"])
     f32 = lambda *names: {n: "*fp32" for n in names}  # noqa: E731
-    out += [
+    seg = {"SEG": "*i32"}
+    ssd_cases = [
         Case("ssd _chunk_state (forward)", ssd._chunk_state, dict(DECAY_TO_END=True, SCALE_BY_DT=True, BLOCK_L=rows,
              BLOCK_P=P, BLOCK_N=N), warps, ("X", "BM"), f32("DT", "LAM", "OUT")),
         Case("ssd _chunk_state (backward)", ssd._chunk_state, dict(DECAY_TO_END=False, SCALE_BY_DT=False,
@@ -76,6 +77,11 @@ def cases(dtype: str) -> list[Case]:
              BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=P, BLOCK_V=N), warps, ("Q", "K", "V"),
              f32("DT", "LAM", "DSTATES", "OUT")),
     ]
+    # Each SSD kernel without and with packed documents (their masks cost registers).
+    for case in ssd_cases:
+        for docs in (False, True):
+            out.append(Case(case.name + (", documents" if docs else ""), case.kernel, {**case.constexprs, "HAS_DOCS": docs},
+                            case.options, case.data, {**case.types, **seg}))
     # Attention at head dim 64 with every option on (bias, padding, causal, window), then with packed
     # documents in place of the window (the two never meet: the host refuses documents with a window).
     cfg = attention.launch_config(64, cuda=True, dtype=torch_dtype)

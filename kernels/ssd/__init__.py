@@ -37,8 +37,7 @@ def ssd_scan(
         initial_state: ``[B, H, P, N]`` state before the first position, or None (zeros).
         return_final_state: also return the state after the last position.
         document_starts: ``[B, T]`` bool, True where a packed document begins: the state is reset
-            there (mamba_ssm's ``seq_idx``). Taken by the reference; the Triton kernel does not take
-            it yet (``auto`` then runs the reference).
+            there (mamba_ssm's ``seq_idx``). Both backends take it.
         backend: ``auto`` (Triton on CUDA tensors in fp32/bf16/fp16, the reference otherwise) |
             ``reference`` | ``triton``.
 
@@ -51,9 +50,6 @@ def ssd_scan(
         if tuple(document_starts.shape) != tuple(x.shape[:2]) or document_starts.dtype != torch.bool:
             raise ValueError(f"ssd_scan: document_starts must be a bool [B, T] = {tuple(x.shape[:2])}; got "
                              f"{document_starts.dtype} {tuple(document_starts.shape)}")
-        if backend == "triton":
-            raise ValueError("ssd_scan: backend='triton' does not take document_starts yet; use backend='reference'")
-        backend = "reference"
     kernel_dtype = x.dtype in KERNEL_DTYPES and B.dtype in KERNEL_DTYPES and C.dtype in KERNEL_DTYPES
     if backend == "triton" and not kernel_dtype:
         raise ValueError(
@@ -68,7 +64,8 @@ def ssd_scan(
     if resolve_backend(backend, x, op="ssd_scan", has_triton=kernel_dtype) == "triton":
         from kernels.ssd.triton import ssd_scan_triton  # imports triton only when asked for
 
-        y, final_state = ssd_scan_triton(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_state=initial_state)
+        y, final_state = ssd_scan_triton(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_state=initial_state,
+                                         document_starts=document_starts)
         return (y, final_state) if return_final_state else y
     # The reference computes in at least fp32 whatever the inputs and any autocast region say: the
     # decays are exponentials of long sums, which bf16 cannot hold. The output comes back in x's dtype.

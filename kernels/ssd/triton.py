@@ -25,6 +25,15 @@ The log-decays need no kernel: every term that holds ``exp(Λ_l)`` as a factor i
 inside each chunk turns ``dΛ`` into ``da``, then ``d dt = A da + ⟨x, d(dt x)⟩`` and ``dA = Σ dt da``.
 These ``O(T·H·N)`` steps are plain torch.
 
+Packed documents (``document_starts``): ``SEG [b, T]`` int32 numbers each position's document (the
+cumulative count of starts, so the initial state belongs to document 0, before any start). A decayed
+term ``exp(Λ_l − Λ_m)`` counts only when ``SEG_l = SEG_m``; a read-out of the state entering chunk
+``c`` only when ``SEG_l`` is the document of position ``cL − 1``; a row's share of its chunk's final
+state only when it is in the chunk's last document; and ``exp(α_c)`` carries a state across chunk
+``c`` only when no document starts inside it. These are masks on the same terms, never ``−∞`` in a
+difference of cumulative sums, and every masked term keeps its factor ``exp(±Λ)``, so the log-decay
+gradients below hold unchanged (a term that is masked out contributes to neither side).
+
 Any ``T``: rows past ``T`` load as zero with ``dt = 0``, which contributes nothing, and the log-decays
 are padded with ``a = 0``. Groups: ``B``/``C`` rows are read at group ``h // (H / G)``; their
 gradients are written per head and summed over each group afterwards (no atomics, deterministic).
@@ -53,6 +62,19 @@ def _chunk_rows(start, c, L, T, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _seg_before(SEG, b, c, L, T):
+    """The document of the state entering chunk ``c``: that of position ``cL − 1``; 0 for ``c = 0``."""
+    seg = tl.load(SEG + b * T + tl.maximum(c * L - 1, 0))
+    return tl.where(c > 0, seg, 0)
+
+
+@triton.jit
+def _seg_end(SEG, b, c, L, T):
+    """The document of chunk ``c``'s last position (before ``T``): the one its final state belongs to."""
+    return tl.load(SEG + b * T + tl.minimum(c * L + L - 1, T - 1))
+
+
+@triton.jit
 def _state_tile(ptr, offs_qk, offs_v, DQK, DV, TRANS_STATE: tl.constexpr):
     """A ``[P, N]`` fp32 state read as ``[DQK, DV]``: itself, or its transpose when TRANS_STATE."""
     if TRANS_STATE:
@@ -63,13 +85,14 @@ def _state_tile(ptr, offs_qk, offs_v, DQK, DV, TRANS_STATE: tl.constexpr):
 
 
 @triton.jit
-def _chunk_state(X, DT, BM, LAM, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N,
-                 DECAY_TO_END: tl.constexpr, SCALE_BY_DT: tl.constexpr,
+def _chunk_state(X, DT, BM, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N,
+                 DECAY_TO_END: tl.constexpr, SCALE_BY_DT: tl.constexpr, HAS_DOCS: tl.constexpr,
                  BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """``OUT[b, c, h] = Σ_l w_l X_l ⊗ BM_l`` over chunk ``c``: ``[P, N]`` fp32.
 
     ``w_l = exp(α_c − Λ_l)·dt_l`` (forward: the chunk's state) or ``exp(Λ_l)`` (backward: what the
-    read-outs send to the entering state)."""
+    read-outs send to the entering state); with documents, only the rows of the chunk's last document
+    (forward) or of the entering state's document (backward)."""
     bc, h = tl.program_id(0), tl.program_id(1)
     b, c = bc // n_chunks, bc % n_chunks
     bm_head = h // (H // BM_HEADS)
@@ -77,6 +100,11 @@ def _chunk_state(X, DT, BM, LAM, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N,
     lam_ptr = LAM + (b * H + h) * Tp + c * L
     lam_end = tl.load(lam_ptr + L - 1)
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    if HAS_DOCS:
+        if DECAY_TO_END:
+            seg_target = _seg_end(SEG, b, c, L, T)
+        else:
+            seg_target = _seg_before(SEG, b, c, L, T)
     for l0 in range(0, L, BLOCK_L):
         offs_l, t, valid = _chunk_rows(l0, c, L, T, BLOCK_L)
         x = tl.load(X + _rows(b, t, T, H, h, P, offs_p), mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
@@ -90,18 +118,21 @@ def _chunk_state(X, DT, BM, LAM, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N,
         if SCALE_BY_DT:
             w *= tl.load(DT + (b * T + t) * H + h, mask=valid, other=0.0).to(tl.float32)
         w = tl.where(valid, w, 0.0)
+        if HAS_DOCS:
+            w = tl.where(tl.load(SEG + b * T + t, mask=valid, other=-1) == seg_target, w, 0.0)
         acc += tl.dot(tl.trans((x * w[:, None]).to(bm.dtype)), bm)
     out = OUT + ((b * n_chunks + c) * H + h) * P * N + offs_p[:, None] * N + offs_n[None, :]
     tl.store(out, acc, mask=(offs_p[:, None] < P) & (offs_n[None, :] < N))
 
 
 @triton.jit
-def _decayed_scan(U, LAM, H0, OUT, L, Tp, n_chunks, H, PN,
-                  HAS_H0: tl.constexpr, REVERSE: tl.constexpr, BLOCK: tl.constexpr):
+def _decayed_scan(U, LAM, SEG, H0, OUT, T, L, Tp, n_chunks, H, PN,
+                  HAS_H0: tl.constexpr, REVERSE: tl.constexpr, HAS_DOCS: tl.constexpr, BLOCK: tl.constexpr):
     """The linear recurrence over chunks, on flattened ``[P·N]`` states, fp32.
 
     Forward: ``OUT[0] = H0``, ``OUT[c+1] = exp(α_c) OUT[c] + U[c]``.
     Reverse: ``OUT[nc] = H0``, ``OUT[c] = exp(α_c) OUT[c+1] + U[c]``.
+    With documents, ``exp(α_c)`` is 0 for a chunk in which a document starts.
     ``U [b, nc, h, PN]``, ``OUT [b, nc+1, h, PN]``, ``H0 [b, h, PN]``."""
     blk, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -123,15 +154,17 @@ def _decayed_scan(U, LAM, H0, OUT, L, Tp, n_chunks, H, PN,
         else:
             c = i
             dest = c + 1
-        alpha = tl.load(LAM + bh * Tp + c * L + L - 1)
+        carry = tl.exp(tl.load(LAM + bh * Tp + c * L + L - 1))
+        if HAS_DOCS:
+            carry = tl.where(_seg_before(SEG, b, c, L, T) == _seg_end(SEG, b, c, L, T), carry, 0.0)
         u = tl.load(U + ((b * n_chunks + c) * H + h) * PN + offs, mask=mask, other=0.0)
-        state = tl.exp(alpha) * state + u
+        state = carry * state + u
         tl.store(out_ptr + dest * H * PN, state, mask=mask)
 
 
 @triton.jit
-def _chunk_scan(Q, K, V, DT, LAM, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS, V_HEADS, DQK, DV,
-                TRANS_STATE: tl.constexpr, HAS_D: tl.constexpr,
+def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS, V_HEADS, DQK, DV,
+                TRANS_STATE: tl.constexpr, HAS_D: tl.constexpr, HAS_DOCS: tl.constexpr,
                 BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr):
     """``OUT_l = Σ_{m≤l} (Q_l·K_m) exp(Λ_l − Λ_m) dt_m V_m + exp(Λ_l) Q_l M_c (+ D V_l)`` per head, with
     ``M_c [DQK, DV]`` the entering state ``STATES[b, c, h]`` (``[P, N]``, transposed when TRANS_STATE).
@@ -151,6 +184,9 @@ def _chunk_scan(Q, K, V, DT, LAM, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H, Q_H
     # The state entering the chunk, read out at each row and decayed to it.
     state = _state_tile(STATES + ((b * (n_chunks + 1) + c) * H + h) * DQK * DV, offs_qk, offs_v, DQK, DV, TRANS_STATE)
     acc = tl.dot(q.to(tl.float32), state) * tl.exp(lam_l)[:, None]  # [BLOCK_L, BLOCK_V]
+    if HAS_DOCS:  # only rows still in the document the entering state belongs to
+        seg_l = tl.load(SEG + b * T + t_l, mask=valid_l, other=-1)
+        acc = tl.where((seg_l == _seg_before(SEG, b, c, L, T))[:, None], acc, 0.0)
 
     # Inside the chunk: causal, decayed, like attention without the softmax.
     hi = tl.minimum((pid_l + 1) * BLOCK_L, L)
@@ -161,6 +197,8 @@ def _chunk_scan(Q, K, V, DT, LAM, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H, Q_H
         dt_m = tl.load(DT + (b * T + t_m) * H + h, mask=valid_m, other=0.0).to(tl.float32)
         lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
         causal = (offs_m[None, :] <= offs_l[:, None]) & valid_m[None, :]
+        if HAS_DOCS:
+            causal &= tl.load(SEG + b * T + t_m, mask=valid_m, other=-2)[None, :] == seg_l[:, None]
         decay = tl.exp(tl.where(causal, lam_l[:, None] - lam_m[None, :], float("-inf")))
         s = tl.dot(q, tl.trans(k.to(q.dtype))) * decay * dt_m[None, :]  # [BLOCK_L, BLOCK_M]
         acc += tl.dot(s.to(v.dtype), v)
@@ -172,8 +210,8 @@ def _chunk_scan(Q, K, V, DT, LAM, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H, Q_H
 
 
 @triton.jit
-def _chunk_scan_reverse(Q, K, V, DT, LAM, DSTATES, OUT, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS, V_HEADS, DQK, DV,
-                        TRANS_STATE: tl.constexpr, SCALE_BY_DT: tl.constexpr,
+def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS, V_HEADS, DQK,
+                        DV, TRANS_STATE: tl.constexpr, SCALE_BY_DT: tl.constexpr, HAS_DOCS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr):
     """The transpose of :func:`_chunk_scan`, for source rows ``m`` of chunk ``c``, streaming the rows
     ``l ≥ m``: ``OUT_m = [Σ_{l≥m} (Q_m·K_l) exp(Λ_l − Λ_m) V_l + exp(α_c − Λ_m) Q_m M_c] (· dt_m)``, fp32,
@@ -196,6 +234,9 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, DSTATES, OUT, T, L, Tp, n_chunks, H, Q
                      TRANS_STATE)
     lam_end = tl.load(lam_ptr + L - 1)
     acc = tl.dot(q.to(tl.float32), ds) * tl.exp(lam_end - lam_m)[:, None]  # [BLOCK_M, BLOCK_V]
+    if HAS_DOCS:  # only rows of the document the chunk's final state belongs to
+        seg_m = tl.load(SEG + b * T + t_m, mask=valid_m, other=-1)
+        acc = tl.where((seg_m == _seg_end(SEG, b, c, L, T))[:, None], acc, 0.0)
 
     for l0 in range(pid_m * BLOCK_M, L, BLOCK_L):
         offs_l, t_l, valid_l = _chunk_rows(l0, c, L, T, BLOCK_L)
@@ -203,6 +244,8 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, DSTATES, OUT, T, L, Tp, n_chunks, H, Q
         v = tl.load(V + _rows(b, t_l, T, V_HEADS, v_head, DV, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
         lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
         causal = (offs_l[None, :] >= offs_m[:, None]) & valid_l[None, :]
+        if HAS_DOCS:
+            causal &= tl.load(SEG + b * T + t_l, mask=valid_l, other=-2)[None, :] == seg_m[:, None]
         decay = tl.exp(tl.where(causal, lam_l[None, :] - lam_m[:, None], float("-inf")))  # [BLOCK_M, BLOCK_L]
         s = tl.dot(q, tl.trans(k.to(q.dtype))) * decay
         acc += tl.dot(s.to(v.dtype), v)
@@ -235,50 +278,52 @@ def _chunk_log_decays(dt: torch.Tensor, A: torch.Tensor, L: int) -> torch.Tensor
     return lam.permute(0, 3, 1, 2).reshape(batch, H, -1).contiguous()  # [b, h, nc·L]
 
 
-def _chunk_state_call(X, dt, BM, lam, T, L, forward: bool, blk: dict) -> torch.Tensor:
+def _chunk_state_call(X, dt, BM, lam, seg, T, L, forward: bool, blk: dict) -> torch.Tensor:
     batch, _, H, P = X.shape
     n_chunks, N = lam.shape[-1] // L, BM.shape[-1]
     out = torch.empty(batch, n_chunks, H, P, N, dtype=torch.float32, device=X.device)
     _chunk_state[(batch * n_chunks, H)](
-        X, dt, BM, lam, out, T, L, lam.shape[-1], n_chunks, H, BM.shape[2], P, N,
-        DECAY_TO_END=forward, SCALE_BY_DT=forward, BLOCK_L=blk["rows"], BLOCK_P=blk["P"], BLOCK_N=blk["N"],
+        X, dt, BM, lam, lam if seg is None else seg, out, T, L, lam.shape[-1], n_chunks, H, BM.shape[2], P, N,
+        DECAY_TO_END=forward, SCALE_BY_DT=forward, HAS_DOCS=seg is not None, BLOCK_L=blk["rows"], BLOCK_P=blk["P"], BLOCK_N=blk["N"],
         num_warps=blk["warps"], num_stages=blk["stages"],
     )
     return out  # [b, nc, h, P, N]
 
 
-def _decayed_scan_call(U, lam, h0, L, reverse: bool) -> torch.Tensor:
+def _decayed_scan_call(U, lam, seg, h0, T, L, reverse: bool) -> torch.Tensor:
     batch, n_chunks, H, P, N = U.shape
     out = torch.empty(batch, n_chunks + 1, H, P, N, dtype=torch.float32, device=U.device)
     block = min(1024, triton.next_power_of_2(P * N))
     h0_arg = h0.contiguous() if h0 is not None else U
     _decayed_scan[(triton.cdiv(P * N, block), batch * H)](
-        U, lam, h0_arg, out, L, lam.shape[-1], n_chunks, H, P * N, HAS_H0=h0 is not None, REVERSE=reverse, BLOCK=block,
+        U, lam, lam if seg is None else seg, h0_arg, out, T, L, lam.shape[-1], n_chunks, H, P * N, HAS_H0=h0 is not None,
+        REVERSE=reverse, HAS_DOCS=seg is not None, BLOCK=block,
     )
     return out  # [b, nc+1, h, P, N]
 
 
-def _chunk_scan_call(Q, K, V, dt, lam, states, D, out, T, L, trans_state: bool, blk: dict) -> None:
+def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: bool, blk: dict) -> None:
     batch, _, H, _ = out.shape
     n_chunks = lam.shape[-1] // L
     DQK, DV = Q.shape[-1], V.shape[-1]
     block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
     _chunk_scan[(triton.cdiv(L, blk["rows"]), batch * n_chunks, H)](
-        Q, K, V, dt, lam, states, D if D is not None else lam, out,
+        Q, K, V, dt, lam, lam if seg is None else seg, states, D if D is not None else lam, out,
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], DQK, DV,
-        TRANS_STATE=trans_state, HAS_D=D is not None,
+        TRANS_STATE=trans_state, HAS_D=D is not None, HAS_DOCS=seg is not None,
         BLOCK_L=blk["rows"], BLOCK_M=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
         num_warps=blk["warps"], num_stages=blk["stages"],
     )
 
 
-def _chunk_scan_reverse_call(Q, K, V, dt, lam, d_states, out, T, L, trans_state: bool, blk: dict) -> None:
+def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_state: bool, blk: dict) -> None:
     batch, _, H, _ = out.shape
     n_chunks = lam.shape[-1] // L
     block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
     _chunk_scan_reverse[(triton.cdiv(L, blk["rows"]), batch * n_chunks, H)](
-        Q, K, V, dt, lam, d_states, out, T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2],
-        Q.shape[-1], V.shape[-1], TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state,
+        Q, K, V, dt, lam, lam if seg is None else seg, d_states, out, T, L, lam.shape[-1], n_chunks, H, Q.shape[2],
+        K.shape[2], V.shape[2], Q.shape[-1], V.shape[-1], TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state,
+        HAS_DOCS=seg is not None,
         BLOCK_M=blk["rows"], BLOCK_L=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
         num_warps=blk["warps"], num_stages=blk["stages"],
     )
@@ -286,7 +331,7 @@ def _chunk_scan_reverse_call(Q, K, V, dt, lam, d_states, out, T, L, trans_state:
 
 class SSDScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dt, A, B, C, D, initial_state, chunk_size: int):
+    def forward(ctx, x, dt, A, B, C, D, initial_state, chunk_size: int, document_starts=None):
         batch, T, H, P = x.shape
         G, N = B.shape[2], B.shape[3]
         L = chunk_size
@@ -296,18 +341,20 @@ class SSDScan(torch.autograd.Function):
         widest = torch.float32 if torch.float32 in (x.dtype, B.dtype, C.dtype) else x.dtype
         blk = launch_config(P, N, x.is_cuda, widest)
         lam = _chunk_log_decays(dt, A, L)  # [b, h, nc·L]
-        chunk_states = _chunk_state_call(x, dt, B, lam, T, L, forward=True, blk=blk)  # [b, nc, h, P, N]
-        states = _decayed_scan_call(chunk_states, lam, initial_state, L, reverse=False)  # [b, nc+1, h, P, N]
+        # [b, T] int32: each position's document, 0 before the first start (the initial state's)
+        seg = None if document_starts is None else document_starts.to(torch.int32).cumsum(1, dtype=torch.int32)
+        chunk_states = _chunk_state_call(x, dt, B, lam, seg, T, L, forward=True, blk=blk)  # [b, nc, h, P, N]
+        states = _decayed_scan_call(chunk_states, lam, seg, initial_state, T, L, reverse=False)  # [b, nc+1, h, P, N]
         y = torch.empty_like(x)
-        _chunk_scan_call(C, B, x, dt, lam, states, D, y, T, L, trans_state=True, blk=blk)
-        ctx.save_for_backward(x, dt, A, B, C, D, lam, states)
+        _chunk_scan_call(C, B, x, dt, lam, seg, states, D, y, T, L, trans_state=True, blk=blk)
+        ctx.save_for_backward(x, dt, A, B, C, D, lam, states, seg)
         ctx.chunk_size, ctx.blk, ctx.has_initial = L, blk, initial_state is not None
         ctx.initial_dtype = initial_state.dtype if initial_state is not None else None
         return y, states[:, -1].clone()
 
     @staticmethod
     def backward(ctx, dy, d_final):
-        x, dt, A, B, C, D, lam, states = ctx.saved_tensors
+        x, dt, A, B, C, D, lam, states, seg = ctx.saved_tensors
         batch, T, H, P = x.shape
         G, N = B.shape[2], B.shape[3]
         L, blk = ctx.chunk_size, ctx.blk
@@ -315,16 +362,16 @@ class SSDScan(torch.autograd.Function):
         dy = torch.zeros_like(x) if dy is None else dy.contiguous()
 
         # dE: what the read-outs send to each entering state, then the reverse recurrence over chunks.
-        read_out = _chunk_state_call(dy, dt, C, lam, T, L, forward=False, blk=blk)  # [b, nc, h, P, N]
-        d_states = _decayed_scan_call(read_out, lam, d_final, L, reverse=True)  # [b, nc+1, h, P, N]
+        read_out = _chunk_state_call(dy, dt, C, lam, seg, T, L, forward=False, blk=blk)  # [b, nc, h, P, N]
+        d_states = _decayed_scan_call(read_out, lam, seg, d_final, T, L, reverse=True)  # [b, nc+1, h, P, N]
 
         dC_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
-        _chunk_scan_call(dy, x, B, dt, lam, states, None, dC_heads, T, L, trans_state=False, blk=blk)
+        _chunk_scan_call(dy, x, B, dt, lam, seg, states, None, dC_heads, T, L, trans_state=False, blk=blk)
 
         dxdt = torch.empty(batch, T, H, P, dtype=torch.float32, device=x.device)  # d(dt·x)
-        _chunk_scan_reverse_call(B, C, dy, dt, lam, d_states, dxdt, T, L, trans_state=True, blk=blk)
+        _chunk_scan_reverse_call(B, C, dy, dt, lam, seg, d_states, dxdt, T, L, trans_state=True, blk=blk)
         dB_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
-        _chunk_scan_reverse_call(x, dy, C, dt, lam, d_states, dB_heads, T, L, trans_state=False, blk=blk)
+        _chunk_scan_reverse_call(x, dy, C, dt, lam, seg, d_states, dB_heads, T, L, trans_state=False, blk=blk)
         dx = dxdt * dt.float()[..., None]  # [b, T, h, P]
         if D is not None:
             dx = dx + D.float()[:, None] * dy.float()
@@ -345,10 +392,10 @@ class SSDScan(torch.autograd.Function):
         dC = per_group(dC_heads).sum(3).to(C.dtype)
         dD = (dy.float() * x.float()).sum((0, 1, 3)).to(D.dtype) if D is not None else None
         d_initial = d_states[:, 0].to(ctx.initial_dtype) if ctx.has_initial else None
-        return dx, d_dt, dA, dB, dC, dD, d_initial, None
+        return dx, d_dt, dA, dB, dC, dD, d_initial, None, None
 
 
-def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_state=None):
+def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_state=None, document_starts=None):
     """Same contract as :func:`kernels.ssd.reference.ssd_chunked`: returns ``(y [b,T,h,P] in x's dtype,
-    final_state [b,h,P,N] fp32)``."""
-    return SSDScan.apply(x, dt, A, B, C, D, initial_state, chunk_size)
+    final_state [b,h,P,N] fp32)``; ``document_starts [b, T]`` bool resets the state where True."""
+    return SSDScan.apply(x, dt, A, B, C, D, initial_state, chunk_size, document_starts)

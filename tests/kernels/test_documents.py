@@ -73,8 +73,6 @@ def test_bad_document_arguments_are_named():
     x, dt, A, B, C, D = ssd_inputs()
     with pytest.raises(ValueError, match="document_starts must be a bool"):
         ssd_scan(x, dt, A, B, C, document_starts=starts().long())
-    with pytest.raises(ValueError, match="backend='triton' does not take document_starts"):
-        ssd_scan(x, dt, A, B, C, document_starts=starts(), backend="triton")
     q = torch.randn(1, 6, 2, 4)
     with pytest.raises(ValueError, match="document_ids must be integers"):
         attention(q, q, q, document_ids=torch.zeros(1, 6))

@@ -73,6 +73,44 @@ def close(got, want, rtol=1e-5, atol=1e-5):
     return float((got - want).norm()) <= rtol * float(want.norm()) + atol
 
 
+DOCUMENT_CASES = {  # name: (shape case, document start positions per batch row)
+    "T=17 chunk 16: a start at 0, inside the chunk, and on the last row": ("T=17 one chunk plus one", [[0, 5, 16]]),
+    "T=65 chunk 16: starts on chunk boundaries and twice in a row": ("T=65 groups 2, P=12", [[16, 17, 48], [3, 64]]),
+    "T=40 chunk 7: a document per chunk and one spanning three": ("T=40 chunk 7, N=5, G=H", [[7, 14, 21], [1, 38]]),
+    "T=65 chunk 32: no start in one row, a start in the padded chunk": ("T=65 chunk 32, GQA-like 4:1", [[64]]),
+}
+
+
+@pytest.mark.parametrize("name", DOCUMENT_CASES)
+def test_triton_with_document_starts_matches_the_recurrence_that_resets(name):
+    """Packed documents: the state resets where a document starts (the initial state reaches only the
+    first document), outputs, final state and every gradient against the float64 recurrence."""
+    shape, positions = DOCUMENT_CASES[name]
+    batch, T, H, P, G, N, chunk, D, initial = CASES[shape]
+    inputs = make(batch, T, H, P, G, N, D, initial)
+    document_starts = torch.zeros(batch, T, dtype=torch.bool, device=DEVICE)
+    for row, starts in enumerate(positions[:batch]):
+        document_starts[row, starts] = True
+
+    def packed(a):
+        return ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size=chunk, D=a["D"], initial_state=a["initial_state"],
+                        return_final_state=True, document_starts=document_starts, backend="triton")
+
+    def resetting(a):
+        return ssd_recurrent(a["x"], a["dt"], a["A"], a["B"], a["C"], D=a["D"], initial_state=a["initial_state"],
+                             document_starts=document_starts)
+
+    y, final, grads = outputs_and_gradients(packed, inputs)
+    as64 = {k: v.double() if v is not None else None for k, v in inputs.items()}
+    y_ref, final_ref, grads_ref = outputs_and_gradients(resetting, as64)
+    assert close(y, y_ref) and close(final, final_ref)
+    for key in grads:
+        assert close(grads[key], grads_ref[key]), f"gradient of {key}"
+    # The resets matter here: without them the answer is different.
+    y_unpacked, _ = triton_scan(chunk)(inputs)
+    assert not close(y_unpacked, y_ref, rtol=1e-2)
+
+
 def test_gradient_flows_from_the_final_state_alone():
     # Only the final state is used: dy is None in the backward, and the state path must carry it all.
     inputs = make(1, 17, 2, 8, 1, 16, True, True)
