@@ -23,8 +23,8 @@ table and left out of its recipe's cells.
 Every sweep writes ``runs/sweep-logs/<time>/``: the runs' logs, ``sweep.json`` (the runs it launched:
 recipe, seed, run folder, exit status; rewritten as each run ends), ``table.md`` (the table printed),
 and ``val_loss.png``, each recipe's validation-loss curve (with seeds: the mean over seeds and a band
-of ± one standard deviation). ``--from runs/sweep-logs/<time>`` tabulates and plots an earlier sweep
-again from its ``sweep.json``, exactly its runs. ``--vs KEY`` adds ``<metric>_vs_<KEY>.png``: the
+of ± one standard deviation). ``--from runs/sweep-logs/<time> …`` tabulates and plots earlier sweeps
+again from their ``sweep.json``, exactly their runs (several folders: one table, in the first). ``--vs KEY`` adds ``<metric>_vs_<KEY>.png``: the
 final ``--metric`` (default ``val_acc``) against a model hyper-parameter such as ``d_model``, one line
 per recipe name without its last ``_`` part (``ssd_T64_d16``, ``ssd_T64_d32`` → line ``ssd_T64``).
 
@@ -345,8 +345,9 @@ def report(runs: list[Run], logs: Path, family: str, seeds: bool, baseline: str 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", nargs="?", help="a folder of recipes: a path, or a bundled name such as 'positions'")
-    parser.add_argument("--from", dest="from_logs", metavar="LOGS", default=None,
-                        help="tabulate and plot an earlier sweep again: its runs/sweep-logs/<time> folder")
+    parser.add_argument("--from", dest="from_logs", metavar="LOGS", nargs="+", default=None,
+                        help="tabulate and plot earlier sweeps again: their runs/sweep-logs/<time> folders "
+                             "(several: one table of all their runs, written into the first)")
     parser.add_argument("--only", nargs="+", default=None, help="recipe names (file stems) to run")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for every run")
     parser.add_argument("--table-only", action="store_true", help="do not run; tabulate the latest runs")
@@ -360,13 +361,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.from_logs is not None:
         try:
-            family, runs = read_manifest(Path(args.from_logs))
+            sweeps = [read_manifest(Path(folder)) for folder in args.from_logs]
         except FileNotFoundError as error:
             sys.exit(f"error: {error}")
+        family, runs = sweeps[0][0], [run for _, found in sweeps for run in found]
         seeded = any(run.seed is not None for run in runs)
         if args.baseline is not None and args.baseline not in {run.config.stem for run in runs}:
             sys.exit(f"error: --baseline {args.baseline!r} is not one of the recipes of that sweep")
-        print(report(runs, Path(args.from_logs), family, seeded, args.baseline, args.vs, args.metric))
+        print(report(runs, Path(args.from_logs[0]), family, seeded, args.baseline, args.vs, args.metric))
         return
     if args.folder is None:
         sys.exit("error: name a folder of recipes (or --from a sweep's log folder)")

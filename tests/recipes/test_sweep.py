@@ -184,6 +184,9 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
     assert (logs / "table.md").read_text().startswith("# fake") and (logs / "val_loss.png").is_file()
     with pytest.raises(SystemExit, match="sweep.json not found"):
         main(["--from", str(tmp_path)])
+    # Two sweeps read together: one table of both (here the same runs twice, so every cell doubles).
+    main(["--from", str(logs), str(logs)])
+    assert "| a | 4 of 6 | 3.5000 ± 0.5774 |" in capsys.readouterr().out
 
 
 def test_a_metric_against_a_hyperparameter_has_one_line_per_recipe_series(tmp_path):
