@@ -32,19 +32,23 @@ def inputs(B, T, S, H, Hkv, D, bias, padding):
     return q, k, v, b, pad
 
 
+def assert_triton_matches_reference(q, k, v, bias, **kwargs):
+    """Outputs (2e-5) and the gradients of q, k, v and the bias (1e-4) of the Triton kernel against the
+    reference, for one set of ``attention`` arguments."""
+    out = attention(q, k, v, bias=bias, **kwargs, backend="triton")
+    ref = attention(q, k, v, bias=bias, **kwargs, backend="reference")
+    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+    g = torch.randn_like(out)
+    tensors = [t for t in (q, k, v, bias) if t is not None]
+    for n, got, want in zip(["q", "k", "v", "bias"], torch.autograd.grad(out, tensors, g), torch.autograd.grad(ref, tensors, g)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {n}: {m}")
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_triton_matches_reference_outputs_and_gradients(name):
     B, T, S, H, Hkv, D, causal, bias, padding = CASES[name]
     q, k, v, b, pad = inputs(B, T, S, H, Hkv, D, bias, padding)
-    kwargs = dict(bias=b, causal=causal, key_padding_mask=pad)
-    out = attention(q, k, v, **kwargs, backend="triton")
-    ref = attention(q, k, v, **kwargs, backend="reference")
-    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
-    g = torch.randn_like(out)
-    tensors = [t for t in (q, k, v, b) if t is not None]
-    names = ["q", "k", "v", "bias"]
-    for n, got, want in zip(names, torch.autograd.grad(out, tensors, g), torch.autograd.grad(ref, tensors, g)):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {n}: {m}")
+    assert_triton_matches_reference(q, k, v, b, causal=causal, key_padding_mask=pad)
 
 
 def test_bias_gradient_is_deterministic():
@@ -106,15 +110,7 @@ def test_triton_keep_window_matches_reference_outputs_and_gradients(name):
     q = torch.randn(B, T, H, 16, device=DEVICE, requires_grad=True)
     k, v = (torch.randn(B, S, 1, 16, device=DEVICE, requires_grad=True) for _ in range(2))
     bias = bias.requires_grad_() if bias is not None else None
-    kwargs = dict(bias=bias, causal=causal, key_padding_mask=pad, keep_window=w)
-    out = attention(q, k, v, **kwargs, backend="triton")
-    ref = attention(q, k, v, **kwargs, backend="reference")
-    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
-    tensors = [t for t in (q, k, v, bias) if t is not None]
-    g = torch.randn_like(out)
-    for n, got, want in zip(["q", "k", "v", "bias"], torch.autograd.grad(out, tensors, g),
-                            torch.autograd.grad(ref, tensors, g)):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {n}: {m}")
+    assert_triton_matches_reference(q, k, v, bias, causal=causal, key_padding_mask=pad, keep_window=w)
 
 
 def test_triton_on_cpu_without_the_interpreter_says_so(monkeypatch):
@@ -129,13 +125,6 @@ def test_triton_with_packed_documents_matches_reference_outputs_and_gradients(bi
     """``document_ids`` compared per tile; documents of 7, 1, 13 and 8 cross the 16-row tiles."""
     q, k, v, b, pad = inputs(2, 29, 29, 4, 2, 16, bias, padding)
     ids = torch.repeat_interleave(torch.arange(4), torch.tensor([7, 1, 13, 8])).to(DEVICE).expand(2, -1)
-    kwargs = dict(bias=b, key_padding_mask=pad, document_ids=ids)
-    out = attention(q, k, v, **kwargs, backend="triton")
-    ref = attention(q, k, v, **kwargs, backend="reference")
-    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
-    g = torch.randn_like(out)
-    tensors = [t for t in (q, k, v, b) if t is not None]
-    for n, got, want in zip(["q", "k", "v", "bias"], torch.autograd.grad(out, tensors, g), torch.autograd.grad(ref, tensors, g)):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {n}: {m}")
+    assert_triton_matches_reference(q, k, v, b, key_padding_mask=pad, document_ids=ids)
     with pytest.raises(ValueError, match="does not take document_ids with a keep_window"):
         attention(q, k, v, document_ids=ids, keep_window=3, backend="triton")
