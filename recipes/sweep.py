@@ -223,10 +223,17 @@ def seed_table(runs: list[Run], baseline: str | None = None) -> str:
         s = summarize(loss(name))
         acc = summarize([r["val_acc"] for r in finished if not math.isnan(r["val_acc"])])
         speeds = [r["tok_s"] for r in finished if not math.isnan(r["tok_s"])]
-        diff, p = welch(loss(name), loss(baseline)) if baseline and name != baseline else (math.nan, math.nan)
+        if baseline is None:
+            versus = "- | -"
+        elif name == baseline:
+            versus = "(baseline) | -"
+        else:
+            diff, p = welch(loss(name), loss(baseline))
+            # NaN p: fewer than two finished runs on a side, so no test; say so rather than print "nan".
+            versus = f"{diff:+.4f} | {'< 2 runs' if math.isnan(p) else f'{p:.3g}'}"
         rows.append(f"| {name} | {s.n} of {launched[name]} | {s.mean:.4f} ± {s.std:.4f} | [{s.low:.4f}, {s.high:.4f}] | "
                     f"{acc.mean:.4f} ± {acc.std:.4f} | {statistics.median(speeds) if speeds else math.nan:,.0f} | "
-                    f"{diff:+.4f} | {p:.3g} |")
+                    f"{versus} |")
     return "\n".join(rows + ([""] + [f"- {line}" for line in failed] if failed else []))
 
 

@@ -96,7 +96,7 @@ def test_seed_statistics_over_a_fake_family_with_known_outcomes(tmp_path):
     4.3027), the runs behind each cell, Welch's p against the baseline, and a failed run named and left out."""
     from recipes.sweep import Run, seed_table
 
-    losses = {"base": [2.0, 2.1, 1.9], "worse": [3.0, 3.1, 2.9], "same": [2.05, 1.95, 2.0]}
+    losses = {"base": [2.0, 2.1, 1.9], "worse": [3.0, 3.1, 2.9], "same": [2.05, 1.95, 2.0], "lonely": [2.5]}
     runs = []
     for name, values in losses.items():
         for seed, loss in enumerate(values):
@@ -108,10 +108,13 @@ def test_seed_statistics_over_a_fake_family_with_known_outcomes(tmp_path):
             if line.startswith("| ") and not line.startswith("| recipe")}
     half = 4.302652729911275 * 0.1 / 3 ** 0.5
     assert rows["base"][:3] == ["3 of 3", "2.0000 ± 0.1000", f"[{2 - half:.4f}, {2 + half:.4f}]"]
-    assert rows["base"][4] == "200" and rows["base"][5:] == ["+nan", "nan"]
+    assert rows["base"][4] == "200" and rows["base"][5:] == ["(baseline)", "-"]
     assert rows["worse"][5] == "+1.0000" and 2e-4 < float(rows["worse"][6]) < 3e-4  # t = 12.25 on 4 df
     assert rows["same"][0] == "3 of 4" and rows["same"][5] == "+0.0000" and float(rows["same"][6]) > 0.9
+    assert rows["lonely"][0] == "1 of 1" and rows["lonely"][5:] == ["+0.5000", "< 2 runs"]  # no test on one run
     assert "same seed 3 FAILED (exit 1; log same_seed3.log)" in out
+    no_baseline = seed_table(runs)
+    assert all(line.endswith("| - | - |") for line in no_baseline.splitlines()[2:] if line.startswith("| "))
 
 
 def test_seeds_launch_one_run_per_seed_in_parallel_and_tabulate_them(tmp_path, monkeypatch, capsys):
