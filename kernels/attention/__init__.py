@@ -4,9 +4,9 @@ key-padding masks, grouped-query heads and an optional top-``w`` key window. See
 import torch
 
 from kernels._backend import check_backend, resolve_backend
-from kernels.attention.reference import attention_reference
+from kernels.attention.reference import attention_reference, document_runs
 
-__all__ = ["attention", "attention_reference"]
+__all__ = ["attention", "attention_reference", "document_runs"]
 
 
 def attention(
@@ -34,9 +34,10 @@ def attention(
             (ties to the most recent); the selection carries no gradient, the bias does.
         scale: score scale, default ``1/sqrt(D)``.
         document_ids: ``[B, T]`` integers (``S == T``): packed documents; query ``i`` sees key ``j`` only
-            when both belong to the same document. The reference writes the mask out; the Triton
-            kernel compares the ids per tile (with a ``keep_window`` it does not take them yet:
-            ``auto`` then runs the reference).
+            when both lie in the same document. A document is a run of equal ids: a later run that
+            reuses an id is a new document, as for the SSD (whose state restarts wherever the id
+            changes) and the positions. The reference writes the mask out; the Triton kernel compares
+            run numbers per tile, and a ``keep_window`` is taken within each document.
         backend: ``auto`` | ``reference`` | ``triton``.
 
     Returns:
@@ -46,8 +47,6 @@ def attention(
     _check_arguments(q, k, v, bias, key_padding_mask, keep_window)
     if document_ids is not None:
         _check_documents(document_ids, q, k)
-        if keep_window is not None and backend == "auto":
-            backend = "reference"  # the kernel's window does not know documents yet
     if resolve_backend(backend, q, op="attention", has_triton=True) == "triton":
         from kernels.attention.triton import attention_triton  # imports triton only when asked for
 

@@ -40,6 +40,13 @@ def allowed_keys(
     return allowed
 
 
+def document_runs(document_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` ids → ``[B, T]`` run numbers 0, 1, … (non-decreasing): a new number wherever the id
+    changes, so ``[7, 7, 3, 7]`` is three documents, not two."""
+    changes = document_ids[:, 1:] != document_ids[:, :-1]  # [B, T-1]
+    return torch.cat([torch.zeros_like(document_ids[:, :1]), changes.cumsum(1).to(document_ids.dtype)], dim=1)
+
+
 def select_window(allowed: torch.Tensor, bias: torch.Tensor | None, keep_window: int) -> torch.Tensor:
     """Keep, per query, at most ``keep_window`` allowed keys: those with the largest bias, ties going to
     the most recent key. No gradient flows through the selection.
@@ -88,8 +95,9 @@ def attention_reference(
     if keep_window is not None and keep_window >= S:
         keep_window = None  # every query already has at most S ≥ w allowed keys: the window cuts nothing
     if document_ids is not None:  # packed documents: a block-diagonal mask, written out
+        runs = document_runs(document_ids)  # [B, T] a new number wherever the id changes
         return attention_masked(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
-                                keep_window=keep_window, scale=scale, document_ids=document_ids).transpose(1, 2)
+                                keep_window=keep_window, scale=scale, document_ids=runs).transpose(1, 2)
     if bias is None and key_padding_mask is None and keep_window is None:
         # Nothing to materialise. torch's causal flag aligns top-left, so only for T == S; a single
         # query (a decoding step) sits after every key, so it needs no causal mask at all.

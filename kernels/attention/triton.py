@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention.reference import document_runs
 from kernels.attention.window import window_thresholds
 
 
@@ -238,7 +239,7 @@ class FlashBiasAttention(torch.autograd.Function):
                      HAS_WINDOW=keep_window is not None, HAS_DOCS=document_ids is not None)
         if keep_window is not None:  # two numbers per query; the selection carries no gradient
             win_b, win_j = window_thresholds(bias, key_padding_mask, batch=B, heads=H, T=T, S=S, causal=causal,
-                                             keep_window=keep_window, device=q.device)
+                                             keep_window=keep_window, device=q.device, document_ids=document_ids)
         else:
             win_b, win_j = lse, lse  # unused placeholders
         _forward[(triton.cdiv(T, config["BLOCK_M"]), B * H)](
@@ -289,10 +290,8 @@ class FlashBiasAttention(torch.autograd.Function):
 
 def attention_triton(q, k, v, *, bias=None, causal=True, key_padding_mask=None, keep_window=None,
                      scale=None, document_ids=None) -> torch.Tensor:
-    """Same contract as :func:`kernels.attention.reference.attention_reference` (``document_ids`` without
-    a ``keep_window``: the window's thresholds do not know documents yet)."""
-    if document_ids is not None and keep_window is not None:
-        raise ValueError("attention: backend='triton' does not take document_ids with a keep_window yet; "
-                         "use backend='reference'")
+    """Same contract as :func:`kernels.attention.reference.attention_reference`."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if document_ids is not None:
+        document_ids = document_runs(document_ids)  # [B, T] non-decreasing: the window's thresholds need runs
     return FlashBiasAttention.apply(q, k, v, bias, key_padding_mask, causal, scale, keep_window, document_ids)

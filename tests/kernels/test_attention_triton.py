@@ -59,14 +59,26 @@ def test_bias_gradient_is_deterministic():
     assert torch.equal(first, second)
 
 
-WINDOW_CASES = {  # name: (B, T, S, H, causal, bias kind, padding, keep_window)
-    "causal, distinct biases, w=3": (2, 19, 19, 2, True, "randn", False, 3),
-    "causal, tied biases, padding, w=4": (2, 23, 23, 2, True, "ties", True, 4),
-    "no bias: sliding window of 5": (1, 21, 21, 2, True, None, False, 5),
-    "T<S decode, w=2": (2, 6, 17, 2, True, "ties", True, 2),
-    "non-causal, tied, w=7": (2, 13, 15, 2, False, "ties", True, 7),
-    "w larger than S": (1, 9, 9, 2, True, "randn", False, 50),
+WINDOW_CASES = {  # name: (B, T, S, H, causal, bias kind, padding, keep_window, document lengths)
+    "causal, distinct biases, w=3": (2, 19, 19, 2, True, "randn", False, 3, None),
+    "causal, tied biases, padding, w=4": (2, 23, 23, 2, True, "ties", True, 4, None),
+    "no bias: sliding window of 5": (1, 21, 21, 2, True, None, False, 5, None),
+    "T<S decode, w=2": (2, 6, 17, 2, True, "ties", True, 2, None),
+    "non-causal, tied, w=7": (2, 13, 15, 2, False, "ties", True, 7, None),
+    "w larger than S": (1, 9, 9, 2, True, "randn", False, 50, None),
+    # documents of 7, 1, 13 and 8 cross the threshold blocks of 4 and the kernel's 16-row tiles
+    "documents, distinct biases, w=3": (2, 29, 29, 2, True, "randn", False, 3, [7, 1, 13, 8]),
+    "documents, tied biases, padding, w=4": (2, 23, 23, 2, True, "ties", True, 4, [5, 11, 7]),
+    "documents, no bias, w=2": (1, 21, 21, 2, True, None, False, 2, [2, 6, 13]),
+    "documents, non-causal, padding, w=2": (1, 19, 19, 2, False, "randn", True, 2, [9, 10]),
 }
+
+
+def document_ids(lengths, B):
+    """``[B, T]`` ids 0, 1, … per document of ``lengths``, or None."""
+    if lengths is None:
+        return None
+    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(DEVICE).expand(B, -1)
 
 
 def window_inputs(B, T, S, H, bias_kind, padding):
@@ -89,13 +101,16 @@ def test_window_thresholds_keep_exactly_the_reference_selection(name):
     from kernels.attention.reference import allowed_keys, select_window
     from kernels.attention.window import window_thresholds
 
-    B, T, S, H, causal, bias_kind, padding, w = WINDOW_CASES[name]
+    B, T, S, H, causal, bias_kind, padding, w, lengths = WINDOW_CASES[name]
     bias, pad = window_inputs(B, T, S, H, bias_kind, padding)
+    ids = document_ids(lengths, B)
     allowed = allowed_keys(T, S, causal=causal, key_padding_mask=pad, device=DEVICE)  # [B|1, 1, T, S]
+    if ids is not None:
+        allowed = allowed & (ids[:, None, :, None] == ids[:, None, None, :])  # [B, 1, T, S]
     want = select_window(allowed, bias, w).expand(B, H, T, S)
     # block=4 walks the queries in many blocks: the carried best keys are what is under test
     tau_bias, tau_pos = window_thresholds(bias, pad, batch=B, heads=H, T=T, S=S, causal=causal, keep_window=w,
-                                          device=torch.device(DEVICE), block=4)
+                                          device=torch.device(DEVICE), document_ids=ids, block=4)
     key_bias = bias[:, :, None, :] if bias is not None else torch.zeros(1, 1, 1, S, device=DEVICE)
     j = torch.arange(S, device=DEVICE)
     kept = allowed & ((key_bias > tau_bias[..., None]) | ((key_bias == tau_bias[..., None]) & (j >= tau_pos[..., None])))
@@ -104,13 +119,14 @@ def test_window_thresholds_keep_exactly_the_reference_selection(name):
 
 @pytest.mark.parametrize("name", WINDOW_CASES)
 def test_triton_keep_window_matches_reference_outputs_and_gradients(name):
-    B, T, S, H, causal, bias_kind, padding, w = WINDOW_CASES[name]
+    B, T, S, H, causal, bias_kind, padding, w, lengths = WINDOW_CASES[name]
     bias, pad = window_inputs(B, T, S, H, bias_kind, padding)
     torch.manual_seed(0)
     q = torch.randn(B, T, H, 16, device=DEVICE, requires_grad=True)
     k, v = (torch.randn(B, S, 1, 16, device=DEVICE, requires_grad=True) for _ in range(2))
     bias = bias.requires_grad_() if bias is not None else None
-    assert_triton_matches_reference(q, k, v, bias, causal=causal, key_padding_mask=pad, keep_window=w)
+    assert_triton_matches_reference(q, k, v, bias, causal=causal, key_padding_mask=pad, keep_window=w,
+                                    document_ids=document_ids(lengths, B))
 
 
 def test_triton_on_cpu_without_the_interpreter_says_so(monkeypatch):
@@ -124,7 +140,7 @@ def test_triton_on_cpu_without_the_interpreter_says_so(monkeypatch):
 def test_triton_with_packed_documents_matches_reference_outputs_and_gradients(bias, padding):
     """``document_ids`` compared per tile; documents of 7, 1, 13 and 8 cross the 16-row tiles."""
     q, k, v, b, pad = inputs(2, 29, 29, 4, 2, 16, bias, padding)
-    ids = torch.repeat_interleave(torch.arange(4), torch.tensor([7, 1, 13, 8])).to(DEVICE).expand(2, -1)
-    assert_triton_matches_reference(q, k, v, b, key_padding_mask=pad, document_ids=ids)
-    with pytest.raises(ValueError, match="does not take document_ids with a keep_window"):
-        attention(q, k, v, document_ids=ids, keep_window=3, backend="triton")
+    assert_triton_matches_reference(q, k, v, b, key_padding_mask=pad, document_ids=document_ids([7, 1, 13, 8], 2))
+    # an id that comes back after another is a new document (the run numbers of document_runs)
+    again = torch.tensor([0] * 7 + [1] * 9 + [0] * 13, device=DEVICE).expand(2, -1)
+    assert_triton_matches_reference(q, k, v, b, key_padding_mask=pad, document_ids=again)

@@ -51,18 +51,29 @@ def test_a_packed_scan_equals_each_document_scanned_alone():
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_packed_attention_equals_each_document_attended_alone(with_bias):
+ATTENTION_CASES = {  # name: (bias, keep_window, document ids: one per document, or ids that come back)
+    "no bias": (False, None, range(len(LENGTHS))),
+    "bias": (True, None, range(len(LENGTHS))),
+    "bias, keep_window 3": (True, 3, range(len(LENGTHS))),
+    # ids 0, 1, 0, 1, 0: a run is a document, as for the SSD's restarts; not two documents of 3 runs
+    "ids that come back": (True, None, [0, 1, 0, 1, 0]),
+    "ids that come back, keep_window 4": (True, 4, [0, 1, 0, 1, 0]),
+}
+
+
+@pytest.mark.parametrize("name", ATTENTION_CASES)
+def test_packed_attention_equals_each_document_attended_alone(name):
+    with_bias, keep_window, doc_ids = ATTENTION_CASES[name]
     g = torch.Generator().manual_seed(1)
     T = sum(LENGTHS)
     q = torch.randn(2, T, 4, 8, generator=g, dtype=torch.float64).requires_grad_()
     k, v = (torch.randn(2, T, 2, 8, generator=g, dtype=torch.float64).requires_grad_() for _ in range(2))
     bias = torch.randn(2, 4, T, generator=g, dtype=torch.float64).requires_grad_() if with_bias else None
-    ids = torch.repeat_interleave(torch.arange(len(LENGTHS)), torch.tensor(LENGTHS)).expand(2, -1)
-    packed = attention(q, k, v, bias=bias, document_ids=ids)
+    ids = torch.repeat_interleave(torch.tensor(list(doc_ids)), torch.tensor(LENGTHS)).expand(2, -1)
+    packed = attention(q, k, v, bias=bias, keep_window=keep_window, document_ids=ids)
     pieces = zip(q.split(LENGTHS, 1), k.split(LENGTHS, 1), v.split(LENGTHS, 1),
                  bias.split(LENGTHS, 2) if with_bias else [None] * len(LENGTHS))
-    alone = torch.cat([attention(qs, ks, vs, bias=bs) for qs, ks, vs, bs in pieces], dim=1)
+    alone = torch.cat([attention(qs, ks, vs, bias=bs, keep_window=keep_window) for qs, ks, vs, bs in pieces], dim=1)
     torch.testing.assert_close(packed, alone, rtol=1e-10, atol=1e-10)
     inputs = [t for t in (q, k, v, bias) if t is not None]
     for gp, ga in zip(grads(packed, inputs), grads(alone, inputs)):
