@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 import torch
 
 from components.cache import InferenceCache
+from kernels.attention import document_runs
 from components.rotary import RotaryEmbedding
 
 
@@ -19,7 +20,9 @@ class Context:
         cache: when decoding, the :class:`InferenceCache` the mixers read and extend; None otherwise.
         document_ids: ``[B, T]`` integers, for packed documents: no mixer lets a token see another
             document (attention keeps to the document, the SSD's state and conv restart at its start);
-            None: each row is one sequence.
+            None: each row is one sequence. A document is a run of equal ids; they are stored renumbered
+            0, 1, … per run (:func:`kernels.attention.document_runs`), so an id that comes back after
+            another is a new document for every mixer.
     """
 
     position_ids: torch.Tensor
@@ -39,6 +42,7 @@ class Context:
                                  f"{tuple(self.position_ids.shape)}; got {ids.dtype} {tuple(ids.shape)}")
             if self.cache is not None:
                 raise ValueError("Context: document_ids are for packed training batches, not for decoding with a cache")
+            self.document_ids = document_runs(ids)  # [B, T] non-decreasing: mixers may compare ids for equality
         mask = self.padding_mask
         if mask is not None:
             if mask.dtype != torch.bool:

@@ -133,13 +133,14 @@ def test_a_packed_row_computes_what_its_documents_compute_alone(name):
 
 
 def test_a_packed_row_of_a_hybrid_computes_what_its_documents_compute_alone():
-    """SSD (conv + RoPE), attention and IFA blocks with MLP and routed-MoE state mixers in one model."""
+    """SSD (conv + RoPE), attention and IFA blocks with MLP and routed-MoE state mixers in one model. The
+    ids 0, 1, 0, 1 come back: each run is its own document (the conv's taps reach across the 2-token one)."""
     torch.manual_seed(0)
     model = HybridLM(61, 32, "SM AR IM", {"S": SEQUENCE["SSD conv+rope, gate, 2 groups"], "A": SEQUENCE["QCAttention"],
                                           "I": SEQUENCE["IFA content"], "M": MLP, "R": STATE["RoutedMoE"]}).eval()
     lengths = [6, 2, 11, 4]
     ids = torch.randint(1, 61, (1, sum(lengths)), generator=torch.Generator().manual_seed(3))
-    documents = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))[None]  # [1, 23]
+    documents = torch.repeat_interleave(torch.tensor([0, 1, 0, 1]), torch.tensor(lengths))[None]  # [1, 23]
     with torch.no_grad():
         packed = model(ids, document_ids=documents)
         alone = torch.cat([model(part) for part in ids.split(lengths, dim=1)], dim=1)
