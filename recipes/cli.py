@@ -7,18 +7,23 @@ On top of LightningCLI (docs/training.md):
 - ``--ckpt_path last`` is the newest ``last.ckpt`` of the recipe's runs (an error when there is none),
   and ``fit`` from a run's checkpoint continues that run: same log folder, same TensorBoard curves;
 - gradients are clipped at norm 1.0 unless the recipe says otherwise;
-- a diverged or interrupted run exits with a message, not a traceback, and a non-zero status.
+- a diverged or interrupted run exits with a message, not a traceback, and a non-zero status;
+- a checkpoint is read as data only, and the model is rebuilt from its hyper-parameters only when every
+  class they name is trusted (the zoo's ``components``, the recipe's own bindings, ``--allow_classes``),
+  checked before anything is imported (recipes/checkpoints.py).
 """
 
+import inspect
+import os
 import sys
 from pathlib import Path
 
 import lightning as L
-import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from recipes.checkpoints import CheckpointError, check_hyperparameters, class_paths, load_checkpoint
 from recipes.module import LanguageModel
 from recipes.training import AtomicCheckpointIO, CheckpointPolicy, DivergenceError, TrainingInterrupted, newest_checkpoint
 
@@ -78,17 +83,115 @@ def run_logger(trainer_config):
     return logger, Path(save_dir) / name if name else Path(save_dir)
 
 
+# Model arguments that say how to compute, not what: a resumed or evaluated run takes them from the command
+# line and recipe rather than from the checkpoint.
+HOW_NOT_WHAT = ("compile", "loss_positions")
+
+
+def explicit_model_flags(args: list[str]) -> list[str]:
+    """The dotted keys under ``model.`` that the command line sets itself (``--model.d_model 64`` → ``d_model``)."""
+    return [arg[len("--model."):].split("=", 1)[0] for arg in args if arg.startswith("--model.")]
+
+
+def dotted_get(tree, key: str):
+    """``tree["a"]["b"]`` for ``key = "a.b"``, through mappings and namespaces; ``KeyError`` when absent."""
+    for part in key.split("."):
+        tree = vars(tree) if hasattr(tree, "__dict__") and not isinstance(tree, dict) else tree
+        if not isinstance(tree, dict) or part not in tree:
+            raise KeyError(key)
+        tree = tree[part]
+    return tree
+
+
+def plain(value):
+    if hasattr(value, "as_dict"):
+        return value.as_dict()
+    return list(value) if isinstance(value, tuple) else value
+
+
+def differs(given, recorded) -> bool:
+    """Whether a configured value contradicts a recorded one; for mappings (a binding), only the keys both
+    state are compared, since each side may leave defaults out."""
+    given, recorded = plain(given), plain(recorded)
+    if isinstance(given, dict) and isinstance(recorded, dict):
+        return any(differs(given[k], recorded[k]) for k in given.keys() & recorded.keys())
+    if isinstance(given, list) and isinstance(recorded, list):
+        return len(given) != len(recorded) or any(differs(g, r) for g, r in zip(given, recorded))
+    return given != recorded
+
+
+def check_run_name(logger) -> None:
+    """A run's name or version is a folder under the logger's root: no ``..``, no absolute path."""
+    args = getattr(logger, "init_args", None)
+    for field in ("name", "version", "sub_dir"):
+        value = getattr(args, field, None)
+        if isinstance(value, str) and (Path(value).is_absolute() or ".." in Path(value).parts or value.startswith("~")):
+            raise ValueError(f"logger {field}={value!r} would write outside the logger's save_dir: a run's {field} "
+                             "must be a relative folder name without '..'")
+
+
 class HybridCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         # The vocabulary is the data's business; the model takes it from the instantiated data module.
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
         parser.add_class_arguments(CheckpointPolicy, "checkpoint")
+        parser.add_argument(
+            "--allow_classes", type=list[str], default=[],
+            help="packages, modules or class paths (beyond the zoo's components and the recipe's own bindings) "
+                 "whose classes a --ckpt_path checkpoint may name; checked before anything is imported")
 
     def parse_arguments(self, parser, args) -> None:
+        self._command_line = list(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand is not None:
-            self._resolve_checkpoint(subcommand, self.config[subcommand])
+            config = self.config[subcommand]
+            check_run_name(run_logger(config.trainer)[0])
+            if config.get("weights_only") is False:
+                raise ValueError("--weights_only false is refused: the zoo's checkpoints hold tensors and plain values "
+                                 "only, and reading pickled objects would run the code a file carries")
+            self._resolve_checkpoint(subcommand, config)
+
+    def _parse_ckpt_path(self) -> None:
+        """Rebuild the model from the checkpoint's hyper-parameters, as Lightning does, but read the file as data
+        only and refuse, before importing anything, a class that is not trusted; refuse a command-line model
+        flag that the checkpoint contradicts (it would be dropped silently)."""
+        subcommand = self.config.get("subcommand")
+        if not subcommand or not self.config[subcommand].get("ckpt_path"):
+            return
+        config = self.config[subcommand]
+        path = config.ckpt_path
+        checkpoint = load_checkpoint(path, mmap=True)
+        if "pytorch-lightning_version" not in checkpoint:
+            raise CheckpointError(f"{path} holds weights only (as python -m recipes.hf writes), not a training run: "
+                                  f"start a run from it with --model.init_from {path}, without --ckpt_path")
+        hparams = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items()
+                   if k != "_instantiator" and k not in HOW_NOT_WHAT}
+        if not hparams:
+            return
+        unknown = sorted(set(hparams) - set(inspect.signature(LanguageModel.__init__).parameters))
+        if unknown:
+            raise CheckpointError(f"{path}: hyper-parameters {unknown} are not LanguageModel's: not a checkpoint of this zoo")
+        recipe_classes = class_paths(plain(config.model))
+        check_hyperparameters(hparams, path, [*config.allow_classes, *recipe_classes])
+        self._check_flags_agree(path, config.model, hparams)
+        self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+
+    def _check_flags_agree(self, path, model_config, hparams: dict) -> None:
+        conflicts = []
+        for key in explicit_model_flags(self._command_line):
+            if key.split(".")[0] in HOW_NOT_WHAT:
+                continue
+            try:
+                recorded = dotted_get(hparams, key)
+                given = dotted_get(model_config, key)
+            except KeyError:
+                continue
+            if differs(given, recorded):
+                conflicts.append(f"--model.{key} {plain(given)!r} (the checkpoint has {plain(recorded)!r})")
+        if conflicts:
+            raise ValueError(f"--ckpt_path {path}: {'; '.join(conflicts)}. A checkpoint's model is the one it was "
+                             "trained as; drop the flag to use it, or start a new run (without --ckpt_path) to change it")
 
     def _resolve_checkpoint(self, subcommand: str, config) -> None:
         """``--ckpt_path last`` (``best``) → the newest ``last.ckpt`` (``best.ckpt``) of this recipe's runs; a ``fit`` from a run's
@@ -113,7 +216,7 @@ class HybridCLI(LightningCLI):
         if subcommand == "fit" and logger is not None and in_run:
             logger.init_args.version = path.parent.parent.name
             if logger.class_path.endswith("TensorBoardLogger"):
-                step = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"]
+                step = load_checkpoint(path, mmap=True).get("global_step", 0)
                 logger.dict_kwargs = {**(getattr(logger, "dict_kwargs", None) or {}), "purge_step": step}
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
@@ -150,6 +253,10 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
             save_config_kwargs={"overwrite": True},
         )
     except DivergenceError as error:
+        sys.exit(f"error: {error}")
+    except (ValueError, FileNotFoundError) as error:  # a named configuration or input error: its message, no trace
+        if os.environ.get("HYBRID_ZOO_DEBUG"):
+            raise
         sys.exit(f"error: {error}")
     except TrainingInterrupted as error:
         print(f"{error}; resume with --ckpt_path last", file=sys.stderr, flush=True)

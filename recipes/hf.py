@@ -44,6 +44,11 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        inside = folder.resolve()
+        outside = [name for name in files if Path(name).is_absolute() or not (folder / name).resolve().is_relative_to(inside)]
+        if outside:
+            raise ValueError(f"{index}: weight_map names files outside the model folder ({', '.join(outside[:3])}); "
+                             "refused: a checkpoint's shards lie in its own folder")
     elif (folder / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:

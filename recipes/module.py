@@ -16,6 +16,7 @@ from torchmetrics.text import Perplexity
 from components.bindings import MixerFactory
 from components.model import HybridLM, count_active_parameters, count_parameters
 from components.sizing import SizeTarget, describe_size, sized_mixers
+from recipes.checkpoints import check_hyperparameters, load_checkpoint
 from recipes.training import DivergenceError, rng_states, set_rng_states
 
 IGNORE_INDEX = -100
@@ -139,6 +140,24 @@ class LanguageModel(L.LightningModule):
             self._hidden_states = torch.compile(self.model.hidden_states, fullgraph=True, dynamic=False,
                                                 backend=backend)
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None, *,
+                             allow_classes: tuple[str, ...] | list[str] = (), **kwargs):
+        """The model a checkpoint file records, rebuilt from its hyper-parameters and weights.
+
+        The file is read as data only (``weights_only=True``), and every class its hyper-parameters name
+        must come from the zoo's ``components`` or from ``allow_classes`` (packages, modules or class
+        paths the caller trusts), checked before anything is imported (:mod:`recipes.checkpoints`).
+        """
+        if hparams_file is not None:
+            raise ValueError("LanguageModel.load_from_checkpoint: hparams_file is not supported; the checkpoint "
+                             "records the hyper-parameters, and keyword arguments override them")
+        checkpoint = load_checkpoint(checkpoint_path, mmap=True)
+        check_hyperparameters(checkpoint.get("hyper_parameters") or {}, checkpoint_path, allow_classes)
+        del checkpoint
+        return super().load_from_checkpoint(checkpoint_path, map_location=map_location, strict=strict,
+                                            weights_only=True, **kwargs)
+
     # ---- the loss --------------------------------------------------------------------------------
 
     def _hidden(self, batch: dict) -> torch.Tensor:
@@ -230,7 +249,7 @@ class LanguageModel(L.LightningModule):
 
     def _load_initial_weights(self, path: str) -> None:
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+            state = load_checkpoint(path)["state_dict"]
         except FileNotFoundError:
             raise FileNotFoundError(f"LanguageModel: init_from={path!r}: no such checkpoint file") from None
         model_state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}

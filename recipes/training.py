@@ -21,6 +21,8 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from recipes.checkpoints import load_checkpoint
+
 log = logging.getLogger(__name__)
 
 
@@ -48,7 +50,14 @@ class TrainingInterrupted(Exception):
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes a checkpoint to a temporary file beside its destination, flushes it to disk, then renames
-    it into place, so a reader (or a resume after a crash) never sees a partial file."""
+    it into place, so a reader (or a resume after a crash) never sees a partial file. Reads one as data
+    only (``weights_only=True``, whatever the caller or torch's default says), with an error that names
+    a file that is not a checkpoint (:func:`recipes.checkpoints.load_checkpoint`)."""
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        if "://" in str(path):  # a remote file (fsspec): Lightning's reader, still without pickle
+            return super().load_checkpoint(path, map_location=map_location, weights_only=True)
+        return load_checkpoint(path, map_location=map_location)
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         path = Path(path)

@@ -192,7 +192,7 @@ def test_divergence_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path,
 
 def test_fully_fp16_training_on_cpu_is_refused_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match="precision='16-true' on CPU: .* overflows"):
+    with pytest.raises(SystemExit, match="error: precision='16-true' on CPU: .* overflows"):
         main(["fit", *TEXT, "--trainer.precision", "16-true", "--trainer.max_steps", "1"])
 
 

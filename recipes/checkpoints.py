@@ -1,0 +1,132 @@
+"""Reading a checkpoint as data: no pickle, and no import of a class the file names unless it is trusted.
+
+A checkpoint is read with ``torch.load(weights_only=True)`` — tensors and plain values, never pickled
+objects — whatever torch's default is (an environment variable flips it). Its hyper-parameters, from
+which the model is rebuilt, name classes (each mixer binding's ``class_path``); rebuilding imports them,
+and importing a module runs its top-level code. So before anything is parsed or imported, every class
+path the hyper-parameters name must be *trusted*: in the zoo's own ``components`` package, or in the
+allow-list the user passes (``--allow_classes mypkg`` on the command line, ``allow_classes=["mypkg"]``
+in Python; an entry is a package, a module or a full class path). A string that could be read as an
+import path or a file path anywhere else in the hyper-parameters is refused too, because jsonargparse
+turns such strings into classes or reads the file they name. docs/training.md ("Loading checkpoints").
+"""
+
+import pickle
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TRUSTED_PACKAGES = ("components",)
+"""Packages whose classes a checkpoint may name without the user's say-so: the zoo's mixers."""
+
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6 is a zip archive
+DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+class CheckpointError(ValueError):
+    """A file that is not a checkpoint the zoo can read, or one that names something it must not load."""
+
+
+def load_checkpoint(path: str | Path, *, map_location: Any = "cpu", mmap: bool = False) -> dict:
+    """The checkpoint at ``path`` as a dict, read with ``weights_only=True``.
+
+    Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError`, naming the file, for an
+    empty, truncated, corrupted or foreign one, or for one that holds pickled objects (which a checkpoint
+    never needs; such a file is refused, never loaded "unsafely").
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint file")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes): not a checkpoint (was its write interrupted?)")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != ZIP_MAGIC:
+        raise CheckpointError(f"{path} is not a checkpoint: a checkpoint is a zip archive written by torch.save, and "
+                              f"this file ({size} bytes) starts with {magic!r}")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as error:
+        found = re.search(r"unsupported GLOBAL (\S+)", str(error)) or re.search(r"Unsupported (?:global|operand)[^.\n]*",
+                                                                                str(error))
+        what = f" (it names {found.group(1) if found.lastindex else found.group(0)})" if found else ""
+        raise CheckpointError(
+            f"{path} holds pickled Python objects{what}, which a checkpoint of the zoo never contains: it is refused. "
+            "Loading it without weights_only would run whatever code it carries; only tensors and plain values are read"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as error:
+        reason = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
+        raise CheckpointError(f"{path} is not a readable checkpoint ({size} bytes; truncated or corrupted?): {reason}") \
+            from None
+    if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint:
+        keys = sorted(checkpoint)[:6] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
+        raise CheckpointError(f"{path} is not a model checkpoint: it has no 'state_dict' (found {keys})")
+    return dict(checkpoint)
+
+
+def trusted(path: str, allow: Iterable[str] = ()) -> bool:
+    """Whether class path ``path`` lies in a trusted package or under an entry of ``allow``."""
+    return any(path == prefix or path.startswith(prefix + ".") for prefix in (*TRUSTED_PACKAGES, *allow))
+
+
+def untrusted_references(tree: Any, allow: Iterable[str] = (), where: str = "") -> list[str]:
+    """Every ``where=value`` in ``tree`` that would import something untrusted or read a file: a
+    ``class_path`` outside the trusted packages and ``allow``, and any other string that reads as a
+    dotted import path or a file path (``a.b``, ``x/y``)."""
+    allow = tuple(allow)
+    found = []
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            at = f"{where}.{key}" if where else str(key)
+            if key in ("class_path", "_class_path") and not (isinstance(value, str) and DOTTED.fullmatch(value)
+                                                               and trusted(value, allow)):
+                found.append(f"{at}={value!r}")
+            elif key not in ("class_path", "_class_path"):
+                found += untrusted_references(value, allow, at)
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            found += untrusted_references(value, allow, f"{where}[{i}]")
+    elif isinstance(tree, str) and not NUMBER.fullmatch(tree.strip()):
+        if (DOTTED.fullmatch(tree) and not trusted(tree, allow)) or any(c in tree for c in "/\\") or tree.startswith("~"):
+            found.append(f"{where}={tree!r}")
+    return found
+
+
+def check_hyperparameters(hparams: Mapping, source: str | Path, allow: Iterable[str] = ()) -> None:
+    """Refuse, before anything is imported, hyper-parameters that name an untrusted class or a path.
+
+    Every mixer binding must be a ``{class_path, init_args}`` mapping (never a bare string, which
+    jsonargparse would import or read as a file)."""
+    allow = tuple(allow)
+    mixers = hparams.get("mixers")
+    problems = []
+    if mixers is not None:
+        if not isinstance(mixers, Mapping):
+            problems.append(f"mixers={type(mixers).__name__}")
+        else:
+            problems += [f"mixers.{letter}={type(spec).__name__} (not a {{class_path, init_args}} mapping)"
+                         for letter, spec in mixers.items() if not isinstance(spec, Mapping)]
+    problems += untrusted_references(hparams, allow)
+    if problems:
+        allowed = ", ".join((*TRUSTED_PACKAGES, *allow))
+        raise CheckpointError(
+            f"{source}: refused before importing anything: its hyper-parameters name {'; '.join(problems[:4])}"
+            f"{' …' if len(problems) > 4 else ''}. A checkpoint may name classes from {allowed} only. If you trust "
+            "this file and the code it names, allow it: --allow_classes PACKAGE (CLI) or "
+            "allow_classes=['PACKAGE'] (LanguageModel.load_from_checkpoint)"
+        )
+
+
+def class_paths(tree: Any) -> list[str]:
+    """Every ``class_path`` value in a (recipe) configuration tree."""
+    if isinstance(tree, Mapping):
+        own = [tree["class_path"]] if isinstance(tree.get("class_path"), str) else []
+        return own + [p for value in tree.values() for p in class_paths(value)]
+    if isinstance(tree, (list, tuple)):
+        return [p for value in tree for p in class_paths(value)]
+    return []

@@ -1,0 +1,229 @@
+"""A checkpoint is data: no load path imports a module the file names unless the user trusts it, no pickled
+object is ever read, and a file that is not a checkpoint gets an error that names it (and never advises
+loading it unsafely). The module planted here writes a marker file when imported, so "no code ran" is
+checked, not assumed."""
+
+import sys
+
+import pytest
+import torch
+
+from recipes import LanguageModel
+from recipes.checkpoints import CheckpointError, check_hyperparameters, load_checkpoint, untrusted_references
+from recipes.cli import main
+from recipes.generate import main as generate
+from recipes.training import AtomicCheckpointIO
+
+TINY = ["--config", "quickstart.yaml", "--model.d_model", "16", "--model.pattern", "AM", "--model.mixers.A.init_args.n_heads",
+        "2", "--data.init_args.seq_len", "16", "--data.init_args.batch_size", "2", "--trainer.max_steps", "2",
+        "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"]
+
+EVIL = """
+from pathlib import Path
+Path(__file__).with_name("IMPORTED").write_text("evilmod ran")
+import torch
+class Evil(torch.nn.Module):
+    def __init__(self, d_model, **kwargs):
+        super().__init__()
+        self.proj = torch.nn.Linear(d_model, d_model, bias=False)
+    def forward(self, x, context=None):
+        return self.proj(x)
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A real checkpoint of a 1-block model, written by ``python -m recipes fit``."""
+    cwd = tmp_path_factory.mktemp("trained")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        main(["fit", *TINY])
+    [last] = cwd.glob("runs/**/checkpoints/last.ckpt")
+    return last
+
+
+def crafted(trained, folder, mutate) -> str:
+    """``trained`` with its hyper-parameters changed by ``mutate``, saved in ``folder`` beside ``evilmod.py``."""
+    checkpoint = torch.load(trained, weights_only=True)
+    mutate(checkpoint["hyper_parameters"])
+    (folder / "evilmod.py").write_text(EVIL)
+    path = folder / "crafted.ckpt"
+    torch.save(checkpoint, path)
+    return str(path)
+
+
+def as_class_path(hp):
+    hp["mixers"]["A"]["class_path"] = "evilmod.Evil"
+
+
+def as_string(hp):  # jsonargparse reads a bare string as a class path
+    hp["mixers"]["A"] = "evilmod.Evil"
+
+
+def nested(hp):  # a class path deep inside a binding's arguments
+    hp["mixers"]["A"]["init_args"]["value"] = {"class_path": "evilmod.Evil", "init_args": {}}
+
+
+def as_yaml_path(hp):  # jsonargparse reads a path string as a config file to load
+    hp["mixers"]["M"]["init_args"]["activation"] = "./binding.yaml"
+
+
+ATTACKS = [as_class_path, as_string, nested, as_yaml_path]
+LOADERS = ["load_from_checkpoint", "validate", "test", "fit", "generate"]
+
+
+def load(loader: str, path: str, cwd) -> None:
+    if loader == "load_from_checkpoint":
+        LanguageModel.load_from_checkpoint(path)
+    elif loader == "generate":
+        generate(["--config", "quickstart.yaml", "--ckpt_path", path, "--prompt", "a", "--max_new_tokens", "2"])
+    else:
+        main([loader, *TINY, "--ckpt_path", path])
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=[a.__name__ for a in ATTACKS])
+@pytest.mark.parametrize("loader", LOADERS)
+def test_a_crafted_checkpoint_imports_nothing_by_any_load_path(trained, tmp_path, monkeypatch, capsys, attack, loader):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # evilmod is importable, as a module in the working folder is
+    (tmp_path / "binding.yaml").write_text("class_path: evilmod.Evil\n")
+    path = crafted(trained, tmp_path, attack)
+    with pytest.raises((CheckpointError, SystemExit)) as caught:
+        load(loader, path, tmp_path)
+    message = str(caught.value)
+    assert "refused before importing anything" in message and "crafted.ckpt" in message
+    assert not (tmp_path / "IMPORTED").exists(), "the checkpoint's module was imported"
+    assert "evilmod" not in sys.modules
+
+
+def test_the_allow_list_lets_a_trusted_class_through(trained, tmp_path, monkeypatch):
+    """The other side of the test above: with the module allowed, it is imported and the model is built
+    from it — so the refusal above is the allow-list's doing, not a broken checkpoint."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = crafted(trained, tmp_path, as_class_path)
+    try:
+        lm = LanguageModel.load_from_checkpoint(path, allow_classes=["evilmod"], strict=False)
+        assert (tmp_path / "IMPORTED").read_text() == "evilmod ran"
+        assert type(lm.model.blocks[0].sequence_mixer).__name__ == "Evil"
+    finally:
+        sys.modules.pop("evilmod", None)
+
+
+def test_the_recipe_own_bindings_are_trusted_on_resume(trained, tmp_path, monkeypatch, capsys):
+    """A run whose recipe binds a custom mixer resumes without --allow_classes: the user named it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "mymixer.py").write_text(EVIL.replace("IMPORTED", "MINE"))
+    args = [*TINY, "--model.mixers.A", "{class_path: mymixer.Evil}"]
+    try:
+        main(["fit", *args])
+        main(["validate", *args, "--ckpt_path", "last"])
+    finally:
+        sys.modules.pop("mymixer", None)
+    assert "val/loss" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"", "is empty (0 bytes)"),
+    (b"\x80\x02random bytes that are not a checkpoint" * 50, "is not a checkpoint: a checkpoint is a zip archive"),
+    ("truncated", "is not a readable checkpoint"),
+    ("pickled", "holds pickled Python objects (it names posix.system)"),
+    ("not-a-model", "is not a model checkpoint: it has no 'state_dict'"),
+])
+def test_a_file_that_is_not_a_checkpoint_gets_an_error_that_names_it(trained, tmp_path, content, expected):
+    path = tmp_path / "bad.ckpt"
+    if content == "truncated":
+        data = trained.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif content == "pickled":
+        import os
+
+        class Payload:
+            def __reduce__(self):
+                return os.system, ("true",)
+        torch.save({"state_dict": {}, "x": Payload()}, path)
+    elif content == "not-a-model":
+        torch.save({"weights": torch.ones(2)}, path)
+    else:
+        path.write_bytes(content)
+    for read in (load_checkpoint, AtomicCheckpointIO().load_checkpoint, LanguageModel.load_from_checkpoint):
+        with pytest.raises(CheckpointError) as caught:
+            read(str(path))
+        message = str(caught.value)
+        assert str(path) in message and expected in message
+        assert "weights_only=False" not in message and "will likely succeed" not in message
+
+
+def test_weights_only_is_explicit_whatever_the_environment_says(trained, tmp_path, monkeypatch):
+    """torch's default flips with an environment variable; every zoo reader passes weights_only=True itself."""
+    import os
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'RAN'}",)
+    checkpoint = torch.load(trained, weights_only=True)
+    checkpoint["payload"] = Payload()
+    path = tmp_path / "payload.ckpt"
+    torch.save(checkpoint, path)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    for read in (load_checkpoint, AtomicCheckpointIO().load_checkpoint, LanguageModel.load_from_checkpoint):
+        with pytest.raises(CheckpointError, match="holds pickled Python objects"):
+            read(str(path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="holds pickled Python objects"):
+        main(["validate", *TINY, "--ckpt_path", str(path)])
+    assert not (tmp_path / "RAN").exists()
+
+
+def test_weights_only_false_is_refused_on_the_command_line(trained, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="--weights_only false is refused"):
+        main(["validate", *TINY, "--ckpt_path", str(trained), "--weights_only", "false"])
+
+
+def test_untrusted_references_lists_class_paths_and_path_like_strings():
+    hparams = {"pattern": "SM×2", "lr": 1e-3, "compile": "inductor", "betas": [0.9, 0.98], "eps": "1e-6",
+               "mixers": {"S": {"class_path": "components.SSD", "init_args": {"positions": "rope"}},
+                          "M": {"class_path": "components.sequence.ssd.SSD", "init_args": {}},
+                          "X": {"class_path": "mypkg.sub.Mixer", "init_args": {"where": "../x", "name": "os.path"}}}}
+    assert untrusted_references(hparams) == ["mixers.X.class_path='mypkg.sub.Mixer'", "mixers.X.init_args.where='../x'",
+                                             "mixers.X.init_args.name='os.path'"]
+    assert untrusted_references(hparams, allow=["mypkg", "os"]) == ["mixers.X.init_args.where='../x'"]
+    # a prefix is a package, not a string prefix: "componentsx" is not "components"
+    assert untrusted_references({"class_path": "componentsx.Evil"}) == ["class_path='componentsx.Evil'"]
+    with pytest.raises(CheckpointError, match=r"mixers.A=str \(not a \{class_path, init_args\} mapping\)"):
+        check_hyperparameters({"mixers": {"A": "components.MLP"}}, "x.ckpt")
+
+
+def test_a_shard_index_that_points_outside_the_folder_is_refused(tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    from recipes.hf import read_weights
+
+    secret = tmp_path / "elsewhere.safetensors"
+    save_file({"w": torch.ones(2)}, str(secret))
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"v": torch.ones(2)}, str(model / "part-1.safetensors"))
+    for outside in ("../elsewhere.safetensors", str(secret)):
+        (model / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"v": "part-1.safetensors", "w": outside}}))
+        with pytest.raises(ValueError, match="weight_map names files outside the model folder"):
+            read_weights(model)
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"v": "part-1.safetensors"}}))
+    assert set(read_weights(model)) == {"v"}
+
+
+@pytest.mark.parametrize("flag", [["--trainer.logger.init_args.name", "../../escaped"],
+                                  ["--trainer.logger.init_args.version", "../escaped"],
+                                  ["--trainer.logger.init_args.name", "/tmp/escaped"]])
+def test_a_run_name_that_leaves_the_runs_folder_is_refused(tmp_path, monkeypatch, flag):
+    monkeypatch.chdir(tmp_path / ".")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    with pytest.raises(SystemExit, match="would write outside the logger's save_dir"):
+        main(["fit", *TINY, *flag])
+    assert not (tmp_path / "escaped").exists() and not list(tmp_path.glob("**/escaped"))
