@@ -69,8 +69,11 @@ def _parquet_module():
     return pyarrow.parquet
 
 
-def document_pieces(files: list[Path], text_field: str, column: str, txt_separator: str | None) -> Iterator[tuple[str, bool]]:
-    """``(text, ends_document)`` pieces of every document of ``files`` in order."""
+def document_pieces(files: list[Path], text_field: str, column: str, txt_separator: str | None,
+                    domains: list[str] | None = None, domain_field: str = "domain",
+                    seen: dict[str, int] | None = None) -> Iterator[tuple[str, bool]]:
+    """``(text, ends_document)`` pieces of every document of ``files`` in order; with ``domains``, only the
+    ``.jsonl`` documents whose ``domain_field`` is one of them (counted per domain into ``seen``)."""
     for path in files:
         if path.suffix == ".txt":
             yield from _txt_pieces(path, txt_separator)
@@ -80,10 +83,19 @@ def document_pieces(files: list[Path], text_field: str, column: str, txt_separat
                     if not line.strip():
                         continue
                     try:
-                        text = json.loads(line)[text_field]
+                        record = json.loads(line)
+                        text = record[text_field]
                     except (json.JSONDecodeError, KeyError, TypeError) as error:
                         raise ValueError(f"TokenizedCorpus: {path}, line {number}: no string field {text_field!r} "
                                          f"({type(error).__name__}: {error})") from None
+                    if domains is not None:
+                        if domain_field not in record:
+                            raise ValueError(f"TokenizedCorpus: {path}, line {number}: no field {domain_field!r} "
+                                             f"to select domains {domains} by")
+                        if record[domain_field] not in domains:
+                            continue
+                        if seen is not None:
+                            seen[record[domain_field]] = seen.get(record[domain_field], 0) + 1
                     if not isinstance(text, str):
                         raise ValueError(f"TokenizedCorpus: {path}, line {number}: {text_field!r} is {type(text).__name__}, not text")
                     yield text, True
@@ -184,6 +196,10 @@ class TokenizedCorpus(ResumableDataModule):
         val_fraction: the fraction of documents held out for validation (default 0.05).
         num_workers: dataloader workers (default 0).
         seed: seed of the training order (default None: the run's seed).
+        domains: keep only the ``.jsonl`` documents whose ``domain_field`` is one of these (default None: all);
+            a domain that selects no document is an error. Give such a corpus a ``tokenizer`` shared with the
+            full corpus when models move between domains (``python -m recipes.corpora`` writes one).
+        domain_field: the ``.jsonl`` field naming a document's domain (default ``"domain"``).
         packed: give every batch ``document_ids`` (default False), so the model keeps each document of a
             window to itself: attention within it, SSD state and conv restarting, positions from its
             start (docs/data.md). False: windows are plain token streams, as in most LM training.
@@ -204,11 +220,20 @@ class TokenizedCorpus(ResumableDataModule):
         val_fraction: float = 0.05,
         num_workers: int = 0,
         seed: int | None = None,
+        domains: list[str] | None = None,
+        domain_field: str = "domain",
         packed: bool = False,
     ):
         super().__init__()
         self.packed = packed
         self.files = corpus_files(paths) if paths is not None else None
+        if domains is not None:
+            if isinstance(domains, str) or not domains or not all(isinstance(d, str) for d in domains):
+                raise ValueError(f"TokenizedCorpus: domains={domains!r} must be a non-empty list of names")
+            if self.files is None or any(path.suffix != ".jsonl" for path in self.files):
+                raise ValueError("TokenizedCorpus: domains select .jsonl documents by their domain field; "
+                                 f"these paths are not all .jsonl: {paths!r}")
+        self.domains, self.domain_field = (sorted(domains) if domains is not None else None), domain_field
         if tokenizer is not None and not Path(tokenizer).is_file():
             raise FileNotFoundError(f"TokenizedCorpus: tokenizer={tokenizer!r} is not a file")
         if tokenizer is None and not (isinstance(vocab_size, int) and 257 <= vocab_size <= 2**32):
@@ -248,6 +273,8 @@ class TokenizedCorpus(ResumableDataModule):
         tokenizer = (hashlib.sha256(Path(self.tokenizer_path).read_bytes()).hexdigest() if self.tokenizer_path
                      else f"bpe:{self.vocab_size}")
         what = [CACHE_VERSION, source, tokenizer, self.text_field, self.column, self.txt_separator, self.val_every]
+        if self.domains is not None:
+            what += [self.domains, self.domain_field]
         return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
 
     @property
@@ -257,10 +284,11 @@ class TokenizedCorpus(ResumableDataModule):
             self._cache = self.cache_root / self.cache_key()
         return self._cache
 
-    def _pieces(self) -> Iterator[tuple[str, bool]]:
+    def _pieces(self, seen: dict[str, int] | None = None) -> Iterator[tuple[str, bool]]:
         if self.files is None:
             return ((document, True) for document in default_documents())
-        return document_pieces(self.files, self.text_field, self.column, self.txt_separator)
+        return document_pieces(self.files, self.text_field, self.column, self.txt_separator, self.domains,
+                               self.domain_field, seen)
 
     def _training_documents(self) -> Iterator[str]:
         """The training documents' pieces (what the BPE is trained on)."""
@@ -301,6 +329,7 @@ class TokenizedCorpus(ResumableDataModule):
         vocab = max(tokenizer.get_vocab_size(), self.vocab_size)
         dtype = "uint16" if vocab <= 2**16 else "uint32"
         counts = {"train": [0, 0], "val": [0, 0]}  # documents, tokens
+        seen_domains: dict[str, int] = {}
         total = sum(path.stat().st_size for path in self.files) if self.files else None
         with open(building / "train.bin", "wb") as train, open(building / "val.bin", "wb") as val, \
                 tqdm(total=total, unit="B", unit_scale=True, desc=f"tokenizing into {self.cache}") as progress:
@@ -318,7 +347,7 @@ class TokenizedCorpus(ResumableDataModule):
                     progress.update(len(text.encode("utf-8")))
                 batch.clear()
 
-            for text, ends in self._pieces():
+            for text, ends in self._pieces(seen_domains):
                 split = "val" if document % self.val_every == self.val_every - 1 else "train"
                 batch.append((text, ends, split))
                 document += ends
@@ -328,6 +357,8 @@ class TokenizedCorpus(ResumableDataModule):
         meta = {"dtype": dtype, "vocab_size": vocab, "end_of_document": end,
                 "documents": {k: v[0] for k, v in counts.items()}, "tokens": {k: v[1] for k, v in counts.items()},
                 "files": _identity(self.files) if self.files else "pydoc_data", "version": CACHE_VERSION}
+        if self.domains is not None:
+            meta["domains"] = seen_domains
         (building / "meta.json").write_text(json.dumps(meta, indent=1))
         try:
             building.rename(self.cache)
@@ -342,6 +373,10 @@ class TokenizedCorpus(ResumableDataModule):
         if self.meta["vocab_size"] > self.vocab_size:
             raise ValueError(f"TokenizedCorpus: the tokenizer has {self.meta['vocab_size']} tokens, more than "
                              f"vocab_size={self.vocab_size}")
+        missing = sorted(set(self.domains or ()) - set(self.meta.get("domains", {})))
+        if missing:
+            raise ValueError(f"TokenizedCorpus: no document of {[str(f) for f in self.files]} has {self.domain_field} "
+                             f"{missing}; of the domains asked for it found {sorted(self.meta['domains'])}")
         for split in ("train", "val"):
             if self.meta["tokens"][split] < self.seq_len + 1:
                 raise ValueError(f"TokenizedCorpus: the {split} split has {self.meta['tokens'][split]} tokens "
