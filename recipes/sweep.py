@@ -56,10 +56,23 @@ def recipe_files(folder: str) -> list[Path]:
     if not path.is_dir():
         bundled = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir())
         raise FileNotFoundError(f"recipe folder {folder!r} not found (bundled folders: {', '.join(bundled)})")
-    files = sorted(path.glob("*.yaml"))
+    files = sorted(f for f in path.glob("*.yaml") if not f.name.startswith("_"))  # _family.yaml is not a recipe
     if not files:
         raise FileNotFoundError(f"recipe folder {str(path)!r} holds no .yaml recipes")
     return files
+
+
+def family_settings(folder: Path) -> dict:
+    """What a family declares in ``_family.yaml`` beside its recipes: ``baseline`` (the recipe the others are
+    compared with) and ``equivalence_margin`` (nats; closeness claims are tested as equivalence within it)."""
+    path = Path(folder) / "_family.yaml"
+    if not path.is_file():
+        return {}
+    settings = yaml.safe_load(path.read_text()) or {}
+    unknown = set(settings) - {"baseline", "equivalence_margin", "claims"}
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)} (known: baseline, equivalence_margin, claims)")
+    return settings
 
 
 def logger_root(config: Path) -> Path:
@@ -126,12 +139,16 @@ def read_run(run: Path) -> dict:
     last = lambda tag: events.Scalars(tag)[-1].value if tag in tags else math.nan  # noqa: E731
     speeds = [e.value for e in events.Scalars("train/tokens_per_sec")] if "train/tokens_per_sec" in tags else []
     hparams = yaml.safe_load((run / "hparams.yaml").read_text())
+    curve = [(e.step, e.value) for e in events.Scalars("val/loss")] if "val/loss" in tags else []
+    best_step, best = min(curve, key=lambda point: (point[1], point[0])) if curve else (-1, math.nan)
     return {
         "pattern": hparams.get("pattern", "?"),
         "params": hparams.get("n_params", math.nan),
         "active": hparams.get("n_active_params", math.nan),
         "steps": events.Scalars("val/loss")[-1].step + 1 if "val/loss" in tags else 0,
         "val_loss": last("val/loss"),
+        "best_val_loss": best,
+        "best_step": best_step + 1,
         "val_ppl": last("val/ppl"),
         "val_acc": last("val/acc"),
         "tok_s": statistics.median(speeds) if speeds else math.nan,
@@ -195,46 +212,80 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     return logs, runs
 
 
-def seed_table(runs: list[Run], baseline: str | None = None) -> str:
+EARLY_BEST = (0.8, 0.005)
+"""A run's best validation loss "lies well before its end" when it came at or before 80% of its steps and the
+final loss is worse by at least 0.005 nats: the run was overfitting or unstable, and its final loss is not
+what the recipe can reach."""
+
+
+def early_best(result: dict) -> bool:
+    fraction, gap = EARLY_BEST
+    return (result["best_step"] <= fraction * result["steps"]
+            and result["val_loss"] - result["best_val_loss"] >= gap)
+
+
+def seed_table(runs: list[Run], baseline: str | None = None, margin: float | None = None) -> str:
     """Per recipe, over its runs that finished: mean ± std and the 95% interval of the final validation
-    loss and accuracy, the runs behind them, and the difference to ``baseline`` with Welch's p-value."""
-    from recipes.stats import summarize, welch
+    loss, the best validation loss (mean over runs, with the median step it came at), accuracy and speed;
+    against ``baseline``: the difference of mean final loss with Welch's p, Holm's adjustment over the
+    family's comparisons, the difference detectable with 80% power at the observed spreads, and with
+    ``margin`` the TOST p-value of equivalence within ± margin (:mod:`recipes.stats`). Runs whose best
+    loss lies well before their end (:data:`EARLY_BEST`) are listed under the table."""
+    from recipes.stats import detectable_effect, holm, summarize, tost, welch
 
     results: dict[str, list[dict]] = {}
     launched: dict[str, int] = {}
-    failed = []
+    notes = []
     for run in runs:
         name = run.config.stem
         launched[name] = launched.get(name, 0) + 1
         results.setdefault(name, [])
         if run.failed:
-            failed.append(f"{name} seed {run.seed} FAILED (exit {run.returncode}; log {run.log})")
+            notes.append(f"{name} seed {run.seed} FAILED (exit {run.returncode}; log {run.log})")
             continue
         try:
-            results[name].append(read_run(run.folder))
+            result = read_run(run.folder)
         except (FileNotFoundError, KeyError) as error:
-            failed.append(f"{name} seed {run.seed}: no results in {run.folder} ({error})")
+            notes.append(f"{name} seed {run.seed}: no results in {run.folder} ({error})")
+            continue
+        results[name].append(result)
+        if not math.isnan(result["best_val_loss"]) and early_best(result):
+            notes.append(f"{name} seed {run.seed}: best val loss {result['best_val_loss']:.4f} at step "
+                         f"{result['best_step']} of {result['steps']}; final {result['val_loss']:.4f}")
     if baseline is not None and baseline not in results:
         raise ValueError(f"--baseline {baseline!r} is not one of the recipes run ({', '.join(results)})")
     loss = lambda name: [r["val_loss"] for r in results[name] if not math.isnan(r["val_loss"])]  # noqa: E731
+    compared = [name for name in results if baseline is not None and name != baseline]
+    welch_p = {name: welch(loss(name), loss(baseline))[1] for name in compared}
+    holm_p = dict(zip(compared, holm([welch_p[name] for name in compared])))
     rows = ["| recipe | runs | val loss, mean ± std | 95% interval | val acc, mean ± std | train tok/s | "
-            f"Δ loss vs {baseline or '-'} | p (Welch) |", "|---|---|---|---|---|---|---|---|"]
+            f"Δ loss vs {baseline or '-'} | p (Welch) | p (Holm) | detectable Δ (80%) | "
+            f"TOST p (±{margin if margin is not None else '-'}) | best val loss (step) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda p: "< 2 runs" if math.isnan(p) else f"{p:.3g}"  # noqa: E731
     for name, finished in results.items():
         s = summarize(loss(name))
         acc = summarize([r["val_acc"] for r in finished if not math.isnan(r["val_acc"])])
         speeds = [r["tok_s"] for r in finished if not math.isnan(r["tok_s"])]
+        bests = [r["best_val_loss"] for r in finished if not math.isnan(r["best_val_loss"])]
+        best = (f"{statistics.fmean(bests):.4f} ({statistics.median(r['best_step'] for r in finished):.0f})"
+                if bests else "-")
         if baseline is None:
-            versus = "- | -"
+            versus = "- | - | - | - | -"
         elif name == baseline:
-            versus = "(baseline) | -"
+            versus = "(baseline) | - | - | - | -"
         else:
-            diff, p = welch(loss(name), loss(baseline))
+            diff = welch(loss(name), loss(baseline))[0]
+            b = summarize(loss(baseline))
+            mde = detectable_effect(s.std, s.n, b.std, b.n)
+            equivalence = "-" if margin is None else fmt(tost(loss(name), loss(baseline), margin))
             # NaN p: fewer than two finished runs on a side, so no test; say so rather than print "nan".
-            versus = f"{diff:+.4f} | {'< 2 runs' if math.isnan(p) else f'{p:.3g}'}"
+            versus = (f"{diff:+.4f} | {fmt(welch_p[name])} | {fmt(holm_p[name])} | "
+                      f"{'-' if math.isnan(mde) else f'{mde:.4f}'} | {equivalence}")
         rows.append(f"| {name} | {s.n} of {launched[name]} | {s.mean:.4f} ± {s.std:.4f} | [{s.low:.4f}, {s.high:.4f}] | "
                     f"{acc.mean:.4f} ± {acc.std:.4f} | {statistics.median(speeds) if speeds else math.nan:,.0f} | "
-                    f"{versus} |")
-    return "\n".join(rows + ([""] + [f"- {line}" for line in failed] if failed else []))
+                    f"{versus} | {best} |")
+    return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else []))
 
 
 def scalar_series(run: Path, tag: str) -> dict[int, float]:
@@ -334,9 +385,9 @@ def plot_vs(lines: dict, path: Path, key: str, metric: str, title: str) -> None:
 
 
 def report(runs: list[Run], logs: Path, family: str, seeds: bool, baseline: str | None,
-           vs: str | None, metric: str) -> str:
+           vs: str | None, metric: str, margin: float | None = None) -> str:
     """The table (printed and written to ``logs/table.md``) and the figures beside it."""
-    text = seed_table(runs, baseline) if seeds else table(runs)
+    text = seed_table(runs, baseline, margin) if seeds else table(runs)
     logs.mkdir(parents=True, exist_ok=True)
     (logs / "table.md").write_text(f"# {family}\n\n{text}\n")
     curves = val_curves(runs)
@@ -360,7 +411,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--table-only", action="store_true", help="do not run; tabulate the latest runs")
     parser.add_argument("--seeds", type=int, default=None, help="run each recipe with seeds 0 … N-1; statistics")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (threads split between them)")
-    parser.add_argument("--baseline", default=None, help="with --seeds: the recipe the others are compared with")
+    parser.add_argument("--baseline", default=None, help="with --seeds: the recipe the others are compared with "
+                        "(default: the family's _family.yaml)")
+    parser.add_argument("--margin", type=float, default=None,
+                        help="with --seeds: the equivalence margin in nats for the TOST column (default: the family's)")
     parser.add_argument("--vs", default=None, metavar="KEY",
                         help="also plot the final --metric against this hyper-parameter (e.g. d_model)")
     parser.add_argument("--metric", default="val_acc", choices=["val_acc", "val_loss", "val_ppl"],
@@ -373,9 +427,16 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"error: {error}")
         family, runs = sweeps[0][0], [run for _, found in sweeps for run in found]
         seeded = any(run.seed is not None for run in runs)
+        try:
+            settings = family_settings(Path(runs[0].config).parent) if runs else {}
+        except ValueError as error:
+            sys.exit(f"error: {error}")
+        if settings.get("baseline") in {run.config.stem for run in runs}:
+            args.baseline = args.baseline or settings["baseline"]
+        args.margin = args.margin if args.margin is not None else settings.get("equivalence_margin")
         if args.baseline is not None and args.baseline not in {run.config.stem for run in runs}:
             sys.exit(f"error: --baseline {args.baseline!r} is not one of the recipes of that sweep")
-        print(report(runs, Path(args.from_logs[0]), family, seeded, args.baseline, args.vs, args.metric))
+        print(report(runs, Path(args.from_logs[0]), family, seeded, args.baseline, args.vs, args.metric, args.margin))
         return
     if args.folder is None:
         sys.exit("error: name a folder of recipes (or --from a sweep's log folder)")
@@ -387,11 +448,19 @@ def main(argv: list[str] | None = None) -> None:
         configs = recipe_files(args.folder)
     except FileNotFoundError as error:
         sys.exit(f"error: {error}")
+    try:
+        settings = family_settings(configs[0].parent)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
     if args.only:
         unknown = set(args.only) - {c.stem for c in configs}
         if unknown:
             sys.exit(f"error: --only names {sorted(unknown)} not in {args.folder} ({', '.join(c.stem for c in configs)})")
         configs = [c for c in configs if c.stem in args.only]
+    if args.seeds is not None:
+        if settings.get("baseline") in {c.stem for c in configs}:  # (not when --only leaves it out)
+            args.baseline = args.baseline or settings["baseline"]
+        args.margin = args.margin if args.margin is not None else settings.get("equivalence_margin")
     if args.baseline is not None and args.baseline not in {c.stem for c in configs}:
         sys.exit(f"error: --baseline {args.baseline!r} is not one of the recipes ({', '.join(c.stem for c in configs)})")
     overrides = []
@@ -412,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
                 runs.append(Run(config, logger_root(config), returncode=-1, log=str(error)))
     else:
         logs, runs = launch(configs, overrides, args.seeds, args.jobs, family)
-    print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric))
+    print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
     roots = {logger_root(run.config).parent for run in runs}
     print(f"\ntable and figures: {logs}/  TensorBoard: tensorboard --logdir {' '.join(map(str, sorted(roots)))}")
     failed = [run.config.stem for run in runs if run.failed]

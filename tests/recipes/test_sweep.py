@@ -108,13 +108,13 @@ def test_seed_statistics_over_a_fake_family_with_known_outcomes(tmp_path):
             if line.startswith("| ") and not line.startswith("| recipe")}
     half = 4.302652729911275 * 0.1 / 3 ** 0.5
     assert rows["base"][:3] == ["3 of 3", "2.0000 ± 0.1000", f"[{2 - half:.4f}, {2 + half:.4f}]"]
-    assert rows["base"][4] == "200" and rows["base"][5:] == ["(baseline)", "-"]
+    assert rows["base"][4] == "200" and rows["base"][5:10] == ["(baseline)", "-", "-", "-", "-"]
     assert rows["worse"][5] == "+1.0000" and 2e-4 < float(rows["worse"][6]) < 3e-4  # t = 12.25 on 4 df
     assert rows["same"][0] == "3 of 4" and rows["same"][5] == "+0.0000" and float(rows["same"][6]) > 0.9
-    assert rows["lonely"][0] == "1 of 1" and rows["lonely"][5:] == ["+0.5000", "< 2 runs"]  # no test on one run
+    assert rows["lonely"][0] == "1 of 1" and rows["lonely"][5:7] == ["+0.5000", "< 2 runs"]  # no test on one run
     assert "same seed 3 FAILED (exit 1; log same_seed3.log)" in out
     no_baseline = seed_table(runs)
-    assert all(line.endswith("| - | - |") for line in no_baseline.splitlines()[2:] if line.startswith("| "))
+    assert all(line.split("|")[7:12] == [" - "] * 5 for line in no_baseline.splitlines()[2:] if line.startswith("| "))
 
 
 def test_seeds_launch_one_run_per_seed_in_parallel_and_tabulate_them(tmp_path, monkeypatch, capsys):
@@ -210,3 +210,30 @@ def test_a_metric_against_a_hyperparameter_has_one_line_per_recipe_series(tmp_pa
     assert (tmp_path / "acc.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(KeyError, match="'n_layers' not in"):
         metric_vs(runs, "n_layers")
+
+
+def test_holm_tost_detectable_effect_and_the_best_loss_in_the_seed_table(tmp_path):
+    """Four recipes × 3 seeds with hand-made curves: the new columns equal the statistics computed by hand,
+    and a run whose best loss came long before its end is flagged."""
+    from recipes.stats import detectable_effect, holm, tost, welch
+    from recipes.sweep import Run, seed_table
+
+    finals = {"base": [2.0, 2.1, 1.9], "worse": [3.0, 3.1, 2.9], "close": [2.01, 2.11, 1.91], "peaked": [2.3, 2.2, 2.4]}
+    runs = []
+    for name, values in finals.items():
+        for seed, loss in enumerate(values):
+            curve = {9: 9.0, 49: loss - 0.2, 99: loss} if name == "peaked" else {9: 9.0, 49: loss + 0.5, 99: loss}
+            write_run(tmp_path / name / f"s{seed}", curve, [1.0])
+            runs.append(Run(tmp_path / f"{name}.yaml", tmp_path / name / f"s{seed}", seed=seed))
+    out = seed_table(runs, baseline="base", margin=0.05)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| recipe")}
+    names = ["worse", "close", "peaked"]
+    raw = [welch(finals[n], finals["base"])[1] for n in names]
+    for name, p, adjusted in zip(names, raw, holm(raw)):
+        assert rows[name][6] == f"{p:.3g}" and rows[name][7] == f"{adjusted:.3g}"
+        assert rows[name][8] == f"{detectable_effect(0.1, 3, 0.1, 3):.4f}"
+        assert rows[name][9] == f"{tost(finals[name], finals['base'], 0.05):.3g}"
+    assert rows["base"][10] == "2.0000 (100)" and rows["peaked"][10] == "2.1000 (50)"
+    assert "peaked seed 0: best val loss 2.1000 at step 50 of 100; final 2.3000" in out
+    assert "worse seed" not in out  # the others improved to their end
