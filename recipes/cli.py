@@ -216,7 +216,10 @@ class HybridCLI(LightningCLI):
         if subcommand == "fit" and logger is not None and in_run:
             logger.init_args.version = path.parent.parent.name
             if logger.class_path.endswith("TensorBoardLogger"):
-                step = load_checkpoint(path, mmap=True).get("global_step", 0)
+                checkpoint = load_checkpoint(path, mmap=True)
+                # from the first step the checkpoint has not seen logged: its own step's metrics when it was
+                # written before Lightning logged them (it carries them, and the resumed run writes them)
+                step = (checkpoint.get("pending_log") or {}).get("step", checkpoint.get("global_step", 0))
                 logger.dict_kwargs = {**(getattr(logger, "dict_kwargs", None) or {}), "purge_step": step}
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:

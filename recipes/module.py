@@ -285,21 +285,23 @@ class LanguageModel(L.LightningModule):
             set_rng_states(checkpoint["rng_states"])
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        # Tokens over wall time across a logging window of finished steps (data loading included), read after
+        # one device synchronisation per window: timing single steps without one measures kernel launches on a
+        # GPU. Logged here, before the step, with everything else this step logs: a checkpoint written at the
+        # end of the step then carries all of it (recipes.training.pending_step_log).
+        now = time.perf_counter()
         if self._window_started is None:
-            self._window_started, self._window_tokens = time.perf_counter(), 0
-
-    def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
-        # Tokens over wall time across a logging window (data loading included), read after one device
-        # synchronisation per window: timing single steps without one measures kernel launches on a GPU.
-        self._window_tokens += batch["input_ids"].numel()
-        if (self.trainer.global_step % max(self.trainer.log_every_n_steps, 1) == 0
-                or self.trainer.global_step >= self.trainer.max_steps > 0):
+            self._window_started, self._window_tokens = now, 0
+        elif self._window_tokens and self.trainer.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            seconds = time.perf_counter() - self._window_started
-            self.log("train/tokens_per_sec", self._window_tokens / max(seconds, 1e-9), prog_bar=True)
-            self._window_started, self._window_tokens = time.perf_counter(), 0
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+                now = time.perf_counter()
+            self.log("train/tokens_per_sec", self._window_tokens / max(now - self._window_started, 1e-9), prog_bar=True)
+            self._window_started, self._window_tokens = now, 0
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"])  # the rate this step's update uses
+
+    def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
+        self._window_tokens += batch["input_ids"].numel()
 
     # ---- optimiser and schedule ------------------------------------------------------------------
 

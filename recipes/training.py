@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import signal
 import threading
 from pathlib import Path
@@ -48,6 +49,40 @@ class TrainingInterrupted(Exception):
         super().__init__(f"{signal.Signals(signum).name} received: stopped after step {step}{saved}")
 
 
+FAULT = "HYBRID_ZOO_FAULT"
+"""``HYBRID_ZOO_FAULT=<point>@<step>`` kills this process (SIGKILL) when training reaches ``point`` at optimizer
+step ``step``: how the tests show that a crash at that moment loses nothing. Points: ``after_last_write``
+(last.ckpt just written), ``validation`` (the first batch of a validation), ``best_write`` (best.ckpt
+written to its temporary file, not yet renamed)."""
+
+
+def fault_point(point: str, step: int) -> None:
+    if os.environ.get(FAULT) == f"{point}@{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_orphans(folder: Path, pattern: str) -> list[Path]:
+    """Delete what interrupted writers left in ``folder``: names matching ``pattern`` (ending in ``-<pid>``)
+    whose process no longer runs. Returns what was deleted."""
+    removed = []
+    for path in Path(folder).glob(pattern):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes a checkpoint to a temporary file beside its destination, flushes it to disk, then renames
     it into place, so a reader (or a resume after a crash) never sees a partial file. Reads one as data
@@ -68,9 +103,33 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, f)
                 f.flush()
                 os.fsync(f.fileno())
+            if path.name == "best.ckpt":
+                fault_point("best_write", int(checkpoint.get("global_step", -1)))
             os.replace(tmp, path)  # atomic on POSIX within one filesystem
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def validation_follows(trainer: L.Trainer) -> bool:
+    """Whether Lightning validates right after the training step that just ended (asked at
+    ``on_train_batch_end``, with the rule Lightning applies a moment later)."""
+    loop = trainer.fit_loop
+    return bool(loop.epoch_loop._should_check_val_fx(loop._data_fetcher))
+
+
+def pending_step_log(trainer: L.Trainer) -> dict | None:
+    """What Lightning logs for the step that just ended, right after ``on_train_batch_end`` returns:
+    ``{"step": logging step, "metrics": {name: value}}``, or None on a step that logs nothing. A checkpoint
+    written at ``on_train_batch_end`` carries it, so a run killed before the log reached the events file
+    writes it on resume (:meth:`CheckpointPolicy.on_train_start`)."""
+    from lightning.fabric.utilities.apply_func import convert_tensors_to_scalars
+
+    connector = trainer._logger_connector
+    if not trainer.loggers or not (connector.should_update_logs or trainer.fast_dev_run):
+        return None
+    metrics = convert_tensors_to_scalars(connector.metrics["log"])
+    metrics.setdefault("epoch", trainer.current_epoch)
+    return {"step": int(trainer.fit_loop.epoch_loop._batches_that_stepped), "metrics": metrics}
 
 
 def parameters_finite(module: torch.nn.Module) -> bool:
@@ -85,6 +144,12 @@ class CheckpointPolicy(Checkpoint):
       exits with 128 + the signal number (unless that step was the last one). A second Ctrl+C stops
       at once, without writing.
     - ``best.ckpt`` whenever ``monitor`` (default ``val/loss``) reaches a new minimum.
+
+    Nothing is lost whenever the process dies. A ``last.ckpt`` due at a step that Lightning validates
+    after is written once that validation (and ``best.ckpt``) is done, so a crash during either resumes
+    from the previous one and runs them again; one due at any other step carries the metrics Lightning
+    logs just after it is written, which the resumed run writes if the crash came first. Temporary files
+    of interrupted writes are deleted at the next start.
 
     A checkpoint is never written from non-finite weights, so the last one on disk is always usable.
     ``python -m recipes fit --ckpt_path last`` resumes from ``last.ckpt`` (recipes/cli.py).
@@ -109,6 +174,9 @@ class CheckpointPolicy(Checkpoint):
         self._stop_pending = False
         self._previous_handlers: dict[int, object] = {}
         self._world_size = 1
+        self._after_validation = False  # last.ckpt is due once the running step's validation is done
+        self._pending_log: dict | None = None  # what the checkpoint being written must carry
+        self._relog: dict | None = None  # what the checkpoint resumed from carried
 
     # ---- where ---------------------------------------------------------------------------------
 
@@ -117,6 +185,9 @@ class CheckpointPolicy(Checkpoint):
             return
         dirpath = Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints"
         self.dirpath = Path(trainer.strategy.broadcast(str(dirpath)))
+        if trainer.is_global_zero:
+            for path in remove_orphans(self.dirpath, ".*.ckpt.tmp-*"):
+                log.info("removed %s, left by an interrupted checkpoint write", path)
 
     def _skip(self, trainer: L.Trainer) -> bool:
         return bool(trainer.fast_dev_run) or trainer.sanity_checking or self.dirpath is None
@@ -133,26 +204,36 @@ class CheckpointPolicy(Checkpoint):
         trainer.save_checkpoint(path, weights_only=False)  # the full training state
         return path
 
-    def _save_last(self, trainer: L.Trainer) -> None:
+    def _save_last(self, trainer: L.Trainer, before_log: bool = False) -> None:
+        """Write last.ckpt; ``before_log``: Lightning has not yet logged this step's metrics (they travel along)."""
         if self._skip(trainer) or self.last_step == trainer.global_step:
             return
-        path = self._save(trainer, "last.ckpt")
+        self._pending_log = pending_step_log(trainer) if before_log else None
+        try:
+            path = self._save(trainer, "last.ckpt")
+        finally:
+            self._pending_log = None
         if path is not None:
             self.last_path, self.last_step = path, trainer.global_step
+            fault_point("after_last_write", trainer.global_step)
 
     # ---- when ----------------------------------------------------------------------------------
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # mid-accumulation: no optimizer step has completed, nothing to write or stop at
-        if self.every_n_steps and trainer.global_step % self.every_n_steps == 0:
-            self._save_last(trainer)
+        due = bool(self.every_n_steps) and trainer.global_step % self.every_n_steps == 0
         stop = self._signal is not None
         if trainer.world_size > 1:  # every rank must take the same decision: saving is collective
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if stop and not self._stop_pending:
-            self._save_last(trainer)
-            self._stop_pending = True
+            self._stop_pending, due = True, True
+        if not due or self._skip(trainer):
+            return
+        if validation_follows(trainer):
+            self._after_validation = True  # written in on_validation_end
+        else:
+            self._save_last(trainer, before_log=True)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # Stop here rather than at the end of the step that saved: by now Lightning has logged that step
@@ -164,15 +245,34 @@ class CheckpointPolicy(Checkpoint):
         self._save_last(trainer)
         self._restore_handlers()
 
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if batch_idx == 0 and trainer.state.fn == "fit" and not trainer.sanity_checking:
+            fault_point("validation", trainer.global_step)
+
     def on_validation_end(self, trainer, pl_module) -> None:
-        if not self.keep_best or self._skip(trainer) or trainer.state.fn != "fit":
+        if self._skip(trainer) or trainer.state.fn != "fit":
             return
         value = trainer.callback_metrics.get(self.monitor)
-        if value is None or not math.isfinite(float(value)) or float(value) >= self.best_score:
-            return
-        path = self._save(trainer, "best.ckpt")
-        if path is not None:
-            self.best_score, self.best_path = float(value), path
+        if (self.keep_best and value is not None and math.isfinite(float(value))
+                and float(value) < self.best_score):
+            # best before last: a crash between the two resumes from the previous last.ckpt, which
+            # runs this validation again and rewrites best.ckpt
+            previous, self.best_score = self.best_score, float(value)  # the checkpoint written records it
+            path = self._save(trainer, "best.ckpt")
+            if path is not None:
+                self.best_path = path
+            else:
+                self.best_score = previous
+        if self._after_validation:
+            self._after_validation = False
+            self._save_last(trainer)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        if self._pending_log is not None:
+            checkpoint["pending_log"] = self._pending_log
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        self._relog = checkpoint.get("pending_log")
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._restore_handlers()
@@ -193,6 +293,11 @@ class CheckpointPolicy(Checkpoint):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._signal, self._stop_pending, self._world_size = None, False, trainer.world_size
+        if self._relog is not None:  # the step the resumed checkpoint was written in, logged as it would have been
+            for logger in trainer.loggers:
+                logger.log_metrics(self._relog["metrics"], step=self._relog["step"])
+                logger.save()
+            self._relog = None
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be installed from the main thread
         for signum in (signal.SIGINT, signal.SIGTERM):

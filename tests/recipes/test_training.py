@@ -39,7 +39,7 @@ class SignalAtStep(L.Callback):
 '''
 
 
-def fit(cwd: Path, *args: str, signal_at: tuple[int, int] | None = None) -> subprocess.CompletedProcess:
+def fit(cwd: Path, *args: str, signal_at: tuple[int, int] | None = None, fault: str | None = None) -> subprocess.CompletedProcess:
     """``python -m recipes fit ARGS`` in ``cwd`` as its own process; with ``signal_at=(step, signum)`` the
     process signals itself when that step starts (SIGKILL: a crash at an arbitrary moment)."""
     extra = []
@@ -50,6 +50,8 @@ def fit(cwd: Path, *args: str, signal_at: tuple[int, int] | None = None) -> subp
             f"signum: {int(signal_at[1])}}}}}]\n")
         extra = ["--config", "interrupt.yaml"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if fault is not None:
+        env["HYBRID_ZOO_FAULT"] = fault
     return subprocess.run([sys.executable, "-m", "recipes", "fit", *args, *extra], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -254,3 +256,46 @@ def test_best_checkpoint_follows_the_minimum_of_the_validation_loss(tmp_path):
         policy.on_validation_end(trainer, trainer.lightning_module)
     assert saved == [(10, "best.ckpt"), (20, "best.ckpt"), (50, "best.ckpt")]  # improvements only
     assert policy.best_score == 1.5 and policy.best_path == str(tmp_path / "best.ckpt")
+
+
+KILL = ["--trainer.max_steps", "14", "--trainer.val_check_interval", "7", "--trainer.limit_val_batches", "2",
+        "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false"]
+
+
+@pytest.mark.parametrize("fault, every", [
+    ("after_last_write@10", 5),  # last.ckpt of step 10 on disk, that step's metrics not yet logged
+    ("validation@14", 7),  # during the validation that follows the step-14 checkpoint
+    ("best_write@14", 7),  # while best.ckpt is written at the final validation
+], ids=["after-checkpoint-before-log", "during-validation", "during-best-write"])
+def test_a_run_killed_at_any_moment_ends_like_the_uninterrupted_one(tmp_path, fault, every):
+    """Same logged steps, same validations, same best.ckpt, and no temporary file left, after kill -9 at
+    the three moments where a checkpoint and what follows it used to part ways."""
+    flags = [*TEXT, *KILL, "--checkpoint.every_n_steps", str(every)]
+    fit_here(tmp_path, *flags, "--trainer.logger.init_args.version", "whole")
+    cut = fit(tmp_path, *flags, "--trainer.logger.init_args.version", "cut", fault=fault)
+    assert cut.returncode == -signal.SIGKILL, cut.stderr[-3000:]
+    fit_here(tmp_path, *flags, "--trainer.logger.init_args.version", "cut", "--ckpt_path",
+             str(tmp_path / "runs" / "quickstart" / "cut" / "checkpoints" / "last.ckpt"))
+    runs = tmp_path / "runs" / "quickstart"
+    for tag in ("train/loss", "val/loss", "train/lr"):
+        whole, resumed = scalars(runs / "whole", tag), scalars(runs / "cut", tag)
+        assert sorted(resumed) == sorted(whole), (tag, sorted(whole), sorted(resumed))
+        assert max(abs(resumed[s] - whole[s]) for s in whole) <= 1e-6, tag
+    best = {v: torch.load(runs / v / "checkpoints" / "best.ckpt", weights_only=True) for v in ("whole", "cut")}
+    assert best["cut"]["global_step"] == best["whole"]["global_step"] == 14
+    for name, tensor in best["whole"]["state_dict"].items():
+        torch.testing.assert_close(best["cut"]["state_dict"][name], tensor, rtol=0, atol=1e-6)
+    assert sorted(p.name for p in (runs / "cut" / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+
+
+def test_orphaned_temporary_files_are_removed_and_live_ones_kept(tmp_path):
+    from recipes.training import remove_orphans
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    (tmp_path / f".last.ckpt.tmp-{dead_pid}").write_bytes(b"partial")
+    (tmp_path / f".best.ckpt.tmp-{os.getppid()}").write_bytes(b"someone else's, still writing")
+    (tmp_path / f"cache.building-{dead_pid}").mkdir()
+    assert remove_orphans(tmp_path, ".*.ckpt.tmp-*") == [tmp_path / f".last.ckpt.tmp-{dead_pid}"]
+    assert remove_orphans(tmp_path, "*.building-*") == [tmp_path / f"cache.building-{dead_pid}"]
+    assert [p.name for p in tmp_path.iterdir()] == [f".best.ckpt.tmp-{os.getppid()}"]
