@@ -39,7 +39,7 @@ END_OF_DOCUMENT = "<|endoftext|>"
 FORMATS = (".txt", ".jsonl", ".parquet")
 PIECE_BYTES = 1 << 20  # a .txt document is read and encoded in pieces of about this size
 BATCH_PIECES = 256  # pieces encoded together (the tokenizer parallelises a batch)
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: keyed by the sources' content, with a fingerprint that is verified on use
 
 
 def corpus_files(paths: str | list[str]) -> list[Path]:
@@ -103,9 +103,14 @@ def document_pieces(files: list[Path], text_field: str, column: str, txt_separat
             parquet = _parquet_module().ParquetFile(path)
             if column not in parquet.schema_arrow.names:
                 raise ValueError(f"TokenizedCorpus: {path} has no column {column!r}; it has {parquet.schema_arrow.names}")
+            row = 0
             for batch in parquet.iter_batches(columns=[column]):
                 for text in batch.column(0).to_pylist():
-                    yield text or "", True
+                    if not isinstance(text, str):
+                        raise ValueError(f"TokenizedCorpus: {path}, row {row}: column {column!r} is "
+                                         f"{'null' if text is None else type(text).__name__}, not text")
+                    row += 1
+                    yield text, True
 
 
 def _txt_pieces(path: Path, separator: str | None) -> Iterator[tuple[str, bool]]:
@@ -135,8 +140,16 @@ def default_documents() -> list[str]:
     return [topics[key] for key in sorted(topics)]
 
 
+def file_hash(path: Path) -> str:
+    """BLAKE2b of a file's bytes (about 350 MB/s on one core: 0.3 s for a 100 MB corpus)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "blake2b").hexdigest()[:32]
+
+
 def _identity(files: list[Path]) -> list:
-    return [[str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns] for path in files]
+    """What the tokens depend on in each source file: its path, size and content (not its timestamp, which an
+    edit can restore)."""
+    return [[str(path.resolve()), path.stat().st_size, file_hash(path)] for path in files]
 
 
 class MemmapWindows(Dataset):
@@ -309,10 +322,48 @@ class TokenizedCorpus(ResumableDataModule):
         tokenizer.train_from_iterator(self._training_documents(), trainer)
         tokenizer.save(str(path))
 
+    def cache_problem(self) -> str | None:
+        """Why this corpus's cache cannot be used as it is (None: it can), checked against the fingerprint
+        its ``meta.json`` records: the token files' sizes and the tokenizer's hash."""
+        if not self.cache.exists():
+            return "it does not exist"
+        try:
+            meta = json.loads((self.cache / "meta.json").read_text())
+        except FileNotFoundError:
+            return "meta.json is missing"
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            return f"meta.json is not valid JSON ({error})"
+        if not isinstance(meta, dict) or meta.get("version") != CACHE_VERSION:
+            return f"meta.json is not of cache version {CACHE_VERSION}"
+        try:
+            itemsize = np.dtype(meta["dtype"]).itemsize
+            for split in ("train", "val"):
+                size = (self.cache / f"{split}.bin").stat().st_size
+                if size != meta["tokens"][split] * itemsize:
+                    return f"{split}.bin has {size:,} bytes where meta.json records {meta['tokens'][split] * itemsize:,}"
+            if file_hash(self.cache / "tokenizer.json") != meta["tokenizer_hash"]:
+                return "tokenizer.json is not the tokenizer the tokens were made with"
+        except FileNotFoundError as error:
+            return f"{Path(error.filename).name} is missing"
+        except (KeyError, TypeError) as error:
+            return f"meta.json lacks {error}"
+        return None
+
     def prepare_data(self) -> None:
-        """Build the cache unless a finished one exists (on one process: Lightning calls this on rank 0)."""
-        if (self.cache / "meta.json").is_file():
+        """Build the cache unless a sound one exists (on one process: Lightning calls this on rank 0); a damaged
+        one (:meth:`cache_problem`) is rebuilt, and what interrupted builds left is removed."""
+        from recipes.training import remove_orphans
+
+        remove_orphans(self.cache_root, "*.building-*")
+        problem = self.cache_problem()
+        if problem is None:
             return
+        if self.cache.exists():
+            print(f"TokenizedCorpus: the token cache {self.cache} is damaged ({problem}); rebuilding it",
+                  file=sys.stderr, flush=True)
+            stale = self.cache_root / f"{self.cache.name}.stale-{os.getpid()}"
+            self.cache.rename(stale)
+            shutil.rmtree(stale, ignore_errors=True)
         building = self.cache_root / f"{self.cache.name}.building-{os.getpid()}"
         shutil.rmtree(building, ignore_errors=True)
         building.mkdir(parents=True)
@@ -355,6 +406,7 @@ class TokenizedCorpus(ResumableDataModule):
                     flush()
             flush()
         meta = {"dtype": dtype, "vocab_size": vocab, "end_of_document": end,
+                "tokenizer_hash": file_hash(building / "tokenizer.json"),
                 "documents": {k: v[0] for k, v in counts.items()}, "tokens": {k: v[1] for k, v in counts.items()},
                 "files": _identity(self.files) if self.files else "pydoc_data", "version": CACHE_VERSION}
         if self.domains is not None:

@@ -230,3 +230,83 @@ def test_packed_windows_open_a_document_at_each_end_of_document_and_the_model_ke
             packed = lm.model.lm_head(lm._hidden(batch))[0]  # [T, V]
             alone = torch.cat([lm.model(piece[None])[0] for piece in pieces])
         torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda c: (c / "train.bin").write_bytes((c / "train.bin").read_bytes()[: (c / "train.bin").stat().st_size // 2]),
+     "train.bin has"),
+    (lambda c: (c / "train.bin").write_bytes(b""), "train.bin has 0 bytes"),
+    (lambda c: word_level(c / "tokenizer.json", ["brown", "fox"]), "tokenizer.json is not the tokenizer"),
+    (lambda c: (c / "meta.json").unlink(), "meta.json is missing"),
+    (lambda c: (c / "meta.json").write_text('{"dtype": "uint16", "tok'), "meta.json is not valid JSON"),
+    (lambda c: (c / "val.bin").unlink(), "val.bin is missing"),
+], ids=["train-halved", "train-empty", "tokenizer-swapped", "meta-deleted", "meta-corrupted", "val-deleted"])
+def test_a_damaged_cache_is_named_and_rebuilt(tmp_path, capsys, damage, problem):
+    paths = write(tmp_path, "jsonl")
+    first = corpus(tmp_path, paths)
+    first.setup()
+    tokens = {split: np.fromfile(first.cache / f"{split}.bin", dtype=first.meta["dtype"]) for split in ("train", "val")}
+    damage(first.cache)
+    again = corpus(tmp_path, paths)
+    assert problem in again.cache_problem()
+    again.setup()
+    assert f"the token cache {first.cache} is damaged ({problem}" in capsys.readouterr().err
+    assert again.cache == first.cache and again.cache_problem() is None
+    for split, expected in tokens.items():
+        assert np.array_equal(np.fromfile(again.cache / f"{split}.bin", dtype=again.meta["dtype"]), expected)
+
+
+def test_a_corpus_edited_in_place_with_its_timestamp_restored_is_a_new_cache(tmp_path):
+    import os
+
+    paths = write(tmp_path, "jsonl")
+    first = corpus(tmp_path, paths)
+    first.setup()
+    path = tmp_path / "all.jsonl"
+    stat = path.stat()
+    path.write_text(path.read_text().replace("brown", "green"))  # same size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    edited = corpus(tmp_path, paths)
+    edited.setup()
+    assert edited.cache != first.cache
+    assert "green" in "".join(documents_of(edited, "train")) and "brown" not in "".join(documents_of(edited, "train"))
+
+
+def test_an_interrupted_build_leaves_nothing_that_survives_the_next_one(tmp_path):
+    import subprocess
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout)
+    paths = write(tmp_path, "jsonl")
+    data = corpus(tmp_path, paths)
+    orphan = data.cache_root / f"{data.cache.name}.building-{dead}"
+    orphan.mkdir(parents=True)
+    (orphan / "train.bin").write_bytes(b"\x00" * 10)
+    data.setup()
+    assert not orphan.exists() and data.cache_problem() is None
+
+
+def test_domains_select_jsonl_documents_and_a_missing_domain_is_named(tmp_path):
+    with open(tmp_path / "mixed.jsonl", "w", encoding="utf-8") as f:
+        for i, document in enumerate(DOCUMENTS):
+            f.write(json.dumps({"body": document, "domain": "odd" if i % 2 else "even"}) + "\n")
+    even = corpus(tmp_path, str(tmp_path / "mixed.jsonl"), domains=["even"])
+    even.setup()
+    kept = documents_of(even, "train") + documents_of(even, "val")
+    assert sorted(kept) == sorted(DOCUMENTS[::2]) and even.meta["domains"] == {"even": 20}
+    both = corpus(tmp_path, str(tmp_path / "mixed.jsonl"), domains=["odd", "even"])
+    both.setup()
+    assert both.cache != even.cache and both.meta["documents"]["train"] + both.meta["documents"]["val"] == 40
+    with pytest.raises(ValueError, match=r"has domain \['poetry'\]; of the domains asked for it found \['even'\]"):
+        corpus(tmp_path, str(tmp_path / "mixed.jsonl"), domains=["even", "poetry"]).setup()
+    with pytest.raises(ValueError, match="domains select .jsonl documents"):
+        corpus(tmp_path, write(tmp_path, "txt"), domains=["even"])
+
+
+def test_a_null_parquet_row_is_named(tmp_path):
+    import pyarrow
+    import pyarrow.parquet
+
+    pyarrow.parquet.write_table(pyarrow.table({"content": ["fine text", None, "more"]}), tmp_path / "nulls.parquet")
+    with pytest.raises(ValueError, match=r"nulls.parquet, row 1: column 'content' is null, not text"):
+        corpus(tmp_path, str(tmp_path / "nulls.parquet")).setup()
