@@ -28,8 +28,8 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens={max_new_tokens!r} must be an integer >= 0")
-    if temperature < 0:
-        raise ValueError(f"generate: temperature={temperature} must be >= 0 (0 is greedy)")
+    if not temperature >= 0 or temperature == float("inf"):  # (NaN fails every comparison)
+        raise ValueError(f"generate: temperature={temperature} must be a finite number >= 0 (0 is greedy)")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"generate: top_k={top_k!r} must be a positive integer or None")
     if top_p is not None and not 0 < top_p <= 1:
@@ -42,6 +42,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
              padding_mask: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """See :meth:`components.HybridLM.generate`."""
     check_sampling(max_new_tokens, temperature, top_k, top_p)
+    if stop_token is not None and not (isinstance(stop_token, int) and 0 <= stop_token < model.vocab_size):
+        raise ValueError(f"generate: stop_token={stop_token!r} is not a token of the vocabulary [0, {model.vocab_size})")
     B, T = input_ids.shape
     if T == 0:
         raise ValueError("generate: the prompt is empty; give at least one token per sequence")

@@ -89,6 +89,10 @@ class HybridLM(nn.Module):
                 raise ValueError(f"HybridLM: {name}={value!r} must be a positive integer")
         self.vocab_size, self.d_model, self.pattern, self.max_seq_len = vocab_size, d_model, pattern, max_seq_len
         self.extrapolate = extrapolate
+        for letter in mixers or {}:
+            if not (isinstance(letter, str) and len(letter) == 1 and "A" <= letter <= "Z"):
+                raise ValueError(f"HybridLM: mixers key {letter!r} is not a pattern letter: each binding's key is one "
+                                 "capital letter A–Z (a pattern's token 'SM' is two letters, bound separately)")
         self.bindings = {letter: binding_factory(letter, b) for letter, b in {**DEFAULT_MIXERS, **(mixers or {})}.items()}
         tokens = parse_tokens(pattern)
         self._check_bound(tokens)
@@ -157,7 +161,7 @@ class HybridLM(nn.Module):
         few (usually one) per step. ``document_ids [B, T]`` (integers, for packed training batches)
         keeps every document to itself: a packed row computes what its documents would alone.
         """
-        self._check_input(input_ids, position_ids, padding_mask, cache)
+        self._check_input(input_ids, position_ids, padding_mask, cache, document_ids)
         B, T = input_ids.shape
         seen = cache.seen if cache is not None else 0
         if position_ids is None and document_ids is not None:
@@ -220,7 +224,7 @@ class HybridLM(nn.Module):
             if isinstance(getattr(module, "expert_load", None), torch.Tensor)
         }
 
-    def _check_input(self, input_ids, position_ids, padding_mask, cache=None) -> None:
+    def _check_input(self, input_ids, position_ids, padding_mask, cache=None, document_ids=None) -> None:
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(
                 f"HybridLM: input_ids must be an integer tensor [B, T]; got {input_ids.dtype} {tuple(input_ids.shape)}"
@@ -239,13 +243,21 @@ class HybridLM(nn.Module):
             # In training, an assert on the device: no host sync (the data modules check their ids).
             check_on_device((low >= 0) & (high < self.vocab_size), rule,
                             lambda: f"{rule}; got values in [{int(low)}, {int(high)}]", sync=not self.training)
-        for name, t in (("position_ids", position_ids), ("padding_mask", padding_mask)):
-            if t is not None and t.shape != input_ids.shape:
-                raise ValueError(f"HybridLM: {name} must have the shape of input_ids {tuple(input_ids.shape)}; got {tuple(t.shape)}")
+        for name, t in (("position_ids", position_ids), ("padding_mask", padding_mask), ("document_ids", document_ids)):
+            if t is not None and (not isinstance(t, torch.Tensor) or t.shape != input_ids.shape):
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"HybridLM: {name} must have the shape of input_ids {tuple(input_ids.shape)}; got {got}")
         if padding_mask is not None and padding_mask.dtype != torch.bool:
             raise ValueError(f"HybridLM: padding_mask must be a bool tensor (True = padding); got {padding_mask.dtype}")
-        if position_ids is not None and position_ids.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"HybridLM: position_ids must be an integer tensor; got {position_ids.dtype}")
+        for name, t in (("position_ids", position_ids), ("document_ids", document_ids)):
+            if t is not None and t.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"HybridLM: {name} must be an integer tensor; got {t.dtype}")
+        if position_ids is not None and position_ids.numel():
+            low, high = torch.aminmax(position_ids)
+            limit = "" if self.extrapolate else f" and below max_seq_len={self.max_seq_len}"
+            rule = f"HybridLM: position_ids must be >= 0{limit} (extrapolate=True stretches RoPE past it)"
+            ok = (low >= 0) if self.extrapolate else (low >= 0) & (high < self.max_seq_len)
+            check_on_device(ok, rule, lambda: f"{rule}; got values in [{int(low)}, {int(high)}]", sync=not self.training)
 
     # ---- parameter accounting -------------------------------------------------------------------
 

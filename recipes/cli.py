@@ -13,10 +13,13 @@ On top of LightningCLI (docs/training.md):
   checked before anything is imported (recipes/checkpoints.py).
 """
 
+import argparse
 import inspect
 import os
 import sys
 from pathlib import Path
+
+import yaml
 
 import lightning as L
 from lightning.pytorch.cli import LightningCLI
@@ -28,11 +31,12 @@ from recipes.module import LanguageModel
 from recipes.training import AtomicCheckpointIO, CheckpointPolicy, DivergenceError, TrainingInterrupted, newest_checkpoint
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")  # loggers whose folders are <save_dir>/<name>/<version>/
+RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")
+SUBCOMMANDS = ("fit", "validate", "test", "predict")  # loggers whose folders are <save_dir>/<name>/<version>/
 
 
 def bundled_configs() -> list[str]:
-    return sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*.yaml"))
+    return sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*.yaml") if not p.name.startswith("_"))
 
 
 def resolve_config(value: str) -> str:
@@ -48,20 +52,68 @@ def resolve_config(value: str) -> str:
     )
 
 
+def read_config(path: str) -> dict:
+    """A recipe file's mapping, or a ``ValueError`` that names the file when it is empty, not YAML, or not a
+    mapping of sections."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as error:
+        raise ValueError(f"config file {path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    if data is None:
+        raise ValueError(f"config file {path} is empty; a recipe is a mapping of sections (model:, data:, trainer:)")
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} holds a {type(data).__name__}; a recipe is a mapping of sections "
+                         "(model:, data:, trainer:)")
+    return data
+
+
+def check_bindings(configs: list[tuple[str, dict]]) -> None:
+    """Every letter a recipe binds gets a ``class_path`` in that file or an earlier one (later files may then
+    change only its ``init_args``)."""
+    bound: set[str] = set()
+    for path, data in configs:
+        mixers = (data.get("model") or {}).get("mixers") if isinstance(data.get("model"), dict) else None
+        for letter, binding in (mixers or {}).items() if isinstance(mixers, dict) else ():
+            if isinstance(binding, dict) and "class_path" not in binding and letter not in bound:
+                raise ValueError(f"config file {path}: model.mixers.{letter} has no class_path, and no earlier config "
+                                 f"binds {letter!r}; write {letter}: {{class_path: components.QCAttention, "
+                                 "init_args: {...}} (the class the letter stands for)")
+            if isinstance(binding, (dict, str)) and (isinstance(binding, str) or "class_path" in binding):
+                bound.add(letter)
+
+
 def resolve_config_args(args: list[str]) -> list[str]:
-    """Rewrite every ``--config X`` / ``--config=X`` / ``-c X`` argument through :func:`resolve_config`."""
-    out, i = [], 0
+    """Rewrite every ``--config X`` / ``--config=X`` / ``-c X`` argument through :func:`resolve_config`, and
+    check the files it names (:func:`read_config`, :func:`check_bindings`)."""
+    out, configs, i = [], [], 0
     while i < len(args):
         arg = args[i]
         if arg in ("--config", "-c") and i + 1 < len(args):
-            out += [arg, resolve_config(args[i + 1])]
+            path = resolve_config(args[i + 1])
+            configs.append((path, read_config(path)))
+            out += [arg, path]
             i += 2
             continue
         if arg.startswith("--config="):
-            arg = "--config=" + resolve_config(arg.split("=", 1)[1])
+            path = resolve_config(arg.split("=", 1)[1])
+            configs.append((path, read_config(path)))
+            arg = "--config=" + path
         out.append(arg)
         i += 1
+    check_bindings(configs)
     return out
+
+
+def parse_error_message(error: Exception) -> str:
+    """jsonargparse's error in a few lines: the key, and for a value that fits none of a union's types, the
+    reasons of the types that could have fit (not "Expected a <class 'NoneType'>")."""
+    lines = str(error).splitlines()
+    if any("Does not validate against any of the Union subtypes" in line for line in lines):
+        key = lines[0].strip().rstrip(":")
+        reasons = [line.strip()[2:] for line in lines if line.strip().startswith("- ") and "NoneType" not in line]
+        reasons = [reason.split(": ", 1)[1] if reason.startswith("Type ") and ": " in reason else reason for reason in reasons]
+        return f"{key}: {'; '.join(reasons) or lines[-1].strip()}"
+    return "\n".join(line for line in lines[:6])
 
 
 def run_logger(trainer_config):
@@ -147,6 +199,11 @@ class HybridCLI(LightningCLI):
         if subcommand is not None:
             config = self.config[subcommand]
             check_run_name(run_logger(config.trainer)[0])
+            defaults = {"every_n_steps": 100, "keep_best": True, "monitor": "val/loss"}  # CheckpointPolicy's
+            changed = {k: config.checkpoint[k] for k, v in defaults.items() if config.checkpoint.get(k, v) != v}
+            if config.trainer.get("enable_checkpointing") is False and changed:
+                raise ValueError(f"checkpoint options {changed} have no effect with trainer.enable_checkpointing false; "
+                                 "drop one of the two")
             if config.get("weights_only") is False:
                 raise ValueError("--weights_only false is refused: the zoo's checkpoints hold tensors and plain values "
                                  "only, and reading pickled objects would run the code a file carries")
@@ -242,7 +299,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
             sys.argv[1:] = resolve_config_args(sys.argv[1:])
         else:
             args = resolve_config_args(args)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
     try:
         return HybridCLI(
@@ -254,7 +311,14 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
             # Our own per-block summary (printed by LanguageModel.on_fit_start) replaces Lightning's.
             trainer_defaults={"enable_model_summary": False, "gradient_clip_val": 1.0},
             save_config_kwargs={"overwrite": True},
+            # a wrong option raises (and is printed below in a few lines) instead of printing the whole usage
+            parser_kwargs={"exit_on_error": False, **{c: {"exit_on_error": False} for c in SUBCOMMANDS}},
         )
+    except argparse.ArgumentError as error:
+        if os.environ.get("HYBRID_ZOO_DEBUG"):
+            raise
+        command = (args if args is not None else sys.argv[1:])[:1] or ["fit"]
+        sys.exit(f"error: {parse_error_message(error)} (python -m recipes {command[0]} --help lists the options)")
     except DivergenceError as error:
         sys.exit(f"error: {error}")
     except (ValueError, FileNotFoundError) as error:  # a named configuration or input error: its message, no trace

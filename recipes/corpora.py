@@ -296,6 +296,25 @@ def prepare(out: str | Path, sources: list[Source] = SOURCES, downloads: str | P
     return manifest
 
 
+def write_sample(out: str | Path, documents: int = 240, vocab_size: int = 512) -> Path:
+    """A small stand-in for the English corpus, with the same files and fields, made from the ``pydoc_data``
+    topics that ship with Python (no download): for tests and smoke runs of the recipes that train on
+    ``data/english``. Domains are assigned in turn, so every one of them has documents."""
+    from recipes.data.corpus import TokenizedCorpus, default_documents
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    domains = sorted({s.domain for s in SOURCES})
+    topics = default_documents()
+    with open(out / "english.jsonl", "w", encoding="utf-8") as f:
+        for i in range(documents):
+            record = {"text": topics[i % len(topics)], "domain": domains[i % len(domains)], "source": "pydoc_data",
+                      "title": f"topic-{i}"}
+            f.write(json.dumps(record) + "\n")
+    TokenizedCorpus(str(out / "english.jsonl"), vocab_size=vocab_size, cache_dir=str(out))._train_bpe(out / "tokenizer.json")
+    return out / "english.jsonl"
+
+
 def table(manifest: dict) -> str:
     rows = ["| source | registry | domain | licence | documents | MB |", "|---|---|---|---|---:|---:|"]
     for name, m in manifest.items():
@@ -315,7 +334,12 @@ def main(argv: list[str] | None = None) -> None:
     prep.add_argument("--downloads", default=None, help="where the archives are kept (default OUT/downloads)")
     prep.add_argument("--vocab_size", type=int, default=4096, help="the BPE's vocabulary (default 4096)")
     commands.add_parser("list", help="the sources")
+    sample = commands.add_parser("sample", help="a small stand-in made from pydoc_data, for smoke runs (no download)")
+    sample.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.command == "sample":
+        print(f"wrote {write_sample(args.out)} (a stand-in: pydoc_data topics, not English prose)")
+        return
     if args.command == "list":
         for s in SOURCES:
             print(f"{s.name:18s} {s.registry:6s} {s.domain:10s} {s.licence}\n{'':18s} {s.url}")

@@ -13,6 +13,7 @@ import torchmetrics
 from lightning.pytorch.accelerators import CPUAccelerator
 from torchmetrics.text import Perplexity
 
+from components._checks import check_on_device
 from components.bindings import MixerFactory
 from components.model import HybridLM, count_active_parameters, count_parameters
 from components.sizing import SizeTarget, describe_size, sized_mixers
@@ -171,6 +172,7 @@ class LanguageModel(L.LightningModule):
         if self.hparams.loss_positions == "labelled":
             return self.forward_loss(batch)[0]
         labels = batch["labels"]  # [B, T]
+        self._check_labels(labels)
         logits = self.model.lm_head(self._hidden(batch))  # [B, T, V]
         total = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
         return total / (labels != IGNORE_INDEX).sum().clamp_min(1)  # a count on the device: no host sync
@@ -178,6 +180,7 @@ class LanguageModel(L.LightningModule):
     def forward_loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """→ (cross-entropy, logits ``[N, V]`` at the N labelled positions, their labels ``[N]``)."""
         labels = batch["labels"]
+        self._check_labels(labels)
         hidden = self._hidden(batch)  # [B, T, d]
         keep = labels != IGNORE_INDEX  # [B, T]
         logits = self.model.lm_head(hidden[keep])  # [N, V]
@@ -186,6 +189,16 @@ class LanguageModel(L.LightningModule):
         # (and still reaches every parameter, which DDP needs).
         ce = F.cross_entropy(logits.float(), targets, reduction="sum") / max(targets.numel(), 1)
         return ce, logits, targets
+
+    def _check_labels(self, labels: torch.Tensor) -> None:
+        """Labels are token ids or -100 (no loss); an on-device assert in training, so no host sync."""
+        if not labels.numel():
+            return
+        vocab = self.model.vocab_size
+        ok = ((labels == IGNORE_INDEX) | ((labels >= 0) & (labels < vocab))).all()
+        rule = f"LanguageModel: labels must be token ids in [0, vocab_size={vocab}) or {IGNORE_INDEX} (no loss)"
+        check_on_device(ok, rule, lambda: f"{rule}; got values in [{int(labels.min())}, {int(labels.max())}]",
+                        sync=not self.training)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         ce = self.training_loss(batch)
@@ -259,6 +272,11 @@ class LanguageModel(L.LightningModule):
                              f"unexpected {unexpected[:4]}")
 
     def setup(self, stage: str) -> None:
+        trainer = self.trainer
+        if trainer.gradient_clip_val is not None and not float(trainer.gradient_clip_val) >= 0:
+            raise ValueError(f"gradient_clip_val={trainer.gradient_clip_val} must be >= 0 (0 or null: no clipping)")
+        if not isinstance(trainer.accumulate_grad_batches, int) or trainer.accumulate_grad_batches < 1:
+            raise ValueError(f"accumulate_grad_batches={trainer.accumulate_grad_batches!r} must be an integer >= 1")
         if self.trainer.precision == "16-true" and isinstance(self.trainer.accelerator, CPUAccelerator):
             raise ValueError(
                 "precision='16-true' on CPU: every weight, activation and optimizer state would be fp16, whose "
@@ -280,6 +298,13 @@ class LanguageModel(L.LightningModule):
         checkpoint["rng_states"] = rng_states()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        mine = self.state_dict()
+        theirs = checkpoint.get("state_dict") or {}
+        unfit = [f"{k}: checkpoint {tuple(v.shape)}, model {tuple(mine[k].shape)}" for k, v in theirs.items()
+                 if k in mine and isinstance(v, torch.Tensor) and v.shape != mine[k].shape]
+        if unfit:  # (missing and unexpected keys are load_state_dict's to report, as strict says)
+            raise ValueError(f"LanguageModel: the checkpoint does not fit this model: {'; '.join(unfit[:3])}"
+                             f"{' …' if len(unfit) > 3 else ''} (a different vocabulary, width or pattern?)")
         # Only when training resumes: loading weights elsewhere must not reset the caller's RNGs.
         if self._trainer is not None and self.trainer.state.fn == "fit" and "rng_states" in checkpoint:
             set_rng_states(checkpoint["rng_states"])

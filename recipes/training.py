@@ -99,10 +99,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                with open(tmp, "wb") as f:
+                    torch.save(checkpoint, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except (OSError, RuntimeError) as error:  # torch reports a full disk as "enforce fail at inline_container.cc"
+                free = shutil.disk_usage(path.parent).free
+                reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+                raise OSError(f"writing the checkpoint {path} failed: {reason}. {free / 2**20:,.0f} MiB are free on "
+                              f"that disk (a full disk?); the previous {path.name}, if any, is unchanged") from None
             if path.name == "best.ckpt":
                 fault_point("best_write", int(checkpoint.get("global_step", -1)))
             os.replace(tmp, path)  # atomic on POSIX within one filesystem

@@ -75,42 +75,52 @@ def document_pieces(files: list[Path], text_field: str, column: str, txt_separat
     """``(text, ends_document)`` pieces of every document of ``files`` in order; with ``domains``, only the
     ``.jsonl`` documents whose ``domain_field`` is one of them (counted per domain into ``seen``)."""
     for path in files:
-        if path.suffix == ".txt":
-            yield from _txt_pieces(path, txt_separator)
-        elif path.suffix == ".jsonl":
-            with open(path, encoding="utf-8") as lines:
-                for number, line in enumerate(lines, 1):
-                    if not line.strip():
+        try:
+            yield from _file_pieces(path, text_field, column, txt_separator, domains, domain_field, seen)
+        except UnicodeDecodeError as error:
+            raise ValueError(f"TokenizedCorpus: {path} is not UTF-8 text (near "
+                             f"{error.object[max(error.start - 8, 0):error.start + 8]!r})") from None
+
+
+def _file_pieces(path: Path, text_field: str, column: str, txt_separator: str | None, domains: list[str] | None,
+                 domain_field: str, seen: dict[str, int] | None) -> Iterator[tuple[str, bool]]:
+    """The pieces of one file (see :func:`document_pieces`)."""
+    if path.suffix == ".txt":
+        yield from _txt_pieces(path, txt_separator)
+    elif path.suffix == ".jsonl":
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    text = record[text_field]
+                except (json.JSONDecodeError, KeyError, TypeError) as error:
+                    raise ValueError(f"TokenizedCorpus: {path}, line {number}: no string field {text_field!r} "
+                                     f"({type(error).__name__}: {error})") from None
+                if domains is not None:
+                    if domain_field not in record:
+                        raise ValueError(f"TokenizedCorpus: {path}, line {number}: no field {domain_field!r} "
+                                         f"to select domains {domains} by")
+                    if record[domain_field] not in domains:
                         continue
-                    try:
-                        record = json.loads(line)
-                        text = record[text_field]
-                    except (json.JSONDecodeError, KeyError, TypeError) as error:
-                        raise ValueError(f"TokenizedCorpus: {path}, line {number}: no string field {text_field!r} "
-                                         f"({type(error).__name__}: {error})") from None
-                    if domains is not None:
-                        if domain_field not in record:
-                            raise ValueError(f"TokenizedCorpus: {path}, line {number}: no field {domain_field!r} "
-                                             f"to select domains {domains} by")
-                        if record[domain_field] not in domains:
-                            continue
-                        if seen is not None:
-                            seen[record[domain_field]] = seen.get(record[domain_field], 0) + 1
-                    if not isinstance(text, str):
-                        raise ValueError(f"TokenizedCorpus: {path}, line {number}: {text_field!r} is {type(text).__name__}, not text")
-                    yield text, True
-        else:
-            parquet = _parquet_module().ParquetFile(path)
-            if column not in parquet.schema_arrow.names:
-                raise ValueError(f"TokenizedCorpus: {path} has no column {column!r}; it has {parquet.schema_arrow.names}")
-            row = 0
-            for batch in parquet.iter_batches(columns=[column]):
-                for text in batch.column(0).to_pylist():
-                    if not isinstance(text, str):
-                        raise ValueError(f"TokenizedCorpus: {path}, row {row}: column {column!r} is "
-                                         f"{'null' if text is None else type(text).__name__}, not text")
-                    row += 1
-                    yield text, True
+                    if seen is not None:
+                        seen[record[domain_field]] = seen.get(record[domain_field], 0) + 1
+                if not isinstance(text, str):
+                    raise ValueError(f"TokenizedCorpus: {path}, line {number}: {text_field!r} is {type(text).__name__}, not text")
+                yield text, True
+    else:
+        parquet = _parquet_module().ParquetFile(path)
+        if column not in parquet.schema_arrow.names:
+            raise ValueError(f"TokenizedCorpus: {path} has no column {column!r}; it has {parquet.schema_arrow.names}")
+        row = 0
+        for batch in parquet.iter_batches(columns=[column]):
+            for text in batch.column(0).to_pylist():
+                if not isinstance(text, str):
+                    raise ValueError(f"TokenizedCorpus: {path}, row {row}: column {column!r} is "
+                                     f"{'null' if text is None else type(text).__name__}, not text")
+                row += 1
+                yield text, True
 
 
 def _txt_pieces(path: Path, separator: str | None) -> Iterator[tuple[str, bool]]:
@@ -279,7 +289,10 @@ class TokenizedCorpus(ResumableDataModule):
     def _load_tokenizer(path):
         from tokenizers import Tokenizer
 
-        return Tokenizer.from_file(str(path))
+        try:
+            return Tokenizer.from_file(str(path))
+        except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
+            raise ValueError(f"TokenizedCorpus: {path} is not a tokenizers JSON file ({str(error)[:160]})") from None
 
     def cache_key(self) -> str:
         source = _identity(self.files) if self.files is not None else ["pydoc_data", sys.version]

@@ -56,6 +56,7 @@ def test_bundled_names_resolve_from_any_folder(tmp_path, monkeypatch):
 
 def test_unknown_mixer_class_in_a_config_is_an_error(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as info:
         main(TINY_FIT + ["--model.mixers.A", "components.NoSuchMixer"])
-    assert "NoSuchMixer" in capsys.readouterr().err
+    message = str(info.value.code)
+    assert message.startswith("error: ") and "NoSuchMixer" in message and len(message.splitlines()) <= 3

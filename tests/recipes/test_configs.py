@@ -9,6 +9,7 @@ import torch
 
 from recipes import LanguageModel
 from recipes.cli import CONFIG_DIR, bundled_configs, main
+from recipes.corpora import write_sample
 
 QUICK = ["--trainer.enable_progress_bar", "false", "--data.init_args.batch_size", "2",
          "--data.init_args.num_workers", "0", "--trainer.limit_val_batches", "2",  # ("1" would parse as 1.0: all)
@@ -17,7 +18,7 @@ QUICK = ["--trainer.enable_progress_bar", "false", "--data.init_args.batch_size"
 REPRESENTATIVES = ["quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", "positions/hybrid_conv.yaml", "attention/ssd_ifa_mask.yaml",
                    "moe_placement/alternate.yaml", "moe_shared/cdmoe.yaml", "mqar/ifa_mask.yaml",
                    "mqar/paper/ssd_T256.yaml", "arch/tiny/otce.yaml",
-                   "expresser/otce_expresser.yaml", "mqar_grid/ssd_T64_d16.yaml"]
+                   "expresser/otce_expresser.yaml", "mqar_grid/ssd_T64_d16.yaml", "english/positions/hybrid_rope.yaml"]
 
 
 def test_every_family_has_a_representative():
@@ -28,16 +29,26 @@ def test_every_family_has_a_representative():
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> dict:
+def recipes_folder(tmp_path_factory):
+    """The working folder the recipes are built in, with what the English families read (data/english/), made small."""
+    folder = tmp_path_factory.mktemp("recipes")
+    write_sample(folder / "data" / "english")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def built(recipes_folder) -> dict:
     """Every bundled recipe parsed and built on the ``meta`` device (no memory, no initialisation,
     even for the 1B recipes), once for the tests of this file: name → the unrun LightningCLI."""
+    folder = recipes_folder
     with pytest.MonkeyPatch.context() as patch, torch.device("meta"):
-        patch.chdir(tmp_path_factory.mktemp("recipes"))
+        patch.chdir(folder)
         return {name: main(["--config", name, *QUICK], run=False) for name in bundled_configs()}
 
 
 @pytest.mark.parametrize("name", bundled_configs())
-def test_bundled_recipe_builds_and_its_hyperparameters_rebuild_it(name, built):
+def test_bundled_recipe_builds_and_its_hyperparameters_rebuild_it(name, built, recipes_folder, monkeypatch):
+    monkeypatch.chdir(recipes_folder)  # the recipes' relative paths (data/english/) are read again
     cli = built[name]
     assert cli.trainer.gradient_clip_val == 1.0
     hparams = dict(cli.model.hparams)
@@ -91,6 +102,7 @@ def test_equal_parameter_families_land_on_their_total(built, folder):
 
 @pytest.mark.parametrize("folder, varies", [
     ("positions", ["model.pattern", "model.mixers.S.init_args.positions", "model.mixers.A"]),
+    ("english/positions", ["model.pattern", "model.mixers.S.init_args.positions", "model.mixers.A"]),
     ("attention", ["model.pattern", "model.mixers.A", "model.mixers.I"]),
     ("mqar", ["model.pattern", "model.mixers"]),
     ("expresser", ["model.pattern", "model.mixers.O", "model.size_to.letters"]),
@@ -127,6 +139,8 @@ def test_paper_mqar_recipes_share_the_task_at_each_length(built, length):
 @pytest.mark.parametrize("name", REPRESENTATIVES)
 def test_recipe_trains_checkpoints_and_reloads(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    if name.startswith("english/"):
+        write_sample(tmp_path / "data" / "english")
     assert (CONFIG_DIR / name).is_file()
     cli = main(["fit", "--config", name, *QUICK, "--trainer.max_steps", "1", "--trainer.val_check_interval", "1",
                 "--checkpoint.every_n_steps", "1"])
