@@ -29,7 +29,12 @@ def read_config(folder: str | Path) -> dict:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{folder}: no config.json (a folder written by save_pretrained is expected)")
-    config = json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} holds a {type(config).__name__}, not a configuration object")
     architecture = (config.get("architectures") or [None])[0]
     if architecture not in SUPPORTED:
         raise ValueError(f"{folder}: architecture {architecture!r} is not supported (supported: {', '.join(SUPPORTED)})")
@@ -80,8 +85,18 @@ def spec(class_path: str, **init_args) -> dict:
 
 
 def hf_recipe(folder_or_config: str | Path | dict) -> dict:
-    """The ``LanguageModel`` / ``HybridLM`` arguments of the model a folder holds."""
+    """The ``LanguageModel`` / ``HybridLM`` arguments of the model a folder holds; a missing required key is
+    named with the file."""
     c = folder_or_config if isinstance(folder_or_config, dict) else read_config(folder_or_config)
+    try:
+        return _recipe(c)
+    except KeyError as error:
+        where = "config.json" if isinstance(folder_or_config, dict) else Path(folder_or_config) / "config.json"
+        raise ValueError(f"{where}: the required key {error.args[0]!r} is missing "
+                         f"({c.get('architectures', ['?'])[0]} needs it)") from None
+
+
+def _recipe(c: dict) -> dict:
     architecture = c["architectures"][0]
     base, ntk = rope_settings(c) if architecture != "Mamba2ForCausalLM" else (10000.0, 1.0)
     common = dict(d_model=c["hidden_size"], vocab_size=c["vocab_size"], tie_embeddings=bool(c.get("tie_word_embeddings")),

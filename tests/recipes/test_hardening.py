@@ -1,0 +1,154 @@
+"""Bad input a new user (or a damaged disk) gives the recipes: each gets an error that names the problem, as
+the last line, without a traceback — where it used to be accepted silently, or end in a deep error."""
+
+import json
+
+import pytest
+import torch
+
+from components import HybridLM
+from recipes import LanguageModel
+from recipes.cli import main
+from recipes.training import AtomicCheckpointIO
+
+TINY = ["--config", "quickstart.yaml", "--model.d_model", "16", "--model.pattern", "AM", "--model.mixers.A.init_args.n_heads",
+        "2", "--data.init_args.seq_len", "16", "--data.init_args.batch_size", "2", "--trainer.max_steps", "2",
+        "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"]
+
+
+def refused(tmp_path, monkeypatch, *args: str) -> str:
+    """The message ``python -m recipes ARGS`` exits with (it must exit, with one short message)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    message = str(info.value.code)
+    assert message.startswith("error: ") and len(message.splitlines()) <= 2, message
+    return message
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("", "is empty; a recipe is a mapping of sections"),
+    ("- model\n- data\n", "holds a list; a recipe is a mapping"),
+    ("model: [unclosed\n", "is not valid YAML"),
+    ("model:\n  mixers:\n    Q: {init_args: {n_heads: 2}}\n", "model.mixers.Q has no class_path, and no earlier config binds 'Q'"),
+    ("model:\n  mixers:\n    AB: {class_path: components.MLP}\n", "mixers key 'AB' is not a pattern letter"),
+], ids=["empty", "list", "not-yaml", "no-class-path", "two-letters"])
+def test_a_bad_recipe_file_is_named(tmp_path, monkeypatch, content, expected):
+    (tmp_path / "bad.yaml").write_text(content)
+    assert expected in refused(tmp_path, monkeypatch, "fit", *TINY, "--config", "bad.yaml")
+
+
+def test_a_later_file_may_change_only_the_arguments_of_a_bound_letter(tmp_path, monkeypatch):
+    (tmp_path / "heads.yaml").write_text("model:\n  mixers:\n    A: {init_args: {n_heads: 4}}\n")
+    monkeypatch.chdir(tmp_path)
+    cli = main(["--config", "quickstart.yaml", "--config", "heads.yaml", "--model.d_model", "16"], run=False)
+    assert cli.model.model.blocks[0].sequence_mixer.n_heads == 4
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--trainer.accumulate_grad_batches", "0"], "accumulate_grad_batches=0 must be an integer >= 1"),
+    (["--trainer.gradient_clip_val", "-1"], "gradient_clip_val=-1"),
+    (["--trainer.enable_checkpointing", "false", "--checkpoint.every_n_steps", "5"],
+     "checkpoint options {'every_n_steps': 5} have no effect with trainer.enable_checkpointing false"),
+    (["--model.d_modle", "3"], "unrecognized arguments: --model.d_modle 3 (python -m recipes fit --help"),
+    (["--model.mixers", "{Q: {init_args: {n_heads: 2}}}"], "model.mixers"),
+], ids=["accumulate-0", "negative-clip", "checkpointing-off", "typo", "binding-without-class"])
+def test_a_bad_option_is_named_in_a_line_or_two(tmp_path, monkeypatch, flags, expected):
+    assert expected in refused(tmp_path, monkeypatch, "fit", *TINY, *flags)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("trained")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        main(["fit", *TINY])
+    [last] = cwd.glob("runs/**/checkpoints/last.ckpt")
+    return last
+
+
+def test_resuming_with_a_contradicting_model_flag_is_named(trained, tmp_path, monkeypatch):
+    message = refused(tmp_path, monkeypatch, "fit", *TINY, "--model.d_model", "32", "--ckpt_path", str(trained))
+    assert "--model.d_model 32 (the checkpoint has 16)" in message and "start a new run" in message
+
+
+def test_an_hf_converted_checkpoint_given_to_ckpt_path_points_to_init_from(tmp_path, monkeypatch):
+    lm = LanguageModel(16, "AM", vocab_size=256)
+    torch.save({"state_dict": lm.state_dict(), "hyper_parameters": dict(lm.hparams)}, tmp_path / "weights.ckpt")
+    message = refused(tmp_path, monkeypatch, "validate", *TINY, "--ckpt_path", str(tmp_path / "weights.ckpt"))
+    assert "holds weights only" in message and "--model.init_from" in message
+
+
+def test_a_checkpoint_whose_shapes_do_not_fit_is_named(trained, tmp_path, monkeypatch):
+    checkpoint = torch.load(trained, weights_only=True)
+    checkpoint["state_dict"]["model.embedding.weight"] = torch.zeros(300, 16)
+    torch.save(checkpoint, tmp_path / "wrong.ckpt")
+    message = refused(tmp_path, monkeypatch, "validate", *TINY, "--ckpt_path", str(tmp_path / "wrong.ckpt"))
+    assert "the checkpoint does not fit this model: model.embedding.weight: checkpoint (300, 16), model (256, 16)" in message
+
+
+def test_a_full_disk_during_a_checkpoint_write_is_named_and_keeps_the_previous_file(tmp_path, monkeypatch):
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"global_step": 1, "w": torch.ones(2)}, tmp_path / "last.ckpt")
+
+    def full(obj, f, *args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file data/0")
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError, match=r"writing the checkpoint .*last.ckpt failed: \[enforce fail .* MiB are free on that "
+                                      r"disk \(a full disk\?\); the previous last.ckpt, if any, is unchanged"):
+        io.save_checkpoint({"global_step": 2, "w": torch.zeros(2)}, tmp_path / "last.ckpt")
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_corpus_files_that_are_not_text_or_tokenizers_are_named(tmp_path):
+    from recipes.data import TokenizedCorpus
+
+    (tmp_path / "latin1.jsonl").write_bytes(json.dumps({"text": "caf"}).encode()[:-2] + b"\xe9\"}\n")
+    with pytest.raises(ValueError, match=r"latin1.jsonl is not UTF-8 text \(near "):
+        TokenizedCorpus(str(tmp_path / "latin1.jsonl"), vocab_size=300, cache_dir=str(tmp_path / "c")).setup()
+    (tmp_path / "garbage.json").write_text("{not a tokenizer")
+    with pytest.raises(ValueError, match=r"garbage.json is not a tokenizers JSON file"):
+        TokenizedCorpus(tokenizer=str(tmp_path / "garbage.json"))
+
+
+def test_an_hf_config_missing_a_required_key_names_the_file_and_the_key(tmp_path):
+    from recipes.hf import hf_recipe
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 10,
+                                                      "num_hidden_layers": 2}))
+    with pytest.raises(ValueError, match=r"config.json: the required key 'hidden_size' is missing \(LlamaForCausalLM"):
+        hf_recipe(tmp_path)
+    (tmp_path / "config.json").write_text("{broken")
+    with pytest.raises(ValueError, match=r"config.json is not valid JSON"):
+        hf_recipe(tmp_path)
+
+
+def test_model_inputs_out_of_their_range_are_named():
+    model = HybridLM(20, 16, "AM", max_seq_len=8).eval()
+    ids = torch.randint(0, 20, (2, 5))
+    with pytest.raises(ValueError, match=r"position_ids must be >= 0 and below max_seq_len=8 .*got values in \[-1, 3\]"):
+        model(ids, position_ids=torch.tensor([[0, 1, 2, 3, -1]] * 2))
+    with pytest.raises(ValueError, match=r"got values in \[5, 9\]"):
+        model(ids, position_ids=torch.arange(5, 10).expand(2, 5))
+    HybridLM(20, 16, "AM", max_seq_len=8, extrapolate=True).eval()(ids, position_ids=torch.arange(5, 10).expand(2, 5))
+    with pytest.raises(ValueError, match=r"document_ids must have the shape of input_ids \(2, 5\); got \(2, 4\)"):
+        model(ids, document_ids=torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"padding_mask must have the shape of input_ids \(2, 5\); got \(5,\)"):
+        model(ids, padding_mask=torch.zeros(5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"stop_token=20 is not a token of the vocabulary \[0, 20\)"):
+        model.generate(ids, 3, stop_token=20)
+    with pytest.raises(ValueError, match=r"temperature=nan must be a finite number >= 0"):
+        model.generate(ids, 3, temperature=float("nan"))
+
+
+def test_labels_outside_the_vocabulary_are_named_in_evaluation_and_stop_training():
+    lm = LanguageModel(16, "AM", vocab_size=20)
+    batch = {"input_ids": torch.randint(0, 20, (2, 6)), "labels": torch.full((2, 6), 25)}
+    lm.eval()
+    with pytest.raises(ValueError, match=r"labels must be token ids in \[0, vocab_size=20\) or -100 .*got values in \[25, 25\]"):
+        lm.forward_loss(batch)
+    lm.train()
+    with pytest.raises(RuntimeError, match=r"labels must be token ids in \[0, vocab_size=20\)"):
+        lm.training_loss(batch)
