@@ -177,7 +177,8 @@ class SSD(nn.Module):
         if document_ids is not None:  # tap k reads position t - (K-1-k); it counts only within t's document
             T = xbc.shape[1]
             ids = F.pad(document_ids, (K - 1, 0), value=-1)  # [b, K-1+T]; the zeros before belong to none
-            taps = [full[:, k:k + T] * (ids[:, k:k + T] == document_ids)[..., None] * self.conv.weight[:, 0, k]
+            # selected away, not multiplied by 0: a NaN in the previous document must not reach this one
+            taps = [torch.where((ids[:, k:k + T] == document_ids)[..., None], full[:, k:k + T], 0.0) * self.conv.weight[:, 0, k]
                     for k in range(K)]  # K × [b, T, C]
             return sum(taps) + self.conv.bias
         return F.conv1d(full.transpose(1, 2), self.conv.weight, self.conv.bias, groups=full.shape[2]).transpose(1, 2)

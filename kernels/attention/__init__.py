@@ -4,6 +4,7 @@ key-padding masks, grouped-query heads and an optional top-``w`` key window. See
 import torch
 
 from kernels._backend import check_backend, resolve_backend
+from kernels._finite import any_in_document, finite, nonfinite, poison, seen_so_far
 from kernels.attention.reference import attention_reference, document_runs
 
 __all__ = ["attention", "attention_reference", "document_runs"]
@@ -47,15 +48,38 @@ def attention(
     _check_arguments(q, k, v, bias, key_padding_mask, keep_window)
     if document_ids is not None:
         _check_documents(document_ids, q, k)
+    # Non-finite keys, values or biases are taken out and their reach put back as NaN (kernels/_finite.py):
+    # inside the kernels a masked key is multiplied by a zero probability, and 0 · NaN would reach every query.
+    reach = _nonfinite_reach(q, k, v, bias, causal, key_padding_mask, document_ids)  # [B, T, H]
+    k, v, bias = finite(k), finite(v), None if bias is None else finite(bias)
     if resolve_backend(backend, q, op="attention", has_triton=True) == "triton":
         from kernels.attention.triton import attention_triton  # imports triton only when asked for
 
-        return attention_triton(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
+        y = attention_triton(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
+                             keep_window=keep_window, scale=scale, document_ids=document_ids)
+    else:
+        y = attention_reference(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
                                 keep_window=keep_window, scale=scale, document_ids=document_ids)
-    return attention_reference(
-        q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
-        keep_window=keep_window, scale=scale, document_ids=document_ids,
-    )
+    return poison(y, reach)
+
+
+def _nonfinite_reach(q, k, v, bias, causal, key_padding_mask, document_ids) -> torch.Tensor:
+    """``[B, T, H]``: True for a query that sees a key whose key, value or bias is non-finite (with a
+    ``keep_window``, any allowed key, kept or not: a NaN bias leaves no well-defined window)."""
+    B, T, H, _ = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    bad = (nonfinite(k, 1) | nonfinite(v, 1)).repeat_interleave(H // Hkv, dim=2)  # [B, S, H]
+    if bias is not None:
+        bad = bad | nonfinite(bias, 0).transpose(1, 2)
+    if key_padding_mask is not None:
+        bad = bad & ~key_padding_mask[:, :, None]
+    starts = None
+    if document_ids is not None:
+        runs = document_runs(document_ids)  # [B, T]
+        starts = torch.cat([torch.ones_like(runs[:, :1], dtype=torch.bool), runs[:, 1:] != runs[:, :-1]], dim=1)
+    if not causal:
+        return any_in_document(bad, starts)[:, :T] if starts is not None else bad.any(1, keepdim=True).expand(B, T, H)
+    return seen_so_far(bad, starts)[:, S - T:]  # query i sees the keys up to S - T + i
 
 
 def _check_documents(document_ids, q, k) -> None:

@@ -3,6 +3,7 @@
 import torch
 
 from kernels._backend import check_backend, resolve_backend
+from kernels._finite import finite, nonfinite, poison, seen_so_far
 from kernels.ssd.reference import segment_sum, ssd_chunked, ssd_recurrent, ssd_step
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -60,12 +61,17 @@ def ssd_scan(
         final_state = initial_state if initial_state is not None else x.new_zeros(batch, H, P, B.shape[-1])
         y = x.new_zeros(x.shape)
         return (y, final_state) if return_final_state else y
+    # Non-finite inputs are taken out and their reach put back as NaN (kernels/_finite.py): the chunked form
+    # masks the future with decays of exp(-inf) = 0 inside matrix products, and 0 · NaN would reach the past.
+    reach, last = _nonfinite_reach(x, dt, B, C, document_starts)  # [B, T, H], [B, H]
+    x, dt, B, C = finite(x), finite(dt), finite(B), finite(C)
     # auto: the Triton kernel on CUDA for the dtypes it has; float64 (gradcheck) stays on the reference
     if resolve_backend(backend, x, op="ssd_scan", has_triton=kernel_dtype) == "triton":
         from kernels.ssd.triton import ssd_scan_triton  # imports triton only when asked for
 
         y, final_state = ssd_scan_triton(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_state=initial_state,
                                          document_starts=document_starts)
+        y, final_state = poison(y, reach), poison(final_state, last)
         return (y, final_state) if return_final_state else y
     # The reference computes in at least fp32 whatever the inputs and any autocast region say: the
     # decays are exponentials of long sums, which bf16 cannot hold. The output comes back in x's dtype.
@@ -75,8 +81,17 @@ def ssd_scan(
             up(x), up(dt), up(A), up(B), up(C), chunk_size=chunk_size, D=up(D), initial_state=up(initial_state),
             document_starts=document_starts,
         )
-    y = y.to(x.dtype)
+    y, final_state = poison(y.to(x.dtype), reach), poison(final_state, last)
     return (y, final_state) if return_final_state else y
+
+
+def _nonfinite_reach(x, dt, B, C, document_starts) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where a non-finite input reaches: ``[B, T, H]`` outputs (x, dt and B enter the state, so from their
+    position to the end of the document; C only reads it, at its own position) and ``[B, H]`` final states."""
+    heads_per_group = x.shape[2] // B.shape[2]
+    enters = nonfinite(x, 1) | nonfinite(dt, 0) | nonfinite(B, 1).repeat_interleave(heads_per_group, dim=2)
+    state = seen_so_far(enters, document_starts)  # [B, T, H]
+    return state | nonfinite(C, 1).repeat_interleave(heads_per_group, dim=2), state[:, -1]
 
 
 def _check_arguments(x, dt, A, B, C, chunk_size, D, initial_state) -> None:

@@ -140,3 +140,26 @@ def test_pathological_patterns_are_named_not_hung(pattern, problem):
     with pytest.raises(PatternError, match=r"column \d+: .*" + problem.replace("(", r"\(").replace(")", r"\)")) as info:
         parse_pattern(pattern)
     assert len(str(info.value)) < 400  # a window of a long pattern, not all of it
+
+
+@pytest.mark.parametrize("name", SEQUENCE)
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_a_nonfinite_input_reaches_its_position_and_later_never_earlier(name, value):
+    """Causality holds for non-finite inputs too: a NaN at t (inside a chunk, T = 11 and chunks of 4) leaves
+    every earlier output as it was, makes t and every later output of its document non-finite, and touches
+    no other document or row. (Masked terms used to be multiplied by zero: 0 · NaN poisoned the past.)"""
+    mixer = SEQUENCE[name]().eval()
+    x = torch.randn(2, 11, 32)
+    documents = torch.tensor([[0] * 7 + [1] * 4, [0] * 11])
+    for context in (None, Context(position_ids=torch.arange(11).expand(2, 11), document_ids=documents)):
+        clean = mixer(x, context)
+        dirty = x.clone()
+        dirty[0, 5, 3] = value
+        y = mixer(dirty, context)
+        torch.testing.assert_close(y[0, :5], clean[0, :5], rtol=0, atol=1e-6)
+        torch.testing.assert_close(y[1], clean[1], rtol=0, atol=1e-6)
+        last = 7 if context is not None else 11  # the end of t's document
+        assert not torch.isfinite(y[0, 5:last]).all(-1).any(), "a position at or after t stayed finite"
+        if context is not None:
+            # the next document starts afresh; a mixer that looks at values alone (not their finiteness) agrees
+            assert torch.isfinite(y[0, last:]).all()

@@ -1,0 +1,59 @@
+"""Non-finite inputs and causality: a NaN or inf at position t must reach the outputs at t and after (in its
+document), and never those before it.
+
+The fast forms of attention and of the SSD scan mask the future by multiplying it by zero (a probability of 0,
+a decay of exp(-inf)) inside matrix products, and 0 · NaN is NaN: a NaN at t would spread to every earlier
+position of its chunk or row. So the ops take the non-finite entries out of their inputs (set to 0), compute,
+and put NaN back where the exact computation has it: at every output that depends on a non-finite input. No
+host sync: with finite inputs the result is bit-for-bit the plain one.
+"""
+
+import torch
+
+
+def finite(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with its non-finite entries set to 0."""
+    return torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def nonfinite(x: torch.Tensor, dims: int) -> torch.Tensor:
+    """True where any of the last ``dims`` dimensions of ``x`` holds a non-finite value."""
+    bad = ~torch.isfinite(x)
+    return bad.flatten(-dims).any(-1) if dims else bad
+
+
+def run_starts(starts: torch.Tensor) -> torch.Tensor:
+    """``starts [B, T]`` bool (True where a document begins) → ``[B, T]`` the index where each position's document begins."""
+    T = starts.shape[1]
+    index = torch.arange(T, device=starts.device).expand_as(starts)  # [B, T]
+    opened = starts.clone()
+    opened[:, 0] = True
+    return torch.where(opened, index, torch.zeros_like(index)).cummax(dim=1).values
+
+
+def seen_so_far(bad: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
+    """``bad [B, T, ...]`` → True at ``t`` where ``bad`` holds at some ``s <= t`` of the same document
+    (``starts [B, T]``: True where a document begins; None: one document per row)."""
+    counts = bad.to(torch.int32).cumsum(dim=1)  # [B, T, ...]
+    if starts is None:
+        return counts > 0
+    first = run_starts(starts)  # [B, T]
+    index = (first - 1).clamp_min(0).view(*first.shape, *(1,) * (bad.dim() - 2)).expand_as(counts)
+    before = torch.where((first > 0).view(index.shape[:2] + (1,) * (bad.dim() - 2)), counts.gather(1, index),
+                         torch.zeros_like(counts))
+    return counts - before > 0
+
+
+def poison(y: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """``y [B, T, H, ...]`` with NaN at the positions ``where [B, T, H]`` is True."""
+    return y.masked_fill(where.view(*where.shape, *(1,) * (y.dim() - where.dim())), float("nan"))
+
+
+def any_in_document(bad: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
+    """``bad [B, T, ...]`` → True at ``t`` where ``bad`` holds anywhere in ``t``'s document (non-causal reach)."""
+    if starts is None:
+        return bad.any(dim=1, keepdim=True).expand_as(bad)
+    run = starts.to(torch.int64).cumsum(dim=1)  # [B, T]: the document's number in its row
+    run = run.view(*run.shape, *(1,) * (bad.dim() - 2)).expand_as(bad)
+    totals = torch.zeros_like(bad, dtype=torch.int32).scatter_add(1, run, bad.to(torch.int32))
+    return totals.gather(1, run) > 0
