@@ -80,6 +80,17 @@ class InferenceCache:
         """``owner``'s own entries (a recurrent mixer keeps its fixed-size state here)."""
         return self.layers.setdefault(owner, {})
 
+    def expand(self, copies: int) -> "InferenceCache":
+        """A cache of ``batch · copies`` sequences, each sequence of this one repeated ``copies`` times in a
+        row (sequence ``i`` becomes ``i·copies … i·copies + copies - 1``): one prompt, several continuations
+        (multiple-choice scoring) without computing the prompt again."""
+        if not isinstance(copies, int) or copies < 1:
+            raise ValueError(f"InferenceCache.expand: copies={copies!r} must be a positive integer")
+        repeat = lambda t: t.repeat_interleave(copies, dim=0) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        layers = {owner: {name: repeat(t) for name, t in state.items()} for owner, state in self.layers.items()}
+        return InferenceCache(self.batch * copies, self.capacity, self.device, self.seen, repeat(self.padding),
+                              layers, self.has_padding)
+
     def nbytes(self) -> int:
         """Bytes held by the cached tensors (buffers at full capacity)."""
         total = self.padding.numel() * self.padding.element_size()

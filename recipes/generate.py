@@ -32,14 +32,22 @@ def checkpoint_path(recipe: dict, ckpt_path: str) -> str:
     return str(found)
 
 
-def tokenizer(recipe: dict):
-    """The recipe's data module, which must offer ``encode(text) -> ids`` and ``decode(ids) -> text``."""
+def data_module(recipe: dict):
+    """The recipe's data module, built from its ``data:`` section (the recipe is yours: its classes are trusted)."""
     data = recipe.get("data") or {}
     module_name, _, class_name = data.get("class_path", "").rpartition(".")
-    cls = getattr(importlib.import_module(module_name), class_name) if module_name else None
-    if cls is None or not (hasattr(cls, "encode") and hasattr(cls, "decode")):
-        raise ValueError(f"the recipe's data module {data.get('class_path')!r} has no text tokenizer (encode/decode)")
+    cls = getattr(importlib.import_module(module_name), class_name, None) if module_name else None
+    if not isinstance(cls, type):
+        raise ValueError(f"the recipe's data section names no data module class (class_path {data.get('class_path')!r})")
     return cls(**(data.get("init_args") or {}))
+
+
+def tokenizer(recipe: dict):
+    """The recipe's data module, which must offer ``encode(text) -> ids`` and ``decode(ids) -> text``."""
+    data = data_module(recipe)
+    if not (hasattr(data, "encode") and hasattr(data, "decode")):
+        raise ValueError(f"the recipe's data module {type(data).__name__} has no text tokenizer (encode/decode)")
+    return data
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -457,6 +457,17 @@ class TokenizedCorpus(ResumableDataModule):
             self._tokenizer = self._load_tokenizer(self.cache / "tokenizer.json")
         return self._tokenizer
 
+    @property
+    def end_of_document(self) -> int:
+        """The end-of-document token's id (it also opens every document: what an empty context is)."""
+        self.setup()
+        return int(self.meta["end_of_document"])
+
+    def validation_tokens(self) -> torch.Tensor:
+        """The validation split as one token stream ``[n]`` (int64; documents separated by end-of-document)."""
+        self.setup()
+        return torch.from_numpy(np.fromfile(self.cache / "val.bin", dtype=self.meta["dtype"]).astype(np.int64))
+
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 

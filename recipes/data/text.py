@@ -117,6 +117,11 @@ class TextCorpus(ResumableDataModule):
                     "use a longer text, a larger fraction or a shorter seq_len"
                 )
 
+    def validation_tokens(self) -> torch.Tensor:
+        """The validation split as one token stream ``[n]`` (int64), for evaluation suites."""
+        self.setup()
+        return self.splits["val"].long()
+
     @staticmethod
     def encode(text: str) -> list[int]:
         """Text → token ids: its UTF-8 bytes."""

@@ -1,0 +1,190 @@
+"""``python -m recipes eval``: evaluate a recipe's checkpoint with lm-evaluation-harness tasks or with the
+built-in long-context suites (docs/evaluation.md).
+
+    python -m recipes eval --config quickstart.yaml --ckpt_path last --tasks zoo_cloze,zoo_passkey
+    python -m recipes eval --config my.yaml --ckpt_path best --tasks hellaswag,arc_easy --num_fewshot 0 --limit 200
+    python -m recipes eval --config quickstart.yaml --ckpt_path last --suite length --extrapolate
+    python -m recipes eval --config quickstart.yaml --ckpt_path last --suite passkey --extrapolate
+    python -m recipes eval --config mqar/qcattn.yaml --ckpt_path last --suite mqar --extrapolate
+
+Results: the table is printed; ``--out FILE`` writes the JSON (the harness's ``results``, ``configs``,
+versions and sample counts; a suite's rows), a suite also its table (``.md``) and figure (``.png``)
+beside it; and every score goes to TensorBoard under ``eval/`` in the checkpoint's run folder.
+"""
+
+import argparse
+import difflib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+SUITES = ("length", "passkey", "mqar")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m recipes eval", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="the recipe the checkpoint was trained with")
+    p.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best of the recipe's runs")
+    p.add_argument("--allow_classes", nargs="*", default=[], help="packages whose classes the checkpoint may name")
+    p.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (zoo_cloze, zoo_passkey ship here)")
+    p.add_argument("--include_path", action="append", default=[], help="a folder of task YAMLs (repeatable)")
+    p.add_argument("--num_fewshot", type=int, default=None)
+    p.add_argument("--limit", type=float, default=None, help="examples per task (a fraction if < 1)")
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--suite", choices=SUITES, default=None)
+    p.add_argument("--extrapolate", action="store_true",
+                   help="evaluate past the model's max_seq_len (plain RoPE and the NTK stretch)")
+    p.add_argument("--multiples", type=float, nargs="+", default=None,
+                   help="lengths as multiples of the training length (length: 1 2 4 8 16; passkey: 0.5 1 2 4; mqar: 1 2 4 8)")
+    p.add_argument("--windows", type=int, default=8, help="length suite: windows per length")
+    p.add_argument("--trials", type=int, default=8, help="passkey suite: keys per cell")
+    p.add_argument("--out", default=None, help="where to write the JSON (and a suite's .md and .png)")
+    p.add_argument("--device", default="cpu")
+    return p
+
+
+def harness_module():
+    try:
+        from recipes.evaluation import harness
+    except ImportError as error:
+        raise RuntimeError(f"--tasks needs EleutherAI's lm-evaluation-harness ({error}): pip install -e \".[eval]\" "
+                           "(or pip install lm-eval)") from None
+    return harness
+
+
+def check_tasks(names: list[str], include_paths: list[str]):
+    """The harness's TaskManager with the zoo's own tasks and ``include_paths``; unknown names refused by name."""
+    from lm_eval.tasks import TaskManager
+
+    from recipes.evaluation.tasks import task_folder
+
+    for folder in include_paths:
+        if not Path(folder).is_dir():
+            raise FileNotFoundError(f"--include_path {folder}: no such folder")
+    manager = TaskManager(include_path=[str(task_folder()), *include_paths])
+    known = set(manager.all_tasks)
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        hints = {name: difflib.get_close_matches(name, known, n=3) for name in unknown}
+        raise ValueError("unknown task(s): " + "; ".join(f"{n!r} (close: {', '.join(h) or 'none'})" for n, h in hints.items())
+                         + ". Hub tasks need the harness's task list (python -m lm_eval --tasks list); local ones an "
+                         "--include_path folder of YAMLs")
+    return manager
+
+
+def text_tokenizer(data, what: str):
+    if not (hasattr(data, "encode") and hasattr(data, "decode")):
+        raise ValueError(f"{what} needs text, and the recipe's data module {type(data).__name__} has no text tokenizer "
+                         "(encode/decode): evaluate a checkpoint of a text recipe")
+    return data
+
+
+def run_harness(model, data, args) -> tuple[dict, str]:
+    harness = harness_module()
+    from lm_eval import simple_evaluate
+    from lm_eval.utils import make_table
+
+    names = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    manager = check_tasks(names, args.include_path)
+    lm = harness.ZooLM(model, text_tokenizer(data, "--tasks"), batch_size=args.batch_size)
+    results = simple_evaluate(model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
+                              task_manager=manager, log_samples=False, bootstrap_iters=0)
+    return results, make_table(results)
+
+
+def run_suite(model, data, recipe: dict, args) -> dict:
+    from recipes.evaluation import suites
+
+    init = (recipe.get("data") or {}).get("init_args") or {}
+    multiples = tuple(args.multiples) if args.multiples else None
+    if args.suite == "mqar":
+        if not hasattr(data, "test") or not hasattr(data.test, "task"):
+            raise ValueError(f"--suite mqar needs an MQAR recipe; this one's data module is {type(data).__name__}")
+        kwargs = {} if multiples is None else {"multiples": tuple(int(m) for m in multiples)}
+        return suites.mqar_suite(model, dict(data.test.task), extrapolate=args.extrapolate, **kwargs)
+    trained = int(init.get("seq_len", getattr(data, "seq_len", 0)) or 0)
+    if trained < 1:
+        raise ValueError("the recipe's data has no seq_len: the training length the suite is relative to")
+    if args.suite == "length":
+        if not hasattr(data, "validation_tokens"):
+            raise ValueError(f"--suite length needs a text corpus with a validation split; this is {type(data).__name__}")
+        kwargs = {} if multiples is None else {"multiples": tuple(int(m) for m in multiples)}
+        return suites.length_suite(model, data.validation_tokens(), trained, windows=args.windows,
+                                   extrapolate=args.extrapolate, **kwargs)
+    kwargs = {} if multiples is None else {"multiples": multiples}
+    return suites.passkey_suite(model, text_tokenizer(data, "--suite passkey").encode, trained, trials=args.trials,
+                                extrapolate=args.extrapolate, **kwargs)
+
+
+def run_folder(checkpoint: Path) -> Path | None:
+    """The run folder a recipe's checkpoint lives in (``<run>/checkpoints/x.ckpt``), or None."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+
+
+def log_scalars(checkpoint: Path, values: dict[str, float], step: int) -> Path | None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = run_folder(checkpoint)
+    if folder is None or not values:
+        return None
+    with SummaryWriter(str(folder)) as writer:
+        for tag, value in values.items():
+            writer.add_scalar(tag, value, step)
+    return folder
+
+
+def harness_scalars(results: dict) -> dict[str, float]:
+    out = {}
+    for task, metrics in (results.get("results") or {}).items():
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and "stderr" not in key and key != "alias":
+                out[f"eval/{task}/{key.split(',')[0]}"] = float(value)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parser().parse_args(argv)
+    if not args.tasks and not args.suite:
+        sys.exit("error: name --tasks and/or a --suite to run")
+    from recipes.checkpoints import load_checkpoint
+    from recipes.generate import checkpoint_path, data_module, load_recipe
+    from recipes.module import LanguageModel
+
+    try:
+        recipe = load_recipe(args.config)
+        path = Path(checkpoint_path(recipe, args.ckpt_path))
+        data = data_module(recipe)
+        lm = LanguageModel.load_from_checkpoint(str(path), map_location=args.device, allow_classes=args.allow_classes)
+        model = lm.model.to(args.device).eval()
+        step = int(load_checkpoint(path, mmap=True).get("global_step", 0))
+        output: dict = {"checkpoint": str(path)}
+        scalars = {}
+        if args.tasks:
+            results, text = run_harness(model, data, args)
+            print(text)
+            output["harness"] = {key: results.get(key) for key in ("results", "configs", "versions", "n-shot",
+                                                                  "higher_is_better", "n-samples") if key in results}
+            scalars.update(harness_scalars(results))
+        if args.suite:
+            from recipes.evaluation.suites import scalars as suite_scalars, table, write_result
+
+            result = run_suite(model, data, recipe, args)
+            print(table(result))
+            output["suite"] = result
+            scalars.update(suite_scalars(result))
+            if args.out:
+                print("wrote", ", ".join(map(str, write_result(result, Path(args.out)))))
+    except (FileNotFoundError, ValueError, RuntimeError) as error:
+        sys.exit(f"error: {error}")
+    if args.out:
+        out = Path(args.out).with_suffix(".json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(output, indent=1, default=str))
+        print(f"wrote {out}")
+    folder = log_scalars(path, scalars, step)
+    if folder is not None:
+        print(f"TensorBoard: {len(scalars)} scalars under eval/ in {folder} (step {step})")
+    return output

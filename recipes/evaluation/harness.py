@@ -1,0 +1,180 @@
+"""``ZooLM``: a zoo model as an lm-evaluation-harness ``LM``, so any checkpoint of any pattern runs the
+harness's tasks (``python -m recipes eval --tasks ...``; docs/evaluation.md).
+
+It scores the way lm-eval's own Hugging Face model does — the same split of a context and its
+continuation into tokens (trailing spaces move to the continuation), contexts longer than the model
+cut from the left, the same rolling windows for perplexity, generation cut at the first stop string —
+so its numbers are comparable with published ones, and it adds what the zoo's decoding cache allows:
+
+- requests are batched longest first (right-padded: the models are causal, so padding after a
+  sequence changes none of its logits);
+- continuations that share a context (the choices of a multiple-choice question) are scored from one
+  pass over the context: its cache is copied to each choice (``InferenceCache.expand``).
+
+This module imports ``lm_eval``: ``pip install -e ".[eval]"``.
+"""
+
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm.auto import tqdm
+
+from recipes.evaluation.suites import score, score_continuations
+
+
+class ZooLM(TemplateLM):
+    """An lm-eval ``LM`` over a :class:`components.HybridLM` and a text tokenizer.
+
+    Args:
+        model: the ``HybridLM`` (``LanguageModel.model``); put in eval mode.
+        tokenizer: an object with ``encode(text) -> list[int]`` and ``decode(ids) -> str`` (a recipe's
+            data module: bytes for ``TextCorpus``, the BPE for ``TokenizedCorpus``).
+        prefix_token: the token an empty context is replaced by (lm-eval uses the end-of-text token);
+            default: the tokenizer's ``end_of_document`` id if it has one, else the newline's.
+        batch_size: sequences per forward (default 8).
+        max_length: the longest input (default the model's ``max_seq_len``); longer ones are cut from
+            the left, as lm-eval's Hugging Face model does.
+        reuse_context: score the choices of a shared context from one pass over it (default True).
+        padding_side: ``right`` (default) or ``left`` (with a padding mask and positions from each
+            sequence's first real token): both give the same scores.
+        max_gen_toks: ``generate_until``'s default budget (default 256).
+    """
+
+    def __init__(self, model, tokenizer, *, prefix_token: int | None = None, batch_size: int = 8,
+                 max_length: int | None = None, reuse_context: bool = True, padding_side: str = "right",
+                 max_gen_toks: int = 256):
+        super().__init__()
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"ZooLM: padding_side={padding_side!r} is not 'left' or 'right'")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"ZooLM: batch_size={batch_size!r} must be a positive integer")
+        self.model, self.tokenizer_ = model.eval(), tokenizer
+        self.batch_size, self.reuse_context, self.padding_side = batch_size, reuse_context, padding_side
+        self.max_length = max_length or model.max_seq_len
+        self.max_gen_toks = max_gen_toks
+        if prefix_token is None:
+            end = getattr(tokenizer, "end_of_document", None)
+            prefix_token = end if isinstance(end, int) else tokenizer.encode("\n")[0]
+        self._prefix = prefix_token
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embedding.weight.device
+
+    @property
+    def eot_token_id(self) -> int:
+        return self._prefix
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return list(self.tokenizer_.encode(string))
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.tokenizer_.decode(list(tokens))
+
+    # ---- scoring -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        """``(key, context tokens, continuation tokens)`` → ``(sum of log p(continuation), is it the greedy one)``."""
+        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        plain = []
+        for i, (_, context, continuation) in enumerate(requests):
+            if not continuation:
+                results[i] = (0.0, True)
+            elif self.reuse_context and len(context) + len(continuation) <= self.max_length + 1 and context:
+                groups.setdefault(tuple(context), []).append(i)
+            else:
+                plain.append(i)
+        for context, members in list(groups.items()):
+            if len(members) == 1:  # nothing to share
+                plain += members
+                del groups[context]
+        progress = tqdm(total=len(requests), disable=disable_tqdm, desc="loglikelihood")
+        for context, members in groups.items():
+            for start in range(0, len(members), self.batch_size):
+                chunk = members[start:start + self.batch_size]
+                for i, result in zip(chunk, score_continuations(self.model, list(context), [requests[i][2] for i in chunk])):
+                    results[i] = result
+                progress.update(len(chunk))
+        plain.sort(key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))  # longest first
+        for start in range(0, len(plain), self.batch_size):
+            chunk = plain[start:start + self.batch_size]
+            for i, result in zip(chunk, self._separate([requests[i][1] for i in chunk], [requests[i][2] for i in chunk])):
+                results[i] = result
+            progress.update(len(chunk))
+        progress.close()
+        for (key, _, _), result in zip(requests, results):
+            if key is not None:
+                self.cache_hook.add_partial("loglikelihood", key, result)
+        return results
+
+    def _separate(self, contexts: list[list[int]], continuations: list[list[int]]) -> list[tuple[float, bool]]:
+        """One forward over a batch of ``context + continuation`` inputs (cut from the left to ``max_length``)."""
+        inputs = [(c + k)[-(self.max_length + 1):][:-1] for c, k in zip(contexts, continuations)]
+        width = max(len(x) for x in inputs)
+        ids = torch.zeros(len(inputs), width, dtype=torch.long, device=self.device)
+        padding = torch.zeros(len(inputs), width, dtype=torch.bool, device=self.device)
+        for row, x in enumerate(inputs):
+            if self.padding_side == "right":
+                ids[row, :len(x)] = torch.tensor(x)
+                padding[row, len(x):] = True
+            else:
+                ids[row, width - len(x):] = torch.tensor(x)
+                padding[row, :width - len(x)] = True
+        if self.padding_side == "right":
+            logits = self.model(ids)  # [b, width, V]: causal, so the right padding changes nothing before it
+        else:
+            positions = (~padding).long().cumsum(dim=1).sub(1).clamp_min(0)  # [b, width]
+            logits = self.model(ids, position_ids=positions, padding_mask=padding)
+        out = []
+        for row, (x, continuation) in enumerate(zip(inputs, continuations)):
+            end = len(x) if self.padding_side == "right" else width
+            out.append(score(logits[row, end - len(continuation):end], continuation))
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """The log-likelihood of each whole text, in lm-eval's disjoint rolling windows of ``max_length``."""
+        out = []
+        for request in tqdm(requests, disable=disable_tqdm, desc="loglikelihood_rolling"):
+            (text,) = request.args
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
+                context_len=1)]
+            scores = self._loglikelihood_tokens([(None, context, target) for context, target in windows],
+                                                disable_tqdm=True)
+            total = sum(score for score, _ in scores)
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+            out.append(total)
+        return out
+
+    # ---- generation --------------------------------------------------------------------------------
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy (or sampled, with ``do_sample`` and a ``temperature``) continuation of each context, from the
+        zoo's cache, cut at the first of the ``until`` strings."""
+        out = []
+        for request in tqdm(requests, disable=disable_tqdm, desc="generate_until"):
+            context, kwargs = request.args
+            kwargs = dict(kwargs or {})
+            until = kwargs.pop("until", None) or [self.tok_decode([self.eot_token_id])]
+            until = [until] if isinstance(until, str) else list(until)
+            budget = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+            temperature = float(kwargs.pop("temperature", 0.0)) if kwargs.pop("do_sample", False) else 0.0
+            text = self.generate_text(context, budget, until, temperature=temperature)
+            self.cache_hook.add_partial("generate_until", (context, request.args[1]), text)
+            out.append(text)
+        return out
+
+    @torch.no_grad()
+    def generate_text(self, context: str, max_new_tokens: int, until: list[str], temperature: float = 0.0) -> str:
+        """``model.generate`` from the context (cut from the left to leave room), decoded and cut at the
+        first stop string."""
+        ids = (self.tok_encode(context) or [self.prefix_token_id])[-max(self.max_length - max_new_tokens, 1):]
+        prompt = torch.tensor([ids], device=self.device)
+        tokens = self.model.generate(prompt, max_new_tokens, temperature=temperature)[0, len(ids):].tolist()
+        text = self.tok_decode(tokens)
+        for stop in until:
+            if stop:
+                text = text.split(stop)[0]
+        return text

@@ -1,0 +1,254 @@
+"""Long-context suites that need no download (``python -m recipes eval --suite length|passkey|mqar``;
+docs/evaluation.md). Each returns a result dict that :func:`write_result` turns into a table, a JSON
+file and a PNG.
+
+- ``length``: the loss at each position of windows of 1×, 2×, 4×, 8×, 16× the training length, drawn
+  from the recipe's validation split, bucketed by position in training-length pieces — with plain RoPE
+  past the training length and with the NTK stretch of the base (:class:`components.RotaryEmbedding`).
+- ``passkey``: a five-digit key hidden at a depth of filler text; the model must prefer the true key to
+  three others after "What is the pass key? The pass key is" (chance 0.25), over length × depth.
+- ``mqar``: recall accuracy of an MQAR checkpoint on sequences 1×–8× its training length, the same
+  number of pairs spread over more filler.
+"""
+
+import contextlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+QUESTION = " What is the pass key? The pass key is"
+
+
+# ---- scoring shared with the harness adapter ------------------------------------------------------
+
+@torch.no_grad()
+def score_continuations(model, context: list[int], continuations: list[list[int]]) -> list[tuple[float, bool]]:
+    """``(sum of log p(continuation | context), whether every token is the argmax)`` for each continuation:
+    one pass over ``context`` into a decoding cache, copied to each continuation (right-padded after it,
+    which a causal model never sees)."""
+    device = model.embedding.weight.device
+    longest = max(len(c) for c in continuations)
+    cache = model.new_cache(1, len(context) + longest)
+    last = model(torch.tensor([context], device=device), cache=cache)[0, -1]  # [V]: predicts token 0
+    rest = None
+    if longest > 1:
+        cache = cache.expand(len(continuations))
+        ids = torch.zeros(len(continuations), longest - 1, dtype=torch.long, device=device)
+        for row, continuation in enumerate(continuations):
+            ids[row, :len(continuation) - 1] = torch.tensor(continuation[:-1])
+        rest = model(ids, cache=cache)  # [k, longest - 1, V]
+    out = []
+    for row, continuation in enumerate(continuations):
+        logits = last[None] if rest is None else torch.cat([last[None], rest[row, :len(continuation) - 1]])
+        out.append(score(logits, continuation))
+    return out
+
+
+def score(logits: torch.Tensor, continuation: list[int]) -> tuple[float, bool]:
+    """``logits [n, V]`` predicting ``n`` tokens → (sum of their log-probabilities, all of them the argmax)."""
+    target = torch.tensor(continuation, device=logits.device)
+    logprobs = F.log_softmax(logits.float(), dim=-1)  # [n, V]
+    return float(logprobs.gather(1, target[:, None]).sum()), bool((logprobs.argmax(-1) == target).all())
+
+
+# ---- positions past the training length -----------------------------------------------------------
+
+MODES = ("plain", "ntk")
+
+
+@contextlib.contextmanager
+def position_mode(model, mode: str, trained: int):
+    """Let ``model`` run past its ``max_seq_len``: ``plain`` keeps RoPE's base (positions it never saw),
+    ``ntk`` stretches the base once a sequence is longer than ``trained`` (the model's own NTK rule)."""
+    if mode not in MODES:
+        raise ValueError(f"position mode {mode!r} is not one of {MODES}")
+    saved = model.extrapolate, model.rotary.max_position
+    model.extrapolate = True
+    model.rotary.max_position = trained if mode == "ntk" else 1 << 40
+    try:
+        yield model
+    finally:
+        model.extrapolate, model.rotary.max_position = saved
+
+
+def check_length(model, length: int, extrapolate: bool) -> None:
+    if length > model.max_seq_len and not extrapolate:
+        raise ValueError(f"length {length} exceeds the model's max_seq_len={model.max_seq_len}; pass --extrapolate "
+                         "to evaluate past it (plain RoPE and the NTK stretch), or shorter --lengths")
+
+
+# ---- the suites -----------------------------------------------------------------------------------
+
+@torch.no_grad()
+def length_suite(model, tokens: torch.Tensor, trained: int, multiples=(1, 2, 4, 8, 16), windows: int = 8,
+                 extrapolate: bool = True) -> dict:
+    """Per mode and evaluation length ``m · trained``: the mean next-token loss of ``windows`` windows of the
+    validation stream ``tokens [n]`` (evenly spaced), overall and per bucket of ``trained`` positions."""
+    model.eval()
+    device = model.embedding.weight.device
+    rows = []
+    for multiple in multiples:
+        length = multiple * trained
+        check_length(model, length, extrapolate)
+        if len(tokens) < length + 1:
+            raise ValueError(f"the validation split has {len(tokens)} tokens; length {length} needs {length + 1}")
+        starts = np.linspace(0, len(tokens) - length - 1, num=windows).astype(int)
+        batch = torch.stack([tokens[s:s + length + 1] for s in starts]).to(device)  # [w, length + 1]
+        # up to the training length the two modes are the same model; without extrapolate, the model as built
+        # (max_seq_len at least this length, so its RoPE is plain)
+        for mode in MODES if extrapolate and length > trained else MODES[:1]:
+            with position_mode(model, mode, trained) if extrapolate else contextlib.nullcontext():
+                losses = torch.stack([F.cross_entropy(model(row[None, :-1])[0].float(), row[1:], reduction="none")
+                                      for row in batch])  # [w, length]: one window at a time bounds the memory
+            per_position = losses.mean(0)  # [length]
+            buckets = per_position.view(multiple, trained).mean(1).tolist()
+            rows.append({"mode": mode, "length": length, "multiple": multiple, "loss": float(per_position.mean()),
+                         "buckets": buckets, "windows": len(starts)})
+    return {"suite": "length", "trained": trained, "bucket": trained, "rows": rows}
+
+
+def passkey_prompt(encode, key: int, length: int, depth: float) -> tuple[list[int], list[int]]:
+    """The token ids of ``filler … [key sentence at depth] … filler + question`` of about ``length`` tokens,
+    and of the answer ``" {key}"``."""
+    needle = encode(f" The pass key is {key}. Remember it. {key} is the pass key.")
+    question = encode(QUESTION)
+    unit = encode(FILLER)
+    room = max(length - len(needle) - len(question), 0)
+    filler = (unit * (room // max(len(unit), 1) + 1))[:room]
+    at = int(round(depth * len(filler)))
+    return filler[:at] + needle + filler[at:] + question, encode(f" {key}")
+
+
+@torch.no_grad()
+def passkey_suite(model, encode, trained: int, multiples=(0.5, 1, 2, 4), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
+                  trials: int = 8, choices: int = 4, seed: int = 0, extrapolate: bool = True) -> dict:
+    """Accuracy of picking the true key among ``choices`` (chance ``1/choices``) over length × depth."""
+    model.eval()
+    rng = np.random.default_rng(seed)
+    cells = []
+    for multiple in multiples:
+        length = int(multiple * trained)
+        for depth in depths:
+            correct = 0
+            for _ in range(trials):
+                keys = rng.choice(np.arange(10_000, 100_000), size=choices, replace=False).tolist()
+                context, answer = passkey_prompt(encode, keys[0], length, depth)
+                check_length(model, len(context) + len(answer), extrapolate)
+                candidates = [answer] + [encode(f" {k}") for k in keys[1:]]
+                mode = position_mode(model, "ntk", trained) if extrapolate else contextlib.nullcontext()
+                with mode:
+                    scores = [s for s, _ in score_continuations(model, context, candidates)]
+                correct += int(np.argmax(scores) == 0)
+            cells.append({"length": length, "depth": depth, "accuracy": correct / trials, "trials": trials})
+    return {"suite": "passkey", "trained": trained, "chance": 1 / choices, "cells": cells}
+
+
+@torch.no_grad()
+def mqar_suite(model, task: dict, multiples=(1, 2, 4, 8), examples: int = 64, seed: int = 0,
+               extrapolate: bool = True) -> dict:
+    """Recall accuracy at ``multiple ×`` the task's ``seq_len`` with its ``num_pairs`` (more filler)."""
+    from recipes.data.mqar import MQARSplit
+
+    model.eval()
+    device = model.embedding.weight.device
+    rows = []
+    for multiple in multiples:
+        length = multiple * task["seq_len"]
+        check_length(model, length, extrapolate)
+        split = MQARSplit("test", examples, seed, **{**task, "seq_len": length})
+        correct = total = 0
+        for i in range(examples):
+            item = split[i]
+            with position_mode(model, "ntk", task["seq_len"]) if extrapolate else contextlib.nullcontext():
+                logits = model(item["input_ids"][None].to(device))[0]  # [length, V]
+            keep = item["labels"] != IGNORE_INDEX
+            correct += int((logits[keep.to(device)].argmax(-1).cpu() == item["labels"][keep]).sum())
+            total += int(keep.sum())
+        rows.append({"length": length, "multiple": multiple, "accuracy": correct / max(total, 1), "queries": total})
+    return {"suite": "mqar", "trained": task["seq_len"], "num_pairs": task["num_pairs"],
+            "chance": 2 / task["vocab_size"], "rows": rows}
+
+
+# ---- reporting ------------------------------------------------------------------------------------
+
+def table(result: dict) -> str:
+    if result["suite"] == "length":
+        buckets = max(len(r["buckets"]) for r in result["rows"])
+        head = ["mode", "length", "loss"] + [f"pos {i * result['bucket']}–{(i + 1) * result['bucket'] - 1}" for i in range(buckets)]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in result["rows"]:
+            cells = [r["mode"], str(r["length"]), f"{r['loss']:.4f}"] + [f"{b:.4f}" for b in r["buckets"]]
+            lines.append("| " + " | ".join(cells + [""] * (len(head) - len(cells))) + " |")
+        return "\n".join(lines)
+    if result["suite"] == "passkey":
+        depths = sorted({c["depth"] for c in result["cells"]})
+        lines = ["| length | " + " | ".join(f"depth {d:g}" for d in depths) + " |", "|---|" + "---|" * len(depths)]
+        for length in sorted({c["length"] for c in result["cells"]}):
+            row = {c["depth"]: c["accuracy"] for c in result["cells"] if c["length"] == length}
+            lines.append(f"| {length} | " + " | ".join(f"{row[d]:.2f}" for d in depths) + " |")
+        return "\n".join(lines) + f"\n\nchance: {result['chance']:.2f}"
+    lines = ["| length | accuracy | queries |", "|---|---|---|"]
+    lines += [f"| {r['length']} | {r['accuracy']:.4f} | {r['queries']} |" for r in result["rows"]]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    if result["suite"] == "length":
+        for r in result["rows"]:
+            xs = [(i + 0.5) * result["bucket"] for i in range(len(r["buckets"]))]
+            axes.plot(xs, r["buckets"], marker="o", markersize=3, linestyle="-" if r["mode"] == "plain" else "--",
+                      label=f"{r['mode']}, length {r['length']}")
+        axes.axvline(result["trained"], color="grey", linewidth=0.8)
+        axes.set(xlabel="position", ylabel="loss", title="loss by position (training length: grey line)")
+        axes.set_xscale("log", base=2)
+        axes.legend(fontsize=7)
+    elif result["suite"] == "passkey":
+        depths = sorted({c["depth"] for c in result["cells"]})
+        lengths = sorted({c["length"] for c in result["cells"]})
+        grid = np.array([[next(c["accuracy"] for c in result["cells"] if c["length"] == n and c["depth"] == d)
+                          for d in depths] for n in lengths])
+        image = axes.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        axes.set_xticks(range(len(depths)), [f"{d:g}" for d in depths])
+        axes.set_yticks(range(len(lengths)), [str(n) for n in lengths])
+        axes.set(xlabel="depth of the key", ylabel="context length (tokens)",
+                 title=f"passkey accuracy (chance {result['chance']:.2f})")
+        figure.colorbar(image)
+    else:
+        axes.plot([r["length"] for r in result["rows"]], [r["accuracy"] for r in result["rows"]], marker="o")
+        axes.set_xscale("log", base=2)
+        axes.set(xlabel="sequence length", ylabel="recall accuracy", title=f"MQAR, {result['num_pairs']} pairs")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def scalars(result: dict) -> dict[str, float]:
+    """The result as TensorBoard scalars under ``eval/``."""
+    if result["suite"] == "length":
+        return {f"eval/length/{r['mode']}/{r['length']}": r["loss"] for r in result["rows"]}
+    if result["suite"] == "passkey":
+        return {f"eval/passkey/{c['length']}/depth_{c['depth']:g}": c["accuracy"] for c in result["cells"]}
+    return {f"eval/mqar/{r['length']}": r["accuracy"] for r in result["rows"]}
+
+
+def write_result(result: dict, out: Path) -> list[Path]:
+    """``out.json``, ``out.md`` (the table) and ``out.png``; returns the paths."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out.with_suffix(".json"), out.with_suffix(".md"), out.with_suffix(".png")]
+    paths[0].write_text(json.dumps(result, indent=1))
+    paths[1].write_text(table(result) + "\n")
+    plot(result, paths[2])
+    return paths

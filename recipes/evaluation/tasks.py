@@ -1,0 +1,108 @@
+"""Small lm-eval tasks the project makes itself, so the whole harness path runs offline (and in CI).
+
+- ``zoo_cloze``: the last word of a sentence of Python's own documentation (``pydoc_data``), among four
+  (the others are last words of other sentences); multiple choice, metric ``acc``.
+- ``zoo_passkey``: the five-digit key hidden in filler text, among four keys (chance 0.25).
+
+The data is generated here deterministically and shipped in ``recipes/evaluation/tasks/`` (a test checks
+the shipped files equal a fresh generation); :func:`task_folder` writes the task YAMLs, which point at
+those files by absolute path (lm-eval resolves ``data_files`` against the working folder), into a
+folder that ``python -m recipes eval`` always adds to ``--include_path``.
+"""
+
+import json
+import random
+import re
+import tempfile
+from pathlib import Path
+
+DATA = Path(__file__).parent / "tasks"
+TASKS = ("zoo_cloze", "zoo_passkey")
+YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: context
+doc_to_choice: choices
+doc_to_target: answer
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+
+def cloze_items(count: int = 120, seed: int = 0) -> list[dict]:
+    from pydoc_data.topics import topics
+
+    sentences = []
+    for key in sorted(topics):
+        for sentence in re.split(r"(?<=[.!?])\s+", " ".join(topics[key].split())):
+            words = sentence.rstrip(".!?").split()
+            if 8 <= len(words) <= 30 and re.fullmatch(r"[a-z]{4,}", words[-1]):
+                sentences.append((" ".join(words[:-1]), words[-1]))
+    rng = random.Random(seed)
+    rng.shuffle(sentences)
+    endings = sorted({word for _, word in sentences})
+    items = []
+    for context, word in sentences[:count]:
+        others = rng.sample([w for w in endings if w != word], 3)
+        choices = [f" {w}" for w in [word, *others]]
+        order = list(range(4))
+        rng.shuffle(order)
+        items.append({"context": context, "choices": [choices[i] for i in order], "answer": order.index(0)})
+    return items
+
+
+def passkey_items(count: int = 40, length_bytes: int = 400, seed: int = 0) -> list[dict]:
+    from recipes.evaluation.suites import FILLER, QUESTION
+
+    rng = random.Random(seed)
+    items = []
+    for i in range(count):
+        keys = rng.sample(range(10_000, 100_000), 4)
+        needle = f"The pass key is {keys[0]}. Remember it. {keys[0]} is the pass key. "
+        room = max(length_bytes - len(needle) - len(QUESTION), 0)
+        filler = (FILLER * (room // len(FILLER) + 1))[:room]
+        at = filler.rfind(" ", 0, int(len(filler) * (i % 5) / 4) + 1) + 1 if i % 5 else 0
+        order = list(range(4))
+        rng.shuffle(order)
+        items.append({"context": filler[:at] + needle + filler[at:] + QUESTION,
+                      "choices": [f" {keys[j]}" for j in order], "answer": order.index(0)})
+    return items
+
+
+def generate() -> dict[str, list[dict]]:
+    return {"zoo_cloze": cloze_items(), "zoo_passkey": passkey_items()}
+
+
+def write_data(folder: Path = DATA) -> None:
+    """Regenerate the shipped data (``python -c "from recipes.evaluation.tasks import write_data; write_data()"``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, items in generate().items():
+        with open(folder / f"{name}.jsonl", "w", encoding="utf-8") as f:
+            for item in items:
+                f.write(json.dumps(item) + "\n")
+
+
+def task_folder(data: dict[str, Path] | None = None) -> Path:
+    """A folder with one lm-eval YAML per task, pointing at ``data`` (default: the shipped files)."""
+    folder = Path(tempfile.mkdtemp(prefix="zoo-tasks-"))
+    for name in TASKS:
+        path = (data or {}).get(name, DATA / f"{name}.jsonl")
+        (folder / f"{name}.yaml").write_text(YAML.format(name=name, data=json.dumps(str(Path(path).resolve()))))
+    return folder
+
+
+def write_task(folder: Path, name: str, items: list[dict]) -> Path:
+    """A multiple-choice task of one's own (``context``, ``choices``, ``answer``) in ``folder``: its data and YAML."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(item) + "\n" for item in items))
+    (folder / f"{name}.yaml").write_text(YAML.format(name=name, data=json.dumps(str(data.resolve()))))
+    return folder
