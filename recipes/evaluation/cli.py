@@ -124,6 +124,19 @@ def run_folder(checkpoint: Path) -> Path | None:
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
 
 
+def with_run_data(recipe: dict, checkpoint: Path) -> dict:
+    """The recipe with the ``data`` section the checkpoint's run was trained with, when its run folder kept the
+    resolved ``config.yaml`` (command-line overrides included: the training length is the run's, not the file's)."""
+    import yaml
+
+    folder = run_folder(checkpoint)
+    config = folder / "config.yaml" if folder is not None else None
+    if config is None or not config.is_file():
+        return recipe
+    data = (yaml.safe_load(config.read_text()) or {}).get("data")
+    return {**recipe, "data": data} if isinstance(data, dict) and data.get("class_path") else recipe
+
+
 def log_scalars(checkpoint: Path, values: dict[str, float], step: int) -> Path | None:
     from torch.utils.tensorboard import SummaryWriter
 
@@ -156,6 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         recipe = load_recipe(args.config)
         path = Path(checkpoint_path(recipe, args.ckpt_path))
+        recipe = with_run_data(recipe, path)
         data = data_module(recipe)
         lm = LanguageModel.load_from_checkpoint(str(path), map_location=args.device, allow_classes=args.allow_classes)
         model = lm.model.to(args.device).eval()

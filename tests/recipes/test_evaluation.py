@@ -1,0 +1,264 @@
+"""``python -m recipes eval``: the lm-eval adapter against the model's own log-softmax written out (never
+against itself), the local tasks through the real harness, the long-context suites against hand
+computations, and the errors a user meets."""
+
+import json
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from components import HybridLM
+from recipes.data.text import TextCorpus
+from recipes.evaluation.suites import length_suite, passkey_suite
+
+lm_eval = pytest.importorskip("lm_eval", reason="the harness tests need `pip install -e .[dev]` (lm-eval)")
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from recipes.evaluation.harness import ZooLM  # noqa: E402
+
+BYTES = TextCorpus  # encode/decode are bytes
+
+
+def tiny(pattern: str = "SM AM", max_seq_len: int = 64) -> HybridLM:
+    torch.manual_seed(0)
+    from functools import partial
+
+    from components import SSD, QCAttention
+
+    model = HybridLM(256, 32, pattern, {"S": partial(SSD, d_state=8, chunk_size=4), "A": partial(QCAttention, n_heads=2)},
+                     max_seq_len=max_seq_len)
+    return model.eval()
+
+
+def request(kind: str, *args) -> Instance:
+    return Instance(request_type=kind, doc={}, arguments=args, idx=0)
+
+
+def written_out(model, context: str, continuation: str, max_length: int) -> tuple[float, bool]:
+    """lm-eval's rule for a causal model, written out: trailing spaces of the context move to the
+    continuation; the continuation's tokens are those of the whole text after the context's; the input is
+    cut from the left to max_length; the score is the sum of the model's log-softmax at the continuation."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    whole, head = BYTES.encode(context + continuation), BYTES.encode(context)
+    target = whole[len(head):]
+    ids = whole[-(max_length + 1):][:-1]
+    with torch.no_grad():
+        logprobs = F.log_softmax(model(torch.tensor([ids]))[0], dim=-1)[-len(target):]  # [n, V]
+    picked = logprobs[torch.arange(len(target)), torch.tensor(target)]
+    return float(picked.sum()), bool((logprobs.argmax(-1) == torch.tensor(target)).all())
+
+
+PAIRS = [("The cat sat on the ", "mat."), ("The cat sat on the", " hat"), ("The cat sat on the", " mat and slept"),
+         ("Question: what is 2 + 2? Answer:", " 4"), ("x" * 90, " long context cut from the left"),
+         ("Question: what is 2 + 2? Answer:", " four"), ("A", "B")]
+
+
+@pytest.mark.parametrize("batch_size, padding_side, reuse", [(1, "right", False), (4, "right", False),
+                                                             (3, "left", False), (4, "right", True), (2, "left", True)])
+def test_loglikelihood_is_the_models_own_log_softmax(batch_size, padding_side, reuse):
+    model = tiny()
+    lm = ZooLM(model, BYTES, batch_size=batch_size, padding_side=padding_side, reuse_context=reuse, max_length=48)
+    got = lm.loglikelihood([request("loglikelihood", c, k) for c, k in PAIRS])
+    for (context, continuation), (score, greedy) in zip(PAIRS, got):
+        want, want_greedy = written_out(model, context, continuation, 48)
+        assert score == pytest.approx(want, abs=2e-4), (context, continuation)
+        assert greedy == want_greedy
+
+
+def test_is_greedy_when_the_continuation_is_the_argmax():
+    model = tiny()
+    prompt = BYTES.encode("Some text and ")
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([prompt]), 3)[0, len(prompt):].tolist()
+    other = [(greedy[0] + 1) % 256, *greedy[1:]]
+    for reuse in (True, False):
+        lm = ZooLM(model, BYTES, reuse_context=reuse)
+        results = lm._loglikelihood_tokens([(None, prompt, greedy), (None, prompt, other)], disable_tqdm=True)
+        assert [greedy_flag for _, greedy_flag in results] == [True, False]
+
+
+def test_an_empty_context_is_the_prefix_token():
+    model = tiny()
+    lm = ZooLM(model, BYTES, prefix_token=10)
+    [(score, _)] = lm.loglikelihood([request("loglikelihood", "", "Hello")])
+    with torch.no_grad():
+        logprobs = F.log_softmax(model(torch.tensor([[10, *BYTES.encode("Hell")]]))[0], dim=-1)
+    assert score == pytest.approx(float(logprobs[torch.arange(5), torch.tensor(BYTES.encode("Hello"))].sum()), abs=1e-4)
+
+
+def test_rolling_loglikelihood_is_the_validation_loss_times_the_tokens():
+    from recipes import LanguageModel
+
+    lm_module = LanguageModel(32, "SM AM", {"S": {"class_path": "components.SSD", "init_args": {"d_state": 8, "chunk_size": 4}},
+                                            "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}},
+                              vocab_size=256, max_seq_len=64).eval()
+    data = TextCorpus(seq_len=40, batch_size=1)
+    window = data.validation_tokens()[:41]  # one validation window: 40 inputs, 40 labels
+    ce, _, _ = lm_module.forward_loss({"input_ids": window[None, :-1], "labels": window[None, 1:]})
+    text = BYTES.decode(window[1:].tolist())
+    lm = ZooLM(lm_module.model, BYTES, prefix_token=int(window[0]), max_length=64)
+    [total] = lm.loglikelihood_rolling([request("loglikelihood_rolling", text)])
+    assert -total == pytest.approx(float(ce.detach()) * 40, rel=1e-5)
+    # longer than max_length: lm-eval's disjoint windows, each scored from its own context
+    long = BYTES.decode(data.validation_tokens()[:150].tolist())
+    short = ZooLM(lm_module.model, BYTES, prefix_token=10, max_length=32)
+    [rolled] = short.loglikelihood_rolling([request("loglikelihood_rolling", long)])
+    tokens, expected = BYTES.encode(long), 0.0
+    # lm-eval's windows written out: the first predicts 32 tokens after the prefix token; each next one
+    # predicts the next 32 (or what is left) from the 32 tokens before its last prediction
+    windows = [([10] + tokens[:31], tokens[:32])]
+    windows += [(tokens[min(p + 32, len(tokens)) - 33:min(p + 32, len(tokens)) - 1], tokens[p:p + 32])
+                for p in range(32, len(tokens), 32)]
+    with torch.no_grad():
+        for inputs, targets in windows:
+            logprobs = F.log_softmax(lm_module.model(torch.tensor([inputs]))[0], dim=-1)[-len(targets):]
+            expected += float(logprobs[torch.arange(len(targets)), torch.tensor(targets)].sum())
+    assert rolled == pytest.approx(expected, rel=1e-5)
+
+
+def test_generate_until_is_generate_cut_at_the_first_stop_string():
+    model = tiny()
+    lm = ZooLM(model, BYTES)
+    prompt = "Once upon a time"
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([BYTES.encode(prompt)]), 20)[0, len(prompt):].tolist()
+    full = BYTES.decode(ids)
+    stop = full[5:7]  # a string the greedy text contains
+    [got] = lm.generate_until([request("generate_until", prompt, {"until": [stop, "zzz"], "max_gen_toks": 20})])
+    assert got == full.split(stop)[0] and len(got) <= 5
+    [whole] = lm.generate_until([request("generate_until", prompt, {"until": ["zzz"], "max_gen_toks": 20})])
+    assert whole == full
+
+
+def run_task(model, tmp_path, name: str, items: list[dict]) -> float:
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from recipes.evaluation.tasks import write_task
+
+    folder = write_task(tmp_path / name, name, items)
+    results = simple_evaluate(model=ZooLM(model, BYTES, batch_size=4), tasks=[name], log_samples=False, bootstrap_iters=0,
+                              task_manager=TaskManager(include_path=str(folder)))
+    return results["results"][name]["acc,none"]
+
+
+def test_a_task_whose_answer_is_the_models_own_choice_scores_one_and_its_mirror_zero(tmp_path):
+    model = tiny()
+    lm = ZooLM(model, BYTES)
+    items = []
+    for i, context in enumerate(["The sky is", "Water is", "Two and two make", "The capital of France is", "Cats are"]):
+        choices = [" blue", " wet", " four", " Paris", f" item {i}"]
+        scores = [s for s, _ in lm.loglikelihood([request("loglikelihood", context, c) for c in choices])]
+        best, worst = max(range(5), key=scores.__getitem__), min(range(5), key=scores.__getitem__)
+        items.append({"context": context, "choices": choices, "answer": best, "worst": worst})
+    assert run_task(model, tmp_path, "own_choice", [{**i, "answer": i["answer"]} for i in items]) == 1.0
+    assert run_task(model, tmp_path, "mirror", [{**i, "answer": i["worst"]} for i in items]) == 0.0
+
+
+def test_the_shipped_local_tasks_are_what_the_generator_makes():
+    from recipes.evaluation.tasks import DATA, generate
+
+    for name, items in generate().items():
+        shipped = [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines()]
+        assert shipped == items
+        assert all(0 <= item["answer"] < len(item["choices"]) == 4 for item in items)
+
+
+def test_the_length_suite_is_the_full_forward_loss_by_hand():
+    model = tiny(max_seq_len=32)
+    tokens = TextCorpus(seq_len=8).validation_tokens()[:600]
+    result = length_suite(model, tokens, trained=16, multiples=(1, 2, 4), windows=3)
+    rows = {(r["mode"], r["length"]): r for r in result["rows"]}
+    assert set(rows) == {("plain", 16), ("plain", 32), ("ntk", 32), ("plain", 64), ("ntk", 64)}
+    length = 32
+    starts = [0, (len(tokens) - length - 1) // 2, len(tokens) - length - 1]
+    with torch.no_grad():
+        by_hand = torch.stack([F.cross_entropy(model(tokens[s:s + length][None])[0], tokens[s + 1:s + length + 1],
+                                               reduction="none") for s in starts]).mean(0)  # [32]
+    assert rows[("plain", 32)]["loss"] == pytest.approx(float(by_hand.mean()), rel=1e-5)
+    assert rows[("plain", 32)]["buckets"] == pytest.approx([float(by_hand[:16].mean()), float(by_hand[16:].mean())], rel=1e-5)
+    assert rows[("ntk", 32)]["loss"] != rows[("plain", 64)]["loss"]
+    with pytest.raises(ValueError, match="length 64 exceeds the model's max_seq_len=32; pass --extrapolate"):
+        length_suite(model, tokens, trained=16, multiples=(4,), extrapolate=False)
+    assert model.max_seq_len == 32 and not model.extrapolate and model.rotary.max_position == 32  # restored
+
+
+def test_a_model_that_cannot_see_the_key_scores_chance_on_passkey():
+    blind = tiny(pattern="-M -M", max_seq_len=512)  # no sequence mixer: each position sees only itself
+    result = passkey_suite(blind, BYTES.encode, trained=64, multiples=(1, 2), depths=(0.0, 0.5, 1.0), trials=24)
+    accuracy = sum(c["accuracy"] * c["trials"] for c in result["cells"]) / sum(c["trials"] for c in result["cells"])
+    assert result["chance"] == 0.25 and 0.12 <= accuracy <= 0.40  # 144 trials: chance ± 3 standard deviations
+
+
+def test_the_eval_command_writes_the_harness_json_and_tensorboard_scalars(tmp_path, monkeypatch, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from recipes.cli import main as fit
+    from recipes.evaluation.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    fit(["fit", "--config", "quickstart.yaml", "--model.d_model", "16", "--model.pattern", "AM",
+         "--model.mixers.A.init_args.n_heads", "2", "--data.init_args.seq_len", "32", "--trainer.max_steps", "2",
+         "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"])
+    out = main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--tasks", "zoo_cloze,zoo_passkey", "--limit", "6",
+                "--suite", "length", "--multiples", "1", "2", "--windows", "2", "--out", "eval/result"])
+    written = json.loads((tmp_path / "eval" / "result.json").read_text())
+    assert set(written["harness"]["results"]) == {"zoo_cloze", "zoo_passkey"}
+    assert written["harness"]["configs"]["zoo_cloze"]["output_type"] == "multiple_choice"
+    assert written["suite"]["trained"] == 32  # the run's own length (from its config.yaml), not the recipe file's 128
+    assert out["suite"]["rows"][0]["length"] == 32
+    run = next((tmp_path / "runs" / "quickstart").iterdir())
+    events = EventAccumulator(str(run))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"eval/zoo_cloze/acc", "eval/zoo_passkey/acc", "eval/length/plain/32", "eval/length/plain/64"} <= tags
+    assert "zoo_cloze" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tasks", "no_such_task"], "unknown task(s): 'no_such_task'"),
+    (["--suite", "length", "--multiples", "64"], "exceeds the model's max_seq_len=512; pass --extrapolate"),
+    ([], "name --tasks and/or a --suite"),
+], ids=["unknown-task", "too-long", "nothing-to-do"])
+def test_eval_errors_are_named(tmp_path, monkeypatch, extra, message, trained_quickstart):
+    from recipes.evaluation.cli import main
+
+    monkeypatch.chdir(trained_quickstart)
+    with pytest.raises(SystemExit) as info:
+        main(["--config", "quickstart.yaml", "--ckpt_path", "last", *extra])
+    assert message in str(info.value.code)
+
+
+def test_a_recipe_without_text_and_a_missing_harness_are_named(tmp_path, monkeypatch, trained_quickstart):
+    from recipes.evaluation.cli import main
+
+    monkeypatch.chdir(trained_quickstart)
+    import recipes.evaluation
+
+    monkeypatch.setitem(sys.modules, "recipes.evaluation.harness", None)  # as if lm-eval were not installed
+    monkeypatch.delattr(recipes.evaluation, "harness", raising=False)
+    with pytest.raises(SystemExit, match=r"--tasks needs EleutherAI's lm-evaluation-harness .*pip install -e \"\.\[eval\]\""):
+        main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--tasks", "zoo_cloze"])
+    monkeypatch.undo()
+    from recipes.evaluation.cli import text_tokenizer
+    from recipes.data import MQAR
+
+    with pytest.raises(ValueError, match="the recipe's data module MQAR has no text tokenizer"):
+        text_tokenizer(MQAR(seq_len=16, num_pairs=2, vocab_size=64), "--tasks")
+
+
+@pytest.fixture(scope="module")
+def trained_quickstart(tmp_path_factory):
+    from recipes.cli import main as fit
+
+    folder = tmp_path_factory.mktemp("quick")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        fit(["fit", "--config", "quickstart.yaml", "--model.d_model", "16", "--model.pattern", "AM",
+             "--model.mixers.A.init_args.n_heads", "2", "--data.init_args.seq_len", "32", "--trainer.max_steps", "1",
+             "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "1", "--trainer.enable_progress_bar", "false"])
+    return folder
