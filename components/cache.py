@@ -86,10 +86,18 @@ class InferenceCache:
         (multiple-choice scoring) without computing the prompt again."""
         if not isinstance(copies, int) or copies < 1:
             raise ValueError(f"InferenceCache.expand: copies={copies!r} must be a positive integer")
-        repeat = lambda t: t.repeat_interleave(copies, dim=0) if isinstance(t, torch.Tensor) else t  # noqa: E731
-        layers = {owner: {name: repeat(t) for name, t in state.items()} for owner, state in self.layers.items()}
-        return InferenceCache(self.batch * copies, self.capacity, self.device, self.seen, repeat(self.padding),
-                              layers, self.has_padding)
+        return self.select(torch.arange(self.batch, device=self.padding.device).repeat_interleave(copies))
+
+    def select(self, rows: torch.Tensor) -> "InferenceCache":
+        """A cache whose sequence ``j`` is this one's sequence ``rows[j]`` (rows may repeat: a prompt's
+        cache copied to each of its continuations)."""
+        rows = torch.as_tensor(rows, device=self.padding.device)
+        if rows.dim() != 1 or (rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.batch)):
+            raise ValueError(f"InferenceCache.select: rows must be a 1-D tensor of indices in [0, {self.batch})")
+        pick = lambda t: t.index_select(0, rows.to(t.device)) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        layers = {owner: {name: pick(t) for name, t in state.items()} for owner, state in self.layers.items()}
+        return InferenceCache(len(rows), self.capacity, self.device, self.seen, pick(self.padding), layers,
+                              self.has_padding)
 
     def nbytes(self) -> int:
         """Bytes held by the cached tensors (buffers at full capacity)."""

@@ -11,15 +11,12 @@ host sync: with finite inputs the result is bit-for-bit the plain one.
 import torch
 
 
-def finite(x: torch.Tensor) -> torch.Tensor:
-    """``x`` with its non-finite entries set to 0."""
-    return torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
-def nonfinite(x: torch.Tensor, dims: int) -> torch.Tensor:
-    """True where any of the last ``dims`` dimensions of ``x`` holds a non-finite value."""
-    bad = ~torch.isfinite(x)
-    return bad.flatten(-dims).any(-1) if dims else bad
+def split_finite(x: torch.Tensor, dims: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x with its non-finite entries set to 0, True where any of its last dims dimensions held one)``,
+    from one ``isfinite`` pass."""
+    ok = torch.isfinite(x)
+    clean = torch.where(ok, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return clean, (~ok.flatten(-dims).all(-1) if dims else ~ok)
 
 
 def run_starts(starts: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ key-padding masks, grouped-query heads and an optional top-``w`` key window. See
 import torch
 
 from kernels._backend import check_backend, resolve_backend
-from kernels._finite import any_in_document, finite, nonfinite, poison, seen_so_far
+from kernels._finite import any_in_document, poison, seen_so_far, split_finite
 from kernels.attention.reference import attention_reference, document_runs
 
 __all__ = ["attention", "attention_reference", "document_runs"]
@@ -50,8 +50,7 @@ def attention(
         _check_documents(document_ids, q, k)
     # Non-finite keys, values or biases are taken out and their reach put back as NaN (kernels/_finite.py):
     # inside the kernels a masked key is multiplied by a zero probability, and 0 · NaN would reach every query.
-    reach = _nonfinite_reach(q, k, v, bias, causal, key_padding_mask, document_ids)  # [B, T, H]
-    k, v, bias = finite(k), finite(v), None if bias is None else finite(bias)
+    k, v, bias, reach = _take_out_nonfinite(q, k, v, bias, causal, key_padding_mask, document_ids)  # reach [B, T, H]
     if resolve_backend(backend, q, op="attention", has_triton=True) == "triton":
         from kernels.attention.triton import attention_triton  # imports triton only when asked for
 
@@ -63,14 +62,17 @@ def attention(
     return poison(y, reach)
 
 
-def _nonfinite_reach(q, k, v, bias, causal, key_padding_mask, document_ids) -> torch.Tensor:
-    """``[B, T, H]``: True for a query that sees a key whose key, value or bias is non-finite (with a
-    ``keep_window``, any allowed key, kept or not: a NaN bias leaves no well-defined window)."""
+def _take_out_nonfinite(q, k, v, bias, causal, key_padding_mask, document_ids):
+    """``k``, ``v``, ``bias`` with non-finite entries set to 0, and ``[B, T, H]``: True for a query that sees a
+    key whose key, value or bias was non-finite (with a ``keep_window``, any allowed key, kept or not: a NaN
+    bias leaves no well-defined window)."""
     B, T, H, _ = q.shape
     S, Hkv = k.shape[1], k.shape[2]
-    bad = (nonfinite(k, 1) | nonfinite(v, 1)).repeat_interleave(H // Hkv, dim=2)  # [B, S, H]
+    (k, bad_k), (v, bad_v) = split_finite(k, 1), split_finite(v, 1)
+    bad = (bad_k | bad_v).repeat_interleave(H // Hkv, dim=2)  # [B, S, H]
     if bias is not None:
-        bad = bad | nonfinite(bias, 0).transpose(1, 2)
+        bias, bad_bias = split_finite(bias, 0)
+        bad = bad | bad_bias.transpose(1, 2)
     if key_padding_mask is not None:
         bad = bad & ~key_padding_mask[:, :, None]
     starts = None
@@ -78,8 +80,10 @@ def _nonfinite_reach(q, k, v, bias, causal, key_padding_mask, document_ids) -> t
         runs = document_runs(document_ids)  # [B, T]
         starts = torch.cat([torch.ones_like(runs[:, :1], dtype=torch.bool), runs[:, 1:] != runs[:, :-1]], dim=1)
     if not causal:
-        return any_in_document(bad, starts)[:, :T] if starts is not None else bad.any(1, keepdim=True).expand(B, T, H)
-    return seen_so_far(bad, starts)[:, S - T:]  # query i sees the keys up to S - T + i
+        reach = any_in_document(bad, starts)[:, :T] if starts is not None else bad.any(1, keepdim=True).expand(B, T, H)
+    else:
+        reach = seen_so_far(bad, starts)[:, S - T:]  # query i sees the keys up to S - T + i
+    return k, v, bias, reach
 
 
 def _check_documents(document_ids, q, k) -> None:

@@ -3,7 +3,7 @@
 import torch
 
 from kernels._backend import check_backend, resolve_backend
-from kernels._finite import finite, nonfinite, poison, seen_so_far
+from kernels._finite import poison, seen_so_far, split_finite
 from kernels.ssd.reference import segment_sum, ssd_chunked, ssd_recurrent, ssd_step
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -63,8 +63,7 @@ def ssd_scan(
         return (y, final_state) if return_final_state else y
     # Non-finite inputs are taken out and their reach put back as NaN (kernels/_finite.py): the chunked form
     # masks the future with decays of exp(-inf) = 0 inside matrix products, and 0 · NaN would reach the past.
-    reach, last = _nonfinite_reach(x, dt, B, C, document_starts)  # [B, T, H], [B, H]
-    x, dt, B, C = finite(x), finite(dt), finite(B), finite(C)
+    x, dt, B, C, reach, last = _take_out_nonfinite(x, dt, B, C, document_starts)  # reach [B, T, H], last [B, H]
     # auto: the Triton kernel on CUDA for the dtypes it has; float64 (gradcheck) stays on the reference
     if resolve_backend(backend, x, op="ssd_scan", has_triton=kernel_dtype) == "triton":
         from kernels.ssd.triton import ssd_scan_triton  # imports triton only when asked for
@@ -85,13 +84,14 @@ def ssd_scan(
     return (y, final_state) if return_final_state else y
 
 
-def _nonfinite_reach(x, dt, B, C, document_starts) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where a non-finite input reaches: ``[B, T, H]`` outputs (x, dt and B enter the state, so from their
-    position to the end of the document; C only reads it, at its own position) and ``[B, H]`` final states."""
+def _take_out_nonfinite(x, dt, B, C, document_starts):
+    """The inputs with non-finite entries set to 0, and where those entries reach: ``[B, T, H]`` outputs (x, dt
+    and B enter the state, so from their position to the end of the document; C only reads it, at its own
+    position) and ``[B, H]`` final states."""
     heads_per_group = x.shape[2] // B.shape[2]
-    enters = nonfinite(x, 1) | nonfinite(dt, 0) | nonfinite(B, 1).repeat_interleave(heads_per_group, dim=2)
-    state = seen_so_far(enters, document_starts)  # [B, T, H]
-    return state | nonfinite(C, 1).repeat_interleave(heads_per_group, dim=2), state[:, -1]
+    (x, bad_x), (dt, bad_dt), (B, bad_B), (C, bad_C) = split_finite(x, 1), split_finite(dt, 0), split_finite(B, 1), split_finite(C, 1)
+    state = seen_so_far(bad_x | bad_dt | bad_B.repeat_interleave(heads_per_group, dim=2), document_starts)  # [B, T, H]
+    return x, dt, B, C, state | bad_C.repeat_interleave(heads_per_group, dim=2), state[:, -1]
 
 
 def _check_arguments(x, dt, A, B, C, chunk_size, D, initial_state) -> None:

@@ -19,7 +19,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
-from recipes.evaluation.suites import score, score_continuations
+from recipes.evaluation.suites import score, score_shared
 
 
 class ZooLM(TemplateLM):
@@ -91,12 +91,15 @@ class ZooLM(TemplateLM):
                 plain += members
                 del groups[context]
         progress = tqdm(total=len(requests), disable=disable_tqdm, desc="loglikelihood")
-        for context, members in groups.items():
-            for start in range(0, len(members), self.batch_size):
-                chunk = members[start:start + self.batch_size]
-                for i, result in zip(chunk, score_continuations(self.model, list(context), [requests[i][2] for i in chunk])):
+        shared = sorted(groups.items(), key=lambda group: -len(group[0]))  # contexts of similar length together
+        for start in range(0, len(shared), self.batch_size):  # batch_size contexts, with all their choices
+            chunk = shared[start:start + self.batch_size]
+            scores = score_shared(self.model, [list(context) for context, _ in chunk],
+                                  [[requests[i][2] for i in members] for _, members in chunk])
+            for (_, members), group in zip(chunk, scores):
+                for i, result in zip(members, group):
                     results[i] = result
-                progress.update(len(chunk))
+                progress.update(len(members))
         plain.sort(key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))  # longest first
         for start in range(0, len(plain), self.batch_size):
             chunk = plain[start:start + self.batch_size]

@@ -27,26 +27,48 @@ QUESTION = " What is the pass key? The pass key is"
 # ---- scoring shared with the harness adapter ------------------------------------------------------
 
 @torch.no_grad()
-def score_continuations(model, context: list[int], continuations: list[list[int]]) -> list[tuple[float, bool]]:
-    """``(sum of log p(continuation | context), whether every token is the argmax)`` for each continuation:
-    one pass over ``context`` into a decoding cache, copied to each continuation (right-padded after it,
-    which a causal model never sees)."""
+def score_shared(model, contexts: list[list[int]], continuations: list[list[list[int]]]) -> list[list[tuple[float, bool]]]:
+    """For each context and each of its continuations: ``(sum of log p(continuation | context), whether every
+    token is the argmax)``. One forward over the contexts (left-padded, positions from each one's first real
+    token) into a decoding cache, whose rows are copied to every continuation of their context
+    (:meth:`InferenceCache.select`); one forward over all continuations (right-padded after each, which a
+    causal model never sees)."""
     device = model.embedding.weight.device
-    longest = max(len(c) for c in continuations)
-    cache = model.new_cache(1, len(context) + longest)
-    last = model(torch.tensor([context], device=device), cache=cache)[0, -1]  # [V]: predicts token 0
+    width = max(len(c) for c in contexts)
+    longest = max(len(k) for choices in continuations for k in choices)
+    ids = torch.zeros(len(contexts), width, dtype=torch.long, device=device)
+    padding = torch.zeros(len(contexts), width, dtype=torch.bool, device=device)
+    for row, context in enumerate(contexts):
+        ids[row, width - len(context):] = torch.tensor(context)
+        padding[row, :width - len(context)] = True
+    positions = (~padding).long().cumsum(dim=1).sub(1).clamp_min(0)  # [b, width]
+    cache = model.new_cache(len(contexts), width + longest)
+    last = model(ids, position_ids=positions, padding_mask=padding if bool(padding.any()) else None,
+                 cache=cache)[:, -1]  # [b, V]: each predicts its continuations' first token
+    owners = [row for row, choices in enumerate(continuations) for _ in choices]
+    flat = [k for choices in continuations for k in choices]
     rest = None
     if longest > 1:
-        cache = cache.expand(len(continuations))
-        ids = torch.zeros(len(continuations), longest - 1, dtype=torch.long, device=device)
-        for row, continuation in enumerate(continuations):
-            ids[row, :len(continuation) - 1] = torch.tensor(continuation[:-1])
-        rest = model(ids, cache=cache)  # [k, longest - 1, V]
-    out = []
-    for row, continuation in enumerate(continuations):
-        logits = last[None] if rest is None else torch.cat([last[None], rest[row, :len(continuation) - 1]])
-        out.append(score(logits, continuation))
+        cache = cache.select(torch.tensor(owners))
+        tail = torch.zeros(len(flat), longest - 1, dtype=torch.long, device=device)
+        for row, continuation in enumerate(flat):
+            tail[row, :len(continuation) - 1] = torch.tensor(continuation[:-1])
+        start = torch.tensor([len(contexts[o]) for o in owners], device=device)[:, None]
+        rest = model(tail, position_ids=start + torch.arange(longest - 1, device=device), cache=cache)  # [n, longest-1, V]
+    scores = []
+    for row, (owner, continuation) in enumerate(zip(owners, flat)):
+        logits = last[owner][None] if rest is None else torch.cat([last[owner][None], rest[row, :len(continuation) - 1]])
+        scores.append(score(logits, continuation))
+    out, at = [], 0
+    for choices in continuations:
+        out.append(scores[at:at + len(choices)])
+        at += len(choices)
     return out
+
+
+def score_continuations(model, context: list[int], continuations: list[list[int]]) -> list[tuple[float, bool]]:
+    """:func:`score_shared` for one context."""
+    return score_shared(model, [context], [continuations])[0]
 
 
 def score(logits: torch.Tensor, continuation: list[int]) -> tuple[float, bool]:
