@@ -5,6 +5,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+# Nothing in the tests downloads: Hugging Face's libraries (transformers, datasets under lm-eval) are told so,
+# instead of timing out against a hub that CI cannot reach.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
 # Under pytest-xdist (addopts: -n 2) each worker takes one core: two workers with two threads each
 # would oversubscribe the two cores CI has. Tests that launch their own processes are unaffected.
 if os.environ.get("PYTEST_XDIST_WORKER"):
