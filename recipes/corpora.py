@@ -296,7 +296,7 @@ def prepare(out: str | Path, sources: list[Source] = SOURCES, downloads: str | P
     return manifest
 
 
-def write_sample(out: str | Path, documents: int = 240, vocab_size: int = 512) -> Path:
+def write_sample(out: str | Path, documents: int = 240, vocab_size: int = 4096) -> Path:
     """A small stand-in for the English corpus, with the same files and fields, made from the ``pydoc_data``
     topics that ship with Python (no download): for tests and smoke runs of the recipes that train on
     ``data/english``. Domains are assigned in turn, so every one of them has documents."""
