@@ -137,7 +137,7 @@ def run_logger(trainer_config):
 
 # Model arguments that say how to compute, not what: a resumed or evaluated run takes them from the command
 # line and recipe rather than from the checkpoint.
-HOW_NOT_WHAT = ("compile", "loss_positions")
+HOW_NOT_WHAT = ("compile", "loss_positions", "sample_tokens")
 
 
 def explicit_model_flags(args: list[str]) -> list[str]:
@@ -172,6 +172,18 @@ def differs(given, recorded) -> bool:
     return given != recorded
 
 
+def check_limit_flags(args: list[str]) -> None:
+    """``--trainer.limit_val_batches 1`` reaches Lightning as the float 1.0, which means every batch, not one:
+    refused, with both ways to say what was meant."""
+    for i, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if name.startswith("--trainer.limit_") and name.endswith("_batches"):
+            value = value if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            if value.strip() == "1":
+                raise ValueError(f"{name} 1 is read as the fraction 1.0 (every batch), not one batch; write 1.0 for "
+                                 "every batch, or a count of 2 or more")
+
+
 def check_run_name(logger) -> None:
     """A run's name or version is a folder under the logger's root: no ``..``, no absolute path."""
     args = getattr(logger, "init_args", None)
@@ -188,12 +200,17 @@ class HybridCLI(LightningCLI):
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
         parser.add_class_arguments(CheckpointPolicy, "checkpoint")
         parser.add_argument(
+            "--threads", type=int | None, default=None,
+            help="torch threads (default: the cores no other process is busy with, from the load average; "
+                 "OMP_NUM_THREADS is respected)")
+        parser.add_argument(
             "--allow_classes", type=list[str], default=[],
             help="packages, modules or class paths (beyond the zoo's components and the recipe's own bindings) "
                  "whose classes a --ckpt_path checkpoint may name; checked before anything is imported")
 
     def parse_arguments(self, parser, args) -> None:
         self._command_line = list(sys.argv[1:] if args is None else args)
+        check_limit_flags(self._command_line)
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand is not None:
@@ -270,6 +287,10 @@ class HybridCLI(LightningCLI):
             sys.exit(f"error: --ckpt_path {ckpt_path}: no such checkpoint file")
         in_run = (root is not None and path.parent.name == "checkpoints"
                   and path.parent.parent.parent.resolve() == root.resolve())
+        if subcommand != "fit" and logger is not None and in_run and logger.class_path.endswith("TensorBoardLogger"):
+            # validate/test log into the run they evaluate (its <subcommand>/ folder), not a new version_N
+            logger.init_args.version = path.parent.parent.name
+            logger.dict_kwargs = {**(getattr(logger, "dict_kwargs", None) or {}), "sub_dir": subcommand}
         if subcommand == "fit" and logger is not None and in_run:
             logger.init_args.version = path.parent.parent.name
             if logger.class_path.endswith("TensorBoardLogger"):
@@ -278,6 +299,23 @@ class HybridCLI(LightningCLI):
                 # written before Lightning logged them (it carries them, and the resumed run writes them)
                 step = (checkpoint.get("pending_log") or {}).get("step", checkpoint.get("global_step", 0))
                 logger.dict_kwargs = {**(getattr(logger, "dict_kwargs", None) or {}), "purge_step": step}
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        message = choose_threads(config.get("threads"))
+        if message:
+            print(message, flush=True)
+
+    def before_fit(self) -> None:
+        """The resolved configuration as text in TensorBoard, beside the curves it produced."""
+        config = self._parser("fit").dump(self.config["fit"], skip_none=False, skip_link_targets=False)
+        for logger in self.trainer.loggers:
+            if hasattr(logger.experiment, "add_text"):
+                logger.experiment.add_text("config", "```yaml\n" + config + "\n```", self.trainer.global_step)
+
+    def after_fit(self) -> None:
+        if self.trainer.is_global_zero:
+            print(fit_summary(self.trainer, self.model), flush=True)
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
@@ -291,6 +329,74 @@ class HybridCLI(LightningCLI):
         return trainer
 
 
+def choose_threads(requested: int | None) -> str | None:
+    """Set torch's threads: ``requested``, else OMP_NUM_THREADS (torch reads it), else the cores no other
+    process is busy with (the one-minute load average): on a shared CPU torch's default, one thread per core,
+    oversubscribes it (docs/training.md: ablate_moe took 140 s a step so, 11 s with one thread). Returns what
+    to tell the user, or None when nothing changed."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--threads {requested} must be >= 1")
+        torch.set_num_threads(requested)
+        return f"torch threads: {requested} (--threads)"
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    busy = min(round(os.getloadavg()[0]), cores - 1) if hasattr(os, "getloadavg") else 0
+    threads = max(1, cores - busy)
+    if threads >= torch.get_num_threads():
+        return None
+    torch.set_num_threads(threads)
+    return (f"torch threads: {threads} of {cores} cores (about {busy} busy with other processes); "
+            "--threads N or OMP_NUM_THREADS=N chooses")
+
+
+def fit_summary(trainer, module) -> str:
+    """Best and last validation loss with their steps, speed, time, and where the run's files are."""
+    import statistics
+    import time
+
+    history = getattr(module, "history", {}) or {}
+    lines = ["", "fit finished: " + (f"{trainer.global_step} steps" if trainer.global_step else "no step")]
+    val = history.get("val") or []
+    if val:
+        best_step, best = min(val, key=lambda item: item[1])
+        last_step, last = val[-1]
+        lines.append(f"  val/loss   last {last:.4f} (step {last_step})   best {best:.4f} (step {best_step})")
+    speeds = history.get("tokens_per_sec") or []
+    started = history.get("started")
+    timing = []
+    if speeds:
+        timing.append(f"median {statistics.median(speeds):,.0f} tokens/s")
+    if started is not None:
+        timing.append(f"wall time {time.perf_counter() - started:,.0f} s")
+    if timing:
+        lines.append("  speed      " + ", ".join(timing))
+    policy = next((c for c in trainer.callbacks if isinstance(c, CheckpointPolicy)), None)
+    if policy is not None and policy.dirpath is not None:
+        lines.append(f"  checkpoints {policy.dirpath}/ (last.ckpt" + (", best.ckpt" if policy.best_path else "") + ")")
+    if trainer.log_dir:
+        lines.append(f"  TensorBoard tensorboard --logdir {trainer.log_dir}")
+    return "\n".join(lines)
+
+
+def quiet_lightning() -> None:
+    """Lightning's advertisement for its cloud logger and a deprecation inside Lightning itself, printed on every
+    run, say nothing about the run."""
+    import logging
+    import warnings
+
+    class DropAdvert(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "litlogger" not in record.getMessage()
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(DropAdvert())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+
+
 def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
     """Run the CLI on ``args`` (default: the command line). With ``run=False`` the arguments hold no
     subcommand and the CLI only parses and instantiates (model, data, trainer)."""
@@ -301,6 +407,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
             args = resolve_config_args(args)
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
+    quiet_lightning()
     try:
         return HybridCLI(
             LanguageModel,

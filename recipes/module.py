@@ -60,6 +60,9 @@ class LanguageModel(L.LightningModule):
             True for the default backend (inductor), or a backend's name (``aot_eager`` traces and
             differentiates the graph without generating code). The weights and checkpoints are those of
             the plain model; a graph break is an error, not a silent fallback.
+        sample_tokens: at each validation, continue the first 32 tokens of the validation set by this many
+            (greedy, so no random state is used) and log prompt and text to TensorBoard (``samples``) when the
+            data module has a text tokenizer (default 64; 0: never).
         init_from: a checkpoint whose weights start the model (``python -m recipes.hf`` writes one from a
             Hugging Face folder), for fine-tuning; not recorded in the hyper-parameters, since the
             checkpoints of this run hold the weights themselves.
@@ -90,6 +93,7 @@ class LanguageModel(L.LightningModule):
         aux_loss_coef: float = 0.01,
         loss_positions: str = "all",
         compile: bool | str = False,
+        sample_tokens: int = 64,
         init_from: str | None = None,
     ):
         hparams = {k: v for k, v in locals().items() if k not in ("self", "mixers", "__class__", "init_from")}
@@ -132,6 +136,8 @@ class LanguageModel(L.LightningModule):
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(vocab_size, average="micro")
         self._window_started: float | None = None  # tokens/s is measured over each logging window
         self._window_tokens = 0
+        self.history: dict = {"val": [], "tokens_per_sec": [], "started": None}  # for the end-of-fit summary
+        self._sample_prompt: torch.Tensor | None = None
         self._last_loss: torch.Tensor | None = None
         self._hidden_states = self.model.hidden_states
         if compile:
@@ -242,7 +248,35 @@ class LanguageModel(L.LightningModule):
             self.log(f"moe/block{layer}/max_over_mean_load", load.max() * n)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
+        if batch_idx == 0 and self._sample_prompt is None:
+            self._sample_prompt = batch["input_ids"][:1, :32].detach()
         self._evaluate(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking or self.trainer.state.fn != "fit" or not self.val_loss.update_called:
+            return
+        loss = float(self.val_loss.compute())  # (the same value logged as val/loss)
+        self.history["val"].append((self.trainer.global_step, loss))
+        self.log("hp/final_val_loss", loss)
+        self.log("hp/best_val_loss", min(value for _, value in self.history["val"]))
+        self._log_sample()
+
+    def _log_sample(self) -> None:
+        """A greedy continuation of the validation set's first tokens, as text in TensorBoard."""
+        data = getattr(self.trainer, "datamodule", None)
+        if (not self.hparams.get("sample_tokens") or self._sample_prompt is None or not self.trainer.is_global_zero
+                or not hasattr(data, "decode")):
+            return
+        experiments = [logger.experiment for logger in self.loggers if hasattr(logger.experiment, "add_text")]
+        if not experiments:
+            return
+        prompt = self._sample_prompt
+        with torch.no_grad():
+            out = self.model.generate(prompt, int(self.hparams.sample_tokens))[0].tolist()  # greedy: no RNG state used
+        text = (f"**prompt:** {data.decode(out[:prompt.shape[1]])!r}\n\n"
+                f"**continuation (greedy):** {data.decode(out[prompt.shape[1]:])!r}")
+        for experiment in experiments:
+            experiment.add_text("samples", text, self.trainer.global_step)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         self._evaluate(batch, "test")
@@ -285,8 +319,12 @@ class LanguageModel(L.LightningModule):
             )
 
     def on_fit_start(self) -> None:
+        self.history["started"] = time.perf_counter()
+        # TensorBoard's HPARAMS tab: the run's settings against its final and best validation loss (logged
+        # at every validation under these tags; the tab shows their latest values)
+        params = {**comparable_hparams(dict(self.hparams)), **{k: v for k, v in self.sizes.items() if v is not None}}
         for logger in self.loggers:
-            logger.log_hyperparams(self.sizes)
+            logger.log_hyperparams(params, metrics={"hp/final_val_loss": float("nan"), "hp/best_val_loss": float("nan")})
         if self.trainer.is_global_zero:
             print(self.model.summary(), flush=True)
             if self.size_note:
@@ -321,7 +359,9 @@ class LanguageModel(L.LightningModule):
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
                 now = time.perf_counter()
-            self.log("train/tokens_per_sec", self._window_tokens / max(now - self._window_started, 1e-9), prog_bar=True)
+            speed = self._window_tokens / max(now - self._window_started, 1e-9)
+            self.history["tokens_per_sec"].append(speed)
+            self.log("train/tokens_per_sec", speed, prog_bar=True)
             self._window_started, self._window_tokens = now, 0
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])  # the rate this step's update uses
 
@@ -343,6 +383,22 @@ class LanguageModel(L.LightningModule):
             optimizer, lambda step: warmup_cosine(step, total, hp.warmup_fraction, hp.final_lr_fraction)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def comparable_hparams(hparams: dict) -> dict:
+    """The hyper-parameters as the plain values TensorBoard's HPARAMS tab compares: one ``mixers/<letter>``
+    string per binding (``QCAttention(n_heads=4)``), lists and mappings as text."""
+    out = {}
+    for key, value in hparams.items():
+        if key == "mixers" and isinstance(value, Mapping):
+            for letter, spec in value.items():
+                args = ", ".join(f"{k}={v!r}" for k, v in (spec.get("init_args") or {}).items())
+                out[f"mixers/{letter}"] = f"{spec['class_path'].rsplit('.', 1)[-1]}({args})"
+        elif isinstance(value, (bool, int, float, str)):
+            out[key] = value
+        elif value is not None:
+            out[key] = str(value)
+    return out
 
 
 def warmup_cosine(step: int, total: int, warmup_fraction: float, final_fraction: float) -> float:

@@ -175,8 +175,24 @@ def table(runs: list[Run]) -> str:
     return "\n".join(rows)
 
 
+def progress_lines(runs: list[Run], running: set[int], logs: Path) -> list[str]:
+    """What the sweep says while it runs: how many runs are done, running, failed and waiting, and each running
+    run's last logged step and training loss, with where its log is."""
+    done = sum(1 for i, r in enumerate(runs) if r.returncode is not None and not r.failed)
+    failed = sum(1 for r in runs if r.returncode is not None and r.failed)
+    waiting = len(runs) - done - failed - len(running)
+    lines = [f"[sweep {time.strftime('%H:%M:%S')}] {done} done, {len(running)} running, {failed} failed, "
+             f"{waiting} waiting; logs in {logs}/"]
+    for i in sorted(running):
+        run = runs[i]
+        losses = scalar_series(Path(run.folder), "train/loss") if Path(run.folder).is_dir() else {}
+        where = f"step {max(losses) + 1}, train loss {losses[max(losses)]:.4f}" if losses else "starting"
+        lines.append(f"  {run.config.stem}{'' if run.seed is None else f' seed {run.seed}'}: {where} ({run.log})")
+    return lines
+
+
 def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, jobs: int = 1,
-           family: str = "") -> tuple[Path, list[Run]]:
+           family: str = "", progress_every: float = 60.0) -> tuple[Path, list[Run]]:
     """Run each recipe (once, or once per seed ``0 … seeds-1``) as its own process, ``jobs`` at a time,
     each into a run folder named for this sweep (and seed). Returns the sweep's log folder and its runs."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -191,9 +207,20 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     lock = threading.Lock()
     write_manifest(logs, family, runs)
     threads = max(1, (os.cpu_count() or 1) // jobs)  # each process's share of the cores
+    running: set[int] = set()
+    finished = threading.Event()
+
+    def monitor() -> None:
+        while not finished.wait(progress_every):
+            with lock:
+                snapshot = set(running)
+            print("\n".join(progress_lines(runs, snapshot, logs)), flush=True)
 
     def one(run: Run) -> None:
         start = time.perf_counter()
+        index = runs.index(run)
+        with lock:
+            running.add(index)
         command = [sys.executable, "-m", "recipes", "fit", "--config", str(run.config),
                    "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.version", run.folder.name,
                    *([] if run.seed is None else ["--seed_everything", str(run.seed)]), *overrides]
@@ -202,13 +229,20 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
             returncode = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         with lock:
             run.returncode = returncode
+            running.discard(index)
             write_manifest(logs, family, runs)
         status = "ok" if not run.failed else f"FAILED (exit {run.returncode}; see {run.log})"
         print(f"{run.config.stem}{'' if run.seed is None else f' seed {run.seed}'}: {status} in "
               f"{time.perf_counter() - start:.0f} s", flush=True)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(one, runs))
+    print(f"sweep: {len(runs)} runs, {jobs} at a time, {threads} thread(s) each; logs in {logs}/", flush=True)
+    watcher = threading.Thread(target=monitor, daemon=True)
+    watcher.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(one, runs))
+    finally:
+        finished.set()
     return logs, runs
 
 
@@ -417,6 +451,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --seeds: the equivalence margin in nats for the TOST column (default: the family's)")
     parser.add_argument("--vs", default=None, metavar="KEY",
                         help="also plot the final --metric against this hyper-parameter (e.g. d_model)")
+    parser.add_argument("--progress", type=float, default=60.0, metavar="SECONDS",
+                        help="how often the sweep reports its runs' progress (default 60)")
     parser.add_argument("--metric", default="val_acc", choices=["val_acc", "val_loss", "val_ppl"],
                         help="what --vs plots (default val_acc)")
     args = parser.parse_args(argv)
@@ -480,7 +516,7 @@ def main(argv: list[str] | None = None) -> None:
             except FileNotFoundError as error:
                 runs.append(Run(config, logger_root(config), returncode=-1, log=str(error)))
     else:
-        logs, runs = launch(configs, overrides, args.seeds, args.jobs, family)
+        logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress)
     print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
     roots = {logger_root(run.config).parent for run in runs}
     print(f"\ntable and figures: {logs}/  TensorBoard: tensorboard --logdir {' '.join(map(str, sorted(roots)))}")

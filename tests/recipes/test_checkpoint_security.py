@@ -16,7 +16,7 @@ from recipes.training import AtomicCheckpointIO
 
 TINY = ["--config", "quickstart.yaml", "--model.d_model", "16", "--model.pattern", "AM", "--model.mixers.A.init_args.n_heads",
         "2", "--data.init_args.seq_len", "16", "--data.init_args.batch_size", "2", "--trainer.max_steps", "2",
-        "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"]
+        "--trainer.limit_val_batches", "2", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"]
 
 EVIL = """
 from pathlib import Path

@@ -203,7 +203,7 @@ def test_the_eval_command_writes_the_harness_json_and_tensorboard_scalars(tmp_pa
     monkeypatch.chdir(tmp_path)
     fit(["fit", "--config", "quickstart.yaml", "--model.d_model", "16", "--model.pattern", "AM",
          "--model.mixers.A.init_args.n_heads", "2", "--data.init_args.seq_len", "32", "--trainer.max_steps", "2",
-         "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"])
+         "--trainer.limit_val_batches", "2", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"])
     out = main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--tasks", "zoo_cloze,zoo_passkey", "--limit", "6",
                 "--suite", "length", "--multiples", "1", "2", "--windows", "2", "--out", "eval/result"])
     written = json.loads((tmp_path / "eval" / "result.json").read_text())
@@ -260,5 +260,5 @@ def trained_quickstart(tmp_path_factory):
         patch.chdir(folder)
         fit(["fit", "--config", "quickstart.yaml", "--model.d_model", "16", "--model.pattern", "AM",
              "--model.mixers.A.init_args.n_heads", "2", "--data.init_args.seq_len", "32", "--trainer.max_steps", "1",
-             "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "1", "--trainer.enable_progress_bar", "false"])
+             "--trainer.limit_val_batches", "2", "--trainer.val_check_interval", "1", "--trainer.enable_progress_bar", "false"])
     return folder

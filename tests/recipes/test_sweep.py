@@ -123,9 +123,10 @@ def test_seeds_launch_one_run_per_seed_in_parallel_and_tabulate_them(tmp_path, m
     family.mkdir()
     for name, width in (("a_narrow", 16), ("b_wide", 32)):
         (family / f"{name}.yaml").write_text(TINY.format(name=name, width=width, mlp="components.MLP"))
-    main([str(family), "--seeds", "2", "--jobs", "2", "--baseline", "a_narrow",
+    main([str(family), "--seeds", "2", "--jobs", "2", "--baseline", "a_narrow", "--progress", "0.5",
           "--set", "trainer.enable_checkpointing=false"])
     out = capsys.readouterr().out
+    assert "sweep: 4 runs, 2 at a time" in out and " running, " in out  # progress while the runs ran
     for name in ("a_narrow", "b_wide"):
         folders = sorted((tmp_path / "runs" / "fake" / name).glob("sweep_*_seed*"))
         assert [f.name[-5:] for f in folders] == ["seed0", "seed1"]
@@ -237,3 +238,21 @@ def test_holm_tost_detectable_effect_and_the_best_loss_in_the_seed_table(tmp_pat
     assert rows["base"][10] == "2.0000 (100)" and rows["peaked"][10] == "2.1000 (50)"
     assert "peaked seed 0: best val loss 2.1000 at step 50 of 100; final 2.3000" in out
     assert "worse seed" not in out  # the others improved to their end
+
+
+def test_progress_names_each_running_run_with_its_step_loss_and_log(tmp_path):
+    from recipes.sweep import Run, progress_lines
+
+    write_run(tmp_path / "a" / "s0", {9: 3.0}, [1.0])
+    with SummaryWriter(str(tmp_path / "a" / "s0")) as writer:
+        for step, loss in ((0, 5.0), (1, 4.5), (2, 4.25)):
+            writer.add_scalar("train/loss", loss, step)
+    runs = [Run(tmp_path / "a.yaml", tmp_path / "a" / "s0", returncode=None, log=tmp_path / "a0.log", seed=0),
+            Run(tmp_path / "a.yaml", tmp_path / "a" / "s1", returncode=0, seed=1),
+            Run(tmp_path / "b.yaml", tmp_path / "b" / "s0", returncode=3, seed=0),
+            Run(tmp_path / "b.yaml", tmp_path / "b" / "s1", returncode=None, log=tmp_path / "b1.log", seed=1),
+            Run(tmp_path / "b.yaml", tmp_path / "b" / "s2", returncode=None, seed=2)]
+    lines = progress_lines(runs, {0, 3}, tmp_path / "logs")
+    assert lines[0].endswith(f"1 done, 2 running, 1 failed, 1 waiting; logs in {tmp_path / 'logs'}/")
+    assert lines[1] == f"  a seed 0: step 3, train loss 4.2500 ({tmp_path / 'a0.log'})"
+    assert lines[2] == f"  b seed 1: starting ({tmp_path / 'b1.log'})"
