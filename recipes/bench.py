@@ -63,25 +63,34 @@ def sizes(cuda: bool) -> dict:
     return dict(d_model=256, layers=8, vocab=8192, batch=1, d_state=64, chunk=64, lengths=[512, 2048, 8192])
 
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mamba2": "Mamba2ForCausalLM", "doge": "DogeForCausalLM"}
+
+
+def twin_config(kind: str, s: dict, max_len: int) -> dict:
+    """The Hugging Face config of a twin pair as a plain dict: what ``recipes.hf.hf_recipe`` reads for the zoo's
+    model (no ``transformers`` needed) and what ``transformers`` builds its own from."""
+    d, heads = s["d_model"], s["d_model"] // 64
+    config = dict(architectures=[ARCHITECTURES[kind]], vocab_size=s["vocab"], hidden_size=d, num_hidden_layers=s["layers"],
+                  tie_word_embeddings=False)
+    ff = 64 * round(8 / 3 * d / 64)
+    if kind == "llama":
+        config.update(intermediate_size=ff, num_attention_heads=heads, num_key_value_heads=max(heads // 2, 1),
+                      max_position_embeddings=max_len, rms_norm_eps=1e-6, hidden_act="silu")
+    elif kind == "mamba2":
+        config.update(num_heads=2 * d // 64, head_dim=64, expand=2, state_size=s["d_state"], n_groups=1,
+                      chunk_size=s["chunk"], conv_kernel=4, layer_norm_epsilon=1e-5)
+    else:  # doge: the key window as long as the sequence, so neither model takes the windowed path (a top-k
+        # over a written-out [B, H, T, S] mask in both: minutes per step at T = 8192 on a CPU)
+        config.update(intermediate_size=ff, num_attention_heads=heads, num_key_value_heads=max(heads // 2, 1),
+                      max_position_embeddings=max_len, keep_window_size=max_len, rms_norm_eps=1e-6, hidden_act="silu")
+    return config
+
+
 def hf_config(kind: str, s: dict, max_len: int):
     import transformers
 
-    d, heads = s["d_model"], s["d_model"] // 64
-    common = dict(vocab_size=s["vocab"], hidden_size=d, num_hidden_layers=s["layers"], tie_word_embeddings=False)
-    ff = 64 * round(8 / 3 * d / 64)
-    if kind == "llama":
-        config = transformers.LlamaConfig(**common, intermediate_size=ff, num_attention_heads=heads,
-                                          num_key_value_heads=max(heads // 2, 1), max_position_embeddings=max_len)
-    elif kind == "mamba2":
-        config = transformers.Mamba2Config(**common, num_heads=2 * d // 64, head_dim=64, expand=2, state_size=s["d_state"],
-                                           n_groups=1, chunk_size=s["chunk"])
-    else:  # doge: the key window as long as the sequence, so neither model takes the windowed path (a top-k
-        # over a written-out [B, H, T, S] mask in both: minutes per step at T = 8192 on a CPU)
-        config = transformers.DogeConfig(**common, intermediate_size=ff, num_attention_heads=heads,
-                                         num_key_value_heads=max(heads // 2, 1), max_position_embeddings=max_len,
-                                         keep_window_size=max_len)
-    config.architectures = [type(config).__name__.replace("Config", "ForCausalLM")]
-    return config
+    plain = twin_config(kind, s, max_len)
+    return getattr(transformers, plain["architectures"][0].replace("ForCausalLM", "Config"))(**plain)
 
 
 def scaled(spec: dict, s: dict) -> dict:
@@ -111,7 +120,7 @@ def build(name: str, s: dict, max_len: int) -> torch.nn.Module:
     if name in TWINS:
         from recipes.hf import hf_recipe
 
-        recipe = hf_recipe(hf_config(name, s, max_len).to_dict())
+        recipe = hf_recipe(twin_config(name, s, max_len))
         recipe["max_seq_len"] = max_len
         return HybridLM(recipe.pop("vocab_size"), recipe.pop("d_model"), recipe.pop("pattern"), recipe.pop("mixers"), **recipe)
     if name.startswith("hybrid"):
@@ -193,7 +202,10 @@ def saved_for_backward(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, t
             mixer.register_forward_pre_hook(lambda m, a, kind=kind: owner.append(kind))
             mixer.register_forward_hook(leave)
 
+    alive = []  # every packed tensor, so no counted storage is freed and its address reused by another
+
     def pack(t: torch.Tensor) -> torch.Tensor:
+        alive.append(t)
         key = t.untyped_storage().data_ptr()
         if key not in seen and key not in params:
             seen.add(key)
@@ -329,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [(name, False) for name in args.models]
     if args.compile:
         rows += [(name, True) for name in args.models if not name.startswith("hf-")]
-    measured = {}
+    measured, failed = {}, []
     for T in lengths:
         results = {}
         for name, compiled in rows:  # the whole column of T first: a row's baseline may come after it
@@ -338,9 +350,13 @@ def main(argv: list[str] | None = None) -> None:
             measured[name + (" (compiled)" if compiled else ""), T] = results[name, compiled]
         for (name, compiled), r in results.items():
             print(table_row(name, compiled, T, r, results, s["batch"], args.baseline), flush=True)
+            if "error" in r:
+                failed.append(f"{name}{' (compiled)' if compiled else ''} at T={T}")
     if args.plot:
         plot(measured, s["batch"], args.plot)
         print(f"\nplot: {args.plot}")
+    if failed:
+        sys.exit(f"error: {len(failed)} row(s) failed: {', '.join(failed)}")
 
 
 def table_row(name: str, compiled: bool, T: int, r: dict, results: dict, batch: int, baseline: str | None = None) -> str:

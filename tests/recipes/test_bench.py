@@ -114,3 +114,22 @@ def test_the_efficiency_family_is_a_preset_that_options_override(monkeypatch, tm
     assert (tmp_path / "eff.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit, match="--baseline llama is not one of --models"):
         bench.main(["--family", "efficiency", "--models", "mamba2", "jamba"])
+
+
+def test_the_zoo_rows_need_no_transformers(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
+    for name in bench.TWINS:
+        assert bench.build(name, TINY, 64).d_model == TINY["d_model"]
+    with pytest.raises(ImportError):
+        bench.build(bench.TWINS["llama"], TINY, 64)  # only the hf-* rows need it
+
+
+def test_a_failed_row_makes_the_benchmark_exit_non_zero(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "run_child", lambda name, T, args: {"error": "out of memory"} if name == "doge"
+                        else {"seconds": 1.0, "params": 1000, "peak_mib": 10.0, "first_step_s": 1.0})
+    with pytest.raises(SystemExit, match=r"error: 1 row\(s\) failed: doge at T=32"):
+        bench.main(["--models", "llama", "doge", "--lengths", "32", "--d-model", "128", "--layers", "2"])
+    out = capsys.readouterr().out
+    assert "| doge | - | 32 | failed: out of memory |" in out and "| llama |" in out
