@@ -1,6 +1,8 @@
 """Backend selection shared by every op: ``auto`` | ``reference`` | ``triton``."""
 
+import importlib.util
 import os
+import warnings
 
 import torch
 
@@ -12,12 +14,24 @@ def check_backend(backend: str) -> None:
         raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
 
 
+def triton_installed() -> bool:
+    """Whether the ``triton`` package can be imported (CUDA builds of torch bring it; ``pip install
+    "hybrid-zoo[gpu]"`` otherwise), checked without importing it."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def resolve_backend(backend: str, tensor: torch.Tensor, *, op: str, has_triton: bool) -> str:
     """Pick the concrete backend for ``op``. ``auto`` takes Triton on CUDA tensors when the op has a
-    Triton kernel, the plain-torch reference otherwise."""
+    Triton kernel and Triton is installed, the plain-torch reference otherwise."""
     check_backend(backend)
     if backend == "auto":
+        if has_triton and tensor.is_cuda and not triton_installed():
+            warnings.warn(f"{op}: triton is not installed, so the plain-torch reference runs on CUDA (slower, more "
+                          "memory); pip install \"hybrid-zoo[gpu]\" (or triton) for the kernels", stacklevel=3)
+            return "reference"
         return "triton" if (has_triton and tensor.is_cuda) else "reference"
+    if backend == "triton" and not triton_installed():
+        raise ImportError(f"{op}: backend='triton' needs the triton package: pip install \"hybrid-zoo[gpu]\" (or triton)")
     if backend == "triton" and not has_triton:
         raise NotImplementedError(
             f"{op}: backend='triton' has no kernel yet; use backend='reference' or 'auto'"

@@ -194,3 +194,17 @@ def test_fused_bias_path_equals_the_written_out_mask(case, dtype):
     for g_got, g_want in zip(got_grads, grads(want, (*heads, b))):
         assert torch.isfinite(g_got).all()
         torch.testing.assert_close(g_got, g_want, **tol)
+
+
+def test_without_triton_auto_runs_the_reference_and_triton_is_named(monkeypatch):
+    """Triton is an extra (CUDA builds of torch bring it): without it, auto falls back with a warning on CUDA."""
+    import types
+
+    from kernels import _backend
+
+    monkeypatch.setattr(_backend, "triton_installed", lambda: False)
+    cuda = types.SimpleNamespace(is_cuda=True)
+    with pytest.warns(UserWarning, match=r"triton is not installed, so the plain-torch reference runs on CUDA"):
+        assert _backend.resolve_backend("auto", cuda, op="attention", has_triton=True) == "reference"
+    with pytest.raises(ImportError, match=r"backend='triton' needs the triton package: pip install \"hybrid-zoo\[gpu\]\""):
+        _backend.resolve_backend("triton", cuda, op="attention", has_triton=True)
