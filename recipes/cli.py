@@ -172,6 +172,16 @@ def differs(given, recorded) -> bool:
     return given != recorded
 
 
+def zoo_mixers() -> list[str]:
+    """``components.X`` for every mixer class the zoo exports."""
+    import components
+    from torch import nn
+
+    return [f"components.{name}" for name in sorted(components.__all__)
+            if isinstance(getattr(components, name), type) and issubclass(getattr(components, name), nn.Module)
+            and name not in ("Block", "HybridLM", "RMSNorm", "RotaryEmbedding", "TopKRouter", "MoE")]
+
+
 def check_limit_flags(args: list[str]) -> None:
     """``--trainer.limit_val_batches 1`` reaches Lightning as the float 1.0, which means every batch, not one:
     refused, with both ways to say what was meant."""
@@ -199,6 +209,10 @@ class HybridCLI(LightningCLI):
         # The vocabulary is the data's business; the model takes it from the instantiated data module.
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
         parser.add_class_arguments(CheckpointPolicy, "checkpoint")
+        mixers = next((a for a in parser._actions if a.dest == "model.mixers"), None)
+        if mixers is not None:  # the zoo's components, not every nn.Module subclass jsonargparse can find (440 lines)
+            mixers.extra_help = lambda: (", a mapping letter → {class_path, init_args}; the zoo's components: "
+                                         + ", ".join(zoo_mixers()) + " (any nn.Module class taking d_model works)")
         parser.add_argument(
             "--threads", type=int | None, default=None,
             help="torch threads (default: the cores no other process is busy with, from the load average; "

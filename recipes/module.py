@@ -329,6 +329,10 @@ class LanguageModel(L.LightningModule):
             print(self.model.summary(), flush=True)
             if self.size_note:
                 print(self.size_note, flush=True)
+            if self.hparams.compile:
+                backend = "inductor" if self.hparams.compile is True else self.hparams.compile
+                print(f"compiling the model (torch.compile, fullgraph, backend {backend}): the first training step, "
+                      "and the first validation, take minutes on a CPU; the steps after are fast", flush=True)
 
     # ---- checkpoints: the RNG states travel with the weights -------------------------------------
 

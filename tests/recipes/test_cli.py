@@ -60,3 +60,37 @@ def test_unknown_mixer_class_in_a_config_is_an_error(tmp_path, monkeypatch, caps
         main(TINY_FIT + ["--model.mixers.A", "components.NoSuchMixer"])
     message = str(info.value.code)
     assert message.startswith("error: ") and "NoSuchMixer" in message and len(message.splitlines()) <= 3
+
+
+def test_fit_help_lists_the_zoos_mixers_not_every_module(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    text = capsys.readouterr().out
+    assert "components.SSD" in text and "components.CDMoE" in text
+    assert "torch.nn.Identity" not in text and len(text.splitlines()) < 800  # 1,112 lines when it listed them
+
+
+def test_a_run_is_comparable_in_tensorboard_and_ends_with_a_summary(tmp_path, monkeypatch, capsys):
+    """HPARAMS tab (settings against final and best validation loss), samples and the config as text, and the
+    summary printed at the end of fit."""
+    monkeypatch.chdir(tmp_path)
+    main([*TINY_FIT[:-6], "--trainer.max_steps", "20", "--trainer.val_check_interval", "10", "--model.lr", "3e-3"])
+    out = capsys.readouterr().out
+    assert "fit finished: 20 steps" in out and "tokens/s" in out and "wall time" in out
+    summary = out[out.index("fit finished"):]
+    last, best = summary.split("last ")[1].split(" (step")[0], summary.split("best ")[1].split(" (step")[0]
+    [run] = (tmp_path / "runs" / "quickstart").iterdir()
+    relative = run.relative_to(tmp_path)
+    assert f"checkpoints {relative / 'checkpoints'}/ (last.ckpt, best.ckpt)" in out and f"--logdir {relative}" in out
+    events = EventAccumulator(str(run), size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    hparams = events.PluginTagToContent("hparams")
+    assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= set(hparams)
+    session = hparams["_hparams_/session_start_info"].decode("latin1")
+    for name in ("pattern", "mixers/A", "n_params", "n_active_params", "lr", "QCAttention(n_heads=2"):
+        assert name in session, name
+    finals = events.Scalars("hp/final_val_loss")
+    assert [e.step for e in finals][-2:] == [9, 19] and f"{finals[-1].value:.4f}" == last
+    assert f"{events.Scalars('hp/best_val_loss')[-1].value:.4f}" == best  # the minimum so far, at the last validation
+    texts = set(events.PluginTagToContent("text"))
+    assert {"samples/text_summary", "config/text_summary"} <= texts
