@@ -65,6 +65,8 @@ class HybridLM(nn.Module):
             component's own initialisation.
         norm_eps: RMSNorm epsilon of the blocks' and the final norms (default 1e-6).
         residual_scale: learned per-channel scales on every residual, Doge's (default False).
+        padding_idx: a token whose embedding row starts at zero and never learns (its gradient is zero), as
+            ``nn.Embedding(padding_idx=…)`` and Hugging Face's models with a ``pad_token_id`` (default None).
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class HybridLM(nn.Module):
         init_std: float | None = None,
         norm_eps: float = 1e-6,
         residual_scale: bool = False,
+        padding_idx: int | None = None,
     ):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("max_seq_len", max_seq_len)):
@@ -97,7 +100,9 @@ class HybridLM(nn.Module):
         tokens = parse_tokens(pattern)
         self._check_bound(tokens)
 
-        self.embedding = nn.Embedding(vocab_size, d_model)
+        if padding_idx is not None and not (isinstance(padding_idx, int) and 0 <= padding_idx < vocab_size):
+            raise ValueError(f"HybridLM: padding_idx={padding_idx!r} must be a token id in [0, vocab_size={vocab_size})")
+        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
         self.rotary = RotaryEmbedding(max_seq_len, base=rope_base, scaling_factor=rope_ntk_factor)
         self.blocks = nn.ModuleList(
             Block(
@@ -114,6 +119,9 @@ class HybridLM(nn.Module):
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         if init_std is not None:
             self._init_weights(init_std)
+            if padding_idx is not None:
+                with torch.no_grad():
+                    self.embedding.weight[padding_idx].zero_()
         if tie_embeddings:
             self.lm_head.weight = self.embedding.weight
         self.tie_embeddings = tie_embeddings

@@ -227,6 +227,7 @@ class HybridCLI(LightningCLI):
         check_limit_flags(self._command_line)
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
+        self._resolve_init_from(self.config[subcommand] if subcommand is not None else self.config)
         if subcommand is not None:
             config = self.config[subcommand]
             check_run_name(run_logger(config.trainer)[0])
@@ -239,6 +240,21 @@ class HybridCLI(LightningCLI):
                 raise ValueError("--weights_only false is refused: the zoo's checkpoints hold tensors and plain values "
                                  "only, and reading pickled objects would run the code a file carries")
             self._resolve_checkpoint(subcommand, config)
+
+    def _resolve_init_from(self, config) -> None:
+        """A relative ``model.init_from`` written in a recipe file is relative to that file (so the recipe works from
+        any folder); one given on the command line is relative to the working folder."""
+        if not config.model.get("init_from") or any(a.split("=")[0] == "--model.init_from" for a in self._command_line):
+            return
+        files = [arg.split("=", 1)[1] if arg.startswith("--config=") else self._command_line[i + 1]
+                 for i, arg in enumerate(self._command_line)
+                 if (arg in ("--config", "-c") and i + 1 < len(self._command_line)) or arg.startswith("--config=")]
+        for path in reversed(files):
+            model = (read_config(path).get("model") or {}) if Path(path).is_file() else {}
+            if isinstance(model, dict) and model.get("init_from") == config.model.init_from:
+                if not Path(model["init_from"]).is_absolute():
+                    config.model.init_from = str(Path(path).parent / model["init_from"])
+                return
 
     def _parse_ckpt_path(self) -> None:
         """Rebuild the model from the checkpoint's hyper-parameters, as Lightning does, but read the file as data

@@ -8,38 +8,11 @@ The recipe's data module says how text becomes tokens and back (``encode``/``dec
 """
 
 import argparse
-import importlib
 import sys
 
 import torch
-import yaml
-from jsonargparse import dict_to_namespace
 
-from recipes.cli import newest_checkpoint, resolve_config, run_logger
-
-
-def load_recipe(path: str) -> dict:
-    return yaml.safe_load(open(resolve_config(path)).read())
-
-
-def checkpoint_path(recipe: dict, ckpt_path: str) -> str:
-    if ckpt_path not in ("last", "best"):
-        return ckpt_path
-    _, root = run_logger(dict_to_namespace(recipe.get("trainer") or {}))
-    found = newest_checkpoint(root, f"{ckpt_path}.ckpt") if root is not None else None
-    if found is None:
-        raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no {ckpt_path}.ckpt under {root}/*/checkpoints/; train first")
-    return str(found)
-
-
-def data_module(recipe: dict):
-    """The recipe's data module, built from its ``data:`` section (the recipe is yours: its classes are trusted)."""
-    data = recipe.get("data") or {}
-    module_name, _, class_name = data.get("class_path", "").rpartition(".")
-    cls = getattr(importlib.import_module(module_name), class_name, None) if module_name else None
-    if not isinstance(cls, type):
-        raise ValueError(f"the recipe's data section names no data module class (class_path {data.get('class_path')!r})")
-    return cls(**(data.get("init_args") or {}))
+from recipes.runs import checkpoint_path, data_module, load_recipe
 
 
 def tokenizer(recipe: dict):

@@ -45,7 +45,7 @@ class LanguageModel(L.LightningModule):
 
     Args:
         d_model, pattern, mixers, vocab_size, max_seq_len, extrapolate, tie_embeddings, rope_base,
-            rope_ntk_factor, init_std, norm_eps, residual_scale: passed to ``HybridLM``.
+            rope_ntk_factor, init_std, norm_eps, residual_scale, padding_idx: passed to ``HybridLM``.
         size_to: solve one width of some mixers so the model has a target parameter count
             (:class:`components.sizing.SizeTarget`; YAML ``size_to: {params: 600000, letters: [M, R]}``);
             the solved width is recorded in the hyper-parameters as ``sized_width``.
@@ -83,6 +83,7 @@ class LanguageModel(L.LightningModule):
         init_std: float | None = None,
         norm_eps: float = 1e-6,
         residual_scale: bool = False,
+        padding_idx: int | None = None,
         size_to: SizeTarget | None = None,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.98),
@@ -108,7 +109,7 @@ class LanguageModel(L.LightningModule):
             size_to = SizeTarget(**size_to)
         model_kwargs = dict(max_seq_len=max_seq_len, extrapolate=extrapolate, tie_embeddings=tie_embeddings,
                             rope_base=rope_base, rope_ntk_factor=rope_ntk_factor, norm_eps=norm_eps,
-                            residual_scale=residual_scale)
+                            residual_scale=residual_scale, padding_idx=padding_idx)
         self.size_note, sized_width = None, None
         if size_to is not None:
             mixers, sized_width = sized_mixers(vocab_size, d_model, pattern, mixers, size_to, **model_kwargs)
@@ -300,10 +301,15 @@ class LanguageModel(L.LightningModule):
         except FileNotFoundError:
             raise FileNotFoundError(f"LanguageModel: init_from={path!r}: no such checkpoint file") from None
         model_state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
-        missing, unexpected = self.model.load_state_dict(model_state, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"LanguageModel: init_from={path!r} does not fit this model: missing {missing[:4]}, "
-                             f"unexpected {unexpected[:4]}")
+        mine = self.model.state_dict()
+        unfit = [f"{k}: checkpoint {tuple(v.shape)}, model {tuple(mine[k].shape)}" for k, v in model_state.items()
+                 if k in mine and v.shape != mine[k].shape]
+        missing, unexpected = sorted(mine.keys() - model_state.keys()), sorted(model_state.keys() - mine.keys())
+        if unfit or missing or unexpected:
+            raise ValueError(f"LanguageModel: init_from={path!r} does not fit this model: shapes {unfit[:3]}, missing "
+                             f"{missing[:4]}, unexpected {unexpected[:4]}")
+        self.model.load_state_dict(model_state, strict=True)
+        print(f"init_from: loaded {len(model_state)} tensors from {path}", flush=True)
 
     def setup(self, stage: str) -> None:
         trainer = self.trainer

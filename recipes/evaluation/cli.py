@@ -119,26 +119,10 @@ def run_suite(model, data, recipe: dict, args) -> dict:
                                 extrapolate=args.extrapolate, **kwargs)
 
 
-def run_folder(checkpoint: Path) -> Path | None:
-    """The run folder a recipe's checkpoint lives in (``<run>/checkpoints/x.ckpt``), or None."""
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
-
-
-def with_run_data(recipe: dict, checkpoint: Path) -> dict:
-    """The recipe with the ``data`` section the checkpoint's run was trained with, when its run folder kept the
-    resolved ``config.yaml`` (command-line overrides included: the training length is the run's, not the file's)."""
-    import yaml
-
-    folder = run_folder(checkpoint)
-    config = folder / "config.yaml" if folder is not None else None
-    if config is None or not config.is_file():
-        return recipe
-    data = (yaml.safe_load(config.read_text()) or {}).get("data")
-    return {**recipe, "data": data} if isinstance(data, dict) and data.get("class_path") else recipe
-
-
 def log_scalars(checkpoint: Path, values: dict[str, float], step: int) -> Path | None:
     from torch.utils.tensorboard import SummaryWriter
+
+    from recipes.runs import run_folder
 
     folder = run_folder(checkpoint)
     if folder is None or not values:
@@ -163,8 +147,8 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.tasks and not args.suite:
         sys.exit("error: name --tasks and/or a --suite to run")
     from recipes.checkpoints import load_checkpoint
-    from recipes.generate import checkpoint_path, data_module, load_recipe
     from recipes.module import LanguageModel
+    from recipes.runs import checkpoint_path, data_module, load_recipe, with_run_data
 
     try:
         recipe = load_recipe(args.config)

@@ -2,6 +2,9 @@
 Doge (dense and CDMoE), tiny random models built with ``transformers`` (a dev extra), saved to a
 temporary folder with ``save_pretrained``, loaded with :func:`recipes.hf.from_pretrained`."""
 
+import json
+import re
+
 import pytest
 import torch
 
@@ -163,23 +166,203 @@ def test_doge_moe_equals_hugging_face_decoding_one_token_at_a_time(tmp_path):
             assert relative_error(ours[f"{block}.{mine}"].grad, theirs.grad) <= 1e-4, mine
 
 
+def with_tokenizer(tmp_path, kind: str = "llama"):
+    """A model of the byte tokenizer's size (256 bytes + the end-of-document token) saved with that tokenizer."""
+    from recipes.hf.tokenizer import END_OF_DOCUMENT, byte_tokenizer
+
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=257, hidden_size=32, num_hidden_layers=2, intermediate_size=48, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64)).eval()
+    hf.save_pretrained(tmp_path / kind)
+    tokenizer = byte_tokenizer()
+    tokenizer.add_special_tokens([END_OF_DOCUMENT])
+    tokenizer.save(str(tmp_path / kind / "tokenizer.json"))
+    return hf
+
+
 def test_recipe_and_fine_tuning_checkpoint(tmp_path, capsys):
+    import yaml
+
     from recipes import LanguageModel
 
-    hf, zoo = saved(tmp_path, "llama")
+    hf = with_tokenizer(tmp_path)
     recipe = hf_recipe(tmp_path / "llama")
     assert recipe["pattern"] == "AM×2" and recipe["mixers"]["A"]["init_args"] == {"n_heads": 4, "n_kv_heads": 2}
     main([str(tmp_path / "llama"), "--out", str(tmp_path / "out" / "llama.ckpt")])
     assert "fine-tune: python -m recipes fit --config" in capsys.readouterr().out
     lm = LanguageModel.load_from_checkpoint(tmp_path / "out" / "llama.ckpt")
-    ids = torch.randint(0, VOCAB, (1, 7))
+    ids = torch.randint(0, 257, (1, 7))
     torch.testing.assert_close(lm.model(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)
+    config = yaml.safe_load((tmp_path / "out" / "llama.yaml").read_text())
+    assert config["model"]["init_from"] == "llama.ckpt"  # relative to the recipe, which then works from any folder
+    assert config["data"]["class_path"] == "recipes.data.TokenizedCorpus"  # the folder's tokenizer comes along
+    model_args = {k: v for k, v in config["model"].items() if k != "lr"}
+    started = LanguageModel(**{**model_args, "init_from": str(tmp_path / "out" / "llama.ckpt")})
+    assert "init_from: loaded 17 tensors from" in capsys.readouterr().out
+    torch.testing.assert_close(started.model(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_written_recipe_finds_its_checkpoint_from_any_folder(tmp_path, monkeypatch, capsys):
+    from recipes.cli import main as cli
+
+    hf = with_tokenizer(tmp_path)
+    main([str(tmp_path / "llama"), "--out", str(tmp_path / "out" / "llama.ckpt")])
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(30)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    run = cli(["--config", str(tmp_path / "out" / "llama.yaml"), "--data.init_args.paths", str(tmp_path / "text" / "a.jsonl"),
+               "--data.init_args.cache_dir", str(tmp_path / "cache")], run=False)
+    ids = torch.randint(0, 257, (1, 7))
+    torch.testing.assert_close(run.model.model(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)
+    assert f"init_from: loaded 17 tensors from {tmp_path / 'out' / 'llama.ckpt'}" in capsys.readouterr().out
+
+
+def test_import_brings_the_folders_tokenizer_and_refuses_bytes_for_a_larger_vocabulary(tmp_path):
+    import yaml
+    from tokenizers import Tokenizer
+
+    from recipes.hf import write_checkpoint
+
+    with_tokenizer(tmp_path)
+    _, recipe = write_checkpoint(tmp_path / "llama", tmp_path / "out" / "llama.ckpt")
+    data = yaml.safe_load(recipe.read_text())["data"]
+    assert data["class_path"] == "recipes.data.TokenizedCorpus"
+    assert Tokenizer.from_file(data["init_args"]["tokenizer"]).encode("abc").ids == [97, 98, 99]
+    big = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=300, hidden_size=32, num_hidden_layers=1,
+                                                                 intermediate_size=48, num_attention_heads=4))
+    big.save_pretrained(tmp_path / "big")
+    with pytest.raises(ValueError, match=r"no tokenizer.json, and the model's vocabulary \(300 tokens\) is not bytes"):
+        write_checkpoint(tmp_path / "big", tmp_path / "out" / "big.ckpt")
+
+
+@pytest.mark.parametrize("kind", ["llama", "mamba2", "doge", "doge-moe"])
+def test_export_loads_in_transformers_with_equal_logits_and_greedy_ids(tmp_path, kind):
+    from recipes.data.text import TextCorpus
+    from recipes.hf import export
+
+    _, zoo = saved(tmp_path, kind)
+    export(zoo, tmp_path / "exported", data=TextCorpus(), max_shard_size="20KB")  # sharded past 20 kB
+    assert (tmp_path / "exported" / "model.safetensors.index.json").is_file()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    theirs.config._attn_implementation = "eager"
+    ids = torch.randint(0, VOCAB, (2, T))
+    with torch.no_grad():
+        ours = zoo(ids)
+        if kind == "doge-moe":  # Hugging Face's Doge-MoE forward differs from its own decoding; its decoding is the math
+            ids = ids[:1]  # (and its decoding, too, mixes the rows of a batch)
+            ours = zoo(ids)
+            cache, steps = None, []
+            for t in range(T):
+                out = theirs(ids[:, t:t + 1], past_key_values=cache, use_cache=True, position_ids=torch.tensor([[t]]))
+                cache, _ = out.past_key_values, steps.append(out.logits[:, -1])
+            logits = torch.stack(steps, dim=1)
+        else:
+            logits = theirs(ids).logits
+        assert relative_error(ours, logits) <= 1e-5
+        if kind != "doge-moe":  # (Hugging Face's Doge-MoE prefill is its full forward, which is not the math)
+            prompt = ids[:1, :5]
+            greedy = theirs.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
+            assert zoo.generate(prompt, 6).tolist() == greedy.tolist()
+    again = from_pretrained(tmp_path / "exported")
+    for (name, a), b in zip(zoo.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), name  # import(export(model)) is the model exactly
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
+    assert tokenizer("héllo, wörld")["input_ids"] == TextCorpus.encode("héllo, wörld")
+
+
+def test_export_brings_a_corpus_tokenizer_that_encodes_as_the_data_module(tmp_path):
+    from recipes.corpora import write_sample
+    from recipes.data import TokenizedCorpus
+    from recipes.hf import export
+
+    write_sample(tmp_path / "sample", documents=40, vocab_size=300)
+    data = TokenizedCorpus(str(tmp_path / "sample" / "english.jsonl"), tokenizer=str(tmp_path / "sample" / "tokenizer.json"),
+                           cache_dir=str(tmp_path / "cache"), seq_len=8)
+    from components import HybridLM
+
+    model = HybridLM(data.vocab_size, 32, "AM×2", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 4}}})
+    export(model, tmp_path / "exported", data=data)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
+    text = "The with statement is used to wrap the execution of a block."
+    assert tokenizer(text)["input_ids"] == data.encode(text)
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    assert config["eos_token_id"] == data.end_of_document == tokenizer.eos_token_id
+
+
+@pytest.mark.parametrize("recipe, reason", [
+    ("arch/tiny/otce.yaml", "no Hugging Face class"),
+    ("arch/tiny/jamba.yaml", "no Hugging Face class"),
+    ("arch/tiny/cheems.yaml", "no Hugging Face class"),
+    ("arch/tiny/transxssm.yaml", "no Hugging Face class"),
+])
+def test_export_refuses_what_transformers_cannot_express_by_name(tmp_path, recipe, reason):
     import yaml
 
-    config = yaml.safe_load((tmp_path / "out" / "llama.yaml").read_text())
-    assert config["model"]["init_from"] == str(tmp_path / "out" / "llama.ckpt")
-    started = LanguageModel(**{k: v for k, v in config["model"].items() if k != "lr"})
-    torch.testing.assert_close(started.model(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)
+    from recipes.cli import CONFIG_DIR
+    from recipes.hf import export
+    from recipes.module import LanguageModel
+
+    model = yaml.safe_load((CONFIG_DIR / recipe).read_text())["model"]
+    lm = LanguageModel(**{k: v for k, v in model.items() if k in ("d_model", "pattern", "mixers", "size_to", "residual_scale",
+                                                                   "tie_embeddings")})
+    with pytest.raises(ValueError, match=reason) as info:
+        export(lm, tmp_path / "out")
+    assert "as " in str(info.value) and "Exportable: LlamaForCausalLM" in str(info.value)
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("sliding_window", 8, "sliding_window=8 (the zoo computes only None)"),
+    ("attention_dropout", 0.1, "attention_dropout=0.1"),
+    ("some_new_switch", True, "some_new_switch=True (unknown to the importer)"),
+])
+def test_a_config_field_that_would_change_the_computation_is_refused_by_name(tmp_path, field, value, message):
+    kind = "doge" if field == "sliding_window" else "llama"
+    build(kind).save_pretrained(tmp_path / kind)
+    path = tmp_path / kind / "config.json"
+    config = json.loads(path.read_text())
+    config[field] = value
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        from_pretrained(tmp_path / kind)
+
+
+def test_dynamic_ntk_runs_past_its_positions_mamba2_has_no_limit_and_padding_rows_do_not_learn(tmp_path):
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, intermediate_size=48,
+                                      num_attention_heads=4, max_position_embeddings=16, pad_token_id=3,
+                                      rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    hf = transformers.LlamaForCausalLM(config).eval()
+    hf.save_pretrained(tmp_path / "ntk")
+    zoo = from_pretrained(tmp_path / "ntk").eval()
+    ids = torch.randint(0, VOCAB, (1, 40))  # past max_position_embeddings = 16
+    with torch.no_grad():
+        assert relative_error(zoo(ids), hf(ids).logits) <= 1e-5
+    assert zoo.embedding.padding_idx == 3
+    zoo.train()
+    ids[0, :4] = torch.tensor([3, 5, 3, 5])
+    zoo(ids).sum().backward()
+    assert zoo.embedding.weight.grad[3].abs().max() == 0 and zoo.embedding.weight.grad[5].abs().max() > 0
+    _, mamba = saved(tmp_path, "mamba2")
+    assert mamba.extrapolate and mamba(torch.randint(0, VOCAB, (1, 3000))).shape == (1, 3000, VOCAB)
+
+
+def test_bf16_and_sharded_folders_import(tmp_path):
+    hf = build("llama")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    ids = torch.randint(0, VOCAB, (2, T))
+    with torch.no_grad():
+        assert relative_error(from_pretrained(tmp_path / "sharded").eval()(ids), hf(ids).logits) <= 1e-5
+    hf.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    zoo = from_pretrained(tmp_path / "bf16").eval()
+    assert zoo.embedding.weight.dtype == torch.bfloat16
+    for (name, theirs), ours in zip(hf.state_dict().items(), [zoo.embedding.weight]):
+        assert torch.equal(ours, hf.model.embed_tokens.weight)
+    with torch.no_grad():
+        assert relative_error(zoo(ids).float(), hf(ids).logits.float()) <= 2e-2  # both in bf16
 
 
 def test_unsupported_folders_are_named(tmp_path):

@@ -1,0 +1,3 @@
+from recipes.hf.cli import main
+
+main()

@@ -1,0 +1,49 @@
+"""``python -m recipes.hf import|export``: a Hugging Face folder into a zoo checkpoint and a recipe, and a zoo
+checkpoint out to a Hugging Face folder (``python -m recipes.hf FOLDER --out X.ckpt`` is ``import``)."""
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in ("import", "export", "-h", "--help"):
+        argv = ["import", *argv]  # the earlier form: python -m recipes.hf FOLDER --out X.ckpt
+    parser = argparse.ArgumentParser(prog="python -m recipes.hf", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    load = commands.add_parser("import", help="a Hugging Face folder → a zoo checkpoint and a fine-tuning recipe")
+    load.add_argument("folder", help="a Hugging Face checkpoint folder (config.json + safetensors)")
+    load.add_argument("--out", required=True, help="the checkpoint to write; a recipe is written beside it (.yaml)")
+    save = commands.add_parser("export", help="a zoo checkpoint → a Hugging Face folder")
+    save.add_argument("checkpoint", help="a checkpoint file (last.ckpt, best.ckpt, or one python -m recipes.hf import wrote)")
+    save.add_argument("--out", required=True, help="the folder to write")
+    save.add_argument("--config", default=None,
+                      help="the recipe the checkpoint was trained with, for its tokenizer (default: the run's config.yaml)")
+    save.add_argument("--max_shard_size", default="2GB", help="shard the weights past this size (default 2GB)")
+    save.add_argument("--allow_classes", nargs="*", default=[], help="packages whose classes the checkpoint may name")
+    args = parser.parse_args(argv)
+    from recipes.hf import export, write_checkpoint
+
+    try:
+        if args.command == "import":
+            checkpoint, recipe = write_checkpoint(args.folder, args.out)
+            print(f"wrote {checkpoint} and {recipe}\nfine-tune: python -m recipes fit --config {recipe}")
+            return
+        data = export_data(args.checkpoint, args.config)
+        export(args.checkpoint, args.out, data=data, allow_classes=args.allow_classes, max_shard_size=args.max_shard_size)
+    except (FileNotFoundError, ValueError, TypeError) as error:
+        sys.exit(f"error: {error}")
+
+
+def export_data(checkpoint: str, config: str | None):
+    """The data module whose tokenizer goes with the export: the recipe's (``--config``) with the run's own data
+    settings when its ``config.yaml`` is beside the checkpoint."""
+    from recipes.runs import data_module, load_recipe, run_folder, with_run_data
+
+    folder = run_folder(Path(checkpoint))
+    if config is None and (folder is None or not (folder / "config.yaml").is_file()):
+        raise ValueError(f"{checkpoint} is not in a run folder with a config.yaml: give --config RECIPE, whose data "
+                         "module's tokenizer goes with the model")
+    recipe = load_recipe(config) if config else {}
+    return data_module(with_run_data(recipe, Path(checkpoint)))

@@ -1,0 +1,66 @@
+"""Tokenizers that travel with a model: the recipe's own into an exported folder, a folder's into a recipe.
+
+A byte-level recipe (``TextCorpus``: token = byte) is exported as a ``tokenizers`` BPE with no merges whose
+vocabulary maps each byte's GPT-2 character to the byte's own value, so ``AutoTokenizer`` encodes a text to
+exactly the ids the zoo trained on; a ``TokenizedCorpus`` recipe's ``tokenizer.json`` is copied as it is.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+END_OF_DOCUMENT = "<|endoftext|>"
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte → printable character map, which the byte-level pre-tokenizer applies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = printable[:], 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, chars)}
+
+
+def byte_tokenizer(vocab_size: int = 256):
+    """A ``tokenizers.Tokenizer`` whose ids are the text's UTF-8 bytes (ids past 255, if the model has them, are
+    unused special tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    extra = [f"<|unused_{i}|>" for i in range(256, vocab_size)]
+    if extra:
+        tokenizer.add_special_tokens(extra)
+    return tokenizer
+
+
+def write_tokenizer(data, out: Path, vocab_size: int) -> str:
+    """The recipe's tokenizer into ``out`` (``tokenizer.json`` and ``tokenizer_config.json``); returns what it is."""
+    out = Path(out)
+    cache = getattr(data, "cache", None)
+    if cache is not None and hasattr(data, "meta"):  # TokenizedCorpus: its own tokenizer file
+        data.setup()
+        shutil.copyfile(cache / "tokenizer.json", out / "tokenizer.json")
+        kind, eos = "the corpus's BPE", END_OF_DOCUMENT
+    elif hasattr(data, "encode") and data.encode("é") == list("é".encode()):  # bytes
+        byte_tokenizer(vocab_size).save(str(out / "tokenizer.json"))
+        kind, eos = "bytes", None
+    else:
+        raise ValueError(f"the recipe's data module {type(data).__name__} has no tokenizer to export (MQAR is not text)")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+              "model_max_length": 1_000_000_000_000}
+    if eos:
+        config.update(eos_token=eos, bos_token=eos)
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    return kind
+
+
+def folder_tokenizer(folder: Path) -> Path | None:
+    """The ``tokenizer.json`` a Hugging Face folder ships, if any."""
+    path = Path(folder) / "tokenizer.json"
+    return path if path.is_file() else None

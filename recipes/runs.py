@@ -1,0 +1,52 @@
+"""What the tools that work on a trained run share (``generate``, ``eval``, ``hf export``): its recipe, its
+checkpoint (``last``/``best`` resolved as ``fit`` does), its run folder, and the data module it trained on."""
+
+import importlib
+from pathlib import Path
+
+import yaml
+from jsonargparse import dict_to_namespace
+
+from recipes.cli import newest_checkpoint, read_config, resolve_config, run_logger
+
+
+def load_recipe(path: str) -> dict:
+    return read_config(resolve_config(path))
+
+
+def checkpoint_path(recipe: dict, ckpt_path: str) -> str:
+    """A checkpoint file, or the newest ``last``/``best`` of the recipe's runs."""
+    if ckpt_path not in ("last", "best"):
+        return ckpt_path
+    _, root = run_logger(dict_to_namespace(recipe.get("trainer") or {}))
+    found = newest_checkpoint(root, f"{ckpt_path}.ckpt") if root is not None else None
+    if found is None:
+        raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no {ckpt_path}.ckpt under {root}/*/checkpoints/; train first")
+    return str(found)
+
+
+def run_folder(checkpoint: Path) -> Path | None:
+    """The run folder a recipe's checkpoint lives in (``<run>/checkpoints/x.ckpt``), or None."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+
+
+def with_run_data(recipe: dict, checkpoint: Path) -> dict:
+    """The recipe with the ``data`` section the checkpoint's run was trained with, when its run folder kept the
+    resolved ``config.yaml`` (command-line overrides included: the training length is the run's, not the file's)."""
+    folder = run_folder(checkpoint)
+    config = folder / "config.yaml" if folder is not None else None
+    if config is None or not config.is_file():
+        return recipe
+    data = (yaml.safe_load(config.read_text()) or {}).get("data")
+    return {**recipe, "data": data} if isinstance(data, dict) and data.get("class_path") else recipe
+
+
+def data_module(recipe: dict):
+    """The recipe's data module, built from its ``data:`` section (the recipe is yours: its classes are trusted)."""
+    data = recipe.get("data") or {}
+    module_name, _, class_name = data.get("class_path", "").rpartition(".")
+    cls = getattr(importlib.import_module(module_name), class_name, None) if module_name else None
+    if not isinstance(cls, type):
+        raise ValueError(f"the recipe's data section names no data module class (class_path {data.get('class_path')!r})")
+    return cls(**(data.get("init_args") or {}))
