@@ -16,6 +16,7 @@ On top of LightningCLI (docs/training.md):
 import argparse
 import inspect
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -165,6 +166,8 @@ def differs(given, recorded) -> bool:
     """Whether a configured value contradicts a recorded one; for mappings (a binding), only the keys both
     state are compared, since each side may leave defaults out."""
     given, recorded = plain(given), plain(recorded)
+    if isinstance(given, str) and isinstance(recorded, str) and "×" in given + recorded:  # a pattern, either spelling
+        given, recorded = given.replace("×", "x"), recorded.replace("×", "x")
     if isinstance(given, dict) and isinstance(recorded, dict):
         return any(differs(given[k], recorded[k]) for k in given.keys() & recorded.keys())
     if isinstance(given, list) and isinstance(recorded, list):
@@ -180,6 +183,13 @@ def zoo_mixers() -> list[str]:
     return [f"components.{name}" for name in sorted(components.__all__)
             if isinstance(getattr(components, name), type) and issubclass(getattr(components, name), nn.Module)
             and name not in ("Block", "HybridLM", "RMSNorm", "RotaryEmbedding", "TopKRouter", "MoE")]
+
+
+def run_version(folder: str) -> int | str:
+    """A run folder's logger version: ``version_3`` → 3 (so the progress bar shows ``v_num=3``, not the
+    string's last characters ``on_3``), any other name as it is."""
+    match = re.fullmatch(r"version_(\d+)", folder)
+    return int(match.group(1)) if match else folder
 
 
 def check_limit_flags(args: list[str]) -> None:
@@ -319,10 +329,10 @@ class HybridCLI(LightningCLI):
                   and path.parent.parent.parent.resolve() == root.resolve())
         if subcommand != "fit" and logger is not None and in_run and logger.class_path.endswith("TensorBoardLogger"):
             # validate/test log into the run they evaluate (its <subcommand>/ folder), not a new version_N
-            logger.init_args.version = path.parent.parent.name
+            logger.init_args.version = run_version(path.parent.parent.name)
             logger.dict_kwargs = {**(getattr(logger, "dict_kwargs", None) or {}), "sub_dir": subcommand}
         if subcommand == "fit" and logger is not None and in_run:
-            logger.init_args.version = path.parent.parent.name
+            logger.init_args.version = run_version(path.parent.parent.name)
             if logger.class_path.endswith("TensorBoardLogger"):
                 checkpoint = load_checkpoint(path, mmap=True)
                 # from the first step the checkpoint has not seen logged: its own step's metrics when it was
@@ -344,8 +354,9 @@ class HybridCLI(LightningCLI):
                 logger.experiment.add_text("config", "```yaml\n" + config + "\n```", self.trainer.global_step)
 
     def after_fit(self) -> None:
+        log_dir = self.trainer.log_dir  # (collective under DDP: every process asks)
         if self.trainer.is_global_zero:
-            print(fit_summary(self.trainer, self.model), flush=True)
+            print(fit_summary(self.trainer, self.model, log_dir), flush=True)
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
@@ -383,7 +394,7 @@ def choose_threads(requested: int | None) -> str | None:
             "--threads N or OMP_NUM_THREADS=N chooses")
 
 
-def fit_summary(trainer, module) -> str:
+def fit_summary(trainer, module, log_dir: str | None = None) -> str:
     """Best and last validation loss with their steps, speed, time, and where the run's files are."""
     import statistics
     import time
@@ -407,8 +418,8 @@ def fit_summary(trainer, module) -> str:
     policy = next((c for c in trainer.callbacks if isinstance(c, CheckpointPolicy)), None)
     if policy is not None and policy.dirpath is not None:
         lines.append(f"  checkpoints {policy.dirpath}/ (last.ckpt" + (", best.ckpt" if policy.best_path else "") + ")")
-    if trainer.log_dir:
-        lines.append(f"  TensorBoard tensorboard --logdir {trainer.log_dir}")
+    if log_dir:
+        lines.append(f"  TensorBoard tensorboard --logdir {log_dir}")
     return "\n".join(lines)
 
 

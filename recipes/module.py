@@ -121,6 +121,8 @@ class LanguageModel(L.LightningModule):
         # Only plain values, so the checkpoint reloads (weights_only) and re-parses through the CLI.
         self.save_hyperparameters({
             **hparams,
+            # ASCII, so hparams.yaml reads "AMx4" rather than "AM\xD74" (the grammar takes both)
+            "pattern": pattern.replace("×", "x"),
             "betas": list(betas),
             "mixers": self.model.binding_specs(),
             "size_to": None if size_to is None else vars(size_to),

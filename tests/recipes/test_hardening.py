@@ -117,7 +117,7 @@ def test_an_hf_config_missing_a_required_key_names_the_file_and_the_key(tmp_path
     from recipes.hf import hf_recipe
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 10,
-                                                      "num_hidden_layers": 2}))
+                                                      "num_hidden_layers": 2, "num_attention_heads": 4}))
     with pytest.raises(ValueError, match=r"config.json: the required key 'hidden_size' is missing \(LlamaForCausalLM"):
         hf_recipe(tmp_path)
     (tmp_path / "config.json").write_text("{broken")
