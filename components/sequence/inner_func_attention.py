@@ -12,7 +12,7 @@ from kernels._backend import check_backend
 from kernels.attention import attention
 
 INNERS = ("linear", "retrieval", "ssd")
-MASKS = ("content", "content_exp", "position", "none")
+MASKS = ("content", "content_exp", "cheems", "position", "none")
 
 
 class RetrievedValue(nn.Module):
@@ -56,6 +56,9 @@ class InnerFuncAttention(nn.Module):
         ``content_exp`` — ``bias[b,h,j] = exp(A_g · softplus((V W_δ)[b,j,g]))`` with one ``A`` (and one
                        δ) per key/value head ``g`` of query head ``h``: the released Doge models'
                        form (Hugging Face ``DogeAttention``); at ``A = 0`` the bias is 1 everywhere;
+        ``cheems``   — ``bias[b,h,j] = exp(A_h · softplus((V W_δ)[b,j,h]))`` with one ``A`` per query head,
+                       initialised to 1: the authors' Cheems code (WonderfulMatrices ``modeling_cheems``), without
+                       its ratio threshold, which ranks every key of the sequence, the future ones included;
         ``position`` — ``bias[h,j] = θ[h, position_j]``, learned over ``max_position`` positions;
         ``none``     — causal and padding only.
     ``keep_window=w``: each query keeps only its ``w`` allowed keys with the largest bias.
@@ -67,7 +70,7 @@ class InnerFuncAttention(nn.Module):
             ``retrieval`` and ``ssd`` values map ``d_model → d_model`` and so have ``n_heads`` heads,
             and the keys are repeated to match them.
         inner: ``linear`` | ``retrieval`` | ``ssd`` (default ``linear``).
-        mask: ``content`` | ``position`` | ``none`` (default ``content``).
+        mask: ``content`` | ``content_exp`` | ``cheems`` | ``position`` | ``none`` (default ``content``).
         keep_window: at most this many keys per query (default None: all).
         n_values, d_retrieval, top_k: the retrieval value's table size, query width and top-k
             (defaults 2, ``d_model // 2``, 2; seed 002 Table 6
@@ -125,10 +128,10 @@ class InnerFuncAttention(nn.Module):
             self.value = RetrievedValue(d_model, n_values=n_values, d_retrieval=d_retrieval, top_k=top_k)
         else:
             self.value = SSD(d_model, **(ssd or {}))
-        if mask in ("content", "content_exp"):
-            n_bias = n_heads if mask == "content" else self.v_heads  # one δ and A per query / per kv head
+        if mask in ("content", "content_exp", "cheems"):
+            n_bias = self.v_heads if mask == "content_exp" else n_heads  # one δ and A per kv / per query head
             self.delta_proj = nn.Linear(self.v_heads * self.head_dim, n_bias, bias=False)  # W_δ
-            self.A = nn.Parameter(torch.zeros(n_bias))
+            self.A = nn.Parameter(torch.ones(n_bias) if mask == "cheems" else torch.zeros(n_bias))
         elif mask == "position":
             self.position_bias = nn.Parameter(torch.zeros(n_heads, max_position))  # θ
         self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
@@ -162,6 +165,9 @@ class InnerFuncAttention(nn.Module):
             delta = self.delta_proj(v_flat).transpose(1, 2).contiguous()  # [b, T, Hv] → [b, Hv, T], as above
             bias = torch.exp(self.A[:, None] * F.softplus(delta))  # [b, Hv, T]
             return bias.repeat_interleave(self.n_heads // self.v_heads, dim=1)  # [b, H, T]
+        if self.mask == "cheems":
+            delta = self.delta_proj(v_flat).transpose(1, 2).contiguous()  # [b, T, H] → [b, H, T], as above
+            return torch.exp(self.A[:, None] * F.softplus(delta))  # [b, H, T]
         if self.mask == "position":
             if context.position_ids.numel():
                 last = context.position_ids.max()

@@ -23,7 +23,7 @@ def with_nonzero_A(mixer):
     return mixer
 
 
-@pytest.mark.parametrize("inner, mask", list(itertools.product(["linear", "retrieval", "ssd"], ["content", "position", "none"])))
+@pytest.mark.parametrize("inner, mask", list(itertools.product(["linear", "retrieval", "ssd"], ["content", "cheems", "position", "none"])))
 def test_causal_in_every_inner_and_mask(assert_causal, inner, mask):
     assert_causal(with_nonzero_A(make(inner, mask)), torch.randn(2, 13, 32), cut_points=(0, 5, None))
 
@@ -102,7 +102,7 @@ def test_i_is_bound_by_default():
     [
         (dict(keep_window=0), "keep_window=0 must be an integer >= 1"),
         (dict(inner="mlp"), "inner='mlp' is not one of ('linear', 'retrieval', 'ssd')"),
-        (dict(mask="alibi"), "mask='alibi' is not one of ('content', 'content_exp', 'position', 'none')"),
+        (dict(mask="alibi"), "mask='alibi' is not one of ('content', 'content_exp', 'cheems', 'position', 'none')"),
         (dict(inner="retrieval", n_values=2, top_k=3), "top_k=3 exceeds n_values=2"),
         (dict(n_heads=5), "d_model=32 is not divisible by n_heads=5"),
     ],
@@ -123,3 +123,15 @@ def test_content_mask_value_equals_its_formula():
     got = mixer.dynamic_bias(v, Context.default(x))
     torch.testing.assert_close(got, expected)
     assert (delta < 0).any()  # the softplus is exercised where it differs from the identity
+
+
+def test_the_cheems_mask_is_the_authors_formula():
+    """exp(A_h · softplus((V W_δ)[b, j, h])), one A per query head starting at 1 (the authors' Cheems code)."""
+    mixer = InnerFuncAttention(32, n_heads=4, n_kv_heads=2, mask="cheems")
+    assert mixer.A.tolist() == [1.0] * 4 and mixer.delta_proj.out_features == 4
+    with torch.no_grad():
+        mixer.A.copy_(torch.tensor([0.5, -1.0, 2.0, 0.0]))
+    x = torch.randn(2, 7, 32)
+    v = mixer.value(x)  # [2, 7, 2·8]
+    written = torch.exp(mixer.A[None, :, None] * torch.log1p(torch.exp(v @ mixer.delta_proj.weight.T)).transpose(1, 2))
+    torch.testing.assert_close(mixer.dynamic_bias(v, Context.default(x)), written)
