@@ -1,7 +1,9 @@
 """Data modules of the recipes. Each exposes ``vocab_size``, which the CLI links into the model."""
 
 from recipes.data.corpus import TokenizedCorpus
+from recipes.data.hf_datasets import HFDataset
+from recipes.data.mixture import MixedCorpus
 from recipes.data.mqar import MQAR
 from recipes.data.text import TextCorpus
 
-__all__ = ["MQAR", "TextCorpus", "TokenizedCorpus"]
+__all__ = ["HFDataset", "MQAR", "MixedCorpus", "TextCorpus", "TokenizedCorpus"]

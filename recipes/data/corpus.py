@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from recipes.data.hf_datasets import HFDataset
 from recipes.data.order import ResumableDataModule
 
 END_OF_DOCUMENT = "<|endoftext|>"
@@ -207,6 +208,9 @@ class TokenizedCorpus(ResumableDataModule):
     Args:
         paths: files or glob patterns of ``.txt``, ``.jsonl``, ``.parquet`` files; default None, the
             ``pydoc_data`` topics.
+        dataset: instead of ``paths``, a Hugging Face ``datasets`` dataset (:class:`recipes.data.HFDataset`: a
+            ``save_to_disk`` folder, or ``load_dataset`` on local files or a hub name, streaming or not); its
+            documents are the rows' ``text_field``.
         tokenizer: a ``tokenizers`` JSON file; default None: train a byte-level BPE on the training documents.
         vocab_size: the trained BPE's vocabulary (default 8192; ignored with ``tokenizer``, whose size is used).
         text_field: the ``.jsonl`` field holding the text (default ``"text"``).
@@ -232,6 +236,7 @@ class TokenizedCorpus(ResumableDataModule):
         self,
         paths: str | list[str] | None = None,
         *,
+        dataset: HFDataset | None = None,
         tokenizer: str | None = None,
         vocab_size: int = 8192,
         text_field: str = "text",
@@ -249,6 +254,11 @@ class TokenizedCorpus(ResumableDataModule):
     ):
         super().__init__()
         self.packed = packed
+        if paths is not None and dataset is not None:
+            raise ValueError("TokenizedCorpus: give paths or a dataset, not both (a mixture of sources is recipes.data.MixedCorpus)")
+        if isinstance(dataset, dict):  # as jsonargparse or a checkpoint may hand it over
+            dataset = HFDataset(**dataset)
+        self.dataset = dataset
         self.files = corpus_files(paths) if paths is not None else None
         if domains is not None:
             if isinstance(domains, str) or not domains or not all(isinstance(d, str) for d in domains):
@@ -295,7 +305,8 @@ class TokenizedCorpus(ResumableDataModule):
             raise ValueError(f"TokenizedCorpus: {path} is not a tokenizers JSON file ({str(error)[:160]})") from None
 
     def cache_key(self) -> str:
-        source = _identity(self.files) if self.files is not None else ["pydoc_data", sys.version]
+        source = (_identity(self.files) if self.files is not None else self.dataset.identity() if self.dataset is not None
+                  else ["pydoc_data", sys.version])
         tokenizer = (hashlib.sha256(Path(self.tokenizer_path).read_bytes()).hexdigest() if self.tokenizer_path
                      else f"bpe:{self.vocab_size}")
         what = [CACHE_VERSION, source, tokenizer, self.text_field, self.column, self.txt_separator, self.val_every]
@@ -311,6 +322,8 @@ class TokenizedCorpus(ResumableDataModule):
         return self._cache
 
     def _pieces(self, seen: dict[str, int] | None = None) -> Iterator[tuple[str, bool]]:
+        if self.dataset is not None:
+            return ((document, True) for document in self.dataset.documents(self.text_field))
         if self.files is None:
             return ((document, True) for document in default_documents())
         return document_pieces(self.files, self.text_field, self.column, self.txt_separator, self.domains,
@@ -421,7 +434,8 @@ class TokenizedCorpus(ResumableDataModule):
         meta = {"dtype": dtype, "vocab_size": vocab, "end_of_document": end,
                 "tokenizer_hash": file_hash(building / "tokenizer.json"),
                 "documents": {k: v[0] for k, v in counts.items()}, "tokens": {k: v[1] for k, v in counts.items()},
-                "files": _identity(self.files) if self.files else "pydoc_data", "version": CACHE_VERSION}
+                "files": _identity(self.files) if self.files else self.dataset.identity() if self.dataset else "pydoc_data",
+                "version": CACHE_VERSION}
         if self.domains is not None:
             meta["domains"] = seen_domains
         (building / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -310,3 +310,68 @@ def test_a_null_parquet_row_is_named(tmp_path):
     pyarrow.parquet.write_table(pyarrow.table({"content": ["fine text", None, "more"]}), tmp_path / "nulls.parquet")
     with pytest.raises(ValueError, match=r"nulls.parquet, row 1: column 'content' is null, not text"):
         corpus(tmp_path, str(tmp_path / "nulls.parquet")).setup()
+
+
+def test_a_hugging_face_dataset_gives_the_same_tokens_as_its_files(tmp_path):
+    """A save_to_disk folder, load_dataset on the jsonl, and the same streamed: each is the jsonl's tokens."""
+    datasets = pytest.importorskip("datasets")
+    from recipes.data import HFDataset
+
+    paths = write(tmp_path, "jsonl")
+    tokenizer = tmp_path / "words.json"
+    word_level(tokenizer, ["brown", "fox", "quick", "jumps"])
+    reference = corpus(tmp_path, paths, tokenizer=str(tokenizer))
+    reference.setup()
+    datasets.Dataset.from_dict({"body": DOCUMENTS}).save_to_disk(str(tmp_path / "saved"))
+    for source in (HFDataset(path=str(tmp_path / "saved")), HFDataset(path="json", data_files=paths),
+                   HFDataset(path="json", data_files=paths, streaming=True)):
+        data = TokenizedCorpus(dataset=source, tokenizer=str(tokenizer), text_field="body", seq_len=8, batch_size=2,
+                               val_fraction=0.1, cache_dir=str(tmp_path / "cache"), seed=0)
+        data.setup()
+        for split in ("train", "val"):
+            assert np.array_equal(np.fromfile(data.cache / f"{split}.bin", dtype=data.meta["dtype"]),
+                                  np.fromfile(reference.cache / f"{split}.bin", dtype=reference.meta["dtype"])), source
+    with pytest.raises(ValueError, match=r"row 0: no string field 'text'"):
+        TokenizedCorpus(dataset=HFDataset(path=str(tmp_path / "saved")), cache_dir=str(tmp_path / "c2")).setup()
+    with pytest.raises(ValueError, match="give paths or a dataset, not both"):
+        TokenizedCorpus(paths, dataset=HFDataset(path="json"))
+
+
+def test_a_missing_datasets_package_is_named(tmp_path, monkeypatch):
+    from recipes.data import HFDataset
+
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ImportError, match=r'pip install "hybrid-zoo\[datasets\]"'):
+        TokenizedCorpus(dataset=HFDataset(path="json", data_files="x.jsonl"), cache_dir=str(tmp_path)).setup()
+
+
+def test_a_mixture_takes_its_proportions_and_resumes_exactly(tmp_path):
+    from recipes.data import MixedCorpus
+    from recipes.data.order import ResumableLoader
+
+    tokenizer = tmp_path / "words.json"
+    word_level(tokenizer, ["brown", "fox", "quick", "jumps", "ünïcode"])
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    small, large = write(tmp_path / "a", "jsonl", DOCUMENTS[:20]), write(tmp_path / "b", "jsonl", DOCUMENTS * 3)
+    common = dict(tokenizer=str(tokenizer), text_field="body", val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    mixed = MixedCorpus([{"paths": small, **common}, {"paths": large, **common}], [3, 1], seq_len=8, batch_size=4, seed=5)
+    mixed.setup()
+    sources = mixed._train.source
+    assert len(sources) == sum(len(c.windows("train")) for c in mixed.corpora)
+    assert abs((sources == 0).mean() - 0.75) < 0.08  # the small corpus gets its 3:1 share, repeating its windows
+    first = mixed.corpora[0].windows("train")
+    assert all(torch.equal(mixed._train[i]["input_ids"], first[int(mixed._train.window[i])]["input_ids"])
+               for i in np.flatnonzero(sources == 0)[:10])
+    reference = [b["input_ids"] for b in ResumableLoader(mixed._train, batch_size=4, seed=5)]
+    resumed = ResumableLoader(mixed._train, batch_size=4, seed=5)
+    resumed.load_state_dict({"epoch": 0, "batches": 3, "seed": 5})
+    assert all(torch.equal(a, b) for a, b in zip([b["input_ids"] for b in resumed], reference[3:]))
+    other = tmp_path / "other.json"
+    word_level(other, ["brown"])
+    clash = MixedCorpus([{"paths": small, **common}, {"paths": large, **{**common, "tokenizer": str(other)}}], [1, 1],
+                        seq_len=8, batch_size=4, seed=5)
+    with pytest.raises(ValueError, match="the corpora are tokenized differently"):
+        clash.setup()
+    with pytest.raises(ValueError, match="give one weight per corpus"):
+        MixedCorpus([{"paths": small, **common}], [1, 2])
