@@ -451,6 +451,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --seeds: the equivalence margin in nats for the TOST column (default: the family's)")
     parser.add_argument("--vs", default=None, metavar="KEY",
                         help="also plot the final --metric against this hyper-parameter (e.g. d_model)")
+    parser.add_argument("--suite", choices=["length", "passkey", "mqar"], default=None,
+                        help="with --from: run this long-context suite on every finished run's last.ckpt and tabulate "
+                             "it over seeds (docs/evaluation.md)")
+    parser.add_argument("--suite-args", nargs="+", default=[], metavar="ARG",
+                        help="more arguments for the suite, e.g. --suite-args --multiples 1 2 4 --windows 4")
     parser.add_argument("--progress", type=float, default=60.0, metavar="SECONDS",
                         help="how often the sweep reports its runs' progress (default 60)")
     parser.add_argument("--metric", default="val_acc", choices=["val_acc", "val_loss", "val_ppl"],
@@ -472,6 +477,11 @@ def main(argv: list[str] | None = None) -> None:
         args.margin = args.margin if args.margin is not None else settings.get("equivalence_margin")
         if args.baseline is not None and args.baseline not in {run.config.stem for run in runs}:
             sys.exit(f"error: --baseline {args.baseline!r} is not one of the recipes of that sweep")
+        if args.suite:
+            from recipes.evaluation.family import report as suite_report
+
+            print(suite_report(runs, Path(args.from_logs[0]), family, args.suite, args.baseline, args.suite_args))
+            return
         print(report(runs, Path(args.from_logs[0]), family, seeded, args.baseline, args.vs, args.metric, args.margin))
         return
     if args.folder is None:

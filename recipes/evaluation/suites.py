@@ -110,16 +110,20 @@ def check_length(model, length: int, extrapolate: bool) -> None:
 def length_suite(model, tokens: torch.Tensor, trained: int, multiples=(1, 2, 4, 8, 16), windows: int = 8,
                  extrapolate: bool = True) -> dict:
     """Per mode and evaluation length ``m · trained``: the mean next-token loss of ``windows`` windows of the
-    validation stream ``tokens [n]`` (evenly spaced), overall and per bucket of ``trained`` positions."""
+    validation stream ``tokens [n]`` (evenly spaced, the same windows read to each length), overall and per
+    bucket of ``trained`` positions."""
     model.eval()
     device = model.embedding.weight.device
+    longest = max(multiples) * trained
+    if len(tokens) < longest + 1:
+        raise ValueError(f"the validation split has {len(tokens)} tokens; length {longest} needs {longest + 1}")
+    # the same text at every length: each length reads the first tokens of the same evenly spaced windows, so
+    # a change with the length is the context's doing, not the text's
+    starts = np.linspace(0, len(tokens) - longest - 1, num=windows).astype(int)
     rows = []
     for multiple in multiples:
         length = multiple * trained
         check_length(model, length, extrapolate)
-        if len(tokens) < length + 1:
-            raise ValueError(f"the validation split has {len(tokens)} tokens; length {length} needs {length + 1}")
-        starts = np.linspace(0, len(tokens) - length - 1, num=windows).astype(int)
         batch = torch.stack([tokens[s:s + length + 1] for s in starts]).to(device)  # [w, length + 1]
         # up to the training length the two modes are the same model; without extrapolate, the model as built
         # (max_seq_len at least this length, so its RoPE is plain)

@@ -174,8 +174,8 @@ def test_the_length_suite_is_the_full_forward_loss_by_hand():
     result = length_suite(model, tokens, trained=16, multiples=(1, 2, 4), windows=3)
     rows = {(r["mode"], r["length"]): r for r in result["rows"]}
     assert set(rows) == {("plain", 16), ("plain", 32), ("ntk", 32), ("plain", 64), ("ntk", 64)}
-    length = 32
-    starts = [0, (len(tokens) - length - 1) // 2, len(tokens) - length - 1]
+    length, longest = 32, 64
+    starts = [0, (len(tokens) - longest - 1) // 2, len(tokens) - longest - 1]  # the same windows at every length
     with torch.no_grad():
         by_hand = torch.stack([F.cross_entropy(model(tokens[s:s + length][None])[0], tokens[s + 1:s + length + 1],
                                                reduction="none") for s in starts]).mean(0)  # [32]

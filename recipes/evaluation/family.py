@@ -1,0 +1,113 @@
+"""A long-context suite over every run of a sweep, and its statistics over seeds
+(``python -m recipes.sweep --from runs/sweep-logs/<time> --suite length``; docs/evaluation.md).
+
+Each finished run's ``last.ckpt`` is evaluated with :mod:`recipes.evaluation.suites` (results in
+``<logs>/<suite>/<recipe>_seed<k>.json``, reused when present); then per recipe, mode and length the mean ±
+std over seeds, the difference to the baseline recipe with Welch's p and Holm's adjustment over the family's
+comparisons at that length, and a figure of loss (or accuracy) against length.
+"""
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from recipes.stats import holm, summarize, welch
+
+
+def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[str, int | None], dict]:
+    """``{(recipe, seed): suite result}`` for every finished run, computing the missing ones."""
+    from recipes.evaluation.cli import main as evaluate
+
+    folder = Path(logs) / suite
+    folder.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for run in runs:
+        if run.failed:
+            continue
+        checkpoint = Path(run.folder) / "checkpoints" / "last.ckpt"
+        out = folder / f"{run.config.stem}_seed{run.seed}"
+        if not out.with_suffix(".json").is_file():
+            print(f"evaluating {run.config.stem} seed {run.seed}: {suite}", flush=True)
+            evaluate(["--config", str(run.config), "--ckpt_path", str(checkpoint), "--suite", suite, "--extrapolate",
+                      "--out", str(out), *extra])
+        results[run.config.stem, run.seed] = json.loads(out.with_suffix(".json").read_text())["suite"]
+    return results
+
+
+def points(result: dict) -> dict[tuple[str, int], float]:
+    """A suite result as ``{(mode or depth, length): value}``: the loss (length) or accuracy (passkey, mqar)."""
+    if result["suite"] == "length":
+        return {(row["mode"], row["length"]): row["loss"] for row in result["rows"]}
+    if result["suite"] == "passkey":
+        by_length = {}
+        for cell in result["cells"]:
+            by_length.setdefault(cell["length"], []).append(cell["accuracy"])
+        return {("all depths", length): statistics.fmean(values) for length, values in by_length.items()}
+    return {("-", row["length"]): row["accuracy"] for row in result["rows"]}
+
+
+def table(results: dict, baseline: str | None) -> str:
+    by_recipe: dict[str, dict[tuple, list[float]]] = {}
+    for (recipe, _), result in results.items():
+        for key, value in points(result).items():
+            by_recipe.setdefault(recipe, {}).setdefault(key, []).append(value)
+    keys = sorted({key for values in by_recipe.values() for key in values}, key=lambda k: (k[1], k[0]))
+    metric = "loss" if next(iter(results.values()))["suite"] == "length" else "accuracy"
+    rows = [f"| recipe | mode | length | runs | {metric}, mean ± std | Δ vs {baseline or '-'} | p (Welch) | p (Holm, per length) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for mode, length in keys:
+        compared = [r for r in by_recipe if baseline and r != baseline and (mode, length) in by_recipe[r]
+                    and (mode, length) in by_recipe.get(baseline, {})]
+        raw = {r: welch(by_recipe[r][mode, length], by_recipe[baseline][mode, length]) for r in compared}
+        adjusted = dict(zip(compared, holm([raw[r][1] for r in compared])))
+        for recipe in sorted(by_recipe):
+            values = by_recipe[recipe].get((mode, length))
+            if not values:
+                continue
+            s = summarize(values)
+            if recipe in raw:
+                diff, p = raw[recipe]
+                versus = f"{diff:+.4f} | {'< 2 runs' if math.isnan(p) else f'{p:.3g}'} | " \
+                         f"{'< 2 runs' if math.isnan(adjusted[recipe]) else f'{adjusted[recipe]:.3g}'}"
+            else:
+                versus = "(baseline) | - | -" if recipe == baseline else "- | - | -"
+            rows.append(f"| {recipe} | {mode} | {length} | {s.n} | {s.mean:.4f} ± {0 if math.isnan(s.std) else s.std:.4f} | {versus} |")
+    return "\n".join(rows)
+
+
+def plot(results: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_line: dict[tuple[str, str], dict[int, list[float]]] = {}
+    for (recipe, _), result in results.items():
+        for (mode, length), value in points(result).items():
+            by_line.setdefault((recipe, mode), {}).setdefault(length, []).append(value)
+    figure, axes = plt.subplots(figsize=(7.5, 4.5))
+    for (recipe, mode), values in sorted(by_line.items()):
+        lengths = sorted(values)
+        mean = [statistics.fmean(values[n]) for n in lengths]
+        std = [statistics.stdev(values[n]) if len(values[n]) > 1 else 0.0 for n in lengths]
+        axes.errorbar(lengths, mean, yerr=std, marker="o", markersize=3, capsize=2,
+                      linestyle="--" if mode == "ntk" else "-", label=f"{recipe} ({mode})")
+    axes.set_xscale("log", base=2)
+    metric = "validation loss" if next(iter(results.values()))["suite"] == "length" else "accuracy"
+    axes.set(xlabel="evaluation length (tokens)", ylabel=metric, title=title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=6, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def report(runs, logs: Path, family: str, suite: str, baseline: str | None, extra: list[str]) -> str:
+    results = evaluate_runs(runs, logs, suite, extra)
+    if not results:
+        return f"no finished run to evaluate in {logs}"
+    text = table(results, baseline)
+    (Path(logs) / f"{suite}.md").write_text(f"# {family}: {suite} suite\n\n{text}\n")
+    plot(results, Path(logs) / f"{suite}.png", f"{family}: {suite} (mean ± std over seeds; dashed: NTK)")
+    return text
