@@ -19,7 +19,8 @@ QUICK = ["--trainer.enable_progress_bar", "false", "--data.init_args.batch_size"
 REPRESENTATIVES = ["quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", "positions/hybrid_conv.yaml", "attention/ssd_ifa_mask.yaml",
                    "moe_placement/alternate.yaml", "moe_shared/cdmoe.yaml", "mqar/ifa_mask.yaml",
                    "mqar/paper/ssd_T256.yaml", "arch/tiny/otce.yaml",
-                   "expresser/otce_expresser.yaml", "mqar_grid/ssd_T64_d16.yaml", "english/positions/hybrid_rope.yaml"]
+                   "expresser/otce_expresser.yaml", "mqar_grid/ssd_T64_d16.yaml", "english/positions/hybrid_rope.yaml",
+                   "mqar_puzzle/shift.yaml"]
 
 
 def test_every_family_has_a_representative():
@@ -111,6 +112,7 @@ def test_equal_parameter_families_land_on_their_total(built, folder):
     ("positions", ["model.pattern", "model.mixers.S.init_args.positions", "model.mixers.A"]),
     ("english/positions", ["model.pattern", "model.mixers.S.init_args.positions", "model.mixers.A"]),
     ("english/attention", ["model.pattern", "model.mixers.A", "model.mixers.I"]),
+    ("mqar_puzzle", ["model.mixers.S", "model.lr", "trainer.max_steps", "trainer.val_check_interval"]),
     ("english/expresser", ["model.pattern", "model.mixers.O", "model.size_to.letters"]),
     ("attention", ["model.pattern", "model.mixers.A", "model.mixers.I"]),
     ("mqar", ["model.pattern", "model.mixers"]),
