@@ -1,4 +1,4 @@
-"""``InferenceCache``: what the sequence mixers keep between decoding calls (SPEC §11).
+"""``InferenceCache``: what the sequence mixers keep between decoding calls (docs/decoding.md).
 
 A model forward with a cache in its :class:`~components.context.Context` processes the next ``T``
 tokens of each sequence (the prompt at prefill, then one token per step) and leaves in the cache what

@@ -1,4 +1,4 @@
-"""Decoding for :class:`components.HybridLM`: greedy and sampled generation from a cache (SPEC §11)."""
+"""Decoding for :class:`components.HybridLM`: greedy and sampled generation from a cache (docs/decoding.md)."""
 
 import torch
 

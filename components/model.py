@@ -28,7 +28,7 @@ DEFAULT_MIXERS: dict[str, MixerFactory] = {
     "C": CohesiveMoE,
     "X": ExpansiveMoE,
 }
-"""Letters bound when a recipe does not bind them (SPEC §4)."""
+"""Letters bound when a recipe does not bind them (docs/architecture.md)."""
 
 
 def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
@@ -214,7 +214,7 @@ class HybridLM(nn.Module):
     def auxiliary_losses(self) -> dict[str, torch.Tensor]:
         """The auxiliary losses of the last forward, by module name.
 
-        The one mechanism for them (SPEC §3): a mixer with an auxiliary loss (a routed MoE's balancing
+        The one mechanism for them (docs/architecture.md): a mixer with an auxiliary loss (a routed MoE's balancing
         loss) assigns a scalar tensor to its attribute ``aux_loss`` in every forward.
         """
         return {

@@ -1,6 +1,6 @@
 """The layer pattern: a string such as ``"SM + SE×11 + AE×2"`` that lists the model's blocks.
 
-Grammar (SPEC §4)::
+Grammar (docs/architecture.md)::
 
     pattern := term (sep term)*            sep := whitespace | '+'
     term    := unit (('x' | '×' | '*') INT)?

@@ -2,7 +2,7 @@
 
 Rotate-half convention over an even dimension ``d``, ``θ_i = base^(-2i/d)``. Attention applies it to
 Q and K over the head dim, SSD to C and B over the state dim, so ``<R_t c, R_s b>`` depends on
-``t - s`` only. Past ``max_position`` the base is stretched NTK-style (seed 001, listing A.1, the same
+``t - s`` only. Past ``max_position`` the base is stretched NTK-style (Wonderful Matrices v1, listing A.1, the same
 formula as Hugging Face's "dynamic" RoPE), per sequence: each sequence's stretch comes from its own
 last position, never from the other sequences of the batch.
 """

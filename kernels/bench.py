@@ -1,6 +1,6 @@
 """Kernel benchmark: each op's Triton kernel against its plain-torch reference and public baselines.
 
-    python -m kernels.bench                         # on a CUDA GPU, bf16, the shapes of SPEC §7
+    python -m kernels.bench                         # on a CUDA GPU, bf16, the shapes of docs/kernels.md
     python -m kernels.bench --lengths 1024 2048 --ops attention
     python -m kernels.bench --device cpu            # references only (no Triton timing on CPU), CPU sizes
 

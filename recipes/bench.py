@@ -5,7 +5,7 @@ architecture, and of its Hugging Face twin where one exists, for several sequenc
     python -m recipes.bench --models llama hf-llama hybrid --lengths 4096 8192
     python -m recipes.bench --models llama hybrid --lengths 2048 --compile   # adds torch.compile'd rows
     python -m recipes.bench --models llama hybrid hybrid-recompute --lengths 2048 --saved  # kept for backward
-    python -m recipes.bench --family efficiency --plot efficiency.png   # seed 004 Fig. 4 / seed 002 Fig. 6
+    python -m recipes.bench --family efficiency --plot efficiency.png   # TransXSSM Fig. 4 / Wonderful Matrices v2 Fig. 6
 
 Twins are built from one Hugging Face config (``transformers`` must be installed for the ``hf-*``
 rows): ``hf-llama`` is ``LlamaForCausalLM`` and ``llama`` the zoo model :func:`recipes.hf.hf_recipe`

@@ -1,4 +1,4 @@
-"""Training that can be trusted (SPEC §12): the checkpoint policy, atomic checkpoint writes, the
+"""Training that can be trusted (docs/training.md): the checkpoint policy, atomic checkpoint writes, the
 signals that save before stopping, and the errors a run stops with. docs/training.md explains them.
 
     runs/<name>/<version>/checkpoints/last.ckpt   every ``every_n_steps`` optimizer steps, at the end of

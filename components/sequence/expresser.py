@@ -1,4 +1,4 @@
-"""OTCE's Expresser (seed 000 §3.3, Fig. 9): the model's last block, as the authors' code defines it."""
+"""OTCE's Expresser (OTCE §3.3, Fig. 9): the model's last block, as the authors' code defines it."""
 
 import torch
 from torch import nn

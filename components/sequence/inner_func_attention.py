@@ -48,8 +48,8 @@ class InnerFuncAttention(nn.Module):
 
     Q and K exactly as :class:`QCAttention` (GQA, RoPE or not, optional QK-norm). The value, by ``inner``:
         ``linear``    — ``V = x W_V`` (with ``mask="content"``, Doge's attention);
-        ``retrieval`` — :class:`RetrievedValue` (seed 002 §3.2);
-        ``ssd``       — ``V = SSD(x)`` (seed 001 §4.2), a selective recurrent summary.
+        ``retrieval`` — :class:`RetrievedValue` (Wonderful Matrices v2 §3.2);
+        ``ssd``       — ``V = SSD(x)`` (Wonderful Matrices v1 §4.2), a selective recurrent summary.
     The dynamic mask, by ``mask``, an additive bias per head and key:
         ``content``  — ``bias[b,h,j] = A_h · softplus((V W_δ)[b,j,h])``, one ``A`` per query head,
                        initialised to 0 so training starts as plain attention;
@@ -73,7 +73,7 @@ class InnerFuncAttention(nn.Module):
         mask: ``content`` | ``content_exp`` | ``cheems`` | ``position`` | ``none`` (default ``content``).
         keep_window: at most this many keys per query (default None: all).
         n_values, d_retrieval, top_k: the retrieval value's table size, query width and top-k
-            (defaults 2, ``d_model // 2``, 2; seed 002 Table 6
+            (defaults 2, ``d_model // 2``, 2; Wonderful Matrices v2 Table 6
             has 2 values. With ``top_k = 1`` the softmax of one score is 1 and the retrieval query and
             keys get no gradient, as in the paper's listing).
         max_position: positions the ``position`` mask covers (default 2048).

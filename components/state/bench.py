@@ -10,7 +10,7 @@ active parameters, the median forward+backward time and tokens per second, and t
 to the dense MLP of the same total size (measured in the same run).
 
 Table 2 holds CDMoE's heads, top-k and widths fixed and grows ``n_experts`` 1k → 4k → 16k → 65k;
-seed 001/002 claim the retrieval cost grows with √N. The target is time(65k) / time(1k) ≤ 3.
+Wonderful Matrices v1/002 claim the retrieval cost grows with √N. The target is time(65k) / time(1k) ≤ 3.
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""CDMoE (seed 002 §3.3): a cross-domain MLP plus product-key retrieval over one-neuron experts."""
+"""CDMoE (Wonderful Matrices v2 §3.3): a cross-domain MLP plus product-key retrieval over one-neuron experts."""
 
 import math
 
@@ -17,7 +17,7 @@ CROSS_DOMAIN = ("sequential", "parallel")
 class CDMoE(nn.Module):
     """Cross-domain mixture of experts with efficient retrieval, ``[B, T, d_model] → [B, T, d_model]``::
 
-        φ(x) = cross-domain MLP of x                        seed 002: act(x Wˢ) Vˢ (``shared_mlp="plain"``)
+        φ(x) = cross-domain MLP of x                        Wonderful Matrices v2: act(x Wˢ) Vˢ (``shared_mlp="plain"``)
         r    = φ(x) (sequential) or x (parallel)            what the router and the experts read
         s_a, s_b = scores of r against the n_a and n_b keys of each head's two halves
         (score, e) = top_k over the n_a·n_b sums s_a[i] + s_b[j],   e = i·n_b + j
@@ -51,7 +51,7 @@ class CDMoE(nn.Module):
         d_ff: cross-domain MLP width (default: :func:`components.state.mlp.default_d_ff`, ``4·d_model``
             for the plain form).
         key_dim: query/key width per head, even (default 64); None scores with one linear map.
-        shared_mlp: the cross-domain MLP's form, any :class:`MLP` form (default ``plain``, seed 002;
+        shared_mlp: the cross-domain MLP's form, any :class:`MLP` form (default ``plain``, Wonderful Matrices v2;
             ``swiglu`` for Doge).
         act: ``silu`` | ``gelu`` | ``relu`` for the cross-domain MLP and the experts (default ``silu``).
         cross_domain: ``sequential`` (default: router and experts read ``φ(x)``, the paper's form two) |

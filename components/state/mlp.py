@@ -29,7 +29,7 @@ class MLP(nn.Module):
         swisig   (act(xW) ⊙ σ(xV)) W₂        OTCE eq. 13a
         switanh  (act(xW) ⊙ tanh(xV)) W₂     OTCE eq. 13b
         gelu     gelu(xW) W₂                 (two matrices; ``act`` is ignored)
-        plain    act(xW) W₂                  (two matrices; CDMoE's cross-domain MLP in seed 002)
+        plain    act(xW) W₂                  (two matrices; CDMoE's cross-domain MLP in Wonderful Matrices v2)
 
     Args:
         d_model: model width.

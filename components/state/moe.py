@@ -36,7 +36,7 @@ class MoE(nn.Module):
     """The routed-MoE engine, ``[B, T, d_model] → [B, T, d_model]``.
 
     After each forward, ``aux_loss`` holds the Switch balancing loss (summed into the training loss
-    by the recipe, SPEC §3) and ``expert_load [E]`` the fraction of assignments each expert took.
+    by the recipe; docs/architecture.md) and ``expert_load [E]`` the fraction of assignments each expert took.
     ``forward(x, padding_mask=None)``: with ``padding_mask [B, T]`` (True at padding; the block passes
     the model's), padded tokens are zeroed and count in neither the load nor the balancing loss.
 

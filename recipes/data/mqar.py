@@ -1,9 +1,9 @@
-"""``MQAR``: multi-query associative recall, generated on the fly (Zoology's task, seed 002's harder form).
+"""``MQAR``: multi-query associative recall, generated on the fly (Zoology's task, Wonderful Matrices v2's harder form).
 
 A sequence of length ``T`` holds ``num_pairs`` key-value pairs at its start, ``k₁ v₁ k₂ v₂ …``; after
 them every key comes back once as a query, at positions drawn with Zoology's power law (``a = 0.01``:
 most queries close to the pairs, a long tail far away). The target at a query position is the value
-that followed that key. Every other position holds a random filler token (seed 002; Zoology used 0).
+that followed that key. Every other position holds a random filler token (Wonderful Matrices v2; Zoology used 0).
 
 Vocabulary: keys are drawn from ``[1, V/2)``, values and fillers from ``[V/2, V)``; so a filler never
 looks like a key, and no spurious pair can be read from the noise. Keys are unique within a sequence.
@@ -79,7 +79,7 @@ class MQAR(ResumableDataModule):
     """Multi-query associative recall; accuracy on the query positions is logged as ``val/acc``.
 
     Args:
-        vocab_size: tokens (default 8192, seed 002); keys from the lower half, values from the upper.
+        vocab_size: tokens (default 8192, Wonderful Matrices v2); keys from the lower half, values from the upper.
         seq_len: ``T`` (default 256).
         num_pairs: key-value pairs per sequence (default ``T/4``); needs ``T ≥ 4·num_pairs`` and
             ``num_pairs < vocab_size/2``.
@@ -88,7 +88,7 @@ class MQAR(ResumableDataModule):
             ``[train_min_pairs, num_pairs]`` (test examples always have ``num_pairs``). Zoology also
             trains on a mixture of pair counts; at ``T=128`` with 32 pairs the easier examples are what
             lets a small attention model leave the recall plateau (docs/attention.md).
-        train_size, test_size: examples per split (defaults 2¹⁸ and 1024, seed 002 Table 5).
+        train_size, test_size: examples per split (defaults 2¹⁸ and 1024, Wonderful Matrices v2 Table 5).
         batch_size: examples per batch (default 64).
         seed: the data seed (default 0): the examples and the training order.
         num_workers: dataloader workers (default 0).

@@ -1,5 +1,5 @@
 """The training order of a data module, kept so that a resumed run sees exactly the batches the
-uninterrupted run would have seen (SPEC §12).
+uninterrupted run would have seen (docs/training.md).
 
 The order of epoch ``e`` is a permutation drawn from ``seed + e`` alone (not from the global RNG),
 split across processes as ``DistributedSampler`` does, so it can be recomputed after a restart. The

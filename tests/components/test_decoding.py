@@ -1,4 +1,4 @@
-"""Decoding (SPEC §11): prefill + one token at a time equals the full forward, for every sequence mixer
+"""Decoding (docs/decoding.md): prefill + one token at a time equals the full forward, for every sequence mixer
 and every tiny named architecture, with and without left padding; greedy generation equals the argmax
 loop over full forwards; SSD's cache does not grow with the generated length."""
 

@@ -1,4 +1,4 @@
-"""Compile-friendly models (SPEC §12, issue 17): a training-mode forward and backward of every sequence
+"""Compile-friendly models (docs/training.md): a training-mode forward and backward of every sequence
 and state mixer, inside a model with padding and positions, makes no device→host synchronisation, and
 ``torch.compile(model, fullgraph=True)`` traces each one whole and computes what eager does — outputs,
 auxiliary losses and every gradient.
@@ -119,7 +119,7 @@ def test_fullgraph_compile_equals_eager(name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_a_packed_row_computes_what_its_documents_compute_alone(name):
-    """Packed documents (issue 14): with ``document_ids``, one row of three documents gives each the
+    """Packed documents (docs/data.md): with ``document_ids``, one row of three documents gives each the
     logits it gets alone — attention keeps to its document, the SSD's state and conv restart, positions
     count from each document's start. Lengths 5, 9, 3 cross the chunk size (4) inside and at its edge."""
     model = build(name).eval()

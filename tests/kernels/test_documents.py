@@ -1,4 +1,4 @@
-"""Packed documents at the kernel level (issue 14): the SSD scan with ``document_starts`` against the
+"""Packed documents at the kernel level (docs/data.md): the SSD scan with ``document_starts`` against the
 recurrence that zeroes its state at each start and against each document scanned alone; attention with
 ``document_ids`` against each document attended alone — outputs and every gradient, odd lengths,
 starts inside a chunk and on its edge."""

@@ -8,12 +8,12 @@ from components import count_parameters
 from recipes.cli import main
 
 PAPER_SIZES = {  # total parameters the source names (docs/architectures.md)
-    "llama": 320e6,  # seed 004 Table 4, Llama3-320M
+    "llama": 320e6,  # TransXSSM Table 4, Llama3-320M
     "mamba2": 370e6,  # the Mamba-2 paper's 370M model
-    "jamba": 1e9,  # seed 000 Table 8
-    "otce": 1e9,  # seed 000 Tables 6 and 8
-    "cheems": 320e6,  # seed 002 Table 7, Cheems-320M
-    "transxssm": 320e6,  # seed 004 Table 4, TransXSSM-320M
+    "jamba": 1e9,  # OTCE Table 8
+    "otce": 1e9,  # OTCE Tables 6 and 8
+    "cheems": 320e6,  # Wonderful Matrices v2 Table 7, Cheems-320M
+    "transxssm": 320e6,  # TransXSSM Table 4, TransXSSM-320M
 }
 RELEASED_DOGE = {  # SmallDoges/small-doge recipes/doge/<name>/config_full.yaml
     "doge": dict(vocab_size=32768, hidden_size=1024, intermediate_size=2048, num_hidden_layers=32,

@@ -1,4 +1,4 @@
-"""Compilation and the sync-free training loss (issue 17): a named architecture compiled whole by inductor
+"""Compilation and the sync-free training loss (docs/training.md): a named architecture compiled whole by inductor
 computes what eager does; ``model.compile`` in a recipe trains as the eager run does; the loss over all
 positions equals the gathered one and makes no host sync."""
 

@@ -1,4 +1,4 @@
-"""Training that can be trusted (SPEC §12): checkpoints reload, a killed run resumes exactly, a diverged
+"""Training that can be trusted (docs/training.md): checkpoints reload, a killed run resumes exactly, a diverged
 run stops without spoiling its checkpoint, signals save before exiting, DDP equals one process."""
 
 import os
