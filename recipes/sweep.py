@@ -454,8 +454,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--suite", choices=["length", "passkey", "mqar"], default=None,
                         help="with --from: run this long-context suite on every finished run's last.ckpt and tabulate "
                              "it over seeds (docs/evaluation.md)")
-    parser.add_argument("--suite-args", nargs="+", default=[], metavar="ARG",
-                        help="more arguments for the suite, e.g. --suite-args --multiples 1 2 4 --windows 4")
+    parser.add_argument("--suite-args", default="", metavar="ARGS",
+                        help="more arguments for the suite, in one string: --suite-args \"--multiples 1 2 4 --windows 4\"")
     parser.add_argument("--progress", type=float, default=60.0, metavar="SECONDS",
                         help="how often the sweep reports its runs' progress (default 60)")
     parser.add_argument("--metric", default="val_acc", choices=["val_acc", "val_loss", "val_ppl"],
@@ -480,7 +480,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.suite:
             from recipes.evaluation.family import report as suite_report
 
-            print(suite_report(runs, Path(args.from_logs[0]), family, args.suite, args.baseline, args.suite_args))
+            import shlex
+
+            print(suite_report(runs, Path(args.from_logs[0]), family, args.suite, args.baseline, shlex.split(args.suite_args)))
             return
         print(report(runs, Path(args.from_logs[0]), family, seeded, args.baseline, args.vs, args.metric, args.margin))
         return
