@@ -9,20 +9,9 @@ import torch
 
 from components import SSD, Context, Expresser, HybridLM, InnerFuncAttention, QCAttention
 from components.cache import InferenceCache
+from components.catalogue import SEQUENCE_MIXERS
 
-MIXERS = {
-    "QCAttention": lambda: QCAttention(32, n_heads=4, n_kv_heads=2),
-    "QCAttention no RoPE, QK-norm": lambda: QCAttention(32, n_heads=4, rope=False, qk_norm=True),
-    "IFA content": lambda: InnerFuncAttention(32, n_heads=4, n_kv_heads=2, mask="content"),
-    "IFA content_exp, window 5": lambda: InnerFuncAttention(32, n_heads=4, n_kv_heads=2, mask="content_exp", keep_window=5, qk_norm=True),
-    "IFA position": lambda: InnerFuncAttention(32, n_heads=4, mask="position", max_position=64),
-    "IFA retrieval": lambda: InnerFuncAttention(32, n_heads=4, inner="retrieval"),
-    "IFA ssd value": lambda: InnerFuncAttention(32, n_heads=4, inner="ssd", ssd={"d_state": 8, "chunk_size": 4, "positions": "conv"}),
-    "SSD rope": lambda: SSD(32, head_dim=8, d_state=8, chunk_size=4),
-    "SSD decay": lambda: SSD(32, head_dim=8, d_state=8, chunk_size=4, positions="decay"),
-    "SSD conv+rope, gate, 2 groups": lambda: SSD(32, head_dim=8, d_state=8, n_groups=2, chunk_size=4, positions="conv+rope", gate=True),
-    "Expresser": lambda: Expresser(32, n_heads=4, n_kv_heads=2),
-}
+MIXERS = {name: partial(factory, 32) for name, factory in SEQUENCE_MIXERS.items()}  # components/catalogue.py
 
 
 def randomize(module: torch.nn.Module) -> None:

@@ -13,34 +13,13 @@ from functools import partial
 import pytest
 import torch
 
+from components.catalogue import SEQUENCE_MIXERS, STATE_MIXERS
 from components import (
     CDMoE, MLP, SSD, CohesiveMoE, Expresser, ExpansiveMoE, HybridLM, InnerFuncAttention, QCAttention, RoutedMoE,
     SharedExpertMoE,
 )
 
-SEQUENCE = {
-    "QCAttention": partial(QCAttention, n_heads=4, n_kv_heads=2),
-    "QCAttention no RoPE, QK-norm": partial(QCAttention, n_heads=4, rope=False, qk_norm=True),
-    "IFA content": partial(InnerFuncAttention, n_heads=4, n_kv_heads=2, mask="content"),
-    "IFA content_exp, window 5": partial(InnerFuncAttention, n_heads=4, n_kv_heads=2, mask="content_exp", keep_window=5),
-    "IFA position": partial(InnerFuncAttention, n_heads=4, mask="position", max_position=64),
-    "IFA retrieval": partial(InnerFuncAttention, n_heads=4, inner="retrieval"),
-    "IFA ssd value": partial(InnerFuncAttention, n_heads=4, inner="ssd", ssd={"d_state": 8, "chunk_size": 4}),
-    "SSD rope": partial(SSD, head_dim=8, d_state=8, chunk_size=4),
-    "SSD decay": partial(SSD, head_dim=8, d_state=8, chunk_size=4, positions="decay"),
-    "SSD conv+rope, gate, 2 groups": partial(SSD, head_dim=8, d_state=8, n_groups=2, chunk_size=4, positions="conv+rope", gate=True),
-    "SSD conv, gate, recompute": partial(SSD, head_dim=8, d_state=8, chunk_size=4, positions="conv", gate=True, recompute=True),
-    "Expresser": partial(Expresser, n_heads=4, n_kv_heads=2),
-}
-STATE = {
-    "MLP": MLP,
-    "RoutedMoE": partial(RoutedMoE, n_experts=4),
-    "SharedExpertMoE": partial(SharedExpertMoE, n_experts=4),
-    "CohesiveMoE": partial(CohesiveMoE, n_experts=4),
-    "ExpansiveMoE scalar gates": partial(ExpansiveMoE, n_experts=4, gate="scalar"),
-    "CDMoE, balance loss": partial(CDMoE, n_experts=64, n_heads=2, top_k=4, key_dim=8, balance_loss=True),
-    "CDMoE Doge": partial(CDMoE, n_experts=64, n_heads=1, top_k=4, key_dim=None, shared_mlp="swiglu", cross_domain="parallel"),
-}
+SEQUENCE, STATE = SEQUENCE_MIXERS, STATE_MIXERS  # every mixer the zoo exports (components/catalogue.py)
 MODELS = {**{name: ("AM", {"A": f}) for name, f in SEQUENCE.items()},
           **{name: ("AM", {"A": partial(QCAttention, n_heads=4), "M": f}) for name, f in STATE.items()}}
 

@@ -1,0 +1,40 @@
+"""Every mixer the zoo exports, in small configurations covering its variants: what the contract tests
+run over (decoding = full forward, packed documents, padding, causality with non-finite inputs, no host
+sync and a whole-graph compile, bad input). Each entry is a factory ``d_model -> nn.Module`` for
+``d_model = 32``. A mixer exported by :mod:`components` with no entry here fails
+``tests/components/test_catalogue.py``; adding one entry puts a new mixer through every contract test
+(docs/architecture.md, "Adding a mixer")."""
+
+from functools import partial
+
+from components.sequence import SSD, Expresser, InnerFuncAttention, QCAttention
+from components.state import MLP, CDMoE, CohesiveMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
+
+SEQUENCE_MIXERS = {
+    "QCAttention": partial(QCAttention, n_heads=4, n_kv_heads=2),
+    "QCAttention no RoPE, QK-norm": partial(QCAttention, n_heads=4, rope=False, qk_norm=True),
+    "IFA content": partial(InnerFuncAttention, n_heads=4, n_kv_heads=2, mask="content"),
+    "IFA content_exp, window 5": partial(InnerFuncAttention, n_heads=4, n_kv_heads=2, mask="content_exp", keep_window=5,
+                                         qk_norm=True),
+    "IFA cheems": partial(InnerFuncAttention, n_heads=4, n_kv_heads=2, mask="cheems"),
+    "IFA position": partial(InnerFuncAttention, n_heads=4, mask="position", max_position=64),
+    "IFA retrieval, window 3": partial(InnerFuncAttention, n_heads=4, inner="retrieval", keep_window=3),
+    "IFA ssd value": partial(InnerFuncAttention, n_heads=4, inner="ssd", ssd={"d_state": 8, "chunk_size": 4, "positions": "conv"}),
+    "SSD rope": partial(SSD, head_dim=8, d_state=8, chunk_size=4),
+    "SSD decay": partial(SSD, head_dim=8, d_state=8, chunk_size=4, positions="decay"),
+    "SSD conv+rope, gate, 2 groups": partial(SSD, head_dim=8, d_state=8, n_groups=2, chunk_size=4, positions="conv+rope",
+                                             gate=True),
+    "SSD conv, gate, recompute": partial(SSD, head_dim=8, d_state=8, chunk_size=4, positions="conv", gate=True, recompute=True),
+    "Expresser": partial(Expresser, n_heads=4, n_kv_heads=2),
+}
+
+STATE_MIXERS = {
+    "MLP": MLP,
+    "MLP switanh": partial(MLP, activation="switanh"),
+    "RoutedMoE": partial(RoutedMoE, n_experts=4),
+    "SharedExpertMoE": partial(SharedExpertMoE, n_experts=4),
+    "CohesiveMoE": partial(CohesiveMoE, n_experts=4),
+    "ExpansiveMoE scalar gates": partial(ExpansiveMoE, n_experts=4, gate="scalar"),
+    "CDMoE, balance loss": partial(CDMoE, n_experts=64, n_heads=2, top_k=4, key_dim=8, balance_loss=True),
+    "CDMoE Doge": partial(CDMoE, n_experts=64, n_heads=1, top_k=4, key_dim=None, shared_mlp="swiglu", cross_domain="parallel"),
+}
