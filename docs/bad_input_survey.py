@@ -1,6 +1,6 @@
 """Survey of bad inputs: how many get a named error (or work, where working is right), and how many end in
 a torch error from deep inside or a silently wrong answer. `python docs/bad_input_survey.py` (docs/training.md)."""
-import math, sys, tempfile, os
+import tempfile
 import torch
 from components import *
 from components.context import Context

@@ -77,7 +77,7 @@ def _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, b, h, bh, offs_m, offs_d, in
     """What both backward kernels read for a block of query rows: q, dO, lse, Δ and the window.
 
     The load order matters to the compiler: with Δ before the window, ``_backward_kv`` spills 24 bytes
-    per thread on sm_90 in bf16 (``python -m kernels.compile_check``); in this order, none."""
+    per thread on sm_90 in bf16 (``python -m recipes.benchmarks.compile_check``); in this order, none."""
     q_mask = (offs_m[:, None] < T) & in_d
     q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask, other=0.0)
     do = tl.load(DO + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask, other=0.0)
@@ -210,7 +210,7 @@ def _backward_q(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
 
 def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Tiles, warps and pipeline stages. On CUDA in bf16/fp16: 64×64 tiles (32 key rows above head
-    dim 64) and 8 warps, at which ``python -m kernels.compile_check`` finds no register spills on sm_90
+    dim 64) and 8 warps, at which ``python -m recipes.benchmarks.compile_check`` finds no register spills on sm_90
     at head dim 64 (with 4 warps the dK/dV/dbias kernel spills). In fp32: 32×32 tiles, 4 warps and 2
     stages — the 64×64 tiles spill there and need up to 112 KiB of shared memory, more than consumer
     GPUs have. Not timed: no GPU yet."""

@@ -257,7 +257,7 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks,
 
 def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Tiles, warps and pipeline stages. ``P`` and ``N`` are one tile each (``tl.dot`` needs every side
-    >= 16). On CUDA the choice is the one at which ``python -m kernels.compile_check`` finds no register
+    >= 16). On CUDA the choice is the one at which ``python -m recipes.benchmarks.compile_check`` finds no register
     spills on sm_90 for ``P = 64, N = 128``: 64 rows and 8 warps in bf16/fp16 (4 warps spill); 32 rows
     and 2 stages in fp32, whose 64-row tiles spill and need up to 209 KiB of shared memory, more than
     an A100 has. Not timed: no GPU yet."""
@@ -333,7 +333,7 @@ class SSDScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dt, A, B, C, D, initial_state, chunk_size: int, document_starts=None):
         batch, T, H, P = x.shape
-        G, N = B.shape[2], B.shape[3]
+        N = B.shape[3]
         L = chunk_size
         x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
         # Tiles sized for the widest operand: fp32 B, C beside a bf16 x (RoPE tables under autocast) need

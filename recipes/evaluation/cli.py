@@ -18,7 +18,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 
 SUITES = ("length", "passkey", "mqar")
 

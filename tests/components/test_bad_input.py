@@ -8,8 +8,7 @@ import torch
 
 from components.catalogue import SEQUENCE_MIXERS, STATE_MIXERS
 from components import (
-    CDMoE, MLP, SSD, CohesiveMoE, Context, ExpansiveMoE, HybridLM, InnerFuncAttention, PatternError, QCAttention,
-    RoutedMoE, SharedExpertMoE, parse_pattern,
+    CDMoE, SSD, Context, HybridLM, PatternError, parse_pattern,
 )
 
 SEQUENCE = {name: partial(factory, 32) for name, factory in SEQUENCE_MIXERS.items()}  # components/catalogue.py

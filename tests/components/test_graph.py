@@ -15,8 +15,7 @@ import torch
 
 from components.catalogue import SEQUENCE_MIXERS, STATE_MIXERS
 from components import (
-    CDMoE, MLP, SSD, CohesiveMoE, Expresser, ExpansiveMoE, HybridLM, InnerFuncAttention, QCAttention, RoutedMoE,
-    SharedExpertMoE,
+    MLP, HybridLM, QCAttention,
 )
 
 SEQUENCE, STATE = SEQUENCE_MIXERS, STATE_MIXERS  # every mixer the zoo exports (components/catalogue.py)

@@ -64,7 +64,7 @@ def test_module_matches_its_math_written_out():
     for t in range(9):
         for h in range(H):
             g = h // (H // G)
-            b_t, c_t = B[0, t].view(G, N)[g], C[0, t].view(G, N)[g]
+            b_t = B[0, t].view(G, N)[g]
             x_t = xs[0, t].view(H, P)[h]
             state[0, h] = torch.exp(dt[0, t, h] * A[h]) * state[0, h] + dt[0, t, h] * torch.outer(x_t, b_t)
         ys.append(torch.stack([state[0, h] @ C[0, t].view(G, N)[h // 2] for h in range(H)]).reshape(-1))

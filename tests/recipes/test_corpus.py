@@ -11,7 +11,6 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from recipes.data import TokenizedCorpus
 from recipes.data import corpus as corpus_module
-from recipes.data.corpus import END_OF_DOCUMENT
 
 DOCUMENTS = [f"Document {i}: the {'quick ' * (i % 5)}brown fox {i * 7} jumps.\nSecond line ünïcode {i}." for i in range(40)]
 
@@ -195,7 +194,7 @@ def test_the_bpe_never_sees_the_validation_documents(tmp_path):
 
 
 def test_the_benchmarks_generated_corpus_has_the_size_and_documents_it_says(tmp_path):
-    from recipes import corpus_bench
+    from recipes.benchmarks import corpus as corpus_bench
 
     paths = corpus_bench.generate(tmp_path / "corpus", 1, "txt")
     size = sum((tmp_path / "corpus" / p).stat().st_size for p in paths)

@@ -1,9 +1,9 @@
 """Decoding benchmark: prefill time, per-token step time and memory against context length, for Llama,
 Mamba-2, TransXSSM and Jamba at equal width (docs/decoding.md).
 
-    python -m recipes.decode_bench                                  # CPU: contexts 1K … 16K
-    python -m recipes.decode_bench --contexts 1024 4096 --d-model 512 --steps 32
-    python -m recipes.decode_bench --device cuda --contexts 4096 16384 65536
+    python -m recipes.benchmarks.decoding                                  # CPU: contexts 1K … 16K
+    python -m recipes.benchmarks.decoding --contexts 1024 4096 --d-model 512 --steps 32
+    python -m recipes.benchmarks.decoding --device cuda --contexts 4096 16384 65536
 
 Each (model, context) row runs in its own process, so its peak memory is its own: the prompt of
 ``context`` tokens is prefilled once (the chunked forward, timed), then ``steps`` single tokens are
@@ -13,16 +13,14 @@ holds) and the process's peak (RSS on CPU, allocated memory on CUDA) above the l
 
 import argparse
 import json
-import resource
-import statistics
 import subprocess
 import sys
-import time
 from functools import partial
 
 import torch
 
 from components import SSD, HybridLM, QCAttention, RoutedMoE
+from recipes.benchmarks.timing import median_ms, resident_kib, seconds_of
 
 MODELS = {  # 8 blocks each at the same width: attention, SSD, and the two hybrid ratios of the papers
     "llama": "AM×8",
@@ -42,15 +40,10 @@ def build(name: str, d_model: int, vocab: int, device: str) -> HybridLM:
     return HybridLM(vocab, d_model, MODELS[name], mixers, max_seq_len=1 << 20).to(device).eval()
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def peak_bytes(device: str) -> int:
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return resident_kib("VmHWM") * 1024
 
 
 @torch.no_grad()
@@ -59,20 +52,15 @@ def one(name: str, context: int, d_model: int, vocab: int, steps: int, device: s
     prompt = torch.randint(0, vocab, (1, context), device=device)
     cache = model.new_cache(1, context + steps + 2)
     model(prompt[:, :8], cache=model.new_cache(1, 8))  # warm-up
-    sync(device)
-    before = peak_bytes(device)
-    start = time.perf_counter()
-    logits = model(prompt, cache=cache)[:, -1]
-    sync(device)
-    prefill = time.perf_counter() - start
-    token, times = logits.argmax(-1, keepdim=True), []
-    for i in range(steps + 2):
-        start = time.perf_counter()
+    before, out = peak_bytes(device), {}
+    prefill = seconds_of(lambda: out.setdefault("logits", model(prompt, cache=cache)[:, -1]))
+    token = out["logits"].argmax(-1, keepdim=True)
+
+    def decode_one() -> None:
+        nonlocal token
         token = model(token, cache=cache)[:, -1].argmax(-1, keepdim=True)
-        sync(device)
-        if i >= 2:  # two warm-up steps
-            times.append(time.perf_counter() - start)
-    step = statistics.median(times)
+
+    step = median_ms(decode_one, steps, warmup=2) / 1e3
     return {"model": name, "context": context, "prefill_s": prefill, "prefill_tok_s": context / prefill,
             "step_ms": step * 1e3, "step_tok_s": 1 / step, "cache_mib": cache.nbytes() / 2**20,
             "peak_mib": max(peak_bytes(device) - before, 0) / 2**20}
@@ -108,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for context in args.contexts:
         for name in args.models:
-            command = [sys.executable, "-m", "recipes.decode_bench", "--one", name, str(context), "--d-model",
+            command = [sys.executable, "-m", "recipes.benchmarks.decoding", "--one", name, str(context), "--d-model",
                        str(args.d_model), "--vocab", str(args.vocab), "--steps", str(args.steps), "--device", args.device]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:

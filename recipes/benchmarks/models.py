@@ -1,11 +1,11 @@
 """Model-level benchmark: one training step (forward, cross-entropy, backward, AdamW) of each named
 architecture, and of its Hugging Face twin where one exists, for several sequence lengths.
 
-    python -m recipes.bench                                    # every model, T = 512 2048 8192 (CPU sizes)
-    python -m recipes.bench --models llama hf-llama hybrid --lengths 4096 8192
-    python -m recipes.bench --models llama hybrid --lengths 2048 --compile   # adds torch.compile'd rows
-    python -m recipes.bench --models llama hybrid hybrid-recompute --lengths 2048 --saved  # kept for backward
-    python -m recipes.bench --family efficiency --plot efficiency.png   # TransXSSM Fig. 4 / Wonderful Matrices v2 Fig. 6
+    python -m recipes.benchmarks.models                                    # every model, T = 512 2048 8192 (CPU sizes)
+    python -m recipes.benchmarks.models --models llama hf-llama hybrid --lengths 4096 8192
+    python -m recipes.benchmarks.models --models llama hybrid --lengths 2048 --compile   # adds torch.compile'd rows
+    python -m recipes.benchmarks.models --models llama hybrid hybrid-recompute --lengths 2048 --saved  # kept for backward
+    python -m recipes.benchmarks.models --family efficiency --plot efficiency.png   # TransXSSM Fig. 4 / Wonderful Matrices v2 Fig. 6
 
 Twins are built from one Hugging Face config (``transformers`` must be installed for the ``hf-*``
 rows): ``hf-llama`` is ``LlamaForCausalLM`` and ``llama`` the zoo model :func:`recipes.hf.hf_recipe`
@@ -34,12 +34,10 @@ option given with it overrides its setting.
 
 import argparse
 import json
-import math
 import re
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -47,6 +45,7 @@ import torch.nn.functional as F
 import yaml
 
 from components import HybridLM, count_parameters
+from recipes.benchmarks.timing import median_ms, peak_growth_mib, seconds_of
 
 CONFIGS = Path(__file__).parent / "configs"
 TWINS = {"llama": "hf-llama", "mamba2": "hf-mamba2", "doge": "hf-doge"}
@@ -135,11 +134,6 @@ def build(name: str, s: dict, max_len: int) -> torch.nn.Module:
     return HybridLM(s["vocab"], s["d_model"], recipe["pattern"], mixers, max_seq_len=max_len, **options)
 
 
-def resident_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
-
-
 def measure(name: str, T: int, s: dict, repeats: int, compiled: bool) -> dict:
     """In this (fresh) process: peak MiB of one step at T above the warmed-up model, and the median step time."""
     cuda = torch.cuda.is_available()
@@ -159,30 +153,13 @@ def measure(name: str, T: int, s: dict, repeats: int, compiled: bool) -> dict:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
 
-    started = time.perf_counter()
-    step(64)  # the optimizer's states, libraries, (compiled) kernels
-    warmup_s = time.perf_counter() - started
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # the peak resident set restarts from the current one (Linux)
-        before = resident_kib("VmRSS") * 1024
-    started = time.perf_counter()
-    step(T)  # also compiles the shapes of T when compiled
-    first_step_s = time.perf_counter() - started
-    peak = (torch.cuda.max_memory_allocated() if cuda else resident_kib("VmHWM") * 1024) - before
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        step(T)
-        times.append(time.perf_counter() - started)
-    return {"params": params, "seconds": statistics.median(times), "peak_mib": peak / 2**20, "warmup_s": warmup_s,
-            "first_step_s": first_step_s}
+    warmup_s = seconds_of(lambda: step(64))  # the optimizer's states, libraries, (compiled) kernels
+    first_step: list[float] = []  # the first call at T also compiles its shapes when compiled
+    peak_mib = peak_growth_mib(lambda: first_step.append(seconds_of(lambda: step(T))), device)
+    seconds = median_ms(lambda: step(T), repeats, warmup=0) / 1e3
+    return {"params": params, "seconds": seconds, "peak_mib": peak_mib, "warmup_s": warmup_s,
+            "first_step_s": first_step[0]}
 
 
 def saved_for_backward(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, tuple[int, int]]:
@@ -240,7 +217,7 @@ def error_line(text: str) -> str:
 
 
 def run_child(name: str, T: int, args) -> dict:
-    command = [sys.executable, "-m", "recipes.bench", "--child", name, str(T), "--repeats", str(args.repeats),
+    command = [sys.executable, "-m", "recipes.benchmarks.models", "--child", name, str(T), "--repeats", str(args.repeats),
                *(["--compile"] if args.compile_child else [])]
     for key in ("d_model", "layers", "vocab", "batch", "d_state", "chunk"):
         command += [f"--{key.replace('_', '-')}", str(getattr(args, key))]

@@ -4,7 +4,7 @@ different means (the baseline and the path measured) agree on outputs and every 
 import pytest
 import torch
 
-from kernels import cpu_bench
+from recipes.benchmarks import ops_cpu as cpu_bench
 
 SAME_MATH = [
     ("attention bias (fused)", "attention bias (written-out mask)"),

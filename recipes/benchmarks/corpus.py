@@ -1,8 +1,8 @@
 """Benchmark of ``TokenizedCorpus`` on a generated corpus: tokenization throughput and peak memory, and
 training throughput from the memory-mapped cache against the same tokens held in memory.
 
-    python -m recipes.corpus_bench                      # a 300 MB .jsonl corpus, BPE of 8192
-    python -m recipes.corpus_bench --mb 50 --format txt
+    python -m recipes.benchmarks.corpus                      # a 300 MB .jsonl corpus, BPE of 8192
+    python -m recipes.benchmarks.corpus --mb 50 --format txt
 
 The corpus is written to ``--dir`` (default a temporary directory): documents of 100 to 3,000 words
 drawn from a Zipf law over 50,000 made-up words, ``--mb`` megabytes in all, in files of about 50 MB.
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from components import HybridLM
+from recipes.benchmarks.timing import interleaved_seconds, peak_growth_mib, seconds_of
 from recipes.data.corpus import MemmapWindows, TokenizedCorpus
 from recipes.data.text import Windows
 
@@ -57,26 +59,19 @@ def generate(directory: Path, mb: int, fmt: str, seed: int = 0) -> list[str]:
     return paths
 
 
-def resident_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
-
-
 def tokenize_child(paths: list[str], cache: str, tokenizer: str | None, vocab: int, fmt: str) -> dict:
     """In this (fresh) process: build the cache; wall time and peak memory growth."""
-    before = resident_kib("VmRSS")
     data = TokenizedCorpus(paths, tokenizer=tokenizer, vocab_size=vocab, cache_dir=cache,
                            txt_separator="\n<DOC>\n" if fmt == "txt" else None)
-    started = time.perf_counter()
-    data.prepare_data()
-    seconds = time.perf_counter() - started
+    seconds: list[float] = []
+    peak_mib = peak_growth_mib(lambda: seconds.append(seconds_of(data.prepare_data)))
     data.setup()
-    return {"seconds": seconds, "peak_mib": (resident_kib("VmHWM") - before) / 1024, "cache": str(data.cache),
+    return {"seconds": seconds[0], "peak_mib": peak_mib, "cache": str(data.cache),
             "tokens": data.meta["tokens"]["train"] + data.meta["tokens"]["val"]}
 
 
 def run_tokenize(paths, cache, tokenizer, args) -> dict:
-    command = [sys.executable, "-m", "recipes.corpus_bench", "--child", json.dumps([paths, cache, tokenizer, args.vocab, args.format])]
+    command = [sys.executable, "-m", "recipes.benchmarks.corpus", "--child", json.dumps([paths, cache, tokenizer, args.vocab, args.format])]
     out = subprocess.run(command, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"tokenization failed:\n{out.stderr[-2000:]}")
@@ -95,17 +90,15 @@ def train_rates(cache: Path, vocab: int, steps: int) -> dict[str, float]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loaders = {name: iter(torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, drop_last=True))
                for name, ds in (("memory-mapped", memmap), ("in memory", in_memory))}
-    times = {name: [] for name in loaders}
-    for _ in range(steps):
-        for name, loader in loaders.items():
-            started = time.perf_counter()
-            b = next(loader)
-            loss = F.cross_entropy(model(b["input_ids"]).flatten(0, 1), b["labels"].flatten())
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            times[name].append(time.perf_counter() - started)
-    return {name: batch * T / statistics.median(t[1:]) for name, t in times.items()}
+    def step(loader) -> None:
+        b = next(loader)
+        loss = F.cross_entropy(model(b["input_ids"]).flatten(0, 1), b["labels"].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    times = interleaved_seconds({name: partial(step, loader) for name, loader in loaders.items()}, steps)
+    return {name: batch * T / statistics.median(t) for name, t in times.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

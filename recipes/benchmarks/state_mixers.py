@@ -1,8 +1,8 @@
 """CPU benchmark of the state mixers: forward+backward throughput at equal total parameters, and
 CDMoE's cost as its number of experts grows.
 
-    python -m components.state.bench                    # d_model 256, 8×512 tokens
-    python -m components.state.bench --repeats 3 --tokens 2048
+    python -m recipes.benchmarks.state_mixers                    # d_model 256, 8×512 tokens
+    python -m recipes.benchmarks.state_mixers --repeats 3 --tokens 2048
 
 Table 1 sizes every mixer to the same total parameters as a 4-expert routed MoE at the dense MLP's
 width (each mixer's ``d_ff`` solved with :func:`components.sizing.solve_width`) and reports total and
@@ -14,14 +14,13 @@ Wonderful Matrices v1/002 claim the retrieval cost grows with √N. The target i
 """
 
 import argparse
-from functools import partial
 
 import torch
 
 from components.state import MLP, CDMoE, CohesiveMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
 from components.state.mlp import default_d_ff
 from components.sizing import solve_width
-from kernels._timing import median_ms
+from recipes.benchmarks.timing import median_ms
 
 
 def n_params(module: torch.nn.Module) -> int:

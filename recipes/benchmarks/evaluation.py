@@ -1,4 +1,4 @@
-"""``python -m recipes.evaluation.bench``: the zoo's lm-eval adapter against lm-eval's own Hugging Face model,
+"""``python -m recipes.benchmarks.evaluation``: the zoo's lm-eval adapter against lm-eval's own Hugging Face model,
 on the same weights and the same requests, in one run (docs/evaluation.md).
 
 A tiny Llama is built with ``transformers``, saved with a byte-level tokenizer, and loaded both ways: as
@@ -13,10 +13,12 @@ Needs the dev extras (transformers, lm-eval, accelerate).
 import argparse
 import statistics
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
+
+from recipes.benchmarks.timing import interleaved_seconds
 
 
 def byte_tokenizer(folder: Path):
@@ -90,14 +92,13 @@ def main(argv: list[str] | None = None) -> None:
     work = requests(args.questions)
     print(f"{len(work)} loglikelihood requests ({args.questions} cloze questions × 4), Llama {args.layers} layers × "
           f"{args.width}, batch {args.batch_size}, {args.threads} threads; rounds alternate between the models", flush=True)
-    times = {name: [] for name in models}
     scores = {}
-    for _ in range(args.rounds):
-        for name, model in models.items():
-            start = time.perf_counter()
-            with torch.no_grad():
-                scores[name] = [score for score, _ in model.loglikelihood(work, disable_tqdm=True)]
-            times[name].append(time.perf_counter() - start)
+
+    @torch.no_grad()
+    def score(name: str) -> None:
+        scores[name] = [score for score, _ in models[name].loglikelihood(work, disable_tqdm=True)]
+
+    times = interleaved_seconds({name: partial(score, name) for name in models}, args.rounds, warmup=0)
     base = statistics.median(times["lm-eval hf"])
     print("| model | requests/s (median) | × lm-eval hf | largest |Δ score| vs hf |\n|---|---|---|---|")
     for name in models:

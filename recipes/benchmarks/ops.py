@@ -1,8 +1,8 @@
 """Kernel benchmark: each op's Triton kernel against its plain-torch reference and public baselines.
 
-    python -m kernels.bench                         # on a CUDA GPU, bf16, the shapes of docs/kernels.md
-    python -m kernels.bench --lengths 1024 2048 --ops attention
-    python -m kernels.bench --device cpu            # references only (no Triton timing on CPU), CPU sizes
+    python -m recipes.benchmarks.ops                         # on a CUDA GPU, bf16, the shapes of docs/kernels.md
+    python -m recipes.benchmarks.ops --lengths 1024 2048 --ops attention
+    python -m recipes.benchmarks.ops --device cpu            # references only (no Triton timing on CPU), CPU sizes
 
 Prints one markdown table per op: forward and forward+backward milliseconds (median), TFLOP/s where
 meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs, FlashAttention's
@@ -11,7 +11,7 @@ missing: mamba_ssm's ``mamba_chunk_scan_combined`` (SSD) and flash-dmattn (atten
 mask). Shapes: SSD ``B=4, H=32, P=64, N=128, chunk 256``; attention ``B=4, H=16, D=64, causal``;
 CDMoE retrieval ``n_experts=65536, top_k=16, heads=4``. Sizes follow the device: on a GPU, T = 1024 … 8192
 and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alone is ``B·H·T²`` floats:
-16 GiB at GPU sizes). ``python -m kernels.cpu_bench`` is the CPU benchmark with peak memory.
+16 GiB at GPU sizes). ``python -m recipes.benchmarks.ops_cpu`` is the CPU benchmark with peak memory.
 """
 
 import argparse
@@ -21,11 +21,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kernels._timing import median_ms
+from recipes.benchmarks.timing import median_ms
 from kernels.attention import attention
 from kernels.retrieval import expert_mix
 from kernels.ssd import ssd_scan
-from kernels.ssd.bench import ssd_flops
+from recipes.benchmarks.ssd import ssd_flops
 
 
 def measure(fn, inputs: list[torch.Tensor], backward: bool, repeats: int) -> tuple[float, float]:

@@ -3,8 +3,8 @@ SSD reference against the textbook four-operand einsum form, the MoE experts' gr
 against one matmul per expert, and CDMoE's expert mix as its tables grow (dense against sparse
 table gradients); time and peak memory.
 
-    python -m kernels.cpu_bench                        # T = 1024 2048 4096, fwd+bwd, 5 repeats
-    python -m kernels.cpu_bench --lengths 1024 --repeats 3
+    python -m recipes.benchmarks.ops_cpu                        # T = 1024 2048 4096, fwd+bwd, 5 repeats
+    python -m recipes.benchmarks.ops_cpu --lengths 1024 --repeats 3
 
 Times are medians of ``--repeats`` forward+backward passes, each case interleaved with its baseline
 in the same process. Peak memory is measured in a fresh process per case: the growth of its peak
@@ -21,7 +21,7 @@ import json
 import statistics
 import subprocess
 import sys
-import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,7 @@ from kernels.attention.reference import attention_masked, attention_reference
 from kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
 from kernels.retrieval.reference import expert_mix_reference
 from kernels.ssd.reference import segment_sum, ssd_chunked
+from recipes.benchmarks.timing import interleaved_seconds, peak_growth_mib
 
 H, D, P, N, CHUNK = 8, 64, 64, 64, 64
 EXPERTS, D_MODEL, D_FF = 8, 256, 704
@@ -119,24 +120,15 @@ def step(case: str, tensors: tuple) -> None:
 
 def peak_mib(case: str, T: int) -> float:
     """Peak memory of one fwd+bwd above the inputs, in a fresh process."""
-    out = subprocess.run([sys.executable, "-m", "kernels.cpu_bench", "--peak-of", case, str(T)],
+    out = subprocess.run([sys.executable, "-m", "recipes.benchmarks.ops_cpu", "--peak-of", case, str(T)],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["mib"]
-
-
-def resident_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
 
 
 def measure_peak(case: str, T: int) -> None:
     tensors = inputs(case, T)
     step(case, inputs(case, 64))  # load kernels and libraries before the baseline
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak resident set (VmHWM) to the current one (Linux)
-    before = resident_kib("VmRSS")
-    step(case, tensors)
-    print(json.dumps({"mib": (resident_kib("VmHWM") - before) / 1024}))
+    print(json.dumps({"mib": peak_growth_mib(lambda: step(case, tensors))}))
 
 
 PAIRS = {
@@ -162,16 +154,9 @@ def main(argv=None) -> None:
         print(f"\n| {op} | T | ms | × baseline | peak MiB | × baseline |\n|---|---|---|---|---|---|")
         for T in args.lengths:
             tensors = {case: inputs(case, T) for case in PAIRS[op]}
-            for case in PAIRS[op]:
-                step(case, tensors[case])  # warm-up
-            times = {case: [] for case in PAIRS[op]}
-            for _ in range(args.repeats):  # interleaved rounds: drift hits every case alike
-                for case in PAIRS[op]:
-                    start = time.perf_counter()
-                    step(case, tensors[case])
-                    times[case].append((time.perf_counter() - start) * 1e3)
+            times = interleaved_seconds({case: partial(step, case, tensors[case]) for case in PAIRS[op]}, args.repeats)
             base = PAIRS[op][0]
-            ms = {case: statistics.median(v) for case, v in times.items()}
+            ms = {case: statistics.median(v) * 1e3 for case, v in times.items()}
             peaks = {case: peak_mib(case, T) for case in PAIRS[op]}
             for case in PAIRS[op]:
                 print(f"| {case} | {T} | {ms[case]:.1f} | {ms[case] / ms[base]:.2f} | {peaks[case]:.1f} | "

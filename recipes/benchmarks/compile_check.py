@@ -1,7 +1,7 @@
 """Compile every Triton kernel for an NVIDIA GPU, without one, and report its resource use.
 
-    python -m kernels.compile_check                          # sm_90 (H100), bf16
-    python -m kernels.compile_check --arch 80 --dtypes bf16 fp16 fp32
+    python -m recipes.benchmarks.compile_check                          # sm_90 (H100), bf16
+    python -m recipes.benchmarks.compile_check --arch 80 --dtypes bf16 fp16 fp32
 
 The interpreter that runs the kernels on CPU in the tests checks their logic but never lowers them to
 GPU code, so it misses what only the compiler sees: a ``tl.dot`` shape or dtype it rejects, a
@@ -9,7 +9,7 @@ construct it cannot lower, a tile that needs too much shared memory. This compil
 the launch configuration its wrapper uses on CUDA and the benchmark's shapes, with Triton's bundled
 ``ptxas``, and prints registers per thread, spilled bytes (stack) and shared memory per program.
 Spills are what the tile and warp choices in each ``launch_config`` were picked to avoid; how fast
-the kernels run still needs a GPU (``python -m kernels.bench``). Exits 1 if a kernel fails to compile
+the kernels run still needs a GPU (``python -m recipes.benchmarks.ops``). Exits 1 if a kernel fails to compile
 or needs more shared memory than the architecture gives one program (it would fail at launch).
 
 Needs ``TRITON_INTERPRET`` unset (with it, ``@triton.jit`` builds interpreter functions instead).
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", nargs="+", default=["bf16"], choices=DTYPES)
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
-        print("kernels.compile_check: unset TRITON_INTERPRET (it makes @triton.jit build interpreter functions, "
+        print("recipes.benchmarks.compile_check: unset TRITON_INTERPRET (it makes @triton.jit build interpreter functions, "
               "which cannot be compiled)", file=sys.stderr)
         return 2
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's own default, stated to silence its warning

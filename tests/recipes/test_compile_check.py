@@ -16,7 +16,7 @@ def run_check(*args, interpret: bool = False, tmp_path=None):
         env["TRITON_INTERPRET"] = "1"
     if tmp_path is not None:
         env["TRITON_CACHE_DIR"] = str(tmp_path)  # a cold cache: compile for real
-    return subprocess.run([sys.executable, "-m", "kernels.compile_check", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "recipes.benchmarks.compile_check", *args], capture_output=True, text=True,
                           env=env, timeout=600)
 
 

@@ -1,7 +1,7 @@
 """CPU benchmark: the chunked SSD against its recurrence and against causal attention of the same width.
 
-    python -m kernels.ssd.bench                      # d_model 512: 8 heads × 64, state 64, chunk 64
-    python -m kernels.ssd.bench --lengths 512 1024 --repeats 3
+    python -m recipes.benchmarks.ssd                      # d_model 512: 8 heads × 64, state 64, chunk 64
+    python -m recipes.benchmarks.ssd --lengths 512 1024 --repeats 3
 
 Prints one table: milliseconds (median of ``--repeats``), tokens per second, and the chunked SSD's
 achieved GFLOP/s against this machine's fp32 matmul GFLOP/s, measured in the same run.
@@ -10,7 +10,7 @@ achieved GFLOP/s against this machine's fp32 matmul GFLOP/s, measured in the sam
 import argparse
 import torch
 
-from kernels._timing import median_ms
+from recipes.benchmarks.timing import median_ms
 from kernels.attention import attention
 from kernels.ssd import ssd_recurrent, ssd_scan
 
