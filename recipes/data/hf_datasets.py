@@ -1,0 +1,84 @@
+"""A Hugging Face ``datasets`` dataset as a source of documents for :class:`recipes.data.TokenizedCorpus`.
+
+    data:
+      class_path: recipes.data.TokenizedCorpus
+      init_args:
+        dataset: {path: my_saved_dataset}                                    # a save_to_disk folder
+        dataset: {path: json, data_files: "books/*.jsonl"}                    # load_dataset on local files
+        dataset: {path: wikitext, name: wikitext-2-raw-v1, revision: b08601e}  # a hub dataset (a connected machine)
+        dataset: {path: json, data_files: "big/*.jsonl", streaming: true}     # read as a stream, never held whole
+
+The documents go into the same token cache as files do, with the same resumable training order.
+``datasets`` is an optional dependency: ``pip install "hybrid-zoo[datasets]"``.
+"""
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass
+class HFDataset:
+    """Which dataset: ``path`` is a ``save_to_disk`` folder, or the first argument of ``datasets.load_dataset``
+    (a builder such as ``json``/``text``/``parquet`` with ``data_files``, or a hub name) with its ``name``,
+    ``data_files``, ``split`` (default ``train``), ``revision`` and ``streaming``."""
+
+    path: str
+    name: str | None = None
+    data_files: str | list[str] | dict | None = None
+    split: str = "train"
+    revision: str | None = None
+    streaming: bool = False
+
+    def saved(self) -> bool:
+        folder = Path(self.path).expanduser()
+        return folder.is_dir() and ((folder / "dataset_info.json").is_file() or (folder / "state.json").is_file()
+                                    or (folder / "dataset_dict.json").is_file())
+
+    def load(self):
+        try:
+            import datasets
+        except ImportError:
+            raise ImportError('TokenizedCorpus: a `dataset` source needs the datasets package: pip install '
+                              '"hybrid-zoo[datasets]" (or pip install datasets)') from None
+        if self.saved():
+            loaded = datasets.load_from_disk(str(Path(self.path).expanduser()))
+            if isinstance(loaded, datasets.DatasetDict):
+                if self.split not in loaded:
+                    raise ValueError(f"TokenizedCorpus: {self.path} has splits {sorted(loaded)}, not {self.split!r}")
+                loaded = loaded[self.split]
+            return loaded.to_iterable_dataset() if self.streaming else loaded
+        return datasets.load_dataset(self.path, self.name, data_files=self.data_files, split=self.split,
+                                     revision=self.revision, streaming=self.streaming)
+
+    def documents(self, text_field: str) -> Iterator[str]:
+        for number, row in enumerate(self.load()):
+            text = row.get(text_field) if isinstance(row, dict) else None
+            if not isinstance(text, str):
+                raise ValueError(f"TokenizedCorpus: dataset {self.path!r}, row {number}: no string field {text_field!r} "
+                                 f"(its fields: {sorted(row) if isinstance(row, dict) else type(row).__name__})")
+            yield text
+
+    def identity(self) -> list:
+        """What the tokens depend on: the files' content for a saved folder or local data files, else the name,
+        configuration, split and revision (pin ``revision`` for a hub dataset that may change)."""
+        files = []
+        if self.saved():
+            files = sorted(p for p in Path(self.path).expanduser().rglob("*") if p.is_file())
+        elif self.data_files is not None:
+            import glob
+
+            patterns = self.data_files if isinstance(self.data_files, (list, tuple)) else \
+                [f for v in self.data_files.values() for f in ([v] if isinstance(v, str) else v)] \
+                if isinstance(self.data_files, dict) else [self.data_files]
+            files = sorted(Path(f) for pattern in patterns for f in glob.glob(str(Path(pattern).expanduser())))
+        from recipes.data.corpus import file_hash
+
+        settings = {k: v for k, v in asdict(self).items() if k != "streaming"}  # streaming reads the same rows
+        return [json.dumps(settings, sort_keys=True, default=str),
+                [[str(f.resolve()), f.stat().st_size, file_hash(f)] for f in files]]
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.identity()).encode()).hexdigest()[:16]

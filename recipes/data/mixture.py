@@ -1,0 +1,120 @@
+"""``MixedCorpus``: several tokenized corpora trained on together, each in a chosen proportion.
+
+    data:
+      class_path: recipes.data.MixedCorpus
+      init_args:
+        corpora:
+          - {paths: data/english/english.jsonl, tokenizer: data/english/tokenizer.json, domains: [literature]}
+          - {dataset: {path: json, data_files: notes/*.jsonl}, tokenizer: data/english/tokenizer.json}
+        weights: [0.7, 0.3]
+        seq_len: 256
+        batch_size: 16
+
+Every corpus is a :class:`TokenizedCorpus` (each entry is its arguments) with the same tokenizer. An epoch
+has as many windows as the corpora together; window ``i`` is drawn from corpus ``s`` with probability
+``weights[s]`` (the draw fixed by the seed), and corpus ``s``'s ``j``-th draw is its window ``perm_s[j mod n_s]``
+(a fixed permutation): a corpus whose share exceeds its size repeats its windows, a smaller share takes a
+fixed subset. The order is the :class:`ResumableLoader`'s, so a resumed run continues it exactly. Validation
+is every corpus's validation split.
+"""
+
+from collections.abc import Mapping
+
+import numpy as np
+from torch.utils.data import ConcatDataset, DataLoader, Dataset
+
+from recipes.data.corpus import TokenizedCorpus
+from recipes.data.order import ResumableDataModule
+
+
+class MixtureWindows(Dataset):
+    """Windows of several datasets in fixed proportions: item ``i`` is ``(source[i], window[i])`` of a table
+    drawn once from ``seed``."""
+
+    def __init__(self, sources: list[Dataset], weights: list[float], seed: int):
+        self.sources = sources
+        total = sum(len(s) for s in sources)
+        rng = np.random.default_rng(seed)
+        self.source = rng.choice(len(sources), size=total, p=np.asarray(weights) / sum(weights)).astype(np.int64)  # [N]
+        self.window = np.empty(total, dtype=np.int64)
+        for s, dataset in enumerate(sources):
+            where = np.flatnonzero(self.source == s)
+            order = rng.permutation(len(dataset))
+            self.window[where] = order[np.arange(len(where)) % len(dataset)]
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.sources[self.source[i]][int(self.window[i])]
+
+
+class MixedCorpus(ResumableDataModule):
+    """Tokenized corpora in proportions ``weights`` (normalised), one tokenizer for all.
+
+    Args:
+        corpora: each a :class:`TokenizedCorpus`'s arguments (a mapping) or one already built; their
+            ``seq_len``, ``batch_size`` and ``seed`` are this module's.
+        weights: one positive number per corpus.
+        seq_len, batch_size: as :class:`TokenizedCorpus` (defaults 256, 16).
+        seed: the mixture's and the order's seed (default None: the run's).
+        num_workers: dataloader workers (default 0).
+    """
+
+    def __init__(self, corpora: list, weights: list[float], *, seq_len: int = 256, batch_size: int = 16,
+                 seed: int | None = None, num_workers: int = 0):
+        super().__init__()
+        if not corpora or len(corpora) != len(weights):
+            raise ValueError(f"MixedCorpus: {len(corpora)} corpora and {len(weights)} weights: give one weight per corpus")
+        if any(not isinstance(w, (int, float)) or not w > 0 for w in weights):
+            raise ValueError(f"MixedCorpus: weights {weights} must be positive numbers")
+        if not all(isinstance(c, (TokenizedCorpus, Mapping)) for c in corpora):
+            raise ValueError("MixedCorpus: each corpus is a TokenizedCorpus or the mapping of its arguments")
+        import torch
+
+        self.order_seed = torch.initial_seed() if seed is None else seed
+        self.corpora = [c if isinstance(c, TokenizedCorpus) else
+                        TokenizedCorpus(**{**dict(c), "seq_len": seq_len, "batch_size": batch_size, "seed": self.order_seed})
+                        for c in corpora]
+        self.weights = [float(w) for w in weights]
+        self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
+        self.vocab_size = max(c.vocab_size for c in self.corpora)
+        self._train = None
+
+    def setup(self, stage: str | None = None) -> None:
+        for corpus in self.corpora:
+            corpus.setup(stage)
+        hashes = {corpus.meta["tokenizer_hash"] for corpus in self.corpora}
+        if len(hashes) > 1:
+            raise ValueError("MixedCorpus: the corpora are tokenized differently; give them one tokenizer file "
+                             "(tokenizer: …), so a token means the same in each")
+        if self._train is None:
+            self._train = MixtureWindows([c.windows("train") for c in self.corpora], self.weights, self.order_seed)
+
+    def prepare_data(self) -> None:
+        for corpus in self.corpora:
+            corpus.prepare_data()
+
+    @property
+    def end_of_document(self) -> int:
+        return self.corpora[0].end_of_document
+
+    def encode(self, text: str) -> list[int]:
+        return self.corpora[0].encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.corpora[0].decode(ids)
+
+    def validation_tokens(self):
+        import torch
+
+        return torch.cat([c.validation_tokens() for c in self.corpora])
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup()
+        return self.train_loader(self._train)
+
+    def val_dataloader(self) -> DataLoader:
+        self.setup()
+        return DataLoader(ConcatDataset([c.windows("val") for c in self.corpora]), batch_size=self.batch_size,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
