@@ -7,6 +7,8 @@ import warnings
 import torch
 
 BACKENDS = ("auto", "reference", "triton")
+# The Triton kernels load these and accumulate in fp32; float64 (gradcheck) and integer inputs take the reference.
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def check_backend(backend: str) -> None:
@@ -21,9 +23,14 @@ def triton_installed() -> bool:
 
 
 def resolve_backend(backend: str, tensor: torch.Tensor, *, op: str, has_triton: bool) -> str:
-    """Pick the concrete backend for ``op``. ``auto`` takes Triton on CUDA tensors when the op has a
-    Triton kernel and Triton is installed, the plain-torch reference otherwise."""
+    """Pick the concrete backend for ``op``. ``auto`` takes Triton on CUDA tensors of a kernel dtype
+    (fp16, bf16, fp32) when the op has a Triton kernel and Triton is installed, the plain-torch
+    reference otherwise (float64 included: the kernels compute in fp32)."""
     check_backend(backend)
+    if backend == "triton" and tensor.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"{op}: the Triton kernel takes fp16, bf16 or fp32 and accumulates in fp32; got {tensor.dtype}: "
+                         "use backend='reference' (or 'auto', which sends it there)")
+    has_triton = has_triton and tensor.dtype in KERNEL_DTYPES
     if backend == "auto":
         if has_triton and tensor.is_cuda and not triton_installed():
             warnings.warn(f"{op}: triton is not installed, so the plain-torch reference runs on CUDA (slower, more "

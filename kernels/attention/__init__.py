@@ -103,6 +103,8 @@ def _check_arguments(q, k, v, bias, key_padding_mask, keep_window) -> None:
     B, T, H, D = q.shape
     if k.shape != v.shape:
         raise ValueError(f"attention: k{tuple(k.shape)} and v{tuple(v.shape)} must have the same shape")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"attention: q, k and v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if k.shape[0] != B or k.shape[3] != D:
         raise ValueError(f"attention: k{tuple(k.shape)} does not match q{tuple(q.shape)} in batch or head dim")
     S, Hkv = k.shape[1], k.shape[2]

@@ -60,11 +60,26 @@ def _scores(q, k, bias_ptr, pad_ptr, doc_ptr, win_b, win_j, offs_m, offs_n, T, S
 
 
 @triton.jit
+def _head(b, h, s_b, s_h):
+    """Offset of (batch ``b``, head ``h``) in a ``[B, T, H, D]`` tensor, 64-bit: ``(B−1)·T·H·D``
+    passes 2^31 at B ≥ 5, T = 128K, H 32, D 128. Each kernel moves its pointers there once; the
+    offsets inside one sequence stay 32-bit (64-bit row offsets cost registers and spill on sm_90:
+    recipes.benchmarks.compile_check), so the host refuses ``T·H·D ≥ 2^31``."""
+    return b.to(tl.int64) * s_b + h.to(tl.int64) * s_h
+
+
+@triton.jit
+def _tile(ptr, offs, s_t, offs_d):
+    """Pointers to rows ``offs`` of a ``[T, D]`` slice with row stride ``s_t``."""
+    return ptr + (offs[:, None] * s_t + offs_d[None, :])
+
+
+@triton.jit
 def _window_rows(WIN_B, WIN_J, bh, T, offs_m, HAS_WINDOW: tl.constexpr):
     """The window thresholds of these query rows (unused placeholders without a window)."""
     if HAS_WINDOW:
-        win_b = tl.load(WIN_B + bh * T + offs_m, mask=offs_m < T, other=float("-inf"))
-        win_j = tl.load(WIN_J + bh * T + offs_m, mask=offs_m < T, other=-1)
+        win_b = tl.load(WIN_B + bh.to(tl.int64) * T + offs_m, mask=offs_m < T, other=float("-inf"))
+        win_j = tl.load(WIN_J + bh.to(tl.int64) * T + offs_m, mask=offs_m < T, other=-1)
     else:
         win_b = offs_m.to(tl.float32) * 0.0
         win_j = offs_m * 0
@@ -72,18 +87,18 @@ def _window_rows(WIN_B, WIN_J, bh, T, offs_m, HAS_WINDOW: tl.constexpr):
 
 
 @triton.jit
-def _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, b, h, bh, offs_m, offs_d, in_d, sq_b, sq_t, sq_h, T,
+def _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, bh, offs_m, offs_d, in_d, sq_b, sq_t, sq_h, T,
                    HAS_WINDOW: tl.constexpr):
     """What both backward kernels read for a block of query rows: q, dO, lse, Δ and the window.
 
     The load order matters to the compiler: with Δ before the window, ``_backward_kv`` spills 24 bytes
     per thread on sm_90 in bf16 (``python -m recipes.benchmarks.compile_check``); in this order, none."""
     q_mask = (offs_m[:, None] < T) & in_d
-    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask, other=0.0)
-    do = tl.load(DO + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask, other=0.0)
-    lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=float("inf"))
+    q = tl.load(_tile(Q, offs_m, sq_t, offs_d), mask=q_mask, other=0.0)
+    do = tl.load(_tile(DO, offs_m, sq_t, offs_d), mask=q_mask, other=0.0)
+    lse = tl.load(LSE + bh.to(tl.int64) * T + offs_m, mask=offs_m < T, other=float("inf"))
     win_b, win_j = _window_rows(WIN_B, WIN_J, bh, T, offs_m, HAS_WINDOW)
-    delta = tl.load(DELTA + bh * T + offs_m, mask=offs_m < T, other=0.0)
+    delta = tl.load(DELTA + bh.to(tl.int64) * T + offs_m, mask=offs_m < T, other=0.0)
     return q, do, lse, delta, win_b, win_j
 
 
@@ -93,15 +108,18 @@ def _forward(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, O, LSE,
              T, S, H, GROUP, D, scale,
              HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
              HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    bh, pid_m = tl.program_id(0), tl.program_id(1)  # b·h on axis 0: up to 2^31 − 1
     b, h = bh // H, bh % H
     hk = h // GROUP
+    Q, O = Q + _head(b, h, sq_b, sq_h), O + _head(b, h, so_b, so_h)
+    K, V = K + _head(b, hk, sk_b, sk_h), V + _head(b, hk, sv_b, sv_h)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     in_d = offs_d[None, :] < D
-    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :],
-                mask=(offs_m[:, None] < T) & in_d, other=0.0)
-    bias_ptr, pad_ptr, doc_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b, DOC + b * sdoc_b
+    q = tl.load(_tile(Q, offs_m, sq_t, offs_d), mask=(offs_m[:, None] < T) & in_d,
+                other=0.0)
+    bias_ptr = BIAS + _head(b, h, sbias_b, sbias_h)
+    pad_ptr, doc_ptr = PAD + b.to(tl.int64) * spad_b, DOC + b.to(tl.int64) * sdoc_b
     win_b, win_j = _window_rows(WIN_B, WIN_J, bh, T, offs_m, HAS_WINDOW)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -112,7 +130,7 @@ def _forward(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, O, LSE,
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n[:, None] < S) & in_d
-        k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(_tile(K, offs_n, sk_s, offs_d), mask=kv_mask, other=0.0)
         s, valid = _scores(q, k, bias_ptr, pad_ptr, doc_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
                            HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW, HAS_DOCS)
         s = tl.where(valid, s, float("-inf"))
@@ -121,15 +139,15 @@ def _forward(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, O, LSE,
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_s + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(_tile(V, offs_n, sv_s, offs_d), mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    tl.store(O + b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :], out.to(O.dtype.element_ty),
+    tl.store(_tile(O, offs_m, so_t, offs_d), out.to(O.dtype.element_ty),
              mask=(offs_m[:, None] < T) & in_d)
     lse = tl.where(has_keys, m_i + tl.log(tl.where(has_keys, l_i, 1.0)), float("inf"))  # inf: p = 0 in backward
-    tl.store(LSE + bh * T + offs_m, lse, mask=offs_m < T)
+    tl.store(LSE + bh.to(tl.int64) * T + offs_m, lse, mask=offs_m < T)
 
 
 @triton.jit
@@ -138,16 +156,20 @@ def _backward_kv(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, 
                  T, S, H, GROUP, D, scale,
                  HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                  HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid_n, bh = tl.program_id(0), tl.program_id(1)
+    bh, pid_n = tl.program_id(0), tl.program_id(1)  # b·h on axis 0: up to 2^31 − 1
     b, h = bh // H, bh % H
     hk = h // GROUP
+    Q, DO = Q + _head(b, h, sq_b, sq_h), DO + _head(b, h, sq_b, sq_h)
+    K, V = K + _head(b, hk, sk_b, sk_h), V + _head(b, hk, sv_b, sv_h)
+    DK, DV = DK + _head(b, h, sdk_b, sdk_h), DV + _head(b, h, sdk_b, sdk_h)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     in_d = offs_d[None, :] < D
     kv_mask = (offs_n[:, None] < S) & in_d
-    k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_s + offs_d[None, :], mask=kv_mask, other=0.0)
-    bias_ptr, pad_ptr, doc_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b, DOC + b * sdoc_b
+    k = tl.load(_tile(K, offs_n, sk_s, offs_d), mask=kv_mask, other=0.0)
+    v = tl.load(_tile(V, offs_n, sv_s, offs_d), mask=kv_mask, other=0.0)
+    bias_ptr = BIAS + _head(b, h, sbias_b, sbias_h)
+    pad_ptr, doc_ptr = PAD + b.to(tl.int64) * spad_b, DOC + b.to(tl.int64) * sdoc_b
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dbias = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -156,7 +178,7 @@ def _backward_kv(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, 
         lo = tl.maximum(pid_n * BLOCK_N - (S - T), 0) // BLOCK_M * BLOCK_M
     for start_m in range(lo, T, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q, do, lse, delta, win_b, win_j = _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, b, h, bh, offs_m, offs_d,
+        q, do, lse, delta, win_b, win_j = _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, bh, offs_m, offs_d,
                                                          in_d, sq_b, sq_t, sq_h, T, HAS_WINDOW)
         s, valid = _scores(q, k, bias_ptr, pad_ptr, doc_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
                            HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW, HAS_DOCS)
@@ -166,12 +188,12 @@ def _backward_kv(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, 
         ds = p * (dp - delta[:, None])
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q) * scale
         dbias += tl.sum(ds, 0)
-    out = DK + b * sdk_b + h * sdk_h + offs_n[:, None] * sdk_s + offs_d[None, :]
+    out = _tile(DK, offs_n, sdk_s, offs_d)
     tl.store(out, dk.to(DK.dtype.element_ty), mask=kv_mask)
-    out = DV + b * sdk_b + h * sdk_h + offs_n[:, None] * sdk_s + offs_d[None, :]
+    out = _tile(DV, offs_n, sdk_s, offs_d)
     tl.store(out, dv.to(DV.dtype.element_ty), mask=kv_mask)
     if HAS_BIAS:
-        tl.store(DBIAS + bh * S + offs_n, dbias, mask=offs_n < S)
+        tl.store(DBIAS + bh.to(tl.int64) * S + offs_n, dbias, mask=offs_n < S)
 
 
 @triton.jit
@@ -180,16 +202,19 @@ def _backward_q(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
                 T, S, H, GROUP, D, scale,
                 HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                 HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    bh, pid_m = tl.program_id(0), tl.program_id(1)  # b·h on axis 0: up to 2^31 − 1
     b, h = bh // H, bh % H
     hk = h // GROUP
+    Q, DO, DQ = Q + _head(b, h, sq_b, sq_h), DO + _head(b, h, sq_b, sq_h), DQ + _head(b, h, sq_b, sq_h)
+    K, V = K + _head(b, hk, sk_b, sk_h), V + _head(b, hk, sv_b, sv_h)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     in_d = offs_d[None, :] < D
     q_mask = (offs_m[:, None] < T) & in_d
-    q, do, lse, delta, win_b, win_j = _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, b, h, bh, offs_m, offs_d, in_d,
+    q, do, lse, delta, win_b, win_j = _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, bh, offs_m, offs_d, in_d,
                                                      sq_b, sq_t, sq_h, T, HAS_WINDOW)
-    bias_ptr, pad_ptr, doc_ptr = BIAS + b * sbias_b + h * sbias_h, PAD + b * spad_b, DOC + b * sdoc_b
+    bias_ptr = BIAS + _head(b, h, sbias_b, sbias_h)
+    pad_ptr, doc_ptr = PAD + b.to(tl.int64) * spad_b, DOC + b.to(tl.int64) * sdoc_b
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     hi = S
     if CAUSAL:
@@ -197,29 +222,32 @@ def _backward_q(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n[:, None] < S) & in_d
-        k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_s + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(_tile(K, offs_n, sk_s, offs_d), mask=kv_mask, other=0.0)
+        v = tl.load(_tile(V, offs_n, sv_s, offs_d), mask=kv_mask, other=0.0)
         s, valid = _scores(q, k, bias_ptr, pad_ptr, doc_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
                            HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW, HAS_DOCS)
         p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
         ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k) * scale
-    tl.store(DQ + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+    tl.store(_tile(DQ, offs_m, sq_t, offs_d), dq.to(DQ.dtype.element_ty),
              mask=q_mask)
 
 
 def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Tiles, warps and pipeline stages. On CUDA in bf16/fp16: 64×64 tiles (32 key rows above head
-    dim 64) and 8 warps, at which ``python -m recipes.benchmarks.compile_check`` finds no register spills on sm_90
-    at head dim 64 (with 4 warps the dK/dV/dbias kernel spills). In fp32: 32×32 tiles, 4 warps and 2
-    stages — the 64×64 tiles spill there and need up to 112 KiB of shared memory, more than consumer
-    GPUs have. Not timed: no GPU yet."""
+    """Tiles, warps and pipeline stages; ``DKV_BLOCK_M`` is how many query rows the dK/dV/dbias kernel
+    takes per step (its ``BLOCK_M``). On CUDA in bf16/fp16: 64×64 tiles (32 key rows above head dim
+    64), 8 warps, and 32 query rows per dK/dV step, at which ``python -m recipes.benchmarks.compile_check``
+    finds no register spills on sm_90 at head dim 64 (with 64 query rows that kernel sits at 255
+    registers and spills 40 bytes, 88 with documents; with 4 warps it spills 280). In fp32: 32×32
+    tiles, 4 warps and 2 stages — the 64×64 tiles spill there and need up to 112 KiB of shared memory,
+    more than consumer GPUs have. Not timed: no GPU yet."""
     block_d = max(16, triton.next_power_of_2(head_dim))
-    if not cuda:  # the interpreter: small tiles
-        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=4, num_stages=1)
+    if not cuda:  # the interpreter: small tiles, and a dK/dV step unlike BLOCK_M, as on a GPU
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=4, num_stages=1, DKV_BLOCK_M=32)
     if dtype == torch.float32:
-        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, num_warps=4, num_stages=2)
-    return dict(BLOCK_M=64, BLOCK_N=64 if block_d <= 64 else 32, BLOCK_D=block_d, num_warps=8, num_stages=3)
+        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, num_warps=4, num_stages=2, DKV_BLOCK_M=32)
+    return dict(BLOCK_M=64, BLOCK_N=64 if block_d <= 64 else 32, BLOCK_D=block_d, num_warps=8, num_stages=3,
+                DKV_BLOCK_M=32)
 
 
 class FlashBiasAttention(torch.autograd.Function):
@@ -235,6 +263,10 @@ class FlashBiasAttention(torch.autograd.Function):
         o = torch.empty_like(q)
         lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
         config = launch_config(D, q.is_cuda, q.dtype)
+        dkv_block_m = config.pop("DKV_BLOCK_M")
+        if max(triton.cdiv(T, config["BLOCK_M"]), triton.cdiv(S, config["BLOCK_N"])) > 65535:  # grid axis 1
+            raise ValueError(f"attention: backend='triton' takes at most 65,535 blocks of {config['BLOCK_M']} queries "
+                             f"and {config['BLOCK_N']} keys; got T={T:,}, S={S:,}")
         flags = dict(HAS_BIAS=bias is not None, HAS_PAD=key_padding_mask is not None, CAUSAL=causal,
                      HAS_WINDOW=keep_window is not None, HAS_DOCS=document_ids is not None)
         if keep_window is not None:  # two numbers per query; the selection carries no gradient
@@ -242,7 +274,7 @@ class FlashBiasAttention(torch.autograd.Function):
                                              keep_window=keep_window, device=q.device, document_ids=document_ids)
         else:
             win_b, win_j = lse, lse  # unused placeholders
-        _forward[(triton.cdiv(T, config["BLOCK_M"]), B * H)](
+        _forward[(B * H, triton.cdiv(T, config["BLOCK_M"]))](
             q, k, v, bias_c, pad, docs, win_b, win_j, o, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
@@ -251,7 +283,7 @@ class FlashBiasAttention(torch.autograd.Function):
             T, S, H, H // Hkv, D, scale, **flags, **config,
         )
         ctx.save_for_backward(q, k, v, bias_c, pad, docs, win_b, win_j, o, lse)
-        ctx.flags, ctx.scale, ctx.config, ctx.bias_dtype = flags, scale, config, (
+        ctx.flags, ctx.scale, ctx.config, ctx.dkv_block_m, ctx.bias_dtype = flags, scale, config, dkv_block_m, (
             bias.dtype if bias is not None else None)
         return o
 
@@ -270,13 +302,13 @@ class FlashBiasAttention(torch.autograd.Function):
         pad_stride = pad.stride(0) if ctx.flags["HAS_PAD"] else 0
         common = (T, S, H, H // Hkv, D, ctx.scale)
         meta = dict(**ctx.flags, **ctx.config)
-        _backward_kv[(triton.cdiv(S, meta["BLOCK_N"]), B * H)](
+        _backward_kv[(B * H, triton.cdiv(S, meta["BLOCK_N"]))](
             q, k, v, bias, pad, docs, win_b, win_j, do, lse, delta, dk_heads, dv_heads, dbias if dbias is not None else lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), dk_heads.stride(0), dk_heads.stride(1), dk_heads.stride(2),
-            *bias_strides, pad_stride, docs.stride(0), *common, **meta,
+            *bias_strides, pad_stride, docs.stride(0), *common, **{**meta, "BLOCK_M": ctx.dkv_block_m},
         )
-        _backward_q[(triton.cdiv(T, meta["BLOCK_M"]), B * H)](
+        _backward_q[(B * H, triton.cdiv(T, meta["BLOCK_M"]))](
             q, k, v, bias, pad, docs, win_b, win_j, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), *bias_strides, pad_stride, docs.stride(0), *common, **meta,
@@ -292,6 +324,18 @@ def attention_triton(q, k, v, *, bias=None, causal=True, key_padding_mask=None, 
                      scale=None, document_ids=None) -> torch.Tensor:
     """Same contract as :func:`kernels.attention.reference.attention_reference`."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    _check_index_range(q, k)
     if document_ids is not None:
         document_ids = document_runs(document_ids)  # [B, T] non-decreasing: the window's thresholds need runs
     return FlashBiasAttention.apply(q, k, v, bias, key_padding_mask, causal, scale, keep_window, document_ids)
+
+
+def _check_index_range(q: torch.Tensor, k: torch.Tensor) -> None:
+    """The kernels index inside one sequence in 32 bits (the (batch, head) base is 64-bit): refuse a
+    sequence whose ``T·H·D`` reaches 2^31 rather than read the wrong rows."""
+    _, T, H, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    if max(T * H * D, S * Hkv * D) >= 2**31:
+        raise ValueError(f"attention: backend='triton' indexes inside one sequence in 32 bits, and T·H·D = {T * H * D:,} "
+                         f"(S·H_kv·D = {S * Hkv * D:,}) reaches 2^31; split the sequence (decode against a cache) or "
+                         "use backend='reference'")

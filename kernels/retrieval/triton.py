@@ -33,7 +33,7 @@ def _act_and_grad(z, ACT: tl.constexpr):
 @triton.jit
 def _mix_forward(x_ptr, e_ptr, w_ptr, down_ptr, up_ptr, y_ptr, D, HK,
                  ACT: tl.constexpr, BLOCK_D: tl.constexpr):
-    m = tl.program_id(0)
+    m = tl.program_id(0).to(tl.int64)  # 64-bit offsets
     cols = tl.arange(0, BLOCK_D)
     in_row = cols < D
     x = tl.load(x_ptr + m * D + cols, mask=in_row, other=0.0).to(tl.float32)  # [BLOCK_D]
@@ -51,7 +51,7 @@ def _mix_forward(x_ptr, e_ptr, w_ptr, down_ptr, up_ptr, y_ptr, D, HK,
 @triton.jit
 def _mix_backward(x_ptr, e_ptr, w_ptr, down_ptr, up_ptr, dy_ptr, dx_ptr, dw_ptr, ddown_ptr, dup_ptr, D, HK,
                   ACT: tl.constexpr, BLOCK_D: tl.constexpr):
-    m = tl.program_id(0)
+    m = tl.program_id(0).to(tl.int64)  # 64-bit offsets
     cols = tl.arange(0, BLOCK_D)
     in_row = cols < D
     x = tl.load(x_ptr + m * D + cols, mask=in_row, other=0.0).to(tl.float32)

@@ -2,11 +2,9 @@
 
 import torch
 
-from kernels._backend import check_backend, resolve_backend
+from kernels._backend import KERNEL_DTYPES, check_backend, resolve_backend
 from kernels._finite import poison, seen_so_far, split_finite
 from kernels.ssd.reference import segment_sum, ssd_chunked, ssd_recurrent, ssd_step
-
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 __all__ = ["segment_sum", "ssd_chunked", "ssd_recurrent", "ssd_scan", "ssd_step"]
 

@@ -47,9 +47,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _rows(b, t, T, n_heads, head, dim, offs_d):
-    """Offsets of rows ``t`` of a contiguous ``[batch, T, n_heads, dim]`` tensor at (b, head)."""
-    return ((b * T + t[:, None]) * n_heads + head) * dim + offs_d[None, :]
+def _rows(ptr, b, c, L, T, n_heads, head, dim, offs, offs_d):
+    """Pointers to rows ``cL + offs`` of a contiguous ``[batch, T, n_heads, dim]`` tensor at (b, head).
+
+    The chunk's base offset is computed in 64 bits: it passes 2^31 once B·T·H·dim does (about 210K
+    tokens at Mamba-2 2.7B's sizes). The offsets inside the chunk stay 32-bit, which keeps the tiles'
+    index registers narrow (64-bit tile offsets spill on sm_90: recipes.benchmarks.compile_check)."""
+    base = ((b.to(tl.int64) * T + c * L) * n_heads + head) * dim
+    return ptr + base + (offs[:, None] * (n_heads * dim) + offs_d[None, :])
+
+
+@triton.jit
+def _per_position(ptr, b, c, L, T, n_heads, head, offs):
+    """Pointers to positions ``cL + offs`` of a contiguous ``[batch, T, n_heads]`` tensor at (b, head)
+    (``n_heads = 1, head = 0`` for ``[batch, T]``); 64-bit base as in :func:`_rows`."""
+    return ptr + ((b.to(tl.int64) * T + c * L) * n_heads + head) + offs * n_heads
 
 
 @triton.jit
@@ -64,14 +76,14 @@ def _chunk_rows(start, c, L, T, BLOCK: tl.constexpr):
 @triton.jit
 def _seg_before(SEG, b, c, L, T):
     """The document of the state entering chunk ``c``: that of position ``cL − 1``; 0 for ``c = 0``."""
-    seg = tl.load(SEG + b * T + tl.maximum(c * L - 1, 0))
+    seg = tl.load(SEG + b.to(tl.int64) * T + tl.maximum(c * L - 1, 0))
     return tl.where(c > 0, seg, 0)
 
 
 @triton.jit
 def _seg_end(SEG, b, c, L, T):
     """The document of chunk ``c``'s last position (before ``T``): the one its final state belongs to."""
-    return tl.load(SEG + b * T + tl.minimum(c * L + L - 1, T - 1))
+    return tl.load(SEG + b.to(tl.int64) * T + tl.minimum(c * L + L - 1, T - 1))
 
 
 @triton.jit
@@ -97,7 +109,7 @@ def _chunk_state(X, DT, BM, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N
     b, c = bc // n_chunks, bc % n_chunks
     bm_head = h // (H // BM_HEADS)
     offs_p, offs_n = tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_N)
-    lam_ptr = LAM + (b * H + h) * Tp + c * L
+    lam_ptr = LAM + ((b.to(tl.int64) * H + h) * Tp + c * L)
     lam_end = tl.load(lam_ptr + L - 1)
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
     if HAS_DOCS:
@@ -107,8 +119,8 @@ def _chunk_state(X, DT, BM, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N
             seg_target = _seg_before(SEG, b, c, L, T)
     for l0 in range(0, L, BLOCK_L):
         offs_l, t, valid = _chunk_rows(l0, c, L, T, BLOCK_L)
-        x = tl.load(X + _rows(b, t, T, H, h, P, offs_p), mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
-        bm = tl.load(BM + _rows(b, t, T, BM_HEADS, bm_head, N, offs_n),
+        x = tl.load(_rows(X, b, c, L, T, H, h, P, offs_l, offs_p), mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
+        bm = tl.load(_rows(BM, b, c, L, T, BM_HEADS, bm_head, N, offs_l, offs_n),
                      mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
         lam = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
         if DECAY_TO_END:
@@ -116,12 +128,12 @@ def _chunk_state(X, DT, BM, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N
         else:
             w = tl.exp(lam)
         if SCALE_BY_DT:
-            w *= tl.load(DT + (b * T + t) * H + h, mask=valid, other=0.0).to(tl.float32)
+            w *= tl.load(_per_position(DT, b, c, L, T, H, h, offs_l), mask=valid, other=0.0).to(tl.float32)
         w = tl.where(valid, w, 0.0)
         if HAS_DOCS:
-            w = tl.where(tl.load(SEG + b * T + t, mask=valid, other=-1) == seg_target, w, 0.0)
+            w = tl.where(tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid, other=-1) == seg_target, w, 0.0)
         acc += tl.dot(tl.trans((x * w[:, None]).to(bm.dtype)), bm)
-    out = OUT + ((b * n_chunks + c) * H + h) * P * N + offs_p[:, None] * N + offs_n[None, :]
+    out = OUT + ((b.to(tl.int64) * n_chunks + c) * H + h) * P * N + (offs_p[:, None] * N + offs_n[None, :])
     tl.store(out, acc, mask=(offs_p[:, None] < P) & (offs_n[None, :] < N))
 
 
@@ -134,17 +146,17 @@ def _decayed_scan(U, LAM, SEG, H0, OUT, T, L, Tp, n_chunks, H, PN,
     Reverse: ``OUT[nc] = H0``, ``OUT[c] = exp(α_c) OUT[c+1] + U[c]``.
     With documents, ``exp(α_c)`` is 0 for a chunk in which a document starts.
     ``U [b, nc, h, PN]``, ``OUT [b, nc+1, h, PN]``, ``H0 [b, h, PN]``."""
-    blk, bh = tl.program_id(0), tl.program_id(1)
+    bh, blk = tl.program_id(0), tl.program_id(1)  # b·h on axis 0: up to 2^31 − 1
     b, h = bh // H, bh % H
     offs = blk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < PN
     if HAS_H0:
-        state = tl.load(H0 + bh * PN + offs, mask=mask, other=0.0).to(tl.float32)
+        state = tl.load(H0 + bh.to(tl.int64) * PN + offs, mask=mask, other=0.0).to(tl.float32)
     else:
         state = tl.zeros([BLOCK], dtype=tl.float32)
-    out_ptr = OUT + (b * (n_chunks + 1) * H + h) * PN + offs  # OUT[b, 0, h]; chunk c at + c·H·PN
+    out_ptr = OUT + (b.to(tl.int64) * (n_chunks + 1) * H + h) * PN + offs  # OUT[b, 0, h]; chunk c at + c·H·PN
     if REVERSE:
-        tl.store(out_ptr + n_chunks * H * PN, state, mask=mask)
+        tl.store(OUT + ((b.to(tl.int64) * (n_chunks + 1) + n_chunks) * H + h) * PN + offs, state, mask=mask)
     else:
         tl.store(out_ptr, state, mask=mask)
     for i in range(0, n_chunks):
@@ -154,12 +166,12 @@ def _decayed_scan(U, LAM, SEG, H0, OUT, T, L, Tp, n_chunks, H, PN,
         else:
             c = i
             dest = c + 1
-        carry = tl.exp(tl.load(LAM + bh * Tp + c * L + L - 1))
+        carry = tl.exp(tl.load(LAM + bh.to(tl.int64) * Tp + c * L + L - 1))
         if HAS_DOCS:
             carry = tl.where(_seg_before(SEG, b, c, L, T) == _seg_end(SEG, b, c, L, T), carry, 0.0)
-        u = tl.load(U + ((b * n_chunks + c) * H + h) * PN + offs, mask=mask, other=0.0)
+        u = tl.load(U + ((b.to(tl.int64) * n_chunks + c) * H + h) * PN + offs, mask=mask, other=0.0)
         state = carry * state + u
-        tl.store(out_ptr + dest * H * PN, state, mask=mask)
+        tl.store(out_ptr + dest.to(tl.int64) * H * PN, state, mask=mask)
 
 
 @triton.jit
@@ -170,43 +182,43 @@ def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H
     ``M_c [DQK, DV]`` the entering state ``STATES[b, c, h]`` (``[P, N]``, transposed when TRANS_STATE).
 
     Forward: ``Q, K, V = C, B, x`` gives ``y``. Backward: ``Q, K, V = dy, x, B`` gives ``dC`` per head.
-    Grid: (row blocks of the chunk, b·nc, h)."""
-    pid_l, bc, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    Grid: (b·nc, row blocks of the chunk, h)."""
+    bc, pid_l, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # b·nc on axis 0: up to 2^31 − 1
     b, c = bc // n_chunks, bc % n_chunks
     q_head, k_head, v_head = h // (H // Q_HEADS), h // (H // K_HEADS), h // (H // V_HEADS)
     offs_qk, offs_v = tl.arange(0, BLOCK_QK), tl.arange(0, BLOCK_V)
     in_qk, in_v = offs_qk[None, :] < DQK, offs_v[None, :] < DV
     offs_l, t_l, valid_l = _chunk_rows(pid_l * BLOCK_L, c, L, T, BLOCK_L)
-    lam_ptr = LAM + (b * H + h) * Tp + c * L
-    q = tl.load(Q + _rows(b, t_l, T, Q_HEADS, q_head, DQK, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
+    lam_ptr = LAM + ((b.to(tl.int64) * H + h) * Tp + c * L)
+    q = tl.load(_rows(Q, b, c, L, T, Q_HEADS, q_head, DQK, offs_l, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
     lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
 
     # The state entering the chunk, read out at each row and decayed to it.
-    state = _state_tile(STATES + ((b * (n_chunks + 1) + c) * H + h) * DQK * DV, offs_qk, offs_v, DQK, DV, TRANS_STATE)
+    state = _state_tile(STATES + ((b.to(tl.int64) * (n_chunks + 1) + c) * H + h) * DQK * DV, offs_qk, offs_v, DQK, DV, TRANS_STATE)
     acc = tl.dot(q.to(tl.float32), state) * tl.exp(lam_l)[:, None]  # [BLOCK_L, BLOCK_V]
     if HAS_DOCS:  # only rows still in the document the entering state belongs to
-        seg_l = tl.load(SEG + b * T + t_l, mask=valid_l, other=-1)
+        seg_l = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid_l, other=-1)
         acc = tl.where((seg_l == _seg_before(SEG, b, c, L, T))[:, None], acc, 0.0)
 
     # Inside the chunk: causal, decayed, like attention without the softmax.
     hi = tl.minimum((pid_l + 1) * BLOCK_L, L)
     for m0 in range(0, hi, BLOCK_M):
         offs_m, t_m, valid_m = _chunk_rows(m0, c, L, T, BLOCK_M)
-        k = tl.load(K + _rows(b, t_m, T, K_HEADS, k_head, DQK, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
-        v = tl.load(V + _rows(b, t_m, T, V_HEADS, v_head, DV, offs_v), mask=valid_m[:, None] & in_v, other=0.0)
-        dt_m = tl.load(DT + (b * T + t_m) * H + h, mask=valid_m, other=0.0).to(tl.float32)
+        k = tl.load(_rows(K, b, c, L, T, K_HEADS, k_head, DQK, offs_m, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
+        v = tl.load(_rows(V, b, c, L, T, V_HEADS, v_head, DV, offs_m, offs_v), mask=valid_m[:, None] & in_v, other=0.0)
+        dt_m = tl.load(_per_position(DT, b, c, L, T, H, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)
         lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
         causal = (offs_m[None, :] <= offs_l[:, None]) & valid_m[None, :]
         if HAS_DOCS:
-            causal &= tl.load(SEG + b * T + t_m, mask=valid_m, other=-2)[None, :] == seg_l[:, None]
+            causal &= tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_m), mask=valid_m, other=-2)[None, :] == seg_l[:, None]
         decay = tl.exp(tl.where(causal, lam_l[:, None] - lam_m[None, :], float("-inf")))
         s = tl.dot(q, tl.trans(k.to(q.dtype))) * decay * dt_m[None, :]  # [BLOCK_L, BLOCK_M]
         acc += tl.dot(s.to(v.dtype), v)
 
     if HAS_D:  # forward only, where V is x
-        v_l = tl.load(V + _rows(b, t_l, T, V_HEADS, v_head, DV, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
+        v_l = tl.load(_rows(V, b, c, L, T, V_HEADS, v_head, DV, offs_l, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
         acc += tl.load(DSKIP + h).to(tl.float32) * v_l.to(tl.float32)
-    tl.store(OUT + _rows(b, t_l, T, H, h, DV, offs_v), acc.to(OUT.dtype.element_ty), mask=valid_l[:, None] & in_v)
+    tl.store(_rows(OUT, b, c, L, T, H, h, DV, offs_l, offs_v), acc.to(OUT.dtype.element_ty), mask=valid_l[:, None] & in_v)
 
 
 @triton.jit
@@ -218,41 +230,41 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks,
     with ``M_c`` from ``dS_c = DSTATES[b, c+1, h]`` (``[P, N]``, transposed when TRANS_STATE).
 
     ``Q, K, V = B, C, dy`` (TRANS_STATE) gives ``d(dt·x)``; ``Q, K, V = x, dy, C`` (SCALE_BY_DT) gives
-    ``dB`` per head. Grid: (row blocks of the chunk, b·nc, h)."""
-    pid_m, bc, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ``dB`` per head. Grid: (b·nc, row blocks of the chunk, h)."""
+    bc, pid_m, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # b·nc on axis 0: up to 2^31 − 1
     b, c = bc // n_chunks, bc % n_chunks
     q_head, k_head, v_head = h // (H // Q_HEADS), h // (H // K_HEADS), h // (H // V_HEADS)
     offs_qk, offs_v = tl.arange(0, BLOCK_QK), tl.arange(0, BLOCK_V)
     in_qk, in_v = offs_qk[None, :] < DQK, offs_v[None, :] < DV
     offs_m, t_m, valid_m = _chunk_rows(pid_m * BLOCK_M, c, L, T, BLOCK_M)
-    lam_ptr = LAM + (b * H + h) * Tp + c * L
-    q = tl.load(Q + _rows(b, t_m, T, Q_HEADS, q_head, DQK, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
+    lam_ptr = LAM + ((b.to(tl.int64) * H + h) * Tp + c * L)
+    q = tl.load(_rows(Q, b, c, L, T, Q_HEADS, q_head, DQK, offs_m, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
     lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
 
     # What the chunk's final state sends back to each source row.
-    ds = _state_tile(DSTATES + ((b * (n_chunks + 1) + c + 1) * H + h) * DQK * DV, offs_qk, offs_v, DQK, DV,
+    ds = _state_tile(DSTATES + ((b.to(tl.int64) * (n_chunks + 1) + c + 1) * H + h) * DQK * DV, offs_qk, offs_v, DQK, DV,
                      TRANS_STATE)
     lam_end = tl.load(lam_ptr + L - 1)
     acc = tl.dot(q.to(tl.float32), ds) * tl.exp(lam_end - lam_m)[:, None]  # [BLOCK_M, BLOCK_V]
     if HAS_DOCS:  # only rows of the document the chunk's final state belongs to
-        seg_m = tl.load(SEG + b * T + t_m, mask=valid_m, other=-1)
+        seg_m = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_m), mask=valid_m, other=-1)
         acc = tl.where((seg_m == _seg_end(SEG, b, c, L, T))[:, None], acc, 0.0)
 
     for l0 in range(pid_m * BLOCK_M, L, BLOCK_L):
         offs_l, t_l, valid_l = _chunk_rows(l0, c, L, T, BLOCK_L)
-        k = tl.load(K + _rows(b, t_l, T, K_HEADS, k_head, DQK, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
-        v = tl.load(V + _rows(b, t_l, T, V_HEADS, v_head, DV, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
+        k = tl.load(_rows(K, b, c, L, T, K_HEADS, k_head, DQK, offs_l, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
+        v = tl.load(_rows(V, b, c, L, T, V_HEADS, v_head, DV, offs_l, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
         lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
         causal = (offs_l[None, :] >= offs_m[:, None]) & valid_l[None, :]
         if HAS_DOCS:
-            causal &= tl.load(SEG + b * T + t_l, mask=valid_l, other=-2)[None, :] == seg_m[:, None]
+            causal &= tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid_l, other=-2)[None, :] == seg_m[:, None]
         decay = tl.exp(tl.where(causal, lam_l[None, :] - lam_m[:, None], float("-inf")))  # [BLOCK_M, BLOCK_L]
         s = tl.dot(q, tl.trans(k.to(q.dtype))) * decay
         acc += tl.dot(s.to(v.dtype), v)
 
     if SCALE_BY_DT:
-        acc *= tl.load(DT + (b * T + t_m) * H + h, mask=valid_m, other=0.0).to(tl.float32)[:, None]
-    tl.store(OUT + _rows(b, t_m, T, H, h, DV, offs_v), acc, mask=valid_m[:, None] & in_v)
+        acc *= tl.load(_per_position(DT, b, c, L, T, H, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)[:, None]
+    tl.store(_rows(OUT, b, c, L, T, H, h, DV, offs_m, offs_v), acc, mask=valid_m[:, None] & in_v)
 
 
 def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -295,7 +307,7 @@ def _decayed_scan_call(U, lam, seg, h0, T, L, reverse: bool) -> torch.Tensor:
     out = torch.empty(batch, n_chunks + 1, H, P, N, dtype=torch.float32, device=U.device)
     block = min(1024, triton.next_power_of_2(P * N))
     h0_arg = h0.contiguous() if h0 is not None else U
-    _decayed_scan[(triton.cdiv(P * N, block), batch * H)](
+    _decayed_scan[(batch * H, triton.cdiv(P * N, block))](
         U, lam, lam if seg is None else seg, h0_arg, out, T, L, lam.shape[-1], n_chunks, H, P * N, HAS_H0=h0 is not None,
         REVERSE=reverse, HAS_DOCS=seg is not None, BLOCK=block,
     )
@@ -307,7 +319,7 @@ def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: b
     n_chunks = lam.shape[-1] // L
     DQK, DV = Q.shape[-1], V.shape[-1]
     block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
-    _chunk_scan[(triton.cdiv(L, blk["rows"]), batch * n_chunks, H)](
+    _chunk_scan[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
         Q, K, V, dt, lam, lam if seg is None else seg, states, D if D is not None else lam, out,
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], DQK, DV,
         TRANS_STATE=trans_state, HAS_D=D is not None, HAS_DOCS=seg is not None,
@@ -320,7 +332,7 @@ def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_s
     batch, _, H, _ = out.shape
     n_chunks = lam.shape[-1] // L
     block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
-    _chunk_scan_reverse[(triton.cdiv(L, blk["rows"]), batch * n_chunks, H)](
+    _chunk_scan_reverse[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
         Q, K, V, dt, lam, lam if seg is None else seg, d_states, out, T, L, lam.shape[-1], n_chunks, H, Q.shape[2],
         K.shape[2], V.shape[2], Q.shape[-1], V.shape[-1], TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state,
         HAS_DOCS=seg is not None,

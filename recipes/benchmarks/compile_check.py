@@ -9,8 +9,10 @@ construct it cannot lower, a tile that needs too much shared memory. This compil
 the launch configuration its wrapper uses on CUDA and the benchmark's shapes, with Triton's bundled
 ``ptxas``, and prints registers per thread, spilled bytes (stack) and shared memory per program.
 Spills are what the tile and warp choices in each ``launch_config`` were picked to avoid; how fast
-the kernels run still needs a GPU (``python -m recipes.benchmarks.ops``). Exits 1 if a kernel fails to compile
-or needs more shared memory than the architecture gives one program (it would fail at launch).
+the kernels run still needs a GPU (``python -m recipes.benchmarks.ops``). It also reads the compiled
+TTIR for pointer arguments offset in 32 bits (column "32-bit bases"): offsets from a (batch, chunk,
+head) base pass 2^31 on long batches. Exits 1 if a kernel fails to compile, needs more shared memory
+than the architecture gives one program (it would fail at launch), or has a 32-bit base.
 
 Needs ``TRITON_INTERPRET`` unset (with it, ``@triton.jit`` builds interpreter functions instead).
 """
@@ -18,6 +20,7 @@ Needs ``TRITON_INTERPRET`` unset (with it, ``@triton.jit`` builds interpreter fu
 import argparse
 import inspect
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -86,12 +89,14 @@ def cases(dtype: str) -> list[Case]:
     # documents in place of the window (the two never meet: the host refuses documents with a window).
     cfg = attention.launch_config(64, cuda=True, dtype=torch_dtype)
     warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
+    dkv_block_m = cfg.pop("DKV_BLOCK_M")
     types = {"PAD": "*i8", "DOC": "*i32", "WIN_J": "*i32", "scale": "fp32", **f32("WIN_B", "LSE", "DELTA", "DBIAS")}
     data = ("Q", "K", "V", "BIAS", "O", "DO", "DQ", "DK", "DV")
     for label, window in (("", True), (", documents", False)):
         flags = dict(HAS_BIAS=True, HAS_PAD=True, CAUSAL=True, HAS_WINDOW=window, HAS_DOCS=not window, **cfg)
         for kernel in (attention._forward, attention._backward_kv, attention._backward_q):
-            out.append(Case(f"attention {kernel.__name__}{label}", kernel, flags, warps, data, types))
+            rows = {"BLOCK_M": dkv_block_m} if kernel is attention._backward_kv else {}
+            out.append(Case(f"attention {kernel.__name__}{label}", kernel, {**flags, **rows}, warps, data, types))
     # Gather-and-mix at d_model 512 (the benchmark's width).
     cfg = retrieval.launch_config(512)
     warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
@@ -139,6 +144,20 @@ def resource_usage(cubin: bytes) -> dict:
     return {}
 
 
+# Pointers a kernel may offset in 32 bits: per-head vectors ``[H]``, indexed by a head number.
+SMALL_POINTERS = {"DSKIP"}
+
+
+def narrow_bases(case: Case, ttir: str) -> list[str]:
+    """The kernel's pointer arguments first offset by a 32-bit integer in the compiled TTIR. Offsets
+    from a (batch, chunk, head) base pass 2^31 on long batches (e.g. ``B·T·H·P`` at about 210K tokens
+    at Mamba-2 2.7B's sizes), so each kernel moves its pointers there in 64 bits; a 32-bit one here is
+    an overflow waiting for a long enough call."""
+    args = set(inspect.signature(case.kernel.fn).parameters) - SMALL_POINTERS
+    found = re.findall(r"tt\.addptr %(\w+), %\S+ : !tt\.ptr<\w+>, (i\d+)", ttir)
+    return sorted({name for name, width in found if name in args and width != "i64"})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability ×10: 80 A100, 90 H100 (default)")
@@ -150,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's own default, stated to silence its warning
     print(f"Compiling for sm_{args.arch} (no GPU needed):\n")
-    print("| kernel | dtype | warps, stages | registers | spilled bytes | shared KiB | compile s |\n"
-          "|---|---|---|---|---|---|---|")
+    print("| kernel | dtype | warps, stages | registers | spilled bytes | shared KiB | 32-bit bases | compile s |\n"
+          "|---|---|---|---|---|---|---|---|")
     limit = SHARED_LIMIT_KIB.get(args.arch)
     failures = 0
     for dtype in args.dtypes:
@@ -163,18 +182,20 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as error:  # report every kernel, then fail
                 failures += 1
                 print(f"| {case.name} | {dtype} | {launch} | FAILED: {type(error).__name__}: "
-                      f"{str(error).splitlines()[0][:200]} | | | |")
+                      f"{str(error).splitlines()[0][:200]} | | | | |")
                 continue
             seconds = time.perf_counter() - start
             usage = resource_usage(compiled.asm["cubin"])
             shared = compiled.metadata.shared / 1024
             over = limit is not None and shared > limit
-            failures += over
+            narrow = narrow_bases(case, compiled.asm["ttir"])
+            failures += over + bool(narrow)
             print(f"| {case.name} | {dtype} | {launch} | {usage.get('REG', '-')} | {usage.get('STACK', '-')} "
-                  f"| {shared:.0f}{f' > {limit}: TOO MUCH' if over else ''} | {seconds:.1f} |")
+                  f"| {shared:.0f}{f' > {limit}: TOO MUCH' if over else ''} "
+                  f"| {', '.join(narrow) + ': NARROW' if narrow else 'none'} | {seconds:.1f} |")
     if failures:
-        print(f"\n{failures} kernel(s) failed to compile or need more shared memory than sm_{args.arch} has",
-              file=sys.stderr)
+        print(f"\n{failures} kernel(s) failed to compile, need more shared memory than sm_{args.arch} has, or offset "
+              "a pointer argument in 32 bits", file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -203,7 +203,7 @@ def test_without_triton_auto_runs_the_reference_and_triton_is_named(monkeypatch)
     from kernels import _backend
 
     monkeypatch.setattr(_backend, "triton_installed", lambda: False)
-    cuda = types.SimpleNamespace(is_cuda=True)
+    cuda = types.SimpleNamespace(is_cuda=True, dtype=torch.float32)
     with pytest.warns(UserWarning, match=r"triton is not installed, so the plain-torch reference runs on CUDA"):
         assert _backend.resolve_backend("auto", cuda, op="attention", has_triton=True) == "reference"
     with pytest.raises(ImportError, match=r"backend='triton' needs the triton package: pip install \"hybrid-zoo\[gpu\]\""):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from components import count_parameters
-from recipes import bench
+from recipes.benchmarks import models as bench
 
 TINY = dict(d_model=128, layers=2, vocab=97, batch=1, d_state=16, chunk=16, lengths=[32])
 

@@ -1,0 +1,65 @@
+"""What reaches a kernel: float64 goes to the reference under ``auto`` and is refused by name under
+``triton``; q, k, v of mixed dtypes are refused before any kernel; a sequence too long for the
+attention kernel's 32-bit in-sequence offsets is refused rather than read at the wrong rows."""
+
+import types
+
+import pytest
+import torch
+
+from kernels import _backend
+from kernels.attention import attention
+from kernels.attention.triton import _check_index_range
+from kernels.retrieval import expert_mix
+from kernels.ssd import ssd_scan
+
+
+@pytest.mark.parametrize("dtype, expected", [(torch.float64, "reference"), (torch.float32, "triton"),
+                                             (torch.bfloat16, "triton"), (torch.float16, "triton")])
+def test_auto_sends_only_kernel_dtypes_on_cuda_to_triton(monkeypatch, dtype, expected):
+    monkeypatch.setattr(_backend, "triton_installed", lambda: True)
+    cuda = types.SimpleNamespace(is_cuda=True, dtype=dtype)
+    assert _backend.resolve_backend("auto", cuda, op="attention", has_triton=True) == expected
+
+
+def test_triton_refuses_float64_by_name_for_every_op():
+    q = torch.randn(1, 5, 2, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"attention: the Triton kernel takes fp16, bf16 or fp32 .* got torch.float64"):
+        attention(q, q, q, backend="triton")
+    x = torch.randn(1, 5, 2, 4, dtype=torch.float64)
+    dt, A, B = torch.rand(1, 5, 2, dtype=torch.float64), -torch.rand(2, dtype=torch.float64), torch.randn(1, 5, 1, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"ssd_scan: backend='triton' takes x, B, C in"):
+        ssd_scan(x, dt, A, B, B, chunk_size=4, backend="triton")
+
+
+def test_float64_under_auto_computes_in_float64():
+    """auto on a CPU float64 input: the reference, in float64 (a kernel would have rounded to fp32)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 7, 2, 8, dtype=torch.float64) for _ in range(3))
+    out = attention(q, k, v)
+    assert out.dtype == torch.float64
+    want = attention(q, k, v, backend="reference")
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_mixed_qkv_dtypes_are_named(backend):
+    q = torch.randn(1, 5, 2, 8)
+    with pytest.raises(ValueError, match=r"attention: q, k and v must share one dtype; got q torch.float32, "
+                                         r"k torch.float16, v torch.float32"):
+        attention(q, q.half(), q, backend=backend)
+
+
+def test_a_sequence_past_32_bit_offsets_is_refused_by_name():
+    """T·H·D = 2^31 (meta tensors: nothing allocated)."""
+    q = torch.empty(1, 2**21, 8, 128, device="meta")
+    with pytest.raises(ValueError, match=r"indexes inside one sequence in 32 bits, and T·H·D = 2,147,483,648"):
+        _check_index_range(q, q)
+    _check_index_range(q[:, : 2**21 - 1], q[:, : 2**21 - 1])  # one row less fits
+
+
+def test_expert_mix_refuses_float64_under_triton():
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"expert_mix: the Triton kernel takes fp16, bf16 or fp32"):
+        expert_mix(x, torch.zeros(3, 1, 2, dtype=torch.long), torch.ones(3, 1, 2, dtype=torch.float64),
+                   torch.randn(4, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64), backend="triton")
