@@ -104,6 +104,13 @@ class Run:
     def failed(self) -> bool:
         return self.returncode != 0
 
+    @property
+    def ending(self) -> str:
+        """How a run that did not succeed ended, for the table's notes."""
+        if self.returncode is None:
+            return f"NOT FINISHED (the sweep stopped before this run ended; log {self.log})"
+        return f"FAILED (exit {self.returncode}; log {self.log})"
+
 
 def write_manifest(folder: Path, family: str, runs: list[Run]) -> None:
     """``folder/sweep.json``: the runs of this sweep and how each ended (``returncode`` None: not yet)."""
@@ -118,12 +125,12 @@ def write_manifest(folder: Path, family: str, runs: list[Run]) -> None:
 
 def read_manifest(folder: Path) -> tuple[str, list[Run]]:
     """The family and runs an earlier sweep recorded in ``folder/sweep.json``; a run that never ended
-    (the sweep was stopped) counts as failed."""
+    (the sweep was stopped) keeps ``returncode`` None: named NOT FINISHED, and left out of the cells."""
     path = Path(folder) / "sweep.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: --from takes a folder a sweep wrote (runs/sweep-logs/<time>)")
     record = json.loads(path.read_text())
-    runs = [Run(Path(r["config"]), Path(r["folder"]), -1 if r["returncode"] is None else r["returncode"],
+    runs = [Run(Path(r["config"]), Path(r["folder"]), r["returncode"],
                 r["log"] and Path(r["log"]), r["seed"]) for r in record["runs"]]
     return record["family"], runs
 
@@ -161,7 +168,7 @@ def table(runs: list[Run]) -> str:
     for run in runs:
         name = run.config.stem
         if run.failed:
-            rows.append(f"| {name} | FAILED (exit {run.returncode}; log {run.log}) |  |  |  |  |  |  |  |")
+            rows.append(f"| {name} | {run.ending} |  |  |  |  |  |  |  |")
             continue
         try:
             r = read_run(run.folder)
@@ -275,7 +282,7 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
         launched[name] = launched.get(name, 0) + 1
         results.setdefault(name, [])
         if run.failed:
-            notes.append(f"{name} seed {run.seed} FAILED (exit {run.returncode}; log {run.log})")
+            notes.append(f"{name} seed {run.seed} {run.ending}")
             continue
         try:
             result = read_run(run.folder)

@@ -176,7 +176,7 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
     from recipes.sweep import main, write_manifest
 
     runs = fake_family(tmp_path)
-    runs[1].returncode = None  # the sweep was stopped while a seed 1 ran: it counts as failed
+    runs[1].returncode = None  # the sweep was stopped while a seed 1 ran: named, and left out of the cells
     write_run(tmp_path / "a" / "s_other", {20: 0.5}, [1.0])  # a run of the same recipe not in the sweep
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -184,7 +184,7 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
     main(["--from", str(logs), "--baseline", "a"])
     out = capsys.readouterr().out
     assert "| a | 2 of 3 | 3.5000 ± 0.7071 |" in out and "| b | 3 of 3 | 1.3333 ± 0.5774 |" in out
-    assert "a seed 1 FAILED (exit -1; log None)" in out
+    assert "a seed 1 NOT FINISHED (the sweep stopped before this run ended; log None)" in out
     assert (logs / "table.md").read_text().startswith("# fake") and (logs / "val_loss.png").is_file()
     with pytest.raises(SystemExit, match="sweep.json not found"):
         main(["--from", str(tmp_path)])
