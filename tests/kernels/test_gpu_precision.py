@@ -114,3 +114,34 @@ def test_bias_attention_peak_memory_is_linear_in_T():
         peaks.append(torch.cuda.max_memory_allocated() - base)
     # doubling T doubles the O(T) buffers; a [T, T] term would quadruple
     assert peaks[2] / peaks[1] < 2.5 and peaks[1] / peaks[0] < 2.5, peaks
+
+
+@pytest.mark.parametrize("op", ["ssd", "attention"])
+def test_offsets_past_2_to_the_31(op):
+    """Calls whose flat offsets pass 2^31 (they wrapped in 32 bits): the last rows against the reference.
+
+    SSD: B·(T/L)·H·P·N = 2^31 chunk-state elements at T = 2^21, H 8, P 64, N 128, L 64 (the reference
+    runs in four pieces that carry the state). Attention: (B−1)·T·H·D > 2^31 at B = 5, T = 2^17, H 32,
+    D 128; the reference runs the last 16 queries of the last sequence. fp32 in, TF32 dots: 2e-2."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        if op == "ssd":
+            T, H, P, N = 2**21, 8, 64, 128
+            x = torch.randn(1, T, H, P, device="cuda")
+            dt = torch.rand(1, T, H, device="cuda") * 0.1
+            A = -torch.rand(H, device="cuda")
+            B = torch.randn(1, T, 1, N, device="cuda") / N**0.5
+            C = torch.randn(1, T, 1, N, device="cuda") / N**0.5
+            y = ssd_scan(x, dt, A, B, C, chunk_size=64, backend="triton")[:, -100:]
+            state, piece = None, T // 4
+            for start in range(0, T, piece):
+                s = slice(start, start + piece)
+                want, state = ssd_chunked(x[:, s], dt[:, s], A, B[:, s], C[:, s], chunk_size=64, initial_state=state)
+            want = want[:, -100:]
+        else:
+            Bt, T, H, D = 5, 2**17, 32, 128
+            q, k, v = (torch.randn(Bt, T, H, D, device="cuda", dtype=LOW) for _ in range(3))
+            v[-1] += 3.0  # rows read from another sequence would average near 0, not near 3
+            y = attention(q, k, v, causal=True, backend="triton")[-1:, -16:].float()
+            want = attention_reference(q[-1:, -16:].float(), k[-1:].float(), v[-1:].float(), causal=True)
+    torch.testing.assert_close(y.float(), want.float(), rtol=2e-2, atol=2e-2)
