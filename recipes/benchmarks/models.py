@@ -47,7 +47,7 @@ import yaml
 from components import HybridLM, count_parameters
 from recipes.benchmarks.timing import median_ms, peak_growth_mib, seconds_of
 
-CONFIGS = Path(__file__).parent / "configs"
+CONFIGS = Path(__file__).parent.parent / "configs"  # recipes/configs
 TWINS = {"llama": "hf-llama", "mamba2": "hf-mamba2", "doge": "hf-doge"}
 NAMED = ["jamba", "otce", "cheems", "transxssm", "doge_moe"]
 FAMILIES = {"efficiency": dict(models=["llama", "mamba2", "transxssm", "jamba"], lengths=[512, 1024, 2048, 4096, 8192],
