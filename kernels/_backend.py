@@ -49,3 +49,12 @@ def resolve_backend(backend: str, tensor: torch.Tensor, *, op: str, has_triton: 
             "before importing triton to run the kernel in Triton's interpreter (slow: for tests)"
         )
     return backend
+
+
+def dot_precision() -> str:
+    """How the kernels' ``tl.dot`` multiplies fp32 tiles, following torch's own fp32 matmuls: ``"ieee"``
+    (full fp32) under ``torch.get_float32_matmul_precision() == "highest"``, torch's default, and
+    ``"tf32"`` after ``torch.set_float32_matmul_precision("high")`` (or ``"medium"``), as for
+    ``torch.matmul``. bf16/fp16 tiles are multiplied as they are either way; the fp32 dots that remain
+    for them (the SSD's state read-outs) follow the same setting."""
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._backend import dot_precision
 from kernels.attention.reference import document_runs
 from kernels.attention.window import window_thresholds
 
@@ -30,14 +31,14 @@ from kernels.attention.window import window_thresholds
 @triton.jit
 def _scores(q, k, bias_ptr, pad_ptr, doc_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
             HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-            HAS_DOCS: tl.constexpr):
+            HAS_DOCS: tl.constexpr, DOT: tl.constexpr):
     """``[BLOCK_M, BLOCK_N]`` biased scores and the mask of allowed (query, key) pairs.
 
     With documents (``S == T``), a query keeps to the keys of its own document.
 
     With a window, ``win_b, win_j [BLOCK_M]`` are each query's threshold (window.py): key ``j`` stays
     when ``(bias_j, j)`` is at least the query's ``w``-th best allowed ``(bias, position)``."""
-    s = tl.dot(q, tl.trans(k)) * scale
+    s = tl.dot(q, tl.trans(k), input_precision=DOT) * scale
     valid = (offs_m[:, None] < T) & (offs_n[None, :] < S)
     key_bias = offs_n.to(tl.float32) * 0.0  # without a bias every key ties at 0
     if HAS_BIAS:
@@ -107,7 +108,8 @@ def _forward(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, O, LSE,
              sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_t, so_h, sbias_b, sbias_h, spad_b, sdoc_b,
              T, S, H, GROUP, D, scale,
              HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-             HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+             HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+             DOT: tl.constexpr):
     bh, pid_m = tl.program_id(0), tl.program_id(1)  # b·h on axis 0: up to 2^31 − 1
     b, h = bh // H, bh % H
     hk = h // GROUP
@@ -132,7 +134,7 @@ def _forward(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, O, LSE,
         kv_mask = (offs_n[:, None] < S) & in_d
         k = tl.load(_tile(K, offs_n, sk_s, offs_d), mask=kv_mask, other=0.0)
         s, valid = _scores(q, k, bias_ptr, pad_ptr, doc_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
-                           HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW, HAS_DOCS)
+                           HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW, HAS_DOCS, DOT)
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
@@ -140,7 +142,7 @@ def _forward(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, O, LSE,
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(_tile(V, offs_n, sv_s, offs_d), mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT)
         m_i = m_new
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -155,7 +157,8 @@ def _backward_kv(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, 
                  sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdk_b, sdk_s, sdk_h, sbias_b, sbias_h, spad_b, sdoc_b,
                  T, S, H, GROUP, D, scale,
                  HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                 HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                 HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 DOT: tl.constexpr):
     bh, pid_n = tl.program_id(0), tl.program_id(1)  # b·h on axis 0: up to 2^31 − 1
     b, h = bh // H, bh % H
     hk = h // GROUP
@@ -181,12 +184,12 @@ def _backward_kv(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, 
         q, do, lse, delta, win_b, win_j = _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, bh, offs_m, offs_d,
                                                          in_d, sq_b, sq_t, sq_h, T, HAS_WINDOW)
         s, valid = _scores(q, k, bias_ptr, pad_ptr, doc_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
-                           HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW, HAS_DOCS)
+                           HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW, HAS_DOCS, DOT)
         p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)  # [BLOCK_M, BLOCK_N]
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-        dp = tl.dot(do, tl.trans(v))
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT)
         ds = p * (dp - delta[:, None])
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q) * scale
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT) * scale
         dbias += tl.sum(ds, 0)
     out = _tile(DK, offs_n, sdk_s, offs_d)
     tl.store(out, dk.to(DK.dtype.element_ty), mask=kv_mask)
@@ -201,7 +204,8 @@ def _backward_q(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
                 sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sbias_b, sbias_h, spad_b, sdoc_b,
                 T, S, H, GROUP, D, scale,
                 HAS_BIAS: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                DOT: tl.constexpr):
     bh, pid_m = tl.program_id(0), tl.program_id(1)  # b·h on axis 0: up to 2^31 − 1
     b, h = bh // H, bh % H
     hk = h // GROUP
@@ -225,27 +229,30 @@ def _backward_q(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
         k = tl.load(_tile(K, offs_n, sk_s, offs_d), mask=kv_mask, other=0.0)
         v = tl.load(_tile(V, offs_n, sv_s, offs_d), mask=kv_mask, other=0.0)
         s, valid = _scores(q, k, bias_ptr, pad_ptr, doc_ptr, win_b, win_j, offs_m, offs_n, T, S, scale,
-                           HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW, HAS_DOCS)
+                           HAS_BIAS, HAS_PAD, CAUSAL, HAS_WINDOW, HAS_DOCS, DOT)
         p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
-        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k) * scale
+        ds = p * (tl.dot(do, tl.trans(v), input_precision=DOT) - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT) * scale
     tl.store(_tile(DQ, offs_m, sq_t, offs_d), dq.to(DQ.dtype.element_ty),
              mask=q_mask)
 
 
-def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16) -> dict:
+def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16, dot: str = "ieee") -> dict:
     """Tiles, warps and pipeline stages; ``DKV_BLOCK_M`` is how many query rows the dK/dV/dbias kernel
     takes per step (its ``BLOCK_M``). On CUDA in bf16/fp16: 64×64 tiles (32 key rows above head dim
     64), 8 warps, and 32 query rows per dK/dV step, at which ``python -m recipes.benchmarks.compile_check``
     finds no register spills on sm_90 at head dim 64 (with 64 query rows that kernel sits at 255
     registers and spills 40 bytes, 88 with documents; with 4 warps it spills 280). In fp32: 32×32
     tiles, 4 warps and 2 stages — the 64×64 tiles spill there and need up to 112 KiB of shared memory,
-    more than consumer GPUs have. Not timed: no GPU yet."""
+    more than consumer GPUs have; with full-fp32 dots (``dot="ieee"``, torch's default precision) 8 warps,
+    where 4 spill 5.7 KB per thread in the dK/dV kernel (8 still spill 0.6 KB: TF32 is the fast fp32
+    path). Not timed: no GPU yet."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     if not cuda:  # the interpreter: small tiles, and a dK/dV step unlike BLOCK_M, as on a GPU
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=4, num_stages=1, DKV_BLOCK_M=32)
     if dtype == torch.float32:
-        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, num_warps=4, num_stages=2, DKV_BLOCK_M=32)
+        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, num_warps=8 if dot == "ieee" else 4, num_stages=2,
+                    DKV_BLOCK_M=32)
     return dict(BLOCK_M=64, BLOCK_N=64 if block_d <= 64 else 32, BLOCK_D=block_d, num_warps=8, num_stages=3,
                 DKV_BLOCK_M=32)
 
@@ -262,13 +269,14 @@ class FlashBiasAttention(torch.autograd.Function):
         docs = document_ids.to(torch.int32).contiguous() if document_ids is not None else q.new_zeros(1, 1, dtype=torch.int32)
         o = torch.empty_like(q)
         lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
-        config = launch_config(D, q.is_cuda, q.dtype)
+        dot = dot_precision()
+        config = launch_config(D, q.is_cuda, q.dtype, dot)
         dkv_block_m = config.pop("DKV_BLOCK_M")
         if max(triton.cdiv(T, config["BLOCK_M"]), triton.cdiv(S, config["BLOCK_N"])) > 65535:  # grid axis 1
             raise ValueError(f"attention: backend='triton' takes at most 65,535 blocks of {config['BLOCK_M']} queries "
                              f"and {config['BLOCK_N']} keys; got T={T:,}, S={S:,}")
         flags = dict(HAS_BIAS=bias is not None, HAS_PAD=key_padding_mask is not None, CAUSAL=causal,
-                     HAS_WINDOW=keep_window is not None, HAS_DOCS=document_ids is not None)
+                     HAS_WINDOW=keep_window is not None, HAS_DOCS=document_ids is not None, DOT=dot)
         if keep_window is not None:  # two numbers per query; the selection carries no gradient
             win_b, win_j = window_thresholds(bias, key_padding_mask, batch=B, heads=H, T=T, S=S, causal=causal,
                                              keep_window=keep_window, device=q.device, document_ids=document_ids)

@@ -37,13 +37,17 @@ gradients below hold unchanged (a term that is masked out contributes to neither
 Any ``T``: rows past ``T`` load as zero with ``dt = 0``, which contributes nothing, and the log-decays
 are padded with ``a = 0``. Groups: ``B``/``C`` rows are read at group ``h // (H / G)``; their
 gradients are written per head and summed over each group afterwards (no atomics, deterministic).
-Dot products take the inputs' dtype (tf32 for fp32 inputs on a GPU, as mamba_ssm does).
+Dot products take the inputs' dtype; fp32 tiles (fp32 inputs, and the state read-outs for every dtype)
+are multiplied as torch multiplies fp32 matrices: full fp32 by default, TF32 after
+``torch.set_float32_matmul_precision("high")`` (``kernels._backend.dot_precision``).
 """
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from kernels._backend import dot_precision
 
 
 @triton.jit
@@ -99,7 +103,7 @@ def _state_tile(ptr, offs_qk, offs_v, DQK, DV, TRANS_STATE: tl.constexpr):
 @triton.jit
 def _chunk_state(X, DT, BM, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N,
                  DECAY_TO_END: tl.constexpr, SCALE_BY_DT: tl.constexpr, HAS_DOCS: tl.constexpr,
-                 BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+                 BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     """``OUT[b, c, h] = Σ_l w_l X_l ⊗ BM_l`` over chunk ``c``: ``[P, N]`` fp32.
 
     ``w_l = exp(α_c − Λ_l)·dt_l`` (forward: the chunk's state) or ``exp(Λ_l)`` (backward: what the
@@ -132,7 +136,7 @@ def _chunk_state(X, DT, BM, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N
         w = tl.where(valid, w, 0.0)
         if HAS_DOCS:
             w = tl.where(tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid, other=-1) == seg_target, w, 0.0)
-        acc += tl.dot(tl.trans((x * w[:, None]).to(bm.dtype)), bm)
+        acc += tl.dot(tl.trans((x * w[:, None]).to(bm.dtype)), bm, input_precision=DOT)
     out = OUT + ((b.to(tl.int64) * n_chunks + c) * H + h) * P * N + (offs_p[:, None] * N + offs_n[None, :])
     tl.store(out, acc, mask=(offs_p[:, None] < P) & (offs_n[None, :] < N))
 
@@ -177,7 +181,7 @@ def _decayed_scan(U, LAM, SEG, H0, OUT, T, L, Tp, n_chunks, H, PN,
 @triton.jit
 def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS, V_HEADS, DQK, DV,
                 TRANS_STATE: tl.constexpr, HAS_D: tl.constexpr, HAS_DOCS: tl.constexpr,
-                BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr):
+                BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """``OUT_l = Σ_{m≤l} (Q_l·K_m) exp(Λ_l − Λ_m) dt_m V_m + exp(Λ_l) Q_l M_c (+ D V_l)`` per head, with
     ``M_c [DQK, DV]`` the entering state ``STATES[b, c, h]`` (``[P, N]``, transposed when TRANS_STATE).
 
@@ -195,7 +199,9 @@ def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H
 
     # The state entering the chunk, read out at each row and decayed to it.
     state = _state_tile(STATES + ((b.to(tl.int64) * (n_chunks + 1) + c) * H + h) * DQK * DV, offs_qk, offs_v, DQK, DV, TRANS_STATE)
-    acc = tl.dot(q.to(tl.float32), state) * tl.exp(lam_l)[:, None]  # [BLOCK_L, BLOCK_V]
+    # In the inputs' dtype, as mamba_ssm reads its states out: an fp32 dot beside bf16 tiles spills 1.4 KB
+    # per thread on sm_90 in full fp32 (recipes.benchmarks.compile_check).
+    acc = tl.dot(q, state.to(q.dtype), input_precision=DOT) * tl.exp(lam_l)[:, None]  # [BLOCK_L, BLOCK_V]
     if HAS_DOCS:  # only rows still in the document the entering state belongs to
         seg_l = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid_l, other=-1)
         acc = tl.where((seg_l == _seg_before(SEG, b, c, L, T))[:, None], acc, 0.0)
@@ -212,8 +218,8 @@ def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H
         if HAS_DOCS:
             causal &= tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_m), mask=valid_m, other=-2)[None, :] == seg_l[:, None]
         decay = tl.exp(tl.where(causal, lam_l[:, None] - lam_m[None, :], float("-inf")))
-        s = tl.dot(q, tl.trans(k.to(q.dtype))) * decay * dt_m[None, :]  # [BLOCK_L, BLOCK_M]
-        acc += tl.dot(s.to(v.dtype), v)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT) * decay * dt_m[None, :]  # [BLOCK_L, BLOCK_M]
+        acc += tl.dot(s.to(v.dtype), v, input_precision=DOT)
 
     if HAS_D:  # forward only, where V is x
         v_l = tl.load(_rows(V, b, c, L, T, V_HEADS, v_head, DV, offs_l, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
@@ -224,7 +230,7 @@ def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H
 @triton.jit
 def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS, V_HEADS, DQK,
                         DV, TRANS_STATE: tl.constexpr, SCALE_BY_DT: tl.constexpr, HAS_DOCS: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """The transpose of :func:`_chunk_scan`, for source rows ``m`` of chunk ``c``, streaming the rows
     ``l ≥ m``: ``OUT_m = [Σ_{l≥m} (Q_m·K_l) exp(Λ_l − Λ_m) V_l + exp(α_c − Λ_m) Q_m M_c] (· dt_m)``, fp32,
     with ``M_c`` from ``dS_c = DSTATES[b, c+1, h]`` (``[P, N]``, transposed when TRANS_STATE).
@@ -245,7 +251,7 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks,
     ds = _state_tile(DSTATES + ((b.to(tl.int64) * (n_chunks + 1) + c + 1) * H + h) * DQK * DV, offs_qk, offs_v, DQK, DV,
                      TRANS_STATE)
     lam_end = tl.load(lam_ptr + L - 1)
-    acc = tl.dot(q.to(tl.float32), ds) * tl.exp(lam_end - lam_m)[:, None]  # [BLOCK_M, BLOCK_V]
+    acc = tl.dot(q, ds.to(q.dtype), input_precision=DOT) * tl.exp(lam_end - lam_m)[:, None]  # [BLOCK_M, BLOCK_V]
     if HAS_DOCS:  # only rows of the document the chunk's final state belongs to
         seg_m = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_m), mask=valid_m, other=-1)
         acc = tl.where((seg_m == _seg_end(SEG, b, c, L, T))[:, None], acc, 0.0)
@@ -259,8 +265,8 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks,
         if HAS_DOCS:
             causal &= tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid_l, other=-2)[None, :] == seg_m[:, None]
         decay = tl.exp(tl.where(causal, lam_l[None, :] - lam_m[:, None], float("-inf")))  # [BLOCK_M, BLOCK_L]
-        s = tl.dot(q, tl.trans(k.to(q.dtype))) * decay
-        acc += tl.dot(s.to(v.dtype), v)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT) * decay
+        acc += tl.dot(s.to(v.dtype), v, input_precision=DOT)
 
     if SCALE_BY_DT:
         acc *= tl.load(_per_position(DT, b, c, L, T, H, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)[:, None]
@@ -297,7 +303,7 @@ def _chunk_state_call(X, dt, BM, lam, seg, T, L, forward: bool, blk: dict) -> to
     _chunk_state[(batch * n_chunks, H)](
         X, dt, BM, lam, lam if seg is None else seg, out, T, L, lam.shape[-1], n_chunks, H, BM.shape[2], P, N,
         DECAY_TO_END=forward, SCALE_BY_DT=forward, HAS_DOCS=seg is not None, BLOCK_L=blk["rows"], BLOCK_P=blk["P"], BLOCK_N=blk["N"],
-        num_warps=blk["warps"], num_stages=blk["stages"],
+        DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
     )
     return out  # [b, nc, h, P, N]
 
@@ -324,7 +330,7 @@ def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: b
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], DQK, DV,
         TRANS_STATE=trans_state, HAS_D=D is not None, HAS_DOCS=seg is not None,
         BLOCK_L=blk["rows"], BLOCK_M=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
-        num_warps=blk["warps"], num_stages=blk["stages"],
+        DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
     )
 
 
@@ -337,7 +343,7 @@ def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_s
         K.shape[2], V.shape[2], Q.shape[-1], V.shape[-1], TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state,
         HAS_DOCS=seg is not None,
         BLOCK_M=blk["rows"], BLOCK_L=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
-        num_warps=blk["warps"], num_stages=blk["stages"],
+        DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
     )
 
 
@@ -351,7 +357,7 @@ class SSDScan(torch.autograd.Function):
         # Tiles sized for the widest operand: fp32 B, C beside a bf16 x (RoPE tables under autocast) need
         # the fp32 tiles, or the shared memory outgrows smaller GPUs.
         widest = torch.float32 if torch.float32 in (x.dtype, B.dtype, C.dtype) else x.dtype
-        blk = launch_config(P, N, x.is_cuda, widest)
+        blk = {**launch_config(P, N, x.is_cuda, widest), "dot": dot_precision()}  # fp32 dots as torch's
         lam = _chunk_log_decays(dt, A, L)  # [b, h, nc·L]
         # [b, T] int32: each position's document, 0 before the first start (the initial state's)
         seg = None if document_starts is None else document_starts.to(torch.int32).cumsum(1, dtype=torch.int32)

@@ -55,6 +55,9 @@ def cases(dtype: str) -> list[Case]:
     from kernels.ssd import triton as ssd
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    from kernels._backend import dot_precision
+
+    dot = dot_precision()  # as the wrappers choose: torch's fp32 matmul precision
     out = []
     # SSD at the benchmark's P=64, N=128.
     cfg = ssd.launch_config(64, 128, cuda=True, dtype=torch_dtype)
@@ -64,20 +67,20 @@ def cases(dtype: str) -> list[Case]:
     seg = {"SEG": "*i32"}
     ssd_cases = [
         Case("ssd _chunk_state (forward)", ssd._chunk_state, dict(DECAY_TO_END=True, SCALE_BY_DT=True, BLOCK_L=rows,
-             BLOCK_P=P, BLOCK_N=N), warps, ("X", "BM"), f32("DT", "LAM", "OUT")),
+             BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "BM"), f32("DT", "LAM", "OUT")),
         Case("ssd _chunk_state (backward)", ssd._chunk_state, dict(DECAY_TO_END=False, SCALE_BY_DT=False,
-             BLOCK_L=rows, BLOCK_P=P, BLOCK_N=N), warps, ("X", "BM"), f32("DT", "LAM", "OUT")),
+             BLOCK_L=rows, BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "BM"), f32("DT", "LAM", "OUT")),
         Case("ssd _decayed_scan", ssd._decayed_scan, dict(HAS_H0=True, REVERSE=True, BLOCK=1024), {}, (),
              f32("U", "LAM", "H0", "OUT")),
         Case("ssd _chunk_scan (y)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True, BLOCK_L=rows, BLOCK_M=rows,
-             BLOCK_QK=N, BLOCK_V=P), warps, ("Q", "K", "V", "OUT"), f32("DT", "LAM", "STATES", "DSKIP")),
+             BLOCK_QK=N, BLOCK_V=P, DOT=dot), warps, ("Q", "K", "V", "OUT"), f32("DT", "LAM", "STATES", "DSKIP")),
         Case("ssd _chunk_scan (dC)", ssd._chunk_scan, dict(TRANS_STATE=False, HAS_D=False, BLOCK_L=rows, BLOCK_M=rows,
-             BLOCK_QK=P, BLOCK_V=N), warps, ("Q", "K", "V"), f32("DT", "LAM", "STATES", "DSKIP", "OUT")),
+             BLOCK_QK=P, BLOCK_V=N, DOT=dot), warps, ("Q", "K", "V"), f32("DT", "LAM", "STATES", "DSKIP", "OUT")),
         Case("ssd _chunk_scan_reverse (dx)", ssd._chunk_scan_reverse, dict(TRANS_STATE=True, SCALE_BY_DT=False,
-             BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=N, BLOCK_V=P), warps, ("Q", "K", "V"),
+             BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=N, BLOCK_V=P, DOT=dot), warps, ("Q", "K", "V"),
              f32("DT", "LAM", "DSTATES", "OUT")),
         Case("ssd _chunk_scan_reverse (dB)", ssd._chunk_scan_reverse, dict(TRANS_STATE=False, SCALE_BY_DT=True,
-             BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=P, BLOCK_V=N), warps, ("Q", "K", "V"),
+             BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=P, BLOCK_V=N, DOT=dot), warps, ("Q", "K", "V"),
              f32("DT", "LAM", "DSTATES", "OUT")),
     ]
     # Each SSD kernel without and with packed documents (their masks cost registers).
@@ -87,13 +90,13 @@ def cases(dtype: str) -> list[Case]:
                             case.options, case.data, {**case.types, **seg}))
     # Attention at head dim 64 with every option on (bias, padding, causal, window), then with packed
     # documents in place of the window (the two never meet: the host refuses documents with a window).
-    cfg = attention.launch_config(64, cuda=True, dtype=torch_dtype)
+    cfg = attention.launch_config(64, cuda=True, dtype=torch_dtype, dot=dot)
     warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
     dkv_block_m = cfg.pop("DKV_BLOCK_M")
     types = {"PAD": "*i8", "DOC": "*i32", "WIN_J": "*i32", "scale": "fp32", **f32("WIN_B", "LSE", "DELTA", "DBIAS")}
     data = ("Q", "K", "V", "BIAS", "O", "DO", "DQ", "DK", "DV")
     for label, window in (("", True), (", documents", False)):
-        flags = dict(HAS_BIAS=True, HAS_PAD=True, CAUSAL=True, HAS_WINDOW=window, HAS_DOCS=not window, **cfg)
+        flags = dict(HAS_BIAS=True, HAS_PAD=True, CAUSAL=True, HAS_WINDOW=window, HAS_DOCS=not window, DOT=dot, **cfg)
         for kernel in (attention._forward, attention._backward_kv, attention._backward_q):
             rows = {"BLOCK_M": dkv_block_m} if kernel is attention._backward_kv else {}
             out.append(Case(f"attention {kernel.__name__}{label}", kernel, {**flags, **rows}, warps, data, types))
@@ -162,7 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability ×10: 80 A100, 90 H100 (default)")
     parser.add_argument("--dtypes", nargs="+", default=["bf16"], choices=DTYPES)
+    parser.add_argument("--tf32", action="store_true", help="fp32 tiles in TF32, as after "
+                        "torch.set_float32_matmul_precision('high') (default: full fp32, torch's default)")
     args = parser.parse_args(argv)
+    if args.tf32:
+        import torch
+
+        torch.set_float32_matmul_precision("high")
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("recipes.benchmarks.compile_check: unset TRITON_INTERPRET (it makes @triton.jit build interpreter functions, "
               "which cannot be compiled)", file=sys.stderr)

@@ -63,3 +63,16 @@ def test_expert_mix_refuses_float64_under_triton():
     with pytest.raises(ValueError, match=r"expert_mix: the Triton kernel takes fp16, bf16 or fp32"):
         expert_mix(x, torch.zeros(3, 1, 2, dtype=torch.long), torch.ones(3, 1, 2, dtype=torch.float64),
                    torch.randn(4, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64), backend="triton")
+
+
+def test_fp32_dots_follow_torchs_matmul_precision():
+    """Full fp32 under torch's default ("highest"), TF32 where torch's own fp32 matmuls would use it."""
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert _backend.dot_precision() == "ieee"
+        for setting in ("high", "medium"):
+            torch.set_float32_matmul_precision(setting)
+            assert _backend.dot_precision() == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -1,0 +1,66 @@
+"""fp16 through the Triton kernels under the interpreter (it runs fp16, not bf16): the kernels' error
+against an fp32 reference is at most about twice that of the plain-torch reference run in fp16 (flash-
+attention's rule; 2.5× for the SSD), on the output and every gradient — odd lengths, documents, T ≠ S, GQA 3:1 and
+head dims 80 and 96 padded to 128-wide tiles. On CUDA, tests/kernels/test_gpu_precision.py runs bf16."""
+
+import pytest
+import torch
+
+from kernels.attention import attention
+from kernels.ssd import ssd_scan
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HALF = torch.float16
+
+
+def results(fn, inputs: dict, seed: int = 1) -> list[torch.Tensor]:
+    """Outputs and the gradients of every floating input of ``Σ ⟨out, w⟩``, as fp32."""
+    leaves = {k: (v.detach().clone().requires_grad_() if v is not None and v.is_floating_point() else v)
+              for k, v in inputs.items()}
+    out = fn(**leaves)
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out.shape, generator=g).to(out.device)
+    grads = torch.autograd.grad((out.float() * w).sum(), [v for v in leaves.values() if v is not None and v.requires_grad])
+    return [t.detach().float() for t in (out, *grads)]
+
+
+def assert_rule(kernel, reference, inputs: dict, factor: float):
+    """Every result's max error is at most ``factor`` × the fp16 reference's, + 1e-4 (seeded, so exact)."""
+    half = {k: (v.to(HALF) if v is not None and v.is_floating_point() else v) for k, v in inputs.items()}
+    full = {k: (v.float() if v is not None and v.is_floating_point() else v) for k, v in half.items()}
+    want = results(reference, full)
+    for name, got, base, w in zip(["out", *[k for k, v in half.items() if v is not None and v.is_floating_point()]],
+                                  results(kernel, half), results(reference, half), want):
+        err, err_torch = (got - w).abs().max().item(), (base - w).abs().max().item()
+        assert err <= factor * err_torch + 1e-4, f"{name}: kernel fp16 error {err:.3g} > {factor} × torch fp16 error {err_torch:.3g}"
+
+
+@pytest.mark.parametrize("B, T, S, H, Hkv, D, docs", [
+    (1, 37, 37, 3, 1, 80, False),   # GQA 3:1, D 80 in a 128-wide tile
+    (2, 21, 45, 2, 2, 96, False),   # T ≠ S (a cache), D 96
+    (1, 50, 50, 2, 1, 64, True),    # packed documents
+])
+def test_attention_fp16(B, T, S, H, Hkv, D, docs):
+    torch.manual_seed(0)
+    inputs = dict(q=torch.randn(B, T, H, D, device=DEVICE), k=torch.randn(B, S, Hkv, D, device=DEVICE),
+                  v=torch.randn(B, S, Hkv, D, device=DEVICE), bias=torch.randn(B, H, S, device=DEVICE))
+    document_ids = torch.arange(T, device=DEVICE).div(17, rounding_mode="floor").expand(B, T) if docs else None
+    run = lambda backend: lambda **a: attention(**a, causal=True, document_ids=document_ids, backend=backend)  # noqa: E731
+    assert_rule(run("triton"), run("reference"), inputs, factor=2.0)  # at most 1.9× here; fp16 accumulation gives 2.6×
+
+
+@pytest.mark.parametrize("T, chunk, docs", [(45, 16, False), (70, 32, True)])
+def test_ssd_fp16(T, chunk, docs):
+    torch.manual_seed(0)
+    H, P, G, N = 4, 16, 2, 16
+    inputs = dict(x=torch.randn(1, T, H, P, device=DEVICE),
+                  dt=torch.nn.functional.softplus(torch.randn(1, T, H, device=DEVICE) - 1.0),
+                  B=torch.randn(1, T, G, N, device=DEVICE), C=torch.randn(1, T, G, N, device=DEVICE))
+    A = -torch.exp(0.5 * torch.randn(H, device=DEVICE))
+    starts = None
+    if docs:
+        starts = torch.zeros(1, T, dtype=torch.bool, device=DEVICE)
+        starts[0, [0, 23, 51]] = True
+    run = lambda backend: lambda **a: ssd_scan(a["x"], a["dt"], A.to(a["x"].dtype), a["B"], a["C"], chunk_size=chunk,  # noqa: E731
+                                               document_starts=starts, backend=backend)
+    assert_rule(run("triton"), run("reference"), inputs, factor=2.5)  # at most 2.1× here (the chunk's scores in fp16)
