@@ -31,10 +31,13 @@ SEQUENCE_MIXERS = {
 STATE_MIXERS = {
     "MLP": MLP,
     "MLP switanh": partial(MLP, activation="switanh"),
-    "RoutedMoE": partial(RoutedMoE, n_experts=4),
-    "SharedExpertMoE": partial(SharedExpertMoE, n_experts=4),
-    "CohesiveMoE": partial(CohesiveMoE, n_experts=4),
-    "ExpansiveMoE scalar gates": partial(ExpansiveMoE, n_experts=4, gate="scalar"),
+    "RoutedMoE": partial(RoutedMoE, n_experts=5, top_k=2, d_ff=10),
+    "RoutedMoE top-1": partial(RoutedMoE, n_experts=6, top_k=1, d_ff=8),
+    "RoutedMoE normalized, swisig": partial(RoutedMoE, n_experts=4, top_k=3, d_ff=8, activation="swisig", normalize=True),
+    "SharedExpertMoE, 2 shared": partial(SharedExpertMoE, n_experts=4, n_shared=2, d_ff=6),
+    "CohesiveMoE": partial(CohesiveMoE, n_experts=4, d_ff=10),
+    "ExpansiveMoE": partial(ExpansiveMoE, n_experts=4, d_ff=6, d_shared=14),
+    "ExpansiveMoE scalar gates": partial(ExpansiveMoE, n_experts=4, d_ff=6, d_shared=14, gate="scalar"),
     "CDMoE, balance loss": partial(CDMoE, n_experts=64, n_heads=2, top_k=4, key_dim=8, balance_loss=True),
     "CDMoE Doge": partial(CDMoE, n_experts=64, n_heads=1, top_k=4, key_dim=None, shared_mlp="swiglu", cross_domain="parallel"),
 }

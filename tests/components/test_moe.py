@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from components import CohesiveMoE, ExpansiveMoE, HybridLM, RoutedMoE, SharedExpertMoE, TopKRouter
+from components.catalogue import STATE_MIXERS
 from components.state import switch_balancing_loss
 from components.state.router import Routing
 
@@ -56,25 +57,20 @@ def oracle(moe, x):
     return y
 
 
-MIXERS = {
-    "routed": lambda: RoutedMoE(12, n_experts=5, top_k=2, d_ff=10),
-    "routed-normalized-swisig": lambda: RoutedMoE(12, n_experts=4, top_k=3, d_ff=8, activation="swisig", normalize=True),
-    "routed-top1": lambda: RoutedMoE(12, n_experts=6, top_k=1, d_ff=8),
-    "shared-expert": lambda: SharedExpertMoE(12, n_experts=4, top_k=2, n_shared=2, d_ff=6),
-    "cohesive": lambda: CohesiveMoE(12, n_experts=4, top_k=2, d_ff=10),
-    "expansive": lambda: ExpansiveMoE(12, n_experts=4, top_k=2, d_ff=6, d_shared=14),
-    "expansive-scalar-gate": lambda: ExpansiveMoE(12, n_experts=4, top_k=2, d_ff=6, d_shared=14, gate="scalar"),
-}
+# The routed MoEs of the catalogue (every variant the contract tests run), checked here against the oracle.
+MIXERS = {name: factory for name, factory in STATE_MIXERS.items()
+          if getattr(factory, "func", factory) in (RoutedMoE, SharedExpertMoE, CohesiveMoE, ExpansiveMoE)}
+D_MODEL = 12
 
 
 @pytest.mark.parametrize("name", MIXERS)
 def test_matches_dense_oracle_outputs_and_gradients(name):
     torch.set_default_dtype(torch.float64)
     try:
-        moe = MIXERS[name]()
-        x = torch.randn(3, 7, 12, requires_grad=True)
+        moe = MIXERS[name](D_MODEL)
+        x = torch.randn(3, 7, D_MODEL, requires_grad=True)
         y = moe(x)
-        ref = oracle(moe, x.reshape(-1, 12)).view_as(y)
+        ref = oracle(moe, x.reshape(-1, D_MODEL)).view_as(y)
         torch.testing.assert_close(y, ref)
         grad_out = torch.randn_like(y)
         params = [x, *moe.parameters()]
