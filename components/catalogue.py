@@ -7,7 +7,7 @@ sync and a whole-graph compile, bad input). Each entry is a factory ``d_model ->
 
 from functools import partial
 
-from components.sequence import SSD, Expresser, InnerFuncAttention, QCAttention
+from components.sequence import SSD, Expresser, InnerFuncAttention, QCAttention, TokenShift
 from components.state import MLP, CDMoE, CohesiveMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
 
 SEQUENCE_MIXERS = {
@@ -26,6 +26,7 @@ SEQUENCE_MIXERS = {
                                              gate=True),
     "SSD conv, gate, recompute": partial(SSD, head_dim=8, d_state=8, chunk_size=4, positions="conv", gate=True, recompute=True),
     "Expresser": partial(Expresser, n_heads=4, n_kv_heads=2),
+    "TokenShift": TokenShift,
 }
 
 STATE_MIXERS = {

@@ -4,5 +4,6 @@ from components.sequence.attention import QCAttention
 from components.sequence.expresser import Expresser
 from components.sequence.inner_func_attention import InnerFuncAttention, RetrievedValue
 from components.sequence.ssd import SSD
+from components.sequence.token_shift import TokenShift
 
-__all__ = ["Expresser", "InnerFuncAttention", "QCAttention", "RetrievedValue", "SSD"]
+__all__ = ["Expresser", "InnerFuncAttention", "QCAttention", "RetrievedValue", "SSD", "TokenShift"]

@@ -132,8 +132,10 @@ def test_pathological_patterns_are_named_not_hung(pattern, problem):
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_a_nonfinite_input_reaches_its_position_and_later_never_earlier(name, value):
     """Causality holds for non-finite inputs too: a NaN at t (inside a chunk, T = 11 and chunks of 4) leaves
-    every earlier output as it was, makes t and every later output of its document non-finite, and touches
-    no other document or row. (Masked terms used to be multiplied by zero: 0 · NaN poisoned the past.)"""
+    every earlier output as it was, makes every output that depends on x_t non-finite (t and, for attention
+    and the SSD, every later one of its document; for a token shift t and t + 1: found by perturbing x_t),
+    and touches no other document or row. (Masked terms used to be multiplied by zero: 0 · NaN poisoned
+    the past.)"""
     mixer = SEQUENCE[name]().eval()
     x = torch.randn(2, 11, 32)
     documents = torch.tensor([[0] * 7 + [1] * 4, [0] * 11])
@@ -145,7 +147,11 @@ def test_a_nonfinite_input_reaches_its_position_and_later_never_earlier(name, va
         torch.testing.assert_close(y[0, :5], clean[0, :5], rtol=0, atol=1e-6)
         torch.testing.assert_close(y[1], clean[1], rtol=0, atol=1e-6)
         last = 7 if context is not None else 11  # the end of t's document
-        assert not torch.isfinite(y[0, 5:last]).all(-1).any(), "a position at or after t stayed finite"
+        moved = x.clone()
+        moved[0, 5, 3] += 1.0
+        depends = (mixer(moved, context)[0] != clean[0]).any(-1)  # [T]: the outputs x_t reaches
+        assert depends[5] and not depends[:5].any()
+        assert not torch.isfinite(y[0, depends]).all(-1).any(), "an output that depends on x_t stayed finite"
         if context is not None:
             # the next document starts afresh; a mixer that looks at values alone (not their finiteness) agrees
             assert torch.isfinite(y[0, last:]).all()
