@@ -19,11 +19,11 @@ Backward, the same kernels with other operands, and one more:
    ``(B, C, dy)`` the gradient of ``dt_m x_m`` (hence ``dx`` and ``⟨x_m, d(dt x)_m⟩`` for ``d dt``), on
    ``(x, dy, C)`` ``dB_m`` per head.
 
-The log-decays need no kernel: every term that holds ``exp(Λ_l)`` as a factor is linear in it, so
-``∂/∂Λ_l`` of the output is ``⟨dC_l, C_l⟩``; every term with ``exp(−Λ_m)`` gives ``−⟨dB_m, B_m⟩ =
-−dt_m ⟨x_m, d(dt x)_m⟩``; and the chunk total gives ``⟨G_{c+1}, E_{c+1}⟩``. A reverse cumulative sum
-inside each chunk turns ``dΛ`` into ``da``, then ``d dt = A da + ⟨x, d(dt x)⟩`` and ``dA = Σ dt da``.
-These ``O(T·H·N)`` steps are plain torch.
+The log-decays need no kernel: each ``a_k`` enters the decays of the pairs ``m < k ≤ l`` of its chunk,
+the read-outs of the entering state at ``l ≥ k``, the shares of the final state from ``m < k``, and the
+carry; ``_log_decay_gradient`` sums those terms directly (the reverse cumulative sum of ``∂/∂Λ_l`` adds
+and subtracts every pair term, which mamba_ssm dropped as unstable). Then ``d dt = A da + ⟨x, d(dt x)⟩``
+and ``dA = Σ dt da``. These steps are plain torch, with one ``[b, nc, h, L, L]`` pair tensor.
 
 Packed documents (``document_starts``): ``SEG [b, T]`` int32 numbers each position's document (the
 cumulative count of starts, so the initial state belongs to document 0, before any start). A decayed
@@ -376,7 +376,6 @@ class SSDScan(torch.autograd.Function):
         batch, T, H, P = x.shape
         G, N = B.shape[2], B.shape[3]
         L, blk = ctx.chunk_size, ctx.blk
-        n_chunks = lam.shape[-1] // L
         dy = torch.zeros_like(x) if dy is None else dy.contiguous()
 
         # dE: what the read-outs send to each entering state, then the reverse recurrence over chunks.
@@ -395,13 +394,8 @@ class SSDScan(torch.autograd.Function):
             dx = dx + D.float()[:, None] * dy.float()
         ddt_x = (x.float() * dxdt).sum(-1)  # [b, T, h] ⟨x, d(dt·x)⟩
 
-        # Log-decays (module docstring): dΛ_l = ⟨dC_l, C_l⟩ − dt_l ⟨x_l, d(dt x)_l⟩ + [l = L] ⟨G_{c+1}, E_{c+1}⟩.
+        da = _log_decay_gradient(x, dt, B, C, dy, lam, states, d_states, seg, L)  # [b, T, h]
         per_group = lambda t: t.view(batch, T, G, H // G, N)  # noqa: E731  [b, T, g, h/g, N]
-        d_lam = (per_group(dC_heads) * C.float()[:, :, :, None]).sum(-1).view(batch, T, H)
-        d_lam = d_lam - dt.float() * ddt_x  # [b, T, h]
-        d_lam = F.pad(d_lam, (0, 0, 0, n_chunks * L - T)).view(batch, n_chunks, L, H)  # [b, nc, L, h]
-        d_lam[:, :, -1] += torch.einsum("bchpn,bchpn->bch", d_states[:, 1:], states[:, 1:])
-        da = d_lam.flip(2).cumsum(2).flip(2).view(batch, n_chunks * L, H)[:, :T]  # [b, T, h]
 
         dx = dx.to(x.dtype)
         d_dt = (ddt_x + da * A.float()).to(dt.dtype)
@@ -417,3 +411,64 @@ def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_sta
     """Same contract as :func:`kernels.ssd.reference.ssd_chunked`: returns ``(y [b,T,h,P] in x's dtype,
     final_state [b,h,P,N] fp32)``; ``document_starts [b, T]`` bool resets the state where True."""
     return SSDScan.apply(x, dt, A, B, C, D, initial_state, chunk_size, document_starts)
+
+
+def _log_decay_gradient(x, dt, B, C, dy, lam, states, d_states, seg, L: int) -> torch.Tensor:
+    """``da [b, T, h]`` fp32, the gradient of each step's log-decay ``a_k = dt_k A``, summed term by term.
+
+    ``a_k`` enters every decay ``exp(Λ_l − Λ_m)`` with ``m < k ≤ l`` (inside a chunk), every read-out
+    ``exp(Λ_l)`` of the entering state with ``l ≥ k``, every share ``exp(α_c − Λ_m)`` of the chunk's final
+    state with ``m < k``, and the carry ``exp(α_c)`` of the entering state. So
+
+        da_k = Σ_{l≥k} Σ_{m<k} T_lm + Σ_{l≥k} R_l + Σ_{m<k} U_m + ⟨G_{c+1}, exp(α_c) E_c⟩
+
+    with ``T_lm = (dy_l·x_m)(C_l·B_m) exp(Λ_l − Λ_m) dt_m``, ``R_l = exp(Λ_l) ⟨dy_l, E_c C_l⟩`` and
+    ``U_m = dt_m exp(α_c − Λ_m) ⟨x_m, G_{c+1} B_m⟩``, each under the documents' masks. The shorter
+    route, a reverse cumulative sum of ``∂/∂Λ_l``, adds each pair term once and subtracts it once
+    (mamba_ssm keeps it as ``_chunk_scan_bwd_ddAcs_unstable``): in fp16 at L = 256 with small dt its
+    dA error was twice what the inputs' rounding gives. Plain torch, ``[b, nc, h, L, L]`` in memory
+    (as the reference's chunked form)."""
+    batch, T, H, P = x.shape
+    G, n_chunks = B.shape[2], lam.shape[-1] // L
+    pad = n_chunks * L - T
+    chunked = lambda t: F.pad(t.float(), (0, 0) * (t.dim() - 2) + (0, pad)).view(batch, n_chunks, L, *t.shape[2:])  # noqa: E731
+    heads = lambda t: t.repeat_interleave(H // G, dim=2)  # noqa: E731  [b, T, g, N] -> [b, T, h, N]
+    xc, dyc, Bc, Cc = chunked(x), chunked(dy), chunked(heads(B)), chunked(heads(C))  # [b, nc, L, h, ·]
+    dtc = chunked(dt)  # [b, nc, L, h]
+    lam_c = lam.view(batch, H, n_chunks, L).permute(0, 2, 3, 1)  # [b, nc, L, h]: Λ
+    alpha = lam_c[:, :, -1:]  # [b, nc, 1, h]: α_c
+    E, G1 = states[:, :-1], d_states[:, 1:]  # [b, nc, h, P, N]: entering state, gradient of the final one
+
+    # Masks from the documents: pairs in one document; read-outs of a state its document entered with;
+    # shares of the final state from its own document; the carry when no document starts in the chunk.
+    pair = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()  # [l, m]: m ≤ l
+    pair = pair.expand(batch, n_chunks, L, L)
+    reads = shares = torch.ones(batch, n_chunks, L, dtype=torch.bool, device=x.device)
+    carries = torch.ones(batch, n_chunks, dtype=torch.bool, device=x.device)
+    if seg is not None:
+        seg_c = F.pad(seg, (0, pad), value=-1).view(batch, n_chunks, L)  # [b, nc, L]
+        ends = torch.minimum(torch.arange(n_chunks, device=x.device) * L + L - 1, torch.tensor(T - 1))
+        seg_end = seg[:, ends]  # [b, nc]
+        seg_before = F.pad(seg[:, ends[:-1]], (1, 0), value=0) if n_chunks > 1 else seg.new_zeros(batch, 1)
+        pair = pair & (seg_c[..., :, None] == seg_c[..., None, :])
+        reads, shares = seg_c == seg_before[..., None], seg_c == seg_end[..., None]
+        carries = seg_before == seg_end
+
+    # Pairs: T_lm, then Σ_{l≥k} Σ_{m<k}.
+    scores = torch.einsum("bclhn,bcmhn->bchlm", Cc, Bc) * torch.einsum("bclhp,bcmhp->bchlm", dyc, xc)
+    gaps = lam_c.permute(0, 1, 3, 2)[..., :, None] - lam_c.permute(0, 1, 3, 2)[..., None, :]  # [b, nc, h, l, m]
+    decay = torch.exp(torch.where(pair[:, :, None], gaps, float("-inf")))
+    pairs = scores * decay * dtc.permute(0, 1, 3, 2)[..., None, :]  # [b, nc, h, l, m]
+    before_k = F.pad(pairs.cumsum(-1)[..., :-1], (1, 0))  # [b, nc, h, l, k]: Σ_{m<k} T_lm
+    at_or_after = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()  # [l, k]: l ≥ k
+    da = (before_k * at_or_after).sum(-2).permute(0, 1, 3, 2)  # [b, nc, k, h]
+
+    # Read-outs R_l, summed over l ≥ k; shares U_m, summed over m < k; the carry, for every k.
+    read = torch.exp(lam_c) * (torch.einsum("bclhn,bchpn->bclhp", Cc, E) * dyc).sum(-1)  # [b, nc, L, h]
+    read = torch.where(reads[..., None], read, 0.0)
+    share = dtc * torch.exp(alpha - lam_c) * (torch.einsum("bclhn,bchpn->bclhp", Bc, G1) * xc).sum(-1)
+    share = torch.where(shares[..., None], share, 0.0)
+    da = da + read.flip(2).cumsum(2).flip(2) + F.pad(share.cumsum(2)[:, :, :-1], (0, 0, 1, 0))
+    carry = torch.exp(alpha[:, :, 0]) * torch.einsum("bchpn,bchpn->bch", G1, E)  # [b, nc, h]
+    da = da + torch.where(carries[..., None], carry, 0.0)[:, :, None]
+    return da.reshape(batch, n_chunks * L, H)[:, :T]
