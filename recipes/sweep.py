@@ -199,7 +199,7 @@ def progress_lines(runs: list[Run], running: set[int], logs: Path) -> list[str]:
 
 
 def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, jobs: int = 1,
-           family: str = "", progress_every: float = 60.0) -> tuple[Path, list[Run]]:
+           family: str = "", progress_every: float = 60.0, threads: int | None = None) -> tuple[Path, list[Run]]:
     """Run each recipe (once, or once per seed ``0 … seeds-1``) as its own process, ``jobs`` at a time,
     each into a run folder named for this sweep (and seed). Returns the sweep's log folder and its runs."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -213,7 +213,7 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
                             log=logs / f"{config.stem}{suffix}.log", seed=seed))
     lock = threading.Lock()
     write_manifest(logs, family, runs)
-    threads = max(1, (os.cpu_count() or 1) // jobs)  # each process's share of the cores
+    threads = threads or max(1, (os.cpu_count() or 1) // jobs)  # each process's share of the cores
     running: set[int] = set()
     finished = threading.Event()
 
@@ -452,6 +452,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--table-only", action="store_true", help="do not run; tabulate the latest runs")
     parser.add_argument("--seeds", type=int, default=None, help="run each recipe with seeds 0 … N-1; statistics")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (threads split between them)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads per run (default: the cores divided by --jobs); fewer leaves cores free")
     parser.add_argument("--baseline", default=None, help="with --seeds: the recipe the others are compared with "
                         "(default: the family's _family.yaml)")
     parser.add_argument("--margin", type=float, default=None,
@@ -535,7 +537,7 @@ def main(argv: list[str] | None = None) -> None:
             except FileNotFoundError as error:
                 runs.append(Run(config, logger_root(config), returncode=-1, log=str(error)))
     else:
-        logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress)
+        logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress, args.threads)
     print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
     roots = {logger_root(run.config).parent for run in runs}
     print(f"\ntable and figures: {logs}/  TensorBoard: tensorboard --logdir {' '.join(map(str, sorted(roots)))}")
