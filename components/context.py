@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 import torch
 
 from components.cache import InferenceCache
-from kernels.attention import document_runs
+from kernels._finite import poison, seen_so_far, split_finite
+from kernels.attention import attention, document_runs
 from components.rotary import RotaryEmbedding
 
 
@@ -59,20 +60,41 @@ class Context:
         ids = self.document_ids
         return torch.cat([torch.zeros_like(ids[:, :1], dtype=torch.bool), ids[:, 1:] != ids[:, :-1]], dim=1)
 
-    def keys(self, owner, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """An attention layer's keys and values ``[B, T, Hkv, Dh]`` → those it attends to, with their
-        padding mask: this call's alone, or (decoding) every cached one plus this call's."""
-        if self.cache is None:
-            return k, v, self.padding_mask
-        T = k.shape[1]
-        return (self.cache.append(owner, "k", k), self.cache.append(owner, "v", v),
-                self.cache.key_padding(T))
+    def attend(self, owner, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: torch.Tensor | None = None,
+               keep_window: int | None = None, backend: str = "auto") -> torch.Tensor:
+        """Causal attention of an attention layer ``owner``: queries ``q [B, T, H, Dh]`` over this call's keys
+        ``k [B, T, Hk, Dh]``, values ``v [B, T, Hv, Dh]`` and per-key bias ``[B, H, T]`` — and, when decoding,
+        over every cached one too (this call's are appended to the cache first). Keys with fewer heads than
+        the values are repeated to the values' heads (InnerFuncAttention); the kernel repeats both to ``H``.
 
-    def key_bias(self, owner, bias: torch.Tensor | None) -> torch.Tensor | None:
-        """A per-key attention bias ``[B, H, T]`` → the one over every key attended to (cached ones too)."""
-        if self.cache is None or bias is None:
-            return bias
-        return self.cache.append(owner, "bias", bias, dim=2)
+        Decoding keeps the non-finite bookkeeping of :func:`kernels.attention.attention` per token instead of
+        per step: each entry is cleaned once, as it enters the cache, and the cache remembers which heads of
+        each sequence have met a non-finite key, value or bias — so a step costs ``O(T)`` checks, not ``O(S)``.
+        Returns ``[B, T, H, Dh]``."""
+        def heads(t: torch.Tensor, n: int) -> torch.Tensor:  # [B, ·, h, ·] → [B, ·, n, ·], each head repeated n / h times
+            return t if t.shape[2] == n else t.repeat_interleave(n // t.shape[2], dim=2)
+
+        if self.cache is None:
+            return attention(q, heads(k, v.shape[2]), v, bias=bias, causal=True, key_padding_mask=self.padding_mask,
+                             keep_window=keep_window, document_ids=self.document_ids, backend=backend)
+        T, H = q.shape[1], q.shape[2]
+        (k, bad_k), (v, bad_v) = split_finite(k, 1), split_finite(v, 1)  # bad: [B, T, heads]
+        bad = heads(bad_k, H) | heads(bad_v, H)  # [B, T, H]
+        if bias is not None:
+            bias, bad_bias = split_finite(bias, 0)
+            bad = bad | bad_bias.transpose(1, 2)
+        if self.padding_mask is not None:
+            bad = bad & ~self.padding_mask[:, :, None]  # a padded key is never attended to
+        state = self.cache.state(owner)
+        reach = seen_so_far(bad)  # [B, T, H]
+        if "nonfinite" in state:
+            reach = reach | state["nonfinite"][:, None]  # heads that met one in an earlier call
+        state["nonfinite"] = reach[:, -1]  # [B, H]
+        k, v = self.cache.append(owner, "k", k), self.cache.append(owner, "v", v)  # [B, S, ·, Dh]
+        bias = self.cache.append(owner, "bias", bias, dim=2) if bias is not None else None  # [B, H, S]
+        y = attention(q, heads(k, v.shape[2]), v, bias=bias, causal=True, key_padding_mask=self.cache.key_padding(T),
+                      keep_window=keep_window, backend=backend, check_finite=False)
+        return poison(y, reach)
 
     def zero_padding(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, T, ...]`` with the padded positions set to 0 — whatever they held, NaN or inf

@@ -19,7 +19,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x [B, T, H, d]`` by tables ``cos, sin [B, T, d]`` (broadcast over heads)."""
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, T, 1, d]
-    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+    y = x * cos + rotate_half(x) * sin
+    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):

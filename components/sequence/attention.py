@@ -8,7 +8,6 @@ from components.context import Context
 from components.norm import RMSNorm
 from components.rotary import apply_rotary
 from kernels._backend import check_backend
-from kernels.attention import attention
 
 
 class QueryKeyPositions(nn.Module):
@@ -76,9 +75,7 @@ class QCAttention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # [B, T, H, Dh]
         k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_heads, self.head_dim).unbind(2)  # 2 × [B, T, Hkv, Dh]
         q, k = self.positions(q, k, context)
-        k, v, key_padding = context.keys(self, k, v)  # [B, S, Hkv, Dh]: S = T, or every cached key when decoding
-        y = attention(q, k, v, causal=True, key_padding_mask=key_padding, document_ids=context.document_ids,
-                      backend=self.backend)
+        y = context.attend(self, q, k, v, backend=self.backend)  # [B, T, H, Dh]
         return self.out_proj(y.reshape(B, T, self.n_heads * self.head_dim))  # [B, T, d_model]
 
     def extra_repr(self) -> str:

@@ -146,12 +146,8 @@ class InnerFuncAttention(nn.Module):
         v_flat = self.value(x, context) if self.inner == "ssd" else self.value(x)  # [b, T, v_heads·Dh]
         v = v_flat.view(batch, T, self.v_heads, self.head_dim)  # [b, T, Hv, Dh]
         q, k = self.positions(q, k, context)
-        bias = context.key_bias(self, self.dynamic_bias(v_flat, context))  # [b, H, S]
-        k, v, key_padding = context.keys(self, k, v)  # [b, S, ·, Dh]: S = T, or every cached key when decoding
-        if self.v_heads != self.n_kv_heads:
-            k = k.repeat_interleave(self.v_heads // self.n_kv_heads, dim=2)  # [b, S, Hv, Dh]
-        y = attention(q, k, v, bias=bias, causal=True, key_padding_mask=key_padding, keep_window=self.keep_window,
-                      document_ids=context.document_ids, backend=self.backend)
+        y = context.attend(self, q, k, v, bias=self.dynamic_bias(v_flat, context), keep_window=self.keep_window,
+                           backend=self.backend)  # [b, T, H, Dh]
         return self.out_proj(y.reshape(batch, T, self.n_heads * self.head_dim))
 
     def dynamic_bias(self, v_flat: torch.Tensor, context: Context) -> torch.Tensor | None:

@@ -22,6 +22,7 @@ def attention(
     scale: float | None = None,
     document_ids: torch.Tensor | None = None,
     backend: str = "auto",
+    check_finite: bool = True,
 ) -> torch.Tensor:
     """Scaled-dot-product attention.
 
@@ -40,6 +41,9 @@ def attention(
             changes) and the positions. The reference writes the mask out; the Triton kernel compares
             run numbers per tile, and a ``keep_window`` is taken within each document.
         backend: ``auto`` | ``reference`` | ``triton``.
+        check_finite: take non-finite keys, values and biases out and put their reach back as NaN (default
+            True). False: the caller has done it — a decoding cache cleans each entry once, as it enters
+            (:meth:`components.context.Context.attend`) — and a non-finite input here is undefined.
 
     Returns:
         ``[B, T, H, D]``. A query with no allowed key returns zeros.
@@ -50,7 +54,9 @@ def attention(
         _check_documents(document_ids, q, k)
     # Non-finite keys, values or biases are taken out and their reach put back as NaN (kernels/_finite.py):
     # inside the kernels a masked key is multiplied by a zero probability, and 0 · NaN would reach every query.
-    k, v, bias, reach = _take_out_nonfinite(q, k, v, bias, causal, key_padding_mask, document_ids)  # reach [B, T, H]
+    reach = None
+    if check_finite:
+        k, v, bias, reach = _take_out_nonfinite(q, k, v, bias, causal, key_padding_mask, document_ids)  # reach [B, T, H]
     if resolve_backend(backend, q, op="attention", has_triton=True) == "triton":
         from kernels.attention.triton import attention_triton  # imports triton only when asked for
 
@@ -59,7 +65,7 @@ def attention(
     else:
         y = attention_reference(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
                                 keep_window=keep_window, scale=scale, document_ids=document_ids)
-    return poison(y, reach)
+    return y if reach is None else poison(y, reach)
 
 
 def _take_out_nonfinite(q, k, v, bias, causal, key_padding_mask, document_ids):

@@ -88,8 +88,9 @@ def attention_reference(
     S, Hkv = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     # Grouped-query attention: query head h reads kv head h // (H / Hkv).
-    k = k.repeat_interleave(H // Hkv, dim=2)  # [B, S, H, D]
-    v = v.repeat_interleave(H // Hkv, dim=2)  # [B, S, H, D]
+    if Hkv != H:
+        k = k.repeat_interleave(H // Hkv, dim=2)  # [B, S, H, D]
+        v = v.repeat_interleave(H // Hkv, dim=2)  # [B, S, H, D]
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T|S, D]
 
     if keep_window is not None and keep_window >= S:

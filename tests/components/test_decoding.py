@@ -34,6 +34,19 @@ def relative(got, want, valid=None):
     return ((got - want).abs().max() / want.abs().max()).item()
 
 
+def in_pieces(mixer, x, positions, mask, prefill):
+    """The mixer over ``x [B, T, d]`` as decoding runs it: a prefill of ``prefill`` tokens, then one at a time."""
+    B, T = x.shape[:2]
+    cache = InferenceCache(B, T)
+    outs = []
+    for start, stop in [(0, prefill), *((t, t + 1) for t in range(prefill, T))]:
+        piece = None if mask is None else mask[:, start:stop]
+        cache.begin(stop - start, piece)
+        outs.append(mixer(x[:, start:stop], Context(position_ids=positions[:, start:stop], padding_mask=piece, cache=cache)))
+        cache.end(stop - start)
+    return torch.cat(outs, dim=1)
+
+
 @pytest.mark.parametrize("name", MIXERS)
 @pytest.mark.parametrize("prefill", [1, 5, 8])
 @pytest.mark.parametrize("with_padding", [False, True])
@@ -45,15 +58,31 @@ def test_prefill_then_steps_equals_the_full_forward(name, prefill, with_padding)
     mask, positions = padded(B, T) if with_padding else (None, torch.arange(T).expand(B, T))
     x = torch.randn(B, T, 32)
     full = mixer(x, Context(position_ids=positions, padding_mask=mask))
-    cache = InferenceCache(B, T)
-    outs = []
-    for start, stop in [(0, prefill), *((t, t + 1) for t in range(prefill, T))]:
-        piece = None if mask is None else mask[:, start:stop]
-        cache.begin(stop - start, piece)
-        outs.append(mixer(x[:, start:stop], Context(position_ids=positions[:, start:stop], padding_mask=piece, cache=cache)))
-        cache.end(stop - start)
     valid = None if mask is None else ~mask
-    assert relative(torch.cat(outs, dim=1), full, valid) <= 1e-5
+    assert relative(in_pieces(mixer, x, positions, mask, prefill), full, valid) <= 1e-5
+
+
+@pytest.mark.parametrize("name", MIXERS)
+@pytest.mark.parametrize("prefill", [5, 8])
+def test_a_nonfinite_input_reaches_the_same_outputs_when_decoding(name, prefill):
+    """A cache cleans each key once, as it enters, and remembers which heads met a NaN or inf: the steps after
+    it must be NaN exactly where the full forward is, before and after the prefill boundary, and padding
+    that holds NaN must reach nothing."""
+    torch.manual_seed(0)
+    mixer = MIXERS[name]()
+    randomize(mixer)
+    mask, positions = padded(3, 13)
+    x = torch.randn(3, 13, 32)
+    x[0, 6, 3] = float("nan")  # row 0: inside the prefill of 8, after that of 5
+    x[1, 10, 0] = float("inf")  # row 1: a decoding step
+    x[2, 2, :] = float("nan")  # row 2: padding (6 padded positions), never seen
+    full = mixer(x, Context(position_ids=positions, padding_mask=mask))
+    got = in_pieces(mixer, x, positions, mask, prefill)
+    valid = ~mask
+    assert torch.equal(got.isnan()[valid], full.isnan()[valid])
+    assert full.isnan()[0, 6:].any() and not full.isnan()[2][valid[2]].any()  # the case is what it claims
+    finite = valid[..., None] & ~full.isnan()
+    assert torch.allclose(got[finite], full[finite], atol=1e-5, rtol=1e-4)
 
 
 ARCHITECTURES = {
