@@ -30,6 +30,10 @@ class InferenceCache:
         seen: tokens already processed, the same for every sequence (shorter prompts are left-padded).
         padding: ``[B, capacity]`` bool, True at padded positions (valid up to ``seen``).
         layers: each mixer's own state, keyed by the mixer.
+        static: one-token steps keep every shape fixed (default False): a step writes at ``cursor`` (a
+            tensor, not ``seen``) and attends over the whole ``capacity``, later positions masked as
+            padding — so ``torch.compile`` (and CUDA graphs) can take a step whole, once, for every step.
+        cursor: with ``static``, ``seen`` as a 0-dim int64 tensor on the device.
     """
 
     batch: int
@@ -39,12 +43,16 @@ class InferenceCache:
     padding: torch.Tensor | None = None
     layers: dict = field(default_factory=dict)
     has_padding: bool = False
+    static: bool = False
+    cursor: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.batch < 0:
             raise ValueError(f"InferenceCache: capacity={self.capacity} must be >= 1 and batch={self.batch} >= 0")
         if self.padding is None:
             self.padding = torch.zeros(self.batch, self.capacity, dtype=torch.bool, device=self.device)
+        if self.static and self.cursor is None:
+            self.cursor = torch.tensor(self.seen, dtype=torch.int64, device=self.padding.device)
 
     def begin(self, T: int, padding_mask: torch.Tensor | None) -> None:
         """Called by the model before a forward over the next ``T`` tokens."""
@@ -57,10 +65,20 @@ class InferenceCache:
     def end(self, T: int) -> None:
         """Called by the model after the forward: the ``T`` tokens are now cached."""
         self.seen += T
+        if self.static:
+            self.cursor.add_(T)
+
+    def fixed_step(self, T: int) -> bool:
+        """Whether a call of ``T`` tokens runs at fixed shapes (a static cache's one-token step)."""
+        return self.static and T == 1
 
     def key_padding(self, T: int) -> torch.Tensor | None:
         """``[B, seen + T]``: the padding of every key a query of this call may see (None: no padding,
-        so attention needs no mask beyond causality)."""
+        so attention needs no mask beyond causality). A static step's keys are the whole capacity: the
+        positions past this token are padding too."""
+        if self.fixed_step(T):
+            later = torch.arange(self.capacity, device=self.padding.device) > self.cursor  # [capacity]
+            return self.padding | later
         return self.padding[:, :self.seen + T] if self.has_padding else None
 
     def append(self, owner: nn.Module, name: str, new: torch.Tensor, dim: int = 1) -> torch.Tensor:
@@ -68,6 +86,8 @@ class InferenceCache:
         return every entry so far: ``[..., seen + T, ...]``. The buffer is allocated at the first call."""
         state = self.layers.setdefault(owner, {})
         T = new.shape[dim]
+        if self.fixed_step(T) and name in state:  # at the tensor cursor; every entry, later ones masked
+            return state[name].index_copy_(dim, self.cursor.view(1), new)
         if name not in state:
             shape = list(new.shape)
             shape[dim] = self.capacity
@@ -97,7 +117,7 @@ class InferenceCache:
         pick = lambda t: t.index_select(0, rows.to(t.device)) if isinstance(t, torch.Tensor) else t  # noqa: E731
         layers = {owner: {name: pick(t) for name, t in state.items()} for owner, state in self.layers.items()}
         return InferenceCache(len(rows), self.capacity, self.device, self.seen, pick(self.padding), layers,
-                              self.has_padding)
+                              self.has_padding, self.static, None if self.cursor is None else self.cursor.clone())
 
     def nbytes(self) -> int:
         """Bytes held by the cached tensors (buffers at full capacity)."""

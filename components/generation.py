@@ -1,8 +1,31 @@
 """Decoding for :class:`components.HybridLM`: greedy and sampled generation from a cache (docs/decoding.md)."""
 
+import weakref
+
 import torch
 
 from components.cache import InferenceCache
+from components.context import Context
+
+STATIC_CAPACITY = 256
+"""A compiled step's cache capacity is rounded up to a multiple of this, so that prompts of nearby lengths
+share one compiled step instead of each compiling its own."""
+
+_compiled_steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model → its compiled step
+
+
+def decode_step(model, token: torch.Tensor, position: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
+    """``token, position [B, 1]`` → next-token logits ``[B, V]``: one step from ``cache``, without the model's
+    input checks (the tokens come from the model itself) or the cache's bookkeeping (the caller's)."""
+    context = Context(position_ids=position, rotary=model.rotary, cache=cache)
+    return model.lm_head(model.mix(token, context)[:, -1])
+
+
+def compiled_step(model):
+    """:func:`decode_step` through ``torch.compile``, one per model (kept while the model lives)."""
+    if model not in _compiled_steps:
+        _compiled_steps[model] = torch.compile(decode_step, dynamic=False)
+    return _compiled_steps[model]
 
 
 def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | None = None,
@@ -39,7 +62,8 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, stop_token: int | None = None,
-             padding_mask: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+             padding_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
+             compile: bool = False) -> torch.Tensor:
     """See :meth:`components.HybridLM.generate`."""
     check_sampling(max_new_tokens, temperature, top_k, top_p)
     if stop_token is not None and not (isinstance(stop_token, int) and 0 <= stop_token < model.vocab_size):
@@ -51,7 +75,11 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
         raise ValueError("generate: prompts must be left-padded (the last position of each one a real token)")
     real = ~padding_mask if padding_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     positions = (real.long().cumsum(dim=1) - 1).clamp_min(0)  # each sequence counts from its first real token
-    cache = InferenceCache(B, T + max(max_new_tokens, 1), device=input_ids.device)
+    capacity = T + max(max_new_tokens, 1)
+    if compile:
+        capacity = -(-capacity // STATIC_CAPACITY) * STATIC_CAPACITY
+    cache = InferenceCache(B, capacity, device=input_ids.device, static=compile)
+    step = compiled_step(model) if compile else None
     logits = model(input_ids, position_ids=positions, padding_mask=padding_mask, cache=cache)[:, -1]  # [B, V]
     out = torch.empty(B, T + max_new_tokens, dtype=input_ids.dtype, device=input_ids.device)
     out[:, :T] = input_ids
@@ -67,5 +95,10 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
             out[:, T + i + 1:] = stop_token if stop_token is not None else 0
             break
         position = position + 1
-        logits = model(token[:, None], position_ids=position, cache=cache)[:, -1]
+        if step is None:
+            logits = model(token[:, None], position_ids=position, cache=cache)[:, -1]
+            continue
+        cache.begin(1, None)
+        logits = step(model, token[:, None], position, cache)
+        cache.end(1)
     return out

@@ -180,24 +180,32 @@ class HybridLM(nn.Module):
             cache.begin(T, padding_mask)
         context = Context(position_ids=position_ids, padding_mask=padding_mask, rotary=self.rotary, cache=cache,
                           document_ids=document_ids)
+        x = self.mix(input_ids, context)
+        if cache is not None:
+            cache.end(T)
+        return x
+
+    def mix(self, input_ids: torch.Tensor, context: Context) -> torch.Tensor:
+        """Embedding → blocks → final norm: ``[B, T]`` → ``[B, T, d_model]``, with no checks and no cache
+        bookkeeping (:meth:`hidden_states` does both): what a compiled decoding step runs."""
         x = self.embedding(input_ids)  # [B, T, d_model]
         for block in self.blocks:
             x = block(x, context)
-        if cache is not None:
-            cache.end(T)
         return self.norm(x)
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
         """``input_ids [B, T]`` → logits ``[B, T, vocab_size]``; keywords as :meth:`hidden_states`."""
         return self.lm_head(self.hidden_states(input_ids, **kwargs))
 
-    def new_cache(self, batch: int, capacity: int) -> InferenceCache:
-        """An empty decoding cache for ``batch`` sequences of at most ``capacity`` tokens in all."""
-        return InferenceCache(batch, capacity, device=self.embedding.weight.device)
+    def new_cache(self, batch: int, capacity: int, *, static: bool = False) -> InferenceCache:
+        """An empty decoding cache for ``batch`` sequences of at most ``capacity`` tokens in all (``static``:
+        fixed-shape steps, for a compiled step; :class:`~components.cache.InferenceCache`)."""
+        return InferenceCache(batch, capacity, device=self.embedding.weight.device, static=static)
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, stop_token: int | None = None,
-                 padding_mask: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+                 padding_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                 compile: bool = False) -> torch.Tensor:
         """Continue each prompt of ``input_ids [B, T]`` by ``max_new_tokens`` tokens → ``[B, T + max_new_tokens]``.
 
         Greedy at ``temperature=0`` (default); otherwise sampled from the softmax at that temperature,
@@ -207,9 +215,11 @@ class HybridLM(nn.Module):
         left-padded, ``padding_mask [B, T]`` True at the padding; each sequence's positions count from
         its first real token. The prompt goes through the chunked forward once (prefill); each new
         token is one step from the cache (attention: keys and values; SSD: a constant-size state).
+        ``compile=True`` runs each step through ``torch.compile`` from a fixed-shape cache: the first call
+        compiles (seconds to a minute), later steps and calls reuse it (docs/decoding.md).
         """
         return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        stop_token=stop_token, padding_mask=padding_mask, generator=generator)
+                        stop_token=stop_token, padding_mask=padding_mask, generator=generator, compile=compile)
 
     def auxiliary_losses(self) -> dict[str, torch.Tensor]:
         """The auxiliary losses of the last forward, by module name.

@@ -2,6 +2,7 @@
 
     python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "def " --max_new_tokens 200
     python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "The " --temperature 0.8 --top_p 0.95 --seed 1
+    python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "def " --max_new_tokens 500 --compile
 
 The recipe's data module says how text becomes tokens and back (``encode``/``decode``: bytes for
 ``TextCorpus``); ``--ckpt_path`` is a file, or ``last``/``best`` of the recipe's runs, as for ``fit``.
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--top_p", type=float, default=None)
     parser.add_argument("--stop", default=None, help="stop at this text (one token of it)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action="store_true",
+                        help="each step through torch.compile from a fixed-shape cache (pays off past ~100 tokens)")
     args = parser.parse_args(argv)
     from recipes.module import LanguageModel
 
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> str:
     stop = data.encode(args.stop)[0] if args.stop else None
     out = lm.model.eval().generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                    top_p=args.top_p, stop_token=stop,
-                                   generator=torch.Generator().manual_seed(args.seed))
+                                   generator=torch.Generator().manual_seed(args.seed), compile=args.compile)
     text = data.decode(out[0].tolist())
     print(text)
     return text

@@ -107,6 +107,10 @@ def attention_reference(
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True if causal and T > 1 else False,
                                                  scale=scale)
             return out.transpose(1, 2)  # [B, T, H, D]
+    if T == 1 and keep_window is None:
+        # One query (a decoding step): its [B, H, 1, S] mask costs O(S), less than the bias column's copy of every key.
+        return attention_masked(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
+                                keep_window=None, scale=scale).transpose(1, 2)  # [B, 1, H, D]
     if keep_window is None and supports(q, T, S, causal):
         out = attention_bias_sdpa(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask, scale=scale)
         return out.transpose(1, 2)  # [B, T, H, D]

@@ -34,10 +34,11 @@ def relative(got, want, valid=None):
     return ((got - want).abs().max() / want.abs().max()).item()
 
 
-def in_pieces(mixer, x, positions, mask, prefill):
-    """The mixer over ``x [B, T, d]`` as decoding runs it: a prefill of ``prefill`` tokens, then one at a time."""
+def in_pieces(mixer, x, positions, mask, prefill, static=False):
+    """The mixer over ``x [B, T, d]`` as decoding runs it: a prefill of ``prefill`` tokens, then one at a time
+    (``static``: the fixed-shape steps of a compiled decoder, over a capacity beyond ``T``)."""
     B, T = x.shape[:2]
-    cache = InferenceCache(B, T)
+    cache = InferenceCache(B, T + 5 * static, static=static)
     outs = []
     for start, stop in [(0, prefill), *((t, t + 1) for t in range(prefill, T))]:
         piece = None if mask is None else mask[:, start:stop]
@@ -60,6 +61,21 @@ def test_prefill_then_steps_equals_the_full_forward(name, prefill, with_padding)
     full = mixer(x, Context(position_ids=positions, padding_mask=mask))
     valid = None if mask is None else ~mask
     assert relative(in_pieces(mixer, x, positions, mask, prefill), full, valid) <= 1e-5
+
+
+@pytest.mark.parametrize("name", MIXERS)
+@pytest.mark.parametrize("with_padding", [False, True])
+def test_fixed_shape_steps_equal_the_full_forward(name, with_padding):
+    """A static cache's step writes at a tensor cursor and attends over the whole capacity, the positions
+    after it masked: the same outputs as the growing cache's steps."""
+    torch.manual_seed(0)
+    mixer = MIXERS[name]()
+    randomize(mixer)
+    mask, positions = padded(3, 13) if with_padding else (None, torch.arange(13).expand(3, 13))
+    x = torch.randn(3, 13, 32)
+    full = mixer(x, Context(position_ids=positions, padding_mask=mask))
+    valid = None if mask is None else ~mask
+    assert relative(in_pieces(mixer, x, positions, mask, 8, static=True), full, valid) <= 1e-5
 
 
 @pytest.mark.parametrize("name", MIXERS)
@@ -138,6 +154,38 @@ def test_greedy_generate_equals_the_argmax_loop_over_full_forwards():
         positions = (torch.cumsum(~pad, dim=1) - 1).clamp_min(0)
         nxt = model(ids, position_ids=positions, padding_mask=pad)[:, -1].argmax(-1, keepdim=True)
         ids, pad = torch.cat([ids, nxt], 1), torch.cat([pad, torch.zeros(3, 1, dtype=torch.bool)], 1)
+    assert torch.equal(out, ids)
+
+
+def test_compiled_generate_gives_the_eager_tokens():
+    """``generate(compile=True)``: each step through torch.compile from a fixed-shape cache, the prompts
+    left-padded; the tokens must be the eager ones, and a second call must reuse the compiled step."""
+    from components.generation import compiled_step
+
+    model = tiny_hybrid()
+    randomize(model)
+    mask, _ = padded(3, 7, (0, 2, 4))
+    prompt = torch.randint(1, 61, (3, 7)).masked_fill(mask, 0)
+    eager = model.generate(prompt, 12, padding_mask=mask)
+    assert torch.equal(model.generate(prompt, 12, padding_mask=mask, compile=True), eager)
+    step = compiled_step(model)
+    assert torch.equal(model.generate(prompt[:, :6], 5, padding_mask=mask[:, :6], compile=True),
+                       model.generate(prompt[:, :6], 5, padding_mask=mask[:, :6]))
+    assert compiled_step(model) is step
+
+
+def test_mamba2_decoding_stays_on_its_full_forward_over_a_long_generation():
+    """Hugging Face's Mamba-2 greedy decoding departs from its own full forward after ~54 tokens (a width-256,
+    8-layer model); ours must not: 80 greedy tokens equal the argmax loop over full forwards."""
+    torch.manual_seed(0)
+    model = HybridLM(61, 32, "S-×3", {"S": partial(SSD, positions="conv", gate=True, expand=2, head_dim=8, d_state=8,
+                                                    chunk_size=16)}, tie_embeddings=True)
+    randomize(model)
+    prompt = torch.randint(0, 61, (2, 21))
+    out = model.generate(prompt, 80)
+    ids = prompt
+    for _ in range(80):
+        ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(out, ids)
 
 

@@ -1,0 +1,125 @@
+"""``python -m recipes.benchmarks.decode_hf``: the zoo's ``generate`` against Hugging Face's, on the same weights,
+in one run (docs/decoding.md).
+
+    python -m recipes.benchmarks.decode_hf                                  # llama, mamba2, hybrid at batch 1, 8, 32
+    python -m recipes.benchmarks.decode_hf --models llama --batches 1 --threads 2
+
+A Llama and a Mamba-2 (8 layers, width 256 unless told) are built with ``transformers`` from a seed and
+imported with :mod:`recipes.hf`; the hybrid (TransXSSM's ``SM×7 AM``) has no Hugging Face form, so only the
+zoo's two modes run for it. Every mode continues the same prompts greedily by the same number of tokens:
+Hugging Face's ``generate`` with its dynamic cache and with ``cache_implementation="static"``, the zoo's
+``generate`` eager and with ``compile=True`` (each step through ``torch.compile`` from a fixed-shape cache;
+compiled once, before the timed rounds). Rounds alternate between the modes; the table gives the median
+new tokens per second and the ratio to Hugging Face's dynamic cache (for the hybrid, to the zoo's eager).
+
+A timing of two different computations would mean nothing, so every mode's tokens are checked against
+the zoo model's full forward: at each generated position the token must be the argmax of the logits of
+the full forward over everything before it (the ``argmax`` column: ok, or the first position that is not).
+
+Needs the dev extras (transformers).
+"""
+
+import argparse
+import statistics
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from recipes.benchmarks.timing import interleaved_seconds
+
+
+def hf_model(kind: str, width: int, layers: int, vocab: int):
+    import transformers
+
+    torch.manual_seed(0)
+    if kind == "llama":
+        config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=688 * width // 256,
+                                          num_hidden_layers=layers, num_attention_heads=max(width // 64, 1),
+                                          max_position_embeddings=4096, tie_word_embeddings=False)
+        return transformers.LlamaForCausalLM(config).eval()
+    config = transformers.Mamba2Config(vocab_size=vocab, hidden_size=width, num_hidden_layers=layers, expand=2,
+                                       head_dim=64, num_heads=2 * width // 64, state_size=64, n_groups=1, chunk_size=256)
+    return transformers.Mamba2ForCausalLM(config).eval()
+
+
+def zoo_hybrid(width: int, layers: int, vocab: int):
+    from components import SSD, HybridLM, QCAttention
+
+    torch.manual_seed(0)
+    pattern = " ".join(["SM"] * (layers - 1) + ["AM"])
+    return HybridLM(vocab, width, pattern, {"S": partial(SSD, head_dim=64, d_state=64, chunk_size=256),
+                                            "A": partial(QCAttention, n_heads=max(width // 64, 1))},
+                    max_seq_len=4096).eval()
+
+
+def first_departure(model, out: torch.Tensor, prompt_length: int) -> int | None:
+    """The first generated position whose token is not the argmax of the full forward before it (None: all are)."""
+    logits = model(out[:, :-1])  # [B, T-1, V]: position t predicts t+1
+    want = logits[:, prompt_length - 1:].argmax(-1)  # [B, new]
+    wrong = (want != out[:, prompt_length:]).any(0).nonzero()
+    return int(wrong[0]) if len(wrong) else None
+
+
+@torch.no_grad()
+def run(kind: str, batch: int, args) -> list[dict]:
+    import transformers  # noqa: F401 - the dev extra, named in the error if missing
+
+    from recipes.hf import from_pretrained
+
+    if kind == "hybrid":
+        zoo, hf = zoo_hybrid(args.width, args.layers, args.vocab), None
+    else:
+        hf = hf_model(kind, args.width, args.layers, args.vocab)
+        folder = Path(tempfile.mkdtemp(prefix=f"decode-{kind}-"))
+        hf.save_pretrained(folder)
+        zoo = from_pretrained(folder).eval()
+    torch.manual_seed(1)
+    prompt = torch.randint(0, args.vocab, (batch, args.prompt))
+    n = args.new_tokens
+    modes = {}
+    if hf is not None:
+        common = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        modes["hf dynamic"] = lambda: hf.generate(prompt, **common)
+        if kind == "llama":  # Mamba-2 keeps a state, not a growing cache: there is no static form to ask for
+            modes["hf static"] = lambda: hf.generate(prompt, cache_implementation="static", **common)
+    modes["zoo eager"] = lambda: zoo.generate(prompt, n)
+    modes["zoo compiled"] = lambda: zoo.generate(prompt, n, compile=True)
+    outputs = {name: fn() for name, fn in modes.items()}  # also compiles the zoo's step, before the timing
+    times = interleaved_seconds(modes, args.rounds, warmup=0)
+    base = statistics.median(times["hf dynamic" if hf is not None else "zoo eager"])
+    rows = []
+    for name in modes:
+        seconds = statistics.median(times[name])
+        departs = first_departure(zoo, outputs[name], args.prompt)
+        rows.append({"model": kind, "batch": batch, "mode": name, "tok_s": batch * n / seconds, "ratio": base / seconds,
+                     "argmax": "ok" if departs is None else f"departs at {departs}"})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["llama", "mamba2", "hybrid"], choices=["llama", "mamba2", "hybrid"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--prompt", type=int, default=256, help="prompt tokens")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} threads; {args.layers} layers × {args.width}, prompt {args.prompt}, "
+          f"{args.new_tokens} new tokens, greedy; median of {args.rounds} interleaved rounds\n", flush=True)
+    print("| model | batch | mode | new tokens/s | × baseline | argmax |\n|---|---|---|---|---|---|", flush=True)
+    for kind in args.models:
+        for batch in args.batches:
+            for r in run(kind, batch, args):
+                print(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['tok_s']:,.1f} | {r['ratio']:.2f}× | {r['argmax']} |",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
