@@ -15,9 +15,11 @@ from torchmetrics.text import Perplexity
 
 from components._checks import check_on_device
 from components.bindings import MixerFactory
+from components.flops import forward_flops_per_token
 from components.model import HybridLM, count_active_parameters, count_parameters
 from components.sizing import SizeTarget, describe_size, sized_mixers
 from recipes.checkpoints import check_hyperparameters, load_checkpoint
+from recipes.mfu import device_peak_flops, training_flops
 from recipes.training import DivergenceError, rng_states, set_rng_states
 
 IGNORE_INDEX = -100
@@ -63,6 +65,8 @@ class LanguageModel(L.LightningModule):
         sample_tokens: at each validation, continue the first 32 tokens of the validation set by this many
             (greedy, so no random state is used) and log prompt and text to TensorBoard (``samples``) when the
             data module has a text tokenizer (default 64; 0: never).
+        peak_flops: the device's peak FLOP/s, for ``train/mfu`` (default None: looked up for known GPUs by
+            name and precision, :mod:`recipes.mfu`; on a CPU only ``train/tflops`` is logged unless given).
         init_from: a checkpoint whose weights start the model (``python -m recipes.hf`` writes one from a
             Hugging Face folder), for fine-tuning; not recorded in the hyper-parameters, since the
             checkpoints of this run hold the weights themselves.
@@ -95,6 +99,7 @@ class LanguageModel(L.LightningModule):
         loss_positions: str = "all",
         compile: bool | str = False,
         sample_tokens: int = 64,
+        peak_flops: float | None = None,
         init_from: str | None = None,
     ):
         hparams = {k: v for k, v in locals().items() if k not in ("self", "mixers", "__class__", "init_from")}
@@ -105,6 +110,8 @@ class LanguageModel(L.LightningModule):
             raise ValueError(f"LanguageModel: final_lr_fraction={final_lr_fraction} must lie in [0, 1]")
         if loss_positions not in ("all", "labelled"):
             raise ValueError(f"LanguageModel: loss_positions={loss_positions!r} is not one of ('all', 'labelled')")
+        if peak_flops is not None and not peak_flops > 0:
+            raise ValueError(f"LanguageModel: peak_flops={peak_flops} must be a positive FLOP/s figure, or None")
         if isinstance(size_to, Mapping):  # as a checkpoint records it
             size_to = SizeTarget(**size_to)
         model_kwargs = dict(max_seq_len=max_seq_len, extrapolate=extrapolate, tie_embeddings=tie_embeddings,
@@ -139,6 +146,8 @@ class LanguageModel(L.LightningModule):
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(vocab_size, average="micro")
         self._window_started: float | None = None  # tokens/s is measured over each logging window
         self._window_tokens = 0
+        self._window_length = 0  # the training length T of the window's batches, for the FLOPs per token
+        self._flops_per_token: dict[int, float] = {}
         self.history: dict = {"val": [], "tokens_per_sec": [], "started": None}  # for the end-of-fit summary
         self._sample_prompt: torch.Tensor | None = None
         self._last_loss: torch.Tensor | None = None
@@ -374,11 +383,26 @@ class LanguageModel(L.LightningModule):
             speed = self._window_tokens / max(now - self._window_started, 1e-9)
             self.history["tokens_per_sec"].append(speed)
             self.log("train/tokens_per_sec", speed, prog_bar=True)
+            self._log_flops(speed)
             self._window_started, self._window_tokens = now, 0
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])  # the rate this step's update uses
 
     def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
         self._window_tokens += batch["input_ids"].numel()
+        self._window_length = batch["input_ids"].shape[1]
+
+    def _log_flops(self, tokens_per_sec: float) -> None:
+        """``train/flops_per_token`` (forward, analytic: :mod:`components.flops`), the achieved ``train/tflops``
+        of training (three forwards per token), and ``train/mfu`` against the device's peak when it is known."""
+        T = self._window_length
+        if T not in self._flops_per_token:
+            self._flops_per_token[T] = forward_flops_per_token(self.model, T)
+        achieved = training_flops(self._flops_per_token[T], tokens_per_sec)
+        self.log("train/flops_per_token", self._flops_per_token[T])
+        self.log("train/tflops", achieved / 1e12)
+        peak = self.hparams.get("peak_flops") or device_peak_flops(self.device, self.trainer.precision)
+        if peak:
+            self.log("train/mfu", achieved / peak, prog_bar=True)
 
     # ---- optimiser and schedule ------------------------------------------------------------------
 

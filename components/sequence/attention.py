@@ -5,6 +5,7 @@ from torch import nn
 
 from components._checks import check_divisible, check_mixer_input, check_positive
 from components.context import Context
+from components.flops import attention_flops_per_token
 from components.norm import RMSNorm
 from components.rotary import apply_rotary
 from kernels._backend import check_backend
@@ -77,6 +78,10 @@ class QCAttention(nn.Module):
         q, k = self.positions(q, k, context)
         y = context.attend(self, q, k, v, backend=self.backend)  # [B, T, H, Dh]
         return self.out_proj(y.reshape(B, T, self.n_heads * self.head_dim))  # [B, T, d_model]
+
+    def extra_flops_per_token(self, seq_len: int) -> int:
+        """Scores and weighted sum beyond the projections (:mod:`components.flops`)."""
+        return attention_flops_per_token(seq_len, self.n_heads, self.head_dim)
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}"

@@ -6,6 +6,7 @@ from torch import nn
 
 from components._checks import check_choice, check_divisible, check_mixer_input, check_on_device, check_positive
 from components.context import Context
+from components.flops import attention_flops_per_token
 from components.sequence.attention import QueryKeyPositions
 from components.sequence.ssd import SSD
 from kernels._backend import check_backend
@@ -34,6 +35,11 @@ class RetrievedValue(nn.Module):
         self.query = nn.Linear(d_model, d_retrieval, bias=False)  # W_vQ
         self.keys = nn.Parameter(torch.randn(n_values, d_retrieval) / d_retrieval**0.5)  # θ_vK
         self.values = nn.Embedding(n_values, d_model)  # E
+
+    def extra_flops_per_token(self, seq_len: int) -> int:
+        """Scoring every value key, and mixing the ``top_k`` retrieved rows (:mod:`components.flops`)."""
+        n_values, d_retrieval = self.keys.shape
+        return 2 * d_retrieval * n_values + 2 * self.top_k * self.values.embedding_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scores = self.query(x) @ self.keys.T  # [..., n_values]
@@ -172,6 +178,10 @@ class InnerFuncAttention(nn.Module):
                     f"InnerFuncAttention: position {int(last)} is past the position mask's max_position={self.max_position}"))
             return self.position_bias[:, context.position_ids].transpose(0, 1)  # [b, H, T]
         return None
+
+    def extra_flops_per_token(self, seq_len: int) -> int:
+        """Scores and weighted sum beyond the projections and the value's own work (:mod:`components.flops`)."""
+        return attention_flops_per_token(seq_len, self.n_heads, self.head_dim)
 
     def extra_repr(self) -> str:
         return (f"inner={self.inner}, mask={self.mask}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from components.flops import ssd_flops_per_token
 from components._checks import check_choice, check_divisible, check_mixer_input, check_positive
 from components.context import Context
 from components.norm import GroupedRMSNorm, at_least_fp32
@@ -182,6 +183,10 @@ class SSD(nn.Module):
                     for k in range(K)]  # K × [b, T, C]
             return sum(taps) + self.conv.bias
         return F.conv1d(full.transpose(1, 2), self.conv.weight, self.conv.bias, groups=full.shape[2]).transpose(1, 2)
+
+    def extra_flops_per_token(self, seq_len: int) -> float:
+        """The chunked scan's products beyond the projections and the conv (:mod:`components.flops`)."""
+        return ssd_flops_per_token(seq_len, self.chunk_size, self.n_heads, self.n_groups, self.head_dim, self.d_state)
 
     def extra_repr(self) -> str:
         return (f"positions={self.positions}, n_heads={self.n_heads}, head_dim={self.head_dim}, "

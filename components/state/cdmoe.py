@@ -148,6 +148,12 @@ class CDMoE(nn.Module):
             losses.append(n * torch.dot(load, token_mean(probs, valid).mean(dim=0)))
         self.aux_loss = (losses[0] + losses[1]) / 2
 
+    def extra_flops_per_token(self, seq_len: int) -> int:
+        """Scoring both key halves (with ``key_dim``), and the ``n_heads·top_k`` retrieved one-neuron experts:
+        a dot product with ``down`` and a scaled row of ``up`` each (:mod:`components.flops`)."""
+        keys = 0 if self.key_dim is None else 2 * self.n_heads * sum(self.n_keys) * (self.key_dim // 2)
+        return keys + self.n_heads * self.top_k * 4 * self.d_model
+
     def active_parameters(self) -> int:
         """The cross-domain MLP, the router (query and every key, or the linear map: all are scored),
         and the ``n_heads·top_k`` experts (two rows each) one token retrieves."""

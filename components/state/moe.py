@@ -75,6 +75,11 @@ class MoE(nn.Module):
         self.aux_loss = switch_balancing_loss(routing.probs, self.expert_load, valid)
         return y.view(shape)
 
+    def extra_flops_per_token(self, seq_len: int) -> int:
+        """The ``top_k`` experts a token is routed to, each weight used once per row (:mod:`components.flops`);
+        the router and shared parts are linear layers, counted as such."""
+        return self.router.top_k * 2 * self.experts.params_per_expert()
+
     def active_parameters(self) -> int:
         """Router, shared parts, and ``top_k`` experts: what one token uses."""
         always = [m for m in (self.router, self.shared_expert, self.cross_domain) if m is not None]

@@ -45,7 +45,9 @@ import torch.nn.functional as F
 import yaml
 
 from components import HybridLM, count_parameters
+from components.flops import forward_flops_per_token
 from recipes.benchmarks.timing import median_ms, peak_growth_mib, seconds_of
+from recipes.mfu import device_peak_flops, training_flops
 
 CONFIGS = Path(__file__).parent.parent / "configs"  # recipes/configs
 TWINS = {"llama": "hf-llama", "mamba2": "hf-mamba2", "doge": "hf-doge"}
@@ -158,8 +160,10 @@ def measure(name: str, T: int, s: dict, repeats: int, compiled: bool) -> dict:
     first_step: list[float] = []  # the first call at T also compiles its shapes when compiled
     peak_mib = peak_growth_mib(lambda: first_step.append(seconds_of(lambda: step(T))), device)
     seconds = median_ms(lambda: step(T), repeats, warmup=0) / 1e3
+    flops = forward_flops_per_token(model, T) if isinstance(model, HybridLM) else None  # an HF twin: its zoo twin's
+    peak = device_peak_flops(device, "bf16-mixed") if cuda else None
     return {"params": params, "seconds": seconds, "peak_mib": peak_mib, "warmup_s": warmup_s,
-            "first_step_s": first_step[0]}
+            "first_step_s": first_step[0], "flops_per_token": flops, "peak_flops": peak}
 
 
 def saved_for_backward(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, tuple[int, int]]:
@@ -314,7 +318,8 @@ def main(argv: list[str] | None = None) -> None:
              (f", median of {args.trials} processes (range: fastest to slowest)" if args.trials > 1 else "")))
     if args.saved:
         return print_saved([m for m in args.models if not m.startswith("hf-")], lengths, s)
-    print("\n| model | params | T | tok/s | peak MiB | baseline | × baseline tok/s | × baseline peak |\n|---|---|---|---|---|---|---|---|")
+    print("\n| model | params | T | tok/s | model TFLOP/s | MFU | peak MiB | baseline | × baseline tok/s | × baseline peak |"
+          "\n|---|---|---|---|---|---|---|---|---|---|")
     rows = [(name, False) for name in args.models]
     if args.compile:
         rows += [(name, True) for name in args.models if not name.startswith("hf-")]
@@ -339,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
 def table_row(name: str, compiled: bool, T: int, r: dict, results: dict, batch: int, baseline: str | None = None) -> str:
     label = name + (" (compiled)" if compiled else "")
     if "error" in r:
-        return f"| {label} | - | {T} | failed: {r['error']} | | | | |"
+        return f"| {label} | - | {T} | failed: {r['error']} | | | | | | |"
     base_name = name if compiled else baseline_of(name, baseline)
     base = results.get((base_name, False), {})
     has_base = "seconds" in base and base is not r
@@ -348,8 +353,12 @@ def table_row(name: str, compiled: bool, T: int, r: dict, results: dict, batch: 
         return "-" if not has_base else f"{base[key] / r[key] if invert else r[key] / base[key]:.2f}"
     extra = f" (first step at T, compiling: {r['first_step_s']:.0f} s)" if compiled else ""
     spread = f" ({batch * T / r['slowest_s']:,.0f}–{batch * T / r['fastest_s']:,.0f})" if r.get("trials", 1) > 1 else ""
-    return (f"| {label} | {r['params'] / 1e6:.2f}M | {T} | {batch * T / r['seconds']:,.0f}{spread} | {r['peak_mib']:,.0f} | "
-            f"{base_name if has_base else '-'} | {ratio('seconds', True)} | {ratio('peak_mib', False)}{extra} |")
+    flops = r.get("flops_per_token") or results.get((name.removeprefix("hf-"), compiled), {}).get("flops_per_token")
+    achieved = training_flops(flops, batch * T / r["seconds"]) if flops else None
+    tflops = f"{achieved / 1e12:.3f}" if achieved else "-"
+    mfu = f"{achieved / r['peak_flops']:.1%}" if achieved and r.get("peak_flops") else "-"
+    return (f"| {label} | {r['params'] / 1e6:.2f}M | {T} | {batch * T / r['seconds']:,.0f}{spread} | {tflops} | {mfu} | "
+            f"{r['peak_mib']:,.0f} | {base_name if has_base else '-'} | {ratio('seconds', True)} | {ratio('peak_mib', False)}{extra} |")
 
 if __name__ == "__main__":
     main()

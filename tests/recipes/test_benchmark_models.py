@@ -45,11 +45,16 @@ def test_a_failed_measurement_is_a_row_that_says_so():
     row = bench.table_row("otce", False, 512, {"error": "ValueError: SSD: n_heads=1 is not divisible by n_groups=2"},
                           {}, 1)
     assert "failed: ValueError: SSD: n_heads=1" in row
-    good = {"params": 1e6, "seconds": 0.5, "peak_mib": 30.0, "warmup_s": 1.0}
-    base = {"params": 1e6, "seconds": 1.0, "peak_mib": 60.0, "warmup_s": 1.0}
-    row = bench.table_row("llama", False, 512, good, {("hf-llama", False): base}, 1)
+    good = {"params": 1e6, "seconds": 0.5, "peak_mib": 30.0, "warmup_s": 1.0, "flops_per_token": 2e6, "peak_flops": 1e12}
+    base = {"params": 1e6, "seconds": 1.0, "peak_mib": 60.0, "warmup_s": 1.0, "flops_per_token": None}
+    results = {("hf-llama", False): base, ("llama", False): good}
+    row = bench.table_row("llama", False, 512, good, results, 1)
     cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
-    assert cells == ["llama", "1.00M", "512", "1,024", "30", "hf-llama", "2.00", "0.50"]
+    # 1,024 tok/s × 3 × 2e6 FLOPs = 6.1 GFLOP/s, 0.6% of 1 TFLOP/s
+    assert cells == ["llama", "1.00M", "512", "1,024", "0.006", "0.6%", "30", "hf-llama", "2.00", "0.50"]
+    # the HF twin is counted as its zoo twin; with no known peak there is no MFU
+    cells = [cell.strip() for cell in bench.table_row("hf-llama", False, 512, base, results, 1).strip().strip("|").split("|")]
+    assert cells[4:6] == ["0.003", "-"]
 
 
 def test_a_failed_child_reports_its_error_not_the_advice_after_it():
@@ -97,7 +102,7 @@ def test_trials_give_the_median_and_the_range_and_a_failed_trial_fails_the_cell(
     row = bench.table_row("mamba2", False, 512, r, {("llama", False): base}, 1, baseline="llama")
     cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
     # tok/s: 512 / 2 s, range 512 / 4 s to 512 / 1 s; divided by llama (not mamba2's HF twin), as asked
-    assert cells == ["mamba2", "0.00M", "512", "256 (128–512)", "20", "llama", "2.00", "0.50"]
+    assert cells == ["mamba2", "0.00M", "512", "256 (128–512)", "-", "-", "20", "llama", "2.00", "0.50"]
 
 
 def test_the_efficiency_family_is_a_preset_that_options_override(monkeypatch, tmp_path):

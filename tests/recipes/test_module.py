@@ -149,3 +149,31 @@ def test_weight_decay_applies_to_matrices_only():
         assert decay[id(p)] == expected, f"{name} {tuple(p.shape)}: weight decay {decay[id(p)]}, expected {expected}"
     assert decay[id(names["model.norm.weight"])] == 0.0 and decay[id(names["model.blocks.0.sequence_mixer.A_log"])] == 0.0
     assert decay[id(names["model.embedding.weight"])] == 0.1
+
+
+def test_flops_and_mfu_are_logged_from_the_analytic_count():
+    """train/flops_per_token is the model's forward count at the batches' length; train/tflops is three forwards
+    per token at the measured speed; train/mfu divides by the given peak, and is absent where none is known (CPU)."""
+    from types import SimpleNamespace
+
+    from components.flops import forward_flops_per_token
+
+    for peak in (2e12, None):
+        lm = LanguageModel(16, "AM SM", vocab_size=20, peak_flops=peak)
+        lm.trainer = SimpleNamespace(precision="32-true")
+        logged = {}
+        lm.log = lambda name, value, **kwargs: logged.__setitem__(name, value)  # noqa: B023
+        lm._window_length = 24
+        lm._log_flops(1000.0)
+        flops = forward_flops_per_token(lm.model, 24)
+        assert logged["train/flops_per_token"] == flops
+        assert logged["train/tflops"] == pytest.approx(3 * flops * 1000.0 / 1e12)
+        assert ("train/mfu" in logged) == (peak is not None)
+        if peak:
+            assert logged["train/mfu"] == pytest.approx(3 * flops * 1000.0 / peak)
+
+
+@pytest.mark.parametrize("peak", [0, -1e12, float("nan")])
+def test_a_bad_peak_is_named(peak):
+    with pytest.raises(ValueError, match="peak_flops"):
+        LanguageModel(16, "AM", vocab_size=20, peak_flops=peak)
