@@ -11,6 +11,19 @@ BACKENDS = ("auto", "reference", "triton")
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+_REFUSED: dict[str, str] = {}  # op → why its kernel failed a check in this process (kernels.doctor)
+
+
+def refuse_kernel(op: str, reason: str) -> None:
+    """Keep ``auto`` off ``op``'s Triton kernel for the rest of this process: it failed a check here."""
+    _REFUSED[op] = reason
+
+
+def refused_kernels() -> dict[str, str]:
+    """The ops whose kernels :func:`refuse_kernel` took out of ``auto``, with the reasons."""
+    return dict(_REFUSED)
+
+
 def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
@@ -35,6 +48,10 @@ def resolve_backend(backend: str, tensor: torch.Tensor, *, op: str, has_triton: 
         if has_triton and tensor.is_cuda and not triton_installed():
             warnings.warn(f"{op}: triton is not installed, so the plain-torch reference runs on CUDA (slower, more "
                           "memory); pip install \"hybrid-zoo[gpu]\" (or triton) for the kernels", stacklevel=3)
+            return "reference"
+        if has_triton and tensor.is_cuda and op in _REFUSED:
+            warnings.warn(f"{op}: the Triton kernel failed its check on this machine ({_REFUSED[op]}), so 'auto' takes "
+                          "the plain-torch reference; backend='triton' still forces the kernel", stacklevel=3)
             return "reference"
         return "triton" if (has_triton and tensor.is_cuda) else "reference"
     if backend == "triton" and not triton_installed():

@@ -1,0 +1,50 @@
+"""kernels.doctor: every kernel checked against its reference here (the interpreter at tiny shapes without a GPU);
+a kernel that fails is refused by ``auto`` for the rest of the process, with a warning that names the check."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import kernels._backend
+import kernels.attention.triton
+from kernels import doctor
+from kernels._backend import refuse_kernel, refused_kernels, resolve_backend
+
+
+@pytest.fixture(autouse=True)
+def nothing_refused(monkeypatch):
+    monkeypatch.setattr(kernels._backend, "_REFUSED", {})
+
+
+def test_every_kernel_passes_its_check_here(capsys):
+    assert doctor.main(["--no-timing"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "kernel error" not in line]
+    assert {row.split("|")[1].strip() for row in rows} == {"attention", "ssd_scan", "expert_mix"}
+    assert len(rows) >= 6 and all(row.rstrip().endswith("| ok |") for row in rows)
+    assert "6 of 6 checks passed" in out and not refused_kernels()
+
+
+def test_a_kernel_that_is_off_by_a_percent_fails_and_auto_refuses_it(monkeypatch, capsys):
+    real = kernels.attention.triton.attention_triton
+    monkeypatch.setattr(kernels.attention.triton, "attention_triton", lambda *a, **k: real(*a, **k) * 1.01)
+    assert doctor.main(["--no-timing"]) == 1
+    out = capsys.readouterr().out
+    assert "| attention |" in out and "FAIL" in out
+    assert set(refused_kernels()) == {"attention"}  # the others passed
+    gpu_tensor = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)  # what auto reads of a tensor
+    if kernels._backend.triton_installed():
+        with pytest.warns(UserWarning, match="attention: the Triton kernel failed its check"):
+            assert resolve_backend("auto", gpu_tensor, op="attention", has_triton=True) == "reference"
+        assert resolve_backend("auto", gpu_tensor, op="ssd_scan", has_triton=True) == "triton"
+
+
+def test_refusal_is_per_op_and_triton_can_still_be_forced(monkeypatch):
+    monkeypatch.setattr(kernels._backend, "triton_installed", lambda: True)
+    refuse_kernel("ssd_scan", "a test")
+    gpu_tensor = SimpleNamespace(is_cuda=True, dtype=torch.float32)
+    with pytest.warns(UserWarning, match=r"ssd_scan: .*\(a test\)"):
+        assert resolve_backend("auto", gpu_tensor, op="ssd_scan", has_triton=True) == "reference"
+    assert resolve_backend("triton", gpu_tensor, op="ssd_scan", has_triton=True) == "triton"
+    assert resolve_backend("auto", gpu_tensor, op="attention", has_triton=True) == "triton"
