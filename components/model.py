@@ -4,6 +4,7 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from components.bindings import MixerFactory, binding_factory, binding_spec
 from components.block import Block
@@ -67,6 +68,9 @@ class HybridLM(nn.Module):
         residual_scale: learned per-channel scales on every residual, Doge's (default False).
         padding_idx: a token whose embedding row starts at zero and never learns (its gradient is zero), as
             ``nn.Embedding(padding_idx=…)`` and Hugging Face's models with a ``pad_token_id`` (default None).
+        checkpoint_blocks: activation checkpointing per block (default False): in training, each block keeps
+            only its input for the backward and runs its forward again there — the activations of one block
+            at a time instead of all of them, for about one more forward (docs/performance.md).
     """
 
     def __init__(
@@ -85,13 +89,14 @@ class HybridLM(nn.Module):
         norm_eps: float = 1e-6,
         residual_scale: bool = False,
         padding_idx: int | None = None,
+        checkpoint_blocks: bool = False,
     ):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("max_seq_len", max_seq_len)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"HybridLM: {name}={value!r} must be a positive integer")
         self.vocab_size, self.d_model, self.pattern, self.max_seq_len = vocab_size, d_model, pattern, max_seq_len
-        self.extrapolate = extrapolate
+        self.extrapolate, self.checkpoint_blocks = extrapolate, checkpoint_blocks
         for letter in mixers or {}:
             if not (isinstance(letter, str) and len(letter) == 1 and "A" <= letter <= "Z"):
                 raise ValueError(f"HybridLM: mixers key {letter!r} is not a pattern letter: each binding's key is one "
@@ -189,8 +194,10 @@ class HybridLM(nn.Module):
         """Embedding → blocks → final norm: ``[B, T]`` → ``[B, T, d_model]``, with no checks and no cache
         bookkeeping (:meth:`hidden_states` does both): what a compiled decoding step runs."""
         x = self.embedding(input_ids)  # [B, T, d_model]
+        recompute = self.checkpoint_blocks and torch.is_grad_enabled() and context.cache is None
         for block in self.blocks:
-            x = block(x, context)
+            # non-reentrant: the context's tensors need no gradient, and RNG states are replayed as they were
+            x = checkpoint(block, x, context, use_reentrant=False) if recompute else block(x, context)
         return self.norm(x)
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:

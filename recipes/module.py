@@ -47,7 +47,7 @@ class LanguageModel(L.LightningModule):
 
     Args:
         d_model, pattern, mixers, vocab_size, max_seq_len, extrapolate, tie_embeddings, rope_base,
-            rope_ntk_factor, init_std, norm_eps, residual_scale, padding_idx: passed to ``HybridLM``.
+            rope_ntk_factor, init_std, norm_eps, residual_scale, padding_idx, checkpoint_blocks: passed to ``HybridLM``.
         size_to: solve one width of some mixers so the model has a target parameter count
             (:class:`components.sizing.SizeTarget`; YAML ``size_to: {params: 600000, letters: [M, R]}``);
             the solved width is recorded in the hyper-parameters as ``sized_width``.
@@ -88,6 +88,7 @@ class LanguageModel(L.LightningModule):
         norm_eps: float = 1e-6,
         residual_scale: bool = False,
         padding_idx: int | None = None,
+        checkpoint_blocks: bool = False,
         size_to: SizeTarget | None = None,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.98),
@@ -116,7 +117,7 @@ class LanguageModel(L.LightningModule):
             size_to = SizeTarget(**size_to)
         model_kwargs = dict(max_seq_len=max_seq_len, extrapolate=extrapolate, tie_embeddings=tie_embeddings,
                             rope_base=rope_base, rope_ntk_factor=rope_ntk_factor, norm_eps=norm_eps,
-                            residual_scale=residual_scale, padding_idx=padding_idx)
+                            residual_scale=residual_scale, padding_idx=padding_idx, checkpoint_blocks=checkpoint_blocks)
         self.size_note, sized_width = None, None
         if size_to is not None:
             mixers, sized_width = sized_mixers(vocab_size, d_model, pattern, mixers, size_to, **model_kwargs)

@@ -16,7 +16,8 @@ benchmark's width (heads of 64, SSD states of ``--d-state``, no key window: Doge
 a written-out ``[B, H, T, S]`` mask in HF's code and the zoo's alike, would take minutes per step at
 T = 8192 on a CPU, so the Doge twins get a window as long as the sequence); ``hybrid`` is ``SM×(L-1) AM``, the
 SSD hybrid of the issue that asked for this, against ``llama``'s ``AM×L``, and ``hybrid-recompute``
-the same with the SSD's activations recomputed in the backward (``SSD(recompute=True)``).
+the same with the SSD's activations recomputed in the backward (``SSD(recompute=True)``), ``hybrid-checkpointed``
+with every block's (``HybridLM(checkpoint_blocks=True)``).
 
 Each (model, T) runs in a fresh process: a warm-up step at T=64 (AdamW's states exist after it), then
 one step at T whose peak memory is read (CPU: growth of the peak resident set, ``VmHWM``, reset through
@@ -54,7 +55,8 @@ TWINS = {"llama": "hf-llama", "mamba2": "hf-mamba2", "doge": "hf-doge"}
 NAMED = ["jamba", "otce", "cheems", "transxssm", "doge_moe"]
 FAMILIES = {"efficiency": dict(models=["llama", "mamba2", "transxssm", "jamba"], lengths=[512, 1024, 2048, 4096, 8192],
                                baseline="llama", trials=3, repeats=2)}
-MODELS = ["llama", "hf-llama", "mamba2", "hf-mamba2", "doge", "hf-doge", "hybrid", "hybrid-recompute", *NAMED]
+MODELS = ["llama", "hf-llama", "mamba2", "hf-mamba2", "doge", "hf-doge", "hybrid", "hybrid-recompute", "hybrid-checkpointed",
+          *NAMED]
 
 
 def sizes(cuda: bool) -> dict:
@@ -129,7 +131,8 @@ def build(name: str, s: dict, max_len: int) -> torch.nn.Module:
                                                              "recompute": name == "hybrid-recompute"}}
         attention = {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "n_kv_heads": 2}}
         mixers = {"S": scaled(ssd, s), "A": scaled(attention, s), "M": {"class_path": "components.MLP"}}
-        return HybridLM(s["vocab"], s["d_model"], f"SM×{s['layers'] - 1} AM", mixers, max_seq_len=max_len)
+        return HybridLM(s["vocab"], s["d_model"], f"SM×{s['layers'] - 1} AM", mixers, max_seq_len=max_len,
+                        checkpoint_blocks=name == "hybrid-checkpointed")
     recipe = yaml.safe_load((CONFIGS / "arch" / "tiny" / f"{name}.yaml").read_text())["model"]
     options = {k: recipe[k] for k in ("tie_embeddings", "residual_scale") if k in recipe}
     mixers = {letter: scaled(spec, s) for letter, spec in recipe["mixers"].items()}

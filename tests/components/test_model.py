@@ -97,3 +97,40 @@ def test_summary_lists_every_block_and_the_total():
 def test_invalid_sizes_are_refused():
     with pytest.raises(ValueError, match="d_model=0 must be a positive integer"):
         HybridLM(vocab_size=10, d_model=0, pattern="AM")
+
+
+def test_checkpointed_blocks_give_the_same_loss_and_gradients_and_run_each_block_again():
+    """checkpoint_blocks: the same numbers (aux losses included), each block's forward run twice in a training step
+    (once more in the backward), once without gradients, and never when decoding."""
+    from functools import partial
+
+    from components import SSD, QCAttention, RoutedMoE
+
+    def build(checkpoint_blocks):
+        torch.manual_seed(0)
+        return HybridLM(50, 32, "SM AR", {"S": partial(SSD, head_dim=8, d_state=8, chunk_size=8),
+                                          "A": partial(QCAttention, n_heads=4),
+                                          "R": partial(RoutedMoE, n_experts=4, top_k=2, d_ff=16)},
+                        checkpoint_blocks=checkpoint_blocks)
+
+    ids = torch.randint(0, 50, (2, 19))
+    results = []
+    for flag in (False, True):
+        model = build(flag)
+        calls = []
+        for block in model.blocks:
+            block.register_forward_pre_hook(lambda *args: calls.append(1))  # (a recomputation stops once it has what the backward needs)
+        logits = model(ids)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten()) + sum(model.auxiliary_losses().values())
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()], len(calls)))
+    (loss, grads, calls), (loss_ckpt, grads_ckpt, calls_ckpt) = results
+    assert torch.equal(loss, loss_ckpt)
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-5) for a, b in zip(grads, grads_ckpt))
+    assert (calls, calls_ckpt) == (2, 4)
+    model = build(True)
+    with torch.no_grad():
+        model(ids)
+    cache = model.new_cache(2, 20)
+    model(ids, cache=cache)  # decoding with gradients on: no checkpoint (the cache is written once)
+    model(ids[:, :1], cache=cache)
