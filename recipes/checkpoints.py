@@ -11,6 +11,7 @@ import path or a file path anywhere else in the hyper-parameters is refused too,
 turns such strings into classes or reads the file they name. docs/training.md ("Loading checkpoints").
 """
 
+import os
 import pickle
 import re
 from collections.abc import Iterable, Mapping
@@ -31,14 +32,43 @@ class CheckpointError(ValueError):
     """A file that is not a checkpoint the zoo can read, or one that names something it must not load."""
 
 
+SHARDED_META = "meta.pt"  # what Lightning's ModelParallelStrategy writes beside the shards: everything but the tensors
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """A folder of shards written by a sharded run (FSDP2, ``save_distributed_checkpoint``): ``meta.pt``, ``.metadata``
+    and one ``.distcp`` per process."""
+    path = Path(path)
+    return path.is_dir() and (path / SHARDED_META).is_file() and (path / ".metadata").is_file()
+
+
+def consolidate_hint(path: str | Path) -> str:
+    return (f"{path} is a sharded checkpoint (a folder of shards): resume its run from it with the same strategy "
+            f"(--ckpt_path), or make one file of it first: python -m recipes.consolidate {path} (it writes "
+            f"{Path(path).name}.consolidated beside it) and use that file")
+
+
+def load_weights(path: str | Path, *, map_location: Any = "cpu") -> dict[str, Any]:
+    """The ``state_dict`` of the checkpoint at ``path``; a sharded checkpoint is refused with the way to convert it."""
+    checkpoint = load_checkpoint(path, map_location=map_location)
+    if "state_dict" not in checkpoint:
+        raise CheckpointError(consolidate_hint(path) if is_sharded_checkpoint(path) else f"{path} holds no state_dict")
+    return checkpoint["state_dict"]
+
+
 def load_checkpoint(path: str | Path, *, map_location: Any = "cpu", mmap: bool = False) -> dict:
-    """The checkpoint at ``path`` as a dict, read with ``weights_only=True``.
+    """The checkpoint at ``path`` as a dict, read with ``weights_only=True``. For a sharded checkpoint (a folder,
+    :func:`is_sharded_checkpoint`) it is the run's state without the tensors — hyper-parameters, step, loops,
+    callbacks (its ``meta.pt``); :func:`load_weights` refuses one by name.
 
     Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError`, naming the file, for an
     empty, truncated, corrupted or foreign one, or for one that holds pickled objects (which a checkpoint
     never needs; such a file is refused, never loaded "unsafely").
     """
     path = Path(path)
+    sharded = is_sharded_checkpoint(path)
+    if sharded:
+        path = path / SHARDED_META
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint file")
     size = path.stat().st_size
@@ -63,7 +93,7 @@ def load_checkpoint(path: str | Path, *, map_location: Any = "cpu", mmap: bool =
         reason = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
         raise CheckpointError(f"{path} is not a readable checkpoint ({size} bytes; truncated or corrupted?): {reason}") \
             from None
-    if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint:
+    if not isinstance(checkpoint, Mapping) or ("state_dict" not in checkpoint and not sharded):
         keys = sorted(checkpoint)[:6] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
         raise CheckpointError(f"{path} is not a model checkpoint: it has no 'state_dict' (found {keys})")
     return dict(checkpoint)
@@ -130,3 +160,28 @@ def class_paths(tree: Any) -> list[str]:
     if isinstance(tree, (list, tuple)):
         return [p for value in tree for p in class_paths(value)]
     return []
+
+
+def consolidate(folder: str | Path, out: str | Path | None = None) -> Path:
+    """A sharded checkpoint's weights and run record (hyper-parameters, step) as one file, ``<folder>.consolidated``
+    by default: what ``load_from_checkpoint``, ``--model.init_from``, ``generate``, ``eval`` and ``recipes.hf export``
+    read. The optimizer's state stays in the folder (its shards are keyed by parameter name, not in the layout a
+    single process resumes from): resume the sharded run from the folder itself."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    folder = Path(folder)
+    if not is_sharded_checkpoint(folder):
+        raise CheckpointError(f"{folder} is not a sharded checkpoint (a folder with {SHARDED_META}, .metadata and "
+                              "the .distcp shards a ModelParallelStrategy run writes)")
+    out = Path(out) if out is not None else folder.with_name(folder.name + ".consolidated")
+    meta = load_checkpoint(folder)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        dcp_to_torch_save(folder, tmp)  # every tensor of the shards, assembled (no process group needed)
+        tensors = torch.load(tmp, map_location="cpu", weights_only=True)
+        torch.save({**meta, "state_dict": tensors["state_dict"], "consolidated_from": str(folder)}, tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+

@@ -27,7 +27,8 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from recipes.checkpoints import CheckpointError, check_hyperparameters, class_paths, load_checkpoint
+from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_paths, consolidate_hint,
+                                 is_sharded_checkpoint, load_checkpoint)
 from recipes.module import LanguageModel
 from recipes.training import AtomicCheckpointIO, CheckpointPolicy, DivergenceError, TrainingInterrupted, newest_checkpoint
 
@@ -276,6 +277,10 @@ class HybridCLI(LightningCLI):
         config = self.config[subcommand]
         path = config.ckpt_path
         checkpoint = load_checkpoint(path, mmap=True)
+        if subcommand == "fit" and "consolidated_from" in checkpoint:
+            raise CheckpointError(f"{path} was consolidated from the sharded checkpoint {checkpoint['consolidated_from']} "
+                                  "and holds no optimizer state: resume the sharded run from that folder, or start a "
+                                  f"new run from these weights with --model.init_from {path}")
         if "pytorch-lightning_version" not in checkpoint:
             raise CheckpointError(f"{path} holds weights only (as python -m recipes.hf writes), not a training run: "
                                   f"start a run from it with --model.init_from {path}, without --ckpt_path")
@@ -323,7 +328,9 @@ class HybridCLI(LightningCLI):
             config.ckpt_path = ckpt_path = str(found)
             print(f"resuming from {found}" if subcommand == "fit" else f"checkpoint: {found}", flush=True)
         path = Path(ckpt_path)
-        if not path.is_file():
+        if is_sharded_checkpoint(path) and subcommand != "fit":
+            sys.exit(f"error: --ckpt_path {ckpt_path}: {consolidate_hint(path)}")
+        if not (path.is_file() or is_sharded_checkpoint(path)):
             sys.exit(f"error: --ckpt_path {ckpt_path}: no such checkpoint file")
         in_run = (root is not None and path.parent.name == "checkpoints"
                   and path.parent.parent.parent.resolve() == root.resolve())

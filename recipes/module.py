@@ -3,6 +3,7 @@ perplexity, AdamW with linear warm-up and cosine decay, gradient clipping with a
 throughput and learning-rate logging, and checkpoints that rebuild the model (docs/training.md)."""
 
 import math
+from functools import partial
 import time
 from collections.abc import Mapping
 
@@ -18,7 +19,8 @@ from components.bindings import MixerFactory
 from components.flops import forward_flops_per_token
 from components.model import HybridLM, count_active_parameters, count_parameters
 from components.sizing import SizeTarget, describe_size, sized_mixers
-from recipes.checkpoints import check_hyperparameters, load_checkpoint
+from recipes.checkpoints import (CheckpointError, check_hyperparameters, consolidate_hint, is_sharded_checkpoint,
+                                 load_checkpoint, load_weights)
 from recipes.mfu import device_peak_flops, training_flops
 from recipes.training import DivergenceError, rng_states, set_rng_states
 
@@ -149,6 +151,7 @@ class LanguageModel(L.LightningModule):
         self._window_tokens = 0
         self._window_length = 0  # the training length T of the window's batches, for the FLOPs per token
         self._flops_per_token: dict[int, float] = {}
+        self._sharded = False  # FSDP2 applied (configure_model)
         self.history: dict = {"val": [], "tokens_per_sec": [], "started": None}  # for the end-of-fit summary
         self._sample_prompt: torch.Tensor | None = None
         self._last_loss: torch.Tensor | None = None
@@ -172,6 +175,8 @@ class LanguageModel(L.LightningModule):
         if hparams_file is not None:
             raise ValueError("LanguageModel.load_from_checkpoint: hparams_file is not supported; the checkpoint "
                              "records the hyper-parameters, and keyword arguments override them")
+        if is_sharded_checkpoint(checkpoint_path):
+            raise CheckpointError(consolidate_hint(checkpoint_path))
         checkpoint = load_checkpoint(checkpoint_path, mmap=True)
         check_hyperparameters(checkpoint.get("hyper_parameters") or {}, checkpoint_path, allow_classes)
         del checkpoint
@@ -309,7 +314,7 @@ class LanguageModel(L.LightningModule):
 
     def _load_initial_weights(self, path: str) -> None:
         try:
-            state = load_checkpoint(path)["state_dict"]
+            state = load_weights(path)
         except FileNotFoundError:
             raise FileNotFoundError(f"LanguageModel: init_from={path!r}: no such checkpoint file") from None
         model_state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
@@ -322,6 +327,32 @@ class LanguageModel(L.LightningModule):
                              f"{missing[:4]}, unexpected {unexpected[:4]}")
         self.model.load_state_dict(model_state, strict=True)
         print(f"init_from: loaded {len(model_state)} tensors from {path}", flush=True)
+
+    def configure_model(self) -> None:
+        """Under Lightning's ``ModelParallelStrategy``: FSDP2 (``fully_shard``) over its data-parallel mesh, one
+        unit per block, and units for the embedding, the final norm and the head (one unit for the two when they
+        are tied) — each a module the training step calls, since FSDP2 gathers a unit's weights around its
+        ``forward`` and the loss calls the head apart from the model's (docs/training.md). Other strategies:
+        nothing to do."""
+        mesh = self.device_mesh
+        if mesh is None or self._sharded:
+            return
+        if mesh["tensor_parallel"].size() != 1:
+            raise ValueError(f"LanguageModel: tensor parallelism is not implemented (tensor_parallel_size="
+                             f"{mesh['tensor_parallel'].size()}); use ModelParallelStrategy(data_parallel_size=N, "
+                             "tensor_parallel_size=1) for sharded data parallelism")
+        from torch.distributed.fsdp import fully_shard
+
+        model, shard = self.model, partial(fully_shard, mesh=mesh["data_parallel"])
+        for block in model.blocks:
+            shard(block)
+        shard(model.norm)
+        if model.tie_embeddings:
+            shard([model.embedding, model.lm_head])
+        else:
+            shard(model.embedding)
+            shard(model.lm_head)
+        self._sharded = True
 
     def setup(self, stage: str) -> None:
         trainer = self.trainer

@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from recipes.checkpoints import load_checkpoint
+from recipes.checkpoints import is_sharded_checkpoint, load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -366,5 +366,5 @@ def set_rng_states(states: dict) -> None:
 
 def newest_checkpoint(root: Path, name: str = "last.ckpt") -> Path | None:
     """The most recently written ``<root>/<version>/checkpoints/<name>``, or None."""
-    candidates = [p for p in root.glob(f"*/checkpoints/{name}") if p.is_file()]
+    candidates = [p for p in root.glob(f"*/checkpoints/{name}") if p.is_file() or is_sharded_checkpoint(p)]
     return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None

@@ -1,0 +1,22 @@
+"""``python -m recipes.consolidate FOLDER [--out FILE]``: one checkpoint file from the folder of shards a sharded run
+(Lightning's ``ModelParallelStrategy``, FSDP2) writes — its weights and run record, for ``load_from_checkpoint``,
+``--model.init_from``, ``generate``, ``eval`` and ``python -m recipes.hf export`` (docs/training.md)."""
+
+import argparse
+
+from recipes.checkpoints import CheckpointError, consolidate
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m recipes.consolidate", description=__doc__)
+    parser.add_argument("folder", help="a sharded checkpoint: runs/…/checkpoints/last.ckpt (a folder)")
+    parser.add_argument("--out", default=None, help="the file to write (default: FOLDER.consolidated beside it)")
+    args = parser.parse_args(argv)
+    try:
+        print(consolidate(args.folder, args.out))
+    except (CheckpointError, FileNotFoundError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+if __name__ == "__main__":
+    main()
