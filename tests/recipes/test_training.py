@@ -299,3 +299,43 @@ def test_orphaned_temporary_files_are_removed_and_live_ones_kept(tmp_path):
     assert remove_orphans(tmp_path, ".*.ckpt.tmp-*") == [tmp_path / f".last.ckpt.tmp-{dead_pid}"]
     assert remove_orphans(tmp_path, "*.building-*") == [tmp_path / f"cache.building-{dead_pid}"]
     assert [p.name for p in tmp_path.iterdir()] == [f".best.ckpt.tmp-{os.getppid()}"]
+
+
+FSDP2 = ["--trainer.accelerator", "cpu", "--trainer.devices", "2",
+         "--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
+         "--trainer.strategy.init_args.data_parallel_size", "2", "--trainer.strategy.init_args.tensor_parallel_size", "1"]
+
+
+def test_fsdp2_on_two_cpu_processes_matches_one_process_resumes_exactly_and_consolidates(tmp_path):
+    """FSDP2 (fully_shard per block, gloo): the losses of one process on the combined batch; a run killed after
+    writing its step-4 checkpoint resumes from its folder of shards to the same losses; the folder becomes one file that
+    loads with the weights of the single-process run, and exports to Hugging Face."""
+    from recipes.checkpoints import CheckpointError, is_sharded_checkpoint
+    from recipes.consolidate import main as consolidate
+
+    common = [*TEXT, "--trainer.max_steps", "8", "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps",
+              "1", "--trainer.enable_progress_bar", "false"]
+    half = [*common[:common.index("--data.init_args.batch_size")], "--data.init_args.batch_size", "4",
+            *common[common.index("--data.init_args.batch_size") + 2:]]
+    cut = fit(tmp_path, *half, *FSDP2, "--checkpoint.every_n_steps", "4", "--trainer.logger.init_args.version", "fsdp",
+              fault="after_last_write@4")  # both processes killed (-9) once step 4's shards are written
+    assert cut.returncode == -signal.SIGKILL, cut.stderr[-3000:]
+    shards = tmp_path / "runs" / "quickstart" / "fsdp" / "checkpoints" / "last.ckpt"
+    assert is_sharded_checkpoint(shards) and len(list(shards.glob("*.distcp"))) == 2
+    done = fit(tmp_path, *half, *FSDP2, "--ckpt_path", str(shards.relative_to(tmp_path)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    fit_here(tmp_path, *common, "--trainer.logger.init_args.version", "one")
+    got, expected = (scalars(tmp_path / "runs" / "quickstart" / v, "train/loss") for v in ("fsdp", "one"))
+    assert sorted(got) == sorted(expected) == list(range(8))
+    assert max(abs(got[s] - expected[s]) / expected[s] for s in expected) <= 1e-5
+
+    with pytest.raises(CheckpointError, match="recipes.consolidate"):
+        LanguageModel.load_from_checkpoint(shards)
+    consolidate([str(shards)])
+    sharded = LanguageModel.load_from_checkpoint(shards.with_name("last.ckpt.consolidated"))
+    single = LanguageModel.load_from_checkpoint(tmp_path / "runs" / "quickstart" / "one" / "checkpoints" / "last.ckpt")
+    for (name, a), (_, b) in zip(sharded.state_dict().items(), single.state_dict().items()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+    from recipes.hf import export
+
+    assert (export(shards.with_name("last.ckpt.consolidated"), tmp_path / "hf") / "model.safetensors").is_file()
