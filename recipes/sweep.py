@@ -28,6 +28,10 @@ again from their ``sweep.json``, exactly their runs (several folders: one table,
 final ``--metric`` (default ``val_acc``) against a model hyper-parameter such as ``d_model``, one line
 per recipe name without its last ``_`` part (``ssd_T64_d16``, ``ssd_T64_d32`` → line ``ssd_T64``).
 
+``--launcher gpus`` runs one recipe per visible GPU (or group of ``--devices-per-run``) at a time;
+``--launcher slurm`` submits the runs as a submitit job array, requeued from their ``last.ckpt`` on
+preemption, and tabulates them when the array is done (:mod:`recipes.launchers`, docs/training.md).
+
 TensorBoard: every run logs to ``<save_dir>/<family>/<recipe>/sweep_<time>[_seed<k>]``, so
 ``tensorboard --logdir runs/<family>`` overlays the family's recipes and seeds (filter on
 ``sweep_<time>`` for one sweep); the sweep prints that command.
@@ -38,6 +42,7 @@ import concurrent.futures
 import json
 import math
 import os
+import queue
 import statistics
 import subprocess
 import sys
@@ -49,6 +54,8 @@ from pathlib import Path
 import yaml
 
 from recipes.cli import CONFIG_DIR
+from recipes.launchers import (LAUNCHERS, RecipeJob, device_groups, gpu_arguments, python_command, submitit_executor,
+                               visible_gpus)
 
 
 def recipe_files(folder: str) -> list[Path]:
@@ -199,7 +206,9 @@ def progress_lines(runs: list[Run], running: set[int], logs: Path) -> list[str]:
 
 
 def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, jobs: int = 1,
-           family: str = "", progress_every: float = 60.0, threads: int | None = None) -> tuple[Path, list[Run]]:
+           family: str = "", progress_every: float = 60.0, threads: int | None = None, launcher: str = "local",
+           devices_per_run: int = 1, submitit_cluster: str | None = None,
+           slurm: dict | None = None) -> tuple[Path, list[Run]]:
     """Run each recipe (once, or once per seed ``0 … seeds-1``) as its own process, ``jobs`` at a time,
     each into a run folder named for this sweep (and seed). Returns the sweep's log folder and its runs."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -213,7 +222,22 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
                             log=logs / f"{config.stem}{suffix}.log", seed=seed))
     lock = threading.Lock()
     write_manifest(logs, family, runs)
+    groups: queue.Queue | None = None
+    if launcher == "gpus":  # one run per group of GPUs at a time, each run given its group alone
+        found = device_groups(visible_gpus(), devices_per_run)
+        jobs, groups = len(found), queue.Queue()
+        for group in found:
+            groups.put(group)
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)  # each process's share of the cores
+
+    def command_of(run: Run) -> list[str]:
+        return [*python_command(), "--config", str(run.config), "--trainer.enable_progress_bar", "false",
+                "--trainer.logger.init_args.version", run.folder.name,
+                *([] if run.seed is None else ["--seed_everything", str(run.seed)]), *overrides]
+
+    if launcher == "slurm":
+        return logs, submit(runs, command_of, logs, family, jobs, threads, devices_per_run, submitit_cluster,
+                            slurm or {}, progress_every)
     running: set[int] = set()
     finished = threading.Event()
 
@@ -228,12 +252,18 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
         index = runs.index(run)
         with lock:
             running.add(index)
-        command = [sys.executable, "-m", "recipes", "fit", "--config", str(run.config),
-                   "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.version", run.folder.name,
-                   *([] if run.seed is None else ["--seed_everything", str(run.seed)]), *overrides]
+        command = command_of(run)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        with open(run.log, "w") as log:
-            returncode = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        group = groups.get() if groups is not None else None
+        try:
+            if group is not None:
+                gpu_env, flags = gpu_arguments(group)
+                env, command = {**env, **gpu_env}, [*command, *flags]
+            with open(run.log, "w") as log:
+                returncode = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        finally:
+            if group is not None:
+                groups.put(group)
         with lock:
             run.returncode = returncode
             running.discard(index)
@@ -242,7 +272,8 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
         print(f"{run.config.stem}{'' if run.seed is None else f' seed {run.seed}'}: {status} in "
               f"{time.perf_counter() - start:.0f} s", flush=True)
 
-    print(f"sweep: {len(runs)} runs, {jobs} at a time, {threads} thread(s) each; logs in {logs}/", flush=True)
+    where = "" if groups is None else f" on GPUs {', '.join(','.join(g) for g in list(groups.queue))}"
+    print(f"sweep: {len(runs)} runs, {jobs} at a time{where}, {threads} thread(s) each; logs in {logs}/", flush=True)
     watcher = threading.Thread(target=monitor, daemon=True)
     watcher.start()
     try:
@@ -251,6 +282,33 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     finally:
         finished.set()
     return logs, runs
+
+
+def submit(runs: list[Run], command_of, logs: Path, family: str, parallel: int, threads: int, devices_per_run: int,
+           cluster: str | None, slurm: dict, progress_every: float) -> list[Run]:
+    """The runs as one submitit job array (SLURM, or local processes with ``cluster="local"``); waits for every
+    job, then the sweep tabulates exactly these runs as any other (``--from`` on its folder later works too)."""
+    executor = submitit_executor(logs / "submitit", cluster=cluster, devices_per_run=devices_per_run,
+                                 parallel=parallel, slurm=slurm)
+    env = {"OMP_NUM_THREADS": str(threads)}
+    with executor.batch():
+        submitted = [executor.submit(RecipeJob(command_of(run), env, run.log, run.folder, Path.cwd())) for run in runs]
+    print(f"sweep: {len(runs)} runs submitted as a job array ({executor.cluster}, {parallel} at a time); logs in "
+          f"{logs}/, submitit's in {logs / 'submitit'}/", flush=True)
+    while not all(job.done() for job in submitted):
+        time.sleep(min(progress_every, 5.0) if progress_every else 5.0)
+        waiting = {i for i, job in enumerate(submitted) if not job.done()}
+        if progress_every:
+            print("\n".join(progress_lines(runs, waiting, logs)), flush=True)
+    for run, job in zip(runs, submitted):
+        try:
+            run.returncode = int(job.result())
+        except Exception as error:  # noqa: BLE001 - a job that died is a failed run, named in the table
+            run.returncode = -1
+            with open(run.log, "a") as log:
+                log.write(f"\nsubmitit: the job failed: {str(error).splitlines()[-1] if str(error) else error!r}\n")
+    write_manifest(logs, family, runs)
+    return runs
 
 
 EARLY_BEST = (0.8, 0.005)
@@ -452,6 +510,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--table-only", action="store_true", help="do not run; tabulate the latest runs")
     parser.add_argument("--seeds", type=int, default=None, help="run each recipe with seeds 0 … N-1; statistics")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (threads split between them)")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                        help="local: this machine's cores; gpus: one run per visible GPU (or group of --devices-per-run); "
+                             "slurm: a submitit job array (pip install submitit), requeued from last.ckpt on preemption")
+    parser.add_argument("--devices-per-run", type=int, default=1, help="GPUs per run (gpus, slurm)")
+    parser.add_argument("--slurm", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="submitit parameters for --launcher slurm: slurm_partition=gpu timeout_min=600 …")
+    parser.add_argument("--submitit-cluster", choices=["slurm", "local", "debug"], default=None,
+                        help="with --launcher slurm: force submitit's executor (local: processes here, for a test)")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads per run (default: the cores divided by --jobs); fewer leaves cores free")
     parser.add_argument("--baseline", default=None, help="with --seeds: the recipe the others are compared with "
@@ -537,7 +603,12 @@ def main(argv: list[str] | None = None) -> None:
             except FileNotFoundError as error:
                 runs.append(Run(config, logger_root(config), returncode=-1, log=str(error)))
     else:
-        logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress, args.threads)
+        slurm = dict(item.split("=", 1) for item in args.slurm if "=" in item)
+        if len(slurm) != len(args.slurm):
+            parser.error(f"--slurm takes KEY=VALUE items; got {args.slurm}")
+        slurm = {k: int(v) if v.isdigit() else v for k, v in slurm.items()}
+        logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress, args.threads,
+                            args.launcher, args.devices_per_run, args.submitit_cluster, slurm)
     print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
     roots = {logger_root(run.config).parent for run in runs}
     print(f"\ntable and figures: {logs}/  TensorBoard: tensorboard --logdir {' '.join(map(str, sorted(roots)))}")

@@ -256,3 +256,77 @@ def test_progress_names_each_running_run_with_its_step_loss_and_log(tmp_path):
     assert lines[0].endswith(f"1 done, 2 running, 1 failed, 1 waiting; logs in {tmp_path / 'logs'}/")
     assert lines[1] == f"  a seed 0: step 3, train loss 4.2500 ({tmp_path / 'a0.log'})"
     assert lines[2] == f"  b seed 1: starting ({tmp_path / 'b1.log'})"
+
+
+def test_the_table_is_the_same_whichever_launcher_ran_the_family(tmp_path, monkeypatch, capsys):
+    """The same runs through submitit's job array (its local executor stands in for SLURM) and as local
+    processes: the same final losses, so the same table."""
+    pytest.importorskip("submitit")
+    monkeypatch.chdir(tmp_path)
+    family = tmp_path / "family"
+    family.mkdir()
+    (family / "a_narrow.yaml").write_text(TINY.format(name="a_narrow", width=16, mlp="components.MLP"))
+    tables = {}
+    for launcher in (["--launcher", "local"], ["--launcher", "slurm", "--submitit-cluster", "local"]):
+        main([str(family), "--seeds", "1", "--jobs", "1", "--progress", "0", *launcher,
+              "--set", "trainer.enable_checkpointing=false"])
+        out = capsys.readouterr().out
+        rows = [line for line in out.splitlines() if line.startswith("| a_narrow")]
+        assert len(rows) == 1 and "| 1 of 1 |" in rows[0], out
+        tables[launcher[1]] = rows[0].split("|")[3:6]  # loss mean ± sd, interval, accuracy
+    assert "job array (local" in out
+    assert tables["local"] == tables["slurm"]
+
+
+def test_gpu_groups_and_what_a_run_is_given():
+    from recipes.launchers import device_groups, gpu_arguments
+
+    assert device_groups(["0", "1", "2", "3", "4"], 2) == [["0", "1"], ["2", "3"]]  # GPU 4 stays idle
+    assert device_groups(["3"], 1) == [["3"]]
+    with pytest.raises(ValueError, match="fewer than --devices-per-run=2"):
+        device_groups(["0"], 2)
+    env, flags = gpu_arguments(["2", "3"])
+    assert env == {"CUDA_VISIBLE_DEVICES": "2,3"} and flags[-2:] == ["--trainer.devices", "2"]
+
+
+def test_gpus_launcher_gives_each_concurrent_run_its_own_device(tmp_path, monkeypatch, capsys):
+    """Four runs on two visible 'GPUs': never two runs on one device at a time (the fit is a stub that records
+    its CUDA_VISIBLE_DEVICES and the time it held it)."""
+    import json
+    import sys
+
+    import recipes.sweep as sweep
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    stub = tmp_path / "stub.py"
+    stub.write_text("import json, os, sys, time\nstart = time.time(); time.sleep(0.5)\n"
+                    "print(json.dumps({'gpu': os.environ['CUDA_VISIBLE_DEVICES'], 'start': start, 'end': time.time(), "
+                    "'args': sys.argv[1:]}))\n")
+    monkeypatch.setattr(sweep, "python_command", lambda: [sys.executable, str(stub)])
+    family = tmp_path / "family"
+    family.mkdir()
+    (family / "a.yaml").write_text(TINY.format(name="a", width=16, mlp="components.MLP"))
+    logs, runs = sweep.launch(sorted(family.glob("*.yaml")), [], seeds=4, jobs=1, family="family", progress_every=0,
+                              launcher="gpus")
+    spans = [json.loads(run.log.read_text().strip().splitlines()[-1]) for run in runs]
+    assert {s["gpu"] for s in spans} == {"5", "7"} and all(s["args"][-2:] == ["--trainer.devices", "1"] for s in spans)
+    for a in spans:
+        for b in spans:
+            if a is not b and a["gpu"] == b["gpu"]:
+                assert a["end"] <= b["start"] or b["end"] <= a["start"]  # one run per device at a time
+    assert "2 at a time on GPUs" in capsys.readouterr().out
+
+
+def test_a_requeued_job_resumes_from_its_own_last_checkpoint(tmp_path):
+    pytest.importorskip("submitit")
+    from recipes.launchers import RecipeJob, resume_arguments
+
+    folder = tmp_path / "run"
+    command = ["python", "-m", "recipes", "fit", "--config", "x.yaml"]
+    assert resume_arguments(command, folder) == command  # nothing written yet: start from scratch
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert resume_arguments(command, folder)[-2:] == ["--ckpt_path", str(folder / "checkpoints" / "last.ckpt")]
+    again = RecipeJob(command, {}, tmp_path / "log", folder, tmp_path).checkpoint()
+    assert isinstance(again.function, RecipeJob) and again.function.command == command
