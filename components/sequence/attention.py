@@ -34,6 +34,11 @@ class QueryKeyPositions(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return q, k
 
+    @property
+    def rotary_dim(self) -> int | None:
+        """The dimension of the rotary table this module reads (None: no RoPE)."""
+        return self.head_dim if self.rope else None
+
     def extra_repr(self) -> str:
         return f"rope={self.rope}, qk_norm={self.q_norm is not None}"
 

@@ -184,6 +184,11 @@ class SSD(nn.Module):
             return sum(taps) + self.conv.bias
         return F.conv1d(full.transpose(1, 2), self.conv.weight, self.conv.bias, groups=full.shape[2]).transpose(1, 2)
 
+    @property
+    def rotary_dim(self) -> int | None:
+        """The dimension of the rotary table this module reads (None: no RoPE on B and C)."""
+        return self.d_state if self.rope else None
+
     def extra_flops_per_token(self, seq_len: int) -> float:
         """The chunked scan's products beyond the projections and the conv (:mod:`components.flops`)."""
         return ssd_flops_per_token(seq_len, self.chunk_size, self.n_heads, self.n_groups, self.head_dim, self.d_state)
