@@ -87,9 +87,11 @@ def run(kind: str, batch: int, args) -> list[dict]:
     n = args.new_tokens
     modes = {}
     if hf is not None:
-        # The mask is given: left to infer it, HF would take every token equal to pad_token_id for padding.
-        common = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
-                      attention_mask=torch.ones_like(prompt))
+        # The mask is given: left to infer it, HF would take every token equal to pad_token_id for padding. And no
+        # end-of-sequence token, rather than min_new_tokens: that one makes HF suppress the EOS token's logit, so
+        # a row whose argmax is EOS continues with another token (what looked like HF departing from its forward).
+        hf.generation_config.eos_token_id = None
+        common = dict(max_new_tokens=n, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt))
         modes["hf dynamic"] = lambda: hf.generate(prompt, **common)
         if kind == "llama":  # Mamba-2 keeps a state, not a growing cache: there is no static form to ask for
             modes["hf static"] = lambda: hf.generate(prompt, cache_implementation="static", **common)
