@@ -7,7 +7,7 @@ import torch
 from components.cache import InferenceCache
 from components.context import Context
 
-STATIC_CAPACITY = 256
+STATIC_CAPACITY = 64
 """A compiled step's cache capacity is rounded up to a multiple of this, so that prompts of nearby lengths
 share one compiled step instead of each compiling its own."""
 
