@@ -57,7 +57,12 @@ def attention(
     reach = None
     if check_finite:
         k, v, bias, reach = _take_out_nonfinite(q, k, v, bias, causal, key_padding_mask, document_ids)  # reach [B, T, H]
-    if resolve_backend(backend, q, op="attention", has_triton=True) == "triton":
+    chosen = resolve_backend(backend, q, op="attention", has_triton=True)
+    if chosen == "triton" and backend == "auto" and q.shape[1] == 1:
+        # One query per sequence (a decoding step): the kernel's query tiles would be one row in 64, with no split
+        # of the keys across programs; torch's SDPA reads the cache better there. Not timed yet: no GPU.
+        chosen = "reference"
+    if chosen == "triton":
         from kernels.attention.triton import attention_triton  # imports triton only when asked for
 
         y = attention_triton(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,

@@ -76,3 +76,19 @@ def test_fp32_dots_follow_torchs_matmul_precision():
             assert _backend.dot_precision() == "tf32"
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_auto_sends_a_single_query_to_the_reference_and_longer_ones_to_the_kernel(monkeypatch):
+    """A decoding step (one query) would fill one row of the kernel's 64-row query tiles: auto takes the reference
+    there, as if on a GPU (resolve_backend answering 'triton'); two queries or more still take the kernel."""
+    import kernels.attention as attention_module
+    import kernels.attention.triton as attention_triton_module
+
+    calls = []
+    monkeypatch.setattr(attention_module, "resolve_backend", lambda *a, **k: "triton")
+    monkeypatch.setattr(attention_triton_module, "attention_triton", lambda q, k, v, **kw: calls.append(q.shape[1]) or q)
+    k = v = torch.randn(1, 9, 2, 8)
+    attention_module.attention(torch.randn(1, 1, 2, 8), k, v, backend="auto")
+    assert calls == []
+    attention_module.attention(torch.randn(1, 2, 2, 8), k, v, backend="auto")
+    assert calls == [2]
