@@ -17,7 +17,7 @@ MASKS = ("content", "content_exp", "cheems", "position", "none")
 
 
 class RetrievedValue(nn.Module):
-    """Seed 002 §3.2's retrieval inner function, ``[..., d] → [..., d]``::
+    """Wonderful Matrices v2 §3.2's retrieval inner function, ``[..., d] → [..., d]``::
 
         g = (x W_vQ) θ_vKᵀ ∈ [..., n_values]      top-k of g → indices i_j, scores g_j
         V = x ⊙ Σ_j softmax(g_topk)_j E[i_j]       E ∈ [n_values, d]
