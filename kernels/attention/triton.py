@@ -104,6 +104,16 @@ def _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, bh, offs_m, offs_d, in_d, sq
 
 
 @triton.jit
+def _first_key_block(doc_ptr, m0, T, BLOCK_N: tl.constexpr, HAS_DOCS: tl.constexpr):
+    """The first key block a query block starting at ``m0`` may see: with documents, the block holding the start
+    of the first query's document (document runs never decrease, so no later query sees a key before it)."""
+    lo = 0
+    if HAS_DOCS:
+        lo = tl.load(doc_ptr + T + m0) // BLOCK_N * BLOCK_N
+    return lo
+
+
+@triton.jit
 def _forward(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, O, LSE,
              sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_t, so_h, sbias_b, sbias_h, spad_b, sdoc_b,
              T, S, H, GROUP, D, scale,
@@ -129,7 +139,8 @@ def _forward(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, O, LSE,
     hi = S
     if CAUSAL:
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
-    for start_n in range(0, hi, BLOCK_N):
+    lo = _first_key_block(doc_ptr, pid_m * BLOCK_M, T, BLOCK_N, HAS_DOCS)
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n[:, None] < S) & in_d
         k = tl.load(_tile(K, offs_n, sk_s, offs_d), mask=kv_mask, other=0.0)
@@ -179,7 +190,10 @@ def _backward_kv(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, 
     lo = 0
     if CAUSAL:  # queries before this key block's first key (offset by S - T) never see it
         lo = tl.maximum(pid_n * BLOCK_N - (S - T), 0) // BLOCK_M * BLOCK_M
-    for start_m in range(lo, T, BLOCK_M):
+    hi = T
+    if HAS_DOCS:  # queries after the end of the block's last key's document never see the block (S == T)
+        hi = tl.load(doc_ptr + 2 * T + tl.minimum(pid_n * BLOCK_N + BLOCK_N, S) - 1)
+    for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q, do, lse, delta, win_b, win_j = _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, bh, offs_m, offs_d,
                                                          in_d, sq_b, sq_t, sq_h, T, HAS_WINDOW)
@@ -223,7 +237,8 @@ def _backward_q(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
     hi = S
     if CAUSAL:
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
-    for start_n in range(0, hi, BLOCK_N):
+    lo = _first_key_block(doc_ptr, pid_m * BLOCK_M, T, BLOCK_N, HAS_DOCS)
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n[:, None] < S) & in_d
         k = tl.load(_tile(K, offs_n, sk_s, offs_d), mask=kv_mask, other=0.0)
@@ -266,7 +281,7 @@ class FlashBiasAttention(torch.autograd.Function):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         bias_c = bias.contiguous() if bias is not None else q.new_zeros(1)
         pad = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else q.new_zeros(1, dtype=torch.int8)
-        docs = document_ids.to(torch.int32).contiguous() if document_ids is not None else q.new_zeros(1, 1, dtype=torch.int32)
+        docs = document_spans(document_ids) if document_ids is not None else q.new_zeros(1, 1, dtype=torch.int32)
         o = torch.empty_like(q)
         lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
         dot = dot_precision()
@@ -326,6 +341,21 @@ class FlashBiasAttention(torch.autograd.Function):
         dv = dv_heads.view(B, S, Hkv, group, D).sum(3)
         dbias = dbias.to(ctx.bias_dtype) if dbias is not None else None
         return dq, dk, dv, dbias, None, None, None, None, None
+
+
+def document_spans(runs: torch.Tensor) -> torch.Tensor:
+    """``runs [B, T]`` (non-decreasing document numbers) → ``[B, 3·T]`` int32: the runs, then where each position's
+    document starts, then where it ends (exclusive) — what the kernels compare, and where their loops over keys
+    (forward, dQ) and over queries (dK/dV) start and stop, so a packed row costs its documents' work, not T²."""
+    B, T = runs.shape
+    index = torch.arange(T, device=runs.device).expand(B, T)  # [B, T]
+    starts = torch.ones_like(runs, dtype=torch.bool)
+    starts[:, 1:] = runs[:, 1:] != runs[:, :-1]
+    first = torch.where(starts, index, 0).cummax(dim=1).values  # [B, T]
+    ends = torch.ones_like(runs, dtype=torch.bool)
+    ends[:, :-1] = starts[:, 1:]  # the last position of each document
+    last = torch.where(ends, index, T).flip(1).cummin(dim=1).values.flip(1)  # [B, T] its document's last position
+    return torch.cat([runs, first, last + 1], dim=1).to(torch.int32).contiguous()
 
 
 def attention_triton(q, k, v, *, bias=None, causal=True, key_padding_mask=None, keep_window=None,

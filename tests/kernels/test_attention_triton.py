@@ -144,3 +144,14 @@ def test_triton_with_packed_documents_matches_reference_outputs_and_gradients(bi
     # an id that comes back after another is a new document (the run numbers of document_runs)
     again = torch.tensor([0] * 7 + [1] * 9 + [0] * 13, device=DEVICE).expand(2, -1)
     assert_triton_matches_reference(q, k, v, b, key_padding_mask=pad, document_ids=again)
+
+
+@pytest.mark.parametrize("lengths", [[33, 14, 17], [16, 1, 30, 16, 1], [64]])
+def test_documents_on_the_edges_of_the_skipped_blocks(lengths):
+    """With documents the kernels start each query block's key loop at its first document's start and stop each
+    key block's query loop at its last key's document end: documents ending one row into a 32-row dK/dV step
+    (33), starting on a 16-row tile edge (16, 47), of one token, and one document spanning everything."""
+    T = sum(lengths)
+    q, k, v, b, _ = inputs(2, T, T, 2, 1, 16, True, False)
+    ids = document_ids(lengths, 2)
+    assert_triton_matches_reference(q, k, v, b, causal=True, document_ids=ids)
