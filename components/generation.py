@@ -1,5 +1,6 @@
 """Decoding for :class:`components.HybridLM`: greedy and sampled generation from a cache (docs/decoding.md)."""
 
+import types
 import weakref
 
 import torch
@@ -32,9 +33,16 @@ def rotary_tables(model, position: torch.Tensor) -> dict:
 
 
 def compiled_step(model):
-    """:func:`decode_step` through ``torch.compile``, one per model (kept while the model lives)."""
+    """:func:`decode_step` through ``torch.compile``, one per model (kept while the model lives).
+
+    Each model compiles its own copy of the function: torch.compile keeps its compiled graphs per code object,
+    at most 8 (``recompile_limit``) before it falls back to running uncompiled, so with one shared function a few
+    models and batch sizes in one process (a benchmark) would silently end up eager. A second batch size or
+    capacity makes those sizes dynamic (torch's automatic dynamic shapes) instead of compiling again per size."""
     if model not in _compiled_steps:
-        _compiled_steps[model] = torch.compile(decode_step, dynamic=False)
+        code = decode_step.__code__.replace(co_name=f"decode_step_{len(_compiled_steps)}")
+        own = types.FunctionType(code, decode_step.__globals__, code.co_name, decode_step.__defaults__)
+        _compiled_steps[model] = torch.compile(own)
     return _compiled_steps[model]
 
 
