@@ -14,7 +14,6 @@ group that must read the sizes on the host (one sync).
 
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import register_flop_formula
 
 
 def grouped_matmul_reference(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
@@ -63,19 +62,6 @@ def _backward(ctx, grad):
 
 
 _grouped_mm.register_autograd(_backward, setup_context=_setup_context)
-
-
-# torch's FlopCounterMode counts what it has a formula for: the custom ops' counts are those of the
-# matmuls they stand for (one [m_e, K] × [K, N] product per group: 2·R·K·N in all), so a MoE's FLOPs can
-# be checked against the counter (components/flops.py).
-@register_flop_formula(torch.ops.hybrid_zoo.grouped_mm)
-def _grouped_mm_flops(x_shape, weight_shape, ends_shape, *args, **kwargs) -> int:
-    return 2 * x_shape[0] * x_shape[1] * weight_shape[2]
-
-
-@register_flop_formula(torch.ops.hybrid_zoo.grouped_mm_weight_grad)
-def _grouped_mm_weight_grad_flops(x_shape, grad_shape, ends_shape, *args, **kwargs) -> int:
-    return 2 * x_shape[0] * x_shape[1] * grad_shape[1]
 
 
 def fused_available(x: torch.Tensor) -> bool:

@@ -10,6 +10,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+# Without a GPU the Triton kernels run in Triton's interpreter, which must be chosen before triton is first
+# imported (it decides then how triton.language's own functions run): here, before any test module imports
+# anything that might import it (tests/kernels/conftest.py says the same, for runs of that folder alone).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Under pytest-xdist (addopts: -n 2) each worker takes one core: two workers with two threads each
 # would oversubscribe the two cores CI has. Tests that launch their own processes are unaffected.
 if os.environ.get("PYTEST_XDIST_WORKER"):
