@@ -42,6 +42,42 @@ def is_sharded_checkpoint(path: str | Path) -> bool:
     return path.is_dir() and (path / SHARDED_META).is_file() and (path / ".metadata").is_file()
 
 
+# What a sharded checkpoint's ``.metadata`` may name. torch's distributed checkpoint reads that file with plain
+# pickle (on resume and on consolidation), so it is checked first, by a pickle reader that builds nothing.
+SHARD_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": None,  # every class of the module: the plan's records
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},  # and the dtypes, below
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+def check_shard_metadata(folder: Path) -> None:
+    """Refuse, naming the file, a sharded checkpoint whose ``.metadata`` names anything beyond
+    :data:`SHARD_METADATA_CLASSES`: it is read here by an unpickler that resolves nothing else, before torch
+    reads it with plain pickle (which would import and call whatever it names)."""
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module: str, name: str):
+            allowed = SHARD_METADATA_CLASSES.get(module, set())
+            dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+            if not (allowed is None or name in allowed or dtype):
+                raise CheckpointError(f"{path} names {module}.{name}, which a sharded checkpoint's index never "
+                                      "contains: refused before torch reads it with pickle (which would run it)")
+            return super().find_class(module, name)
+
+    path = Path(folder) / ".metadata"
+    with open(path, "rb") as f:
+        try:
+            Restricted(f).load()
+        except CheckpointError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any unreadable index is refused alike, by name
+            raise CheckpointError(f"{path} is not a readable checkpoint index ({type(error).__name__}: {error})") from None
+
+
 def consolidate_hint(path: str | Path) -> str:
     return (f"{path} is a sharded checkpoint (a folder of shards): resume its run from it with the same strategy "
             f"(--ckpt_path), or make one file of it first: python -m recipes.consolidate {path} (it writes "
@@ -68,6 +104,7 @@ def load_checkpoint(path: str | Path, *, map_location: Any = "cpu", mmap: bool =
     path = Path(path)
     sharded = is_sharded_checkpoint(path)
     if sharded:
+        check_shard_metadata(path)  # every reader of the folder (resume, consolidate) comes through here first
         path = path / SHARDED_META
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint file")

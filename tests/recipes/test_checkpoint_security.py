@@ -227,3 +227,34 @@ def test_a_run_name_that_leaves_the_runs_folder_is_refused(tmp_path, monkeypatch
     with pytest.raises(SystemExit, match="would write outside the logger's save_dir"):
         main(["fit", *TINY, *flag])
     assert not (tmp_path / "escaped").exists() and not list(tmp_path.glob("**/escaped"))
+
+
+class _WritesMarker:
+    """Unpickled, calls ``open(path, "w")``: a file that appears is code that ran."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_sharded_checkpoint_whose_index_names_code_is_refused_before_torch_unpickles_it(tmp_path):
+    """torch's distributed checkpoint reads a shard folder's ``.metadata`` with plain pickle; the zoo reads it
+    first with an unpickler that resolves only the index's own classes, on every path into the folder."""
+    import pickle
+
+    from recipes.checkpoints import CheckpointError, consolidate, load_checkpoint
+
+    folder = tmp_path / "last.ckpt"
+    folder.mkdir()
+    torch.save({"global_step": 4, "hyper_parameters": {}}, folder / "meta.pt")
+    marker = tmp_path / "ran"
+    (folder / ".metadata").write_bytes(pickle.dumps(_WritesMarker(marker)))
+    for read in (load_checkpoint, consolidate):
+        with pytest.raises(CheckpointError, match=r"\.metadata names io\.open"):
+            read(folder)
+    assert not marker.exists()
+    (folder / ".metadata").write_bytes(b"not a pickle")
+    with pytest.raises(CheckpointError, match=r"\.metadata is not a readable checkpoint index"):
+        load_checkpoint(folder)
