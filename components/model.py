@@ -32,6 +32,15 @@ DEFAULT_MIXERS: dict[str, MixerFactory] = {
 """Letters bound when a recipe does not bind them (docs/architecture.md)."""
 
 
+def bound_mixers(mixers: Mapping[str, MixerFactory | Mapping] | None) -> dict[str, MixerFactory]:
+    """Every letter's factory: ``mixers`` (factories or specs) over :data:`DEFAULT_MIXERS`."""
+    for letter in mixers or {}:
+        if not (isinstance(letter, str) and len(letter) == 1 and "A" <= letter <= "Z"):
+            raise ValueError(f"HybridLM: mixers key {letter!r} is not a pattern letter: each binding's key is one "
+                             "capital letter A–Z (a pattern's token 'SM' is two letters, bound separately)")
+    return {letter: binding_factory(letter, b) for letter, b in {**DEFAULT_MIXERS, **(mixers or {})}.items()}
+
+
 def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
     """``document_ids [B, T]`` → ``[B, T]`` positions counted from each document's first token."""
     B, T = document_ids.shape
@@ -97,11 +106,7 @@ class HybridLM(nn.Module):
                 raise ValueError(f"HybridLM: {name}={value!r} must be a positive integer")
         self.vocab_size, self.d_model, self.pattern, self.max_seq_len = vocab_size, d_model, pattern, max_seq_len
         self.extrapolate, self.checkpoint_blocks = extrapolate, checkpoint_blocks
-        for letter in mixers or {}:
-            if not (isinstance(letter, str) and len(letter) == 1 and "A" <= letter <= "Z"):
-                raise ValueError(f"HybridLM: mixers key {letter!r} is not a pattern letter: each binding's key is one "
-                                 "capital letter A–Z (a pattern's token 'SM' is two letters, bound separately)")
-        self.bindings = {letter: binding_factory(letter, b) for letter, b in {**DEFAULT_MIXERS, **(mixers or {})}.items()}
+        self.bindings = bound_mixers(mixers)
         tokens = parse_tokens(pattern)
         self._check_bound(tokens)
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from components.bindings import MixerFactory, binding_factory
-from components.model import DEFAULT_MIXERS, HybridLM, count_parameters
+from components.bindings import MixerFactory
+from components.model import HybridLM, bound_mixers, count_parameters
 from components.pattern import parse_tokens
 
 
@@ -61,7 +61,7 @@ def sized_mixers(
 
     Models are built on the ``meta`` device while solving, so no memory is allocated.
     """
-    bindings = {letter: binding_factory(letter, b) for letter, b in {**DEFAULT_MIXERS, **(mixers or {})}.items()}
+    bindings = bound_mixers(mixers)
     unknown = [letter for letter in target.letters if letter not in bindings]
     if unknown or not target.letters:
         raise ValueError(f"size_to: letters={target.letters} must name bound letters (bound: {', '.join(sorted(bindings))})")

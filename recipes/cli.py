@@ -29,7 +29,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_paths, consolidate_hint,
                                  is_sharded_checkpoint, load_checkpoint)
-from recipes.module import LanguageModel
+from recipes.module import LanguageModel, language_model_arguments
 from recipes.training import AtomicCheckpointIO, CheckpointPolicy, DivergenceError, TrainingInterrupted, newest_checkpoint
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -288,7 +288,7 @@ class HybridCLI(LightningCLI):
                    if k != "_instantiator" and k not in HOW_NOT_WHAT}
         if not hparams:
             return
-        unknown = sorted(set(hparams) - set(inspect.signature(LanguageModel.__init__).parameters))
+        unknown = sorted(set(hparams) - language_model_arguments())
         if unknown:
             raise CheckpointError(f"{path}: hyper-parameters {unknown} are not LanguageModel's: not a checkpoint of this zoo")
         recipe_classes = class_paths(plain(config.model))

@@ -2,6 +2,7 @@
 perplexity, AdamW with linear warm-up and cosine decay, gradient clipping with a divergence stop,
 throughput and learning-rate logging, and checkpoints that rebuild the model (docs/training.md)."""
 
+import inspect
 import math
 from functools import partial
 import time
@@ -27,6 +28,27 @@ from recipes.training import DivergenceError, rng_states, set_rng_states
 IGNORE_INDEX = -100
 
 
+def model_options() -> list[str]:
+    """``HybridLM``'s keyword options, which ``LanguageModel`` passes on (``**model_options``)."""
+    return [name for name, p in inspect.signature(HybridLM).parameters.items() if p.kind is p.KEYWORD_ONLY]
+
+
+def language_model_arguments() -> set[str]:
+    """Every argument ``LanguageModel`` accepts: its own and ``HybridLM``'s options."""
+    own = {name for name, p in inspect.signature(LanguageModel.__init__).parameters.items()
+           if name != "self" and p.kind is not p.VAR_KEYWORD}
+    return own | set(model_options())
+
+
+def check_model_options(options: Mapping) -> None:
+    """Refuse, by name, a keyword that is neither ``LanguageModel``'s nor one of ``HybridLM``'s options."""
+    known = model_options()
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"LanguageModel: unknown argument(s) {', '.join(map(repr, unknown))}; besides its own, it takes "
+                        f"HybridLM's options: {', '.join(known)}")
+
+
 class LanguageModel(L.LightningModule):
     """Trains a :class:`components.HybridLM` on batches ``{"input_ids": [B,T], "labels": [B,T]}``.
 
@@ -48,8 +70,10 @@ class LanguageModel(L.LightningModule):
     :class:`recipes.training.DivergenceError` before the update if the loss or the norm is not finite.
 
     Args:
-        d_model, pattern, mixers, vocab_size, max_seq_len, extrapolate, tie_embeddings, rope_base,
-            rope_ntk_factor, init_std, norm_eps, residual_scale, padding_idx, checkpoint_blocks: passed to ``HybridLM``.
+        d_model, pattern, mixers, vocab_size: passed to ``HybridLM`` (defaults 128, ``"AM×4"``, None, 256).
+        **model_options: every other ``HybridLM`` keyword (``max_seq_len``, ``extrapolate``, ``init_std``,
+            ``checkpoint_blocks``…), passed on as they are: they are declared once, by ``HybridLM``, and the
+            CLI reads them from its signature (``--model.max_seq_len``). An unknown one is refused by name.
         size_to: solve one width of some mixers so the model has a target parameter count
             (:class:`components.sizing.SizeTarget`; YAML ``size_to: {params: 600000, letters: [M, R]}``);
             the solved width is recorded in the hyper-parameters as ``sized_width``.
@@ -81,16 +105,6 @@ class LanguageModel(L.LightningModule):
         mixers: Mapping[str, MixerFactory] | None = None,
         *,
         vocab_size: int = 256,
-        max_seq_len: int = 2048,
-        extrapolate: bool = False,
-        tie_embeddings: bool = False,
-        rope_base: float = 10000.0,
-        rope_ntk_factor: float = 1.0,
-        init_std: float | None = None,
-        norm_eps: float = 1e-6,
-        residual_scale: bool = False,
-        padding_idx: int | None = None,
-        checkpoint_blocks: bool = False,
         size_to: SizeTarget | None = None,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.98),
@@ -104,9 +118,11 @@ class LanguageModel(L.LightningModule):
         sample_tokens: int = 64,
         peak_flops: float | None = None,
         init_from: str | None = None,
+        **model_options,
     ):
-        hparams = {k: v for k, v in locals().items() if k not in ("self", "mixers", "__class__", "init_from")}
+        hparams = {k: v for k, v in locals().items() if k not in ("self", "mixers", "__class__", "init_from", "model_options")}
         super().__init__()
+        check_model_options(model_options)
         if not 0.0 <= warmup_fraction < 1.0:
             raise ValueError(f"LanguageModel: warmup_fraction={warmup_fraction} must lie in [0, 1)")
         if not 0.0 <= final_lr_fraction <= 1.0:
@@ -117,13 +133,10 @@ class LanguageModel(L.LightningModule):
             raise ValueError(f"LanguageModel: peak_flops={peak_flops} must be a positive FLOP/s figure, or None")
         if isinstance(size_to, Mapping):  # as a checkpoint records it
             size_to = SizeTarget(**size_to)
-        model_kwargs = dict(max_seq_len=max_seq_len, extrapolate=extrapolate, tie_embeddings=tie_embeddings,
-                            rope_base=rope_base, rope_ntk_factor=rope_ntk_factor, norm_eps=norm_eps,
-                            residual_scale=residual_scale, padding_idx=padding_idx, checkpoint_blocks=checkpoint_blocks)
         self.size_note, sized_width = None, None
         if size_to is not None:
-            mixers, sized_width = sized_mixers(vocab_size, d_model, pattern, mixers, size_to, **model_kwargs)
-        self.model = HybridLM(vocab_size, d_model, pattern, mixers, init_std=init_std, **model_kwargs)
+            mixers, sized_width = sized_mixers(vocab_size, d_model, pattern, mixers, size_to, **model_options)
+        self.model = HybridLM(vocab_size, d_model, pattern, mixers, **model_options)
         if size_to is not None:
             self.size_note = describe_size(self.model, size_to, sized_width)
         if init_from is not None:
@@ -131,6 +144,7 @@ class LanguageModel(L.LightningModule):
         # Only plain values, so the checkpoint reloads (weights_only) and re-parses through the CLI.
         self.save_hyperparameters({
             **hparams,
+            **model_options,
             # ASCII, so hparams.yaml reads "AMx4" rather than "AM\xD74" (the grammar takes both)
             "pattern": pattern.replace("×", "x"),
             "betas": list(betas),

@@ -10,9 +10,23 @@ from recipes import LanguageModel
 from recipes.module import warmup_cosine
 
 
-def test_language_model_exposes_every_hybridlm_argument():
-    model_args = set(inspect.signature(HybridLM).parameters)
-    assert model_args <= set(inspect.signature(LanguageModel).parameters)
+def test_every_hybridlm_option_reaches_the_cli_and_the_checkpoint_without_being_declared_again():
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(LanguageModel, "model")
+    cli_options = set(vars(parser.get_defaults().model))
+    hybrid = inspect.signature(HybridLM).parameters
+    assert set(hybrid) <= cli_options  # read from HybridLM's own signature (the **model_options it is passed)
+    assert parser.get_defaults().model.max_seq_len == hybrid["max_seq_len"].default
+    lm = LanguageModel(16, "AM", vocab_size=20, max_seq_len=48, residual_scale=True)
+    assert lm.model.max_seq_len == 48 and lm.model.blocks[0].state_residual is not None
+    assert lm.hparams.max_seq_len == 48 and lm.hparams.residual_scale is True  # recorded for the checkpoint
+
+
+def test_an_option_neither_languagemodels_nor_hybridlms_is_refused_by_name():
+    with pytest.raises(TypeError, match="unknown argument.*'max_seq'.*max_seq_len"):
+        LanguageModel(16, "AM", vocab_size=20, max_seq=48)
 
 
 def test_warmup_then_cosine_to_the_final_fraction():
