@@ -104,10 +104,19 @@ def binding_spec(letter: str, factory: MixerFactory | Mapping) -> dict:
         )
     if not issubclass(cls, nn.Module):
         raise ValueError(f"binding of letter {letter!r}: {class_path(cls)} is not an nn.Module")
+    upgrade = getattr(cls, "upgrade_init_args", None)  # a class whose arguments moved reads the old form
+    if upgrade is not None:
+        kwargs = upgrade(kwargs)
     if "d_model" in kwargs:
         raise ValueError(f"binding of letter {letter!r}: init_args must not set d_model (the model passes it)")
     _check_plain(letter, kwargs, "init_args")
     return {"class_path": class_path(cls), "init_args": _plain(kwargs)}
+
+
+def upgrade_specs(specs: Mapping[str, Mapping] | None) -> dict | None:
+    """Recorded letter specs in today's form (each class's ``upgrade_init_args``), for a checkpoint
+    written before a class's arguments moved. Imports the classes: check them first."""
+    return None if specs is None else {letter: binding_spec(letter, spec) for letter, spec in specs.items()}
 
 
 def binding_factory(letter: str, binding: MixerFactory | Mapping) -> MixerFactory:

@@ -21,7 +21,7 @@ def named(fn, owner_words, should_work=False, check=None):
 mixers = {
  "QCAttention": lambda: QCAttention(32, n_heads=4),
  "InnerFuncAttention": lambda: InnerFuncAttention(32, n_heads=4),
- "InnerFuncAttention/ssd": lambda: InnerFuncAttention(32, n_heads=4, inner="ssd", ssd={"d_state": 8}),
+ "InnerFuncAttention/ssd": lambda: InnerFuncAttention(32, n_heads=4, inner={"ssd": {"d_state": 8}}),
  "InnerFuncAttention/pos": lambda: InnerFuncAttention(32, n_heads=4, mask="position"),
  "SSD": lambda: SSD(32, d_state=8),
  "SSD/conv": lambda: SSD(32, d_state=8, positions="conv"),

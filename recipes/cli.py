@@ -29,6 +29,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_paths, consolidate_hint,
                                  is_sharded_checkpoint, load_checkpoint)
+from components.bindings import import_class, upgrade_specs
 from recipes.module import LanguageModel, language_model_arguments
 from recipes.training import AtomicCheckpointIO, CheckpointPolicy, DivergenceError, TrainingInterrupted, newest_checkpoint
 
@@ -82,6 +83,23 @@ def check_bindings(configs: list[tuple[str, dict]]) -> None:
                                  "init_args: {...}} (the class the letter stands for)")
             if isinstance(binding, (dict, str)) and (isinstance(binding, str) or "class_path" in binding):
                 bound.add(letter)
+            if isinstance(binding, dict):
+                check_moved_arguments(path, letter, binding)
+
+
+def check_moved_arguments(path: str, letter: str, binding: dict) -> None:
+    """A zoo class whose arguments moved (``upgrade_init_args``) names the form to write instead of the old one."""
+    target, init_args = str(binding.get("class_path", "")), binding.get("init_args")
+    if not target.startswith("components.") or not isinstance(init_args, dict):
+        return
+    try:
+        upgrade = getattr(import_class(target), "upgrade_init_args", None)
+    except ValueError:
+        return  # an unknown class is named when the recipe is parsed
+    if upgrade is not None and (today := upgrade(init_args)) != init_args:
+        moved = sorted(set(init_args) - set(today))
+        raise ValueError(f"config file {path}: model.mixers.{letter}: {', '.join(moved)} moved into the parts of "
+                         f"{target.rsplit('.', 1)[-1]}; write init_args: {yaml.safe_dump(today, default_flow_style=True).strip()}")
 
 
 def resolve_config_args(args: list[str]) -> list[str]:
@@ -293,6 +311,8 @@ class HybridCLI(LightningCLI):
             raise CheckpointError(f"{path}: hyper-parameters {unknown} are not LanguageModel's: not a checkpoint of this zoo")
         recipe_classes = class_paths(plain(config.model))
         check_hyperparameters(hparams, path, [*config.allow_classes, *recipe_classes])
+        if hparams.get("mixers"):  # after the check: reading a spec's class imports it
+            hparams["mixers"] = upgrade_specs(hparams["mixers"])
         self._check_flags_agree(path, config.model, hparams)
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 

@@ -202,8 +202,8 @@ class Doge:
                  (f"{a}.q_proj.weight", [f"{hf}.self_attn.q_proj.weight"]),
                  (f"{a}.k_proj.weight", [f"{hf}.self_attn.k_proj.weight"]),
                  (f"{a}.value.weight", [f"{hf}.self_attn.v_proj.weight"]),
-                 (f"{a}.delta_proj.weight", [f"{hf}.self_attn.dt_proj.weight"]),
-                 (f"{a}.A", [f"{hf}.self_attn.A"]),
+                 (f"{a}.key_bias.delta_proj.weight", [f"{hf}.self_attn.dt_proj.weight"]),
+                 (f"{a}.key_bias.A", [f"{hf}.self_attn.A"]),
                  (f"{a}.positions.q_norm.weight", [f"{hf}.self_attn.q_norm.weight"]),
                  (f"{a}.positions.k_norm.weight", [f"{hf}.self_attn.k_norm.weight"]),
                  (f"{a}.out_proj.weight", [f"{hf}.self_attn.o_proj.weight"]),
@@ -228,7 +228,8 @@ class Doge:
         a, m = block.sequence_mixer, block.state_mixer
         if type(a).__name__ != "InnerFuncAttention":
             return f"its 'I' letter is {type(a).__name__}; {why}"
-        if a.inner != "linear" or a.mask != "content_exp" or a.positions.q_norm is None or not a.positions.rope:
+        if (type(a.value).__name__ != "LinearValue" or type(a.key_bias).__name__ != "ExpContentBias" or not a.key_bias.per_kv_head
+                or a.positions.q_norm is None or not a.positions.rope):
             return f"its InnerFuncAttention is inner={a.inner!r}, mask={a.mask!r}; {why}"
         if block.sequence_residual is None:
             return "its blocks do not scale their residuals, which Doge does"

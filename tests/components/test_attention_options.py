@@ -72,18 +72,18 @@ def test_content_masks_match_their_formula(rope_reference, mask):
     torch.manual_seed(0)
     mixer = InnerFuncAttention(16, n_heads=4, n_kv_heads=2, mask=mask, qk_norm=True).double()
     with torch.no_grad():
-        mixer.A.uniform_(-2, 2)
+        mixer.key_bias.A.uniform_(-2, 2)
     T = 7
     x = torch.randn(1, T, 16, dtype=torch.float64)
     q = (x[0] @ mixer.q_proj.weight.T).view(T, 4, 4)
     k = (x[0] @ mixer.k_proj.weight.T).view(T, 2, 4)
     v_flat = x[0] @ mixer.value.weight.T  # [T, Hkv·Dh]
-    delta = F.softplus(v_flat @ mixer.delta_proj.weight.T)  # [T, 4] per query head, or [T, 2] per kv head
+    delta = F.softplus(v_flat @ mixer.key_bias.delta_proj.weight.T)  # [T, 4] per query head, or [T, 2] per kv head
     if mask == "content":
-        bias = (mixer.A * delta).T  # [H, T]
+        bias = (mixer.key_bias.A * delta).T  # [H, T]
     else:
-        bias = torch.exp(mixer.A * delta).T.repeat_interleave(2, dim=0)  # kv head g serves query heads 2g, 2g+1
-        assert mixer.A.shape == (2,)
+        bias = torch.exp(mixer.key_bias.A * delta).T.repeat_interleave(2, dim=0)  # kv head g serves query heads 2g, 2g+1
+        assert mixer.key_bias.A.shape == (2,)
     q, k = positions_by_hand(q, k, mixer, rope_reference, list(range(T)))
     want = attend_by_hand(q, k, v_flat.view(T, 2, 4), bias).reshape(T, 16) @ mixer.out_proj.weight.T
     torch.testing.assert_close(mixer(x)[0], want, rtol=1e-6, atol=1e-9)
@@ -93,6 +93,6 @@ def test_exp_mask_starts_as_plain_attention():
     torch.manual_seed(0)
     ifa = InnerFuncAttention(16, n_heads=4, n_kv_heads=2, mask="content_exp")
     plain = InnerFuncAttention(16, n_heads=4, n_kv_heads=2, mask="none")
-    plain.load_state_dict({k: v for k, v in ifa.state_dict().items() if k not in ("A", "delta_proj.weight")})
+    plain.load_state_dict({k: v for k, v in ifa.state_dict().items() if not k.startswith("key_bias.")})
     x = torch.randn(2, 9, 16)
     torch.testing.assert_close(ifa(x), plain(x))  # exp(0) = 1 on every key: a constant shift of the scores

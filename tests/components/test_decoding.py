@@ -17,7 +17,7 @@ MIXERS = {name: partial(factory, 32) for name, factory in SEQUENCE_MIXERS.items(
 def randomize(module: torch.nn.Module) -> None:
     with torch.no_grad():
         for name, p in module.named_parameters():
-            if name.endswith(("A", "position_bias")):
+            if name.endswith(("A", "key_bias.table")):
                 p.uniform_(-1.0, 1.0)  # dynamic masks away from their neutral start
 
 
@@ -110,7 +110,7 @@ ARCHITECTURES = {
                                 "A": partial(QCAttention, n_heads=4), "O": partial(Expresser, n_heads=4),
                                 "X": {"class_path": "components.ExpansiveMoE", "init_args": {"n_experts": 4, "top_k": 1, "gate": "scalar"}}}, {}),
     "cheems": ("SE SE IE", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4),
-                            "I": partial(InnerFuncAttention, n_heads=4, inner="retrieval", n_values=6),
+                            "I": partial(InnerFuncAttention, n_heads=4, inner={"retrieval": {"n_values": 6}}),
                             "E": {"class_path": "components.CDMoE", "init_args": {"n_experts": 48, "n_keys": [6, 8], "top_k": 4, "key_dim": 8}}}, {}),
     "transxssm": ("SM SM AM", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4), "A": partial(QCAttention, n_heads=4)}, {}),
     "doge": ("IE IM", {"I": partial(InnerFuncAttention, n_heads=4, n_kv_heads=2, mask="content_exp", qk_norm=True, keep_window=6),
@@ -257,11 +257,11 @@ def test_top_k_and_top_p_keep_exactly_their_tokens():
 def test_left_padded_generation_equals_each_prompt_alone():
     # RoPE sees only relative positions, so a position mask (absolute positions) is what shows that each
     # sequence counts its positions from its own first token.
-    model = HybridLM(61, 32, "PM SM", {"P": partial(InnerFuncAttention, n_heads=4, mask="position", max_position=32),
+    model = HybridLM(61, 32, "PM SM", {"P": partial(InnerFuncAttention, n_heads=4, mask={"position": {"max_position": 32}}),
                                        "S": partial(SSD, d_state=8, head_dim=8, chunk_size=4)})
     randomize(model)
     with torch.no_grad():
-        model.blocks[0].sequence_mixer.position_bias.mul_(4)
+        model.blocks[0].sequence_mixer.key_bias.table.mul_(4)
     prompts = [torch.randint(1, 61, (n,)) for n in (7, 4, 2)]
     batch = torch.zeros(3, 7, dtype=torch.long)
     mask = torch.ones(3, 7, dtype=torch.bool)

@@ -32,7 +32,9 @@ def refused(tmp_path, monkeypatch, *args: str) -> str:
     ("model: [unclosed\n", "is not valid YAML"),
     ("model:\n  mixers:\n    Q: {init_args: {n_heads: 2}}\n", "model.mixers.Q has no class_path, and no earlier config binds 'Q'"),
     ("model:\n  mixers:\n    AB: {class_path: components.MLP}\n", "mixers key 'AB' is not a pattern letter"),
-], ids=["empty", "list", "not-yaml", "no-class-path", "two-letters"])
+    ("model:\n  mixers:\n    I: {class_path: components.InnerFuncAttention, init_args: {inner: retrieval, n_values: 6}}\n",
+     "model.mixers.I: n_values moved into the parts of InnerFuncAttention; write init_args: {inner: {retrieval: {n_values: 6}}}"),
+], ids=["empty", "list", "not-yaml", "no-class-path", "two-letters", "moved-argument"])
 def test_a_bad_recipe_file_is_named(tmp_path, monkeypatch, content, expected):
     (tmp_path / "bad.yaml").write_text(content)
     assert expected in refused(tmp_path, monkeypatch, "fit", *TINY, "--config", "bad.yaml")
@@ -152,3 +154,27 @@ def test_labels_outside_the_vocabulary_are_named_in_evaluation_and_stop_training
     lm.train()
     with pytest.raises(RuntimeError, match=r"labels must be token ids in \[0, vocab_size=20\)"):
         lm.training_loss(batch)
+
+
+def test_a_checkpoint_from_before_inner_func_attention_took_parts_validates_and_reloads(tmp_path, monkeypatch, capsys):
+    """Its letter spec gave n_values / top_k / max_position beside inner and mask, and its mask parameters sat on
+    the attention (A, delta_proj, position_bias): the CLI and load_from_checkpoint read it as today's model."""
+    import lightning
+
+    old_spec = {"class_path": "components.InnerFuncAttention",
+                "init_args": {"n_heads": 2, "inner": "retrieval", "n_values": 5, "top_k": 3, "mask": "position",
+                              "max_position": 64}}
+    lm = LanguageModel(16, "IM", {"I": old_spec}, vocab_size=256)
+    with torch.no_grad():
+        lm.model.blocks[0].sequence_mixer.key_bias.table.normal_()
+    old_state = {k.replace("sequence_mixer.key_bias.table", "sequence_mixer.position_bias"): v for k, v in lm.state_dict().items()}
+    hparams = {**dict(lm.hparams), "mixers": {**lm.hparams["mixers"], "I": old_spec}}
+    torch.save({"state_dict": old_state, "hyper_parameters": hparams, "pytorch-lightning_version": lightning.__version__},
+               tmp_path / "old.ckpt")
+    again = LanguageModel.load_from_checkpoint(tmp_path / "old.ckpt")
+    assert again.model.blocks[0].sequence_mixer.value.top_k == 3
+    torch.testing.assert_close(again.model.blocks[0].sequence_mixer.key_bias.table, lm.model.blocks[0].sequence_mixer.key_bias.table)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    main(["validate", *TINY, "--model.pattern", "IM", "--ckpt_path", str(tmp_path / "old.ckpt")])
+    assert "val/loss" in capsys.readouterr().out

@@ -123,7 +123,7 @@ def mapped_gradient(kind, name, zoo, config):
     table = {"input_layernorm.weight": "sequence_norm.weight", "post_attention_layernorm.weight": "state_norm.weight",
              "self_attn.q_proj.weight": "sequence_mixer.q_proj.weight", "self_attn.o_proj.weight": "sequence_mixer.out_proj.weight",
              "self_attn.k_proj.weight": "sequence_mixer.k_proj.weight", "self_attn.v_proj.weight": "sequence_mixer.value.weight",
-             "self_attn.dt_proj.weight": "sequence_mixer.delta_proj.weight", "self_attn.A": "sequence_mixer.A",
+             "self_attn.dt_proj.weight": "sequence_mixer.key_bias.delta_proj.weight", "self_attn.A": "sequence_mixer.key_bias.A",
              "self_attn.q_norm.weight": "sequence_mixer.positions.q_norm.weight",
              "self_attn.k_norm.weight": "sequence_mixer.positions.k_norm.weight",
              "input_residual": "sequence_residual", "post_attention_residual": "state_residual",
