@@ -24,7 +24,7 @@ mixers = {
  "InnerFuncAttention/ssd": lambda: InnerFuncAttention(32, n_heads=4, inner={"ssd": {"d_state": 8}}),
  "InnerFuncAttention/pos": lambda: InnerFuncAttention(32, n_heads=4, mask="position"),
  "SSD": lambda: SSD(32, d_state=8),
- "SSD/conv": lambda: SSD(32, d_state=8, positions="conv"),
+ "SSD/conv": lambda: SSD(32, d_state=8, conv=True, rope=False),
  "MLP": lambda: MLP(32), "RoutedMoE": lambda: RoutedMoE(32, n_experts=4),
  "ExpansiveMoE": lambda: ExpansiveMoE(32, n_experts=4), "CDMoE": lambda: CDMoE(32, n_experts=64, top_k=4),
 }

@@ -162,7 +162,8 @@ def upgrade_init_args(init_args: Mapping) -> dict:
     """``InnerFuncAttention`` arguments as recipes and checkpoints wrote them before its parts were injected
     (``n_values``, ``d_retrieval``, ``top_k``, ``ssd``, ``max_position`` beside ``inner``/``mask``), in
     today's form: each option inside its part's ``init_args``; an option of a part not chosen is dropped,
-    as it was then ignored. Today's arguments come back unchanged."""
+    as it was then ignored; an SSD value's ``positions`` as :class:`SSD` upgrades it. Today's arguments come
+    back unchanged."""
     args = dict(init_args)
     defaults = {"inner": "linear", "mask": "content"}
     for key in [key for key in args if key in MOVED_OPTIONS]:
@@ -174,6 +175,9 @@ def upgrade_init_args(init_args: Mapping) -> dict:
         options = dict(next(iter(chosen.values())) or {}) if isinstance(chosen, Mapping) else {}
         options.update(value or {} if key == "ssd" else {key: value})
         args[slot] = {name: options}
+    inner = args.get("inner")
+    if part_name(inner) == "ssd" and isinstance(inner, Mapping):  # the SSD value's own options moved too
+        args["inner"] = {"ssd": SSD.upgrade_init_args(inner["ssd"] or {})}
     return args
 
 

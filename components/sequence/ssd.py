@@ -1,6 +1,7 @@
-"""SSD: the Mamba-2 state-space sequence mixer, with three sources of position (conv, decay, rope)."""
+"""SSD: the Mamba-2 state-space sequence mixer, with two optional sources of position (conv, rope) beside the decay."""
 
 import math
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +16,21 @@ from components.rotary import apply_rotary
 from kernels._backend import check_backend
 from kernels.ssd import ssd_scan, ssd_step
 
-POSITIONS = ("rope", "decay", "conv", "conv+rope")
+# ``positions`` (one string) named the sources before they were separate options: what each meant.
+POSITIONS = {"rope": {"conv": False, "rope": True}, "decay": {"conv": False, "rope": False},
+             "conv": {"conv": True, "rope": False}, "conv+rope": {"conv": True, "rope": True}}
+
+
+def upgrade_init_args(init_args: Mapping) -> dict:
+    """``SSD`` arguments as recipes and checkpoints wrote them before the position sources were separate
+    options (``positions: conv+rope``), in today's form (``conv: true, rope: true``); today's come back
+    unchanged."""
+    args = dict(init_args)
+    if "positions" in args:
+        positions = args.pop("positions")
+        check_choice("SSD", "positions", positions, tuple(POSITIONS))
+        args.update(POSITIONS[positions])
+    return args
 
 
 class SSD(nn.Module):
@@ -27,13 +42,13 @@ class SSD(nn.Module):
         state_t = exp(Δ_t A) state_{t-1} + Δ_t X_t ⊗ B_t      y_t = state_t C_t (+ D X_t)
         out = y W_out
 
-    ``positions`` chooses where position comes from:
-        ``conv``      — Mamba-2's depthwise causal Conv1d (kernel ``conv_kernel``, with bias) + SiLU over
-                        [X, B, C], and the ``D`` skip ("Conv1d + D" in the papers);
-        ``decay``     — nothing but the cumulative decay ``exp(Δ A)`` (a_t);
-        ``rope``      — RoPE on B and C over the state dim, from the context's shared table (default);
-        ``conv+rope`` — both, with ``D`` (OTCE's code: conv, D and RoPE on B/C).
-    ``d_skip`` switches ``D`` on or off independently (default: on exactly when there is a conv).
+    Position always comes from the cumulative decay ``exp(Δ A)`` (a_t), and from two optional sources:
+        ``conv=True`` — Mamba-2's depthwise causal Conv1d (kernel ``conv_kernel``, with bias) + SiLU over
+                        [X, B, C], with the ``D`` skip ("Conv1d + D" in the papers);
+        ``rope=True`` — RoPE on B and C over the state dim, from the context's shared table (the default).
+    The papers' variants: ``rope`` (default), ``decay`` (``rope=False``), ``conv`` (``conv=True, rope=False``;
+    Mamba-2), ``conv+rope`` (``conv=True``: OTCE's code). ``d_skip`` switches ``D`` on or off
+    independently (default: on exactly when there is a conv).
 
     ``gate=True`` adds Mamba-2's ``z`` branch as Mamba-2 computes it (mamba_ssm ``norm_before_gate=False``,
     Hugging Face ``MambaRMSNormGated``)::
@@ -48,7 +63,8 @@ class SSD(nn.Module):
         n_groups: groups sharing B and C (default 1); must divide ``n_heads``.
         expand: inner width ``expand · d_model`` (default 1, as the papers' listings; Mamba-2 uses 2).
         chunk_size: chunk length of the scan (default 64).
-        positions: ``rope`` | ``decay`` | ``conv`` | ``conv+rope``.
+        conv: the causal convolution over [X, B, C] (default False).
+        rope: RoPE on B and C (default True).
         d_skip: the ``D`` skip (default None: on with a conv, off otherwise).
         gate: Mamba-2's gated, grouped RMSNorm on the output (default False, as the papers' listings).
         norm_eps: epsilon of the gate's RMSNorm (default 1e-6; Mamba-2 uses 1e-5: the model's).
@@ -59,6 +75,10 @@ class SSD(nn.Module):
             keeps for the backward drops about 12× (d_model 256, expand 2, chunk 64: from 27 KB to 2 KB
             per token) for one more forward of the mixer per step (docs/performance.md). Never when
             decoding or without gradients.
+
+    Before ``conv`` and ``rope``, one string ``positions`` named the sources: checkpoints and recipes that
+    give it are upgraded when read (:func:`upgrade_init_args`); a call that gives it is refused with the
+    options to write.
 
     Initialisation as Mamba-2: ``A_log = log U(1, 16)``; ``Δ_bias`` so that ``softplus(Δ_bias)`` is
     log-uniform in ``[1e-3, 1e-1]``; ``D = 1``.
@@ -74,16 +94,21 @@ class SSD(nn.Module):
         n_groups: int = 1,
         expand: int = 1,
         chunk_size: int = 64,
-        positions: str = "rope",
+        conv: bool = False,
+        rope: bool = True,
         d_skip: bool | None = None,
         gate: bool = False,
         norm_eps: float = 1e-6,
         conv_kernel: int = 4,
         backend: str = "auto",
         recompute: bool = False,
+        **moved,
     ):
         super().__init__()
-        check_choice("SSD", "positions", positions, POSITIONS)
+        if moved:
+            raise TypeError(f"SSD: unexpected argument(s) {sorted(moved)}" if set(moved) != {"positions"} else (
+                f"SSD: positions={moved['positions']!r} is now two options: write "
+                + ", ".join(f"{k}={v}" for k, v in upgrade_init_args(moved).items())))
         check_backend(backend)
         check_positive("SSD", d_model=d_model, d_state=d_state, n_groups=n_groups, expand=expand,
                        chunk_size=chunk_size, conv_kernel=conv_kernel)
@@ -98,10 +123,10 @@ class SSD(nn.Module):
         check_positive("SSD", n_heads=n_heads)
         check_divisible("SSD", "expand·d_model" if expand != 1 else "d_model", d_inner, "n_heads", n_heads)
         check_divisible("SSD", "n_heads", n_heads, "n_groups", n_groups)
-        if "rope" in positions and d_state % 2 != 0:
-            raise ValueError(f"SSD: d_state={d_state} must be even for positions='rope' (RoPE rotates pairs)")
+        if rope and d_state % 2 != 0:
+            raise ValueError(f"SSD: d_state={d_state} must be even for rope=True (RoPE rotates pairs)")
         self.n_heads, self.head_dim, self.d_state, self.n_groups = n_heads, d_inner // n_heads, d_state, n_groups
-        self.d_model, self.d_inner, self.chunk_size, self.positions, self.backend = d_model, d_inner, chunk_size, positions, backend
+        self.d_model, self.d_inner, self.chunk_size, self.backend = d_model, d_inner, chunk_size, backend
         self.recompute = recompute
 
         # One fused input projection: [X | B | C | Δ | z].
@@ -109,9 +134,9 @@ class SSD(nn.Module):
         self.in_proj = nn.Linear(d_model, self.d_xbc + n_heads + (d_inner if gate else 0), bias=False)
         self.conv = (
             nn.Conv1d(self.d_xbc, self.d_xbc, conv_kernel, groups=self.d_xbc)  # weights only: see _causal_conv
-            if "conv" in positions else None
+            if conv else None
         )
-        self.rope = "rope" in positions
+        self.rope = rope
         self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(1, 16).log())
         dt = torch.exp(torch.empty(n_heads).uniform_(math.log(1e-3), math.log(1e-1)))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
@@ -119,6 +144,8 @@ class SSD(nn.Module):
         self.D = nn.Parameter(torch.ones(n_heads)) if d_skip else None
         self.gate_norm = GroupedRMSNorm(d_inner, n_groups, eps=norm_eps) if gate else None
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+
+    upgrade_init_args = staticmethod(upgrade_init_args)
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         check_mixer_input(type(self).__name__, x, self.d_model, self.in_proj.weight, sequence=True)
@@ -194,7 +221,7 @@ class SSD(nn.Module):
         return ssd_flops_per_token(seq_len, self.chunk_size, self.n_heads, self.n_groups, self.head_dim, self.d_state)
 
     def extra_repr(self) -> str:
-        return (f"positions={self.positions}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
+        return (f"conv={self.conv is not None}, rope={self.rope}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
                 f"d_state={self.d_state}, n_groups={self.n_groups}, chunk_size={self.chunk_size}, "
                 f"d_skip={self.D is not None}, gate={self.gate_norm is not None}"
                 + (", recompute=True" if self.recompute else ""))

@@ -33,7 +33,7 @@ MODELS = {  # 8 blocks each at the same width: attention, SSD, and the two hybri
 def build(name: str, d_model: int, vocab: int, device: str) -> HybridLM:
     heads = max(d_model // 64, 1)
     mixers = {"A": partial(QCAttention, n_heads=heads),
-              "S": partial(SSD, positions="conv" if name in ("mamba2", "jamba") else "rope", gate=name == "mamba2",
+              "S": partial(SSD, conv=True, rope=False if name in ("mamba2", "jamba") else "rope", gate=name == "mamba2",
                            expand=2 if name in ("mamba2", "jamba") else 1, head_dim=64, d_state=64, chunk_size=256),
               "R": partial(RoutedMoE, n_experts=4, top_k=1)}
     torch.manual_seed(0)

@@ -127,7 +127,7 @@ def build(name: str, s: dict, max_len: int) -> torch.nn.Module:
         recipe["max_seq_len"] = max_len
         return HybridLM(recipe.pop("vocab_size"), recipe.pop("d_model"), recipe.pop("pattern"), recipe.pop("mixers"), **recipe)
     if name.startswith("hybrid"):
-        ssd = {"class_path": "components.SSD", "init_args": {"positions": "conv", "expand": 2,
+        ssd = {"class_path": "components.SSD", "init_args": {"conv": True, "rope": False, "expand": 2,
                                                              "recompute": name == "hybrid-recompute"}}
         attention = {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "n_kv_heads": 2}}
         mixers = {"S": scaled(ssd, s), "A": scaled(attention, s), "M": {"class_path": "components.MLP"}}

@@ -274,7 +274,7 @@ class Mamba2:
         if limit != (0.0, float("inf")):
             raise ValueError(f"time_step_limit={c['time_step_limit']} is not supported (the zoo does not clamp Δ)")
         ssd = spec("components.SSD", n_heads=c["num_heads"], d_state=c["state_size"], n_groups=c["n_groups"],
-                   expand=int(c.get("expand", 2)), chunk_size=c.get("chunk_size", 256), positions="conv", gate=True,
+                   expand=int(c.get("expand", 2)), chunk_size=c.get("chunk_size", 256), conv=True, rope=False, gate=True,
                    conv_kernel=c.get("conv_kernel", 4), norm_eps=c["layer_norm_epsilon"])
         # Mamba-2 has no position table and no length limit: the recipe accepts any length
         return {**common_recipe(c, 10000.0, 1.0, False, extrapolate=True, padding=False), "pattern": f"S-×{c['num_hidden_layers']}",
@@ -306,8 +306,9 @@ class Mamba2:
         s = model.blocks[0].sequence_mixer
         if type(s).__name__ != "SSD":
             return f"its 'S' letter is {type(s).__name__}; {why}"
-        if s.positions != "conv" or s.gate_norm is None or s.D is None:
-            return f"its SSD is positions={s.positions!r} (gate {s.gate_norm is not None}, D {s.D is not None}); {why}"
+        if s.conv is None or s.rope or s.gate_norm is None or s.D is None:
+            return (f"its SSD has conv={s.conv is not None}, rope={s.rope}, gate={s.gate_norm is not None}, "
+                    f"D={s.D is not None}; {why}")
         if model.blocks[0].sequence_residual is not None:
             return "its blocks scale their residuals, which Mamba-2 does not"
         return None

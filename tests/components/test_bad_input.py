@@ -99,7 +99,7 @@ def test_expert_load_and_balancing_loss_ignore_padding(name):
 
 def test_a_model_with_a_nan_pad_embedding_computes_what_it_computes_without_it():
     torch.manual_seed(0)
-    model = HybridLM(50, 32, "AM SR IE SM", mixers={"S": partial(SSD, d_state=8, chunk_size=4, positions="conv"),
+    model = HybridLM(50, 32, "AM SR IE SM", mixers={"S": partial(SSD, d_state=8, chunk_size=4, conv=True, rope=False),
                                                     "E": partial(CDMoE, n_experts=64, top_k=4, balance_loss=True)})
     mask = left_padded()
     ids = torch.randint(1, 50, (3, 11)).masked_fill(mask, 0)

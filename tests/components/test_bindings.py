@@ -14,8 +14,8 @@ from components.bindings import binding_factory, binding_spec
     (QCAttention, {"class_path": "components.QCAttention", "init_args": {}}),
     (functools.partial(QCAttention, n_heads=2, n_kv_heads=1),
      {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "n_kv_heads": 1}}),
-    (functools.partial(SSD, d_state=8, positions="conv", n_groups=1),
-     {"class_path": "components.SSD", "init_args": {"d_state": 8, "positions": "conv", "n_groups": 1}}),
+    (functools.partial(SSD, d_state=8, conv=True, rope=False, n_groups=1),
+     {"class_path": "components.SSD", "init_args": {"d_state": 8, "conv": True, "rope": False, "n_groups": 1}}),
     ({"class_path": "components.MLP", "init_args": {"d_ff": 24, "activation": "switanh"}},
      {"class_path": "components.MLP", "init_args": {"d_ff": 24, "activation": "switanh"}}),
 ])

@@ -103,10 +103,10 @@ def test_a_nonfinite_input_reaches_the_same_outputs_when_decoding(name, prefill)
 
 ARCHITECTURES = {
     "llama": ("AM×3", {"A": partial(QCAttention, n_heads=4, n_kv_heads=2)}, {}),
-    "mamba2": ("S-×3", {"S": partial(SSD, positions="conv", gate=True, expand=2, head_dim=8, d_state=8, chunk_size=4)}, {"tie_embeddings": True}),
-    "jamba": ("SM SR AM SR", {"S": partial(SSD, positions="conv", expand=2, head_dim=8, d_state=8, chunk_size=4),
+    "mamba2": ("S-×3", {"S": partial(SSD, conv=True, rope=False, gate=True, expand=2, head_dim=8, d_state=8, chunk_size=4)}, {"tie_embeddings": True}),
+    "jamba": ("SM SR AM SR", {"S": partial(SSD, conv=True, rope=False, expand=2, head_dim=8, d_state=8, chunk_size=4),
                               "A": partial(QCAttention, n_heads=4, rope=False)}, {}),
-    "otce": ("SM SX AX SM O-", {"S": partial(SSD, positions="conv+rope", d_state=8, head_dim=8, chunk_size=4),
+    "otce": ("SM SX AX SM O-", {"S": partial(SSD, conv=True, rope=True, d_state=8, head_dim=8, chunk_size=4),
                                 "A": partial(QCAttention, n_heads=4), "O": partial(Expresser, n_heads=4),
                                 "X": {"class_path": "components.ExpansiveMoE", "init_args": {"n_experts": 4, "top_k": 1, "gate": "scalar"}}}, {}),
     "cheems": ("SE SE IE", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4),
@@ -137,7 +137,7 @@ def test_every_named_architecture_decodes_as_its_full_forward(name):
 
 def tiny_hybrid():
     torch.manual_seed(0)
-    return HybridLM(61, 32, "SM AM IM", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4, positions="conv"),
+    return HybridLM(61, 32, "SM AM IM", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4, conv=True, rope=False),
                                          "A": partial(QCAttention, n_heads=4),
                                          "I": partial(InnerFuncAttention, n_heads=4, mask="content_exp")})
 
@@ -178,7 +178,7 @@ def test_mamba2_decoding_stays_on_its_full_forward_over_a_long_generation():
     """Hugging Face's Mamba-2 greedy decoding departs from its own full forward after ~54 tokens (a width-256,
     8-layer model); ours must not: 80 greedy tokens equal the argmax loop over full forwards."""
     torch.manual_seed(0)
-    model = HybridLM(61, 32, "S-×3", {"S": partial(SSD, positions="conv", gate=True, expand=2, head_dim=8, d_state=8,
+    model = HybridLM(61, 32, "S-×3", {"S": partial(SSD, conv=True, rope=False, gate=True, expand=2, head_dim=8, d_state=8,
                                                     chunk_size=16)}, tie_embeddings=True)
     randomize(model)
     prompt = torch.randint(0, 61, (2, 21))
@@ -190,7 +190,7 @@ def test_mamba2_decoding_stays_on_its_full_forward_over_a_long_generation():
 
 
 def test_ssd_cache_does_not_grow_with_the_generated_length():
-    model = HybridLM(61, 32, "S-×2", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4, positions="conv")})
+    model = HybridLM(61, 32, "S-×2", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4, conv=True, rope=False)})
     ssd = model.blocks[0].sequence_mixer
     sizes = {}
     for steps in (3, 40):

@@ -3,12 +3,13 @@ import torch
 import torch.nn.functional as F
 
 from components import SSD, Context, HybridLM
+from components.sequence.ssd import POSITIONS  # the papers' variant names → conv, rope
 
 VARIANTS = ["rope", "decay", "conv"]
 
 
 def small(positions, **kw):
-    return SSD(32, head_dim=8, d_state=8, chunk_size=8, positions=positions, **kw)
+    return SSD(32, head_dim=8, d_state=8, chunk_size=8, **POSITIONS[positions], **kw)
 
 
 @pytest.mark.parametrize("positions", VARIANTS)
@@ -52,7 +53,7 @@ def test_left_padding_does_not_reach_real_tokens(positions):
 
 def test_module_matches_its_math_written_out():
     # The decay variant end to end through the recurrence, from the module's own weights.
-    mixer = SSD(16, head_dim=4, d_state=6, n_groups=2, chunk_size=4, positions="decay")
+    mixer = SSD(16, head_dim=4, d_state=6, n_groups=2, chunk_size=4, rope=False)
     x = torch.randn(1, 9, 16)
     H, P, G, N = 4, 4, 2, 6
     proj = x @ mixer.in_proj.weight.T
@@ -73,7 +74,7 @@ def test_module_matches_its_math_written_out():
 
 
 def test_mamba2_initialisation():
-    mixer = SSD(256, head_dim=4, positions="conv")
+    mixer = SSD(256, head_dim=4, conv=True, rope=False)
     A = -torch.exp(mixer.A_log)
     assert (A <= -1).all() and (A >= -16).all()
     dt = F.softplus(mixer.dt_bias)
@@ -84,7 +85,7 @@ def test_mamba2_initialisation():
 
 
 def test_chunk_size_does_not_change_the_result():
-    a, b = small("rope"), SSD(32, head_dim=8, d_state=8, chunk_size=64, positions="rope")
+    a, b = small("rope"), SSD(32, head_dim=8, d_state=8, chunk_size=64, rope=True)
     b.load_state_dict(a.state_dict())
     x = torch.randn(2, 50, 32)
     torch.testing.assert_close(a(x), b(x), atol=1e-5, rtol=1e-5)
@@ -93,18 +94,18 @@ def test_chunk_size_does_not_change_the_result():
 def test_s_is_bound_to_ssd_by_default():
     model = HybridLM(vocab_size=16, d_model=32, pattern="SM S-")
     assert type(model.blocks[0].sequence_mixer).__name__ == "SSD"
-    assert model.blocks[0].sequence_mixer.positions == "rope"
+    ssd = model.blocks[0].sequence_mixer
+    assert ssd.rope and ssd.conv is None
 
 
 @pytest.mark.parametrize(
     "kwargs, words",
     [
-        (dict(d_state=7, positions="rope"), "d_state=7 must be even for positions='rope'"),
+        (dict(d_state=7, rope=True), "d_state=7 must be even for rope=True"),
         (dict(n_heads=3), "d_model=32 is not divisible by n_heads=3"),
         (dict(head_dim=5), "expand·d_model=32 is not divisible by head_dim=5"),
         (dict(n_heads=4, n_groups=3), "n_heads=4 is not divisible by n_groups=3"),
         (dict(n_heads=4, head_dim=8), "give n_heads=4 or head_dim=8, not both"),
-        (dict(positions="alibi"), "positions='alibi' is not one of ('rope', 'decay', 'conv', 'conv+rope')"),
     ],
 )
 def test_bad_configuration_names_the_problem(kwargs, words):
@@ -114,7 +115,7 @@ def test_bad_configuration_names_the_problem(kwargs, words):
 
 
 def test_odd_d_state_is_fine_without_rope():
-    assert SSD(32, d_state=7, positions="decay")(torch.randn(1, 5, 32)).shape == (1, 5, 32)
+    assert SSD(32, d_state=7, rope=False)(torch.randn(1, 5, 32)).shape == (1, 5, 32)
 
 
 @pytest.mark.parametrize("positions, d_skip, gate", [
@@ -123,7 +124,7 @@ def test_odd_d_state_is_fine_without_rope():
 def test_every_variant_matches_its_math_written_out(rope_reference, positions, d_skip, gate):
     torch.manual_seed(1)
     H, P, G, N, K, T = 4, 3, 2, 6, 3, 7
-    mixer = SSD(12, n_heads=H, d_state=N, n_groups=G, chunk_size=4, positions=positions, d_skip=d_skip,
+    mixer = SSD(12, n_heads=H, d_state=N, n_groups=G, chunk_size=4, **POSITIONS[positions], d_skip=d_skip,
                 gate=gate, conv_kernel=K, norm_eps=1e-5)
     with torch.no_grad():
         for p in (mixer.D, mixer.gate_norm.weight if gate else None):
@@ -186,7 +187,7 @@ def test_recompute_gives_the_same_outputs_and_gradients_and_keeps_only_the_input
     results = {}
     for recompute in (False, True):
         torch.manual_seed(0)
-        ssd = SSD(32, positions=positions, expand=2, head_dim=8, d_state=8, chunk_size=8, gate=True, recompute=recompute)
+        ssd = SSD(32, **POSITIONS[positions], expand=2, head_dim=8, d_state=8, chunk_size=8, gate=True, recompute=recompute)
         xr = x.clone().requires_grad_()
         kept = {}
 
@@ -207,10 +208,30 @@ def test_recompute_gives_the_same_outputs_and_gradients_and_keeps_only_the_input
 
 
 def test_recompute_is_off_when_decoding():
-    ssd = SSD(32, head_dim=8, d_state=8, chunk_size=4, positions="conv", recompute=True)
+    ssd = SSD(32, head_dim=8, d_state=8, chunk_size=4, conv=True, rope=False, recompute=True)
     model = HybridLM(61, 32, "S-", {"S": lambda d: ssd})
     ids = torch.randint(0, 61, (2, 9))
     full = model(ids)
     cache = model.new_cache(2, 9)
     steps = [model(ids[:, :5], cache=cache)] + [model(ids[:, t:t + 1], cache=cache) for t in range(5, 9)]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_the_positions_string_of_old_recipes_and_checkpoints_reads_as_the_two_options():
+    for name, options in POSITIONS.items():
+        old = {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8, "positions": name}}
+        ssd = HybridLM(16, 32, "S-", {"S": old}).blocks[0].sequence_mixer
+        assert (ssd.conv is not None, ssd.rope) == (options["conv"], options["rope"])
+        assert HybridLM(16, 32, "S-", {"S": old}).binding_specs()["S"]["init_args"] == {"head_dim": 8, "d_state": 8, **options}
+    with pytest.raises(ValueError, match="positions='alibi' is not one of \\('rope', 'decay', 'conv', 'conv\\+rope'\\)"):
+        HybridLM(16, 32, "S-", {"S": {"class_path": "components.SSD", "init_args": {"positions": "alibi"}}})
+    with pytest.raises(TypeError, match="positions='conv' is now two options: write conv=True, rope=False"):
+        SSD(32, positions="conv")
+    # an SSD inside InnerFuncAttention, recorded with its positions, too
+    from components import InnerFuncAttention
+
+    old_ifa = {"class_path": "components.InnerFuncAttention", "init_args": {"n_heads": 4, "inner": "ssd",
+                                                                            "ssd": {"d_state": 8, "positions": "conv"}}}
+    value = HybridLM(16, 32, "I-", {"I": old_ifa}).blocks[0].sequence_mixer.value
+    assert isinstance(value, SSD) and value.conv is not None and not value.rope
+    assert isinstance(InnerFuncAttention(32, n_heads=4, inner={"ssd": {"d_state": 8, "conv": True}}).value.conv, torch.nn.Conv1d)

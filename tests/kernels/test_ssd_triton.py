@@ -133,7 +133,7 @@ def test_ssd_layer_runs_on_the_triton_scan():
     from components import SSD
 
     torch.manual_seed(0)
-    layer = SSD(32, d_state=16, head_dim=8, n_groups=2, chunk_size=16, positions="conv").to(DEVICE)
+    layer = SSD(32, d_state=16, head_dim=8, n_groups=2, chunk_size=16, conv=True, rope=False).to(DEVICE)
     x = torch.randn(1, 21, 32, device=DEVICE)
     want = layer(x)
     layer.backend = "triton"

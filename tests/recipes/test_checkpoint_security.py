@@ -184,7 +184,7 @@ def test_weights_only_false_is_refused_on_the_command_line(trained, tmp_path, mo
 
 def test_untrusted_references_lists_class_paths_and_path_like_strings():
     hparams = {"pattern": "SM×2", "lr": 1e-3, "compile": "inductor", "betas": [0.9, 0.98], "eps": "1e-6",
-               "mixers": {"S": {"class_path": "components.SSD", "init_args": {"positions": "rope"}},
+               "mixers": {"S": {"class_path": "components.SSD", "init_args": {"rope": True}},
                           "M": {"class_path": "components.sequence.ssd.SSD", "init_args": {}},
                           "X": {"class_path": "mypkg.sub.Mixer", "init_args": {"where": "../x", "name": "os.path"}}}}
     assert untrusted_references(hparams) == ["mixers.X.class_path='mypkg.sub.Mixer'", "mixers.X.init_args.where='../x'",

@@ -109,8 +109,9 @@ def test_equal_parameter_families_land_on_their_total(built, folder):
 
 
 @pytest.mark.parametrize("folder, varies", [
-    ("positions", ["model.pattern", "model.mixers.S.init_args.positions", "model.mixers.A"]),
-    ("english/positions", ["model.pattern", "model.mixers.S.init_args.positions", "model.mixers.A"]),
+    ("positions", ["model.pattern", "model.mixers.S.init_args.conv", "model.mixers.S.init_args.rope", "model.mixers.A"]),
+    ("english/positions", ["model.pattern", "model.mixers.S.init_args.conv", "model.mixers.S.init_args.rope",
+                           "model.mixers.A"]),
     ("english/attention", ["model.pattern", "model.mixers.A", "model.mixers.I"]),
     ("mqar_puzzle", ["model.mixers.S", "model.lr", "trainer.max_steps", "trainer.val_check_interval"]),
     ("english/expresser", ["model.pattern", "model.mixers.O", "model.size_to.letters"]),
