@@ -1,6 +1,5 @@
-"""``Block``: a sequence mixer then a state mixer, each behind pre-RMSNorm and a residual."""
-
-import inspect
+"""``Block``: a sequence mixer then a state mixer, each behind pre-RMSNorm and a residual; ``WholeBlock``: a
+block a pattern letter binds as it is."""
 
 import torch
 from torch import nn
@@ -9,13 +8,29 @@ from components.context import Context
 from components.norm import RMSNorm
 
 
+class WholeBlock(nn.Module):
+    """The base of a module that is a whole block (OTCE's Expresser): ``forward(x [B,T,d], context) → [B,T,d]``
+    takes the residual stream and returns the next one, norms and residuals its own. A pattern letter may
+    bind one; its token has no state mixer (``"O-"``), and the model places the module as the block, with
+    no norm and no residual around it (:class:`components.HybridLM`)."""
+
+    token: str = ""  # the pattern token it was placed by (set by the model)
+
+
+def block_mixers(block: nn.Module) -> tuple[nn.Module | None, nn.Module | None]:
+    """A block's (sequence mixer, state mixer); a :class:`WholeBlock` is its own and has no state mixer."""
+    if isinstance(block, WholeBlock):
+        return block, None
+    return block.sequence_mixer, block.state_mixer
+
+
 class Block(nn.Module):
     """``x += sequence_mixer(norm(x), context)``; ``x += state_mixer(norm(x))``. Either may be None.
 
     With ``residual_scale=True`` (Doge) each residual is scaled by a learned per-channel vector,
-    ``x ← r ⊙ x + mixer(norm(x))``, ``r`` initialised to 1. A sequence mixer that computes a whole
-    block itself (OTCE's Expresser, :class:`components.Expresser`) sets ``owns_residual = True``: it
-    receives the raw stream, with no norm before it, and its output replaces the stream.
+    ``x ← r ⊙ x + mixer(norm(x))``, ``r`` initialised to 1. A state mixer that leaves padding out of
+    what it computes across tokens (a MoE's load) sets ``reads_padding_mask = True`` and is called
+    ``state_mixer(h, padding_mask=…)``.
 
     Args:
         d_model: model width.
@@ -39,23 +54,23 @@ class Block(nn.Module):
         super().__init__()
         if sequence_mixer is None and state_mixer is None:
             raise ValueError("Block: needs a sequence mixer, a state mixer, or both")
+        for slot, mixer in (("sequence", sequence_mixer), ("state", state_mixer)):
+            if isinstance(mixer, WholeBlock):
+                raise ValueError(f"block {token!r}: {type(mixer).__name__} is a whole block, not a {slot} mixer; "
+                                 "bind it to a letter and give it a token of its own ('O-')")
         self.token = token
-        self.owns_residual = bool(getattr(sequence_mixer, "owns_residual", False))
-        has_norm = sequence_mixer is not None and not self.owns_residual
+        has_norm = sequence_mixer is not None
         self.sequence_norm = RMSNorm(d_model, eps=norm_eps) if has_norm else None
         self.sequence_mixer = sequence_mixer
         self.state_norm = RMSNorm(d_model, eps=norm_eps) if state_mixer is not None else None
         self.state_mixer = state_mixer
-        # A state mixer that reads padding (a MoE, to leave it out of its load) declares `padding_mask`.
-        self._state_takes_padding = state_mixer is not None and "padding_mask" in inspect.signature(state_mixer.forward).parameters
+        self._state_takes_padding = bool(getattr(state_mixer, "reads_padding_mask", False))
         scaled = lambda mixer: nn.Parameter(torch.ones(d_model)) if residual_scale and mixer is not None else None  # noqa: E731
-        self.sequence_residual = scaled(sequence_mixer if has_norm else None)
+        self.sequence_residual = scaled(sequence_mixer)
         self.state_residual = scaled(state_mixer)
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
-        if self.owns_residual:
-            x = self._checked(self.sequence_mixer(x, context), x, "sequence")
-        elif self.sequence_mixer is not None:
+        if self.sequence_mixer is not None:
             x = self._residual(x, self.sequence_residual) + self._checked(
                 self.sequence_mixer(self.sequence_norm(x), context), x, "sequence")
         if self.state_mixer is not None:

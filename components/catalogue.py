@@ -30,6 +30,10 @@ SEQUENCE_MIXERS = {
     "TokenShift": TokenShift,
 }
 
+WHOLE_BLOCKS = {"Expresser"}
+"""The entries above that are whole blocks (:class:`components.block.WholeBlock`): in a pattern their token
+has no state mixer (``"A-"``, not ``"AM"``)."""
+
 STATE_MIXERS = {
     "MLP": MLP,
     "MLP switanh": partial(MLP, activation="switanh"),

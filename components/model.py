@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from components.bindings import MixerFactory, binding_factory, binding_spec
-from components.block import Block
+from components.block import Block, WholeBlock, block_mixers
 from components._checks import check_on_device
 from components.cache import InferenceCache
 from components.context import Context
@@ -114,17 +114,7 @@ class HybridLM(nn.Module):
             raise ValueError(f"HybridLM: padding_idx={padding_idx!r} must be a token id in [0, vocab_size={vocab_size})")
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
         self.rotary = RotaryEmbedding(max_seq_len, base=rope_base, scaling_factor=rope_ntk_factor)
-        self.blocks = nn.ModuleList(
-            Block(
-                d_model,
-                self._build(t.seq, d_model),
-                self._build(t.state, d_model),
-                token=str(t),
-                norm_eps=norm_eps,
-                residual_scale=residual_scale,
-            )
-            for t in tokens
-        )
+        self.blocks = nn.ModuleList(self._place(t, d_model, norm_eps, residual_scale) for t in tokens)
         self.norm = RMSNorm(d_model, eps=norm_eps)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         if init_std is not None:
@@ -135,6 +125,7 @@ class HybridLM(nn.Module):
         if tie_embeddings:
             self.lm_head.weight = self.embedding.weight
         self.tie_embeddings = tie_embeddings
+        self.register_load_state_dict_pre_hook(_rename_whole_blocks_inside_blocks)
 
     def _check_bound(self, tokens) -> None:
         for t in tokens:
@@ -142,6 +133,18 @@ class HybridLM(nn.Module):
                 if letter is not None and letter not in self.bindings:
                     bound = ", ".join(sorted(self.bindings))
                     raise PatternError(self.pattern, column, f"letter {letter!r} is not bound (bound: {bound})")
+
+    def _place(self, token, d_model: int, norm_eps: float, residual_scale: bool) -> nn.Module:
+        """The block of one pattern token: a :class:`Block` around its mixers, or the whole block its letter binds."""
+        first = self._build(token.seq, d_model)
+        if isinstance(first, WholeBlock):
+            if token.state is not None:
+                raise PatternError(self.pattern, token.column + 1, f"letter {token.seq!r} binds a whole block "
+                                   f"({type(first).__name__}), which has no state mixer: write its token {token.seq}-")
+            first.token = str(token)
+            return first
+        return Block(d_model, first, self._build(token.state, d_model), token=str(token), norm_eps=norm_eps,
+                     residual_scale=residual_scale)
 
     def _build(self, letter: str | None, d_model: int) -> nn.Module | None:
         if letter is None:
@@ -295,10 +298,9 @@ class HybridLM(nn.Module):
         """A table: one row per block (token, mixer classes, parameters), then the totals."""
         rows = [("#", "token", "sequence mixer", "state mixer", "params", "active")]
         for i, block in enumerate(self.blocks):
+            mixers = block_mixers(block)
             rows.append((
-                str(i), block.token,
-                type(block.sequence_mixer).__name__ if block.sequence_mixer is not None else "-",
-                type(block.state_mixer).__name__ if block.state_mixer is not None else "-",
+                str(i), block.token, *(type(m).__name__ if m is not None else "-" for m in mixers),
                 f"{count_parameters(block):,}", f"{count_active_parameters(block):,}",
             ))
         head = 0 if self.tie_embeddings else self.lm_head.weight.numel()
@@ -339,3 +341,13 @@ def count_active_parameters(module: nn.Module) -> int:
         total += count_active_parameters(child)
         seen.update(id(p) for p in child.parameters())
     return total
+
+
+def _rename_whole_blocks_inside_blocks(model: HybridLM, state_dict: dict, prefix: str, *args) -> None:
+    """Load a state dict written when a whole block (the Expresser) sat inside a ``Block`` as its sequence
+    mixer (``blocks.i.sequence_mixer.…``, now ``blocks.i.…``)."""
+    for i, block in enumerate(model.blocks):
+        if isinstance(block, WholeBlock):
+            old = f"{prefix}blocks.{i}.sequence_mixer."
+            for key in [k for k in state_dict if k.startswith(old)]:
+                state_dict[f"{prefix}blocks.{i}." + key[len(old):]] = state_dict.pop(key)

@@ -4,13 +4,14 @@ import torch
 from torch import nn
 
 from components._checks import check_choice, check_mixer_input
+from components.block import WholeBlock
 from components.context import Context
 from components.norm import RMSNorm
 from components.sequence.attention import QCAttention
 from components.state.mlp import ACTIVATIONS, MLP
 
 
-class Expresser(nn.Module):
+class Expresser(WholeBlock):
     """A whole block that re-attends over everything the SSD layers aggregated, then projects,
     ``[B, T, d_model] → [B, T, d_model]``::
 
@@ -20,9 +21,10 @@ class Expresser(nn.Module):
 
     This is ``CheemsExpressionLayer`` of LoserCheems/OTCE (the paper's figure leaves the last step
     ambiguous; the code adds the block input back after ``norm₃`` and then applies the dense layer,
-    the activation and the projection, with no residual after them). Because it computes its own
-    norms and residuals, it sets ``owns_residual = True``: the block gives it the raw stream. Bind it
-    to a letter and end the pattern with it: ``"SM + SX×11 + AX×2 + SX×8 + SM + O-"``.
+    the activation and the projection, with no residual after them). It computes its own norms and
+    residuals, so it is a :class:`components.block.WholeBlock`: the model places it as a block of its
+    own, on the raw stream. Bind it to a letter and end the pattern with it:
+    ``"SM + SX×11 + AX×2 + SX×8 + SM + O-"``.
 
     Args:
         d_model: model width.
@@ -31,8 +33,6 @@ class Expresser(nn.Module):
             ``act`` is also the activation between the dense layer and the projection.
         norm_eps: its three RMSNorms' epsilon (default 1e-6).
     """
-
-    owns_residual = True
 
     def __init__(self, d_model: int, *, n_heads: int = 8, n_kv_heads: int | None = None, rope: bool = True,
                  qk_norm: bool = False, d_ff: int | None = None, activation: str = "switanh", act: str = "silu",
@@ -58,4 +58,4 @@ class Expresser(nn.Module):
         return self.projection(self.act(self.dense(self.dense_norm(h) + x)))
 
     def extra_repr(self) -> str:
-        return f"act={self.act_name}, owns_residual=True"
+        return f"act={self.act_name}"

@@ -116,6 +116,8 @@ class CDMoE(nn.Module):
         return (torch.einsum("mhd,hnd->mhn", q[:, :, 0], self.keys_a),  # [M, H, n_a]
                 torch.einsum("mhd,hnd->mhn", q[:, :, 1], self.keys_b))  # [M, H, n_b]
 
+    reads_padding_mask = True  # the block passes the model's, so padding counts in no expert's load
+
     def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         owner = type(self).__name__
         check_mixer_input(owner, x, self.d_model, self.down, sequence=False)

@@ -58,6 +58,8 @@ class MoE(nn.Module):
         self.aux_loss: torch.Tensor | None = None
         self.expert_load: torch.Tensor | None = None
 
+    reads_padding_mask = True  # the block passes the model's, so padding counts in no expert's load
+
     def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         owner = type(self).__name__
         check_mixer_input(owner, x, self.router.centroids.in_features, self.router.centroids.weight, sequence=False)

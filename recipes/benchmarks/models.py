@@ -46,6 +46,7 @@ import torch.nn.functional as F
 import yaml
 
 from components import HybridLM, count_parameters
+from components.block import block_mixers
 from components.flops import forward_flops_per_token
 from recipes.benchmarks.timing import median_ms, peak_growth_mib, seconds_of
 from recipes.mfu import device_peak_flops, training_flops
@@ -180,7 +181,7 @@ def saved_for_backward(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, t
         owner.pop()
 
     for block in getattr(model, "blocks", []):
-        for mixer in filter(None, (block.sequence_mixer, block.state_mixer)):  # Mamba-2's blocks have no state mixer
+        for mixer in filter(None, block_mixers(block)):  # Mamba-2's blocks have no state mixer
             kind = type(mixer).__name__
             layers[kind] = layers.get(kind, 0) + 1
             mixer.register_forward_pre_hook(lambda m, a, kind=kind: owner.append(kind))

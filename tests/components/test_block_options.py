@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components import MLP, Block, Context, Expresser, HybridLM, QCAttention, RotaryEmbedding
+from components import MLP, Block, Context, Expresser, HybridLM, PatternError, QCAttention, RotaryEmbedding
 
 
 def rms(v, weight, eps=1e-6):
@@ -47,10 +47,34 @@ def test_expresser_is_the_authors_expression_layer():
     h = rms(h, expresser.dense_norm.weight) + original
     want = F.silu(h @ expresser.dense.weight.T) @ expresser.projection.weight.T
     torch.testing.assert_close(expresser(x), want)
-    # In a block it gets the raw stream, no norm, and its output replaces the stream (no residual).
-    block = Block(16, expresser, None, residual_scale=True)
-    assert block.sequence_norm is None and block.sequence_residual is None
-    torch.testing.assert_close(block(x, Context.default(x)), want)
+    # A letter binds it as a whole block: on the raw stream, its output the next stream (no norm, no residual).
+    model = HybridLM(20, 16, "AM O-", {"A": partial(QCAttention, n_heads=4),
+                                       "O": partial(Expresser, n_heads=4, n_kv_heads=2, d_ff=24)}, residual_scale=True)
+    placed = model.blocks[1]
+    assert isinstance(placed, Expresser) and placed.token == "O-"
+    placed.load_state_dict(expresser.state_dict())
+    torch.testing.assert_close(placed(x, Context.default(x)), want)
+    assert "Expresser" in model.summary()
+
+
+def test_a_whole_block_has_no_state_mixer_and_is_no_mixer_of_a_block():
+    mixers = {"O": partial(Expresser, n_heads=2)}
+    with pytest.raises(PatternError, match="letter 'O' binds a whole block \\(Expresser\\), which has no state mixer: write its token O-"):
+        HybridLM(20, 8, "AM OM", {"A": partial(QCAttention, n_heads=2), **mixers})
+    with pytest.raises(ValueError, match="Expresser is a whole block, not a sequence mixer"):
+        Block(8, Expresser(8, n_heads=2), None)
+
+
+def test_a_model_saved_when_the_expresser_sat_inside_a_block_loads_the_same():
+    torch.manual_seed(0)
+    mixers = {"A": partial(QCAttention, n_heads=2), "O": partial(Expresser, n_heads=2)}
+    model = HybridLM(20, 8, "AM O-", mixers)
+    old = {k.replace("blocks.1.", "blocks.1.sequence_mixer."): v for k, v in model.state_dict().items()}
+    assert "blocks.1.sequence_mixer.dense.weight" in old
+    again = HybridLM(20, 8, "AM O-", mixers)
+    again.load_state_dict(old)  # strict
+    ids = torch.randint(0, 20, (2, 9))
+    torch.testing.assert_close(again(ids), model(ids))
 
 
 def test_ntk_stretch_is_per_sequence_and_follows_the_dynamic_formula():

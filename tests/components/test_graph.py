@@ -13,13 +13,13 @@ from functools import partial
 import pytest
 import torch
 
-from components.catalogue import SEQUENCE_MIXERS, STATE_MIXERS
+from components.catalogue import SEQUENCE_MIXERS, STATE_MIXERS, WHOLE_BLOCKS
 from components import (
     MLP, HybridLM, QCAttention,
 )
 
 SEQUENCE, STATE = SEQUENCE_MIXERS, STATE_MIXERS  # every mixer the zoo exports (components/catalogue.py)
-MODELS = {**{name: ("AM", {"A": f}) for name, f in SEQUENCE.items()},
+MODELS = {**{name: ("A-" if name in WHOLE_BLOCKS else "AM", {"A": f}) for name, f in SEQUENCE.items()},
           **{name: ("AM", {"A": partial(QCAttention, n_heads=4), "M": f}) for name, f in STATE.items()}}
 
 def build(name: str) -> HybridLM:
@@ -28,7 +28,7 @@ def build(name: str) -> HybridLM:
     model = HybridLM(61, 32, pattern, mixers)
     with torch.no_grad():  # dynamic masks away from their neutral start
         for param_name, p in model.named_parameters():
-            if param_name.endswith(("A", "position_bias")):
+            if param_name.endswith(("A", "key_bias.table")):
                 p.uniform_(-1.0, 1.0)
     return model.train()
 
