@@ -12,7 +12,8 @@ then one markdown table is printed from exactly those folders: final validation 
 accuracy, parameters, and median training tokens per second. A run that failed is marked FAILED in the
 table (with its exit status and log), and the sweep then exits with status 1.
 
-With ``--seeds N`` each recipe runs N times (``seed_everything`` 0 … N-1), ``--jobs J`` at a time, each
+With ``--seeds N`` each recipe runs N times (``seed_everything`` 0 … N-1; ``--first-seed K``: K … K+N-1, to
+add seeds to an earlier sweep and tabulate both with ``--from``), ``--jobs J`` at a time, each
 process given ``cores // J`` threads so the runs do not oversubscribe the machine. The table then
 gives, per recipe, the final validation loss and accuracy as mean ± standard deviation with a 95%
 interval of the mean, the number of runs behind each cell (of those launched), and with
@@ -208,15 +209,15 @@ def progress_lines(runs: list[Run], running: set[int], logs: Path) -> list[str]:
 def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, jobs: int = 1,
            family: str = "", progress_every: float = 60.0, threads: int | None = None, launcher: str = "local",
            devices_per_run: int = 1, submitit_cluster: str | None = None,
-           slurm: dict | None = None) -> tuple[Path, list[Run]]:
-    """Run each recipe (once, or once per seed ``0 … seeds-1``) as its own process, ``jobs`` at a time,
+           slurm: dict | None = None, first_seed: int = 0) -> tuple[Path, list[Run]]:
+    """Run each recipe (once, or once per seed ``first_seed … first_seed+seeds-1``) as its own process, ``jobs`` at a time,
     each into a run folder named for this sweep (and seed). Returns the sweep's log folder and its runs."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     logs = Path("runs") / "sweep-logs" / stamp
     logs.mkdir(parents=True, exist_ok=True)
     runs = []
     for config in configs:
-        for seed in range(seeds) if seeds else [None]:
+        for seed in range(first_seed, first_seed + seeds) if seeds else [None]:
             suffix = "" if seed is None else f"_seed{seed}"
             runs.append(Run(config, logger_root(config) / f"sweep_{stamp}{suffix}", returncode=None,
                             log=logs / f"{config.stem}{suffix}.log", seed=seed))
@@ -509,6 +510,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for every run")
     parser.add_argument("--table-only", action="store_true", help="do not run; tabulate the latest runs")
     parser.add_argument("--seeds", type=int, default=None, help="run each recipe with seeds 0 … N-1; statistics")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="with --seeds: start at this seed (seeds K … K+N-1), to add seeds to an earlier sweep, "
+                             "then tabulate both with --from")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (threads split between them)")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
                         help="local: this machine's cores; gpus: one run per visible GPU (or group of --devices-per-run); "
@@ -565,6 +569,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: name a folder of recipes (or --from a sweep's log folder)")
     if args.seeds is not None and args.seeds < 1 or args.jobs < 1:
         sys.exit(f"error: --seeds {args.seeds} and --jobs {args.jobs} must be >= 1")
+    if args.first_seed < 0 or args.first_seed and args.seeds is None:
+        sys.exit(f"error: --first-seed {args.first_seed} must be >= 0, and goes with --seeds")
     if args.seeds is not None and args.table_only:
         sys.exit("error: --table-only reads one run per recipe; --seeds launches new ones")
     try:
@@ -608,7 +614,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--slurm takes KEY=VALUE items; got {args.slurm}")
         slurm = {k: int(v) if v.isdigit() else v for k, v in slurm.items()}
         logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress, args.threads,
-                            args.launcher, args.devices_per_run, args.submitit_cluster, slurm)
+                            args.launcher, args.devices_per_run, args.submitit_cluster, slurm, args.first_seed)
     print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
     roots = {logger_root(run.config).parent for run in runs}
     print(f"\ntable and figures: {logs}/  TensorBoard: tensorboard --logdir {' '.join(map(str, sorted(roots)))}")

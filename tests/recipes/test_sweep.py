@@ -318,6 +318,26 @@ def test_gpus_launcher_gives_each_concurrent_run_its_own_device(tmp_path, monkey
     assert "2 at a time on GPUs" in capsys.readouterr().out
 
 
+def test_first_seed_adds_later_seeds_to_an_earlier_sweep(tmp_path, monkeypatch):
+    import sys
+
+    import recipes.sweep as sweep
+
+    monkeypatch.chdir(tmp_path)
+    stub = tmp_path / "stub.py"
+    stub.write_text("import sys\nprint(' '.join(sys.argv[1:]))\n")
+    monkeypatch.setattr(sweep, "python_command", lambda: [sys.executable, str(stub)])
+    family = tmp_path / "family"
+    family.mkdir()
+    (family / "a.yaml").write_text(TINY.format(name="a", width=16, mlp="components.MLP"))
+    logs, runs = sweep.launch(sorted(family.glob("*.yaml")), [], seeds=2, jobs=1, family="family", progress_every=0,
+                              first_seed=3)
+    assert [run.seed for run in runs] == [3, 4] and [run.folder.name[-6:] for run in runs] == ["_seed3", "_seed4"]
+    assert "--seed_everything 4" in runs[1].log.read_text()
+    with pytest.raises(SystemExit, match="--first-seed 2 must be >= 0, and goes with --seeds"):
+        main([str(family), "--first-seed", "2"])
+
+
 def test_a_requeued_job_resumes_from_its_own_last_checkpoint(tmp_path):
     pytest.importorskip("submitit")
     from recipes.launchers import RecipeJob, resume_arguments
