@@ -261,15 +261,17 @@ def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16
     tiles, 4 warps and 2 stages — the 64×64 tiles spill there and need up to 112 KiB of shared memory,
     more than consumer GPUs have; with full-fp32 dots (``dot="ieee"``, torch's default precision) 8 warps,
     where 4 spill 5.7 KB per thread in the dK/dV kernel (8 still spill 0.6 KB: TF32 is the fast fp32
-    path). Not timed: no GPU yet."""
+    path). Head dims above 128 (256-wide tiles) take 32×32 tiles in bf16/fp16: 64 query rows spilled 88
+    bytes (forward) and 720 (dQ) on sm_90 and needed 96 KiB; at 32×32 no kernel spills on sm_80 or sm_90,
+    with at most 67 KiB of shared memory, within a consumer GPU's 99. Not timed: no GPU yet."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     if not cuda:  # the interpreter: small tiles, and a dK/dV step unlike BLOCK_M, as on a GPU
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=4, num_stages=1, DKV_BLOCK_M=32)
     if dtype == torch.float32:
         return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, num_warps=8 if dot == "ieee" else 4, num_stages=2,
                     DKV_BLOCK_M=32)
-    return dict(BLOCK_M=64, BLOCK_N=64 if block_d <= 64 else 32, BLOCK_D=block_d, num_warps=8, num_stages=3,
-                DKV_BLOCK_M=32)
+    return dict(BLOCK_M=64 if block_d <= 128 else 32, BLOCK_N=64 if block_d <= 64 else 32, BLOCK_D=block_d, num_warps=8,
+                num_stages=3, DKV_BLOCK_M=32)
 
 
 class FlashBiasAttention(torch.autograd.Function):

@@ -276,15 +276,16 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks,
 def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Tiles, warps and pipeline stages. ``P`` and ``N`` are one tile each (``tl.dot`` needs every side
     >= 16). On CUDA the choice is the one at which ``python -m recipes.benchmarks.compile_check`` finds no register
-    spills on sm_90 for ``P = 64, N = 128``: 64 rows and 8 warps in bf16/fp16 (4 warps spill); 32 rows
-    and 2 stages in fp32, whose 64-row tiles spill and need up to 209 KiB of shared memory, more than
-    an A100 has. Not timed: no GPU yet."""
+    spills on sm_80 and sm_90 in bf16 for ``(P, N)`` in (64, 128), (128, 128) and (64, 256): 32 rows,
+    8 warps, 3 stages (64 rows spilled 8-40 bytes per thread at the first two shapes and up to 560 at
+    the third; 4 warps spill); in fp32, 32 rows and 2 stages (64-row tiles need up to 209 KiB of shared
+    memory, more than an A100 has). Not timed: no GPU yet."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     if not cuda:  # the interpreter: small tiles, fewer wasted lanes
         return dict(rows=16, P=pow2(P), N=pow2(N), warps=4, stages=1)
     if dtype == torch.float32:
         return dict(rows=32, P=pow2(P), N=pow2(N), warps=8, stages=2)
-    return dict(rows=64, P=pow2(P), N=pow2(N), warps=8, stages=3)
+    return dict(rows=32, P=pow2(P), N=pow2(N), warps=8, stages=3)
 
 
 def _chunk_log_decays(dt: torch.Tensor, A: torch.Tensor, L: int) -> torch.Tensor:

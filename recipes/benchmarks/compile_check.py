@@ -47,7 +47,9 @@ class Case:
 SHARED_LIMIT_KIB = {80: 163, 86: 99, 87: 163, 89: 99, 90: 227}
 
 
-def cases(dtype: str) -> list[Case]:
+def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)) -> list[Case]:
+    """Every kernel at the launch configuration its wrapper picks on CUDA for ``dtype``, attention at
+    ``head_dim`` and the SSD at ``ssd_shape = (P, N)``."""
     import torch
 
     from kernels.attention import triton as attention
@@ -59,8 +61,7 @@ def cases(dtype: str) -> list[Case]:
 
     dot = dot_precision()  # as the wrappers choose: torch's fp32 matmul precision
     out = []
-    # SSD at the benchmark's P=64, N=128.
-    cfg = ssd.launch_config(64, 128, cuda=True, dtype=torch_dtype)
+    cfg = ssd.launch_config(*ssd_shape, cuda=True, dtype=torch_dtype)
     rows, P, N = cfg["rows"], cfg["P"], cfg["N"]
     warps = dict(num_warps=cfg["warps"], num_stages=cfg["stages"])
     f32 = lambda *names: {n: "*fp32" for n in names}  # noqa: E731
@@ -88,9 +89,9 @@ def cases(dtype: str) -> list[Case]:
         for docs in (False, True):
             out.append(Case(case.name + (", documents" if docs else ""), case.kernel, {**case.constexprs, "HAS_DOCS": docs},
                             case.options, case.data, {**case.types, **seg}))
-    # Attention at head dim 64 with every option on (bias, padding, causal, window), then with packed
+    # Attention with every option on (bias, padding, causal, window), then with packed
     # documents in place of the window (the two never meet: the host refuses documents with a window).
-    cfg = attention.launch_config(64, cuda=True, dtype=torch_dtype, dot=dot)
+    cfg = attention.launch_config(head_dim, cuda=True, dtype=torch_dtype, dot=dot)
     warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
     dkv_block_m = cfg.pop("DKV_BLOCK_M")
     types = {"PAD": "*i8", "DOC": "*i32", "WIN_J": "*i32", "scale": "fp32", **f32("WIN_B", "LSE", "DELTA", "DBIAS")}
@@ -108,6 +109,21 @@ def cases(dtype: str) -> list[Case]:
     for kernel in (retrieval._mix_forward, retrieval._mix_backward):
         out.append(Case(f"retrieval {kernel.__name__}", kernel, dict(ACT=0, **cfg), warps, data, types))
     return out
+
+
+def shape_cases(dtype: str, head_dims: list[int], ssd_shapes: list[tuple[int, int]], only: str | None = None):
+    """``(case, shape label)`` for each kernel at each shape asked for: the SSD's per (P, N), attention's per
+    head dim, the retrieval kernels once."""
+    for i, shape in enumerate(ssd_shapes):
+        for case in cases(dtype, ssd_shape=shape):
+            if case.name.startswith("ssd") and only in (None, "ssd"):
+                yield case, f"P={shape[0]} N={shape[1]}"
+            elif case.name.startswith("retrieval") and i == 0 and only in (None, "retrieval"):
+                yield case, "d=512"
+    for head_dim in head_dims:
+        for case in cases(dtype, head_dim=head_dim):
+            if case.name.startswith("attention") and only in (None, "attention"):
+                yield case, f"D={head_dim}"
 
 
 def compile_case(case: Case, dtype: str, arch: int):
@@ -165,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability ×10: 80 A100, 90 H100 (default)")
     parser.add_argument("--dtypes", nargs="+", default=["bf16"], choices=DTYPES)
+    parser.add_argument("--head-dims", nargs="+", type=int, default=[64],
+                        help="attention head dims to compile for (default 64; the recipes use 64-128, models up to 256)")
+    parser.add_argument("--ssd-shapes", nargs="+", default=["64x128"],
+                        help="SSD (head dim P)x(state dim N) pairs (default 64x128; Mamba-2 also uses 128x128, 64x256)")
+    parser.add_argument("--only", choices=("ssd", "attention", "retrieval"), default=None, help="one op's kernels")
     parser.add_argument("--tf32", action="store_true", help="fp32 tiles in TF32, as after "
                         "torch.set_float32_matmul_precision('high') (default: full fp32, torch's default)")
     args = parser.parse_args(argv)
@@ -178,19 +199,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's own default, stated to silence its warning
     print(f"Compiling for sm_{args.arch} (no GPU needed):\n")
-    print("| kernel | dtype | warps, stages | registers | spilled bytes | shared KiB | 32-bit bases | compile s |\n"
-          "|---|---|---|---|---|---|---|---|")
+    try:
+        ssd_shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.ssd_shapes]
+        assert all(len(shape) == 2 for shape in ssd_shapes)
+    except (ValueError, AssertionError):
+        parser.error(f"--ssd-shapes takes PxN pairs such as 64x128; got {args.ssd_shapes}")
+    print("| kernel | shape | dtype | warps, stages | registers | spilled bytes | shared KiB | 32-bit bases | compile s |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     limit = SHARED_LIMIT_KIB.get(args.arch)
     failures = 0
     for dtype in args.dtypes:
-        for case in cases(dtype):
+        for case, shape in shape_cases(dtype, args.head_dims, ssd_shapes, args.only):
             launch = f"{case.options.get('num_warps', 4)}, {case.options.get('num_stages', 3)}"
             start = time.perf_counter()
             try:
                 compiled = compile_case(case, dtype, args.arch)
             except Exception as error:  # report every kernel, then fail
                 failures += 1
-                print(f"| {case.name} | {dtype} | {launch} | FAILED: {type(error).__name__}: "
+                print(f"| {case.name} | {shape} | {dtype} | {launch} | FAILED: {type(error).__name__}: "
                       f"{str(error).splitlines()[0][:200]} | | | | |")
                 continue
             seconds = time.perf_counter() - start
@@ -199,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             over = limit is not None and shared > limit
             narrow = narrow_bases(case, compiled.asm["ttir"])
             failures += over + bool(narrow)
-            print(f"| {case.name} | {dtype} | {launch} | {usage.get('REG', '-')} | {usage.get('STACK', '-')} "
+            print(f"| {case.name} | {shape} | {dtype} | {launch} | {usage.get('REG', '-')} | {usage.get('STACK', '-')} "
                   f"| {shared:.0f}{f' > {limit}: TOO MUCH' if over else ''} "
                   f"| {', '.join(narrow) + ': NARROW' if narrow else 'none'} | {seconds:.1f} |")
     if failures:

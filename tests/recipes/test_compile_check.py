@@ -32,10 +32,25 @@ def test_every_kernel_compiles_for_sm90(dtype, tmp_path):
     assert len(rows) == 22  # 7 SSD kernels with and without documents, 6 attention, 2 retrieval
     for row in rows:
         cells = [c.strip() for c in row.split("|")[1:-1]]
-        assert cells[1] == dtype and "FAILED" not in row and "TOO MUCH" not in row, row
-        assert cells[6] == "none", row  # every pointer argument moved to its (batch, head) base in 64 bits
+        assert cells[2] == dtype and "FAILED" not in row and "TOO MUCH" not in row, row
+        assert cells[7] == "none", row  # every pointer argument moved to its (batch, head) base in 64 bits
 
 
 def test_refuses_to_run_under_the_interpreter():
     result = run_check(interpret=True)
     assert result.returncode == 2 and "unset TRITON_INTERPRET" in result.stderr
+
+
+def test_the_large_head_and_state_sizes_compile_without_spills_for_sm90(tmp_path):
+    """The tile table: attention at head dim 128 and 256, the SSD at (P, N) = (64, 256) and (128, 128) in bf16
+    spill no register and fit an A100's and a consumer GPU's shared memory (99 KiB)."""
+    result = run_check("--arch", "90", "--dtypes", "bf16", "--only", "attention", "--head-dims", "128", "256",
+                       tmp_path=tmp_path)
+    ssd = run_check("--arch", "90", "--dtypes", "bf16", "--only", "ssd", "--ssd-shapes", "64x256", "128x128",
+                    tmp_path=tmp_path)
+    assert result.returncode == 0 and ssd.returncode == 0, result.stdout + result.stderr + ssd.stdout + ssd.stderr
+    rows = [line for line in (result.stdout + ssd.stdout).splitlines() if line.startswith(("| ssd", "| attention"))]
+    assert len(rows) == 2 * 6 + 2 * 14
+    for row in rows:
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        assert cells[5] == "0" and float(cells[6]) <= 99, row  # spilled bytes, shared KiB
