@@ -101,6 +101,8 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
         for kernel in (attention._forward, attention._backward_kv, attention._backward_q):
             rows = {"BLOCK_M": dkv_block_m} if kernel is attention._backward_kv else {}
             out.append(Case(f"attention {kernel.__name__}{label}", kernel, {**flags, **rows}, warps, data, types))
+    out.append(Case("attention _delta", attention._delta, dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_D=cfg["BLOCK_D"]),
+                    {"num_warps": 4}, ("O", "DO"), f32("DELTA")))
     # Gather-and-mix at d_model 512 (the benchmark's width).
     cfg = retrieval.launch_config(512)
     warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}

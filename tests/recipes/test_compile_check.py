@@ -29,7 +29,7 @@ def test_every_kernel_compiles_for_sm90(dtype, tmp_path):
     assert {"ssd _chunk_scan (y)", "ssd _chunk_scan_reverse (dB)", "attention _backward_kv",
             "attention _backward_kv, documents", "retrieval _mix_backward", "ssd _chunk_scan (y), documents",
             "ssd _chunk_scan_reverse (dB), documents"} <= names
-    assert len(rows) == 22  # 7 SSD kernels with and without documents, 6 attention, 2 retrieval
+    assert len(rows) == 23  # 7 SSD kernels with and without documents, 7 attention, 2 retrieval
     for row in rows:
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert cells[2] == dtype and "FAILED" not in row and "TOO MUCH" not in row, row
@@ -50,7 +50,7 @@ def test_the_large_head_and_state_sizes_compile_without_spills_for_sm90(tmp_path
                     tmp_path=tmp_path)
     assert result.returncode == 0 and ssd.returncode == 0, result.stdout + result.stderr + ssd.stdout + ssd.stderr
     rows = [line for line in (result.stdout + ssd.stdout).splitlines() if line.startswith(("| ssd", "| attention"))]
-    assert len(rows) == 2 * 6 + 2 * 14
+    assert len(rows) == 2 * 7 + 2 * 14
     for row in rows:
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert cells[5] == "0" and float(cells[6]) <= 99, row  # spilled bytes, shared KiB
