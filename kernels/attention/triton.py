@@ -297,7 +297,10 @@ class FlashBiasAttention(torch.autograd.Function):
                 document_ids=None):
         B, T, H, D = q.shape
         S, Hkv = k.shape[1], k.shape[2]
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        # K and V are read through their strides, so views (QCAttention's k and v, split from one projection)
+        # are not copied; Q is made contiguous because dO and dQ are addressed with its strides.
+        q = q.contiguous()
+        k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
         bias_c = bias.contiguous() if bias is not None else q.new_zeros(1)
         pad = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else q.new_zeros(1, dtype=torch.int8)
         docs = document_spans(document_ids) if document_ids is not None else q.new_zeros(1, 1, dtype=torch.int32)

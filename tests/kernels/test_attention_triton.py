@@ -155,3 +155,27 @@ def test_documents_on_the_edges_of_the_skipped_blocks(lengths):
     q, k, v, b, _ = inputs(2, T, T, 2, 1, 16, True, False)
     ids = document_ids(lengths, 2)
     assert_triton_matches_reference(q, k, v, b, causal=True, document_ids=ids)
+
+
+def test_strided_keys_and_values_are_read_in_place_and_match_the_reference(monkeypatch):
+    """k and v split from one projection (QCAttention's kv_proj) and a transposed q: the kernel reads k and v
+    through their strides, without a copy, and the outputs and gradients are the reference's."""
+    torch.manual_seed(0)
+    B, T, H, Hkv, D = 2, 19, 4, 2, 16
+    kv = torch.randn(B, T, 2, Hkv, D, device=DEVICE, requires_grad=True)
+    k, v = kv.unbind(2)  # [B, T, Hkv, D] each, stride over t 2·Hkv·D
+    q = torch.randn(B, H, T, D, device=DEVICE).transpose(1, 2).requires_grad_()  # [B, T, H, D], not contiguous
+    assert not k.is_contiguous() and not v.is_contiguous() and not q.is_contiguous()
+    bias = torch.randn(B, H, T, device=DEVICE, requires_grad=True)
+    copied = []
+    contiguous = torch.Tensor.contiguous
+    monkeypatch.setattr(torch.Tensor, "contiguous", lambda t, *a, **kw: copied.append(t.shape) or contiguous(t, *a, **kw))
+    out = attention(q, k, v, bias=bias, backend="triton")
+    assert (B, T, Hkv, D) not in copied  # neither k nor v was copied (q is: dO and dQ share its strides)
+    monkeypatch.undo()
+    ref = attention(q, k, v, bias=bias, backend="reference")
+    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+    g = torch.randn_like(out)
+    for name, got, want in zip("q kv bias".split(), torch.autograd.grad(out, [q, kv, bias], g),
+                               torch.autograd.grad(ref, [q, kv, bias], g)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
