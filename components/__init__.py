@@ -1,6 +1,6 @@
 """hybrid-zoo components: every mixer is a plain ``nn.Module`` reusable outside the zoo."""
 
-from components.block import Block
+from components.block import Block, WholeBlock
 from components.context import Context
 from components.model import DEFAULT_MIXERS, HybridLM, count_active_parameters, count_parameters
 from components.norm import RMSNorm
@@ -11,5 +11,5 @@ from components.state import MLP, CDMoE, CohesiveMoE, ExpansiveMoE, MoE, RoutedM
 
 __all__ = [
     "Block", "CDMoE", "Expresser", "CohesiveMoE", "Context", "ExpansiveMoE", "MoE", "RoutedMoE", "SharedExpertMoE", "TopKRouter", "DEFAULT_MIXERS", "HybridLM", "InnerFuncAttention", "MLP", "PatternError", "QCAttention", "RMSNorm",
-    "RotaryEmbedding", "SSD", "TokenShift", "apply_rotary", "count_active_parameters", "count_parameters", "parse_pattern",
+    "RotaryEmbedding", "SSD", "TokenShift", "WholeBlock", "apply_rotary", "count_active_parameters", "count_parameters", "parse_pattern",
 ]
