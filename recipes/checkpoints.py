@@ -143,7 +143,8 @@ def trusted(path: str, allow: Iterable[str] = ()) -> bool:
 
 def untrusted_references(tree: Any, allow: Iterable[str] = (), where: str = "") -> list[str]:
     """Every ``where=value`` in ``tree`` that would import something untrusted or read a file: a
-    ``class_path`` outside the trusted packages and ``allow``, and any other string that reads as a
+    ``class_path`` outside the trusted packages and ``allow``, and any other string — a value, or a mapping
+    key (InnerFuncAttention's parts are named by keys: ``inner: {yourpkg.Value: {...}}``) — that reads as a
     dotted import path or a file path (``a.b``, ``x/y``)."""
     allow = tuple(allow)
     found = []
@@ -154,6 +155,7 @@ def untrusted_references(tree: Any, allow: Iterable[str] = (), where: str = "") 
                                                                and trusted(value, allow)):
                 found.append(f"{at}={value!r}")
             elif key not in ("class_path", "_class_path"):
+                found += untrusted_references(key, allow, f"{at} (a key)") if isinstance(key, str) else []
                 found += untrusted_references(value, allow, at)
     elif isinstance(tree, (list, tuple)):
         for i, value in enumerate(tree):

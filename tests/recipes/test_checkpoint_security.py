@@ -68,7 +68,12 @@ def as_yaml_path(hp):  # jsonargparse reads a path string as a config file to lo
     hp["mixers"]["M"]["init_args"]["activation"] = "./binding.yaml"
 
 
-ATTACKS = [as_class_path, as_string, nested, as_yaml_path]
+def as_part_name(hp):  # an InnerFuncAttention part is named by a mapping key, which may be a dotted path
+    hp["mixers"]["A"] = {"class_path": "components.InnerFuncAttention",
+                         "init_args": {"n_heads": 2, "inner": {"evilmod.Evil": {}}}}
+
+
+ATTACKS = [as_class_path, as_string, nested, as_yaml_path, as_part_name]
 LOADERS = ["load_from_checkpoint", "validate", "test", "fit", "generate"]
 
 
