@@ -32,10 +32,10 @@ def outputs_and_grads(fn, inputs: dict, weights: list[torch.Tensor]) -> list[tor
     return [t.detach().float() for t in (*outs, *grads)]
 
 
-def check_rule(kernel, torch_low, ref, inputs: dict, names: list[str], seed: int = 0):
-    """``kernel`` and ``torch_low`` get the inputs in bf16, ``ref`` in fp32; compare all results."""
+def check_rule(kernel, torch_low, ref, inputs: dict, names: list[str], seed: int = 0, low_dtype: torch.dtype = LOW):
+    """``kernel`` and ``torch_low`` get the inputs in ``low_dtype`` (bf16), ``ref`` in fp32; compare all results."""
     torch.manual_seed(seed)
-    low = {k: (v.to(LOW) if v is not None and v.is_floating_point() else v) for k, v in inputs.items()}
+    low = {k: (v.to(low_dtype) if v is not None and v.is_floating_point() else v) for k, v in inputs.items()}
     want = outputs_and_grads(ref, {k: (v.float() if v is not None and v.is_floating_point() else v)
                                    for k, v in low.items()}, WEIGHTS)
     got = outputs_and_grads(kernel, low, WEIGHTS)
@@ -44,15 +44,17 @@ def check_rule(kernel, torch_low, ref, inputs: dict, names: list[str], seed: int
     for name, g, b, w in zip(names, got, baseline, want):
         err_kernel = (g - w).abs().max().item()
         err_torch = (b - w).abs().max().item()
-        assert err_kernel <= 2 * err_torch + 1e-5, f"{name}: kernel error {err_kernel:.3g} > 2 × torch {LOW} error {err_torch:.3g}"
+        assert err_kernel <= 2 * err_torch + 1e-5, (f"{name}: kernel error {err_kernel:.3g} > 2 × torch {low_dtype} "
+                                                    f"error {err_torch:.3g}")
 
 
 WEIGHTS: list[torch.Tensor] = []
+DEVICE = "cuda"  # tests/kernels/test_half_interpreter.py-style dry runs set "cpu" (fp16, tiny sizes)
 
 
 def set_weights(*shapes):
-    g = torch.Generator(device="cuda").manual_seed(1)
-    WEIGHTS[:] = [torch.randn(s, generator=g, device="cuda") for s in shapes]
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    WEIGHTS[:] = [torch.randn(s, generator=g, device=DEVICE) for s in shapes]
 
 
 @pytest.mark.parametrize("keep_window", [None, 100])
@@ -69,6 +71,59 @@ def test_attention_bf16(keep_window):
     torch_low = lambda q, k, v, bias: attention_reference(  # noqa: E731
         q, k, v, bias=bias, key_padding_mask=pad, keep_window=keep_window)
     check_rule(call("triton"), torch_low, call("reference"), inputs, ["out", "dq", "dk", "dv", "dbias"])
+
+
+def packed_documents(B: int, T: int, lengths: list[int]) -> torch.Tensor:
+    """``[B, T]`` document numbers: each row cut into documents of the given lengths, cycled."""
+    ids = torch.empty(B, T, dtype=torch.long)
+    for b in range(B):
+        t, n = 0, 0
+        while t < T:
+            size = lengths[(b + n) % len(lengths)]
+            ids[b, t:t + size] = n
+            t, n = t + size, n + 1
+    return ids.to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_attention_at_large_head_dims_with_packed_documents(dtype, head_dim, T=777):
+    """The tile table's head dims (32×32 tiles above 128) in both half dtypes, GQA 2:1, a bias, and
+    documents that end inside the key blocks the kernels skip."""
+    B, H, Hkv = 2, 4, 2
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g, device=DEVICE)  # noqa: E731
+    docs = packed_documents(B, T, [1, 95, 300, 33, T])
+    inputs = dict(q=r(B, T, H, head_dim), k=r(B, T, Hkv, head_dim), v=r(B, T, Hkv, head_dim), bias=2 * r(B, H, T))
+    set_weights((B, T, H, head_dim))
+    call = lambda backend: lambda q, k, v, bias: attention(  # noqa: E731
+        q, k, v, bias=bias, document_ids=docs, backend=backend)
+    torch_low = lambda q, k, v, bias: attention_reference(q, k, v, bias=bias, document_ids=docs)  # noqa: E731
+    check_rule(call("triton"), torch_low, call("reference"), inputs, ["out", "dq", "dk", "dv", "dbias"], low_dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", [(64, 256), (128, 128)], ids=["P64-N256", "P128-N128"])
+def test_ssd_at_the_large_state_sizes_with_packed_documents(dtype, shape, T=777, L=64):
+    B, H, G = 2, 4, 2
+    P, N = shape
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g, device=DEVICE)  # noqa: E731
+    ids = packed_documents(B, T, [1, 95, 300, 33, T])
+    starts = torch.ones_like(ids, dtype=torch.bool)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    inputs = dict(x=r(B, T, H, P), dt=torch.nn.functional.softplus(r(B, T, H) - 3), A=-torch.exp(r(H) * 0.5),
+                  B=r(B, T, G, N) / N**0.5, C=r(B, T, G, N) / N**0.5, D=r(H))
+    set_weights((B, T, H, P), (B, H, P, N))
+    kernel = lambda **a: ssd_scan(**a, chunk_size=L, return_final_state=True, document_starts=starts,  # noqa: E731
+                                  backend="triton")
+    ref = lambda **a: ssd_scan(**a, chunk_size=L, return_final_state=True, document_starts=starts,  # noqa: E731
+                               backend="reference")
+
+    def torch_low(x, dt, A, B, C, D):  # the chunked einsums computed in the half dtype throughout
+        return ssd_chunked(x, dt, A, B, C, chunk_size=L, D=D, document_starts=starts)
+
+    check_rule(kernel, torch_low, ref, inputs, ["y", "final", "dx", "ddt", "dA", "dB", "dC", "dD"], low_dtype=dtype)
 
 
 def test_ssd_bf16():
