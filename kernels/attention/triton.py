@@ -291,84 +291,133 @@ def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16
                 num_stages=3, DKV_BLOCK_M=32)
 
 
-class FlashBiasAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, bias, key_padding_mask, causal: bool, scale: float, keep_window: int | None,
-                document_ids=None):
-        B, T, H, D = q.shape
-        S, Hkv = k.shape[1], k.shape[2]
-        # K and V are read through their strides, so views (QCAttention's k and v, split from one projection)
-        # are not copied; Q is made contiguous because dO and dQ are addressed with its strides.
-        q = q.contiguous()
-        k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
-        bias_c = bias.contiguous() if bias is not None else q.new_zeros(1)
-        pad = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else q.new_zeros(1, dtype=torch.int8)
-        docs = document_spans(document_ids) if document_ids is not None else q.new_zeros(1, 1, dtype=torch.int32)
-        o = torch.empty_like(q)
-        lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
-        dot = dot_precision()
-        config = launch_config(D, q.is_cuda, q.dtype, dot)
-        dkv_block_m = config.pop("DKV_BLOCK_M")
-        if max(triton.cdiv(T, config["BLOCK_M"]), triton.cdiv(S, config["BLOCK_N"])) > 65535:  # grid axis 1
-            raise ValueError(f"attention: backend='triton' takes at most 65,535 blocks of {config['BLOCK_M']} queries "
-                             f"and {config['BLOCK_N']} keys; got T={T:,}, S={S:,}")
-        flags = dict(HAS_BIAS=bias is not None, HAS_PAD=key_padding_mask is not None, CAUSAL=causal,
-                     HAS_WINDOW=keep_window is not None, HAS_DOCS=document_ids is not None, DOT=dot)
-        if keep_window is not None:  # two numbers per query; the selection carries no gradient
-            win_b, win_j = window_thresholds(bias, key_padding_mask, batch=B, heads=H, T=T, S=S, causal=causal,
-                                             keep_window=keep_window, device=q.device, document_ids=document_ids)
-        else:
-            win_b, win_j = lse, lse  # unused placeholders
-        _forward[(B * H, triton.cdiv(T, config["BLOCK_M"]))](
-            q, k, v, bias_c, pad, docs, win_b, win_j, o, lse,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            bias_c.stride(0) if bias is not None else 0, bias_c.stride(1) if bias is not None else 0,
-            pad.stride(0) if key_padding_mask is not None else 0, docs.stride(0),
-            T, S, H, H // Hkv, D, scale, **flags, **config,
-        )
-        ctx.save_for_backward(q, k, v, bias_c, pad, docs, win_b, win_j, o, lse)
-        ctx.flags, ctx.scale, ctx.config, ctx.dkv_block_m, ctx.bias_dtype = flags, scale, config, dkv_block_m, (
-            bias.dtype if bias is not None else None)
-        return o
+def _prepared(q, k, v, bias, key_padding_mask, document_ids, causal: bool, keep_window: int | None):
+    """The kernels' operands and launch settings, the same in the forward and the backward."""
+    B, T, H, D = q.shape
+    S = k.shape[1]
+    # K and V are read through their strides, so views (QCAttention's k and v, split from one projection)
+    # are not copied; Q is made contiguous because dO and dQ are addressed with its strides.
+    q = q.contiguous()
+    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    bias_c = bias.contiguous() if bias is not None else q.new_zeros(1)
+    pad = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else q.new_zeros(1, dtype=torch.int8)
+    docs = document_spans(document_ids) if document_ids is not None else q.new_zeros(1, 1, dtype=torch.int32)
+    dot = dot_precision()
+    config = launch_config(D, q.is_cuda, q.dtype, dot)
+    if max(triton.cdiv(T, config["BLOCK_M"]), triton.cdiv(S, config["BLOCK_N"])) > 65535:  # grid axis 1
+        raise ValueError(f"attention: backend='triton' takes at most 65,535 blocks of {config['BLOCK_M']} queries "
+                         f"and {config['BLOCK_N']} keys; got T={T:,}, S={S:,}")
+    flags = dict(HAS_BIAS=bias is not None, HAS_PAD=key_padding_mask is not None, CAUSAL=causal,
+                 HAS_WINDOW=keep_window is not None, HAS_DOCS=document_ids is not None, DOT=dot)
+    return q, k, v, bias_c, pad, docs, config, flags
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, bias, pad, docs, win_b, win_j, o, lse = ctx.saved_tensors
-        B, T, H, D = q.shape
-        S, Hkv = k.shape[1], k.shape[2]
-        do = do.contiguous()
-        delta = torch.empty(B, H, T, dtype=torch.float32, device=q.device)  # Σ_d o·do per row
-        _delta[(B * H, triton.cdiv(T, ctx.config["BLOCK_M"]))](
-            o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), T, H, D,
-            BLOCK_M=ctx.config["BLOCK_M"], BLOCK_D=ctx.config["BLOCK_D"])
-        dq = torch.empty_like(q)
-        dk_heads = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)  # per query head, summed below
-        dv_heads = torch.empty_like(dk_heads)
-        dbias = torch.empty(B, H, S, dtype=torch.float32, device=q.device) if ctx.flags["HAS_BIAS"] else None
-        bias_strides = (bias.stride(0), bias.stride(1)) if ctx.flags["HAS_BIAS"] else (0, 0)
-        pad_stride = pad.stride(0) if ctx.flags["HAS_PAD"] else 0
-        common = (T, S, H, H // Hkv, D, ctx.scale)
-        meta = dict(**ctx.flags, **ctx.config)
-        _backward_kv[(B * H, triton.cdiv(S, meta["BLOCK_N"]))](
-            q, k, v, bias, pad, docs, win_b, win_j, do, lse, delta, dk_heads, dv_heads, dbias if dbias is not None else lse,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), dk_heads.stride(0), dk_heads.stride(1), dk_heads.stride(2),
-            *bias_strides, pad_stride, docs.stride(0), *common, **{**meta, "BLOCK_M": ctx.dkv_block_m},
-        )
-        _backward_q[(B * H, triton.cdiv(T, meta["BLOCK_M"]))](
-            q, k, v, bias, pad, docs, win_b, win_j, do, lse, delta, dq,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), *bias_strides, pad_stride, docs.stride(0), *common, **meta,
-        )
-        group = H // Hkv
-        if group == 1:  # one query head per key head: the per-head gradients are dK and dV
-            dk, dv = dk_heads, dv_heads
-        else:
-            dk = dk_heads.view(B, S, Hkv, group, D).sum(3)  # [B, S, Hkv, D]
-            dv = dv_heads.view(B, S, Hkv, group, D).sum(3)
-        dbias = dbias.to(ctx.bias_dtype) if dbias is not None else None
-        return dq, dk, dv, dbias, None, None, None, None, None
+
+# The kernels are registered as torch.library ops, opaque to torch.compile: traced through an autograd.Function,
+# the wrapper's host-side settings (dot precision, launch configuration) broke a fullgraph compile.
+@torch.library.custom_op("hybrid_zoo::bias_attention", mutates_args=())
+def bias_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+                      key_padding_mask: torch.Tensor | None, document_ids: torch.Tensor | None, causal: bool,
+                      scale: float, keep_window: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(o [B,T,H,D], lse [B,H,T] fp32, τ_bias, τ_pos)``; the window thresholds are empty without a window."""
+    B, T, H, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    q, k, v, bias_c, pad, docs, config, flags = _prepared(q, k, v, bias, key_padding_mask, document_ids, causal, keep_window)
+    config.pop("DKV_BLOCK_M")
+    o = torch.empty_like(q)
+    lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
+    if keep_window is not None:  # two numbers per query; the selection carries no gradient
+        win_b, win_j = window_thresholds(bias, key_padding_mask, batch=B, heads=H, T=T, S=S, causal=causal,
+                                         keep_window=keep_window, device=q.device, document_ids=document_ids)
+    else:
+        win_b, win_j = q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.int32)
+    _forward[(B * H, triton.cdiv(T, config["BLOCK_M"]))](
+        q, k, v, bias_c, pad, docs, win_b if keep_window is not None else lse, win_j if keep_window is not None else lse,
+        o, lse,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        bias_c.stride(0) if bias is not None else 0, bias_c.stride(1) if bias is not None else 0,
+        pad.stride(0) if key_padding_mask is not None else 0, docs.stride(0),
+        T, S, H, H // Hkv, D, scale, **flags, **config,
+    )
+    return o, lse, win_b, win_j
+
+
+@bias_attention_op.register_fake
+def _(q, k, v, bias, key_padding_mask, document_ids, causal, scale, keep_window):
+    B, T, H, _ = q.shape
+    window = (B, H, T) if keep_window is not None else (0,)
+    return (q.new_empty(q.shape), q.new_empty(B, H, T, dtype=torch.float32), q.new_empty(window, dtype=torch.float32),
+            q.new_empty(window, dtype=torch.int32))
+
+
+@torch.library.custom_op("hybrid_zoo::bias_attention_backward", mutates_args=())
+def bias_attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               bias: torch.Tensor | None, key_padding_mask: torch.Tensor | None,
+                               document_ids: torch.Tensor | None, o: torch.Tensor, lse: torch.Tensor, win_b: torch.Tensor,
+                               win_j: torch.Tensor, causal: bool, scale: float, keep_window: int | None
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv, dbias)``; ``dbias`` is empty without a bias."""
+    B, T, H, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    q, k, v, bias_c, pad, docs, config, flags = _prepared(q, k, v, bias, key_padding_mask, document_ids, causal, keep_window)
+    dkv_block_m = config.pop("DKV_BLOCK_M")
+    if keep_window is None:
+        win_b = win_j = lse  # unused placeholders
+    do = do.contiguous()
+    delta = torch.empty(B, H, T, dtype=torch.float32, device=q.device)  # Σ_d o·do per row
+    _delta[(B * H, triton.cdiv(T, config["BLOCK_M"]))](
+        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), T, H, D,
+        BLOCK_M=config["BLOCK_M"], BLOCK_D=config["BLOCK_D"])
+    dq = torch.empty_like(q)
+    dk_heads = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)  # per query head, summed below
+    dv_heads = torch.empty_like(dk_heads)
+    dbias = torch.empty(B, H, S, dtype=torch.float32, device=q.device) if bias is not None else None
+    bias_strides = (bias_c.stride(0), bias_c.stride(1)) if bias is not None else (0, 0)
+    pad_stride = pad.stride(0) if key_padding_mask is not None else 0
+    common = (T, S, H, H // Hkv, D, scale)
+    meta = dict(**flags, **config)
+    _backward_kv[(B * H, triton.cdiv(S, meta["BLOCK_N"]))](
+        q, k, v, bias_c, pad, docs, win_b, win_j, do, lse, delta, dk_heads, dv_heads, dbias if dbias is not None else lse,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), dk_heads.stride(0), dk_heads.stride(1), dk_heads.stride(2),
+        *bias_strides, pad_stride, docs.stride(0), *common, **{**meta, "BLOCK_M": dkv_block_m},
+    )
+    _backward_q[(B * H, triton.cdiv(T, meta["BLOCK_M"]))](
+        q, k, v, bias_c, pad, docs, win_b, win_j, do, lse, delta, dq,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), *bias_strides, pad_stride, docs.stride(0), *common, **meta,
+    )
+    group = H // Hkv
+    if group == 1:  # one query head per key head: the per-head gradients are dK and dV
+        dk, dv = dk_heads, dv_heads
+    else:
+        dk = dk_heads.view(B, S, Hkv, group, D).sum(3)  # [B, S, Hkv, D]
+        dv = dv_heads.view(B, S, Hkv, group, D).sum(3)
+    dbias = dbias.to(bias.dtype) if bias is not None else q.new_empty(0)
+    return dq, dk, dv, dbias
+
+
+@bias_attention_backward_op.register_fake
+def _(do, q, k, v, bias, key_padding_mask, document_ids, o, lse, win_b, win_j, causal, scale, keep_window):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            bias.new_empty(bias.shape) if bias is not None else q.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, bias, key_padding_mask, document_ids, causal, scale, keep_window = inputs
+    o, lse, win_b, win_j = output
+    ctx.save_for_backward(q, k, v, bias, key_padding_mask, document_ids, o, lse, win_b, win_j)
+    ctx.causal, ctx.scale, ctx.keep_window = causal, scale, keep_window
+
+
+def _backward(ctx, do, _dlse, _dwin_b, _dwin_j):
+    q, k, v, bias, key_padding_mask, document_ids, o, lse, win_b, win_j = ctx.saved_tensors
+    dq, dk, dv, dbias = bias_attention_backward_op(do, q, k, v, bias, key_padding_mask, document_ids, o, lse, win_b,
+                                                   win_j, ctx.causal, ctx.scale, ctx.keep_window)
+    return dq, dk, dv, (dbias if bias is not None else None), None, None, None, None, None
+
+
+bias_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def document_spans(runs: torch.Tensor) -> torch.Tensor:
@@ -393,7 +442,7 @@ def attention_triton(q, k, v, *, bias=None, causal=True, key_padding_mask=None, 
     _check_index_range(q, k)
     if document_ids is not None:
         document_ids = document_runs(document_ids)  # [B, T] non-decreasing: the window's thresholds need runs
-    return FlashBiasAttention.apply(q, k, v, bias, key_padding_mask, causal, scale, keep_window, document_ids)
+    return bias_attention_op(q, k, v, bias, key_padding_mask, document_ids, causal, float(scale), keep_window)[0]
 
 
 def _check_index_range(q: torch.Tensor, k: torch.Tensor) -> None:
