@@ -348,70 +348,121 @@ def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_s
     )
 
 
-class SSDScan(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dt, A, B, C, D, initial_state, chunk_size: int, document_starts=None):
-        batch, T, H, P = x.shape
-        N = B.shape[3]
-        L = chunk_size
-        x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
-        # Tiles sized for the widest operand: fp32 B, C beside a bf16 x (RoPE tables under autocast) need
-        # the fp32 tiles, or the shared memory outgrows smaller GPUs.
-        widest = torch.float32 if torch.float32 in (x.dtype, B.dtype, C.dtype) else x.dtype
-        blk = {**launch_config(P, N, x.is_cuda, widest), "dot": dot_precision()}  # fp32 dots as torch's
-        lam = _chunk_log_decays(dt, A, L)  # [b, h, nc·L]
-        # [b, T] int32: each position's document, 0 before the first start (the initial state's)
-        seg = None if document_starts is None else document_starts.to(torch.int32).cumsum(1, dtype=torch.int32)
-        chunk_states = _chunk_state_call(x, dt, B, lam, seg, T, L, forward=True, blk=blk)  # [b, nc, h, P, N]
-        states = _decayed_scan_call(chunk_states, lam, seg, initial_state, T, L, reverse=False)  # [b, nc+1, h, P, N]
-        y = torch.empty_like(x)
-        _chunk_scan_call(C, B, x, dt, lam, seg, states, D, y, T, L, trans_state=True, blk=blk)
-        ctx.save_for_backward(x, dt, A, B, C, D, lam, states, seg)
-        ctx.chunk_size, ctx.blk, ctx.has_initial = L, blk, initial_state is not None
-        ctx.initial_dtype = initial_state.dtype if initial_state is not None else None
-        return y, states[:, -1].clone()
+def _blk(x, B, C) -> dict:
+    """Tiles sized for the widest operand: fp32 B, C beside a bf16 x (RoPE tables under autocast) need the fp32
+    tiles, or the shared memory outgrows smaller GPUs; fp32 dots as torch's matmuls."""
+    widest = torch.float32 if torch.float32 in (x.dtype, B.dtype, C.dtype) else x.dtype
+    return {**launch_config(x.shape[3], B.shape[3], x.is_cuda, widest), "dot": dot_precision()}
 
-    @staticmethod
-    def backward(ctx, dy, d_final):
-        x, dt, A, B, C, D, lam, states, seg = ctx.saved_tensors
-        batch, T, H, P = x.shape
-        G, N = B.shape[2], B.shape[3]
-        L, blk = ctx.chunk_size, ctx.blk
-        dy = torch.zeros_like(x) if dy is None else dy.contiguous()
 
-        # dE: what the read-outs send to each entering state, then the reverse recurrence over chunks.
-        read_out = _chunk_state_call(dy, dt, C, lam, seg, T, L, forward=False, blk=blk)  # [b, nc, h, P, N]
-        d_states = _decayed_scan_call(read_out, lam, seg, d_final, T, L, reverse=True)  # [b, nc+1, h, P, N]
+def _segments(document_starts: torch.Tensor | None) -> torch.Tensor | None:
+    """``[b, T]`` int32: each position's document, 0 before the first start (the initial state's)."""
+    return None if document_starts is None else document_starts.to(torch.int32).cumsum(1, dtype=torch.int32)
 
-        dC_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
-        _chunk_scan_call(dy, x, B, dt, lam, seg, states, None, dC_heads, T, L, trans_state=False, blk=blk)
 
-        dxdt = torch.empty(batch, T, H, P, dtype=torch.float32, device=x.device)  # d(dt·x)
-        _chunk_scan_reverse_call(B, C, dy, dt, lam, seg, d_states, dxdt, T, L, trans_state=True, blk=blk)
-        dB_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
-        _chunk_scan_reverse_call(x, dy, C, dt, lam, seg, d_states, dB_heads, T, L, trans_state=False, blk=blk)
-        dx = dxdt * dt.float()[..., None]  # [b, T, h, P]
-        if D is not None:
-            dx = dx + D.float()[:, None] * dy.float()
-        ddt_x = (x.float() * dxdt).sum(-1)  # [b, T, h] ⟨x, d(dt·x)⟩
+# Registered as torch.library ops, opaque to torch.compile (traced as an autograd.Function, the wrapper's
+# host-side settings broke a fullgraph compile), as the attention kernel is.
+@torch.library.custom_op("hybrid_zoo::ssd_scan", mutates_args=())
+def ssd_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                D: torch.Tensor | None, initial_state: torch.Tensor | None, document_starts: torch.Tensor | None,
+                chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, final_state, Λ [b,h,nc·L], states [b,nc+1,h,P,N])``; the last two are kept for the backward."""
+    T, L = x.shape[1], chunk_size
+    x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
+    blk = _blk(x, B, C)
+    lam = _chunk_log_decays(dt, A, L)  # [b, h, nc·L]
+    seg = _segments(document_starts)
+    chunk_states = _chunk_state_call(x, dt, B, lam, seg, T, L, forward=True, blk=blk)  # [b, nc, h, P, N]
+    states = _decayed_scan_call(chunk_states, lam, seg, initial_state, T, L, reverse=False)  # [b, nc+1, h, P, N]
+    y = torch.empty_like(x)
+    _chunk_scan_call(C, B, x, dt, lam, seg, states, D, y, T, L, trans_state=True, blk=blk)
+    return y, states[:, -1].clone(), lam, states
 
-        da = _log_decay_gradient(x, dt, B, C, dy, lam, states, d_states, seg, L)  # [b, T, h]
-        per_group = lambda t: t.view(batch, T, G, H // G, N)  # noqa: E731  [b, T, g, h/g, N]
 
-        dx = dx.to(x.dtype)
-        d_dt = (ddt_x + da * A.float()).to(dt.dtype)
-        dA = (da * dt.float()).sum((0, 1)).to(A.dtype)
-        dB = per_group(dB_heads).sum(3).to(B.dtype)  # [b, T, g, N]
-        dC = per_group(dC_heads).sum(3).to(C.dtype)
-        dD = (dy.float() * x.float()).sum((0, 1, 3)).to(D.dtype) if D is not None else None
-        d_initial = d_states[:, 0].to(ctx.initial_dtype) if ctx.has_initial else None
-        return dx, d_dt, dA, dB, dC, dD, d_initial, None, None
+@ssd_scan_op.register_fake
+def _(x, dt, A, B, C, D, initial_state, document_starts, chunk_size):
+    batch, T, H, P = x.shape
+    N, chunks = B.shape[3], -(-T // chunk_size)
+    return (x.new_empty(x.shape), x.new_empty(batch, H, P, N, dtype=torch.float32),
+            x.new_empty(batch, H, chunks * chunk_size, dtype=torch.float32),
+            x.new_empty(batch, chunks + 1, H, P, N, dtype=torch.float32))
+
+
+@torch.library.custom_op("hybrid_zoo::ssd_scan_backward", mutates_args=())
+def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                         B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None, document_starts: torch.Tensor | None,
+                         lam: torch.Tensor, states: torch.Tensor, chunk_size: int
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                    torch.Tensor]:
+    """``(dx, d_dt, dA, dB, dC, dD, d_initial)``; ``dD`` is empty without ``D``; ``d_initial`` is fp32."""
+    batch, T, H, P = x.shape
+    G, N = B.shape[2], B.shape[3]
+    L = chunk_size
+    x, dt, B, C, dy = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous(), dy.contiguous()
+    blk, seg = _blk(x, B, C), _segments(document_starts)
+
+    # dE: what the read-outs send to each entering state, then the reverse recurrence over chunks.
+    read_out = _chunk_state_call(dy, dt, C, lam, seg, T, L, forward=False, blk=blk)  # [b, nc, h, P, N]
+    d_states = _decayed_scan_call(read_out, lam, seg, d_final, T, L, reverse=True)  # [b, nc+1, h, P, N]
+
+    dC_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
+    _chunk_scan_call(dy, x, B, dt, lam, seg, states, None, dC_heads, T, L, trans_state=False, blk=blk)
+
+    dxdt = torch.empty(batch, T, H, P, dtype=torch.float32, device=x.device)  # d(dt·x)
+    _chunk_scan_reverse_call(B, C, dy, dt, lam, seg, d_states, dxdt, T, L, trans_state=True, blk=blk)
+    dB_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
+    _chunk_scan_reverse_call(x, dy, C, dt, lam, seg, d_states, dB_heads, T, L, trans_state=False, blk=blk)
+    dx = dxdt * dt.float()[..., None]  # [b, T, h, P]
+    if D is not None:
+        dx = dx + D.float()[:, None] * dy.float()
+    ddt_x = (x.float() * dxdt).sum(-1)  # [b, T, h] ⟨x, d(dt·x)⟩
+
+    da = _log_decay_gradient(x, dt, B, C, dy, lam, states, d_states, seg, L)  # [b, T, h]
+    per_group = lambda t: t.view(batch, T, G, H // G, N)  # noqa: E731  [b, T, g, h/g, N]
+
+    dx = dx.to(x.dtype)
+    d_dt = (ddt_x + da * A.float()).to(dt.dtype)
+    dA = (da * dt.float()).sum((0, 1)).to(A.dtype)
+    dB = per_group(dB_heads).sum(3).to(B.dtype)  # [b, T, g, N]
+    dC = per_group(dC_heads).sum(3).to(C.dtype)
+    dD = (dy.float() * x.float()).sum((0, 1, 3)).to(D.dtype) if D is not None else x.new_empty(0)
+    return dx, d_dt, dA, dB, dC, dD, d_states[:, 0].contiguous()
+
+
+@ssd_scan_backward_op.register_fake
+def _(dy, d_final, x, dt, A, B, C, D, document_starts, lam, states, chunk_size):
+    batch, _, H, P = x.shape
+    return (x.new_empty(x.shape), dt.new_empty(dt.shape), A.new_empty(A.shape), B.new_empty(B.shape),
+            C.new_empty(C.shape), D.new_empty(D.shape) if D is not None else x.new_empty(0),
+            x.new_empty(batch, H, P, B.shape[3], dtype=torch.float32))
+
+
+def _ssd_setup_context(ctx, inputs, output):
+    x, dt, A, B, C, D, initial_state, document_starts, chunk_size = inputs
+    _, _, lam, states = output
+    ctx.save_for_backward(x, dt, A, B, C, D, document_starts, lam, states)
+    ctx.chunk_size = chunk_size
+    ctx.initial_dtype = initial_state.dtype if initial_state is not None else None
+
+
+def _ssd_backward(ctx, dy, d_final, _dlam, _dstates):
+    x, dt, A, B, C, D, document_starts, lam, states = ctx.saved_tensors
+    dy = torch.zeros_like(x) if dy is None else dy
+    d_final = torch.zeros_like(states[:, -1]) if d_final is None else d_final
+    dx, d_dt, dA, dB, dC, dD, d_initial = ssd_scan_backward_op(dy, d_final, x, dt, A, B, C, D, document_starts, lam,
+                                                               states, ctx.chunk_size)
+    return (dx, d_dt, dA, dB, dC, dD if D is not None else None,
+            d_initial.to(ctx.initial_dtype) if ctx.initial_dtype is not None else None, None, None)
+
+
+ssd_scan_op.register_autograd(_ssd_backward, setup_context=_ssd_setup_context)
 
 
 def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_state=None, document_starts=None):
     """Same contract as :func:`kernels.ssd.reference.ssd_chunked`: returns ``(y [b,T,h,P] in x's dtype,
     final_state [b,h,P,N] fp32)``; ``document_starts [b, T]`` bool resets the state where True."""
-    return SSDScan.apply(x, dt, A, B, C, D, initial_state, chunk_size, document_starts)
+    y, final, _, _ = ssd_scan_op(x, dt, A, B, C, D, initial_state, document_starts, int(chunk_size))
+    return y, final
 
 
 def _log_decay_gradient(x, dt, B, C, dy, lam, states, d_states, seg, L: int) -> torch.Tensor:

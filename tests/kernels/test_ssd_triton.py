@@ -138,3 +138,28 @@ def test_ssd_layer_runs_on_the_triton_scan():
     want = layer(x)
     layer.backend = "triton"
     torch.testing.assert_close(layer(x), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_fullgraph_compile_through_the_kernel_equals_eager():
+    """hybrid_zoo::ssd_scan and its backward are torch.library ops, opaque to torch.compile (through the
+    autograd.Function a fullgraph compile broke on the wrapper's host-side settings)."""
+    torch.manual_seed(0)
+    B, T, H, P, G, N = 2, 21, 4, 8, 2, 8
+    x = torch.randn(B, T, H, P, requires_grad=True)
+    dt = (torch.rand(B, T, H) * 0.2).requires_grad_()
+    A = (-torch.rand(H)).requires_grad_()
+    Bm, C = (torch.randn(B, T, G, N, requires_grad=True) for _ in range(2))
+    D, h0 = torch.randn(H, requires_grad=True), torch.randn(B, H, P, N, requires_grad=True)
+    starts = torch.zeros(B, T, dtype=torch.bool)
+    starts[:, 9] = True
+    call = lambda *a: ssd_scan(*a[:5], D=a[5], initial_state=a[6], chunk_size=8, return_final_state=True,  # noqa: E731
+                               document_starts=starts, backend="triton")
+    leaves = [x, dt, A, Bm, C, D, h0]
+    got, want = torch.compile(call, fullgraph=True, backend="aot_eager")(*leaves), call(*leaves)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    weights = [torch.randn_like(t) for t in want]
+    loss = lambda outs: sum((o * w).sum() for o, w in zip(outs, weights))  # noqa: E731
+    for g, w in zip(torch.autograd.grad(loss(got), leaves), torch.autograd.grad(loss(want), leaves)):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    torch._dynamo.reset()
