@@ -185,14 +185,12 @@ def build_part(slot: str, spec, registry: dict, **geometry):
     """The module a part spec names: a registry name or dotted class path, alone or as ``{name: options}``."""
     from components.bindings import import_class  # bindings imports the model, which imports this module
 
-    if isinstance(spec, str):
-        name, options = spec, {}
-    elif (isinstance(spec, Mapping) and len(spec) == 1 and isinstance(name := next(iter(spec)), str)
-          and isinstance(options := spec[name] or {}, Mapping)):
-        options = dict(options)
-    else:
+    name = part_name(spec)
+    options = spec[name] or {} if isinstance(spec, Mapping) and name is not None else {}
+    if not isinstance(name, str) or not isinstance(options, Mapping):
         raise ValueError(f"InnerFuncAttention: {slot}={spec!r} must be one of {tuple(registry)} (or a dotted class path), "
                          "alone or as a one-entry mapping {NAME: {option: value, ...}}")
+    options = dict(options)
     if name in registry:
         factory = registry[name]
     elif "." in name:

@@ -442,6 +442,8 @@ def attention_triton(q, k, v, *, bias=None, causal=True, key_padding_mask=None, 
     _check_index_range(q, k)
     if document_ids is not None:
         document_ids = document_runs(document_ids)  # [B, T] non-decreasing: the window's thresholds need runs
+    # Q and the bias contiguous here, once: the op saves what it is given, so its backward does not copy them again
+    q, bias = q.contiguous(), bias.contiguous() if bias is not None else None
     return bias_attention_op(q, k, v, bias, key_padding_mask, document_ids, causal, float(scale), keep_window)[0]
 
 

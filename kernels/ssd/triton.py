@@ -461,6 +461,8 @@ ssd_scan_op.register_autograd(_ssd_backward, setup_context=_ssd_setup_context)
 def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_state=None, document_starts=None):
     """Same contract as :func:`kernels.ssd.reference.ssd_chunked`: returns ``(y [b,T,h,P] in x's dtype,
     final_state [b,h,P,N] fp32)``; ``document_starts [b, T]`` bool resets the state where True."""
+    # contiguous here, once: the op saves what it is given, so its backward does not copy the views again
+    x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
     y, final, _, _ = ssd_scan_op(x, dt, A, B, C, D, initial_state, document_starts, int(chunk_size))
     return y, final
 
