@@ -533,8 +533,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--suite", choices=["length", "passkey", "mqar"], default=None,
                         help="with --from: run this long-context suite on every finished run's last.ckpt and tabulate "
                              "it over seeds (docs/evaluation.md)")
+    parser.add_argument("--tasks", default=None, metavar="T1,T2",
+                        help="with --from: run these lm-eval tasks on every finished run's last.ckpt and tabulate them "
+                             "over seeds (a local task's folder in --suite-args \"--include_path DIR\")")
     parser.add_argument("--suite-args", default="", metavar="ARGS",
-                        help="more arguments for the suite, in one string: --suite-args \"--multiples 1 2 4 --windows 4\"")
+                        help="more arguments for the suite or tasks, in one string: --suite-args \"--multiples 1 2 4 --windows 4\"")
     parser.add_argument("--progress", type=float, default=60.0, metavar="SECONDS",
                         help="how often the sweep reports its runs' progress (default 60)")
     parser.add_argument("--metric", default="val_acc", choices=["val_acc", "val_loss", "val_ppl"],
@@ -556,17 +559,22 @@ def main(argv: list[str] | None = None) -> None:
         args.margin = args.margin if args.margin is not None else settings.get("equivalence_margin")
         if args.baseline is not None and args.baseline not in {run.config.stem for run in runs}:
             sys.exit(f"error: --baseline {args.baseline!r} is not one of the recipes of that sweep")
-        if args.suite:
+        if args.suite and args.tasks:
+            sys.exit("error: --suite or --tasks, one at a time")
+        if args.suite or args.tasks:
             from recipes.evaluation.family import report as suite_report
 
             import shlex
 
-            print(suite_report(runs, Path(args.from_logs[0]), family, args.suite, args.baseline, shlex.split(args.suite_args)))
+            extra = shlex.split(args.suite_args) + (["--tasks", args.tasks] if args.tasks else [])
+            print(suite_report(runs, Path(args.from_logs[0]), family, args.suite or "tasks", args.baseline, extra))
             return
         print(report(runs, Path(args.from_logs[0]), family, seeded, args.baseline, args.vs, args.metric, args.margin))
         return
     if args.folder is None:
         sys.exit("error: name a folder of recipes (or --from a sweep's log folder)")
+    if args.suite or args.tasks:
+        sys.exit("error: --suite and --tasks evaluate a finished sweep: give its log folder with --from")
     if args.seeds is not None and args.seeds < 1 or args.jobs < 1:
         sys.exit(f"error: --seeds {args.seeds} and --jobs {args.jobs} must be >= 1")
     if args.first_seed < 0 or args.first_seed and args.seeds is None:

@@ -329,12 +329,31 @@ class TokenizedCorpus(ResumableDataModule):
         return document_pieces(self.files, self.text_field, self.column, self.txt_separator, self.domains,
                                self.domain_field, seen)
 
+    def split_of(self, document: int) -> str:
+        """``"val"`` for every ``val_every``-th document (counted from 0), else ``"train"``."""
+        return "val" if document % self.val_every == self.val_every - 1 else "train"
+
     def _training_documents(self) -> Iterator[str]:
         """The training documents' pieces (what the BPE is trained on)."""
         document = 0
         for text, ends in self._pieces():
-            if document % self.val_every != self.val_every - 1:
+            if self.split_of(document) == "train":
                 yield text
+            document += ends
+
+    def documents(self, split: str) -> Iterator[str]:
+        """The text of each whole document of ``split`` (``"train"`` or ``"val"``), in corpus order: the same
+        documents the token cache holds for that split (what a held-out evaluation task is built from)."""
+        if split not in ("train", "val"):
+            raise ValueError(f"TokenizedCorpus.documents: split={split!r} must be 'train' or 'val'")
+        document, parts = 0, []
+        for text, ends in self._pieces():
+            if self.split_of(document) == split:
+                parts.append(text)
+                if ends:
+                    yield "".join(parts)
+            if ends:
+                parts = []
             document += ends
 
     def _train_bpe(self, path: Path) -> None:
@@ -425,8 +444,7 @@ class TokenizedCorpus(ResumableDataModule):
                 batch.clear()
 
             for text, ends in self._pieces(seen_domains):
-                split = "val" if document % self.val_every == self.val_every - 1 else "train"
-                batch.append((text, ends, split))
+                batch.append((text, ends, self.split_of(document)))
                 document += ends
                 if len(batch) >= BATCH_PIECES:
                     flush()

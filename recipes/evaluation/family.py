@@ -1,10 +1,11 @@
-"""A long-context suite over every run of a sweep, and its statistics over seeds
-(``python -m recipes.sweep --from runs/sweep-logs/<time> --suite length``; docs/evaluation.md).
+"""A long-context suite, or lm-eval tasks, over every run of a sweep, and their statistics over seeds
+(``python -m recipes.sweep --from runs/sweep-logs/<time> --suite length`` or ``--tasks T1,T2``;
+docs/evaluation.md).
 
-Each finished run's ``last.ckpt`` is evaluated with :mod:`recipes.evaluation.suites` (results in
-``<logs>/<suite>/<recipe>_seed<k>.json``, reused when present); then per recipe, mode and length the mean ±
-std over seeds, the difference to the baseline recipe with Welch's p and Holm's adjustment over the family's
-comparisons at that length, and a figure of loss (or accuracy) against length.
+Each finished run's ``last.ckpt`` is evaluated with ``python -m recipes eval`` (results in
+``<logs>/<suite or tasks>/<recipe>_seed<k>.json``, reused when present); then per recipe, mode and length
+(or metric and task) the mean ± std over seeds, the difference to the baseline recipe with Welch's p and
+Holm's adjustment over the family's comparisons at that length (task), and a figure.
 """
 
 import json
@@ -16,10 +17,13 @@ from recipes.stats import holm, summarize, welch
 
 
 def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[str, int | None], dict]:
-    """``{(recipe, seed): suite result}`` for every finished run, computing the missing ones."""
+    """``{(recipe, seed): result}`` for every finished run, computing the missing ones. ``suite`` is a suite's
+    name, or ``"tasks"`` with ``extra`` naming them (``--tasks T1,T2 --include_path DIR``): then the result is
+    the harness's ``{"results": …}``."""
     from recipes.evaluation.cli import main as evaluate
 
-    folder = Path(logs) / suite
+    tasks = suite == "tasks"
+    folder = Path(logs) / (("tasks_" + tasks_named(extra).replace(",", "_")) if tasks else suite)
     folder.mkdir(parents=True, exist_ok=True)
     results = {}
     for run in runs:
@@ -29,14 +33,33 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
         out = folder / f"{run.config.stem}_seed{run.seed}"
         if not out.with_suffix(".json").is_file():
             print(f"evaluating {run.config.stem} seed {run.seed}: {suite}", flush=True)
-            evaluate(["--config", str(run.config), "--ckpt_path", str(checkpoint), "--suite", suite, "--extrapolate",
-                      "--out", str(out), *extra])
-        results[run.config.stem, run.seed] = json.loads(out.with_suffix(".json").read_text())["suite"]
+            evaluate(["--config", str(run.config), "--ckpt_path", str(checkpoint),
+                      *([] if tasks else ["--suite", suite, "--extrapolate"]), "--out", str(out), *extra])
+        results[run.config.stem, run.seed] = json.loads(out.with_suffix(".json").read_text())["harness" if tasks else "suite"]
     return results
 
 
+def tasks_named(extra: list[str]) -> str:
+    """The ``--tasks`` value among a command's arguments."""
+    for i, argument in enumerate(extra):
+        if argument == "--tasks" and i + 1 < len(extra):
+            return extra[i + 1]
+        if argument.startswith("--tasks="):
+            return argument.partition("=")[2]
+    raise ValueError("name the tasks to evaluate: --tasks T1,T2")
+
+
+def is_harness(result: dict) -> bool:
+    return "results" in result
+
+
 def points(result: dict) -> dict[tuple[str, int], float]:
-    """A suite result as ``{(mode or depth, length): value}``: the loss (length) or accuracy (passkey, mqar)."""
+    """A suite result as ``{(mode or depth, length): value}``: the loss (length) or accuracy (passkey, mqar);
+    a harness result as ``{(metric, task): value}`` (every numeric metric but the standard errors)."""
+    if is_harness(result):
+        return {(metric.split(",")[0], task): float(value) for task, metrics in result["results"].items()
+                for metric, value in metrics.items()
+                if isinstance(value, (int, float)) and not metric.split(",")[0].endswith("_stderr")}
     if result["suite"] == "length":
         return {(row["mode"], row["length"]): row["loss"] for row in result["rows"]}
     if result["suite"] == "passkey":
@@ -53,8 +76,10 @@ def table(results: dict, baseline: str | None) -> str:
         for key, value in points(result).items():
             by_recipe.setdefault(recipe, {}).setdefault(key, []).append(value)
     keys = sorted({key for values in by_recipe.values() for key in values}, key=lambda k: (k[1], k[0]))
-    metric = "loss" if next(iter(results.values()))["suite"] == "length" else "accuracy"
-    rows = [f"| recipe | mode | length | runs | {metric}, mean ± std | Δ vs {baseline or '-'} | p (Welch) | p (Holm, per length) |",
+    first = next(iter(results.values()))
+    metric = "value" if is_harness(first) else "loss" if first["suite"] == "length" else "accuracy"
+    mode_name, column = ("metric", "task") if is_harness(first) else ("mode", "length")
+    rows = [f"| recipe | {mode_name} | {column} | runs | {metric}, mean ± std | Δ vs {baseline or '-'} | p (Welch) | p (Holm, per {column}) |",
             "|---|---|---|---|---|---|---|---|"]
     for mode, length in keys:
         compared = [r for r in by_recipe if baseline and r != baseline and (mode, length) in by_recipe[r]
@@ -82,6 +107,8 @@ def plot(results: dict, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if is_harness(next(iter(results.values()))):
+        return plot_tasks(results, path, title)
     by_line: dict[tuple[str, str], dict[int, list[float]]] = {}
     for (recipe, _), result in results.items():
         for (mode, length), value in points(result).items():
@@ -103,11 +130,41 @@ def plot(results: dict, path: Path, title: str) -> None:
     plt.close(figure)
 
 
+def plot_tasks(results: dict, path: Path, title: str) -> None:
+    """One bar per recipe and task (mean ± std over seeds) of each task's first metric, runs as dots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_bar: dict[tuple[str, str], list[float]] = {}
+    for (recipe, _), result in sorted(results.items(), key=lambda item: (item[0][0], item[0][1] or 0)):
+        for task, metrics in result["results"].items():
+            metric = next((m for m in metrics if isinstance(metrics[m], (int, float)) and "stderr" not in m), None)
+            if metric is not None:
+                by_bar.setdefault((task, recipe), []).append(float(metrics[metric]))
+    figure, axes = plt.subplots(figsize=(7.5, 4.5))
+    for x, ((task, recipe), values) in enumerate(sorted(by_bar.items())):
+        axes.bar(x, statistics.fmean(values), yerr=statistics.stdev(values) if len(values) > 1 else 0, capsize=3,
+                 color="C0", alpha=0.6)
+        axes.plot([x] * len(values), values, "k.", markersize=3)
+    axes.set_xticks(range(len(by_bar)), [f"{recipe}\n{task}" for task, recipe in sorted(by_bar)], fontsize=6)
+    axes.set(ylabel="score", title=title)
+    axes.grid(alpha=0.3, axis="y")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def report(runs, logs: Path, family: str, suite: str, baseline: str | None, extra: list[str]) -> str:
+    """Evaluate every finished run (``suite``: a suite's name, or ``"tasks"`` with ``--tasks`` in ``extra``),
+    write ``<logs>/<name>.md`` and ``.png``, and return the table."""
     results = evaluate_runs(runs, logs, suite, extra)
     if not results:
         return f"no finished run to evaluate in {logs}"
     text = table(results, baseline)
-    (Path(logs) / f"{suite}.md").write_text(f"# {family}: {suite} suite\n\n{text}\n")
-    plot(results, Path(logs) / f"{suite}.png", f"{family}: {suite} (mean ± std over seeds; dashed: NTK)")
+    name = ("tasks_" + tasks_named(extra).replace(",", "_")) if suite == "tasks" else suite
+    what = f"tasks {tasks_named(extra)}" if suite == "tasks" else f"{suite} suite"
+    (Path(logs) / f"{name}.md").write_text(f"# {family}: {what}\n\n{text}\n")
+    plot(results, Path(logs) / f"{name}.png", f"{family}: {what} (mean ± std over seeds{'' if suite == 'tasks' else '; dashed: NTK'})")
     return text

@@ -3,6 +3,9 @@
 - ``zoo_cloze``: the last word of a sentence of Python's own documentation (``pydoc_data``), among four
   (the others are last words of other sentences); multiple choice, metric ``acc``.
 - ``zoo_passkey``: the five-digit key hidden in filler text, among four keys (chance 0.25).
+- a cloze over the held-out documents of a recipe's own corpus, made on demand
+  (``python -m recipes.evaluation.tasks cloze --config RECIPE --out DIR``): the English corpus is not
+  shipped, so neither is its task.
 
 The data is generated here deterministically and shipped in ``recipes/evaluation/tasks/`` (a test checks
 the shipped files equal a fresh generation); :func:`task_folder` writes the task YAMLs, which point at
@@ -14,6 +17,7 @@ import json
 import random
 import re
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 DATA = Path(__file__).parent / "tasks"
@@ -56,6 +60,45 @@ def cloze_items(count: int = 120, seed: int = 0) -> list[dict]:
         order = list(range(4))
         rng.shuffle(order)
         items.append({"context": context, "choices": [choices[i] for i in order], "answer": order.index(0)})
+    return items
+
+
+def sentence_endings(text: str, min_words: int = 8, max_words: int = 40) -> Iterator[tuple[int, str, str]]:
+    """``(start, sentence without its last word, last word)`` for each sentence of ``text`` that ends in a
+    plain lowercase word of 4+ letters (what a cloze can ask for), ``start`` its offset in ``text``."""
+    for match in re.finditer(r"[^.!?]+[.!?]", text):
+        group = match.group()
+        words = group.strip().rstrip(".!?").split()
+        if min_words <= len(words) <= max_words and re.fullmatch(r"[a-z]{4,}", words[-1]):
+            yield match.start() + len(group) - len(group.lstrip()), " ".join(words[:-1]), words[-1]
+
+
+def document_cloze_items(documents: Iterable[str], count: int = 500, seed: int = 0,
+                         context_chars: int = 600) -> list[dict]:
+    """A LAMBADA-like multiple-choice cloze over ``documents`` (say, a corpus's held-out split): the last
+    word of a sentence, given up to ``context_chars`` of the document before it (cut at a word), among
+    four (the others are last words of other sentences). At most one question per document."""
+    found = []
+    rng = random.Random(seed)
+    for document in documents:
+        endings = list(sentence_endings(document))
+        if not endings:
+            continue
+        start, sentence, word = endings[rng.randrange(len(endings))]
+        before = " ".join(document[max(start - context_chars, 0):start].split())
+        if start > context_chars:  # drop the cut word at the window's start
+            before = before.partition(" ")[2]
+        found.append(((before + " " + sentence).strip(), word))
+    if len(found) < 4:
+        raise ValueError(f"only {len(found)} documents have a sentence a cloze can use; a task needs at least 4")
+    rng.shuffle(found)
+    words = sorted({word for _, word in found})
+    items = []
+    for context, word in found[:count]:
+        choices = [word, *rng.sample([w for w in words if w != word], 3)]
+        order = list(range(4))
+        rng.shuffle(order)
+        items.append({"context": context, "choices": [f" {choices[i]}" for i in order], "answer": order.index(0)})
     return items
 
 
@@ -106,3 +149,41 @@ def write_task(folder: Path, name: str, items: list[dict]) -> Path:
     data.write_text("".join(json.dumps(item) + "\n" for item in items))
     (folder / f"{name}.yaml").write_text(YAML.format(name=name, data=json.dumps(str(data.resolve()))))
     return folder
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """``python -m recipes.evaluation.tasks cloze --config RECIPE --out DIR``: a cloze task over the held-out
+    documents of a recipe's corpus, written as an lm-eval task for ``python -m recipes eval --include_path DIR``."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m recipes.evaluation.tasks", description=main.__doc__)
+    parser.add_argument("kind", choices=["cloze"])
+    parser.add_argument("--config", required=True, help="a recipe whose data module has documents (TokenizedCorpus)")
+    parser.add_argument("--out", required=True, help="the folder to write the task's YAML and data into")
+    parser.add_argument("--name", default=None, help="the task's name (default: <corpus>_cloze)")
+    parser.add_argument("--count", type=int, default=500, help="questions (default 500)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--context-chars", type=int, default=600, help="document text before the sentence (default 600)")
+    args = parser.parse_args(argv)
+    from recipes.runs import data_module, load_recipe
+
+    try:
+        data = data_module(load_recipe(args.config))
+        if not hasattr(data, "documents"):
+            raise ValueError(f"{type(data).__name__} has no documents to build a cloze from (use a TokenizedCorpus recipe)")
+        items = document_cloze_items(data.documents("val"), args.count, args.seed, args.context_chars)
+    except (FileNotFoundError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    files = getattr(data, "files", None)
+    name = args.name or (f"{Path(files[0]).stem}_cloze" if files else "corpus_cloze")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        sys.exit(f"error: --name {name!r}: a task name is letters, digits and underscores")
+    folder = write_task(Path(args.out), name, items)
+    print(f"wrote {len(items)} questions from the held-out documents: task {name!r} in {folder} "
+          f"(python -m recipes eval ... --tasks {name} --include_path {folder})")
+    return folder
+
+
+if __name__ == "__main__":
+    main()

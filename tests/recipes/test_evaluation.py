@@ -262,3 +262,80 @@ def trained_quickstart(tmp_path_factory):
              "--model.mixers.A.init_args.n_heads", "2", "--data.init_args.seq_len", "32", "--trainer.max_steps", "1",
              "--trainer.limit_val_batches", "2", "--trainer.val_check_interval", "1", "--trainer.enable_progress_bar", "false"])
     return folder
+
+
+def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path, trained_quickstart):
+    """``python -m recipes.sweep --from LOGS --tasks T``: every run's score lands in the family's table. Recipe
+    b's weights are all zero, so every choice's log-likelihood is −(its bytes)·log 256 and the harness
+    picks the shortest choice (the first among equals): its accuracy is known without the model."""
+    import shutil
+
+    from recipes.checkpoints import load_checkpoint
+    from recipes.cli import resolve_config
+    from recipes.sweep import Run, main as sweep, write_manifest
+    from recipes.evaluation.tasks import DATA
+
+    run = next((trained_quickstart / "runs" / "quickstart").iterdir())
+    family = tmp_path / "family"
+    family.mkdir()
+    runs = []
+    for recipe in ("a", "b"):
+        shutil.copy(resolve_config("quickstart.yaml"), family / f"{recipe}.yaml")
+        for seed in (0, 1):
+            folder = tmp_path / "runs" / f"{recipe}_seed{seed}"
+            shutil.copytree(run, folder)
+            if recipe == "b":
+                path = folder / "checkpoints" / "last.ckpt"
+                checkpoint = load_checkpoint(path)
+                checkpoint["state_dict"] = {k: torch.zeros_like(v) for k, v in checkpoint["state_dict"].items()}
+                torch.save(checkpoint, path)
+            runs.append(Run(family / f"{recipe}.yaml", folder, returncode=0, log=None, seed=seed))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_manifest(logs, "family", runs)
+    sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite-args", "--limit 8", "--baseline", "a"])
+
+    scores = {(r, s): json.loads((logs / "tasks_zoo_cloze" / f"{r}_seed{s}.json").read_text())
+              ["harness"]["results"]["zoo_cloze"]["acc,none"] for r in "ab" for s in (0, 1)}
+    items = [json.loads(line) for line in (DATA / "zoo_cloze.jsonl").read_text().splitlines()[:8]]
+    shortest = [min(range(4), key=lambda i: (len(item["choices"][i].encode()), i)) for item in items]
+    assert scores["b", 0] == scores["b", 1] == sum(s == item["answer"] for s, item in zip(shortest, items)) / 8
+    assert scores["a", 0] == scores["a", 1]  # the same checkpoint twice
+    table = (logs / "tasks_zoo_cloze.md").read_text()
+    row_b = next(line for line in table.splitlines() if line.startswith("| b | acc | zoo_cloze |"))
+    assert f"| 2 | {scores['b', 0]:.4f} ± 0.0000 | {scores['b', 0] - scores['a', 0]:+.4f} |" in row_b
+    assert (logs / "tasks_zoo_cloze.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="--suite or --tasks, one at a time"):
+        sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite", "length"])
+
+
+def test_a_cloze_over_held_out_documents_asks_for_each_sentences_last_word(tmp_path):
+    from recipes.data import TokenizedCorpus
+    from recipes.evaluation.tasks import document_cloze_items, main as make_task
+
+    documents = [f"Document {i} opens here. The quick brown fox number {i} jumps over the sleeping lazy "
+                 f"{'dog' if i % 2 else 'cats'}. Then the {i}th story goes on for a while until it finally reaches the "
+                 f"{['garden', 'river', 'market', 'harbour', 'castle'][i % 5]}." for i in range(40)]
+    items = document_cloze_items(documents, count=100, seed=1)
+    assert len(items) == 40  # one question per document
+    for item in items:
+        answer = item["choices"][item["answer"]].strip()
+        assert answer in {"cats", "garden", "river", "market", "harbour", "castle"}  # "dog" is 3 letters: never asked
+        source = next(d for d in documents if d.startswith(item["context"][:18]) or item["context"] in d)
+        assert item["context"] + " " + answer + "." in source  # the context is the document's text up to the word,
+        assert item["context"].startswith("Document ")  # from its start (these are shorter than 600 characters)
+        assert len(set(item["choices"])) == 4
+    with pytest.raises(ValueError, match="only 0 documents have a sentence a cloze can use"):
+        document_cloze_items(["Too short."])
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
+    data = TokenizedCorpus(str(corpus), val_fraction=0.25)
+    assert list(data.documents("val")) == documents[3::4]  # every 4th document, as the token cache splits them
+    assert list(data.documents("train")) == [d for i, d in enumerate(documents) if i % 4 != 3]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"data:\n  class_path: recipes.data.TokenizedCorpus\n  init_args: {{paths: {corpus}, val_fraction: 0.25}}\n")
+    folder = make_task(["cloze", "--config", str(recipe), "--out", str(tmp_path / "tasks")])
+    written = [json.loads(line) for line in (folder / "c_cloze.jsonl").read_text().splitlines()]
+    assert len(written) == 10 and all(any(i["context"] in d for d in documents[3::4]) for i in written)
+    assert "task: c_cloze" in (folder / "c_cloze.yaml").read_text()
