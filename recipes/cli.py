@@ -14,7 +14,6 @@ On top of LightningCLI (docs/training.md):
 """
 
 import argparse
-import inspect
 import os
 import re
 import sys
