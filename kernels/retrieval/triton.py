@@ -77,37 +77,64 @@ def launch_config(d_model: int) -> dict:
     return dict(BLOCK_D=triton.next_power_of_2(d_model), num_warps=4, num_stages=3)
 
 
-class ExpertMix(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, experts, weights, down, up, act: str):
-        M, D = x.shape
-        HK = experts.shape[1] * experts.shape[2]
-        ctx.weights_shape = weights.shape
-        x, down, up = x.contiguous(), down.contiguous(), up.contiguous()
-        experts, weights = experts.reshape(M, HK).contiguous(), weights.reshape(M, HK).contiguous()
-        y = torch.empty_like(x)
-        config = launch_config(D)
-        _mix_forward[(M,)](x, experts, weights, down, up, y, D, HK, ACT=ACT_IDS[act], **config)
-        ctx.save_for_backward(x, experts, weights, down, up)
-        ctx.act, ctx.config = act, config
-        return y
+# A torch.library op pair, like the attention and SSD kernels: opaque to torch.compile, so a fullgraph compile
+# does not trace into the launch (an autograd.Function is traced, and its host-side settings break the graph).
+@torch.library.custom_op("hybrid_zoo::expert_mix", mutates_args=())
+def expert_mix_op(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, down: torch.Tensor, up: torch.Tensor,
+                  act: str) -> torch.Tensor:
+    """``y [M, d]`` in ``x``'s dtype; ``experts``, ``weights`` ``[M, H·k]`` contiguous."""
+    M, D = x.shape
+    y = torch.empty_like(x)
+    _mix_forward[(M,)](x, experts, weights, down, up, y, D, experts.shape[1], ACT=ACT_IDS[act], **launch_config(D))
+    return y
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, experts, weights, down, up = ctx.saved_tensors
-        M, D = x.shape
-        HK = experts.shape[1]
-        dx = torch.empty_like(x)
-        dw = torch.empty(M, HK, dtype=torch.float32, device=x.device)
-        # fp32 accumulators for the scattered row gradients
-        ddown = torch.zeros(down.shape, dtype=torch.float32, device=x.device)
-        dup = torch.zeros(up.shape, dtype=torch.float32, device=x.device)
-        _mix_backward[(M,)](x, experts, weights, down, up, dy.contiguous(), dx, dw, ddown, dup, D, HK,
-                            ACT=ACT_IDS[ctx.act], **ctx.config)
-        return dx, None, dw.view(ctx.weights_shape).to(weights.dtype), ddown.to(down.dtype), dup.to(up.dtype), None
+
+@expert_mix_op.register_fake
+def _(x, experts, weights, down, up, act):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("hybrid_zoo::expert_mix_backward", mutates_args=())
+def expert_mix_backward_op(dy: torch.Tensor, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+                           down: torch.Tensor, up: torch.Tensor, act: str
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dweights [M, H·k], ddown, dup)`` in the inputs' dtypes."""
+    M, D = x.shape
+    dx = torch.empty_like(x)
+    dw = torch.empty(M, experts.shape[1], dtype=torch.float32, device=x.device)
+    # fp32 accumulators for the scattered row gradients
+    ddown = torch.zeros(down.shape, dtype=torch.float32, device=x.device)
+    dup = torch.zeros(up.shape, dtype=torch.float32, device=x.device)
+    _mix_backward[(M,)](x, experts, weights, down, up, dy.contiguous(), dx, dw, ddown, dup, D, experts.shape[1],
+                        ACT=ACT_IDS[act], **launch_config(D))
+    return dx, dw.to(weights.dtype), ddown.to(down.dtype), dup.to(up.dtype)
+
+
+@expert_mix_backward_op.register_fake
+def _(dy, x, experts, weights, down, up, act):
+    return torch.empty_like(x), torch.empty_like(weights), torch.empty_like(down), torch.empty_like(up)
+
+
+def _setup_context(ctx, inputs, output):
+    x, experts, weights, down, up, act = inputs
+    ctx.save_for_backward(x, experts, weights, down, up)
+    ctx.act = act
+
+
+def _backward(ctx, dy):
+    x, experts, weights, down, up = ctx.saved_tensors
+    dx, dw, ddown, dup = expert_mix_backward_op(dy, x, experts, weights, down, up, ctx.act)
+    return dx, None, dw, ddown, dup, None
+
+
+expert_mix_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def expert_mix_triton(x, experts, weights, down, up, act: str) -> torch.Tensor:
     """Same contract as :func:`kernels.retrieval.reference.expert_mix_reference` (``weights`` keeps
     its ``[M, H, k]`` shape in the gradient)."""
-    return ExpertMix.apply(x, experts, weights, down, up, act)
+    M = x.shape[0]
+    # contiguous here, once: the op saves what it is given, so its backward does not copy again
+    x, down, up = x.contiguous(), down.contiguous(), up.contiguous()
+    experts, weights = experts.reshape(M, -1).contiguous(), weights.reshape(M, -1).contiguous()  # [M, H·k]
+    return expert_mix_op(x, experts, weights, down, up, act)
