@@ -269,7 +269,8 @@ def _backward_q(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
              mask=q_mask)
 
 
-def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16, dot: str = "ieee") -> dict:
+def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16, dot: str = "ieee",
+                  arch: int = 90) -> dict:
     """Tiles, warps and pipeline stages; ``DKV_BLOCK_M`` is how many query rows the dK/dV/dbias kernel
     takes per step (its ``BLOCK_M``). On CUDA in bf16/fp16: 64×64 tiles (32 key rows above head dim
     64), 8 warps, and 32 query rows per dK/dV step, at which ``python -m recipes.benchmarks.compile_check``
@@ -280,15 +281,24 @@ def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16
     where 4 spill 5.7 KB per thread in the dK/dV kernel (8 still spill 0.6 KB: TF32 is the fast fp32
     path). Head dims above 128 (256-wide tiles) take 32×32 tiles in bf16/fp16: 64 query rows spilled 88
     bytes (forward) and 720 (dQ) on sm_90 and needed 96 KiB; at 32×32 no kernel spills on sm_80 or sm_90,
-    with at most 67 KiB of shared memory, within a consumer GPU's 99. Not timed: no GPU yet."""
+    with at most 67 KiB of shared memory, within a consumer GPU's 99. Before Hopper (``arch`` below 90: compute
+    capability ×10, A100 80, consumer Ampere/Ada 86/89) head dims up to 128 take 32×64 tiles in bf16/fp16: at
+    64×64, sm_80's code for the kernels with packed documents spilled 8-16 bytes (forward) and 144 (dQ, head
+    dim 64); at 32×64 none of the attention kernels spills, with or without documents, using at most 53 KiB.
+    Not timed: no GPU yet."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     if not cuda:  # the interpreter: small tiles, and a dK/dV step unlike BLOCK_M, as on a GPU
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=4, num_stages=1, DKV_BLOCK_M=32)
     if dtype == torch.float32:
         return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, num_warps=8 if dot == "ieee" else 4, num_stages=2,
                     DKV_BLOCK_M=32)
-    return dict(BLOCK_M=64 if block_d <= 128 else 32, BLOCK_N=64 if block_d <= 64 else 32, BLOCK_D=block_d, num_warps=8,
-                num_stages=3, DKV_BLOCK_M=32)
+    if block_d > 128:
+        block_m, block_n = 32, 32
+    elif arch < 90:
+        block_m, block_n = 32, 64
+    else:
+        block_m, block_n = 64, 64 if block_d <= 64 else 32
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=8, num_stages=3, DKV_BLOCK_M=32)
 
 
 def _prepared(q, k, v, bias, key_padding_mask, document_ids, causal: bool, keep_window: int | None):
@@ -303,7 +313,11 @@ def _prepared(q, k, v, bias, key_padding_mask, document_ids, causal: bool, keep_
     pad = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else q.new_zeros(1, dtype=torch.int8)
     docs = document_spans(document_ids) if document_ids is not None else q.new_zeros(1, 1, dtype=torch.int32)
     dot = dot_precision()
-    config = launch_config(D, q.is_cuda, q.dtype, dot)
+    arch = 90
+    if q.is_cuda:
+        major, minor = torch.cuda.get_device_capability(q.device)
+        arch = 10 * major + minor
+    config = launch_config(D, q.is_cuda, q.dtype, dot, arch)
     if max(triton.cdiv(T, config["BLOCK_M"]), triton.cdiv(S, config["BLOCK_N"])) > 65535:  # grid axis 1
         raise ValueError(f"attention: backend='triton' takes at most 65,535 blocks of {config['BLOCK_M']} queries "
                          f"and {config['BLOCK_N']} keys; got T={T:,}, S={S:,}")

@@ -47,7 +47,7 @@ class Case:
 SHARED_LIMIT_KIB = {80: 163, 86: 99, 87: 163, 89: 99, 90: 227}
 
 
-def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)) -> list[Case]:
+def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128), arch: int = 90) -> list[Case]:
     """Every kernel at the launch configuration its wrapper picks on CUDA for ``dtype``, attention at
     ``head_dim`` and the SSD at ``ssd_shape = (P, N)``."""
     import torch
@@ -91,7 +91,7 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
                             case.options, case.data, {**case.types, **seg}))
     # Attention with every option on (bias, padding, causal, window), then with packed
     # documents in place of the window (the two never meet: the host refuses documents with a window).
-    cfg = attention.launch_config(head_dim, cuda=True, dtype=torch_dtype, dot=dot)
+    cfg = attention.launch_config(head_dim, cuda=True, dtype=torch_dtype, dot=dot, arch=arch)
     warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
     dkv_block_m = cfg.pop("DKV_BLOCK_M")
     types = {"PAD": "*i8", "DOC": "*i32", "WIN_J": "*i32", "scale": "fp32", **f32("WIN_B", "LSE", "DELTA", "DBIAS")}
@@ -113,17 +113,18 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     return out
 
 
-def shape_cases(dtype: str, head_dims: list[int], ssd_shapes: list[tuple[int, int]], only: str | None = None):
+def shape_cases(dtype: str, head_dims: list[int], ssd_shapes: list[tuple[int, int]], only: str | None = None,
+                arch: int = 90):
     """``(case, shape label)`` for each kernel at each shape asked for: the SSD's per (P, N), attention's per
     head dim, the retrieval kernels once."""
     for i, shape in enumerate(ssd_shapes):
-        for case in cases(dtype, ssd_shape=shape):
+        for case in cases(dtype, ssd_shape=shape, arch=arch):
             if case.name.startswith("ssd") and only in (None, "ssd"):
                 yield case, f"P={shape[0]} N={shape[1]}"
             elif case.name.startswith("retrieval") and i == 0 and only in (None, "retrieval"):
                 yield case, "d=512"
     for head_dim in head_dims:
-        for case in cases(dtype, head_dim=head_dim):
+        for case in cases(dtype, head_dim=head_dim, arch=arch):
             if case.name.startswith("attention") and only in (None, "attention"):
                 yield case, f"D={head_dim}"
 
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     limit = SHARED_LIMIT_KIB.get(args.arch)
     failures = 0
     for dtype in args.dtypes:
-        for case, shape in shape_cases(dtype, args.head_dims, ssd_shapes, args.only):
+        for case, shape in shape_cases(dtype, args.head_dims, ssd_shapes, args.only, args.arch):
             launch = f"{case.options.get('num_warps', 4)}, {case.options.get('num_stages', 3)}"
             start = time.perf_counter()
             try:

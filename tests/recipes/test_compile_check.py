@@ -54,3 +54,16 @@ def test_the_large_head_and_state_sizes_compile_without_spills_for_sm90(tmp_path
     for row in rows:
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert cells[5] == "0" and float(cells[6]) <= 99, row  # spilled bytes, shared KiB
+
+
+def test_attention_compiles_without_spills_for_sm80(tmp_path):
+    """Before Hopper the attention kernels take 32×64 tiles (launch_config's ``arch``): at 64×64, sm_80's code with
+    packed documents spilled 8-16 bytes in the forward and 144 in dQ at head dim 64."""
+    result = run_check("--arch", "80", "--dtypes", "bf16", "--only", "attention", "--head-dims", "64", "128",
+                       tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| attention")]
+    assert len(rows) == 2 * 7 and sum(", documents" in row for row in rows) == 2 * 3
+    for row in rows:
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        assert cells[5] == "0" and float(cells[6]) <= 99, row  # spilled bytes, shared KiB
