@@ -365,18 +365,25 @@ def _segments(document_starts: torch.Tensor | None) -> torch.Tensor | None:
 @torch.library.custom_op("hybrid_zoo::ssd_scan", mutates_args=())
 def ssd_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                 D: torch.Tensor | None, initial_state: torch.Tensor | None, document_starts: torch.Tensor | None,
-                chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(y, final_state, Λ [b,h,nc·L], states [b,nc+1,h,P,N])``; the last two are kept for the backward."""
+                chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, final_state, Λ [b,h,nc·L])``; Λ is kept for the backward."""
     T, L = x.shape[1], chunk_size
     x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
     blk = _blk(x, B, C)
     lam = _chunk_log_decays(dt, A, L)  # [b, h, nc·L]
     seg = _segments(document_starts)
-    chunk_states = _chunk_state_call(x, dt, B, lam, seg, T, L, forward=True, blk=blk)  # [b, nc, h, P, N]
-    states = _decayed_scan_call(chunk_states, lam, seg, initial_state, T, L, reverse=False)  # [b, nc+1, h, P, N]
+    states = _entering_states(x, dt, B, lam, seg, initial_state, T, L, blk)  # [b, nc+1, h, P, N] fp32
     y = torch.empty_like(x)
     _chunk_scan_call(C, B, x, dt, lam, seg, states, D, y, T, L, trans_state=True, blk=blk)
-    return y, states[:, -1].clone(), lam, states
+    return y, states[:, -1].clone(), lam
+
+
+def _entering_states(x, dt, B, lam, seg, initial_state, T: int, L: int, blk: dict) -> torch.Tensor:
+    """The state entering each chunk, and the final one: ``[b, nc+1, h, P, N]`` fp32. The backward computes them
+    again rather than keep them from the forward (as mamba_ssm does): in fp32 they are 4× the bytes of a bf16
+    ``x`` at P 64, N 128 (2× in fp32), for two of the forward's three kernels run again."""
+    chunk_states = _chunk_state_call(x, dt, B, lam, seg, T, L, forward=True, blk=blk)  # [b, nc, h, P, N]
+    return _decayed_scan_call(chunk_states, lam, seg, initial_state, T, L, reverse=False)  # [b, nc+1, h, P, N]
 
 
 @ssd_scan_op.register_fake
@@ -384,14 +391,13 @@ def _(x, dt, A, B, C, D, initial_state, document_starts, chunk_size):
     batch, T, H, P = x.shape
     N, chunks = B.shape[3], -(-T // chunk_size)
     return (x.new_empty(x.shape), x.new_empty(batch, H, P, N, dtype=torch.float32),
-            x.new_empty(batch, H, chunks * chunk_size, dtype=torch.float32),
-            x.new_empty(batch, chunks + 1, H, P, N, dtype=torch.float32))
+            x.new_empty(batch, H, chunks * chunk_size, dtype=torch.float32))
 
 
 @torch.library.custom_op("hybrid_zoo::ssd_scan_backward", mutates_args=())
 def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-                         B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None, document_starts: torch.Tensor | None,
-                         lam: torch.Tensor, states: torch.Tensor, chunk_size: int
+                         B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None, initial_state: torch.Tensor | None,
+                         document_starts: torch.Tensor | None, lam: torch.Tensor, chunk_size: int
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                     torch.Tensor]:
     """``(dx, d_dt, dA, dB, dC, dD, d_initial)``; ``dD`` is empty without ``D``; ``d_initial`` is fp32."""
@@ -400,6 +406,7 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
     L = chunk_size
     x, dt, B, C, dy = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous(), dy.contiguous()
     blk, seg = _blk(x, B, C), _segments(document_starts)
+    states = _entering_states(x, dt, B, lam, seg, initial_state, T, L, blk)  # [b, nc+1, h, P, N]
 
     # dE: what the read-outs send to each entering state, then the reverse recurrence over chunks.
     read_out = _chunk_state_call(dy, dt, C, lam, seg, T, L, forward=False, blk=blk)  # [b, nc, h, P, N]
@@ -430,7 +437,7 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
 
 
 @ssd_scan_backward_op.register_fake
-def _(dy, d_final, x, dt, A, B, C, D, document_starts, lam, states, chunk_size):
+def _(dy, d_final, x, dt, A, B, C, D, initial_state, document_starts, lam, chunk_size):
     batch, _, H, P = x.shape
     return (x.new_empty(x.shape), dt.new_empty(dt.shape), A.new_empty(A.shape), B.new_empty(B.shape),
             C.new_empty(C.shape), D.new_empty(D.shape) if D is not None else x.new_empty(0),
@@ -439,18 +446,18 @@ def _(dy, d_final, x, dt, A, B, C, D, document_starts, lam, states, chunk_size):
 
 def _ssd_setup_context(ctx, inputs, output):
     x, dt, A, B, C, D, initial_state, document_starts, chunk_size = inputs
-    _, _, lam, states = output
-    ctx.save_for_backward(x, dt, A, B, C, D, document_starts, lam, states)
-    ctx.chunk_size = chunk_size
+    _, final_state, lam = output
+    ctx.save_for_backward(x, dt, A, B, C, D, initial_state, document_starts, lam)  # not the states: recomputed
+    ctx.chunk_size, ctx.final_shape = chunk_size, final_state.shape
     ctx.initial_dtype = initial_state.dtype if initial_state is not None else None
 
 
-def _ssd_backward(ctx, dy, d_final, _dlam, _dstates):
-    x, dt, A, B, C, D, document_starts, lam, states = ctx.saved_tensors
+def _ssd_backward(ctx, dy, d_final, _dlam):
+    x, dt, A, B, C, D, initial_state, document_starts, lam = ctx.saved_tensors
     dy = torch.zeros_like(x) if dy is None else dy
-    d_final = torch.zeros_like(states[:, -1]) if d_final is None else d_final
-    dx, d_dt, dA, dB, dC, dD, d_initial = ssd_scan_backward_op(dy, d_final, x, dt, A, B, C, D, document_starts, lam,
-                                                               states, ctx.chunk_size)
+    d_final = x.new_zeros(ctx.final_shape, dtype=torch.float32) if d_final is None else d_final
+    dx, d_dt, dA, dB, dC, dD, d_initial = ssd_scan_backward_op(dy, d_final, x, dt, A, B, C, D, initial_state,
+                                                               document_starts, lam, ctx.chunk_size)
     return (dx, d_dt, dA, dB, dC, dD if D is not None else None,
             d_initial.to(ctx.initial_dtype) if ctx.initial_dtype is not None else None, None, None)
 
@@ -463,7 +470,7 @@ def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_sta
     final_state [b,h,P,N] fp32)``; ``document_starts [b, T]`` bool resets the state where True."""
     # contiguous here, once: the op saves what it is given, so its backward does not copy the views again
     x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
-    y, final, _, _ = ssd_scan_op(x, dt, A, B, C, D, initial_state, document_starts, int(chunk_size))
+    y, final, _ = ssd_scan_op(x, dt, A, B, C, D, initial_state, document_starts, int(chunk_size))
     return y, final
 
 

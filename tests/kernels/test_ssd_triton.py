@@ -163,3 +163,28 @@ def test_a_fullgraph_compile_through_the_kernel_equals_eager():
     for g, w in zip(torch.autograd.grad(loss(got), leaves), torch.autograd.grad(loss(want), leaves)):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
     torch._dynamo.reset()
+
+
+def test_the_backward_keeps_no_chunk_states_from_the_forward():
+    """The entering states ``[b, nc+1, h, P, N]`` fp32 (4× a bf16 x's bytes at P 64, N 128) are computed again in
+    the backward, not kept: what the forward saves is its inputs and Λ ``[b, h, nc·L]``."""
+    torch.manual_seed(0)
+    B, T, H, P, G, N, L = 2, 45, 4, 8, 2, 16, 16
+    x = torch.randn(B, T, H, P, requires_grad=True)
+    dt = (torch.rand(B, T, H) * 0.2).requires_grad_()
+    A = (-torch.rand(H)).requires_grad_()
+    Bm, C = (torch.randn(B, T, G, N, requires_grad=True) for _ in range(2))
+    h0 = torch.randn(B, H, P, N, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        y, final = ssd_scan(x, dt, A, Bm, C, initial_state=h0, chunk_size=L, return_final_state=True, backend="triton")
+    chunks = -(-T // L)
+    assert (B, chunks + 1, H, P, N) not in saved and (B, chunks, H, P, N) not in saved, saved
+    assert (B, H, chunks * L) in saved  # Λ
+    want = ssd_scan(x, dt, A, Bm, C, initial_state=h0, chunk_size=L, return_final_state=True, backend="reference")
+    gy, gf = torch.randn_like(y), torch.randn_like(final)
+    leaves = [x, dt, A, Bm, C, h0]
+    got = torch.autograd.grad((y * gy).sum() + (final * gf).sum(), leaves)
+    expected = torch.autograd.grad((want[0] * gy).sum() + (want[1] * gf).sum(), leaves)
+    for name, g, w in zip(["x", "dt", "A", "B", "C", "initial_state"], got, expected):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
