@@ -55,11 +55,12 @@ def is_harness(result: dict) -> bool:
 
 def points(result: dict) -> dict[tuple[str, int], float]:
     """A suite result as ``{(mode or depth, length): value}``: the loss (length) or accuracy (passkey, mqar);
-    a harness result as ``{(metric, task): value}`` (every numeric metric but the standard errors)."""
+    a harness result as ``{(metric, task): value}`` (every ``metric,filter`` score but the standard errors; not
+    lm-eval's bookkeeping such as ``sample_len``)."""
     if is_harness(result):
         return {(metric.split(",")[0], task): float(value) for task, metrics in result["results"].items()
                 for metric, value in metrics.items()
-                if isinstance(value, (int, float)) and not metric.split(",")[0].endswith("_stderr")}
+                if "," in metric and isinstance(value, (int, float)) and not metric.split(",")[0].endswith("_stderr")}
     if result["suite"] == "length":
         return {(row["mode"], row["length"]): row["loss"] for row in result["rows"]}
     if result["suite"] == "passkey":
@@ -140,7 +141,8 @@ def plot_tasks(results: dict, path: Path, title: str) -> None:
     by_bar: dict[tuple[str, str], list[float]] = {}
     for (recipe, _), result in sorted(results.items(), key=lambda item: (item[0][0], item[0][1] or 0)):
         for task, metrics in result["results"].items():
-            metric = next((m for m in metrics if isinstance(metrics[m], (int, float)) and "stderr" not in m), None)
+            metric = next((m for m in metrics if "," in m and isinstance(metrics[m], (int, float)) and "stderr" not in m),
+                          None)
             if metric is not None:
                 by_bar.setdefault((task, recipe), []).append(float(metrics[metric]))
     figure, axes = plt.subplots(figsize=(7.5, 4.5))

@@ -304,6 +304,7 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     table = (logs / "tasks_zoo_cloze.md").read_text()
     row_b = next(line for line in table.splitlines() if line.startswith("| b | acc | zoo_cloze |"))
     assert f"| 2 | {scores['b', 0]:.4f} ± 0.0000 | {scores['b', 0] - scores['a', 0]:+.4f} |" in row_b
+    assert "sample_len" not in table  # lm-eval's bookkeeping is not a score
     assert (logs / "tasks_zoo_cloze.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="--suite or --tasks, one at a time"):
         sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite", "length"])
