@@ -54,10 +54,16 @@ from recipes.mfu import device_peak_flops, training_flops
 CONFIGS = Path(__file__).parent.parent / "configs"  # recipes/configs
 TWINS = {"llama": "hf-llama", "mamba2": "hf-mamba2", "doge": "hf-doge"}
 NAMED = ["jamba", "otce", "cheems", "transxssm", "doge_moe"]
-FAMILIES = {"efficiency": dict(models=["llama", "mamba2", "transxssm", "jamba"], lengths=[512, 1024, 2048, 4096, 8192],
+# Wonderful Matrices v1 Figure 3 (inner function attention with the SSD as its value against plain attention, 4%
+# slower there): Cheems' layout with its attention letter replaced; ``cheems`` itself is v2's (retrieved values).
+VARIANTS = {"cheems-ssd-value": ("cheems", {"I": {"class_path": "components.InnerFuncAttention",
+                                                  "init_args": {"n_heads": 4, "inner": "ssd", "mask": "none"}}}),
+            "cheems-attention": ("cheems", {"I": {"class_path": "components.QCAttention", "init_args": {"n_heads": 4}}})}
+FAMILIES = {"efficiency": dict(models=["llama", "mamba2", "transxssm", "jamba", "otce", "cheems", "cheems-ssd-value",
+                                       "cheems-attention"], lengths=[512, 1024, 2048, 4096, 8192],
                                baseline="llama", trials=3, repeats=2)}
 MODELS = ["llama", "hf-llama", "mamba2", "hf-mamba2", "doge", "hf-doge", "hybrid", "hybrid-recompute", "hybrid-checkpointed",
-          *NAMED]
+          *NAMED, *VARIANTS]
 
 
 def sizes(cuda: bool) -> dict:
@@ -134,9 +140,10 @@ def build(name: str, s: dict, max_len: int) -> torch.nn.Module:
         mixers = {"S": scaled(ssd, s), "A": scaled(attention, s), "M": {"class_path": "components.MLP"}}
         return HybridLM(s["vocab"], s["d_model"], f"SM×{s['layers'] - 1} AM", mixers, max_seq_len=max_len,
                         checkpoint_blocks=name == "hybrid-checkpointed")
-    recipe = yaml.safe_load((CONFIGS / "arch" / "tiny" / f"{name}.yaml").read_text())["model"]
+    base, replaced = VARIANTS.get(name, (name, {}))
+    recipe = yaml.safe_load((CONFIGS / "arch" / "tiny" / f"{base}.yaml").read_text())["model"]
     options = {k: recipe[k] for k in ("tie_embeddings", "residual_scale") if k in recipe}
-    mixers = {letter: scaled(spec, s) for letter, spec in recipe["mixers"].items()}
+    mixers = {letter: scaled(spec, s) for letter, spec in {**recipe["mixers"], **replaced}.items()}
     return HybridLM(s["vocab"], s["d_model"], recipe["pattern"], mixers, max_seq_len=max_len, **options)
 
 

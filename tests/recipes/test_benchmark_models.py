@@ -33,6 +33,14 @@ def test_every_named_model_builds_at_the_benchmarks_width():
         model = bench.build(name, TINY, 64)
         assert model.d_model == TINY["d_model"], name
     assert [block.token for block in bench.build("hybrid", TINY, 64).blocks] == ["SM", "AM"]  # SM×(L-1) AM
+    # Wonderful Matrices v1 Figure 3's pair: Cheems' layout, its attention letter replaced
+    kinds = {name: [type(block.sequence_mixer).__name__ for block in bench.build(name, TINY, 64).blocks]
+             for name in ("cheems", "cheems-ssd-value", "cheems-attention")}
+    assert kinds["cheems"].count("InnerFuncAttention") == kinds["cheems-ssd-value"].count("InnerFuncAttention") \
+        == kinds["cheems-attention"].count("QCAttention") > 0
+    values = {type(block.sequence_mixer.value).__name__ for block in bench.build("cheems-ssd-value", TINY, 64).blocks
+              if hasattr(block.sequence_mixer, "value")}
+    assert values == {"SSDValue"}
 
 
 def test_a_measured_step_reports_time_peak_and_parameters():
