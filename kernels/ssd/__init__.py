@@ -22,6 +22,7 @@ def ssd_scan(
     return_final_state: bool = False,
     document_starts: torch.Tensor | None = None,
     backend: str = "auto",
+    check_finite: bool = True,
 ):
     """The SSD scan, with the arguments of mamba_ssm's ``mamba_chunk_scan_combined`` (``dt`` already
     positive: apply the bias and softplus before).
@@ -39,6 +40,11 @@ def ssd_scan(
             there (mamba_ssm's ``seq_idx``). Both backends take it.
         backend: ``auto`` (Triton on CUDA tensors in fp32/bf16/fp16, the reference otherwise) |
             ``reference`` | ``triton``.
+        check_finite: take non-finite entries of x, dt, B, C out and put their reach back as NaN (default
+            True), so a NaN or inf reaches only the outputs after it, as in the recurrence (the chunked form's
+            masked products would send 0 · NaN to the past). It costs a pass over the inputs, which also copies
+            views; False skips it for inputs known to be finite: the Triton kernels then read views of one
+            projection in place.
 
     Returns:
         ``y [B, T, H, P]``, or ``(y, final_state [B, H, P, N])`` with ``return_final_state``.
@@ -61,14 +67,16 @@ def ssd_scan(
         return (y, final_state) if return_final_state else y
     # Non-finite inputs are taken out and their reach put back as NaN (kernels/_finite.py): the chunked form
     # masks the future with decays of exp(-inf) = 0 inside matrix products, and 0 · NaN would reach the past.
-    x, dt, B, C, reach, last = _take_out_nonfinite(x, dt, B, C, document_starts)  # reach [B, T, H], last [B, H]
+    if check_finite:
+        x, dt, B, C, reach, last = _take_out_nonfinite(x, dt, B, C, document_starts)  # reach [B, T, H], last [B, H]
     # auto: the Triton kernel on CUDA for the dtypes it has; float64 (gradcheck) stays on the reference
     if resolve_backend(backend, x, op="ssd_scan", has_triton=kernel_dtype) == "triton":
         from kernels.ssd.triton import ssd_scan_triton  # imports triton only when asked for
 
         y, final_state = ssd_scan_triton(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_state=initial_state,
                                          document_starts=document_starts)
-        y, final_state = poison(y, reach), poison(final_state, last)
+        if check_finite:
+            y, final_state = poison(y, reach), poison(final_state, last)
         return (y, final_state) if return_final_state else y
     # The reference computes in at least fp32 whatever the inputs and any autocast region say: the
     # decays are exponentials of long sums, which bf16 cannot hold. The output comes back in x's dtype.
@@ -78,7 +86,9 @@ def ssd_scan(
             up(x), up(dt), up(A), up(B), up(C), chunk_size=chunk_size, D=up(D), initial_state=up(initial_state),
             document_starts=document_starts,
         )
-    y, final_state = poison(y.to(x.dtype), reach), poison(final_state, last)
+    y = y.to(x.dtype)
+    if check_finite:
+        y, final_state = poison(y, reach), poison(final_state, last)
     return (y, final_state) if return_final_state else y
 
 

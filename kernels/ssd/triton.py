@@ -51,21 +51,23 @@ from kernels._backend import dot_precision
 
 
 @triton.jit
-def _rows(ptr, b, c, L, T, n_heads, head, dim, offs, offs_d):
-    """Pointers to rows ``cL + offs`` of a contiguous ``[batch, T, n_heads, dim]`` tensor at (b, head).
+def _rows(ptr, b, c, L, s_b, s_t, s_h, head, offs, offs_d):
+    """Pointers to rows ``cL + offs`` of a ``[batch, T, n_heads, dim]`` tensor at (b, head), with strides ``s_b, s_t,
+    s_h`` and 1 along ``dim`` (a view of a wider projection is read in place).
 
     The chunk's base offset is computed in 64 bits: it passes 2^31 once B·T·H·dim does (about 210K
     tokens at Mamba-2 2.7B's sizes). The offsets inside the chunk stay 32-bit, which keeps the tiles'
     index registers narrow (64-bit tile offsets spill on sm_90: recipes.benchmarks.compile_check)."""
-    base = ((b.to(tl.int64) * T + c * L) * n_heads + head) * dim
-    return ptr + base + (offs[:, None] * (n_heads * dim) + offs_d[None, :])
+    base = b.to(tl.int64) * s_b + (c * L).to(tl.int64) * s_t + head * s_h
+    return ptr + base + (offs[:, None] * s_t + offs_d[None, :])
 
 
 @triton.jit
-def _per_position(ptr, b, c, L, T, n_heads, head, offs):
-    """Pointers to positions ``cL + offs`` of a contiguous ``[batch, T, n_heads]`` tensor at (b, head)
-    (``n_heads = 1, head = 0`` for ``[batch, T]``); 64-bit base as in :func:`_rows`."""
-    return ptr + ((b.to(tl.int64) * T + c * L) * n_heads + head) + offs * n_heads
+def _per_position(ptr, b, c, L, s_b, s_t, head, offs):
+    """Pointers to positions ``cL + offs`` of a ``[batch, T, n_heads]`` tensor at (b, head), with strides ``s_b, s_t``
+    and 1 along the heads (``s_b = T, s_t = 1, head = 0`` for a contiguous ``[batch, T]``); 64-bit base as in
+    :func:`_rows`."""
+    return ptr + (b.to(tl.int64) * s_b + (c * L).to(tl.int64) * s_t + head) + offs * s_t
 
 
 @triton.jit
@@ -102,6 +104,7 @@ def _state_tile(ptr, offs_qk, offs_v, DQK, DV, TRANS_STATE: tl.constexpr):
 
 @triton.jit
 def _chunk_state(X, DT, BM, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N,
+                 sx_b, sx_t, sx_h, sbm_b, sbm_t, sbm_h, sdt_b, sdt_t,
                  DECAY_TO_END: tl.constexpr, SCALE_BY_DT: tl.constexpr, HAS_DOCS: tl.constexpr,
                  BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     """``OUT[b, c, h] = Σ_l w_l X_l ⊗ BM_l`` over chunk ``c``: ``[P, N]`` fp32.
@@ -123,8 +126,9 @@ def _chunk_state(X, DT, BM, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N
             seg_target = _seg_before(SEG, b, c, L, T)
     for l0 in range(0, L, BLOCK_L):
         offs_l, t, valid = _chunk_rows(l0, c, L, T, BLOCK_L)
-        x = tl.load(_rows(X, b, c, L, T, H, h, P, offs_l, offs_p), mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
-        bm = tl.load(_rows(BM, b, c, L, T, BM_HEADS, bm_head, N, offs_l, offs_n),
+        x = tl.load(_rows(X, b, c, L, sx_b, sx_t, sx_h, h, offs_l, offs_p), mask=valid[:, None] & (offs_p[None, :] < P),
+                    other=0.0)
+        bm = tl.load(_rows(BM, b, c, L, sbm_b, sbm_t, sbm_h, bm_head, offs_l, offs_n),
                      mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
         lam = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
         if DECAY_TO_END:
@@ -132,7 +136,7 @@ def _chunk_state(X, DT, BM, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N
         else:
             w = tl.exp(lam)
         if SCALE_BY_DT:
-            w *= tl.load(_per_position(DT, b, c, L, T, H, h, offs_l), mask=valid, other=0.0).to(tl.float32)
+            w *= tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs_l), mask=valid, other=0.0).to(tl.float32)
         w = tl.where(valid, w, 0.0)
         if HAS_DOCS:
             w = tl.where(tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid, other=-1) == seg_target, w, 0.0)
@@ -180,6 +184,7 @@ def _decayed_scan(U, LAM, SEG, H0, OUT, T, L, Tp, n_chunks, H, PN,
 
 @triton.jit
 def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS, V_HEADS, DQK, DV,
+                sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sdt_b, sdt_t, so_b, so_t, so_h,
                 TRANS_STATE: tl.constexpr, HAS_D: tl.constexpr, HAS_DOCS: tl.constexpr,
                 BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """``OUT_l = Σ_{m≤l} (Q_l·K_m) exp(Λ_l − Λ_m) dt_m V_m + exp(Λ_l) Q_l M_c (+ D V_l)`` per head, with
@@ -194,7 +199,7 @@ def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H
     in_qk, in_v = offs_qk[None, :] < DQK, offs_v[None, :] < DV
     offs_l, t_l, valid_l = _chunk_rows(pid_l * BLOCK_L, c, L, T, BLOCK_L)
     lam_ptr = LAM + ((b.to(tl.int64) * H + h) * Tp + c * L)
-    q = tl.load(_rows(Q, b, c, L, T, Q_HEADS, q_head, DQK, offs_l, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
+    q = tl.load(_rows(Q, b, c, L, sq_b, sq_t, sq_h, q_head, offs_l, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
     lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
 
     # The state entering the chunk, read out at each row and decayed to it.
@@ -210,9 +215,9 @@ def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H
     hi = tl.minimum((pid_l + 1) * BLOCK_L, L)
     for m0 in range(0, hi, BLOCK_M):
         offs_m, t_m, valid_m = _chunk_rows(m0, c, L, T, BLOCK_M)
-        k = tl.load(_rows(K, b, c, L, T, K_HEADS, k_head, DQK, offs_m, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
-        v = tl.load(_rows(V, b, c, L, T, V_HEADS, v_head, DV, offs_m, offs_v), mask=valid_m[:, None] & in_v, other=0.0)
-        dt_m = tl.load(_per_position(DT, b, c, L, T, H, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)
+        k = tl.load(_rows(K, b, c, L, sk_b, sk_t, sk_h, k_head, offs_m, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
+        v = tl.load(_rows(V, b, c, L, sv_b, sv_t, sv_h, v_head, offs_m, offs_v), mask=valid_m[:, None] & in_v, other=0.0)
+        dt_m = tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)
         lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
         causal = (offs_m[None, :] <= offs_l[:, None]) & valid_m[None, :]
         if HAS_DOCS:
@@ -222,14 +227,15 @@ def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H
         acc += tl.dot(s.to(v.dtype), v, input_precision=DOT)
 
     if HAS_D:  # forward only, where V is x
-        v_l = tl.load(_rows(V, b, c, L, T, V_HEADS, v_head, DV, offs_l, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
+        v_l = tl.load(_rows(V, b, c, L, sv_b, sv_t, sv_h, v_head, offs_l, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
         acc += tl.load(DSKIP + h).to(tl.float32) * v_l.to(tl.float32)
-    tl.store(_rows(OUT, b, c, L, T, H, h, DV, offs_l, offs_v), acc.to(OUT.dtype.element_ty), mask=valid_l[:, None] & in_v)
+    tl.store(_rows(OUT, b, c, L, so_b, so_t, so_h, h, offs_l, offs_v), acc.to(OUT.dtype.element_ty), mask=valid_l[:, None] & in_v)
 
 
 @triton.jit
 def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS, V_HEADS, DQK,
-                        DV, TRANS_STATE: tl.constexpr, SCALE_BY_DT: tl.constexpr, HAS_DOCS: tl.constexpr,
+                        DV, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sdt_b, sdt_t, so_b, so_t, so_h,
+                        TRANS_STATE: tl.constexpr, SCALE_BY_DT: tl.constexpr, HAS_DOCS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """The transpose of :func:`_chunk_scan`, for source rows ``m`` of chunk ``c``, streaming the rows
     ``l ≥ m``: ``OUT_m = [Σ_{l≥m} (Q_m·K_l) exp(Λ_l − Λ_m) V_l + exp(α_c − Λ_m) Q_m M_c] (· dt_m)``, fp32,
@@ -244,7 +250,7 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks,
     in_qk, in_v = offs_qk[None, :] < DQK, offs_v[None, :] < DV
     offs_m, t_m, valid_m = _chunk_rows(pid_m * BLOCK_M, c, L, T, BLOCK_M)
     lam_ptr = LAM + ((b.to(tl.int64) * H + h) * Tp + c * L)
-    q = tl.load(_rows(Q, b, c, L, T, Q_HEADS, q_head, DQK, offs_m, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
+    q = tl.load(_rows(Q, b, c, L, sq_b, sq_t, sq_h, q_head, offs_m, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
     lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
 
     # What the chunk's final state sends back to each source row.
@@ -258,8 +264,8 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks,
 
     for l0 in range(pid_m * BLOCK_M, L, BLOCK_L):
         offs_l, t_l, valid_l = _chunk_rows(l0, c, L, T, BLOCK_L)
-        k = tl.load(_rows(K, b, c, L, T, K_HEADS, k_head, DQK, offs_l, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
-        v = tl.load(_rows(V, b, c, L, T, V_HEADS, v_head, DV, offs_l, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
+        k = tl.load(_rows(K, b, c, L, sk_b, sk_t, sk_h, k_head, offs_l, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
+        v = tl.load(_rows(V, b, c, L, sv_b, sv_t, sv_h, v_head, offs_l, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
         lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
         causal = (offs_l[None, :] >= offs_m[:, None]) & valid_l[None, :]
         if HAS_DOCS:
@@ -269,8 +275,8 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks,
         acc += tl.dot(s.to(v.dtype), v, input_precision=DOT)
 
     if SCALE_BY_DT:
-        acc *= tl.load(_per_position(DT, b, c, L, T, H, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)[:, None]
-    tl.store(_rows(OUT, b, c, L, T, H, h, DV, offs_m, offs_v), acc, mask=valid_m[:, None] & in_v)
+        acc *= tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)[:, None]
+    tl.store(_rows(OUT, b, c, L, so_b, so_t, so_h, h, offs_m, offs_v), acc, mask=valid_m[:, None] & in_v)
 
 
 def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -303,6 +309,7 @@ def _chunk_state_call(X, dt, BM, lam, seg, T, L, forward: bool, blk: dict) -> to
     out = torch.empty(batch, n_chunks, H, P, N, dtype=torch.float32, device=X.device)
     _chunk_state[(batch * n_chunks, H)](
         X, dt, BM, lam, lam if seg is None else seg, out, T, L, lam.shape[-1], n_chunks, H, BM.shape[2], P, N,
+        *X.stride()[:3], *BM.stride()[:3], *dt.stride()[:2],
         DECAY_TO_END=forward, SCALE_BY_DT=forward, HAS_DOCS=seg is not None, BLOCK_L=blk["rows"], BLOCK_P=blk["P"], BLOCK_N=blk["N"],
         DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
     )
@@ -329,6 +336,7 @@ def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: b
     _chunk_scan[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
         Q, K, V, dt, lam, lam if seg is None else seg, states, D if D is not None else lam, out,
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], DQK, DV,
+        *Q.stride()[:3], *K.stride()[:3], *V.stride()[:3], *dt.stride()[:2], *out.stride()[:3],
         TRANS_STATE=trans_state, HAS_D=D is not None, HAS_DOCS=seg is not None,
         BLOCK_L=blk["rows"], BLOCK_M=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
         DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
@@ -341,7 +349,9 @@ def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_s
     block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
     _chunk_scan_reverse[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
         Q, K, V, dt, lam, lam if seg is None else seg, d_states, out, T, L, lam.shape[-1], n_chunks, H, Q.shape[2],
-        K.shape[2], V.shape[2], Q.shape[-1], V.shape[-1], TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state,
+        K.shape[2], V.shape[2], Q.shape[-1], V.shape[-1],
+        *Q.stride()[:3], *K.stride()[:3], *V.stride()[:3], *dt.stride()[:2], *out.stride()[:3],
+        TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state,
         HAS_DOCS=seg is not None,
         BLOCK_M=blk["rows"], BLOCK_L=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
         DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
@@ -353,6 +363,11 @@ def _blk(x, B, C) -> dict:
     tiles, or the shared memory outgrows smaller GPUs; fp32 dots as torch's matmuls."""
     widest = torch.float32 if torch.float32 in (x.dtype, B.dtype, C.dtype) else x.dtype
     return {**launch_config(x.shape[3], B.shape[3], x.is_cuda, widest), "dot": dot_precision()}
+
+
+def _unit_stride_last(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dimension is contiguous (the kernels take any other strides), else a copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def _segments(document_starts: torch.Tensor | None) -> torch.Tensor | None:
@@ -368,7 +383,7 @@ def ssd_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
                 chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(y, final_state, Λ [b,h,nc·L])``; Λ is kept for the backward."""
     T, L = x.shape[1], chunk_size
-    x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
+    x, dt, B, C = (_unit_stride_last(t) for t in (x, dt, B, C))
     blk = _blk(x, B, C)
     lam = _chunk_log_decays(dt, A, L)  # [b, h, nc·L]
     seg = _segments(document_starts)
@@ -404,7 +419,7 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
     batch, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     L = chunk_size
-    x, dt, B, C, dy = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous(), dy.contiguous()
+    x, dt, B, C, dy = (_unit_stride_last(t) for t in (x, dt, B, C, dy))
     blk, seg = _blk(x, B, C), _segments(document_starts)
     states = _entering_states(x, dt, B, lam, seg, initial_state, T, L, blk)  # [b, nc+1, h, P, N]
 
@@ -468,8 +483,9 @@ ssd_scan_op.register_autograd(_ssd_backward, setup_context=_ssd_setup_context)
 def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_state=None, document_starts=None):
     """Same contract as :func:`kernels.ssd.reference.ssd_chunked`: returns ``(y [b,T,h,P] in x's dtype,
     final_state [b,h,P,N] fp32)``; ``document_starts [b, T]`` bool resets the state where True."""
-    # contiguous here, once: the op saves what it is given, so its backward does not copy the views again
-    x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
+    # Views are read through their strides (x, B, C and dt split from one projection are not copied); only a last
+    # dimension that is not contiguous is copied, here, once: the op saves what it is given.
+    x, dt, B, C = (_unit_stride_last(t) for t in (x, dt, B, C))
     y, final, _ = ssd_scan_op(x, dt, A, B, C, D, initial_state, document_starts, int(chunk_size))
     return y, final
 

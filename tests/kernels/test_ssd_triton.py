@@ -188,3 +188,39 @@ def test_the_backward_keeps_no_chunk_states_from_the_forward():
     expected = torch.autograd.grad((want[0] * gy).sum() + (want[1] * gf).sum(), leaves)
     for name, g, w in zip(["x", "dt", "A", "B", "C", "initial_state"], got, expected):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
+
+
+@pytest.mark.parametrize("docs", [False, True])
+def test_views_of_one_projection_are_read_in_place(docs):
+    """x, B, C and dt split from one projection (as the SSD layer makes them) go to the kernels through their
+    strides, not copied (with ``check_finite=False``: the finite pass makes new tensors): outputs and every
+    gradient equal the reference's, and what the op saves for the backward is the views themselves."""
+    torch.manual_seed(0)
+    b, T, H, P, G, N, L = 2, 37, 4, 8, 2, 16, 16
+    proj = torch.randn(b, T, H * P + 2 * G * N + H, requires_grad=True)  # [b, T, x | B | C | dt]
+    A = (-torch.rand(H)).requires_grad_()
+    D = torch.randn(H, requires_grad=True)
+    starts = torch.zeros(b, T, dtype=torch.bool)
+    starts[:, 20] = docs
+
+    def split(t):
+        x, Bm, C, dt = t.split([H * P, G * N, G * N, H], dim=-1)
+        return x.view(b, T, H, P), Bm.view(b, T, G, N), C.view(b, T, G, N), dt
+
+    outs, grads = [], []
+    for backend in ("triton", "reference"):
+        x, Bm, C, dt = split(proj)
+        assert not x.is_contiguous() and not Bm.is_contiguous()
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            y = ssd_scan(x, dt, A, Bm, C, D=D, chunk_size=L, document_starts=starts if docs else None, backend=backend,
+                         check_finite=False)
+        if backend == "triton":  # the only tensors of these shapes saved are the views themselves, not copies
+            views = {(t.data_ptr(), t.stride()) for t in (x, Bm, C, dt)}
+            shapes = {t.shape for t in (x, Bm, C, dt)}
+            assert {(t.data_ptr(), t.stride()) for t in saved if t.shape in shapes} == views
+        outs.append(y)
+        grads.append(torch.autograd.grad((y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum(), [proj, A, D]))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+    for name, got, want in zip(["projection", "A", "D"], *grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
