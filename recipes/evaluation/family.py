@@ -23,7 +23,7 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
     from recipes.evaluation.cli import main as evaluate
 
     tasks = suite == "tasks"
-    folder = Path(logs) / (("tasks_" + tasks_named(extra).replace(",", "_")) if tasks else suite)
+    folder = Path(logs) / result_name(suite, extra)
     folder.mkdir(parents=True, exist_ok=True)
     results = {}
     for run in runs:
@@ -47,6 +47,11 @@ def tasks_named(extra: list[str]) -> str:
         if argument.startswith("--tasks="):
             return argument.partition("=")[2]
     raise ValueError("name the tasks to evaluate: --tasks T1,T2")
+
+
+def result_name(suite: str, extra: list[str]) -> str:
+    """Where a sweep's results of ``suite`` go under its log folder: the suite's name, or ``tasks_<T1>_<T2>``."""
+    return "tasks_" + tasks_named(extra).replace(",", "_") if suite == "tasks" else suite
 
 
 def is_harness(result: dict) -> bool:
@@ -132,25 +137,23 @@ def plot(results: dict, path: Path, title: str) -> None:
 
 
 def plot_tasks(results: dict, path: Path, title: str) -> None:
-    """One bar per recipe and task (mean ± std over seeds) of each task's first metric, runs as dots."""
+    """One bar per recipe, task and metric (mean ± std over seeds), runs as dots."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by_bar: dict[tuple[str, str], list[float]] = {}
-    for (recipe, _), result in sorted(results.items(), key=lambda item: (item[0][0], item[0][1] or 0)):
-        for task, metrics in result["results"].items():
-            metric = next((m for m in metrics if "," in m and isinstance(metrics[m], (int, float)) and "stderr" not in m),
-                          None)
-            if metric is not None:
-                by_bar.setdefault((task, recipe), []).append(float(metrics[metric]))
+    by_bar: dict[tuple[str, str, str], list[float]] = {}
+    for (recipe, _), result in results.items():
+        for (metric, task), value in points(result).items():
+            by_bar.setdefault((task, metric, recipe), []).append(value)
     figure, axes = plt.subplots(figsize=(7.5, 4.5))
-    for x, ((task, recipe), values) in enumerate(sorted(by_bar.items())):
+    for x, (_, values) in enumerate(sorted(by_bar.items())):
         axes.bar(x, statistics.fmean(values), yerr=statistics.stdev(values) if len(values) > 1 else 0, capsize=3,
                  color="C0", alpha=0.6)
         axes.plot([x] * len(values), values, "k.", markersize=3)
-    axes.set_xticks(range(len(by_bar)), [f"{recipe}\n{task}" for task, recipe in sorted(by_bar)], fontsize=6)
+    axes.set_xticks(range(len(by_bar)), [f"{recipe}\n{task} {metric}" for task, metric, recipe in sorted(by_bar)],
+                    fontsize=6)
     axes.set(ylabel="score", title=title)
     axes.grid(alpha=0.3, axis="y")
     figure.tight_layout()
@@ -165,7 +168,7 @@ def report(runs, logs: Path, family: str, suite: str, baseline: str | None, extr
     if not results:
         return f"no finished run to evaluate in {logs}"
     text = table(results, baseline)
-    name = ("tasks_" + tasks_named(extra).replace(",", "_")) if suite == "tasks" else suite
+    name = result_name(suite, extra)
     what = f"tasks {tasks_named(extra)}" if suite == "tasks" else f"{suite} suite"
     (Path(logs) / f"{name}.md").write_text(f"# {family}: {what}\n\n{text}\n")
     plot(results, Path(logs) / f"{name}.png", f"{family}: {what} (mean ± std over seeds{'' if suite == 'tasks' else '; dashed: NTK'})")
