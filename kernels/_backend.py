@@ -75,3 +75,9 @@ def dot_precision() -> str:
     ``torch.matmul``. bf16/fp16 tiles are multiplied as they are either way; the fp32 dots that remain
     for them (the SSD's state read-outs) follow the same setting."""
     return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def unit_stride_last(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dimension is contiguous (the kernels take any other strides: a view of a wider
+    projection is read in place), else a contiguous copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()

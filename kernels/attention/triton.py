@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._backend import dot_precision
+from kernels._backend import dot_precision, unit_stride_last
 from kernels.attention.reference import document_runs
 from kernels.attention.window import window_thresholds
 
@@ -308,7 +308,7 @@ def _prepared(q, k, v, bias, key_padding_mask, document_ids, causal: bool, keep_
     # K and V are read through their strides, so views (QCAttention's k and v, split from one projection)
     # are not copied; Q is made contiguous because dO and dQ are addressed with its strides.
     q = q.contiguous()
-    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    k, v = unit_stride_last(k), unit_stride_last(v)
     bias_c = bias.contiguous() if bias is not None else q.new_zeros(1)
     pad = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else q.new_zeros(1, dtype=torch.int8)
     docs = document_spans(document_ids) if document_ids is not None else q.new_zeros(1, 1, dtype=torch.int32)

@@ -75,22 +75,19 @@ def ssd_scan(
 
         y, final_state = ssd_scan_triton(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_state=initial_state,
                                          document_starts=document_starts)
-        if check_finite:
-            y, final_state = poison(y, reach), poison(final_state, last)
-        return (y, final_state) if return_final_state else y
-    # The reference computes in at least fp32 whatever the inputs and any autocast region say: the
-    # decays are exponentials of long sums, which bf16 cannot hold. The output comes back in x's dtype.
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        up = lambda t: None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))  # noqa: E731
-        y, final_state = ssd_chunked(
-            up(x), up(dt), up(A), up(B), up(C), chunk_size=chunk_size, D=up(D), initial_state=up(initial_state),
-            document_starts=document_starts,
-        )
-    y = y.to(x.dtype)
+    else:
+        # The reference computes in at least fp32 whatever the inputs and any autocast region say: the
+        # decays are exponentials of long sums, which bf16 cannot hold. The output comes back in x's dtype.
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            up = lambda t: None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))  # noqa: E731
+            y, final_state = ssd_chunked(
+                up(x), up(dt), up(A), up(B), up(C), chunk_size=chunk_size, D=up(D), initial_state=up(initial_state),
+                document_starts=document_starts,
+            )
+        y = y.to(x.dtype)
     if check_finite:
         y, final_state = poison(y, reach), poison(final_state, last)
     return (y, final_state) if return_final_state else y
-
 
 def _take_out_nonfinite(x, dt, B, C, document_starts):
     """The inputs with non-finite entries set to 0, and where those entries reach: ``[B, T, H]`` outputs (x, dt

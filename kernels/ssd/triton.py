@@ -47,7 +47,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._backend import dot_precision
+from kernels._backend import dot_precision, unit_stride_last
 
 
 @triton.jit
@@ -328,6 +328,12 @@ def _decayed_scan_call(U, lam, seg, h0, T, L, reverse: bool) -> torch.Tensor:
     return out  # [b, nc+1, h, P, N]
 
 
+def _scan_strides(Q, K, V, dt, out) -> tuple[int, ...]:
+    """The batch, time and head strides of ``Q, K, V, out`` (``[b, T, heads, dim]``) and the batch and time strides
+    of ``dt [b, T, h]``, in the kernels' order Q, K, V, dt, out (every last dimension is contiguous)."""
+    return (*Q.stride()[:3], *K.stride()[:3], *V.stride()[:3], *dt.stride()[:2], *out.stride()[:3])
+
+
 def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: bool, blk: dict) -> None:
     batch, _, H, _ = out.shape
     n_chunks = lam.shape[-1] // L
@@ -336,7 +342,7 @@ def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: b
     _chunk_scan[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
         Q, K, V, dt, lam, lam if seg is None else seg, states, D if D is not None else lam, out,
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], DQK, DV,
-        *Q.stride()[:3], *K.stride()[:3], *V.stride()[:3], *dt.stride()[:2], *out.stride()[:3],
+        *_scan_strides(Q, K, V, dt, out),
         TRANS_STATE=trans_state, HAS_D=D is not None, HAS_DOCS=seg is not None,
         BLOCK_L=blk["rows"], BLOCK_M=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
         DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
@@ -350,7 +356,7 @@ def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_s
     _chunk_scan_reverse[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
         Q, K, V, dt, lam, lam if seg is None else seg, d_states, out, T, L, lam.shape[-1], n_chunks, H, Q.shape[2],
         K.shape[2], V.shape[2], Q.shape[-1], V.shape[-1],
-        *Q.stride()[:3], *K.stride()[:3], *V.stride()[:3], *dt.stride()[:2], *out.stride()[:3],
+        *_scan_strides(Q, K, V, dt, out),
         TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state,
         HAS_DOCS=seg is not None,
         BLOCK_M=blk["rows"], BLOCK_L=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
@@ -363,11 +369,6 @@ def _blk(x, B, C) -> dict:
     tiles, or the shared memory outgrows smaller GPUs; fp32 dots as torch's matmuls."""
     widest = torch.float32 if torch.float32 in (x.dtype, B.dtype, C.dtype) else x.dtype
     return {**launch_config(x.shape[3], B.shape[3], x.is_cuda, widest), "dot": dot_precision()}
-
-
-def _unit_stride_last(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when its last dimension is contiguous (the kernels take any other strides), else a copy."""
-    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def _segments(document_starts: torch.Tensor | None) -> torch.Tensor | None:
@@ -383,7 +384,7 @@ def ssd_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
                 chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(y, final_state, Λ [b,h,nc·L])``; Λ is kept for the backward."""
     T, L = x.shape[1], chunk_size
-    x, dt, B, C = (_unit_stride_last(t) for t in (x, dt, B, C))
+    x, dt, B, C = (unit_stride_last(t) for t in (x, dt, B, C))
     blk = _blk(x, B, C)
     lam = _chunk_log_decays(dt, A, L)  # [b, h, nc·L]
     seg = _segments(document_starts)
@@ -419,7 +420,7 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
     batch, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     L = chunk_size
-    x, dt, B, C, dy = (_unit_stride_last(t) for t in (x, dt, B, C, dy))
+    x, dt, B, C, dy = (unit_stride_last(t) for t in (x, dt, B, C, dy))
     blk, seg = _blk(x, B, C), _segments(document_starts)
     states = _entering_states(x, dt, B, lam, seg, initial_state, T, L, blk)  # [b, nc+1, h, P, N]
 
@@ -485,7 +486,7 @@ def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_sta
     final_state [b,h,P,N] fp32)``; ``document_starts [b, T]`` bool resets the state where True."""
     # Views are read through their strides (x, B, C and dt split from one projection are not copied); only a last
     # dimension that is not contiguous is copied, here, once: the op saves what it is given.
-    x, dt, B, C = (_unit_stride_last(t) for t in (x, dt, B, C))
+    x, dt, B, C = (unit_stride_last(t) for t in (x, dt, B, C))
     y, final, _ = ssd_scan_op(x, dt, A, B, C, D, initial_state, document_starts, int(chunk_size))
     return y, final
 

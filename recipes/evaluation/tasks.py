@@ -48,19 +48,30 @@ def cloze_items(count: int = 120, seed: int = 0) -> list[dict]:
     for key in sorted(topics):
         for sentence in re.split(r"(?<=[.!?])\s+", " ".join(topics[key].split())):
             words = sentence.rstrip(".!?").split()
-            if 8 <= len(words) <= 30 and re.fullmatch(r"[a-z]{4,}", words[-1]):
+            if _askable(words, 8, 30):
                 sentences.append((" ".join(words[:-1]), words[-1]))
     rng = random.Random(seed)
     rng.shuffle(sentences)
-    endings = sorted({word for _, word in sentences})
-    items = []
-    for context, word in sentences[:count]:
-        others = rng.sample([w for w in endings if w != word], 3)
-        choices = [f" {w}" for w in [word, *others]]
-        order = list(range(4))
-        rng.shuffle(order)
-        items.append({"context": context, "choices": [choices[i] for i in order], "answer": order.index(0)})
-    return items
+    return _cloze_questions(sentences, count, rng)
+
+
+def _askable(words: list[str], min_words: int, max_words: int) -> bool:
+    """A sentence a cloze can ask about: ``min_words``-``max_words`` words, the last a plain lowercase word of 4+ letters."""
+    return min_words <= len(words) <= max_words and re.fullmatch(r"[a-z]{4,}", words[-1]) is not None
+
+
+def _cloze_questions(pairs: list[tuple[str, str]], count: int, rng: random.Random) -> list[dict]:
+    """The first ``count`` of ``(context, word)`` as four-way questions; the wrong choices are other pairs' words."""
+    words = sorted({word for _, word in pairs})
+    return [_shuffled(context, [f" {w}" for w in [word, *rng.sample([w for w in words if w != word], 3)]], rng)
+            for context, word in pairs[:count]]
+
+
+def _shuffled(context: str, choices: list[str], rng: random.Random) -> dict:
+    """A multiple-choice item whose right answer is ``choices[0]``, the choices in a random order."""
+    order = list(range(len(choices)))
+    rng.shuffle(order)
+    return {"context": context, "choices": [choices[i] for i in order], "answer": order.index(0)}
 
 
 def sentence_endings(text: str, min_words: int = 8, max_words: int = 40) -> Iterator[tuple[int, str, str]]:
@@ -69,7 +80,7 @@ def sentence_endings(text: str, min_words: int = 8, max_words: int = 40) -> Iter
     for match in re.finditer(r"[^.!?]+[.!?]", text):
         group = match.group()
         words = group.strip().rstrip(".!?").split()
-        if min_words <= len(words) <= max_words and re.fullmatch(r"[a-z]{4,}", words[-1]):
+        if _askable(words, min_words, max_words):
             yield match.start() + len(group) - len(group.lstrip()), " ".join(words[:-1]), words[-1]
 
 
@@ -92,14 +103,7 @@ def document_cloze_items(documents: Iterable[str], count: int = 500, seed: int =
     if len(found) < 4:
         raise ValueError(f"only {len(found)} documents have a sentence a cloze can use; a task needs at least 4")
     rng.shuffle(found)
-    words = sorted({word for _, word in found})
-    items = []
-    for context, word in found[:count]:
-        choices = [word, *rng.sample([w for w in words if w != word], 3)]
-        order = list(range(4))
-        rng.shuffle(order)
-        items.append({"context": context, "choices": [f" {choices[i]}" for i in order], "answer": order.index(0)})
-    return items
+    return _cloze_questions(found, count, rng)
 
 
 def passkey_items(count: int = 40, length_bytes: int = 400, seed: int = 0) -> list[dict]:
@@ -113,10 +117,7 @@ def passkey_items(count: int = 40, length_bytes: int = 400, seed: int = 0) -> li
         room = max(length_bytes - len(needle) - len(QUESTION), 0)
         filler = (FILLER * (room // len(FILLER) + 1))[:room]
         at = filler.rfind(" ", 0, int(len(filler) * (i % 5) / 4) + 1) + 1 if i % 5 else 0
-        order = list(range(4))
-        rng.shuffle(order)
-        items.append({"context": filler[:at] + needle + filler[at:] + QUESTION,
-                      "choices": [f" {keys[j]}" for j in order], "answer": order.index(0)})
+        items.append(_shuffled(filler[:at] + needle + filler[at:] + QUESTION, [f" {key}" for key in keys], rng))
     return items
 
 
