@@ -36,6 +36,11 @@ preemption, and tabulates them when the array is done (:mod:`recipes.launchers`,
 TensorBoard: every run logs to ``<save_dir>/<family>/<recipe>/sweep_<time>[_seed<k>]``, so
 ``tensorboard --logdir runs/<family>`` overlays the family's recipes and seeds (filter on
 ``sweep_<time>`` for one sweep); the sweep prints that command.
+
+Fine-tuning a family's runs: ``--init-from runs/sweep-logs/<time> …`` starts each run from the ``last.ckpt`` of
+the earlier sweep's run with the same recipe name and seed (``--model.init_from``; all are checked before
+anything launches). A family whose ``_family.yaml`` says ``starts_from: FOLDER`` (english/transfer/finetune)
+is only run that way, from a sweep of that folder.
 """
 
 import argparse
@@ -77,9 +82,10 @@ def family_settings(folder: Path) -> dict:
     if not path.is_file():
         return {}
     settings = yaml.safe_load(path.read_text()) or {}
-    unknown = set(settings) - {"baseline", "equivalence_margin", "claims"}
+    unknown = set(settings) - {"baseline", "equivalence_margin", "claims", "starts_from"}
     if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)} (known: baseline, equivalence_margin, claims)")
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)} (known: baseline, equivalence_margin, claims, "
+                         "starts_from)")
     return settings
 
 
@@ -107,6 +113,7 @@ class Run:
     returncode: int | None = 0  # None: still running
     log: Path | None = None
     seed: int | None = None
+    init_from: Path | None = None  # the checkpoint whose weights start the run (fine-tuning), if any
 
     @property
     def failed(self) -> bool:
@@ -124,7 +131,8 @@ def write_manifest(folder: Path, family: str, runs: list[Run]) -> None:
     """``folder/sweep.json``: the runs of this sweep and how each ended (``returncode`` None: not yet)."""
     record = {"family": family, "runs": [{**asdict(run), "config": str(Path(run.config).resolve()),
                                          "folder": str(Path(run.folder).resolve()),
-                                          "log": None if run.log is None else str(run.log)}
+                                          "log": None if run.log is None else str(run.log),
+                                          "init_from": None if run.init_from is None else str(run.init_from)}
                                         for run in runs]}
     temporary = folder / "sweep.json.tmp"
     temporary.write_text(json.dumps(record, indent=1))
@@ -139,8 +147,40 @@ def read_manifest(folder: Path) -> tuple[str, list[Run]]:
         raise FileNotFoundError(f"{path} not found: --from takes a folder a sweep wrote (runs/sweep-logs/<time>)")
     record = json.loads(path.read_text())
     runs = [Run(Path(r["config"]), Path(r["folder"]), r["returncode"],
-                r["log"] and Path(r["log"]), r["seed"]) for r in record["runs"]]
+                r["log"] and Path(r["log"]), r["seed"], r.get("init_from") and Path(r["init_from"]))
+            for r in record["runs"]]
     return record["family"], runs
+
+
+def starting_checkpoints(configs: list[Path], seeds: list[int | None], sweeps: list[Path],
+                         family: str | None = None) -> dict[tuple[str, int | None], Path]:
+    """For fine-tuning: (recipe name, seed) → the ``last.ckpt`` of the run with that recipe name and seed in the
+    earlier ``sweeps`` (their ``runs/sweep-logs/<time>`` folders); with ``family`` (a recipe folder such as
+    ``english/transfer/pretrain``), those runs must be of its recipes. Every pair must have one finished run
+    with its checkpoint: what is missing is named, all of it, in one error."""
+    found: dict[tuple[str, int | None], Path] = {}
+    problems = []
+    for folder in sweeps:
+        _, runs = read_manifest(folder)
+        for run in runs:
+            if family is not None and Path(run.config).parent.parts[-len(Path(family).parts):] != Path(family).parts:
+                problems.append(f"{folder} ran {run.config}, not a recipe of {family}")
+            elif not run.failed:
+                found.setdefault((run.config.stem, run.seed), run.folder / "checkpoints" / "last.ckpt")
+    points = {}
+    for config in configs:
+        for seed in seeds:
+            name = config.stem + ("" if seed is None else f" seed {seed}")
+            checkpoint = found.get((config.stem, seed))
+            if checkpoint is None:
+                problems.append(f"no finished run of {name} in {', '.join(map(str, sweeps))}")
+            elif not checkpoint.is_file():
+                problems.append(f"{name}: {checkpoint} is missing")
+            else:
+                points[(config.stem, seed)] = checkpoint
+    if problems:
+        raise ValueError("--init-from: " + "; ".join(dict.fromkeys(problems)))
+    return points
 
 
 def read_run(run: Path) -> dict:
@@ -209,9 +249,12 @@ def progress_lines(runs: list[Run], running: set[int], logs: Path) -> list[str]:
 def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, jobs: int = 1,
            family: str = "", progress_every: float = 60.0, threads: int | None = None, launcher: str = "local",
            devices_per_run: int = 1, submitit_cluster: str | None = None,
-           slurm: dict | None = None, first_seed: int = 0) -> tuple[Path, list[Run]]:
+           slurm: dict | None = None, first_seed: int = 0,
+           init_from: dict[tuple[str, int | None], Path] | None = None) -> tuple[Path, list[Run]]:
     """Run each recipe (once, or once per seed ``first_seed … first_seed+seeds-1``) as its own process, ``jobs`` at a time,
-    each into a run folder named for this sweep (and seed). Returns the sweep's log folder and its runs."""
+    each into a run folder named for this sweep (and seed); with ``init_from`` ((recipe name, seed) → checkpoint,
+    :func:`starting_checkpoints`), each run starts from its checkpoint's weights. Returns the sweep's log folder
+    and its runs."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     logs = Path("runs") / "sweep-logs" / stamp
     logs.mkdir(parents=True, exist_ok=True)
@@ -220,7 +263,8 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
         for seed in range(first_seed, first_seed + seeds) if seeds else [None]:
             suffix = "" if seed is None else f"_seed{seed}"
             runs.append(Run(config, logger_root(config) / f"sweep_{stamp}{suffix}", returncode=None,
-                            log=logs / f"{config.stem}{suffix}.log", seed=seed))
+                            log=logs / f"{config.stem}{suffix}.log", seed=seed,
+                            init_from=None if init_from is None else init_from[(config.stem, seed)]))
     lock = threading.Lock()
     write_manifest(logs, family, runs)
     groups: queue.Queue | None = None
@@ -234,7 +278,8 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     def command_of(run: Run) -> list[str]:
         return [*python_command(), "--config", str(run.config), "--trainer.enable_progress_bar", "false",
                 "--trainer.logger.init_args.version", run.folder.name,
-                *([] if run.seed is None else ["--seed_everything", str(run.seed)]), *overrides]
+                *([] if run.seed is None else ["--seed_everything", str(run.seed)]),
+                *([] if run.init_from is None else ["--model.init_from", str(Path(run.init_from).resolve())]), *overrides]
 
     if launcher == "slurm":
         return logs, submit(runs, command_of, logs, family, jobs, threads, devices_per_run, submitit_cluster,
@@ -538,6 +583,9 @@ def main(argv: list[str] | None = None) -> None:
                              "over seeds (a local task's folder in --suite-args \"--include_path DIR\")")
     parser.add_argument("--suite-args", default="", metavar="ARGS",
                         help="more arguments for the suite or tasks, in one string: --suite-args \"--multiples 1 2 4 --windows 4\"")
+    parser.add_argument("--init-from", nargs="+", default=None, metavar="LOGS",
+                        help="fine-tune: start each run from the last.ckpt of the run with the same recipe name and seed "
+                             "in these earlier sweeps (their runs/sweep-logs/<time> folders)")
     parser.add_argument("--progress", type=float, default=60.0, metavar="SECONDS",
                         help="how often the sweep reports its runs' progress (default 60)")
     parser.add_argument("--metric", default="val_acc", choices=["val_acc", "val_loss", "val_ppl"],
@@ -581,6 +629,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: --first-seed {args.first_seed} must be >= 0, and goes with --seeds")
     if args.seeds is not None and args.table_only:
         sys.exit("error: --table-only reads one run per recipe; --seeds launches new ones")
+    if args.init_from is not None and args.table_only:
+        sys.exit("error: --init-from starts new runs; --table-only launches none")
     try:
         configs = recipe_files(args.folder)
     except FileNotFoundError as error:
@@ -594,6 +644,18 @@ def main(argv: list[str] | None = None) -> None:
         if unknown:
             sys.exit(f"error: --only names {sorted(unknown)} not in {args.folder} ({', '.join(c.stem for c in configs)})")
         configs = [c for c in configs if c.stem in args.only]
+    starts_from = settings.get("starts_from")
+    if starts_from is not None and args.init_from is None and not args.table_only:
+        sys.exit(f"error: {args.folder} fine-tunes the runs of {starts_from}: run that family first "
+                 f"(python -m recipes.sweep {starts_from} --seeds N), then give its log folder with "
+                 f"--init-from runs/sweep-logs/<time>")
+    init_from = None
+    if args.init_from is not None:
+        seeds = list(range(args.first_seed, args.first_seed + args.seeds)) if args.seeds else [None]
+        try:
+            init_from = starting_checkpoints(configs, seeds, [Path(f) for f in args.init_from], starts_from)
+        except (FileNotFoundError, ValueError) as error:
+            sys.exit(f"error: {error}")
     if args.seeds is not None:
         if settings.get("baseline") in {c.stem for c in configs}:  # (not when --only leaves it out)
             args.baseline = args.baseline or settings["baseline"]
@@ -622,7 +684,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--slurm takes KEY=VALUE items; got {args.slurm}")
         slurm = {k: int(v) if v.isdigit() else v for k, v in slurm.items()}
         logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress, args.threads,
-                            args.launcher, args.devices_per_run, args.submitit_cluster, slurm, args.first_seed)
+                            args.launcher, args.devices_per_run, args.submitit_cluster, slurm, args.first_seed,
+                            init_from)
     print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
     roots = {logger_root(run.config).parent for run in runs}
     print(f"\ntable and figures: {logs}/  TensorBoard: tensorboard --logdir {' '.join(map(str, sorted(roots)))}")

@@ -20,7 +20,7 @@ REPRESENTATIVES = ["quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", 
                    "moe_placement/alternate.yaml", "moe_shared/cdmoe.yaml", "mqar/ifa_mask.yaml",
                    "mqar/paper/ssd_T256.yaml", "arch/tiny/otce.yaml",
                    "expresser/otce_expresser.yaml", "mqar_grid/ssd_T64_d16.yaml", "english/positions/hybrid_rope.yaml",
-                   "mqar_puzzle/shift.yaml"]
+                   "mqar_puzzle/shift.yaml", "english/transfer/finetune/otce_expresser.yaml"]
 
 
 def test_every_family_has_a_representative():
@@ -29,6 +29,7 @@ def test_every_family_has_a_representative():
     # an English family is its byte-level family on TokenizedCorpus: one English representative stands for the
     # data module, the byte-level one for the mixers
     covered |= {f"english/{name}" for name in covered if any(r.startswith("english/") for r in REPRESENTATIVES)}
+    covered.add("english/transfer/pretrain")  # its recipes are stage 2's but for what the pairing test below checks
     # The paper-size architectures are for GPUs; their tiny twins stand for them (tests/recipes/test_architectures.py).
     assert families - {"quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", "arch"} <= covered
 
@@ -108,6 +109,26 @@ def test_equal_parameter_families_land_on_their_total(built, folder):
         assert active["dense"] == max(active.values()) and active["all"] == min(active.values())
 
 
+def test_the_transfer_stages_share_each_model_and_split_the_domains(built):
+    """Stage 2 fine-tunes stage 1's model of the same name: the same model and batches, the held-out domain, a lower
+    learning rate; each model is its English family's (the Expresser family's and the shared-MoE family's)."""
+    from recipes.sweep import family_settings
+
+    pretrain, finetune = family(built, "english/transfer/pretrain"), family(built, "english/transfer/finetune")
+    assert set(pretrain) == set(finetune) and len(pretrain) == 9
+    assert family_settings(CONFIG_DIR / "english/transfer/finetune")["starts_from"] == "english/transfer/pretrain"
+    stage_keys = ("model.lr", "data.init_args.domains", "trainer.max_steps", "trainer.val_check_interval")
+    for name in pretrain:
+        first, second = pretrain[name], finetune[name]
+        assert recipe_without(first, *stage_keys) == recipe_without(second, *stage_keys), name
+        held_out = set(second.config.data.init_args.domains)
+        assert held_out == {"literature"} and not held_out & set(first.config.data.init_args.domains), name
+        assert second.config.model.lr < first.config.model.lr, name
+        source = next(built[f"english/{f}/{name}.yaml"] for f in ("expresser", "moe_shared")
+                      if f"english/{f}/{name}.yaml" in built)
+        assert recipe_without(source, "data.init_args.domains") == recipe_without(first, "data.init_args.domains"), name
+
+
 @pytest.mark.parametrize("folder, varies", [
     ("positions", ["model.pattern", "model.mixers.S.init_args.conv", "model.mixers.S.init_args.rope", "model.mixers.A"]),
     ("english/positions", ["model.pattern", "model.mixers.S.init_args.conv", "model.mixers.S.init_args.rope",
@@ -116,6 +137,7 @@ def test_equal_parameter_families_land_on_their_total(built, folder):
     ("mqar_puzzle", ["model.mixers.S", "model.lr", "trainer.max_steps", "trainer.val_check_interval",
                      "trainer.check_val_every_n_epoch"]),
     ("english/expresser", ["model.pattern", "model.mixers.O", "model.size_to.letters"]),
+    ("english/transfer/finetune", ["model.pattern", "model.mixers", "model.size_to.letters", "model.aux_loss_coef"]),
     ("attention", ["model.pattern", "model.mixers.A", "model.mixers.I"]),
     ("mqar", ["model.pattern", "model.mixers"]),
     ("expresser", ["model.pattern", "model.mixers.O", "model.size_to.letters"]),

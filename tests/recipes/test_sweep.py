@@ -350,3 +350,37 @@ def test_a_requeued_job_resumes_from_its_own_last_checkpoint(tmp_path):
     assert resume_arguments(command, folder)[-2:] == ["--ckpt_path", str(folder / "checkpoints" / "last.ckpt")]
     again = RecipeJob(command, {}, tmp_path / "log", folder, tmp_path).checkpoint()
     assert isinstance(again.function, RecipeJob) and again.function.command == command
+
+
+def test_init_from_fine_tunes_each_run_from_the_earlier_sweeps_run_of_its_name_and_seed(tmp_path, monkeypatch, capsys):
+    from recipes.sweep import read_manifest
+
+    monkeypatch.chdir(tmp_path)
+    pre, fine, other = (tmp_path / name for name in ("pre", "fine", "other"))
+    for folder in (pre, fine, other):
+        folder.mkdir()
+        (folder / "a.yaml").write_text(TINY.format(name=f"{folder.name}/a", width=16, mlp="components.MLP"))
+    (fine / "_family.yaml").write_text("starts_from: pre\n")
+    with pytest.raises(SystemExit, match="fine-tunes the runs of pre: run that family first"):
+        main([str(fine), "--seeds", "2"])
+
+    main([str(pre), "--seeds", "2", "--jobs", "2"])
+    pre_logs = next((tmp_path / "runs" / "sweep-logs").iterdir())
+    main([str(other), "--set", "trainer.max_steps=2"])
+    other_logs = max((tmp_path / "runs" / "sweep-logs").iterdir(), key=lambda p: p.stat().st_mtime)
+    with pytest.raises(SystemExit, match="no finished run of a seed 2 in"):  # checked before anything launches
+        main([str(fine), "--seeds", "3", "--init-from", str(pre_logs)])
+    with pytest.raises(SystemExit, match="ran .*other/a.yaml, not a recipe of pre"):
+        main([str(fine), "--init-from", str(other_logs)])
+    assert len(list((tmp_path / "runs" / "sweep-logs").iterdir())) == 2  # the refused sweeps started nothing
+
+    capsys.readouterr()
+    main([str(fine), "--seeds", "2", "--jobs", "2", "--init-from", str(pre_logs)])
+    fine_logs = max((tmp_path / "runs" / "sweep-logs").iterdir(), key=lambda p: p.stat().st_mtime)
+    _, pretrained = read_manifest(pre_logs)
+    _, tuned = read_manifest(fine_logs)
+    for run in tuned:
+        source = next(r for r in pretrained if r.seed == run.seed)
+        assert run.init_from == source.folder / "checkpoints" / "last.ckpt"
+        assert "init_from: loaded" in run.log.read_text() and str(run.init_from) in run.log.read_text()
+    assert "| a | 2 of 2 |" in capsys.readouterr().out
