@@ -20,7 +20,8 @@ REPRESENTATIVES = ["quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", 
                    "moe_placement/alternate.yaml", "moe_shared/cdmoe.yaml", "mqar/ifa_mask.yaml",
                    "mqar/paper/ssd_T256.yaml", "arch/tiny/otce.yaml",
                    "expresser/otce_expresser.yaml", "mqar_grid/ssd_T64_d16.yaml", "english/positions/hybrid_rope.yaml",
-                   "mqar_puzzle/shift.yaml", "english/transfer/finetune/otce_expresser.yaml"]
+                   "mqar_puzzle/shift.yaml", "english/transfer/finetune/otce_expresser.yaml",
+                   "mqar_hard/ifa_mask_d32.yaml"]
 
 
 def test_every_family_has_a_representative():
@@ -140,6 +141,7 @@ def test_the_transfer_stages_share_each_model_and_split_the_domains(built):
     ("english/transfer/finetune", ["model.pattern", "model.mixers", "model.size_to.letters", "model.aux_loss_coef"]),
     ("attention", ["model.pattern", "model.mixers.A", "model.mixers.I"]),
     ("mqar", ["model.pattern", "model.mixers"]),
+    ("mqar_hard", ["model.pattern", "model.mixers", "model.d_model"]),
     ("expresser", ["model.pattern", "model.mixers.O", "model.size_to.letters"]),
     ("mqar_grid", ["model.pattern", "model.mixers", "model.d_model", "data.init_args.seq_len", "data.init_args.num_pairs"]),
 ])
