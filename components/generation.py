@@ -42,11 +42,16 @@ def compiled_step(model):
     Each model compiles its own copy of the function: torch.compile keeps its compiled graphs per code object,
     at most 8 (``recompile_limit``) before it falls back to running uncompiled, so with one shared function a few
     models and batch sizes in one process (a benchmark) would silently end up eager. A second batch size or
-    capacity makes those sizes dynamic (torch's automatic dynamic shapes) instead of compiling again per size."""
+    capacity makes those sizes dynamic (torch's automatic dynamic shapes) instead of compiling again per size.
+
+    On a CPU the step's generated code is called from C++ (inductor's ``cpp_wrapper``), not from a Python wrapper
+    that launches each kernel: a one-token step is a few milliseconds, and the Python launches were a fifth of
+    it (docs/decoding.md). The first compilation takes longer (the wrapper is C++ too); inductor caches it on disk."""
     if model not in _compiled_steps:
         code = decode_step.__code__.replace(co_name=f"decode_step_{len(_compiled_steps)}")
         own = types.FunctionType(code, decode_step.__globals__, code.co_name, decode_step.__defaults__)
-        _compiled_steps[model] = torch.compile(own)
+        on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+        _compiled_steps[model] = torch.compile(own, options={"cpp_wrapper": True} if on_cpu else None)
     return _compiled_steps[model]
 
 
