@@ -40,7 +40,7 @@ TensorBoard: every run logs to ``<save_dir>/<family>/<recipe>/sweep_<time>[_seed
 Fine-tuning a family's runs: ``--init-from runs/sweep-logs/<time> …`` starts each run from the ``last.ckpt`` of
 the earlier sweep's run with the same recipe name and seed (``--model.init_from``; all are checked before
 anything launches). A family whose ``_family.yaml`` says ``starts_from: FOLDER`` (english/transfer/finetune)
-is only run that way, from a sweep of that folder.
+is only run that way, from a sweep of that folder, or with ``--init-from none``: from scratch, the control.
 """
 
 import argparse
@@ -585,7 +585,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="more arguments for the suite or tasks, in one string: --suite-args \"--multiples 1 2 4 --windows 4\"")
     parser.add_argument("--init-from", nargs="+", default=None, metavar="LOGS",
                         help="fine-tune: start each run from the last.ckpt of the run with the same recipe name and seed "
-                             "in these earlier sweeps (their runs/sweep-logs/<time> folders)")
+                             "in these earlier sweeps (their runs/sweep-logs/<time> folders); 'none': from scratch")
     parser.add_argument("--progress", type=float, default=60.0, metavar="SECONDS",
                         help="how often the sweep reports its runs' progress (default 60)")
     parser.add_argument("--metric", default="val_acc", choices=["val_acc", "val_loss", "val_ppl"],
@@ -648,9 +648,11 @@ def main(argv: list[str] | None = None) -> None:
     if starts_from is not None and args.init_from is None and not args.table_only:
         sys.exit(f"error: {args.folder} fine-tunes the runs of {starts_from}: run that family first "
                  f"(python -m recipes.sweep {starts_from} --seeds N), then give its log folder with "
-                 f"--init-from runs/sweep-logs/<time>")
+                 f"--init-from runs/sweep-logs/<time> (--init-from none: from scratch, the no-transfer control)")
     init_from = None
-    if args.init_from is not None:
+    if args.init_from == ["none"]:
+        args.init_from = None  # from scratch, said out loud
+    elif args.init_from is not None:
         seeds = list(range(args.first_seed, args.first_seed + args.seeds)) if args.seeds else [None]
         try:
             init_from = starting_checkpoints(configs, seeds, [Path(f) for f in args.init_from], starts_from)

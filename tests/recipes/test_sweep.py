@@ -384,3 +384,8 @@ def test_init_from_fine_tunes_each_run_from_the_earlier_sweeps_run_of_its_name_a
         assert run.init_from == source.folder / "checkpoints" / "last.ckpt"
         assert "init_from: loaded" in run.log.read_text() and str(run.init_from) in run.log.read_text()
     assert "| a | 2 of 2 |" in capsys.readouterr().out
+
+    main([str(fine), "--init-from", "none"])  # the no-transfer control: said out loud, from scratch
+    scratch = max((tmp_path / "runs" / "sweep-logs").iterdir(), key=lambda p: p.stat().st_mtime)
+    (run,) = read_manifest(scratch)[1]
+    assert run.init_from is None and "init_from: loaded" not in run.log.read_text()
