@@ -152,6 +152,11 @@ def read_manifest(folder: Path) -> tuple[str, list[Run]]:
     return record["family"], runs
 
 
+def seed_list(seeds: int | None, first_seed: int = 0) -> list[int | None]:
+    """The seeds a sweep runs each recipe with: ``first_seed … first_seed+seeds-1``, or ``[None]`` (the recipe's own)."""
+    return list(range(first_seed, first_seed + seeds)) if seeds else [None]
+
+
 def starting_checkpoints(configs: list[Path], seeds: list[int | None], sweeps: list[Path],
                          family: str | None = None) -> dict[tuple[str, int | None], Path]:
     """For fine-tuning: (recipe name, seed) → the ``last.ckpt`` of the run with that recipe name and seed in the
@@ -260,7 +265,7 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     logs.mkdir(parents=True, exist_ok=True)
     runs = []
     for config in configs:
-        for seed in range(first_seed, first_seed + seeds) if seeds else [None]:
+        for seed in seed_list(seeds, first_seed):
             suffix = "" if seed is None else f"_seed{seed}"
             runs.append(Run(config, logger_root(config) / f"sweep_{stamp}{suffix}", returncode=None,
                             log=logs / f"{config.stem}{suffix}.log", seed=seed,
@@ -653,9 +658,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.init_from == ["none"]:
         args.init_from = None  # from scratch, said out loud
     elif args.init_from is not None:
-        seeds = list(range(args.first_seed, args.first_seed + args.seeds)) if args.seeds else [None]
         try:
-            init_from = starting_checkpoints(configs, seeds, [Path(f) for f in args.init_from], starts_from)
+            init_from = starting_checkpoints(configs, seed_list(args.seeds, args.first_seed),
+                                             [Path(f) for f in args.init_from], starts_from)
         except (FileNotFoundError, ValueError) as error:
             sys.exit(f"error: {error}")
     if args.seeds is not None:

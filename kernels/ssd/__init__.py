@@ -89,6 +89,7 @@ def ssd_scan(
         y, final_state = poison(y, reach), poison(final_state, last)
     return (y, final_state) if return_final_state else y
 
+
 def _take_out_nonfinite(x, dt, B, C, document_starts):
     """The inputs with non-finite entries set to 0, and where those entries reach: ``[B, T, H]`` outputs (x, dt
     and B enter the state, so from their position to the end of the document; C only reads it, at its own
