@@ -201,7 +201,8 @@ class SSD(nn.Module):
             window = xbc.new_zeros(xbc.shape[0], K - 1, xbc.shape[2])  # [b, K-1, C]
         full = torch.cat([window, xbc], dim=1)  # [b, K-1+T, C]
         if cached is not None:
-            cached["conv"] = full[:, full.shape[1] - (K - 1):]
+            # a copy, not a view (as the token shift's): the same strides after a prompt as after a step
+            cached["conv"] = full[:, full.shape[1] - (K - 1):].contiguous()  # [b, K-1, C]
         if document_ids is not None:  # tap k reads position t - (K-1-k); it counts only within t's document
             T = xbc.shape[1]
             ids = F.pad(document_ids, (K - 1, 0), value=-1)  # [b, K-1+T]; the zeros before belong to none

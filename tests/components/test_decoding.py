@@ -174,6 +174,41 @@ def test_compiled_generate_gives_the_eager_tokens():
     assert compiled_step(model) is step
 
 
+def test_a_compiled_generation_compiles_its_step_once():
+    """Every cache entry keeps its strides from the prompt to the steps (the SSD's conv window, the token shift's
+    last input), so one compilation serves every step: the steps after the second skip torch.compile's Python
+    guards, and a second compilation would mean a cache entry that changes under them."""
+    from torch._dynamo.utils import counters
+
+    from components.sequence.token_shift import TokenShift
+
+    torch.manual_seed(0)
+    model = HybridLM(61, 32, "SM TM AM", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4, conv=True),
+                                          "T": TokenShift, "A": partial(QCAttention, n_heads=4)})
+    randomize(model)
+    prompt = torch.randint(0, 61, (2, 9))
+    counters.clear()
+    out = model.generate(prompt, 6, compile=True)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert torch.equal(out, model.generate(prompt, 6))
+
+
+def test_the_rotary_tables_of_all_steps_at_once_equal_each_steps_own():
+    """A compiled generation makes every step's rotary tables in one call; past ``max_seq_len`` the base is
+    stretched by each sequence's own length, which grows by one a step — made at once, each step keeps its own."""
+    from components.generation import rotary_dims, rotary_tables, step_rotary_tables
+
+    model = tiny_hybrid()
+    dims = rotary_dims(model)
+    later = torch.tensor([[5000], [7]]) + torch.arange(4)  # [2, 4]: row 0 past max_seq_len 2048, a stretched base
+    tables = step_rotary_tables(model, later, dims)
+    steps = [rotary_tables(model, later[:, i:i + 1], dims) for i in range(4)]
+    assert dims and set(tables) == set(dims)
+    for dim, (cos, sin) in tables.items():
+        assert torch.equal(cos, torch.cat([s[dim][0] for s in steps], dim=1))
+        assert torch.equal(sin, torch.cat([s[dim][1] for s in steps], dim=1))
+
+
 def test_mamba2_decoding_stays_on_its_full_forward_over_a_long_generation():
     """Hugging Face's Mamba-2 greedy decoding departs from its own full forward after ~54 tokens (a width-256,
     8-layer model); ours must not: 80 greedy tokens equal the argmax loop over full forwards."""
