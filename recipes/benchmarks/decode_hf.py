@@ -11,6 +11,9 @@ Hugging Face's ``generate`` with its dynamic cache and with ``cache_implementati
 ``generate`` eager and with ``compile=True`` (each step through ``torch.compile`` from a fixed-shape cache;
 compiled once, before the timed rounds). Rounds alternate between the modes; the table gives the median
 new tokens per second and the ratio to Hugging Face's dynamic cache (for the hybrid, to the zoo's eager).
+A generation's time includes its prompt's prefill (eager in both of the zoo's modes), so the zoo's step is also
+given alone: ``step ms`` is what the generation takes beyond a generation of one token (the prefill, timed in
+the same rounds), per step, and ``step × eager`` the eager step's time over it.
 
 A timing of two different computations would mean nothing, so every mode's tokens are checked against
 the zoo model's full forward: at each generated position the token must be the argmax of the logits of
@@ -98,14 +101,19 @@ def run(kind: str, batch: int, args) -> list[dict]:
     modes["zoo eager"] = lambda: zoo.generate(prompt, n)
     modes["zoo compiled"] = lambda: zoo.generate(prompt, n, compile=True)
     outputs = {name: fn() for name, fn in modes.items()}  # also compiles the zoo's step, before the timing
+    modes["zoo prefill"] = lambda: zoo.generate(prompt, 1)  # the prompt and one token: no step
     times = interleaved_seconds(modes, args.rounds, warmup=0)
-    base = statistics.median(times["hf dynamic" if hf is not None else "zoo eager"])
+    median = {name: statistics.median(t) for name, t in times.items()}
+    base = median["hf dynamic" if hf is not None else "zoo eager"]
+    # the zoo's step alone: what a generation of n tokens takes beyond the prefill, per step
+    step_ms = {name: 1e3 * (median[name] - median["zoo prefill"]) / max(n - 1, 1) for name in ("zoo eager", "zoo compiled")}
     rows = []
-    for name in modes:
-        seconds = statistics.median(times[name])
+    for name in outputs:
         departs = first_departure(zoo, outputs[name], args.prompt)
-        rows.append({"model": kind, "batch": batch, "mode": name, "tok_s": batch * n / seconds, "ratio": base / seconds,
-                     "argmax": departs or "ok"})
+        rows.append({"model": kind, "batch": batch, "mode": name, "tok_s": batch * n / median[name],
+                     "ratio": base / median[name], "step_ms": step_ms.get(name),
+                     "step_ratio": step_ms["zoo eager"] / step_ms[name] if name in step_ms else None,
+                     "prefill_ms": 1e3 * median["zoo prefill"], "argmax": departs or "ok"})
     return rows
 
 
@@ -124,12 +132,18 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads; {args.layers} layers × {args.width}, prompt {args.prompt}, "
           f"{args.new_tokens} new tokens, greedy; median of {args.rounds} interleaved rounds\n", flush=True)
-    print("| model | batch | mode | new tokens/s | × baseline | argmax |\n|---|---|---|---|---|---|", flush=True)
+    print("| model | batch | mode | new tokens/s | × baseline | step ms | step × eager | argmax |\n"
+          "|---|---|---|---|---|---|---|---|", flush=True)
+    prefills = []
     for kind in args.models:
         for batch in args.batches:
-            for r in run(kind, batch, args):
-                print(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['tok_s']:,.1f} | {r['ratio']:.2f}× | {r['argmax']} |",
-                      flush=True)
+            rows = run(kind, batch, args)
+            prefills.append(f"{kind} batch {batch}: {rows[0]['prefill_ms']:.0f} ms")
+            for r in rows:
+                step = f"{r['step_ms']:.2f} | {r['step_ratio']:.2f}×" if r["step_ms"] is not None else "- | -"
+                print(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['tok_s']:,.1f} | {r['ratio']:.2f}× | {step} | "
+                      f"{r['argmax']} |", flush=True)
+    print("\nThe zoo's prefill (the prompt and one token, eager; in every zoo mode's time): " + "; ".join(prefills))
 
 
 if __name__ == "__main__":

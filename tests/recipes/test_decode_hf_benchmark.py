@@ -1,0 +1,32 @@
+"""``python -m recipes.benchmarks.decode_hf`` at a tiny size: its table and its check that every mode's tokens
+are the full forward's argmax (a timing of a different computation would mean nothing)."""
+
+import pytest
+import torch
+
+from recipes.benchmarks import decode_hf
+
+pytest.importorskip("transformers")
+
+
+def test_the_table_gives_each_mode_its_step_time_and_argmax_check(capsys):
+    decode_hf.main(["--models", "hybrid", "--batches", "2", "--width", "64", "--layers", "2", "--vocab", "97",
+                    "--prompt", "9", "--new-tokens", "5", "--rounds", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    rows = {cells[2]: cells for cells in (line.split(" | ") for line in out.splitlines() if line.startswith("| hybrid"))}
+    assert set(rows) == {"zoo eager", "zoo compiled"}
+    # cells: model, batch, mode, tokens/s, × baseline, step ms, step × eager, argmax
+    assert rows["zoo eager"][4] == "1.00×" and rows["zoo eager"][6] == "1.00×"  # the baseline: the eager itself
+    assert float(rows["zoo compiled"][5]) > 0 and rows["zoo compiled"][6].endswith("×")
+    assert rows["zoo eager"][7] == rows["zoo compiled"][7] == "ok |"
+    assert "The zoo's prefill" in out and "hybrid batch 2:" in out
+
+
+def test_a_departure_from_the_full_forward_is_found_where_it_is():
+    model = decode_hf.zoo_hybrid(64, 2, 97)
+    prompt = torch.randint(0, 97, (2, 9))
+    out = model.generate(prompt, 6)
+    assert decode_hf.first_departure(model, out, 9) is None
+    wrong = out.clone()
+    wrong[1, 9 + 3] = (wrong[1, 9 + 3] + 1) % 97
+    assert decode_hf.first_departure(model, wrong, 9).startswith("departs at 3 ")
