@@ -14,7 +14,7 @@ from components.context import Context
 from components.norm import GroupedRMSNorm, at_least_fp32
 from components.rotary import apply_rotary
 from kernels._backend import check_backend
-from kernels.ssd import ssd_scan, ssd_step
+from kernels.ssd import REFERENCE_CHUNK, ssd_scan, ssd_step
 
 # ``positions`` (one string) named the sources before they were separate options: what each meant.
 POSITIONS = {"rope": {"conv": False, "rope": True}, "decay": {"conv": False, "rope": False},
@@ -220,8 +220,11 @@ class SSD(nn.Module):
         return self.d_state if self.rope else None
 
     def extra_flops_per_token(self, seq_len: int) -> float:
-        """The chunked scan's products beyond the projections and the conv (:mod:`components.flops`)."""
-        return ssd_flops_per_token(seq_len, self.chunk_size, self.n_heads, self.n_groups, self.head_dim, self.d_state)
+        """The chunked scan's products beyond the projections and the conv (:mod:`components.flops`), at the chunk
+        length it runs with: ``chunk_size`` in the Triton kernel (CUDA), at most ``REFERENCE_CHUNK`` in plain torch."""
+        triton = self.in_proj.weight.is_cuda and self.backend != "reference"
+        chunk = self.chunk_size if triton else min(self.chunk_size, REFERENCE_CHUNK)
+        return ssd_flops_per_token(seq_len, chunk, self.n_heads, self.n_groups, self.head_dim, self.d_state)
 
     def extra_repr(self) -> str:
         return (f"conv={self.conv is not None}, rope={self.rope}, n_heads={self.n_heads}, head_dim={self.head_dim}, "

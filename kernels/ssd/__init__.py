@@ -6,7 +6,13 @@ from kernels._backend import KERNEL_DTYPES, check_backend, resolve_backend
 from kernels._finite import poison, seen_so_far, split_finite
 from kernels.ssd.reference import segment_sum, ssd_chunked, ssd_recurrent, ssd_step
 
-__all__ = ["segment_sum", "ssd_chunked", "ssd_recurrent", "ssd_scan", "ssd_step"]
+__all__ = ["REFERENCE_CHUNK", "segment_sum", "ssd_chunked", "ssd_recurrent", "ssd_scan", "ssd_step"]
+
+REFERENCE_CHUNK = 64
+"""The longest chunk the plain-torch path takes, whatever ``chunk_size`` says. The chunked form's result does not
+depend on the chunk length (up to rounding), but its cost does: its ``[L, L]`` decay matrices per head make a
+chunk of 256 (Mamba-2's default, sized for GPU kernels) 3-6× slower on a CPU than chunks of 64, and shorter ones
+pay for the recurrence over more chunks (measured: README.md)."""
 
 
 def ssd_scan(
@@ -32,7 +38,8 @@ def ssd_scan(
         dt: ``[B, T, H]`` step sizes, > 0.
         A: ``[H]`` decay rates, < 0 (``-exp(A_log)``).
         B, C: ``[B, T, G, N]`` input and output projections; ``H`` must be a multiple of ``G``.
-        chunk_size: positions per chunk (default 64); any ``T`` is accepted.
+        chunk_size: positions per chunk (default 64); any ``T`` is accepted. The Triton kernel takes it as given;
+            the plain-torch path takes at most ``REFERENCE_CHUNK`` (64): the same result, cheaper.
         D: ``[H]`` skip connection ``y += D · x``, or None.
         initial_state: ``[B, H, P, N]`` state before the first position, or None (zeros).
         return_final_state: also return the state after the last position.
@@ -80,8 +87,9 @@ def ssd_scan(
         # decays are exponentials of long sums, which bf16 cannot hold. The output comes back in x's dtype.
         with torch.autocast(device_type=x.device.type, enabled=False):
             up = lambda t: None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))  # noqa: E731
+            chunk = min(chunk_size, REFERENCE_CHUNK)  # the same result as chunk_size's, cheaper
             y, final_state = ssd_chunked(
-                up(x), up(dt), up(A), up(B), up(C), chunk_size=chunk_size, D=up(D), initial_state=up(initial_state),
+                up(x), up(dt), up(A), up(B), up(C), chunk_size=chunk, D=up(D), initial_state=up(initial_state),
                 document_starts=document_starts,
             )
         y = y.to(x.dtype)

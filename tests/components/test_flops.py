@@ -65,6 +65,17 @@ def test_a_hybrid_model_counts_as_its_blocks_and_head(unpadded_grouped_matmul):
     assert counter.get_total_flops() == round(forward_flops_per_token(model, T) * B * T)
 
 
+def test_an_ssd_with_a_long_chunk_counts_the_chunks_the_plain_torch_scan_runs():
+    """Chunks of 256 (Mamba-2's) run as chunks of 64 in plain torch (kernels.ssd.REFERENCE_CHUNK): the count
+    follows, and is what torch's counter sees at a length of 150 (three chunks of 64, not one of 256)."""
+    torch.manual_seed(0)
+    ssd = SSD(32, head_dim=8, d_state=8, chunk_size=256)
+    x = torch.randn(1, 150, 32)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        ssd(x, Context.default(x))
+    assert counter.get_total_flops() == round(forward_flops_per_token(ssd, 150) * 150)
+
+
 def test_a_llama_has_palms_closed_form():
     """PaLM (appendix B): a dense decoder's forward is 2·N (N the non-embedding parameters, the head included)
     plus 4·L·T·d for attention per token."""

@@ -57,6 +57,26 @@ def test_chunked_matches_recurrence_outputs_state_and_gradients(T, chunk, G, ini
         assert rel_err(grads[name], grads_ref[name]) <= 1e-5, name
 
 
+def test_the_plain_torch_scan_runs_a_long_chunk_as_chunks_of_64(monkeypatch):
+    """``chunk_size=256`` (Mamba-2's, sized for GPU kernels) runs as chunks of ``REFERENCE_CHUNK`` = 64 in plain
+    torch: the same outputs, state and gradients as the recurrence, at a fraction of the cost."""
+    import kernels.ssd
+
+    seen = []
+    original = kernels.ssd.ssd_chunked
+    monkeypatch.setattr(kernels.ssd, "ssd_chunked", lambda *a, chunk_size, **k: seen.append(chunk_size) or original(
+        *a, chunk_size=chunk_size, **k))
+    inputs = make(150)
+    y, final, grads = run(chunked, inputs, chunk_size=256)
+    y_ref, final_ref, grads_ref = run(ssd_recurrent, inputs)
+    assert seen == [kernels.ssd.REFERENCE_CHUNK] == [64]
+    assert rel_err(y, y_ref) <= 1e-5 and rel_err(final, final_ref) <= 1e-5
+    for name in grads:
+        assert rel_err(grads[name], grads_ref[name]) <= 1e-5, name
+    run(chunked, make(20), chunk_size=16)
+    assert seen[-1] == 16  # a shorter chunk is taken as given
+
+
 def test_carrying_the_state_across_a_split_equals_the_whole():
     inputs = make(101, initial=True)
     whole, final = ssd_scan(**{k: v for k, v in inputs.items()}, chunk_size=16, return_final_state=True)
