@@ -193,6 +193,26 @@ def test_a_compiled_generation_compiles_its_step_once():
     assert torch.equal(out, model.generate(prompt, 6))
 
 
+@pytest.mark.parametrize("name", ["otce", "doge"])
+def test_a_named_architecture_generates_the_eager_tokens_compiled_with_one_graph(name):
+    """What the tiny hybrid does not have — OTCE's Expresser and expansive MoE, Doge's InnerFuncAttention with
+    GQA, QK-norm, a mask bias in the cache and a key window, and CDMoE — under the compiled step that skips the
+    Python guards: the eager tokens, one compilation. (Every named architecture passed this once, 15-41 s each;
+    these two are kept.)"""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    pattern, mixers, options = ARCHITECTURES[name]
+    model = HybridLM(61, 32, pattern, mixers, **options)
+    randomize(model)
+    mask, _ = padded(3, 7, (0, 2, 4))
+    prompt = torch.randint(1, 61, (3, 7)).masked_fill(mask, 0)
+    counters.clear()
+    compiled = model.generate(prompt, 9, padding_mask=mask, compile=True)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert torch.equal(compiled, model.generate(prompt, 9, padding_mask=mask))
+
+
 def test_the_rotary_tables_of_all_steps_at_once_equal_each_steps_own():
     """A compiled generation makes every step's rotary tables in one call; past ``max_seq_len`` the base is
     stretched by each sequence's own length, which grows by one a step — made at once, each step keeps its own."""
