@@ -65,7 +65,7 @@ def _head(b, h, s_b, s_h):
     """Offset of (batch ``b``, head ``h``) in a ``[B, T, H, D]`` tensor, 64-bit: ``(B−1)·T·H·D``
     passes 2^31 at B ≥ 5, T = 128K, H 32, D 128. Each kernel moves its pointers there once; the
     offsets inside one sequence stay 32-bit (64-bit row offsets cost registers and spill on sm_90:
-    recipes.benchmarks.compile_check), so the host refuses ``T·H·D ≥ 2^31``."""
+    recipes.benchmarks.compile_check), so the host refuses rows reaching 2^31 (``_check_index_range``)."""
     return b.to(tl.int64) * s_b + h.to(tl.int64) * s_h
 
 
@@ -301,13 +301,16 @@ def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=8, num_stages=3, DKV_BLOCK_M=32)
 
 
-def _prepared(q, k, v, bias, key_padding_mask, document_ids, causal: bool, keep_window: int | None):
+def _prepared(q, k, v, bias, key_padding_mask, document_ids, causal: bool, keep_window: int | None,
+              backward: bool = False):
     """The kernels' operands and launch settings, the same in the forward and the backward."""
     B, T, H, D = q.shape
     S = k.shape[1]
-    # K and V are read through their strides, so views (QCAttention's k and v, split from one projection)
-    # are not copied; Q is made contiguous because dO and dQ are addressed with its strides.
-    q = q.contiguous()
+    # Q, K and V are read through their strides, so views (QCAttention's q, k and v, split from one projection)
+    # are not copied — but in the backward Q is copied when it is not contiguous: there dO and dQ are addressed
+    # with Q's strides, and a row stride of their own cost the dK/dV kernel two more registers, 8 bytes spilled on
+    # sm_80 with documents (recipes.benchmarks.compile_check).
+    q = q.contiguous() if backward else unit_stride_last(q)
     k, v = unit_stride_last(k), unit_stride_last(v)
     bias_c = bias.contiguous() if bias is not None else q.new_zeros(1)
     pad = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else q.new_zeros(1, dtype=torch.int8)
@@ -337,7 +340,7 @@ def bias_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: t
     S, Hkv = k.shape[1], k.shape[2]
     q, k, v, bias_c, pad, docs, config, flags = _prepared(q, k, v, bias, key_padding_mask, document_ids, causal, keep_window)
     config.pop("DKV_BLOCK_M")
-    o = torch.empty_like(q)
+    o = q.new_empty(B, T, H, D)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     if keep_window is not None:  # two numbers per query; the selection carries no gradient
         win_b, win_j = window_thresholds(bias, key_padding_mask, batch=B, heads=H, T=T, S=S, causal=causal,
@@ -373,7 +376,8 @@ def bias_attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     """``(dq, dk, dv, dbias)``; ``dbias`` is empty without a bias."""
     B, T, H, D = q.shape
     S, Hkv = k.shape[1], k.shape[2]
-    q, k, v, bias_c, pad, docs, config, flags = _prepared(q, k, v, bias, key_padding_mask, document_ids, causal, keep_window)
+    q, k, v, bias_c, pad, docs, config, flags = _prepared(q, k, v, bias, key_padding_mask, document_ids, causal, keep_window,
+                                                          backward=True)
     dkv_block_m = config.pop("DKV_BLOCK_M")
     if keep_window is None:
         win_b = win_j = lse  # unused placeholders
@@ -453,20 +457,27 @@ def attention_triton(q, k, v, *, bias=None, causal=True, key_padding_mask=None, 
                      scale=None, document_ids=None) -> torch.Tensor:
     """Same contract as :func:`kernels.attention.reference.attention_reference`."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    _check_index_range(q, k)
+    _check_index_range(q, k, v)
     if document_ids is not None:
         document_ids = document_runs(document_ids)  # [B, T] non-decreasing: the window's thresholds need runs
-    # Q and the bias contiguous here, once: the op saves what it is given, so its backward does not copy them again
-    q, bias = q.contiguous(), bias.contiguous() if bias is not None else None
+    # the bias contiguous here, once: the op saves what it is given, so its backward does not copy it again
+    bias = bias.contiguous() if bias is not None else None
     return bias_attention_op(q, k, v, bias, key_padding_mask, document_ids, causal, float(scale), keep_window)[0]
 
 
-def _check_index_range(q: torch.Tensor, k: torch.Tensor) -> None:
+def _check_index_range(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
     """The kernels index inside one sequence in 32 bits (the (batch, head) base is 64-bit): refuse a
-    sequence whose ``T·H·D`` reaches 2^31 rather than read the wrong rows."""
+    sequence whose rows reach 2^31 elements — length × row stride, for q, k and v as given (a view of a wider
+    projection has a wider row) and for the contiguous ``[B, ·, H, D]`` outputs and per-head gradients (``T·H·D``,
+    ``S·H·D``) — rather than read the wrong rows."""
     _, T, H, D = q.shape
-    S, Hkv = k.shape[1], k.shape[2]
-    if max(T * H * D, S * Hkv * D) >= 2**31:
-        raise ValueError(f"attention: backend='triton' indexes inside one sequence in 32 bits, and T·H·D = {T * H * D:,} "
-                         f"(S·H_kv·D = {S * Hkv * D:,}) reaches 2^31; split the sequence (decode against a cache) or "
-                         "use backend='reference'")
+    S = k.shape[1]
+    rows = {"q": (T, q.stride(1)), "k": (S, k.stride(1)), "the output (T·H·D)": (T, H * D),
+            "the per-head dK/dV (S·H·D)": (S, H * D)}
+    if v is not None:
+        rows["v"] = (S, v.stride(1))
+    for name, (length, stride) in rows.items():
+        if length * stride >= 2**31:
+            raise ValueError(f"attention: backend='triton' indexes inside one sequence in 32 bits, and {name} reaches "
+                             f"{length:,} rows × {stride:,} = {length * stride:,} >= 2^31; split the sequence (decode "
+                             "against a cache) or use backend='reference'")

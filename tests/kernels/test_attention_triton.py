@@ -157,28 +157,39 @@ def test_documents_on_the_edges_of_the_skipped_blocks(lengths):
     assert_triton_matches_reference(q, k, v, b, causal=True, document_ids=ids)
 
 
-def test_strided_keys_and_values_are_read_in_place_and_match_the_reference(monkeypatch):
-    """k and v split from one projection (QCAttention's kv_proj) and a transposed q: the kernel reads k and v
-    through their strides, without a copy, and the outputs and gradients are the reference's."""
+@pytest.mark.parametrize("layout", ["one projection", "transposed q"])
+def test_strided_queries_keys_and_values_are_read_in_place_and_match_the_reference(monkeypatch, layout):
+    """q, k and v split from one projection (``[B, T, H + 2·Hkv, D]``, rows of (H + 2·Hkv)·D), or a transposed q:
+    the forward reads all three through their strides, the backward k and v (q is copied there: dO and dQ are
+    addressed with its strides), and the outputs and gradients are the reference's."""
     torch.manual_seed(0)
     B, T, H, Hkv, D = 2, 19, 4, 2, 16
-    kv = torch.randn(B, T, 2, Hkv, D, device=DEVICE, requires_grad=True)
-    k, v = kv.unbind(2)  # [B, T, Hkv, D] each, stride over t 2·Hkv·D
-    q = torch.randn(B, H, T, D, device=DEVICE).transpose(1, 2).requires_grad_()  # [B, T, H, D], not contiguous
-    assert not k.is_contiguous() and not v.is_contiguous() and not q.is_contiguous()
+    qkv = torch.randn(B, T, H + 2 * Hkv, D, device=DEVICE, requires_grad=True)
+    q, k, v = qkv.split([H, Hkv, Hkv], dim=2)  # views: [B, T, H|Hkv, D], stride over t (H + 2·Hkv)·D
+    leaves = [qkv]
+    if layout == "transposed q":
+        q = torch.randn(B, H, T, D, device=DEVICE).transpose(1, 2).requires_grad_()  # [B, T, H, D], heads outermost
+        leaves = [q, qkv]
+    assert not q.is_contiguous() and not k.is_contiguous() and not v.is_contiguous()
     bias = torch.randn(B, H, T, device=DEVICE, requires_grad=True)
     copied = []
     contiguous = torch.Tensor.contiguous
-    monkeypatch.setattr(torch.Tensor, "contiguous", lambda t, *a, **kw: copied.append(t.shape) or contiguous(t, *a, **kw))
+    def recorded(t, *args, **kwargs):
+        if not t.is_contiguous():
+            copied.append(tuple(t.shape))
+        return contiguous(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", recorded)
     out = attention(q, k, v, bias=bias, backend="triton")
-    assert (B, T, Hkv, D) not in copied  # neither k nor v was copied (q is: dO and dQ share its strides)
+    assert copied == [], f"copied: {copied}"  # the forward copies no operand
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, [*leaves, bias], g)
+    assert copied == [(B, T, H, D)]  # the backward copies q alone (dO and dQ take its strides)
     monkeypatch.undo()
     ref = attention(q, k, v, bias=bias, backend="reference")
     torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
-    g = torch.randn_like(out)
-    for name, got, want in zip("q kv bias".split(), torch.autograd.grad(out, [q, kv, bias], g),
-                               torch.autograd.grad(ref, [q, kv, bias], g)):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
+    for i, (got, want) in enumerate(zip(grads, torch.autograd.grad(ref, [*leaves, bias], g))):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient {i}: {m}")
 
 
 @pytest.mark.parametrize("window", [None, 5])

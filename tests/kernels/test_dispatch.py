@@ -51,11 +51,21 @@ def test_mixed_qkv_dtypes_are_named(backend):
 
 
 def test_a_sequence_past_32_bit_offsets_is_refused_by_name():
-    """T·H·D = 2^31 (meta tensors: nothing allocated)."""
+    """T·H·D = 2^31 (meta tensors: nothing allocated); and a view's rows are as long as its stride says: k split
+    from a projection three times wider passes 2^31 at a third of the length."""
     q = torch.empty(1, 2**21, 8, 128, device="meta")
-    with pytest.raises(ValueError, match=r"indexes inside one sequence in 32 bits, and T·H·D = 2,147,483,648"):
-        _check_index_range(q, q)
+    with pytest.raises(ValueError, match=r"indexes inside one sequence in 32 bits, and q reaches 2,097,152 rows × 1,024 "
+                                         r"= 2,147,483,648 >= 2\^31"):
+        _check_index_range(q, q, q)
     _check_index_range(q[:, : 2**21 - 1], q[:, : 2**21 - 1])  # one row less fits
+    T = 2**21 // 3 + 1
+    qkv = torch.empty(1, T, 24, 128, device="meta")  # q, k, v of 8 heads each, split from one projection
+    q, k, v = qkv.split(8, dim=2)
+    with pytest.raises(ValueError, match=r"and q reaches 699,051 rows × 3,072"):
+        _check_index_range(q, k, v)
+    _check_index_range(q.contiguous(), k.contiguous(), v.contiguous())  # as copies, each row 1,024: they fit
+    with pytest.raises(ValueError, match=r"the per-head dK/dV \(S·H·D\) reaches 2,097,152 rows × 1,024"):
+        _check_index_range(torch.empty(1, 1, 8, 128, device="meta"), torch.empty(1, 2**21, 1, 128, device="meta"))
 
 
 def test_expert_mix_refuses_float64_under_triton():
