@@ -13,7 +13,8 @@ compiled once, before the timed rounds). Rounds alternate between the modes; the
 new tokens per second and the ratio to Hugging Face's dynamic cache (for the hybrid, to the zoo's eager).
 A generation's time includes its prompt's prefill (eager in both of the zoo's modes), so the zoo's step is also
 given alone: ``step ms`` is what the generation takes beyond a generation of one token (the prefill, timed in
-the same rounds), per step, and ``step × eager`` the eager step's time over it.
+the same rounds), per step, and ``step × eager`` the eager step's time over it. Where that difference is not
+positive (tiny sizes, one round) the cells say ``noise``: the timer cannot tell the step from the prefill.
 
 A timing of two different computations would mean nothing, so every mode's tokens are checked against
 the zoo model's full forward: at each generated position the token must be the argmax of the logits of
@@ -94,7 +95,7 @@ def run(kind: str, batch: int, args) -> list[dict]:
         # end-of-sequence token, rather than min_new_tokens: that one makes HF suppress the EOS token's logit, so
         # a row whose argmax is EOS continues with another token (what looked like HF departing from its forward).
         hf.generation_config.eos_token_id = None
-        common = dict(max_new_tokens=n, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt))
+        common = {"max_new_tokens": n, "do_sample": False, "pad_token_id": 0, "attention_mask": torch.ones_like(prompt)}
         modes["hf dynamic"] = lambda: hf.generate(prompt, **common)
         if kind == "llama":  # Mamba-2 keeps a state, not a growing cache: there is no static form to ask for
             modes["hf static"] = lambda: hf.generate(prompt, cache_implementation="static", **common)
@@ -105,16 +106,25 @@ def run(kind: str, batch: int, args) -> list[dict]:
     times = interleaved_seconds(modes, args.rounds, warmup=0)
     median = {name: statistics.median(t) for name, t in times.items()}
     base = median["hf dynamic" if hf is not None else "zoo eager"]
-    # the zoo's step alone: what a generation of n tokens takes beyond the prefill, per step
-    step_ms = {name: 1e3 * (median[name] - median["zoo prefill"]) / max(n - 1, 1) for name in ("zoo eager", "zoo compiled")}
+    step_ms, step_ratio = step_times(median, n)
     rows = []
-    for name in outputs:
-        departs = first_departure(zoo, outputs[name], args.prompt)
+    for name, tokens in outputs.items():
+        departs = first_departure(zoo, tokens, args.prompt)
         rows.append({"model": kind, "batch": batch, "mode": name, "tok_s": batch * n / median[name],
                      "ratio": base / median[name], "step_ms": step_ms.get(name),
-                     "step_ratio": step_ms["zoo eager"] / step_ms[name] if name in step_ms else None,
+                     "step_ratio": step_ratio.get(name),
                      "prefill_ms": 1e3 * median["zoo prefill"], "argmax": departs or "ok"})
     return rows
+
+
+def step_times(median: dict[str, float], n: int) -> tuple[dict[str, float], dict[str, float]]:
+    """The zoo's step alone, from median seconds of whole generations of ``n`` tokens and of ``"zoo prefill"``
+    (one token): ms per step of ``"zoo eager"`` and ``"zoo compiled"``, and the eager step over each. A step at
+    or below zero is the timer's noise (tiny sizes, few rounds), not a time: then no ratio is given."""
+    step_ms = {name: 1e3 * (median[name] - median["zoo prefill"]) / max(n - 1, 1) for name in ("zoo eager", "zoo compiled")}
+    if min(step_ms.values()) <= 0:
+        return step_ms, {}
+    return step_ms, {name: step_ms["zoo eager"] / ms for name, ms in step_ms.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,7 +150,12 @@ def main(argv: list[str] | None = None) -> None:
             rows = run(kind, batch, args)
             prefills.append(f"{kind} batch {batch}: {rows[0]['prefill_ms']:.0f} ms")
             for r in rows:
-                step = f"{r['step_ms']:.2f} | {r['step_ratio']:.2f}×" if r["step_ms"] is not None else "- | -"
+                if r["step_ms"] is None:
+                    step = "- | -"
+                elif r["step_ratio"] is None:
+                    step = "noise | -"  # the generation took no longer than the prefill: more tokens or rounds
+                else:
+                    step = f"{r['step_ms']:.2f} | {r['step_ratio']:.2f}×"
                 print(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['tok_s']:,.1f} | {r['ratio']:.2f}× | {step} | "
                       f"{r['argmax']} |", flush=True)
     print("\nThe zoo's prefill (the prompt and one token, eager; in every zoo mode's time): " + "; ".join(prefills))
