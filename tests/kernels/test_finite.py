@@ -1,0 +1,35 @@
+"""``kernels._finite.split_finite`` against ``torch.isfinite``: every kind of non-finite entry, and the finite
+ones that look like them (-0.0, the largest float), at each reduction depth."""
+
+import pytest
+import torch
+
+from kernels._finite import split_finite
+
+
+def tricky(dtype: torch.dtype) -> torch.Tensor:
+    x = torch.randn(3, 5, 4, 6, dtype=dtype)
+    big = torch.finfo(dtype).max
+    x[0, 1, 2, 3], x[1, 4, 0, 0], x[2, 0, 3, 5] = float("nan"), float("inf"), float("-inf")
+    x[0, 0, 0, 0], x[1, 1, 1, 1], x[2, 2, 2, 2] = -0.0, big, -big
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("dims", [0, 1, 2])
+def test_split_finite_cleans_and_marks_exactly_the_non_finite_entries(dtype, dims):
+    x = tricky(dtype)
+    clean, bad = split_finite(x, dims)
+    ok = torch.isfinite(x)
+    want = ~ok if dims == 0 else ~ok.flatten(-dims).all(-1)
+    assert bad.dtype == torch.bool and torch.equal(bad, want)
+    assert torch.equal(clean, torch.where(ok, x, torch.zeros_like(x)))
+    assert torch.equal(clean.signbit(), x.signbit() & ok)  # -0.0 stays -0.0: a finite entry is kept bit for bit
+    assert bad.sum() == 3  # the three non-finite entries lie in different rows at every depth
+
+
+def test_split_finite_passes_the_gradient_of_the_finite_entries_only():
+    x = tricky(torch.float64).requires_grad_()
+    clean, _ = split_finite(x, 1)
+    (clean * 2).sum().backward()
+    assert torch.equal(x.grad, torch.where(torch.isfinite(x.detach()), 2.0, 0.0).to(x.dtype))
