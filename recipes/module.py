@@ -20,6 +20,7 @@ from components.bindings import MixerFactory
 from components.flops import forward_flops_per_token
 from components.model import HybridLM, count_active_parameters, count_parameters
 from components.sizing import SizeTarget, describe_size, sized_mixers
+from kernels.linear_cross_entropy import linear_cross_entropy
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, consolidate_hint, is_sharded_checkpoint,
                                  load_checkpoint, load_weights)
 from recipes.mfu import device_peak_flops, training_flops
@@ -56,7 +57,8 @@ class LanguageModel(L.LightningModule):
     LM head runs at every position and the loss ignores the unlabelled ones (``loss_positions="all"``,
     no host sync); ``"labelled"`` gathers the labelled positions first, which saves memory when few
     carry a label and the vocabulary is large (MQAR), at the price of one host sync per step.
-    Evaluation always gathers.
+    Evaluation always gathers. The training loss never writes the logits whole: the head and the
+    cross-entropy run together, a chunk of rows at a time (:mod:`kernels.linear_cross_entropy`).
     Model arguments are those of ``HybridLM`` (``vocab_size`` is normally linked from the data module
     by the CLI).
 
@@ -206,13 +208,23 @@ class LanguageModel(L.LightningModule):
         )  # [B, T, d]
 
     def training_loss(self, batch: dict) -> torch.Tensor:
-        """The mean cross-entropy over the labelled positions, computed as ``loss_positions`` says."""
-        if self.hparams.loss_positions == "labelled":
-            return self.forward_loss(batch)[0]
+        """The mean cross-entropy over the labelled positions, computed as ``loss_positions`` says.
+
+        The head and the loss go together through :func:`kernels.linear_cross_entropy`, which never writes
+        the ``[B, T, V]`` logits — except under FSDP2, which gathers the head's weight only around the head's
+        own ``forward``, or with a head that is not a bias-free ``nn.Linear``: those take the plain form."""
         labels = batch["labels"]  # [B, T]
         self._check_labels(labels)
-        logits = self.model.lm_head(self._hidden(batch))  # [B, T, V]
-        total = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        hidden = self._hidden(batch)  # [B, T, d]
+        if self.hparams.loss_positions == "labelled":
+            labelled = labels != IGNORE_INDEX  # [B, T]
+            hidden, labels = hidden[labelled], labels[labelled]  # [N, d], [N]: the head runs on these rows only
+        hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.flatten()  # [B·T, d], [B·T]
+        head = self.model.lm_head
+        if not self._sharded and type(head) is torch.nn.Linear and head.bias is None:
+            total = linear_cross_entropy(hidden, head.weight, labels, ignore_index=IGNORE_INDEX)
+        else:
+            total = F.cross_entropy(head(hidden).float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
         return total / (labels != IGNORE_INDEX).sum().clamp_min(1)  # a count on the device: no host sync
 
     def forward_loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

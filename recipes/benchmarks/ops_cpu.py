@@ -1,7 +1,8 @@
 """CPU benchmark of the plain-torch paths: attention with a per-key bias against torch's SDPA, the
 SSD reference against the textbook four-operand einsum form, the MoE experts' grouped matmul
-against one matmul per expert, and CDMoE's expert mix as its tables grow (dense against sparse
-table gradients); time and peak memory.
+against one matmul per expert, CDMoE's expert mix as its tables grow (dense against sparse
+table gradients), and the LM head's cross-entropy in chunks against the written-out logits; time and
+peak memory.
 
     python -m recipes.benchmarks.ops_cpu                        # T = 1024 2048 4096, fwd+bwd, 5 repeats
     python -m recipes.benchmarks.ops_cpu --lengths 1024 --repeats 3
@@ -13,7 +14,8 @@ building the inputs, so it counts every buffer the pass allocates, the saved act
 bias ``[B, H, T]``, a quarter of one sequence left-padded in the padded rows; SSD ``B=1, H=8, P=64,
 N=64, G=1, chunk 64``; experts ``E=8, d=256, f=704`` (a SiLU MLP per expert), ``T`` rows (token ×
 top-k assignments) spread over the experts at random; CDMoE's mix ``T`` tokens, ``d=256``, 4 heads of
-16 experts each, drawn at random from a table of 1,024 (the baseline) or 65,536 experts.
+16 experts each, drawn at random from a table of 1,024 (the baseline) or 65,536 experts; the loss ``T`` tokens,
+``d=256``, a vocabulary of 4,096 (the English recipes').
 """
 
 import argparse
@@ -29,6 +31,7 @@ from einops import rearrange
 
 from kernels.attention.reference import attention_masked, attention_reference
 from kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
+from kernels.linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_reference
 from kernels.retrieval.reference import expert_mix_reference
 from kernels.ssd.reference import segment_sum, ssd_chunked
 from recipes.benchmarks.timing import interleaved_seconds, peak_growth_mib
@@ -36,6 +39,7 @@ from recipes.benchmarks.timing import interleaved_seconds, peak_growth_mib
 H, D, P, N, CHUNK = 8, 64, 64, 64, 64
 EXPERTS, D_MODEL, D_FF = 8, 256, 704
 MIX_HEADS, MIX_TOP_K = 4, 16
+VOCAB = 4096
 
 
 def expert_mix_sparse_grads(x, experts, weights, down, up):
@@ -73,6 +77,9 @@ def inputs(case: str, T: int) -> tuple:
         return (torch.randn(T, D_MODEL, **g), torch.randint(0, n, (T, MIX_HEADS, MIX_TOP_K)),
                 torch.rand(T, MIX_HEADS, MIX_TOP_K, **g), (torch.randn(n, D_MODEL) / D_MODEL ** 0.5).requires_grad_(),
                 (torch.randn(n, D_MODEL) / D_MODEL ** 0.5).requires_grad_())
+    if case.startswith("loss"):
+        return (torch.randn(T, D_MODEL, **g), (torch.randn(VOCAB, D_MODEL) / D_MODEL ** 0.5).requires_grad_(),
+                torch.randint(0, VOCAB, (T,)))
     if case.startswith("experts"):
         ids = torch.randint(0, EXPERTS, (T,)).sort().values
         ends = torch.searchsorted(ids, torch.arange(EXPERTS), right=True).to(torch.int32)  # [E]
@@ -94,6 +101,8 @@ def run(case: str, tensors: tuple) -> torch.Tensor:
         if "sparse" in case:
             return expert_mix_sparse_grads(*tensors)
         return expert_mix_reference(*tensors, act=F.silu)
+    if case.startswith("loss"):
+        return (linear_cross_entropy if "chunks" in case else linear_cross_entropy_reference)(*tensors)
     if case.startswith("experts"):
         x, w_in, w_out, ends = tensors
         matmul = grouped_matmul_reference if "loop" in case else grouped_matmul
@@ -137,6 +146,7 @@ PAIRS = {
     "ssd": ["ssd four-operand einsum", "ssd reference"],
     "moe": ["experts, one matmul per expert (loop)", "experts, grouped_mm"],
     "cdmoe": ["cdmoe mix, 1,024 experts", "cdmoe mix, 65,536 experts", "cdmoe mix, 65,536 experts, sparse grads"],
+    "loss": ["loss, head then cross-entropy (written-out logits)", "loss, head and cross-entropy in chunks"],
 }
 
 

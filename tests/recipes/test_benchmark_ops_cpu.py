@@ -11,6 +11,7 @@ SAME_MATH = [
     ("ssd four-operand einsum", "ssd reference"),
     ("experts, one matmul per expert (loop)", "experts, grouped_mm"),
     ("cdmoe mix, 65,536 experts", "cdmoe mix, 65,536 experts, sparse grads"),
+    ("loss, head then cross-entropy (written-out logits)", "loss, head and cross-entropy in chunks"),
 ]
 
 

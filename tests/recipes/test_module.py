@@ -67,6 +67,36 @@ def test_loss_only_at_labelled_positions():
     torch.testing.assert_close(ce, F.cross_entropy(full[[0, 1], [3, 5]], torch.tensor([7, 2])))
 
 
+@pytest.mark.parametrize("positions", ["all", "labelled"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_training_loss_without_logits_equals_the_plain_head_and_cross_entropy(positions, tied):
+    torch.manual_seed(0)
+    lm = LanguageModel(16, "AM SM", vocab_size=37, loss_positions=positions, tie_embeddings=tied).double()
+    ids = torch.randint(0, 37, (3, 11))
+    labels = torch.randint(0, 37, (3, 11))
+    labels[:, :4] = -100
+    labels[1, 7] = -100
+    batch = {"input_ids": ids, "labels": labels}
+    params = [p for p in lm.parameters() if p.requires_grad]
+    got = lm.training_loss(batch)
+    got_grads = torch.autograd.grad(got, params)
+    want = F.cross_entropy(lm.model(ids).flatten(0, 1), labels.flatten(), ignore_index=-100)
+    want_grads = torch.autograd.grad(want, params)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_a_head_that_is_not_a_plain_linear_takes_the_written_out_logits():
+    torch.manual_seed(0)
+    lm = LanguageModel(16, "AM", vocab_size=23)
+    head = lm.model.lm_head
+    lm.model.lm_head = torch.nn.Sequential(head, torch.nn.Tanh())  # e.g. a wrapped or soft-capped head
+    ids, labels = torch.randint(0, 23, (2, 9)), torch.randint(0, 23, (2, 9))
+    got = lm.training_loss({"input_ids": ids, "labels": labels})
+    torch.testing.assert_close(got, F.cross_entropy(lm.model(ids).flatten(0, 1), labels.flatten()))
+
+
 def test_bad_schedule_values_are_refused():
     with pytest.raises(ValueError, match="warmup_fraction=1.5 must lie in"):
         LanguageModel(16, "AM", warmup_fraction=1.5)
