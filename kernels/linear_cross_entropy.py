@@ -67,21 +67,27 @@ def _chunked(hidden, weight, labels, ignore_index, chunk_rows, grads, want=(True
     grad_hidden = torch.empty_like(hidden) if grads and want[0] else None  # [N, d]
     grad_weight = torch.zeros_like(weight, dtype=exact) if grads and want[1] else None  # [V, d]
     for start in range(0, hidden.shape[0], chunk_rows):
-        h, y = hidden[start:start + chunk_rows], labels[start:start + chunk_rows]  # [n, d], [n]
-        logits = (h @ weight.t()).to(exact)  # [n, V]
+        y = labels[start:start + chunk_rows]  # [n]
         keep = y != ignore_index  # [n]
-        target = y.masked_fill(~keep, 0)[:, None]  # [n, 1]: any id for an ignored row; its terms are zeroed
-        lse = torch.logsumexp(logits, dim=-1)  # [n]
-        total += torch.where(keep, lse - logits.gather(1, target)[:, 0], 0.0).sum()  # where, not ·keep: 0 · NaN
+        # an ignored row (padding, say) may hold anything, NaN included: zeroed, it adds nothing anywhere
+        h = hidden[start:start + chunk_rows].masked_fill(~keep[:, None], 0.0)  # [n, d]
+        target = y.masked_fill(~keep, 0)[:, None]  # [n, 1]: any id for an ignored row
+        logits = (h @ weight.t()).to(exact)  # [n, V]
+        picked = logits.gather(1, target)[:, 0]  # [n] the label's logit
         if not grads:
+            total += torch.where(keep, torch.logsumexp(logits, dim=-1) - picked, 0.0).sum()
             continue
-        g = logits.sub_(lse[:, None]).exp_()  # [n, V] the softmax, in the logits' storage
+        top = logits.amax(dim=-1, keepdim=True)  # [n, 1]
+        e = logits.sub_(top).exp_()  # [n, V] exp(logit − max), in the logits' storage
+        sums = e.sum(dim=-1, keepdim=True)  # [n, 1]
+        total += torch.where(keep, top[:, 0] + sums[:, 0].log() - picked, 0.0).sum()  # log-sum-exp − label's logit
+        g = e.mul_(keep[:, None] / sums)  # [n, V] the softmax on kept rows, 0 on ignored ones: one pass
         g.scatter_add_(1, target, -keep[:, None].to(g.dtype))  # − one-hot at the label (kept rows)
-        g = g.masked_fill_(~keep[:, None], 0.0).to(weight.dtype)  # an ignored row has no gradient
+        g = g.to(weight.dtype)
         if grad_hidden is not None:
             grad_hidden[start:start + chunk_rows] = g @ weight  # [n, d]
         if grad_weight is not None:
-            grad_weight += g.t() @ h.masked_fill(~keep[:, None], 0.0)  # [V, d]; an ignored row's h may be NaN
+            grad_weight += g.t() @ h  # [V, d]
     return total, grad_hidden, grad_weight
 
 
