@@ -93,3 +93,16 @@ def test_bad_input_is_named():
         linear_cross_entropy(hidden, weight, labels.float())
     with pytest.raises(ValueError, match="chunk_rows"):
         linear_cross_entropy(hidden, weight, labels, chunk_rows=0)
+
+
+def test_under_autocast_it_follows_the_written_out_form_to_bf16_precision():
+    hidden, weight, labels = problem(70, torch.float32, vocab=300, d=32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as bf16-mixed training runs the head
+        want = linear_cross_entropy_reference(hidden, weight, labels)
+        want_grads = torch.autograd.grad(want, (hidden, weight))
+        got = linear_cross_entropy(hidden, weight, labels, chunk_rows=16)
+        got_grads = torch.autograd.grad(got, (hidden, weight))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=0)
+    for g, w in zip(got_grads, want_grads):
+        assert g.dtype == torch.float32  # the parameters' dtype, as autograd gives the written-out form
+        torch.testing.assert_close(g, w, rtol=0, atol=2e-2 * w.abs().max().item())
