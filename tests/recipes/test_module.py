@@ -130,8 +130,9 @@ def test_size_to_sizes_the_model_and_records_the_width():
     assert again.sizes == lm.sizes and again.hparams == lm.hparams
 
 
-def test_a_batch_with_every_label_ignored_has_loss_zero_not_nan():
-    lm = LanguageModel(16, "AM", vocab_size=20)
+@pytest.mark.parametrize("positions", ["all", "labelled"])
+def test_a_batch_with_every_label_ignored_has_loss_zero_not_nan(positions):
+    lm = LanguageModel(16, "AM", vocab_size=20, loss_positions=positions)
     batch = {"input_ids": torch.randint(0, 20, (2, 6)), "labels": torch.full((2, 6), -100)}
     loss = lm.training_step(batch, 0)
     assert loss.item() == 0.0
