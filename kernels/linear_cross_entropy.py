@@ -18,6 +18,7 @@ run in the inputs' dtype (as the ``nn.Linear`` head would), the softmax and the 
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 IGNORE_INDEX = -100
 # Logit elements per chunk: 4 MiB of fp32 on a CPU (measured: 256 rows at V = 4,096 beat 128 and 512, one
@@ -101,6 +102,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return total
 
     @staticmethod
+    @once_differentiable  # the gradients were formed without a graph: a second derivative raises, not returns 0
     def backward(ctx, grad_total):
         grad_hidden, grad_weight = ctx.saved_tensors
         dh = grad_hidden * grad_total.to(grad_hidden.dtype) if grad_hidden is not None else None

@@ -60,6 +60,13 @@ def test_only_the_gradients_asked_for_are_formed(needs):
     assert torch.allclose(got[0], want[0], rtol=1e-12, atol=1e-12)
 
 
+def test_a_second_derivative_is_refused_not_silently_zero():
+    hidden, weight, labels = problem(9, torch.float64)
+    (dh,) = torch.autograd.grad(linear_cross_entropy(hidden, weight, labels, chunk_rows=4), hidden, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        torch.autograd.grad(dh.sum(), hidden)
+
+
 def test_without_gradients_the_loss_is_the_same_and_no_graph_is_made():
     hidden, weight, labels = problem(29, torch.float64)
     with torch.no_grad():
