@@ -112,6 +112,10 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
         raise ValueError("generate: prompts must be left-padded (the last position of each one a real token)")
     real = ~padding_mask if padding_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     positions = (real.long().cumsum(dim=1) - 1).clamp_min(0)  # each sequence counts from its first real token
+    if not model.extrapolate and T + max_new_tokens - 1 > model.max_seq_len:  # the steps skip the model's checks
+        raise ValueError(f"generate: a prompt of {T} tokens and {max_new_tokens} new ones (the last one not fed back) "
+                         f"take {T + max_new_tokens - 1} positions, past max_seq_len={model.max_seq_len}; generate fewer "
+                         "tokens, or build the model with a larger max_seq_len or extrapolate=True")
     capacity = T + max(max_new_tokens, 1)
     if compile:
         capacity = -(-capacity // STATIC_CAPACITY) * STATIC_CAPACITY
@@ -120,10 +124,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
     hidden = model.hidden_states(input_ids, position_ids=positions, padding_mask=padding_mask, cache=cache)
     logits = model.lm_head(hidden[:, -1])  # [B, V]
     position = positions[:, -1:]  # [B, 1]
-    if compile:
-        step = compiled_decoder(model, cache, position, max_new_tokens)
-    else:
-        step = lambda i, token, pos: model(token, position_ids=pos, cache=cache)[:, -1]  # noqa: E731
+    step = decoder(model, cache, position, max_new_tokens, compile=compile)
     out = torch.empty(B, T + max_new_tokens, dtype=input_ids.dtype, device=input_ids.device)
     out[:, :T] = input_ids
     done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
@@ -141,32 +142,40 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
     return out
 
 
-def compiled_decoder(model, cache: InferenceCache, position: torch.Tensor, max_new_tokens: int):
-    """The compiled step as ``(i, token [B, 1], position [B, 1]) → logits [B, V]``, for the ``i``-th new token
-    (``i >= 1``) of one generation.
+def decoder(model, cache: InferenceCache, position: torch.Tensor, max_new_tokens: int, *, compile: bool = False):
+    """One generation's step as ``(i, token [B, 1], position [B, 1]) → logits [B, V]``, for the ``i``-th new token
+    (``i >= 1``): :func:`decode_step` between the cache's bookkeeping, eager or compiled (``compile``).
 
-    Every step passes the same objects but the token and position (of the same shapes and dtypes): the rotary
-    tables of all steps are made before the first (:func:`step_rotary_tables`) and copied into the same two
-    buffers each step, and the step reads no Python value that changes between steps (the cache's write
-    position is the tensor ``cursor``). So the guards torch.compile checks before each call (about 0.35 ms of
-    a 5 ms Llama step on a CPU) can only pass once they have passed at the first steps: the first two are
-    checked in full (and compile when nothing compiled fits), the later ones run only the tensor checks
-    (``skip_guard_eval_unsafe``: shapes, strides and dtypes, which would raise rather than run a wrong graph)."""
-    step, dims = compiled_step(model), rotary_dims(model)
+    The rotary tables of all steps are made before the first (:func:`step_rotary_tables`, one call instead of a
+    few dozen small ops per step), and the step skips the model's input checks: the tokens come from the model, and
+    :func:`generate` has checked the positions against ``max_seq_len`` for the whole generation.
+
+    Compiled, every step passes the same objects but the token and position (of the same shapes and dtypes): each
+    step's tables are copied into the same two buffers, and the step reads no Python value that changes between
+    steps (the cache's write position is the tensor ``cursor``). So the guards torch.compile checks before each
+    call (about 0.35 ms of a 5 ms Llama step on a CPU) can only pass once they have passed at the first steps: the
+    first two are checked in full (and compile when nothing compiled fits), the later ones run only the tensor
+    checks (``skip_guard_eval_unsafe``: shapes, strides and dtypes, which would raise rather than run a wrong graph)."""
+    dims = rotary_dims(model)
     later = position + torch.arange(1, max(max_new_tokens, 2), device=position.device)  # [B, n - 1]
     tables = step_rotary_tables(model, later, dims)  # {dim: ([B, n-1, dim], ...)}
-    buffers = {dim: tuple(t[:, :1].clone() for t in pair) for dim, pair in tables.items()}  # {dim: ([B, 1, dim], ...)}
+    if compile:
+        step = compiled_step(model)
+        buffers = {dim: tuple(t[:, :1].clone() for t in pair) for dim, pair in tables.items()}  # {dim: ([B, 1, dim], ...)}
 
     def one_step(i: int, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        for dim, pair in tables.items():
-            for buffer, table in zip(buffers[dim], pair):
-                buffer.copy_(table[:, i - 1:i])
         cache.begin(1, None)
-        if i <= 2:  # a mixer whose cache entries change strides after its first step compiles once more here
-            logits = step(model, token, pos, cache, buffers)
+        if not compile:
+            logits = decode_step(model, token, pos, cache, {dim: tuple(t[:, i - 1:i] for t in pair) for dim, pair in tables.items()})
         else:
-            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+            for dim, pair in tables.items():
+                for buffer, table in zip(buffers[dim], pair):
+                    buffer.copy_(table[:, i - 1:i])
+            if i <= 2:  # a mixer whose cache entries change strides after its first step compiles once more here
                 logits = step(model, token, pos, cache, buffers)
+            else:
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                    logits = step(model, token, pos, cache, buffers)
         cache.end(1)
         return logits
 

@@ -10,6 +10,7 @@ import torch
 from components import SSD, Context, Expresser, HybridLM, InnerFuncAttention, QCAttention
 from components.cache import InferenceCache
 from components.catalogue import SEQUENCE_MIXERS
+from kernels._finite import split_finite
 
 MIXERS = {name: partial(factory, 32) for name, factory in SEQUENCE_MIXERS.items()}  # components/catalogue.py
 
@@ -155,6 +156,55 @@ def test_greedy_generate_equals_the_argmax_loop_over_full_forwards():
         nxt = model(ids, position_ids=positions, padding_mask=pad)[:, -1].argmax(-1, keepdim=True)
         ids, pad = torch.cat([ids, nxt], 1), torch.cat([pad, torch.zeros(3, 1, dtype=torch.bool)], 1)
     assert torch.equal(out, ids)
+
+
+def test_a_finite_step_on_a_cpu_skips_the_nonfinite_bookkeeping_until_a_head_meets_one(monkeypatch):
+    """On a CPU, attention's decoding call takes entries out (``split_finite``) only once a non-finite key, value or
+    bias has entered its cache: one sum tells it. A fixed-shape (compiled) cache always keeps the bookkeeping, and
+    finite entries whose sum overflows take the exact path too — with the full forward's outputs either way."""
+    import components.context as context_module
+
+    calls = []
+    monkeypatch.setattr(context_module, "split_finite", lambda x, dims: calls.append(dims) or split_finite(x, dims))
+    torch.manual_seed(0)
+    mixer = InnerFuncAttention(32, n_heads=4, mask="content_exp")  # keys, values and a per-key bias
+    randomize(mixer)
+    x = torch.randn(2, 9, 32)
+    positions = torch.arange(9).expand(2, 9)
+    full = mixer(x, Context(position_ids=positions))
+    calls.clear()
+    torch.testing.assert_close(in_pieces(mixer, x, positions, None, 4), full, atol=1e-5, rtol=1e-4)
+    assert calls == []  # all finite: no bookkeeping at the prefill or at any step
+    in_pieces(mixer, x, positions, None, 4, static=True)
+    assert len(calls) == 6 * 3  # a fixed-shape cache: keys, values and bias at the prefill and each of 5 steps
+    calls.clear()
+    x[1, 6, 0] = float("nan")  # a step's input: the bookkeeping from there on, the NaN reaching what it reaches
+    got, full = in_pieces(mixer, x, positions, None, 4), mixer(x, Context(position_ids=positions))
+    assert len(calls) == 3 * 3 and torch.equal(got.isnan(), full.isnan()) and full.isnan()[1, 6:].all()
+    assert not got.isnan()[0].any() and torch.allclose(got[0], full[0], atol=1e-5, rtol=1e-4)
+
+
+def test_finite_entries_whose_sum_overflows_take_the_exact_path():
+    cache = InferenceCache(1, 4)
+    context = Context(position_ids=torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    big = torch.full((1, 1, 2, 4), 3e38)
+    assert not context._known_finite(big, None) and context._known_finite(big / 1e30, None)
+    assert not context._known_finite(torch.tensor([1.0, float("inf"), -float("inf")]), None)
+    assert not Context(position_ids=torch.zeros(1, 1, dtype=torch.long), cache=InferenceCache(1, 4, static=True))._known_finite(big / 1e30)
+
+
+def test_a_generation_past_max_seq_len_is_refused_before_any_work():
+    """The steps skip the model's input checks, so ``generate`` checks every position up front: the prompt and the
+    new tokens but the last (never fed back) must fit ``max_seq_len`` unless the model extrapolates."""
+    torch.manual_seed(0)
+    mixers = {"A": partial(QCAttention, n_heads=2)}
+    model = HybridLM(20, 8, "AM", mixers, max_seq_len=12)
+    prompt = torch.randint(0, 20, (1, 5))
+    assert model.generate(prompt, 8).shape == (1, 13)  # 12 positions fed
+    for compile in (False, True):
+        with pytest.raises(ValueError, match=r"5 tokens and 9 new ones .* 13 positions, past max_seq_len=12"):
+            model.generate(prompt, 9, compile=compile)
+    assert HybridLM(20, 8, "AM", mixers, max_seq_len=12, extrapolate=True).generate(prompt, 9).shape == (1, 14)
 
 
 def test_compiled_generate_gives_the_eager_tokens():

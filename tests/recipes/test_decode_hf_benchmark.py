@@ -16,10 +16,11 @@ def test_the_table_gives_each_mode_its_step_time_and_argmax_check(capsys):
     rows = {cells[2]: cells for cells in (line.split(" | ") for line in out.splitlines() if line.startswith("| hybrid"))}
     assert set(rows) == {"zoo eager", "zoo compiled"}
     # cells: model, batch, mode, tokens/s, × baseline, step ms, step × eager, argmax
-    assert rows["zoo eager"][4] == "1.00×" and rows["zoo eager"][6] == "1.00×"  # the baseline: the eager itself
-    # one round at a tiny size: the step may be within the timer's noise, which the table must say, not divide by
-    step, ratio = rows["zoo compiled"][5:7]
-    assert (float(step) > 0 and ratio.endswith("×")) or (step, ratio) == ("noise", "-")
+    assert rows["zoo eager"][4] == "1.00×"  # the baseline: the eager itself
+    # one round at a tiny size: either step may be within the timer's noise, which the table must say, not divide by
+    eager, compiled = rows["zoo eager"][5:7], rows["zoo compiled"][5:7]
+    assert (eager, compiled) == (("noise", "-"), ("noise", "-")) or (
+        eager[1] == "1.00×" and compiled[1].endswith("×") and float(eager[0]) > 0 and float(compiled[0]) > 0)
     assert rows["zoo eager"][7] == rows["zoo compiled"][7] == "ok |"
     assert "The zoo's prefill" in out and "hybrid batch 2:" in out
 
