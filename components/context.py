@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 import torch
 
 from components.cache import InferenceCache
+from components.rotary import RotaryEmbedding
 from kernels._finite import poison, seen_so_far, split_finite
 from kernels.attention import attention, document_runs
-from components.rotary import RotaryEmbedding
 
 
 @dataclass
