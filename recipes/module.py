@@ -4,9 +4,9 @@ throughput and learning-rate logging, and checkpoints that rebuild the model (do
 
 import inspect
 import math
-from functools import partial
 import time
 from collections.abc import Mapping
+from functools import partial
 
 import lightning as L
 import torch
@@ -20,13 +20,11 @@ from components.bindings import MixerFactory
 from components.flops import forward_flops_per_token
 from components.model import HybridLM, count_active_parameters, count_parameters
 from components.sizing import SizeTarget, describe_size, sized_mixers
-from kernels.linear_cross_entropy import linear_cross_entropy
+from kernels.linear_cross_entropy import IGNORE_INDEX, linear_cross_entropy
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, consolidate_hint, is_sharded_checkpoint,
                                  load_checkpoint, load_weights)
 from recipes.mfu import device_peak_flops, training_flops
 from recipes.training import DivergenceError, rng_states, set_rng_states
-
-IGNORE_INDEX = -100
 
 
 def model_options() -> list[str]:

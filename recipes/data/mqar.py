@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from kernels.linear_cross_entropy import IGNORE_INDEX
 from recipes.data.order import ResumableDataModule
 
-IGNORE_INDEX = -100
 TEST_MODULUS = 16
 
 

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from kernels.linear_cross_entropy import IGNORE_INDEX
+
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 QUESTION = " What is the pass key? The pass key is"
 
