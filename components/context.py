@@ -106,9 +106,10 @@ class Context:
         reduction each (a sum is finite only if every entry is; an overflowing sum says False, which only takes
         the exact path). Always False on an accelerator, where reading the answer would stall the host, in a
         compiled region, and with a fixed-shape cache (a compiled step's cache keeps the same entries at every step)."""
-        if self.cache.static or torch.compiler.is_compiling() or any(t.device.type != "cpu" for t in tensors if t is not None):
+        tensors = [t for t in tensors if t is not None]
+        if self.cache.static or torch.compiler.is_compiling() or any(t.device.type != "cpu" for t in tensors):
             return False
-        total = sum(t.sum(dtype=torch.float32) for t in tensors if t is not None)  # 0-dim; NaN or inf if any entry is
+        total = sum(t.sum(dtype=torch.float32) for t in tensors)  # 0-dim; NaN or inf if any entry is
         return math.isfinite(total.item())
 
     def zero_padding(self, x: torch.Tensor) -> torch.Tensor:

@@ -166,7 +166,8 @@ def decoder(model, cache: InferenceCache, position: torch.Tensor, max_new_tokens
     def one_step(i: int, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         cache.begin(1, None)
         if not compile:
-            logits = decode_step(model, token, pos, cache, {dim: tuple(t[:, i - 1:i] for t in pair) for dim, pair in tables.items()})
+            step_tables = {dim: tuple(t[:, i - 1:i] for t in pair) for dim, pair in tables.items()}  # {dim: ([B, 1, dim], ...)}
+            logits = decode_step(model, token, pos, cache, step_tables)
         else:
             for dim, pair in tables.items():
                 for buffer, table in zip(buffers[dim], pair):
