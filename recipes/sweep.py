@@ -25,7 +25,12 @@ Every sweep writes ``runs/sweep-logs/<time>/``: the runs' logs, ``sweep.json`` (
 recipe, seed, run folder, exit status; rewritten as each run ends), ``table.md`` (the table printed),
 and ``val_loss.png``, each recipe's validation-loss curve (with seeds: the mean over seeds and a band
 of ± one standard deviation). ``--from runs/sweep-logs/<time> …`` tabulates and plots earlier sweeps
-again from their ``sweep.json``, exactly their runs (several folders: one table, in the first). ``--vs KEY`` adds ``<metric>_vs_<KEY>.png``: the
+again from their ``sweep.json``, exactly their runs (several folders: one table, in the first).
+
+Each sweep also writes ``record.json``: the manifest with every finished run's numbers (final and best
+validation loss, accuracy, speed, validation curves, hyper-parameters). ``--from`` takes such a file as well as a
+folder, so a sweep can be tabulated and plotted again once its run folders are gone — on another machine, or
+from the copy kept with the results (``docs/results/records/``, one per sweep quoted in docs/results.md). ``--vs KEY`` adds ``<metric>_vs_<KEY>.png``: the
 final ``--metric`` (default ``val_acc``) against a model hyper-parameter such as ``d_model``, one line
 per recipe name without its last ``_`` part (``ssd_T64_d16``, ``ssd_T64_d32`` → line ``ssd_T64``).
 
@@ -54,7 +59,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -114,6 +119,7 @@ class Run:
     log: Path | None = None
     seed: int | None = None
     init_from: Path | None = None  # the checkpoint whose weights start the run (fine-tuning), if any
+    stored: dict | None = None  # read from a sweep's record (no run folder needed): its result, curves, hparams
 
     @property
     def failed(self) -> bool:
@@ -129,27 +135,88 @@ class Run:
 
 def write_manifest(folder: Path, family: str, runs: list[Run]) -> None:
     """``folder/sweep.json``: the runs of this sweep and how each ended (``returncode`` None: not yet)."""
-    record = {"family": family, "runs": [{**asdict(run), "config": str(Path(run.config).resolve()),
-                                         "folder": str(Path(run.folder).resolve()),
-                                          "log": None if run.log is None else str(run.log),
-                                          "init_from": None if run.init_from is None else str(run.init_from)}
-                                        for run in runs]}
-    temporary = folder / "sweep.json.tmp"
-    temporary.write_text(json.dumps(record, indent=1))
-    temporary.replace(folder / "sweep.json")  # a reader never sees half a file
+    record = {"family": family, "runs": [manifest_entry(run) for run in runs]}
+    write_json(folder / "sweep.json", record)
+
+
+def manifest_entry(run: Run) -> dict:
+    return {"config": str(Path(run.config).resolve()), "folder": str(Path(run.folder).resolve()),
+            "returncode": run.returncode, "log": None if run.log is None else str(run.log), "seed": run.seed,
+            "init_from": None if run.init_from is None else str(run.init_from)}
+
+
+def write_json(path: Path, record: dict) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(record, indent=1, default=str))
+    temporary.replace(path)  # a reader never sees half a file
 
 
 def read_manifest(folder: Path) -> tuple[str, list[Run]]:
     """The family and runs an earlier sweep recorded in ``folder/sweep.json``; a run that never ended
-    (the sweep was stopped) keeps ``returncode`` None: named NOT FINISHED, and left out of the cells."""
-    path = Path(folder) / "sweep.json"
+    (the sweep was stopped) keeps ``returncode`` None: named NOT FINISHED, and left out of the cells.
+    ``folder`` may also be a sweep's record (:func:`write_record`), or a log folder whose run folders are gone
+    but whose ``record.json`` is there: the runs then carry their stored numbers."""
+    folder = Path(folder)
+    if folder.is_file():
+        return read_record(folder)
+    path = folder / "sweep.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: --from takes a folder a sweep wrote (runs/sweep-logs/<time>)")
+        raise FileNotFoundError(f"{path} not found: --from takes a folder a sweep wrote (runs/sweep-logs/<time>) "
+                                "or a sweep's record.json")
     record = json.loads(path.read_text())
     runs = [Run(Path(r["config"]), Path(r["folder"]), r["returncode"],
                 r["log"] and Path(r["log"]), r["seed"], r.get("init_from") and Path(r["init_from"]))
             for r in record["runs"]]
+    if (folder / "record.json").is_file() and any(not run.failed and not Path(run.folder).is_dir() for run in runs):
+        return read_record(folder / "record.json")
     return record["family"], runs
+
+
+RECORD_FORMAT = 1
+
+
+def write_record(folder: Path, family: str, runs: list[Run]) -> Path:
+    """``folder/record.json``: the sweep's manifest with each finished run's numbers — its final and best
+    validation figures, speed, validation-loss curve and hyper-parameters — so that the sweep can be tabulated and
+    plotted again (``--from``) where its run folders are not: on another machine, from a copy kept with the
+    results (docs/results/records/). Recipes under the bundled configs are named relative to them."""
+    entries = []
+    for run in runs:
+        entry = manifest_entry(run)
+        config = Path(run.config).resolve()
+        if config.is_relative_to(CONFIG_DIR.resolve()):
+            entry["config"] = config.relative_to(CONFIG_DIR.resolve()).as_posix()
+        if run.stored is not None:
+            entry["stored"] = run.stored
+        elif not run.failed and (Path(run.folder) / "hparams.yaml").is_file():
+            entry["stored"] = {"result": read_run(Path(run.folder)),
+                               "curves": {"val/loss": sorted(scalar_series(Path(run.folder), "val/loss").items())},
+                               "hparams": yaml.safe_load((Path(run.folder) / "hparams.yaml").read_text())}
+        entries.append(entry)
+    path = Path(folder) / "record.json"
+    write_json(path, {"family": family, "format": RECORD_FORMAT, "runs": entries})
+    return path
+
+
+def read_record(path: Path) -> tuple[str, list[Run]]:
+    """The family and runs of a sweep's ``record.json`` (:func:`write_record`), each finished run with its
+    stored numbers. A file that is not such a record is refused, named, with what is wrong."""
+    try:
+        record = json.loads(Path(path).read_text())
+        if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+            raise ValueError(f"not a sweep record of format {RECORD_FORMAT}")
+        runs = []
+        for i, r in enumerate(record["runs"]):
+            config = Path(r["config"])
+            run = Run(config if config.is_absolute() else CONFIG_DIR / config, Path(r["folder"]), r["returncode"],
+                      r["log"] and Path(r["log"]), r["seed"], r.get("init_from") and Path(r["init_from"]),
+                      r.get("stored"))
+            if not run.failed and run.stored is None:
+                raise ValueError(f"run {i} ({config.stem}) finished but holds no stored numbers")
+            runs.append(run)
+        return record["family"], runs
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: {error}") from error
 
 
 def seed_list(seeds: int | None, first_seed: int = 0) -> list[int | None]:
@@ -215,6 +282,24 @@ def read_run(run: Path) -> dict:
     }
 
 
+def run_result(run: Run) -> dict:
+    """A finished run's figures (:func:`read_run`): from its record if it came from one, else from its folder."""
+    return run.stored["result"] if run.stored is not None else read_run(Path(run.folder))
+
+
+def run_curve(run: Run, tag: str = "val/loss") -> dict[int, float]:
+    """``{step: value}`` of ``tag`` from the run's folder, or from its record (which keeps ``val/loss``)."""
+    if run.stored is not None:
+        return {int(step): value for step, value in run.stored["curves"].get(tag, [])}
+    return scalar_series(Path(run.folder), tag)
+
+
+def run_hparams(run: Run) -> dict:
+    if run.stored is not None:
+        return run.stored["hparams"]
+    return yaml.safe_load((Path(run.folder) / "hparams.yaml").read_text())
+
+
 def table(runs: list[Run]) -> str:
     rows = ["| recipe | pattern | params | active | steps | val loss | val ppl | val acc | train tok/s |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -224,7 +309,7 @@ def table(runs: list[Run]) -> str:
             rows.append(f"| {name} | {run.ending} |  |  |  |  |  |  |  |")
             continue
         try:
-            r = read_run(run.folder)
+            r = run_result(run)
         except (FileNotFoundError, KeyError) as error:
             rows.append(f"| {name} | no results in {run.folder} ({error}) |  |  |  |  |  |  |  |")
             continue
@@ -394,7 +479,7 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
             notes.append(f"{name} seed {run.seed} {run.ending}")
             continue
         try:
-            result = read_run(run.folder)
+            result = run_result(run)
         except (FileNotFoundError, KeyError) as error:
             notes.append(f"{name} seed {run.seed}: no results in {run.folder} ({error})")
             continue
@@ -453,7 +538,7 @@ def val_curves(runs: list[Run], tag: str = "val/loss") -> dict[str, tuple[list[i
     series: dict[str, list[dict[int, float]]] = {}
     for run in runs:
         if not run.failed:
-            values = scalar_series(Path(run.folder), tag)
+            values = run_curve(run, tag)
             if values:
                 series.setdefault(run.config.stem, []).append(values)
     curves = {}
@@ -485,12 +570,12 @@ def plot_curves(curves: dict, path: Path, title: str) -> None:
     plt.close(figure)
 
 
-def hparam(run: Path, key: str):
-    """A (dotted) key of a run's ``hparams.yaml``, e.g. ``d_model``."""
-    value = yaml.safe_load((Path(run) / "hparams.yaml").read_text())
+def hparam(run: Run, key: str):
+    """A (dotted) key of a run's hyper-parameters (its ``hparams.yaml``), e.g. ``d_model``."""
+    value = run_hparams(run)
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
-            raise KeyError(f"hyper-parameter {key!r} not in {run}/hparams.yaml")
+            raise KeyError(f"hyper-parameter {key!r} not in {run.folder}/hparams.yaml")
         value = value[part]
     return value
 
@@ -503,9 +588,9 @@ def metric_vs(runs: list[Run], key: str, metric: str = "val_acc") -> dict[str, l
         if run.failed:
             continue
         line = run.config.stem.rsplit("_", 1)[0]
-        value = read_run(Path(run.folder))[metric]
+        value = run_result(run)[metric]
         if not math.isnan(value):
-            values.setdefault((line, float(hparam(run.folder, key))), []).append(value)
+            values.setdefault((line, float(hparam(run, key))), []).append(value)
     lines: dict[str, list] = {}
     for (line, x), v in sorted(values.items(), key=lambda item: (item[0][0], item[0][1])):
         lines.setdefault(line, []).append((x, statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)))
@@ -599,8 +684,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.from_logs is not None:
         try:
             sweeps = [read_manifest(Path(folder)) for folder in args.from_logs]
-        except FileNotFoundError as error:
+        except (FileNotFoundError, ValueError) as error:
             sys.exit(f"error: {error}")
+        for folder, (name, found) in zip(args.from_logs, sweeps):  # an older sweep gains its record
+            if Path(folder).is_dir() and not (Path(folder) / "record.json").is_file() and all(
+                    run.failed or (Path(run.folder) / "hparams.yaml").is_file() for run in found):
+                write_record(Path(folder), name, found)
         family, runs = sweeps[0][0], [run for _, found in sweeps for run in found]
         seeded = any(run.seed is not None for run in runs)
         try:
@@ -614,6 +703,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"error: --baseline {args.baseline!r} is not one of the recipes of that sweep")
         if args.suite and args.tasks:
             sys.exit("error: --suite or --tasks, one at a time")
+        if (args.suite or args.tasks) and any(run.stored is not None for run in runs):
+            sys.exit("error: --suite and --tasks evaluate the runs' checkpoints; a sweep's record holds only their "
+                     "numbers: give the log folders of runs still on this machine")
         if args.suite or args.tasks:
             from recipes.evaluation.family import report as suite_report
 
@@ -622,7 +714,11 @@ def main(argv: list[str] | None = None) -> None:
             extra = shlex.split(args.suite_args) + (["--tasks", args.tasks] if args.tasks else [])
             print(suite_report(runs, Path(args.from_logs[0]), family, args.suite or "tasks", args.baseline, extra))
             return
-        print(report(runs, Path(args.from_logs[0]), family, seeded, args.baseline, args.vs, args.metric, args.margin))
+        out = Path(args.from_logs[0])
+        if not out.is_dir():  # a record kept elsewhere: the table and figures go to a new log folder
+            out = Path("runs") / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S-record")
+        print(report(runs, out, family, seeded, args.baseline, args.vs, args.metric, args.margin))
+        print(f"\ntable and figures: {out}/")
         return
     if args.folder is None:
         sys.exit("error: name a folder of recipes (or --from a sweep's log folder)")
@@ -693,9 +789,10 @@ def main(argv: list[str] | None = None) -> None:
         logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress, args.threads,
                             args.launcher, args.devices_per_run, args.submitit_cluster, slurm, args.first_seed,
                             init_from)
+        write_record(logs, family, runs)
     print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
     roots = {logger_root(run.config).parent for run in runs}
-    print(f"\ntable and figures: {logs}/  TensorBoard: tensorboard --logdir {' '.join(map(str, sorted(roots)))}")
+    print(f"\ntable, figures and record.json (the runs' numbers, to keep with the results): {logs}/  TensorBoard: tensorboard --logdir {' '.join(map(str, sorted(roots)))}")
     failed = [run.config.stem for run in runs if run.failed]
     if failed:
         sys.exit(f"error: {len(failed)} of {len(runs)} runs failed: {', '.join(failed)}")

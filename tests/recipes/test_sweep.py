@@ -144,6 +144,16 @@ def test_seeds_launch_one_run_per_seed_in_parallel_and_tabulate_them(tmp_path, m
     a0, a1 = (read_run(tmp_path / "runs" / "fake" / "a_narrow" / f) for f in
               sorted(p.name for p in (tmp_path / "runs" / "fake" / "a_narrow").glob("sweep_*")))
     assert a0["val_loss"] != a1["val_loss"]  # the seeds differ
+    # The sweep's record holds the numbers: with every run folder gone, the same table comes back from it.
+    table = (logs / "table.md").read_text()
+    import shutil
+
+    shutil.copy(logs / "record.json", tmp_path / "kept.json")
+    shutil.rmtree(tmp_path / "runs")
+    main(["--from", str(tmp_path / "kept.json"), "--baseline", "a_narrow"])
+    again = next((tmp_path / "runs" / "sweep-logs").iterdir())
+    assert again.name.endswith("-record") and (again / "table.md").read_text() == table
+    assert (again / "val_loss.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit, match="--baseline 'nope' is not one of the recipes"):
         main([str(family), "--seeds", "2", "--baseline", "nope"])
 
@@ -389,3 +399,43 @@ def test_init_from_fine_tunes_each_run_from_the_earlier_sweeps_run_of_its_name_a
     scratch = max((tmp_path / "runs" / "sweep-logs").iterdir(), key=lambda p: p.stat().st_mtime)
     (run,) = read_manifest(scratch)[1]
     assert run.init_from is None and "init_from: loaded" not in run.log.read_text()
+
+
+def test_a_record_tabulates_and_plots_the_sweep_without_its_run_folders(tmp_path, capsys):
+    """The record keeps each finished run's figures, curves and hyper-parameters: the seed table, the curves and
+    the metric-against-width lines from it equal those from the run folders, which are then deleted."""
+    import shutil
+
+    from recipes.sweep import metric_vs, read_manifest, seed_table, val_curves, write_manifest, write_record
+
+    runs = fake_family(tmp_path)
+    runs[1].returncode = 3  # a failed seed: kept as failed, named under the table
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_manifest(logs, "fake", runs)
+    record = write_record(logs, "fake", runs)
+    before = (seed_table(runs, "a", 0.1), val_curves(runs), metric_vs(runs, "d_model"))
+    for name in ("a", "b"):
+        shutil.rmtree(tmp_path / name)
+    for source in (record, logs):  # the file, or the log folder whose run folders are gone
+        family, stored = read_manifest(source)
+        assert family == "fake" and [(r.config.stem, r.seed, r.returncode) for r in stored] == [
+            (r.config.stem, r.seed, r.returncode) for r in runs]
+        assert (seed_table(stored, "a", 0.1), val_curves(stored), metric_vs(stored, "d_model")) == before
+    assert "a seed 1 FAILED (exit 3" in before[0]
+    with pytest.raises(SystemExit, match="evaluate the runs' checkpoints; a sweep's record holds only"):
+        main(["--from", str(record), "--suite", "length"])
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{not json", "Expecting property name"),
+    ('{"family": "fake", "runs": []}', "not a sweep record of format 1"),
+    ('{"family": "fake", "format": 1, "runs": [{"config": "a.yaml", "folder": "x", "returncode": 0, "log": null, '
+     '"seed": 0}]}', r"run 0 \(a\) finished but holds no stored numbers"),
+    ('{"family": "fake", "format": 1}', "'runs'"),
+])
+def test_a_file_that_is_not_a_sweep_record_is_refused_by_name(tmp_path, text, problem):
+    path = tmp_path / "record.json"
+    path.write_text(text)
+    with pytest.raises(SystemExit, match=f"error: {path}: .*{problem}"):
+        main(["--from", str(path)])
