@@ -104,12 +104,21 @@ def _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, bh, offs_m, offs_d, in_d, sq
 
 
 @triton.jit
-def _first_key_block(doc_ptr, m0, T, BLOCK_N: tl.constexpr, HAS_DOCS: tl.constexpr):
+def _first_key_block(doc_ptr, m0, T, win_b, win_j, offs_m, BLOCK_N: tl.constexpr, HAS_DOCS: tl.constexpr,
+                     HAS_WINDOW: tl.constexpr, HAS_BIAS: tl.constexpr):
     """The first key block a query block starting at ``m0`` may see: with documents, the block holding the start
-    of the first query's document (document runs never decrease, so no later query sees a key before it)."""
+    of the first query's document (document runs never decrease, so no later query sees a key before it).
+
+    With a window and no bias (a sliding window: every key's bias is 0, so each row keeps the keys at or after
+    its threshold position, -1 for a row that keeps them all), the block holding the rows' oldest threshold.
+    With a bias the kept keys may lie anywhere before the query, and every allowed block is visited
+    (docs/kernels.md says why the blocks are not tested one by one)."""
     lo = 0
     if HAS_DOCS:
         lo = tl.load(doc_ptr + T + m0) // BLOCK_N * BLOCK_N
+    if HAS_WINDOW and not HAS_BIAS:
+        oldest = tl.min(tl.where(offs_m < T, win_j, 2147483647), 0)  # rows past T: no say
+        lo = tl.maximum(lo, oldest // BLOCK_N * BLOCK_N)
     return lo
 
 
@@ -156,7 +165,8 @@ def _forward(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, O, LSE,
     hi = S
     if CAUSAL:
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
-    lo = _first_key_block(doc_ptr, pid_m * BLOCK_M, T, BLOCK_N, HAS_DOCS)
+    lo = _first_key_block(doc_ptr, pid_m * BLOCK_M, T, win_b, win_j, offs_m, BLOCK_N, HAS_DOCS, HAS_WINDOW,
+                          HAS_BIAS)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n[:, None] < S) & in_d
@@ -254,7 +264,8 @@ def _backward_q(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
     hi = S
     if CAUSAL:
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
-    lo = _first_key_block(doc_ptr, pid_m * BLOCK_M, T, BLOCK_N, HAS_DOCS)
+    lo = _first_key_block(doc_ptr, pid_m * BLOCK_M, T, win_b, win_j, offs_m, BLOCK_N, HAS_DOCS, HAS_WINDOW,
+                          HAS_BIAS)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n[:, None] < S) & in_d

@@ -129,6 +129,35 @@ def test_triton_keep_window_matches_reference_outputs_and_gradients(name):
                                     document_ids=document_ids(lengths, B))
 
 
+@pytest.mark.parametrize("padding", [False, True])
+def test_a_sliding_window_never_reads_the_key_blocks_before_its_oldest_kept_key(padding):
+    """Without a bias a window keeps each query's ``w`` most recent keys, so the forward and the dQ loop start at
+    the block of the query block's oldest kept key. Checked by poisoning the first key block with NaN: a block that
+    is read, even fully masked, turns its rows NaN (0 · NaN in ``p @ v``), so the query blocks that start past it
+    must come out equal to the reference on clean keys, and their dQ too."""
+    B, T, H, D, w, tile = 1, 67, 2, 16, 5, 16  # the interpreter's 16-row tiles (launch_config on CPU)
+    torch.manual_seed(0)
+    q = torch.randn(B, T, H, D, device=DEVICE, requires_grad=True)
+    k, v = (torch.randn(B, T, 1, D, device=DEVICE) for _ in range(2))
+    pad = None
+    if padding:  # a padded key inside the window moves the thresholds back, never past the poisoned block
+        pad = torch.zeros(B, T, dtype=torch.bool, device=DEVICE)
+        pad[0, [20, 41, 42]] = True
+    poisoned_k, poisoned_v = k.clone(), v.clone()
+    poisoned_k[:, :tile], poisoned_v[:, :tile] = float("nan"), float("nan")
+    # check_finite=False: the kernel itself must not read them (the default would put their causal reach back as NaN)
+    out = attention(q, poisoned_k, poisoned_v, key_padding_mask=pad, keep_window=w, backend="triton",
+                    check_finite=False)
+    ref = attention(q, k, v, key_padding_mask=pad, keep_window=w, backend="reference")
+    start = 2 * tile  # rows 32 on: their oldest kept key (≥ 27) lies past the first block
+    assert out[:, :tile + w - 1].isnan().any()  # the rows that keep poisoned keys do read them
+    torch.testing.assert_close(out[:, start:], ref[:, start:], rtol=2e-5, atol=2e-5)
+    g = torch.zeros_like(out)
+    g[:, start:] = torch.randn_like(g[:, start:])
+    (got,), (want,) = (torch.autograd.grad(o, [q], g) for o in (out, ref))
+    torch.testing.assert_close(got[:, start:], want[:, start:], rtol=1e-4, atol=1e-4)
+
+
 def test_triton_on_cpu_without_the_interpreter_says_so(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     q = torch.randn(1, 4, 2, 16)
