@@ -123,6 +123,22 @@ def _first_key_block(doc_ptr, m0, T, win_b, win_j, offs_m, BLOCK_N: tl.constexpr
 
 
 @triton.jit
+def _last_row_keeping(WIN_J, bh, lo, T, last_key):
+    """With a sliding window (no bias, no documents): the end of the rows that keep a key at or before
+    ``last_key``, searched from ``lo`` — the first row whose threshold position passes it (T if none). The thresholds
+    never decrease along the rows (a later causal row's ``w``-th most recent allowed key is no older; without
+    causality every row has the same one), so the rows that keep any key of a block end there."""
+    a, b = lo, T
+    for _ in range(31):  # rows < 2^31 (the host checks)
+        open_ = a < b
+        mid = (a + b) // 2
+        passed = tl.load(WIN_J + bh.to(tl.int64) * T + mid, mask=open_, other=0) > last_key
+        b = tl.where(open_ & passed, mid, b)
+        a = tl.where(open_ & ~passed, mid + 1, a)
+    return a
+
+
+@triton.jit
 def _delta(O, DO, DELTA, so_b, so_t, so_h, sdo_b, sdo_t, sdo_h, T, H, D,
            BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """``delta[b, h, t] = Σ_d o·do`` in fp32, the backward's row term, one tile of rows at a time: torch's
@@ -218,8 +234,11 @@ def _backward_kv(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DK, DV, 
     if CAUSAL:  # queries before this key block's first key (offset by S - T) never see it
         lo = tl.maximum(pid_n * BLOCK_N - (S - T), 0) // BLOCK_M * BLOCK_M
     hi = T
+    last_key = tl.minimum(pid_n * BLOCK_N + BLOCK_N, S) - 1
     if HAS_DOCS:  # queries after the end of the block's last key's document never see the block (S == T)
-        hi = tl.load(doc_ptr + 2 * T + tl.minimum(pid_n * BLOCK_N + BLOCK_N, S) - 1)
+        hi = tl.load(doc_ptr + 2 * T + last_key)
+    if HAS_WINDOW and not HAS_BIAS and not HAS_DOCS:
+        hi = _last_row_keeping(WIN_J, bh, lo, T, last_key)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q, do, lse, delta, win_b, win_j = _backward_rows(Q, DO, LSE, DELTA, WIN_B, WIN_J, bh, offs_m, offs_d,

@@ -158,6 +158,30 @@ def test_a_sliding_window_never_reads_the_key_blocks_before_its_oldest_kept_key(
     torch.testing.assert_close(got[:, start:], want[:, start:], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_sliding_window_s_key_gradients_never_read_the_rows_past_the_last_that_keeps_them(causal):
+    """The dK/dV loop of a key block ends at the last row that keeps one of its keys (without a bias the thresholds
+    never decrease along the rows). Checked by poisoning the output gradient of the late rows with NaN: a row that
+    is read turns the block's dK and dV NaN (0 · NaN in ``pᵀ dO``), so the first block's must equal the reference's
+    with those rows' gradient zero — which is what it is, since they keep none of its keys."""
+    # w = 17: row 31 keeps key 15 and row 32 does not, so the rows keeping the first block end exactly at the
+    # dK/dV kernel's 32-row step; a search one row off would read the poisoned step.
+    B, T, H, D, w, tile = 1, 67, 2, 16, 17, 16
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(B, T, H, D, device=DEVICE, requires_grad=True) for _ in range(3))
+    pad = torch.zeros(B, T, dtype=torch.bool, device=DEVICE)
+    pad[0, [45, 50]] = True
+    out = attention(q, k, v, causal=causal, key_padding_mask=pad, keep_window=w, backend="triton", check_finite=False)
+    ref = attention(q, k, v, causal=causal, key_padding_mask=pad, keep_window=w, backend="reference")
+    g = torch.randn_like(out)
+    g_clean = g.clone()
+    start = 2 * tile if causal else 0  # without causality every row keeps the last w keys, none of the first block
+    g[:, start:], g_clean[:, start:] = float("nan"), 0.0
+    got, want = (torch.autograd.grad(o, [k, v], grad) for o, grad in ((out, g), (ref, g_clean)))
+    for n, a, b in zip("kv", got, want):
+        torch.testing.assert_close(a[:, :tile], b[:, :tile], rtol=1e-4, atol=1e-4, msg=lambda m: f"d{n}: {m}")
+
+
 def test_triton_on_cpu_without_the_interpreter_says_so(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     q = torch.randn(1, 4, 2, 16)
