@@ -186,16 +186,29 @@ def write_record(folder: Path, family: str, runs: list[Run]) -> Path:
         config = Path(run.config).resolve()
         if config.is_relative_to(CONFIG_DIR.resolve()):
             entry["config"] = config.relative_to(CONFIG_DIR.resolve()).as_posix()
-        if run.stored is not None:
-            entry["stored"] = run.stored
-        elif not run.failed and (Path(run.folder) / "hparams.yaml").is_file():
-            entry["stored"] = {"result": read_run(Path(run.folder)),
-                               "curves": {"val/loss": sorted(scalar_series(Path(run.folder), "val/loss").items())},
-                               "hparams": yaml.safe_load((Path(run.folder) / "hparams.yaml").read_text())}
+        stored = stored_numbers(run)
+        if stored is not None:
+            entry["stored"] = stored
         entries.append(entry)
     path = Path(folder) / "record.json"
     write_json(path, {"family": family, "format": RECORD_FORMAT, "runs": entries})
     return path
+
+
+def stored_numbers(run: Run) -> dict | None:
+    """What a record keeps of a finished run: its figures (:func:`read_run`), validation-loss curve and
+    hyper-parameters; None for a run that failed or did not finish, or left nothing to read (its table cell then
+    says so, as from its folder)."""
+    if run.stored is not None:
+        return run.stored
+    if run.failed:
+        return None
+    folder = Path(run.folder)
+    try:
+        return {"result": read_run(folder), "curves": {"val/loss": sorted(scalar_series(folder, "val/loss").items())},
+                "hparams": yaml.safe_load((folder / "hparams.yaml").read_text())}
+    except (FileNotFoundError, KeyError):
+        return None
 
 
 def read_record(path: Path) -> tuple[str, list[Run]]:
@@ -206,13 +219,11 @@ def read_record(path: Path) -> tuple[str, list[Run]]:
         if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
             raise ValueError(f"not a sweep record of format {RECORD_FORMAT}")
         runs = []
-        for i, r in enumerate(record["runs"]):
+        for r in record["runs"]:
             config = Path(r["config"])
             run = Run(config if config.is_absolute() else CONFIG_DIR / config, Path(r["folder"]), r["returncode"],
                       r["log"] and Path(r["log"]), r["seed"], r.get("init_from") and Path(r["init_from"]),
                       r.get("stored"))
-            if not run.failed and run.stored is None:
-                raise ValueError(f"run {i} ({config.stem}) finished but holds no stored numbers")
             runs.append(run)
         return record["family"], runs
     except (OSError, ValueError, KeyError, TypeError) as error:
@@ -400,10 +411,12 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
         finally:
             if group is not None:
                 groups.put(group)
-        with lock:
-            run.returncode = returncode
+        stored = None if returncode != 0 else stored_numbers(Run(run.config, run.folder, returncode))
+        with lock:  # the record grows as runs end: a sweep stopped halfway keeps its finished runs' numbers
+            run.returncode, run.stored = returncode, stored
             running.discard(index)
             write_manifest(logs, family, runs)
+            write_record(logs, family, runs)
         status = "ok" if not run.failed else f"FAILED (exit {run.returncode}; see {run.log})"
         print(f"{run.config.stem}{'' if run.seed is None else f' seed {run.seed}'}: {status} in "
               f"{time.perf_counter() - start:.0f} s", flush=True)
