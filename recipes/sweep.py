@@ -27,10 +27,13 @@ and ``val_loss.png``, each recipe's validation-loss curve (with seeds: the mean 
 of ± one standard deviation). ``--from runs/sweep-logs/<time> …`` tabulates and plots earlier sweeps
 again from their ``sweep.json``, exactly their runs (several folders: one table, in the first).
 
-Each sweep also writes ``record.json``: the manifest with every finished run's numbers (final and best
-validation loss, accuracy, speed, validation curves, hyper-parameters). ``--from`` takes such a file as well as a
-folder, so a sweep can be tabulated and plotted again once its run folders are gone — on another machine, or
-from the copy kept with the results (``docs/results/records/``, one per sweep quoted in docs/results.md). ``--vs KEY`` adds ``<metric>_vs_<KEY>.png``: the
+Each sweep also writes ``record.json``, rewritten as each run ends: the manifest with every finished run's
+numbers (final and best validation loss, accuracy, speed, validation-loss curve, hyper-parameters). ``--from``
+takes such a file as well as a folder, so a sweep can be tabulated and plotted again once its run folders are
+gone — on another machine, or from the copy kept with the results (``docs/results/records/``, one per sweep
+quoted in docs/results.md).
+
+``--vs KEY`` adds ``<metric>_vs_<KEY>.png``: the
 final ``--metric`` (default ``val_acc``) against a model hyper-parameter such as ``d_model``, one line
 per recipe name without its last ``_`` part (``ssd_T64_d16``, ``ssd_T64_d32`` → line ``ssd_T64``).
 
