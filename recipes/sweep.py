@@ -160,7 +160,7 @@ def read_manifest(folder: Path) -> tuple[str, list[Run]]:
     ``folder`` may also be a sweep's record (:func:`write_record`), or a log folder whose run folders are gone
     but whose ``record.json`` is there: the runs then carry their stored numbers."""
     folder = Path(folder)
-    if folder.is_file():
+    if folder.is_file() or folder.suffix == ".json":
         return read_record(folder)
     path = folder / "sweep.json"
     if not path.is_file():
@@ -221,13 +221,9 @@ def read_record(path: Path) -> tuple[str, list[Run]]:
         record = json.loads(Path(path).read_text())
         if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
             raise ValueError(f"not a sweep record of format {RECORD_FORMAT}")
-        runs = []
-        for r in record["runs"]:
-            config = Path(r["config"])
-            run = Run(config if config.is_absolute() else CONFIG_DIR / config, Path(r["folder"]), r["returncode"],
-                      r["log"] and Path(r["log"]), r["seed"], r.get("init_from") and Path(r["init_from"]),
-                      r.get("stored"))
-            runs.append(run)
+        runs = [Run(CONFIG_DIR / r["config"], Path(r["folder"]), r["returncode"], r["log"] and Path(r["log"]),
+                    r["seed"], r.get("init_from") and Path(r["init_from"]), r.get("stored"))
+                for r in record["runs"]]  # (an absolute config path stays absolute under the / operator)
         return record["family"], runs
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path}: {error}") from error

@@ -437,9 +437,11 @@ def test_a_record_tabulates_and_plots_the_sweep_without_its_run_folders(tmp_path
     ('{"family": "fake", "runs": []}', "not a sweep record of format 1"),
     ('{"family": "fake", "format": 1, "runs": [{"config": "a.yaml", "folder": "x", "returncode": 0}]}', "'log'"),
     ('{"family": "fake", "format": 1}', "'runs'"),
+    (None, "No such file"),
 ])
 def test_a_file_that_is_not_a_sweep_record_is_refused_by_name(tmp_path, text, problem):
     path = tmp_path / "record.json"
-    path.write_text(text)
+    if text is not None:  # None: a record that is not there
+        path.write_text(text)
     with pytest.raises(SystemExit, match=f"error: {path}: .*{problem}"):
         main(["--from", str(path)])
