@@ -206,10 +206,9 @@ def stored_numbers(run: Run) -> dict | None:
         return run.stored
     if run.failed:
         return None
-    folder = Path(run.folder)
     try:
-        return {"result": read_run(folder), "curves": {"val/loss": sorted(scalar_series(folder, "val/loss").items())},
-                "hparams": yaml.safe_load((folder / "hparams.yaml").read_text())}
+        return {"result": run_result(run), "curves": {"val/loss": sorted(run_curve(run).items())},
+                "hparams": run_hparams(run)}
     except (FileNotFoundError, KeyError):
         return None
 
@@ -410,9 +409,9 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
         finally:
             if group is not None:
                 groups.put(group)
-        stored = None if returncode != 0 else stored_numbers(Run(run.config, run.folder, returncode))
         with lock:  # the record grows as runs end: a sweep stopped halfway keeps its finished runs' numbers
-            run.returncode, run.stored = returncode, stored
+            run.returncode = returncode
+            run.stored = stored_numbers(run)  # read once, here
             running.discard(index)
             write_manifest(logs, family, runs)
             write_record(logs, family, runs)
