@@ -368,7 +368,10 @@ def test_a_requeued_job_resumes_from_its_own_last_checkpoint(tmp_path):
 
 
 def test_init_from_fine_tunes_each_run_from_the_earlier_sweeps_run_of_its_name_and_seed(tmp_path, monkeypatch, capsys):
-    from recipes.sweep import read_manifest
+    import statistics
+
+    from recipes.sweep import read_manifest, run_result
+    from recipes.transfer import main as transfer_main
 
     monkeypatch.chdir(tmp_path)
     pre, fine, other = (tmp_path / name for name in ("pre", "fine", "other"))
@@ -400,10 +403,24 @@ def test_init_from_fine_tunes_each_run_from_the_earlier_sweeps_run_of_its_name_a
         assert "init_from: loaded" in run.log.read_text() and str(run.init_from) in run.log.read_text()
     assert "| a | 2 of 2 |" in capsys.readouterr().out
 
-    main([str(fine), "--init-from", "none"])  # the no-transfer control: said out loud, from scratch
+    main([str(fine), "--seeds", "2", "--jobs", "2", "--init-from", "none"])  # the control: said out loud, from scratch
     scratch = max((tmp_path / "runs" / "sweep-logs").iterdir(), key=lambda p: p.stat().st_mtime)
-    (run,) = read_manifest(scratch)[1]
-    assert run.init_from is None and "init_from: loaded" not in run.log.read_text()
+    _, controls = read_manifest(scratch)
+    for run in controls:
+        assert run.init_from is None and "init_from: loaded" not in run.log.read_text()
+
+    # The three stages in one table, joined by seed: each cell is the runs' own final loss, the gain per seed.
+    capsys.readouterr()
+    transfer_main(["--pretrain", str(pre_logs), "--finetune", str(fine_logs), "--control", str(scratch / "record.json")])
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| a |")]
+    loss = lambda runs: [run_result(run)["val_loss"] for run in sorted(runs, key=lambda r: r.seed)]  # noqa: E731
+    gain = [c - f for c, f in zip(loss(controls), loss(tuned))]
+    cells = [cell.strip() for cell in row.split("|")[1:-1]]
+    assert cells[1] == "0, 1"
+    for cell, values in zip((cells[2], cells[3], cells[5], cells[6]), (loss(pretrained), loss(tuned), loss(controls), gain)):
+        assert cell == f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
+    with pytest.raises(SystemExit, match="control a seed 0 started from .*a control trains from scratch"):
+        transfer_main(["--pretrain", str(pre_logs), "--finetune", str(fine_logs), "--control", str(fine_logs)])
 
 
 def test_a_record_tabulates_and_plots_the_sweep_without_its_run_folders(tmp_path, capsys):

@@ -1,0 +1,158 @@
+"""One table of a domain-transfer family: pre-training, fine-tuning and the from-scratch control, joined by model
+and seed (OTCE Tables 2 and 6 report their largest gaps after fine-tuning).
+
+    python -m recipes.transfer --pretrain runs/sweep-logs/<stage 1> --finetune runs/sweep-logs/<stage 2> \\
+        --control runs/sweep-logs/<control> [--baseline jamba] [--out table.md]
+
+Each option takes the log folders or records (``record.json``, such as those kept in docs/results/records/) of one
+or more sweeps: a family run a seed at a time gives one of each per piece. The three stages are the sweeps of
+``english/transfer/pretrain``, of ``english/transfer/finetune --init-from <stage 1>`` and of
+``english/transfer/finetune --init-from none`` (docs/results.md).
+
+Per model, over its seeds: the pre-training validation loss (on the pre-training domains), the fine-tuned one and
+the control's (both on the held-out domain), and the **gain from pre-training**, control − fine-tuned, taken per
+seed (the same seed's two runs: a paired difference, so the model's seed-to-seed spread cancels). Against
+``--baseline``: each column's difference of means, and for the fine-tuned loss and the gain Welch's p with Holm's
+adjustment over the models (:mod:`recipes.stats`).
+
+The join is checked, not assumed: every fine-tuned run must have started from the last checkpoint of the given
+pre-training run of its model and seed, and every control from scratch; what does not fit is named, all of it,
+in one error. A failed or unfinished run is named under the table and left out of its cells (a seed whose
+fine-tuned or control run is missing gives no gain).
+"""
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from recipes.stats import holm, summarize, welch
+from recipes.sweep import Run, family_settings, read_manifest, run_result
+
+STAGES = ("pretrain", "finetune", "control")
+
+
+def stage_runs(sources: list[Path]) -> list[Run]:
+    """The runs of one stage: every run of the given sweeps (log folders or records)."""
+    return [run for source in sources for run in read_manifest(Path(source))[1]]
+
+
+def join(stages: dict[str, list[Run]]) -> tuple[dict[str, dict[str, dict[int | None, float]]], list[str]]:
+    """``{model: {stage: {seed: final validation loss}}}`` over the finished runs, and the notes for the runs left
+    out. Raises ValueError naming every fine-tuned run that did not start from the given pre-training run of its
+    model and seed, every control that did not start from scratch, and every model and seed run twice in a stage."""
+    losses: dict[str, dict[str, dict[int | None, float]]] = {}
+    notes, problems = [], []
+    pretrained = {Path(run.folder).resolve(): (run.config.stem, run.seed) for run in stages["pretrain"]}
+    for stage in STAGES:
+        for run in stages[stage]:
+            name, seed = run.config.stem, run.seed
+            label = f"{stage} {name}" + ("" if seed is None else f" seed {seed}")
+            if stage == "finetune":
+                source = None if run.init_from is None else pretrained.get(Path(run.init_from).resolve().parent.parent)
+                if source != (name, seed):
+                    problems.append(f"{label} started from {run.init_from or 'scratch'}, not from the last checkpoint of "
+                                    f"a --pretrain run of {name}" + ("" if seed is None else f" seed {seed}"))
+                    continue
+            if stage == "control" and run.init_from is not None:
+                problems.append(f"{label} started from {run.init_from}: a control trains from scratch "
+                                "(--init-from none)")
+                continue
+            cells = losses.setdefault(name, {s: {} for s in STAGES})[stage]
+            if seed in cells:
+                problems.append(f"{label} is given twice")
+                continue
+            if run.failed:
+                notes.append(f"{label} {run.ending}")
+                continue
+            try:
+                loss = run_result(run)["val_loss"]
+            except (FileNotFoundError, KeyError) as error:
+                notes.append(f"{label}: no results in {run.folder} ({error})")
+                continue
+            if math.isnan(loss):
+                notes.append(f"{label}: no validation loss logged")
+                continue
+            cells[seed] = loss
+    if problems:
+        raise ValueError("; ".join(problems))
+    return losses, notes
+
+
+def gains(cells: dict[str, dict[int | None, float]]) -> dict[int | None, float]:
+    """Per seed with both runs finished: the control's loss minus the fine-tuned one (what pre-training is worth)."""
+    return {seed: cells["control"][seed] - loss for seed, loss in cells["finetune"].items() if seed in cells["control"]}
+
+
+def transfer_table(losses: dict[str, dict[str, dict[int | None, float]]], baseline: str | None = None,
+                   notes: list[str] = ()) -> str:
+    """The markdown table of :func:`join`'s losses: each cell mean ± std over seeds (with its Δ against
+    ``baseline``'s mean in brackets), and Welch's p with Holm's adjustment over the models for the fine-tuned loss
+    and for the gain."""
+    if baseline is not None and baseline not in losses:
+        raise ValueError(f"--baseline {baseline!r} is not one of the models ({', '.join(losses)})")
+    columns = {name: {**{stage: list(cells[stage].values()) for stage in STAGES},
+                      "gain": list(gains(cells).values())} for name, cells in losses.items()}
+    compared = [name for name in columns if baseline is not None and name != baseline]
+    tests = {}
+    for column in ("finetune", "gain"):
+        raw = {name: welch(columns[name][column], columns[baseline][column])[1] for name in compared}
+        tests[column] = {name: (raw[name], adjusted) for name, adjusted in zip(compared, holm(list(raw.values())))}
+
+    def cell(name: str, column: str) -> str:
+        s = summarize(columns[name][column])
+        if s.n == 0:
+            return "-"
+        text = f"{s.mean:.4f}" + ("" if s.n < 2 else f" ± {s.std:.4f}")
+        if name in compared and columns[baseline][column]:
+            text += f" ({s.mean - summarize(columns[baseline][column]).mean:+.4f})"
+        return text
+
+    def p(name: str, column: str) -> str:
+        if name not in compared:
+            return "(baseline)" if name == baseline else "-"
+        raw, adjusted = tests[column][name]
+        return "< 2 runs" if math.isnan(raw) else f"{raw:.3g} / {adjusted:.3g}"
+
+    rows = [f"| model | seeds | pre-training val loss | fine-tuned val loss | p / Holm | from scratch | "
+            f"gain from pre-training | p / Holm |",
+            "|---|---|---|---|---|---|---|---|"]
+    for name in columns:
+        seeds = sorted({seed for stage in STAGES for seed in losses[name][stage]}, key=lambda s: (s is None, s))
+        rows.append(f"| {name} | {', '.join('-' if s is None else str(s) for s in seeds)} | {cell(name, 'pretrain')} | "
+                    f"{cell(name, 'finetune')} | {p(name, 'finetune')} | {cell(name, 'control')} | "
+                    f"{cell(name, 'gain')} | {p(name, 'gain')} |")
+    bracket = f" In brackets: the difference of means against {baseline}." if baseline else ""
+    legend = ("Validation loss at the end of each stage, mean ± std over seeds; the gain is the control's loss minus "
+              f"the fine-tuned one, per seed.{bracket}")
+    return "\n".join(rows + ["", legend] + ([""] + [f"- {line}" for line in notes] if notes else []))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for stage, what in (("pretrain", "the pre-training sweeps"), ("finetune", "the fine-tuning sweeps "
+                        "(run with --init-from the pre-training ones)"), ("control", "the from-scratch sweeps "
+                        "(--init-from none)")):
+        parser.add_argument(f"--{stage}", nargs="+", required=True, type=Path, metavar="LOGS",
+                            help=f"{what}: runs/sweep-logs/<time> folders or record.json files")
+    parser.add_argument("--baseline", default=None,
+                        help="the model the others are compared with (default: the fine-tuning family's _family.yaml)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table to this markdown file")
+    args = parser.parse_args(argv)
+    try:
+        stages = {stage: stage_runs(getattr(args, stage)) for stage in STAGES}
+        losses, notes = join(stages)
+        baseline = args.baseline
+        if baseline is None and stages["finetune"]:
+            default = family_settings(Path(stages["finetune"][0].config).parent).get("baseline")
+            baseline = default if default in losses else None
+        text = transfer_table(losses, baseline, notes)
+    except (FileNotFoundError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

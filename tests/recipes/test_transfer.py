@@ -1,0 +1,105 @@
+"""``python -m recipes.transfer`` joins a transfer family's three stages by model and seed, and refuses a join that
+does not hold. (The end-to-end run over real sweeps is in test_sweep.py's fine-tuning test.)"""
+
+import json
+import statistics
+
+import pytest
+from scipy import stats as scipy_stats
+
+from recipes.transfer import main
+
+# Final validation losses by model and seed: (pre-training, fine-tuned, from scratch). otce_attention's control
+# seed 2 failed, so its gain comes from seeds 0 and 1 only.
+LOSSES = {
+    "jamba": [(4.50, 5.20, 6.10), (4.52, 5.22, 6.15), (4.54, 5.21, 6.12)],
+    "otce_attention": [(4.49, 5.18, 6.10), (4.50, 5.19, 6.14), (4.52, 5.20, None)],
+    "otce_expresser": [(4.80, 5.45, 6.20), (4.85, 5.50, 6.22), (4.83, 5.48, 6.21)],
+}
+
+
+def write_records(tmp_path, losses=LOSSES, wrong_seed=False, control_from=None) -> dict[str, str]:
+    """One record per stage, as a sweep of the bundled english/transfer recipes would write it."""
+    paths = {}
+    for index, stage in enumerate(("pretrain", "finetune", "control")):
+        runs = []
+        for name, seeds in losses.items():
+            for seed, values in enumerate(seeds):
+                folder = f"/elsewhere/runs/{stage}/{name}_seed{seed}"
+                source = f"/elsewhere/runs/pretrain/{name}_seed{(seed + 1) % 3 if wrong_seed else seed}"
+                init = {"pretrain": None, "finetune": f"{source}/checkpoints/last.ckpt", "control": control_from}[stage]
+                loss = values[index]
+                runs.append({"config": f"english/transfer/{'pretrain' if stage == 'pretrain' else 'finetune'}/{name}.yaml",
+                             "folder": folder, "returncode": 0 if loss is not None else 1, "log": f"{folder}.log",
+                             "seed": seed, "init_from": init,
+                             **({} if loss is None else {"stored": {"result": {"val_loss": loss}, "curves": {},
+                                                                    "hparams": {}}})})
+        paths[stage] = tmp_path / f"{stage}.json"
+        paths[stage].write_text(json.dumps({"family": stage, "format": 1, "runs": runs}))
+    return {stage: str(path) for stage, path in paths.items()}
+
+
+def rows(text: str) -> dict[str, list[str]]:
+    return {cells[0]: cells for cells in ([c.strip() for c in line.split("|")[1:-1]]
+                                          for line in text.splitlines() if line.startswith("| ") and "---" not in line)}
+
+
+def test_each_cell_over_seeds_the_gain_paired_by_seed_and_holm_over_the_models(tmp_path, capsys):
+    paths = write_records(tmp_path)
+    main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"],
+          "--out", str(tmp_path / "table.md")])
+    text = capsys.readouterr().out
+    assert (tmp_path / "table.md").read_text() == text
+    table = rows(text)
+    column = lambda name, i: [v[i] for v in LOSSES[name] if v[i] is not None]  # noqa: E731
+    gain = {name: [v[2] - v[1] for v in LOSSES[name] if v[2] is not None] for name in LOSSES}
+    assert gain["otce_attention"] == pytest.approx([0.92, 0.95])  # not 6.12 - 5.19: seed 2 has no control
+    for name in LOSSES:  # jamba is the fine-tuning family's baseline (its _family.yaml)
+        for index, values in ((2, column(name, 0)), (3, column(name, 1)), (5, column(name, 2)), (6, gain[name])):
+            expected = f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
+            if name != "jamba":
+                reference = {2: column("jamba", 0), 3: column("jamba", 1), 5: column("jamba", 2), 6: gain["jamba"]}
+                expected += f" ({statistics.fmean(values) - statistics.fmean(reference[index]):+.4f})"
+            assert table[name][index] == expected, (name, index)
+    assert table["jamba"][4] == table["jamba"][7] == "(baseline)"
+    for index, values in ((4, lambda name: column(name, 1)), (7, lambda name: gain[name])):
+        raw = {name: scipy_stats.ttest_ind(values(name), values("jamba"), equal_var=False).pvalue
+               for name in ("otce_attention", "otce_expresser")}
+        low, high = sorted(raw, key=raw.get)  # Holm over two: the smaller ×2, the larger no lower than that
+        adjusted = {low: min(1, 2 * raw[low]), high: max(min(1, 2 * raw[low]), raw[high])}
+        for name in raw:
+            assert table[name][index] == f"{raw[name]:.3g} / {adjusted[name]:.3g}", (name, index)
+    assert "- control otce_attention seed 2 FAILED (exit 1" in text
+
+
+def test_one_seed_gives_values_without_spread_or_tests(tmp_path, capsys):
+    paths = write_records(tmp_path, {name: seeds[:1] for name, seeds in LOSSES.items()})
+    main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"],
+          "--baseline", "otce_attention"])
+    table = rows(capsys.readouterr().out)
+    assert table["jamba"][1] == "0" and table["jamba"][3] == "5.2000 (+0.0200)" and table["jamba"][4] == "< 2 runs"
+    assert table["jamba"][6] == "0.9000 (-0.0200)"
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"wrong_seed": True}, "finetune jamba seed 0 started from /elsewhere/runs/pretrain/jamba_seed1/checkpoints/"
+                           "last.ckpt, not from the last checkpoint of a --pretrain run of jamba seed 0"),
+    ({"control_from": "/x/last.ckpt"}, "control jamba seed 0 started from /x/last.ckpt: a control trains from scratch"),
+])
+def test_a_join_that_does_not_hold_is_refused_by_name(tmp_path, change, problem):
+    paths = write_records(tmp_path, **change)
+    with pytest.raises(SystemExit, match=f"error: .*{problem}"):
+        main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"]])
+
+
+def test_a_stage_given_twice_an_unknown_baseline_and_a_missing_record_are_refused(tmp_path):
+    paths = write_records(tmp_path)
+    with pytest.raises(SystemExit, match="control jamba seed 0 is given twice"):
+        main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"],
+              "--control", paths["control"], paths["control"]])
+    with pytest.raises(SystemExit, match="--baseline 'mamba' is not one of the models"):
+        main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"],
+              "--baseline", "mamba"])
+    with pytest.raises(SystemExit, match="nowhere.json"):
+        main(["--pretrain", str(tmp_path / "nowhere.json"), "--finetune", paths["finetune"],
+              "--control", paths["control"]])
