@@ -40,10 +40,12 @@ def stage_runs(sources: list[Path]) -> list[Run]:
 def join(stages: dict[str, list[Run]]) -> tuple[dict[str, dict[str, dict[int | None, float]]], list[str]]:
     """``{model: {stage: {seed: final validation loss}}}`` over the finished runs, and the notes for the runs left
     out. Raises ValueError naming every fine-tuned run that did not start from the given pre-training run of its
-    model and seed, every control that did not start from scratch, and every model and seed run twice in a stage."""
+    model and seed, every control that did not start from scratch or is not a recipe of the fine-tuning family, and
+    every model and seed given twice in a stage."""
     losses: dict[str, dict[str, dict[int | None, float]]] = {}
     notes, problems = [], []
     pretrained = {Path(run.folder).resolve(): (run.config.stem, run.seed) for run in stages["pretrain"]}
+    tuned_on = {Path(run.config).parent.resolve() for run in stages["finetune"]}
     for stage in STAGES:
         for run in stages[stage]:
             name, seed = run.config.stem, run.seed
@@ -57,6 +59,10 @@ def join(stages: dict[str, list[Run]]) -> tuple[dict[str, dict[str, dict[int | N
             if stage == "control" and run.init_from is not None:
                 problems.append(f"{label} started from {run.init_from}: a control trains from scratch "
                                 "(--init-from none)")
+                continue
+            if stage == "control" and tuned_on and Path(run.config).parent.resolve() not in tuned_on:
+                problems.append(f"{label} is a recipe of {Path(run.config).parent}, not of the fine-tuning family "
+                                f"({', '.join(sorted(map(str, tuned_on)))}): the control trains the same recipe from scratch")
                 continue
             cells = losses.setdefault(name, {s: {} for s in STAGES})[stage]
             if seed in cells:

@@ -97,6 +97,9 @@ def test_a_stage_given_twice_an_unknown_baseline_and_a_missing_record_are_refuse
     with pytest.raises(SystemExit, match="control jamba seed 0 is given twice"):
         main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"],
               "--control", paths["control"], paths["control"]])
+    with pytest.raises(SystemExit, match="control jamba seed 0 is a recipe of .*english/transfer/pretrain, not of the "
+                                         "fine-tuning family"):  # pre-training runs (from scratch too) as the control
+        main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["pretrain"]])
     with pytest.raises(SystemExit, match="--baseline 'mamba' is not one of the models"):
         main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"],
               "--baseline", "mamba"])
