@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 
 from recipes.stats import holm, summarize, welch
-from recipes.sweep import Run, family_settings, read_manifest, run_result
+from recipes.sweep.launch import family_settings
+from recipes.sweep.records import Run, read_manifest, run_result
 
 STAGES = ("pretrain", "finetune", "control")
 
@@ -120,8 +121,8 @@ def transfer_table(losses: dict[str, dict[str, dict[int | None, float]]], baseli
         raw, adjusted = tests[column][name]
         return "< 2 runs" if math.isnan(raw) else f"{raw:.3g} / {adjusted:.3g}"
 
-    rows = [f"| model | seeds | pre-training val loss | fine-tuned val loss | p / Holm | from scratch | "
-            f"gain from pre-training | p / Holm |",
+    rows = ["| model | seeds | pre-training val loss | fine-tuned val loss | p / Holm | from scratch | "
+            "gain from pre-training | p / Holm |",
             "|---|---|---|---|---|---|---|---|"]
     for name in columns:
         seeds = sorted({seed for stage in STAGES for seed in losses[name][stage]}, key=lambda s: (s is None, s))

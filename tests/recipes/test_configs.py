@@ -113,7 +113,7 @@ def test_equal_parameter_families_land_on_their_total(built, folder):
 def test_the_transfer_stages_share_each_model_and_split_the_domains(built):
     """Stage 2 fine-tunes stage 1's model of the same name: the same model and batches, the held-out domain, a lower
     learning rate; each model is its English family's (the Expresser family's and the shared-MoE family's)."""
-    from recipes.sweep import family_settings
+    from recipes.sweep.launch import family_settings
 
     pretrain, finetune = family(built, "english/transfer/pretrain"), family(built, "english/transfer/finetune")
     assert set(pretrain) == set(finetune) and len(pretrain) == 9

@@ -272,7 +272,8 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
 
     from recipes.checkpoints import load_checkpoint
     from recipes.cli import resolve_config
-    from recipes.sweep import Run, main as sweep, write_manifest
+    from recipes.sweep.cli import main as sweep
+    from recipes.sweep.records import Run, write_manifest
     from recipes.evaluation.tasks import DATA
 
     run = next((trained_quickstart / "runs" / "quickstart").iterdir())

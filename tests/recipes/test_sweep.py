@@ -8,7 +8,7 @@ import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 from components import HybridLM, QCAttention, count_parameters
-from recipes.sweep import main
+from recipes.sweep.cli import main
 
 TINY = """seed_everything: 0
 model:
@@ -68,7 +68,7 @@ def write_run(folder, losses: dict[int, float], speeds: list[float], pattern: st
 
 
 def test_a_run_is_read_at_its_last_validation_and_median_speed(tmp_path):
-    from recipes.sweep import read_run
+    from recipes.sweep.records import read_run
 
     write_run(tmp_path / "run", {9: 4.0, 19: 3.0, 29: 2.5}, [100.0, 900.0, 300.0, 200.0, 250.0])
     result = read_run(tmp_path / "run")
@@ -79,7 +79,7 @@ def test_a_run_is_read_at_its_last_validation_and_median_speed(tmp_path):
 def test_table_only_takes_the_most_recently_written_run(tmp_path, monkeypatch):
     import os
 
-    from recipes.sweep import newest_run
+    from recipes.sweep.launch import newest_run
 
     monkeypatch.chdir(tmp_path)
     config = tmp_path / "a.yaml"
@@ -95,7 +95,8 @@ def test_table_only_takes_the_most_recently_written_run(tmp_path, monkeypatch):
 def test_seed_statistics_over_a_fake_family_with_known_outcomes(tmp_path):
     """Three recipes × 3 seeds written by hand: the means, deviations and 95% intervals (t₀.₉₇₅,₂ =
     4.3027), the runs behind each cell, Welch's p against the baseline, and a failed run named and left out."""
-    from recipes.sweep import Run, seed_table
+    from recipes.sweep.report import seed_table
+    from recipes.sweep.records import Run
 
     losses = {"base": [2.0, 2.1, 1.9], "worse": [3.0, 3.1, 2.9], "same": [2.05, 1.95, 2.0], "lonely": [2.5]}
     runs = []
@@ -136,7 +137,7 @@ def test_seeds_launch_one_run_per_seed_in_parallel_and_tabulate_them(tmp_path, m
     assert (logs / "table.md").read_text().count("| 2 of 2 |") == 2
     assert (logs / "val_loss.png").read_bytes()[:4] == b"\x89PNG"
     assert f"tensorboard --logdir {Path('runs') / 'fake'}" in out
-    from recipes.sweep import read_manifest, read_run
+    from recipes.sweep.records import read_manifest, read_run
 
     family_name, recorded = read_manifest(logs)
     assert family_name == "family" and sorted((r.config.stem, r.seed, r.returncode) for r in recorded) == [
@@ -161,7 +162,7 @@ def test_seeds_launch_one_run_per_seed_in_parallel_and_tabulate_them(tmp_path, m
 
 def fake_family(tmp_path) -> list:
     """Two recipes × 3 seeds with hand-written validation curves; seed 2 of ``b`` validated one step less."""
-    from recipes.sweep import Run
+    from recipes.sweep.records import Run
 
     runs = []
     for name, curves in {"a": [{10: 4.0, 20: 3.0}, {10: 5.0, 20: 3.5}, {10: 6.0, 20: 4.0}],
@@ -173,7 +174,8 @@ def fake_family(tmp_path) -> list:
 
 
 def test_validation_curves_are_averaged_over_the_seeds_at_the_steps_all_of_them_have(tmp_path):
-    from recipes.sweep import Run, plot_curves, val_curves
+    from recipes.sweep.report import plot_curves, val_curves
+    from recipes.sweep.records import Run
 
     runs = fake_family(tmp_path) + [Run(tmp_path / "a.yaml", tmp_path / "a" / "s9", returncode=1, seed=9)]
     curves = val_curves(runs)
@@ -184,7 +186,8 @@ def test_validation_curves_are_averaged_over_the_seeds_at_the_steps_all_of_them_
 
 
 def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
-    from recipes.sweep import main, write_manifest
+    from recipes.sweep.cli import main
+    from recipes.sweep.records import write_manifest
 
     runs = fake_family(tmp_path)
     runs[1].returncode = None  # the sweep was stopped while a seed 1 ran: named, and left out of the cells
@@ -205,7 +208,8 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
 
 
 def test_a_metric_against_a_hyperparameter_has_one_line_per_recipe_series(tmp_path):
-    from recipes.sweep import Run, metric_vs, plot_vs
+    from recipes.sweep.report import metric_vs, plot_vs
+    from recipes.sweep.records import Run
 
     runs = []
     for name, d, accs in (("ssd_T64_d16", 16, [0.1, 0.3]), ("ssd_T64_d32", 32, [0.5, 0.5]),
@@ -228,7 +232,8 @@ def test_holm_tost_detectable_effect_and_the_best_loss_in_the_seed_table(tmp_pat
     """Four recipes × 3 seeds with hand-made curves: the new columns equal the statistics computed by hand,
     and a run whose best loss came long before its end is flagged."""
     from recipes.stats import detectable_effect, holm, tost, welch
-    from recipes.sweep import Run, seed_table
+    from recipes.sweep.report import seed_table
+    from recipes.sweep.records import Run
 
     finals = {"base": [2.0, 2.1, 1.9], "worse": [3.0, 3.1, 2.9], "close": [2.01, 2.11, 1.91], "peaked": [2.3, 2.2, 2.4]}
     runs = []
@@ -252,7 +257,8 @@ def test_holm_tost_detectable_effect_and_the_best_loss_in_the_seed_table(tmp_pat
 
 
 def test_progress_names_each_running_run_with_its_step_loss_and_log(tmp_path):
-    from recipes.sweep import Run, progress_lines
+    from recipes.sweep.launch import progress_lines
+    from recipes.sweep.records import Run
 
     write_run(tmp_path / "a" / "s0", {9: 3.0}, [1.0])
     with SummaryWriter(str(tmp_path / "a" / "s0")) as writer:
@@ -306,7 +312,7 @@ def test_gpus_launcher_gives_each_concurrent_run_its_own_device(tmp_path, monkey
     import json
     import sys
 
-    import recipes.sweep as sweep
+    import recipes.sweep.launch as sweep
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
@@ -332,7 +338,7 @@ def test_gpus_launcher_gives_each_concurrent_run_its_own_device(tmp_path, monkey
 def test_first_seed_adds_later_seeds_to_an_earlier_sweep(tmp_path, monkeypatch):
     import sys
 
-    import recipes.sweep as sweep
+    import recipes.sweep.launch as sweep
 
     monkeypatch.chdir(tmp_path)
     stub = tmp_path / "stub.py"
@@ -370,7 +376,7 @@ def test_a_requeued_job_resumes_from_its_own_last_checkpoint(tmp_path):
 def test_init_from_fine_tunes_each_run_from_the_earlier_sweeps_run_of_its_name_and_seed(tmp_path, monkeypatch, capsys):
     import statistics
 
-    from recipes.sweep import read_manifest, run_result
+    from recipes.sweep.records import read_manifest, run_result
     from recipes.transfer import main as transfer_main
 
     monkeypatch.chdir(tmp_path)
@@ -428,7 +434,8 @@ def test_a_record_tabulates_and_plots_the_sweep_without_its_run_folders(tmp_path
     the metric-against-width lines from it equal those from the run folders, which are then deleted."""
     import shutil
 
-    from recipes.sweep import metric_vs, read_manifest, seed_table, val_curves, write_manifest, write_record
+    from recipes.sweep.report import metric_vs, seed_table, val_curves
+    from recipes.sweep.records import read_manifest, write_manifest, write_record
 
     runs = fake_family(tmp_path)
     runs[1].returncode = 3  # a failed seed: kept as failed, named under the table

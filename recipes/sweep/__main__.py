@@ -1,0 +1,3 @@
+from recipes.sweep.cli import main
+
+main()

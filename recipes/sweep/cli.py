@@ -1,0 +1,231 @@
+"""Run a family of recipes and compare them: ``python -m recipes.sweep FOLDER``.
+
+    python -m recipes.sweep positions                          # every recipes/configs/positions/*.yaml
+    python -m recipes.sweep positions --only ssd_rope ssd_conv  # a subset
+    python -m recipes.sweep positions --set trainer.max_steps=50  # any override, for every run
+    python -m recipes.sweep positions --table-only              # tabulate the latest existing runs
+    python -m recipes.sweep positions --seeds 3 --jobs 2 --baseline ssd_rope   # statistics over seeds
+
+Each recipe runs as its own ``python -m recipes fit`` process, logging into a run folder named for
+this sweep (``<logger root>/sweep_<time>``; its output goes to ``runs/sweep-logs/<time>/NAME.log``);
+then one markdown table is printed from exactly those folders: final validation loss, perplexity and
+accuracy, parameters, and median training tokens per second. A run that failed is marked FAILED in the
+table (with its exit status and log), and the sweep then exits with status 1.
+
+With ``--seeds N`` each recipe runs N times (``seed_everything`` 0 … N-1; ``--first-seed K``: K … K+N-1, to
+add seeds to an earlier sweep and tabulate both with ``--from``), ``--jobs J`` at a time, each
+process given ``cores // J`` threads so the runs do not oversubscribe the machine. The table then
+gives, per recipe, the final validation loss and accuracy as mean ± standard deviation with a 95%
+interval of the mean, the number of runs behind each cell (of those launched), and with
+``--baseline NAME`` the difference of mean loss to that recipe with the p-value of Welch's t-test
+(:mod:`recipes.stats`). The cells come from exactly the runs launched; a failed run is named under the
+table and left out of its recipe's cells.
+
+Every sweep writes ``runs/sweep-logs/<time>/``: the runs' logs, ``sweep.json`` (the runs it launched:
+recipe, seed, run folder, exit status; rewritten as each run ends), ``table.md`` (the table printed),
+and ``val_loss.png``, each recipe's validation-loss curve (with seeds: the mean over seeds and a band
+of ± one standard deviation). ``--from runs/sweep-logs/<time> …`` tabulates and plots earlier sweeps
+again from their ``sweep.json``, exactly their runs (several folders: one table, in the first).
+
+Each sweep also writes ``record.json``, rewritten as each run ends: the manifest with every finished run's
+numbers (final and best validation loss, accuracy, speed, validation-loss curve, hyper-parameters). ``--from``
+takes such a file as well as a folder, so a sweep can be tabulated and plotted again once its run folders are
+gone — on another machine, or from the copy kept with the results (``docs/results/records/``, one per sweep
+quoted in docs/results.md).
+
+``--vs KEY`` adds ``<metric>_vs_<KEY>.png``: the
+final ``--metric`` (default ``val_acc``) against a model hyper-parameter such as ``d_model``, one line
+per recipe name without its last ``_`` part (``ssd_T64_d16``, ``ssd_T64_d32`` → line ``ssd_T64``).
+
+``--launcher gpus`` runs one recipe per visible GPU (or group of ``--devices-per-run``) at a time;
+``--launcher slurm`` submits the runs as a submitit job array, requeued from their ``last.ckpt`` on
+preemption, and tabulates them when the array is done (:mod:`recipes.launchers`, docs/training.md).
+
+TensorBoard: every run logs to ``<save_dir>/<family>/<recipe>/sweep_<time>[_seed<k>]``, so
+``tensorboard --logdir runs/<family>`` overlays the family's recipes and seeds (filter on
+``sweep_<time>`` for one sweep); the sweep prints that command.
+
+Fine-tuning a family's runs: ``--init-from runs/sweep-logs/<time> …`` starts each run from the ``last.ckpt`` of
+the earlier sweep's run with the same recipe name and seed (``--model.init_from``; all are checked before
+anything launches). A family whose ``_family.yaml`` says ``starts_from: FOLDER`` (english/transfer/finetune)
+is only run that way, from a sweep of that folder, or with ``--init-from none``: from scratch, the control.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from recipes.launchers import LAUNCHERS
+from recipes.sweep.launch import (family_settings, launch, logger_root, newest_run, recipe_files, seed_list,
+                                  starting_checkpoints)
+from recipes.sweep.report import report
+from recipes.sweep.records import Run, read_manifest, write_record
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m recipes.sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", nargs="?", help="a folder of recipes: a path, or a bundled name such as 'positions'")
+    parser.add_argument("--from", dest="from_logs", metavar="LOGS", nargs="+", default=None,
+                        help="tabulate and plot earlier sweeps again: their runs/sweep-logs/<time> folders "
+                             "(several: one table of all their runs, written into the first)")
+    parser.add_argument("--only", nargs="+", default=None, help="recipe names (file stems) to run")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for every run")
+    parser.add_argument("--table-only", action="store_true", help="do not run; tabulate the latest runs")
+    parser.add_argument("--seeds", type=int, default=None, help="run each recipe with seeds 0 … N-1; statistics")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="with --seeds: start at this seed (seeds K … K+N-1), to add seeds to an earlier sweep, "
+                             "then tabulate both with --from")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (threads split between them)")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                        help="local: this machine's cores; gpus: one run per visible GPU (or group of --devices-per-run); "
+                             "slurm: a submitit job array (pip install submitit), requeued from last.ckpt on preemption")
+    parser.add_argument("--devices-per-run", type=int, default=1, help="GPUs per run (gpus, slurm)")
+    parser.add_argument("--slurm", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="submitit parameters for --launcher slurm: slurm_partition=gpu timeout_min=600 …")
+    parser.add_argument("--submitit-cluster", choices=["slurm", "local", "debug"], default=None,
+                        help="with --launcher slurm: force submitit's executor (local: processes here, for a test)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads per run (default: the cores divided by --jobs); fewer leaves cores free")
+    parser.add_argument("--baseline", default=None, help="with --seeds: the recipe the others are compared with "
+                        "(default: the family's _family.yaml)")
+    parser.add_argument("--margin", type=float, default=None,
+                        help="with --seeds: the equivalence margin in nats for the TOST column (default: the family's)")
+    parser.add_argument("--vs", default=None, metavar="KEY",
+                        help="also plot the final --metric against this hyper-parameter (e.g. d_model)")
+    parser.add_argument("--suite", choices=["length", "passkey", "mqar"], default=None,
+                        help="with --from: run this long-context suite on every finished run's last.ckpt and tabulate "
+                             "it over seeds (docs/evaluation.md)")
+    parser.add_argument("--tasks", default=None, metavar="T1,T2",
+                        help="with --from: run these lm-eval tasks on every finished run's last.ckpt and tabulate them "
+                             "over seeds (a local task's folder in --suite-args \"--include_path DIR\")")
+    parser.add_argument("--suite-args", default="", metavar="ARGS",
+                        help="more arguments for the suite or tasks, in one string: --suite-args \"--multiples 1 2 4 --windows 4\"")
+    parser.add_argument("--init-from", nargs="+", default=None, metavar="LOGS",
+                        help="fine-tune: start each run from the last.ckpt of the run with the same recipe name and seed "
+                             "in these earlier sweeps (their runs/sweep-logs/<time> folders); 'none': from scratch")
+    parser.add_argument("--progress", type=float, default=60.0, metavar="SECONDS",
+                        help="how often the sweep reports its runs' progress (default 60)")
+    parser.add_argument("--metric", default="val_acc", choices=["val_acc", "val_loss", "val_ppl"],
+                        help="what --vs plots (default val_acc)")
+    args = parser.parse_args(argv)
+    if args.from_logs is not None:
+        try:
+            sweeps = [read_manifest(Path(folder)) for folder in args.from_logs]
+        except (FileNotFoundError, ValueError) as error:
+            sys.exit(f"error: {error}")
+        for folder, (name, found) in zip(args.from_logs, sweeps):  # an older sweep gains its record
+            if Path(folder).is_dir() and not (Path(folder) / "record.json").is_file() and all(
+                    run.failed or (Path(run.folder) / "hparams.yaml").is_file() for run in found):
+                write_record(Path(folder), name, found)
+        family, runs = sweeps[0][0], [run for _, found in sweeps for run in found]
+        seeded = any(run.seed is not None for run in runs)
+        try:
+            settings = family_settings(Path(runs[0].config).parent) if runs else {}
+        except ValueError as error:
+            sys.exit(f"error: {error}")
+        if settings.get("baseline") in {run.config.stem for run in runs}:
+            args.baseline = args.baseline or settings["baseline"]
+        args.margin = args.margin if args.margin is not None else settings.get("equivalence_margin")
+        if args.baseline is not None and args.baseline not in {run.config.stem for run in runs}:
+            sys.exit(f"error: --baseline {args.baseline!r} is not one of the recipes of that sweep")
+        if args.suite and args.tasks:
+            sys.exit("error: --suite or --tasks, one at a time")
+        if (args.suite or args.tasks) and any(run.stored is not None for run in runs):
+            sys.exit("error: --suite and --tasks evaluate the runs' checkpoints; a sweep's record holds only their "
+                     "numbers: give the log folders of runs still on this machine")
+        if args.suite or args.tasks:
+            from recipes.evaluation.family import report as suite_report
+
+            import shlex
+
+            extra = shlex.split(args.suite_args) + (["--tasks", args.tasks] if args.tasks else [])
+            print(suite_report(runs, Path(args.from_logs[0]), family, args.suite or "tasks", args.baseline, extra))
+            return
+        out = Path(args.from_logs[0])
+        if not out.is_dir():  # a record kept elsewhere: the table and figures go to a new log folder
+            out = Path("runs") / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S-record")
+        print(report(runs, out, family, seeded, args.baseline, args.vs, args.metric, args.margin))
+        print(f"\ntable and figures: {out}/")
+        return
+    if args.folder is None:
+        sys.exit("error: name a folder of recipes (or --from a sweep's log folder)")
+    if args.suite or args.tasks:
+        sys.exit("error: --suite and --tasks evaluate a finished sweep: give its log folder with --from")
+    if args.seeds is not None and args.seeds < 1 or args.jobs < 1:
+        sys.exit(f"error: --seeds {args.seeds} and --jobs {args.jobs} must be >= 1")
+    if args.first_seed < 0 or args.first_seed and args.seeds is None:
+        sys.exit(f"error: --first-seed {args.first_seed} must be >= 0, and goes with --seeds")
+    if args.seeds is not None and args.table_only:
+        sys.exit("error: --table-only reads one run per recipe; --seeds launches new ones")
+    if args.init_from is not None and args.table_only:
+        sys.exit("error: --init-from starts new runs; --table-only launches none")
+    try:
+        configs = recipe_files(args.folder)
+    except FileNotFoundError as error:
+        sys.exit(f"error: {error}")
+    try:
+        settings = family_settings(configs[0].parent)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    if args.only:
+        unknown = set(args.only) - {c.stem for c in configs}
+        if unknown:
+            sys.exit(f"error: --only names {sorted(unknown)} not in {args.folder} ({', '.join(c.stem for c in configs)})")
+        configs = [c for c in configs if c.stem in args.only]
+    starts_from = settings.get("starts_from")
+    if starts_from is not None and args.init_from is None and not args.table_only:
+        sys.exit(f"error: {args.folder} fine-tunes the runs of {starts_from}: run that family first "
+                 f"(python -m recipes.sweep {starts_from} --seeds N), then give its log folder with "
+                 f"--init-from runs/sweep-logs/<time> (--init-from none: from scratch, the no-transfer control)")
+    init_from = None
+    if args.init_from == ["none"]:
+        args.init_from = None  # from scratch, said out loud
+    elif args.init_from is not None:
+        try:
+            init_from = starting_checkpoints(configs, seed_list(args.seeds, args.first_seed),
+                                             [Path(f) for f in args.init_from], starts_from)
+        except (FileNotFoundError, ValueError) as error:
+            sys.exit(f"error: {error}")
+    if args.seeds is not None:
+        if settings.get("baseline") in {c.stem for c in configs}:  # (not when --only leaves it out)
+            args.baseline = args.baseline or settings["baseline"]
+        args.margin = args.margin if args.margin is not None else settings.get("equivalence_margin")
+    if args.baseline is not None and args.baseline not in {c.stem for c in configs}:
+        sys.exit(f"error: --baseline {args.baseline!r} is not one of the recipes ({', '.join(c.stem for c in configs)})")
+    overrides = []
+    for item in args.set:
+        if "=" not in item:
+            sys.exit(f"error: --set takes KEY=VALUE; got {item!r}")
+        key, value = item.split("=", 1)
+        overrides += [f"--{key}", value]
+
+    family = Path(args.folder).name
+    if args.table_only:
+        logs = Path("runs") / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S-table")
+        runs = []
+        for config in configs:
+            try:
+                runs.append(Run(config, newest_run(config)))
+            except FileNotFoundError as error:
+                runs.append(Run(config, logger_root(config), returncode=-1, log=str(error)))
+    else:
+        slurm = dict(item.split("=", 1) for item in args.slurm if "=" in item)
+        if len(slurm) != len(args.slurm):
+            parser.error(f"--slurm takes KEY=VALUE items; got {args.slurm}")
+        slurm = {k: int(v) if v.isdigit() else v for k, v in slurm.items()}
+        logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress, args.threads,
+                            args.launcher, args.devices_per_run, args.submitit_cluster, slurm, args.first_seed,
+                            init_from)
+        write_record(logs, family, runs)
+    print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
+    roots = {logger_root(run.config).parent for run in runs}
+    print(f"\ntable, figures and record.json (the runs' numbers, to keep with the results): {logs}/  TensorBoard: tensorboard --logdir {' '.join(map(str, sorted(roots)))}")
+    failed = [run.config.stem for run in runs if run.failed]
+    if failed:
+        sys.exit(f"error: {len(failed)} of {len(runs)} runs failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()

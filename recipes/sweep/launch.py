@@ -1,0 +1,223 @@
+"""Finding a family's recipes and launching them: each recipe (and seed) as its own ``python -m recipes fit``
+process, ``jobs`` at a time on this machine's cores, one per GPU group, or as a submitit job array; the manifest
+and record rewritten as each run ends, and the progress reported while they run."""
+
+import concurrent.futures
+import os
+import queue
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from recipes.cli import CONFIG_DIR
+from recipes.launchers import (RecipeJob, device_groups, gpu_arguments, python_command, submitit_executor,
+                               visible_gpus)
+from recipes.sweep.records import Run, read_manifest, scalar_series, stored_numbers, write_manifest, write_record
+
+
+def recipe_files(folder: str) -> list[Path]:
+    path = Path(folder) if Path(folder).is_dir() else CONFIG_DIR / folder
+    if not path.is_dir():
+        bundled = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir())
+        raise FileNotFoundError(f"recipe folder {folder!r} not found (bundled folders: {', '.join(bundled)})")
+    files = sorted(f for f in path.glob("*.yaml") if not f.name.startswith("_"))  # _family.yaml is not a recipe
+    if not files:
+        raise FileNotFoundError(f"recipe folder {str(path)!r} holds no .yaml recipes")
+    return files
+
+
+def family_settings(folder: Path) -> dict:
+    """What a family declares in ``_family.yaml`` beside its recipes: ``baseline`` (the recipe the others are
+    compared with) and ``equivalence_margin`` (nats; closeness claims are tested as equivalence within it)."""
+    path = Path(folder) / "_family.yaml"
+    if not path.is_file():
+        return {}
+    settings = yaml.safe_load(path.read_text()) or {}
+    unknown = set(settings) - {"baseline", "equivalence_margin", "claims", "starts_from"}
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)} (known: baseline, equivalence_margin, claims, "
+                         "starts_from)")
+    return settings
+
+
+def logger_root(config: Path) -> Path:
+    """The folder that holds the versions of the TensorBoard logger the recipe names."""
+    logger = yaml.safe_load(config.read_text())["trainer"]["logger"]["init_args"]
+    return Path(logger.get("save_dir", "runs")) / logger.get("name", config.stem)
+
+
+def newest_run(config: Path) -> Path:
+    """The most recently written run folder of the recipe (for ``--table-only``)."""
+    root = logger_root(config)
+    runs = sorted((p for p in root.glob("*") if (p / "hparams.yaml").is_file()), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise FileNotFoundError(f"no run of {config.name} under {root}")
+    return runs[-1]
+
+
+def seed_list(seeds: int | None, first_seed: int = 0) -> list[int | None]:
+    """The seeds a sweep runs each recipe with: ``first_seed … first_seed+seeds-1``, or ``[None]`` (the recipe's own)."""
+    return list(range(first_seed, first_seed + seeds)) if seeds else [None]
+
+
+def starting_checkpoints(configs: list[Path], seeds: list[int | None], sweeps: list[Path],
+                         family: str | None = None) -> dict[tuple[str, int | None], Path]:
+    """For fine-tuning: (recipe name, seed) → the ``last.ckpt`` of the run with that recipe name and seed in the
+    earlier ``sweeps`` (their ``runs/sweep-logs/<time>`` folders); with ``family`` (a recipe folder such as
+    ``english/transfer/pretrain``), those runs must be of its recipes. Every pair must have one finished run
+    with its checkpoint: what is missing is named, all of it, in one error."""
+    found: dict[tuple[str, int | None], Path] = {}
+    problems = []
+    for folder in sweeps:
+        _, runs = read_manifest(folder)
+        for run in runs:
+            if family is not None and Path(run.config).parent.parts[-len(Path(family).parts):] != Path(family).parts:
+                problems.append(f"{folder} ran {run.config}, not a recipe of {family}")
+            elif not run.failed:
+                found.setdefault((run.config.stem, run.seed), run.folder / "checkpoints" / "last.ckpt")
+    points = {}
+    for config in configs:
+        for seed in seeds:
+            name = config.stem + ("" if seed is None else f" seed {seed}")
+            checkpoint = found.get((config.stem, seed))
+            if checkpoint is None:
+                problems.append(f"no finished run of {name} in {', '.join(map(str, sweeps))}")
+            elif not checkpoint.is_file():
+                problems.append(f"{name}: {checkpoint} is missing")
+            else:
+                points[(config.stem, seed)] = checkpoint
+    if problems:
+        raise ValueError("--init-from: " + "; ".join(dict.fromkeys(problems)))
+    return points
+
+
+def progress_lines(runs: list[Run], running: set[int], logs: Path) -> list[str]:
+    """What the sweep says while it runs: how many runs are done, running, failed and waiting, and each running
+    run's last logged step and training loss, with where its log is."""
+    done = sum(1 for i, r in enumerate(runs) if r.returncode is not None and not r.failed)
+    failed = sum(1 for r in runs if r.returncode is not None and r.failed)
+    waiting = len(runs) - done - failed - len(running)
+    lines = [f"[sweep {time.strftime('%H:%M:%S')}] {done} done, {len(running)} running, {failed} failed, "
+             f"{waiting} waiting; logs in {logs}/"]
+    for i in sorted(running):
+        run = runs[i]
+        losses = scalar_series(Path(run.folder), "train/loss") if Path(run.folder).is_dir() else {}
+        where = f"step {max(losses) + 1}, train loss {losses[max(losses)]:.4f}" if losses else "starting"
+        lines.append(f"  {run.config.stem}{'' if run.seed is None else f' seed {run.seed}'}: {where} ({run.log})")
+    return lines
+
+
+def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, jobs: int = 1,
+           family: str = "", progress_every: float = 60.0, threads: int | None = None, launcher: str = "local",
+           devices_per_run: int = 1, submitit_cluster: str | None = None,
+           slurm: dict | None = None, first_seed: int = 0,
+           init_from: dict[tuple[str, int | None], Path] | None = None) -> tuple[Path, list[Run]]:
+    """Run each recipe (once, or once per seed ``first_seed … first_seed+seeds-1``) as its own process, ``jobs`` at a time,
+    each into a run folder named for this sweep (and seed); with ``init_from`` ((recipe name, seed) → checkpoint,
+    :func:`starting_checkpoints`), each run starts from its checkpoint's weights. Returns the sweep's log folder
+    and its runs."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    logs = Path("runs") / "sweep-logs" / stamp
+    logs.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for config in configs:
+        for seed in seed_list(seeds, first_seed):
+            suffix = "" if seed is None else f"_seed{seed}"
+            runs.append(Run(config, logger_root(config) / f"sweep_{stamp}{suffix}", returncode=None,
+                            log=logs / f"{config.stem}{suffix}.log", seed=seed,
+                            init_from=None if init_from is None else init_from[(config.stem, seed)]))
+    lock = threading.Lock()
+    write_manifest(logs, family, runs)
+    groups: queue.Queue | None = None
+    if launcher == "gpus":  # one run per group of GPUs at a time, each run given its group alone
+        found = device_groups(visible_gpus(), devices_per_run)
+        jobs, groups = len(found), queue.Queue()
+        for group in found:
+            groups.put(group)
+    threads = threads or max(1, (os.cpu_count() or 1) // jobs)  # each process's share of the cores
+
+    def command_of(run: Run) -> list[str]:
+        return [*python_command(), "--config", str(run.config), "--trainer.enable_progress_bar", "false",
+                "--trainer.logger.init_args.version", run.folder.name,
+                *([] if run.seed is None else ["--seed_everything", str(run.seed)]),
+                *([] if run.init_from is None else ["--model.init_from", str(Path(run.init_from).resolve())]), *overrides]
+
+    if launcher == "slurm":
+        return logs, submit(runs, command_of, logs, family, jobs, threads, devices_per_run, submitit_cluster,
+                            slurm or {}, progress_every)
+    running: set[int] = set()
+    finished = threading.Event()
+
+    def monitor() -> None:
+        while not finished.wait(progress_every):
+            with lock:
+                snapshot = set(running)
+            print("\n".join(progress_lines(runs, snapshot, logs)), flush=True)
+
+    def one(run: Run) -> None:
+        start = time.perf_counter()
+        index = runs.index(run)
+        with lock:
+            running.add(index)
+        command = command_of(run)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        group = groups.get() if groups is not None else None
+        try:
+            if group is not None:
+                gpu_env, flags = gpu_arguments(group)
+                env, command = {**env, **gpu_env}, [*command, *flags]
+            with open(run.log, "w") as log:
+                returncode = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        finally:
+            if group is not None:
+                groups.put(group)
+        with lock:  # the record grows as runs end: a sweep stopped halfway keeps its finished runs' numbers
+            run.returncode = returncode
+            run.stored = stored_numbers(run)  # read once, here
+            running.discard(index)
+            write_manifest(logs, family, runs)
+            write_record(logs, family, runs)
+        status = "ok" if not run.failed else f"FAILED (exit {run.returncode}; see {run.log})"
+        print(f"{run.config.stem}{'' if run.seed is None else f' seed {run.seed}'}: {status} in "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
+
+    where = "" if groups is None else f" on GPUs {', '.join(','.join(g) for g in list(groups.queue))}"
+    print(f"sweep: {len(runs)} runs, {jobs} at a time{where}, {threads} thread(s) each; logs in {logs}/", flush=True)
+    watcher = threading.Thread(target=monitor, daemon=True)
+    watcher.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(one, runs))
+    finally:
+        finished.set()
+    return logs, runs
+
+
+def submit(runs: list[Run], command_of, logs: Path, family: str, parallel: int, threads: int, devices_per_run: int,
+           cluster: str | None, slurm: dict, progress_every: float) -> list[Run]:
+    """The runs as one submitit job array (SLURM, or local processes with ``cluster="local"``); waits for every
+    job, then the sweep tabulates exactly these runs as any other (``--from`` on its folder later works too)."""
+    executor = submitit_executor(logs / "submitit", cluster=cluster, devices_per_run=devices_per_run,
+                                 parallel=parallel, slurm=slurm)
+    env = {"OMP_NUM_THREADS": str(threads)}
+    with executor.batch():
+        submitted = [executor.submit(RecipeJob(command_of(run), env, run.log, run.folder, Path.cwd())) for run in runs]
+    print(f"sweep: {len(runs)} runs submitted as a job array ({executor.cluster}, {parallel} at a time); logs in "
+          f"{logs}/, submitit's in {logs / 'submitit'}/", flush=True)
+    while not all(job.done() for job in submitted):
+        time.sleep(min(progress_every, 5.0) if progress_every else 5.0)
+        waiting = {i for i, job in enumerate(submitted) if not job.done()}
+        if progress_every:
+            print("\n".join(progress_lines(runs, waiting, logs)), flush=True)
+    for run, job in zip(runs, submitted):
+        try:
+            run.returncode = int(job.result())
+        except Exception as error:  # noqa: BLE001 - a job that died is a failed run, named in the table
+            run.returncode = -1
+            with open(run.log, "a") as log:
+                log.write(f"\nsubmitit: the job failed: {str(error).splitlines()[-1] if str(error) else error!r}\n")
+    write_manifest(logs, family, runs)
+    return runs

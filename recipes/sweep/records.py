@@ -1,0 +1,194 @@
+"""What a sweep's runs are and what they leave behind: the :class:`Run` of each launched (or found) process,
+the sweep's ``sweep.json`` (its runs and how each ended) and ``record.json`` (each finished run's numbers, so the
+sweep can be tabulated again where its run folders are not), and the reading of a run's figures, curves and
+hyper-parameters — from its TensorBoard files, or from a record."""
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from recipes.cli import CONFIG_DIR
+
+
+@dataclass
+class Run:
+    """One launched (or found) run: its recipe, its folder, and how its process ended."""
+
+    config: Path
+    folder: Path
+    returncode: int | None = 0  # None: still running
+    log: Path | None = None
+    seed: int | None = None
+    init_from: Path | None = None  # the checkpoint whose weights start the run (fine-tuning), if any
+    stored: dict | None = None  # read from a sweep's record (no run folder needed): its result, curves, hparams
+
+    @property
+    def failed(self) -> bool:
+        return self.returncode != 0
+
+    @property
+    def ending(self) -> str:
+        """How a run that did not succeed ended, for the table's notes."""
+        if self.returncode is None:
+            return f"NOT FINISHED (the sweep stopped before this run ended; log {self.log})"
+        return f"FAILED (exit {self.returncode}; log {self.log})"
+
+
+def write_manifest(folder: Path, family: str, runs: list[Run]) -> None:
+    """``folder/sweep.json``: the runs of this sweep and how each ended (``returncode`` None: not yet)."""
+    record = {"family": family, "runs": [manifest_entry(run) for run in runs]}
+    write_json(folder / "sweep.json", record)
+
+
+def manifest_entry(run: Run) -> dict:
+    return {"config": str(Path(run.config).resolve()), "folder": str(Path(run.folder).resolve()),
+            "returncode": run.returncode, "log": None if run.log is None else str(run.log), "seed": run.seed,
+            "init_from": None if run.init_from is None else str(run.init_from)}
+
+
+def write_json(path: Path, record: dict) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(record, indent=1, default=str))
+    temporary.replace(path)  # a reader never sees half a file
+
+
+def read_manifest(folder: Path) -> tuple[str, list[Run]]:
+    """The family and runs an earlier sweep recorded in ``folder/sweep.json``; a run that never ended
+    (the sweep was stopped) keeps ``returncode`` None: named NOT FINISHED, and left out of the cells.
+    ``folder`` may also be a sweep's record (:func:`write_record`), or a log folder whose run folders are gone
+    but whose ``record.json`` is there: the runs then carry their stored numbers."""
+    folder = Path(folder)
+    if folder.is_file() or folder.suffix == ".json":
+        return read_record(folder)
+    path = folder / "sweep.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: --from takes a folder a sweep wrote (runs/sweep-logs/<time>) "
+                                "or a sweep's record.json")
+    record = json.loads(path.read_text())
+    runs = [Run(Path(r["config"]), Path(r["folder"]), r["returncode"],
+                r["log"] and Path(r["log"]), r["seed"], r.get("init_from") and Path(r["init_from"]))
+            for r in record["runs"]]
+    if (folder / "record.json").is_file() and any(not run.failed and not Path(run.folder).is_dir() for run in runs):
+        return read_record(folder / "record.json")
+    return record["family"], runs
+
+
+RECORD_FORMAT = 1
+
+
+def write_record(folder: Path, family: str, runs: list[Run]) -> Path:
+    """``folder/record.json``: the sweep's manifest with each finished run's numbers — its final and best
+    validation figures, speed, validation-loss curve and hyper-parameters — so that the sweep can be tabulated and
+    plotted again (``--from``) where its run folders are not: on another machine, from a copy kept with the
+    results (docs/results/records/). Recipes under the bundled configs are named relative to them."""
+    entries = []
+    for run in runs:
+        entry = manifest_entry(run)
+        config = Path(run.config).resolve()
+        if config.is_relative_to(CONFIG_DIR.resolve()):
+            entry["config"] = config.relative_to(CONFIG_DIR.resolve()).as_posix()
+        stored = stored_numbers(run)
+        if stored is not None:
+            entry["stored"] = stored
+        entries.append(entry)
+    path = Path(folder) / "record.json"
+    write_json(path, {"family": family, "format": RECORD_FORMAT, "runs": entries})
+    return path
+
+
+def stored_numbers(run: Run) -> dict | None:
+    """What a record keeps of a finished run: its figures (:func:`read_run`), validation-loss curve and
+    hyper-parameters; None for a run that failed or did not finish, or left nothing to read (its table cell then
+    says so, as from its folder)."""
+    if run.stored is not None:
+        return run.stored
+    if run.failed:
+        return None
+    try:
+        return {"result": run_result(run), "curves": {"val/loss": sorted(run_curve(run).items())},
+                "hparams": run_hparams(run)}
+    except (FileNotFoundError, KeyError):
+        return None
+
+
+def read_record(path: Path) -> tuple[str, list[Run]]:
+    """The family and runs of a sweep's ``record.json`` (:func:`write_record`), each finished run with its
+    stored numbers. A file that is not such a record is refused, named, with what is wrong."""
+    try:
+        record = json.loads(Path(path).read_text())
+        if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+            raise ValueError(f"not a sweep record of format {RECORD_FORMAT}")
+        runs = [Run(CONFIG_DIR / r["config"], Path(r["folder"]), r["returncode"], r["log"] and Path(r["log"]),
+                    r["seed"], r.get("init_from") and Path(r["init_from"]), r.get("stored"))
+                for r in record["runs"]]  # (an absolute config path stays absolute under the / operator)
+        return record["family"], runs
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: {error}") from error
+
+
+def read_run(run: Path) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not (run / "hparams.yaml").is_file():
+        raise FileNotFoundError(f"{run} holds no run")
+    events = EventAccumulator(str(run))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    last = lambda tag: events.Scalars(tag)[-1].value if tag in tags else math.nan  # noqa: E731
+    speeds = [e.value for e in events.Scalars("train/tokens_per_sec")] if "train/tokens_per_sec" in tags else []
+    hparams = yaml.safe_load((run / "hparams.yaml").read_text())
+    curve = [(e.step, e.value) for e in events.Scalars("val/loss")] if "val/loss" in tags else []
+    best_step, best = min(curve, key=lambda point: (point[1], point[0])) if curve else (-1, math.nan)
+    return {
+        "pattern": hparams.get("pattern", "?"),
+        "params": hparams.get("n_params", math.nan),
+        "active": hparams.get("n_active_params", math.nan),
+        "steps": events.Scalars("val/loss")[-1].step + 1 if "val/loss" in tags else 0,
+        "val_loss": last("val/loss"),
+        "best_val_loss": best,
+        "best_step": best_step + 1,
+        "val_ppl": last("val/ppl"),
+        "val_acc": last("val/acc"),
+        "tok_s": statistics.median(speeds) if speeds else math.nan,
+    }
+
+
+def run_result(run: Run) -> dict:
+    """A finished run's figures (:func:`read_run`): from its record if it came from one, else from its folder."""
+    return run.stored["result"] if run.stored is not None else read_run(Path(run.folder))
+
+
+def run_curve(run: Run, tag: str = "val/loss") -> dict[int, float]:
+    """``{step: value}`` of ``tag`` from the run's folder, or from its record (which keeps ``val/loss``)."""
+    if run.stored is not None:
+        return {int(step): value for step, value in run.stored["curves"].get(tag, [])}
+    return scalar_series(Path(run.folder), tag)
+
+
+def run_hparams(run: Run) -> dict:
+    if run.stored is not None:
+        return run.stored["hparams"]
+    return yaml.safe_load((Path(run.folder) / "hparams.yaml").read_text())
+
+
+def scalar_series(run: Path, tag: str) -> dict[int, float]:
+    """``{step: value}`` of one scalar of a run's TensorBoard events (empty when the run never logged it)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run))
+    events.Reload()
+    return {e.step: e.value for e in events.Scalars(tag)} if tag in events.Tags()["scalars"] else {}
+
+
+def hparam(run: Run, key: str):
+    """A (dotted) key of a run's hyper-parameters (its ``hparams.yaml``), e.g. ``d_model``."""
+    value = run_hparams(run)
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(f"hyper-parameter {key!r} not in {run.folder}/hparams.yaml")
+        value = value[part]
+    return value

@@ -1,0 +1,198 @@
+"""A sweep's tables and figures: one row per run (:func:`table`), or per recipe over seeds with the statistical
+protocol (:func:`seed_table`: Welch, Holm, the detectable difference, TOST, the best loss), the validation curves
+(mean ± std over seeds) and a final metric against a hyper-parameter."""
+
+import math
+import statistics
+from pathlib import Path
+
+from recipes.sweep.records import Run, hparam, run_curve, run_result
+
+
+def table(runs: list[Run]) -> str:
+    rows = ["| recipe | pattern | params | active | steps | val loss | val ppl | val acc | train tok/s |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        name = run.config.stem
+        if run.failed:
+            rows.append(f"| {name} | {run.ending} |  |  |  |  |  |  |  |")
+            continue
+        try:
+            r = run_result(run)
+        except (FileNotFoundError, KeyError) as error:
+            rows.append(f"| {name} | no results in {run.folder} ({error}) |  |  |  |  |  |  |  |")
+            continue
+        rows.append(
+            f"| {name} | `{r['pattern']}` | {r['params']:,} | {r['active']:,} | {r['steps']} | "
+            f"{r['val_loss']:.4f} | {r['val_ppl']:.3f} | {r['val_acc']:.3f} | {r['tok_s']:,.0f} |"
+        )
+    return "\n".join(rows)
+
+
+EARLY_BEST = (0.8, 0.005)
+"""A run's best validation loss "lies well before its end" when it came at or before 80% of its steps and the
+final loss is worse by at least 0.005 nats: the run was overfitting or unstable, and its final loss is not
+what the recipe can reach."""
+
+
+def early_best(result: dict) -> bool:
+    fraction, gap = EARLY_BEST
+    return (result["best_step"] <= fraction * result["steps"]
+            and result["val_loss"] - result["best_val_loss"] >= gap)
+
+
+def seed_table(runs: list[Run], baseline: str | None = None, margin: float | None = None) -> str:
+    """Per recipe, over its runs that finished: mean ± std and the 95% interval of the final validation
+    loss, the best validation loss (mean over runs, with the median step it came at), accuracy and speed;
+    against ``baseline``: the difference of mean final loss with Welch's p, Holm's adjustment over the
+    family's comparisons, the difference detectable with 80% power at the observed spreads, and with
+    ``margin`` the TOST p-value of equivalence within ± margin (:mod:`recipes.stats`). Runs whose best
+    loss lies well before their end (:data:`EARLY_BEST`) are listed under the table."""
+    from recipes.stats import detectable_effect, holm, summarize, tost, welch
+
+    results: dict[str, list[dict]] = {}
+    launched: dict[str, int] = {}
+    notes = []
+    for run in runs:
+        name = run.config.stem
+        launched[name] = launched.get(name, 0) + 1
+        results.setdefault(name, [])
+        if run.failed:
+            notes.append(f"{name} seed {run.seed} {run.ending}")
+            continue
+        try:
+            result = run_result(run)
+        except (FileNotFoundError, KeyError) as error:
+            notes.append(f"{name} seed {run.seed}: no results in {run.folder} ({error})")
+            continue
+        results[name].append(result)
+        if not math.isnan(result["best_val_loss"]) and early_best(result):
+            notes.append(f"{name} seed {run.seed}: best val loss {result['best_val_loss']:.4f} at step "
+                         f"{result['best_step']} of {result['steps']}; final {result['val_loss']:.4f}")
+    if baseline is not None and baseline not in results:
+        raise ValueError(f"--baseline {baseline!r} is not one of the recipes run ({', '.join(results)})")
+    loss = lambda name: [r["val_loss"] for r in results[name] if not math.isnan(r["val_loss"])]  # noqa: E731
+    compared = [name for name in results if baseline is not None and name != baseline]
+    welch_p = {name: welch(loss(name), loss(baseline))[1] for name in compared}
+    holm_p = dict(zip(compared, holm([welch_p[name] for name in compared])))
+    rows = ["| recipe | runs | val loss, mean ± std | 95% interval | val acc, mean ± std | train tok/s | "
+            f"Δ loss vs {baseline or '-'} | p (Welch) | p (Holm) | detectable Δ (80%) | "
+            f"TOST p (±{margin if margin is not None else '-'}) | best val loss (step) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda p: "< 2 runs" if math.isnan(p) else f"{p:.3g}"  # noqa: E731
+    for name, finished in results.items():
+        s = summarize(loss(name))
+        acc = summarize([r["val_acc"] for r in finished if not math.isnan(r["val_acc"])])
+        speeds = [r["tok_s"] for r in finished if not math.isnan(r["tok_s"])]
+        bests = [r["best_val_loss"] for r in finished if not math.isnan(r["best_val_loss"])]
+        best = (f"{statistics.fmean(bests):.4f} ({statistics.median(r['best_step'] for r in finished):.0f})"
+                if bests else "-")
+        if baseline is None:
+            versus = "- | - | - | - | -"
+        elif name == baseline:
+            versus = "(baseline) | - | - | - | -"
+        else:
+            diff = welch(loss(name), loss(baseline))[0]
+            b = summarize(loss(baseline))
+            mde = detectable_effect(s.std, s.n, b.std, b.n)
+            equivalence = "-" if margin is None else fmt(tost(loss(name), loss(baseline), margin))
+            # NaN p: fewer than two finished runs on a side, so no test; say so rather than print "nan".
+            versus = (f"{diff:+.4f} | {fmt(welch_p[name])} | {fmt(holm_p[name])} | "
+                      f"{'-' if math.isnan(mde) else f'{mde:.4f}'} | {equivalence}")
+        rows.append(f"| {name} | {s.n} of {launched[name]} | {s.mean:.4f} ± {s.std:.4f} | [{s.low:.4f}, {s.high:.4f}] | "
+                    f"{acc.mean:.4f} ± {acc.std:.4f} | {statistics.median(speeds) if speeds else math.nan:,.0f} | "
+                    f"{versus} | {best} |")
+    return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else []))
+
+
+def val_curves(runs: list[Run], tag: str = "val/loss") -> dict[str, tuple[list[int], list[float], list[float], int]]:
+    """Per recipe, over its finished runs: ``(steps, mean, std, n_runs)`` of ``tag`` at the steps every
+    one of those runs validated at (std is 0 for a single run)."""
+    series: dict[str, list[dict[int, float]]] = {}
+    for run in runs:
+        if not run.failed:
+            values = run_curve(run, tag)
+            if values:
+                series.setdefault(run.config.stem, []).append(values)
+    curves = {}
+    for name, per_run in series.items():
+        steps = sorted(set.intersection(*(set(v) for v in per_run)))
+        mean = [statistics.fmean(v[step] for v in per_run) for step in steps]
+        std = [statistics.stdev(v[step] for v in per_run) if len(per_run) > 1 else 0.0 for step in steps]
+        curves[name] = (steps, mean, std, len(per_run))
+    return curves
+
+
+def plot_curves(curves: dict, path: Path, title: str) -> None:
+    """Validation curves, the mean over seeds with a band of ± one standard deviation, into ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name, (steps, mean, std, n) in curves.items():
+        line, = axes.plot(steps, mean, marker="o", markersize=3, label=f"{name} (n={n})")
+        axes.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                          color=line.get_color(), alpha=0.2)
+    axes.set(xlabel="training step", ylabel="validation loss", title=title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def metric_vs(runs: list[Run], key: str, metric: str = "val_acc") -> dict[str, list[tuple[float, float, float, int]]]:
+    """Per line (a recipe's name without its last ``_`` part), the points ``(x, mean, std, n)`` of the
+    final ``metric`` over the finished runs of each recipe, ``x`` its hyper-parameter ``key``, sorted by x."""
+    values: dict[tuple[str, float], list[float]] = {}
+    for run in runs:
+        if run.failed:
+            continue
+        line = run.config.stem.rsplit("_", 1)[0]
+        value = run_result(run)[metric]
+        if not math.isnan(value):
+            values.setdefault((line, float(hparam(run, key))), []).append(value)
+    lines: dict[str, list] = {}
+    for (line, x), v in sorted(values.items(), key=lambda item: (item[0][0], item[0][1])):
+        lines.setdefault(line, []).append((x, statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)))
+    return lines
+
+
+def plot_vs(lines: dict, path: Path, key: str, metric: str, title: str) -> None:
+    """``metric`` against ``key``, one line per entry of :func:`metric_vs`, error bars ± one std."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4.5))
+    for name, points in lines.items():
+        xs, mean, std, _ = zip(*points)
+        axes.errorbar(xs, mean, yerr=std, marker="o", capsize=3, label=name)
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(sorted({x for points in lines.values() for x, *_ in points}))
+    axes.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    axes.set(xlabel=key, ylabel=metric.replace("_", " "), title=title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def report(runs: list[Run], logs: Path, family: str, seeds: bool, baseline: str | None,
+           vs: str | None, metric: str, margin: float | None = None) -> str:
+    """The table (printed and written to ``logs/table.md``) and the figures beside it."""
+    text = seed_table(runs, baseline, margin) if seeds else table(runs)
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "table.md").write_text(f"# {family}\n\n{text}\n")
+    curves = val_curves(runs)
+    if curves:
+        plot_curves(curves, logs / "val_loss.png", f"{family}: validation loss" + (" (mean ± std over seeds)" if seeds else ""))
+    if vs:
+        lines = metric_vs(runs, vs, metric)
+        if lines:
+            plot_vs(lines, logs / f"{metric}_vs_{vs.replace('.', '_')}.png", vs, metric, f"{family}: {metric} against {vs}")
+    return text
