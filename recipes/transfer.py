@@ -26,7 +26,7 @@ import math
 import sys
 from pathlib import Path
 
-from recipes.stats import holm, summarize, welch
+from recipes.stats import detectable_effect, holm, summarize, welch
 from recipes.sweep.launch import family_settings
 from recipes.sweep.records import Run, read_manifest, run_result
 
@@ -94,8 +94,8 @@ def gains(cells: dict[str, dict[int | None, float]]) -> dict[int | None, float]:
 def transfer_table(losses: dict[str, dict[str, dict[int | None, float]]], baseline: str | None = None,
                    notes: list[str] = ()) -> str:
     """The markdown table of :func:`join`'s losses: each cell mean ± std over seeds (with its Δ against
-    ``baseline``'s mean in brackets), and Welch's p with Holm's adjustment over the models for the fine-tuned loss
-    and for the gain."""
+    ``baseline``'s mean in brackets), and for the fine-tuned loss and the gain Welch's p, Holm's adjustment over
+    the models and the difference detectable with 80% power at the observed spreads."""
     if baseline is not None and baseline not in losses:
         raise ValueError(f"--baseline {baseline!r} is not one of the models ({', '.join(losses)})")
     columns = {name: {**{stage: list(cells[stage].values()) for stage in STAGES},
@@ -119,17 +119,21 @@ def transfer_table(losses: dict[str, dict[str, dict[int | None, float]]], baseli
         if name not in compared:
             return "(baseline)" if name == baseline else "-"
         raw, adjusted = tests[column][name]
-        return "< 2 runs" if math.isnan(raw) else f"{raw:.3g} / {adjusted:.3g}"
+        if math.isnan(raw):
+            return "< 2 runs"
+        a, b = summarize(columns[name][column]), summarize(columns[baseline][column])
+        return f"{raw:.3g} / {adjusted:.3g} ({detectable_effect(a.std, a.n, b.std, b.n):.3f})"
 
-    rows = ["| model | seeds | pre-training val loss | fine-tuned val loss | p / Holm | from scratch | "
-            "gain from pre-training | p / Holm |",
+    rows = ["| model | seeds | pre-training val loss | fine-tuned val loss | p / Holm (detectable Δ) | from scratch | "
+            "gain from pre-training | p / Holm (detectable Δ) |",
             "|---|---|---|---|---|---|---|---|"]
     for name in columns:
         seeds = sorted({seed for stage in STAGES for seed in losses[name][stage]}, key=lambda s: (s is None, s))
         rows.append(f"| {name} | {', '.join('-' if s is None else str(s) for s in seeds)} | {cell(name, 'pretrain')} | "
                     f"{cell(name, 'finetune')} | {p(name, 'finetune')} | {cell(name, 'control')} | "
                     f"{cell(name, 'gain')} | {p(name, 'gain')} |")
-    bracket = f" In brackets: the difference of means against {baseline}." if baseline else ""
+    bracket = (f" In brackets: the difference of means against {baseline}; after the p-values, the difference a "
+               "Welch test would detect 80% of the time at these spreads." if baseline else "")
     legend = ("Validation loss at the end of each stage, mean ± std over seeds; the gain is the control's loss minus "
               f"the fine-tuned one, per seed.{bracket}")
     return "\n".join(rows + ["", legend] + ([""] + [f"- {line}" for line in notes] if notes else []))

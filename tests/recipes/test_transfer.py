@@ -7,6 +7,7 @@ import statistics
 import pytest
 from scipy import stats as scipy_stats
 
+from recipes.stats import detectable_effect
 from recipes.transfer import main
 
 # Final validation losses by model and seed: (pre-training, fine-tuned, from scratch). otce_attention's control
@@ -68,7 +69,9 @@ def test_each_cell_over_seeds_the_gain_paired_by_seed_and_holm_over_the_models(t
         low, high = sorted(raw, key=raw.get)  # Holm over two: the smaller ×2, the larger no lower than that
         adjusted = {low: min(1, 2 * raw[low]), high: max(min(1, 2 * raw[low]), raw[high])}
         for name in raw:
-            assert table[name][index] == f"{raw[name]:.3g} / {adjusted[name]:.3g}", (name, index)
+            detectable = detectable_effect(statistics.stdev(values(name)), len(values(name)),
+                                           statistics.stdev(values("jamba")), len(values("jamba")))
+            assert table[name][index] == f"{raw[name]:.3g} / {adjusted[name]:.3g} ({detectable:.3f})", (name, index)
     assert "- control otce_attention seed 2 FAILED (exit 1" in text
 
 
