@@ -114,6 +114,7 @@ def test_seed_statistics_over_a_fake_family_with_known_outcomes(tmp_path):
     assert rows["worse"][5] == "+1.0000" and 2e-4 < float(rows["worse"][6]) < 3e-4  # t = 12.25 on 4 df
     assert rows["same"][0] == "3 of 4" and rows["same"][5] == "+0.0000" and float(rows["same"][6]) > 0.9
     assert rows["lonely"][0] == "1 of 1" and rows["lonely"][5:7] == ["+0.5000", "< 2 runs"]  # no test on one run
+    assert rows["lonely"][1:3] == ["2.5000", "-"]  # one run: its value, no spread and no interval (not "± nan")
     assert "same seed 3 FAILED (exit 1; log same_seed3.log)" in out
     no_baseline = seed_table(runs)
     assert all(line.split("|")[7:12] == [" - "] * 5 for line in no_baseline.splitlines()[2:] if line.startswith("| "))
