@@ -148,11 +148,20 @@ def main(argv: list[str] | None = None) -> None:
                             help=f"{what}: runs/sweep-logs/<time> folders or record.json files")
     parser.add_argument("--baseline", default=None,
                         help="the model the others are compared with (default: the fine-tuning family's _family.yaml)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="MODEL",
+                        help="these models only (Holm's adjustment then runs over their comparisons): e.g. the MoE "
+                             "variants against routed")
     parser.add_argument("--out", type=Path, default=None, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
     try:
         stages = {stage: stage_runs(getattr(args, stage)) for stage in STAGES}
         losses, notes = join(stages)
+        if args.only:
+            unknown = sorted(set(args.only) - set(losses))
+            if unknown:
+                raise ValueError(f"--only names {unknown}, not models of these sweeps ({', '.join(losses)})")
+            losses = {name: cells for name, cells in losses.items() if name in args.only}
+            notes = [line for line in notes if line.split()[1] in args.only]
         baseline = args.baseline
         if baseline is None and stages["finetune"]:
             default = family_settings(Path(stages["finetune"][0].config).parent).get("baseline")

@@ -84,6 +84,21 @@ def test_one_seed_gives_values_without_spread_or_tests(tmp_path, capsys):
     assert table["jamba"][6] == "0.9000 (-0.0200)"
 
 
+def test_only_some_models_holm_over_their_comparisons_alone(tmp_path, capsys):
+    paths = write_records(tmp_path)
+    main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"],
+          "--only", "jamba", "otce_expresser"])
+    text = capsys.readouterr().out
+    table = rows(text)
+    assert set(table) == {"model", "jamba", "otce_expresser"} and "otce_attention" not in text
+    finetuned = lambda name: [v[1] for v in LOSSES[name]]  # noqa: E731
+    raw = scipy_stats.ttest_ind(finetuned("otce_expresser"), finetuned("jamba"), equal_var=False).pvalue
+    assert table["otce_expresser"][4].startswith(f"{raw:.3g} / {raw:.3g} (")  # one comparison: Holm leaves it
+    with pytest.raises(SystemExit, match=r"--only names \['mamba'\], not models of these sweeps"):
+        main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"],
+              "--only", "mamba"])
+
+
 @pytest.mark.parametrize("change, problem", [
     ({"wrong_seed": True}, "finetune jamba seed 0 started from /elsewhere/runs/pretrain/jamba_seed1/checkpoints/"
                            "last.ckpt, not from the last checkpoint of a --pretrain run of jamba seed 0"),
