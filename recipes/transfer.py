@@ -2,7 +2,7 @@
 and seed (OTCE Tables 2 and 6 report their largest gaps after fine-tuning).
 
     python -m recipes.transfer --pretrain runs/sweep-logs/<stage 1> --finetune runs/sweep-logs/<stage 2> \\
-        --control runs/sweep-logs/<control> [--baseline jamba] [--out table.md]
+        --control runs/sweep-logs/<control> [--baseline jamba] [--only MODEL …] [--out table.md] [--plot curves.png]
 
 Each option takes the log folders or records (``record.json``, such as those kept in docs/results/records/) of one
 or more sweeps: a family run a seed at a time gives one of each per piece. The three stages are the sweeps of
@@ -29,6 +29,7 @@ from pathlib import Path
 from recipes.stats import detectable_effect, holm, summarize, welch
 from recipes.sweep.launch import family_settings
 from recipes.sweep.records import Run, read_manifest, run_result
+from recipes.sweep.report import val_curves
 
 STAGES = ("pretrain", "finetune", "control")
 
@@ -139,6 +140,39 @@ def transfer_table(losses: dict[str, dict[str, dict[int | None, float]]], baseli
     return "\n".join(rows + ["", legend] + ([""] + [f"- {line}" for line in notes] if notes else []))
 
 
+def transfer_curves(stages: dict[str, list[Run]], models: list[str]) -> dict[tuple[str, str], tuple]:
+    """``{(model, "finetune" or "control"): (steps, mean, std, n_runs)}``: each model's validation curve on the
+    held-out domain in the two stages that train on it, over its finished runs (:func:`recipes.sweep.report.val_curves`)."""
+    curves = {}
+    for stage in ("finetune", "control"):
+        found = val_curves([run for run in stages[stage] if run.config.stem in models])
+        curves.update({(name, stage): found[name] for name in models if name in found})
+    return curves
+
+
+def plot_transfer(stages: dict[str, list[Run]], models: list[str], path: Path) -> None:
+    """The held-out domain's validation loss along fine-tuning (solid) and along the control's training from scratch
+    (dashed), one colour per model, the mean over its seeds: the gap between a model's two lines is what
+    pre-training is worth at each step."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7.5, 4.8))
+    for (name, stage), (steps, mean, _, n) in transfer_curves(stages, models).items():
+        style, what = ("-", "fine-tuned") if stage == "finetune" else ("--", "from scratch")
+        axes.plot(steps, mean, style, color=plt.get_cmap("tab10")(models.index(name) % 10), marker="o", markersize=2,
+                  label=f"{name}, {what} (n={n})")
+    axes.set(xlabel="training step on the held-out domain", ylabel="validation loss (held-out domain)",
+             title="fine-tuned (solid) against trained from scratch (dashed)")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=6, ncol=2, loc="center right")  # between the two bands of lines
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for stage, what in (("pretrain", "the pre-training sweeps"), ("finetune", "the fine-tuning sweeps "
@@ -152,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="these models only (Holm's adjustment then runs over their comparisons): e.g. the MoE "
                              "variants against routed")
     parser.add_argument("--out", type=Path, default=None, help="also write the table to this markdown file")
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                        help="also draw the fine-tuning and from-scratch validation curves of each model here")
     args = parser.parse_args(argv)
     try:
         stages = {stage: stage_runs(getattr(args, stage)) for stage in STAGES}
@@ -172,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.out is not None:
         args.out.write_text(text + "\n")
+    if args.plot is not None:
+        plot_transfer(stages, list(losses), args.plot)
 
 
 if __name__ == "__main__":

@@ -33,8 +33,9 @@ def write_records(tmp_path, losses=LOSSES, wrong_seed=False, control_from=None) 
                 runs.append({"config": f"english/transfer/{'pretrain' if stage == 'pretrain' else 'finetune'}/{name}.yaml",
                              "folder": folder, "returncode": 0 if loss is not None else 1, "log": f"{folder}.log",
                              "seed": seed, "init_from": init,
-                             **({} if loss is None else {"stored": {"result": {"val_loss": loss}, "curves": {},
-                                                                    "hparams": {}}})})
+                             **({} if loss is None else {"stored": {"result": {"val_loss": loss}, "hparams": {},
+                                                                    "curves": {"val/loss": [[99, loss + 0.5],
+                                                                                            [299, loss]]}}})})
         paths[stage] = tmp_path / f"{stage}.json"
         paths[stage].write_text(json.dumps({"family": stage, "format": 1, "runs": runs}))
     return {stage: str(path) for stage, path in paths.items()}
@@ -124,3 +125,21 @@ def test_a_stage_given_twice_an_unknown_baseline_and_a_missing_record_are_refuse
     with pytest.raises(SystemExit, match="nowhere.json"):
         main(["--pretrain", str(tmp_path / "nowhere.json"), "--finetune", paths["finetune"],
               "--control", paths["control"]])
+
+
+def test_the_curves_on_the_held_out_domain_average_each_stage_over_its_finished_runs(tmp_path):
+    from recipes.sweep.records import read_manifest
+    from recipes.transfer import transfer_curves
+
+    paths = write_records(tmp_path)
+    stages = {stage: read_manifest(paths[stage])[1] for stage in ("pretrain", "finetune", "control")}
+    curves = transfer_curves(stages, ["jamba", "otce_attention"])
+    assert set(curves) == {(name, stage) for name in ("jamba", "otce_attention") for stage in ("finetune", "control")}
+    for name, stage, index in (("jamba", "finetune", 1), ("otce_attention", "control", 2)):
+        values = [v[index] for v in LOSSES[name] if v[index] is not None]  # the failed control run is left out
+        steps, mean, _, n = curves[name, stage]
+        assert steps == [99, 299] and n == len(values)
+        assert mean == pytest.approx([statistics.fmean(values) + 0.5, statistics.fmean(values)])
+    main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"],
+          "--plot", str(tmp_path / "curves.png")])
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
