@@ -28,7 +28,7 @@ from pathlib import Path
 
 from recipes.stats import detectable_effect, holm, summarize, welch
 from recipes.sweep.launch import family_settings
-from recipes.sweep.records import Run, read_manifest, run_result
+from recipes.sweep.records import Run, finished_result, read_manifest
 from recipes.sweep.report import val_curves
 
 STAGES = ("pretrain", "finetune", "control")
@@ -70,18 +70,11 @@ def join(stages: dict[str, list[Run]]) -> tuple[dict[str, dict[str, dict[int | N
             if seed in cells:
                 problems.append(f"{label} is given twice")
                 continue
-            if run.failed:
-                notes.append(f"{label} {run.ending}")
+            result, why = finished_result(run)
+            if result is None or math.isnan(result["val_loss"]):
+                notes.append(f"{label} {why or 'logged no validation loss'}")
                 continue
-            try:
-                loss = run_result(run)["val_loss"]
-            except (FileNotFoundError, KeyError) as error:
-                notes.append(f"{label}: no results in {run.folder} ({error})")
-                continue
-            if math.isnan(loss):
-                notes.append(f"{label}: no validation loss logged")
-                continue
-            cells[seed] = loss
+            cells[seed] = result["val_loss"]
     if problems:
         raise ValueError("; ".join(problems))
     return losses, notes

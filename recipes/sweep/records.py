@@ -162,6 +162,17 @@ def run_result(run: Run) -> dict:
     return run.stored["result"] if run.stored is not None else read_run(Path(run.folder))
 
 
+def finished_result(run: Run) -> tuple[dict | None, str]:
+    """``(figures, "")`` for a run that finished and left figures to read (:func:`run_result`); else ``(None, why)``:
+    how it ended (FAILED, NOT FINISHED) or what is missing, for the notes under a table."""
+    if run.failed:
+        return None, run.ending
+    try:
+        return run_result(run), ""
+    except (FileNotFoundError, KeyError) as error:
+        return None, f"has no results in {run.folder} ({error})"
+
+
 def run_curve(run: Run, tag: str = "val/loss") -> dict[int, float]:
     """``{step: value}`` of ``tag`` from the run's folder, or from its record (which keeps ``val/loss``)."""
     if run.stored is not None:

@@ -6,7 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
-from recipes.sweep.records import Run, hparam, run_curve, run_result
+from recipes.sweep.records import Run, finished_result, hparam, run_curve, run_result
 
 
 def table(runs: list[Run]) -> str:
@@ -14,13 +14,9 @@ def table(runs: list[Run]) -> str:
             "|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         name = run.config.stem
-        if run.failed:
-            rows.append(f"| {name} | {run.ending} |  |  |  |  |  |  |  |")
-            continue
-        try:
-            r = run_result(run)
-        except (FileNotFoundError, KeyError) as error:
-            rows.append(f"| {name} | no results in {run.folder} ({error}) |  |  |  |  |  |  |  |")
+        r, why = finished_result(run)
+        if r is None:
+            rows.append(f"| {name} | {why} |  |  |  |  |  |  |  |")
             continue
         rows.append(
             f"| {name} | `{r['pattern']}` | {r['params']:,} | {r['active']:,} | {r['steps']} | "
@@ -57,13 +53,9 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
         name = run.config.stem
         launched[name] = launched.get(name, 0) + 1
         results.setdefault(name, [])
-        if run.failed:
-            notes.append(f"{name} seed {run.seed} {run.ending}")
-            continue
-        try:
-            result = run_result(run)
-        except (FileNotFoundError, KeyError) as error:
-            notes.append(f"{name} seed {run.seed}: no results in {run.folder} ({error})")
+        result, why = finished_result(run)
+        if result is None:
+            notes.append(f"{name} seed {run.seed} {why}")
             continue
         results[name].append(result)
         if not math.isnan(result["best_val_loss"]) and early_best(result):

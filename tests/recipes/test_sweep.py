@@ -105,6 +105,7 @@ def test_seed_statistics_over_a_fake_family_with_known_outcomes(tmp_path):
             write_run(tmp_path / name / f"s{seed}", {9: 9.0, 19: loss}, [100.0 * (seed + 1)])
             runs.append(Run(tmp_path / f"{name}.yaml", tmp_path / name / f"s{seed}", seed=seed))
     runs.append(Run(tmp_path / "same.yaml", tmp_path / "same" / "s3", returncode=1, log="same_seed3.log", seed=3))
+    runs.append(Run(tmp_path / "same.yaml", tmp_path / "same" / "gone", seed=4))  # finished, its folder gone
     out = seed_table(runs, baseline="base")
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in out.splitlines()
             if line.startswith("| ") and not line.startswith("| recipe")}
@@ -112,10 +113,11 @@ def test_seed_statistics_over_a_fake_family_with_known_outcomes(tmp_path):
     assert rows["base"][:3] == ["3 of 3", "2.0000 ± 0.1000", f"[{2 - half:.4f}, {2 + half:.4f}]"]
     assert rows["base"][4] == "200" and rows["base"][5:10] == ["(baseline)", "-", "-", "-", "-"]
     assert rows["worse"][5] == "+1.0000" and 2e-4 < float(rows["worse"][6]) < 3e-4  # t = 12.25 on 4 df
-    assert rows["same"][0] == "3 of 4" and rows["same"][5] == "+0.0000" and float(rows["same"][6]) > 0.9
+    assert rows["same"][0] == "3 of 5" and rows["same"][5] == "+0.0000" and float(rows["same"][6]) > 0.9
     assert rows["lonely"][0] == "1 of 1" and rows["lonely"][5:7] == ["+0.5000", "< 2 runs"]  # no test on one run
     assert rows["lonely"][1:3] == ["2.5000", "-"]  # one run: its value, no spread and no interval (not "± nan")
     assert "same seed 3 FAILED (exit 1; log same_seed3.log)" in out
+    assert f"same seed 4 has no results in {tmp_path / 'same' / 'gone'}" in out
     no_baseline = seed_table(runs)
     assert all(line.split("|")[7:12] == [" - "] * 5 for line in no_baseline.splitlines()[2:] if line.startswith("| "))
 
