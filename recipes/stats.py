@@ -23,6 +23,10 @@ class Summary:
     low: float
     high: float
 
+    def __str__(self) -> str:
+        """``mean ± std`` to four decimals; one value alone has no spread to show."""
+        return f"{self.mean:.4f}" + (f" ± {self.std:.4f}" if self.n > 1 else "")
+
 
 def summarize(values: list[float]) -> Summary:
     n = len(values)

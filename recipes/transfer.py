@@ -51,12 +51,13 @@ def join(stages: dict[str, list[Run]]) -> tuple[dict[str, dict[str, dict[int | N
     for stage in STAGES:
         for run in stages[stage]:
             name, seed = run.config.stem, run.seed
-            label = f"{stage} {name}" + ("" if seed is None else f" seed {seed}")
+            which = name + ("" if seed is None else f" seed {seed}")
+            label = f"{stage} {which}"
             if stage == "finetune":
                 source = None if run.init_from is None else pretrained.get(Path(run.init_from).resolve().parent.parent)
                 if source != (name, seed):
                     problems.append(f"{label} started from {run.init_from or 'scratch'}, not from the last checkpoint of "
-                                    f"a --pretrain run of {name}" + ("" if seed is None else f" seed {seed}"))
+                                    f"a --pretrain run of {which}")
                     continue
             if stage == "control" and run.init_from is not None:
                 problems.append(f"{label} started from {run.init_from}: a control trains from scratch "
@@ -104,7 +105,7 @@ def transfer_table(losses: dict[str, dict[str, dict[int | None, float]]], baseli
         s = summarize(columns[name][column])
         if s.n == 0:
             return "-"
-        text = f"{s.mean:.4f}" + ("" if s.n < 2 else f" ± {s.std:.4f}")
+        text = str(s)
         if name in compared and columns[baseline][column]:
             text += f" ({s.mean - summarize(columns[baseline][column]).mean:+.4f})"
         return text

@@ -91,10 +91,9 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
             # NaN p: fewer than two finished runs on a side, so no test; say so rather than print "nan".
             versus = (f"{diff:+.4f} | {fmt(welch_p[name])} | {fmt(holm_p[name])} | "
                       f"{'-' if math.isnan(mde) else f'{mde:.4f}'} | {equivalence}")
-        spread = lambda m: f"{m.mean:.4f}" + (f" ± {m.std:.4f}" if m.n > 1 else "")  # noqa: E731 (one run: no std)
         interval = f"[{s.low:.4f}, {s.high:.4f}]" if s.n > 1 else "-"
-        rows.append(f"| {name} | {s.n} of {launched[name]} | {spread(s)} | {interval} | "
-                    f"{spread(acc)} | {statistics.median(speeds) if speeds else math.nan:,.0f} | "
+        rows.append(f"| {name} | {s.n} of {launched[name]} | {s} | {interval} | "
+                    f"{acc} | {statistics.median(speeds) if speeds else math.nan:,.0f} | "
                     f"{versus} | {best} |")
     return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else []))
 
