@@ -153,7 +153,7 @@ def plot_transfer(stages: dict[str, list[Run]], models: list[str], path: Path) -
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7.5, 4.8))
+    figure, axes = plt.subplots(figsize=(10, 4.8))
     for (name, stage), (steps, mean, _, n) in transfer_curves(stages, models).items():
         style, what = ("-", "fine-tuned") if stage == "finetune" else ("--", "from scratch")
         axes.plot(steps, mean, style, color=plt.get_cmap("tab10")(models.index(name) % 10), marker="o", markersize=2,
@@ -161,9 +161,8 @@ def plot_transfer(stages: dict[str, list[Run]], models: list[str], path: Path) -
     axes.set(xlabel="training step on the held-out domain", ylabel="validation loss (held-out domain)",
              title="fine-tuned (solid) against trained from scratch (dashed)")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=6, ncol=2, loc="center right")  # between the two bands of lines
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: inside it hid curves
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
 
 
