@@ -26,6 +26,7 @@ import math
 import sys
 from pathlib import Path
 
+from recipes.figures import png_figure
 from recipes.stats import detectable_effect, holm, summarize, welch
 from recipes.sweep.launch import family_settings
 from recipes.sweep.records import Run, finished_result, read_manifest
@@ -148,22 +149,15 @@ def plot_transfer(stages: dict[str, list[Run]], models: list[str], path: Path) -
     """The held-out domain's validation loss along fine-tuning (solid) and along the control's training from scratch
     (dashed), one colour per model, the mean over its seeds: the gap between a model's two lines is what
     pre-training is worth at each step."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(10, 4.8))
-    for (name, stage), (steps, mean, _, n) in transfer_curves(stages, models).items():
-        style, what = ("-", "fine-tuned") if stage == "finetune" else ("--", "from scratch")
-        axes.plot(steps, mean, style, color=plt.get_cmap("tab10")(models.index(name) % 10), marker="o", markersize=2,
-                  label=f"{name}, {what} (n={n})")
-    axes.set(xlabel="training step on the held-out domain", ylabel="validation loss (held-out domain)",
-             title="fine-tuned (solid) against trained from scratch (dashed)")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: inside it hid curves
-    figure.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(figure)
+    with png_figure(path, figsize=(10, 4.8)) as (_, axes):
+        for (name, stage), (steps, mean, _, n) in transfer_curves(stages, models).items():
+            style, what = ("-", "fine-tuned") if stage == "finetune" else ("--", "from scratch")
+            axes.plot(steps, mean, style, color=f"C{models.index(name) % 10}", marker="o", markersize=2,
+                      label=f"{name}, {what} (n={n})")
+        axes.set(xlabel="training step on the held-out domain", ylabel="validation loss (held-out domain)",
+                 title="fine-tuned (solid) against trained from scratch (dashed)")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: inside it hid curves
 
 
 def main(argv: list[str] | None = None) -> None:

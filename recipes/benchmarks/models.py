@@ -49,6 +49,7 @@ from components import HybridLM, count_parameters
 from components.block import block_mixers
 from components.flops import forward_flops_per_token
 from recipes.benchmarks.timing import median_ms, peak_growth_mib, seconds_of
+from recipes.figures import png_figure
 from recipes.mfu import device_peak_flops, training_flops
 
 CONFIGS = Path(__file__).parent.parent / "configs"  # recipes/configs
@@ -261,32 +262,25 @@ def over_trials(trials: list[dict]) -> dict:
 
 def plot(results: dict, batch: int, path: Path) -> None:
     """Tokens/s and peak memory against T, one line per model, from ``{(name, T): result}``."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only
-    import matplotlib.pyplot as plt
-
-    figure, (speed, memory) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name in dict.fromkeys(name for name, _ in results):
-        points = sorted((T, r) for (n, T), r in results.items() if n == name and "seconds" in r)
-        if not points:
-            continue
-        lengths = [T for T, _ in points]
-        tok_s = [batch * T / r["seconds"] for T, r in points]
-        low = [batch * T / r.get("slowest_s", r["seconds"]) for T, r in points]
-        high = [batch * T / r.get("fastest_s", r["seconds"]) for T, r in points]
-        line, = speed.plot(lengths, tok_s, marker="o", label=name)
-        speed.fill_between(lengths, low, high, color=line.get_color(), alpha=0.2)
-        memory.plot(lengths, [r["peak_mib"] for _, r in points], marker="o", label=name)
-    for axes, label in ((speed, "training tokens/s (band: fastest to slowest trial)"), (memory, "peak memory of a step (MiB)")):
-        axes.set_xscale("log", base=2)
-        axes.set(xlabel="sequence length T", ylabel=label)
-        axes.grid(alpha=0.3)
-        axes.legend(fontsize=8)
-    memory.set_yscale("log", base=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with png_figure(path, ncols=2, figsize=(11, 4.2)) as (_, (speed, memory)):
+        for name in dict.fromkeys(name for name, _ in results):
+            points = sorted((T, r) for (n, T), r in results.items() if n == name and "seconds" in r)
+            if not points:
+                continue
+            lengths = [T for T, _ in points]
+            tok_s = [batch * T / r["seconds"] for T, r in points]
+            low = [batch * T / r.get("slowest_s", r["seconds"]) for T, r in points]
+            high = [batch * T / r.get("fastest_s", r["seconds"]) for T, r in points]
+            line, = speed.plot(lengths, tok_s, marker="o", label=name)
+            speed.fill_between(lengths, low, high, color=line.get_color(), alpha=0.2)
+            memory.plot(lengths, [r["peak_mib"] for _, r in points], marker="o", label=name)
+        for axes, label in ((speed, "training tokens/s (band: fastest to slowest trial)"),
+                            (memory, "peak memory of a step (MiB)")):
+            axes.set_xscale("log", base=2)
+            axes.set(xlabel="sequence length T", ylabel=label)
+            axes.grid(alpha=0.3)
+            axes.legend(fontsize=8)
+        memory.set_yscale("log", base=2)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,6 +13,7 @@ import math
 import statistics
 from pathlib import Path
 
+from recipes.figures import png_figure
 from recipes.stats import holm, summarize, welch
 
 
@@ -108,57 +109,41 @@ def table(results: dict, baseline: str | None) -> str:
 
 
 def plot(results: dict, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     if is_harness(next(iter(results.values()))):
         return plot_tasks(results, path, title)
     by_line: dict[tuple[str, str], dict[int, list[float]]] = {}
     for (recipe, _), result in results.items():
         for (mode, length), value in points(result).items():
             by_line.setdefault((recipe, mode), {}).setdefault(length, []).append(value)
-    figure, axes = plt.subplots(figsize=(7.5, 4.5))
-    for (recipe, mode), values in sorted(by_line.items()):
-        lengths = sorted(values)
-        mean = [statistics.fmean(values[n]) for n in lengths]
-        std = [statistics.stdev(values[n]) if len(values[n]) > 1 else 0.0 for n in lengths]
-        axes.errorbar(lengths, mean, yerr=std, marker="o", markersize=3, capsize=2,
-                      linestyle="--" if mode == "ntk" else "-", label=f"{recipe} ({mode})")
-    axes.set_xscale("log", base=2)
-    metric = "validation loss" if next(iter(results.values()))["suite"] == "length" else "accuracy"
-    axes.set(xlabel="evaluation length (tokens)", ylabel=metric, title=title)
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=6, ncol=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with png_figure(path, figsize=(7.5, 4.5)) as (_, axes):
+        for (recipe, mode), values in sorted(by_line.items()):
+            lengths = sorted(values)
+            mean = [statistics.fmean(values[n]) for n in lengths]
+            std = [statistics.stdev(values[n]) if len(values[n]) > 1 else 0.0 for n in lengths]
+            axes.errorbar(lengths, mean, yerr=std, marker="o", markersize=3, capsize=2,
+                          linestyle="--" if mode == "ntk" else "-", label=f"{recipe} ({mode})")
+        axes.set_xscale("log", base=2)
+        metric = "validation loss" if next(iter(results.values()))["suite"] == "length" else "accuracy"
+        axes.set(xlabel="evaluation length (tokens)", ylabel=metric, title=title)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=6, ncol=2)
 
 
 def plot_tasks(results: dict, path: Path, title: str) -> None:
     """One bar per recipe, task and metric (mean ± std over seeds), runs as dots."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     by_bar: dict[tuple[str, str, str], list[float]] = {}
     for (recipe, _), result in results.items():
         for (metric, task), value in points(result).items():
             by_bar.setdefault((task, metric, recipe), []).append(value)
-    figure, axes = plt.subplots(figsize=(7.5, 4.5))
-    for x, (_, values) in enumerate(sorted(by_bar.items())):
-        axes.bar(x, statistics.fmean(values), yerr=statistics.stdev(values) if len(values) > 1 else 0, capsize=3,
-                 color="C0", alpha=0.6)
-        axes.plot([x] * len(values), values, "k.", markersize=3)
-    axes.set_xticks(range(len(by_bar)), [f"{recipe}\n{task} {metric}" for task, metric, recipe in sorted(by_bar)],
-                    fontsize=6)
-    axes.set(ylabel="score", title=title)
-    axes.grid(alpha=0.3, axis="y")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with png_figure(path, figsize=(7.5, 4.5)) as (_, axes):
+        for x, (_, values) in enumerate(sorted(by_bar.items())):
+            axes.bar(x, statistics.fmean(values), yerr=statistics.stdev(values) if len(values) > 1 else 0, capsize=3,
+                     color="C0", alpha=0.6)
+            axes.plot([x] * len(values), values, "k.", markersize=3)
+        axes.set_xticks(range(len(by_bar)), [f"{recipe}\n{task} {metric}" for task, metric, recipe in sorted(by_bar)],
+                        fontsize=6)
+        axes.set(ylabel="score", title=title)
+        axes.grid(alpha=0.3, axis="y")
 
 
 def report(runs, logs: Path, family: str, suite: str, baseline: str | None, extra: list[str]) -> str:

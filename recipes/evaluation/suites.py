@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.linear_cross_entropy import IGNORE_INDEX
+from recipes.figures import png_figure
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 QUESTION = " What is the pass key? The pass key is"
@@ -225,40 +226,32 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    if result["suite"] == "length":
-        for r in result["rows"]:
-            xs = [(i + 0.5) * result["bucket"] for i in range(len(r["buckets"]))]
-            axes.plot(xs, r["buckets"], marker="o", markersize=3, linestyle="-" if r["mode"] == "plain" else "--",
-                      label=f"{r['mode']}, length {r['length']}")
-        axes.axvline(result["trained"], color="grey", linewidth=0.8)
-        axes.set(xlabel="position", ylabel="loss", title="loss by position (training length: grey line)")
-        axes.set_xscale("log", base=2)
-        axes.legend(fontsize=7)
-    elif result["suite"] == "passkey":
-        depths = sorted({c["depth"] for c in result["cells"]})
-        lengths = sorted({c["length"] for c in result["cells"]})
-        grid = np.array([[next(c["accuracy"] for c in result["cells"] if c["length"] == n and c["depth"] == d)
-                          for d in depths] for n in lengths])
-        image = axes.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
-        axes.set_xticks(range(len(depths)), [f"{d:g}" for d in depths])
-        axes.set_yticks(range(len(lengths)), [str(n) for n in lengths])
-        axes.set(xlabel="depth of the key", ylabel="context length (tokens)",
-                 title=f"passkey accuracy (chance {result['chance']:.2f})")
-        figure.colorbar(image)
-    else:
-        axes.plot([r["length"] for r in result["rows"]], [r["accuracy"] for r in result["rows"]], marker="o")
-        axes.set_xscale("log", base=2)
-        axes.set(xlabel="sequence length", ylabel="recall accuracy", title=f"MQAR, {result['num_pairs']} pairs")
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with png_figure(path, figsize=(7, 4.5)) as (figure, axes):
+        if result["suite"] == "length":
+            for r in result["rows"]:
+                xs = [(i + 0.5) * result["bucket"] for i in range(len(r["buckets"]))]
+                axes.plot(xs, r["buckets"], marker="o", markersize=3, linestyle="-" if r["mode"] == "plain" else "--",
+                          label=f"{r['mode']}, length {r['length']}")
+            axes.axvline(result["trained"], color="grey", linewidth=0.8)
+            axes.set(xlabel="position", ylabel="loss", title="loss by position (training length: grey line)")
+            axes.set_xscale("log", base=2)
+            axes.legend(fontsize=7)
+        elif result["suite"] == "passkey":
+            depths = sorted({c["depth"] for c in result["cells"]})
+            lengths = sorted({c["length"] for c in result["cells"]})
+            grid = np.array([[next(c["accuracy"] for c in result["cells"] if c["length"] == n and c["depth"] == d)
+                              for d in depths] for n in lengths])
+            image = axes.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+            axes.set_xticks(range(len(depths)), [f"{d:g}" for d in depths])
+            axes.set_yticks(range(len(lengths)), [str(n) for n in lengths])
+            axes.set(xlabel="depth of the key", ylabel="context length (tokens)",
+                     title=f"passkey accuracy (chance {result['chance']:.2f})")
+            figure.colorbar(image)
+        else:
+            axes.plot([r["length"] for r in result["rows"]], [r["accuracy"] for r in result["rows"]], marker="o")
+            axes.set_xscale("log", base=2)
+            axes.set(xlabel="sequence length", ylabel="recall accuracy", title=f"MQAR, {result['num_pairs']} pairs")
+        axes.grid(alpha=0.3)
 
 
 def scalars(result: dict) -> dict[str, float]:

@@ -6,6 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
+from recipes.figures import png_figure
 from recipes.sweep.records import Run, finished_result, hparam, run_curve, run_result
 
 
@@ -118,22 +119,14 @@ def val_curves(runs: list[Run], tag: str = "val/loss") -> dict[str, tuple[list[i
 
 def plot_curves(curves: dict, path: Path, title: str) -> None:
     """Validation curves, the mean over seeds with a band of ± one standard deviation, into ``path`` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for name, (steps, mean, std, n) in curves.items():
-        line, = axes.plot(steps, mean, marker="o", markersize=3, label=f"{name} (n={n})")
-        axes.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                          color=line.get_color(), alpha=0.2)
-    axes.set(xlabel="training step", ylabel="validation loss", title=title)
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with png_figure(path, figsize=(7, 4.5)) as (_, axes):
+        for name, (steps, mean, std, n) in curves.items():
+            line, = axes.plot(steps, mean, marker="o", markersize=3, label=f"{name} (n={n})")
+            axes.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                              color=line.get_color(), alpha=0.2)
+        axes.set(xlabel="training step", ylabel="validation loss", title=title)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
 
 
 def metric_vs(runs: list[Run], key: str, metric: str = "val_acc") -> dict[str, list[tuple[float, float, float, int]]]:
@@ -155,24 +148,16 @@ def metric_vs(runs: list[Run], key: str, metric: str = "val_acc") -> dict[str, l
 
 def plot_vs(lines: dict, path: Path, key: str, metric: str, title: str) -> None:
     """``metric`` against ``key``, one line per entry of :func:`metric_vs`, error bars ± one std."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(6, 4.5))
-    for name, points in lines.items():
-        xs, mean, std, _ = zip(*points)
-        axes.errorbar(xs, mean, yerr=std, marker="o", capsize=3, label=name)
-    axes.set_xscale("log", base=2)
-    axes.set_xticks(sorted({x for points in lines.values() for x, *_ in points}))
-    axes.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    axes.set(xlabel=key, ylabel=metric.replace("_", " "), title=title)
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with png_figure(path, figsize=(6, 4.5)) as (_, axes):
+        for name, points in lines.items():
+            xs, mean, std, _ = zip(*points)
+            axes.errorbar(xs, mean, yerr=std, marker="o", capsize=3, label=name)
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(sorted({x for points in lines.values() for x, *_ in points}))
+        axes.xaxis.set_major_formatter("{x:g}")  # the widths themselves, not powers of two
+        axes.set(xlabel=key, ylabel=metric.replace("_", " "), title=title)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
 
 
 def report(runs: list[Run], logs: Path, family: str, seeds: bool, baseline: str | None,
