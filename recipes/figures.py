@@ -6,18 +6,16 @@ from pathlib import Path
 
 
 @contextmanager
-def png_figure(path: Path, **subplots) -> Iterator[tuple]:
-    """Yield ``(figure, axes)`` from ``plt.subplots(**subplots)``; on leaving, save it to ``path`` as a PNG (dpi 120,
-    cropped to what was drawn, so a legend placed beside the axes is kept) and close it — also when drawing failed,
-    so a sweep that reports many families does not keep their figures open. No display is needed (Agg backend)."""
-    import matplotlib
+def png_figure(path: Path, figsize: tuple[float, float] = (7, 4.5), **subplots) -> Iterator[tuple]:
+    """Yield ``(figure, axes)``, ``axes`` from ``figure.subplots(**subplots)`` (one ``Axes``, or an array with
+    ``ncols``/``nrows``); on leaving, save the figure to ``path`` as a PNG (dpi 120, cropped to what was drawn, so a
+    legend placed beside the axes is kept). Nothing is written when drawing raises.
 
-    matplotlib.use("Agg")  # files only; chosen here, not at import, so importing a report never picks a backend
-    import matplotlib.pyplot as plt
+    The figure is a bare ``matplotlib.figure.Figure``, not made through pyplot: no backend is chosen or switched
+    (a notebook that calls a report keeps its inline plots), nothing needs a display, and no figure stays
+    registered with pyplot after a sweep has reported many families."""
+    from matplotlib.figure import Figure
 
-    figure, axes = plt.subplots(layout="constrained", **subplots)
-    try:
-        yield figure, axes
-        figure.savefig(path, dpi=120, bbox_inches="tight")
-    finally:
-        plt.close(figure)
+    figure = Figure(figsize=figsize, layout="constrained")
+    yield figure, figure.subplots(**subplots)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
