@@ -137,20 +137,29 @@ def mapped_gradient(kind, name, zoo, config):
     return grad(f"{b}.{table[rest]}")
 
 
+def decode_one_token_at_a_time(hf, ids: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's logits ``[B, T, V]`` for ``ids`` ``[B, T]``, fed one token a step through its cache. The cache
+    keyword is ``cache`` in recent transformers (``past_key_values`` is deprecated there) and
+    ``past_key_values`` before: whichever the installed model's forward takes."""
+    import inspect
+
+    keyword = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+    cache, steps = None, []
+    for t in range(ids.shape[1]):
+        out = hf(ids[:, t:t + 1], use_cache=True, position_ids=torch.tensor([[t]]), **{keyword: cache})
+        cache = out.past_key_values
+        steps.append(out.logits[:, -1])
+    return torch.stack(steps, dim=1)
+
+
 def test_doge_moe_equals_hugging_face_decoding_one_token_at_a_time(tmp_path):
     # Hugging Face's DogeCDMoE reshapes its router logits across tokens in a full forward (its own
     # comment says so); one token at a time it computes the per-token math, which the zoo implements.
     hf, zoo = saved(tmp_path, "doge-moe")
     ids = torch.randint(0, VOCAB, (1, T))
     got = zoo(ids)
-    cache, steps = None, []
     with torch.no_grad():
-        for t in range(T):
-            out = hf(ids[:, t:t + 1], past_key_values=cache, use_cache=True,
-                     position_ids=torch.tensor([[t]]))
-            cache = out.past_key_values
-            steps.append(out.logits[:, -1])
-    want = torch.stack(steps, dim=1)
+        want = decode_one_token_at_a_time(hf, ids)
     assert relative_error(got, want) <= 1e-5
     # One token in a full forward is the per-token math too: every gradient agrees there.
     hf.zero_grad(), zoo.zero_grad()
@@ -254,11 +263,7 @@ def test_export_loads_in_transformers_with_equal_logits_and_greedy_ids(tmp_path,
         if kind == "doge-moe":  # Hugging Face's Doge-MoE forward differs from its own decoding; its decoding is the math
             ids = ids[:1]  # (and its decoding, too, mixes the rows of a batch)
             ours = zoo(ids)
-            cache, steps = None, []
-            for t in range(T):
-                out = theirs(ids[:, t:t + 1], past_key_values=cache, use_cache=True, position_ids=torch.tensor([[t]]))
-                cache, _ = out.past_key_values, steps.append(out.logits[:, -1])
-            logits = torch.stack(steps, dim=1)
+            logits = decode_one_token_at_a_time(theirs, ids)
         else:
             logits = theirs(ids).logits
         assert relative_error(ours, logits) <= 1e-5
