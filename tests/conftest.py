@@ -4,6 +4,7 @@ import os
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 # Nothing in the tests downloads: Hugging Face's libraries (transformers, datasets under lm-eval) are told so,
 # instead of timing out against a hub that CI cannot reach.
@@ -114,3 +115,25 @@ class HostSyncs(TorchDispatchMode):
 def host_syncs():
     """``with host_syncs() as syncs: ...`` then ``syncs.found`` lists the host syncs the block made."""
     return HostSyncs
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the number of elements of the largest tensor any op produces inside the ``with`` block (forward or
+    backward): a test that a computation never materialises a quadratic tensor asserts on ``.largest``."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.fixture
+def largest_tensor():
+    """``with largest_tensor() as record: ...`` then ``record.largest`` is the largest tensor's element count."""
+    return LargestTensor

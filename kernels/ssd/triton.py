@@ -9,7 +9,7 @@ Forward, three kernels:
 2. ``_decayed_scan`` ``E_0 = initial state``, ``E_{c+1} = exp(α_c) E_c + S_c``        (``E_nc``: final state)
 3. ``_chunk_scan``   ``y_l = Σ_{m≤l} (C_l·B_m) exp(Λ_l − Λ_m) dt_m x_m + exp(Λ_l) E_c C_l + D x_l``
 
-Backward, the same kernels with other operands, and one more:
+Backward, the same kernels with other operands, and four more:
 
 1. ``_chunk_state`` on ``(dy, C)`` with weights ``exp(Λ_l)``: what the read-outs send to ``E_c``.
 2. ``_decayed_scan`` run backwards: ``G_nc = d final``, ``G_c = exp(α_c) G_{c+1} + (1.)``, so
@@ -18,12 +18,11 @@ Backward, the same kernels with other operands, and one more:
 4. ``_chunk_scan_reverse``, its transpose, per source position ``m`` streaming the ``l ≥ m``: on
    ``(B, C, dy)`` the gradient of ``dt_m x_m`` (hence ``dx`` and ``⟨x_m, d(dt x)_m⟩`` for ``d dt``), on
    ``(x, dy, C)`` ``dB_m`` per head.
-
-The log-decays need no kernel: each ``a_k`` enters the decays of the pairs ``m < k ≤ l`` of its chunk,
-the read-outs of the entering state at ``l ≥ k``, the shares of the final state from ``m < k``, and the
-carry; ``_log_decay_gradient`` sums those terms directly (the reverse cumulative sum of ``∂/∂Λ_l`` adds
-and subtracts every pair term, which mamba_ssm dropped as unstable). Then ``d dt = A da + ⟨x, d(dt x)⟩``
-and ``dA = Σ dt da``. These steps are plain torch, with one ``[b, nc, h, L, L]`` pair tensor.
+5. The log-decays: each ``a_k`` enters the decays of the pairs ``m < k ≤ l`` of its chunk, the read-outs of the
+   entering state at ``l ≥ k``, the shares of the final state from ``m < k``, and the carry;
+   ``_log_decay_pairs``, ``_log_decay_ends`` and ``_state_dots`` sum those terms directly (the reverse cumulative
+   sum of ``∂/∂Λ_l`` adds and subtracts every pair term, which mamba_ssm dropped as unstable), with no ``[L, L]``
+   tensor. Then ``d dt = A da + ⟨x, d(dt x)⟩`` and ``dA = Σ dt da``.
 
 Packed documents (``document_starts``): ``SEG [b, T]`` int32 numbers each position's document (the
 cumulative count of starts, so the initial state belongs to document 0, before any start). A decayed
@@ -279,6 +278,109 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks,
     tl.store(_rows(OUT, b, c, L, so_b, so_t, so_h, h, offs_m, offs_v), acc, mask=valid_m[:, None] & in_v)
 
 
+@triton.jit
+def _log_decay_pairs(X, DY, BM, CM, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BC_HEADS, P, N,
+                     sx_b, sx_t, sx_h, sdy_b, sdy_t, sdy_h, sb_b, sb_t, sb_h, sc_b, sc_t, sc_h, sdt_b, sdt_t,
+                     HAS_DOCS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+    """The pair terms of the log-decay gradient, for the rows ``l`` of one block: ``OUT[b, c, block, h, k] =
+    Σ_{l in block, l≥k} Σ_{m<k} T_lm`` with ``T_lm = (dy_l·x_m)(C_l·B_m) exp(Λ_l − Λ_m) dt_m`` (pairs in one
+    document). A program keeps its rows' ``Σ_{m<k} T_lm`` as a running sum over the column blocks, so no ``[L, L]``
+    tensor is written; the blocks' parts are summed afterwards (no atomics). Grid: (b·nc, row blocks, h)."""
+    bc, pid_l, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # b·nc on axis 0: up to 2^31 − 1
+    b, c = bc // n_chunks, bc % n_chunks
+    g = h // (H // BC_HEADS)
+    offs_p, offs_n = tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_N)
+    in_p, in_n = offs_p[None, :] < P, offs_n[None, :] < N
+    offs_l, t_l, valid_l = _chunk_rows(pid_l * BLOCK_L, c, L, T, BLOCK_L)
+    lam_ptr = LAM + ((b.to(tl.int64) * H + h) * Tp + c * L)
+    lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
+    dy = tl.load(_rows(DY, b, c, L, sdy_b, sdy_t, sdy_h, h, offs_l, offs_p), mask=valid_l[:, None] & in_p, other=0.0)
+    cm = tl.load(_rows(CM, b, c, L, sc_b, sc_t, sc_h, g, offs_l, offs_n), mask=valid_l[:, None] & in_n, other=0.0)
+    if HAS_DOCS:
+        seg_l = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid_l, other=-1)
+    out = OUT + (((b.to(tl.int64) * n_chunks + c) * tl.num_programs(1) + pid_l) * H + h) * L
+
+    run = tl.zeros([BLOCK_L], dtype=tl.float32)  # Σ_{m<m0} T_lm, per row
+    hi = tl.minimum((pid_l + 1) * BLOCK_L, L)  # columns past the block's rows get nothing: k ≤ l
+    for m0 in range(0, hi, BLOCK_M):
+        offs_m, t_m, valid_m = _chunk_rows(m0, c, L, T, BLOCK_M)
+        x = tl.load(_rows(X, b, c, L, sx_b, sx_t, sx_h, h, offs_m, offs_p), mask=valid_m[:, None] & in_p, other=0.0)
+        bm = tl.load(_rows(BM, b, c, L, sb_b, sb_t, sb_h, g, offs_m, offs_n), mask=valid_m[:, None] & in_n, other=0.0)
+        dt_m = tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)
+        lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
+        before = (offs_m[None, :] < offs_l[:, None]) & valid_m[None, :]  # [l, m]: m < l (m = l enters no k ≤ l)
+        if HAS_DOCS:
+            before &= tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_m), mask=valid_m, other=-2)[None, :] == seg_l[:, None]
+        decay = tl.exp(tl.where(before, lam_l[:, None] - lam_m[None, :], float("-inf")))
+        pair = (tl.dot(dy, tl.trans(x.to(dy.dtype)), input_precision=DOT)
+                * tl.dot(cm, tl.trans(bm.to(cm.dtype)), input_precision=DOT) * decay * dt_m[None, :])  # T_lm
+        before_k = run[:, None] + tl.cumsum(pair, axis=1) - pair  # [l, k]: Σ_{m<k} T_lm
+        da = tl.sum(tl.where(offs_l[:, None] >= offs_m[None, :], before_k, 0.0), axis=0)  # over l ≥ k
+        tl.store(out + offs_m, da, mask=offs_m < L)
+        run += tl.sum(pair, axis=1)
+
+
+@triton.jit
+def _log_decay_ends(X, DY, BM, CM, DT, LAM, SEG, STATES, DSTATES, READ, SHARE, T, L, Tp, n_chunks, H, BC_HEADS, P, N,
+                    sx_b, sx_t, sx_h, sdy_b, sdy_t, sdy_h, sb_b, sb_t, sb_h, sc_b, sc_t, sc_h, sdt_b, sdt_t,
+                    HAS_DOCS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                    DOT: tl.constexpr):
+    """Per row, the read-out of the entering state and the share of the chunk's final state in the log-decay
+    gradient: ``READ_l = exp(Λ_l) ⟨dy_l, E_c C_l⟩`` (rows of the entering state's document) and
+    ``SHARE_l = dt_l exp(α_c − Λ_l) ⟨x_l, G_{c+1} B_l⟩`` (rows of the final state's document), ``[b, h, nc·L]``
+    fp32. The states are read ``BLOCK_P`` of their ``P`` rows at a time: whole ``[P, N]`` fp32 tiles beside a reduction
+    spilled kilobytes per thread in full-fp32 dots. Grid: (b·nc, row blocks, h)."""
+    bc, pid_l, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, c = bc // n_chunks, bc % n_chunks
+    g = h // (H // BC_HEADS)
+    offs_n = tl.arange(0, BLOCK_N)
+    in_n = offs_n[None, :] < N
+    offs_l, t_l, valid_l = _chunk_rows(pid_l * BLOCK_L, c, L, T, BLOCK_L)
+    lam_ptr = LAM + ((b.to(tl.int64) * H + h) * Tp + c * L)
+    lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
+    lam_end = tl.load(lam_ptr + L - 1)
+    cm = tl.load(_rows(CM, b, c, L, sc_b, sc_t, sc_h, g, offs_l, offs_n), mask=valid_l[:, None] & in_n, other=0.0)
+    bm = tl.load(_rows(BM, b, c, L, sb_b, sb_t, sb_h, g, offs_l, offs_n), mask=valid_l[:, None] & in_n, other=0.0)
+    entering = STATES + ((b.to(tl.int64) * (n_chunks + 1) + c) * H + h) * P * N
+    d_final = DSTATES + ((b.to(tl.int64) * (n_chunks + 1) + c + 1) * H + h) * P * N
+    read = tl.zeros([BLOCK_L], dtype=tl.float32)
+    share = tl.zeros([BLOCK_L], dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        offs_p = p0 + tl.arange(0, BLOCK_P)
+        in_p = offs_p[None, :] < P
+        e = _state_tile(entering, offs_n, offs_p, N, P, True)  # [N, BLOCK_P] of the [P, N] state
+        dy = tl.load(_rows(DY, b, c, L, sdy_b, sdy_t, sdy_h, h, offs_l, offs_p), mask=valid_l[:, None] & in_p, other=0.0)
+        read += tl.sum(dy.to(tl.float32) * tl.dot(cm, e.to(cm.dtype), input_precision=DOT), axis=1)
+        gf = _state_tile(d_final, offs_n, offs_p, N, P, True)
+        x = tl.load(_rows(X, b, c, L, sx_b, sx_t, sx_h, h, offs_l, offs_p), mask=valid_l[:, None] & in_p, other=0.0)
+        share += tl.sum(x.to(tl.float32) * tl.dot(bm, gf.to(bm.dtype), input_precision=DOT), axis=1)
+    read *= tl.exp(lam_l)
+    share *= tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs_l), mask=valid_l, other=0.0).to(tl.float32)
+    share *= tl.exp(lam_end - lam_l)
+    if HAS_DOCS:
+        seg_l = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid_l, other=-1)
+        read = tl.where(seg_l == _seg_before(SEG, b, c, L, T), read, 0.0)
+        share = tl.where(seg_l == _seg_end(SEG, b, c, L, T), share, 0.0)
+    tl.store(READ + ((b.to(tl.int64) * H + h) * Tp + c * L) + offs_l, read, mask=offs_l < L)
+    tl.store(SHARE + ((b.to(tl.int64) * H + h) * Tp + c * L) + offs_l, share, mask=offs_l < L)
+
+
+@triton.jit
+def _state_dots(E, G, OUT, n_chunks, H, PN, BLOCK: tl.constexpr):
+    """``OUT[b, c, h, block] = Σ E[b, c, h] · G[b, c+1, h]`` over one block of the flattened ``[P·N]`` states (the
+    blocks' parts are summed afterwards): the carry's ``⟨G_{c+1}, E_c⟩``. ``E, G [b, nc+1, h, P·N]`` fp32.
+    Grid: (b·h, state blocks)."""
+    bh, blk = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < PN
+    for c in range(0, n_chunks):
+        e = tl.load(E + ((b.to(tl.int64) * (n_chunks + 1) + c) * H + h) * PN + offs, mask=mask, other=0.0)
+        g = tl.load(G + ((b.to(tl.int64) * (n_chunks + 1) + c + 1) * H + h) * PN + offs, mask=mask, other=0.0)
+        tl.store(OUT + ((b.to(tl.int64) * n_chunks + c) * H + h) * tl.num_programs(1) + blk, tl.sum(e * g, axis=0))
+
+
 def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Tiles, warps and pipeline stages. ``P`` and ``N`` are one tile each (``tl.dot`` needs every side
     >= 16). On CUDA the choice is the one at which ``python -m recipes.benchmarks.compile_check`` finds no register
@@ -288,10 +390,10 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     memory, more than an A100 has). Not timed: no GPU yet."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     if not cuda:  # the interpreter: small tiles, fewer wasted lanes
-        return dict(rows=16, P=pow2(P), N=pow2(N), warps=4, stages=1)
+        return dict(rows=16, pair_rows=16, pair_cols=16, P=pow2(P), N=pow2(N), warps=4, stages=1)
     if dtype == torch.float32:
-        return dict(rows=32, P=pow2(P), N=pow2(N), warps=8, stages=2)
-    return dict(rows=32, P=pow2(P), N=pow2(N), warps=8, stages=3)
+        return dict(rows=32, pair_rows=64, pair_cols=16, P=pow2(P), N=pow2(N), warps=8, stages=2)
+    return dict(rows=32, pair_rows=64, pair_cols=16, P=pow2(P), N=pow2(N), warps=8, stages=3)
 
 
 def _chunk_log_decays(dt: torch.Tensor, A: torch.Tensor, L: int) -> torch.Tensor:
@@ -440,7 +542,7 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
         dx = dx + D.float()[:, None] * dy.float()
     ddt_x = (x.float() * dxdt).sum(-1)  # [b, T, h] ⟨x, d(dt·x)⟩
 
-    da = _log_decay_gradient(x, dt, B, C, dy, lam, states, d_states, seg, L)  # [b, T, h]
+    da = _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, T, L, blk)  # [b, T, h]
     per_group = lambda t: t.view(batch, T, G, H // G, N)  # noqa: E731  [b, T, g, h/g, N]
 
     dx = dx.to(x.dtype)
@@ -491,62 +593,55 @@ def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_sta
     return y, final
 
 
-def _log_decay_gradient(x, dt, B, C, dy, lam, states, d_states, seg, L: int) -> torch.Tensor:
+def _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, T: int, L: int, blk: dict) -> torch.Tensor:
     """``da [b, T, h]`` fp32, the gradient of each step's log-decay ``a_k = dt_k A``, summed term by term.
 
     ``a_k`` enters every decay ``exp(Λ_l − Λ_m)`` with ``m < k ≤ l`` (inside a chunk), every read-out
     ``exp(Λ_l)`` of the entering state with ``l ≥ k``, every share ``exp(α_c − Λ_m)`` of the chunk's final
     state with ``m < k``, and the carry ``exp(α_c)`` of the entering state. So
 
-        da_k = Σ_{l≥k} Σ_{m<k} T_lm + Σ_{l≥k} R_l + Σ_{m<k} U_m + ⟨G_{c+1}, exp(α_c) E_c⟩
+        da_k = Σ_{l≥k} Σ_{m<k} T_lm + Σ_{l≥k} R_l + Σ_{m<k} U_m + exp(α_c) ⟨G_{c+1}, E_c⟩
 
     with ``T_lm = (dy_l·x_m)(C_l·B_m) exp(Λ_l − Λ_m) dt_m``, ``R_l = exp(Λ_l) ⟨dy_l, E_c C_l⟩`` and
-    ``U_m = dt_m exp(α_c − Λ_m) ⟨x_m, G_{c+1} B_m⟩``, each under the documents' masks. The shorter
-    route, a reverse cumulative sum of ``∂/∂Λ_l``, adds each pair term once and subtracts it once
-    (mamba_ssm keeps it as ``_chunk_scan_bwd_ddAcs_unstable``): in fp16 at L = 256 with small dt its
-    dA error was twice what the inputs' rounding gives. Plain torch, ``[b, nc, h, L, L]`` in memory
-    (as the reference's chunked form)."""
-    batch, T, H, P = x.shape
-    G, n_chunks = B.shape[2], lam.shape[-1] // L
-    pad = n_chunks * L - T
-    chunked = lambda t: F.pad(t.float(), (0, 0) * (t.dim() - 2) + (0, pad)).view(batch, n_chunks, L, *t.shape[2:])  # noqa: E731
-    heads = lambda t: t.repeat_interleave(H // G, dim=2)  # noqa: E731  [b, T, g, N] -> [b, T, h, N]
-    xc, dyc, Bc, Cc = chunked(x), chunked(dy), chunked(heads(B)), chunked(heads(C))  # [b, nc, L, h, ·]
-    dtc = chunked(dt)  # [b, nc, L, h]
-    lam_c = lam.view(batch, H, n_chunks, L).permute(0, 2, 3, 1)  # [b, nc, L, h]: Λ
-    alpha = lam_c[:, :, -1:]  # [b, nc, 1, h]: α_c
-    E, G1 = states[:, :-1], d_states[:, 1:]  # [b, nc, h, P, N]: entering state, gradient of the final one
+    ``U_m = dt_m exp(α_c − Λ_m) ⟨x_m, G_{c+1} B_m⟩`` (``E_c`` the entering state, ``G_{c+1}`` the gradient of the
+    chunk's final one), each under the documents' masks. Every term is added once: the shorter route, a reverse
+    cumulative sum of ``∂/∂Λ_l``, adds each pair term once and subtracts it once (mamba_ssm keeps it as
+    ``_chunk_scan_bwd_ddAcs_unstable``); in fp16 at L = 256 with small dt its dA error was twice what the inputs'
+    rounding gives. The pairs are summed inside :func:`_log_decay_pairs` (no ``[L, L]`` tensor: the plain-torch form
+    this replaced made several ``[b, nc, h, L, L]`` ones), the rows' R and U by :func:`_log_decay_ends`, the carry by
+    :func:`_state_dots`; what is left here is ``[b, T, h]``-sized."""
+    batch, _, H, P = x.shape
+    n_chunks, N, Tp = lam.shape[-1] // L, B.shape[-1], lam.shape[-1]
+    seg_arg = lam if seg is None else seg
+    strides = (*x.stride()[:3], *dy.stride()[:3], *B.stride()[:3], *C.stride()[:3], *dt.stride()[:2])
+    rows, cols = blk["pair_rows"], blk["pair_cols"]
+    # [b, nc, row blocks, h, L]; zeros: the columns past a block's rows are not written
+    pairs = torch.zeros(batch, n_chunks, triton.cdiv(L, rows), H, L, dtype=torch.float32, device=x.device)
+    _log_decay_pairs[(batch * n_chunks, triton.cdiv(L, rows), H)](
+        x, dy, B, C, dt, lam, seg_arg, pairs, T, L, Tp, n_chunks, H, B.shape[2], P, N, *strides,
+        HAS_DOCS=seg is not None, BLOCK_L=rows, BLOCK_M=cols, BLOCK_P=blk["P"], BLOCK_N=blk["N"],
+        DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
+    )
+    read, share = (torch.empty(batch, H, Tp, dtype=torch.float32, device=x.device) for _ in range(2))
+    _log_decay_ends[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
+        x, dy, B, C, dt, lam, seg_arg, states, d_states, read, share, T, L, Tp, n_chunks, H, B.shape[2], P, N,
+        *strides, HAS_DOCS=seg is not None, BLOCK_L=blk["rows"], BLOCK_P=16, BLOCK_N=blk["N"],
+        DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
+    )
+    block = min(1024, triton.next_power_of_2(P * N))
+    dots = torch.empty(batch, n_chunks, H, triton.cdiv(P * N, block), dtype=torch.float32, device=x.device)
+    _state_dots[(batch * H, triton.cdiv(P * N, block))](states, d_states, dots, n_chunks, H, P * N, BLOCK=block)
 
-    # Masks from the documents: pairs in one document; read-outs of a state its document entered with;
-    # shares of the final state from its own document; the carry when no document starts in the chunk.
-    pair = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()  # [l, m]: m ≤ l
-    pair = pair.expand(batch, n_chunks, L, L)
-    reads = shares = torch.ones(batch, n_chunks, L, dtype=torch.bool, device=x.device)
-    carries = torch.ones(batch, n_chunks, dtype=torch.bool, device=x.device)
-    if seg is not None:
-        seg_c = F.pad(seg, (0, pad), value=-1).view(batch, n_chunks, L)  # [b, nc, L]
-        ends = torch.minimum(torch.arange(n_chunks, device=x.device) * L + L - 1, torch.tensor(T - 1))
+    chunked = lambda t: t.view(batch, H, n_chunks, L)  # noqa: E731  [b, h, nc·L] -> [b, h, nc, L]
+    lam_c, read, share = chunked(lam), chunked(read), chunked(share)
+    carry = torch.exp(lam_c[..., -1]) * dots.sum(-1).permute(0, 2, 1)  # [b, h, nc]
+    if seg is not None:  # the entering state is carried across the chunk only when no document starts in it
+        ends = torch.clamp(torch.arange(n_chunks, device=x.device) * L + L - 1, max=T - 1)
         seg_end = seg[:, ends]  # [b, nc]
-        seg_before = F.pad(seg[:, ends[:-1]], (1, 0), value=0) if n_chunks > 1 else seg.new_zeros(batch, 1)
-        pair = pair & (seg_c[..., :, None] == seg_c[..., None, :])
-        reads, shares = seg_c == seg_before[..., None], seg_c == seg_end[..., None]
-        carries = seg_before == seg_end
-
-    # Pairs: T_lm, then Σ_{l≥k} Σ_{m<k}.
-    scores = torch.einsum("bclhn,bcmhn->bchlm", Cc, Bc) * torch.einsum("bclhp,bcmhp->bchlm", dyc, xc)
-    gaps = lam_c.permute(0, 1, 3, 2)[..., :, None] - lam_c.permute(0, 1, 3, 2)[..., None, :]  # [b, nc, h, l, m]
-    decay = torch.exp(torch.where(pair[:, :, None], gaps, float("-inf")))
-    pairs = scores * decay * dtc.permute(0, 1, 3, 2)[..., None, :]  # [b, nc, h, l, m]
-    before_k = F.pad(pairs.cumsum(-1)[..., :-1], (1, 0))  # [b, nc, h, l, k]: Σ_{m<k} T_lm
-    at_or_after = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()  # [l, k]: l ≥ k
-    da = (before_k * at_or_after).sum(-2).permute(0, 1, 3, 2)  # [b, nc, k, h]
-
-    # Read-outs R_l, summed over l ≥ k; shares U_m, summed over m < k; the carry, for every k.
-    read = torch.exp(lam_c) * (torch.einsum("bclhn,bchpn->bclhp", Cc, E) * dyc).sum(-1)  # [b, nc, L, h]
-    read = torch.where(reads[..., None], read, 0.0)
-    share = dtc * torch.exp(alpha - lam_c) * (torch.einsum("bclhn,bchpn->bclhp", Bc, G1) * xc).sum(-1)
-    share = torch.where(shares[..., None], share, 0.0)
-    da = da + read.flip(2).cumsum(2).flip(2) + F.pad(share.cumsum(2)[:, :, :-1], (0, 0, 1, 0))
-    carry = torch.exp(alpha[:, :, 0]) * torch.einsum("bchpn,bchpn->bch", G1, E)  # [b, nc, h]
-    da = da + torch.where(carries[..., None], carry, 0.0)[:, :, None]
-    return da.reshape(batch, n_chunks * L, H)[:, :T]
+        seg_before = F.pad(seg_end[:, :-1], (1, 0), value=0)  # the state entering chunk c: position cL − 1's
+        carry = torch.where((seg_before == seg_end)[:, None], carry, 0.0)
+    da = (pairs.sum(2).permute(0, 2, 1, 3)  # [b, h, nc, L]
+          + read.flip(-1).cumsum(-1).flip(-1)  # Σ_{l≥k} R_l
+          + F.pad(share.cumsum(-1)[..., :-1], (1, 0))  # Σ_{m<k} U_m
+          + carry[..., None])
+    return da.reshape(batch, H, n_chunks * L).transpose(1, 2)[:, :T]  # [b, T, h]

@@ -83,12 +83,17 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
         Case("ssd _chunk_scan_reverse (dB)", ssd._chunk_scan_reverse, dict(TRANS_STATE=False, SCALE_BY_DT=True,
              BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=P, BLOCK_V=N, DOT=dot), warps, ("Q", "K", "V"),
              f32("DT", "LAM", "DSTATES", "OUT")),
+        Case("ssd _log_decay_pairs", ssd._log_decay_pairs, dict(BLOCK_L=cfg["pair_rows"], BLOCK_M=cfg["pair_cols"],
+             BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "DY", "BM", "CM"), f32("DT", "LAM", "OUT")),
+        Case("ssd _log_decay_ends", ssd._log_decay_ends, dict(BLOCK_L=rows, BLOCK_P=16, BLOCK_N=N, DOT=dot), warps,
+             ("X", "DY", "BM", "CM"), f32("DT", "LAM", "STATES", "DSTATES", "READ", "SHARE")),
     ]
     # Each SSD kernel without and with packed documents (their masks cost registers).
     for case in ssd_cases:
         for docs in (False, True):
             out.append(Case(case.name + (", documents" if docs else ""), case.kernel, {**case.constexprs, "HAS_DOCS": docs},
                             case.options, case.data, {**case.types, **seg}))
+    out.append(Case("ssd _state_dots", ssd._state_dots, dict(BLOCK=1024), {}, (), f32("E", "G", "OUT")))
     # Attention with every option on (bias, padding, causal, window), then with packed
     # documents in place of the window (the two never meet: the host refuses documents with a window),
     # then a window without a bias (a sliding window: its loops start at the oldest kept key's block).

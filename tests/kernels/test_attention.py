@@ -124,45 +124,19 @@ def test_heads_not_a_multiple_of_kv_heads():
         attention(q, k, v)
 
 
-
-class LargestTensor:
-    """Records the largest tensor any aten op produces inside the ``with`` block (forward or backward)."""
-
-    def __enter__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
-
-        record = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                for t in tree_flatten(out)[0]:
-                    if isinstance(t, torch.Tensor):
-                        record.largest = max(record.largest, t.numel())
-                return out
-
-        self.largest, self.mode = 0, Mode()
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.mode.__exit__(*exc)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_bias_and_padding_never_materialise_a_query_by_key_tensor(dtype):
+def test_bias_and_padding_never_materialise_a_query_by_key_tensor(dtype, largest_tensor):
     B, T, H, Hkv, D = 2, 384, 2, 1, 16
     q, k, v, bias = (t.detach().to(dtype).requires_grad_() for t in make(B=B, T=T, H=H, Hkv=Hkv, D=D))
     padding = torch.zeros(B, T, dtype=torch.bool)
     padding[1, :50] = True
-    with LargestTensor() as record:
+    with largest_tensor() as record:
         out = attention(q, k, v, bias=bias, key_padding_mask=padding, backend="reference")
         out.float().pow(2).sum().backward()
     assert record.largest < T * T, f"a tensor of {record.largest:,} elements (T·S = {T * T:,}) was built"
     assert bias.grad is not None and torch.isfinite(bias.grad).all()
     # The check can fail: a key window that cuts keys takes the written-out mask.
-    with LargestTensor() as record:
+    with largest_tensor() as record:
         attention(q, k, v, bias=bias, key_padding_mask=padding, keep_window=8, backend="reference")
     assert record.largest >= B * H * T * T
 
