@@ -110,17 +110,20 @@ def ssd_step(
     """One token of the recurrence, for decoding.
 
     Args: ``state [b,h,p,n]``, ``x_t [b,h,p]``, ``dt_t [b,h]``, ``A [h]``, ``B_t, C_t [b,g,n]``,
-    ``D [h]`` or None. Returns ``(y_t [b,h,p], new state [b,h,p,n])``.
+    ``D [h]`` or None. Returns ``(y_t [b,h,p]`` in ``x_t``'s dtype, ``new state [b,h,p,n]`` in ``state``'s dtype).
+    The step computes in the state's dtype: a half-precision model's cache holds the fp32 state the chunked scan
+    hands over after the prefill, and keeps it in fp32 as the scan does.
     """
-    H, G = x_t.shape[1], B_t.shape[1]
-    B_t = repeat(B_t, "b g n -> b (g r) n", r=H // G)  # [b, h, n]
-    C_t = repeat(C_t, "b g n -> b (g r) n", r=H // G)  # [b, h, n]
-    decay = torch.exp(dt_t * A)[..., None, None]  # [b, h, 1, 1]
-    state = state * decay + torch.einsum("bhp,bhn->bhpn", x_t * dt_t[..., None], B_t)
+    H, G, dtype = x_t.shape[1], B_t.shape[1], state.dtype
+    B_t = repeat(B_t.to(dtype), "b g n -> b (g r) n", r=H // G)  # [b, h, n]
+    C_t = repeat(C_t.to(dtype), "b g n -> b (g r) n", r=H // G)  # [b, h, n]
+    dt_t = dt_t.to(dtype)
+    decay = torch.exp(dt_t * A.to(dtype))[..., None, None]  # [b, h, 1, 1]
+    state = state * decay + torch.einsum("bhp,bhn->bhpn", x_t.to(dtype) * dt_t[..., None], B_t)
     y_t = torch.einsum("bhpn,bhn->bhp", state, C_t)
     if D is not None:
-        y_t = y_t + x_t * D[:, None]
-    return y_t, state
+        y_t = y_t + x_t.to(dtype) * D.to(dtype)[:, None]
+    return y_t.to(x_t.dtype), state
 
 
 def ssd_recurrent(

@@ -3,6 +3,7 @@ in one run (docs/decoding.md).
 
     python -m recipes.benchmarks.decode_hf                                  # llama, mamba2, hybrid at batch 1, 8, 32
     python -m recipes.benchmarks.decode_hf --models llama --batches 1 --threads 2
+    python -m recipes.benchmarks.decode_hf --device cuda --dtype bf16            # on a GPU (the default there)
 
 A Llama and a Mamba-2 (8 layers, width 256 unless told) are built with ``transformers`` from a seed and
 imported with :mod:`recipes.hf`; the hybrid (TransXSSM's ``SM×7 AM``) has no Hugging Face form, so only the
@@ -33,6 +34,8 @@ from pathlib import Path
 import torch
 
 from recipes.benchmarks.timing import interleaved_seconds
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def hf_model(kind: str, width: int, layers: int, vocab: int):
@@ -86,8 +89,10 @@ def run(kind: str, batch: int, args) -> list[dict]:
         folder = Path(tempfile.mkdtemp(prefix=f"decode-{kind}-"))
         hf.save_pretrained(folder)
         zoo = from_pretrained(folder).eval()
+        hf = hf.to(args.device, DTYPES[args.dtype])
+    zoo = zoo.to(args.device, DTYPES[args.dtype])
     torch.manual_seed(1)
-    prompt = torch.randint(0, args.vocab, (batch, args.prompt))
+    prompt = torch.randint(0, args.vocab, (batch, args.prompt)).to(args.device)
     n = args.new_tokens
     modes = {}
     if hf is not None:
@@ -138,9 +143,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    cuda = torch.cuda.is_available()
+    parser.add_argument("--device", default="cuda" if cuda else "cpu", help="default: cuda where there is one")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16" if cuda else "fp32",
+                        help="weights and activations (default: bf16 on a GPU, fp32 on a CPU)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} threads; {args.layers} layers × {args.width}, prompt {args.prompt}, "
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{args.threads} threads"
+    print(f"torch {torch.__version__}, {where}, {args.dtype}; {args.layers} layers × {args.width}, prompt {args.prompt}, "
           f"{args.new_tokens} new tokens, greedy; median of {args.rounds} interleaved rounds\n", flush=True)
     print("| model | batch | mode | new tokens/s | × baseline | step ms | step × eager | argmax |\n"
           "|---|---|---|---|---|---|---|---|", flush=True)

@@ -65,6 +65,25 @@ def test_prefill_then_steps_equals_the_full_forward(name, prefill, with_padding)
 
 
 @pytest.mark.parametrize("name", MIXERS)
+@pytest.mark.parametrize("static", [False, True])
+def test_a_bfloat16_mixer_decodes_as_closely_as_its_full_forward(name, static):
+    """A model cast to bf16 decodes (the SSD's step kept an fp32 state from the prefill beside bf16 projections and
+    failed in its read-out), and its steps are no further from the float64 truth than its own bf16 full forward
+    is, within a factor of 2 and a hundredth of the truth's scale."""
+    torch.manual_seed(0)
+    mixer = MIXERS[name]()
+    randomize(mixer)
+    positions = torch.arange(13).expand(3, 13)
+    x = torch.randn(3, 13, 32)
+    truth = mixer.double()(x.double(), Context(position_ids=positions)).float()
+    mixer, x = mixer.to(torch.bfloat16), x.to(torch.bfloat16)
+    full = mixer(x, Context(position_ids=positions)).float()
+    steps = in_pieces(mixer, x, positions, None, 5, static=static).float()
+    assert steps.dtype == full.dtype and torch.isfinite(steps).all()
+    assert relative(steps, truth) <= 2 * relative(full, truth) + 1e-2
+
+
+@pytest.mark.parametrize("name", MIXERS)
 @pytest.mark.parametrize("with_padding", [False, True])
 def test_fixed_shape_steps_equal_the_full_forward(name, with_padding):
     """A static cache's step writes at a tensor cursor and attends over the whole capacity, the positions
