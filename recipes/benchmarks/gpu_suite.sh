@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Every GPU measurement the docs wait for (docs/performance.md "On a GPU", docs/kernels.md "GPU targets"), in two
+# phases that each fit ten minutes on one H100 (limits summing to 550 and 500 s; not yet run on one), each step under
+# its own time limit so a slow step costs only itself, and at most eight files written per phase:
+#
+#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels   # doctor, GPU precision tests, kernel tests on CUDA, ops
+#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR models    # decoding against HF, training steps of the architectures
+#
+# Run from the repository root of a source checkout; nothing is installed (the zoo is put on PYTHONPATH, so a
+# machine with torch, triton, lightning, transformers and pytest runs it as it is). Each step's whole output goes to
+# OUT_DIR/<step>.log and its last lines to the terminal; OUT_DIR/summary.txt lists every step's exit status and
+# seconds (124: it ran out of time). The exit status is that of the first step that failed, else 0.
+set -uo pipefail
+
+out=${1:?usage: bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels|models}
+phase=${2:?usage: bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels|models}
+cd "$(dirname "$0")/../.."
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (at most ${limit} s): $*"
+    local start=$SECONDS
+    timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
+    local rc=$?
+    echo "$name: exit $rc in $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+    tail -n 25 "$out/$name.log"
+    [ "$status" -eq 0 ] && [ "$rc" -ne 0 ] && status=$rc
+    return 0
+}
+
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
+    python3 -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '|',
+        torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"
+} > "$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+
+case "$phase" in
+    kernels)
+        step doctor 120 python3 -m kernels.doctor
+        step gpu_precision 100 python3 -m pytest -q -p no:cacheprovider -n 0 tests/kernels/test_gpu_precision.py
+        step kernel_tests 120 python3 -m pytest -q -p no:cacheprovider -n 4 tests/kernels
+        for op in attention ssd retrieval; do  # one step each: a table prints when its op is done
+            step "ops_$op" "$([ "$op" = retrieval ] && echo 30 || echo 90)" \
+                python3 -m recipes.benchmarks.ops --ops "$op" --lengths 2048 4096 8192 16384 --repeats 5
+        done
+        ;;
+    models)
+        step decode 200 python3 -m recipes.benchmarks.decode_hf --batches 1 8 32 --rounds 3
+        step models 300 python3 -m recipes.benchmarks.models --models llama hf-llama mamba2 hf-mamba2 hybrid --lengths 2048 8192
+        ;;
+    *)
+        echo "unknown phase '$phase': kernels or models" >&2
+        exit 2
+        ;;
+esac
+exit "$status"
