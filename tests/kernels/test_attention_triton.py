@@ -262,3 +262,23 @@ def test_a_fullgraph_compile_through_the_kernel_equals_eager(window):
     for got, expected in zip(torch.autograd.grad(out, [q, k, v, b], g), torch.autograd.grad(want, [q, k, v, b], g)):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("arch, options", [(90, "documents"), (90, "window"), (80, "documents"), (80, "window")])
+def test_the_gpu_tiles_under_the_interpreter(arch, options, monkeypatch):
+    """The tiles CUDA takes in bf16 (64×64 on sm_90, 32×64 before it; 32 query rows per dK/dV step) differ from the
+    interpreter's 16×16: run them here too, in fp32, over several tiles with a bias, padding, GQA and packed documents
+    or a key window, against the reference on outputs and every gradient."""
+    from kernels.attention import triton as attention_triton
+
+    gpu_config = attention_triton.launch_config
+    monkeypatch.setattr(attention_triton, "launch_config",
+                        lambda head_dim, cuda, dtype=None, dot="ieee", arch_=90: gpu_config(head_dim, True, torch.bfloat16,
+                                                                                            dot, arch))
+    assert attention_triton.launch_config(16, False)["BLOCK_N"] == 64
+    q, k, v, b, pad = inputs(2, 150, 150, 4, 2, 16, True, True)
+    if options == "documents":
+        assert_triton_matches_reference(q, k, v, b, causal=True, key_padding_mask=pad,
+                                        document_ids=document_ids([40, 1, 70, 39], 2))
+    else:
+        assert_triton_matches_reference(q, k, v, b, causal=True, key_padding_mask=pad, keep_window=37)

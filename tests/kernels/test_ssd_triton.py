@@ -251,3 +251,28 @@ def test_the_backward_writes_no_pair_tensor(docs):
                                          backend="reference") * w).sum(), leaves)
     for name, g, r in zip(["x", "dt", "A", "B", "C"], got, want):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
+
+
+@pytest.mark.parametrize("docs", [False, True])
+def test_the_gpu_tiles_under_the_interpreter(docs, monkeypatch):
+    """The tiles CUDA takes (32-row scans; the log-decay pairs in 64-row blocks stepping 16 columns, so a block's
+    diagonal spans several column steps) differ from the interpreter's 16×16: run them here too, against the
+    float64 recurrence, at a length of two chunks and a bit."""
+    from kernels.ssd import triton as ssd_triton
+
+    gpu_config = ssd_triton.launch_config
+    monkeypatch.setattr(ssd_triton, "launch_config", lambda P, N, cuda, dtype=torch.float32: gpu_config(P, N, True, dtype))
+    assert ssd_triton.launch_config(16, 16, False)["pair_rows"] == 64
+    inputs = make(1, 150, 2, 16, 1, 16, True, True)
+    starts = torch.zeros(1, 150, dtype=torch.bool)
+    starts[0, [30, 64, 70, 71, 140]] = docs  # one on a chunk edge, two in a row, one in the last chunk
+    run = lambda backend: lambda a: ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size=64, D=a["D"],  # noqa: E731
+                                             initial_state=a["initial_state"], document_starts=starts if docs else None,
+                                             return_final_state=True, backend=backend)
+    y, final, grads = outputs_and_gradients(run("triton"), inputs)
+    y_ref, final_ref, grads_ref = outputs_and_gradients(run("reference"), {k: v.double() if v is not None else v
+                                                                            for k, v in inputs.items()})
+    rel = lambda got, want: ((got.double() - want).norm() / want.norm()).item()  # noqa: E731
+    assert rel(y, y_ref) < 1e-5 and rel(final, final_ref) < 1e-5
+    for name in grads:
+        assert rel(grads[name], grads_ref[name]) < 1e-5, name
