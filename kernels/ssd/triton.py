@@ -387,13 +387,17 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     spills on sm_80 and sm_90 in bf16 for ``(P, N)`` in (64, 128), (128, 128) and (64, 256): 32 rows,
     8 warps, 3 stages (64 rows spilled 8-40 bytes per thread at the first two shapes and up to 560 at
     the third; 4 warps spill); in fp32, 32 rows and 2 stages (64-row tiles need up to 209 KiB of shared
-    memory, more than an A100 has). Not timed: no GPU yet."""
+    memory, more than an A100 has). The log-decay gradient's pair kernel takes blocks of ``pair_rows`` rows stepping
+    ``pair_cols`` columns (64 × 16 on CUDA: 32 × 32 spilled 16-24 bytes at (64, 256) on sm_90), and its per-row kernel
+    reads the states ``state_rows`` of their ``P`` rows at a time (whole fp32 ``[P, N]`` tiles spilled kilobytes in
+    full-fp32 dots). Not timed: no GPU yet."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
+    tiles = dict(P=pow2(P), N=pow2(N), state_rows=16)
     if not cuda:  # the interpreter: small tiles, fewer wasted lanes
-        return dict(rows=16, pair_rows=16, pair_cols=16, P=pow2(P), N=pow2(N), warps=4, stages=1)
+        return dict(rows=16, pair_rows=16, pair_cols=16, warps=4, stages=1, **tiles)
     if dtype == torch.float32:
-        return dict(rows=32, pair_rows=64, pair_cols=16, P=pow2(P), N=pow2(N), warps=8, stages=2)
-    return dict(rows=32, pair_rows=64, pair_cols=16, P=pow2(P), N=pow2(N), warps=8, stages=3)
+        return dict(rows=32, pair_rows=64, pair_cols=16, warps=8, stages=2, **tiles)
+    return dict(rows=32, pair_rows=64, pair_cols=16, warps=8, stages=3, **tiles)
 
 
 def _chunk_log_decays(dt: torch.Tensor, A: torch.Tensor, L: int) -> torch.Tensor:
@@ -625,7 +629,7 @@ def _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, T: int
     read, share = (torch.empty(batch, H, Tp, dtype=torch.float32, device=x.device) for _ in range(2))
     _log_decay_ends[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
         x, dy, B, C, dt, lam, seg_arg, states, d_states, read, share, T, L, Tp, n_chunks, H, B.shape[2], P, N,
-        *strides, HAS_DOCS=seg is not None, BLOCK_L=blk["rows"], BLOCK_P=16, BLOCK_N=blk["N"],
+        *strides, HAS_DOCS=seg is not None, BLOCK_L=blk["rows"], BLOCK_P=blk["state_rows"], BLOCK_N=blk["N"],
         DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
     )
     block = min(1024, triton.next_power_of_2(P * N))

@@ -85,8 +85,8 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
              f32("DT", "LAM", "DSTATES", "OUT")),
         Case("ssd _log_decay_pairs", ssd._log_decay_pairs, dict(BLOCK_L=cfg["pair_rows"], BLOCK_M=cfg["pair_cols"],
              BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "DY", "BM", "CM"), f32("DT", "LAM", "OUT")),
-        Case("ssd _log_decay_ends", ssd._log_decay_ends, dict(BLOCK_L=rows, BLOCK_P=16, BLOCK_N=N, DOT=dot), warps,
-             ("X", "DY", "BM", "CM"), f32("DT", "LAM", "STATES", "DSTATES", "READ", "SHARE")),
+        Case("ssd _log_decay_ends", ssd._log_decay_ends, dict(BLOCK_L=rows, BLOCK_P=cfg["state_rows"], BLOCK_N=N,
+             DOT=dot), warps, ("X", "DY", "BM", "CM"), f32("DT", "LAM", "STATES", "DSTATES", "READ", "SHARE")),
     ]
     # Each SSD kernel without and with packed documents (their masks cost registers).
     for case in ssd_cases:
