@@ -306,6 +306,9 @@ class InnerFuncAttention(nn.Module):
         v = v_flat.view(batch, T, self.v_heads, self.head_dim)  # [b, T, Hv, Dh]
         q, k = self.positions(q, k, context)
         bias = self.key_bias(v_flat, context) if self.key_bias is not None else None  # [b, H, T]
+        # Under autocast the projections give half q and k, but the retrieved value x ⊙ Σ w·E keeps x's fp32:
+        # the attention takes one dtype (as autocast's own SDPA would cast them).
+        v = v.to(q.dtype)
         y = context.attend(self, q, k, v, bias=bias, keep_window=self.keep_window, backend=self.backend)  # [b, T, H, Dh]
         return self.out_proj(y.reshape(batch, T, self.n_heads * self.head_dim))
 
