@@ -100,6 +100,22 @@ class InferenceCache:
         """``owner``'s own entries (a recurrent mixer keeps its fixed-size state here)."""
         return self.layers.setdefault(owner, {})
 
+    def keep(self, owner: nn.Module, name: str, value: torch.Tensor, T: int) -> torch.Tensor:
+        """Make ``value`` ``owner``'s entry ``name`` after a call of ``T`` tokens, and return the entry. A static
+        cache's one-token step writes it into the entry the prompt left, so that from the prompt on every entry
+        keeps its memory: a CUDA graph of the step reads and writes the same addresses at each replay, where an
+        entry bound anew would be memory the graph's next replay overwrites."""
+        state = self.state(owner)
+        if self.fixed_step(T) and name in state:
+            return state[name].copy_(value)
+        state[name] = value
+        return value
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the cache holds: the padding, the cursor (static) and each mixer's entries."""
+        held = [self.padding] + ([self.cursor] if self.cursor is not None else [])
+        return held + [t for state in self.layers.values() for t in state.values() if isinstance(t, torch.Tensor)]
+
     def expand(self, copies: int) -> "InferenceCache":
         """A cache of ``batch · copies`` sequences, each sequence of this one repeated ``copies`` times in a
         row (sequence ``i`` becomes ``i·copies … i·copies + copies - 1``): one prompt, several continuations
@@ -121,7 +137,4 @@ class InferenceCache:
 
     def nbytes(self) -> int:
         """Bytes held by the cached tensors (buffers at full capacity)."""
-        total = self.padding.numel() * self.padding.element_size()
-        for state in self.layers.values():
-            total += sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
-        return total
+        return sum(t.numel() * t.element_size() for t in self.tensors())

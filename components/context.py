@@ -94,7 +94,8 @@ class Context:
             reach = seen_so_far(bad)  # [B, T, H]
             if "nonfinite" in state:
                 reach = reach | state["nonfinite"][:, None]  # heads that met one in an earlier call
-            state["nonfinite"] = reach.any(dim=1)  # [B, H] (= reach[:, -1], with the same strides after every call)
+            # [B, H] (= reach[:, -1], with the same strides after every call)
+            self.cache.keep(owner, "nonfinite", reach.any(dim=1), T)
         k, v = self.cache.append(owner, "k", k), self.cache.append(owner, "v", v)  # [B, S, ·, Dh]
         bias = self.cache.append(owner, "bias", bias, dim=2) if bias is not None else None  # [B, H, S]
         y = attention(q, heads(k, v.shape[2]), v, bias=bias, causal=True, key_padding_mask=self.cache.key_padding(T),

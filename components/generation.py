@@ -56,13 +56,22 @@ def compiled_step(model):
 
     On a CPU the step's generated code is called from C++ (inductor's ``cpp_wrapper``), not from a Python wrapper
     that launches each kernel: a one-token step is a few milliseconds, and the Python launches were a fifth of
-    it (docs/decoding.md). The first compilation takes longer (the wrapper is C++ too); inductor caches it on disk."""
+    it (docs/decoding.md). The first compilation takes longer (the wrapper is C++ too); inductor caches it on disk.
+    On a GPU the step is a CUDA graph (``mode="reduce-overhead"``): one launch replays every kernel of the step,
+    reading and writing the cache where the prompt left it (:meth:`InferenceCache.keep`, :func:`decoder`)."""
     if model not in _compiled_steps:
         code = decode_step.__code__.replace(co_name=f"decode_step_{len(_compiled_steps)}")
         own = types.FunctionType(code, decode_step.__globals__, code.co_name, decode_step.__defaults__)
-        on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-        _compiled_steps[model] = torch.compile(own, options={"cpp_wrapper": True} if on_cpu else None)
+        if uses_cuda_graphs(model):
+            _compiled_steps[model] = torch.compile(own, mode="reduce-overhead")
+        else:
+            _compiled_steps[model] = torch.compile(own, options={"cpp_wrapper": True})
     return _compiled_steps[model]
+
+
+def uses_cuda_graphs(model) -> bool:
+    """Whether ``model``'s compiled step is a CUDA graph: every parameter on a CUDA device."""
+    return all(p.device.type == "cuda" for p in model.parameters())
 
 
 def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | None = None,
@@ -162,6 +171,10 @@ def decoder(model, cache: InferenceCache, position: torch.Tensor, max_new_tokens
     if compile:
         step = compiled_step(model)
         buffers = {dim: tuple(t[:, :1].clone() for t in pair) for dim, pair in tables.items()}  # {dim: ([B, 1, dim], ...)}
+        # the same memory at every step (the entries are written in place): a CUDA graph reads and writes it where
+        # it lies, instead of copying each into memory of its own before each replay (and refusing the writes)
+        for t in cache.tensors() + [t for pair in buffers.values() for t in pair]:
+            torch._dynamo.mark_static_address(t)
 
     def one_step(i: int, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         cache.begin(1, None)
@@ -172,6 +185,8 @@ def decoder(model, cache: InferenceCache, position: torch.Tensor, max_new_tokens
             for dim, pair in tables.items():
                 for buffer, table in zip(buffers[dim], pair):
                     buffer.copy_(table[:, i - 1:i])
+            # a CUDA graph's outputs are overwritten by its next replay: the caller has used the last step's logits
+            torch.compiler.cudagraph_mark_step_begin()
             if i <= 2:  # a mixer whose cache entries change strides after its first step compiles once more here
                 logits = step(model, token, pos, cache, buffers)
             else:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from components.cache import InferenceCache
 from components.flops import ssd_flops_per_token
 from components._checks import check_choice, check_divisible, check_mixer_input, check_positive
 from components.context import Context
@@ -162,7 +163,7 @@ class SSD(nn.Module):
         xbc, dt, z = proj.split([self.d_xbc, H, proj.shape[-1] - self.d_xbc - H], dim=-1)
         cached = context.cache.state(self) if context.cache is not None else None  # decoding: conv window, state
         if self.conv is not None:
-            xbc = F.silu(self._causal_conv(xbc, cached, context.document_ids))  # [b, T, d_xbc]
+            xbc = F.silu(self._causal_conv(xbc, context.cache, context.document_ids))  # [b, T, d_xbc]
         xs, B, C = xbc.split([self.d_inner, G * N, G * N], dim=-1)
         xs = xs.view(batch, T, H, P)  # [b, T, H, P]
         B = B.view(batch, T, G, N)  # [b, T, G, N]
@@ -178,31 +179,33 @@ class SSD(nn.Module):
             y = ssd_scan(xs, dt, A, B, C, chunk_size=self.chunk_size, D=self.D, backend=self.backend,
                          document_starts=context.document_starts)
         elif T == 1 and "state" in cached:  # a decoding step: one token of the recurrence
-            y, cached["state"] = ssd_step(cached["state"], xs[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], self.D)
+            y, state = ssd_step(cached["state"], xs[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], self.D)
+            context.cache.keep(self, "state", state, T)
             y = y[:, None].to(xs.dtype)  # [b, 1, H, P]
         else:  # prefill, or several new tokens: the chunked scan from the cached state
-            y, cached["state"] = ssd_scan(xs, dt, A, B, C, chunk_size=self.chunk_size, D=self.D,
-                                          initial_state=cached.get("state"), return_final_state=True,
-                                          backend=self.backend)
+            y, state = ssd_scan(xs, dt, A, B, C, chunk_size=self.chunk_size, D=self.D,
+                                initial_state=cached.get("state"), return_final_state=True, backend=self.backend)
+            context.cache.keep(self, "state", state, T)
         y = y.reshape(batch, T, self.d_inner)  # [b, T, d_inner]
         if self.gate_norm is not None:
             y = self.gate_norm(y, gate=z)
         return self.out_proj(y)
 
-    def _causal_conv(self, xbc: torch.Tensor, cached: dict | None, document_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def _causal_conv(self, xbc: torch.Tensor, cache: InferenceCache | None,
+                     document_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Depthwise causal conv of ``xbc [b, T, C]``: each output reads its input and the ``K - 1`` before
-        it, which are zeros before the sequence, or (decoding) the window the last call left; with
+        it, which are zeros before the sequence, or (decoding) the window the last call left in ``cache``; with
         ``document_ids [b, T]``, only those of its own document."""
         K = self.conv.kernel_size[0]
         if xbc.shape[1] == 0:
             return xbc
-        window = cached.get("conv") if cached is not None else None
+        window = cache.state(self).get("conv") if cache is not None else None
         if window is None:
             window = xbc.new_zeros(xbc.shape[0], K - 1, xbc.shape[2])  # [b, K-1, C]
         full = torch.cat([window, xbc], dim=1)  # [b, K-1+T, C]
-        if cached is not None:
-            # a copy, not a view (as the token shift's): the same strides after a prompt as after a step
-            cached["conv"] = full[:, full.shape[1] - (K - 1):].contiguous()  # [b, K-1, C]
+        if cache is not None:
+            # a copy, not a view (as the token shift's): a view would keep the prompt's whole input alive
+            cache.keep(self, "conv", full[:, full.shape[1] - (K - 1):].contiguous(), xbc.shape[1])  # [b, K-1, C]
         if document_ids is not None:  # tap k reads position t - (K-1-k); it counts only within t's document
             T = xbc.shape[1]
             ids = F.pad(document_ids, (K - 1, 0), value=-1)  # [b, K-1+T]; the zeros before belong to none

@@ -37,9 +37,8 @@ class TokenShift(nn.Module):
             before = x.new_zeros(x.shape[0], 1, self.d_model)
         previous = torch.cat([before, x[:, :-1]], dim=1)  # [B, T, d]
         if cached is not None and x.shape[1] > 0:
-            # a copy, not a view into this call's x: the same strides after a prompt as after a step, so a
-            # compiled decoding step (which checks strides) serves every step with one compilation
-            cached["last"] = x[:, -1:].contiguous()
+            # a copy, not a view into this call's x, which would keep the prompt's whole input alive
+            context.cache.keep(self, "last", x[:, -1:].contiguous(), x.shape[1])
         starts = context.document_starts  # [B, T] or None
         if starts is not None:  # selected away, not multiplied by 0: a NaN in the last document stays there
             previous = torch.where(starts[..., None], 0.0, previous)

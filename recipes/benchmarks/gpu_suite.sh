@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU measurement the docs wait for (docs/performance.md "On a GPU", docs/kernels.md "GPU targets"), in two
-# phases that each fit ten minutes on one H100 (limits summing to 550 and 500 s; not yet run on one), each step under
+# phases that each fit ten minutes on one H100 (limits summing to 550 and 530 s; not yet run on one), each step under
 # its own time limit so a slow step costs only itself, and at most eight files written per phase:
 #
 #   bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels   # doctor, GPU precision tests, kernel tests on CUDA, ops
-#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR models    # decoding against HF, training steps of the architectures
+#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR models    # CUDA-graph decoding test, decoding against HF, training steps
 #
 # Run from the repository root of a source checkout; nothing is installed (the zoo is put on PYTHONPATH, so a
 # machine with torch, triton, lightning, transformers and pytest runs it as it is). Each step's whole output goes to
@@ -50,8 +50,9 @@ case "$phase" in
         done
         ;;
     models)
-        step decode 200 python3 -m recipes.benchmarks.decode_hf --batches 1 8 32 --rounds 3
-        step models 300 python3 -m recipes.benchmarks.models --models llama hf-llama mamba2 hf-mamba2 hybrid --lengths 2048 8192
+        step gpu_decoding 90 python3 -m pytest -q -p no:cacheprovider -n 0 tests/components/test_gpu_decoding.py
+        step decode 180 python3 -m recipes.benchmarks.decode_hf --batches 1 8 32 --rounds 3
+        step models 260 python3 -m recipes.benchmarks.models --models llama hf-llama mamba2 hf-mamba2 hybrid --lengths 2048 8192
         ;;
     *)
         echo "unknown phase '$phase': kernels or models" >&2

@@ -243,12 +243,16 @@ def test_compiled_generate_gives_the_eager_tokens():
     assert compiled_step(model) is step
 
 
-def test_a_compiled_generation_compiles_its_step_once():
+def test_a_compiled_generation_compiles_its_step_once_and_writes_the_cache_in_place(monkeypatch):
     """Every cache entry keeps its strides from the prompt to the steps (the SSD's conv window, the token shift's
     last input), so one compilation serves every step: the steps after the second skip torch.compile's Python
-    guards, and a second compilation would mean a cache entry that changes under them."""
+    guards, and a second compilation would mean a cache entry that changes under them. And every entry keeps its
+    memory (the SSD's state and conv window, the token shift's last input, attention's keys, values and non-finite
+    heads): a CUDA graph of the step replays on the addresses it was recorded with. No entry is a view into a
+    larger tensor (the prompt's whole conv input or hidden states, kept alive for the whole generation)."""
     from torch._dynamo.utils import counters
 
+    from components.cache import InferenceCache
     from components.sequence.token_shift import TokenShift
 
     torch.manual_seed(0)
@@ -256,9 +260,18 @@ def test_a_compiled_generation_compiles_its_step_once():
                                           "T": TokenShift, "A": partial(QCAttention, n_heads=4)})
     randomize(model)
     prompt = torch.randint(0, 61, (2, 9))
+    addresses = []  # after the prompt and after each step: every entry's address
+    end = InferenceCache.end
+    monkeypatch.setattr(InferenceCache, "end", lambda cache, T: (end(cache, T), addresses.append(
+        {(id(owner), name): t.data_ptr() for owner, state in cache.layers.items() for name, t in state.items()}),
+        held.append(max(t.untyped_storage().nbytes() - t.nbytes for t in cache.tensors()))))
+    held = []  # after the prompt and after each step: the most memory an entry keeps beyond its own
     counters.clear()
     out = model.generate(prompt, 6, compile=True)
     assert counters["stats"]["unique_graphs"] == 1
+    assert len(addresses) == 6 and len(addresses[0]) == 2 + 1 + 3  # SSD state, conv; token shift; k, v, nonfinite
+    assert all(after == addresses[0] for after in addresses[1:])
+    assert held == [0] * 6
     assert torch.equal(out, model.generate(prompt, 6))
 
 
