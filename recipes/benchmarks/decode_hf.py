@@ -10,7 +10,8 @@ imported with :mod:`recipes.hf`; the hybrid (TransXSSM's ``SM×7 AM``) has no Hu
 zoo's two modes run for it. Every mode continues the same prompts greedily by the same number of tokens:
 Hugging Face's ``generate`` with its dynamic cache and with ``cache_implementation="static"``, the zoo's
 ``generate`` eager and with ``compile=True`` (each step through ``torch.compile`` from a fixed-shape cache;
-compiled once, before the timed rounds). Rounds alternate between the modes; the table gives the median
+compiled once, before the timed rounds; on a GPU a CUDA graph, and the run says whether torch kept any from
+being one). Rounds alternate between the modes; the table gives the median
 new tokens per second and the ratio to Hugging Face's dynamic cache (for the hybrid, to the zoo's eager).
 A generation's time includes its prompt's prefill (eager in both of the zoo's modes), so the zoo's step is also
 given alone: ``step ms`` is what the generation takes beyond a generation of one token (the prefill, timed in
@@ -169,6 +170,12 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['tok_s']:,.1f} | {r['ratio']:.2f}× | {step} | "
                       f"{r['argmax']} |", flush=True)
     print("\nThe zoo's prefill (the prompt and one token, eager; in every zoo mode's time): " + "; ".join(prefills))
+    if args.device.startswith("cuda"):  # the compiled step is meant to be a CUDA graph there (docs/decoding.md)
+        from torch._dynamo.utils import counters
+
+        skips = counters["inductor"]["cudagraph_skips"]
+        print(f"Compiled steps that torch kept from being CUDA graphs: {skips}" +
+              (" (TORCH_LOGS=perf_hints says why)" if skips else " (every compiled step ran as a CUDA graph)"))
 
 
 if __name__ == "__main__":
