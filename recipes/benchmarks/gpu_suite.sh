@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Every GPU measurement the docs wait for (docs/performance.md "On a GPU", docs/kernels.md "GPU targets"), in two
-# phases that each fit ten minutes on one H100 (limits summing to 550 and 530 s; not yet run on one), each step under
-# its own time limit so a slow step costs only itself, and at most eight files written per phase:
+# phases that each fit ten minutes on one H100 (limits summing to 560 and 530 s; not yet run on one), each step under
+# its own time limit so a slow step costs only itself, and at most eight files written per phase (the run tool's limit):
 #
-#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels   # doctor, GPU precision tests, kernel tests on CUDA, ops
+#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels   # doctor, GPU precision tests, kernel tests on CUDA, ops, T=1
 #   bash recipes/benchmarks/gpu_suite.sh OUT_DIR models    # CUDA-graph decoding test, decoding against HF, training steps
 #
 # Run from the repository root of a source checkout; nothing is installed (the zoo is put on PYTHONPATH, so a
 # machine with torch, triton, lightning, transformers and pytest runs it as it is). Each step's whole output goes to
-# OUT_DIR/<step>.log and its last lines to the terminal; OUT_DIR/summary.txt lists every step's exit status and
-# seconds (124: it ran out of time). The exit status is that of the first step that failed, else 0.
+# OUT_DIR/<step>.log and its last lines to the terminal; OUT_DIR/summary.txt names the machine and lists every
+# step's exit status and seconds (124: it ran out of time). The exit status is that of the first step that failed, else 0.
 set -uo pipefail
 
 out=${1:?usage: bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels|models}
@@ -36,18 +36,19 @@ step() {  # step NAME SECONDS COMMAND...
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
     python3 -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '|',
         torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"
-} > "$out/machine.txt" 2>&1
-cat "$out/machine.txt"
+} > "$out/summary.txt" 2>&1  # the machine first, then each step's exit status
+cat "$out/summary.txt"
 
 case "$phase" in
     kernels)
-        step doctor 120 python3 -m kernels.doctor
+        step doctor 110 python3 -m kernels.doctor
         step gpu_precision 100 python3 -m pytest -q -p no:cacheprovider -n 0 tests/kernels/test_gpu_precision.py
-        step kernel_tests 120 python3 -m pytest -q -p no:cacheprovider -n 4 tests/kernels
+        step kernel_tests 110 python3 -m pytest -q -p no:cacheprovider -n 4 tests/kernels
         for op in attention ssd retrieval; do  # one step each: a table prints when its op is done
             step "ops_$op" "$([ "$op" = retrieval ] && echo 30 || echo 90)" \
                 python3 -m recipes.benchmarks.ops --ops "$op" --lengths 2048 4096 8192 16384 --repeats 5
         done
+        step ops_decode 30 python3 -m recipes.benchmarks.ops --ops decode --lengths 4096 16384 --repeats 20
         ;;
     models)
         step gpu_decoding 90 python3 -m pytest -q -p no:cacheprovider -n 0 tests/components/test_gpu_decoding.py

@@ -9,7 +9,8 @@ meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs, Flash
 convention), and peak memory above the inputs (CUDA only). Optional baselines are used when installed and named when
 missing: mamba_ssm's ``mamba_chunk_scan_combined`` (SSD) and flash-dmattn (attention with a dynamic
 mask). Shapes: SSD ``B=4, H=32, P=64, N=128, chunk 256``; attention ``B=4, H=16, D=64, causal``;
-CDMoE retrieval ``n_experts=65536, top_k=16, heads=4``. Sizes follow the device: on a GPU, T = 1024 … 8192
+CDMoE retrieval ``n_experts=65536, top_k=16, heads=4``; a decoding step's attention (``decode``: one query
+against ``T`` cached keys, GQA 4:1, D 128, batch 1 and 2 × ``--batch``). Sizes follow the device: on a GPU, T = 1024 … 8192
 and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alone is ``B·H·T²`` floats:
 16 GiB at GPU sizes). ``python -m recipes.benchmarks.ops_cpu`` is the CPU benchmark with peak memory.
 """
@@ -119,6 +120,38 @@ def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int) -> list[str]:
     return lines + [""] + note
 
 
+def bench_decode(lengths, device, dtype, repeats, use_triton, batches: list[int]) -> list[str]:
+    """One decoding step's attention: one query per sequence against ``S`` cached keys with a per-key bias and a
+    padding mask, as :meth:`components.context.Context.attend` calls it — the route ``auto`` takes (torch's SDPA
+    through the reference) against the Triton kernel forced (``backend="triton"``), with and without a key window.
+    GB/s: the bytes of the keys, values and bias read, over the time (a step is bound by reading the cache)."""
+    H, H_kv, D = 16, 4, 128  # GQA 4:1 at the recipes' head size
+    lines = [f"Attention, one decoding step (T = 1): H={H}, H_kv={H_kv}, D={D}, a bias and a padding mask, {dtype}:", "",
+             "| route | batch | S | window | ms | GB/s | × auto | max abs diff to auto |", "|---|---|---|---|---|---|---|---|"]
+    for B in batches:
+        for S in lengths:
+            q = torch.randn(B, 1, H, D, device=device, dtype=dtype)
+            k, v = (torch.randn(B, S, H_kv, D, device=device, dtype=dtype).repeat_interleave(H // H_kv, dim=2)
+                    for _ in range(2))  # [B, S, H, D]: the cache as the step reads it
+            bias = torch.randn(B, H, S, device=device, dtype=dtype)
+            padding = torch.zeros(B, S, dtype=torch.bool, device=device)
+            padding[:, : S // 16] = True  # a left-padded prompt
+            read = (2 * k.numel() + bias.numel()) * k.element_size()
+            for window in (None, S // 4):
+                routes = {"auto (SDPA)": "auto"} | ({"triton forced": "triton"} if use_triton else {})
+                times, outputs = {}, {}
+                for name, backend in routes.items():
+                    fn = lambda: attention(q, k, v, bias=bias, causal=True, key_padding_mask=padding,  # noqa: E731
+                                           keep_window=window, backend=backend, check_finite=False)
+                    times[name], outputs[name] = measure(fn, [q], False, repeats)[0], fn().float()
+                for name, ms in times.items():
+                    error = (outputs[name] - outputs["auto (SDPA)"]).abs().max().item()
+                    lines.append(f"| {name} | {B} | {S} | {window or '-'} | {ms:.3f} | {read / (ms * 1e-3) / 1e9:.0f} | "
+                                 f"{times['auto (SDPA)'] / ms:.2f}× | {error:.1e} |")
+    return lines + ["", "`auto` sends one query to the reference (SDPA): the Triton kernel's 64-row query tiles would "
+                    "hold one row, and it does not split the keys across programs (kernels/attention/__init__.py)."]
+
+
 def bench_retrieval(device, dtype, repeats, use_triton, tokens: int) -> list[str]:
     N, H, k, d = 65536, 4, 16, 512
     x = torch.randn(tokens, d, device=device, dtype=dtype, requires_grad=True)
@@ -139,8 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--lengths", type=int, nargs="+", help="default: 1024 … 8192 on a GPU, 512 … 2048 on a CPU")
     parser.add_argument("--batch", type=int, help="default: 4 on a GPU, 1 on a CPU")
-    parser.add_argument("--ops", nargs="+", default=["attention", "ssd", "retrieval"],
-                        choices=["attention", "ssd", "retrieval"])
+    parser.add_argument("--ops", nargs="+", default=["attention", "ssd", "retrieval", "decode"],
+                        choices=["attention", "ssd", "retrieval", "decode"])
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args(argv)
     cuda = args.device.startswith("cuda")
@@ -155,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         "attention": lambda: bench_attention(lengths, args.device, dtype, args.repeats, cuda, batch),
         "ssd": lambda: bench_ssd(lengths, args.device, dtype, args.repeats, cuda, batch),
         "retrieval": lambda: bench_retrieval(args.device, dtype, args.repeats, cuda, tokens=4 * 1024 if cuda else 1024),
+        "decode": lambda: bench_decode(lengths, args.device, dtype, args.repeats, cuda, sorted({1, batch * 2})),
     }
     for op in args.ops:
         print()
