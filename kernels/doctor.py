@@ -4,9 +4,9 @@
     python -m kernels.doctor --tf32          # fp32 dots in TF32 (torch.set_float32_matmul_precision("high"))
     python -m kernels.doctor --no-timing
 
-For each kernel (``attention``, ``ssd_scan``, ``expert_mix``) and dtype it runs the Triton kernel and the
-plain-torch reference on the same inputs, and compares both with the reference in float64: the output
-and the gradient of every floating input. A kernel passes when its error is at most ``FACTOR`` × the
+For each kernel (``attention``, its decoding step, ``ssd_scan``, ``expert_mix``) and dtype it runs the Triton
+kernel and the plain-torch reference on the same inputs, and compares both with the reference in float64: the
+output and the gradient of every floating input (the decoding step: its output; it has no backward). A kernel passes when its error is at most ``FACTOR`` × the
 reference's own error in that dtype, plus a floor (flash-attention's rule: a kernel may round differently,
 not worse). TF32 is taken where torch's fp32 matmuls take it (:func:`kernels._backend.dot_precision`), so the
 reference rounds the same way and the rule holds either way.
@@ -52,6 +52,8 @@ def _results(fn: Callable, inputs: dict, seed: int = 1) -> list[torch.Tensor]:
     leaves = {k: (v.detach().clone().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
               for k, v in inputs.items()}
     out = fn(**leaves)
+    if not out.requires_grad:  # a forward-only kernel (the decoding step's): its output alone
+        return [out.detach().double()]
     w = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(out.device)
     floating = [v for v in leaves.values() if isinstance(v, torch.Tensor) and v.requires_grad]
     grads = torch.autograd.grad((out.double() * w).sum(), floating)
@@ -96,6 +98,25 @@ def attention_case(cuda: bool, D: int, device: str) -> tuple[str, Callable, dict
     return f"B{B} T{T} H{H}/{Hkv} D{D}, bias, padding", fn, inputs
 
 
+def attention_decode_case(cuda: bool, D: int, device: str) -> tuple[str, Callable, dict]:
+    """One decoding step (forward only, as decoding runs it): the Triton backend's split-K kernel."""
+    from kernels.attention import attention
+
+    B, S, H, Hkv = (8, 4096, 32, 8) if cuda else (2, 37, 4, 2)
+    g = torch.Generator().manual_seed(0)
+    inputs = {"q": torch.randn(B, 1, H, D, generator=g), "k": torch.randn(B, S, Hkv, D, generator=g),
+              "v": torch.randn(B, S, Hkv, D, generator=g), "bias": torch.randn(B, H, S, generator=g)}
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    padding = torch.zeros(B, S, dtype=torch.bool, device=device)
+    padding[0, : S // 5] = True
+
+    def fn(backend: str, **a) -> torch.Tensor:
+        with torch.no_grad():
+            return attention(**a, causal=True, key_padding_mask=padding, keep_window=S // 4, backend=backend)
+
+    return f"decode B{B} S{S} H{H}/{Hkv} D{D}, bias, padding, window {S // 4}", fn, inputs
+
+
 def ssd_case(cuda: bool, P: int, N: int, device: str) -> tuple[str, Callable, dict]:
     from kernels.ssd import ssd_scan
 
@@ -134,6 +155,7 @@ def cases(cuda: bool, device: str) -> list[tuple[str, str, Callable, dict]]:
     heads = (64, 128) if cuda else (16,)
     ssd_sizes = ((64, 128),) if cuda else ((8, 8),)
     out = [("attention", *attention_case(cuda, D, device)) for D in heads]
+    out += [("attention", *attention_decode_case(cuda, D, device)) for D in heads[-1:]]  # refused with attention's
     out += [("ssd_scan", *ssd_case(cuda, P, N, device)) for P, N in ssd_sizes]
     out.append(("expert_mix", *expert_mix_case(cuda, device)))
     return out
@@ -162,6 +184,8 @@ def forward_backward(fn: Callable, inputs: dict) -> Callable[[], None]:
 def timings(all_cases, dtype: torch.dtype) -> list[tuple[str, str, str, float]]:
     rows = []
     for op, shape, fn, inputs in all_cases:
+        if shape.startswith("decode"):  # forward only: python -m recipes.benchmarks.ops --ops decode times it
+            continue
         rounded = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
         for backend in ("triton", "reference"):
             rows.append((op, shape, backend, median_ms(forward_backward(lambda **a: fn(backend=backend, **a), rounded))))

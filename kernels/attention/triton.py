@@ -488,6 +488,12 @@ def attention_triton(q, k, v, *, bias=None, causal=True, key_padding_mask=None, 
     """Same contract as :func:`kernels.attention.reference.attention_reference`."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     _check_index_range(q, k, v)
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
+    if q.shape[1] == 1 and document_ids is None and not needs_grad:  # a decoding step: the keys split across programs
+        from kernels.attention.decode import attention_decode_triton
+
+        return attention_decode_triton(q, k, v, bias=bias, key_padding_mask=key_padding_mask, keep_window=keep_window,
+                                       scale=scale)
     if document_ids is not None:
         document_ids = document_runs(document_ids)  # [B, T] non-decreasing: the window's thresholds need runs
     # the bias contiguous here, once: the op saves what it is given, so its backward does not copy it again

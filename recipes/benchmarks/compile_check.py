@@ -52,6 +52,7 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     ``head_dim`` and the SSD at ``ssd_shape = (P, N)``."""
     import torch
 
+    from kernels.attention import decode
     from kernels.attention import triton as attention
     from kernels.retrieval import triton as retrieval
     from kernels.ssd import triton as ssd
@@ -109,6 +110,14 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
             out.append(Case(f"attention {kernel.__name__}{label}", kernel, {**flags, **rows}, warps, data, types))
     out.append(Case("attention _delta", attention._delta, dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_D=cfg["BLOCK_D"]),
                     {"num_warps": 4}, ("O", "DO"), f32("DELTA")))
+    # The decoding step's split-K kernel, GQA 4:1 (the group's query heads are its tile's rows, padded to 16).
+    cfg = decode.decode_config(head_dim, 4, cuda=True, dtype=torch_dtype)
+    warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
+    types = {"PAD": "*i8", "WIN_J": "*i32", "scale": "fp32", **f32("WIN_B", "M_OUT", "L_OUT", "ACC_OUT")}
+    for label, window, bias in (("", True, True), (", sliding window", True, False), (", no window", False, True)):
+        flags = dict(HAS_BIAS=bias, HAS_PAD=True, HAS_WINDOW=window, DOT=dot, **cfg)
+        out.append(Case(f"attention _decode_partials{label}", decode._decode_partials, flags, warps,
+                        ("Q", "K", "V", "BIAS"), types))
     # Gather-and-mix at d_model 512 (the benchmark's width).
     cfg = retrieval.launch_config(512)
     warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}

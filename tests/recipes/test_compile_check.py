@@ -29,8 +29,9 @@ def test_every_kernel_compiles_for_sm90(dtype, tmp_path):
     assert {"ssd _chunk_scan (y)", "ssd _chunk_scan_reverse (dB)", "attention _backward_kv",
             "attention _backward_kv, documents", "retrieval _mix_backward", "ssd _chunk_scan (y), documents",
             "ssd _chunk_scan_reverse (dB), documents", "attention _forward, sliding window", "ssd _log_decay_pairs",
-            "ssd _log_decay_ends, documents", "ssd _state_dots"} <= names
-    assert len(rows) == 31  # 9 SSD kernels with and without documents and _state_dots, 10 attention, 2 retrieval
+            "ssd _log_decay_ends, documents", "ssd _state_dots", "attention _decode_partials",
+            "attention _decode_partials, sliding window"} <= names
+    assert len(rows) == 34  # 9 SSD kernels with and without documents and _state_dots, 10 + 3 attention, 2 retrieval
     for row in rows:
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert cells[2] == dtype and "FAILED" not in row and "TOO MUCH" not in row, row
@@ -43,15 +44,15 @@ def test_refuses_to_run_under_the_interpreter():
 
 
 def test_the_large_head_and_state_sizes_compile_without_spills_for_sm90(tmp_path):
-    """The tile table: attention at head dim 128 and 256, the SSD at (P, N) = (64, 256) and (128, 128) in bf16
-    spill no register and fit an A100's and a consumer GPU's shared memory (99 KiB)."""
+    """The tile table: attention at head dim 128 and 256 (the decoding kernel too), the SSD at (P, N) = (64, 256)
+    and (128, 128) in bf16 spill no register and fit an A100's and a consumer GPU's shared memory (99 KiB)."""
     result = run_check("--arch", "90", "--dtypes", "bf16", "--only", "attention", "--head-dims", "128", "256",
                        tmp_path=tmp_path)
     ssd = run_check("--arch", "90", "--dtypes", "bf16", "--only", "ssd", "--ssd-shapes", "64x256", "128x128",
                     tmp_path=tmp_path)
     assert result.returncode == 0 and ssd.returncode == 0, result.stdout + result.stderr + ssd.stdout + ssd.stderr
     rows = [line for line in (result.stdout + ssd.stdout).splitlines() if line.startswith(("| ssd", "| attention"))]
-    assert len(rows) == 2 * 10 + 2 * 19
+    assert len(rows) == 2 * 13 + 2 * 19
     for row in rows:
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert cells[5] == "0" and float(cells[6]) <= 99, row  # spilled bytes, shared KiB
@@ -64,7 +65,7 @@ def test_attention_compiles_without_spills_for_sm80(tmp_path):
                        tmp_path=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| attention")]
-    assert len(rows) == 2 * 10 and sum(", documents" in row for row in rows) == 2 * 3
+    assert len(rows) == 2 * 13 and sum(", documents" in row for row in rows) == 2 * 3
     for row in rows:
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert cells[5] == "0" and float(cells[6]) <= 99, row  # spilled bytes, shared KiB
