@@ -123,7 +123,7 @@ def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int) -> list[str]:
 def bench_decode(lengths, device, dtype, repeats, use_triton, batches: list[int]) -> list[str]:
     """One decoding step's attention: one query per sequence against ``S`` cached keys with a per-key bias and a
     padding mask, as :meth:`components.context.Context.attend` calls it — the route ``auto`` takes (torch's SDPA
-    through the reference) against the Triton kernel forced (``backend="triton"``), with and without a key window.
+    through the reference) against the split-K decoding kernel (``backend="triton"``), with and without a key window.
     GB/s: the bytes of the keys, values and bias read, over the time (a step is bound by reading the cache)."""
     H, H_kv, D = 16, 4, 128  # GQA 4:1 at the recipes' head size
     lines = [f"Attention, one decoding step (T = 1): H={H}, H_kv={H_kv}, D={D}, a bias and a padding mask, {dtype}:", "",
@@ -148,8 +148,8 @@ def bench_decode(lengths, device, dtype, repeats, use_triton, batches: list[int]
                     error = (outputs[name] - outputs["auto (SDPA)"]).abs().max().item()
                     lines.append(f"| {name} | {B} | {S} | {window or '-'} | {ms:.3f} | {read / (ms * 1e-3) / 1e9:.0f} | "
                                  f"{times['auto (SDPA)'] / ms:.2f}× | {error:.1e} |")
-    return lines + ["", "`auto` sends one query to the reference (SDPA): the Triton kernel's 64-row query tiles would "
-                    "hold one row, and it does not split the keys across programs (kernels/attention/__init__.py)."]
+    return lines + ["", "`auto` sends one query to the reference (torch's SDPA); `triton forced` is the split-K decoding "
+                    "kernel (kernels/attention/decode.py). Where it wins, auto should take it (docs/kernels.md)."]
 
 
 def bench_retrieval(device, dtype, repeats, use_triton, tokens: int) -> list[str]:
