@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels._backend import dot_precision, unit_stride_last
+from kernels.attention.triton import online_softmax_step
 from kernels.attention.window import window_thresholds
 
 
@@ -73,15 +74,8 @@ def _decode_partials(Q, K, V, BIAS, PAD, WIN_B, WIN_J, M_OUT, L_OUT, ACC_OUT,
             above = key_bias > win_b[:, None]
             tie_newer = (key_bias == win_b[:, None]) & (offs_n[None, :] >= win_j[:, None])
             valid = valid & (above | tie_newer)
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + offs_n[:, None] * sv_s + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT)
-        m_i = m_new
+        v_ptrs = V + offs_n[:, None] * sv_s + offs_d[None, :]
+        m_i, l_i, acc = online_softmax_step(s, valid, v_ptrs, kv_mask, m_i, l_i, acc, DOT)  # the flash kernel's
     row = bh * n_splits + split  # [BLOCK_G] into [B, H, n_splits]
     tl.store(M_OUT + row, m_i, mask=in_g)
     tl.store(L_OUT + row, l_i, mask=in_g)
