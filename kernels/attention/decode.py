@@ -110,12 +110,15 @@ def decode_splits(batch: int, kv_heads: int, S: int, block_n: int, device: torch
 @torch.library.custom_op("hybrid_zoo::bias_attention_decode", mutates_args=())
 def bias_attention_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
                              key_padding_mask: torch.Tensor | None, scale: float, keep_window: int | None,
-                             splits: int) -> torch.Tensor:
-    """``q [B, 1, H, D]`` against ``k, v [B, S, H_kv, D]`` in ``splits`` programs per key head → ``[B, 1, H, D]``."""
+                             splits: int | None) -> torch.Tensor:
+    """``q [B, 1, H, D]`` against ``k, v [B, S, H_kv, D]`` in ``splits`` programs per key head (None:
+    :func:`decode_splits`, chosen here, inside the op, where torch.compile does not trace) → ``[B, 1, H, D]``."""
     B, _, H, D = q.shape
     S, H_kv = k.shape[1], k.shape[2]
     q, k, v = (unit_stride_last(t) for t in (q, k, v))
     config = decode_config(D, H // H_kv, q.is_cuda, q.dtype)
+    if splits is None:
+        splits = decode_splits(B, H_kv, S, config["BLOCK_N"], q.device)
     keys_per_split = triton.cdiv(triton.cdiv(S, splits), config["BLOCK_N"]) * config["BLOCK_N"]
     splits = triton.cdiv(S, keys_per_split)  # no split left without keys
     bias_c = bias.contiguous() if bias is not None else q.new_zeros(1)
@@ -159,8 +162,5 @@ def attention_decode_triton(q, k, v, *, bias=None, key_padding_mask=None, keep_w
                             splits: int | None = None) -> torch.Tensor:
     """One decoding step, ``q [B, 1, H, D]`` → ``[B, 1, H, D]``; ``splits`` programs per key head (default:
     :func:`decode_splits`). The arguments are those of :func:`kernels.attention.attention`, checked there."""
-    B, _, H, D = q.shape
-    if splits is None:
-        block_n = decode_config(D, H // k.shape[2], q.is_cuda, q.dtype)["BLOCK_N"]
-        splits = decode_splits(B, k.shape[2], k.shape[1], block_n, q.device)
-    return bias_attention_decode_op(q, k, v, bias, key_padding_mask, float(scale), keep_window, int(splits))
+    return bias_attention_decode_op(q, k, v, bias, key_padding_mask, float(scale), keep_window,
+                                    None if splits is None else int(splits))

@@ -116,9 +116,11 @@ def test_the_triton_backend_sends_a_step_without_gradients_here_and_one_with_the
 
 def test_a_fullgraph_compile_through_the_kernel_equals_eager():
     q, k, v, b, pad = step_inputs(2, 40, 4, 2, 16)
-    call = lambda q, k, v, b: attention_decode_triton(q, k, v, bias=b, key_padding_mask=pad, scale=0.25, splits=2)  # noqa: E731
-    compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(compiled(q, k, v, b), call(q, k, v, b), rtol=0, atol=0)
+    for splits in (2, None):  # None: chosen inside the op, out of the compiler's sight
+        call = lambda q, k, v, b: attention_decode_triton(q, k, v, bias=b, key_padding_mask=pad, scale=0.25,  # noqa: E731
+                                                          splits=splits)
+        compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(q, k, v, b), call(q, k, v, b), rtol=0, atol=0)
 
 
 def test_a_model_built_with_the_triton_backend_decodes_through_the_kernel_as_with_the_reference(monkeypatch):
