@@ -168,6 +168,7 @@ def decoder(model, cache: InferenceCache, position: torch.Tensor, max_new_tokens
     dims = rotary_dims(model)
     later = position + torch.arange(1, max(max_new_tokens, 2), device=position.device)  # [B, n - 1]
     tables = step_rotary_tables(model, later, dims)  # {dim: ([B, n-1, dim], ...)}
+    graphs = compile and uses_cuda_graphs(model)
     if compile:
         step = compiled_step(model)
         buffers = {dim: tuple(t[:, :1].clone() for t in pair) for dim, pair in tables.items()}  # {dim: ([B, 1, dim], ...)}
@@ -185,9 +186,9 @@ def decoder(model, cache: InferenceCache, position: torch.Tensor, max_new_tokens
             for dim, pair in tables.items():
                 for buffer, table in zip(buffers[dim], pair):
                     buffer.copy_(table[:, i - 1:i])
-            # a CUDA graph's outputs are overwritten by its next replay: the caller has used the last step's logits
-            torch.compiler.cudagraph_mark_step_begin()
-            if i <= 2:  # a mixer whose cache entries change strides after its first step compiles once more here
+            if graphs:  # a CUDA graph's outputs are overwritten by its next replay: the last step's logits are used
+                torch.compiler.cudagraph_mark_step_begin()
+            if i <= 2:  # the first step compiles; a cache entry changed by it would compile once more at the second
                 logits = step(model, token, pos, cache, buffers)
             else:
                 with torch.compiler.set_stance(skip_guard_eval_unsafe=True):

@@ -180,11 +180,11 @@ class SSD(nn.Module):
                          document_starts=context.document_starts)
         elif T == 1 and "state" in cached:  # a decoding step: one token of the recurrence
             y, state = ssd_step(cached["state"], xs[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], self.D)
-            context.cache.keep(self, "state", state, T)
             y = y[:, None].to(xs.dtype)  # [b, 1, H, P]
         else:  # prefill, or several new tokens: the chunked scan from the cached state
             y, state = ssd_scan(xs, dt, A, B, C, chunk_size=self.chunk_size, D=self.D,
                                 initial_state=cached.get("state"), return_final_state=True, backend=self.backend)
+        if cached is not None:
             context.cache.keep(self, "state", state, T)
         y = y.reshape(batch, T, self.d_inner)  # [b, T, d_inner]
         if self.gate_norm is not None:
