@@ -11,6 +11,10 @@ BACKENDS = ("auto", "reference", "triton")
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+# Looked up once, here, without importing triton: inside a compiled region (a compiled decoding step on CUDA) torch 2.11's
+# dynamo refuses to trace importlib's find_spec and broke the graph at every attention call, so the step was no CUDA graph.
+_TRITON_FOUND = importlib.util.find_spec("triton") is not None
+
 _REFUSED: dict[str, str] = {}  # op → why its kernel failed a check in this process (kernels.doctor)
 
 
@@ -31,8 +35,8 @@ def check_backend(backend: str) -> None:
 
 def triton_installed() -> bool:
     """Whether the ``triton`` package can be imported (CUDA builds of torch bring it; ``pip install
-    "hybrid-zoo[gpu]"`` otherwise), checked without importing it."""
-    return importlib.util.find_spec("triton") is not None
+    "hybrid-zoo[gpu]"`` otherwise), looked up once when this module is imported, without importing it."""
+    return _TRITON_FOUND
 
 
 def resolve_backend(backend: str, tensor: torch.Tensor, *, op: str, has_triton: bool) -> str:

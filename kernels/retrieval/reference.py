@@ -46,12 +46,23 @@ def expert_mix_reference(
 
     Returns:
         ``[M, d]``. This reference gathers the ``[M, H, k, d]`` rows of ``down`` (the Triton kernel
-        does not); ``up``'s rows are mixed by ``embedding_bag``, which never gathers them.
+        does not); ``up``'s rows are mixed by ``embedding_bag``, which never gathers them (except for bf16 on
+        CUDA, whose ``embedding_bag`` has no backward for the mixing weights there).
     """
     M, H, k = experts.shape
     rows = torch.nn.functional.embedding(experts, down)  # [M, H, k, d]; its backward is a sorted scatter, not index_put
     inner = torch.einsum("mhkd,md->mhk", rows, x)  # [M, H, k]
     coef = weights * act(inner)  # [M, H, k]
-    return torch.nn.functional.embedding_bag(
-        experts.reshape(M, H * k), up, per_sample_weights=coef.reshape(M, H * k).to(up.dtype), mode="sum"
-    )  # [M, d]
+    # CUDA has no bf16 backward for embedding_bag's per_sample_weights (torch 2.11): there the rows are gathered
+    return mix_rows(experts, up, coef, gather=up.is_cuda and up.dtype == torch.bfloat16 and torch.is_grad_enabled())
+
+
+def mix_rows(experts: torch.Tensor, up: torch.Tensor, coef: torch.Tensor, *, gather: bool) -> torch.Tensor:
+    """``experts, coef [M, H, k]``, ``up [N, d]`` → ``Σ_{h,k} coef[m,h,k] · up[experts[m,h,k]]`` ``[M, d]``: by
+    ``embedding_bag`` (no ``[M, H, k, d]`` rows), or with ``gather`` by gathering the rows (a backward everywhere)."""
+    M, H, k = experts.shape
+    coef = coef.to(up.dtype)
+    if gather:
+        return torch.einsum("mhk,mhkd->md", coef, torch.nn.functional.embedding(experts, up))  # [M, d]
+    return torch.nn.functional.embedding_bag(experts.reshape(M, H * k), up, per_sample_weights=coef.reshape(M, H * k),
+                                             mode="sum")  # [M, d]

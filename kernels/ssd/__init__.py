@@ -62,6 +62,9 @@ def ssd_scan(
         if tuple(document_starts.shape) != tuple(x.shape[:2]) or document_starts.dtype != torch.bool:
             raise ValueError(f"ssd_scan: document_starts must be a bool [B, T] = {tuple(x.shape[:2])}; got "
                              f"{document_starts.dtype} {tuple(document_starts.shape)}")
+        if document_starts.device != x.device:
+            raise ValueError(f"ssd_scan: document_starts is on {document_starts.device} and x on {x.device}: "
+                             "put them on one device")
     kernel_dtype = x.dtype in KERNEL_DTYPES and B.dtype in KERNEL_DTYPES and C.dtype in KERNEL_DTYPES
     if backend == "triton" and not kernel_dtype:
         raise ValueError(

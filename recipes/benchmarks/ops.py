@@ -18,6 +18,7 @@ and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alo
 import argparse
 import importlib.util
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -61,9 +62,9 @@ def row(name: str, T: int, fwd, both, flops_fwd: float | None) -> str:
 HEADER = "| kernel | T | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd peak MiB |\n|---|---|---|---|---|---|---|"
 
 
-def bench_attention(lengths, device, dtype, repeats, use_triton, B: int) -> list[str]:
+def bench_attention(lengths, device, dtype, repeats, use_triton, B: int) -> Iterator[str]:
     H, D = 16, 64
-    lines = [f"Attention, B={B}, H={H}, D={D}, causal, {dtype}:", "", HEADER]
+    yield from [f"Attention, B={B}, H={H}, D={D}, causal, {dtype}:", "", HEADER]
     for T in lengths:
         q, k, v = (torch.randn(B, T, H, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
         bias = torch.randn(B, H, T, device=device, dtype=dtype, requires_grad=True)
@@ -90,15 +91,15 @@ def bench_attention(lengths, device, dtype, repeats, use_triton, B: int) -> list
             note = "flash-dmattn: flash_dmattn_func_auto(), bias passed as a broadcast [B, H, T, S] view"
         for name, (fn, ins) in cases.items():
             try:
-                lines.append(row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), flops))
+                yield row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), flops)
             except Exception as error:  # an optional baseline that fails is named, not fatal
-                lines.append(f"| {name} | {T} | failed: {type(error).__name__}: {str(error).splitlines()[0][:120]} | | | | |")
-    return lines + ["", note]
+                yield f"| {name} | {T} | failed: {type(error).__name__}: {str(error).splitlines()[0][:120]} | | | | |"
+    yield from ["", note]
 
 
-def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int) -> list[str]:
+def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int) -> Iterator[str]:
     H, P, N, L = 32, 64, 128, 256
-    lines = [f"SSD, B={B}, H={H}, P={P}, N={N}, chunk {L}, {dtype}:", "", HEADER]
+    yield from [f"SSD, B={B}, H={H}, P={P}, N={N}, chunk {L}, {dtype}:", "", HEADER]
     have_mamba = importlib.util.find_spec("mamba_ssm") is not None
     for T in lengths:
         x = torch.randn(B, T, H, P, device=device, dtype=dtype, requires_grad=True)
@@ -114,20 +115,19 @@ def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int) -> list[str]:
 
             cases["mamba_ssm mamba_chunk_scan_combined"] = lambda: mamba_chunk_scan_combined(x, dt, A, Bm, Cm, chunk_size=L)
         for name, fn in cases.items():
-            lines.append(row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats),
-                             ssd_flops(B, T, H, P, N, L)))
-    note = [] if have_mamba else ["mamba_ssm not installed: mamba_chunk_scan_combined's row is skipped."]
-    return lines + [""] + note
+            yield row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats),
+                      ssd_flops(B, T, H, P, N, L))
+    yield from [""] + ([] if have_mamba else ["mamba_ssm not installed: mamba_chunk_scan_combined's row is skipped."])
 
 
-def bench_decode(lengths, device, dtype, repeats, use_triton, batches: list[int]) -> list[str]:
+def bench_decode(lengths, device, dtype, repeats, use_triton, batches: list[int]) -> Iterator[str]:
     """One decoding step's attention: one query per sequence against ``S`` cached keys with a per-key bias and a
     padding mask, as :meth:`components.context.Context.attend` calls it — the route ``auto`` takes (torch's SDPA
     through the reference) against the split-K decoding kernel (``backend="triton"``), with and without a key window.
     GB/s: the bytes of the keys, values and bias read, over the time (a step is bound by reading the cache)."""
     H, H_kv, D = 16, 4, 128  # GQA 4:1 at the recipes' head size
-    lines = [f"Attention, one decoding step (T = 1): H={H}, H_kv={H_kv}, D={D}, a bias and a padding mask, {dtype}:", "",
-             "| route | batch | S | window | ms | GB/s | × auto | max abs diff to auto |", "|---|---|---|---|---|---|---|---|"]
+    yield from [f"Attention, one decoding step (T = 1): H={H}, H_kv={H_kv}, D={D}, a bias and a padding mask, {dtype}:",
+                "", "| route | batch | S | window | ms | GB/s | × auto | max abs diff to auto |", "|---|---|---|---|---|---|---|---|"]
     for B in batches:
         for S in lengths:
             q = torch.randn(B, 1, H, D, device=device, dtype=dtype)
@@ -146,25 +146,24 @@ def bench_decode(lengths, device, dtype, repeats, use_triton, batches: list[int]
                     times[name], outputs[name] = measure(fn, [q], False, repeats)[0], fn().float()
                 for name, ms in times.items():
                     error = (outputs[name] - outputs["auto (SDPA)"]).abs().max().item()
-                    lines.append(f"| {name} | {B} | {S} | {window or '-'} | {ms:.3f} | {read / (ms * 1e-3) / 1e9:.0f} | "
-                                 f"{times['auto (SDPA)'] / ms:.2f}× | {error:.1e} |")
-    return lines + ["", "`auto` sends one query to the reference (torch's SDPA); `triton forced` is the split-K decoding "
+                    yield (f"| {name} | {B} | {S} | {window or '-'} | {ms:.3f} | {read / (ms * 1e-3) / 1e9:.0f} | "
+                           f"{times['auto (SDPA)'] / ms:.2f}× | {error:.1e} |")
+    yield from ["", "`auto` sends one query to the reference (torch's SDPA); `triton forced` is the split-K decoding "
                     "kernel (kernels/attention/decode.py). Where it wins, auto should take it (docs/kernels.md)."]
 
 
-def bench_retrieval(device, dtype, repeats, use_triton, tokens: int) -> list[str]:
+def bench_retrieval(device, dtype, repeats, use_triton, tokens: int) -> Iterator[str]:
     N, H, k, d = 65536, 4, 16, 512
     x = torch.randn(tokens, d, device=device, dtype=dtype, requires_grad=True)
     down, up = (torch.randn(N, d, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
     weights = torch.rand(tokens, H, k, device=device, dtype=dtype, requires_grad=True)
     experts = torch.randint(0, N, (tokens, H, k), device=device)
-    lines = [f"CDMoE gather-and-mix, {tokens} tokens, d={d}, n_experts={N}, heads={H}, top_k={k}, {dtype}:", "", HEADER]
+    yield from [f"CDMoE gather-and-mix, {tokens} tokens, d={d}, n_experts={N}, heads={H}, top_k={k}, {dtype}:", "", HEADER]
     backends = ["reference"] + (["triton"] if use_triton else [])
     for backend in backends:
         fn = lambda: expert_mix(x, experts, weights, down, up, backend=backend)  # noqa: E731
         ins = [x, weights, down, up]
-        lines.append(row(backend, tokens, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), None))
-    return lines
+        yield row(backend, tokens, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -192,7 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     for op in args.ops:
         print()
-        print("\n".join(sections[op]()))
+        for line in sections[op]():  # each row as it is measured: a run stopped at a time limit keeps what it timed
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

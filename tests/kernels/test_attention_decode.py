@@ -136,11 +136,12 @@ def test_a_model_built_with_the_triton_backend_decodes_through_the_kernel_as_wit
     models = {}
     for backend in ("triton", "reference"):
         torch.manual_seed(0)
-        models[backend] = HybridLM(61, 32, "AM AM", {"A": partial(QCAttention, n_heads=4, n_kv_heads=2, backend=backend)})
+        models[backend] = HybridLM(61, 32, "AM AM", {"A": partial(QCAttention, n_heads=4, n_kv_heads=2,
+                                                                    backend=backend)}).to(DEVICE)
     models["triton"].load_state_dict(models["reference"].state_dict())
-    mask = torch.zeros(2, 7, dtype=torch.bool)
+    mask = torch.zeros(2, 7, dtype=torch.bool, device=DEVICE)
     mask[1, :3] = True
-    prompt = torch.randint(1, 61, (2, 7)).masked_fill(mask, 0)
+    prompt = torch.randint(1, 61, (2, 7)).to(DEVICE).masked_fill(mask, 0)
     got = models["triton"].generate(prompt, 5, padding_mask=mask)
     assert len(calls) == 2 * 4  # two layers, four steps (the last token is not fed back)
     assert torch.equal(got, models["reference"].generate(prompt, 5, padding_mask=mask))

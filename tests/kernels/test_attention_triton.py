@@ -132,6 +132,7 @@ def test_triton_keep_window_matches_reference_outputs_and_gradients(name):
                                     document_ids=document_ids(lengths, B))
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="the poisoned block is the interpreter's 16-row tile; CUDA's are 64-128 rows")
 @pytest.mark.parametrize("padding", [False, True])
 def test_a_sliding_window_never_reads_the_key_blocks_before_its_oldest_kept_key(padding):
     """Without a bias a window keeps each query's ``w`` most recent keys, so the forward and the dQ loop start at
@@ -161,6 +162,7 @@ def test_a_sliding_window_never_reads_the_key_blocks_before_its_oldest_kept_key(
     torch.testing.assert_close(got[:, start:], want[:, start:], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="the poisoned block is the interpreter's 16-row tile; CUDA's are 64-128 rows")
 @pytest.mark.parametrize("causal", [True, False])
 def test_a_sliding_window_s_key_gradients_never_read_the_rows_past_the_last_that_keeps_them(causal):
     """The dK/dV loop of a key block ends at the last row that keeps one of its keys (without a bias the thresholds

@@ -102,3 +102,25 @@ def test_auto_sends_a_single_query_to_the_reference_and_longer_ones_to_the_kerne
     assert calls == []
     attention_module.attention(torch.randn(1, 2, 2, 8), k, v, backend="auto")
     assert calls == [2]
+
+
+def test_the_backend_choice_compiles_into_one_graph(monkeypatch):
+    """``auto`` on CUDA asks whether triton is installed inside every compiled step that calls an op. torch 2.11's
+    dynamo refuses to trace ``importlib.util.find_spec`` (2.13's lets it through), which broke a compiled decoding
+    step at every attention layer on the first GPU run, so no CUDA graph: the answer is looked up once, on import.
+    A ``find_spec`` that dynamo cannot trace here stands in for 2.11's."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def untraceable(name, *args):
+        if torch.compiler.is_compiling():  # (imports while torch.compile starts up call it too)
+            torch._dynamo.graph_break()
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", untraceable)
+    cuda = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)
+    step = torch.compile(lambda x: x + 1 if _backend.resolve_backend("auto", cuda, op="attention", has_triton=True)
+                         == "triton" else x - 1, fullgraph=True, backend="eager")
+    assert torch.equal(step(torch.zeros(2)), torch.full((2,), 1.0 if _backend.triton_installed() else -1.0))
+    torch._dynamo.reset()

@@ -84,6 +84,8 @@ def test_bad_document_arguments_are_named():
     x, dt, A, B, C, D = ssd_inputs()
     with pytest.raises(ValueError, match="document_starts must be a bool"):
         ssd_scan(x, dt, A, B, C, document_starts=starts().long())
+    with pytest.raises(ValueError, match="document_starts is on meta and x on cpu"):
+        ssd_scan(x, dt, A, B, C, document_starts=starts().to("meta"))
     q = torch.randn(1, 6, 2, 4)
     with pytest.raises(ValueError, match="document_ids must be integers"):
         attention(q, q, q, document_ids=torch.zeros(1, 6))

@@ -53,10 +53,11 @@ def test_attention_fp16(B, T, S, H, Hkv, D, docs):
 def test_ssd_fp16(T, chunk, docs):
     torch.manual_seed(0)
     H, P, G, N = 4, 16, 2, 16
-    inputs = dict(x=torch.randn(1, T, H, P, device=DEVICE),
-                  dt=torch.nn.functional.softplus(torch.randn(1, T, H, device=DEVICE) - 1.0),
-                  B=torch.randn(1, T, G, N, device=DEVICE), C=torch.randn(1, T, G, N, device=DEVICE))
-    A = -torch.exp(0.5 * torch.randn(H, device=DEVICE))
+    # drawn on the CPU, so a GPU checks the same numbers as the interpreter
+    inputs = dict(x=torch.randn(1, T, H, P), dt=torch.nn.functional.softplus(torch.randn(1, T, H) - 1.0),
+                  B=torch.randn(1, T, G, N), C=torch.randn(1, T, G, N))
+    inputs = {name: t.to(DEVICE) for name, t in inputs.items()}
+    A = -torch.exp(0.5 * torch.randn(H)).to(DEVICE)
     starts = None
     if docs:
         starts = torch.zeros(1, T, dtype=torch.bool, device=DEVICE)

@@ -49,6 +49,7 @@ def test_a_fullgraph_compile_through_the_kernel_equals_eager():
     got, want = torch.compile(call, fullgraph=True, backend="aot_eager")(*leaves), call(*leaves)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     g = torch.randn_like(want)
+    tol = 0 if DEVICE == "cpu" else 1e-5  # on a GPU the rows' gradients are summed by atomics, in any order
     for a, b in zip(torch.autograd.grad(got, leaves, g), torch.autograd.grad(want, leaves, g)):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
     torch._dynamo.reset()

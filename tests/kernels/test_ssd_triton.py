@@ -145,12 +145,12 @@ def test_a_fullgraph_compile_through_the_kernel_equals_eager():
     autograd.Function a fullgraph compile broke on the wrapper's host-side settings)."""
     torch.manual_seed(0)
     B, T, H, P, G, N = 2, 21, 4, 8, 2, 8
-    x = torch.randn(B, T, H, P, requires_grad=True)
-    dt = (torch.rand(B, T, H) * 0.2).requires_grad_()
-    A = (-torch.rand(H)).requires_grad_()
-    Bm, C = (torch.randn(B, T, G, N, requires_grad=True) for _ in range(2))
-    D, h0 = torch.randn(H, requires_grad=True), torch.randn(B, H, P, N, requires_grad=True)
-    starts = torch.zeros(B, T, dtype=torch.bool)
+    x = torch.randn(B, T, H, P, device=DEVICE, requires_grad=True)
+    dt = (torch.rand(B, T, H, device=DEVICE) * 0.2).requires_grad_()
+    A = (-torch.rand(H, device=DEVICE)).requires_grad_()
+    Bm, C = (torch.randn(B, T, G, N, device=DEVICE, requires_grad=True) for _ in range(2))
+    D, h0 = torch.randn(H, device=DEVICE, requires_grad=True), torch.randn(B, H, P, N, device=DEVICE, requires_grad=True)
+    starts = torch.zeros(B, T, dtype=torch.bool, device=DEVICE)
     starts[:, 9] = True
     call = lambda *a: ssd_scan(*a[:5], D=a[5], initial_state=a[6], chunk_size=8, return_final_state=True,  # noqa: E731
                                document_starts=starts, backend="triton")
@@ -170,11 +170,11 @@ def test_the_backward_keeps_no_chunk_states_from_the_forward():
     the backward, not kept: what the forward saves is its inputs and Λ ``[b, h, nc·L]``."""
     torch.manual_seed(0)
     B, T, H, P, G, N, L = 2, 45, 4, 8, 2, 16, 16
-    x = torch.randn(B, T, H, P, requires_grad=True)
-    dt = (torch.rand(B, T, H) * 0.2).requires_grad_()
-    A = (-torch.rand(H)).requires_grad_()
-    Bm, C = (torch.randn(B, T, G, N, requires_grad=True) for _ in range(2))
-    h0 = torch.randn(B, H, P, N, requires_grad=True)
+    x = torch.randn(B, T, H, P, device=DEVICE, requires_grad=True)
+    dt = (torch.rand(B, T, H, device=DEVICE) * 0.2).requires_grad_()
+    A = (-torch.rand(H, device=DEVICE)).requires_grad_()
+    Bm, C = (torch.randn(B, T, G, N, device=DEVICE, requires_grad=True) for _ in range(2))
+    h0 = torch.randn(B, H, P, N, device=DEVICE, requires_grad=True)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
         y, final = ssd_scan(x, dt, A, Bm, C, initial_state=h0, chunk_size=L, return_final_state=True, backend="triton")
@@ -197,10 +197,10 @@ def test_views_of_one_projection_are_read_in_place(docs):
     gradient equal the reference's, and what the op saves for the backward is the views themselves."""
     torch.manual_seed(0)
     b, T, H, P, G, N, L = 2, 37, 4, 8, 2, 16, 16
-    proj = torch.randn(b, T, H * P + 2 * G * N + H, requires_grad=True)  # [b, T, x | B | C | dt]
-    A = (-torch.rand(H)).requires_grad_()
-    D = torch.randn(H, requires_grad=True)
-    starts = torch.zeros(b, T, dtype=torch.bool)
+    proj = torch.randn(b, T, H * P + 2 * G * N + H, device=DEVICE, requires_grad=True)  # [b, T, x | B | C | dt]
+    A = (-torch.rand(H, device=DEVICE)).requires_grad_()
+    D = torch.randn(H, device=DEVICE, requires_grad=True)
+    starts = torch.zeros(b, T, dtype=torch.bool, device=DEVICE)
     starts[:, 20] = docs
 
     def split(t):
@@ -220,7 +220,7 @@ def test_views_of_one_projection_are_read_in_place(docs):
             shapes = {t.shape for t in (x, Bm, C, dt)}
             assert {(t.data_ptr(), t.stride()) for t in saved if t.shape in shapes} == views
         outs.append(y)
-        grads.append(torch.autograd.grad((y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum(), [proj, A, D]))
+        grads.append(torch.autograd.grad((y * torch.linspace(-1, 1, y.numel(), device=DEVICE).view_as(y)).sum(), [proj, A, D]))
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
     for name, got, want in zip(["projection", "A", "D"], *grads):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
@@ -234,17 +234,19 @@ def test_the_backward_writes_no_pair_tensor(docs):
     The profiler sees the ops inside the backward op (a dispatch mode sees the op as one)."""
     torch.manual_seed(0)
     b, T, H, P, G, N, L = 1, 70, 2, 16, 1, 16, 64
-    x = torch.randn(b, T, H, P, requires_grad=True)
-    dt = (torch.rand(b, T, H) * 0.3).requires_grad_()
-    A = (-torch.rand(H) - 0.5).requires_grad_()
-    Bm, C = (torch.randn(b, T, G, N, requires_grad=True) for _ in range(2))
-    starts = torch.zeros(b, T, dtype=torch.bool)
+    x = torch.randn(b, T, H, P, device=DEVICE, requires_grad=True)
+    dt = (torch.rand(b, T, H, device=DEVICE) * 0.3).requires_grad_()
+    A = (-torch.rand(H, device=DEVICE) - 0.5).requires_grad_()
+    Bm, C = (torch.randn(b, T, G, N, device=DEVICE, requires_grad=True) for _ in range(2))
+    starts = torch.zeros(b, T, dtype=torch.bool, device=DEVICE)
     starts[:, [0, 30]] = docs
-    leaves, w = [x, dt, A, Bm, C], torch.randn(b, T, H, P)
+    leaves, w = [x, dt, A, Bm, C], torch.randn(b, T, H, P, device=DEVICE)
     y = ssd_scan(x, dt, A, Bm, C, chunk_size=L, document_starts=starts if docs else None, backend="triton")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
         got = torch.autograd.grad((y * w).sum(), leaves)
-    largest = max(e.self_cpu_memory_usage for e in prof.events())  # bytes one op allocated and kept
+    # bytes one op allocated and kept, on the CPU or the GPU
+    largest = max(max(e.self_cpu_memory_usage, getattr(e, "self_device_memory_usage", 0)) for e in prof.events())
     pair_bytes = b * -(-T // L) * H * L * L * 4
     assert largest * 4 <= pair_bytes, f"an op kept {largest:,} bytes in the backward (a pair tensor: {pair_bytes:,})"
     want = torch.autograd.grad((ssd_scan(x, dt, A, Bm, C, chunk_size=L, document_starts=starts if docs else None,
@@ -264,7 +266,7 @@ def test_the_gpu_tiles_under_the_interpreter(docs, monkeypatch):
     monkeypatch.setattr(ssd_triton, "launch_config", lambda P, N, cuda, dtype=torch.float32: gpu_config(P, N, True, dtype))
     assert ssd_triton.launch_config(16, 16, False)["pair_rows"] == 64
     inputs = make(1, 150, 2, 16, 1, 16, True, True)
-    starts = torch.zeros(1, 150, dtype=torch.bool)
+    starts = torch.zeros(1, 150, dtype=torch.bool, device=DEVICE)
     starts[0, [30, 64, 70, 71, 140]] = docs  # one on a chunk edge, two in a row, one in the last chunk
     run = lambda backend: lambda a: ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size=64, D=a["D"],  # noqa: E731
                                              initial_state=a["initial_state"], document_starts=starts if docs else None,
