@@ -243,6 +243,13 @@ def run_child(name: str, T: int, args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def needed_rows(name: str, compiled: bool, rows: list[tuple[str, bool]], baseline: str | None) -> set[tuple[str, bool]]:
+    """The rows of ``rows`` that the row ``(name, compiled)`` is printed with: its baseline's, and for an HF twin
+    its zoo twin's (whose FLOPs it is counted with)."""
+    needs = {(name, False) if compiled else (baseline_of(name, baseline), False), (name.removeprefix("hf-"), compiled)}
+    return (needs & set(rows)) - {(name, compiled)}
+
+
 def baseline_of(name: str, baseline: str | None = None) -> str:
     if baseline is not None:
         return baseline
@@ -330,15 +337,19 @@ def main(argv: list[str] | None = None) -> None:
         rows += [(name, True) for name in args.models if not name.startswith("hf-")]
     measured, failed = {}, []
     for T in lengths:
-        results = {}
-        for name, compiled in rows:  # the whole column of T first: a row's baseline may come after it
+        results, printed = {}, set()
+        for name, compiled in rows:
             args.compile_child = compiled
             results[name, compiled] = over_trials([run_child(name, T, args) for _ in range(args.trials)])
             measured[name + (" (compiled)" if compiled else ""), T] = results[name, compiled]
-        for (name, compiled), r in results.items():
-            print(table_row(name, compiled, T, r, results, s["batch"], args.baseline), flush=True)
-            if "error" in r:
-                failed.append(f"{name}{' (compiled)' if compiled else ''} at T={T}")
+            # each row as soon as what it is compared with is measured (its baseline, an HF twin's zoo twin), so a
+            # run stopped at a time limit keeps every row it finished
+            for key in rows:
+                if key in results and key not in printed and needed_rows(*key, rows, args.baseline) <= results.keys():
+                    printed.add(key)
+                    print(table_row(*key, T, results[key], results, s["batch"], args.baseline), flush=True)
+                    if "error" in results[key]:
+                        failed.append(f"{key[0]}{' (compiled)' if key[1] else ''} at T={T}")
     if args.plot:
         plot(measured, s["batch"], args.plot)
         print(f"\nplot: {args.plot}")

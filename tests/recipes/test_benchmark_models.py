@@ -146,3 +146,22 @@ def test_a_failed_row_makes_the_benchmark_exit_non_zero(monkeypatch, capsys):
         bench.main(["--models", "llama", "doge", "--lengths", "32", "--d-model", "128", "--layers", "2"])
     out = capsys.readouterr().out
     assert "| doge | - | 32 | failed: out of memory |" in out and "| llama |" in out
+
+
+def test_each_row_prints_once_what_it_is_compared_with_is_measured(monkeypatch, capsys):
+    """A run cut at a time limit (the GPU suite's) keeps its finished rows: a row prints as soon as its baseline
+    (and, for an HF twin, the zoo twin it takes its FLOPs from) is measured, not when the whole length is done."""
+    seen = []
+
+    def child(name, T, args):
+        seen.append((name, capsys.readouterr().out))  # what was printed before this child ran
+        return {"seconds": 1.0, "params": 1000, "peak_mib": 10.0, "first_step_s": 1.0}
+
+    monkeypatch.setattr(bench, "run_child", child)
+    bench.main(["--models", "llama", "hf-llama", "hybrid", "mamba2", "--lengths", "32", "--d-model", "128", "--layers", "2"])
+    before = dict(seen)
+    assert "| llama |" not in before["hf-llama"]  # llama waits for its baseline, hf-llama
+    assert "| llama |" in before["hybrid"] and "| hf-llama |" in before["hybrid"]
+    assert "| hybrid |" in before["mamba2"]  # hybrid's baseline (llama) was measured before it
+    # mamba2's baseline is hf-mamba2, not in this run: it prints alone, after its own measurement
+    assert "| mamba2 | 0.00M | 32 |" in capsys.readouterr().out
