@@ -59,8 +59,8 @@ def attention(
         k, v, bias, reach = _take_out_nonfinite(q, k, v, bias, causal, key_padding_mask, document_ids)  # reach [B, T, H]
     chosen = resolve_backend(backend, q, op="attention", has_triton=True)
     if chosen == "triton" and backend == "auto" and q.shape[1] == 1:
-        # One query per sequence (a decoding step): torch's SDPA, until a GPU has timed it against the split-K
-        # kernel (kernels/attention/decode.py) that backend="triton" takes for a step that needs no gradient.
+        # One query per sequence (a decoding step): torch's SDPA, which an H100 timed faster than the split-K kernel
+        # (kernels/attention/decode.py; 0.55-1.01× SDPA's speed) that backend="triton" takes for a step without gradient.
         chosen = "reference"
     if chosen == "triton":
         from kernels.attention.triton import attention_triton  # imports triton only when asked for

@@ -90,7 +90,7 @@ def test_ssd_dA_in_fp16_with_long_chunks_and_small_steps():
     assert ((got - want).norm() / want.norm()).item() < 2e-4
 
 
-def test_a_model_under_fp16_autocast_trains_through_the_kernels_as_through_the_references():
+def test_a_model_under_fp16_autocast_trains_through_the_kernels_as_through_the_references(monkeypatch):
     """Autocast needs nothing from the ops (no custom_fwd/custom_bwd): under it the projections hand the kernels
     half q/k/v, x, B and C beside fp32 dt, A, key biases and expert rows, which they take; the ops' backward runs
     Triton alone, which autocast does not touch. A hybrid with SSD, QCAttention, CDMoE and Cheems' InnerFuncAttention, its
@@ -109,6 +109,11 @@ def test_a_model_under_fp16_autocast_trains_through_the_kernels_as_through_the_r
             "I": partial(InnerFuncAttention, n_heads=4, mask="cheems", backend=backend)}, max_seq_len=64).to(DEVICE)
 
     tokens = torch.randint(0, 97, (2, 37), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    import components.state.cdmoe as cdmoe
+
+    routes = []  # the experts CDMoE retrieved in each run: a top-k that flips moves a row's gradient to another row
+    topk = cdmoe.product_key_topk
+    monkeypatch.setattr(cdmoe, "product_key_topk", lambda *a: (lambda out: routes.append(out[1]) or out)(topk(*a)))
 
     def loss_and_grads(net, autocast: bool):
         with torch.autocast(DEVICE, dtype=HALF, enabled=autocast):
@@ -123,11 +128,17 @@ def test_a_model_under_fp16_autocast_trains_through_the_kernels_as_through_the_r
     ran = {event.name for event in profile.events() if event.name.startswith("hybrid_zoo::")}
     assert ran == {f"hybrid_zoo::{op}{part}" for op in ("ssd_scan", "bias_attention", "expert_mix") for part in ("", "_backward")}
     torch_half = loss_and_grads(model("reference"), True)
+    flipped = [(r != routes[0]).any(-1).sum().item() for r in routes[1:]]  # [M, H] heads whose experts differ
     names = ["loss", *(name for name, _ in model("reference").named_parameters())]
+    over = []
     for name, got, base, want in zip(names, kernel, torch_half, exact):
         # The floor: a hundredth of an fp16 step (2^-10) at the largest true value. The loss is one number, so the
         # references' error on it is a single draw that can cancel: on an AMX CPU 1.7e-5 against the kernels' 3.9e-5
         # on a loss of 4.7, whose fp16 step is 4e-3; on the gradients (largest values ~0.01) it is ~1e-7.
         err, err_torch = (got - want).abs().max().item(), (base - want).abs().max().item()
         floor = 2 ** -10 / 100 * want.abs().max().item()
-        assert err <= 2 * err_torch + floor, f"{name}: kernels under autocast {err:.3g} > 2 × references' {err_torch:.3g}"
+        if err > 2 * err_torch + floor:
+            over.append(f"{name}: kernels under autocast {err:.3g} > 2 × references' {err_torch:.3g}")
+    # An H100 put CDMoE's up and down rows 11-23× over (2026-11-26), nothing else: the heads whose retrieved experts
+    # differ from the fp32 model's (kernels' run, references' run) say whether a top-k flip is why
+    assert not over, "; ".join(over) + f" (CDMoE heads routed unlike the fp32 model: {flipped})"
