@@ -49,7 +49,6 @@ def expert_mix_reference(
         does not); ``up``'s rows are mixed by ``embedding_bag``, which never gathers them (except for bf16 on
         CUDA, whose ``embedding_bag`` has no backward for the mixing weights there).
     """
-    M, H, k = experts.shape
     rows = torch.nn.functional.embedding(experts, down)  # [M, H, k, d]; its backward is a sorted scatter, not index_put
     inner = torch.einsum("mhkd,md->mhk", rows, x)  # [M, H, k]
     coef = weights * act(inner)  # [M, H, k]
