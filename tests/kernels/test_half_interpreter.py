@@ -128,10 +128,23 @@ def test_a_model_under_fp16_autocast_trains_through_the_kernels_as_through_the_r
     ran = {event.name for event in profile.events() if event.name.startswith("hybrid_zoo::")}
     assert ran == {f"hybrid_zoo::{op}{part}" for op in ("ssd_scan", "bias_attention", "expert_mix") for part in ("", "_backward")}
     torch_half = loss_and_grads(model("reference"), True)
-    flipped = [(r != routes[0]).any(-1).sum().item() for r in routes[1:]]  # [M, H] heads whose experts differ
+    assert len(routes) == 3, f"CDMoE routed {len(routes)} times in three forwards"
+    exact_route, kernel_route, half_route = (r.sort(-1).values for r in routes)  # [M, H, k] each
+    # A near-tie in the top-k flips under any rounding (on a CPU both half runs flip 2 of 144 heads, the same
+    # ones): the flipped expert's row gains one token's term in one run and not in the other. Those rows are
+    # compared by neither run; the rest of up and down, and every other gradient, are.
+    moved = torch.zeros(64, dtype=torch.bool, device=DEVICE)
+    for route in (kernel_route, half_route):
+        differs = (route != exact_route).any(-1)  # [M, H]
+        moved[route[differs].flatten()] = True
+        moved[exact_route[differs].flatten()] = True
+    flipped = [int((r != exact_route).any(-1).sum()) for r in (kernel_route, half_route)]
+    assert max(flipped) <= 6, f"{flipped} of {exact_route[..., 0].numel()} CDMoE heads routed unlike the fp32 model"
     names = ["loss", *(name for name, _ in model("reference").named_parameters())]
     over = []
     for name, got, base, want in zip(names, kernel, torch_half, exact):
+        if name.endswith(("state_mixer.up", "state_mixer.down")):  # [n_experts, d] rows
+            got, base, want = got[~moved], base[~moved], want[~moved]
         # The floor: a hundredth of an fp16 step (2^-10) at the largest true value. The loss is one number, so the
         # references' error on it is a single draw that can cancel: on an AMX CPU 1.7e-5 against the kernels' 3.9e-5
         # on a loss of 4.7, whose fp16 step is 4e-3; on the gradients (largest values ~0.01) it is ~1e-7.
@@ -139,6 +152,5 @@ def test_a_model_under_fp16_autocast_trains_through_the_kernels_as_through_the_r
         floor = 2 ** -10 / 100 * want.abs().max().item()
         if err > 2 * err_torch + floor:
             over.append(f"{name}: kernels under autocast {err:.3g} > 2 × references' {err_torch:.3g}")
-    # An H100 put CDMoE's up and down rows 11-23× over (2026-11-26), nothing else: the heads whose retrieved experts
-    # differ from the fp32 model's (kernels' run, references' run) say whether a top-k flip is why
-    assert not over, "; ".join(over) + f" (CDMoE heads routed unlike the fp32 model: {flipped})"
+    assert not over, "; ".join(over) + f" (heads flipped in the kernels' run, the references': {flipped}; " \
+                                       f"expert rows left out: {int(moved.sum())})"
