@@ -311,9 +311,10 @@ def _backward_q(Q, K, V, BIAS, PAD, DOC, WIN_B, WIN_J, DO, LSE, DELTA, DQ,
 
 
 def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16, dot: str = "ieee",
-                  arch: int = 90) -> dict:
-    """Tiles, warps and pipeline stages; ``DKV_BLOCK_M`` is how many query rows the dK/dV/dbias kernel
-    takes per step (its ``BLOCK_M``). On CUDA in bf16/fp16: 64×64 tiles (32 key rows above head dim
+                  arch: int = 90) -> dict[str, dict]:
+    """Each kernel's tiles, warps and pipeline stages: ``{"forward", "backward_q", "backward_kv"}`` → the kernel's
+    ``BLOCK_M`` (query rows), ``BLOCK_N`` (key rows), ``BLOCK_D``, ``num_warps``, ``num_stages``; the Δ kernel takes
+    ``backward_q``'s rows. ``python -m recipes.benchmarks.attention_tiles`` times alternatives on a GPU. On CUDA in bf16/fp16: 64×64 tiles (32 key rows above head dim
     64), 8 warps, and 32 query rows per dK/dV step, at which ``python -m recipes.benchmarks.compile_check``
     finds no register spills on sm_90 at head dim 64 (with 64 query rows that kernel sits at 255
     registers and spills 40 bytes, 88 with documents; with 4 warps it spills 280). In fp32: 32×32
@@ -329,18 +330,20 @@ def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16
     Timed once, on an H100 in bf16 at head dim 64 (2026-11-26): 57-107 TFLOP/s forward at T 4K-16K, a fifth of
     torch's fused SDPA; these tiles were chosen against spills, not tuned for speed (docs/kernels.md)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
+
+    def kernels(block_m: int, block_n: int, warps: int, stages: int, dkv_rows: int) -> dict[str, dict]:
+        shared = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=stages)
+        return {"forward": shared, "backward_q": shared, "backward_kv": {**shared, "BLOCK_M": dkv_rows}}
+
     if not cuda:  # the interpreter: small tiles, and a dK/dV step unlike BLOCK_M, as on a GPU
-        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=4, num_stages=1, DKV_BLOCK_M=32)
+        return kernels(16, 16, 4, 1, 32)
     if dtype == torch.float32:
-        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, num_warps=8 if dot == "ieee" else 4, num_stages=2,
-                    DKV_BLOCK_M=32)
+        return kernels(32, 32, 8 if dot == "ieee" else 4, 2, 32)
     if block_d > 128:
-        block_m, block_n = 32, 32
-    elif arch < 90:
-        block_m, block_n = 32, 64
-    else:
-        block_m, block_n = 64, 64 if block_d <= 64 else 32
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=8, num_stages=3, DKV_BLOCK_M=32)
+        return kernels(32, 32, 8, 3, 32)
+    if arch < 90:
+        return kernels(32, 64, 8, 3, 32)
+    return kernels(64, 64 if block_d <= 64 else 32, 8, 3, 32)
 
 
 def _prepared(q, k, v, bias, key_padding_mask, document_ids, causal: bool, keep_window: int | None,
@@ -363,9 +366,10 @@ def _prepared(q, k, v, bias, key_padding_mask, document_ids, causal: bool, keep_
         major, minor = torch.cuda.get_device_capability(q.device)
         arch = 10 * major + minor
     config = launch_config(D, q.is_cuda, q.dtype, dot, arch)
-    if max(triton.cdiv(T, config["BLOCK_M"]), triton.cdiv(S, config["BLOCK_N"])) > 65535:  # grid axis 1
-        raise ValueError(f"attention: backend='triton' takes at most 65,535 blocks of {config['BLOCK_M']} queries "
-                         f"and {config['BLOCK_N']} keys; got T={T:,}, S={S:,}")
+    for name, rows, length in (("forward", "BLOCK_M", T), ("backward_q", "BLOCK_M", T), ("backward_kv", "BLOCK_N", S)):
+        if triton.cdiv(length, config[name][rows]) > 65535:  # grid axis 1
+            raise ValueError(f"attention: backend='triton' takes at most 65,535 blocks of {config[name][rows]} "
+                             f"{'queries' if rows == 'BLOCK_M' else 'keys'}; got T={T:,}, S={S:,}")
     flags = dict(HAS_BIAS=bias is not None, HAS_PAD=key_padding_mask is not None, CAUSAL=causal,
                  HAS_WINDOW=keep_window is not None, HAS_DOCS=document_ids is not None, DOT=dot)
     return q, k, v, bias_c, pad, docs, config, flags
@@ -381,7 +385,7 @@ def bias_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: t
     B, T, H, D = q.shape
     S, Hkv = k.shape[1], k.shape[2]
     q, k, v, bias_c, pad, docs, config, flags = _prepared(q, k, v, bias, key_padding_mask, document_ids, causal, keep_window)
-    config.pop("DKV_BLOCK_M")
+    config = config["forward"]
     o = q.new_empty(B, T, H, D)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     if keep_window is not None:  # two numbers per query; the selection carries no gradient
@@ -420,14 +424,14 @@ def bias_attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     S, Hkv = k.shape[1], k.shape[2]
     q, k, v, bias_c, pad, docs, config, flags = _prepared(q, k, v, bias, key_padding_mask, document_ids, causal, keep_window,
                                                           backward=True)
-    dkv_block_m = config.pop("DKV_BLOCK_M")
     if keep_window is None:
         win_b = win_j = lse  # unused placeholders
     do = do.contiguous()
     delta = torch.empty(B, H, T, dtype=torch.float32, device=q.device)  # Σ_d o·do per row
-    _delta[(B * H, triton.cdiv(T, config["BLOCK_M"]))](
+    rows_q = config["backward_q"]["BLOCK_M"]
+    _delta[(B * H, triton.cdiv(T, rows_q))](
         o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), T, H, D,
-        BLOCK_M=config["BLOCK_M"], BLOCK_D=config["BLOCK_D"])
+        BLOCK_M=rows_q, BLOCK_D=config["backward_q"]["BLOCK_D"])
     dq = torch.empty_like(q)
     dk_heads = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)  # per query head, summed below
     dv_heads = torch.empty_like(dk_heads)
@@ -435,17 +439,17 @@ def bias_attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     bias_strides = (bias_c.stride(0), bias_c.stride(1)) if bias is not None else (0, 0)
     pad_stride = pad.stride(0) if key_padding_mask is not None else 0
     common = (T, S, H, H // Hkv, D, scale)
-    meta = dict(**flags, **config)
-    _backward_kv[(B * H, triton.cdiv(S, meta["BLOCK_N"]))](
+    _backward_kv[(B * H, triton.cdiv(S, config["backward_kv"]["BLOCK_N"]))](
         q, k, v, bias_c, pad, docs, win_b, win_j, do, lse, delta, dk_heads, dv_heads, dbias if dbias is not None else lse,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), dk_heads.stride(0), dk_heads.stride(1), dk_heads.stride(2),
-        *bias_strides, pad_stride, docs.stride(0), *common, **{**meta, "BLOCK_M": dkv_block_m},
+        *bias_strides, pad_stride, docs.stride(0), *common, **flags, **config["backward_kv"],
     )
-    _backward_q[(B * H, triton.cdiv(T, meta["BLOCK_M"]))](
+    _backward_q[(B * H, triton.cdiv(T, rows_q))](
         q, k, v, bias_c, pad, docs, win_b, win_j, do, lse, delta, dq,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), *bias_strides, pad_stride, docs.stride(0), *common, **meta,
+        v.stride(0), v.stride(1), v.stride(2), *bias_strides, pad_stride, docs.stride(0), *common, **flags,
+        **config["backward_q"],
     )
     group = H // Hkv
     if group == 1:  # one query head per key head: the per-head gradients are dK and dV

@@ -98,17 +98,18 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     # Attention with every option on (bias, padding, causal, window), then with packed
     # documents in place of the window (the two never meet: the host refuses documents with a window),
     # then a window without a bias (a sliding window: its loops start at the oldest kept key's block).
-    cfg = attention.launch_config(head_dim, cuda=True, dtype=torch_dtype, dot=dot, arch=arch)
-    warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
-    dkv_block_m = cfg.pop("DKV_BLOCK_M")
+    configs = attention.launch_config(head_dim, cuda=True, dtype=torch_dtype, dot=dot, arch=arch)
     types = {"PAD": "*i8", "DOC": "*i32", "WIN_J": "*i32", "scale": "fp32", **f32("WIN_B", "LSE", "DELTA", "DBIAS")}
     data = ("Q", "K", "V", "BIAS", "O", "DO", "DQ", "DK", "DV")
     for label, window, bias in (("", True, True), (", documents", False, True), (", sliding window", True, False)):
-        flags = dict(HAS_BIAS=bias, HAS_PAD=True, CAUSAL=True, HAS_WINDOW=window, HAS_DOCS=not window, DOT=dot, **cfg)
-        for kernel in (attention._forward, attention._backward_kv, attention._backward_q):
-            rows = {"BLOCK_M": dkv_block_m} if kernel is attention._backward_kv else {}
-            out.append(Case(f"attention {kernel.__name__}{label}", kernel, {**flags, **rows}, warps, data, types))
-    out.append(Case("attention _delta", attention._delta, dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_D=cfg["BLOCK_D"]),
+        flags = dict(HAS_BIAS=bias, HAS_PAD=True, CAUSAL=True, HAS_WINDOW=window, HAS_DOCS=not window, DOT=dot)
+        for kernel, part in ((attention._forward, "forward"), (attention._backward_kv, "backward_kv"),
+                             (attention._backward_q, "backward_q")):
+            cfg = dict(configs[part])
+            warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
+            out.append(Case(f"attention {kernel.__name__}{label}", kernel, {**flags, **cfg}, warps, data, types))
+    rows_q = configs["backward_q"]
+    out.append(Case("attention _delta", attention._delta, dict(BLOCK_M=rows_q["BLOCK_M"], BLOCK_D=rows_q["BLOCK_D"]),
                     {"num_warps": 4}, ("O", "DO"), f32("DELTA")))
     # The decoding step's split-K kernel, GQA 4:1 (the group's query heads are its tile's rows, padded to 16).
     cfg = decode.decode_config(head_dim, 4, cuda=True, dtype=torch_dtype)

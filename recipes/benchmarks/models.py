@@ -39,6 +39,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -148,12 +149,21 @@ def build(name: str, s: dict, max_len: int) -> torch.nn.Module:
     return HybridLM(s["vocab"], s["d_model"], recipe["pattern"], mixers, max_seq_len=max_len, **options)
 
 
+PROGRESS = "progress: "  # a child's stderr lines that the parent passes on
+
+
+def progress(text: str, since: float) -> None:
+    print(f"{PROGRESS}{text} ({time.perf_counter() - since:.1f} s)", file=sys.stderr, flush=True)
+
+
 def measure(name: str, T: int, s: dict, repeats: int, compiled: bool) -> dict:
     """In this (fresh) process: peak MiB of one step at T above the warmed-up model, and the median step time."""
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     torch.manual_seed(0)
+    start = time.perf_counter()
     model = build(name, s, max(T, 64)).to(device).train()
+    progress("built", start)
     params = count_parameters(model)
     forward = torch.compile(model, fullgraph=True, dynamic=False) if compiled else model  # as recipes.module does
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -169,9 +179,12 @@ def measure(name: str, T: int, s: dict, repeats: int, compiled: bool) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     warmup_s = seconds_of(lambda: step(64))  # the optimizer's states, libraries, (compiled) kernels
+    progress("warm-up step at T=64", start)
     first_step: list[float] = []  # the first call at T also compiles its shapes when compiled
     peak_mib = peak_growth_mib(lambda: first_step.append(seconds_of(lambda: step(T))), device)
+    progress(f"first step at T={T}", start)
     seconds = median_ms(lambda: step(T), repeats, warmup=0) / 1e3
+    progress(f"{repeats} timed steps", start)
     flops = forward_flops_per_token(model, T) if isinstance(model, HybridLM) else None  # an HF twin: its zoo twin's
     peak = device_peak_flops(device, "bf16-mixed") if cuda else None
     return {"params": params, "seconds": seconds, "peak_mib": peak_mib, "warmup_s": warmup_s,
@@ -237,10 +250,16 @@ def run_child(name: str, T: int, args) -> dict:
                *(["--compile"] if args.compile_child else [])]
     for key in ("d_model", "layers", "vocab", "batch", "d_state", "chunk"):
         command += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-    out = subprocess.run(command, capture_output=True, text=True)
-    if out.returncode != 0:
-        return {"error": error_line(out.stderr.strip() or out.stdout.strip() or "no output")}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    errors = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        for line in child.stderr:  # the child's stages as they end: a run stopped at a time limit shows where it was
+            errors.append(line.rstrip("\n"))
+            if line.startswith(PROGRESS):
+                print(f"  {name} T={T}: {line.removeprefix(PROGRESS).strip()}", file=sys.stderr, flush=True)
+        stdout = child.stdout.read()  # one line of JSON: nothing fills the pipe while stderr is read
+    if child.returncode != 0:
+        return {"error": error_line("\n".join(errors).strip() or stdout.strip() or "no output")}
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def needed_rows(name: str, compiled: bool, rows: list[tuple[str, bool]], baseline: str | None) -> set[tuple[str, bool]]:

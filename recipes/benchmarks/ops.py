@@ -8,7 +8,7 @@ Prints one markdown table per op: forward and forward+backward milliseconds (med
 meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs, FlashAttention's
 convention), and peak memory above the inputs (CUDA only). Optional baselines are used when installed and named when
 missing: mamba_ssm's ``mamba_chunk_scan_combined`` (SSD) and flash-dmattn (attention with a dynamic
-mask). Shapes: SSD ``B=4, H=32, P=64, N=128, chunk 256``; attention ``B=4, H=16, D=64, causal``;
+mask). Shapes: SSD ``B=4, H=32, P=64, N=128, chunk 256``; attention ``B=4, H=16, D=64, causal`` (``--head-dim``);
 CDMoE retrieval ``n_experts=65536, top_k=16, heads=4``; a decoding step's attention (``decode``: one query
 against ``T`` cached keys, GQA 4:1, D 128, batch 1 and 2 × ``--batch``). Sizes follow the device: on a GPU, T = 1024 … 8192
 and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alone is ``B·H·T²`` floats:
@@ -62,8 +62,8 @@ def row(name: str, T: int, fwd, both, flops_fwd: float | None) -> str:
 HEADER = "| kernel | T | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd peak MiB |\n|---|---|---|---|---|---|---|"
 
 
-def bench_attention(lengths, device, dtype, repeats, use_triton, B: int) -> Iterator[str]:
-    H, D = 16, 64
+def bench_attention(lengths, device, dtype, repeats, use_triton, B: int, D: int = 64) -> Iterator[str]:
+    H = 16
     yield from [f"Attention, B={B}, H={H}, D={D}, causal, {dtype}:", "", HEADER]
     for T in lengths:
         q, k, v = (torch.randn(B, T, H, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ops", nargs="+", default=["attention", "ssd", "retrieval", "decode"],
                         choices=["attention", "ssd", "retrieval", "decode"])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--head-dim", type=int, default=64, help="attention's head dim (default 64)")
     args = parser.parse_args(argv)
     cuda = args.device.startswith("cuda")
     lengths = args.lengths or ([1024, 2048, 4096, 8192] if cuda else [512, 1024, 2048])
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     if not cuda:
         print("No CUDA: Triton rows are skipped (the interpreter checks logic, not speed).")
     sections = {
-        "attention": lambda: bench_attention(lengths, args.device, dtype, args.repeats, cuda, batch),
+        "attention": lambda: bench_attention(lengths, args.device, dtype, args.repeats, cuda, batch, args.head_dim),
         "ssd": lambda: bench_ssd(lengths, args.device, dtype, args.repeats, cuda, batch),
         "retrieval": lambda: bench_retrieval(args.device, dtype, args.repeats, cuda, tokens=4 * 1024 if cuda else 1024),
         "decode": lambda: bench_decode(lengths, args.device, dtype, args.repeats, cuda, sorted({1, batch * 2})),

@@ -277,7 +277,7 @@ def test_the_gpu_tiles_under_the_interpreter(arch, options, monkeypatch):
     monkeypatch.setattr(attention_triton, "launch_config",
                         lambda head_dim, cuda, dtype=None, dot="ieee", arch_=90: gpu_config(head_dim, True, torch.bfloat16,
                                                                                             dot, arch))
-    assert attention_triton.launch_config(16, False)["BLOCK_N"] == 64
+    assert attention_triton.launch_config(16, False)["forward"]["BLOCK_N"] == 64
     q, k, v, b, pad = inputs(2, 150, 150, 4, 2, 16, True, True)
     if options == "documents":
         assert_triton_matches_reference(q, k, v, b, causal=True, key_padding_mask=pad,

@@ -1,0 +1,122 @@
+"""Tile search for the bias-attention kernels on this GPU: which tiles, warps and pipeline stages each of the
+three kernels (forward, dQ, dK/dV) should take — the evidence behind ``kernels.attention.triton.launch_config``.
+
+    python -m recipes.benchmarks.attention_tiles                          # D 64 and 128, T 4096, B 4, H 16, bf16
+    python -m recipes.benchmarks.attention_tiles --head-dims 128 --length 8192
+
+For each head dim and kernel, every candidate ``(BLOCK_M, BLOCK_N, warps, stages)`` is timed with the other two
+kernels at their current choice — the forward alone, the two backward kernels through forward+backward, so each
+row's difference from the current one is that kernel's — and its output and gradients are checked against the
+current choice's (a wrong answer is named, not timed). A candidate that cannot launch here (shared memory,
+registers) is named too. Beside them, torch's SDPA without a bias and the reference's route (the bias through
+SDPA's extra column), the baselines of docs/kernels.md. Needs CUDA; the chosen tiles are written into
+``launch_config`` by hand, with the table that chose them in docs/kernels.md.
+"""
+
+import argparse
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention import attention
+from kernels.attention import triton as attention_triton
+from recipes.benchmarks.timing import median_ms
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_M is the query rows, BLOCK_N the key rows of each kernel's tile
+# (the dK/dV kernel keeps BLOCK_N keys and steps through BLOCK_M queries).
+CANDIDATES = {
+    "forward": [(64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3),
+                (128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (128, 128, 8, 2), (64, 64, 8, 2)],
+    "backward_q": [(64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 4, 3), (64, 128, 8, 3),
+                   (128, 128, 8, 2), (64, 64, 8, 2)],
+    "backward_kv": [(32, 64, 4, 3), (32, 128, 8, 3), (64, 64, 8, 3), (64, 128, 8, 3), (16, 64, 4, 3), (32, 128, 4, 3),
+                    (64, 64, 4, 2), (16, 128, 8, 3), (32, 64, 8, 2)],
+}
+
+
+def with_tiles(current: dict, part: str, tiles: tuple[int, int, int, int]) -> dict:
+    """``current`` (launch_config's answer) with kernel ``part`` at ``tiles``."""
+    block_m, block_n, warps, stages = tiles
+    return {**current, part: {**current[part], "BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps,
+                              "num_stages": stages}}
+
+
+def results(q, k, v, bias) -> list[torch.Tensor]:
+    """The kernel's output and the gradients of q, k, v and the bias for a fixed random ``dO``."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, bias)]
+    out = attention(*leaves[:3], bias=leaves[3], backend="triton")
+    dout = torch.randn(out.shape, generator=torch.Generator(out.device).manual_seed(1), device=out.device, dtype=out.dtype)
+    return [out.detach().float(), *(g.float() for g in torch.autograd.grad(out, leaves, dout))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--length", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("error: the tile search times the kernels on a CUDA GPU; there is none here")
+    choose = attention_triton.launch_config
+    B, T, H = args.batch, args.length, args.heads
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; B {B}, T {T}, H {H}, causal, a per-key bias, "
+          f"bf16; median of {args.repeats}")
+    for D in args.head_dims:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        bias = torch.randn(B, H, T, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        arch = 10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1]
+        current = choose(D, True, torch.bfloat16, "ieee", arch)
+        flops = 4 * B * H * T * T * D / 2  # causal: half the scores
+
+        def forward(backend="triton"):
+            with torch.no_grad():
+                return attention(q, k, v, bias=bias, backend=backend)
+
+        def both(backend="triton"):
+            for t in (q, k, v, bias):
+                t.grad = None
+            attention(q, k, v, bias=bias, backend=backend).float().sum().backward()
+
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        sdpa_fwd = median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True), args.repeats)
+        sdpa_both = median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True).float().sum().backward(),
+                              args.repeats)
+        print(f"\n## D = {D}: SDPA without a bias {sdpa_fwd:.2f} ms forward, {sdpa_both:.2f} fwd+bwd; the reference's "
+              f"SDPA route {median_ms(lambda: forward('reference'), args.repeats):.2f} / "
+              f"{median_ms(lambda: both('reference'), args.repeats):.2f}")
+        want = results(q, k, v, bias)
+        base = {"forward": median_ms(forward, args.repeats), "backward": median_ms(both, args.repeats)}
+        for part, candidates in CANDIDATES.items():
+            timed = "forward" if part == "forward" else "backward"
+            now = current[part]
+            print(f"\n### {part} (current: {now['BLOCK_M']}×{now['BLOCK_N']}, {now['num_warps']} warps, "
+                  f"{now['num_stages']} stages: {base[timed]:.2f} ms {'forward' if part == 'forward' else 'fwd+bwd'})\n")
+            print(f"| BLOCK_M | BLOCK_N | warps | stages | {'fwd' if part == 'forward' else 'fwd+bwd'} ms | "
+                  f"× current | TFLOP/s | max error against current |\n|---|---|---|---|---|---|---|---|")
+            for tiles in candidates:
+                config = with_tiles(current, part, tiles)
+                attention_triton.launch_config = lambda *a, config=config, **kw: config
+                cells = " | ".join(map(str, tiles))
+                try:
+                    error = max((g - w).abs().max().item() / max(w.abs().max().item(), 1e-6)
+                                for g, w in zip(results(q, k, v, bias), want))
+                    if not math.isfinite(error) or error > 0.05:
+                        print(f"| {cells} | wrong: relative error {error:.3g} | | | |", flush=True)
+                        continue
+                    ms = median_ms(forward if part == "forward" else both, args.repeats)
+                except Exception as failure:  # a tile that does not fit this GPU: named, the search goes on
+                    print(f"| {cells} | failed: {type(failure).__name__}: {str(failure).splitlines()[0][:100]} | | | |",
+                          flush=True)
+                    continue
+                finally:
+                    attention_triton.launch_config = choose
+                tflops = flops * (1 if part == "forward" else 3.5) / (ms * 1e-3) / 1e12
+                print(f"| {cells} | {ms:.2f} | {base[timed] / ms:.2f} | {tflops:.0f} | {error:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
