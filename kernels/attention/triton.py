@@ -343,7 +343,12 @@ def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16
         return kernels(32, 32, 8, 3, 32)
     if arch < 90:
         return kernels(32, 64, 8, 3, 32)
-    return kernels(64, 64 if block_d <= 64 else 32, 8, 3, 32)
+    forward = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=block_d, num_warps=4, num_stages=3)
+    if block_d <= 64:
+        return {"forward": forward, "backward_q": {**forward, "BLOCK_N": 32}, "backward_kv": {**forward, "BLOCK_M": 32}}
+    # head dims 65-128: with 4 warps the backward kernels spill 40-344 bytes (all options on), so 8 there
+    return {"forward": forward, "backward_q": dict(BLOCK_M=64, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=3),
+            "backward_kv": dict(BLOCK_M=32, BLOCK_N=64, BLOCK_D=block_d, num_warps=8, num_stages=2)}
 
 
 def _prepared(q, k, v, bias, key_padding_mask, document_ids, causal: bool, keep_window: int | None,
