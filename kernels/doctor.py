@@ -246,7 +246,11 @@ def run(*, timing: bool = True, out=None) -> list[Check]:
             print(f"| {op} | {shape} | {impl} | {ms:.3f} |", file=out, flush=True)
     elif timing:
         print("\ntiming: none without a GPU (the interpreter's speed says nothing about the kernels)", file=out)
-    print("\nbackend 'auto' here: " + ", ".join(f"{op} → {b}" for op, b in auto_backends(device).items()), file=out)
+    chosen = auto_backends(device)
+    print("\nbackend 'auto' here: " + ", ".join(f"{op} → {b}" for op, b in chosen.items()), file=out)
+    if chosen["attention"] == "triton":
+        print("  (attention: torch's fused SDPA instead for one query, for no bias, padding, window or documents, and for "
+              "a bias at head dims above 64 — timed faster there; docs/kernels.md)", file=out)
     return checks
 
 

@@ -6,6 +6,7 @@ import torch
 from kernels._backend import check_backend, resolve_backend
 from kernels._finite import any_in_document, poison, seen_so_far, split_finite
 from kernels.attention.reference import attention_reference, document_runs
+from kernels.attention.sdpa import supports as sdpa_supports
 
 __all__ = ["attention", "attention_reference", "document_runs"]
 
@@ -58,9 +59,8 @@ def attention(
     if check_finite:
         k, v, bias, reach = _take_out_nonfinite(q, k, v, bias, causal, key_padding_mask, document_ids)  # reach [B, T, H]
     chosen = resolve_backend(backend, q, op="attention", has_triton=True)
-    if chosen == "triton" and backend == "auto" and q.shape[1] == 1:
-        # One query per sequence (a decoding step): torch's SDPA, which an H100 timed faster than the split-K kernel
-        # (kernels/attention/decode.py; 0.55-1.01× SDPA's speed) that backend="triton" takes for a step without gradient.
+    if chosen == "triton" and backend == "auto" and _torch_sdpa_is_faster(q, k, bias, key_padding_mask, keep_window,
+                                                                           document_ids, causal):
         chosen = "reference"
     if chosen == "triton":
         from kernels.attention.triton import attention_triton  # imports triton only when asked for
@@ -71,6 +71,20 @@ def attention(
         y = attention_reference(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
                                 keep_window=keep_window, scale=scale, document_ids=document_ids)
     return y if reach is None else poison(y, reach)
+
+
+def _torch_sdpa_is_faster(q, k, bias, key_padding_mask, keep_window, document_ids, causal) -> bool:
+    """Where ``auto`` on a GPU takes the reference because its route through torch's fused SDPA was timed faster than
+    the Triton kernel (H100 and H200, bf16; docs/kernels.md): a decoding step (one query: the split-K kernel ran at
+    0.55-1.01× SDPA's speed); no bias, padding, window or documents (plain flash attention, 2.9× the kernel's speed
+    at D 64); a bias at head dims above 64 (the bias as an extra key column: 1.0× at T 4K, 1.18× at 8K, at 1.8× the
+    kernel's memory). The kernel keeps a bias at D ≤ 64 (1.3× the route's speed at 4K), windows and documents."""
+    T, S, D = q.shape[1], k.shape[1], q.shape[3]
+    if T == 1:
+        return True
+    if keep_window is not None or document_ids is not None or not sdpa_supports(q, T, S, causal):
+        return False
+    return (bias is None and key_padding_mask is None) or D > 64
 
 
 def _take_out_nonfinite(q, k, v, bias, causal, key_padding_mask, document_ids):

@@ -90,7 +90,8 @@ def test_fp32_dots_follow_torchs_matmul_precision():
 
 def test_auto_sends_a_single_query_to_the_reference_and_longer_ones_to_the_kernel(monkeypatch):
     """A decoding step (one query) would fill one row of the kernel's 64-row query tiles: auto takes the reference
-    there, as if on a GPU (resolve_backend answering 'triton'); two queries or more still take the kernel."""
+    there, as if on a GPU (resolve_backend answering 'triton'); two queries or more with a bias at head dim 8 still
+    take the kernel."""
     import kernels.attention as attention_module
     import kernels.attention.triton as attention_triton_module
 
@@ -100,8 +101,36 @@ def test_auto_sends_a_single_query_to_the_reference_and_longer_ones_to_the_kerne
     k = v = torch.randn(1, 9, 2, 8)
     attention_module.attention(torch.randn(1, 1, 2, 8), k, v, backend="auto")
     assert calls == []
-    attention_module.attention(torch.randn(1, 2, 2, 8), k, v, backend="auto")
+    attention_module.attention(torch.randn(1, 2, 2, 8), k, v, bias=torch.randn(1, 2, 9), backend="auto")
     assert calls == [2]
+
+
+def test_auto_takes_torch_sdpa_where_a_gpu_timed_it_faster(monkeypatch):
+    """As if on a GPU (resolve_backend answering 'triton'): plain causal attention and a bias at head dim 128 go to the
+    reference (torch's fused SDPA); a bias at head dim 64, a window, documents, a cache (T < S) and fp16 at head dim
+    128 (fp16 cannot hold the route's padding bias) keep the kernel."""
+    import kernels.attention as attention_module
+    import kernels.attention.triton as attention_triton_module
+
+    calls = []
+    monkeypatch.setattr(attention_module, "resolve_backend", lambda *a, **k: "triton")
+    monkeypatch.setattr(attention_triton_module, "attention_triton", lambda q, k, v, **kw: calls.append(q.shape) or q)
+
+    def run(D, T=9, S=9, dtype=torch.float32, **options):
+        calls.clear()
+        q, k = torch.randn(1, T, 2, D, dtype=dtype), torch.randn(1, S, 2, D, dtype=dtype)
+        attention_module.attention(q, k, k, backend="auto", **options)
+        return "triton" if calls else "reference"
+
+    bias = lambda: torch.randn(1, 2, 9)  # noqa: E731
+    assert run(64) == "reference" and run(128) == "reference"
+    assert run(128, bias=bias()) == "reference"
+    assert run(64, bias=bias()) == "triton"
+    assert run(64, key_padding_mask=torch.zeros(1, 9, dtype=torch.bool)) == "triton"
+    assert run(128, bias=bias(), keep_window=3) == "triton"
+    assert run(128, document_ids=torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2]])) == "triton"
+    assert run(64, T=4, S=9) == "triton"
+    assert run(128, dtype=torch.float16, bias=bias().half()) == "triton"
 
 
 def test_the_backend_choice_compiles_into_one_graph(monkeypatch):
