@@ -314,21 +314,23 @@ def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16
                   arch: int = 90) -> dict[str, dict]:
     """Each kernel's tiles, warps and pipeline stages: ``{"forward", "backward_q", "backward_kv"}`` → the kernel's
     ``BLOCK_M`` (query rows), ``BLOCK_N`` (key rows), ``BLOCK_D``, ``num_warps``, ``num_stages``; the Δ kernel takes
-    ``backward_q``'s rows. ``python -m recipes.benchmarks.attention_tiles`` times alternatives on a GPU. On CUDA in bf16/fp16: 64×64 tiles (32 key rows above head dim
-    64), 8 warps, and 32 query rows per dK/dV step, at which ``python -m recipes.benchmarks.compile_check``
-    finds no register spills on sm_90 at head dim 64 (with 64 query rows that kernel sits at 255
-    registers and spills 40 bytes, 88 with documents; with 4 warps it spills 280). In fp32: 32×32
-    tiles, 4 warps and 2 stages — the 64×64 tiles spill there and need up to 112 KiB of shared memory,
-    more than consumer GPUs have; with full-fp32 dots (``dot="ieee"``, torch's default precision) 8 warps,
-    where 4 spill 5.7 KB per thread in the dK/dV kernel (8 still spill 0.6 KB: TF32 is the fast fp32
-    path). Head dims above 128 (256-wide tiles) take 32×32 tiles in bf16/fp16: 64 query rows spilled 88
-    bytes (forward) and 720 (dQ) on sm_90 and needed 96 KiB; at 32×32 no kernel spills on sm_80 or sm_90,
-    with at most 67 KiB of shared memory, within a consumer GPU's 99. Before Hopper (``arch`` below 90: compute
-    capability ×10, A100 80, consumer Ampere/Ada 86/89) head dims up to 128 take 32×64 tiles in bf16/fp16: at
-    64×64, sm_80's code for the kernels with packed documents spilled 8-16 bytes (forward) and 144 (dQ, head
-    dim 64); at 32×64 none of the attention kernels spills, with or without documents, using at most 53 KiB.
-    Timed once, on an H100 in bf16 at head dim 64 (2026-11-26): 57-107 TFLOP/s forward at T 4K-16K, a fifth of
-    torch's fused SDPA; these tiles were chosen against spills, not tuned for speed (docs/kernels.md)."""
+    ``backward_q``'s rows.
+
+    On sm_90 in bf16/fp16 up to head dim 128, the pick of ``python -m recipes.benchmarks.attention_tiles`` on an H200
+    (B 4, T 4096, H 16, a bias; docs/kernels.md): 64×64 forward tiles with 4 warps and 3 stages (1.23× the former 8
+    warps at D 64, 1.38× at 128; 128-row tiles were slower); at D ≤ 64 dQ 64×32 and dK/dV 32 queries × 64 keys,
+    4 warps (6.41 → 4.62 ms fwd+bwd in all). Above 64 the backward kernels were faster with 4 warps too, but spill
+    40-344 bytes with a bias, padding and a window or documents (``python -m recipes.benchmarks.compile_check``), so
+    they take 8: dQ 64×32, dK/dV 32×64 with 2 stages, spill-free. In fp32: 32×32 tiles, 4 warps and 2 stages — the
+    64×64 tiles spill there and need up to 112 KiB of shared memory, more than consumer GPUs have; with full-fp32
+    dots (``dot="ieee"``, torch's default precision) 8 warps, where 4 spill 5.7 KB per thread in the dK/dV kernel
+    (8 still spill 0.6 KB: TF32 is the fast fp32 path). Head dims above 128 (256-wide tiles) take 32×32 tiles in
+    bf16/fp16: 64 query rows spilled 88 bytes (forward) and 720 (dQ) on sm_90 and needed 96 KiB; at 32×32 no kernel
+    spills on sm_80 or sm_90, with at most 67 KiB of shared memory, within a consumer GPU's 99. Before Hopper
+    (``arch`` below 90: compute capability ×10, A100 80, consumer Ampere/Ada 86/89) head dims up to 128 take 32×64
+    tiles, 8 warps, in bf16/fp16: at 64×64, sm_80's code for the kernels with packed documents spilled 8-16 bytes
+    (forward) and 144 (dQ, head dim 64); at 32×64 none spills, using at most 53 KiB. Not searched: fp32, sm_80-89,
+    head dims above 128."""
     block_d = max(16, triton.next_power_of_2(head_dim))
 
     def kernels(block_m: int, block_n: int, warps: int, stages: int, dkv_rows: int) -> dict[str, dict]:
