@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU measurement the docs wait for (docs/performance.md "On a GPU", docs/kernels.md "GPU targets"), in two
-# phases that together fit a fifteen-minute lease of one H100 with its start (limits summing to 400 and 290 s), each
+# phases that together fit a fifteen-minute lease of one H100 or H200 with its starts (limits summing to 405 and 350 s), each
 # step under its own time limit so a slow step costs only itself, and at most eight files written per phase:
 #
-#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels   # doctor, GPU precision tests, kernel tests on CUDA, ops, T=1
-#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR models    # CUDA-graph decoding test, decoding against HF, training steps
+#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels   # doctor, kernel tests on CUDA, ops, the attention tile search
+#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR models    # CUDA-graph decoding test, decoding against HF, training steps, T=1, CDMoE
 #
 # Run from the repository root of a source checkout; nothing is installed (the zoo is put on PYTHONPATH, so a
 # machine with torch, triton, lightning, transformers and pytest runs it as it is). Each step's whole output goes to
@@ -41,20 +41,22 @@ cat "$out/summary.txt"
 
 case "$phase" in
     kernels)
-        step doctor 90 python3 -m kernels.doctor
-        # test_gpu_precision.py is among them; 318 tests in about a minute on 8 workers (the first H100 run)
-        step kernel_tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels
-        # one step each: a table prints when its op is done (CDMoE's retrieval waits for a longer lease)
-        step ops_attention 60 python3 -m recipes.benchmarks.ops --ops attention --lengths 2048 4096 8192 16384 --repeats 5
-        # mamba_ssm's first call autotunes each of its kernels: over a minute before its first row
-        step ops_ssd 120 python3 -m recipes.benchmarks.ops --ops ssd --lengths 4096 16384 --repeats 5
-        step ops_decode 30 python3 -m recipes.benchmarks.ops --ops decode --lengths 4096 16384 --repeats 20
+        step doctor 60 python3 -m kernels.doctor
+        # test_gpu_precision.py is among them; 317 tests in about a minute on 8 workers (an H200, 2026-11-26)
+        step kernel_tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 -rf tests/kernels
+        # one step each: a table prints when its op is done
+        step ops_attention 45 python3 -m recipes.benchmarks.ops --ops attention --lengths 2048 4096 8192 16384 --repeats 5
+        # mamba_ssm's first call autotunes each of its kernels: about 80 s before its row (an H200)
+        step ops_ssd 120 python3 -m recipes.benchmarks.ops --ops ssd --lengths 4096 --repeats 5
+        step attention_tiles 80 python3 -m recipes.benchmarks.attention_tiles --head-dims 64 128 --length 4096
         ;;
     models)
         step gpu_decoding 60 python3 -m pytest -q -p no:cacheprovider -n 0 tests/components/test_gpu_decoding.py
         step decode 130 python3 -m recipes.benchmarks.decode_hf --batches 1 8 --rounds 3
-        # a fresh process per row (import, CUDA, kernels' compilation): one trial each fits
+        # a fresh process per row (import, CUDA, kernels' compilation): 15-25 s each before its steps
         step models 100 python3 -m recipes.benchmarks.models --models llama hf-llama hybrid --lengths 4096 --trials 1
+        step ops_decode 30 python3 -m recipes.benchmarks.ops --ops decode --lengths 4096 16384 --repeats 20
+        step ops_retrieval 30 python3 -m recipes.benchmarks.ops --ops retrieval --repeats 5
         ;;
     *)
         echo "unknown phase '$phase': kernels or models" >&2
