@@ -1,0 +1,113 @@
+"""Tile search for the SSD's Triton kernels on this GPU: which rows per tile, warps and pipeline stages they should
+take, and the log-decay gradient's pair and state blocks — the evidence for ``kernels.ssd.triton.launch_config``.
+
+    python -m recipes.benchmarks.ssd_tiles                          # B 4, T 4096, H 32, P 64, N 128, chunk 256, bf16
+    python -m recipes.benchmarks.ssd_tiles --chunk 64 --length 8192
+
+Every kernel shares ``rows``, ``warps`` and ``stages``; the backward's log-decay kernels add ``pair_rows × pair_cols``
+and ``state_rows``. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
+checked against the current choice's (a wrong answer is named, not timed); a candidate that cannot launch here is
+named too. mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md
+says how to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table
+in docs/kernels.md, after ``python -m recipes.benchmarks.compile_check --only ssd`` says whether they spill.
+"""
+
+import argparse
+import importlib.util
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kernels.ssd import ssd_scan
+from kernels.ssd import triton as ssd_triton
+from recipes.benchmarks.timing import median_ms
+
+# (rows, warps, stages) for every kernel; then (pair_rows, pair_cols, state_rows) for the log-decay gradient's two
+SHARED = [(32, 4, 3), (32, 8, 2), (32, 8, 4), (64, 4, 3), (64, 8, 3), (64, 8, 2), (128, 8, 2), (16, 4, 3)]
+LOG_DECAY = [(32, 32, 16), (64, 32, 16), (128, 16, 16), (32, 16, 16), (64, 16, 32), (64, 16, 64)]
+
+
+def results(inputs: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
+    """The kernel's output and the gradients of x, dt, A, B and C for a fixed random ``dy``."""
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    y = ssd_scan(*leaves, chunk_size=chunk, backend="triton")
+    dy = torch.randn(y.shape, generator=torch.Generator(y.device).manual_seed(1), device=y.device, dtype=y.dtype)
+    return [y.detach().float(), *(g.float() for g in torch.autograd.grad(y, leaves, dy))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--length", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--state", type=int, default=128)
+    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("error: the tile search times the kernels on a CUDA GPU; there is none here")
+    choose = ssd_triton.launch_config
+    B, T, H, P, N, L = args.batch, args.length, args.heads, args.head_dim, args.state, args.chunk
+    torch.manual_seed(0)
+    x = torch.randn(B, T, H, P, device="cuda", dtype=torch.bfloat16)
+    dt = F.softplus(torch.randn(B, T, H, device="cuda") - 3).to(torch.bfloat16)
+    A = -torch.exp(torch.rand(H, device="cuda"))
+    Bm, Cm = (torch.randn(B, T, 1, N, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    inputs = [t.requires_grad_() for t in (x, dt, A, Bm, Cm)]
+
+    def forward(fn):
+        with torch.no_grad():
+            return fn()
+
+    def both(fn):
+        for t in inputs:
+            t.grad = None
+        fn().float().sum().backward()
+
+    ours = lambda: ssd_scan(*inputs, chunk_size=L, backend="triton")  # noqa: E731
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; B {B}, T {T}, H {H}, P {P}, N {N}, chunk {L}, "
+          f"bf16; median of {args.repeats}")
+    if importlib.util.find_spec("mamba_ssm") is not None:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+        theirs = lambda: mamba_chunk_scan_combined(*inputs, chunk_size=L)  # noqa: E731
+        print(f"mamba_chunk_scan_combined: {median_ms(lambda: forward(theirs), args.repeats):.2f} ms forward, "
+              f"{median_ms(lambda: both(theirs), args.repeats):.2f} fwd+bwd")
+    else:
+        print("mamba_ssm not importable: its row is skipped")
+    current = choose(P, N, True, torch.bfloat16)
+    want = results(inputs, L)
+    base = (median_ms(lambda: forward(ours), args.repeats), median_ms(lambda: both(ours), args.repeats))
+    print(f"current: rows {current['rows']}, {current['warps']} warps, {current['stages']} stages, pairs "
+          f"{current['pair_rows']}×{current['pair_cols']}, state rows {current['state_rows']}: {base[0]:.2f} ms forward, "
+          f"{base[1]:.2f} fwd+bwd")
+    sections = [("rows, warps, stages (every kernel)", ("rows", "warps", "stages"), SHARED),
+                ("pair_rows, pair_cols, state_rows (the log-decay gradient's kernels)",
+                 ("pair_rows", "pair_cols", "state_rows"), LOG_DECAY)]
+    for title, keys, candidates in sections:
+        print(f"\n### {title}\n\n| {' | '.join(keys)} | fwd ms | fwd+bwd ms | × current fwd+bwd | max error against "
+              f"current |\n|---|---|---|---|---|---|---|")
+        for values in candidates:
+            config = {**current, **dict(zip(keys, values))}
+            ssd_triton.launch_config = lambda *a, config=config, **kw: config
+            cells = " | ".join(map(str, values))
+            try:
+                error = max((g - w).abs().max().item() / max(w.abs().max().item(), 1e-6)
+                            for g, w in zip(results(inputs, L), want))
+                if not math.isfinite(error) or error > 0.05:
+                    print(f"| {cells} | wrong: relative error {error:.3g} | | | |", flush=True)
+                    continue
+                fwd, total = median_ms(lambda: forward(ours), args.repeats), median_ms(lambda: both(ours), args.repeats)
+            except Exception as failure:  # a tile that does not fit this GPU: named, the search goes on
+                print(f"| {cells} | failed: {type(failure).__name__}: {str(failure).splitlines()[0][:100]} | | | |",
+                      flush=True)
+                continue
+            finally:
+                ssd_triton.launch_config = choose
+            print(f"| {cells} | {fwd:.2f} | {total:.2f} | {base[1] / total:.2f} | {error:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
