@@ -57,19 +57,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cuda",
+                        help="cuda (default); cpu runs the search under the Triton interpreter in fp32: a dry run, "
+                             "whose times say nothing")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("error: the tile search times the kernels on a CUDA GPU; there is none here")
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("error: the tile search times the kernels on a CUDA GPU; there is none here (--device cpu: a "
+                         "dry run under the interpreter)")
+    dtype = torch.bfloat16 if cuda else torch.float32
     choose = attention_triton.launch_config
     B, T, H = args.batch, args.length, args.heads
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; B {B}, T {T}, H {H}, causal, a per-key bias, "
-          f"bf16; median of {args.repeats}")
+    device = torch.cuda.get_device_name() if cuda else "CPU, the interpreter (a dry run)"
+    print(f"# {device}, torch {torch.__version__}; B {B}, T {T}, H {H}, causal, a per-key bias, {dtype}; "
+          f"median of {args.repeats}")
     for D in args.head_dims:
         torch.manual_seed(0)
-        q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        bias = torch.randn(B, H, T, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        arch = 10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1]
-        current = choose(D, True, torch.bfloat16, "ieee", arch)
+        q, k, v = (torch.randn(B, T, H, D, device=args.device, dtype=dtype, requires_grad=True) for _ in range(3))
+        bias = torch.randn(B, H, T, device=args.device, dtype=dtype, requires_grad=True)
+        major, minor = torch.cuda.get_device_capability() if cuda else (9, 0)
+        current = choose(D, cuda, dtype, "ieee", 10 * major + minor)
         flops = 4 * B * H * T * T * D / 2  # causal: half the scores
 
         def forward(backend="triton"):

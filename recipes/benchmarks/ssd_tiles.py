@@ -45,16 +45,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cuda",
+                        help="cuda (default); cpu runs the search under the Triton interpreter in fp32: a dry run, "
+                             "whose times say nothing")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("error: the tile search times the kernels on a CUDA GPU; there is none here")
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("error: the tile search times the kernels on a CUDA GPU; there is none here (--device cpu: a "
+                         "dry run under the interpreter)")
+    dtype = torch.bfloat16 if cuda else torch.float32
     choose = ssd_triton.launch_config
     B, T, H, P, N, L = args.batch, args.length, args.heads, args.head_dim, args.state, args.chunk
     torch.manual_seed(0)
-    x = torch.randn(B, T, H, P, device="cuda", dtype=torch.bfloat16)
-    dt = F.softplus(torch.randn(B, T, H, device="cuda") - 3).to(torch.bfloat16)
-    A = -torch.exp(torch.rand(H, device="cuda"))
-    Bm, Cm = (torch.randn(B, T, 1, N, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    x = torch.randn(B, T, H, P, device=args.device, dtype=dtype)
+    dt = F.softplus(torch.randn(B, T, H, device=args.device) - 3).to(dtype)
+    A = -torch.exp(torch.rand(H, device=args.device))
+    Bm, Cm = (torch.randn(B, T, 1, N, device=args.device, dtype=dtype) for _ in range(2))
     inputs = [t.requires_grad_() for t in (x, dt, A, Bm, Cm)]
 
     def forward(fn):
@@ -67,9 +73,10 @@ def main(argv: list[str] | None = None) -> None:
         fn().float().sum().backward()
 
     ours = lambda: ssd_scan(*inputs, chunk_size=L, backend="triton")  # noqa: E731
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; B {B}, T {T}, H {H}, P {P}, N {N}, chunk {L}, "
-          f"bf16; median of {args.repeats}")
-    if importlib.util.find_spec("mamba_ssm") is not None:
+    device = torch.cuda.get_device_name() if cuda else "CPU, the interpreter (a dry run)"
+    print(f"# {device}, torch {torch.__version__}; B {B}, T {T}, H {H}, P {P}, N {N}, chunk {L}, {dtype}; "
+          f"median of {args.repeats}")
+    if cuda and importlib.util.find_spec("mamba_ssm") is not None:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
         theirs = lambda: mamba_chunk_scan_combined(*inputs, chunk_size=L)  # noqa: E731
@@ -77,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{median_ms(lambda: both(theirs), args.repeats):.2f} fwd+bwd")
     else:
         print("mamba_ssm not importable: its row is skipped")
-    current = choose(P, N, True, torch.bfloat16)
+    current = choose(P, N, cuda, dtype)
     want = results(inputs, L)
     base = (median_ms(lambda: forward(ours), args.repeats), median_ms(lambda: both(ours), args.repeats))
     print(f"current: rows {current['rows']}, {current['warps']} warps, {current['stages']} stages, pairs "

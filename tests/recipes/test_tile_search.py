@@ -1,0 +1,56 @@
+"""The tile searches (recipes/benchmarks/attention_tiles.py, ssd_tiles.py) as dry runs under the interpreter at tiny
+shapes: every candidate is run, checked against the current tiles and put in its kernel's table; a candidate the
+kernels cannot take (a tile of 24 rows: Triton takes powers of two) is named as failed and the search goes on; the real
+``launch_config`` is back afterwards."""
+
+import re
+
+import pytest
+
+from kernels.attention import triton as attention_triton
+from kernels.ssd import triton as ssd_triton
+from recipes.benchmarks import attention_tiles, ssd_tiles
+
+
+def table_rows(out: str, title: str) -> list[list[str]]:
+    """The cells of the rows of the table under the heading that starts with ``### title``."""
+    section = out.split(f"### {title}", 1)[1].split("###", 1)[0]
+    return [[c.strip() for c in line.split("|")[1:-1]] for line in section.splitlines()
+            if re.match(r"\| \d", line)]
+
+
+def test_the_attention_search_times_and_checks_each_kernels_candidates(monkeypatch, capsys):
+    original = attention_triton.launch_config
+    monkeypatch.setattr(attention_tiles, "CANDIDATES", {"forward": [(32, 16, 4, 1), (24, 16, 4, 1)],
+                                                         "backward_q": [(16, 32, 4, 1)],
+                                                         "backward_kv": [(16, 16, 4, 1)]})
+    attention_tiles.main(["--device", "cpu", "--head-dims", "16", "--length", "37", "--batch", "1", "--heads", "2",
+                          "--repeats", "1"])
+    out = capsys.readouterr().out
+    forward, dq, dkv = (table_rows(out, part) for part in ("forward", "backward_q", "backward_kv"))
+    assert [row[:4] for row in forward] == [["32", "16", "4", "1"], ["24", "16", "4", "1"]]
+    assert float(forward[0][-1]) < 1e-5 and forward[1][4].startswith("failed")
+    assert [row[:4] for row in dq] == [["16", "32", "4", "1"]] and float(dq[0][-1]) < 1e-5
+    assert [row[:4] for row in dkv] == [["16", "16", "4", "1"]] and float(dkv[0][-1]) < 1e-5
+    assert attention_triton.launch_config is original
+
+
+def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
+    original = ssd_triton.launch_config
+    monkeypatch.setattr(ssd_tiles, "SHARED", [(32, 4, 1), (24, 4, 1)])
+    monkeypatch.setattr(ssd_tiles, "LOG_DECAY", [(16, 32, 16)])
+    ssd_tiles.main(["--device", "cpu", "--length", "37", "--batch", "1", "--heads", "2", "--head-dim", "16",
+                    "--state", "16", "--chunk", "16", "--repeats", "1"])
+    out = capsys.readouterr().out
+    shared, log_decay = table_rows(out, "rows, warps"), table_rows(out, "pair_rows")
+    assert [row[:3] for row in shared] == [["32", "4", "1"], ["24", "4", "1"]]
+    assert float(shared[0][-1]) < 1e-5 and shared[1][3].startswith("failed")
+    assert [row[:3] for row in log_decay] == [["16", "32", "16"]] and float(log_decay[0][-1]) < 1e-5
+    assert ssd_triton.launch_config is original
+
+
+@pytest.mark.parametrize("search", [attention_tiles, ssd_tiles])
+def test_without_a_gpu_the_search_says_so(search, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(SystemExit, match="there is none here"):
+        search.main([])
