@@ -14,13 +14,13 @@ SDPA's extra column), the baselines of docs/kernels.md. Needs CUDA; the chosen t
 """
 
 import argparse
-import math
 
 import torch
 import torch.nn.functional as F
 
 from kernels.attention import attention
 from kernels.attention import triton as attention_triton
+from recipes.benchmarks.tile_search import add_device_option, device_of, trial
 from recipes.benchmarks.timing import median_ms
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_M is the query rows, BLOCK_N the key rows of each kernel's tile
@@ -57,18 +57,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--device", default="cuda",
-                        help="cuda (default); cpu runs the search under the Triton interpreter in fp32: a dry run, "
-                             "whose times say nothing")
+    add_device_option(parser)
     args = parser.parse_args(argv)
-    cuda = args.device.startswith("cuda")
-    if cuda and not torch.cuda.is_available():
-        raise SystemExit("error: the tile search times the kernels on a CUDA GPU; there is none here (--device cpu: a "
-                         "dry run under the interpreter)")
-    dtype = torch.bfloat16 if cuda else torch.float32
+    cuda, dtype, device = device_of(args)
     choose = attention_triton.launch_config
     B, T, H = args.batch, args.length, args.heads
-    device = torch.cuda.get_device_name() if cuda else "CPU, the interpreter (a dry run)"
     print(f"# {device}, torch {torch.__version__}; B {B}, T {T}, H {H}, causal, a per-key bias, {dtype}; "
           f"median of {args.repeats}")
     for D in args.head_dims:
@@ -105,22 +98,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| BLOCK_M | BLOCK_N | warps | stages | {'fwd' if part == 'forward' else 'fwd+bwd'} ms | "
                   f"× current | TFLOP/s | max error against current |\n|---|---|---|---|---|---|---|---|")
             for tiles in candidates:
-                config = with_tiles(current, part, tiles)
-                attention_triton.launch_config = lambda *a, config=config, **kw: config
                 cells = " | ".join(map(str, tiles))
-                try:
-                    error = max((g - w).abs().max().item() / max(w.abs().max().item(), 1e-6)
-                                for g, w in zip(results(q, k, v, bias), want))
-                    if not math.isfinite(error) or error > 0.05:
-                        print(f"| {cells} | wrong: relative error {error:.3g} | | | |", flush=True)
-                        continue
-                    ms = median_ms(forward if part == "forward" else both, args.repeats)
-                except Exception as failure:  # a tile that does not fit this GPU: named, the search goes on
-                    print(f"| {cells} | failed: {type(failure).__name__}: {str(failure).splitlines()[0][:100]} | | | |",
-                          flush=True)
+                outcome = trial(attention_triton, with_tiles(current, part, tiles), lambda: results(q, k, v, bias), want,
+                                [forward if part == "forward" else both], args.repeats)
+                if isinstance(outcome, str):
+                    print(f"| {cells} | {outcome} | | | |", flush=True)
                     continue
-                finally:
-                    attention_triton.launch_config = choose
+                error, (ms,) = outcome
                 tflops = flops * (1 if part == "forward" else 3.5) / (ms * 1e-3) / 1e12
                 print(f"| {cells} | {ms:.2f} | {base[timed] / ms:.2f} | {tflops:.0f} | {error:.1e} |", flush=True)
 

@@ -14,13 +14,13 @@ in docs/kernels.md, after ``python -m recipes.benchmarks.compile_check --only ss
 
 import argparse
 import importlib.util
-import math
 
 import torch
 import torch.nn.functional as F
 
 from kernels.ssd import ssd_scan
 from kernels.ssd import triton as ssd_triton
+from recipes.benchmarks.tile_search import add_device_option, device_of, trial
 from recipes.benchmarks.timing import median_ms
 
 # (rows, warps, stages) for every kernel; then (pair_rows, pair_cols, state_rows) for the log-decay gradient's two
@@ -45,15 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--device", default="cuda",
-                        help="cuda (default); cpu runs the search under the Triton interpreter in fp32: a dry run, "
-                             "whose times say nothing")
+    add_device_option(parser)
     args = parser.parse_args(argv)
-    cuda = args.device.startswith("cuda")
-    if cuda and not torch.cuda.is_available():
-        raise SystemExit("error: the tile search times the kernels on a CUDA GPU; there is none here (--device cpu: a "
-                         "dry run under the interpreter)")
-    dtype = torch.bfloat16 if cuda else torch.float32
+    cuda, dtype, device = device_of(args)
     choose = ssd_triton.launch_config
     B, T, H, P, N, L = args.batch, args.length, args.heads, args.head_dim, args.state, args.chunk
     torch.manual_seed(0)
@@ -73,7 +67,6 @@ def main(argv: list[str] | None = None) -> None:
         fn().float().sum().backward()
 
     ours = lambda: ssd_scan(*inputs, chunk_size=L, backend="triton")  # noqa: E731
-    device = torch.cuda.get_device_name() if cuda else "CPU, the interpreter (a dry run)"
     print(f"# {device}, torch {torch.__version__}; B {B}, T {T}, H {H}, P {P}, N {N}, chunk {L}, {dtype}; "
           f"median of {args.repeats}")
     if cuda and importlib.util.find_spec("mamba_ssm") is not None:
@@ -97,22 +90,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n### {title}\n\n| {' | '.join(keys)} | fwd ms | fwd+bwd ms | × current fwd+bwd | max error against "
               f"current |\n|---|---|---|---|---|---|---|")
         for values in candidates:
-            config = {**current, **dict(zip(keys, values))}
-            ssd_triton.launch_config = lambda *a, config=config, **kw: config
             cells = " | ".join(map(str, values))
-            try:
-                error = max((g - w).abs().max().item() / max(w.abs().max().item(), 1e-6)
-                            for g, w in zip(results(inputs, L), want))
-                if not math.isfinite(error) or error > 0.05:
-                    print(f"| {cells} | wrong: relative error {error:.3g} | | | |", flush=True)
-                    continue
-                fwd, total = median_ms(lambda: forward(ours), args.repeats), median_ms(lambda: both(ours), args.repeats)
-            except Exception as failure:  # a tile that does not fit this GPU: named, the search goes on
-                print(f"| {cells} | failed: {type(failure).__name__}: {str(failure).splitlines()[0][:100]} | | | |",
-                      flush=True)
+            outcome = trial(ssd_triton, {**current, **dict(zip(keys, values))}, lambda: results(inputs, L), want,
+                            [lambda: forward(ours), lambda: both(ours)], args.repeats)
+            if isinstance(outcome, str):
+                print(f"| {cells} | {outcome} | | | |", flush=True)
                 continue
-            finally:
-                ssd_triton.launch_config = choose
+            error, (fwd, total) = outcome
             print(f"| {cells} | {fwd:.2f} | {total:.2f} | {base[1] / total:.2f} | {error:.1e} |", flush=True)
 
 

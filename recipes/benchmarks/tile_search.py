@@ -1,0 +1,46 @@
+"""What the two tile searches (attention_tiles.py, ssd_tiles.py) share: the device they run on, and one candidate's
+trial — the kernel module's ``launch_config`` answering with the candidate, its results checked against the current
+tiles', timed, and ``launch_config`` put back whatever happened."""
+
+import argparse
+import math
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+
+from recipes.benchmarks.timing import median_ms
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cuda",
+                        help="cuda (default); cpu runs the search under the Triton interpreter in fp32: a dry run, "
+                             "whose times say nothing")
+
+
+def device_of(args) -> tuple[bool, torch.dtype, str]:
+    """``(cuda, dtype, what to print)``: bf16 on a GPU, fp32 under the interpreter."""
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("error: the tile search times the kernels on a CUDA GPU; there is none here (--device cpu: a "
+                         "dry run under the interpreter)")
+    name = torch.cuda.get_device_name() if cuda else "CPU, the interpreter (a dry run)"
+    return cuda, torch.bfloat16 if cuda else torch.float32, name
+
+
+def trial(kernels: ModuleType, config: dict, results: Callable[[], list[torch.Tensor]], want: list[torch.Tensor],
+          timed: list[Callable[[], object]], repeats: int) -> tuple[float, list[float]] | str:
+    """With ``kernels.launch_config`` answering ``config``: ``(largest error of results() against want, relative to
+    each result's largest value; the median ms of each of timed)``, or why not — ``"wrong: …"`` (over 5%, or not
+    finite), ``"failed: …"`` (the candidate does not fit this GPU: shared memory, registers, a tile Triton refuses)."""
+    original = kernels.launch_config
+    kernels.launch_config = lambda *args, **kwargs: config
+    try:
+        error = max((got - w).abs().max().item() / max(w.abs().max().item(), 1e-6) for got, w in zip(results(), want))
+        if not math.isfinite(error) or error > 0.05:
+            return f"wrong: relative error {error:.3g}"
+        return error, [median_ms(fn, repeats) for fn in timed]
+    except Exception as failure:  # named in the table; the search goes on
+        return f"failed: {type(failure).__name__}: {str(failure).splitlines()[0][:100]}"
+    finally:
+        kernels.launch_config = original
