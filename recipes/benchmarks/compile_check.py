@@ -97,12 +97,14 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     out.append(Case("ssd _state_dots", ssd._state_dots, dict(BLOCK=1024), {}, (), f32("E", "G", "OUT")))
     # Attention with every option on (bias, padding, causal, window), then with packed
     # documents in place of the window (the two never meet: the host refuses documents with a window),
-    # then a window without a bias (a sliding window: its loops start at the oldest kept key's block).
+    # then a window without a bias (a sliding window: its loops start at the oldest kept key's block), then a bias alone.
     configs = attention.launch_config(head_dim, cuda=True, dtype=torch_dtype, dot=dot, arch=arch)
     types = {"PAD": "*i8", "DOC": "*i32", "WIN_J": "*i32", "scale": "fp32", **f32("WIN_B", "LSE", "DELTA", "DBIAS")}
     data = ("Q", "K", "V", "BIAS", "O", "DO", "DQ", "DK", "DV")
-    for label, window, bias in (("", True, True), (", documents", False, True), (", sliding window", True, False)):
-        flags = dict(HAS_BIAS=bias, HAS_PAD=True, CAUSAL=True, HAS_WINDOW=window, HAS_DOCS=not window, DOT=dot)
+    for label, window, bias, pad in (("", True, True, True), (", documents", False, True, True),
+                                     (", sliding window", True, False, True), (", bias only", False, True, False)):
+        # ", bias only": training's case, where the loops skip the masks of the key blocks every row sees whole
+        flags = dict(HAS_BIAS=bias, HAS_PAD=pad, CAUSAL=True, HAS_WINDOW=window, HAS_DOCS=not window and pad, DOT=dot)
         for kernel, part in ((attention._forward, "forward"), (attention._backward_kv, "backward_kv"),
                              (attention._backward_q, "backward_q")):
             cfg = dict(configs[part])
