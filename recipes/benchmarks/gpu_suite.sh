@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU measurement the docs wait for (docs/performance.md "On a GPU", docs/kernels.md "GPU targets"), in two
-# phases that together fit a fifteen-minute lease of one H100 or H200 with its starts (limits summing to 405 and 350 s), each
+# phases that together fit a fifteen-minute lease of one H100 or H200 with its starts (limits summing to 405 and 360 s), each
 # step under its own time limit so a slow step costs only itself, and at most eight files written per phase:
 #
 #   bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels   # doctor, kernel tests on CUDA, ops, the attention tile search
@@ -54,7 +54,8 @@ case "$phase" in
         step gpu_decoding 60 python3 -m pytest -q -p no:cacheprovider -n 0 tests/components/test_gpu_decoding.py
         step decode 130 python3 -m recipes.benchmarks.decode_hf --batches 1 8 --rounds 3
         # a fresh process per row (import, CUDA, kernels' compilation): 15-25 s each before its steps
-        step models 100 python3 -m recipes.benchmarks.models --models llama hf-llama hybrid --lengths 4096 --trials 1
+        step models 110 python3 -m recipes.benchmarks.models --models llama hf-llama hybrid --lengths 4096 --trials 1 \
+            --profile 15
         step ops_decode 30 python3 -m recipes.benchmarks.ops --ops decode --lengths 4096 16384 --repeats 20
         step ops_retrieval 30 python3 -m recipes.benchmarks.ops --ops retrieval --repeats 5
         ;;

@@ -6,6 +6,7 @@ architecture, and of its Hugging Face twin where one exists, for several sequenc
     python -m recipes.benchmarks.models --models llama hybrid --lengths 2048 --compile   # adds torch.compile'd rows
     python -m recipes.benchmarks.models --models llama hybrid hybrid-recompute --lengths 2048 --saved  # kept for backward
     python -m recipes.benchmarks.models --family efficiency --plot efficiency.png   # TransXSSM Fig. 4 / Wonderful Matrices v2 Fig. 6
+    python -m recipes.benchmarks.models --models hybrid --lengths 4096 --profile 15  # + one step's 15 costliest ops
 
 Twins are built from one Hugging Face config (``transformers`` must be installed for the ``hf-*``
 rows): ``hf-llama`` is ``LlamaForCausalLM`` and ``llama`` the zoo model :func:`recipes.hf.hf_recipe`
@@ -49,7 +50,7 @@ import yaml
 from components import HybridLM, count_parameters
 from components.block import block_mixers
 from components.flops import forward_flops_per_token
-from recipes.benchmarks.timing import median_ms, peak_growth_mib, seconds_of
+from recipes.benchmarks.timing import median_ms, peak_growth_mib, seconds_of, synchronize
 from recipes.figures import png_figure
 from recipes.mfu import device_peak_flops, training_flops
 
@@ -156,8 +157,10 @@ def progress(text: str, since: float) -> None:
     print(f"{PROGRESS}{text} ({time.perf_counter() - since:.1f} s)", file=sys.stderr, flush=True)
 
 
-def measure(name: str, T: int, s: dict, repeats: int, compiled: bool) -> dict:
-    """In this (fresh) process: peak MiB of one step at T above the warmed-up model, and the median step time."""
+def measure(name: str, T: int, s: dict, repeats: int, compiled: bool, profile: int = 0) -> dict:
+    """In this (fresh) process: peak MiB of one step at T above the warmed-up model, and the median step time;
+    with ``profile`` > 0, one more step under torch's profiler and its ``profile`` costliest ops (self time on the
+    device: CUDA's kernels, or the CPU's) as a table, ``"profile"``."""
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     torch.manual_seed(0)
@@ -185,10 +188,19 @@ def measure(name: str, T: int, s: dict, repeats: int, compiled: bool) -> dict:
     progress(f"first step at T={T}", start)
     seconds = median_ms(lambda: step(T), repeats, warmup=0) / 1e3
     progress(f"{repeats} timed steps", start)
+    table = None
+    if profile:
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        with torch.profiler.profile(activities=activities) as profiler:
+            step(T)
+            synchronize()
+        table = profiler.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                              row_limit=profile, max_name_column_width=60)
+        progress("profiled step", start)
     flops = forward_flops_per_token(model, T) if isinstance(model, HybridLM) else None  # an HF twin: its zoo twin's
     peak = device_peak_flops(device, "bf16-mixed") if cuda else None
     return {"params": params, "seconds": seconds, "peak_mib": peak_mib, "warmup_s": warmup_s,
-            "first_step_s": first_step[0], "flops_per_token": flops, "peak_flops": peak}
+            "first_step_s": first_step[0], "flops_per_token": flops, "peak_flops": peak, "profile": table}
 
 
 def saved_for_backward(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, tuple[int, int]]:
@@ -247,7 +259,7 @@ def error_line(text: str) -> str:
 
 def run_child(name: str, T: int, args) -> dict:
     command = [sys.executable, "-m", "recipes.benchmarks.models", "--child", name, str(T), "--repeats", str(args.repeats),
-               *(["--compile"] if args.compile_child else [])]
+               *(["--compile"] if args.compile_child else []), "--profile", str(args.profile)]
     for key in ("d_model", "layers", "vocab", "batch", "d_state", "chunk"):
         command += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     errors = []
@@ -323,6 +335,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="instead of timing: what a step keeps for the backward, per kind of mixer (zoo models)")
     for key in ("d-model", "layers", "vocab", "batch", "d-state", "chunk"):
         parser.add_argument(f"--{key}", type=int)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after the table, each row's N costliest ops in one more step (torch's profiler; self "
+                             "time on the GPU, or the CPU)")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     defaults = dict(models=MODELS, repeats=3, trials=1, baseline=None)
@@ -339,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
             setattr(args, key, s[key])
         s[key] = getattr(args, key)
     if args.child:
-        print(json.dumps(measure(args.child[0], int(args.child[1]), s, args.repeats, args.compile)))
+        print(json.dumps(measure(args.child[0], int(args.child[1]), s, args.repeats, args.compile, args.profile)))
         return
     lengths = args.lengths or s["lengths"]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads, fp32"
@@ -369,6 +384,9 @@ def main(argv: list[str] | None = None) -> None:
                     print(table_row(*key, T, results[key], results, s["batch"], args.baseline), flush=True)
                     if "error" in results[key]:
                         failed.append(f"{key[0]}{' (compiled)' if key[1] else ''} at T={T}")
+    for (label, T), result in measured.items():
+        if result.get("profile"):
+            print(f"\n### {label} at T={T}: one step's {args.profile} costliest ops\n\n```\n{result['profile']}```")
     if args.plot:
         plot(measured, s["batch"], args.plot)
         print(f"\nplot: {args.plot}")

@@ -49,6 +49,14 @@ def test_a_measured_step_reports_time_peak_and_parameters():
     assert result["seconds"] > 0 and result["peak_mib"] >= 0
 
 
+def test_a_profiled_step_names_its_costliest_ops():
+    result = bench.measure("llama", 48, TINY, repeats=1, compiled=False, profile=5)
+    lines = [line.strip() for line in result["profile"].splitlines()]
+    rows = [line for line in lines if line and not line.startswith(("-", "Name", "Self"))]
+    assert len(rows) == 5 and any("aten::mm" in row or "aten::addmm" in row for row in rows), result["profile"]
+    assert bench.measure("llama", 48, TINY, repeats=1, compiled=False)["profile"] is None
+
+
 def test_a_failed_measurement_is_a_row_that_says_so():
     row = bench.table_row("otce", False, 512, {"error": "ValueError: SSD: n_heads=1 is not divisible by n_groups=2"},
                           {}, 1)
