@@ -58,8 +58,11 @@ def reset_peak_resident() -> None:
 
 
 def peak_growth_mib(fn: Callable[[], object], device: str = "cpu") -> float:
-    """How far memory rises above its level before ``fn()`` while it runs, in MiB. On CPU run it in a
-    fresh process for a clean number: the allocator keeps freed pages, so a second call reads low."""
+    """How far memory rises above its level before ``fn()`` while it runs, in MiB, never below 0. On CPU run
+    it in a fresh process for a clean number: the allocator keeps freed pages, so a second call reads low.
+    The kernel's resident counters are approximate (per-CPU batches), so ``VmRSS`` read just after the reset
+    can stand a fraction of a MiB above ``VmHWM``: the baseline is the lower of the two, and a step that
+    grows nothing reads 0, not a small negative number."""
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -68,6 +71,6 @@ def peak_growth_mib(fn: Callable[[], object], device: str = "cpu") -> float:
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / 2**20
     reset_peak_resident()
-    before = resident_kib("VmRSS")
+    before = min(resident_kib("VmRSS"), resident_kib("VmHWM"))
     fn()
-    return (resident_kib("VmHWM") - before) / 1024
+    return max(0, resident_kib("VmHWM") - before) / 1024

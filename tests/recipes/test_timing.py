@@ -1,0 +1,36 @@
+"""The benchmarks' memory helper: CPU peak growth reads what a step allocates, and never a negative
+number when the kernel's approximate resident counters put ``VmRSS`` a little above ``VmHWM``."""
+
+import sys
+
+import pytest
+import torch
+
+from recipes.benchmarks import timing
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+
+
+@linux_only
+def test_cpu_peak_growth_sees_a_touched_allocation():
+    def allocate():
+        block = torch.ones(48 * 2**20 // 4)  # 48 MiB of float32, every page written
+        return float(block[-1])
+
+    grown = timing.peak_growth_mib(allocate)
+    assert 40 <= grown <= 200
+
+
+def test_cpu_peak_growth_is_never_negative_when_counters_disagree(monkeypatch):
+    # what CI saw: VmRSS read after the reset stood 204 KiB above the reset high-water mark
+    readings = {"VmRSS": 100_204, "VmHWM": 100_000}
+    monkeypatch.setattr(timing, "reset_peak_resident", lambda: None)
+    monkeypatch.setattr(timing, "resident_kib", lambda field: readings[field])
+    assert timing.peak_growth_mib(lambda: None) == 0.0
+
+
+def test_cpu_peak_growth_measures_from_the_lower_baseline(monkeypatch):
+    calls = iter([100_204, 100_000, 103_072])  # VmRSS, VmHWM before; VmHWM after (3 MiB above the lower)
+    monkeypatch.setattr(timing, "reset_peak_resident", lambda: None)
+    monkeypatch.setattr(timing, "resident_kib", lambda field: next(calls))
+    assert timing.peak_growth_mib(lambda: None) == pytest.approx(3.0)
