@@ -6,6 +6,7 @@ from functools import partial
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from components import SSD, Context, Expresser, HybridLM, InnerFuncAttention, QCAttention
 from components.cache import InferenceCache
@@ -407,3 +408,44 @@ def test_left_padded_generation_equals_each_prompt_alone():
     out = model.generate(batch, 5, padding_mask=mask)
     for b, p in enumerate(prompts):
         assert torch.equal(out[b, 7:], model.generate(p[None], 5)[0, len(p):]), f"prompt {b}"
+
+
+def test_linear_as_row_sums_sums_the_same_products_over_few_rows_and_leaves_more_rows_alone():
+    from components.generation import LinearAsRowSums
+
+    torch.manual_seed(0)
+    weight, bias = torch.randn(48, 256), torch.randn(48)
+    few, many = torch.randn(2, 3, 256), torch.randn(3, 3, 256)  # 6 rows, 9 rows
+    products = (few.unsqueeze(-2) * weight).sum(-1)  # [2, 3, 1, 256] * [48, 256] summed → [2, 3, 48]
+    row_sums = products + bias
+    product = F.linear(many, weight, bias)  # outside the mode
+    assert not torch.equal(row_sums, F.linear(few, weight, bias))  # else the checks below could not tell them apart
+    assert not torch.equal((many.unsqueeze(-2) * weight).sum(-1) + bias, product)
+    torch.testing.assert_close(row_sums, F.linear(few, weight, bias))
+    with LinearAsRowSums(max_rows=8):
+        assert torch.equal(F.linear(few, weight, bias), row_sums)
+        assert torch.equal(F.linear(few, weight), products)
+        assert torch.equal(F.linear(many, weight, bias), product)
+
+
+def test_a_compiled_cpu_step_runs_its_linears_as_row_sums_up_to_eight_rows(monkeypatch):
+    """Compiled on a CPU, a step of up to 8 rows computes its linear layers as row sums (the compiler fuses them
+    into one pass over each weight, docs/decoding.md); an eager step, and a batch of more rows, never."""
+    import components.generation as generation
+
+    entered = []
+
+    class Recording(generation.LinearAsRowSums):
+        def __enter__(self):
+            entered.append(self.max_rows)
+            return super().__enter__()
+
+    monkeypatch.setattr(generation, "LinearAsRowSums", Recording)
+    model = tiny_hybrid()
+    randomize(model)
+    prompt = torch.randint(1, 61, (2, 5))
+    eager = model.generate(prompt, 6)
+    assert entered == []
+    assert torch.equal(model.generate(prompt, 6, compile=True), eager)
+    assert len(entered) == 5  # one per step after the prefill
+    assert generation.takes_row_sums(model, 8) and not generation.takes_row_sums(model, 9)
