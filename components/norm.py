@@ -52,7 +52,9 @@ class GroupedRMSNorm(nn.Module):
         x32 = at_least_fp32(x)
         if gate is not None:
             x32 = x32 * F.silu(at_least_fp32(gate))
-        x32 = x32.unflatten(-1, (self.groups, -1))  # [..., groups, dim / groups]
+        # (reshape, not Tensor.unflatten: a Python method that torch.compile cannot trace under a torch function
+        # mode, which a compiled CPU decoding step runs in)
+        x32 = x32.reshape(*x32.shape[:-1], self.groups, -1)  # [..., dim] → [..., groups, dim / groups]
         y = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)  # [..., dim]
         return (y * at_least_fp32(self.weight)).to(x.dtype)
 
