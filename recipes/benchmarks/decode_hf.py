@@ -4,6 +4,7 @@ in one run (docs/decoding.md).
     python -m recipes.benchmarks.decode_hf                                  # llama, mamba2, hybrid at batch 1, 8, 32
     python -m recipes.benchmarks.decode_hf --models llama --batches 1 --threads 2
     python -m recipes.benchmarks.decode_hf --device cuda --dtype bf16            # on a GPU (the default there)
+    python -m recipes.benchmarks.decode_hf --models llama --batches 1 4 --products  # A/B the CPU step's row sums
 
 A Llama and a Mamba-2 (8 layers, width 256 unless told) are built with ``transformers`` from a seed and
 imported with :mod:`recipes.hf`; the hybrid (TransXSSM's ``SM×7 AM``) has no Hugging Face form, so only the
@@ -15,7 +16,10 @@ being one). Rounds alternate between the modes; the table gives the median
 new tokens per second and the ratio to Hugging Face's dynamic cache (for the hybrid, to the zoo's eager).
 A generation's time includes its prompt's prefill (eager in both of the zoo's modes), so the zoo's step is also
 given alone: ``step ms`` is what the generation takes beyond a generation of one token (the prefill, timed in
-the same rounds), per step, and ``step × eager`` the eager step's time over it. Where that difference is not
+the same rounds), per step, and ``step × eager`` the eager step's time over it. ``--products`` adds the mode
+``zoo compiled, products``: a copy of the zoo model compiled with its linear layers left as matrix products (on a
+CPU the compiled step takes them as row sums up to ``components.generation.ROW_SUM_MAX_ROWS`` rows), timed in the
+same rounds. Where that difference is not
 positive (tiny sizes, one round) the cells say ``noise``: the timer cannot tell the step from the prefill.
 
 A timing of two different computations would mean nothing, so every mode's tokens are checked against
@@ -27,10 +31,12 @@ Needs the dev extras (transformers).
 """
 
 import argparse
+import copy
 import statistics
 import tempfile
 from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -107,6 +113,8 @@ def run(kind: str, batch: int, args) -> list[dict]:
             modes["hf static"] = lambda: hf.generate(prompt, cache_implementation="static", **common)
     modes["zoo eager"] = lambda: zoo.generate(prompt, n)
     modes["zoo compiled"] = lambda: zoo.generate(prompt, n, compile=True)
+    if args.products:
+        modes["zoo compiled, products"] = partial(generate_with_products, copy.deepcopy(zoo), prompt, n)
     outputs = {name: fn() for name, fn in modes.items()}  # also compiles the zoo's step, before the timing
     modes["zoo prefill"] = lambda: zoo.generate(prompt, 1)  # the prompt and one token: no step
     times = interleaved_seconds(modes, args.rounds, warmup=0)
@@ -123,11 +131,23 @@ def run(kind: str, batch: int, args) -> list[dict]:
     return rows
 
 
+def generate_with_products(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
+    """``model.generate(prompt, n, compile=True)`` with the compiled step's linear layers left as matrix products.
+    Give it a model of its own (a copy): its compiled step must never have been traced with the row sums, since
+    the later steps skip the guards that would tell the two apart."""
+    from components import generation
+
+    with mock.patch.object(generation, "ROW_SUM_MAX_ROWS", 0):
+        return model.generate(prompt, n, compile=True)
+
+
 def step_times(median: dict[str, float], n: int) -> tuple[dict[str, float], dict[str, float]]:
     """The zoo's step alone, from median seconds of whole generations of ``n`` tokens and of ``"zoo prefill"``
-    (one token): ms per step of ``"zoo eager"`` and ``"zoo compiled"``, and the eager step over each. A step at
-    or below zero is the timer's noise (tiny sizes, few rounds), not a time: then no ratio is given."""
-    step_ms = {name: 1e3 * (median[name] - median["zoo prefill"]) / max(n - 1, 1) for name in ("zoo eager", "zoo compiled")}
+    (one token): ms per step of ``"zoo eager"``, ``"zoo compiled"`` (and ``"zoo compiled, products"`` when timed),
+    and the eager step over each. A step at or below zero is the timer's noise (tiny sizes, few rounds), not a
+    time: then no ratio is given."""
+    zoo_modes = [name for name in ("zoo eager", "zoo compiled", "zoo compiled, products") if name in median]
+    step_ms = {name: 1e3 * (median[name] - median["zoo prefill"]) / max(n - 1, 1) for name in zoo_modes}
     if min(step_ms.values()) <= 0:
         return step_ms, {}
     return step_ms, {name: step_ms["zoo eager"] / ms for name, ms in step_ms.items()}
@@ -144,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--products", action="store_true",
+                        help="also time the compiled step with its linear layers as matrix products (a copy of the model)")
     cuda = torch.cuda.is_available()
     parser.add_argument("--device", default="cuda" if cuda else "cpu", help="default: cuda where there is one")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16" if cuda else "fp32",

@@ -17,11 +17,14 @@ def test_the_table_gives_each_mode_its_step_time_and_argmax_check(capsys, monkey
     if timer == "noise":
         measured = decode_hf.step_times
         monkeypatch.setattr(decode_hf, "step_times", lambda median, n: (measured(median, n)[0], {}))
+    products = ["--products"] if timer == "measured" else []  # the A/B of the CPU step's row sums, once
     decode_hf.main(["--models", "hybrid", "--batches", "2", "--width", "64", "--layers", "2", "--vocab", "97",
-                    "--prompt", "9", "--new-tokens", "5", "--rounds", "1", "--threads", "1"])
+                    "--prompt", "9", "--new-tokens", "5", "--rounds", "1", "--threads", "1", *products])
     out = capsys.readouterr().out
     rows = {cells[2]: cells for cells in (line.split(" | ") for line in out.splitlines() if line.startswith("| hybrid"))}
-    assert set(rows) == {"zoo eager", "zoo compiled"}
+    assert set(rows) == {"zoo eager", "zoo compiled"} | ({"zoo compiled, products"} if products else set())
+    if products:
+        assert rows["zoo compiled, products"][7] == "ok |"
     # cells: model, batch, mode, tokens/s, × baseline, step ms, step × eager, argmax
     assert rows["zoo eager"][4] == "1.00×"  # the baseline: the eager itself
     eager, compiled = tuple(rows["zoo eager"][5:7]), tuple(rows["zoo compiled"][5:7])
@@ -51,3 +54,20 @@ def test_a_step_time_within_the_timers_noise_gives_no_ratio():
     median["zoo compiled"] = 0.009  # faster than its own prefill: noise
     ms, ratio = decode_hf.step_times(median, 5)
     assert ms["zoo compiled"] < 0 and ratio == {}
+
+
+def test_the_products_mode_compiles_its_step_without_the_row_sums(monkeypatch):
+    from components import generation
+
+    entered = []
+
+    class Recording(generation.LinearAsRowSums):
+        def __enter__(self):
+            entered.append(True)
+            return super().__enter__()
+
+    monkeypatch.setattr(generation, "LinearAsRowSums", Recording)
+    model = decode_hf.zoo_hybrid(64, 2, 97)
+    prompt = torch.randint(0, 97, (2, 9))
+    assert torch.equal(decode_hf.generate_with_products(model, prompt, 4), model.generate(prompt, 4))
+    assert entered == [] and generation.ROW_SUM_MAX_ROWS == 8  # and the limit is back afterwards
