@@ -110,6 +110,9 @@ def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int) -> Iterator[s
         cases = {"reference (chunked torch)": lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, backend="reference")}
         if use_triton:
             cases["triton"] = lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, backend="triton")
+            # the kernels alone, as mamba_ssm's row: without the passes that take out non-finite inputs
+            cases["triton, check_finite=False"] = lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, backend="triton",
+                                                                   check_finite=False)
         if have_mamba:
             from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 

@@ -46,6 +46,7 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     assert [row[:3] for row in shared] == [["32", "4", "1"], ["24", "4", "1"]]
     assert float(shared[0][-1]) < 1e-5 and shared[1][3].startswith("failed")
     assert [row[:3] for row in log_decay] == [["16", "32", "16"]] and float(log_decay[0][-1]) < 1e-5
+    assert re.search(r"current, check_finite=False: [\d.]+ ms forward, [\d.]+ fwd\+bwd", out)
     assert ssd_triton.launch_config is original
 
 
