@@ -27,7 +27,8 @@ class LinearAsRowSums(TorchFunctionMode):
     the same numbers summed in another order. Only for a step that ``torch.compile`` traces on a CPU: there the product
     and the sum fuse into one vectorised loop that reads each weight once, on every thread, where the matrix-vector
     product it replaces (one thread, a transposed read) ran at a fifth of that speed — the matrix products were
-    three quarters of a compiled Llama step. Run eagerly it would build the ``[rows, out, in]`` product in memory."""
+    three quarters of a compiled Llama step. Run eagerly it would build the ``[rows, out, in]`` product in memory.
+    Under autocast the operands take autocast's dtype first, as ``F.linear``'s would."""
 
     def __init__(self, max_rows: int = ROW_SUM_MAX_ROWS):
         super().__init__()
@@ -39,6 +40,10 @@ class LinearAsRowSums(TorchFunctionMode):
             x, weight, *rest = args
             bias = rest[0] if rest else kwargs.get("bias")
             if x.numel() <= self.max_rows * x.shape[-1]:
+                if torch.is_autocast_enabled(x.device.type):  # the dtype autocast gives F.linear, not promotion's
+                    dtype = torch.get_autocast_dtype(x.device.type)
+                    x, weight = x.to(dtype), weight.to(dtype)
+                    bias = None if bias is None else bias.to(dtype)
                 y = (x.unsqueeze(-2) * weight).sum(-1)  # [..., 1, in] * [out, in] → [..., out]
                 return y if bias is None else y + bias
         return func(*args, **kwargs)

@@ -428,6 +428,10 @@ def test_linear_as_row_sums_sums_the_same_products_over_few_rows_and_leaves_more
         assert torch.equal(F.linear(few, weight, bias), row_sums)
         assert torch.equal(F.linear(few, weight), products)
         assert torch.equal(F.linear(many, weight, bias), product)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's dtype, as F.linear would give (a generation
+            autocast = F.linear(few, weight, bias)          # under autocast: its keys meet a bf16 cache)
+    assert autocast.dtype == torch.bfloat16
+    torch.testing.assert_close(autocast.float(), row_sums, atol=0.5, rtol=2e-2)
 
 
 def test_a_compiled_cpu_step_runs_its_linears_as_row_sums_up_to_eight_rows(monkeypatch):
