@@ -1,0 +1,117 @@
+"""``python -m recipes.recall``: who recalls, and whose loss ranks lower, over sweep records where runs jump.
+
+    python -m recipes.recall docs/results/records/mqar_hard-*.json --treatment ifa ifa_mask --baseline qcattn
+
+Made for ``mqar_hard`` (Wonderful Matrices v2's IFA against QCAttention on multi-query recall), where a run either
+stays at chance or jumps to recall and a mean ± std of a cell is a meaningless band between two modes. Recipes are
+named ``<variant>_d<width>``; the treatment's variants are pooled into one kind. For each width, and over all
+widths, it counts:
+
+- **recall**: runs whose final ``val_acc`` exceeds ``--threshold`` (default 0.5; chance is 1/64 there), the
+  treatment's against the baseline's, with Fisher's exact two-sided test of the 2×2 table;
+- **loss ranks**: of every (treatment run, baseline run) pair at one width, how many end with the treatment's
+  ``val_loss`` lower, with the exact two-sided Mann-Whitney test (per width only: losses of different widths do not
+  compare).
+
+A run that failed (no stored result) is named and left out. Every record holds one seed's (or a few seeds') runs;
+give them all.
+"""
+
+import argparse
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from scipy import stats as scipy_stats
+
+RECIPE = re.compile(r"(?P<variant>.+)_d(?P<width>\d+)$")
+
+
+def read_runs(paths: list[Path]) -> tuple[list[dict], list[str]]:
+    """``([{variant, width, seed, val_loss, val_acc}], [what was left out and why])`` from sweep records."""
+    runs, left_out, seen = [], [], {}
+    for path in paths:
+        for run in json.loads(path.read_text())["runs"]:
+            name = Path(run["config"]).stem
+            match = RECIPE.match(name)
+            result = (run.get("stored") or {}).get("result")
+            if match is None:
+                left_out.append(f"{path.name}: {name} (not <variant>_d<width>)")
+            elif not result or "val_loss" not in result or "val_acc" not in result:
+                left_out.append(f"{path.name}: {name} seed {run.get('seed')} (no stored result)")
+            else:
+                key = (name, run.get("seed"))
+                if key in seen:  # one run counted twice would weigh its seed double
+                    raise ValueError(f"{name} seed {key[1]} has results in both {seen[key]} and {path.name}: "
+                                     "give each run's record once")
+                seen[key] = path.name
+                runs.append({"variant": match["variant"], "width": int(match["width"]), "seed": run.get("seed"),
+                             "val_loss": result["val_loss"], "val_acc": result["val_acc"]})
+    return runs, left_out
+
+
+def recall_table(treated: list[dict], base: list[dict], threshold: float) -> dict:
+    """Recall counts of both kinds and Fisher's exact two-sided p of the 2×2 table."""
+    hits = lambda runs: sum(r["val_acc"] > threshold for r in runs)  # noqa: E731
+    a, b = hits(treated), hits(base)
+    p = float(scipy_stats.fisher_exact([[a, len(treated) - a], [b, len(base) - b]]).pvalue) if treated and base else float("nan")
+    return {"treated": (a, len(treated)), "base": (b, len(base)), "p": p}
+
+
+def loss_ranks(treated: list[dict], base: list[dict]) -> dict:
+    """Pairs where the treatment's loss is lower (ties count half), and the exact two-sided Mann-Whitney p."""
+    if not treated or not base:
+        return {"below": float("nan"), "pairs": 0, "p": float("nan")}
+    t, b = [r["val_loss"] for r in treated], [r["val_loss"] for r in base]
+    below = sum((x < y) + 0.5 * (x == y) for x in t for y in b)
+    exact = "exact" if len(set(t + b)) == len(t + b) else "asymptotic"  # ties: no exact distribution
+    p = float(scipy_stats.mannwhitneyu(t, b, alternative="two-sided", method=exact).pvalue)
+    return {"below": below, "pairs": len(t) * len(b), "p": p}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("records", nargs="+", type=Path, help="sweep records (record.json), one or more seeds each")
+    parser.add_argument("--treatment", nargs="+", required=True, help="variants pooled as the treatment kind")
+    parser.add_argument("--baseline", required=True, help="the variant compared against")
+    parser.add_argument("--threshold", type=float, default=0.5, help="val_acc above which a run recalls")
+    args = parser.parse_args(argv)
+    missing = [str(p) for p in args.records if not p.is_file()]
+    if missing:
+        parser.error(f"no such record: {', '.join(missing)}")
+    try:
+        runs, left_out = read_runs(args.records)
+    except ValueError as error:
+        parser.error(str(error))
+    variants = sorted({r["variant"] for r in runs})
+    unknown = [v for v in [*args.treatment, args.baseline] if v not in variants]
+    if unknown:
+        parser.error(f"no runs of {', '.join(unknown)} in these records; they hold {', '.join(variants) or 'none'}")
+    by_width = defaultdict(lambda: ([], []))
+    for r in runs:
+        if r["variant"] in args.treatment:
+            by_width[r["width"]][0].append(r)
+        elif r["variant"] == args.baseline:
+            by_width[r["width"]][1].append(r)
+    seeds = sorted({r["seed"] for r in runs if r["seed"] is not None})
+    print(f"{len(runs)} runs, seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}); treatment {' + '.join(args.treatment)}, "
+          f"baseline {args.baseline}; recall: val_acc > {args.threshold}\n")
+    print("| width | treatment recalls | baseline recalls | Fisher p | pairs with lower treatment loss | Mann-Whitney p |\n"
+          "|---|---|---|---|---|---|")
+    for width in sorted(by_width):
+        treated, base = by_width[width]
+        rec, ranks = recall_table(treated, base, args.threshold), loss_ranks(treated, base)
+        print(f"| d{width} | {rec['treated'][0]} of {rec['treated'][1]} | {rec['base'][0]} of {rec['base'][1]} | "
+              f"{rec['p']:.2g} | {ranks['below']:g} of {ranks['pairs']} | {ranks['p']:.2g} |")
+    treated = [r for t, _ in by_width.values() for r in t]
+    base = [r for _, b in by_width.values() for r in b]
+    rec = recall_table(treated, base, args.threshold)
+    print(f"| all | {rec['treated'][0]} of {rec['treated'][1]} | {rec['base'][0]} of {rec['base'][1]} | {rec['p']:.2g} | "
+          "- | - |")
+    for line in left_out:
+        print(f"left out: {line}")
+
+
+if __name__ == "__main__":
+    main()
