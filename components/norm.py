@@ -54,7 +54,7 @@ class GroupedRMSNorm(nn.Module):
             x32 = x32 * F.silu(at_least_fp32(gate))
         # (reshape, not Tensor.unflatten: a Python method that torch.compile cannot trace under a torch function
         # mode, which a compiled CPU decoding step runs in)
-        x32 = x32.reshape(*x32.shape[:-1], self.groups, -1)  # [..., dim] → [..., groups, dim / groups]
+        x32 = x32.reshape(*x32.shape[:-1], self.groups, x32.shape[-1] // self.groups)  # [..., dim] → [..., groups, dim / groups]
         y = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)  # [..., dim]
         return (y * at_least_fp32(self.weight)).to(x.dtype)
 
