@@ -18,35 +18,37 @@ give them all.
 """
 
 import argparse
-import json
 import re
 from collections import defaultdict
 from pathlib import Path
 
 from scipy import stats as scipy_stats
 
+from recipes.sweep.records import read_record
+
 RECIPE = re.compile(r"(?P<variant>.+)_d(?P<width>\d+)$")
 
 
 def read_runs(paths: list[Path]) -> tuple[list[dict], list[str]]:
-    """``([{variant, width, seed, val_loss, val_acc}], [what was left out and why])`` from sweep records."""
+    """``([{variant, width, seed, val_loss, val_acc}], [what was left out and why])`` from sweep records
+    (read by the sweep's own :func:`recipes.sweep.records.read_record`, which refuses a file that is not one, by name)."""
     runs, left_out, seen = [], [], {}
     for path in paths:
-        for run in json.loads(path.read_text())["runs"]:
-            name = Path(run["config"]).stem
+        for run in read_record(path)[1]:
+            name = run.config.stem
             match = RECIPE.match(name)
-            result = (run.get("stored") or {}).get("result")
+            result = (run.stored or {}).get("result")
             if match is None:
                 left_out.append(f"{path.name}: {name} (not <variant>_d<width>)")
             elif not result or "val_loss" not in result or "val_acc" not in result:
-                left_out.append(f"{path.name}: {name} seed {run.get('seed')} (no stored result)")
+                left_out.append(f"{path.name}: {name} seed {run.seed} (no stored result)")
             else:
-                key = (name, run.get("seed"))
+                key = (name, run.seed)
                 if key in seen:  # one run counted twice would weigh its seed double
                     raise ValueError(f"{name} seed {key[1]} has results in both {seen[key]} and {path.name}: "
                                      "give each run's record once")
                 seen[key] = path.name
-                runs.append({"variant": match["variant"], "width": int(match["width"]), "seed": run.get("seed"),
+                runs.append({"variant": match["variant"], "width": int(match["width"]), "seed": run.seed,
                              "val_loss": result["val_loss"], "val_acc": result["val_acc"]})
     return runs, left_out
 

@@ -10,7 +10,8 @@ from recipes import recall
 def record(path, runs):
     """A sweep record holding ``runs``: (recipe, seed, val_loss, val_acc), or (recipe, seed, None, None) for a failure."""
     path.write_text(json.dumps({"family": "mqar_hard", "format": 1, "runs": [
-        {"config": f"mqar_hard/{name}.yaml", "seed": seed, "returncode": 0 if loss is not None else 1,
+        {"config": f"mqar_hard/{name}.yaml", "folder": f"runs/{name}_{seed}", "log": None, "seed": seed,
+         "returncode": 0 if loss is not None else 1,
          "stored": {"result": {"val_loss": loss, "val_acc": acc}} if loss is not None else None}
         for name, seed, loss, acc in runs]}))
     return path
