@@ -3,6 +3,7 @@
     python -m recipes.benchmarks.ops                         # on a CUDA GPU, bf16, the shapes of docs/kernels.md
     python -m recipes.benchmarks.ops --lengths 1024 2048 --ops attention
     python -m recipes.benchmarks.ops --device cpu            # references only (no Triton timing on CPU), CPU sizes
+    python -m recipes.benchmarks.ops --ops ssd --lengths 4096 --profile 12   # + each row's 12 costliest kernels
 
 Prints one markdown table per op: forward and forward+backward milliseconds (median), TFLOP/s where
 meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs, FlashAttention's
@@ -53,6 +54,26 @@ def measure(fn, inputs: list[torch.Tensor], backward: bool, repeats: int) -> tup
     return ms, peak
 
 
+def profile_tables(fn, inputs: list[torch.Tensor], rows: int) -> Iterator[str]:
+    """One forward, then one forward+backward, of ``fn`` under torch's profiler (after the timed calls, so nothing is
+    compiled or autotuned inside it): each one's ``rows`` costliest kernels by self time on the device (CUDA's, or the
+    CPU's ops), as preformatted tables — where the time of a row goes, kernel by kernel."""
+    cuda = inputs[0].is_cuda
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    for label, backward in (("forward", False), ("forward+backward", True)):
+        for t in inputs:
+            t.grad = None
+        with torch.profiler.profile(activities=activities) as profiler:
+            out = fn()
+            if backward:
+                out.float().sum().backward()
+            if cuda:
+                torch.cuda.synchronize()
+        table = profiler.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                              row_limit=rows, max_name_column_width=70)
+        yield from [f"{label}:", "```", table.rstrip(), "```"]
+
+
 def row(name: str, T: int, fwd, both, flops_fwd: float | None) -> str:
     tflops = lambda ms, mult: f"{flops_fwd * mult / (ms * 1e-3) / 1e12:.3g}" if flops_fwd else "-"  # noqa: E731
     peak = "-" if math.isnan(both[1]) else f"{both[1]:.0f}"
@@ -62,7 +83,7 @@ def row(name: str, T: int, fwd, both, flops_fwd: float | None) -> str:
 HEADER = "| kernel | T | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd peak MiB |\n|---|---|---|---|---|---|---|"
 
 
-def bench_attention(lengths, device, dtype, repeats, use_triton, B: int, D: int = 64) -> Iterator[str]:
+def bench_attention(lengths, device, dtype, repeats, use_triton, B: int, D: int = 64, profile: int = 0) -> Iterator[str]:
     H = 16
     yield from [f"Attention, B={B}, H={H}, D={D}, causal, {dtype}:", "", HEADER]
     for T in lengths:
@@ -89,15 +110,28 @@ def bench_attention(lengths, device, dtype, repeats, use_triton, B: int, D: int 
             dm_bias = lambda: bias[:, :, None, :].expand(B, H, T, T)  # noqa: E731
             cases["flash-dmattn (bias)"] = (lambda: dmattn(q, k, v, attn_bias=dm_bias(), is_causal=True), [q, k, v, bias])
             note = "flash-dmattn: flash_dmattn_func_auto(), bias passed as a broadcast [B, H, T, S] view"
+        profiled = []
         for name, (fn, ins) in cases.items():
             try:
                 yield row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), flops)
+                profiled.append((name, fn, ins))
             except Exception as error:  # an optional baseline that fails is named, not fatal
                 yield f"| {name} | {T} | failed: {type(error).__name__}: {str(error).splitlines()[0][:120]} | | | | |"
+        yield from profiled_rows(profiled, T, profile)
     yield from ["", note]
 
 
-def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int) -> Iterator[str]:
+def profiled_rows(cases: list[tuple[str, object, list[torch.Tensor]]], T: int, rows: int) -> Iterator[str]:
+    """:func:`profile_tables` of each ``(name, fn, inputs)`` at length ``T``, under a heading each; nothing when
+    ``rows`` is 0."""
+    for name, fn, ins in cases if rows else []:
+        yield from ["", f"#### {name}, T={T}: the {rows} costliest kernels"]
+        yield from profile_tables(fn, ins, rows)
+    if rows and cases:
+        yield ""
+
+
+def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int, profile: int = 0) -> Iterator[str]:
     H, P, N, L = 32, 64, 128, 256
     yield from [f"SSD, B={B}, H={H}, P={P}, N={N}, chunk {L}, {dtype}:", "", HEADER]
     have_mamba = importlib.util.find_spec("mamba_ssm") is not None
@@ -120,6 +154,7 @@ def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int) -> Iterator[s
         for name, fn in cases.items():
             yield row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats),
                       ssd_flops(B, T, H, P, N, L))
+        yield from profiled_rows([(name, fn, ins) for name, fn in cases.items()], T, profile)
     yield from [""] + ([] if have_mamba else ["mamba_ssm not installed: mamba_chunk_scan_combined's row is skipped."])
 
 
@@ -178,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
                         choices=["attention", "ssd", "retrieval", "decode"])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--head-dim", type=int, default=64, help="attention's head dim (default 64)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after each length's rows of attention and the SSD, one forward and one forward+backward "
+                             "of every row under torch's profiler: its N costliest kernels (default 0: none)")
     args = parser.parse_args(argv)
     cuda = args.device.startswith("cuda")
     lengths = args.lengths or ([1024, 2048, 4096, 8192] if cuda else [512, 1024, 2048])
@@ -188,8 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     if not cuda:
         print("No CUDA: Triton rows are skipped (the interpreter checks logic, not speed).")
     sections = {
-        "attention": lambda: bench_attention(lengths, args.device, dtype, args.repeats, cuda, batch, args.head_dim),
-        "ssd": lambda: bench_ssd(lengths, args.device, dtype, args.repeats, cuda, batch),
+        "attention": lambda: bench_attention(lengths, args.device, dtype, args.repeats, cuda, batch, args.head_dim,
+                                             args.profile),
+        "ssd": lambda: bench_ssd(lengths, args.device, dtype, args.repeats, cuda, batch, args.profile),
         "retrieval": lambda: bench_retrieval(args.device, dtype, args.repeats, cuda, tokens=4 * 1024 if cuda else 1024),
         "decode": lambda: bench_decode(lengths, args.device, dtype, args.repeats, cuda, sorted({1, batch * 2})),
     }
