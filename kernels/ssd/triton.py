@@ -20,9 +20,9 @@ Backward, the same kernels with other operands, and four more:
    ``(x, dy, C)`` ``dB_m`` per head.
 5. The log-decays: each ``a_k`` enters the decays of the pairs ``m < k ≤ l`` of its chunk, the read-outs of the
    entering state at ``l ≥ k``, the shares of the final state from ``m < k``, and the carry;
-   ``_log_decay_pairs``, ``_log_decay_ends`` and ``_state_dots`` sum those terms directly (the reverse cumulative
-   sum of ``∂/∂Λ_l`` adds and subtracts every pair term, which mamba_ssm dropped as unstable), with no ``[L, L]``
-   tensor. Then ``d dt = A da + ⟨x, d(dt x)⟩`` and ``dA = Σ dt da``.
+   ``_log_decay_pairs``, the row dots of the ``dC`` and ``dB`` kernels (3, 4) and ``_state_dots`` sum those terms
+   directly (the reverse cumulative sum of ``∂/∂Λ_l`` adds and subtracts every pair term, which mamba_ssm dropped as
+   unstable), with no ``[L, L]`` tensor. Then ``d dt = A da + ⟨x, d(dt x)⟩`` and ``dA = Σ dt da``.
 
 Packed documents (``document_starts``): ``SEG [b, T]`` int32 numbers each position's document (the
 cumulative count of starts, so the initial state belongs to document 0, before any start). A decayed
@@ -182,14 +182,18 @@ def _decayed_scan(U, LAM, SEG, H0, OUT, T, L, Tp, n_chunks, H, PN,
 
 
 @triton.jit
-def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS, V_HEADS, DQK, DV,
-                sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sdt_b, sdt_t, so_b, so_t, so_h,
-                TRANS_STATE: tl.constexpr, HAS_D: tl.constexpr, HAS_DOCS: tl.constexpr,
+def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, OUT, ROW_DOTS, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS,
+                V_HEADS, DQK, DV, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sw_b, sw_t, sw_h, sdt_b, sdt_t,
+                so_b, so_t, so_h,
+                TRANS_STATE: tl.constexpr, HAS_D: tl.constexpr, HAS_DOCS: tl.constexpr, HAS_ROW_DOTS: tl.constexpr,
                 BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """``OUT_l = Σ_{m≤l} (Q_l·K_m) exp(Λ_l − Λ_m) dt_m V_m + exp(Λ_l) Q_l M_c (+ D V_l)`` per head, with
-    ``M_c [DQK, DV]`` the entering state ``STATES[b, c, h]`` (``[P, N]``, transposed when TRANS_STATE).
+    ``M_c [DQK, DV]`` the entering state ``STATES[b, c, h]`` (``[P, N]``, transposed when TRANS_STATE). With
+    HAS_ROW_DOTS, also the state read-out's row dots ``ROW_DOTS[b, h, cL + l] = ⟨W_l, exp(Λ_l) Q_l M_c⟩`` fp32 (``W``
+    read as ``V`` is, ``[b, T, V_HEADS, DV]``).
 
-    Forward: ``Q, K, V = C, B, x`` gives ``y``. Backward: ``Q, K, V = dy, x, B`` gives ``dC`` per head.
+    Forward: ``Q, K, V = C, B, x`` gives ``y``. Backward: ``Q, K, V = dy, x, B`` gives ``dC`` per head, and with
+    ``W = C`` the read-out term ``R_l = exp(Λ_l)⟨dy_l, E_c C_l⟩`` of the log-decay gradient.
     Grid: (b·nc, row blocks of the chunk, h)."""
     bc, pid_l, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # b·nc on axis 0: up to 2^31 − 1
     b, c = bc // n_chunks, bc % n_chunks
@@ -209,6 +213,10 @@ def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H
     if HAS_DOCS:  # only rows still in the document the entering state belongs to
         seg_l = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid_l, other=-1)
         acc = tl.where((seg_l == _seg_before(SEG, b, c, L, T))[:, None], acc, 0.0)
+    if HAS_ROW_DOTS:  # before the in-chunk terms join acc: only the read-out's share
+        w = tl.load(_rows(W, b, c, L, sw_b, sw_t, sw_h, v_head, offs_l, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
+        tl.store(ROW_DOTS + ((b.to(tl.int64) * H + h) * Tp + c * L) + offs_l, tl.sum(acc * w.to(tl.float32), axis=1),
+                 mask=offs_l < L)
 
     # Inside the chunk: causal, decayed, like attention without the softmax.
     hi = tl.minimum((pid_l + 1) * BLOCK_L, L)
@@ -232,16 +240,24 @@ def _chunk_scan(Q, K, V, DT, LAM, SEG, STATES, DSKIP, OUT, T, L, Tp, n_chunks, H
 
 
 @triton.jit
-def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS, V_HEADS, DQK,
-                        DV, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sdt_b, sdt_t, so_b, so_t, so_h,
+def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, OUT, ROW_DOTS, X_DOTS, T, L, Tp, n_chunks, H,
+                        Q_HEADS, K_HEADS, V_HEADS, DQK, DV, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sw_b,
+                        sw_t, sw_h, sdt_b, sdt_t, so_b, so_t, so_h,
                         TRANS_STATE: tl.constexpr, SCALE_BY_DT: tl.constexpr, HAS_DOCS: tl.constexpr,
+                        HAS_ROW_DOTS: tl.constexpr, DX_EPILOGUE: tl.constexpr, HAS_D: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """The transpose of :func:`_chunk_scan`, for source rows ``m`` of chunk ``c``, streaming the rows
     ``l ≥ m``: ``OUT_m = [Σ_{l≥m} (Q_m·K_l) exp(Λ_l − Λ_m) V_l + exp(α_c − Λ_m) Q_m M_c] (· dt_m)``, fp32,
     with ``M_c`` from ``dS_c = DSTATES[b, c+1, h]`` (``[P, N]``, transposed when TRANS_STATE).
 
-    ``Q, K, V = B, C, dy`` (TRANS_STATE) gives ``d(dt·x)``; ``Q, K, V = x, dy, C`` (SCALE_BY_DT) gives
-    ``dB`` per head. Grid: (b·nc, row blocks of the chunk, h)."""
+    ``W`` is read as ``V`` is. ``Q, K, V = x, dy, C`` (SCALE_BY_DT) gives ``dB`` per head, and with HAS_ROW_DOTS and
+    ``W = B`` the log-decay gradient's share term ``ROW_DOTS[b, h, cL + m] = U_m = dt_m exp(α_c − Λ_m)⟨x_m, G_{c+1}
+    B_m⟩``, from the state's term before the in-chunk ones join it. ``Q, K, V = B, C, dy`` (TRANS_STATE) gives
+    ``d(dt·x)``; with DX_EPILOGUE (``W = x``, ``D`` when HAS_D) what the host wants of it instead, none of it through
+    an fp32 ``d(dt·x)`` written and read back: ``OUT_m = dt_m d(dt·x)_m (+ D dy_m)``, which is ``dx``, in OUT's dtype,
+    and ``X_DOTS[b, h, cL + m] = ⟨x_m, d(dt·x)_m⟩``, the part of ``d dt`` through ``x``. (``U`` is made in the ``dB``
+    kernel, not beside ``dx`` whose state term has it too: there it spilled 40 bytes at P = N = 128 on sm_90.)
+    Grid: (b·nc, row blocks of the chunk, h)."""
     bc, pid_m, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # b·nc on axis 0: up to 2^31 − 1
     b, c = bc // n_chunks, bc % n_chunks
     q_head, k_head, v_head = h // (H // Q_HEADS), h // (H // K_HEADS), h // (H // V_HEADS)
@@ -260,6 +276,11 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks,
     if HAS_DOCS:  # only rows of the document the chunk's final state belongs to
         seg_m = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_m), mask=valid_m, other=-1)
         acc = tl.where((seg_m == _seg_end(SEG, b, c, L, T))[:, None], acc, 0.0)
+    row_out = ((b.to(tl.int64) * H + h) * Tp + c * L) + offs_m  # rows m in [b, h, nc·L]
+    if HAS_ROW_DOTS:  # acc is exp(α_c − Λ_m) x_m G_{c+1} [BLOCK_M, N] here, before the in-chunk terms join it
+        w = tl.load(_rows(W, b, c, L, sw_b, sw_t, sw_h, v_head, offs_m, offs_v), mask=valid_m[:, None] & in_v, other=0.0)
+        dt_m = tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)
+        tl.store(ROW_DOTS + row_out, tl.sum(acc * w.to(tl.float32), axis=1) * dt_m, mask=offs_m < L)
 
     for l0 in range(pid_m * BLOCK_M, L, BLOCK_L):
         offs_l, t_l, valid_l = _chunk_rows(l0, c, L, T, BLOCK_L)
@@ -273,9 +294,18 @@ def _chunk_scan_reverse(Q, K, V, DT, LAM, SEG, DSTATES, OUT, T, L, Tp, n_chunks,
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT) * decay
         acc += tl.dot(s.to(v.dtype), v, input_precision=DOT)
 
-    if SCALE_BY_DT:
-        acc *= tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)[:, None]
-    tl.store(_rows(OUT, b, c, L, so_b, so_t, so_h, h, offs_m, offs_v), acc, mask=valid_m[:, None] & in_v)
+    if SCALE_BY_DT or DX_EPILOGUE:
+        dt_m = tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)
+    if DX_EPILOGUE:  # acc is d(dt·x) [BLOCK_M, P]
+        w = tl.load(_rows(W, b, c, L, sw_b, sw_t, sw_h, v_head, offs_m, offs_v), mask=valid_m[:, None] & in_v, other=0.0)
+        tl.store(X_DOTS + row_out, tl.sum(acc * w.to(tl.float32), axis=1), mask=offs_m < L)
+    if SCALE_BY_DT or DX_EPILOGUE:
+        acc *= dt_m[:, None]
+    if HAS_D:  # with DX_EPILOGUE, where V is dy
+        v_m = tl.load(_rows(V, b, c, L, sv_b, sv_t, sv_h, v_head, offs_m, offs_v), mask=valid_m[:, None] & in_v, other=0.0)
+        acc += tl.load(DSKIP + h).to(tl.float32) * v_m.to(tl.float32)
+    tl.store(_rows(OUT, b, c, L, so_b, so_t, so_h, h, offs_m, offs_v), acc.to(OUT.dtype.element_ty),
+             mask=valid_m[:, None] & in_v)
 
 
 @triton.jit
@@ -322,51 +352,6 @@ def _log_decay_pairs(X, DY, BM, CM, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BC
 
 
 @triton.jit
-def _log_decay_ends(X, DY, BM, CM, DT, LAM, SEG, STATES, DSTATES, READ, SHARE, T, L, Tp, n_chunks, H, BC_HEADS, P, N,
-                    sx_b, sx_t, sx_h, sdy_b, sdy_t, sdy_h, sb_b, sb_t, sb_h, sc_b, sc_t, sc_h, sdt_b, sdt_t,
-                    HAS_DOCS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                    DOT: tl.constexpr):
-    """Per row, the read-out of the entering state and the share of the chunk's final state in the log-decay
-    gradient: ``READ_l = exp(Λ_l) ⟨dy_l, E_c C_l⟩`` (rows of the entering state's document) and
-    ``SHARE_l = dt_l exp(α_c − Λ_l) ⟨x_l, G_{c+1} B_l⟩`` (rows of the final state's document), ``[b, h, nc·L]``
-    fp32. The states are read ``BLOCK_P`` of their ``P`` rows at a time: whole ``[P, N]`` fp32 tiles beside a reduction
-    spilled kilobytes per thread in full-fp32 dots. Grid: (b·nc, row blocks, h)."""
-    bc, pid_l, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b, c = bc // n_chunks, bc % n_chunks
-    g = h // (H // BC_HEADS)
-    offs_n = tl.arange(0, BLOCK_N)
-    in_n = offs_n[None, :] < N
-    offs_l, t_l, valid_l = _chunk_rows(pid_l * BLOCK_L, c, L, T, BLOCK_L)
-    lam_ptr = LAM + ((b.to(tl.int64) * H + h) * Tp + c * L)
-    lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
-    lam_end = tl.load(lam_ptr + L - 1)
-    cm = tl.load(_rows(CM, b, c, L, sc_b, sc_t, sc_h, g, offs_l, offs_n), mask=valid_l[:, None] & in_n, other=0.0)
-    bm = tl.load(_rows(BM, b, c, L, sb_b, sb_t, sb_h, g, offs_l, offs_n), mask=valid_l[:, None] & in_n, other=0.0)
-    entering = STATES + ((b.to(tl.int64) * (n_chunks + 1) + c) * H + h) * P * N
-    d_final = DSTATES + ((b.to(tl.int64) * (n_chunks + 1) + c + 1) * H + h) * P * N
-    read = tl.zeros([BLOCK_L], dtype=tl.float32)
-    share = tl.zeros([BLOCK_L], dtype=tl.float32)
-    for p0 in range(0, P, BLOCK_P):
-        offs_p = p0 + tl.arange(0, BLOCK_P)
-        in_p = offs_p[None, :] < P
-        e = _state_tile(entering, offs_n, offs_p, N, P, True)  # [N, BLOCK_P] of the [P, N] state
-        dy = tl.load(_rows(DY, b, c, L, sdy_b, sdy_t, sdy_h, h, offs_l, offs_p), mask=valid_l[:, None] & in_p, other=0.0)
-        read += tl.sum(dy.to(tl.float32) * tl.dot(cm, e.to(cm.dtype), input_precision=DOT), axis=1)
-        gf = _state_tile(d_final, offs_n, offs_p, N, P, True)
-        x = tl.load(_rows(X, b, c, L, sx_b, sx_t, sx_h, h, offs_l, offs_p), mask=valid_l[:, None] & in_p, other=0.0)
-        share += tl.sum(x.to(tl.float32) * tl.dot(bm, gf.to(bm.dtype), input_precision=DOT), axis=1)
-    read *= tl.exp(lam_l)
-    share *= tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs_l), mask=valid_l, other=0.0).to(tl.float32)
-    share *= tl.exp(lam_end - lam_l)
-    if HAS_DOCS:
-        seg_l = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid_l, other=-1)
-        read = tl.where(seg_l == _seg_before(SEG, b, c, L, T), read, 0.0)
-        share = tl.where(seg_l == _seg_end(SEG, b, c, L, T), share, 0.0)
-    tl.store(READ + ((b.to(tl.int64) * H + h) * Tp + c * L) + offs_l, read, mask=offs_l < L)
-    tl.store(SHARE + ((b.to(tl.int64) * H + h) * Tp + c * L) + offs_l, share, mask=offs_l < L)
-
-
-@triton.jit
 def _state_dots(E, G, OUT, n_chunks, H, PN, BLOCK: tl.constexpr):
     """``OUT[b, c, h, block] = Σ E[b, c, h] · G[b, c+1, h]`` over one block of the flattened ``[P·N]`` states (the
     blocks' parts are summed afterwards): the carry's ``⟨G_{c+1}, E_c⟩``. ``E, G [b, nc+1, h, P·N]`` fp32.
@@ -381,24 +366,28 @@ def _state_dots(E, G, OUT, n_chunks, H, PN, BLOCK: tl.constexpr):
         tl.store(OUT + ((b.to(tl.int64) * n_chunks + c) * H + h) * tl.num_programs(1) + blk, tl.sum(e * g, axis=0))
 
 
-def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Tiles, warps and pipeline stages. ``P`` and ``N`` are one tile each (``tl.dot`` needs every side
-    >= 16). On CUDA the choice is the one at which ``python -m recipes.benchmarks.compile_check`` finds no register
-    spills on sm_80 and sm_90 in bf16 for ``(P, N)`` in (64, 128), (128, 128) and (64, 256): 32 rows,
-    8 warps, 3 stages (64 rows spilled 8-40 bytes per thread at the first two shapes and up to 560 at
-    the third; 4 warps spill); in fp32, 32 rows and 2 stages (64-row tiles need up to 209 KiB of shared
+def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat16, arch: int = 90) -> dict:
+    """Tiles, warps and pipeline stages (``arch``: the GPU's compute capability × 10). ``P`` and ``N`` are one tile each
+    (``tl.dot`` needs every side >= 16).
+
+    On Hopper (``arch`` >= 90) in bf16/fp16, at states of up to 64 × 128 (Mamba-2's head dim and state): 64 rows,
+    4 warps, 2 stages — the fastest of nine in ``python -m recipes.benchmarks.ssd_tiles`` on an H100 (2026-11-27, B 4,
+    T 4096, H 32, chunk 256): forward and backward 6.72 → 5.07 ms against 32 rows and 8 warps (Hopper's warp-group
+    products take 64 rows to a group of 4 warps), though ``compile_check`` finds a few spilled bytes there (8-64 per
+    thread) in four of the backward kernels. Elsewhere in bf16/fp16 32 rows, 8 warps and 2 stages, at which no kernel
+    spills on sm_80 or sm_90 at (P, N) = (64, 128), (128, 128) or (64, 256) (64 rows and 4 warps spill 100-1,100
+    bytes at the larger states on sm_90, and up to 280 at 64 × 128 on sm_80; 3 stages spilled 24 bytes in the ``dB``
+    kernel with its row dots at (64, 256)). In fp32, 32 rows and 2 stages (64-row tiles need up to 209 KiB of shared
     memory, more than an A100 has). The log-decay gradient's pair kernel takes blocks of ``pair_rows`` rows stepping
-    ``pair_cols`` columns (64 × 16 on CUDA: 32 × 32 spilled 16-24 bytes at (64, 256) on sm_90), and its per-row kernel
-    reads the states ``state_rows`` of their ``P`` rows at a time (whole fp32 ``[P, N]`` tiles spilled kilobytes in
-    full-fp32 dots). Timed once, on an H100 in bf16 (2026-11-26; P 64, N 128, chunk 256, B 4, H 32, T 4096): forward
-    and backward 2.0× the chunked-torch reference (docs/kernels.md); not yet against mamba_ssm."""
+    ``pair_cols`` columns (64 × 16 on CUDA: the fastest of six on the H100; 32 × 32 spilled 16-24 bytes at (64, 256) on
+    sm_90)."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
-    tiles = dict(P=pow2(P), N=pow2(N), state_rows=16)
+    tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16)
     if not cuda:  # the interpreter: small tiles, fewer wasted lanes
-        return dict(rows=16, pair_rows=16, pair_cols=16, warps=4, stages=1, **tiles)
-    if dtype == torch.float32:
-        return dict(rows=32, pair_rows=64, pair_cols=16, warps=8, stages=2, **tiles)
-    return dict(rows=32, pair_rows=64, pair_cols=16, warps=8, stages=3, **tiles)
+        return dict(tiles, rows=16, pair_rows=16, pair_cols=16, warps=4, stages=1)
+    if dtype != torch.float32 and arch >= 90 and tiles["P"] * tiles["N"] <= 64 * 128:
+        return dict(tiles, rows=64, warps=4, stages=2)
+    return dict(tiles, rows=32, warps=8, stages=2)
 
 
 def _chunk_log_decays(dt: torch.Tensor, A: torch.Tensor, L: int) -> torch.Tensor:
@@ -435,37 +424,50 @@ def _decayed_scan_call(U, lam, seg, h0, T, L, reverse: bool) -> torch.Tensor:
     return out  # [b, nc+1, h, P, N]
 
 
-def _scan_strides(Q, K, V, dt, out) -> tuple[int, ...]:
-    """The batch, time and head strides of ``Q, K, V, out`` (``[b, T, heads, dim]``) and the batch and time strides
-    of ``dt [b, T, h]``, in the kernels' order Q, K, V, dt, out (every last dimension is contiguous)."""
-    return (*Q.stride()[:3], *K.stride()[:3], *V.stride()[:3], *dt.stride()[:2], *out.stride()[:3])
+def _scan_strides(Q, K, V, W, dt, out) -> tuple[int, ...]:
+    """The batch, time and head strides of ``Q, K, V, W, out`` (``[b, T, heads, dim]``) and the batch and time strides
+    of ``dt [b, T, h]``, in the kernels' order Q, K, V, W, dt, out (every last dimension is contiguous)."""
+    return (*Q.stride()[:3], *K.stride()[:3], *V.stride()[:3], *W.stride()[:3], *dt.stride()[:2], *out.stride()[:3])
 
 
-def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: bool, blk: dict) -> None:
+def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: bool, blk: dict,
+                     row_dots: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """``row_dots = (W, into)``: also the read-out's row dots into ``into [b, h, nc·L]`` fp32 (:func:`_chunk_scan`)."""
     batch, _, H, _ = out.shape
     n_chunks = lam.shape[-1] // L
     DQK, DV = Q.shape[-1], V.shape[-1]
     block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
+    W, into = row_dots if row_dots is not None else (V, lam)
     _chunk_scan[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
-        Q, K, V, dt, lam, lam if seg is None else seg, states, D if D is not None else lam, out,
+        Q, K, V, W, dt, lam, lam if seg is None else seg, states, D if D is not None else lam, out, into,
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], DQK, DV,
-        *_scan_strides(Q, K, V, dt, out),
-        TRANS_STATE=trans_state, HAS_D=D is not None, HAS_DOCS=seg is not None,
+        *_scan_strides(Q, K, V, W, dt, out),
+        TRANS_STATE=trans_state, HAS_D=D is not None, HAS_DOCS=seg is not None, HAS_ROW_DOTS=row_dots is not None,
         BLOCK_L=blk["rows"], BLOCK_M=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
         DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
     )
 
 
-def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_state: bool, blk: dict) -> None:
+def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_state: bool, blk: dict,
+                             row_dots: tuple[torch.Tensor, torch.Tensor] | None = None,
+                             dx_of: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None) -> None:
+    """``row_dots = (B, into)``: also the share terms ``U`` into ``into [b, h, nc·L]`` fp32; ``dx_of = (x, D, into)``
+    (with ``trans_state``): ``out`` gets ``dx`` rather than ``d(dt·x)``, and ``into [b, h, nc·L]`` fp32 the rows'
+    ``⟨x, d(dt·x)⟩`` (:func:`_chunk_scan_reverse`)."""
     batch, _, H, _ = out.shape
     n_chunks = lam.shape[-1] // L
     block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
+    W, D, row_into, x_into = V, None, lam, lam  # placeholders the kernel does not read
+    if row_dots is not None:
+        W, row_into = row_dots
+    if dx_of is not None:
+        W, D, x_into = dx_of
     _chunk_scan_reverse[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
-        Q, K, V, dt, lam, lam if seg is None else seg, d_states, out, T, L, lam.shape[-1], n_chunks, H, Q.shape[2],
-        K.shape[2], V.shape[2], Q.shape[-1], V.shape[-1],
-        *_scan_strides(Q, K, V, dt, out),
-        TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state,
-        HAS_DOCS=seg is not None,
+        Q, K, V, W, dt, lam, lam if seg is None else seg, d_states, D if D is not None else lam, out, row_into, x_into,
+        T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], Q.shape[-1], V.shape[-1],
+        *_scan_strides(Q, K, V, W, dt, out),
+        TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state, HAS_DOCS=seg is not None,
+        HAS_ROW_DOTS=row_dots is not None, DX_EPILOGUE=dx_of is not None, HAS_D=D is not None,
         BLOCK_M=blk["rows"], BLOCK_L=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
         DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
     )
@@ -475,7 +477,8 @@ def _blk(x, B, C) -> dict:
     """Tiles sized for the widest operand: fp32 B, C beside a bf16 x (RoPE tables under autocast) need the fp32
     tiles, or the shared memory outgrows smaller GPUs; fp32 dots as torch's matmuls."""
     widest = torch.float32 if torch.float32 in (x.dtype, B.dtype, C.dtype) else x.dtype
-    return {**launch_config(x.shape[3], B.shape[3], x.is_cuda, widest), "dot": dot_precision()}
+    major, minor = torch.cuda.get_device_capability(x.device) if x.is_cuda else (9, 0)
+    return {**launch_config(x.shape[3], B.shape[3], x.is_cuda, widest, 10 * major + minor), "dot": dot_precision()}
 
 
 def _segments(document_starts: torch.Tensor | None) -> torch.Tensor | None:
@@ -535,22 +538,23 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
     read_out = _chunk_state_call(dy, dt, C, lam, seg, T, L, forward=False, blk=blk)  # [b, nc, h, P, N]
     d_states = _decayed_scan_call(read_out, lam, seg, d_final, T, L, reverse=True)  # [b, nc+1, h, P, N]
 
+    # the log-decay gradient's read-out and share terms per row, made beside dC and dB (from their state products)
+    read, share = (torch.empty(batch, H, lam.shape[-1], dtype=torch.float32, device=x.device) for _ in range(2))
     dC_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
-    _chunk_scan_call(dy, x, B, dt, lam, seg, states, None, dC_heads, T, L, trans_state=False, blk=blk)
+    _chunk_scan_call(dy, x, B, dt, lam, seg, states, None, dC_heads, T, L, trans_state=False, blk=blk,
+                     row_dots=(C, read))
 
-    dxdt = torch.empty(batch, T, H, P, dtype=torch.float32, device=x.device)  # d(dt·x)
-    _chunk_scan_reverse_call(B, C, dy, dt, lam, seg, d_states, dxdt, T, L, trans_state=True, blk=blk)
+    dx = torch.empty_like(x)
+    ddt_x = torch.empty(batch, H, lam.shape[-1], dtype=torch.float32, device=x.device)  # ⟨x, d(dt·x)⟩ per row
+    _chunk_scan_reverse_call(B, C, dy, dt, lam, seg, d_states, dx, T, L, trans_state=True, blk=blk, dx_of=(x, D, ddt_x))
     dB_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
-    _chunk_scan_reverse_call(x, dy, C, dt, lam, seg, d_states, dB_heads, T, L, trans_state=False, blk=blk)
-    dx = dxdt * dt.float()[..., None]  # [b, T, h, P]
-    if D is not None:
-        dx = dx + D.float()[:, None] * dy.float()
-    ddt_x = (x.float() * dxdt).sum(-1)  # [b, T, h] ⟨x, d(dt·x)⟩
+    _chunk_scan_reverse_call(x, dy, C, dt, lam, seg, d_states, dB_heads, T, L, trans_state=False, blk=blk,
+                             row_dots=(B, share))
+    ddt_x = ddt_x.transpose(1, 2)[:, :T]  # [b, T, h]
 
-    da = _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, T, L, blk)  # [b, T, h]
+    da = _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, read, share, T, L, blk)  # [b, T, h]
     per_group = lambda t: t.view(batch, T, G, H // G, N)  # noqa: E731  [b, T, g, h/g, N]
 
-    dx = dx.to(x.dtype)
     d_dt = (ddt_x + da * A.float()).to(dt.dtype)
     dA = (da * dt.float()).sum((0, 1)).to(A.dtype)
     dB = per_group(dB_heads).sum(3).to(B.dtype)  # [b, T, g, N]
@@ -598,7 +602,8 @@ def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_sta
     return y, final
 
 
-def _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, T: int, L: int, blk: dict) -> torch.Tensor:
+def _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, read, share, T: int, L: int,
+                             blk: dict) -> torch.Tensor:
     """``da [b, T, h]`` fp32, the gradient of each step's log-decay ``a_k = dt_k A``, summed term by term.
 
     ``a_k`` enters every decay ``exp(Λ_l − Λ_m)`` with ``m < k ≤ l`` (inside a chunk), every read-out
@@ -613,8 +618,10 @@ def _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, T: int
     cumulative sum of ``∂/∂Λ_l``, adds each pair term once and subtracts it once (mamba_ssm keeps it as
     ``_chunk_scan_bwd_ddAcs_unstable``); in fp16 at L = 256 with small dt its dA error was twice what the inputs'
     rounding gives. The pairs are summed inside :func:`_log_decay_pairs` (no ``[L, L]`` tensor: the plain-torch form
-    this replaced made several ``[b, nc, h, L, L]`` ones), the rows' R and U by :func:`_log_decay_ends`, the carry by
-    :func:`_state_dots`; what is left here is ``[b, T, h]``-sized."""
+    this replaced made several ``[b, nc, h, L, L]`` ones), the carry by :func:`_state_dots`; the rows' ``R`` and ``U``
+    come in as ``read`` and ``share`` (``[b, h, nc·L]`` fp32), made by the ``dC`` and ``dB`` kernels from the state
+    products they compute anyway (a kernel of their own, which read both fp32 states once per row block, took 0.62 ms
+    of the 3.8 ms backward on an H100 at B 4, T 4096, H 32). What is left here is ``[b, T, h]``-sized."""
     batch, _, H, P = x.shape
     n_chunks, N, Tp = lam.shape[-1] // L, B.shape[-1], lam.shape[-1]
     seg_arg = lam if seg is None else seg
@@ -625,12 +632,6 @@ def _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, T: int
     _log_decay_pairs[(batch * n_chunks, triton.cdiv(L, rows), H)](
         x, dy, B, C, dt, lam, seg_arg, pairs, T, L, Tp, n_chunks, H, B.shape[2], P, N, *strides,
         HAS_DOCS=seg is not None, BLOCK_L=rows, BLOCK_M=cols, BLOCK_P=blk["P"], BLOCK_N=blk["N"],
-        DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
-    )
-    read, share = (torch.empty(batch, H, Tp, dtype=torch.float32, device=x.device) for _ in range(2))
-    _log_decay_ends[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
-        x, dy, B, C, dt, lam, seg_arg, states, d_states, read, share, T, L, Tp, n_chunks, H, B.shape[2], P, N,
-        *strides, HAS_DOCS=seg is not None, BLOCK_L=blk["rows"], BLOCK_P=blk["state_rows"], BLOCK_N=blk["N"],
         DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
     )
     block = min(1024, triton.next_power_of_2(P * N))

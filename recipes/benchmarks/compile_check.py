@@ -62,7 +62,7 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
 
     dot = dot_precision()  # as the wrappers choose: torch's fp32 matmul precision
     out = []
-    cfg = ssd.launch_config(*ssd_shape, cuda=True, dtype=torch_dtype)
+    cfg = ssd.launch_config(*ssd_shape, cuda=True, dtype=torch_dtype, arch=arch)
     rows, P, N = cfg["rows"], cfg["P"], cfg["N"]
     warps = dict(num_warps=cfg["warps"], num_stages=cfg["stages"])
     f32 = lambda *names: {n: "*fp32" for n in names}  # noqa: E731
@@ -74,20 +74,22 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
              BLOCK_L=rows, BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "BM"), f32("DT", "LAM", "OUT")),
         Case("ssd _decayed_scan", ssd._decayed_scan, dict(HAS_H0=True, REVERSE=True, BLOCK=1024), {}, (),
              f32("U", "LAM", "H0", "OUT")),
-        Case("ssd _chunk_scan (y)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True, BLOCK_L=rows, BLOCK_M=rows,
-             BLOCK_QK=N, BLOCK_V=P, DOT=dot), warps, ("Q", "K", "V", "OUT"), f32("DT", "LAM", "STATES", "DSKIP")),
-        Case("ssd _chunk_scan (dC)", ssd._chunk_scan, dict(TRANS_STATE=False, HAS_D=False, BLOCK_L=rows, BLOCK_M=rows,
-             BLOCK_QK=P, BLOCK_V=N, DOT=dot), warps, ("Q", "K", "V"), f32("DT", "LAM", "STATES", "DSKIP", "OUT")),
+        # the backward's dC and dB kernels also write the log-decay gradient's row dots (HAS_ROW_DOTS); the dx kernel
+        # writes dx itself and ⟨x, d(dt·x)⟩ (DX_EPILOGUE)
+        Case("ssd _chunk_scan (y)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True, HAS_ROW_DOTS=False,
+             BLOCK_L=rows, BLOCK_M=rows, BLOCK_QK=N, BLOCK_V=P, DOT=dot), warps, ("Q", "K", "V", "W", "OUT"),
+             f32("DT", "LAM", "STATES", "DSKIP", "ROW_DOTS")),
+        Case("ssd _chunk_scan (dC)", ssd._chunk_scan, dict(TRANS_STATE=False, HAS_D=False, HAS_ROW_DOTS=True,
+             BLOCK_L=rows, BLOCK_M=rows, BLOCK_QK=P, BLOCK_V=N, DOT=dot), warps, ("Q", "K", "V", "W"),
+             f32("DT", "LAM", "STATES", "DSKIP", "OUT", "ROW_DOTS")),
         Case("ssd _chunk_scan_reverse (dx)", ssd._chunk_scan_reverse, dict(TRANS_STATE=True, SCALE_BY_DT=False,
-             BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=N, BLOCK_V=P, DOT=dot), warps, ("Q", "K", "V"),
-             f32("DT", "LAM", "DSTATES", "OUT")),
+             HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=N, BLOCK_V=P,
+             DOT=dot), warps, ("Q", "K", "V", "W", "OUT"), f32("DT", "LAM", "DSTATES", "DSKIP", "ROW_DOTS", "X_DOTS")),
         Case("ssd _chunk_scan_reverse (dB)", ssd._chunk_scan_reverse, dict(TRANS_STATE=False, SCALE_BY_DT=True,
-             BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=P, BLOCK_V=N, DOT=dot), warps, ("Q", "K", "V"),
-             f32("DT", "LAM", "DSTATES", "OUT")),
+             HAS_ROW_DOTS=True, DX_EPILOGUE=False, HAS_D=False, BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=P, BLOCK_V=N,
+             DOT=dot), warps, ("Q", "K", "V", "W"), f32("DT", "LAM", "DSTATES", "DSKIP", "OUT", "ROW_DOTS", "X_DOTS")),
         Case("ssd _log_decay_pairs", ssd._log_decay_pairs, dict(BLOCK_L=cfg["pair_rows"], BLOCK_M=cfg["pair_cols"],
              BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "DY", "BM", "CM"), f32("DT", "LAM", "OUT")),
-        Case("ssd _log_decay_ends", ssd._log_decay_ends, dict(BLOCK_L=rows, BLOCK_P=cfg["state_rows"], BLOCK_N=N,
-             DOT=dot), warps, ("X", "DY", "BM", "CM"), f32("DT", "LAM", "STATES", "DSTATES", "READ", "SHARE")),
     ]
     # Each SSD kernel without and with packed documents (their masks cost registers).
     for case in ssd_cases:

@@ -1,11 +1,11 @@
 """Tile search for the SSD's Triton kernels on this GPU: which rows per tile, warps and pipeline stages they should
-take, and the log-decay gradient's pair and state blocks — the evidence for ``kernels.ssd.triton.launch_config``.
+take, and the log-decay gradient's pair blocks — the evidence for ``kernels.ssd.triton.launch_config``.
 
     python -m recipes.benchmarks.ssd_tiles                          # B 4, T 4096, H 32, P 64, N 128, chunk 256, bf16
     python -m recipes.benchmarks.ssd_tiles --chunk 64 --length 8192
 
-Every kernel shares ``rows``, ``warps`` and ``stages``; the backward's log-decay kernels add ``pair_rows × pair_cols``
-and ``state_rows``. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
+Every kernel shares ``rows``, ``warps`` and ``stages``; the backward's log-decay pair kernel adds ``pair_rows ×
+pair_cols``. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
 checked against the current choice's (a wrong answer is named, not timed); a candidate that cannot launch here is
 named too. mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md
 says how to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table
@@ -23,10 +23,11 @@ from kernels.ssd import triton as ssd_triton
 from recipes.benchmarks.tile_search import add_device_option, device_of, trial
 from recipes.benchmarks.timing import median_ms
 
-# (rows, warps, stages) for every kernel; then (pair_rows, pair_cols, state_rows) for the log-decay gradient's two
-# gradients; the larger row tiles first (Hopper's warp-group products need 64 rows), so a search cut short keeps them
-SHARED = [(64, 4, 3), (64, 8, 3), (128, 8, 2), (64, 8, 2), (64, 4, 2), (32, 4, 3), (32, 8, 4), (32, 8, 2), (16, 4, 3)]
-LOG_DECAY = [(32, 32, 16), (64, 32, 16), (128, 16, 16), (32, 16, 16), (64, 16, 32), (64, 16, 64)]
+# (rows, warps, stages) for every kernel, the larger row tiles first (Hopper's warp-group products need 64 rows), so a
+# search cut short keeps them; then (pair_rows, pair_cols) for the log-decay gradient's pair kernel
+SHARED = [(64, 4, 3), (64, 4, 2), (64, 8, 3), (128, 4, 2), (128, 8, 2), (64, 8, 2), (32, 4, 3), (32, 8, 3), (32, 8, 4),
+          (16, 4, 3)]
+LOG_DECAY = [(64, 16), (32, 32), (64, 32), (128, 16), (32, 16), (128, 32)]
 
 
 def results(inputs: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
@@ -78,33 +79,32 @@ def main(argv: list[str] | None = None) -> None:
               f"{median_ms(lambda: both(theirs), args.repeats):.2f} fwd+bwd")
     else:
         print("mamba_ssm not importable: its row is skipped")
-    current = choose(P, N, cuda, dtype)
+    major, minor = torch.cuda.get_device_capability() if cuda else (9, 0)
+    current = choose(P, N, cuda, dtype, 10 * major + minor)
     want = results(inputs, L)
     base = (median_ms(lambda: forward(ours), args.repeats), median_ms(lambda: both(ours), args.repeats))
     print(f"current: rows {current['rows']}, {current['warps']} warps, {current['stages']} stages, pairs "
-          f"{current['pair_rows']}×{current['pair_cols']}, state rows {current['state_rows']}: {base[0]:.2f} ms forward, "
-          f"{base[1]:.2f} fwd+bwd")
-    # what mamba_ssm's row compares with: the kernels alone, without ssd_scan's passes that take out non-finite inputs
-    # and put their reach back (the SSD layer keeps them; they do not depend on the tiles)
+          f"{current['pair_rows']}×{current['pair_cols']}: {base[0]:.2f} ms forward, {base[1]:.2f} fwd+bwd")
+    # what mamba_ssm's row compares with, and what each candidate is timed as: the kernels alone, without ssd_scan's
+    # passes that take out non-finite inputs and put their reach back (the SSD layer keeps them; they do not depend
+    # on the tiles, and would only add their noise to every row)
     bare = lambda: ssd_scan(*inputs, chunk_size=L, backend="triton", check_finite=False)  # noqa: E731
-    print(f"current, check_finite=False: {median_ms(lambda: forward(bare), args.repeats):.2f} ms forward, "
-          f"{median_ms(lambda: both(bare), args.repeats):.2f} fwd+bwd")
+    base = (median_ms(lambda: forward(bare), args.repeats), median_ms(lambda: both(bare), args.repeats))
+    print(f"current, check_finite=False: {base[0]:.2f} ms forward, {base[1]:.2f} fwd+bwd")
     sections = [("rows, warps, stages (every kernel)", ("rows", "warps", "stages"), SHARED),
-                ("pair_rows, pair_cols, state_rows (the log-decay gradient's kernels)",
-                 ("pair_rows", "pair_cols", "state_rows"), LOG_DECAY)]
+                ("pair_rows, pair_cols (the log-decay gradient's pair kernel)", ("pair_rows", "pair_cols"), LOG_DECAY)]
     for title, keys, candidates in sections:
-        print(f"\n### {title}\n\n| {' | '.join(keys)} | fwd ms | fwd+bwd ms | × current fwd+bwd | max error against "
-              f"current |\n|---|---|---|---|---|---|---|")
+        columns = [*keys, "fwd ms", "fwd+bwd ms", "× current fwd+bwd", "max error against current"]
+        print(f"\n### {title}, check_finite=False\n\n| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
         for values in candidates:
             cells = " | ".join(map(str, values))
             outcome = trial(ssd_triton, {**current, **dict(zip(keys, values))}, lambda: results(inputs, L), want,
-                            [lambda: forward(ours), lambda: both(ours)], args.repeats)
+                            [lambda: forward(bare), lambda: both(bare)], args.repeats)
             if isinstance(outcome, str):
                 print(f"| {cells} | {outcome} | | | |", flush=True)
                 continue
             error, (fwd, total) = outcome
             print(f"| {cells} | {fwd:.2f} | {total:.2f} | {base[1] / total:.2f} | {error:.1e} |", flush=True)
-
 
 if __name__ == "__main__":
     main()

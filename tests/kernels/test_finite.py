@@ -4,6 +4,7 @@ ones that look like them (-0.0, the largest float), at each reduction depth."""
 import pytest
 import torch
 
+from kernels import _finite as finite
 from kernels._finite import split_finite
 
 
@@ -33,3 +34,29 @@ def test_split_finite_passes_the_gradient_of_the_finite_entries_only():
     clean, _ = split_finite(x, 1)
     (clean * 2).sum().backward()
     assert torch.equal(x.grad, torch.where(torch.isfinite(x.detach()), 2.0, 0.0).to(x.dtype))
+
+
+def _seen_by_loop(bad, starts):
+    """The definition, position by position: some bad entry at or after the document's start and at or before t."""
+    seen = torch.zeros_like(bad)
+    for b in range(bad.shape[0]):
+        begin = 0
+        for t in range(bad.shape[1]):
+            if starts is not None and starts[b, t]:
+                begin = t
+            seen[b, t] = bad[b, begin:t + 1].any(0)
+    return seen
+
+
+@pytest.mark.parametrize("with_documents", [False, True])
+@pytest.mark.parametrize("shape", [(3, 1), (3, 29), (2, 29, 5), (2, 17, 3, 4)])
+def test_seen_so_far_is_any_bad_entry_earlier_in_the_document(shape, with_documents):
+    generator = torch.Generator().manual_seed(sum(shape))
+    bad = torch.rand(shape, generator=generator) < 0.08
+    bad[0] = False  # a row with none
+    starts = (torch.rand(shape[:2], generator=generator) < 0.2) if with_documents else None
+    if starts is not None:
+        starts[-1, 0] = True
+    got = finite.seen_so_far(bad, starts)
+    assert got.dtype == torch.bool and got.shape == bad.shape
+    assert torch.equal(got, _seen_by_loop(bad, starts))

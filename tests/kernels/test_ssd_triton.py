@@ -259,16 +259,19 @@ def test_the_backward_writes_no_pair_tensor(docs):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
 
 
+@pytest.mark.parametrize("hopper_bf16", [False, True])
 @pytest.mark.parametrize("docs", [False, True])
-def test_the_gpu_tiles_under_the_interpreter(docs, monkeypatch):
-    """The tiles CUDA takes (32-row scans; the log-decay pairs in 64-row blocks stepping 16 columns, so a block's
-    diagonal spans several column steps) differ from the interpreter's 16×16: run them here too, against the
-    float64 recurrence, at a length of two chunks and a bit."""
+def test_the_gpu_tiles_under_the_interpreter(docs, hopper_bf16, monkeypatch):
+    """The tiles CUDA takes (32-row scans, or 64-row ones on Hopper in bf16; the log-decay pairs in 64-row blocks
+    stepping 16 columns, so a block's diagonal spans several column steps) differ from the interpreter's 16×16: run
+    them here too, against the float64 recurrence, at a length of two chunks and a bit."""
     from kernels.ssd import triton as ssd_triton
 
     gpu_config = ssd_triton.launch_config
-    monkeypatch.setattr(ssd_triton, "launch_config", lambda P, N, cuda, dtype=torch.float32: gpu_config(P, N, True, dtype))
+    monkeypatch.setattr(ssd_triton, "launch_config", lambda P, N, cuda, dtype=torch.float32, arch=90: gpu_config(
+        P, N, True, torch.bfloat16 if hopper_bf16 else dtype, 90 if hopper_bf16 else 80))
     assert ssd_triton.launch_config(16, 16, False)["pair_rows"] == 64
+    assert ssd_triton.launch_config(16, 16, False)["rows"] == (64 if hopper_bf16 else 32)
     inputs = make(1, 150, 2, 16, 1, 16, True, True)
     starts = torch.zeros(1, 150, dtype=torch.bool, device=DEVICE)
     starts[0, [30, 64, 70, 71, 140]] = docs  # one on a chunk edge, two in a row, one in the last chunk

@@ -38,14 +38,14 @@ def test_the_attention_search_times_and_checks_each_kernels_candidates(monkeypat
 def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     original = ssd_triton.launch_config
     monkeypatch.setattr(ssd_tiles, "SHARED", [(32, 4, 1), (24, 4, 1)])
-    monkeypatch.setattr(ssd_tiles, "LOG_DECAY", [(16, 32, 16)])
+    monkeypatch.setattr(ssd_tiles, "LOG_DECAY", [(16, 32)])
     ssd_tiles.main(["--device", "cpu", "--length", "37", "--batch", "1", "--heads", "2", "--head-dim", "16",
                     "--state", "16", "--chunk", "16", "--repeats", "1"])
     out = capsys.readouterr().out
     shared, log_decay = table_rows(out, "rows, warps"), table_rows(out, "pair_rows")
     assert [row[:3] for row in shared] == [["32", "4", "1"], ["24", "4", "1"]]
     assert float(shared[0][-1]) < 1e-5 and shared[1][3].startswith("failed")
-    assert [row[:3] for row in log_decay] == [["16", "32", "16"]] and float(log_decay[0][-1]) < 1e-5
+    assert [row[:2] for row in log_decay] == [["16", "32"]] and float(log_decay[0][-1]) < 1e-5
     assert re.search(r"current, check_finite=False: [\d.]+ ms forward, [\d.]+ fwd\+bwd", out)
     assert ssd_triton.launch_config is original
 
