@@ -38,8 +38,8 @@ def seen_so_far(bad: torch.Tensor, starts: torch.Tensor | None = None) -> torch.
     38% of the SSD's forward). Without documents the first bad position is a reduction; with them, the latest bad
     position at or before each ``t`` is a running maximum over the innermost dimension."""
     T = bad.shape[1]
-    if starts is None and T == 1:
-        return bad  # one position: nothing before it (a decoding step)
+    if T == 0 or (starts is None and T == 1):
+        return bad  # no position, or one with nothing before it (a decoding step); amin refuses an empty dimension
     index = torch.arange(T, device=bad.device, dtype=torch.int32).view(1, T, *(1,) * (bad.dim() - 2))  # [1, T, 1…]
     if starts is None:
         first_bad = torch.where(bad, index, T).amin(dim=1, keepdim=True)  # [B, 1, ...]; T where none

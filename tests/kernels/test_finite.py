@@ -49,13 +49,13 @@ def _seen_by_loop(bad, starts):
 
 
 @pytest.mark.parametrize("with_documents", [False, True])
-@pytest.mark.parametrize("shape", [(3, 1), (3, 29), (2, 29, 5), (2, 17, 3, 4)])
+@pytest.mark.parametrize("shape", [(3, 0), (2, 0, 5), (3, 1), (3, 29), (2, 29, 5), (2, 17, 3, 4)])
 def test_seen_so_far_is_any_bad_entry_earlier_in_the_document(shape, with_documents):
     generator = torch.Generator().manual_seed(sum(shape))
     bad = torch.rand(shape, generator=generator) < 0.08
     bad[0] = False  # a row with none
     starts = (torch.rand(shape[:2], generator=generator) < 0.2) if with_documents else None
-    if starts is not None:
+    if starts is not None and shape[1]:
         starts[-1, 0] = True
     got = finite.seen_so_far(bad, starts)
     assert got.dtype == torch.bool and got.shape == bad.shape
