@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Every GPU measurement the docs wait for (docs/performance.md "On a GPU", docs/kernels.md "GPU targets"), in two
-# phases that together fit a fifteen-minute lease of one H100 or H200 with its starts (limits summing to 425 and 360 s), each
-# step under its own time limit so a slow step costs only itself, and at most eight files written per phase:
+# Every GPU measurement the docs wait for (docs/performance.md "On a GPU", docs/kernels.md "GPU targets"), in three
+# phases (step limits summing to 475, 360 and 300 s: the first two fit one fifteen-minute lease of an H100 or H200 when
+# the machine starts in under a minute, as it did on 2026-11-27), each step under its own time limit so a slow step
+# costs only itself, and at most eight files written per phase:
 #
-#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels   # doctor, kernel tests on CUDA, attention ops, the SSD tile search
+#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels   # doctor, kernel tests on CUDA, attention ops, the SSD
+#                                                          # against mamba_ssm with per-kernel profiles, its tile search
 #   bash recipes/benchmarks/gpu_suite.sh OUT_DIR models    # CUDA-graph decoding test, decoding against HF, training steps, T=1, CDMoE
 #   bash recipes/benchmarks/gpu_suite.sh OUT_DIR lengths   # training steps at T 2K, 8K, 16K (4K is in models; 300 s), for a later lease
 #
@@ -47,9 +49,12 @@ case "$phase" in
         step kernel_tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 -rf tests/kernels
         # one step each: a table prints when its op is done
         step ops_attention 45 python3 -m recipes.benchmarks.ops --ops attention --lengths 2048 4096 8192 16384 --repeats 5
-        # the SSD's tile search, mamba_ssm's mamba_chunk_scan_combined timed first (its autotuning: about 80 s on an
-        # H200), then each candidate as it is measured (the attention's search ran on 2026-11-26: docs/kernels.md)
-        step ssd_tiles 220 python3 -m recipes.benchmarks.ssd_tiles
+        # the SSD against mamba_ssm's mamba_chunk_scan_combined (its autotuning: about 80 s) at 4K and 16K, each row's
+        # 12 costliest kernels forward and forward+backward (116-117 s on an H100 and an H200, 2026-11-27)
+        step ops_ssd 150 python3 -m recipes.benchmarks.ops --ops ssd --lengths 4096 16384 --repeats 10 --profile 12
+        # the SSD's tile search: each candidate as it is measured (62-65 s without mamba_ssm on the path, 2026-11-27;
+        # with it, its autotuning first); the attention's search ran on 2026-11-26 (docs/kernels.md)
+        step ssd_tiles 120 python3 -m recipes.benchmarks.ssd_tiles
         ;;
     models)
         step gpu_decoding 60 python3 -m pytest -q -p no:cacheprovider -n 0 tests/components/test_gpu_decoding.py
@@ -61,9 +66,10 @@ case "$phase" in
         step ops_retrieval 30 python3 -m recipes.benchmarks.ops --ops retrieval --repeats 5
         ;;
     lengths)
-        # the rest of the T 2K-16K rows the docs wait for (models measures 4K): nine fresh processes of 15-25 s
-        # before their steps; a row that runs out of memory says so and the others go on
-        step lengths 300 python3 -m recipes.benchmarks.models --models llama hf-llama hybrid --lengths 2048 8192 16384 \
+        # the T 2K-16K rows (models measures 4K; 8K and 16K ran on an H200 on 2026-11-27, 2K was cut by the time
+        # limit, so it goes first): nine fresh processes of 15-25 s before their steps; a row that runs out of memory
+        # says so and the others go on
+        step lengths 300 python3 -m recipes.benchmarks.models --models hybrid llama hf-llama --lengths 2048 8192 16384 \
             --trials 1
         ;;
     *)
