@@ -371,9 +371,9 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     (``tl.dot`` needs every side >= 16).
 
     On Hopper (``arch`` >= 90) in bf16/fp16, at states of up to 64 × 128 (Mamba-2's head dim and state): 64 rows,
-    4 warps, 2 stages — the fastest of nine in ``python -m recipes.benchmarks.ssd_tiles`` on an H100 (2026-11-27, B 4,
-    T 4096, H 32, chunk 256): forward and backward 6.72 → 5.07 ms against 32 rows and 8 warps (Hopper's warp-group
-    products take 64 rows to a group of 4 warps), though ``compile_check`` finds a few spilled bytes there (8-64 per
+    4 warps, 2 stages — the fastest in ``python -m recipes.benchmarks.ssd_tiles`` on an H100 and an H200 (2026-11-27,
+    B 4, T 4096, H 32, chunk 256): forward and backward 6.72 → 5.07 ms (H100) and 4.28 → 3.40 ms (H200, after the row
+    dots below) against 32 rows and 8 warps (Hopper's warp-group products take 64 rows to a group of 4 warps), though ``compile_check`` finds a few spilled bytes there (8-64 per
     thread) in four of the backward kernels. Elsewhere in bf16/fp16 32 rows, 8 warps and 2 stages, at which no kernel
     spills on sm_80 or sm_90 at (P, N) = (64, 128), (128, 128) or (64, 256) (64 rows and 4 warps spill 100-1,100
     bytes at the larger states on sm_90, and up to 280 at 64 × 128 on sm_80; 3 stages spilled 24 bytes in the ``dB``
