@@ -29,6 +29,19 @@ def test_split_finite_cleans_and_marks_exactly_the_non_finite_entries(dtype, dim
     assert bad.sum() == 3  # the three non-finite entries lie in different rows at every depth
 
 
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_split_finite_reads_eight_flags_to_a_word_exactly(contiguous):
+    """Rows of 64 and 16 entries take the word-wise reduction; a non-finite entry at each byte of a word is found, and
+    a transposed (non-contiguous) input takes the plain one with the same answer."""
+    x = torch.randn(9, 64) if contiguous else torch.randn(64, 9).t()
+    for row, col in enumerate(range(0, 64, 8)):  # row r: a NaN at byte r of its r-th word
+        x[row, col + row % 8] = float("nan") if row % 2 else float("-inf")
+    clean, bad = split_finite(x, 1)
+    assert torch.equal(bad, ~torch.isfinite(x).all(-1)) and bad[:8].all() and not bad[8]
+    _, bad2 = split_finite(x.reshape(9, 4, 16), 1)
+    assert torch.equal(bad2, ~torch.isfinite(x.reshape(9, 4, 16)).all(-1))
+
+
 def test_split_finite_passes_the_gradient_of_the_finite_entries_only():
     x = tricky(torch.float64).requires_grad_()
     clean, _ = split_finite(x, 1)
