@@ -182,18 +182,50 @@ def _decayed_scan(U, LAM, SEG, H0, OUT, T, L, Tp, n_chunks, H, PN,
 
 
 @triton.jit
-def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, OUT, ROW_DOTS, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS,
+def _group_score_tile(QK, b, c, n_chunks, g, G, L, offs_l, offs_m):
+    """Pointers to ``QK[b, c, g, offs_l, offs_m]`` in a contiguous ``[b, nc, G, L, L]``, 64-bit from the base."""
+    base = QK + ((b.to(tl.int64) * n_chunks + c) * G + g) * L * L
+    return base + offs_l[:, None] * L + offs_m[None, :]
+
+
+@triton.jit
+def _group_scores(C, B, QK, T, L, n_chunks, G, N, sc_b, sc_t, sc_h, sb_b, sb_t, sb_h,
+                  BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+    """``QK[b, c, g, l, m] = C_l·B_m`` fp32 in chunk ``c`` for the blocks on and below the diagonal (the pairs
+    ``m ≤ l`` the scans read; the blocks above are never written): the in-chunk products, made once for the heads
+    that share group ``g``. Rows past ``T`` load as zeros. Grid: (b·nc, G, row blocks × column blocks)."""
+    bc, g, blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, c = bc // n_chunks, bc % n_chunks
+    blocks = tl.cdiv(L, BLOCK)
+    i, j = blk // blocks, blk % blocks
+    if j <= i:
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_l, t_l, valid_l = _chunk_rows(i * BLOCK, c, L, T, BLOCK)
+        offs_m, t_m, valid_m = _chunk_rows(j * BLOCK, c, L, T, BLOCK)
+        cm = tl.load(_rows(C, b, c, L, sc_b, sc_t, sc_h, g, offs_l, offs_n), mask=valid_l[:, None] & (offs_n[None, :] < N),
+                     other=0.0)
+        bm = tl.load(_rows(B, b, c, L, sb_b, sb_t, sb_h, g, offs_m, offs_n), mask=valid_m[:, None] & (offs_n[None, :] < N),
+                     other=0.0)
+        scores = tl.dot(cm, tl.trans(bm.to(cm.dtype)), input_precision=DOT)  # [BLOCK, BLOCK]
+        tl.store(_group_score_tile(QK, b, c, n_chunks, g, G, L, offs_l, offs_m), scores,
+                 mask=(offs_l < L)[:, None] & (offs_m < L)[None, :])
+
+
+@triton.jit
+def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, QK, OUT, ROW_DOTS, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS,
                 V_HEADS, DQK, DV, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sw_b, sw_t, sw_h, sdt_b, sdt_t,
                 so_b, so_t, so_h,
                 TRANS_STATE: tl.constexpr, HAS_D: tl.constexpr, HAS_DOCS: tl.constexpr, HAS_ROW_DOTS: tl.constexpr,
+                HAS_QK: tl.constexpr,
                 BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """``OUT_l = Σ_{m≤l} (Q_l·K_m) exp(Λ_l − Λ_m) dt_m V_m + exp(Λ_l) Q_l M_c (+ D V_l)`` per head, with
     ``M_c [DQK, DV]`` the entering state ``STATES[b, c, h]`` (``[P, N]``, transposed when TRANS_STATE). With
     HAS_ROW_DOTS, also the state read-out's row dots ``ROW_DOTS[b, h, cL + l] = ⟨W_l, exp(Λ_l) Q_l M_c⟩`` fp32 (``W``
     read as ``V`` is, ``[b, T, V_HEADS, DV]``).
 
-    Forward: ``Q, K, V = C, B, x`` gives ``y``. Backward: ``Q, K, V = dy, x, B`` gives ``dC`` per head, and with
-    ``W = C`` the read-out term ``R_l = exp(Λ_l)⟨dy_l, E_c C_l⟩`` of the log-decay gradient.
+    Forward: ``Q, K, V = C, B, x`` gives ``y`` (with HAS_QK its products ``Q_l·K_m`` read from ``QK [b, nc, K_HEADS,
+    L, L]`` fp32, :func:`_group_scores`, instead of made per head). Backward: ``Q, K, V = dy, x, B`` gives ``dC`` per
+    head, and with ``W = C`` the read-out term ``R_l = exp(Λ_l)⟨dy_l, E_c C_l⟩`` of the log-decay gradient.
     Grid: (b·nc, row blocks of the chunk, h)."""
     bc, pid_l, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # b·nc on axis 0: up to 2^31 − 1
     b, c = bc // n_chunks, bc % n_chunks
@@ -222,7 +254,9 @@ def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, OUT, ROW_DOTS, T, L, Tp
     hi = tl.minimum((pid_l + 1) * BLOCK_L, L)
     for m0 in range(0, hi, BLOCK_M):
         offs_m, t_m, valid_m = _chunk_rows(m0, c, L, T, BLOCK_M)
-        k = tl.load(_rows(K, b, c, L, sk_b, sk_t, sk_h, k_head, offs_m, offs_qk), mask=valid_m[:, None] & in_qk, other=0.0)
+        if not HAS_QK:  # loaded first, as before the option: the order the compiled code's registers were measured at
+            k = tl.load(_rows(K, b, c, L, sk_b, sk_t, sk_h, k_head, offs_m, offs_qk), mask=valid_m[:, None] & in_qk,
+                        other=0.0)
         v = tl.load(_rows(V, b, c, L, sv_b, sv_t, sv_h, v_head, offs_m, offs_v), mask=valid_m[:, None] & in_v, other=0.0)
         dt_m = tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)
         lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
@@ -230,7 +264,11 @@ def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, OUT, ROW_DOTS, T, L, Tp
         if HAS_DOCS:
             causal &= tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_m), mask=valid_m, other=-2)[None, :] == seg_l[:, None]
         decay = tl.exp(tl.where(causal, lam_l[:, None] - lam_m[None, :], float("-inf")))
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT) * decay * dt_m[None, :]  # [BLOCK_L, BLOCK_M]
+        if HAS_QK:
+            qk = tl.load(_group_score_tile(QK, b, c, n_chunks, k_head, K_HEADS, L, offs_l, offs_m), mask=causal, other=0.0)
+        else:
+            qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT)
+        s = qk * decay * dt_m[None, :]  # [BLOCK_L, BLOCK_M]
         acc += tl.dot(s.to(v.dtype), v, input_precision=DOT)
 
     if HAS_D:  # forward only, where V is x
@@ -240,11 +278,11 @@ def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, OUT, ROW_DOTS, T, L, Tp
 
 
 @triton.jit
-def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, OUT, ROW_DOTS, X_DOTS, T, L, Tp, n_chunks, H,
+def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_DOTS, X_DOTS, T, L, Tp, n_chunks, H,
                         Q_HEADS, K_HEADS, V_HEADS, DQK, DV, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sw_b,
                         sw_t, sw_h, sdt_b, sdt_t, so_b, so_t, so_h,
                         TRANS_STATE: tl.constexpr, SCALE_BY_DT: tl.constexpr, HAS_DOCS: tl.constexpr,
-                        HAS_ROW_DOTS: tl.constexpr, DX_EPILOGUE: tl.constexpr, HAS_D: tl.constexpr,
+                        HAS_ROW_DOTS: tl.constexpr, DX_EPILOGUE: tl.constexpr, HAS_D: tl.constexpr, HAS_QK: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """The transpose of :func:`_chunk_scan`, for source rows ``m`` of chunk ``c``, streaming the rows
     ``l ≥ m``: ``OUT_m = [Σ_{l≥m} (Q_m·K_l) exp(Λ_l − Λ_m) V_l + exp(α_c − Λ_m) Q_m M_c] (· dt_m)``, fp32,
@@ -256,8 +294,9 @@ def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, OUT, ROW_DOTS,
     ``d(dt·x)``; with DX_EPILOGUE (``W = x``, ``D`` when HAS_D) what the host wants of it instead, none of it through
     an fp32 ``d(dt·x)`` written and read back: ``OUT_m = dt_m d(dt·x)_m (+ D dy_m)``, which is ``dx``, in OUT's dtype,
     and ``X_DOTS[b, h, cL + m] = ⟨x_m, d(dt·x)_m⟩``, the part of ``d dt`` through ``x``. (``U`` is made in the ``dB``
-    kernel, not beside ``dx`` whose state term has it too: there it spilled 40 bytes at P = N = 128 on sm_90.)
-    Grid: (b·nc, row blocks of the chunk, h)."""
+    kernel, not beside ``dx`` whose state term has it too: there it spilled 40 bytes at P = N = 128 on sm_90.) With
+    HAS_QK (the ``d(dt·x)`` call) the products ``Q_m·K_l = C_l·B_m`` are read, transposed, from ``QK [b, nc, K_HEADS,
+    L, L]`` fp32 (:func:`_group_scores`). Grid: (b·nc, row blocks of the chunk, h)."""
     bc, pid_m, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # b·nc on axis 0: up to 2^31 − 1
     b, c = bc // n_chunks, bc % n_chunks
     q_head, k_head, v_head = h // (H // Q_HEADS), h // (H // K_HEADS), h // (H // V_HEADS)
@@ -284,14 +323,21 @@ def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, OUT, ROW_DOTS,
 
     for l0 in range(pid_m * BLOCK_M, L, BLOCK_L):
         offs_l, t_l, valid_l = _chunk_rows(l0, c, L, T, BLOCK_L)
-        k = tl.load(_rows(K, b, c, L, sk_b, sk_t, sk_h, k_head, offs_l, offs_qk), mask=valid_l[:, None] & in_qk, other=0.0)
+        if not HAS_QK:  # loaded first, as before the option (see _chunk_scan)
+            k = tl.load(_rows(K, b, c, L, sk_b, sk_t, sk_h, k_head, offs_l, offs_qk), mask=valid_l[:, None] & in_qk,
+                        other=0.0)
         v = tl.load(_rows(V, b, c, L, sv_b, sv_t, sv_h, v_head, offs_l, offs_v), mask=valid_l[:, None] & in_v, other=0.0)
         lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
         causal = (offs_l[None, :] >= offs_m[:, None]) & valid_l[None, :]
         if HAS_DOCS:
             causal &= tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid_l, other=-2)[None, :] == seg_m[:, None]
         decay = tl.exp(tl.where(causal, lam_l[None, :] - lam_m[:, None], float("-inf")))  # [BLOCK_M, BLOCK_L]
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT) * decay
+        if HAS_QK:  # [BLOCK_M, BLOCK_L] from the [l, m] products
+            qk = tl.trans(tl.load(_group_score_tile(QK, b, c, n_chunks, k_head, K_HEADS, L, offs_l, offs_m),
+                                  mask=tl.trans(causal), other=0.0))
+        else:
+            qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT)
+        s = qk * decay
         acc += tl.dot(s.to(v.dtype), v, input_precision=DOT)
 
     if SCALE_BY_DT or DX_EPILOGUE:
@@ -380,9 +426,10 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     kernel with its row dots at (64, 256)). In fp32, 32 rows and 2 stages (64-row tiles need up to 209 KiB of shared
     memory, more than an A100 has). The log-decay gradient's pair kernel takes blocks of ``pair_rows`` rows stepping
     ``pair_cols`` columns (64 × 16 on CUDA: the fastest of six on the H100; 32 × 32 spilled 16-24 bytes at (64, 256) on
-    sm_90)."""
+    sm_90). ``shared_scores`` (off): the in-chunk ``C·Bᵀ`` made once per group (:func:`_group_scores_call`), for the
+    tile search to time."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
-    tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16)
+    tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False)
     if not cuda:  # the interpreter: small tiles, fewer wasted lanes
         return dict(tiles, rows=16, pair_rows=16, pair_cols=16, warps=4, stages=1)
     if dtype != torch.float32 and arch >= 90 and tiles["P"] * tiles["N"] <= 64 * 128:
@@ -431,18 +478,21 @@ def _scan_strides(Q, K, V, W, dt, out) -> tuple[int, ...]:
 
 
 def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: bool, blk: dict,
-                     row_dots: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-    """``row_dots = (W, into)``: also the read-out's row dots into ``into [b, h, nc·L]`` fp32 (:func:`_chunk_scan`)."""
+                     row_dots: tuple[torch.Tensor, torch.Tensor] | None = None, qk: torch.Tensor | None = None) -> None:
+    """``row_dots = (W, into)``: also the read-out's row dots into ``into [b, h, nc·L]`` fp32; ``qk``: the group scores
+    (:func:`_group_scores_call`) read in place of ``Q·Kᵀ`` (:func:`_chunk_scan`)."""
     batch, _, H, _ = out.shape
     n_chunks = lam.shape[-1] // L
     DQK, DV = Q.shape[-1], V.shape[-1]
     block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
     W, into = row_dots if row_dots is not None else (V, lam)
     _chunk_scan[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
-        Q, K, V, W, dt, lam, lam if seg is None else seg, states, D if D is not None else lam, out, into,
+        Q, K, V, W, dt, lam, lam if seg is None else seg, states, D if D is not None else lam, lam if qk is None else qk,
+        out, into,
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], DQK, DV,
         *_scan_strides(Q, K, V, W, dt, out),
         TRANS_STATE=trans_state, HAS_D=D is not None, HAS_DOCS=seg is not None, HAS_ROW_DOTS=row_dots is not None,
+        HAS_QK=qk is not None,
         BLOCK_L=blk["rows"], BLOCK_M=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
         DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
     )
@@ -450,10 +500,11 @@ def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: b
 
 def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_state: bool, blk: dict,
                              row_dots: tuple[torch.Tensor, torch.Tensor] | None = None,
-                             dx_of: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None) -> None:
+                             dx_of: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None,
+                             qk: torch.Tensor | None = None) -> None:
     """``row_dots = (B, into)``: also the share terms ``U`` into ``into [b, h, nc·L]`` fp32; ``dx_of = (x, D, into)``
     (with ``trans_state``): ``out`` gets ``dx`` rather than ``d(dt·x)``, and ``into [b, h, nc·L]`` fp32 the rows'
-    ``⟨x, d(dt·x)⟩`` (:func:`_chunk_scan_reverse`)."""
+    ``⟨x, d(dt·x)⟩``; ``qk``: the group scores read in place of ``Q·Kᵀ`` (:func:`_chunk_scan_reverse`)."""
     batch, _, H, _ = out.shape
     n_chunks = lam.shape[-1] // L
     block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
@@ -463,14 +514,34 @@ def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_s
     if dx_of is not None:
         W, D, x_into = dx_of
     _chunk_scan_reverse[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
-        Q, K, V, W, dt, lam, lam if seg is None else seg, d_states, D if D is not None else lam, out, row_into, x_into,
+        Q, K, V, W, dt, lam, lam if seg is None else seg, d_states, D if D is not None else lam,
+        lam if qk is None else qk, out, row_into, x_into,
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], Q.shape[-1], V.shape[-1],
         *_scan_strides(Q, K, V, W, dt, out),
         TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state, HAS_DOCS=seg is not None,
-        HAS_ROW_DOTS=row_dots is not None, DX_EPILOGUE=dx_of is not None, HAS_D=D is not None,
+        HAS_ROW_DOTS=row_dots is not None, DX_EPILOGUE=dx_of is not None, HAS_D=D is not None, HAS_QK=qk is not None,
         BLOCK_M=blk["rows"], BLOCK_L=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
         DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
     )
+
+
+def _group_scores_call(x, B, C, T: int, L: int, blk: dict) -> torch.Tensor | None:
+    """``C_l·B_m`` per chunk and group, ``[b, nc, G, L, L]`` fp32 (:func:`_group_scores`), for the ``y`` and ``d(dt·x)``
+    kernels to read — or None, and each head makes its own, unless ``launch_config`` asks for them
+    (``shared_scores``) and they pay in bytes: heads share groups (``G < H``) and the scores, ``G·L`` fp32 per position,
+    take no more than ``x`` (``H·P`` per position; a quarter of it at ``G = 1, H = 32, P = 64, L = 256`` in bf16). Off
+    by default: untimed; ``python -m recipes.benchmarks.ssd_tiles`` times it (mamba_ssm's ``_bmm_chunk_fwd`` does the
+    same; a torch einsum for it cost more than it saved, docs/kernels.md)."""
+    (batch, _, H, P), (G, N) = x.shape, B.shape[2:]
+    if not blk["shared_scores"] or G >= H or G * L * 4 > H * P * x.element_size():
+        return None
+    n_chunks, block = -(-T // L), min(64, max(16, triton.next_power_of_2(L)))
+    qk = torch.empty(batch, n_chunks, G, L, L, dtype=torch.float32, device=x.device)
+    _group_scores[(batch * n_chunks, G, triton.cdiv(L, block) ** 2)](
+        C, B, qk, T, L, n_chunks, G, N, *C.stride()[:3], *B.stride()[:3],
+        BLOCK=block, BLOCK_N=blk["N"], DOT=blk["dot"], num_warps=4,
+    )
+    return qk  # [b, nc, G, L, L]
 
 
 def _blk(x, B, C) -> dict:
@@ -500,7 +571,8 @@ def ssd_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
     seg = _segments(document_starts)
     states = _entering_states(x, dt, B, lam, seg, initial_state, T, L, blk)  # [b, nc+1, h, P, N] fp32
     y = torch.empty_like(x)
-    _chunk_scan_call(C, B, x, dt, lam, seg, states, D, y, T, L, trans_state=True, blk=blk)
+    qk = _group_scores_call(x, B, C, T, L, blk)  # [b, nc, G, L, L] or None
+    _chunk_scan_call(C, B, x, dt, lam, seg, states, D, y, T, L, trans_state=True, blk=blk, qk=qk)
     return y, states[:, -1].clone(), lam
 
 
@@ -546,7 +618,9 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
 
     dx = torch.empty_like(x)
     ddt_x = torch.empty(batch, H, lam.shape[-1], dtype=torch.float32, device=x.device)  # ⟨x, d(dt·x)⟩ per row
-    _chunk_scan_reverse_call(B, C, dy, dt, lam, seg, d_states, dx, T, L, trans_state=True, blk=blk, dx_of=(x, D, ddt_x))
+    qk = _group_scores_call(x, B, C, T, L, blk)  # made again rather than kept from the forward
+    _chunk_scan_reverse_call(B, C, dy, dt, lam, seg, d_states, dx, T, L, trans_state=True, blk=blk, dx_of=(x, D, ddt_x),
+                             qk=qk)
     dB_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
     _chunk_scan_reverse_call(x, dy, C, dt, lam, seg, d_states, dB_heads, T, L, trans_state=False, blk=blk,
                              row_dots=(B, share))

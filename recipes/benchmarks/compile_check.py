@@ -76,18 +76,28 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
              f32("U", "LAM", "H0", "OUT")),
         # the backward's dC and dB kernels also write the log-decay gradient's row dots (HAS_ROW_DOTS); the dx kernel
         # writes dx itself and ⟨x, d(dt·x)⟩ (DX_EPILOGUE)
-        Case("ssd _chunk_scan (y)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True, HAS_ROW_DOTS=False,
+        Case("ssd _chunk_scan (y)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True, HAS_ROW_DOTS=False, HAS_QK=False,
              BLOCK_L=rows, BLOCK_M=rows, BLOCK_QK=N, BLOCK_V=P, DOT=dot), warps, ("Q", "K", "V", "W", "OUT"),
-             f32("DT", "LAM", "STATES", "DSKIP", "ROW_DOTS")),
+             f32("DT", "LAM", "STATES", "DSKIP", "QK", "ROW_DOTS")),
         Case("ssd _chunk_scan (dC)", ssd._chunk_scan, dict(TRANS_STATE=False, HAS_D=False, HAS_ROW_DOTS=True,
-             BLOCK_L=rows, BLOCK_M=rows, BLOCK_QK=P, BLOCK_V=N, DOT=dot), warps, ("Q", "K", "V", "W"),
-             f32("DT", "LAM", "STATES", "DSKIP", "OUT", "ROW_DOTS")),
+             HAS_QK=False, BLOCK_L=rows, BLOCK_M=rows, BLOCK_QK=P, BLOCK_V=N, DOT=dot), warps, ("Q", "K", "V", "W"),
+             f32("DT", "LAM", "STATES", "DSKIP", "QK", "OUT", "ROW_DOTS")),
         Case("ssd _chunk_scan_reverse (dx)", ssd._chunk_scan_reverse, dict(TRANS_STATE=True, SCALE_BY_DT=False,
-             HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=N, BLOCK_V=P,
-             DOT=dot), warps, ("Q", "K", "V", "W", "OUT"), f32("DT", "LAM", "DSTATES", "DSKIP", "ROW_DOTS", "X_DOTS")),
+             HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, HAS_QK=False, BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=N,
+             BLOCK_V=P, DOT=dot), warps, ("Q", "K", "V", "W", "OUT"),
+             f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "ROW_DOTS", "X_DOTS")),
         Case("ssd _chunk_scan_reverse (dB)", ssd._chunk_scan_reverse, dict(TRANS_STATE=False, SCALE_BY_DT=True,
-             HAS_ROW_DOTS=True, DX_EPILOGUE=False, HAS_D=False, BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=P, BLOCK_V=N,
-             DOT=dot), warps, ("Q", "K", "V", "W"), f32("DT", "LAM", "DSTATES", "DSKIP", "OUT", "ROW_DOTS", "X_DOTS")),
+             HAS_ROW_DOTS=True, DX_EPILOGUE=False, HAS_D=False, HAS_QK=False, BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=P,
+             BLOCK_V=N, DOT=dot), warps, ("Q", "K", "V", "W"),
+             f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "OUT", "ROW_DOTS", "X_DOTS")),
+        # launch_config's shared_scores (off by default, for the tile search): y and d(dt·x) read C·Bᵀ per group
+        Case("ssd _chunk_scan (y, shared scores)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True,
+             HAS_ROW_DOTS=False, HAS_QK=True, BLOCK_L=rows, BLOCK_M=rows, BLOCK_QK=N, BLOCK_V=P, DOT=dot), warps,
+             ("Q", "K", "V", "W", "OUT"), f32("DT", "LAM", "STATES", "DSKIP", "QK", "ROW_DOTS")),
+        Case("ssd _chunk_scan_reverse (dx, shared scores)", ssd._chunk_scan_reverse, dict(TRANS_STATE=True,
+             SCALE_BY_DT=False, HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, HAS_QK=True, BLOCK_M=rows,
+             BLOCK_L=rows, BLOCK_QK=N, BLOCK_V=P, DOT=dot), warps, ("Q", "K", "V", "W", "OUT"),
+             f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "ROW_DOTS", "X_DOTS")),
         Case("ssd _log_decay_pairs", ssd._log_decay_pairs, dict(BLOCK_L=cfg["pair_rows"], BLOCK_M=cfg["pair_cols"],
              BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "DY", "BM", "CM"), f32("DT", "LAM", "OUT")),
     ]
@@ -97,6 +107,8 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
             out.append(Case(case.name + (", documents" if docs else ""), case.kernel, {**case.constexprs, "HAS_DOCS": docs},
                             case.options, case.data, {**case.types, **seg}))
     out.append(Case("ssd _state_dots", ssd._state_dots, dict(BLOCK=1024), {}, (), f32("E", "G", "OUT")))
+    out.append(Case("ssd _group_scores", ssd._group_scores, dict(BLOCK=64, BLOCK_N=N, DOT=dot), dict(num_warps=4),
+                    ("C", "B"), f32("QK")))
     # Attention with every option on (bias, padding, causal, window), then with packed
     # documents in place of the window (the two never meet: the host refuses documents with a window),
     # then a window without a bias (a sliding window: its loops start at the oldest kept key's block), then a bias alone.

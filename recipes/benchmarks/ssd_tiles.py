@@ -5,7 +5,8 @@ take, and the log-decay gradient's pair blocks — the evidence for ``kernels.ss
     python -m recipes.benchmarks.ssd_tiles --chunk 64 --length 8192
 
 Every kernel shares ``rows``, ``warps`` and ``stages``; the backward's log-decay pair kernel adds ``pair_rows ×
-pair_cols``. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
+pair_cols``; ``shared_scores`` (off by default) has the in-chunk ``C·Bᵀ`` made once per group of heads and read by the
+``y`` and ``d(dt·x)`` kernels, as mamba_ssm does. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
 checked against the current choice's (a wrong answer is named, not timed); a candidate that cannot launch here is
 named too. mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md
 says how to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table
@@ -92,7 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     base = (median_ms(lambda: forward(bare), args.repeats), median_ms(lambda: both(bare), args.repeats))
     print(f"current, check_finite=False: {base[0]:.2f} ms forward, {base[1]:.2f} fwd+bwd")
     sections = [("rows, warps, stages (every kernel)", ("rows", "warps", "stages"), SHARED),
-                ("pair_rows, pair_cols (the log-decay gradient's pair kernel)", ("pair_rows", "pair_cols"), LOG_DECAY)]
+                ("pair_rows, pair_cols (the log-decay gradient's pair kernel)", ("pair_rows", "pair_cols"), LOG_DECAY),
+                ("shared_scores (C·Bᵀ made once per group, read by the y and d(dt·x) kernels)", ("shared_scores",),
+                 [(not current["shared_scores"],)])]
     for title, keys, candidates in sections:
         columns = [*keys, "fwd ms", "fwd+bwd ms", "× current fwd+bwd", "max error against current"]
         print(f"\n### {title}, check_finite=False\n\n| {' | '.join(columns)} |\n|{'---|' * len(columns)}")

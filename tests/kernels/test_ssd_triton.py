@@ -259,20 +259,25 @@ def test_the_backward_writes_no_pair_tensor(docs):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
 
 
-@pytest.mark.parametrize("hopper_bf16", [False, True])
+@pytest.mark.parametrize("variant", ["sm_80", "hopper bf16", "shared scores"])
 @pytest.mark.parametrize("docs", [False, True])
-def test_the_gpu_tiles_under_the_interpreter(docs, hopper_bf16, monkeypatch):
+def test_the_gpu_tiles_under_the_interpreter(docs, variant, monkeypatch):
     """The tiles CUDA takes (32-row scans, or 64-row ones on Hopper in bf16; the log-decay pairs in 64-row blocks
     stepping 16 columns, so a block's diagonal spans several column steps) differ from the interpreter's 16×16: run
-    them here too, against the float64 recurrence, at a length of two chunks and a bit."""
+    them here too, against the float64 recurrence, at a length of two chunks and a bit — and with the in-chunk
+    products made once per group (``shared_scores``, off by default), read by the forward and the backward."""
     from kernels.ssd import triton as ssd_triton
 
+    hopper, shared = variant == "hopper bf16", variant == "shared scores"
     gpu_config = ssd_triton.launch_config
-    monkeypatch.setattr(ssd_triton, "launch_config", lambda P, N, cuda, dtype=torch.float32, arch=90: gpu_config(
-        P, N, True, torch.bfloat16 if hopper_bf16 else dtype, 90 if hopper_bf16 else 80))
+    monkeypatch.setattr(ssd_triton, "launch_config", lambda P, N, cuda, dtype=torch.float32, arch=90: {
+        **gpu_config(P, N, True, torch.bfloat16 if hopper else dtype, 90 if hopper else 80), "shared_scores": shared})
     assert ssd_triton.launch_config(16, 16, False)["pair_rows"] == 64
-    assert ssd_triton.launch_config(16, 16, False)["rows"] == (64 if hopper_bf16 else 32)
-    inputs = make(1, 150, 2, 16, 1, 16, True, True)
+    assert ssd_triton.launch_config(16, 16, False)["rows"] == (64 if hopper else 32)
+    made, scores = [], ssd_triton._group_scores_call
+    monkeypatch.setattr(ssd_triton, "_group_scores_call", lambda *a: made.append(scores(*a)) or made[-1])
+    # 4 heads to a group: G·L = 64 fp32 scores a position take H·P = 64 fp32s, so shared scores pay and are made
+    inputs = make(1, 150, 4, 16, 1, 16, True, True)
     starts = torch.zeros(1, 150, dtype=torch.bool, device=DEVICE)
     starts[0, [30, 64, 70, 71, 140]] = docs  # one on a chunk edge, two in a row, one in the last chunk
     run = lambda backend: lambda a: ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size=64, D=a["D"],  # noqa: E731
@@ -285,3 +290,4 @@ def test_the_gpu_tiles_under_the_interpreter(docs, hopper_bf16, monkeypatch):
     assert rel(y, y_ref) < 1e-5 and rel(final, final_ref) < 1e-5
     for name in grads:
         assert rel(grads[name], grads_ref[name]) < 1e-5, name
+    assert [m is not None for m in made] == [shared, shared]  # the forward's and the backward's

@@ -29,9 +29,11 @@ def test_every_kernel_compiles_for_sm90(dtype, tmp_path):
     assert {"ssd _chunk_scan (y)", "ssd _chunk_scan_reverse (dB)", "attention _backward_kv",
             "attention _backward_kv, documents", "retrieval _mix_backward", "ssd _chunk_scan (y), documents",
             "ssd _chunk_scan_reverse (dB), documents", "attention _forward, sliding window", "ssd _log_decay_pairs",
-            "ssd _log_decay_pairs, documents", "ssd _chunk_scan (dC), documents", "ssd _state_dots", "attention _decode_partials",
+            "ssd _log_decay_pairs, documents", "ssd _chunk_scan (dC), documents", "ssd _state_dots", "ssd _group_scores",
+            "ssd _chunk_scan_reverse (dx, shared scores), documents", "attention _decode_partials",
             "attention _decode_partials, sliding window", "attention _forward, bias only"} <= names
-    assert len(rows) == 35  # 8 SSD kernels with and without documents and _state_dots, 13 + 3 attention, 2 retrieval
+    assert len(rows) == 40  # 10 SSD kernels with and without documents, _state_dots and _group_scores, 13 + 3 attention,
+    # 2 retrieval
     for row in rows:
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert cells[2] == dtype and "FAILED" not in row and "TOO MUCH" not in row, row
@@ -52,7 +54,7 @@ def test_the_large_head_and_state_sizes_compile_without_spills_for_sm90(tmp_path
                     tmp_path=tmp_path)
     assert result.returncode == 0 and ssd.returncode == 0, result.stdout + result.stderr + ssd.stdout + ssd.stderr
     rows = [line for line in (result.stdout + ssd.stdout).splitlines() if line.startswith(("| ssd", "| attention"))]
-    assert len(rows) == 2 * 16 + 2 * 17
+    assert len(rows) == 2 * 16 + 2 * 22
     for row in rows:
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert cells[5] == "0" and float(cells[6]) <= 99, row  # spilled bytes, shared KiB

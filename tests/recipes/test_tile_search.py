@@ -46,6 +46,9 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     assert [row[:3] for row in shared] == [["32", "4", "1"], ["24", "4", "1"]]
     assert float(shared[0][-1]) < 1e-5 and shared[1][3].startswith("failed")
     assert [row[:2] for row in log_decay] == [["16", "32"]] and float(log_decay[0][-1]) < 1e-5
+    # the group scores (2 heads of 16 to a group of chunk 16: they pay, so they are made), checked like the tiles
+    scores = [line for line in out.split("### shared_scores", 1)[1].splitlines() if line.startswith("| True |")]
+    assert len(scores) == 1 and float(scores[0].split("|")[-2]) < 1e-5
     assert re.search(r"current, check_finite=False: [\d.]+ ms forward, [\d.]+ fwd\+bwd", out)
     assert ssd_triton.launch_config is original
 
