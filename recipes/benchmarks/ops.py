@@ -31,14 +31,17 @@ from kernels.ssd import ssd_scan
 from recipes.benchmarks.ssd import ssd_flops
 
 
+def step(fn, inputs: list[torch.Tensor], backward: bool) -> None:
+    """One call of ``fn()`` (and the backward of its sum), the inputs' gradients cleared first."""
+    for t in inputs:
+        t.grad = None
+    out = fn()
+    if backward:
+        out.float().sum().backward()
+
+
 def measure(fn, inputs: list[torch.Tensor], backward: bool, repeats: int) -> tuple[float, float]:
     """(median ms, peak MiB or nan) of ``fn()`` (+ backward of its sum)."""
-    def step():
-        for t in inputs:
-            t.grad = None
-        out = fn()
-        if backward:
-            out.float().sum().backward()
     cuda = inputs[0].is_cuda
     if cuda:
         torch.cuda.synchronize()
@@ -46,7 +49,7 @@ def measure(fn, inputs: list[torch.Tensor], backward: bool, repeats: int) -> tup
         base = torch.cuda.memory_allocated()
 
     def timed():
-        step()
+        step(fn, inputs, backward)
         if cuda:
             torch.cuda.synchronize()
     ms = median_ms(timed, repeats)
@@ -61,12 +64,8 @@ def profile_tables(fn, inputs: list[torch.Tensor], rows: int) -> Iterator[str]:
     cuda = inputs[0].is_cuda
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     for label, backward in (("forward", False), ("forward+backward", True)):
-        for t in inputs:
-            t.grad = None
         with torch.profiler.profile(activities=activities) as profiler:
-            out = fn()
-            if backward:
-                out.float().sum().backward()
+            step(fn, inputs, backward)
             if cuda:
                 torch.cuda.synchronize()
         table = profiler.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
