@@ -212,6 +212,112 @@ def _group_scores(C, B, QK, T, L, n_chunks, G, N, sc_b, sc_t, sc_h, sb_b, sb_t, 
 
 
 @triton.jit
+def _group_pair_grads(X, DY, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, G, P, sx_b, sx_t, sx_h, sdy_b, sdy_t, sdy_h,
+                      sdt_b, sdt_t,
+                      HAS_DOCS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, DOT: tl.constexpr):
+    """``OUT[b, c, g, l, m] = Σ_{h in g} (dy_l·x_m) exp(Λ_l − Λ_m) dt_m`` fp32 for the pairs ``m ≤ l`` of one document
+    in chunk ``c`` (0 elsewhere in the blocks on and below the diagonal; the blocks above are never written): what the
+    group's in-chunk products ``C_l·B_m`` receive, summed over the heads that share them, so that ``dC_l`` takes
+    ``Σ_m OUT_lm B_m`` and ``dB_m`` takes ``Σ_l OUT_lm C_l`` once per group rather than once per head (mamba_ssm's
+    ``dCB``). The program loops over the group's heads. Grid: (b·nc, G, row blocks × column blocks)."""
+    bc, g, blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, c = bc // n_chunks, bc % n_chunks
+    blocks = tl.cdiv(L, BLOCK)
+    i, j = blk // blocks, blk % blocks
+    if j <= i:
+        offs_p = tl.arange(0, BLOCK_P)
+        in_p = offs_p[None, :] < P
+        offs_l, t_l, valid_l = _chunk_rows(i * BLOCK, c, L, T, BLOCK)
+        offs_m, t_m, valid_m = _chunk_rows(j * BLOCK, c, L, T, BLOCK)
+        causal = valid_m[None, :] & (offs_m[None, :] <= offs_l[:, None])
+        if HAS_DOCS:
+            seg_l = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid_l, other=-1)
+            causal &= tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_m), mask=valid_m, other=-2)[None, :] == seg_l[:, None]
+        acc = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+        per_group = H // G
+        for k in range(0, per_group):
+            h = g * per_group + k
+            dy = tl.load(_rows(DY, b, c, L, sdy_b, sdy_t, sdy_h, h, offs_l, offs_p), mask=valid_l[:, None] & in_p,
+                         other=0.0)
+            x = tl.load(_rows(X, b, c, L, sx_b, sx_t, sx_h, h, offs_m, offs_p), mask=valid_m[:, None] & in_p, other=0.0)
+            dt_m = tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)
+            lam_ptr = LAM + ((b.to(tl.int64) * H + h) * Tp + c * L)
+            lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
+            lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
+            decay = tl.exp(tl.where(causal, lam_l[:, None] - lam_m[None, :], float("-inf")))
+            acc += tl.dot(dy, tl.trans(x.to(dy.dtype)), input_precision=DOT) * decay * dt_m[None, :]
+        tl.store(_group_score_tile(OUT, b, c, n_chunks, g, G, L, offs_l, offs_m), acc,
+                 mask=(offs_l < L)[:, None] & (offs_m < L)[None, :])
+
+
+@triton.jit
+def _group_bc_grads(Q, STATES, W, R, DT, LAM, SEG, PAIRS, OUT, ROW_DOTS, T, L, Tp, n_chunks, H, G, P, N,
+                    sq_b, sq_t, sq_h, sw_b, sw_t, sw_h, sr_b, sr_t, sr_h, sdt_b, sdt_t, so_b, so_t, so_h,
+                    SOURCE_ROWS: tl.constexpr, HAS_DOCS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+    """``dC`` or ``dB`` of group ``g`` for one block of rows of chunk ``c``, in OUT's dtype: the group's heads' state
+    terms summed in the program, and the in-chunk term once, from :func:`_group_pair_grads`' ``PAIRS``.
+
+    Rows ``l`` (``Q, STATES, W, R = dy, E, C, B``): ``dC_l = Σ_{h in g} exp(Λ_l) dy_l E_c + Σ_{m≤l} PAIRS_lm B_m``, and
+    per head the log-decay gradient's read-out term ``R_l = ⟨exp(Λ_l) dy_l E_c, C_l⟩``.
+    SOURCE_ROWS, rows ``m`` (``Q, STATES, W, R = x, G, B, C``): ``dB_m = Σ_{h in g} dt_m exp(α_c − Λ_m) x_m G_{c+1} +
+    Σ_{l≥m} PAIRS_lm C_l``, and per head the share term ``U_m = ⟨dt_m exp(α_c − Λ_m) x_m G_{c+1}, B_m⟩``.
+    The row dots go to ``ROW_DOTS [b, h, nc·L]`` fp32; a head's state term counts only in the document its state
+    belongs to. ``STATES [b, nc+1, h, P, N]`` fp32. Grid: (b·nc, row blocks of the chunk, G)."""
+    bc, pid, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, c = bc // n_chunks, bc % n_chunks
+    offs_p, offs_n = tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_N)
+    in_p, in_n = offs_p[None, :] < P, offs_n[None, :] < N
+    offs, t, valid = _chunk_rows(pid * BLOCK_L, c, L, T, BLOCK_L)
+    w = tl.load(_rows(W, b, c, L, sw_b, sw_t, sw_h, g, offs, offs_n), mask=valid[:, None] & in_n, other=0.0)
+    own = valid
+    if HAS_DOCS:  # the rows in the document of the state this term reads
+        seg = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs), mask=valid, other=-1)
+        if SOURCE_ROWS:
+            own &= seg == _seg_end(SEG, b, c, L, T)
+        else:
+            own &= seg == _seg_before(SEG, b, c, L, T)
+    state_ptr = STATES + ((b.to(tl.int64) * (n_chunks + 1) + c + SOURCE_ROWS) * H) * P * N
+    acc = tl.zeros([BLOCK_L, BLOCK_N], dtype=tl.float32)
+    per_group = H // G
+    for k in range(0, per_group):
+        h = g * per_group + k
+        q = tl.load(_rows(Q, b, c, L, sq_b, sq_t, sq_h, h, offs, offs_p), mask=valid[:, None] & in_p, other=0.0)
+        state = _state_tile(state_ptr + h * P * N, offs_p, offs_n, P, N, False)  # [P, N]
+        lam_ptr = LAM + ((b.to(tl.int64) * H + h) * Tp + c * L)
+        lam = tl.load(lam_ptr + offs, mask=offs < L, other=0.0)
+        if SOURCE_ROWS:
+            dt = tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs), mask=valid, other=0.0).to(tl.float32)
+            weight = dt * tl.exp(tl.load(lam_ptr + L - 1) - lam)
+        else:
+            weight = tl.exp(lam)
+        weight = tl.where(own, weight, 0.0)
+        term = tl.dot(q, state.to(q.dtype), input_precision=DOT) * weight[:, None]  # [BLOCK_L, N]
+        tl.store(ROW_DOTS + ((b.to(tl.int64) * H + h) * Tp + c * L) + offs, tl.sum(term * w.to(tl.float32), axis=1),
+                 mask=offs < L)
+        acc += term
+
+    # The in-chunk term, once for the group: PAIRS[l, m] on and below the diagonal.
+    if SOURCE_ROWS:
+        lo, hi = pid * BLOCK_L, L
+    else:
+        lo, hi = 0, tl.minimum((pid + 1) * BLOCK_L, L)
+    for s0 in range(lo, hi, BLOCK_M):
+        offs_s, t_s, valid_s = _chunk_rows(s0, c, L, T, BLOCK_M)
+        r = tl.load(_rows(R, b, c, L, sr_b, sr_t, sr_h, g, offs_s, offs_n), mask=valid_s[:, None] & in_n, other=0.0)
+        if SOURCE_ROWS:  # [m, l] from PAIRS[l, m], l ≥ m
+            below = (offs_s[None, :] >= offs[:, None]) & (offs_s[None, :] < L)
+            pairs = tl.trans(tl.load(_group_score_tile(PAIRS, b, c, n_chunks, g, G, L, offs_s, offs),
+                                     mask=tl.trans(below), other=0.0))
+        else:  # [l, m], m ≤ l
+            below = (offs_s[None, :] <= offs[:, None]) & (offs[:, None] < L)
+            pairs = tl.load(_group_score_tile(PAIRS, b, c, n_chunks, g, G, L, offs, offs_s), mask=below, other=0.0)
+        acc += tl.dot(pairs.to(r.dtype), r, input_precision=DOT)
+    tl.store(_rows(OUT, b, c, L, so_b, so_t, so_h, g, offs, offs_n), acc.to(OUT.dtype.element_ty),
+             mask=valid[:, None] & in_n)
+
+
+@triton.jit
 def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, QK, OUT, ROW_DOTS, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS,
                 V_HEADS, DQK, DV, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sw_b, sw_t, sw_h, sdt_b, sdt_t,
                 so_b, so_t, so_h,
@@ -355,14 +461,15 @@ def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_D
 
 
 @triton.jit
-def _log_decay_pairs(X, DY, BM, CM, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BC_HEADS, P, N,
+def _log_decay_pairs(X, DY, BM, CM, DT, LAM, SEG, QK, OUT, T, L, Tp, n_chunks, H, BC_HEADS, P, N,
                      sx_b, sx_t, sx_h, sdy_b, sdy_t, sdy_h, sb_b, sb_t, sb_h, sc_b, sc_t, sc_h, sdt_b, sdt_t,
-                     HAS_DOCS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr,
+                     HAS_DOCS: tl.constexpr, HAS_QK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     """The pair terms of the log-decay gradient, for the rows ``l`` of one block: ``OUT[b, c, block, h, k] =
     Σ_{l in block, l≥k} Σ_{m<k} T_lm`` with ``T_lm = (dy_l·x_m)(C_l·B_m) exp(Λ_l − Λ_m) dt_m`` (pairs in one
     document). A program keeps its rows' ``Σ_{m<k} T_lm`` as a running sum over the column blocks, so no ``[L, L]``
-    tensor is written; the blocks' parts are summed afterwards (no atomics). Grid: (b·nc, row blocks, h)."""
+    tensor is written; the blocks' parts are summed afterwards (no atomics). With HAS_QK the products ``C_l·B_m`` are
+    read from the group's ``QK [b, nc, BC_HEADS, L, L]`` (:func:`_group_scores`). Grid: (b·nc, row blocks, h)."""
     bc, pid_l, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # b·nc on axis 0: up to 2^31 − 1
     b, c = bc // n_chunks, bc % n_chunks
     g = h // (H // BC_HEADS)
@@ -372,7 +479,8 @@ def _log_decay_pairs(X, DY, BM, CM, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BC
     lam_ptr = LAM + ((b.to(tl.int64) * H + h) * Tp + c * L)
     lam_l = tl.load(lam_ptr + offs_l, mask=offs_l < L, other=0.0)
     dy = tl.load(_rows(DY, b, c, L, sdy_b, sdy_t, sdy_h, h, offs_l, offs_p), mask=valid_l[:, None] & in_p, other=0.0)
-    cm = tl.load(_rows(CM, b, c, L, sc_b, sc_t, sc_h, g, offs_l, offs_n), mask=valid_l[:, None] & in_n, other=0.0)
+    if not HAS_QK:
+        cm = tl.load(_rows(CM, b, c, L, sc_b, sc_t, sc_h, g, offs_l, offs_n), mask=valid_l[:, None] & in_n, other=0.0)
     if HAS_DOCS:
         seg_l = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid_l, other=-1)
     out = OUT + (((b.to(tl.int64) * n_chunks + c) * tl.num_programs(1) + pid_l) * H + h) * L
@@ -382,15 +490,21 @@ def _log_decay_pairs(X, DY, BM, CM, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BC
     for m0 in range(0, hi, BLOCK_M):
         offs_m, t_m, valid_m = _chunk_rows(m0, c, L, T, BLOCK_M)
         x = tl.load(_rows(X, b, c, L, sx_b, sx_t, sx_h, h, offs_m, offs_p), mask=valid_m[:, None] & in_p, other=0.0)
-        bm = tl.load(_rows(BM, b, c, L, sb_b, sb_t, sb_h, g, offs_m, offs_n), mask=valid_m[:, None] & in_n, other=0.0)
+        if not HAS_QK:
+            bm = tl.load(_rows(BM, b, c, L, sb_b, sb_t, sb_h, g, offs_m, offs_n), mask=valid_m[:, None] & in_n,
+                         other=0.0)
         dt_m = tl.load(_per_position(DT, b, c, L, sdt_b, sdt_t, h, offs_m), mask=valid_m, other=0.0).to(tl.float32)
         lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
         before = (offs_m[None, :] < offs_l[:, None]) & valid_m[None, :]  # [l, m]: m < l (m = l enters no k ≤ l)
         if HAS_DOCS:
             before &= tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_m), mask=valid_m, other=-2)[None, :] == seg_l[:, None]
         decay = tl.exp(tl.where(before, lam_l[:, None] - lam_m[None, :], float("-inf")))
-        pair = (tl.dot(dy, tl.trans(x.to(dy.dtype)), input_precision=DOT)
-                * tl.dot(cm, tl.trans(bm.to(cm.dtype)), input_precision=DOT) * decay * dt_m[None, :])  # T_lm
+        if HAS_QK:
+            qk = tl.load(_group_score_tile(QK, b, c, n_chunks, g, BC_HEADS, L, offs_l, offs_m),
+                         mask=before & (offs_l < L)[:, None], other=0.0)
+        else:
+            qk = tl.dot(cm, tl.trans(bm.to(cm.dtype)), input_precision=DOT)
+        pair = tl.dot(dy, tl.trans(x.to(dy.dtype)), input_precision=DOT) * qk * decay * dt_m[None, :]  # T_lm
         before_k = run[:, None] + tl.cumsum(pair, axis=1) - pair  # [l, k]: Σ_{m<k} T_lm
         da = tl.sum(tl.where(offs_l[:, None] >= offs_m[None, :], before_k, 0.0), axis=0)  # over l ≥ k
         tl.store(out + offs_m, da, mask=offs_m < L)
@@ -426,13 +540,21 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     kernel with its row dots at (64, 256)). In fp32, 32 rows and 2 stages (64-row tiles need up to 209 KiB of shared
     memory, more than an A100 has). The log-decay gradient's pair kernel takes blocks of ``pair_rows`` rows stepping
     ``pair_cols`` columns (64 × 16 on CUDA: the fastest of six on the H100; 32 × 32 spilled 16-24 bytes at (64, 256) on
-    sm_90). ``shared_scores`` (off): the in-chunk ``C·Bᵀ`` made once per group (:func:`_group_scores_call`), for the
-    tile search to time."""
+    sm_90). ``shared_scores`` (off): the in-chunk ``C·Bᵀ`` made once per group (:func:`_group_scores_call`) and, in
+    the backward, ``dC`` and ``dB`` made per group (:func:`_group_bc_grads_call`), for the tile search to time. The
+    per-group kernels loop over the group's heads holding a ``[rows, N]`` fp32 sum beside each head's term, on 8 warps:
+    ``group_rows`` 32 at states up to 64 × 128 and 16 above (the largest without a spill on sm_90: 64 rows spilled
+    80-730 bytes at 64 × 128, 32 rows 56-184 at the larger states), and ``group_block`` × ``group_block`` blocks of the
+    pairs' gradients, 64 and 32 (64 spilled 64 bytes at P 128); fp32 takes the smaller ones."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False)
+    small = tiles["P"] * tiles["N"] <= 64 * 128
+    narrow = small and dtype != torch.float32
+    tiles.update(group_rows=32 if narrow else 16, group_block=64 if narrow else 32, group_warps=8)
     if not cuda:  # the interpreter: small tiles, fewer wasted lanes
-        return dict(tiles, rows=16, pair_rows=16, pair_cols=16, warps=4, stages=1)
-    if dtype != torch.float32 and arch >= 90 and tiles["P"] * tiles["N"] <= 64 * 128:
+        return dict(tiles, rows=16, pair_rows=16, pair_cols=16, group_rows=16, group_block=16, group_warps=4, warps=4,
+                    stages=1)
+    if dtype != torch.float32 and arch >= 90 and small:
         return dict(tiles, rows=64, warps=4, stages=2)
     return dict(tiles, rows=32, warps=8, stages=2)
 
@@ -544,6 +666,43 @@ def _group_scores_call(x, B, C, T: int, L: int, blk: dict) -> torch.Tensor | Non
     return qk  # [b, nc, G, L, L]
 
 
+def _per_head_bc_grads(x, dy, B, C, dt, lam, seg, states, d_states, read, share, T: int, L: int,
+                       blk: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dC, dB)`` made per head by the scans (fp32 ``[b, T, h, N]``), summed over each group; with the rows' read-out
+    and share terms into ``read`` and ``share``."""
+    (batch, _, H, _), (G, N) = x.shape, B.shape[2:]
+    dC_heads, dB_heads = (torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device) for _ in range(2))
+    _chunk_scan_call(dy, x, B, dt, lam, seg, states, None, dC_heads, T, L, trans_state=False, blk=blk,
+                     row_dots=(C, read))
+    _chunk_scan_reverse_call(x, dy, C, dt, lam, seg, d_states, dB_heads, T, L, trans_state=False, blk=blk,
+                             row_dots=(B, share))
+    per_group = lambda t: t.view(batch, T, G, H // G, N)  # noqa: E731  [b, T, g, h/g, N]
+    return per_group(dC_heads).sum(3).to(C.dtype), per_group(dB_heads).sum(3).to(B.dtype)
+
+
+def _group_bc_grads_call(x, dy, B, C, dt, lam, seg, states, d_states, read, share, T: int, L: int,
+                         blk: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dC, dB)`` made per group (:func:`_group_pair_grads`, then :func:`_group_bc_grads` twice), in ``C``'s and
+    ``B``'s dtypes; with the rows' read-out and share terms into ``read`` and ``share``. For ``shared_scores``."""
+    (batch, _, H, P), (G, N) = x.shape, B.shape[2:]
+    n_chunks, Tp, seg_arg = lam.shape[-1] // L, lam.shape[-1], lam if seg is None else seg
+    block = min(blk["group_block"], max(16, triton.next_power_of_2(L)))
+    pairs = torch.empty(batch, n_chunks, G, L, L, dtype=torch.float32, device=x.device)  # blocks above: never read
+    _group_pair_grads[(batch * n_chunks, G, triton.cdiv(L, block) ** 2)](
+        x, dy, dt, lam, seg_arg, pairs, T, L, Tp, n_chunks, H, G, P, *x.stride()[:3], *dy.stride()[:3], *dt.stride()[:2],
+        HAS_DOCS=seg is not None, BLOCK=block, BLOCK_P=blk["P"], DOT=blk["dot"], num_warps=blk["group_warps"],
+    )
+    dC, dB = torch.empty(C.shape, dtype=C.dtype, device=x.device), torch.empty(B.shape, dtype=B.dtype, device=x.device)
+    for q, st, w, r, out, dots, source_rows in ((dy, states, C, B, dC, read, False), (x, d_states, B, C, dB, share, True)):
+        _group_bc_grads[(batch * n_chunks, triton.cdiv(L, blk["group_rows"]), G)](
+            q, st, w, r, dt, lam, seg_arg, pairs, out, dots, T, L, Tp, n_chunks, H, G, P, N,
+            *q.stride()[:3], *w.stride()[:3], *r.stride()[:3], *dt.stride()[:2], *out.stride()[:3],
+            SOURCE_ROWS=source_rows, HAS_DOCS=seg is not None, BLOCK_L=blk["group_rows"], BLOCK_M=blk["group_rows"],
+            BLOCK_P=blk["P"], BLOCK_N=blk["N"], DOT=blk["dot"], num_warps=blk["group_warps"], num_stages=blk["stages"],
+        )
+    return dC, dB
+
+
 def _blk(x, B, C) -> dict:
     """Tiles sized for the widest operand: fp32 B, C beside a bf16 x (RoPE tables under autocast) need the fp32
     tiles, or the shared memory outgrows smaller GPUs; fp32 dots as torch's matmuls."""
@@ -612,27 +771,22 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
 
     # the log-decay gradient's read-out and share terms per row, made beside dC and dB (from their state products)
     read, share = (torch.empty(batch, H, lam.shape[-1], dtype=torch.float32, device=x.device) for _ in range(2))
-    dC_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
-    _chunk_scan_call(dy, x, B, dt, lam, seg, states, None, dC_heads, T, L, trans_state=False, blk=blk,
-                     row_dots=(C, read))
+    qk = _group_scores_call(x, B, C, T, L, blk)  # made again rather than kept from the forward
+    if qk is None:  # per head: dC and dB summed over each group afterwards
+        dC, dB = _per_head_bc_grads(x, dy, B, C, dt, lam, seg, states, d_states, read, share, T, L, blk)
+    else:  # per group: the heads' in-chunk terms summed first, their state terms inside the kernel
+        dC, dB = _group_bc_grads_call(x, dy, B, C, dt, lam, seg, states, d_states, read, share, T, L, blk)
 
     dx = torch.empty_like(x)
     ddt_x = torch.empty(batch, H, lam.shape[-1], dtype=torch.float32, device=x.device)  # ⟨x, d(dt·x)⟩ per row
-    qk = _group_scores_call(x, B, C, T, L, blk)  # made again rather than kept from the forward
     _chunk_scan_reverse_call(B, C, dy, dt, lam, seg, d_states, dx, T, L, trans_state=True, blk=blk, dx_of=(x, D, ddt_x),
                              qk=qk)
-    dB_heads = torch.empty(batch, T, H, N, dtype=torch.float32, device=x.device)
-    _chunk_scan_reverse_call(x, dy, C, dt, lam, seg, d_states, dB_heads, T, L, trans_state=False, blk=blk,
-                             row_dots=(B, share))
     ddt_x = ddt_x.transpose(1, 2)[:, :T]  # [b, T, h]
 
-    da = _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, read, share, T, L, blk)  # [b, T, h]
-    per_group = lambda t: t.view(batch, T, G, H // G, N)  # noqa: E731  [b, T, g, h/g, N]
-
+    da = _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, read, share, T, L, blk,
+                                  qk)  # [b, T, h]
     d_dt = (ddt_x + da * A.float()).to(dt.dtype)
     dA = (da * dt.float()).sum((0, 1)).to(A.dtype)
-    dB = per_group(dB_heads).sum(3).to(B.dtype)  # [b, T, g, N]
-    dC = per_group(dC_heads).sum(3).to(C.dtype)
     dD = (dy.float() * x.float()).sum((0, 1, 3)).to(D.dtype) if D is not None else x.new_empty(0)
     return dx, d_dt, dA, dB, dC, dD, d_states[:, 0].contiguous()
 
@@ -677,7 +831,7 @@ def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_sta
 
 
 def _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, read, share, T: int, L: int,
-                             blk: dict) -> torch.Tensor:
+                             blk: dict, qk: torch.Tensor | None = None) -> torch.Tensor:
     """``da [b, T, h]`` fp32, the gradient of each step's log-decay ``a_k = dt_k A``, summed term by term.
 
     ``a_k`` enters every decay ``exp(Λ_l − Λ_m)`` with ``m < k ≤ l`` (inside a chunk), every read-out
@@ -704,8 +858,8 @@ def _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, read, 
     # [b, nc, row blocks, h, L]; zeros: the columns past a block's rows are not written
     pairs = torch.zeros(batch, n_chunks, triton.cdiv(L, rows), H, L, dtype=torch.float32, device=x.device)
     _log_decay_pairs[(batch * n_chunks, triton.cdiv(L, rows), H)](
-        x, dy, B, C, dt, lam, seg_arg, pairs, T, L, Tp, n_chunks, H, B.shape[2], P, N, *strides,
-        HAS_DOCS=seg is not None, BLOCK_L=rows, BLOCK_M=cols, BLOCK_P=blk["P"], BLOCK_N=blk["N"],
+        x, dy, B, C, dt, lam, seg_arg, lam if qk is None else qk, pairs, T, L, Tp, n_chunks, H, B.shape[2], P, N,
+        *strides, HAS_DOCS=seg is not None, HAS_QK=qk is not None, BLOCK_L=rows, BLOCK_M=cols, BLOCK_P=blk["P"], BLOCK_N=blk["N"],
         DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
     )
     block = min(1024, triton.next_power_of_2(P * N))

@@ -65,6 +65,7 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     cfg = ssd.launch_config(*ssd_shape, cuda=True, dtype=torch_dtype, arch=arch)
     rows, P, N = cfg["rows"], cfg["P"], cfg["N"]
     warps = dict(num_warps=cfg["warps"], num_stages=cfg["stages"])
+    group_rows, group_warps = cfg["group_rows"], dict(num_warps=cfg["group_warps"], num_stages=cfg["stages"])
     f32 = lambda *names: {n: "*fp32" for n in names}  # noqa: E731
     seg = {"SEG": "*i32"}
     ssd_cases = [
@@ -98,8 +99,22 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
              SCALE_BY_DT=False, HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, HAS_QK=True, BLOCK_M=rows,
              BLOCK_L=rows, BLOCK_QK=N, BLOCK_V=P, DOT=dot), warps, ("Q", "K", "V", "W", "OUT"),
              f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "ROW_DOTS", "X_DOTS")),
-        Case("ssd _log_decay_pairs", ssd._log_decay_pairs, dict(BLOCK_L=cfg["pair_rows"], BLOCK_M=cfg["pair_cols"],
-             BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "DY", "BM", "CM"), f32("DT", "LAM", "OUT")),
+        Case("ssd _log_decay_pairs", ssd._log_decay_pairs, dict(HAS_QK=False, BLOCK_L=cfg["pair_rows"],
+             BLOCK_M=cfg["pair_cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "DY", "BM", "CM"),
+             f32("DT", "LAM", "QK", "OUT")),
+        # shared_scores' backward: the pair kernel reads C·Bᵀ; dC and dB are made per group (the heads' in-chunk
+        # gradients summed by _group_pair_grads, their state terms inside _group_bc_grads)
+        Case("ssd _log_decay_pairs (shared scores)", ssd._log_decay_pairs, dict(HAS_QK=True, BLOCK_L=cfg["pair_rows"],
+             BLOCK_M=cfg["pair_cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "DY", "BM", "CM"),
+             f32("DT", "LAM", "QK", "OUT")),
+        Case("ssd _group_pair_grads", ssd._group_pair_grads, dict(BLOCK=cfg["group_block"], BLOCK_P=P, DOT=dot), group_warps,
+             ("X", "DY"), f32("DT", "LAM", "OUT")),
+        Case("ssd _group_bc_grads (dC)", ssd._group_bc_grads, dict(SOURCE_ROWS=False, BLOCK_L=group_rows,
+             BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=N, DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
+             f32("STATES", "DT", "LAM", "PAIRS", "ROW_DOTS")),
+        Case("ssd _group_bc_grads (dB)", ssd._group_bc_grads, dict(SOURCE_ROWS=True, BLOCK_L=group_rows,
+             BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=N, DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
+             f32("STATES", "DT", "LAM", "PAIRS", "ROW_DOTS")),
     ]
     # Each SSD kernel without and with packed documents (their masks cost registers).
     for case in ssd_cases:

@@ -3,10 +3,11 @@ take, and the log-decay gradient's pair blocks — the evidence for ``kernels.ss
 
     python -m recipes.benchmarks.ssd_tiles                          # B 4, T 4096, H 32, P 64, N 128, chunk 256, bf16
     python -m recipes.benchmarks.ssd_tiles --chunk 64 --length 8192
+    python -m recipes.benchmarks.ssd_tiles --length 16384 --sections scores   # one section: shared_scores on and off
 
 Every kernel shares ``rows``, ``warps`` and ``stages``; the backward's log-decay pair kernel adds ``pair_rows ×
 pair_cols``; ``shared_scores`` (off by default) has the in-chunk ``C·Bᵀ`` made once per group of heads and read by the
-``y`` and ``d(dt·x)`` kernels, as mamba_ssm does. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
+``y``, ``d(dt·x)`` and log-decay kernels, and ``dC``, ``dB`` made per group, as mamba_ssm does. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
 checked against the current choice's (a wrong answer is named, not timed); a candidate that cannot launch here is
 named too. mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md
 says how to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sections", nargs="+", choices=["rows", "pairs", "scores"], default=["rows", "pairs", "scores"],
+                        help="which candidates to time: rows/warps/stages, the pair kernel's blocks, shared_scores")
     add_device_option(parser)
     args = parser.parse_args(argv)
     cuda, dtype, device = device_of(args)
@@ -92,11 +95,12 @@ def main(argv: list[str] | None = None) -> None:
     bare = lambda: ssd_scan(*inputs, chunk_size=L, backend="triton", check_finite=False)  # noqa: E731
     base = (median_ms(lambda: forward(bare), args.repeats), median_ms(lambda: both(bare), args.repeats))
     print(f"current, check_finite=False: {base[0]:.2f} ms forward, {base[1]:.2f} fwd+bwd")
-    sections = [("rows, warps, stages (every kernel)", ("rows", "warps", "stages"), SHARED),
-                ("pair_rows, pair_cols (the log-decay gradient's pair kernel)", ("pair_rows", "pair_cols"), LOG_DECAY),
-                ("shared_scores (C·Bᵀ made once per group, read by the y and d(dt·x) kernels)", ("shared_scores",),
-                 [(not current["shared_scores"],)])]
-    for title, keys, candidates in sections:
+    sections = {"rows": ("rows, warps, stages (every kernel)", ("rows", "warps", "stages"), SHARED),
+                "pairs": ("pair_rows, pair_cols (the log-decay gradient's pair kernel)", ("pair_rows", "pair_cols"),
+                          LOG_DECAY),
+                "scores": ("shared_scores (C·Bᵀ made once per group, dC and dB per group)", ("shared_scores",),
+                           [(not current["shared_scores"],)])}
+    for title, keys, candidates in (sections[name] for name in args.sections):
         columns = [*keys, "fwd ms", "fwd+bwd ms", "× current fwd+bwd", "max error against current"]
         print(f"\n### {title}, check_finite=False\n\n| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
         for values in candidates:

@@ -291,3 +291,30 @@ def test_the_gpu_tiles_under_the_interpreter(docs, variant, monkeypatch):
     for name in grads:
         assert rel(grads[name], grads_ref[name]) < 1e-5, name
     assert [m is not None for m in made] == [shared, shared]  # the forward's and the backward's
+
+
+@pytest.mark.parametrize("docs", [False, True])
+def test_shared_scores_per_group_with_two_groups(docs, monkeypatch):
+    """With ``shared_scores`` the backward makes ``dC`` and ``dB`` per group: the in-chunk gradients of ``C·Bᵀ`` summed
+    over a group's heads, then the heads' state terms summed inside the kernel. Two groups of two heads (a head read
+    at the wrong group, or a group's heads counted in the other, changes every gradient), a chunk of 32 over 16-row
+    tiles at T 75, against the float64 recurrence."""
+    from kernels.ssd import triton as ssd_triton
+
+    config = ssd_triton.launch_config
+    monkeypatch.setattr(ssd_triton, "launch_config", lambda *a, **k: {**config(*a, **k), "shared_scores": True})
+    made, scores = [], ssd_triton._group_scores_call
+    monkeypatch.setattr(ssd_triton, "_group_scores_call", lambda *a: made.append(scores(*a)) or made[-1])
+    inputs = make(2, 75, 4, 32, 2, 16, True, True)  # G·L = 64 scores a position, H·P = 128: they pay
+    starts = torch.zeros(2, 75, dtype=torch.bool, device=DEVICE)
+    starts[0, [20, 32, 33]], starts[1, [64, 70]] = docs, docs
+    run = lambda backend: lambda a: ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size=32, D=a["D"],  # noqa: E731
+                                             initial_state=a["initial_state"], document_starts=starts if docs else None,
+                                             return_final_state=True, backend=backend)
+    y, final, grads = outputs_and_gradients(run("triton"), inputs)
+    y_ref, final_ref, grads_ref = outputs_and_gradients(run("reference"), {k: v.double() if v is not None else v
+                                                                            for k, v in inputs.items()})
+    assert close(y, y_ref) and close(final, final_ref)
+    for name in grads:
+        assert close(grads[name], grads_ref[name]), f"gradient of {name}"
+    assert [m is not None for m in made] == [True, True]

@@ -53,6 +53,13 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     assert ssd_triton.launch_config is original
 
 
+def test_the_ssd_search_times_only_the_sections_asked_for(capsys):
+    ssd_tiles.main(["--device", "cpu", "--length", "20", "--batch", "1", "--heads", "2", "--head-dim", "16",
+                    "--state", "16", "--chunk", "16", "--repeats", "1", "--sections", "scores"])
+    out = capsys.readouterr().out
+    assert "### shared_scores" in out and "### rows" not in out and "### pair_rows" not in out
+
+
 @pytest.mark.parametrize("search", [attention_tiles, ssd_tiles])
 def test_without_a_gpu_the_search_says_so(search, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
