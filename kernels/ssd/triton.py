@@ -145,14 +145,16 @@ def _chunk_state(X, DT, BM, LAM, SEG, OUT, T, L, Tp, n_chunks, H, BM_HEADS, P, N
 
 
 @triton.jit
-def _decayed_scan(U, LAM, SEG, H0, OUT, T, L, Tp, n_chunks, H, PN,
+def _decayed_scan(U, LAM, SEG, H0, OUT, FINAL, T, L, Tp, n_chunks, H, PN,
                   HAS_H0: tl.constexpr, REVERSE: tl.constexpr, HAS_DOCS: tl.constexpr, BLOCK: tl.constexpr):
     """The linear recurrence over chunks, on flattened ``[P·N]`` states, fp32.
 
     Forward: ``OUT[0] = H0``, ``OUT[c+1] = exp(α_c) OUT[c] + U[c]``.
     Reverse: ``OUT[nc] = H0``, ``OUT[c] = exp(α_c) OUT[c+1] + U[c]``.
     With documents, ``exp(α_c)`` is 0 for a chunk in which a document starts.
-    ``U [b, nc, h, PN]``, ``OUT [b, nc+1, h, PN]``, ``H0 [b, h, PN]``."""
+    ``U [b, nc, h, PN]``, ``OUT [b, nc+1, h, PN]`` (fp32, or the inputs' dtype: the kernels that read the states
+    multiply them in it), ``H0 [b, h, PN]``; the last state, ``OUT[nc]`` (``OUT[0]`` reversed), also goes to
+    ``FINAL [b, h, PN]`` in fp32."""
     bh, blk = tl.program_id(0), tl.program_id(1)  # b·h on axis 0: up to 2^31 − 1
     b, h = bh // H, bh % H
     offs = blk * BLOCK + tl.arange(0, BLOCK)
@@ -163,9 +165,10 @@ def _decayed_scan(U, LAM, SEG, H0, OUT, T, L, Tp, n_chunks, H, PN,
         state = tl.zeros([BLOCK], dtype=tl.float32)
     out_ptr = OUT + (b.to(tl.int64) * (n_chunks + 1) * H + h) * PN + offs  # OUT[b, 0, h]; chunk c at + c·H·PN
     if REVERSE:
-        tl.store(OUT + ((b.to(tl.int64) * (n_chunks + 1) + n_chunks) * H + h) * PN + offs, state, mask=mask)
+        tl.store(OUT + ((b.to(tl.int64) * (n_chunks + 1) + n_chunks) * H + h) * PN + offs,
+                 state.to(OUT.dtype.element_ty), mask=mask)
     else:
-        tl.store(out_ptr, state, mask=mask)
+        tl.store(out_ptr, state.to(OUT.dtype.element_ty), mask=mask)
     for i in range(0, n_chunks):
         if REVERSE:
             c = n_chunks - 1 - i
@@ -178,7 +181,8 @@ def _decayed_scan(U, LAM, SEG, H0, OUT, T, L, Tp, n_chunks, H, PN,
             carry = tl.where(_seg_before(SEG, b, c, L, T) == _seg_end(SEG, b, c, L, T), carry, 0.0)
         u = tl.load(U + ((b.to(tl.int64) * n_chunks + c) * H + h) * PN + offs, mask=mask, other=0.0)
         state = carry * state + u
-        tl.store(out_ptr + dest.to(tl.int64) * H * PN, state, mask=mask)
+        tl.store(out_ptr + dest.to(tl.int64) * H * PN, state.to(OUT.dtype.element_ty), mask=mask)
+    tl.store(FINAL + bh.to(tl.int64) * PN + offs, state, mask=mask)
 
 
 @triton.jit
@@ -521,8 +525,9 @@ def _state_dots(E, G, OUT, n_chunks, H, PN, BLOCK: tl.constexpr):
     offs = blk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < PN
     for c in range(0, n_chunks):
-        e = tl.load(E + ((b.to(tl.int64) * (n_chunks + 1) + c) * H + h) * PN + offs, mask=mask, other=0.0)
-        g = tl.load(G + ((b.to(tl.int64) * (n_chunks + 1) + c + 1) * H + h) * PN + offs, mask=mask, other=0.0)
+        e = tl.load(E + ((b.to(tl.int64) * (n_chunks + 1) + c) * H + h) * PN + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(G + ((b.to(tl.int64) * (n_chunks + 1) + c + 1) * H + h) * PN + offs, mask=mask,
+                    other=0.0).to(tl.float32)
         tl.store(OUT + ((b.to(tl.int64) * n_chunks + c) * H + h) * tl.num_programs(1) + blk, tl.sum(e * g, axis=0))
 
 
@@ -545,9 +550,12 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     per-group kernels loop over the group's heads holding a ``[rows, N]`` fp32 sum beside each head's term, on 8 warps:
     ``group_rows`` 32 at states up to 64 × 128 and 16 above (the largest without a spill on sm_90: 64 rows spilled
     80-730 bytes at 64 × 128, 32 rows 56-184 at the larger states), and ``group_block`` × ``group_block`` blocks of the
-    pairs' gradients, 64 and 32 (64 spilled 64 bytes at P 128); fp32 takes the smaller ones."""
+    pairs' gradients, 64 and 32 (64 spilled 64 bytes at P 128); fp32 takes the smaller ones. ``narrow_states`` (off,
+    for the tile search to time): the chunks' entering states and their gradients kept in the inputs' dtype, as
+    mamba_ssm keeps its states (the kernels that read them multiply them in that dtype already; the recurrence over
+    chunks and the final state stay fp32, the carry's dot sums in fp32), halving the bytes of the largest reads."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
-    tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False)
+    tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False)
     small = tiles["P"] * tiles["N"] <= 64 * 128
     narrow = small and dtype != torch.float32
     tiles.update(group_rows=32 if narrow else 16, group_block=64 if narrow else 32, group_warps=8)
@@ -581,16 +589,18 @@ def _chunk_state_call(X, dt, BM, lam, seg, T, L, forward: bool, blk: dict) -> to
     return out  # [b, nc, h, P, N]
 
 
-def _decayed_scan_call(U, lam, seg, h0, T, L, reverse: bool) -> torch.Tensor:
+def _decayed_scan_call(U, lam, seg, h0, T, L, reverse: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(states [b, nc+1, h, P, N] in dtype, the last one [b, h, P, N] fp32)`` (:func:`_decayed_scan`)."""
     batch, n_chunks, H, P, N = U.shape
-    out = torch.empty(batch, n_chunks + 1, H, P, N, dtype=torch.float32, device=U.device)
+    out = torch.empty(batch, n_chunks + 1, H, P, N, dtype=dtype, device=U.device)
+    final = torch.empty(batch, H, P, N, dtype=torch.float32, device=U.device)
     block = min(1024, triton.next_power_of_2(P * N))
     h0_arg = h0.contiguous() if h0 is not None else U
     _decayed_scan[(batch * H, triton.cdiv(P * N, block))](
-        U, lam, lam if seg is None else seg, h0_arg, out, T, L, lam.shape[-1], n_chunks, H, P * N, HAS_H0=h0 is not None,
-        REVERSE=reverse, HAS_DOCS=seg is not None, BLOCK=block,
+        U, lam, lam if seg is None else seg, h0_arg, out, final, T, L, lam.shape[-1], n_chunks, H, P * N,
+        HAS_H0=h0 is not None, REVERSE=reverse, HAS_DOCS=seg is not None, BLOCK=block,
     )
-    return out  # [b, nc+1, h, P, N]
+    return out, final
 
 
 def _scan_strides(Q, K, V, W, dt, out) -> tuple[int, ...]:
@@ -708,7 +718,8 @@ def _blk(x, B, C) -> dict:
     tiles, or the shared memory outgrows smaller GPUs; fp32 dots as torch's matmuls."""
     widest = torch.float32 if torch.float32 in (x.dtype, B.dtype, C.dtype) else x.dtype
     major, minor = torch.cuda.get_device_capability(x.device) if x.is_cuda else (9, 0)
-    return {**launch_config(x.shape[3], B.shape[3], x.is_cuda, widest, 10 * major + minor), "dot": dot_precision()}
+    blk = launch_config(x.shape[3], B.shape[3], x.is_cuda, widest, 10 * major + minor)
+    return {**blk, "dot": dot_precision(), "states": x.dtype if blk["narrow_states"] else torch.float32}
 
 
 def _segments(document_starts: torch.Tensor | None) -> torch.Tensor | None:
@@ -728,19 +739,20 @@ def ssd_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
     blk = _blk(x, B, C)
     lam = _chunk_log_decays(dt, A, L)  # [b, h, nc·L]
     seg = _segments(document_starts)
-    states = _entering_states(x, dt, B, lam, seg, initial_state, T, L, blk)  # [b, nc+1, h, P, N] fp32
+    states, final = _entering_states(x, dt, B, lam, seg, initial_state, T, L, blk)  # [b, nc+1, h, P, N]
     y = torch.empty_like(x)
     qk = _group_scores_call(x, B, C, T, L, blk)  # [b, nc, G, L, L] or None
     _chunk_scan_call(C, B, x, dt, lam, seg, states, D, y, T, L, trans_state=True, blk=blk, qk=qk)
-    return y, states[:, -1].clone(), lam
+    return y, final, lam
 
 
-def _entering_states(x, dt, B, lam, seg, initial_state, T: int, L: int, blk: dict) -> torch.Tensor:
-    """The state entering each chunk, and the final one: ``[b, nc+1, h, P, N]`` fp32. The backward computes them
+def _entering_states(x, dt, B, lam, seg, initial_state, T: int, L: int, blk: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The state entering each chunk, and the final one: ``[b, nc+1, h, P, N]`` (fp32, or x's dtype with
+    ``narrow_states``), and the final one again in fp32 (``[b, h, P, N]``). The backward computes them
     again rather than keep them from the forward (as mamba_ssm does): in fp32 they are 4× the bytes of a bf16
     ``x`` at P 64, N 128 (2× in fp32), for two of the forward's three kernels run again."""
     chunk_states = _chunk_state_call(x, dt, B, lam, seg, T, L, forward=True, blk=blk)  # [b, nc, h, P, N]
-    return _decayed_scan_call(chunk_states, lam, seg, initial_state, T, L, reverse=False)  # [b, nc+1, h, P, N]
+    return _decayed_scan_call(chunk_states, lam, seg, initial_state, T, L, reverse=False, dtype=blk["states"])
 
 
 @ssd_scan_op.register_fake
@@ -763,11 +775,12 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
     L = chunk_size
     x, dt, B, C, dy = (unit_stride_last(t) for t in (x, dt, B, C, dy))
     blk, seg = _blk(x, B, C), _segments(document_starts)
-    states = _entering_states(x, dt, B, lam, seg, initial_state, T, L, blk)  # [b, nc+1, h, P, N]
+    states, _ = _entering_states(x, dt, B, lam, seg, initial_state, T, L, blk)  # [b, nc+1, h, P, N]
 
     # dE: what the read-outs send to each entering state, then the reverse recurrence over chunks.
     read_out = _chunk_state_call(dy, dt, C, lam, seg, T, L, forward=False, blk=blk)  # [b, nc, h, P, N]
-    d_states = _decayed_scan_call(read_out, lam, seg, d_final, T, L, reverse=True)  # [b, nc+1, h, P, N]
+    d_states, d_initial = _decayed_scan_call(read_out, lam, seg, d_final, T, L, reverse=True,
+                                             dtype=blk["states"])  # [b, nc+1, h, P, N], [b, h, P, N] fp32
 
     # the log-decay gradient's read-out and share terms per row, made beside dC and dB (from their state products)
     read, share = (torch.empty(batch, H, lam.shape[-1], dtype=torch.float32, device=x.device) for _ in range(2))
@@ -788,7 +801,7 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
     d_dt = (ddt_x + da * A.float()).to(dt.dtype)
     dA = (da * dt.float()).sum((0, 1)).to(A.dtype)
     dD = (dy.float() * x.float()).sum((0, 1, 3)).to(D.dtype) if D is not None else x.new_empty(0)
-    return dx, d_dt, dA, dB, dC, dD, d_states[:, 0].contiguous()
+    return dx, d_dt, dA, dB, dC, dD, d_initial
 
 
 @ssd_scan_backward_op.register_fake

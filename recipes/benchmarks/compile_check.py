@@ -74,7 +74,7 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
         Case("ssd _chunk_state (backward)", ssd._chunk_state, dict(DECAY_TO_END=False, SCALE_BY_DT=False,
              BLOCK_L=rows, BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "BM"), f32("DT", "LAM", "OUT")),
         Case("ssd _decayed_scan", ssd._decayed_scan, dict(HAS_H0=True, REVERSE=True, BLOCK=1024), {}, (),
-             f32("U", "LAM", "H0", "OUT")),
+             f32("U", "LAM", "H0", "OUT", "FINAL")),
         # the backward's dC and dB kernels also write the log-decay gradient's row dots (HAS_ROW_DOTS); the dx kernel
         # writes dx itself and ⟨x, d(dt·x)⟩ (DX_EPILOGUE)
         Case("ssd _chunk_scan (y)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True, HAS_ROW_DOTS=False, HAS_QK=False,

@@ -7,7 +7,8 @@ take, and the log-decay gradient's pair blocks — the evidence for ``kernels.ss
 
 Every kernel shares ``rows``, ``warps`` and ``stages``; the backward's log-decay pair kernel adds ``pair_rows ×
 pair_cols``; ``shared_scores`` (off by default) has the in-chunk ``C·Bᵀ`` made once per group of heads and read by the
-``y``, ``d(dt·x)`` and log-decay kernels, and ``dC``, ``dB`` made per group, as mamba_ssm does. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
+``y``, ``d(dt·x)`` and log-decay kernels, and ``dC``, ``dB`` made per group, as mamba_ssm does; ``narrow_states`` (off)
+keeps the chunks' states in the inputs' dtype. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
 checked against the current choice's (a wrong answer is named, not timed); a candidate that cannot launch here is
 named too. mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md
 says how to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table
@@ -49,8 +50,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--sections", nargs="+", choices=["rows", "pairs", "scores"], default=["rows", "pairs", "scores"],
-                        help="which candidates to time: rows/warps/stages, the pair kernel's blocks, shared_scores")
+    parser.add_argument("--sections", nargs="+", choices=["rows", "pairs", "scores", "states"],
+                        default=["rows", "pairs", "scores", "states"],
+                        help="which candidates to time: rows/warps/stages, the pair kernel's blocks, shared_scores, "
+                             "narrow_states")
     add_device_option(parser)
     args = parser.parse_args(argv)
     cuda, dtype, device = device_of(args)
@@ -99,7 +102,9 @@ def main(argv: list[str] | None = None) -> None:
                 "pairs": ("pair_rows, pair_cols (the log-decay gradient's pair kernel)", ("pair_rows", "pair_cols"),
                           LOG_DECAY),
                 "scores": ("shared_scores (C·Bᵀ made once per group, dC and dB per group)", ("shared_scores",),
-                           [(not current["shared_scores"],)])}
+                           [(not current["shared_scores"],)]),
+                "states": ("narrow_states (the chunks' states in the inputs' dtype)", ("narrow_states",),
+                           [(not current["narrow_states"],)])}
     for title, keys, candidates in (sections[name] for name in args.sections):
         columns = [*keys, "fwd ms", "fwd+bwd ms", "× current fwd+bwd", "max error against current"]
         print(f"\n### {title}, check_finite=False\n\n| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
