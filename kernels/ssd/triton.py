@@ -545,27 +545,37 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     kernel with its row dots at (64, 256)). In fp32, 32 rows and 2 stages (64-row tiles need up to 209 KiB of shared
     memory, more than an A100 has). The log-decay gradient's pair kernel takes blocks of ``pair_rows`` rows stepping
     ``pair_cols`` columns (64 × 16 on CUDA: the fastest of six on the H100; 32 × 32 spilled 16-24 bytes at (64, 256) on
-    sm_90). ``shared_scores`` (off): the in-chunk ``C·Bᵀ`` made once per group (:func:`_group_scores_call`) and, in
-    the backward, ``dC`` and ``dB`` made per group (:func:`_group_bc_grads_call`), for the tile search to time. The
-    per-group kernels loop over the group's heads holding a ``[rows, N]`` fp32 sum beside each head's term, on 8 warps:
-    ``group_rows`` 32 at states up to 64 × 128 and 16 above (the largest without a spill on sm_90: 64 rows spilled
-    80-730 bytes at 64 × 128, 32 rows 56-184 at the larger states), and ``group_block`` × ``group_block`` blocks of the
-    pairs' gradients, 64 and 32 (64 spilled 64 bytes at P 128); fp32 takes the smaller ones. ``narrow_states`` (off,
-    for the tile search to time): the chunks' entering states and their gradients kept in the inputs' dtype, as
-    mamba_ssm keeps its states (the kernels that read them multiply them in that dtype already; the recurrence over
-    chunks and the final state stay fp32, the carry's dot sums in fp32), halving the bytes of the largest reads."""
+    sm_90).
+
+    Two switches, on where they were timed — Hopper, bf16/fp16, states up to 64 × 128 — and off elsewhere:
+
+    - ``shared_scores``: the in-chunk ``C·Bᵀ`` made once per group (:func:`_group_scores_call`) and read by the ``y``,
+      ``d(dt·x)`` and log-decay kernels, and ``dC``, ``dB`` made per group (:func:`_group_bc_grads_call`) instead of
+      per head and summed. The per-group kernels loop over the group's heads holding a ``[rows, N]`` fp32 sum beside
+      each head's term, on 8 warps: ``group_rows`` 32 at states up to 64 × 128 and 16 above (the largest without a
+      spill on sm_90 with fp32 states: 64 rows spilled 80-730 bytes at 64 × 128, 32 rows 56-184 at the larger
+      states), and ``group_block`` × ``group_block`` blocks of the pairs' gradients, 64 and 32 (64 spilled 64 bytes at
+      P 128); fp32 takes the smaller ones.
+    - ``narrow_states``: the chunks' entering states and their gradients kept in the inputs' dtype, as mamba_ssm keeps
+      its states (the kernels that read them multiply them in that dtype already, so ``y`` and every gradient but the
+      carry's share of ``dA`` and ``d dt`` are the same; the recurrence over chunks and the final state stay fp32),
+      halving the bytes of the largest reads. With bf16 states the per-group kernels spill 8 bytes at 64 × 128 and
+      160-184 at the larger states (so those keep fp32 states).
+
+    Timed on an H200 (2026-11-27, B 4, H 32, P 64, N 128, chunk 256, bf16, ``check_finite=False``, each switch against
+    the configuration without it in one process, ``ssd_tiles --sections``): ``shared_scores`` 1.03× at T 16K and
+    0.97× at 4K; ``narrow_states`` then, on top of it, 1.10× at both; together ``ops`` measured 9.13 ms forward and
+    backward at 16K (10.32 before; mamba_ssm 6.38) and 3.26 at 4K (3.69 before; 5.32)."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False)
     small = tiles["P"] * tiles["N"] <= 64 * 128
-    narrow = small and dtype != torch.float32
-    tiles.update(group_rows=32 if narrow else 16, group_block=64 if narrow else 32, group_warps=8)
+    roomy = small and dtype != torch.float32  # room in the registers for the per-group kernels' larger tiles
+    tiles.update(group_rows=32 if roomy else 16, group_block=64 if roomy else 32, group_warps=8)
     if not cuda:  # the interpreter: small tiles, fewer wasted lanes
         return dict(tiles, rows=16, pair_rows=16, pair_cols=16, group_rows=16, group_block=16, group_warps=4, warps=4,
                     stages=1)
-    if dtype != torch.float32 and arch >= 90:  # measured on an H200 (2026-11-27): see the docstring
-        tiles.update(shared_scores=True, narrow_states=True)
     if dtype != torch.float32 and arch >= 90 and small:
-        return dict(tiles, rows=64, warps=4, stages=2)
+        return dict(tiles, rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True)
     return dict(tiles, rows=32, warps=8, stages=2)
 
 

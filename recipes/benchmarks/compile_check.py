@@ -116,12 +116,18 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
              BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=N, DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
              f32("STATES", "DT", "LAM", "PAIRS", "ROW_DOTS")),
     ]
+    if cfg["narrow_states"]:  # the chunks' states (the scan's OUT, the readers' STATES/DSTATES) in the inputs' dtype
+        for case in ssd_cases:
+            narrow = {"STATES", "DSTATES"} | ({"OUT"} if case.kernel is ssd._decayed_scan else set())
+            case.data = (*case.data, *(n for n in narrow if n in case.types))
+            case.types = {n: t for n, t in case.types.items() if n not in narrow}
     # Each SSD kernel without and with packed documents (their masks cost registers).
     for case in ssd_cases:
         for docs in (False, True):
             out.append(Case(case.name + (", documents" if docs else ""), case.kernel, {**case.constexprs, "HAS_DOCS": docs},
                             case.options, case.data, {**case.types, **seg}))
-    out.append(Case("ssd _state_dots", ssd._state_dots, dict(BLOCK=1024), {}, (), f32("E", "G", "OUT")))
+    out.append(Case("ssd _state_dots", ssd._state_dots, dict(BLOCK=1024), {},
+                    ("E", "G") if cfg["narrow_states"] else (), f32("OUT") if cfg["narrow_states"] else f32("E", "G", "OUT")))
     out.append(Case("ssd _group_scores", ssd._group_scores, dict(BLOCK=64, BLOCK_N=N, DOT=dot), dict(num_warps=4),
                     ("C", "B"), f32("QK")))
     # Attention with every option on (bias, padding, causal, window), then with packed
