@@ -9,7 +9,8 @@ Forward, three kernels:
 2. ``_decayed_scan`` ``E_0 = initial state``, ``E_{c+1} = exp(α_c) E_c + S_c``        (``E_nc``: final state)
 3. ``_chunk_scan``   ``y_l = Σ_{m≤l} (C_l·B_m) exp(Λ_l − Λ_m) dt_m x_m + exp(Λ_l) E_c C_l + D x_l``
 
-Backward, the same kernels with other operands, and four more:
+Backward, the same kernels with other operands, and four more (with ``shared_scores``, ``dC`` and ``dB`` come instead
+from ``_group_pair_grads`` and ``_group_bc_grads``, per group; see ``launch_config``):
 
 1. ``_chunk_state`` on ``(dy, C)`` with weights ``exp(Λ_l)``: what the read-outs send to ``E_c``.
 2. ``_decayed_scan`` run backwards: ``G_nc = d final``, ``G_c = exp(α_c) G_{c+1} + (1.)``, so
