@@ -194,15 +194,21 @@ def _group_score_tile(QK, b, c, n_chunks, g, G, L, offs_l, offs_m):
 
 
 @triton.jit
+def _pair_block(n_chunks, L, BLOCK: tl.constexpr):
+    """This program's ``(b, c, g, i, j)`` on a grid of (b·nc, G, row blocks × column blocks): block ``(i, j)`` of
+    chunk ``c``'s ``[L, L]`` pairs in group ``g`` (the callers work only where ``j ≤ i``)."""
+    bc, g, blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    blocks = tl.cdiv(L, BLOCK)
+    return bc // n_chunks, bc % n_chunks, g, blk // blocks, blk % blocks
+
+
+@triton.jit
 def _group_scores(C, B, QK, T, L, n_chunks, G, N, sc_b, sc_t, sc_h, sb_b, sb_t, sb_h,
                   BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     """``QK[b, c, g, l, m] = C_l·B_m`` fp32 in chunk ``c`` for the blocks on and below the diagonal (the pairs
     ``m ≤ l`` the scans read; the blocks above are never written): the in-chunk products, made once for the heads
     that share group ``g``. Rows past ``T`` load as zeros. Grid: (b·nc, G, row blocks × column blocks)."""
-    bc, g, blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b, c = bc // n_chunks, bc % n_chunks
-    blocks = tl.cdiv(L, BLOCK)
-    i, j = blk // blocks, blk % blocks
+    b, c, g, i, j = _pair_block(n_chunks, L, BLOCK)
     if j <= i:
         offs_n = tl.arange(0, BLOCK_N)
         offs_l, t_l, valid_l = _chunk_rows(i * BLOCK, c, L, T, BLOCK)
@@ -225,10 +231,7 @@ def _group_pair_grads(X, DY, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, G, P, sx_
     group's in-chunk products ``C_l·B_m`` receive, summed over the heads that share them, so that ``dC_l`` takes
     ``Σ_m OUT_lm B_m`` and ``dB_m`` takes ``Σ_l OUT_lm C_l`` once per group rather than once per head (mamba_ssm's
     ``dCB``). The program loops over the group's heads. Grid: (b·nc, G, row blocks × column blocks)."""
-    bc, g, blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b, c = bc // n_chunks, bc % n_chunks
-    blocks = tl.cdiv(L, BLOCK)
-    i, j = blk // blocks, blk % blocks
+    b, c, g, i, j = _pair_block(n_chunks, L, BLOCK)
     if j <= i:
         offs_p = tl.arange(0, BLOCK_P)
         in_p = offs_p[None, :] < P

@@ -280,17 +280,21 @@ def test_the_gpu_tiles_under_the_interpreter(docs, variant, monkeypatch):
     inputs = make(1, 150, 4, 16, 1, 16, True, True)
     starts = torch.zeros(1, 150, dtype=torch.bool, device=DEVICE)
     starts[0, [30, 64, 70, 71, 140]] = docs  # one on a chunk edge, two in a row, one in the last chunk
-    run = lambda backend: lambda a: ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size=64, D=a["D"],  # noqa: E731
-                                             initial_state=a["initial_state"], document_starts=starts if docs else None,
-                                             return_final_state=True, backend=backend)
-    y, final, grads = outputs_and_gradients(run("triton"), inputs)
-    y_ref, final_ref, grads_ref = outputs_and_gradients(run("reference"), {k: v.double() if v is not None else v
-                                                                            for k, v in inputs.items()})
+    (y, final, grads), (y_ref, final_ref, grads_ref) = triton_and_reference(inputs, 64, starts if docs else None)
     rel = lambda got, want: ((got.double() - want).norm() / want.norm()).item()  # noqa: E731
     assert rel(y, y_ref) < 1e-5 and rel(final, final_ref) < 1e-5
     for name in grads:
         assert rel(grads[name], grads_ref[name]) < 1e-5, name
     assert [m is not None for m in made] == [shared, shared]  # the forward's and the backward's
+
+
+def triton_and_reference(inputs, chunk, starts):
+    """(y, final, gradients) of the Triton scan on ``inputs`` and of the reference on them in float64."""
+    run = lambda backend: lambda a: ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size=chunk, D=a["D"],  # noqa: E731
+                                             initial_state=a["initial_state"], document_starts=starts,
+                                             return_final_state=True, backend=backend)
+    as64 = {k: v.double() if v is not None else v for k, v in inputs.items()}
+    return outputs_and_gradients(run("triton"), inputs), outputs_and_gradients(run("reference"), as64)
 
 
 @pytest.mark.parametrize("docs", [False, True])
@@ -308,12 +312,7 @@ def test_shared_scores_per_group_with_two_groups(docs, monkeypatch):
     inputs = make(2, 75, 4, 32, 2, 16, True, True)  # G·L = 64 scores a position, H·P = 128: they pay
     starts = torch.zeros(2, 75, dtype=torch.bool, device=DEVICE)
     starts[0, [20, 32, 33]], starts[1, [64, 70]] = docs, docs
-    run = lambda backend: lambda a: ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size=32, D=a["D"],  # noqa: E731
-                                             initial_state=a["initial_state"], document_starts=starts if docs else None,
-                                             return_final_state=True, backend=backend)
-    y, final, grads = outputs_and_gradients(run("triton"), inputs)
-    y_ref, final_ref, grads_ref = outputs_and_gradients(run("reference"), {k: v.double() if v is not None else v
-                                                                            for k, v in inputs.items()})
+    (y, final, grads), (y_ref, final_ref, grads_ref) = triton_and_reference(inputs, 32, starts if docs else None)
     assert close(y, y_ref) and close(final, final_ref)
     for name in grads:
         assert close(grads[name], grads_ref[name]), f"gradient of {name}"
