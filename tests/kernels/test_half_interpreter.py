@@ -154,3 +154,32 @@ def test_a_model_under_fp16_autocast_trains_through_the_kernels_as_through_the_r
             over.append(f"{name}: kernels under autocast {err:.3g} > 2 × references' {err_torch:.3g}")
     assert not over, "; ".join(over) + f" (heads flipped in the kernels' run, the references': {flipped}; " \
                                        f"expert rows left out: {int(moved.sum())})"
+
+
+@pytest.mark.parametrize("docs", [False, True])
+def test_ssd_fp16_with_hoppers_switches(docs, monkeypatch):
+    """The switches ``launch_config`` turns on for bf16/fp16 on Hopper — ``shared_scores`` (dC, dB per group) and
+    ``narrow_states`` (the chunks' states in fp16 here) — under the same rule: the interpreter takes neither by
+    itself, so they are forced on, and both are checked to be taken."""
+    from kernels.ssd import triton as ssd_triton
+
+    config = ssd_triton.launch_config
+    monkeypatch.setattr(ssd_triton, "launch_config",
+                        lambda *a, **k: {**config(*a, **k), "shared_scores": True, "narrow_states": True})
+    scores, states = [], []
+    group_scores, scan = ssd_triton._group_scores_call, ssd_triton._decayed_scan_call
+    monkeypatch.setattr(ssd_triton, "_group_scores_call", lambda *a: scores.append(group_scores(*a)) or scores[-1])
+    monkeypatch.setattr(ssd_triton, "_decayed_scan_call", lambda *a, **k: states.append(scan(*a, **k)) or states[-1])
+    torch.manual_seed(0)
+    T, chunk, H, P, G, N = 70, 32, 4, 32, 2, 16  # G·L = 64 fp32 scores a position take no more than H·P = 128 fp16s
+    inputs = dict(x=torch.randn(1, T, H, P), dt=torch.nn.functional.softplus(torch.randn(1, T, H) - 1.0),
+                  B=torch.randn(1, T, G, N), C=torch.randn(1, T, G, N))
+    inputs = {name: t.to(DEVICE) for name, t in inputs.items()}
+    A = -torch.exp(0.5 * torch.randn(H)).to(DEVICE)
+    starts = torch.zeros(1, T, dtype=torch.bool, device=DEVICE)
+    starts[0, [0, 23, 51]] = docs
+    run = lambda backend: lambda **a: ssd_scan(a["x"], a["dt"], A.to(a["x"].dtype), a["B"], a["C"], chunk_size=chunk,  # noqa: E731
+                                               document_starts=starts if docs else None, backend=backend)
+    assert_rule(run("triton"), run("reference"), inputs, factor=2.5)
+    assert any(s is not None for s in scores)  # the fp16 calls' (their fp32 references take no kernel)
+    assert {out.dtype for out, _ in states} == {HALF} and {final.dtype for _, final in states} == {torch.float32}
