@@ -52,8 +52,9 @@ case "$phase" in
         # the SSD against mamba_ssm's mamba_chunk_scan_combined (its autotuning: about 80 s) at 4K and 16K, each row's
         # 12 costliest kernels forward and forward+backward (116-117 s on an H100 and an H200, 2026-11-27)
         step ops_ssd 150 python3 -m recipes.benchmarks.ops --ops ssd --lengths 4096 16384 --repeats 10 --profile 12
-        # the SSD's tile search: each candidate as it is measured (62-65 s without mamba_ssm on the path, 2026-11-27;
-        # with it, its autotuning first); the attention's search ran on 2026-11-26 (docs/kernels.md)
+        # the SSD's tile search: each candidate as it is measured (62-65 s for 16 candidates without mamba_ssm on the
+        # path, 2026-11-27; 24 now, the per-group kernels' tiles last; with mamba_ssm, its autotuning first); the
+        # attention's search ran on 2026-11-26 (docs/kernels.md)
         step ssd_tiles 120 python3 -m recipes.benchmarks.ssd_tiles
         ;;
     models)

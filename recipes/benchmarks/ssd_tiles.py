@@ -6,9 +6,10 @@ take, and the log-decay gradient's pair blocks — the evidence for ``kernels.ss
     python -m recipes.benchmarks.ssd_tiles --length 16384 --sections scores   # one section: shared_scores on and off
 
 Every kernel shares ``rows``, ``warps`` and ``stages``; the backward's log-decay pair kernel adds ``pair_rows ×
-pair_cols``; ``shared_scores`` (off by default) has the in-chunk ``C·Bᵀ`` made once per group of heads and read by the
-``y``, ``d(dt·x)`` and log-decay kernels, and ``dC``, ``dB`` made per group, as mamba_ssm does; ``narrow_states`` (off)
-keeps the chunks' states in the inputs' dtype. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
+pair_cols``; ``shared_scores`` (on in bf16/fp16 on Hopper at states up to 64 × 128) has the in-chunk ``C·Bᵀ`` made
+once per group of heads and read by the ``y``, ``d(dt·x)`` and log-decay kernels, and ``dC``, ``dB`` made per group, as
+mamba_ssm does, in kernels with tiles of their own (``group_rows``, ``group_warps``, ``group_block``: the last
+section); ``narrow_states`` (on where ``shared_scores`` is) keeps the chunks' states in the inputs' dtype. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
 checked against the current choice's (a wrong answer is named, not timed); a candidate that cannot launch here is
 named too. mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md
 says how to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table
@@ -31,6 +32,9 @@ from recipes.benchmarks.timing import median_ms
 SHARED = [(64, 4, 3), (64, 4, 2), (64, 8, 3), (128, 4, 2), (128, 8, 2), (64, 8, 2), (32, 4, 3), (32, 8, 3), (32, 8, 4),
           (16, 4, 3)]
 LOG_DECAY = [(64, 16), (32, 32), (64, 32), (128, 16), (32, 16), (128, 32)]
+# (group_rows, group_warps, group_block) for the per-group backward kernels that shared_scores runs: the dC/dB kernel's
+# rows and warps, the pairs' gradient blocks (which take the same warps)
+GROUP = [(32, 8, 64), (16, 8, 64), (32, 4, 64), (64, 8, 64), (32, 8, 32), (16, 4, 32)]
 
 
 def results(inputs: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
@@ -50,10 +54,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--sections", nargs="+", choices=["rows", "pairs", "scores", "states"],
-                        default=["rows", "pairs", "scores", "states"],
+    parser.add_argument("--sections", nargs="+", choices=["rows", "pairs", "scores", "states", "group"],
+                        default=["rows", "pairs", "scores", "states", "group"],
                         help="which candidates to time: rows/warps/stages, the pair kernel's blocks, shared_scores, "
-                             "narrow_states")
+                             "narrow_states, the per-group kernels' tiles (with shared_scores on)")
     add_device_option(parser)
     args = parser.parse_args(argv)
     cuda, dtype, device = device_of(args)
@@ -104,7 +108,10 @@ def main(argv: list[str] | None = None) -> None:
                 "scores": ("shared_scores (C·Bᵀ made once per group, dC and dB per group)", ("shared_scores",),
                            [(not current["shared_scores"],)]),
                 "states": ("narrow_states (the chunks' states in the inputs' dtype)", ("narrow_states",),
-                           [(not current["narrow_states"],)])}
+                           [(not current["narrow_states"],)]),
+                "group": ("group_rows, group_warps, group_block (the per-group dC/dB kernels, shared_scores on)",
+                          ("group_rows", "group_warps", "group_block", "shared_scores"),
+                          [(*tiles, True) for tiles in GROUP])}
     for title, keys, candidates in (sections[name] for name in args.sections):
         columns = [*keys, "fwd ms", "fwd+bwd ms", "× current fwd+bwd", "max error against current"]
         print(f"\n### {title}, check_finite=False\n\n| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
