@@ -251,7 +251,21 @@ def run(*, timing: bool = True, out=None) -> list[Check]:
     if chosen["attention"] == "triton":
         print("  (attention: torch's fused SDPA instead for one query, for no bias, padding, window or documents, and for "
               "a bias at head dims above 64 — timed faster there; docs/kernels.md)", file=out)
+    print(ssd_tiles_here(cuda), file=out)
     return checks
+
+
+def ssd_tiles_here(cuda: bool) -> str:
+    """The SSD kernels' launch configuration here at Mamba-2's head dim and state (P 64, N 128) in bf16 (fp32 without
+    a GPU): tiles, and whether the per-group products and narrow states are on."""
+    from kernels.ssd.triton import launch_config
+
+    major, minor = torch.cuda.get_device_capability() if cuda else (0, 0)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    c = launch_config(64, 128, cuda, dtype, 10 * major + minor)
+    return (f"SSD tiles here (P 64, N 128, {str(dtype).removeprefix('torch.')}): {c['rows']} rows, {c['warps']} warps, "
+            f"{c['stages']} stages; per-group C·Bᵀ, dB, dC (shared_scores): {'on' if c['shared_scores'] else 'off'}; "
+            f"states in the inputs' dtype (narrow_states): {'on' if c['narrow_states'] else 'off'}")
 
 
 def main(argv: list[str] | None = None) -> int:

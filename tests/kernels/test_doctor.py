@@ -25,6 +25,16 @@ def test_every_kernel_passes_its_check_here(capsys):
     assert len(rows) >= 8 and all(row.rstrip().endswith("| ok |") for row in rows)
     assert sum("| decode " in row for row in rows) == 2  # the decoding step's kernel, in both dtypes
     assert f"{len(rows)} of {len(rows)} checks passed" in out and not refused_kernels()
+    assert "SSD tiles here (P 64, N 128, float32): 16 rows, 4 warps, 1 stages; per-group C·Bᵀ, dB, dC (shared_scores): " \
+           "off; states in the inputs' dtype (narrow_states): off" in out  # the interpreter's
+
+
+def test_the_doctor_names_the_ssd_switches_a_hopper_takes(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    line = doctor.ssd_tiles_here(cuda=True)
+    assert "64 rows, 4 warps, 2 stages" in line and "(shared_scores): on" in line and "(narrow_states): on" in line
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert "(shared_scores): off" in doctor.ssd_tiles_here(cuda=True)
 
 
 def test_a_kernel_that_is_off_by_a_percent_fails_and_auto_refuses_it(monkeypatch, capsys):
