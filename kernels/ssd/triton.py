@@ -787,7 +787,6 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
                                     torch.Tensor]:
     """``(dx, d_dt, dA, dB, dC, dD, d_initial)``; ``dD`` is empty without ``D``; ``d_initial`` is fp32."""
     batch, T, H, P = x.shape
-    G, N = B.shape[2], B.shape[3]
     L = chunk_size
     x, dt, B, C, dy = (unit_stride_last(t) for t in (x, dt, B, C, dy))
     blk, seg = _blk(x, B, C), _segments(document_starts)
