@@ -11,9 +11,34 @@ host sync: with finite inputs the result is bit-for-bit the plain one.
 import torch
 
 
+class _TakeOut(torch.autograd.Function):
+    """``x`` with its non-finite entries set to 0, whose backward passes the gradient through unchanged.
+
+    Every caller puts NaN back at each output a non-finite entry reaches (``poison``), and ``poison``'s backward
+    zeroes the gradient there, so the gradient that arrives at a non-finite entry is zero already (a sum of
+    products of zeros with finite values). ``nan_to_num``'s own backward multiplies by ``isfinite(x)`` again: on a
+    GPU that is five passes over the input (``==``, ``abs``, ``!=``, two multiplies) for nothing, as large as the
+    SSD's ``x`` is; tests/kernels/test_finite.py checks the zeros on both ops and both backends."""
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # = where(isfinite(x), x, 0), in one op
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
 def split_finite(x: torch.Tensor, dims: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x with its non-finite entries set to 0, True where any of its last dims dimensions held one)``."""
-    clean = x.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # = where(isfinite(x), x, 0), in one op
+    """``(x with its non-finite entries set to 0, True where any of its last dims dimensions held one)``.
+
+    The gradient passes through to ``x`` unchanged (``_TakeOut``): the caller must ``poison`` every output that a
+    non-finite entry reaches."""
+    clean = _TakeOut.apply(x)
     # exactly the entries nan_to_num changed (NaN != 0 and inf != 0; a finite entry, -0.0 included, is kept as is);
     # on a CPU, torch.isfinite runs as several ops and this pair costs a third to a half of it
     bad = clean != x

@@ -1,5 +1,6 @@
-"""``kernels._finite.split_finite`` against ``torch.isfinite``: every kind of non-finite entry, and the finite
-ones that look like them (-0.0, the largest float), at each reduction depth."""
+"""``kernels._finite``: ``split_finite`` against ``torch.isfinite`` (every kind of non-finite entry, and the finite ones
+that look like them: -0.0, the largest float, at each reduction depth), ``seen_so_far`` against its definition, and
+the gradient through the SSD scan and attention with non-finite inputs, which the split passes through unmasked."""
 
 import pytest
 import torch
@@ -42,11 +43,95 @@ def test_split_finite_reads_eight_flags_to_a_word_exactly(contiguous):
     assert torch.equal(bad2, ~torch.isfinite(x.reshape(9, 4, 16)).all(-1))
 
 
-def test_split_finite_passes_the_gradient_of_the_finite_entries_only():
+def test_split_finite_passes_the_gradient_through_unchanged():
+    """Its callers poison every output a non-finite entry reaches, so the gradient arriving there is zero already
+    (the op-level tests below check that); the split itself masks nothing again."""
     x = tricky(torch.float64).requires_grad_()
     clean, _ = split_finite(x, 1)
     (clean * 2).sum().backward()
-    assert torch.equal(x.grad, torch.where(torch.isfinite(x.detach()), 2.0, 0.0).to(x.dtype))
+    assert torch.equal(x.grad, torch.full_like(x, 2.0))
+
+
+def _old_split(x, dims):
+    """The split as it was: ``nan_to_num``'s autograd, which multiplies the gradient by ``isfinite(x)``."""
+    clean, bad = split_finite(x.detach(), dims)
+    return x.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0), bad
+
+
+def _gradients(op, inputs, cotangent):
+    leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
+    out = op(**leaves)
+    outs = out if isinstance(out, tuple) else (out,)
+    # the cotangent is finite everywhere, at the NaN outputs too: poison's backward must zero it there
+    return dict(zip(leaves, torch.autograd.grad(outs, list(leaves.values()), cotangent)))
+
+
+def _ssd_op(backend, documents):
+    from kernels.ssd import ssd_scan
+
+    return lambda x, dt, B, C, initial_state: ssd_scan(
+        x, dt, -torch.linspace(0.5, 1.5, x.shape[2]), B, C, chunk_size=8, D=torch.linspace(-1, 1, x.shape[2]),
+        initial_state=initial_state, return_final_state=True, document_starts=documents, backend=backend)
+
+
+def _attention_op(backend, documents, padding):
+    from kernels.attention import attention
+
+    return lambda q, k, v, bias: attention(q, k, v, bias=bias, key_padding_mask=padding, document_ids=documents,
+                                           backend=backend)
+
+
+def _poisoned(shape, generator, where):
+    t = torch.randn(shape, generator=generator)
+    for index, value in zip(where, (float("nan"), float("inf"), float("-inf"))):
+        t[index] = value
+    return t
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("documents", [False, True], ids=["one document", "documents"])
+@pytest.mark.parametrize("op", ["ssd_scan", "attention"])
+def test_the_gradient_reaching_a_non_finite_entry_is_zero_without_masking_it(op, documents, backend, monkeypatch):
+    """A NaN, an inf and a -inf in every input (x, dt, B, C of the SSD at T 19 in chunks of 8, with a final state;
+    k, v and the bias of attention with GQA and padding): the gradients are bit-for-bit those of ``nan_to_num``'s
+    masking backward — so zero at every non-finite entry — and finite everywhere."""
+    g = torch.Generator().manual_seed(7)
+    T = 19
+    starts = torch.zeros(2, T, dtype=torch.bool)
+    starts[:, 0], starts[0, 11] = True, True
+    if op == "ssd_scan":
+        inputs = {"x": _poisoned((2, T, 4, 8), g, [(0, 3, 1, 2), (1, 15, 3, 0), (0, 13, 0, 7)]),
+                  "dt": torch.rand(2, T, 4, generator=g).add(0.05).index_put_((torch.tensor(1), torch.tensor(6),
+                                                                               torch.tensor(2)), torch.tensor(float("nan"))),
+                  "B": _poisoned((2, T, 2, 8), g, [(1, 9, 1, 3), (0, 17, 0, 0)]),
+                  "C": _poisoned((2, T, 2, 8), g, [(0, 5, 1, 1), (1, 2, 0, 4), (1, 18, 1, 7)]),
+                  "initial_state": torch.randn(2, 4, 8, 8, generator=g)}
+        call = _ssd_op(backend, starts if documents else None)
+        patched = "kernels.ssd.split_finite"
+    else:
+        padding = torch.zeros(2, T, dtype=torch.bool)
+        padding[1, :3] = True
+        inputs = {"q": torch.randn(2, T, 4, 16, generator=g),
+                  "k": _poisoned((2, T, 2, 16), g, [(0, 4, 1, 3), (1, 1, 0, 0), (1, 12, 1, 9)]),  # (1, 1): padding
+                  "v": _poisoned((2, T, 2, 16), g, [(0, 9, 0, 2), (1, 16, 1, 15)]),
+                  "bias": _poisoned((2, 4, T), g, [(0, 2, 7), (1, 3, 14)])}
+        ids = torch.cumsum(starts, 1) if documents else None
+        call = _attention_op(backend, ids, padding)
+        patched = "kernels.attention.split_finite"
+    with torch.no_grad():
+        outs = call(**{k: v.clone() for k, v in inputs.items()})
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    assert all(o.isnan().any() for o in outs[:1]) and all(o.isfinite().any() for o in outs)
+    if op == "attention":  # row 1's heads 0 and 1 see only the padded key's NaN: it reaches nothing
+        assert outs[0][1, 3:, :2].isfinite().all()
+    cotangent = [torch.randn(o.shape, generator=g) for o in outs]
+    new = _gradients(call, inputs, cotangent)
+    monkeypatch.setattr(patched, _old_split)
+    old = _gradients(call, inputs, cotangent)
+    for name, grad in new.items():
+        assert grad.isfinite().all(), name
+        assert torch.equal(grad, old[name]), name
+        assert (grad[~inputs[name].isfinite()] == 0).all(), name
 
 
 def _seen_by_loop(bad, starts):

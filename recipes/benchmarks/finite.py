@@ -1,0 +1,88 @@
+"""What the non-finite bookkeeping costs: ``ssd_scan`` and ``attention`` forward+backward with their finite passes
+(the default, ``check_finite=True``: non-finite inputs taken out, their reach put back as NaN; kernels/_finite.py)
+against the same call without them, in interleaved rounds so that a machine slowing down mid-run slows both alike.
+
+    python -m recipes.benchmarks.finite                       # CPU: the plain-torch paths at training sizes
+    python -m recipes.benchmarks.finite --lengths 4096 16384  # CUDA: bf16, the Triton kernels at ops' shapes
+
+Prints one markdown row per op and length: median ms with and without the passes, their difference and its share
+of the whole. The inputs are finite, as in training: the passes find nothing and cost what they cost every step.
+"""
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention import attention
+from kernels.ssd import ssd_scan
+from recipes.benchmarks.timing import interleaved_seconds
+
+
+def _fwd_bwd(fn, leaves: list[torch.Tensor]):
+    """``(call, leaves)``: ``call()`` runs one forward and backward with a dense cotangent, as a next layer sends (the backward of a ``sum`` is a stride-0
+    expansion, which a plain-torch backward's batched matmuls copy batch by batch)."""
+    cotangent = []
+
+    def call():
+        for t in leaves:
+            t.grad = None
+        y = fn()
+        if not cotangent:
+            g = torch.Generator(y.device).manual_seed(1)  # the same for both calls of a row
+            cotangent.append(torch.randn(y.shape, device=y.device, dtype=y.dtype, generator=g))
+        y.backward(cotangent[0])
+
+    return call, leaves
+
+
+def ssd_case(T: int, device: str, dtype: torch.dtype, check_finite: bool, seed: int = 0):
+    """``ssd_scan`` at ops' GPU shape (B 4, H 32, P 64, N 128, chunk 256) on CUDA; B 2, H 8, P 64, N 64, chunk 64 on
+    a CPU (a small model's layer)."""
+    cuda = device == "cuda"
+    B, H, P, N, L = (4, 32, 64, 128, 256) if cuda else (2, 8, 64, 64, 64)
+    g = torch.Generator(device).manual_seed(seed)
+    x = torch.randn(B, T, H, P, device=device, dtype=dtype, generator=g, requires_grad=True)
+    dt = F.softplus(torch.randn(B, T, H, device=device, generator=g) - 3).to(dtype).requires_grad_()
+    A = -torch.exp(torch.rand(H, device=device, generator=g))
+    Bm, Cm = (torch.randn(B, T, 1, N, device=device, dtype=dtype, generator=g, requires_grad=True) for _ in range(2))
+    return _fwd_bwd(lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, check_finite=check_finite), [x, dt, Bm, Cm])
+
+
+def attention_case(T: int, device: str, dtype: torch.dtype, check_finite: bool, seed: int = 0):
+    """``attention`` with a per-key bias (B 4, H 16, D 64 on CUDA; B 1, H 8, D 64 on a CPU), causal."""
+    B, H, D = (4, 16, 64) if device == "cuda" else (1, 8, 64)
+    g = torch.Generator(device).manual_seed(seed)
+    q, k, v = (torch.randn(B, T, H, D, device=device, dtype=dtype, generator=g, requires_grad=True) for _ in range(3))
+    bias = torch.randn(B, H, T, device=device, dtype=dtype, generator=g, requires_grad=True)
+    return _fwd_bwd(lambda: attention(q, k, v, bias=bias, check_finite=check_finite), [q, k, v, bias])
+
+
+CASES = {"ssd": ssd_case, "attention": attention_case}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--lengths", type=int, nargs="+", help="default: 4096 16384 on a GPU, 2048 on a CPU")
+    parser.add_argument("--ops", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--rounds", type=int, default=20)
+    args = parser.parse_args(argv)
+    cuda = args.device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    lengths = args.lengths or ([4096, 16384] if cuda else [2048])
+    print(f"Finite passes, forward+backward, {args.device}, {dtype}, median of {args.rounds} interleaved rounds:\n")
+    print("| op | T | with the passes ms | without ms | passes ms | share |\n|---|---|---|---|---|---|")
+    for op in args.ops:
+        for T in lengths:
+            cases = {on: CASES[op](T, args.device, dtype, on)[0] for on in (True, False)}
+            times = interleaved_seconds(cases, args.rounds)
+            with_, without = (statistics.median(times[on]) * 1e3 for on in (True, False))
+            # the median of the per-round differences: the two calls of a round share the machine's state
+            passes = statistics.median(a - b for a, b in zip(times[True], times[False])) * 1e3
+            print(f"| {op} | {T} | {with_:.2f} | {without:.2f} | {passes:.2f} | {passes / with_:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
