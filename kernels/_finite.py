@@ -81,9 +81,32 @@ def seen_so_far(bad: torch.Tensor, starts: torch.Tensor | None = None) -> torch.
     return last_bad >= first
 
 
+class _Poison(torch.autograd.Function):
+    """``y`` with NaN at ``where`` (broadcast over ``y``'s trailing dimensions); the gradient is zero there.
+
+    The forward multiplies by a ``[..., 1, ...]`` factor of 1 or NaN (times 1 is exact, for every value): one
+    broadcast product, where an out-of-place ``masked_fill`` is a copy and a broadcast fill. The backward selects
+    zeros with ``torch.where``, not a product by 0, so a NaN or inf arriving at a poisoned output (from a loss computed
+    on it) still leaves exactly zero. On this CPU, a [2, 2048, 8, 64] fp32 output in interleaved rounds: forward 0.76-0.86
+    against ``masked_fill``'s 1.48-1.66 ms, forward+backward 1.77-1.99 against 3.19-4.05 ms."""
+
+    @staticmethod
+    def forward(y: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        return y * torch.where(where, float("nan"), 1.0).to(y.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(inputs[1])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (where,) = ctx.saved_tensors
+        return torch.where(where, 0.0, grad), None
+
+
 def poison(y: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """``y [B, T, H, ...]`` with NaN at the positions ``where [B, T, H]`` is True."""
-    return y.masked_fill(where.view(*where.shape, *(1,) * (y.dim() - where.dim())), float("nan"))
+    """``y [B, T, H, ...]`` with NaN at the positions ``where [B, T, H]`` is True (its gradient zero there)."""
+    return _Poison.apply(y, where.view(*where.shape, *(1,) * (y.dim() - where.dim())))
 
 
 def any_in_document(bad: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:

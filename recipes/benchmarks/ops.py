@@ -141,9 +141,6 @@ def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int, profile: int 
         Bm, Cm = (torch.randn(B, T, 1, N, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
         ins = [x, dt, A, Bm, Cm]
         cases = {"reference (chunked torch)": lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, backend="reference")}
-        if not use_triton:  # the finite passes' cost on a CPU, whose only row is the reference's
-            cases["reference, check_finite=False"] = lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L,
-                                                                      backend="reference", check_finite=False)
         if use_triton:
             cases["triton"] = lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, backend="triton")
             # the kernels alone, as mamba_ssm's row: without the passes that take out non-finite inputs

@@ -52,6 +52,26 @@ def test_split_finite_passes_the_gradient_through_unchanged():
     assert torch.equal(x.grad, torch.full_like(x, 2.0))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_poison_is_masked_fill_bit_for_bit_and_its_gradient_is_exactly_zero_where_it_poisons(dtype):
+    """Every kind of value in ``y`` (-0.0, the largest float, ±inf, NaN) survives the product by 1 exactly, and a NaN or
+    inf cotangent at a poisoned output leaves a zero, not a NaN."""
+    y = tricky(dtype)  # [3, 5, 4, 6]
+    where = torch.rand(3, 5, generator=torch.Generator().manual_seed(3)) < 0.4
+    where[0, 0] = where[2, 2] = False  # the rows holding -0.0 and the lowest float stay as they are
+    out = finite.poison(y.clone().requires_grad_(), where)
+    expected = y.masked_fill(where[..., None, None], float("nan"))
+    assert out.dtype == dtype and torch.equal(out.isnan(), expected.isnan())
+    kept = ~expected.isnan()
+    assert torch.equal(out[kept], expected[kept]) and torch.equal(out[kept].signbit(), expected[kept].signbit())
+    leaf = y.clone().requires_grad_()
+    cotangent = torch.randn(y.shape, dtype=dtype)
+    cotangent[where] = float("nan")
+    cotangent[tuple(where.nonzero()[0].tolist())] = float("inf")
+    finite.poison(leaf, where).backward(cotangent)
+    assert torch.equal(leaf.grad, cotangent.masked_fill(where[..., None, None], 0.0))
+
+
 def _old_split(x, dims):
     """The split as it was: ``nan_to_num``'s autograd, which multiplies the gradient by ``isfinite(x)``."""
     clean, bad = split_finite(x.detach(), dims)
