@@ -72,6 +72,35 @@ def test_poison_is_masked_fill_bit_for_bit_and_its_gradient_is_exactly_zero_wher
     assert torch.equal(leaf.grad, cotangent.masked_fill(where[..., None, None], 0.0))
 
 
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # torch's own fallback for SDPA under vmap
+@pytest.mark.parametrize("op", ["ssd_scan", "attention"])
+def test_per_example_gradients_with_torch_func_go_through_the_finite_passes(op):
+    """``vmap(grad(...))`` over three examples, one holding a NaN, equals a loop over them (the passes' autograd
+    functions carry a vmap rule, as ``nan_to_num`` and ``masked_fill`` did)."""
+    from torch.func import grad, vmap
+
+    from kernels.attention import attention
+    from kernels.ssd import ssd_scan
+
+    g = torch.Generator().manual_seed(5)
+    if op == "ssd_scan":
+        A = -torch.linspace(0.5, 1.5, 2)
+        inputs = (torch.randn(3, 1, 11, 2, 4, generator=g), torch.rand(3, 1, 11, 2, generator=g) + 0.1,
+                  torch.randn(3, 1, 11, 1, 8, generator=g), torch.randn(3, 1, 11, 1, 8, generator=g))
+        call = lambda x, dt, B, C: ssd_scan(x, dt, A, B, C, chunk_size=4, backend="reference")  # noqa: E731
+    else:
+        inputs = (torch.randn(3, 1, 11, 2, 8, generator=g), torch.randn(3, 1, 11, 2, 8, generator=g),
+                  torch.randn(3, 1, 11, 2, 8, generator=g), torch.randn(3, 1, 2, 11, generator=g))
+        call = lambda q, k, v, bias: attention(q, k, v, bias=bias, backend="reference")  # noqa: E731
+    inputs[0 if op == "ssd_scan" else 1][1, 0, 4, 1, 2] = float("nan")  # example 1: x (SSD) or a key (attention)
+    loss = lambda *a: call(*a).nan_to_num(0.0).square().sum()  # noqa: E731
+    per_example = vmap(grad(loss, argnums=(0, 1, 2, 3)))(*inputs)
+    looped = [grad(loss, argnums=(0, 1, 2, 3))(*(t[e] for t in inputs)) for e in range(3)]
+    for i, batched in enumerate(per_example):
+        torch.testing.assert_close(batched, torch.stack([grads[i] for grads in looped]), rtol=1e-5, atol=1e-6)
+        assert batched.isfinite().all()
+
+
 def _old_split(x, dims):
     """The split as it was: ``nan_to_num``'s autograd, which multiplies the gradient by ``isfinite(x)``."""
     clean, bad = split_finite(x.detach(), dims)
