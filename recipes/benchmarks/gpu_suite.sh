@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU measurement the docs wait for (docs/performance.md "On a GPU", docs/kernels.md "GPU targets"), in three
-# phases (step limits summing to 475, 420 and 300 s: the first two fit one fifteen-minute lease of an H100 or H200 when
-# the machine starts in under a minute, as it did on 2026-11-27), each step under its own time limit so a slow step
-# costs only itself, and at most eight files written per phase:
+# phases (step limits summing to 475, 420 and 300 s; the steps have taken half their limits or less, so the first two
+# fit one fifteen-minute lease of an H100 or H200 when the machine starts in under a minute, as it did on 2026-11-27),
+# each step under its own time limit so a slow step costs only itself, and at most eight files written per phase:
 #
 #   bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels   # doctor, kernel tests on CUDA, attention ops, the SSD
 #                                                          # against mamba_ssm with per-kernel profiles, its tile search
