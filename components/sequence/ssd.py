@@ -206,16 +206,24 @@ class SSD(nn.Module):
         if cache is not None:
             # a copy, not a view (as the token shift's): a view would keep the prompt's whole input alive
             cache.keep(self, "conv", full[:, full.shape[1] - (K - 1):].contiguous(), xbc.shape[1])  # [b, K-1, C]
-        if document_ids is not None:  # tap k reads position t - (K-1-k); it counts only within t's document
-            T = xbc.shape[1]
-            ids = F.pad(document_ids, (K - 1, 0), value=-1)  # [b, K-1+T]; the zeros before belong to none
-            # selected away, not multiplied by 0: a NaN in the previous document must not reach this one
-            taps = [torch.where((ids[:, k:k + T] == document_ids)[..., None], full[:, k:k + T], 0.0) * self.conv.weight[:, 0, k]
-                    for k in range(K)]  # K × [b, T, C]
-            return sum(taps) + self.conv.bias
-        if xbc.shape[1] == 1:  # a decoding step: K products per channel, which a conv call costs ten times
+        if xbc.shape[1] == 1 and document_ids is None:  # a decoding step: K products per channel, a tenth of a conv
             return (full * self.conv.weight[:, 0].t()).sum(dim=1, keepdim=True) + self.conv.bias  # [b, 1, C]
-        return F.conv1d(full.transpose(1, 2), self.conv.weight, self.conv.bias, groups=full.shape[2]).transpose(1, 2)
+        if document_ids is None and not full.is_cpu:
+            # torch's depthwise conv (cuDNN on a GPU), on [b, C, T] views; the taps below are untimed on a GPU
+            out = F.conv1d(full.transpose(1, 2), self.conv.weight, self.conv.bias, groups=full.shape[2])  # [b, C, T]
+            return out.transpose(1, 2)
+        # K fused multiply-adds over [b, T, C], contiguous in C: on a CPU conv1d's forward and backward (and the SiLU
+        # after it, on its transposed output) cost 1.4× these (docs/performance.md, "The SSD's causal conv")
+        T = xbc.shape[1]
+        if document_ids is not None:  # tap k reads position t - (K-1-k); it counts only within t's document
+            ids = F.pad(document_ids, (K - 1, 0), value=-1)  # [b, K-1+T]; the zeros before belong to none
+        out = self.conv.bias
+        for k in range(K):
+            tap = full[:, k:k + T]  # [b, T, C]
+            if document_ids is not None:  # selected away, not multiplied by 0: a NaN before the document stays out
+                tap = torch.where((ids[:, k:k + T] == document_ids)[..., None], tap, 0.0)
+            out = torch.addcmul(out, tap, self.conv.weight[:, 0, k])
+        return out
 
     @property
     def rotary_dim(self) -> int | None:

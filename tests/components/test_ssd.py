@@ -162,6 +162,24 @@ def test_every_variant_matches_its_math_written_out(rope_reference, positions, d
     assert (mixer.D is not None) == (d_skip if d_skip is not None else "conv" in positions)
 
 
+@pytest.mark.parametrize("T", [1, 2, 19])
+def test_the_causal_conv_on_a_cpu_is_torch_conv1d_outputs_and_gradients(T):
+    """On a CPU the conv runs as K multiply-adds over [b, T, C] (a GPU calls conv1d): against conv1d itself, with
+    every gradient, in float64, at T shorter than the kernel too; its output is contiguous for what follows."""
+    torch.manual_seed(2)
+    mixer = SSD(32, head_dim=8, d_state=8, conv=True, rope=False, conv_kernel=4).double()
+    xbc = torch.randn(2, T, mixer.d_xbc, dtype=torch.float64, requires_grad=True)
+    got = mixer._causal_conv(xbc, None)
+    want = F.conv1d(F.pad(xbc, (0, 0, 3, 0)).transpose(1, 2), mixer.conv.weight, mixer.conv.bias,
+                    groups=mixer.d_xbc).transpose(1, 2)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert got.is_contiguous()
+    cotangent = torch.randn_like(got)
+    params = [xbc, mixer.conv.weight, mixer.conv.bias]
+    for g, w in zip(torch.autograd.grad(got, params, cotangent), torch.autograd.grad(want, params, cotangent)):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("positions", [*VARIANTS, "conv+rope"])
 def test_left_padded_sequence_equals_the_sequence_alone(positions):
     # With a conv the padded positions' conv output is silu(bias) ≠ 0, so only dt = 0 there keeps the
