@@ -88,9 +88,9 @@ class _Poison(torch.autograd.Function):
 
     The forward multiplies by a ``[..., 1, ...]`` factor of 1 or NaN (times 1 is exact, for every value): one
     broadcast product, where an out-of-place ``masked_fill`` is a copy and a broadcast fill. The backward selects
-    zeros with ``torch.where``, not a product by 0, so a NaN or inf arriving at a poisoned output (from a loss computed
-    on it) still leaves exactly zero. On this CPU, a [2, 2048, 8, 64] fp32 output in interleaved rounds: forward 0.76-0.86
-    against ``masked_fill``'s 1.48-1.66 ms, forward+backward 1.77-1.99 against 3.19-4.05 ms."""
+    zeros with ``torch.where``, not a product by 0, so a NaN or inf arriving at a poisoned output (from a loss
+    computed on it) still leaves exactly zero. On this CPU, a [2, 2048, 8, 64] fp32 output in interleaved rounds:
+    forward 0.76-0.86 against ``masked_fill``'s 1.48-1.66 ms, forward+backward 1.77-1.99 against 3.19-4.05 ms."""
 
     generate_vmap_rule = True
 

@@ -21,8 +21,9 @@ from recipes.benchmarks.timing import interleaved_seconds
 
 
 def _fwd_bwd(fn, leaves: list[torch.Tensor]):
-    """``(call, leaves)``: ``call()`` runs one forward and backward with a dense cotangent, as a next layer sends (the backward of a ``sum`` is a stride-0
-    expansion, which a plain-torch backward's batched matmuls copy batch by batch)."""
+    """``(call, leaves)``: ``call()`` runs one forward and backward with a dense cotangent, as a next layer sends
+    (the backward of a ``sum`` is a stride-0 expansion, which a plain-torch backward's batched matmuls copy batch by
+    batch)."""
     cotangent = []
 
     def call():

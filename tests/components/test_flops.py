@@ -46,7 +46,8 @@ def test_every_mixer_counts_the_products_its_reference_runs(name, unpadded_group
     got = counted(mixer, x, sequence)
     # On a CPU the SSD's depthwise causal conv runs as K multiply-adds (components/sequence/ssd.py), which the
     # counter does not see; the analytic count keeps its 2·K·C per token, as a GPU's conv call does them
-    want -= sum(2 * m.kernel_size[0] * m.out_channels for m in mixer.modules() if isinstance(m, torch.nn.Conv1d)) * B * T
+    convs = [m for m in mixer.modules() if isinstance(m, torch.nn.Conv1d)]
+    want -= sum(2 * m.kernel_size[0] * m.out_channels for m in convs) * B * T
     allowed = {want}
     if name.startswith("IFA"):
         # A per-key bias rides SDPA as one more head channel (kernels/attention/sdpa.py): 4·B·H·T² more.

@@ -54,8 +54,8 @@ def test_split_finite_passes_the_gradient_through_unchanged():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_poison_is_masked_fill_bit_for_bit_and_its_gradient_is_exactly_zero_where_it_poisons(dtype):
-    """Every kind of value in ``y`` (-0.0, the largest float, ±inf, NaN) survives the product by 1 exactly, and a NaN or
-    inf cotangent at a poisoned output leaves a zero, not a NaN."""
+    """Every kind of value in ``y`` (-0.0, the largest float, ±inf, NaN) survives the product by 1 exactly, and a NaN
+    or inf cotangent at a poisoned output leaves a zero, not a NaN."""
     y = tricky(dtype)  # [3, 5, 4, 6]
     where = torch.rand(3, 5, generator=torch.Generator().manual_seed(3)) < 0.4
     where[0, 0] = where[2, 2] = False  # the rows holding -0.0 and the lowest float stay as they are
@@ -150,11 +150,11 @@ def test_the_gradient_reaching_a_non_finite_entry_is_zero_without_masking_it(op,
     starts[:, 0], starts[0, 11] = True, True
     if op == "ssd_scan":
         inputs = {"x": _poisoned((2, T, 4, 8), g, [(0, 3, 1, 2), (1, 15, 3, 0), (0, 13, 0, 7)]),
-                  "dt": torch.rand(2, T, 4, generator=g).add(0.05).index_put_((torch.tensor(1), torch.tensor(6),
-                                                                               torch.tensor(2)), torch.tensor(float("nan"))),
+                  "dt": torch.rand(2, T, 4, generator=g).add(0.05),
                   "B": _poisoned((2, T, 2, 8), g, [(1, 9, 1, 3), (0, 17, 0, 0)]),
                   "C": _poisoned((2, T, 2, 8), g, [(0, 5, 1, 1), (1, 2, 0, 4), (1, 18, 1, 7)]),
                   "initial_state": torch.randn(2, 4, 8, 8, generator=g)}
+        inputs["dt"][1, 6, 2] = float("nan")
         call = _ssd_op(backend, starts if documents else None)
         patched = "kernels.ssd.split_finite"
     else:
