@@ -5,8 +5,12 @@ the gradient through the SSD scan and attention with non-finite inputs, which th
 import pytest
 import torch
 
+from torch.func import grad, vmap
+
 from kernels import _finite as finite
 from kernels._finite import split_finite
+from kernels.attention import attention
+from kernels.ssd import ssd_scan
 
 
 def tricky(dtype: torch.dtype) -> torch.Tensor:
@@ -77,11 +81,6 @@ def test_poison_is_masked_fill_bit_for_bit_and_its_gradient_is_exactly_zero_wher
 def test_per_example_gradients_with_torch_func_go_through_the_finite_passes(op):
     """``vmap(grad(...))`` over three examples, one holding a NaN, equals a loop over them (the passes' autograd
     functions carry a vmap rule, as ``nan_to_num`` and ``masked_fill`` did)."""
-    from torch.func import grad, vmap
-
-    from kernels.attention import attention
-    from kernels.ssd import ssd_scan
-
     g = torch.Generator().manual_seed(5)
     if op == "ssd_scan":
         A = -torch.linspace(0.5, 1.5, 2)
@@ -116,16 +115,12 @@ def _gradients(op, inputs, cotangent):
 
 
 def _ssd_op(backend, documents):
-    from kernels.ssd import ssd_scan
-
     return lambda x, dt, B, C, initial_state: ssd_scan(
         x, dt, -torch.linspace(0.5, 1.5, x.shape[2]), B, C, chunk_size=8, D=torch.linspace(-1, 1, x.shape[2]),
         initial_state=initial_state, return_final_state=True, document_starts=documents, backend=backend)
 
 
 def _attention_op(backend, documents, padding):
-    from kernels.attention import attention
-
     return lambda q, k, v, bias: attention(q, k, v, bias=bias, key_padding_mask=padding, document_ids=documents,
                                            backend=backend)
 
@@ -177,10 +172,10 @@ def test_the_gradient_reaching_a_non_finite_entry_is_zero_without_masking_it(op,
     new = _gradients(call, inputs, cotangent)
     monkeypatch.setattr(patched, _old_split)
     old = _gradients(call, inputs, cotangent)
-    for name, grad in new.items():
-        assert grad.isfinite().all(), name
-        assert torch.equal(grad, old[name]), name
-        assert (grad[~inputs[name].isfinite()] == 0).all(), name
+    for name, gradient in new.items():
+        assert gradient.isfinite().all(), name
+        assert torch.equal(gradient, old[name]), name
+        assert (gradient[~inputs[name].isfinite()] == 0).all(), name
 
 
 def _seen_by_loop(bad, starts):
