@@ -93,6 +93,18 @@ def _seg_end(SEG, b, c, L, T):
 
 
 @triton.jit
+def _chunk_and_head(H, HEADS_INNER: tl.constexpr):
+    """``(b·nc, h)`` of this program: from grid axes 0 and 2, or both from axis 0 with the heads innermost
+    (HEADS_INNER), so that the programs launched together are one chunk's heads, reading its group's ``B``, ``C`` and
+    scores while they are still in L2."""
+    if HEADS_INNER:
+        bc, h = tl.program_id(0) // H, tl.program_id(0) % H
+    else:
+        bc, h = tl.program_id(0), tl.program_id(2)
+    return bc, h
+
+
+@triton.jit
 def _state_tile(ptr, offs_qk, offs_v, DQK, DV, TRANS_STATE: tl.constexpr):
     """A ``[P, N]`` fp32 state read as ``[DQK, DV]``: itself, or its transpose when TRANS_STATE."""
     if TRANS_STATE:
@@ -328,9 +340,9 @@ def _group_bc_grads(Q, STATES, W, R, DT, LAM, SEG, PAIRS, OUT, ROW_DOTS, T, L, T
 @triton.jit
 def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, QK, OUT, ROW_DOTS, T, L, Tp, n_chunks, H, Q_HEADS, K_HEADS,
                 V_HEADS, DQK, DV, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sw_b, sw_t, sw_h, sdt_b, sdt_t,
-                so_b, so_t, so_h,
+                so_b, so_t, so_h, V_BLOCKS,
                 TRANS_STATE: tl.constexpr, HAS_D: tl.constexpr, HAS_DOCS: tl.constexpr, HAS_ROW_DOTS: tl.constexpr,
-                HAS_QK: tl.constexpr,
+                HAS_QK: tl.constexpr, HEADS_INNER: tl.constexpr,
                 BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """``OUT_l = Σ_{m≤l} (Q_l·K_m) exp(Λ_l − Λ_m) dt_m V_m + exp(Λ_l) Q_l M_c (+ D V_l)`` per head, with
     ``M_c [DQK, DV]`` the entering state ``STATES[b, c, h]`` (``[P, N]``, transposed when TRANS_STATE). With
@@ -340,11 +352,13 @@ def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, QK, OUT, ROW_DOTS, T, L
     Forward: ``Q, K, V = C, B, x`` gives ``y`` (with HAS_QK its products ``Q_l·K_m`` read from ``QK [b, nc, K_HEADS,
     L, L]`` fp32, :func:`_group_scores`, instead of made per head). Backward: ``Q, K, V = dy, x, B`` gives ``dC`` per
     head, and with ``W = C`` the read-out term ``R_l = exp(Λ_l)⟨dy_l, E_c C_l⟩`` of the log-decay gradient.
-    Grid: (b·nc, row blocks of the chunk, h)."""
-    bc, pid_l, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # b·nc on axis 0: up to 2^31 − 1
+    A program makes ``BLOCK_V`` of the ``DV`` columns, one of ``V_BLOCKS`` (more than one only without HAS_ROW_DOTS,
+    whose sums run over every column). Grid: (b·nc, row blocks × V_BLOCKS, h), or (b·nc·h, …, 1) with HEADS_INNER."""
+    bc, h = _chunk_and_head(H, HEADS_INNER)  # b·nc on axis 0: up to 2^31 − 1
+    pid_l, pid_v = tl.program_id(1) // V_BLOCKS, tl.program_id(1) % V_BLOCKS
     b, c = bc // n_chunks, bc % n_chunks
     q_head, k_head, v_head = h // (H // Q_HEADS), h // (H // K_HEADS), h // (H // V_HEADS)
-    offs_qk, offs_v = tl.arange(0, BLOCK_QK), tl.arange(0, BLOCK_V)
+    offs_qk, offs_v = tl.arange(0, BLOCK_QK), pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     in_qk, in_v = offs_qk[None, :] < DQK, offs_v[None, :] < DV
     offs_l, t_l, valid_l = _chunk_rows(pid_l * BLOCK_L, c, L, T, BLOCK_L)
     lam_ptr = LAM + ((b.to(tl.int64) * H + h) * Tp + c * L)
@@ -397,6 +411,7 @@ def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_D
                         sw_t, sw_h, sdt_b, sdt_t, so_b, so_t, so_h,
                         TRANS_STATE: tl.constexpr, SCALE_BY_DT: tl.constexpr, HAS_DOCS: tl.constexpr,
                         HAS_ROW_DOTS: tl.constexpr, DX_EPILOGUE: tl.constexpr, HAS_D: tl.constexpr, HAS_QK: tl.constexpr,
+                        HEADS_INNER: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """The transpose of :func:`_chunk_scan`, for source rows ``m`` of chunk ``c``, streaming the rows
     ``l ≥ m``: ``OUT_m = [Σ_{l≥m} (Q_m·K_l) exp(Λ_l − Λ_m) V_l + exp(α_c − Λ_m) Q_m M_c] (· dt_m)``, fp32,
@@ -410,8 +425,10 @@ def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_D
     and ``X_DOTS[b, h, cL + m] = ⟨x_m, d(dt·x)_m⟩``, the part of ``d dt`` through ``x``. (``U`` is made in the ``dB``
     kernel, not beside ``dx`` whose state term has it too: there it spilled 40 bytes at P = N = 128 on sm_90.) With
     HAS_QK (the ``d(dt·x)`` call) the products ``Q_m·K_l = C_l·B_m`` are read, transposed, from ``QK [b, nc, K_HEADS,
-    L, L]`` fp32 (:func:`_group_scores`). Grid: (b·nc, row blocks of the chunk, h)."""
-    bc, pid_m, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # b·nc on axis 0: up to 2^31 − 1
+    L, L]`` fp32 (:func:`_group_scores`). Grid: (b·nc, row blocks of the chunk, h), or (b·nc·h, …, 1) with
+    HEADS_INNER."""
+    bc, h = _chunk_and_head(H, HEADS_INNER)  # b·nc on axis 0: up to 2^31 − 1
+    pid_m = tl.program_id(1)
     b, c = bc // n_chunks, bc % n_chunks
     q_head, k_head, v_head = h // (H // Q_HEADS), h // (H // K_HEADS), h // (H // V_HEADS)
     offs_qk, offs_v = tl.arange(0, BLOCK_QK), tl.arange(0, BLOCK_V)
@@ -471,14 +488,16 @@ def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_D
 @triton.jit
 def _log_decay_pairs(X, DY, BM, CM, DT, LAM, SEG, QK, OUT, T, L, Tp, n_chunks, H, BC_HEADS, P, N,
                      sx_b, sx_t, sx_h, sdy_b, sdy_t, sdy_h, sb_b, sb_t, sb_h, sc_b, sc_t, sc_h, sdt_b, sdt_t,
-                     HAS_DOCS: tl.constexpr, HAS_QK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+                     HAS_DOCS: tl.constexpr, HAS_QK: tl.constexpr, HEADS_INNER: tl.constexpr, BLOCK_L: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     """The pair terms of the log-decay gradient, for the rows ``l`` of one block: ``OUT[b, c, block, h, k] =
     Σ_{l in block, l≥k} Σ_{m<k} T_lm`` with ``T_lm = (dy_l·x_m)(C_l·B_m) exp(Λ_l − Λ_m) dt_m`` (pairs in one
     document). A program keeps its rows' ``Σ_{m<k} T_lm`` as a running sum over the column blocks, so no ``[L, L]``
     tensor is written; the blocks' parts are summed afterwards (no atomics). With HAS_QK the products ``C_l·B_m`` are
-    read from the group's ``QK [b, nc, BC_HEADS, L, L]`` (:func:`_group_scores`). Grid: (b·nc, row blocks, h)."""
-    bc, pid_l, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # b·nc on axis 0: up to 2^31 − 1
+    read from the group's ``QK [b, nc, BC_HEADS, L, L]`` (:func:`_group_scores`). Grid: (b·nc, row blocks, h), or
+    (b·nc·h, row blocks, 1) with HEADS_INNER."""
+    bc, h = _chunk_and_head(H, HEADS_INNER)  # b·nc on axis 0: up to 2^31 − 1
+    pid_l = tl.program_id(1)
     b, c = bc // n_chunks, bc % n_chunks
     g = h // (H // BC_HEADS)
     offs_p, offs_n = tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_N)
@@ -569,9 +588,17 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     Timed on an H200 (2026-11-27, B 4, H 32, P 64, N 128, chunk 256, bf16, ``check_finite=False``, each switch against
     the configuration without it in one process, ``ssd_tiles --sections``): ``shared_scores`` 1.03× at T 16K and
     0.97× at 4K; ``narrow_states`` then, on top of it, 1.10× at both; together ``ops`` measured 9.13 ms forward and
-    backward at 16K (10.32 before; mamba_ssm 6.38) and 3.26 at 4K (3.69 before; 5.32)."""
+    backward at 16K (10.32 before; mamba_ssm 6.38) and 3.26 at 4K (3.69 before; 5.32).
+
+    Untimed, for the tile search (``ssd_tiles --sections y dx order``), and so left at what the kernels did before:
+    ``y`` and ``dx``, the forward's output kernel and the backward's ``d(dt·x)`` kernel (mamba_ssm's ``y`` and ``dx``
+    kernels took 0.80 and 1.0 ms of GPU time to our 1.3 and 1.4 at T 16K on the H200) each with tiles of their own
+    over the shared ones (:func:`_tiles`: rows, a column block of its own as mamba_ssm's ``BLOCK_SIZE_K``, warps,
+    stages, and for ``y`` the head dim split over programs as mamba_ssm splits it); ``heads_inner``, the per-head
+    scan kernels' programs ordered with the heads innermost (:func:`_chunk_and_head`)."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
-    tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False)
+    tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False,
+                 heads_inner=False, y={}, dx={})
     small = tiles["P"] * tiles["N"] <= 64 * 128
     roomy = small and dtype != torch.float32  # room in the registers for the per-group kernels' larger tiles
     tiles.update(group_rows=32 if roomy else 16, group_block=64 if roomy else 32, group_warps=8)
@@ -619,6 +646,21 @@ def _decayed_scan_call(U, lam, seg, h0, T, L, reverse: bool, dtype: torch.dtype)
     return out, final
 
 
+def _tiles(blk: dict, kernel: str) -> dict:
+    """``rows``, ``cols`` (the column block each step of the in-chunk loop takes), ``warps``, ``stages`` and
+    ``p_block`` (the head dim's columns one program makes; None: all) of one scan kernel — ``"y"``, ``"dx"`` (both
+    ``d(dt·x)`` and ``dx``), ``"dC"``, ``"dB"`` (per head) — from ``launch_config``'s entry for it, over the shared
+    ``rows`` (as ``cols`` too), ``warps`` and ``stages``."""
+    shared = dict(rows=blk["rows"], cols=blk["rows"], warps=blk["warps"], stages=blk["stages"], p_block=None)
+    return {**shared, **blk.get(kernel, {})}
+
+
+def _grid(chunks: int, blocks: int, H: int, heads_inner: bool) -> tuple[int, int, int]:
+    """The per-head kernels' grid: ``(b·nc, blocks, h)``, or ``(b·nc·h, blocks, 1)`` with the heads innermost
+    (:func:`_chunk_and_head`)."""
+    return (chunks * H, blocks, 1) if heads_inner else (chunks, blocks, H)
+
+
 def _scan_strides(Q, K, V, W, dt, out) -> tuple[int, ...]:
     """The batch, time and head strides of ``Q, K, V, W, out`` (``[b, T, heads, dim]``) and the batch and time strides
     of ``dt [b, T, h]``, in the kernels' order Q, K, V, W, dt, out (every last dimension is contiguous)."""
@@ -634,15 +676,19 @@ def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: b
     DQK, DV = Q.shape[-1], V.shape[-1]
     block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
     W, into = row_dots if row_dots is not None else (V, lam)
-    _chunk_scan[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
+    tiles = _tiles(blk, "y" if trans_state else "dC")
+    if tiles["p_block"] is not None and row_dots is None:  # y's columns split over programs (row dots need them all)
+        block_v = min(block_v, tiles["p_block"])
+    v_blocks = triton.cdiv(DV, block_v)
+    _chunk_scan[_grid(batch * n_chunks, triton.cdiv(L, tiles["rows"]) * v_blocks, H, blk["heads_inner"])](
         Q, K, V, W, dt, lam, lam if seg is None else seg, states, D if D is not None else lam, lam if qk is None else qk,
         out, into,
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], DQK, DV,
-        *_scan_strides(Q, K, V, W, dt, out),
+        *_scan_strides(Q, K, V, W, dt, out), v_blocks,
         TRANS_STATE=trans_state, HAS_D=D is not None, HAS_DOCS=seg is not None, HAS_ROW_DOTS=row_dots is not None,
-        HAS_QK=qk is not None,
-        BLOCK_L=blk["rows"], BLOCK_M=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
-        DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
+        HAS_QK=qk is not None, HEADS_INNER=blk["heads_inner"],
+        BLOCK_L=tiles["rows"], BLOCK_M=tiles["cols"], BLOCK_QK=block_qk, BLOCK_V=block_v,
+        DOT=blk["dot"], num_warps=tiles["warps"], num_stages=tiles["stages"],
     )
 
 
@@ -661,15 +707,16 @@ def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_s
         W, row_into = row_dots
     if dx_of is not None:
         W, D, x_into = dx_of
-    _chunk_scan_reverse[(batch * n_chunks, triton.cdiv(L, blk["rows"]), H)](
+    tiles = _tiles(blk, "dx" if trans_state else "dB")
+    _chunk_scan_reverse[_grid(batch * n_chunks, triton.cdiv(L, tiles["rows"]), H, blk["heads_inner"])](
         Q, K, V, W, dt, lam, lam if seg is None else seg, d_states, D if D is not None else lam,
         lam if qk is None else qk, out, row_into, x_into,
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], Q.shape[-1], V.shape[-1],
         *_scan_strides(Q, K, V, W, dt, out),
         TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state, HAS_DOCS=seg is not None,
         HAS_ROW_DOTS=row_dots is not None, DX_EPILOGUE=dx_of is not None, HAS_D=D is not None, HAS_QK=qk is not None,
-        BLOCK_M=blk["rows"], BLOCK_L=blk["rows"], BLOCK_QK=block_qk, BLOCK_V=block_v,
-        DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
+        HEADS_INNER=blk["heads_inner"], BLOCK_M=tiles["rows"], BLOCK_L=tiles["cols"], BLOCK_QK=block_qk,
+        BLOCK_V=block_v, DOT=blk["dot"], num_warps=tiles["warps"], num_stages=tiles["stages"],
     )
 
 
@@ -885,10 +932,11 @@ def _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, read, 
     rows, cols = blk["pair_rows"], blk["pair_cols"]
     # [b, nc, row blocks, h, L]; zeros: the columns past a block's rows are not written
     pairs = torch.zeros(batch, n_chunks, triton.cdiv(L, rows), H, L, dtype=torch.float32, device=x.device)
-    _log_decay_pairs[(batch * n_chunks, triton.cdiv(L, rows), H)](
+    _log_decay_pairs[_grid(batch * n_chunks, triton.cdiv(L, rows), H, blk["heads_inner"])](
         x, dy, B, C, dt, lam, seg_arg, lam if qk is None else qk, pairs, T, L, Tp, n_chunks, H, B.shape[2], P, N,
-        *strides, HAS_DOCS=seg is not None, HAS_QK=qk is not None, BLOCK_L=rows, BLOCK_M=cols, BLOCK_P=blk["P"], BLOCK_N=blk["N"],
-        DOT=blk["dot"], num_warps=blk["warps"], num_stages=blk["stages"],
+        *strides, HAS_DOCS=seg is not None, HAS_QK=qk is not None, HEADS_INNER=blk["heads_inner"], BLOCK_L=rows,
+        BLOCK_M=cols, BLOCK_P=blk["P"], BLOCK_N=blk["N"], DOT=blk["dot"], num_warps=blk["warps"],
+        num_stages=blk["stages"],
     )
     block = min(1024, triton.next_power_of_2(P * N))
     dots = torch.empty(batch, n_chunks, H, triton.cdiv(P * N, block), dtype=torch.float32, device=x.device)

@@ -68,6 +68,11 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     group_rows, group_warps = cfg["group_rows"], dict(num_warps=cfg["group_warps"], num_stages=cfg["stages"])
     f32 = lambda *names: {n: "*fp32" for n in names}  # noqa: E731
     seg = {"SEG": "*i32"}
+    # the scan kernels' own tiles (launch_config's "y" and "dx" entries over the shared ones) and their grid order
+    y, dx = ssd._tiles(cfg, "y"), ssd._tiles(cfg, "dx")
+    y_warps, dx_warps = (dict(num_warps=t["warps"], num_stages=t["stages"]) for t in (y, dx))
+    y_cols = min(P, y["p_block"] or P)
+    order = dict(HEADS_INNER=cfg["heads_inner"])
     ssd_cases = [
         Case("ssd _chunk_state (forward)", ssd._chunk_state, dict(DECAY_TO_END=True, SCALE_BY_DT=True, BLOCK_L=rows,
              BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "BM"), f32("DT", "LAM", "OUT")),
@@ -78,34 +83,35 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
         # the backward's dC and dB kernels also write the log-decay gradient's row dots (HAS_ROW_DOTS); the dx kernel
         # writes dx itself and ⟨x, d(dt·x)⟩ (DX_EPILOGUE)
         Case("ssd _chunk_scan (y)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True, HAS_ROW_DOTS=False, HAS_QK=False,
-             BLOCK_L=rows, BLOCK_M=rows, BLOCK_QK=N, BLOCK_V=P, DOT=dot), warps, ("Q", "K", "V", "W", "OUT"),
-             f32("DT", "LAM", "STATES", "DSKIP", "QK", "ROW_DOTS")),
+             BLOCK_L=y["rows"], BLOCK_M=y["cols"], BLOCK_QK=N, BLOCK_V=y_cols, DOT=dot, **order), y_warps,
+             ("Q", "K", "V", "W", "OUT"), f32("DT", "LAM", "STATES", "DSKIP", "QK", "ROW_DOTS")),
         Case("ssd _chunk_scan (dC)", ssd._chunk_scan, dict(TRANS_STATE=False, HAS_D=False, HAS_ROW_DOTS=True,
-             HAS_QK=False, BLOCK_L=rows, BLOCK_M=rows, BLOCK_QK=P, BLOCK_V=N, DOT=dot), warps, ("Q", "K", "V", "W"),
-             f32("DT", "LAM", "STATES", "DSKIP", "QK", "OUT", "ROW_DOTS")),
+             HAS_QK=False, BLOCK_L=rows, BLOCK_M=rows, BLOCK_QK=P, BLOCK_V=N, DOT=dot, **order), warps,
+             ("Q", "K", "V", "W"), f32("DT", "LAM", "STATES", "DSKIP", "QK", "OUT", "ROW_DOTS")),
         Case("ssd _chunk_scan_reverse (dx)", ssd._chunk_scan_reverse, dict(TRANS_STATE=True, SCALE_BY_DT=False,
-             HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, HAS_QK=False, BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=N,
-             BLOCK_V=P, DOT=dot), warps, ("Q", "K", "V", "W", "OUT"),
+             HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, HAS_QK=False, BLOCK_M=dx["rows"], BLOCK_L=dx["cols"],
+             BLOCK_QK=N, BLOCK_V=P, DOT=dot, **order), dx_warps, ("Q", "K", "V", "W", "OUT"),
              f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "ROW_DOTS", "X_DOTS")),
         Case("ssd _chunk_scan_reverse (dB)", ssd._chunk_scan_reverse, dict(TRANS_STATE=False, SCALE_BY_DT=True,
              HAS_ROW_DOTS=True, DX_EPILOGUE=False, HAS_D=False, HAS_QK=False, BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=P,
-             BLOCK_V=N, DOT=dot), warps, ("Q", "K", "V", "W"),
+             BLOCK_V=N, DOT=dot, **order), warps, ("Q", "K", "V", "W"),
              f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "OUT", "ROW_DOTS", "X_DOTS")),
         # launch_config's shared_scores (off by default, for the tile search): y and d(dt·x) read C·Bᵀ per group
         Case("ssd _chunk_scan (y, shared scores)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True,
-             HAS_ROW_DOTS=False, HAS_QK=True, BLOCK_L=rows, BLOCK_M=rows, BLOCK_QK=N, BLOCK_V=P, DOT=dot), warps,
-             ("Q", "K", "V", "W", "OUT"), f32("DT", "LAM", "STATES", "DSKIP", "QK", "ROW_DOTS")),
+             HAS_ROW_DOTS=False, HAS_QK=True, BLOCK_L=y["rows"], BLOCK_M=y["cols"], BLOCK_QK=N, BLOCK_V=y_cols,
+             DOT=dot, **order), y_warps, ("Q", "K", "V", "W", "OUT"),
+             f32("DT", "LAM", "STATES", "DSKIP", "QK", "ROW_DOTS")),
         Case("ssd _chunk_scan_reverse (dx, shared scores)", ssd._chunk_scan_reverse, dict(TRANS_STATE=True,
-             SCALE_BY_DT=False, HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, HAS_QK=True, BLOCK_M=rows,
-             BLOCK_L=rows, BLOCK_QK=N, BLOCK_V=P, DOT=dot), warps, ("Q", "K", "V", "W", "OUT"),
+             SCALE_BY_DT=False, HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, HAS_QK=True, BLOCK_M=dx["rows"],
+             BLOCK_L=dx["cols"], BLOCK_QK=N, BLOCK_V=P, DOT=dot, **order), dx_warps, ("Q", "K", "V", "W", "OUT"),
              f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "ROW_DOTS", "X_DOTS")),
         Case("ssd _log_decay_pairs", ssd._log_decay_pairs, dict(HAS_QK=False, BLOCK_L=cfg["pair_rows"],
-             BLOCK_M=cfg["pair_cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "DY", "BM", "CM"),
+             BLOCK_M=cfg["pair_cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot, **order), warps, ("X", "DY", "BM", "CM"),
              f32("DT", "LAM", "QK", "OUT")),
         # shared_scores' backward: the pair kernel reads C·Bᵀ; dC and dB are made per group (the heads' in-chunk
         # gradients summed by _group_pair_grads, their state terms inside _group_bc_grads)
         Case("ssd _log_decay_pairs (shared scores)", ssd._log_decay_pairs, dict(HAS_QK=True, BLOCK_L=cfg["pair_rows"],
-             BLOCK_M=cfg["pair_cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "DY", "BM", "CM"),
+             BLOCK_M=cfg["pair_cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot, **order), warps, ("X", "DY", "BM", "CM"),
              f32("DT", "LAM", "QK", "OUT")),
         Case("ssd _group_pair_grads", ssd._group_pair_grads, dict(BLOCK=cfg["group_block"], BLOCK_P=P, DOT=dot), group_warps,
              ("X", "DY"), f32("DT", "LAM", "OUT")),

@@ -4,14 +4,19 @@ take, and the log-decay gradient's pair blocks — the evidence for ``kernels.ss
     python -m recipes.benchmarks.ssd_tiles                          # B 4, T 4096, H 32, P 64, N 128, chunk 256, bf16
     python -m recipes.benchmarks.ssd_tiles --chunk 64 --length 8192
     python -m recipes.benchmarks.ssd_tiles --length 16384 --sections scores   # one section: shared_scores on and off
+    python -m recipes.benchmarks.ssd_tiles --length 16384 --sections y dx order   # the y and d(dt·x) kernels' tiles
 
 Every kernel shares ``rows``, ``warps`` and ``stages``; the backward's log-decay pair kernel adds ``pair_rows ×
 pair_cols``; ``shared_scores`` (on in bf16/fp16 on Hopper at states up to 64 × 128) has the in-chunk ``C·Bᵀ`` made
 once per group of heads and read by the ``y``, ``d(dt·x)`` and log-decay kernels, and ``dC``, ``dB`` made per group, as
 mamba_ssm does, in kernels with tiles of their own (``group_rows``, ``group_warps``, ``group_block``: the last
-section); ``narrow_states`` (on where ``shared_scores`` is) keeps the chunks' states in the inputs' dtype. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
+section); ``narrow_states`` (on where ``shared_scores`` is) keeps the chunks' states in the inputs' dtype; ``y`` and
+``dx`` give the forward's output kernel and the backward's ``d(dt·x)`` kernel tiles of their own (a column block apart
+from the rows, and for ``y`` the head dim split over programs), and ``order`` puts the heads innermost in the per-head
+kernels' grids. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
 checked against the current choice's (a wrong answer is named, not timed); a candidate that cannot launch here is
-named too. mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md
+named too. The last three sections also give the GPU time of the kernels they change, from torch's profiler (steadier
+than the whole op's wall time, whose spread between two timings of one configuration has reached 10%). mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md
 says how to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table
 in docs/kernels.md, after ``python -m recipes.benchmarks.compile_check --only ssd`` says whether they spill.
 """
@@ -24,7 +29,7 @@ import torch.nn.functional as F
 
 from kernels.ssd import ssd_scan
 from kernels.ssd import triton as ssd_triton
-from recipes.benchmarks.tile_search import add_device_option, device_of, trial
+from recipes.benchmarks.tile_search import add_device_option, device_of, kernel_us, trial
 from recipes.benchmarks.timing import median_ms
 
 # (rows, warps, stages) for every kernel, the larger row tiles first (Hopper's warp-group products need 64 rows), so a
@@ -35,6 +40,18 @@ LOG_DECAY = [(64, 16), (32, 32), (64, 32), (128, 16), (32, 16), (128, 32)]
 # (group_rows, group_warps, group_block) for the per-group backward kernels that shared_scores runs: the dC/dB kernel's
 # rows and warps, the pairs' gradient blocks (which take the same warps)
 GROUP = [(32, 8, 64), (16, 8, 64), (32, 4, 64), (64, 8, 64), (32, 8, 32), (16, 4, 32)]
+# the y and d(dt·x) kernels' tiles of their own (launch_config's "y" and "dx" entries): (rows, cols: the column block of
+# the in-chunk loop, warps, stages[, p_block: the head dim's columns a y program makes, None: all]). None of them
+# spills on sm_90 in bf16 at P 64, N 128 with shared scores, where the shared 64 × 64, 4 warps, 2 stages spill 8 bytes
+# in y (compile_check, 2026-11-27: docs/kernels.md); mamba_ssm's forward steps 32 columns with 4-5 stages.
+Y = [(64, 32, 4, 4, None), (64, 32, 4, 3, None), (64, 32, 4, 5, None), (64, 32, 4, 4, 32), (64, 64, 8, 2, None),
+     (64, 32, 8, 3, None), (128, 32, 8, 3, None), (128, 32, 8, 3, 32), (64, 64, 4, 2, 32), (32, 32, 4, 4, 32),
+     (32, 32, 2, 4, 32)]
+DX = [(64, 32, 4, 3), (64, 32, 4, 5), (64, 64, 8, 2), (64, 32, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (32, 64, 4, 2),
+      (32, 32, 2, 5)]
+# the kernels whose GPU time a section's rows also give (torch's profiler; kernel names as Triton launches them)
+KERNELS = {"y": ("_chunk_scan",), "dx": ("_chunk_scan_reverse",),
+           "order": ("_chunk_scan", "_chunk_scan_reverse", "_log_decay_pairs")}
 
 
 def results(inputs: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
@@ -54,10 +71,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--sections", nargs="+", choices=["rows", "pairs", "scores", "states", "group"],
-                        default=["rows", "pairs", "scores", "states", "group"],
+    parser.add_argument("--sections", nargs="+", choices=["rows", "pairs", "scores", "states", "group", "y", "dx",
+                                                         "order"],
+                        default=["rows", "pairs", "scores", "states", "group", "y", "dx", "order"],
                         help="which candidates to time: rows/warps/stages, the pair kernel's blocks, shared_scores, "
-                             "narrow_states, the per-group kernels' tiles (with shared_scores on)")
+                             "narrow_states, the per-group kernels' tiles (with shared_scores on), the y and d(dt·x) "
+                             "kernels' own tiles, the per-head kernels' grid order (heads_inner)")
+    parser.add_argument("--no-mamba", action="store_true",
+                        help="leave mamba_ssm's row out even where it imports (its autotuning takes about 80 s)")
     add_device_option(parser)
     args = parser.parse_args(argv)
     cuda, dtype, device = device_of(args)
@@ -82,14 +103,14 @@ def main(argv: list[str] | None = None) -> None:
     ours = lambda: ssd_scan(*inputs, chunk_size=L, backend="triton")  # noqa: E731
     print(f"# {device}, torch {torch.__version__}; B {B}, T {T}, H {H}, P {P}, N {N}, chunk {L}, {dtype}; "
           f"median of {args.repeats}")
-    if cuda and importlib.util.find_spec("mamba_ssm") is not None:
+    if cuda and not args.no_mamba and importlib.util.find_spec("mamba_ssm") is not None:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
         theirs = lambda: mamba_chunk_scan_combined(*inputs, chunk_size=L)  # noqa: E731
         print(f"mamba_chunk_scan_combined: {median_ms(lambda: forward(theirs), args.repeats):.2f} ms forward, "
               f"{median_ms(lambda: both(theirs), args.repeats):.2f} fwd+bwd")
     else:
-        print("mamba_ssm not importable: its row is skipped")
+        print("mamba_ssm's row left out (--no-mamba)" if args.no_mamba else "mamba_ssm not importable: its row is skipped")
     major, minor = torch.cuda.get_device_capability() if cuda else (9, 0)
     current = choose(P, N, cuda, dtype, 10 * major + minor)
     want = results(inputs, L)
@@ -102,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     bare = lambda: ssd_scan(*inputs, chunk_size=L, backend="triton", check_finite=False)  # noqa: E731
     base = (median_ms(lambda: forward(bare), args.repeats), median_ms(lambda: both(bare), args.repeats))
     print(f"current, check_finite=False: {base[0]:.2f} ms forward, {base[1]:.2f} fwd+bwd")
+    own = lambda kernel, keys: lambda values: {kernel: dict(zip(keys, values))}  # noqa: E731  a kernel's own tiles
     sections = {"rows": ("rows, warps, stages (every kernel)", ("rows", "warps", "stages"), SHARED),
                 "pairs": ("pair_rows, pair_cols (the log-decay gradient's pair kernel)", ("pair_rows", "pair_cols"),
                           LOG_DECAY),
@@ -111,19 +133,40 @@ def main(argv: list[str] | None = None) -> None:
                            [(not current["narrow_states"],)]),
                 "group": ("group_rows, group_warps, group_block (the per-group dC/dB kernels, shared_scores on)",
                           ("group_rows", "group_warps", "group_block", "shared_scores"),
-                          [(*tiles, True) for tiles in GROUP])}
-    for title, keys, candidates in (sections[name] for name in args.sections):
+                          [(*tiles, True) for tiles in GROUP]),
+                "y": ("y rows, cols, warps, stages, p_block (the forward's output kernel, tiles of its own)",
+                      ("rows", "cols", "warps", "stages", "p_block"), Y),
+                "dx": ("dx rows, cols, warps, stages (the backward's d(dt·x) kernel, tiles of its own)",
+                       ("rows", "cols", "warps", "stages"), DX),
+                "order": ("heads_inner (the per-head scan kernels' programs with the heads innermost)",
+                          ("heads_inner",), [(not current["heads_inner"],)])}
+    apply = {"y": own("y", sections["y"][1]), "dx": own("dx", sections["dx"][1])}
+    for name in args.sections:
+        title, keys, candidates = sections[name]
+        to_config = apply.get(name, lambda values, keys=keys: dict(zip(keys, values)))
+        names = KERNELS.get(name, ())
+        gauges = (lambda: kernel_us(lambda: both(bare), names, args.repeats),) if names else ()
         columns = [*keys, "fwd ms", "fwd+bwd ms", "× current fwd+bwd", "max error against current"]
+        if names:  # the kernels' own GPU time, beside the current tiles' measured now
+            now = kernel_us(lambda: both(bare), names, args.repeats)
+            print(f"\ncurrent {' + '.join(names)}: {'-' if now is None else f'{now:.0f}'} µs of GPU time per fwd+bwd")
+            columns[-1:-1] = [f"{' + '.join(names)} µs", "× current µs"]
         print(f"\n### {title}, check_finite=False\n\n| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
         for values in candidates:
             cells = " | ".join(map(str, values))
-            outcome = trial(ssd_triton, {**current, **dict(zip(keys, values))}, lambda: results(inputs, L), want,
-                            [lambda: forward(bare), lambda: both(bare)], args.repeats)
+            outcome = trial(ssd_triton, {**current, **to_config(values)}, lambda: results(inputs, L), want,
+                            [lambda: forward(bare), lambda: both(bare)], args.repeats, gauges)
             if isinstance(outcome, str):
-                print(f"| {cells} | {outcome} | | | |", flush=True)
+                print(f"| {cells} | {outcome} |{' |' * (len(columns) - len(keys) - 1)}", flush=True)
                 continue
-            error, (fwd, total) = outcome
-            print(f"| {cells} | {fwd:.2f} | {total:.2f} | {base[1] / total:.2f} | {error:.1e} |", flush=True)
+            error, (fwd, total, *spent) = outcome
+            kernel_cells = ""
+            if names:
+                us = spent[0]
+                kernel_cells = ("- | - | " if us is None or now is None
+                                else f"{us:.0f} | {now / us if us else float('nan'):.2f} | ")
+            print(f"| {cells} | {fwd:.2f} | {total:.2f} | {base[1] / total:.2f} | {kernel_cells}{error:.1e} |",
+                  flush=True)
 
 if __name__ == "__main__":
     main()

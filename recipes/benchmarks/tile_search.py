@@ -28,18 +28,35 @@ def device_of(args) -> tuple[bool, torch.dtype, str]:
     return cuda, torch.bfloat16 if cuda else torch.float32, name
 
 
+def kernel_us(fn: Callable[[], object], names: tuple[str, ...], repeats: int) -> float | None:
+    """GPU time per call of ``fn`` spent in the kernels named ``names`` (exactly: ``_chunk_scan`` is not
+    ``_chunk_scan_reverse``), µs, summed over ``repeats`` calls under torch's profiler after one warm-up call — one
+    kernel's time without the noise of the others and of the host; None without CUDA (a dry run)."""
+    if not torch.cuda.is_available():
+        return None
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in profiler.key_averages() if e.key in names) / repeats
+
+
 def trial(kernels: ModuleType, config: dict, results: Callable[[], list[torch.Tensor]], want: list[torch.Tensor],
-          timed: list[Callable[[], object]], repeats: int) -> tuple[float, list[float]] | str:
+          timed: list[Callable[[], object]], repeats: int,
+          gauges: tuple[Callable[[], float | None], ...] = ()) -> tuple[float, list[float | None]] | str:
     """With ``kernels.launch_config`` answering ``config``: ``(largest error of results() against want, relative to
-    each result's largest value; the median ms of each of timed)``, or why not — ``"wrong: …"`` (over 5%, or not
-    finite), ``"failed: …"`` (the candidate does not fit this GPU: shared memory, registers, a tile Triton refuses)."""
+    each result's largest value; the median ms of each of timed, then what each of gauges returns)``, or why not —
+    ``"wrong: …"`` (over 5%, or not finite), ``"failed: …"`` (the candidate does not fit this GPU: shared memory,
+    registers, a tile Triton refuses)."""
     original = kernels.launch_config
     kernels.launch_config = lambda *args, **kwargs: config
     try:
         error = max((got - w).abs().max().item() / max(w.abs().max().item(), 1e-6) for got, w in zip(results(), want))
         if not math.isfinite(error) or error > 0.05:
             return f"wrong: relative error {error:.3g}"
-        return error, [median_ms(fn, repeats) for fn in timed]
+        return error, [*(median_ms(fn, repeats) for fn in timed), *(gauge() for gauge in gauges)]
     except Exception as failure:  # named in the table; the search goes on
         return f"failed: {type(failure).__name__}: {str(failure).splitlines()[0][:100]}"
     finally:

@@ -288,6 +288,32 @@ def test_the_gpu_tiles_under_the_interpreter(docs, variant, monkeypatch):
     assert [m is not None for m in made] == [shared, shared]  # the forward's and the backward's
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["per-head scores", "shared scores"])
+@pytest.mark.parametrize("docs", [False, True])
+def test_each_scan_kernel_on_tiles_of_its_own_and_the_heads_innermost(docs, shared, monkeypatch):
+    """``launch_config``'s ``y`` and ``dx`` entries give those kernels tiles of their own — here 32 rows stepping
+    16 columns with the head dim split over two programs for ``y``, 16 rows stepping 32 columns for ``dx``, where the
+    other kernels keep 16 × 16 — and ``heads_inner`` orders every per-head scan kernel's programs with the heads
+    innermost; against the float64 recurrence at two chunks of 64 and a bit, with and without documents."""
+    from kernels.ssd import triton as ssd_triton
+
+    config = ssd_triton.launch_config
+    own = dict(y=dict(rows=32, cols=16, p_block=16), dx=dict(rows=16, cols=32), heads_inner=True,
+               shared_scores=shared)
+    monkeypatch.setattr(ssd_triton, "launch_config", lambda *a, **k: {**config(*a, **k), **own})
+    launched, grid = [], ssd_triton._grid
+    monkeypatch.setattr(ssd_triton, "_grid", lambda *a: launched.append(a) or grid(*a))
+    inputs = make(1, 150, 4, 32, 1, 16, True, True)  # P 32: two 16-column programs for y
+    starts = torch.zeros(1, 150, dtype=torch.bool, device=DEVICE)
+    starts[0, [30, 64, 70, 71, 140]] = docs
+    (y, final, grads), (y_ref, final_ref, grads_ref) = triton_and_reference(inputs, 64, starts if docs else None)
+    assert close(y, y_ref) and close(final, final_ref)
+    for name in grads:
+        assert close(grads[name], grads_ref[name]), f"gradient of {name}"
+    # y: 2 row blocks of 32 × 2 column halves; dx: 4 row blocks of 16; each over 3 chunks × 4 heads on axis 0
+    assert launched[0] == (3, 2 * 2, 4, True) and (3, 4, 4, True) in launched[1:]
+
+
 def triton_and_reference(inputs, chunk, starts):
     """(y, final, gradients) of the Triton scan on ``inputs`` and of the reference on them in float64."""
     run = lambda backend: lambda a: ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size=chunk, D=a["D"],  # noqa: E731

@@ -40,6 +40,11 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     monkeypatch.setattr(ssd_tiles, "SHARED", [(32, 4, 1), (24, 4, 1)])
     monkeypatch.setattr(ssd_tiles, "LOG_DECAY", [(16, 32)])
     monkeypatch.setattr(ssd_tiles, "GROUP", [(16, 4, 16), (24, 4, 16)])
+    monkeypatch.setattr(ssd_tiles, "Y", [(32, 16, 4, 1, 16), (16, 24, 4, 1, None)])
+    monkeypatch.setattr(ssd_tiles, "DX", [(16, 32, 4, 1)])
+    tiles_seen, tiles = [], ssd_triton._tiles
+    monkeypatch.setattr(ssd_triton, "_tiles", lambda blk, kernel: tiles_seen.append((kernel, tiles(blk, kernel)))
+                        or tiles_seen[-1][1])
     ssd_tiles.main(["--device", "cpu", "--length", "37", "--batch", "1", "--heads", "2", "--head-dim", "16",
                     "--state", "16", "--chunk", "16", "--repeats", "1"])
     out = capsys.readouterr().out
@@ -55,6 +60,18 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
         rows = [line for line in out.split(f"### {section}", 1)[1].split("###", 1)[0].splitlines()
                 if line.startswith("| True |")]
         assert len(rows) == 1 and float(rows[0].split("|")[-2]) < 1e-5, section
+    # each scan kernel's own tiles: checked like the others, and given to that kernel alone
+    y, dx = table_rows(out, "y rows"), table_rows(out, "dx rows")
+    assert [row[:5] for row in y] == [["32", "16", "4", "1", "16"], ["16", "24", "4", "1", "None"]]
+    assert float(y[0][-1]) < 1e-5 and y[1][5].startswith("failed")
+    assert [row[:4] for row in dx] == [["16", "32", "4", "1"]] and float(dx[0][-1]) < 1e-5
+    assert y[0][-3:-1] == ["-", "-"]  # the kernels' GPU time: none under the interpreter
+    assert ("y", dict(rows=32, cols=16, warps=4, stages=1, p_block=16)) in tiles_seen
+    assert ("dx", dict(rows=16, cols=32, warps=4, stages=1, p_block=None)) in tiles_seen
+    assert ("y", dict(rows=16, cols=16, warps=4, stages=1, p_block=None)) in tiles_seen  # the current ones
+    order = [line for line in out.split("### heads_inner", 1)[1].split("###", 1)[0].splitlines()
+             if line.startswith("| True |")]
+    assert len(order) == 1 and float(order[0].split("|")[-2]) < 1e-5
     assert re.search(r"current, check_finite=False: [\d.]+ ms forward, [\d.]+ fwd\+bwd", out)
     assert ssd_triton.launch_config is original
 
