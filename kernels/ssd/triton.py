@@ -590,15 +590,16 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     0.97× at 4K; ``narrow_states`` then, on top of it, 1.10× at both; together ``ops`` measured 9.13 ms forward and
     backward at 16K (10.32 before; mamba_ssm 6.38) and 3.26 at 4K (3.69 before; 5.32).
 
-    Untimed, for the tile search (``ssd_tiles --sections y dx order``), and so left at what the kernels did before:
+    Untimed, for the tile search (``ssd_tiles --sections y dx pair_warps order``), and so left at what the kernels did before:
     ``y`` and ``dx``, the forward's output kernel and the backward's ``d(dt·x)`` kernel (mamba_ssm's ``y`` and ``dx``
     kernels took 0.80 and 1.0 ms of GPU time to our 1.3 and 1.4 at T 16K on the H200) each with tiles of their own
     over the shared ones (:func:`_tiles`: rows, a column block of its own as mamba_ssm's ``BLOCK_SIZE_K``, warps,
-    stages, and for ``y`` the head dim split over programs as mamba_ssm splits it); ``heads_inner``, the per-head
-    scan kernels' programs ordered with the heads innermost (:func:`_chunk_and_head`)."""
+    stages, and for ``y`` the head dim split over programs as mamba_ssm splits it), and ``pairs``, the log-decay
+    pair kernel's warps and stages (its 0.85 ms to our 1.33); ``heads_inner``, the per-head scan kernels' programs
+    ordered with the heads innermost (:func:`_chunk_and_head`)."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False,
-                 heads_inner=False, y={}, dx={})
+                 heads_inner=False, y={}, dx={}, pairs={})
     small = tiles["P"] * tiles["N"] <= 64 * 128
     roomy = small and dtype != torch.float32  # room in the registers for the per-group kernels' larger tiles
     tiles.update(group_rows=32 if roomy else 16, group_block=64 if roomy else 32, group_warps=8)
@@ -649,9 +650,12 @@ def _decayed_scan_call(U, lam, seg, h0, T, L, reverse: bool, dtype: torch.dtype)
 def _tiles(blk: dict, kernel: str) -> dict:
     """``rows``, ``cols`` (the column block each step of the in-chunk loop takes), ``warps``, ``stages`` and
     ``p_block`` (the head dim's columns one program makes; None: all) of one scan kernel — ``"y"``, ``"dx"`` (both
-    ``d(dt·x)`` and ``dx``), ``"dC"``, ``"dB"`` (per head) — from ``launch_config``'s entry for it, over the shared
-    ``rows`` (as ``cols`` too), ``warps`` and ``stages``."""
+    ``d(dt·x)`` and ``dx``), ``"dC"``, ``"dB"`` (per head), ``"pairs"`` (the log-decay gradient's) — from
+    ``launch_config``'s entry for it, over the shared ``rows`` (as ``cols`` too; ``pair_rows`` and ``pair_cols`` for
+    the pairs), ``warps`` and ``stages``."""
     shared = dict(rows=blk["rows"], cols=blk["rows"], warps=blk["warps"], stages=blk["stages"], p_block=None)
+    if kernel == "pairs":  # the log-decay gradient's pair kernel: its blocks are its own already
+        shared.update(rows=blk["pair_rows"], cols=blk["pair_cols"])
     return {**shared, **blk.get(kernel, {})}
 
 
@@ -929,14 +933,15 @@ def _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, read, 
     n_chunks, N, Tp = lam.shape[-1] // L, B.shape[-1], lam.shape[-1]
     seg_arg = lam if seg is None else seg
     strides = (*x.stride()[:3], *dy.stride()[:3], *B.stride()[:3], *C.stride()[:3], *dt.stride()[:2])
-    rows, cols = blk["pair_rows"], blk["pair_cols"]
+    tiles = _tiles(blk, "pairs")
+    rows, cols = tiles["rows"], tiles["cols"]
     # [b, nc, row blocks, h, L]; zeros: the columns past a block's rows are not written
     pairs = torch.zeros(batch, n_chunks, triton.cdiv(L, rows), H, L, dtype=torch.float32, device=x.device)
     _log_decay_pairs[_grid(batch * n_chunks, triton.cdiv(L, rows), H, blk["heads_inner"])](
         x, dy, B, C, dt, lam, seg_arg, lam if qk is None else qk, pairs, T, L, Tp, n_chunks, H, B.shape[2], P, N,
         *strides, HAS_DOCS=seg is not None, HAS_QK=qk is not None, HEADS_INNER=blk["heads_inner"], BLOCK_L=rows,
-        BLOCK_M=cols, BLOCK_P=blk["P"], BLOCK_N=blk["N"], DOT=blk["dot"], num_warps=blk["warps"],
-        num_stages=blk["stages"],
+        BLOCK_M=cols, BLOCK_P=blk["P"], BLOCK_N=blk["N"], DOT=blk["dot"], num_warps=tiles["warps"],
+        num_stages=tiles["stages"],
     )
     block = min(1024, triton.next_power_of_2(P * N))
     dots = torch.empty(batch, n_chunks, H, triton.cdiv(P * N, block), dtype=torch.float32, device=x.device)

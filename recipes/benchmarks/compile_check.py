@@ -69,8 +69,8 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     f32 = lambda *names: {n: "*fp32" for n in names}  # noqa: E731
     seg = {"SEG": "*i32"}
     # the scan kernels' own tiles (launch_config's "y" and "dx" entries over the shared ones) and their grid order
-    y, dx = ssd._tiles(cfg, "y"), ssd._tiles(cfg, "dx")
-    y_warps, dx_warps = (dict(num_warps=t["warps"], num_stages=t["stages"]) for t in (y, dx))
+    y, dx, pairs = ssd._tiles(cfg, "y"), ssd._tiles(cfg, "dx"), ssd._tiles(cfg, "pairs")
+    y_warps, dx_warps, pair_warps = (dict(num_warps=t["warps"], num_stages=t["stages"]) for t in (y, dx, pairs))
     y_cols = min(P, y["p_block"] or P)
     order = dict(HEADS_INNER=cfg["heads_inner"])
     ssd_cases = [
@@ -105,13 +105,13 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
              SCALE_BY_DT=False, HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, HAS_QK=True, BLOCK_M=dx["rows"],
              BLOCK_L=dx["cols"], BLOCK_QK=N, BLOCK_V=P, DOT=dot, **order), dx_warps, ("Q", "K", "V", "W", "OUT"),
              f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "ROW_DOTS", "X_DOTS")),
-        Case("ssd _log_decay_pairs", ssd._log_decay_pairs, dict(HAS_QK=False, BLOCK_L=cfg["pair_rows"],
-             BLOCK_M=cfg["pair_cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot, **order), warps, ("X", "DY", "BM", "CM"),
+        Case("ssd _log_decay_pairs", ssd._log_decay_pairs, dict(HAS_QK=False, BLOCK_L=pairs["rows"],
+             BLOCK_M=pairs["cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot, **order), pair_warps, ("X", "DY", "BM", "CM"),
              f32("DT", "LAM", "QK", "OUT")),
         # shared_scores' backward: the pair kernel reads C·Bᵀ; dC and dB are made per group (the heads' in-chunk
         # gradients summed by _group_pair_grads, their state terms inside _group_bc_grads)
-        Case("ssd _log_decay_pairs (shared scores)", ssd._log_decay_pairs, dict(HAS_QK=True, BLOCK_L=cfg["pair_rows"],
-             BLOCK_M=cfg["pair_cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot, **order), warps, ("X", "DY", "BM", "CM"),
+        Case("ssd _log_decay_pairs (shared scores)", ssd._log_decay_pairs, dict(HAS_QK=True, BLOCK_L=pairs["rows"],
+             BLOCK_M=pairs["cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot, **order), pair_warps, ("X", "DY", "BM", "CM"),
              f32("DT", "LAM", "QK", "OUT")),
         Case("ssd _group_pair_grads", ssd._group_pair_grads, dict(BLOCK=cfg["group_block"], BLOCK_P=P, DOT=dot), group_warps,
              ("X", "DY"), f32("DT", "LAM", "OUT")),

@@ -4,7 +4,7 @@ take, and the log-decay gradient's pair blocks — the evidence for ``kernels.ss
     python -m recipes.benchmarks.ssd_tiles                          # B 4, T 4096, H 32, P 64, N 128, chunk 256, bf16
     python -m recipes.benchmarks.ssd_tiles --chunk 64 --length 8192
     python -m recipes.benchmarks.ssd_tiles --length 16384 --sections scores   # one section: shared_scores on and off
-    python -m recipes.benchmarks.ssd_tiles --length 16384 --sections y dx order   # the y and d(dt·x) kernels' tiles
+    python -m recipes.benchmarks.ssd_tiles --length 16384 --sections y dx pair_tiles order   # the kernels' own tiles
 
 Every kernel shares ``rows``, ``warps`` and ``stages``; the backward's log-decay pair kernel adds ``pair_rows ×
 pair_cols``; ``shared_scores`` (on in bf16/fp16 on Hopper at states up to 64 × 128) has the in-chunk ``C·Bᵀ`` made
@@ -12,10 +12,10 @@ once per group of heads and read by the ``y``, ``d(dt·x)`` and log-decay kernel
 mamba_ssm does, in kernels with tiles of their own (``group_rows``, ``group_warps``, ``group_block``: the last
 section); ``narrow_states`` (on where ``shared_scores`` is) keeps the chunks' states in the inputs' dtype; ``y`` and
 ``dx`` give the forward's output kernel and the backward's ``d(dt·x)`` kernel tiles of their own (a column block apart
-from the rows, and for ``y`` the head dim split over programs), and ``order`` puts the heads innermost in the per-head
-kernels' grids. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
+from the rows, and for ``y`` the head dim split over programs), ``pair_tiles`` the log-decay pair kernel warps and
+stages of its own, and ``order`` puts the heads innermost in the per-head kernels' grids. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
 checked against the current choice's (a wrong answer is named, not timed); a candidate that cannot launch here is
-named too. The last three sections also give the GPU time of the kernels they change, from torch's profiler (steadier
+named too. Those sections and ``pairs`` also give the GPU time of the kernels they change, from torch's profiler (steadier
 than the whole op's wall time, whose spread between two timings of one configuration has reached 10%). mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md
 says how to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table
 in docs/kernels.md, after ``python -m recipes.benchmarks.compile_check --only ssd`` says whether they spill.
@@ -49,9 +49,13 @@ Y = [(64, 32, 4, 4, None), (64, 32, 4, 3, None), (64, 32, 4, 5, None), (64, 32, 
      (32, 32, 2, 4, 32)]
 DX = [(64, 32, 4, 3), (64, 32, 4, 5), (64, 64, 8, 2), (64, 32, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (32, 64, 4, 2),
       (32, 32, 2, 5)]
+# the log-decay pair kernel's blocks with warps and stages of their own (launch_config's "pairs" entry): (rows, cols,
+# warps, stages); none spills there either (its stages change nothing in the compiled code: its loop is not pipelined)
+PAIRS = [(64, 16, 8, 2), (128, 16, 8, 2), (64, 32, 8, 2), (32, 32, 8, 2), (128, 16, 4, 2), (32, 32, 4, 3),
+         (64, 16, 2, 3)]
 # the kernels whose GPU time a section's rows also give (torch's profiler; kernel names as Triton launches them)
-KERNELS = {"y": ("_chunk_scan",), "dx": ("_chunk_scan_reverse",),
-           "order": ("_chunk_scan", "_chunk_scan_reverse", "_log_decay_pairs")}
+KERNELS = {"y": ("_chunk_scan",), "dx": ("_chunk_scan_reverse",), "pairs": ("_log_decay_pairs",),
+           "pair_tiles": ("_log_decay_pairs",), "order": ("_chunk_scan", "_chunk_scan_reverse", "_log_decay_pairs")}
 
 
 def results(inputs: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
@@ -71,12 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--sections", nargs="+", choices=["rows", "pairs", "scores", "states", "group", "y", "dx",
-                                                         "order"],
-                        default=["rows", "pairs", "scores", "states", "group", "y", "dx", "order"],
+    sections = ["rows", "pairs", "scores", "states", "group", "y", "dx", "pair_tiles", "order"]
+    parser.add_argument("--sections", nargs="+", choices=sections, default=sections,
                         help="which candidates to time: rows/warps/stages, the pair kernel's blocks, shared_scores, "
-                             "narrow_states, the per-group kernels' tiles (with shared_scores on), the y and d(dt·x) "
-                             "kernels' own tiles, the per-head kernels' grid order (heads_inner)")
+                             "narrow_states, the per-group kernels' tiles (with shared_scores on), the y, d(dt·x) and "
+                             "pair kernels' own tiles, the per-head kernels' grid order (heads_inner)")
     parser.add_argument("--no-mamba", action="store_true",
                         help="leave mamba_ssm's row out even where it imports (its autotuning takes about 80 s)")
     add_device_option(parser)
@@ -138,9 +141,12 @@ def main(argv: list[str] | None = None) -> None:
                       ("rows", "cols", "warps", "stages", "p_block"), Y),
                 "dx": ("dx rows, cols, warps, stages (the backward's d(dt·x) kernel, tiles of its own)",
                        ("rows", "cols", "warps", "stages"), DX),
+                "pair_tiles": ("pairs rows, cols, warps, stages (the log-decay pair kernel, warps of its own)",
+                               ("rows", "cols", "warps", "stages"), PAIRS),
                 "order": ("heads_inner (the per-head scan kernels' programs with the heads innermost)",
                           ("heads_inner",), [(not current["heads_inner"],)])}
-    apply = {"y": own("y", sections["y"][1]), "dx": own("dx", sections["dx"][1])}
+    apply = {"y": own("y", sections["y"][1]), "dx": own("dx", sections["dx"][1]),
+             "pair_tiles": own("pairs", sections["pair_tiles"][1])}
     for name in args.sections:
         title, keys, candidates = sections[name]
         to_config = apply.get(name, lambda values, keys=keys: dict(zip(keys, values)))

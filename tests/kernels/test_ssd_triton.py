@@ -288,6 +288,21 @@ def test_the_gpu_tiles_under_the_interpreter(docs, variant, monkeypatch):
     assert [m is not None for m in made] == [shared, shared]  # the forward's and the backward's
 
 
+def test_a_kernel_without_tiles_of_its_own_takes_the_shared_ones():
+    """Until the tile search times them, the kernels' own entries are empty, so each launches as it did before they
+    existed: the shared rows (as its column block too), warps and stages — the pair kernel its own blocks."""
+    from kernels.ssd import triton as ssd_triton
+
+    hopper = ssd_triton.launch_config(64, 128, True, torch.bfloat16, 90)
+    assert (hopper["y"], hopper["dx"], hopper["pairs"], hopper["heads_inner"]) == ({}, {}, {}, False)
+    for kernel in ("y", "dx", "dC", "dB"):
+        assert ssd_triton._tiles(hopper, kernel) == dict(rows=64, cols=64, warps=4, stages=2, p_block=None), kernel
+    assert ssd_triton._tiles(hopper, "pairs") == dict(rows=64, cols=16, warps=4, stages=2, p_block=None)
+    own = {**hopper, "y": dict(cols=32, stages=4)}  # an entry overrides what it names and nothing else
+    assert ssd_triton._tiles(own, "y") == dict(rows=64, cols=32, warps=4, stages=4, p_block=None)
+    assert ssd_triton._tiles(own, "dx") == ssd_triton._tiles(hopper, "dx")
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["per-head scores", "shared scores"])
 @pytest.mark.parametrize("docs", [False, True])
 def test_each_scan_kernel_on_tiles_of_its_own_and_the_heads_innermost(docs, shared, monkeypatch):

@@ -42,6 +42,7 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     monkeypatch.setattr(ssd_tiles, "GROUP", [(16, 4, 16), (24, 4, 16)])
     monkeypatch.setattr(ssd_tiles, "Y", [(32, 16, 4, 1, 16), (16, 24, 4, 1, None)])
     monkeypatch.setattr(ssd_tiles, "DX", [(16, 32, 4, 1)])
+    monkeypatch.setattr(ssd_tiles, "PAIRS", [(32, 16, 2, 1)])
     tiles_seen, tiles = [], ssd_triton._tiles
     monkeypatch.setattr(ssd_triton, "_tiles", lambda blk, kernel: tiles_seen.append((kernel, tiles(blk, kernel)))
                         or tiles_seen[-1][1])
@@ -69,6 +70,10 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     assert ("y", dict(rows=32, cols=16, warps=4, stages=1, p_block=16)) in tiles_seen
     assert ("dx", dict(rows=16, cols=32, warps=4, stages=1, p_block=None)) in tiles_seen
     assert ("y", dict(rows=16, cols=16, warps=4, stages=1, p_block=None)) in tiles_seen  # the current ones
+    pairs = table_rows(out, "pairs rows")
+    assert [row[:4] for row in pairs] == [["32", "16", "2", "1"]] and float(pairs[0][-1]) < 1e-5
+    assert ("pairs", dict(rows=32, cols=16, warps=2, stages=1, p_block=None)) in tiles_seen
+    assert ("pairs", dict(rows=16, cols=16, warps=4, stages=1, p_block=None)) in tiles_seen  # pair_rows, pair_cols
     order = [line for line in out.split("### heads_inner", 1)[1].split("###", 1)[0].splitlines()
              if line.startswith("| True |")]
     assert len(order) == 1 and float(order[0].split("|")[-2]) < 1e-5
