@@ -1,4 +1,4 @@
-"""Registers and spills on sm_90 of the SSD's y and d(dt·x) kernels at the tiles the search tries (docs/kernels.md,
+"""Registers and spills on sm_90 of the SSD's y, d(dt·x) and log-decay pair kernels at the tiles the search tries (docs/kernels.md,
 "The y and d(dt·x) kernels' own tiles"), compiled without a GPU: bf16, P 64, N 128, shared scores, no documents — the
 Hopper case the search times. With mamba_ssm's Triton files on PYTHONPATH (docs/performance.md says which), its
 forward kernel at each of its autotuning configurations too. A record of that compile:
@@ -17,7 +17,8 @@ from triton.compiler import ASTSource
 from kernels.ssd import triton as ssd
 from recipes.benchmarks import compile_check, ssd_tiles
 
-CASES = {"y": "ssd _chunk_scan (y, shared scores)", "dx": "ssd _chunk_scan_reverse (dx, shared scores)"}
+CASES = {"y": "ssd _chunk_scan (y, shared scores)", "dx": "ssd _chunk_scan_reverse (dx, shared scores)",
+         "pairs": "ssd _log_decay_pairs (shared scores)"}
 
 
 def ours(kernel: str, tiles: dict | None) -> tuple[int, int, float]:
@@ -61,7 +62,8 @@ def mamba_forward() -> None:
 def main() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     for kernel, keys, candidates in (("y", ("rows", "cols", "warps", "stages", "p_block"), ssd_tiles.Y),
-                                     ("dx", ("rows", "cols", "warps", "stages"), ssd_tiles.DX)):
+                                     ("dx", ("rows", "cols", "warps", "stages"), ssd_tiles.DX),
+                                     ("pairs", ("rows", "cols", "warps", "stages"), ssd_tiles.PAIRS)):
         print(f"\n| {kernel}: {', '.join(keys)} | registers | spilled bytes | shared KiB |\n|---|---|---|---|")
         for values in [None, *candidates]:
             registers, spilled, shared = ours(kernel, None if values is None else dict(zip(keys, values)))
