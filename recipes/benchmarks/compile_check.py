@@ -188,8 +188,11 @@ def shape_cases(dtype: str, head_dims: list[int], ssd_shapes: list[tuple[int, in
                 yield case, f"D={head_dim}"
 
 
-def compile_case(case: Case, dtype: str, arch: int):
-    """Compile for ``sm_{arch}``; returns the compiled kernel (``.asm`` holds ptx and cubin)."""
+def compile_case(case: Case, dtype: str, arch: int, aligned: bool = False):
+    """Compile for ``sm_{arch}``; returns the compiled kernel (``.asm`` holds ptx and cubin). ``aligned``: as a
+    launch whose pointers are 16-byte aligned and whose integer arguments are multiples of 16 (the benchmarks'
+    shapes), which Triton marks and compiles apart — vectorised loads and asynchronous copies, so fewer registers and
+    more shared memory; without it, the variant a launch with odd strides or lengths gets."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -204,7 +207,8 @@ def compile_case(case: Case, dtype: str, arch: int):
         else:
             signature[n] = case.types.get(n, "i32")
     constexprs = {(names.index(k),): v for k, v in case.constexprs.items()}
-    source = ASTSource(case.kernel, signature, constexprs=constexprs)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n] != "constexpr"}
+    source = ASTSource(case.kernel, signature, constexprs=constexprs, attrs=attrs if aligned else None)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=case.options)
 
 
@@ -248,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ssd-shapes", nargs="+", default=["64x128"],
                         help="SSD (head dim P)x(state dim N) pairs (default 64x128; Mamba-2 also uses 128x128, 64x256)")
     parser.add_argument("--only", choices=("ssd", "attention", "retrieval"), default=None, help="one op's kernels")
+    parser.add_argument("--aligned", action="store_true",
+                        help="compile the variant a launch at the benchmarks' shapes gets: pointers 16-byte aligned, "
+                             "integer arguments multiples of 16 (default: the variant for odd strides and lengths)")
     parser.add_argument("--tf32", action="store_true", help="fp32 tiles in TF32, as after "
                         "torch.set_float32_matmul_precision('high') (default: full fp32, torch's default)")
     args = parser.parse_args(argv)
@@ -260,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
               "which cannot be compiled)", file=sys.stderr)
         return 2
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's own default, stated to silence its warning
-    print(f"Compiling for sm_{args.arch} (no GPU needed):\n")
+    print(f"Compiling for sm_{args.arch} (no GPU needed){', aligned arguments' if args.aligned else ''}:\n")
     try:
         ssd_shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.ssd_shapes]
         assert all(len(shape) == 2 for shape in ssd_shapes)
@@ -275,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             launch = f"{case.options.get('num_warps', 4)}, {case.options.get('num_stages', 3)}"
             start = time.perf_counter()
             try:
-                compiled = compile_case(case, dtype, args.arch)
+                compiled = compile_case(case, dtype, args.arch, args.aligned)
             except Exception as error:  # report every kernel, then fail
                 failures += 1
                 print(f"| {case.name} | {shape} | {dtype} | {launch} | FAILED: {type(error).__name__}: "
