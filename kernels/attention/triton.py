@@ -329,8 +329,11 @@ def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16
     spills on sm_80 or sm_90, with at most 67 KiB of shared memory, within a consumer GPU's 99. Before Hopper
     (``arch`` below 90: compute capability ×10, A100 80, consumer Ampere/Ada 86/89) head dims up to 128 take 32×64
     tiles, 8 warps, in bf16/fp16: at 64×64, sm_80's code for the kernels with packed documents spilled 8-16 bytes
-    (forward) and 144 (dQ, head dim 64); at 32×64 none spills, using at most 53 KiB. Not searched: fp32, sm_80-89,
-    head dims above 128."""
+    (forward) and 144 (dQ, head dim 64); at 32×64 none spills, using at most 53 KiB. In fp32 above head dim 128:
+    16×32 tiles, 8 warps, 1 stage — compiled as a launch at aligned shapes compiles them (``compile_check
+    --aligned``), 32×32 tiles needed 100-132 KiB, more than a consumer GPU's 99 (the kernel would not launch there),
+    and 16-row tiles with 2 stages spilled 3-10 KB per thread; these spill nothing and take at most 98 KiB. Not
+    searched: fp32, sm_80-89, head dims above 128."""
     block_d = max(16, triton.next_power_of_2(head_dim))
 
     def kernels(block_m: int, block_n: int, warps: int, stages: int, dkv_rows: int) -> dict[str, dict]:
@@ -339,6 +342,8 @@ def launch_config(head_dim: int, cuda: bool, dtype: torch.dtype = torch.bfloat16
 
     if not cuda:  # the interpreter: small tiles, and a dK/dV step unlike BLOCK_M, as on a GPU
         return kernels(16, 16, 4, 1, 32)
+    if dtype == torch.float32 and block_d > 128:  # the launch's variant needs 100-132 KiB at 32×32 (see above)
+        return kernels(16, 32, 8, 1, 16)
     if dtype == torch.float32:
         return kernels(32, 32, 8 if dot == "ieee" else 4, 2, 32)
     if block_d > 128:

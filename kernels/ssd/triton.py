@@ -568,7 +568,8 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     kernel with its row dots at (64, 256)). In fp32, 32 rows and 2 stages (64-row tiles need up to 209 KiB of shared
     memory, more than an A100 has). The log-decay gradient's pair kernel takes blocks of ``pair_rows`` rows stepping
     ``pair_cols`` columns (64 × 16 on CUDA: the fastest of six on the H100; 32 × 32 spilled 16-24 bytes at (64, 256) on
-    sm_90).
+    sm_90), 32 × 16 in fp32 (64 rows need 100 KiB of shared memory at N 256 in the variant a launch at aligned shapes
+    compiles, ``compile_check --aligned``: more than a consumer GPU's 99, where it would not launch).
 
     Two switches, on where they were timed — Hopper, bf16/fp16, states up to 64 × 128 — and off elsewhere:
 
@@ -603,11 +604,16 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     small = tiles["P"] * tiles["N"] <= 64 * 128
     roomy = small and dtype != torch.float32  # room in the registers for the per-group kernels' larger tiles
     tiles.update(group_rows=32 if roomy else 16, group_block=64 if roomy else 32, group_warps=8)
+    # _group_scores' blocks: in fp32, 64 × 64 on 4 warps spilled 7 KB (and needed 128 KiB at N 256, as launched)
+    fp32 = dtype == torch.float32
+    tiles.update(scores_block=32 if fp32 else 64, scores_warps=8 if fp32 else 4)
     if not cuda:  # the interpreter: small tiles, fewer wasted lanes
         return dict(tiles, rows=16, pair_rows=16, pair_cols=16, group_rows=16, group_block=16, group_warps=4, warps=4,
                     stages=1)
     if dtype != torch.float32 and arch >= 90 and small:
         return dict(tiles, rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True)
+    if dtype == torch.float32:  # 64-row pair blocks needed 100 KiB at N 256 as launched: over a consumer GPU's 99
+        return dict(tiles, rows=32, warps=8, stages=2, pair_rows=32)
     return dict(tiles, rows=32, warps=8, stages=2)
 
 
@@ -734,11 +740,11 @@ def _group_scores_call(x, B, C, T: int, L: int, blk: dict) -> torch.Tensor | Non
     (batch, _, H, P), (G, N) = x.shape, B.shape[2:]
     if not blk["shared_scores"] or G >= H or G * L * 4 > H * P * x.element_size():
         return None
-    n_chunks, block = -(-T // L), min(64, max(16, triton.next_power_of_2(L)))
+    n_chunks, block = -(-T // L), min(blk["scores_block"], max(16, triton.next_power_of_2(L)))
     qk = torch.empty(batch, n_chunks, G, L, L, dtype=torch.float32, device=x.device)
     _group_scores[(batch * n_chunks, G, triton.cdiv(L, block) ** 2)](
         C, B, qk, T, L, n_chunks, G, N, *C.stride()[:3], *B.stride()[:3],
-        BLOCK=block, BLOCK_N=blk["N"], DOT=blk["dot"], num_warps=4,
+        BLOCK=block, BLOCK_N=blk["N"], DOT=blk["dot"], num_warps=blk["scores_warps"],
     )
     return qk  # [b, nc, G, L, L]
 

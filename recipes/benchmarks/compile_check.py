@@ -134,7 +134,8 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
                             case.options, case.data, {**case.types, **seg}))
     out.append(Case("ssd _state_dots", ssd._state_dots, dict(BLOCK=1024), {},
                     ("E", "G") if cfg["narrow_states"] else (), f32("OUT") if cfg["narrow_states"] else f32("E", "G", "OUT")))
-    out.append(Case("ssd _group_scores", ssd._group_scores, dict(BLOCK=64, BLOCK_N=N, DOT=dot), dict(num_warps=4),
+    out.append(Case("ssd _group_scores", ssd._group_scores, dict(BLOCK=cfg["scores_block"], BLOCK_N=N, DOT=dot),
+                    dict(num_warps=cfg["scores_warps"]),
                     ("C", "B"), f32("QK")))
     # Attention with every option on (bias, padding, causal, window), then with packed
     # documents in place of the window (the two never meet: the host refuses documents with a window),

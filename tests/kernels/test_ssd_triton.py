@@ -259,20 +259,22 @@ def test_the_backward_writes_no_pair_tensor(docs):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
 
 
-@pytest.mark.parametrize("variant", ["sm_80", "hopper bf16", "shared scores"])
+@pytest.mark.parametrize("variant", ["sm_80", "hopper bf16", "shared scores", "sm_80 fp32"])
 @pytest.mark.parametrize("docs", [False, True])
 def test_the_gpu_tiles_under_the_interpreter(docs, variant, monkeypatch):
     """The tiles CUDA takes (32-row scans, or 64-row ones on Hopper in bf16; the log-decay pairs in 64-row blocks
-    stepping 16 columns, so a block's diagonal spans several column steps) differ from the interpreter's 16×16: run
+    stepping 16 columns, 32-row ones in fp32, so a block's diagonal spans several column steps; the group scores in
+    64- or 32-row blocks) differ from the interpreter's 16×16: run
     them here too, against the float64 recurrence, at a length of two chunks and a bit — and with the in-chunk
     products made once per group (``shared_scores``, off by default), read by the forward and the backward."""
     from kernels.ssd import triton as ssd_triton
 
-    hopper, shared = variant == "hopper bf16", variant == "shared scores"
+    hopper, shared, fp32 = variant == "hopper bf16", variant == "shared scores", variant == "sm_80 fp32"
     gpu_config = ssd_triton.launch_config
     monkeypatch.setattr(ssd_triton, "launch_config", lambda P, N, cuda, dtype=torch.float32, arch=90: {
-        **gpu_config(P, N, True, torch.bfloat16 if hopper else dtype, 90 if hopper else 80), "shared_scores": shared})
-    assert ssd_triton.launch_config(16, 16, False)["pair_rows"] == 64
+        **gpu_config(P, N, True, torch.float32 if fp32 else torch.bfloat16, 90 if hopper else 80),
+        "shared_scores": shared})
+    assert ssd_triton.launch_config(16, 16, False)["pair_rows"] == (32 if fp32 else 64)
     assert ssd_triton.launch_config(16, 16, False)["rows"] == (64 if hopper else 32)
     made, scores = [], ssd_triton._group_scores_call
     monkeypatch.setattr(ssd_triton, "_group_scores_call", lambda *a: made.append(scores(*a)) or made[-1])

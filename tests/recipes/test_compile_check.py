@@ -88,3 +88,17 @@ def test_the_variant_a_launch_at_the_benchmark_shapes_compiles_fits_sm90(tmp_pat
     for cells in rows:
         assert cells[7] == "none" and float(cells[6]) <= 227, cells  # 64-bit bases; sm_90's shared memory
         assert cells[5] == "0" or cells[0].startswith("ssd _chunk_scan (dC)"), cells
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_largest_sizes_fit_a_consumer_gpu_as_launched(dtype, tmp_path):
+    """A consumer Ampere or Ada GPU (sm_86, sm_89) gives a program 99 KiB of shared memory, and the variant a launch at
+    aligned shapes compiles takes more than the unmarked one. There, in fp32, attention's 32×32 tiles at head dim 256
+    needed 100-132 KiB, the SSD's 64-row log-decay pair blocks 100 KiB at N 256 and its group scores 128 KiB — kernels
+    that would not launch (2026-11-27). Every kernel fits at the largest head and state sizes (compile_check exits 1
+    on a kernel over the limit; the unmarked variant, smaller, fit before and after)."""
+    result = run_check("--arch", "86", "--dtypes", dtype, "--aligned", "--ssd-shapes", "64x256", "--head-dims", "256",
+                       tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith(("| ssd", "| attention"))]
+    assert len(rows) == 30 + 16 and not any("TOO MUCH" in row for row in rows)
