@@ -284,3 +284,19 @@ def test_the_gpu_tiles_under_the_interpreter(arch, options, monkeypatch):
                                         document_ids=document_ids([40, 1, 70, 39], 2))
     else:
         assert_triton_matches_reference(q, k, v, b, causal=True, key_padding_mask=pad, keep_window=37)
+
+
+def test_the_fp32_tiles_of_the_widest_heads_under_the_interpreter(monkeypatch):
+    """Above head dim 128 in fp32 a GPU takes 16×32 tiles, 16 query rows per dK/dV step, one stage (what fits a
+    consumer GPU's shared memory as launched: recipes.benchmarks.compile_check --aligned). Their row and key steps,
+    at this test's head dim, over several tiles with a bias, padding, GQA and packed documents, against the reference
+    on outputs and every gradient."""
+    from kernels.attention import triton as attention_triton
+
+    gpu_config = attention_triton.launch_config
+    wide = {part: {**tiles, "BLOCK_D": 16} for part, tiles in gpu_config(256, True, torch.float32, "ieee", 86).items()}
+    assert (wide["forward"]["BLOCK_M"], wide["forward"]["BLOCK_N"], wide["backward_kv"]["BLOCK_M"]) == (16, 32, 16)
+    monkeypatch.setattr(attention_triton, "launch_config", lambda *args, **kwargs: wide)
+    q, k, v, b, pad = inputs(2, 150, 150, 4, 2, 16, True, True)
+    assert_triton_matches_reference(q, k, v, b, causal=True, key_padding_mask=pad,
+                                    document_ids=document_ids([40, 1, 70, 39], 2))
