@@ -353,7 +353,8 @@ def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, QK, OUT, ROW_DOTS, T, L
     L, L]`` fp32, :func:`_group_scores`, instead of made per head). Backward: ``Q, K, V = dy, x, B`` gives ``dC`` per
     head, and with ``W = C`` the read-out term ``R_l = exp(Λ_l)⟨dy_l, E_c C_l⟩`` of the log-decay gradient.
     A program makes ``BLOCK_V`` of the ``DV`` columns, one of ``V_BLOCKS`` (more than one only without HAS_ROW_DOTS,
-    whose sums run over every column). Grid: (b·nc, row blocks × V_BLOCKS, h), or (b·nc·h, …, 1) with HEADS_INNER."""
+    whose sums run over every column). Grid: (b·nc, row blocks × V_BLOCKS, h), or (b·nc·h, …, 1) with
+    HEADS_INNER."""
     bc, h = _chunk_and_head(H, HEADS_INNER)  # b·nc on axis 0: up to 2^31 − 1
     pid_l, pid_v = tl.program_id(1) // V_BLOCKS, tl.program_id(1) % V_BLOCKS
     b, c = bc // n_chunks, bc % n_chunks
@@ -591,7 +592,8 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     0.97× at 4K; ``narrow_states`` then, on top of it, 1.10× at both; together ``ops`` measured 9.13 ms forward and
     backward at 16K (10.32 before; mamba_ssm 6.38) and 3.26 at 4K (3.69 before; 5.32).
 
-    Untimed, for the tile search (``ssd_tiles --sections y dx pair_warps order``), and so left at what the kernels did before:
+    Untimed, for the tile search (``ssd_tiles --sections y dx pair_tiles order``), and so left at what the kernels
+    did before:
     ``y`` and ``dx``, the forward's output kernel and the backward's ``d(dt·x)`` kernel (mamba_ssm's ``y`` and ``dx``
     kernels took 0.80 and 1.0 ms of GPU time to our 1.3 and 1.4 at T 16K on the H200) each with tiles of their own
     over the shared ones (:func:`_tiles`: rows, a column block of its own as mamba_ssm's ``BLOCK_SIZE_K``, warps,

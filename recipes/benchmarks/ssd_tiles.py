@@ -13,12 +13,14 @@ mamba_ssm does, in kernels with tiles of their own (``group_rows``, ``group_warp
 section); ``narrow_states`` (on where ``shared_scores`` is) keeps the chunks' states in the inputs' dtype; ``y`` and
 ``dx`` give the forward's output kernel and the backward's ``d(dt·x)`` kernel tiles of their own (a column block apart
 from the rows, and for ``y`` the head dim split over programs), ``pair_tiles`` the log-decay pair kernel warps and
-stages of its own, and ``order`` puts the heads innermost in the per-head kernels' grids. Each candidate is timed forward and forward+backward (medians) and its output and gradients are
+stages of its own, and ``order`` puts the heads innermost in the per-head kernels' grids. Each candidate is timed
+forward and forward+backward (medians) and its output and gradients are
 checked against the current choice's (a wrong answer is named, not timed); a candidate that cannot launch here is
-named too. Those sections and ``pairs`` also give the GPU time of the kernels they change, from torch's profiler (steadier
-than the whole op's wall time, whose spread between two timings of one configuration has reached 10%). mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md
-says how to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table
-in docs/kernels.md, after ``python -m recipes.benchmarks.compile_check --only ssd`` says whether they spill.
+named too. Those sections and ``pairs`` also give the GPU time of the kernels they change, from torch's profiler
+(steadier than the whole op's wall time, whose spread between two timings of one configuration has reached 10%).
+mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md says how
+to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table in
+docs/kernels.md, after ``python -m recipes.benchmarks.compile_check --only ssd`` says whether they spill.
 """
 
 import argparse

@@ -1,9 +1,9 @@
-"""Registers and spills on sm_90 of the SSD's y, d(dt·x) and log-decay pair kernels at the tiles the search tries (docs/kernels.md,
-"The y and d(dt·x) kernels' own tiles"), compiled without a GPU: bf16, P 64, N 128, shared scores, no documents — the
-Hopper case the search times — each as the unmarked variant (odd strides or lengths) and as the one a launch at the
-benchmarks' shapes compiles (``compile_check --aligned``: pointers 16-byte aligned, integers multiples of 16). With
-mamba_ssm's Triton files on PYTHONPATH (docs/performance.md says which), its
-forward kernel at each of its autotuning configurations too (unmarked and marked). A record of that compile:
+"""Registers and spills on sm_90 of the SSD's y, d(dt·x) and log-decay pair kernels at the tiles the search tries
+(docs/kernels.md, "Each kernel's own tiles, and the heads innermost"), compiled without a GPU: bf16, P 64, N 128,
+shared scores, no documents — the Hopper case the search times — each as the unmarked variant (odd strides or lengths)
+and as the one a launch at the benchmarks' shapes compiles (``compile_check --aligned``: pointers 16-byte aligned,
+integers multiples of 16). With mamba_ssm's Triton files on PYTHONPATH (docs/performance.md says which), its forward
+kernel at each of its autotuning configurations too (unmarked and marked). A record of that compile:
 
     python docs/results/cpu/ssd_scan_tiles_compile.py        # TRITON_INTERPRET unset; about 2 minutes
 """
