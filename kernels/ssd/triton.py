@@ -603,18 +603,17 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False,
                  heads_inner=False, y={}, dx={}, pairs={})
-    small = tiles["P"] * tiles["N"] <= 64 * 128
-    roomy = small and dtype != torch.float32  # room in the registers for the per-group kernels' larger tiles
+    small, fp32 = tiles["P"] * tiles["N"] <= 64 * 128, dtype == torch.float32
+    roomy = small and not fp32  # room in the registers for the per-group kernels' larger tiles
     tiles.update(group_rows=32 if roomy else 16, group_block=64 if roomy else 32, group_warps=8)
     # _group_scores' blocks: in fp32, 64 × 64 on 4 warps spilled 7 KB (and needed 128 KiB at N 256, as launched)
-    fp32 = dtype == torch.float32
     tiles.update(scores_block=32 if fp32 else 64, scores_warps=8 if fp32 else 4)
     if not cuda:  # the interpreter: small tiles, fewer wasted lanes
         return dict(tiles, rows=16, pair_rows=16, pair_cols=16, group_rows=16, group_block=16, group_warps=4, warps=4,
                     stages=1)
-    if dtype != torch.float32 and arch >= 90 and small:
+    if not fp32 and arch >= 90 and small:
         return dict(tiles, rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True)
-    if dtype == torch.float32:  # 64-row pair blocks needed 100 KiB at N 256 as launched: over a consumer GPU's 99
+    if fp32:  # 64-row pair blocks needed 100 KiB at N 256 as launched: over a consumer GPU's 99
         return dict(tiles, rows=32, warps=8, stages=2, pair_rows=32)
     return dict(tiles, rows=32, warps=8, stages=2)
 

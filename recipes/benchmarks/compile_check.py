@@ -68,9 +68,10 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     group_rows, group_warps = cfg["group_rows"], dict(num_warps=cfg["group_warps"], num_stages=cfg["stages"])
     f32 = lambda *names: {n: "*fp32" for n in names}  # noqa: E731
     seg = {"SEG": "*i32"}
-    # the scan kernels' own tiles (launch_config's "y" and "dx" entries over the shared ones) and their grid order
-    y, dx, pairs = ssd._tiles(cfg, "y"), ssd._tiles(cfg, "dx"), ssd._tiles(cfg, "pairs")
-    y_warps, dx_warps, pair_warps = (dict(num_warps=t["warps"], num_stages=t["stages"]) for t in (y, dx, pairs))
+    # each scan kernel's tiles (launch_config's entry for it over the shared ones) and their grid order
+    y, dx, dC, dB, pairs = (ssd._tiles(cfg, kernel) for kernel in ("y", "dx", "dC", "dB", "pairs"))
+    y_warps, dx_warps, dC_warps, dB_warps, pair_warps = (dict(num_warps=t["warps"], num_stages=t["stages"])
+                                                         for t in (y, dx, dC, dB, pairs))
     y_cols = min(P, y["p_block"] or P)
     order = dict(HEADS_INNER=cfg["heads_inner"])
     ssd_cases = [
@@ -86,15 +87,15 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
              BLOCK_L=y["rows"], BLOCK_M=y["cols"], BLOCK_QK=N, BLOCK_V=y_cols, DOT=dot, **order), y_warps,
              ("Q", "K", "V", "W", "OUT"), f32("DT", "LAM", "STATES", "DSKIP", "QK", "ROW_DOTS")),
         Case("ssd _chunk_scan (dC)", ssd._chunk_scan, dict(TRANS_STATE=False, HAS_D=False, HAS_ROW_DOTS=True,
-             HAS_QK=False, BLOCK_L=rows, BLOCK_M=rows, BLOCK_QK=P, BLOCK_V=N, DOT=dot, **order), warps,
+             HAS_QK=False, BLOCK_L=dC["rows"], BLOCK_M=dC["cols"], BLOCK_QK=P, BLOCK_V=N, DOT=dot, **order), dC_warps,
              ("Q", "K", "V", "W"), f32("DT", "LAM", "STATES", "DSKIP", "QK", "OUT", "ROW_DOTS")),
         Case("ssd _chunk_scan_reverse (dx)", ssd._chunk_scan_reverse, dict(TRANS_STATE=True, SCALE_BY_DT=False,
              HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, HAS_QK=False, BLOCK_M=dx["rows"], BLOCK_L=dx["cols"],
              BLOCK_QK=N, BLOCK_V=P, DOT=dot, **order), dx_warps, ("Q", "K", "V", "W", "OUT"),
              f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "ROW_DOTS", "X_DOTS")),
         Case("ssd _chunk_scan_reverse (dB)", ssd._chunk_scan_reverse, dict(TRANS_STATE=False, SCALE_BY_DT=True,
-             HAS_ROW_DOTS=True, DX_EPILOGUE=False, HAS_D=False, HAS_QK=False, BLOCK_M=rows, BLOCK_L=rows, BLOCK_QK=P,
-             BLOCK_V=N, DOT=dot, **order), warps, ("Q", "K", "V", "W"),
+             HAS_ROW_DOTS=True, DX_EPILOGUE=False, HAS_D=False, HAS_QK=False, BLOCK_M=dB["rows"], BLOCK_L=dB["cols"],
+             BLOCK_QK=P, BLOCK_V=N, DOT=dot, **order), dB_warps, ("Q", "K", "V", "W"),
              f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "OUT", "ROW_DOTS", "X_DOTS")),
         # launch_config's shared_scores (off by default, for the tile search): y and d(dt·x) read C·Bᵀ per group
         Case("ssd _chunk_scan (y, shared scores)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True,
