@@ -55,8 +55,7 @@ case "$phase" in
         step ops_ssd 150 python3 -m recipes.benchmarks.ops --ops ssd --lengths 4096 16384 --repeats 10 --profile 12
         # the SSD's tile search, the sections not yet timed: the y, d(dt·x) and log-decay pair kernels' own tiles and
         # the heads-inner grid order, at 16K where the gap to mamba_ssm is (27 candidates, each with its kernels' GPU
-        # time;
-        # the other sections took 62-65 s for 16 candidates at 4K on 2026-11-27 and ran then; mamba_ssm's row is in
+        # time; the other sections took 62-65 s for 16 candidates at 4K on 2026-11-27 and ran then; mamba_ssm's row is in
         # ops_ssd); the attention's search ran on 2026-11-26 (docs/kernels.md)
         step ssd_tiles 180 python3 -m recipes.benchmarks.ssd_tiles --length 16384 --sections y dx pair_tiles order \
             --no-mamba

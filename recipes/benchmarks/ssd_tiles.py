@@ -14,9 +14,8 @@ section); ``narrow_states`` (on where ``shared_scores`` is) keeps the chunks' st
 ``dx`` give the forward's output kernel and the backward's ``d(dt·x)`` kernel tiles of their own (a column block apart
 from the rows, and for ``y`` the head dim split over programs), ``pair_tiles`` the log-decay pair kernel warps and
 stages of its own, and ``order`` puts the heads innermost in the per-head kernels' grids. Each candidate is timed
-forward and forward+backward (medians) and its output and gradients are
-checked against the current choice's (a wrong answer is named, not timed); a candidate that cannot launch here is
-named too. Those sections and ``pairs`` also give the GPU time of the kernels they change, from torch's profiler
+forward and forward+backward (medians) and its output and gradients are checked against the current choice's (a
+wrong answer is named, not timed); a candidate that cannot launch here is named too. Those sections and ``pairs`` also give the GPU time of the kernels they change, from torch's profiler
 (steadier than the whole op's wall time, whose spread between two timings of one configuration has reached 10%).
 mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md says how
 to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table in

@@ -264,9 +264,9 @@ def test_the_backward_writes_no_pair_tensor(docs):
 def test_the_gpu_tiles_under_the_interpreter(docs, variant, monkeypatch):
     """The tiles CUDA takes (32-row scans, or 64-row ones on Hopper in bf16; the log-decay pairs in 64-row blocks
     stepping 16 columns, 32-row ones in fp32, so a block's diagonal spans several column steps; the group scores in
-    64- or 32-row blocks) differ from the interpreter's 16×16: run
-    them here too, against the float64 recurrence, at a length of two chunks and a bit — and with the in-chunk
-    products made once per group (``shared_scores``, off by default), read by the forward and the backward."""
+    64- or 32-row blocks) differ from the interpreter's 16×16: run them here too, against the float64 recurrence, at
+    a length of two chunks and a bit — and with the in-chunk products made once per group (``shared_scores``, off by
+    default), read by the forward and the backward."""
     from kernels.ssd import triton as ssd_triton
 
     hopper, shared, fp32 = variant == "hopper bf16", variant == "shared scores", variant == "sm_80 fp32"
