@@ -7,6 +7,7 @@ On top of LightningCLI (docs/training.md):
 - ``--ckpt_path last`` is the newest ``last.ckpt`` of the recipe's runs (an error when there is none),
   and ``fit`` from a run's checkpoint continues that run: same log folder, same TensorBoard curves;
 - gradients are clipped at norm 1.0 unless the recipe says otherwise;
+- the progress bar shows no negative epoch total when ``max_steps`` ends the run (StepProgressBar);
 - a diverged or interrupted run exits with a message, not a traceback, and a non-zero status;
 - a checkpoint is read as data only, and the model is rebuilt from its hyper-parameters only when every
   class they name is trusted (the zoo's ``components``, the recipe's own bindings, ``--allow_classes``),
@@ -30,7 +31,8 @@ from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_p
                                  is_sharded_checkpoint, load_checkpoint)
 from components.bindings import import_class, upgrade_specs
 from recipes.module import LanguageModel, language_model_arguments
-from recipes.training import AtomicCheckpointIO, CheckpointPolicy, DivergenceError, TrainingInterrupted, newest_checkpoint
+from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, TrainingInterrupted, default_progress_bar,
+                              newest_checkpoint)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")
@@ -390,6 +392,9 @@ class HybridCLI(LightningCLI):
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
         if config["trainer"].get("enable_checkpointing") is not False:  # (in validate too: it restores its state)
             callbacks.append(config["checkpoint"])
+        progress_bar = default_progress_bar(callbacks, config["trainer"].get("enable_progress_bar"))
+        if progress_bar is not None:
+            callbacks.append(progress_bar)
         trainer = super().instantiate_trainer(callbacks=callbacks, **kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()

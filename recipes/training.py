@@ -6,6 +6,7 @@ signals that save before stopping, and the errors a run stops with. docs/trainin
     runs/<name>/<version>/checkpoints/best.ckpt   whenever the monitored validation metric improves
 """
 
+import importlib.util
 import logging
 import math
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.callbacks import Checkpoint, ProgressBar, RichProgressBar
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -54,6 +55,26 @@ FAULT = "HYBRID_ZOO_FAULT"
 step ``step``: how the tests show that a crash at that moment loses nothing. Points: ``after_last_write``
 (last.ckpt just written), ``validation`` (the first batch of a validation), ``best_write`` (best.ckpt
 written to its temporary file, not yet renamed)."""
+
+
+class StepProgressBar(RichProgressBar):
+    """Lightning's rich progress bar without the "Epoch 0/-2" it shows when ``max_steps`` ends training: a
+    step-limited run has ``max_epochs`` -1, which that bar prints as a total of -2 (fixed in Lightning after
+    2.6.6). With no epoch limit the description is the epoch alone; otherwise it is Lightning's own."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        max_epochs = self.trainer.max_epochs
+        if max_epochs is not None and max_epochs < 0:
+            return f"Epoch {current_epoch}".ljust(len(self.validation_description))
+        return super()._get_train_description(current_epoch)
+
+
+def default_progress_bar(callbacks: list, enabled: bool | None) -> ProgressBar | None:
+    """The bar a run gets when the recipe names none: :class:`StepProgressBar` where ``rich`` is installed
+    (Lightning's own choice would be its rich bar there), else None (Lightning's tqdm bar, which has no -2)."""
+    if enabled is False or any(isinstance(c, ProgressBar) for c in callbacks):
+        return None
+    return StepProgressBar() if importlib.util.find_spec("rich") is not None else None
 
 
 def fault_point(point: str, step: int) -> None:

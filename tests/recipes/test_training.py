@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +15,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from recipes import LanguageModel
 from recipes.cli import main
 from recipes.data.order import ResumableLoader, ResumableSampler
-from recipes.training import AtomicCheckpointIO, CheckpointPolicy
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+from recipes.training import AtomicCheckpointIO, CheckpointPolicy, StepProgressBar, default_progress_bar
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -339,3 +342,19 @@ def test_fsdp2_on_two_cpu_processes_matches_one_process_resumes_exactly_and_cons
     from recipes.hf import export
 
     assert (export(shards.with_name("last.ckpt.consolidated"), tmp_path / "hf") / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("max_epochs, description", [(-1, "Epoch 3"), (5, "Epoch 3/4")])
+def test_the_progress_bar_names_no_negative_epoch_total_when_steps_end_training(max_epochs, description):
+    bar = StepProgressBar()
+    bar._trainer = SimpleNamespace(max_epochs=max_epochs)  # (only what the description reads)
+    assert bar._get_train_description(3).strip() == description
+
+
+def test_a_run_gets_the_step_progress_bar_unless_it_names_one_or_turns_the_bar_off(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert isinstance(main(["--config", "quickstart.yaml"], run=False).trainer.progress_bar_callback, StepProgressBar)
+    assert isinstance(default_progress_bar([], None), StepProgressBar)
+    assert isinstance(default_progress_bar([CheckpointPolicy()], True), StepProgressBar)
+    assert default_progress_bar([], False) is None
+    assert default_progress_bar([TQDMProgressBar()], None) is None
