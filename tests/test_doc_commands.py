@@ -1,9 +1,10 @@
-"""Every ``python -m`` command the README, docs/ and the scripts show still parses: each ``--flag`` is one its
+"""Every ``python -m`` command the README, docs/, the scripts and the modules' docstrings show still parses: each ``--flag`` is one its
 command defines, each value of a flag with choices is one of them, and each bundled recipe, sweep family and recipe
 name it names exists. Flags get renamed and recipes moved; a command copied from the docs should not answer with
 "unrecognized arguments"."""
 
 import argparse
+import ast
 import contextlib
 import io
 import re
@@ -22,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # The scripts too: a stale flag in the GPU suite costs a lent GPU's time.
 SCRIPTS = [ROOT / ".ci" / "run", *sorted((ROOT / "recipes").rglob("*.sh"))]
+# And each module's docstring, which its --help prints.
+MODULES = sorted(path for package in ("recipes", "kernels", "components") for path in (ROOT / package).rglob("*.py"))
 LIGHTNING = ("fit", "validate", "test", "predict")  # `python -m recipes SUB`: LightningCLI (jsonargparse)
 # Recipe names the docs use for the reader's own file, not a bundled one.
 PLACEHOLDER_CONFIGS = {"my_recipe.yaml", "my.yaml", "mine.yaml", "model.yaml", "C.yaml", "NAME.yaml", "FILE.yaml",
@@ -31,9 +34,13 @@ PLACEHOLDER_CONFIGS = {"my_recipe.yaml", "my.yaml", "mine.yaml", "model.yaml", "
 def shown_commands() -> list[tuple[str, list[str]]]:
     """(file, the tokens after ``python -m``) for every command in a script, or a doc's code block or inline span."""
     found = []
-    for path in DOCS + SCRIPTS:
+    for path in DOCS + SCRIPTS + MODULES:
         text = path.read_text()
-        if path in SCRIPTS:
+        if path in MODULES:  # (its indented lines are the docstring's code)
+            docstring = ast.get_docstring(ast.parse(text)) or ""
+            code = [line for line in docstring.splitlines() if re.match(r"\s+python3? -m ", line)]
+            text = re.sub(r"^\s+python3? -m .*$", "", docstring, flags=re.M) + "\n```\n" + "\n".join(code) + "\n```"
+        elif path in SCRIPTS:
             text = "```\n" + "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")) + "\n```"
         snippets = []
         for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
