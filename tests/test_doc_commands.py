@@ -1,7 +1,7 @@
-"""Every ``python -m`` command the README, docs/, the scripts and the modules' docstrings show still parses: each ``--flag`` is one its
-command defines, each value of a flag with choices is one of them, and each bundled recipe, sweep family and recipe
-name it names exists. Flags get renamed and recipes moved; a command copied from the docs should not answer with
-"unrecognized arguments"."""
+"""Every ``python -m`` command the README, docs/, the scripts and the modules' docstrings show still parses: each
+``--flag`` is one its command defines, each value of a flag with choices is one of them, and each bundled recipe,
+sweep family and recipe name it names exists. Flags get renamed and recipes moved; a command copied from the docs
+should not answer with "unrecognized arguments"."""
 
 import argparse
 import ast
