@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels._backend import dot_precision, unit_stride_last
-from kernels.attention.triton import online_softmax_step
+from kernels.attention.triton_kernels import online_softmax_step
 from kernels.attention.window import window_thresholds
 
 
