@@ -6,6 +6,7 @@ should not answer with "unrecognized arguments"."""
 import argparse
 import ast
 import contextlib
+import functools
 import io
 import re
 import runpy
@@ -106,11 +107,19 @@ def options(parser: argparse.ArgumentParser, sub: str | None) -> dict[str, argpa
     return found
 
 
-def lightning_flags(sub: str) -> set[str]:
+@functools.cache
+def lightning_flags(sub: str) -> frozenset[str]:
     text = io.StringIO()
     with contextlib.redirect_stdout(text), pytest.raises(SystemExit):
         lightning_main([sub, "--help"])
-    return set(re.findall(r"(?:^|\s|,)(--[\w.]+)", text.getvalue()))
+    return frozenset(re.findall(r"(?:^|\s|,)(--[\w.]+)", text.getvalue()))
+
+
+def lightning_takes(flag: str, flags: frozenset[str]) -> bool:
+    """Whether LightningCLI takes ``flag``: it is one ``--help`` lists, or sits under one whose class the recipe
+    chooses (``--model.mixers``, ``--data``, ...: those with a ``.help``), whose own arguments --help cannot list."""
+    parts = flag.split(".")
+    return flag in flags or any(".".join(parts[:i]) + ".help" in flags for i in range(1, len(parts)))
 
 
 def is_option(token: str) -> bool:
@@ -146,10 +155,12 @@ def test_every_flag_the_docs_give_an_argparse_command_exists(module):
         wrong += [f"{command}  ({flag} {value}: not one of {sorted(known[flag].choices)})" for flag in flags_of(args)
                   if flag in known and known[flag].choices for value in values_of(args, flag)
                   if not placeholder(value) and value not in known[flag].choices]
-        if module == "recipes.sweep":  # --suite-args go on to `python -m recipes eval`
+        if module == "recipes.sweep":  # --suite-args go on to `python -m recipes eval`, --set to each run's fit
             passed = flags_of([t for value in values_of(args, "--suite-args") for t in shlex.split(value)])
             wrong += [f"{command}  ({flag}: not an eval option)" for flag in passed
                       if flag not in options(argparse_parser("recipes", "eval"), None)]
+            wrong += [f"{command}  ({key}: not a fit option)" for key in values_of(args, "--set")
+                      if not placeholder(key) and not lightning_takes("--" + key.split("=")[0], lightning_flags("fit"))]
     assert not wrong, "flags these commands do not define:\n" + "\n".join(wrong)
 
 
@@ -162,12 +173,8 @@ def test_every_flag_and_recipe_the_docs_give_fit_validate_and_test_exists():
     wrong = []
     for where, tokens in shown:
         flags = known[tokens[1]]
-        for flag in flags_of(tokens[2:]):
-            # a flag exists, or sits under one whose class the recipe chooses (--model.mixers, --data, ...: those
-            # with a ``.help``), whose own arguments --help cannot list
-            parts = flag.split(".")
-            if flag not in flags and not any(".".join(parts[:i]) + ".help" in flags for i in range(1, len(parts))):
-                wrong.append(f"{where}: python -m {' '.join(tokens)}  ({flag})")
+        wrong += [f"{where}: python -m {' '.join(tokens)}  ({flag})" for flag in flags_of(tokens[2:])
+                  if not lightning_takes(flag, flags)]
         wrong += [f"{where}: python -m {' '.join(tokens)}  (no bundled recipe {name})" for name in configs_of(tokens)
                   if name not in bundled and name not in PLACEHOLDER_CONFIGS]
     assert not wrong, "flags or recipes these commands do not have:\n" + "\n".join(wrong)
