@@ -31,8 +31,8 @@ from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_p
                                  is_sharded_checkpoint, load_checkpoint)
 from components.bindings import import_class, upgrade_specs
 from recipes.module import LanguageModel, language_model_arguments
-from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, TrainingInterrupted, default_progress_bar,
-                              newest_checkpoint)
+from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, TrainingInterrupted,
+                              default_progress_bar, newest_checkpoint)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")
