@@ -71,6 +71,7 @@ class _Parser(Exception):
         self.parser = parser
 
 
+@functools.cache
 def argparse_parser(module: str, sub: str | None) -> argparse.ArgumentParser:
     """The parser ``python -m module`` builds, taken from its first ``parse_args`` call (nothing runs after it)."""
     def capture(self, *args, **kwargs):
