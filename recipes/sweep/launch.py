@@ -118,7 +118,7 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     """Run each recipe (once, or once per seed ``first_seed … first_seed+seeds-1``) as its own process, ``jobs`` at a time,
     each into a run folder named for this sweep (and seed); with ``init_from`` ((recipe name, seed) → checkpoint,
     :func:`starting_checkpoints`), each run starts from its checkpoint's weights. Returns the sweep's log folder
-    and its runs."""
+    and its runs. A progress table prints every ``progress_every`` seconds while runs go on; 0 prints none."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     logs = Path("runs") / "sweep-logs" / stamp
     logs.mkdir(parents=True, exist_ok=True)
@@ -186,8 +186,8 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
 
     where = "" if groups is None else f" on GPUs {', '.join(','.join(g) for g in list(groups.queue))}"
     print(f"sweep: {len(runs)} runs, {jobs} at a time{where}, {threads} thread(s) each; logs in {logs}/", flush=True)
-    watcher = threading.Thread(target=monitor, daemon=True)
-    watcher.start()
+    if progress_every > 0:  # 0 means no table: a zero wait would print in a tight loop for the whole sweep
+        threading.Thread(target=monitor, daemon=True).start()
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(one, runs))
