@@ -10,6 +10,8 @@
 #                                                          # the finite passes' cost
 #   bash recipes/benchmarks/gpu_suite.sh OUT_DIR lengths   # training steps at T 2K, 8K, 16K (4K is in models; 300 s), for a later lease
 #
+# mamba_ssm's rows need its Triton files first on PYTHONPATH: `python -m recipes.benchmarks.mamba_ssm_triton` writes
+# them to .gpu_extra/ (then `PYTHONPATH=$PWD/.gpu_extra bash recipes/benchmarks/gpu_suite.sh OUT kernels`).
 # Run from the repository root of a source checkout; nothing is installed (the zoo is put on PYTHONPATH, so a
 # machine with torch, triton, lightning, transformers and pytest runs it as it is). Each step's whole output goes to
 # OUT_DIR/<step>.log and its last lines to the terminal; OUT_DIR/summary.txt names the machine and lists every
