@@ -172,8 +172,8 @@ class LanguageModel(L.LightningModule):
         self._hidden_states = self.model.hidden_states
         if compile:
             backend = "inductor" if compile is True else compile
-            # Static shapes: a new batch shape (validation's) compiles once more rather than turning every
-            # size symbolic, which inductor (torch 2.13) cannot lower for the SSD's chunked scan.
+            # Static shapes: a run sees a few fixed batch shapes (training's, validation's), and each compiles
+            # once into a graph specialised to it, rather than the second one turning the length symbolic.
             self._hidden_states = torch.compile(self.model.hidden_states, fullgraph=True, dynamic=False,
                                                 backend=backend)
 

@@ -49,6 +49,20 @@ def test_a_named_architecture_compiled_by_inductor_equals_eager_at_two_shapes():
             torch.testing.assert_close(got[2][name], want[2][name], rtol=1e-3, atol=1e-6, msg=f"{name} at {B}×{T}")
 
 
+def test_a_compiled_model_keeps_static_shapes_each_new_batch_shape_compiles_once():
+    """Recipes compile with ``dynamic=False``: a run sees a few fixed shapes (training's, validation's), each gets a
+    graph specialised to it, and no graph with a symbolic length is made — under torch's default, a third length
+    would reuse the symbolic graph the second one made."""
+    lm = LanguageModel(32, "AM", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}},
+                       vocab_size=50, compile="eager")
+    torch._dynamo.reset()
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for T in (9, 14, 19):
+        ids = torch.randint(0, 50, (2, T))
+        torch.testing.assert_close(lm._hidden_states(ids), lm.model.hidden_states(ids))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - before == 3
+
+
 def test_attention_compiles_with_dynamic_shapes():
     """Under dynamic shapes the causal flag must reach SDPA as a Python bool, not a SymBool."""
     model = LanguageModel(32, "AM", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}},
