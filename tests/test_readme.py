@@ -19,6 +19,21 @@ def test_the_readme_python_example_runs(capsys):
     assert "HybridLM" in capsys.readouterr().out  # the summary it prints
 
 
+def test_the_architecture_docs_python_binding_builds_what_it_says():
+    """docs/architecture.md's Python block: a pattern bound to a ``functools.partial``, built and run as written."""
+    import torch
+
+    from components import MLP, QCAttention
+
+    block = re.findall(r"```python\n(.*?)```", (ROOT / "docs/architecture.md").read_text(), flags=re.S)[0]
+    scope: dict = {}
+    exec(compile(block, "docs/architecture.md", "exec"), scope)
+    model = scope["model"]
+    assert [type(b.sequence_mixer) for b in model.blocks] == [QCAttention] * 4
+    assert all(type(b.state_mixer) is MLP and b.sequence_mixer.n_heads == 4 for b in model.blocks)
+    assert model(torch.randint(0, 256, (1, 7))).shape == (1, 7, 256)
+
+
 def yaml_blocks(doc: str) -> list[str]:
     return re.findall(r"```yaml\n(.*?)```", (ROOT / doc).read_text(), flags=re.S)
 
