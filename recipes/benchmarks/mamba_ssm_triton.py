@@ -30,6 +30,9 @@ FILES = ("ops/triton/ssd_bmm.py", "ops/triton/ssd_chunk_scan.py", "ops/triton/ss
          "ops/triton/ssd_combined.py", "ops/triton/ssd_state_passing.py", "ops/triton/layernorm_gated.py",
          "ops/triton/k_activations.py", "ops/triton/softplus.py", "utils/determinism.py", "utils/torch.py")
 PACKAGES = ("", "ops", "ops/triton", "utils")  # each gets an empty __init__.py
+# what a benchmark prints where its mamba_ssm row cannot run
+MAMBA_MISSING = ("mamba_ssm not importable: its row is skipped (`python -m recipes.benchmarks.mamba_ssm_triton` writes "
+                 "its Triton SSD to .gpu_extra/; put that first on PYTHONPATH)")
 
 
 def archive_url(index_html: str, version: str = VERSION) -> str:
@@ -79,7 +82,8 @@ def extract(archive: bytes, out: Path, sha256: str = SHA256) -> list[Path]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--archive", type=Path, help=f"mamba_ssm-{VERSION}.tar.gz already downloaded (default: fetch it)")
+    parser.add_argument("--archive", type=Path,
+                        help=f"mamba_ssm-{VERSION}.tar.gz already downloaded (default: fetch it)")
     parser.add_argument("--out", type=Path, default=Path(".gpu_extra"), help="the folder to write (default .gpu_extra)")
     args = parser.parse_args(argv)
     if args.archive is not None and not args.archive.is_file():

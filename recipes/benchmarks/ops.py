@@ -24,6 +24,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from recipes.benchmarks.mamba_ssm_triton import MAMBA_MISSING
 from recipes.benchmarks.timing import median_ms
 from kernels.attention import attention
 from kernels.retrieval import expert_mix
@@ -154,7 +155,7 @@ def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int, profile: int 
             yield row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats),
                       ssd_flops(B, T, H, P, N, L))
         yield from profiled_rows([(name, fn, ins) for name, fn in cases.items()], T, profile)
-    yield from [""] + ([] if have_mamba else ["mamba_ssm not installed: mamba_chunk_scan_combined's row is skipped."])
+    yield from [""] + ([] if have_mamba else [MAMBA_MISSING])
 
 
 def bench_decode(lengths, device, dtype, repeats, use_triton, batches: list[int]) -> Iterator[str]:

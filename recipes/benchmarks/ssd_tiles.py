@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from kernels.ssd import ssd_scan
 from kernels.ssd import triton as ssd_triton
+from recipes.benchmarks.mamba_ssm_triton import MAMBA_MISSING
 from recipes.benchmarks.tile_search import add_device_option, device_of, kernel_us, trial
 from recipes.benchmarks.timing import median_ms
 
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"mamba_chunk_scan_combined: {median_ms(lambda: forward(theirs), args.repeats):.2f} ms forward, "
               f"{median_ms(lambda: both(theirs), args.repeats):.2f} fwd+bwd")
     else:
-        print("mamba_ssm's row left out (--no-mamba)" if args.no_mamba else "mamba_ssm not importable: its row is skipped")
+        print("mamba_ssm's row left out (--no-mamba)" if args.no_mamba else MAMBA_MISSING)
     major, minor = torch.cuda.get_device_capability() if cuda else (9, 0)
     current = choose(P, N, cuda, dtype, 10 * major + minor)
     want = results(inputs, L)
