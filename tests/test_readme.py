@@ -10,9 +10,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def fenced_blocks(doc: str, language: str) -> list[str]:
+    """The code blocks of one language in a document of the repository, in order."""
+    return re.findall(rf"```{language}\n(.*?)```", (ROOT / doc).read_text(), flags=re.S)
+
+
 def test_the_readme_python_example_runs(capsys):
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    blocks = fenced_blocks("README.md", "python")
     assert blocks, "the README has no Python example"
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})
@@ -25,17 +29,13 @@ def test_the_architecture_docs_python_binding_builds_what_it_says():
 
     from components import MLP, QCAttention
 
-    block = re.findall(r"```python\n(.*?)```", (ROOT / "docs/architecture.md").read_text(), flags=re.S)[0]
+    block = fenced_blocks("docs/architecture.md", "python")[0]
     scope: dict = {}
     exec(compile(block, "docs/architecture.md", "exec"), scope)
     model = scope["model"]
     assert [type(b.sequence_mixer) for b in model.blocks] == [QCAttention] * 4
     assert all(type(b.state_mixer) is MLP and b.sequence_mixer.n_heads == 4 for b in model.blocks)
     assert model(torch.randint(0, 256, (1, 7))).shape == (1, 7, 256)
-
-
-def yaml_blocks(doc: str) -> list[str]:
-    return re.findall(r"```yaml\n(.*?)```", (ROOT / doc).read_text(), flags=re.S)
 
 
 @pytest.mark.parametrize("doc, index, over", [("README.md", 0, None), ("docs/architecture.md", 0, "quickstart.yaml"),
@@ -46,7 +46,7 @@ def test_the_recipes_the_docs_show_build(doc, index, over, tmp_path, monkeypatch
     from recipes.cli import main
 
     monkeypatch.chdir(tmp_path)
-    text = yaml_blocks(doc)[index]
+    text = fenced_blocks(doc, "yaml")[index]
     (tmp_path / "shown.yaml").write_text(text)
     shown = yaml.safe_load(text)
     cli = main([*(["--config", over] if over else []), "--config", "shown.yaml"], run=False)
