@@ -17,6 +17,9 @@ stages of its own, and ``order`` puts the heads innermost in the per-head kernel
 forward and forward+backward (medians) and its output and gradients are checked against the current choice's (a
 wrong answer is named, not timed); a candidate that cannot launch here is named too. Those sections and ``pairs`` also give the GPU time of the kernels they change, from torch's profiler
 (steadier than the whole op's wall time, whose spread between two timings of one configuration has reached 10%).
+Last, every section's winner (by those kernels' GPU time where the profiler gives it, else by fwd+bwd wall time; only
+a candidate faster than the current tiles wins) is applied at once, checked and timed, with the ``launch_config``
+entries it takes printed.
 mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md says how
 to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table in
 docs/kernels.md, after ``python -m recipes.benchmarks.compile_check --only ssd`` says whether they spill.
@@ -112,9 +115,11 @@ def main(argv: list[str] | None = None) -> None:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
         theirs = lambda: mamba_chunk_scan_combined(*inputs, chunk_size=L)  # noqa: E731
+        mamba_ms = median_ms(lambda: both(theirs), args.repeats)
         print(f"mamba_chunk_scan_combined: {median_ms(lambda: forward(theirs), args.repeats):.2f} ms forward, "
-              f"{median_ms(lambda: both(theirs), args.repeats):.2f} fwd+bwd")
+              f"{mamba_ms:.2f} fwd+bwd")
     else:
+        mamba_ms = None
         print("mamba_ssm's row left out (--no-mamba)" if args.no_mamba else MAMBA_MISSING)
     major, minor = torch.cuda.get_device_capability() if cuda else (9, 0)
     current = choose(P, N, cuda, dtype, 10 * major + minor)
@@ -149,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
                           ("heads_inner",), [(not current["heads_inner"],)])}
     apply = {"y": own("y", sections["y"][1]), "dx": own("dx", sections["dx"][1]),
              "pair_tiles": own("pairs", sections["pair_tiles"][1])}
+    winners = {}  # section: (its best candidate's score, the launch_config entries that candidate changes)
     for name in args.sections:
         title, keys, candidates = sections[name]
         to_config = apply.get(name, lambda values, keys=keys: dict(zip(keys, values)))
@@ -175,6 +181,36 @@ def main(argv: list[str] | None = None) -> None:
                                 else f"{us:.0f} | {now / us if us else float('nan'):.2f} | ")
             print(f"| {cells} | {fwd:.2f} | {total:.2f} | {base[1] / total:.2f} | {kernel_cells}{error:.1e} |",
                   flush=True)
+            # by the kernels' GPU time where the profiler gives it (steadier than the whole op's wall time)
+            score, against = (spent[0], now) if names and spent[0] is not None and now is not None else (total, base[1])
+            if score < against and score < winners.get(name, (against,))[0]:
+                winners[name] = (score, to_config(values))
+    together(winners, current, lambda config: trial(ssd_triton, config, lambda: results(inputs, L), want,
+                                                    [lambda: forward(bare), lambda: both(bare)], args.repeats),
+             base[1], mamba_ms)
+
+
+def together(winners: dict[str, tuple[float, dict]], current: dict, run, current_ms: float,
+             mamba_ms: float | None) -> None:
+    """Each section's winner (the candidate faster than the current tiles, fastest of its section) applied at once,
+    checked and timed by ``run(config)`` (a ``trial``), with the ``launch_config`` entries to write in: the sections
+    change different entries, or the later one's keys win, as a dict update does."""
+    if not winners:
+        print("\nno candidate was faster than the current tiles: nothing to put together")
+        return
+    change = {}
+    for _, entries in winners.values():
+        change.update(entries)
+    print(f"\n### every section's winner together, check_finite=False\n\nlaunch_config entries: {change}\n")
+    outcome = run({**current, **change})
+    if isinstance(outcome, str):
+        print(f"together: {outcome}")
+        return
+    error, (fwd, total) = outcome
+    theirs = "" if mamba_ms is None else f", {mamba_ms / total:.2f}× mamba_chunk_scan_combined's fwd+bwd"
+    print(f"together: {fwd:.2f} ms forward, {total:.2f} fwd+bwd ({current_ms / total:.2f}× current{theirs}); "
+          f"max error against current {error:.1e}")
+
 
 if __name__ == "__main__":
     main()

@@ -93,3 +93,38 @@ def test_without_a_gpu_the_search_says_so(search, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(SystemExit, match="there is none here"):
         search.main([])
+
+
+def test_the_ssd_search_puts_each_sections_winner_together(monkeypatch, capsys):
+    """Every candidate timed faster than the current tiles (the wall times are stand-ins: under the interpreter they
+    say nothing): each section's fastest wins, and the winners are run together, checked against the current tiles."""
+    from recipes.benchmarks import tile_search
+
+    timings = iter([5.0, 1.0, 2.0, 3.0] * 100)  # per candidate: forward, fwd+bwd (the current tiles': ssd_tiles' own)
+    monkeypatch.setattr(tile_search, "median_ms", lambda fn, repeats: (fn(), next(timings))[1])
+    monkeypatch.setattr(ssd_tiles, "median_ms", lambda fn, repeats: (fn(), 9.0)[1])
+    monkeypatch.setattr(ssd_tiles, "Y", [(32, 16, 4, 1, 16), (16, 16, 4, 1, None)])
+    monkeypatch.setattr(ssd_tiles, "DX", [(16, 32, 4, 1)])
+    ssd_tiles.main(["--device", "cpu", "--length", "37", "--batch", "1", "--heads", "2", "--head-dim", "16",
+                    "--state", "16", "--chunk", "16", "--repeats", "1", "--sections", "y", "dx"])
+    out = capsys.readouterr().out
+    # y's candidates read 1.0 and 3.0 ms fwd+bwd, the first wins; dx's one reads 1.0 (the cycle 5, 1, 2, 3 again)
+    entries = re.search(r"launch_config entries: (\{.*\})", out).group(1)
+    assert eval(entries) == {"y": dict(rows=32, cols=16, warps=4, stages=1, p_block=16),
+                             "dx": dict(rows=16, cols=32, warps=4, stages=1)}
+    together = re.search(r"together: ([\d.]+) ms forward, ([\d.]+) fwd\+bwd \(([\d.]+)× current\); "
+                         r"max error against current (\S+)", out)
+    assert together and float(together.group(4)) < 1e-5
+    assert float(together.group(3)) == pytest.approx(9.0 / float(together.group(2)), rel=0.01)
+
+
+def test_the_ssd_search_puts_nothing_together_when_nothing_won(monkeypatch, capsys):
+    from recipes.benchmarks import tile_search
+
+    monkeypatch.setattr(tile_search, "median_ms", lambda fn, repeats: (fn(), 10.0)[1])
+    monkeypatch.setattr(ssd_tiles, "median_ms", lambda fn, repeats: (fn(), 9.0)[1])
+    monkeypatch.setattr(ssd_tiles, "DX", [(16, 32, 4, 1)])
+    ssd_tiles.main(["--device", "cpu", "--length", "20", "--batch", "1", "--heads", "2", "--head-dim", "16",
+                    "--state", "16", "--chunk", "16", "--repeats", "1", "--sections", "dx"])
+    out = capsys.readouterr().out
+    assert "nothing to put together" in out and "launch_config entries" not in out
