@@ -46,21 +46,23 @@ LOG_DECAY = [(64, 16), (32, 32), (64, 32), (128, 16), (32, 16), (128, 32)]
 # rows and warps, the pairs' gradient blocks (which take the same warps)
 GROUP = [(32, 8, 64), (16, 8, 64), (32, 4, 64), (64, 8, 64), (32, 8, 32), (16, 4, 32)]
 # the y and d(dt·x) kernels' tiles of their own (launch_config's "y" and "dx" entries): (rows, cols: the column block of
-# the in-chunk loop, warps, stages[, p_block: the head dim's columns a y program makes, None: all]). None of them
-# spills on sm_90 in bf16 at P 64, N 128 with shared scores, where the shared 64 × 64, 4 warps, 2 stages spill 8 bytes
-# in y (compile_check, 2026-11-27: docs/kernels.md); mamba_ssm's forward steps 32 columns with 4-5 stages.
-Y = [(64, 32, 4, 4, None), (64, 32, 4, 3, None), (64, 32, 4, 5, None), (64, 32, 4, 4, 32), (64, 64, 8, 2, None),
-     (64, 32, 8, 3, None), (128, 32, 8, 3, None), (128, 32, 8, 3, 32), (64, 64, 4, 2, 32), (32, 32, 4, 4, 32),
-     (32, 32, 2, 4, 32)]
-DX = [(64, 32, 4, 3), (64, 32, 4, 5), (64, 64, 8, 2), (64, 32, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (32, 64, 4, 2),
-      (32, 32, 2, 5)]
+# the in-chunk loop, warps, stages[, p_block: the head dim's columns a y program makes, None: all]). The first search
+# (T 16K, H200, 2026-11-27: docs/kernels.md) took y 64 × 32 on 4 warps, 3 stages, and dx 32 × 64 on 4 warps, 2 stages,
+# out of wider lists (splitting the head dim lost 2-3× there); these are their neighbours. None of the first lists
+# spilled on sm_90 in bf16 at P 64, N 128 with shared scores (compile_check); mamba_ssm's forward steps 32 columns.
+Y = [(64, 32, 4, 2, None), (64, 16, 4, 3, None), (64, 16, 4, 4, None), (64, 64, 4, 3, None), (128, 32, 4, 3, None),
+     (32, 32, 4, 3, None), (64, 32, 2, 3, None), (32, 64, 4, 2, None)]
+DX = [(32, 64, 4, 3), (32, 32, 4, 2), (32, 64, 2, 2), (32, 128, 4, 2), (16, 64, 4, 2), (32, 64, 8, 2), (32, 32, 4, 3),
+      (64, 64, 4, 2)]
 # the log-decay pair kernel's blocks with warps and stages of their own (launch_config's "pairs" entry): (rows, cols,
-# warps, stages); none spills there either (its stages change nothing in the compiled code: its loop is not pipelined)
-PAIRS = [(64, 16, 8, 2), (128, 16, 8, 2), (64, 32, 8, 2), (32, 32, 8, 2), (128, 16, 4, 2), (32, 32, 4, 3),
-         (64, 16, 2, 3)]
+# warps, stages), around the first search's 64 × 16 on 2 warps (its stages change nothing in the compiled code: its
+# loop is not pipelined)
+PAIRS = [(64, 16, 2, 2), (32, 16, 2, 3), (128, 16, 2, 3), (32, 32, 2, 3), (64, 16, 1, 3), (64, 32, 2, 3),
+         (32, 16, 1, 3)]
 # the kernels whose GPU time a section's rows also give (torch's profiler; kernel names as Triton launches them)
 KERNELS = {"y": ("_chunk_scan",), "dx": ("_chunk_scan_reverse",), "pairs": ("_log_decay_pairs",),
-           "pair_tiles": ("_log_decay_pairs",), "order": ("_chunk_scan", "_chunk_scan_reverse", "_log_decay_pairs")}
+           "pair_tiles": ("_log_decay_pairs",), "order": ("_chunk_scan", "_chunk_scan_reverse", "_log_decay_pairs"),
+           "rows": ("_chunk_state", "_decayed_scan"), "group": ("_group_pair_grads", "_group_bc_grads")}
 
 
 def results(inputs: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:

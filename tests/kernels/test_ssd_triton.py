@@ -291,15 +291,26 @@ def test_the_gpu_tiles_under_the_interpreter(docs, variant, monkeypatch):
 
 
 def test_a_kernel_without_tiles_of_its_own_takes_the_shared_ones():
-    """Until the tile search times them, the kernels' own entries are empty, so each launches as it did before they
-    existed: the shared rows (as its column block too), warps and stages — the pair kernel its own blocks."""
+    """Where the tile search has not timed them (fp32, Ampere, larger states), the kernels' own entries are empty,
+    so each launches with the shared rows (as its column block too), warps and stages — the pair kernel its own
+    blocks; on Hopper in bf16 at 64 × 128 each takes the tiles its search chose, and nothing else changes."""
     from kernels.ssd import triton as ssd_triton
 
+    for elsewhere in (ssd_triton.launch_config(64, 128, True, torch.float32, 90),
+                      ssd_triton.launch_config(64, 128, True, torch.bfloat16, 80),
+                      ssd_triton.launch_config(128, 128, True, torch.bfloat16, 90)):
+        assert (elsewhere["y"], elsewhere["dx"], elsewhere["pairs"], elsewhere["heads_inner"]) == ({}, {}, {}, False)
+        for kernel in ("y", "dx", "dC", "dB"):
+            rows = elsewhere["rows"]
+            assert ssd_triton._tiles(elsewhere, kernel) == dict(rows=rows, cols=rows, warps=elsewhere["warps"],
+                                                                stages=elsewhere["stages"], p_block=None), kernel
     hopper = ssd_triton.launch_config(64, 128, True, torch.bfloat16, 90)
-    assert (hopper["y"], hopper["dx"], hopper["pairs"], hopper["heads_inner"]) == ({}, {}, {}, False)
-    for kernel in ("y", "dx", "dC", "dB"):
+    assert hopper["heads_inner"]
+    assert ssd_triton._tiles(hopper, "y") == dict(rows=64, cols=32, warps=4, stages=3, p_block=None)
+    assert ssd_triton._tiles(hopper, "dx") == dict(rows=32, cols=64, warps=4, stages=2, p_block=None)
+    assert ssd_triton._tiles(hopper, "pairs") == dict(rows=64, cols=16, warps=2, stages=3, p_block=None)
+    for kernel in ("dC", "dB"):
         assert ssd_triton._tiles(hopper, kernel) == dict(rows=64, cols=64, warps=4, stages=2, p_block=None), kernel
-    assert ssd_triton._tiles(hopper, "pairs") == dict(rows=64, cols=16, warps=4, stages=2, p_block=None)
     own = {**hopper, "y": dict(cols=32, stages=4)}  # an entry overrides what it names and nothing else
     assert ssd_triton._tiles(own, "y") == dict(rows=64, cols=32, warps=4, stages=4, p_block=None)
     assert ssd_triton._tiles(own, "dx") == ssd_triton._tiles(hopper, "dx")
