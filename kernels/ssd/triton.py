@@ -69,8 +69,8 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     if not fp32 and arch >= 90 and small:
         # the kernels' own tiles and the heads innermost: each section's fastest at T 16K on an H200 (2026-11-27)
         return dict(tiles, rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True, heads_inner=True,
-                    y=dict(rows=64, cols=32, warps=4, stages=3), dx=dict(rows=32, cols=64, warps=4, stages=2),
-                    pairs=dict(rows=64, cols=16, warps=2, stages=3))
+                    group_warps=4, y=dict(rows=64, cols=32, warps=4, stages=2),
+                    dx=dict(rows=32, cols=32, warps=4, stages=2), pairs=dict(rows=32, cols=16, warps=1, stages=3))
     if fp32:  # 64-row pair blocks needed 100 KiB at N 256 as launched: over a consumer GPU's 99
         return dict(tiles, rows=32, warps=8, stages=2, pair_rows=32)
     return dict(tiles, rows=32, warps=8, stages=2)

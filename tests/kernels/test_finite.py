@@ -116,7 +116,8 @@ def _gradients(op, inputs, cotangent):
 
 def _ssd_op(backend, documents):
     return lambda x, dt, B, C, initial_state: ssd_scan(
-        x, dt, -torch.linspace(0.5, 1.5, x.shape[2]), B, C, chunk_size=8, D=torch.linspace(-1, 1, x.shape[2]),
+        x, dt, -torch.linspace(0.5, 1.5, x.shape[2], device=x.device), B, C, chunk_size=8,
+        D=torch.linspace(-1, 1, x.shape[2], device=x.device),
         initial_state=initial_state, return_final_state=True, document_starts=documents, backend=backend)
 
 
@@ -141,6 +142,7 @@ def test_the_gradient_reaching_a_non_finite_entry_is_zero_without_masking_it(op,
     masking backward — so zero at every non-finite entry — and finite everywhere."""
     g = torch.Generator().manual_seed(7)
     T = 19
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"  # else the interpreter
     starts = torch.zeros(2, T, dtype=torch.bool)
     starts[:, 0], starts[0, 11] = True, True
     if op == "ssd_scan":
@@ -150,6 +152,7 @@ def test_the_gradient_reaching_a_non_finite_entry_is_zero_without_masking_it(op,
                   "C": _poisoned((2, T, 2, 8), g, [(0, 5, 1, 1), (1, 2, 0, 4), (1, 18, 1, 7)]),
                   "initial_state": torch.randn(2, 4, 8, 8, generator=g)}
         inputs["dt"][1, 6, 2] = float("nan")
+        inputs, starts = {k: v.to(device) for k, v in inputs.items()}, starts.to(device)
         call = _ssd_op(backend, starts if documents else None)
         patched = "kernels.ssd.split_finite"
     else:
@@ -159,16 +162,17 @@ def test_the_gradient_reaching_a_non_finite_entry_is_zero_without_masking_it(op,
                   "k": _poisoned((2, T, 2, 16), g, [(0, 4, 1, 3), (1, 1, 0, 0), (1, 12, 1, 9)]),  # (1, 1): padding
                   "v": _poisoned((2, T, 2, 16), g, [(0, 9, 0, 2), (1, 16, 1, 15)]),
                   "bias": _poisoned((2, 4, T), g, [(0, 2, 7), (1, 3, 14)])}
+        inputs, starts, padding = {k: v.to(device) for k, v in inputs.items()}, starts.to(device), padding.to(device)
         ids = torch.cumsum(starts, 1) if documents else None
         call = _attention_op(backend, ids, padding)
         patched = "kernels.attention.split_finite"
     with torch.no_grad():
         outs = call(**{k: v.clone() for k, v in inputs.items()})
     outs = outs if isinstance(outs, tuple) else (outs,)
+    cotangent = [torch.randn(o.shape, generator=g).to(o.device) for o in outs]
     assert all(o.isnan().any() for o in outs[:1]) and all(o.isfinite().any() for o in outs)
     if op == "attention":  # row 1's heads 0 and 1 see only the padded key's NaN: it reaches nothing
         assert outs[0][1, 3:, :2].isfinite().all()
-    cotangent = [torch.randn(o.shape, generator=g) for o in outs]
     new = _gradients(call, inputs, cotangent)
     monkeypatch.setattr(patched, _old_split)
     old = _gradients(call, inputs, cotangent)

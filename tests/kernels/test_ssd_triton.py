@@ -306,9 +306,9 @@ def test_a_kernel_without_tiles_of_its_own_takes_the_shared_ones():
                                                                 stages=elsewhere["stages"], p_block=None), kernel
     hopper = ssd_triton.launch_config(64, 128, True, torch.bfloat16, 90)
     assert hopper["heads_inner"]
-    assert ssd_triton._tiles(hopper, "y") == dict(rows=64, cols=32, warps=4, stages=3, p_block=None)
-    assert ssd_triton._tiles(hopper, "dx") == dict(rows=32, cols=64, warps=4, stages=2, p_block=None)
-    assert ssd_triton._tiles(hopper, "pairs") == dict(rows=64, cols=16, warps=2, stages=3, p_block=None)
+    assert ssd_triton._tiles(hopper, "y") == dict(rows=64, cols=32, warps=4, stages=2, p_block=None)
+    assert ssd_triton._tiles(hopper, "dx") == dict(rows=32, cols=32, warps=4, stages=2, p_block=None)
+    assert ssd_triton._tiles(hopper, "pairs") == dict(rows=32, cols=16, warps=1, stages=3, p_block=None)
     for kernel in ("dC", "dB"):
         assert ssd_triton._tiles(hopper, kernel) == dict(rows=64, cols=64, warps=4, stages=2, p_block=None), kernel
     own = {**hopper, "y": dict(cols=32, stages=4)}  # an entry overrides what it names and nothing else
