@@ -100,6 +100,24 @@ def test_per_example_gradients_with_torch_func_go_through_the_finite_passes(op):
         assert batched.isfinite().all()
 
 
+def test_under_vmap_split_finite_takes_no_dtype_view(monkeypatch):
+    """torch 2.11 has no vmap rule for ``view(dtype)`` (per-example gradients through the finite passes failed there on
+    a GPU machine, 2026-11-27); this torch has one, so the test gives the view 2.11's refusal under torch.func."""
+    real_view = torch.Tensor.view
+
+    def view_as_torch_2_11(self, *args, **kwargs):
+        if args and isinstance(args[0], torch.dtype) and torch._C._functorch.is_functorch_wrapped_tensor(self):
+            raise RuntimeError("Batching rule not implemented for aten::view.dtype")
+        return real_view(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "view", view_as_torch_2_11)
+    x = torch.randn(3, 5, 2, 8)
+    x[1, 2, 0, 3] = float("nan")
+    clean, bad = vmap(lambda e: split_finite(e, 2))(x)
+    assert torch.equal(bad, ~x.isfinite().flatten(-2).all(-1)) and torch.equal(clean, x.nan_to_num(0.0, 0.0, 0.0))
+    assert torch.equal(split_finite(x, 2)[1], bad)  # outside vmap the word view is taken, as before
+
+
 def _old_split(x, dims):
     """The split as it was: ``nan_to_num``'s autograd, which multiplies the gradient by ``isfinite(x)``."""
     clean, bad = split_finite(x.detach(), dims)
