@@ -200,6 +200,9 @@ def timings(all_cases, dtype: torch.dtype) -> list[tuple[str, str, str, float]]:
             except ImportError:
                 continue
             x, dt, A, B, C = (rounded[n] for n in ("x", "dt", "A", "B", "C"))
+            # its first call autotunes: 60-80 s on an H200 (2026-11-27) before the table can print
+            print("kernels.doctor: timing mamba_ssm's mamba_chunk_scan_combined; its first call autotunes its kernels "
+                  "(about a minute on a Hopper GPU)", file=sys.stderr, flush=True)
             rows.append((op, shape, "mamba_ssm", median_ms(forward_backward(
                 lambda x, dt, B, C: mamba_chunk_scan_combined(x, dt, A.float(), B, C, chunk_size=64),
                 {"x": x, "dt": dt, "B": B, "C": C}))))

@@ -32,7 +32,7 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     - ``shared_scores``: the in-chunk ``C·Bᵀ`` made once per group (:func:`_group_scores_call`) and read by the ``y``,
       ``d(dt·x)`` and log-decay kernels, and ``dC``, ``dB`` made per group (:func:`_group_bc_grads_call`) instead of
       per head and summed. The per-group kernels loop over the group's heads holding a ``[rows, N]`` fp32 sum beside
-      each head's term, on 8 warps: ``group_rows`` 32 at states up to 64 × 128 and 16 above (the largest without a
+      each head's term, on 8 warps (4 on Hopper at 64 × 128, below): ``group_rows`` 32 at states up to 64 × 128 and 16 above (the largest without a
       spill on sm_90 with fp32 states: 64 rows spilled 80-730 bytes at 64 × 128, 32 rows 56-184 at the larger
       states), and ``group_block`` × ``group_block`` blocks of the pairs' gradients, 64 and 32 (64 spilled 64 bytes at
       P 128); fp32 takes the smaller ones.
@@ -47,14 +47,15 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     0.97× at 4K; ``narrow_states`` then, on top of it, 1.10× at both; together ``ops`` measured 9.13 ms forward and
     backward at 16K (10.32 before; mamba_ssm 6.38) and 3.26 at 4K (3.69 before; 5.32).
 
-    Untimed, for the tile search (``ssd_tiles --sections y dx pair_tiles order``), and so left at what the kernels
-    did before:
-    ``y`` and ``dx``, the forward's output kernel and the backward's ``d(dt·x)`` kernel (mamba_ssm's ``y`` and ``dx``
-    kernels took 0.80 and 1.0 ms of GPU time to our 1.3 and 1.4 at T 16K on the H200) each with tiles of their own
-    over the shared ones (:func:`_tiles`: rows, a column block of its own as mamba_ssm's ``BLOCK_SIZE_K``, warps,
-    stages, and for ``y`` the head dim split over programs as mamba_ssm splits it), and ``pairs``, the log-decay
-    pair kernel's warps and stages (its 0.85 ms to our 1.33); ``heads_inner``, the per-head scan kernels' programs
-    ordered with the heads innermost (:func:`triton_kernels._chunk_and_head`)."""
+    Each kernel's own tiles (``_tiles``: an entry's keys override the shared ones) and ``heads_inner`` (the per-head
+    scan kernels' programs ordered with the heads innermost, :func:`triton_kernels._chunk_and_head`), set where the
+    switches are: the tile search's winners at T 16K on an H200 (2026-11-27, two rounds of ``ssd_tiles`` with each
+    candidate's kernels' GPU time, docs/kernels.md): ``y`` (the forward's output kernel) 64 rows stepping 32 columns
+    on 2 stages, ``dx`` (the backward's ``d(dt·x)``) 32 × 32, ``pairs`` (the log-decay pair kernel) 32 × 16 on one
+    warp, the per-group ``dC``/``dB`` kernels on 4 warps (they spill 328-504 bytes a thread there, against 0-8 on 8
+    warps, and are 1.49× faster in GPU time); with the heads innermost, the bare forward and backward went from 9.02
+    to 8.30 ms at 16K in the first round and 8.39 to 7.41 in the second, each in one process, and ``ops`` measured 7.36 against mamba_ssm's 6.80 (0.92×) and 3.25 against 4.56 at 4K. Elsewhere
+    the entries are empty and the kernels take the shared tiles."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False,
                  heads_inner=False, y={}, dx={}, pairs={})

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU measurement the docs wait for (docs/performance.md "On a GPU", docs/kernels.md "GPU targets"), in three
-# phases (step limits summing to 535, 420 and 300 s; the steps have taken half their limits or less, so the first two
+# phases (step limits summing to 595, 420 and 300 s; the steps have taken half their limits or less, so the first two
 # fit one fifteen-minute lease of an H100 or H200 when the machine starts in under a minute, as it did on 2026-11-27),
 # each step under its own time limit so a slow step costs only itself, and at most eight files written per phase:
 #
@@ -47,7 +47,8 @@ cat "$out/summary.txt"
 
 case "$phase" in
     kernels)
-        step doctor 60 python3 -m kernels.doctor
+        # with mamba_ssm on PYTHONPATH its timing row autotunes first: the doctor ran past 60 s on an H200 (2026-11-27)
+        step doctor 120 python3 -m kernels.doctor
         # test_gpu_precision.py is among them; 317 tests in about a minute on 8 workers (an H200, 2026-11-26)
         step kernel_tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 -rf tests/kernels
         # one step each: a table prints when its op is done
@@ -55,12 +56,12 @@ case "$phase" in
         # the SSD against mamba_ssm's mamba_chunk_scan_combined (its autotuning: about 80 s) at 4K and 16K, each row's
         # 12 costliest kernels forward and forward+backward (116-117 s on an H100 and an H200, 2026-11-27)
         step ops_ssd 150 python3 -m recipes.benchmarks.ops --ops ssd --lengths 4096 16384 --repeats 10 --profile 12
-        # the SSD's tile search, the sections not yet timed: the y, d(dt·x) and log-decay pair kernels' own tiles and
-        # the heads-inner grid order, at 16K where the gap to mamba_ssm is (27 candidates, each with its kernels' GPU
-        # time; the other sections took 62-65 s for 16 candidates at 4K on 2026-11-27 and ran then; mamba_ssm's row is in
+        # the SSD's tile search at 4K, where the tiles chosen at 16K on 2026-11-27 (each kernel's own, the group
+        # kernels' warps, the heads innermost) have not been searched: each section's candidates with their kernels'
+        # GPU time, then the winners together (at 16K: 39 candidates in 56 s on an H200; mamba_ssm's row is in
         # ops_ssd); the attention's search ran on 2026-11-26 (docs/kernels.md)
-        step ssd_tiles 180 python3 -m recipes.benchmarks.ssd_tiles --length 16384 --sections y dx pair_tiles order \
-            --no-mamba
+        step ssd_tiles 180 python3 -m recipes.benchmarks.ssd_tiles --length 4096 --sections rows y dx pair_tiles group \
+            order --no-mamba
         ;;
     models)
         step gpu_decoding 60 python3 -m pytest -q -p no:cacheprovider -n 0 tests/components/test_gpu_decoding.py
