@@ -35,7 +35,11 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
       each head's term, on 8 warps (4 on Hopper at 64 × 128, below): ``group_rows`` 32 at states up to 64 × 128 and 16 above (the largest without a
       spill on sm_90 with fp32 states: 64 rows spilled 80-730 bytes at 64 × 128, 32 rows 56-184 at the larger
       states), and ``group_block`` × ``group_block`` blocks of the pairs' gradients, 64 and 32 (64 spilled 64 bytes at
-      P 128); fp32 takes the smaller ones.
+      P 128); fp32 takes the smaller ones. ``group_n`` splits the state's ``N`` over the dC/dB programs (each makes
+      that many columns and its share of the row dots, summed after; all of ``N`` by default) and
+      ``group_pair_warps`` gives ``_group_pair_grads`` warps of its own (None: ``group_warps``): both untimed, for the
+      tile search's ``group`` section (at 64 columns the dC/dB kernels on 4 warps spill 24-64 bytes on sm_90, not
+      328-520).
     - ``narrow_states``: the chunks' entering states and their gradients kept in the inputs' dtype, as mamba_ssm keeps
       its states (the kernels that read them multiply them in that dtype already, so ``y`` and every gradient but the
       carry's share of ``dA`` and ``d dt`` are the same; the recurrence over chunks and the final state stay fp32),
@@ -61,7 +65,9 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
                  heads_inner=False, y={}, dx={}, pairs={})
     small, fp32 = tiles["P"] * tiles["N"] <= 64 * 128, dtype == torch.float32
     roomy = small and not fp32  # room in the registers for the per-group kernels' larger tiles
-    tiles.update(group_rows=32 if roomy else 16, group_block=64 if roomy else 32, group_warps=8)
+    # group_n: the state's columns one dC/dB program makes (all); group_pair_warps: _group_pair_grads' (None: group_warps)
+    tiles.update(group_rows=32 if roomy else 16, group_block=64 if roomy else 32, group_warps=8, group_n=tiles["N"],
+                 group_pair_warps=None)
     # _group_scores' blocks: in fp32, 64 × 64 on 4 warps spilled 7 KB (and needed 128 KiB at N 256, as launched)
     tiles.update(scores_block=32 if fp32 else 64, scores_warps=8 if fp32 else 4)
     if not cuda:  # the interpreter: small tiles, fewer wasted lanes
@@ -233,16 +239,23 @@ def _group_bc_grads_call(x, dy, B, C, dt, lam, seg, states, d_states, read, shar
     pairs = torch.empty(batch, n_chunks, G, L, L, dtype=torch.float32, device=x.device)  # blocks above: never read
     _group_pair_grads[(batch * n_chunks, G, triton.cdiv(L, block) ** 2)](
         x, dy, dt, lam, seg_arg, pairs, T, L, Tp, n_chunks, H, G, P, *x.stride()[:3], *dy.stride()[:3], *dt.stride()[:2],
-        HAS_DOCS=seg is not None, BLOCK=block, BLOCK_P=blk["P"], DOT=blk["dot"], num_warps=blk["group_warps"],
+        HAS_DOCS=seg is not None, BLOCK=block, BLOCK_P=blk["P"], DOT=blk["dot"],
+        num_warps=blk["group_pair_warps"] or blk["group_warps"],
     )
     dC, dB = torch.empty(C.shape, dtype=C.dtype, device=x.device), torch.empty(B.shape, dtype=B.dtype, device=x.device)
+    # the state's N over programs of group_n columns (fewer registers a program); their row dots summed after
+    block_n = min(blk["group_n"], blk["N"])
+    n_blocks = triton.cdiv(N, block_n)
     for q, st, w, r, out, dots, source_rows in ((dy, states, C, B, dC, read, False), (x, d_states, B, C, dB, share, True)):
-        _group_bc_grads[(batch * n_chunks, triton.cdiv(L, blk["group_rows"]), G)](
-            q, st, w, r, dt, lam, seg_arg, pairs, out, dots, T, L, Tp, n_chunks, H, G, P, N,
+        parts = dots if n_blocks == 1 else dots.new_empty(n_blocks, *dots.shape)  # [n_blocks, b, h, nc·L]
+        _group_bc_grads[(batch * n_chunks, triton.cdiv(L, blk["group_rows"]) * n_blocks, G)](
+            q, st, w, r, dt, lam, seg_arg, pairs, out, parts, T, L, Tp, n_chunks, H, G, P, N, n_blocks, dots.numel(),
             *q.stride()[:3], *w.stride()[:3], *r.stride()[:3], *dt.stride()[:2], *out.stride()[:3],
             SOURCE_ROWS=source_rows, HAS_DOCS=seg is not None, BLOCK_L=blk["group_rows"], BLOCK_M=blk["group_rows"],
-            BLOCK_P=blk["P"], BLOCK_N=blk["N"], DOT=blk["dot"], num_warps=blk["group_warps"], num_stages=blk["stages"],
+            BLOCK_P=blk["P"], BLOCK_N=block_n, DOT=blk["dot"], num_warps=blk["group_warps"], num_stages=blk["stages"],
         )
+        if n_blocks > 1:
+            torch.sum(parts, 0, out=dots)
     return dC, dB
 
 

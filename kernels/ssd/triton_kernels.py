@@ -268,8 +268,8 @@ def _group_pair_grads(X, DY, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, G, P, sx_
 
 
 @triton.jit
-def _group_bc_grads(Q, STATES, W, R, DT, LAM, SEG, PAIRS, OUT, ROW_DOTS, T, L, Tp, n_chunks, H, G, P, N,
-                    sq_b, sq_t, sq_h, sw_b, sw_t, sw_h, sr_b, sr_t, sr_h, sdt_b, sdt_t, so_b, so_t, so_h,
+def _group_bc_grads(Q, STATES, W, R, DT, LAM, SEG, PAIRS, OUT, ROW_DOTS, T, L, Tp, n_chunks, H, G, P, N, N_BLOCKS,
+                    DOTS_SPLIT, sq_b, sq_t, sq_h, sw_b, sw_t, sw_h, sr_b, sr_t, sr_h, sdt_b, sdt_t, so_b, so_t, so_h,
                     SOURCE_ROWS: tl.constexpr, HAS_DOCS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     """``dC`` or ``dB`` of group ``g`` for one block of rows of chunk ``c``, in OUT's dtype: the group's heads' state
@@ -280,10 +280,13 @@ def _group_bc_grads(Q, STATES, W, R, DT, LAM, SEG, PAIRS, OUT, ROW_DOTS, T, L, T
     SOURCE_ROWS, rows ``m`` (``Q, STATES, W, R = x, G, B, C``): ``dB_m = Σ_{h in g} dt_m exp(α_c − Λ_m) x_m G_{c+1} +
     Σ_{l≥m} PAIRS_lm C_l``, and per head the share term ``U_m = ⟨dt_m exp(α_c − Λ_m) x_m G_{c+1}, B_m⟩``.
     The row dots go to ``ROW_DOTS [b, h, nc·L]`` fp32; a head's state term counts only in the document its state
-    belongs to. ``STATES [b, nc+1, h, P, N]`` fp32. Grid: (b·nc, row blocks of the chunk, G)."""
-    bc, pid, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    belongs to. ``STATES [b, nc+1, h, P, N]`` fp32. With the state's ``N`` split over ``N_BLOCKS`` programs of
+    ``BLOCK_N`` columns, each writes its share of the row dots ``DOTS_SPLIT`` entries apart, for the caller to sum.
+    Grid: (b·nc, row blocks of the chunk × N_BLOCKS, G)."""
+    bc, pid_ln, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, c = bc // n_chunks, bc % n_chunks
-    offs_p, offs_n = tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_N)
+    pid, pid_n = pid_ln // N_BLOCKS, pid_ln % N_BLOCKS
+    offs_p, offs_n = tl.arange(0, BLOCK_P), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     in_p, in_n = offs_p[None, :] < P, offs_n[None, :] < N
     offs, t, valid = _chunk_rows(pid * BLOCK_L, c, L, T, BLOCK_L)
     w = tl.load(_rows(W, b, c, L, sw_b, sw_t, sw_h, g, offs, offs_n), mask=valid[:, None] & in_n, other=0.0)
@@ -310,8 +313,8 @@ def _group_bc_grads(Q, STATES, W, R, DT, LAM, SEG, PAIRS, OUT, ROW_DOTS, T, L, T
             weight = tl.exp(lam)
         weight = tl.where(own, weight, 0.0)
         term = tl.dot(q, state.to(q.dtype), input_precision=DOT) * weight[:, None]  # [BLOCK_L, N]
-        tl.store(ROW_DOTS + ((b.to(tl.int64) * H + h) * Tp + c * L) + offs, tl.sum(term * w.to(tl.float32), axis=1),
-                 mask=offs < L)
+        tl.store(ROW_DOTS + pid_n.to(tl.int64) * DOTS_SPLIT + ((b.to(tl.int64) * H + h) * Tp + c * L) + offs,
+                 tl.sum(term * w.to(tl.float32), axis=1), mask=offs < L)
         acc += term
 
     # The in-chunk term, once for the group: PAIRS[l, m] on and below the diagonal.

@@ -66,6 +66,7 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     rows, P, N = cfg["rows"], cfg["P"], cfg["N"]
     warps = dict(num_warps=cfg["warps"], num_stages=cfg["stages"])
     group_rows, group_warps = cfg["group_rows"], dict(num_warps=cfg["group_warps"], num_stages=cfg["stages"])
+    group_n = min(cfg["group_n"], N)  # the state's columns one per-group dC/dB program makes
     f32 = lambda *names: {n: "*fp32" for n in names}  # noqa: E731
     seg = {"SEG": "*i32"}
     # each scan kernel's tiles (launch_config's entry for it over the shared ones) and their grid order
@@ -114,13 +115,14 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
         Case("ssd _log_decay_pairs (shared scores)", ssd._log_decay_pairs, dict(HAS_QK=True, BLOCK_L=pairs["rows"],
              BLOCK_M=pairs["cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot, **order), pair_warps, ("X", "DY", "BM", "CM"),
              f32("DT", "LAM", "QK", "OUT")),
-        Case("ssd _group_pair_grads", ssd._group_pair_grads, dict(BLOCK=cfg["group_block"], BLOCK_P=P, DOT=dot), group_warps,
+        Case("ssd _group_pair_grads", ssd._group_pair_grads, dict(BLOCK=cfg["group_block"], BLOCK_P=P, DOT=dot),
+             dict(group_warps, num_warps=cfg["group_pair_warps"] or cfg["group_warps"]),
              ("X", "DY"), f32("DT", "LAM", "OUT")),
         Case("ssd _group_bc_grads (dC)", ssd._group_bc_grads, dict(SOURCE_ROWS=False, BLOCK_L=group_rows,
-             BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=N, DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
+             BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=group_n, DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
              f32("STATES", "DT", "LAM", "PAIRS", "ROW_DOTS")),
         Case("ssd _group_bc_grads (dB)", ssd._group_bc_grads, dict(SOURCE_ROWS=True, BLOCK_L=group_rows,
-             BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=N, DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
+             BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=group_n, DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
              f32("STATES", "DT", "LAM", "PAIRS", "ROW_DOTS")),
     ]
     if cfg["narrow_states"]:  # the chunks' states (the scan's OUT, the readers' STATES/DSTATES) in the inputs' dtype

@@ -42,9 +42,14 @@ from recipes.benchmarks.timing import median_ms
 SHARED = [(64, 4, 3), (64, 4, 2), (64, 8, 3), (128, 4, 2), (128, 8, 2), (64, 8, 2), (32, 4, 3), (32, 8, 3), (32, 8, 4),
           (16, 4, 3)]
 LOG_DECAY = [(64, 16), (32, 32), (64, 32), (128, 16), (32, 16), (128, 32)]
-# (group_rows, group_warps, group_block) for the per-group backward kernels that shared_scores runs: the dC/dB kernel's
-# rows and warps, the pairs' gradient blocks (which take the same warps)
-GROUP = [(32, 8, 64), (16, 8, 64), (32, 4, 64), (64, 8, 64), (32, 8, 32), (16, 4, 32)]
+# (group_rows, group_warps, group_block, group_n, group_pair_warps) for the per-group backward kernels that
+# shared_scores runs: the dC/dB kernel's rows, warps and the state's columns a program makes (N split over programs),
+# the pairs' gradient blocks and that kernel's warps. The first search at 16K (H200, 2026-11-27) took 32 rows on 4
+# warps over all 128 columns (both kernels on 4 warps); compiled for sm_90 they spill 328-520 bytes a thread there,
+# 24-64 with 64 columns a program, none on 8 warps with 64 columns, and _group_pair_grads spills 344 on 4 warps and none on 8
+# (compile_check, bf16, P 64, N 128)
+GROUP = [(32, 4, 64, 64, 4), (64, 4, 64, 64, 4), (64, 8, 64, 64, 4), (32, 8, 64, 64, 4), (32, 4, 64, 128, 8),
+         (32, 4, 64, 64, 8), (64, 8, 64, 64, 8), (64, 4, 64, 32, 4)]
 # the y and d(dt·x) kernels' tiles of their own (launch_config's "y" and "dx" entries): (rows, cols: the column block of
 # the in-chunk loop, warps, stages[, p_block: the head dim's columns a y program makes, None: all]). The first search
 # (T 16K, H200, 2026-11-27: docs/kernels.md) took y 64 × 32 on 4 warps, 3 stages, and dx 32 × 64 on 4 warps, 2 stages,
@@ -143,8 +148,9 @@ def main(argv: list[str] | None = None) -> None:
                            [(not current["shared_scores"],)]),
                 "states": ("narrow_states (the chunks' states in the inputs' dtype)", ("narrow_states",),
                            [(not current["narrow_states"],)]),
-                "group": ("group_rows, group_warps, group_block (the per-group dC/dB kernels, shared_scores on)",
-                          ("group_rows", "group_warps", "group_block", "shared_scores"),
+                "group": ("group_rows, group_warps, group_block, group_n, group_pair_warps (the per-group dC/dB "
+                          "kernels, shared_scores on)",
+                          ("group_rows", "group_warps", "group_block", "group_n", "group_pair_warps", "shared_scores"),
                           [(*tiles, True) for tiles in GROUP]),
                 "y": ("y rows, cols, warps, stages, p_block (the forward's output kernel, tiles of its own)",
                       ("rows", "cols", "warps", "stages", "p_block"), Y),

@@ -351,6 +351,40 @@ def triton_and_reference(inputs, chunk, starts):
     return outputs_and_gradients(run("triton"), inputs), outputs_and_gradients(run("reference"), as64)
 
 
+@pytest.mark.parametrize("N", [32, 40], ids=["N 32: two column blocks", "N 40: three, the last partly outside"])
+@pytest.mark.parametrize("docs", [False, True])
+def test_per_group_bc_grads_with_the_state_split_over_programs(docs, N, monkeypatch):
+    """``group_n`` splits the state's N over the per-group dC/dB programs (each writes its share of the log-decay
+    gradient's row dots, summed after): 16 columns a program at N 32 and N 40 (padded to 64), two groups of two heads,
+    ``_group_pair_grads`` on warps of its own, against the float64 recurrence. A column block read at the wrong
+    offset, a share of the row dots lost or counted twice, changes dB, dC, dA and d dt."""
+    from kernels.ssd import triton as ssd_triton
+
+    config = ssd_triton.launch_config
+    own = dict(shared_scores=True, group_n=16, group_pair_warps=2)
+    monkeypatch.setattr(ssd_triton, "launch_config", lambda *a, **k: {**config(*a, **k), **own})
+    launches = []  # (kernel, grid, warps)
+
+    def watched(name):
+        kernel = getattr(ssd_triton, name)
+        return type("Launch", (), {"__getitem__": lambda self, grid: lambda *a, **k: (
+            launches.append((name, grid, k["num_warps"])), kernel[grid](*a, **k))[1]})()
+
+    for name in ("_group_bc_grads", "_group_pair_grads"):
+        monkeypatch.setattr(ssd_triton, name, watched(name))
+    inputs = make(2, 75, 4, 32, 2, N, True, True)
+    starts = torch.zeros(2, 75, dtype=torch.bool, device=DEVICE)
+    starts[0, [20, 32, 33]], starts[1, [64, 70]] = docs, docs
+    (y, final, grads), (y_ref, final_ref, grads_ref) = triton_and_reference(inputs, 32, starts if docs else None)
+    assert close(y, y_ref) and close(final, final_ref)
+    for name in grads:
+        assert close(grads[name], grads_ref[name]), f"gradient of {name}"
+    # dC and dB: 2 batch rows × 3 chunks, 2 row blocks of 16 × (N / 16 rounded up) column blocks, 2 groups
+    assert [(grid, warps) for name, grid, warps in launches if name == "_group_bc_grads"] == [
+        ((6, 2 * -(-N // 16), 2), 4)] * 2
+    assert [warps for name, _, warps in launches if name == "_group_pair_grads"] == [2]  # its own
+
+
 @pytest.mark.parametrize("docs", [False, True])
 def test_shared_scores_per_group_with_two_groups(docs, monkeypatch):
     """With ``shared_scores`` the backward makes ``dC`` and ``dB`` per group: the in-chunk gradients of ``C·Bᵀ`` summed

@@ -39,7 +39,7 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     original = ssd_triton.launch_config
     monkeypatch.setattr(ssd_tiles, "SHARED", [(32, 4, 1), (24, 4, 1)])
     monkeypatch.setattr(ssd_tiles, "LOG_DECAY", [(16, 32)])
-    monkeypatch.setattr(ssd_tiles, "GROUP", [(16, 4, 16), (24, 4, 16)])
+    monkeypatch.setattr(ssd_tiles, "GROUP", [(16, 4, 16, 16, 2), (24, 4, 16, 16, 4)])
     monkeypatch.setattr(ssd_tiles, "Y", [(32, 16, 4, 1, 16), (16, 24, 4, 1, None)])
     monkeypatch.setattr(ssd_tiles, "DX", [(16, 32, 4, 1)])
     monkeypatch.setattr(ssd_tiles, "PAIRS", [(32, 16, 2, 1)])
@@ -54,8 +54,8 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     assert float(shared[0][-1]) < 1e-5 and shared[1][3].startswith("failed")
     assert [row[:2] for row in log_decay] == [["16", "32"]] and float(log_decay[0][-1]) < 1e-5
     group = table_rows(out, "group_rows")  # with the scores shared (2 heads to a group: they pay)
-    assert [row[:4] for row in group] == [["16", "4", "16", "True"], ["24", "4", "16", "True"]]
-    assert float(group[0][-1]) < 1e-5 and group[1][4].startswith("failed")
+    assert [row[:6] for row in group] == [["16", "4", "16", "16", "2", "True"], ["24", "4", "16", "16", "4", "True"]]
+    assert float(group[0][-1]) < 1e-5 and group[1][6].startswith("failed")
     # the group scores (2 heads of 16 to a group of chunk 16: they pay, so they are made), checked like the tiles
     for section in ("shared_scores", "narrow_states"):  # (in fp32 here narrow states are the same fp32 states)
         rows = [line for line in out.split(f"### {section}", 1)[1].split("###", 1)[0].splitlines()
