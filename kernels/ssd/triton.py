@@ -27,7 +27,8 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     sm_90), 32 × 16 in fp32 (64 rows need 100 KiB of shared memory at N 256 in the variant a launch at aligned shapes
     compiles, ``compile_check --aligned``: more than a consumer GPU's 99, where it would not launch).
 
-    Two switches, on where they were timed — Hopper, bf16/fp16, states up to 64 × 128 — and off elsewhere:
+    Three switches, the first two on where they were timed — Hopper, bf16/fp16, states up to 64 × 128 — and off
+    elsewhere:
 
     - ``shared_scores``: the in-chunk ``C·Bᵀ`` made once per group (:func:`_group_scores_call`) and read by the ``y``,
       ``d(dt·x)`` and log-decay kernels, and ``dC``, ``dB`` made per group (:func:`_group_bc_grads_call`) instead of
@@ -45,6 +46,9 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
       carry's share of ``dA`` and ``d dt`` are the same; the recurrence over chunks and the final state stay fp32),
       halving the bytes of the largest reads. With bf16 states the per-group kernels spill 8 bytes at 64 × 128 and
       160-184 at the larger states (so those keep fp32 states).
+    - ``keep_states`` (off everywhere: untimed): the backward takes the forward's entering states instead of running
+      the forward's ``_chunk_state`` and ``_decayed_scan`` again (0.37 ms of GPU time at T 16K on the H200), where
+      they take no more bytes than ``x`` (:func:`_keeps_states`; with narrow states at chunk 256 and N 128, half).
 
     Timed on an H200 (2026-11-27, B 4, H 32, P 64, N 128, chunk 256, bf16, ``check_finite=False``, each switch against
     the configuration without it in one process, ``ssd_tiles --sections``): ``shared_scores`` 1.03× at T 16K and
@@ -62,6 +66,7 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     the entries are empty and the kernels take the shared tiles."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False,
+                 keep_states=False,
                  heads_inner=False, y={}, dx={}, pairs={})
     small, fp32 = tiles["P"] * tiles["N"] <= 64 * 128, dtype == torch.float32
     roomy = small and not fp32  # room in the registers for the per-group kernels' larger tiles
@@ -278,8 +283,10 @@ def _segments(document_starts: torch.Tensor | None) -> torch.Tensor | None:
 @torch.library.custom_op("hybrid_zoo::ssd_scan", mutates_args=())
 def ssd_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                 D: torch.Tensor | None, initial_state: torch.Tensor | None, document_starts: torch.Tensor | None,
-                chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(y, final_state, Λ [b,h,nc·L])``; Λ is kept for the backward."""
+                chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, final_state, Λ [b,h,nc·L], the entering states [b, nc+1, h, P, N])``; Λ is kept for the backward, and
+    the states too where :func:`_keeps_states` says so (else the caller drops them and the backward makes them
+    again)."""
     T, L = x.shape[1], chunk_size
     x, dt, B, C = (unit_stride_last(t) for t in (x, dt, B, C))
     blk = _blk(x, B, C)
@@ -289,14 +296,14 @@ def ssd_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
     y = torch.empty_like(x)
     qk = _group_scores_call(x, B, C, T, L, blk)  # [b, nc, G, L, L] or None
     _chunk_scan_call(C, B, x, dt, lam, seg, states, D, y, T, L, trans_state=True, blk=blk, qk=qk)
-    return y, final, lam
+    return y, final, lam, states
 
 
 def _entering_states(x, dt, B, lam, seg, initial_state, T: int, L: int, blk: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """The state entering each chunk, and the final one: ``[b, nc+1, h, P, N]`` (fp32, or x's dtype with
     ``narrow_states``), and the final one again in fp32 (``[b, h, P, N]``). The backward computes them
-    again rather than keep them from the forward (as mamba_ssm does): in fp32 they are 4× the bytes of a bf16
-    ``x`` at P 64, N 128 (2× in fp32), for two of the forward's three kernels run again."""
+    again (as mamba_ssm does) unless ``launch_config``'s ``keep_states`` keeps them from the forward
+    (:func:`_keeps_states`)."""
     chunk_states = _chunk_state_call(x, dt, B, lam, seg, T, L, forward=True, blk=blk)  # [b, nc, h, P, N]
     return _decayed_scan_call(chunk_states, lam, seg, initial_state, T, L, reverse=False, dtype=blk["states"])
 
@@ -306,21 +313,31 @@ def _(x, dt, A, B, C, D, initial_state, document_starts, chunk_size):
     batch, T, H, P = x.shape
     N, chunks = B.shape[3], -(-T // chunk_size)
     return (x.new_empty(x.shape), x.new_empty(batch, H, P, N, dtype=torch.float32),
-            x.new_empty(batch, H, chunks * chunk_size, dtype=torch.float32))
+            x.new_empty(batch, H, chunks * chunk_size, dtype=torch.float32),
+            x.new_empty(batch, chunks + 1, H, P, N, dtype=_blk(x, B, C)["states"]))
+
+
+def _keeps_states(x: torch.Tensor, states: torch.Tensor, blk: dict) -> bool:
+    """Whether the backward takes the forward's entering states rather than making them again (the forward's state
+    and scan kernels run twice otherwise): where ``launch_config`` says ``keep_states`` and they take no more bytes
+    than ``x`` — ``N/L`` of them per head dim in the inputs' dtype (a half at N 128, chunk 256), ``2N/L`` in fp32."""
+    return blk["keep_states"] and states.numel() * states.element_size() <= x.numel() * x.element_size()
 
 
 @torch.library.custom_op("hybrid_zoo::ssd_scan_backward", mutates_args=())
 def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
                          B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None, initial_state: torch.Tensor | None,
-                         document_starts: torch.Tensor | None, lam: torch.Tensor, chunk_size: int
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                    torch.Tensor]:
-    """``(dx, d_dt, dA, dB, dC, dD, d_initial)``; ``dD`` is empty without ``D``; ``d_initial`` is fp32."""
+                         document_starts: torch.Tensor | None, lam: torch.Tensor, states: torch.Tensor | None,
+                         chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                   torch.Tensor, torch.Tensor]:
+    """``(dx, d_dt, dA, dB, dC, dD, d_initial)``; ``dD`` is empty without ``D``; ``d_initial`` is fp32. ``states``:
+    the forward's entering states, or None to make them again."""
     batch, T, H, P = x.shape
     L = chunk_size
     x, dt, B, C, dy = (unit_stride_last(t) for t in (x, dt, B, C, dy))
     blk, seg = _blk(x, B, C), _segments(document_starts)
-    states, _ = _entering_states(x, dt, B, lam, seg, initial_state, T, L, blk)  # [b, nc+1, h, P, N]
+    if states is None:
+        states, _ = _entering_states(x, dt, B, lam, seg, initial_state, T, L, blk)  # [b, nc+1, h, P, N]
 
     # dE: what the read-outs send to each entering state, then the reverse recurrence over chunks.
     read_out = _chunk_state_call(dy, dt, C, lam, seg, T, L, forward=False, blk=blk)  # [b, nc, h, P, N]
@@ -350,7 +367,7 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
 
 
 @ssd_scan_backward_op.register_fake
-def _(dy, d_final, x, dt, A, B, C, D, initial_state, document_starts, lam, chunk_size):
+def _(dy, d_final, x, dt, A, B, C, D, initial_state, document_starts, lam, states, chunk_size):
     batch, _, H, P = x.shape
     return (x.new_empty(x.shape), dt.new_empty(dt.shape), A.new_empty(A.shape), B.new_empty(B.shape),
             C.new_empty(C.shape), D.new_empty(D.shape) if D is not None else x.new_empty(0),
@@ -359,18 +376,19 @@ def _(dy, d_final, x, dt, A, B, C, D, initial_state, document_starts, lam, chunk
 
 def _ssd_setup_context(ctx, inputs, output):
     x, dt, A, B, C, D, initial_state, document_starts, chunk_size = inputs
-    _, final_state, lam = output
-    ctx.save_for_backward(x, dt, A, B, C, D, initial_state, document_starts, lam)  # not the states: recomputed
+    _, final_state, lam, states = output
+    kept = states if _keeps_states(x, states, _blk(x, B, C)) else None  # else made again in the backward
+    ctx.save_for_backward(x, dt, A, B, C, D, initial_state, document_starts, lam, kept)
     ctx.chunk_size, ctx.final_shape = chunk_size, final_state.shape
     ctx.initial_dtype = initial_state.dtype if initial_state is not None else None
 
 
-def _ssd_backward(ctx, dy, d_final, _dlam):
-    x, dt, A, B, C, D, initial_state, document_starts, lam = ctx.saved_tensors
+def _ssd_backward(ctx, dy, d_final, _dlam, _dstates):
+    x, dt, A, B, C, D, initial_state, document_starts, lam, states = ctx.saved_tensors
     dy = torch.zeros_like(x) if dy is None else dy
     d_final = x.new_zeros(ctx.final_shape, dtype=torch.float32) if d_final is None else d_final
     dx, d_dt, dA, dB, dC, dD, d_initial = ssd_scan_backward_op(dy, d_final, x, dt, A, B, C, D, initial_state,
-                                                               document_starts, lam, ctx.chunk_size)
+                                                               document_starts, lam, states, ctx.chunk_size)
     return (dx, d_dt, dA, dB, dC, dD if D is not None else None,
             d_initial.to(ctx.initial_dtype) if ctx.initial_dtype is not None else None, None, None)
 
@@ -384,7 +402,7 @@ def ssd_scan_triton(x, dt, A, B, C, *, chunk_size: int = 64, D=None, initial_sta
     # Views are read through their strides (x, B, C and dt split from one projection are not copied); only a last
     # dimension that is not contiguous is copied, here, once: the op saves what it is given.
     x, dt, B, C = (unit_stride_last(t) for t in (x, dt, B, C))
-    y, final, _ = ssd_scan_op(x, dt, A, B, C, D, initial_state, document_starts, int(chunk_size))
+    y, final, _, _ = ssd_scan_op(x, dt, A, B, C, D, initial_state, document_starts, int(chunk_size))
     return y, final
 
 

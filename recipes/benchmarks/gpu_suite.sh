@@ -62,9 +62,9 @@ case "$phase" in
         # ops_ssd); the attention's search ran on 2026-11-26 (docs/kernels.md)
         step ssd_tiles 180 python3 -m recipes.benchmarks.ssd_tiles --length 4096 --sections rows y dx pair_tiles group \
             order --no-mamba
-        # the per-group dC/dB kernels with the state's N split over programs (group_n, group_pair_warps: untimed) at
-        # 16K, where they are the costliest backward kernels
-        step ssd_group16k 120 python3 -m recipes.benchmarks.ssd_tiles --length 16384 --sections group --no-mamba
+        # at 16K, untimed: the per-group dC/dB kernels with the state's N split over programs (group_n,
+        # group_pair_warps), the costliest backward kernels there, and the forward's states kept for the backward
+        step ssd_tiles16k 120 python3 -m recipes.benchmarks.ssd_tiles --length 16384 --sections group keep --no-mamba
         ;;
     models)
         step gpu_decoding 60 python3 -m pytest -q -p no:cacheprovider -n 0 tests/components/test_gpu_decoding.py

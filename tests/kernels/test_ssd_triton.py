@@ -351,6 +351,38 @@ def triton_and_reference(inputs, chunk, starts):
     return outputs_and_gradients(run("triton"), inputs), outputs_and_gradients(run("reference"), as64)
 
 
+@pytest.mark.parametrize("chunk, kept", [(64, True), (16, False)], ids=["states under x's bytes: kept",
+                                                                       "over them: made again"])
+@pytest.mark.parametrize("docs", [False, True])
+def test_keep_states_hands_the_forwards_states_to_the_backward(docs, chunk, kept, monkeypatch):
+    """``keep_states``: the backward takes the forward's entering states instead of running the forward's state and
+    scan kernels again — where they take no more bytes than x (N 16 per head dim of 16 at T 150: at chunk 64 the 4
+    states are 0.43 of x's bytes, at chunk 16 the 11 states 1.17 of them) — with the same
+    output and gradients, against the float64 recurrence, eager and under a fullgraph compile."""
+    from kernels.ssd import triton as ssd_triton
+
+    config = ssd_triton.launch_config
+    monkeypatch.setattr(ssd_triton, "launch_config", lambda *a, **k: {**config(*a, **k), "keep_states": True})
+    made, entering = [], ssd_triton._entering_states
+    monkeypatch.setattr(ssd_triton, "_entering_states", lambda *a: made.append(1) or entering(*a))
+    inputs = make(1, 150, 2, 16, 1, 16, True, True)
+    starts = torch.zeros(1, 150, dtype=torch.bool, device=DEVICE)
+    starts[0, [30, 64, 70, 140]] = docs
+    (y, final, grads), (y_ref, final_ref, grads_ref) = triton_and_reference(inputs, chunk, starts if docs else None)
+    assert close(y, y_ref) and close(final, final_ref)
+    for name in grads:
+        assert close(grads[name], grads_ref[name]), f"gradient of {name}"
+    assert len(made) == (1 if kept else 2)  # the forward's, and the backward's unless kept
+    leaves = {k: v.clone().requires_grad_() for k, v in inputs.items() if v is not None}
+    call = lambda a: ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size=chunk, D=a["D"],  # noqa: E731
+                              initial_state=a["initial_state"], return_final_state=True, backend="triton")
+    loss = lambda out: (out[0] * out[0]).sum() + out[1].sum()  # noqa: E731
+    compiled = torch.autograd.grad(loss(torch.compile(call, fullgraph=True, backend="aot_eager")(leaves)),
+                                   list(leaves.values()))
+    for got, want in zip(compiled, torch.autograd.grad(loss(call(leaves)), list(leaves.values()))):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("N", [32, 40], ids=["N 32: two column blocks", "N 40: three, the last partly outside"])
 @pytest.mark.parametrize("docs", [False, True])
 def test_per_group_bc_grads_with_the_state_split_over_programs(docs, N, monkeypatch):

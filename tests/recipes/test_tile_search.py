@@ -57,7 +57,7 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     assert [row[:6] for row in group] == [["16", "4", "16", "16", "2", "True"], ["24", "4", "16", "16", "4", "True"]]
     assert float(group[0][-1]) < 1e-5 and group[1][6].startswith("failed")
     # the group scores (2 heads of 16 to a group of chunk 16: they pay, so they are made), checked like the tiles
-    for section in ("shared_scores", "narrow_states"):  # (in fp32 here narrow states are the same fp32 states)
+    for section in ("shared_scores", "narrow_states", "keep_states"):  # (in fp32 narrow states are fp32 states)
         rows = [line for line in out.split(f"### {section}", 1)[1].split("###", 1)[0].splitlines()
                 if line.startswith("| True |")]
         assert len(rows) == 1 and float(rows[0].split("|")[-2]) < 1e-5, section
