@@ -175,23 +175,24 @@ def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: b
 
 def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_state: bool, blk: dict,
                              row_dots: tuple[torch.Tensor, torch.Tensor] | None = None,
-                             dx_of: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None,
-                             qk: torch.Tensor | None = None) -> None:
-    """``row_dots = (B, into)``: also the share terms ``U`` into ``into [b, h, nc·L]`` fp32; ``dx_of = (x, D, into)``
-    (with ``trans_state``): ``out`` gets ``dx`` rather than ``d(dt·x)``, and ``into [b, h, nc·L]`` fp32 the rows'
-    ``⟨x, d(dt·x)⟩``; ``qk``: the group scores read in place of ``Q·Kᵀ`` (:func:`_chunk_scan_reverse`)."""
+                             dx_of: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None] |
+                             None = None, qk: torch.Tensor | None = None) -> None:
+    """``row_dots = (B, into)``: also the share terms ``U`` into ``into [b, h, nc·L]`` fp32; ``dx_of = (x, D, into,
+    d_into)`` (with ``trans_state``): ``out`` gets ``dx`` rather than ``d(dt·x)``, ``into [b, h, nc·L]`` fp32 the rows'
+    ``⟨x, d(dt·x)⟩``, and with ``D`` ``d_into`` (same shape) the rows' ``⟨dy, x⟩``; ``qk``: the group scores read in
+    place of ``Q·Kᵀ`` (:func:`_chunk_scan_reverse`)."""
     batch, _, H, _ = out.shape
     n_chunks = lam.shape[-1] // L
     block_qk, block_v = (blk["N"], blk["P"]) if trans_state else (blk["P"], blk["N"])
-    W, D, row_into, x_into = V, None, lam, lam  # placeholders the kernel does not read
+    W, D, row_into, x_into, d_into = V, None, lam, lam, None  # placeholders the kernel does not read
     if row_dots is not None:
         W, row_into = row_dots
     if dx_of is not None:
-        W, D, x_into = dx_of
+        W, D, x_into, d_into = dx_of
     tiles = _tiles(blk, "dx" if trans_state else "dB")
     _chunk_scan_reverse[_grid(batch * n_chunks, triton.cdiv(L, tiles["rows"]), H, blk["heads_inner"])](
         Q, K, V, W, dt, lam, lam if seg is None else seg, d_states, D if D is not None else lam,
-        lam if qk is None else qk, out, row_into, x_into,
+        lam if qk is None else qk, out, row_into, x_into, lam if d_into is None else d_into,
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], Q.shape[-1], V.shape[-1],
         *_scan_strides(Q, K, V, W, dt, out),
         TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state, HAS_DOCS=seg is not None,
@@ -354,15 +355,16 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
 
     dx = torch.empty_like(x)
     ddt_x = torch.empty(batch, H, lam.shape[-1], dtype=torch.float32, device=x.device)  # ⟨x, d(dt·x)⟩ per row
-    _chunk_scan_reverse_call(B, C, dy, dt, lam, seg, d_states, dx, T, L, trans_state=True, blk=blk, dx_of=(x, D, ddt_x),
-                             qk=qk)
+    dy_x = torch.empty_like(ddt_x) if D is not None else None  # ⟨dy, x⟩ per row: dD's terms
+    _chunk_scan_reverse_call(B, C, dy, dt, lam, seg, d_states, dx, T, L, trans_state=True, blk=blk,
+                             dx_of=(x, D, ddt_x, dy_x), qk=qk)
     ddt_x = ddt_x.transpose(1, 2)[:, :T]  # [b, T, h]
 
     da = _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, read, share, T, L, blk,
                                   qk)  # [b, T, h]
     d_dt = (ddt_x + da * A.float()).to(dt.dtype)
     dA = (da * dt.float()).sum((0, 1)).to(A.dtype)
-    dD = (dy.float() * x.float()).sum((0, 1, 3)).to(D.dtype) if D is not None else x.new_empty(0)
+    dD = dy_x.sum((0, 2)).to(D.dtype) if D is not None else x.new_empty(0)  # the rows past T hold zeros
     return dx, d_dt, dA, dB, dC, dD, d_initial
 
 

@@ -407,8 +407,8 @@ def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, QK, OUT, ROW_DOTS, T, L
 
 
 @triton.jit
-def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_DOTS, X_DOTS, T, L, Tp, n_chunks, H,
-                        Q_HEADS, K_HEADS, V_HEADS, DQK, DV, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sw_b,
+def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_DOTS, X_DOTS, D_DOTS, T, L, Tp, n_chunks,
+                        H, Q_HEADS, K_HEADS, V_HEADS, DQK, DV, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sw_b,
                         sw_t, sw_h, sdt_b, sdt_t, so_b, so_t, so_h,
                         TRANS_STATE: tl.constexpr, SCALE_BY_DT: tl.constexpr, HAS_DOCS: tl.constexpr,
                         HAS_ROW_DOTS: tl.constexpr, DX_EPILOGUE: tl.constexpr, HAS_D: tl.constexpr, HAS_QK: tl.constexpr,
@@ -423,8 +423,10 @@ def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_D
     B_m⟩``, from the state's term before the in-chunk ones join it. ``Q, K, V = B, C, dy`` (TRANS_STATE) gives
     ``d(dt·x)``; with DX_EPILOGUE (``W = x``, ``D`` when HAS_D) what the host wants of it instead, none of it through
     an fp32 ``d(dt·x)`` written and read back: ``OUT_m = dt_m d(dt·x)_m (+ D dy_m)``, which is ``dx``, in OUT's dtype,
-    and ``X_DOTS[b, h, cL + m] = ⟨x_m, d(dt·x)_m⟩``, the part of ``d dt`` through ``x``. (``U`` is made in the ``dB``
-    kernel, not beside ``dx`` whose state term has it too: there it spilled 40 bytes at P = N = 128 on sm_90.) With
+    and ``X_DOTS[b, h, cL + m] = ⟨x_m, d(dt·x)_m⟩``, the part of ``d dt`` through ``x``, and with HAS_D
+    ``D_DOTS[b, h, cL + m] = ⟨dy_m, x_m⟩``, whose sum is ``dD`` (no fp32 copies of ``x`` and ``dy`` in torch). (``U``
+    is made in the ``dB`` kernel, not beside ``dx`` whose state term has it too: there it spilled 40 bytes at P = N =
+    128 on sm_90.) With
     HAS_QK (the ``d(dt·x)`` call) the products ``Q_m·K_l = C_l·B_m`` are read, transposed, from ``QK [b, nc, K_HEADS,
     L, L]`` fp32 (:func:`_group_scores`). Grid: (b·nc, row blocks of the chunk, h), or (b·nc·h, …, 1) with
     HEADS_INNER."""
@@ -479,9 +481,10 @@ def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_D
         tl.store(X_DOTS + row_out, tl.sum(acc * w.to(tl.float32), axis=1), mask=offs_m < L)
     if SCALE_BY_DT or DX_EPILOGUE:
         acc *= dt_m[:, None]
-    if HAS_D:  # with DX_EPILOGUE, where V is dy
+    if HAS_D:  # with DX_EPILOGUE, where V is dy and W is x
         v_m = tl.load(_rows(V, b, c, L, sv_b, sv_t, sv_h, v_head, offs_m, offs_v), mask=valid_m[:, None] & in_v, other=0.0)
         acc += tl.load(DSKIP + h).to(tl.float32) * v_m.to(tl.float32)
+        tl.store(D_DOTS + row_out, tl.sum(v_m.to(tl.float32) * w.to(tl.float32), axis=1), mask=offs_m < L)
     tl.store(_rows(OUT, b, c, L, so_b, so_t, so_h, h, offs_m, offs_v), acc.to(OUT.dtype.element_ty),
              mask=valid_m[:, None] & in_v)
 

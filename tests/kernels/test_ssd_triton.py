@@ -18,6 +18,7 @@ CASES = {  # name: (batch, T, H, P, G, N, chunk, D, initial state)
     "T=65 groups 2, P=12": (2, 65, 4, 12, 2, 16, 16, True, True),
     "T=40 chunk 7, N=5, G=H": (2, 40, 4, 8, 4, 5, 7, True, False),
     "T=65 chunk 32, GQA-like 4:1": (1, 65, 4, 16, 1, 24, 32, False, True),
+    "T=48 three whole chunks: no padded row": (2, 48, 2, 8, 1, 16, 16, True, True),
 }
 
 
