@@ -92,9 +92,9 @@ def _chunk_log_decays(dt: torch.Tensor, A: torch.Tensor, L: int) -> torch.Tensor
     """``Λ [b, h, nc·L]`` fp32: the cumulative log-decay inside each chunk, padded with ``a = 0``."""
     batch, T, H = dt.shape
     a = dt.float() * A.float()  # [b, T, h]
-    a = F.pad(a, (0, 0, 0, (-T) % L))  # [b, nc·L, h]
-    lam = torch.cumsum(a.view(batch, -1, L, H), dim=2)  # [b, nc, L, h]
-    return lam.permute(0, 3, 1, 2).reshape(batch, H, -1).contiguous()  # [b, h, nc·L]
+    a = F.pad(a, (0, 0, 0, (-T) % L)).transpose(1, 2).reshape(batch, H, -1, L)  # [b, h, nc, L]
+    # along the innermost dimension: over an outer one (h innermost) a GPU's cumsum took 53 µs at T 16K, H 32 (H200)
+    return torch.cumsum(a, dim=-1).view(batch, H, -1)  # [b, h, nc·L]
 
 
 def _chunk_state_call(X, dt, BM, lam, seg, T, L, forward: bool, blk: dict) -> torch.Tensor:
