@@ -6,10 +6,15 @@ kernels cannot take (a tile of 24 rows: Triton takes powers of two) is named as 
 import re
 
 import pytest
+import torch
 
 from kernels.attention import triton as attention_triton
 from kernels.ssd import triton as ssd_triton
 from recipes.benchmarks import attention_tiles, ssd_tiles
+
+
+# the dry runs need the interpreter, which the tests set up only where there is no GPU (tests/conftest.py)
+dry_run = pytest.mark.skipif(torch.cuda.is_available(), reason="a dry run under the interpreter: CPU machines only")
 
 
 def table_rows(out: str, title: str) -> list[list[str]]:
@@ -19,6 +24,7 @@ def table_rows(out: str, title: str) -> list[list[str]]:
             if re.match(r"\| \d", line)]
 
 
+@dry_run
 def test_the_attention_search_times_and_checks_each_kernels_candidates(monkeypatch, capsys):
     original = attention_triton.launch_config
     monkeypatch.setattr(attention_tiles, "CANDIDATES", {"forward": [(32, 16, 4, 1), (24, 16, 4, 1)],
@@ -35,6 +41,7 @@ def test_the_attention_search_times_and_checks_each_kernels_candidates(monkeypat
     assert attention_triton.launch_config is original
 
 
+@dry_run
 def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     original = ssd_triton.launch_config
     monkeypatch.setattr(ssd_tiles, "SHARED", [(32, 4, 1), (24, 4, 1)])
@@ -81,6 +88,7 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     assert ssd_triton.launch_config is original
 
 
+@dry_run
 def test_the_ssd_search_times_only_the_sections_asked_for(capsys):
     ssd_tiles.main(["--device", "cpu", "--length", "20", "--batch", "1", "--heads", "2", "--head-dim", "16",
                     "--state", "16", "--chunk", "16", "--repeats", "1", "--sections", "scores"])
@@ -95,6 +103,7 @@ def test_without_a_gpu_the_search_says_so(search, monkeypatch):
         search.main([])
 
 
+@dry_run
 def test_the_ssd_search_puts_each_sections_winner_together(monkeypatch, capsys):
     """Every candidate timed faster than the current tiles (the wall times are stand-ins: under the interpreter they
     say nothing): each section's fastest wins, and the winners are run together, checked against the current tiles."""
@@ -118,6 +127,7 @@ def test_the_ssd_search_puts_each_sections_winner_together(monkeypatch, capsys):
     assert float(together.group(3)) == pytest.approx(9.0 / float(together.group(2)), rel=0.01)
 
 
+@dry_run
 def test_the_ssd_search_puts_nothing_together_when_nothing_won(monkeypatch, capsys):
     from recipes.benchmarks import tile_search
 
