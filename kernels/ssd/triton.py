@@ -39,7 +39,7 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
       P 128); fp32 takes the smaller ones. ``group_n`` splits the state's ``N`` over the dC/dB programs (each makes
       that many columns and its share of the row dots, summed after; all of ``N`` by default) and
       ``group_pair_warps`` gives ``_group_pair_grads`` warps of its own (None: ``group_warps``): both untimed, for the
-      tile search's ``group`` section (at 64 columns the dC/dB kernels on 4 warps spill 24-64 bytes on sm_90, not
+      tile search's ``group`` section (at 64 columns the dC/dB kernels on 4 warps spill 16-64 bytes on sm_90, not
       328-520).
     - ``narrow_states``: the chunks' entering states and their gradients kept in the inputs' dtype, as mamba_ssm keeps
       its states (the kernels that read them multiply them in that dtype already, so ``y`` and every gradient but the
@@ -255,10 +255,11 @@ def _group_bc_grads_call(x, dy, B, C, dt, lam, seg, states, d_states, read, shar
     for q, st, w, r, out, dots, source_rows in ((dy, states, C, B, dC, read, False), (x, d_states, B, C, dB, share, True)):
         parts = dots if n_blocks == 1 else dots.new_empty(n_blocks, *dots.shape)  # [n_blocks, b, h, nc·L]
         _group_bc_grads[(batch * n_chunks, triton.cdiv(L, blk["group_rows"]) * n_blocks, G)](
-            q, st, w, r, dt, lam, seg_arg, pairs, out, parts, T, L, Tp, n_chunks, H, G, P, N, n_blocks, dots.numel(),
+            q, st, w, r, dt, lam, seg_arg, pairs, out, parts, T, L, Tp, n_chunks, H, G, P, N, dots.numel(),
             *q.stride()[:3], *w.stride()[:3], *r.stride()[:3], *dt.stride()[:2], *out.stride()[:3],
             SOURCE_ROWS=source_rows, HAS_DOCS=seg is not None, BLOCK_L=blk["group_rows"], BLOCK_M=blk["group_rows"],
-            BLOCK_P=blk["P"], BLOCK_N=block_n, DOT=blk["dot"], num_warps=blk["group_warps"], num_stages=blk["stages"],
+            BLOCK_P=blk["P"], BLOCK_N=block_n, N_BLOCKS=n_blocks, DOT=blk["dot"], num_warps=blk["group_warps"],
+            num_stages=blk["stages"],
         )
         if n_blocks > 1:
             torch.sum(parts, 0, out=dots)

@@ -268,10 +268,10 @@ def _group_pair_grads(X, DY, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, G, P, sx_
 
 
 @triton.jit
-def _group_bc_grads(Q, STATES, W, R, DT, LAM, SEG, PAIRS, OUT, ROW_DOTS, T, L, Tp, n_chunks, H, G, P, N, N_BLOCKS,
-                    DOTS_SPLIT, sq_b, sq_t, sq_h, sw_b, sw_t, sw_h, sr_b, sr_t, sr_h, sdt_b, sdt_t, so_b, so_t, so_h,
+def _group_bc_grads(Q, STATES, W, R, DT, LAM, SEG, PAIRS, OUT, ROW_DOTS, T, L, Tp, n_chunks, H, G, P, N, DOTS_SPLIT,
+                    sq_b, sq_t, sq_h, sw_b, sw_t, sw_h, sr_b, sr_t, sr_h, sdt_b, sdt_t, so_b, so_t, so_h,
                     SOURCE_ROWS: tl.constexpr, HAS_DOCS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+                    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_BLOCKS: tl.constexpr, DOT: tl.constexpr):
     """``dC`` or ``dB`` of group ``g`` for one block of rows of chunk ``c``, in OUT's dtype: the group's heads' state
     terms summed in the program, and the in-chunk term once, from :func:`_group_pair_grads`' ``PAIRS``.
 
@@ -281,7 +281,9 @@ def _group_bc_grads(Q, STATES, W, R, DT, LAM, SEG, PAIRS, OUT, ROW_DOTS, T, L, T
     Σ_{l≥m} PAIRS_lm C_l``, and per head the share term ``U_m = ⟨dt_m exp(α_c − Λ_m) x_m G_{c+1}, B_m⟩``.
     The row dots go to ``ROW_DOTS [b, h, nc·L]`` fp32; a head's state term counts only in the document its state
     belongs to. ``STATES [b, nc+1, h, P, N]`` fp32. With the state's ``N`` split over ``N_BLOCKS`` programs of
-    ``BLOCK_N`` columns, each writes its share of the row dots ``DOTS_SPLIT`` entries apart, for the caller to sum.
+    ``BLOCK_N`` columns, each writes its share of the row dots ``DOTS_SPLIT`` entries apart, for the caller to sum
+    (a constexpr: with one block the code is the unsplit kernel's, which the split's index arithmetic made spill 8
+    bytes at P 64, N 256 on sm_90).
     Grid: (b·nc, row blocks of the chunk × N_BLOCKS, G)."""
     bc, pid_ln, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, c = bc // n_chunks, bc % n_chunks

@@ -119,10 +119,12 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
              dict(group_warps, num_warps=cfg["group_pair_warps"] or cfg["group_warps"]),
              ("X", "DY"), f32("DT", "LAM", "OUT")),
         Case("ssd _group_bc_grads (dC)", ssd._group_bc_grads, dict(SOURCE_ROWS=False, BLOCK_L=group_rows,
-             BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=group_n, DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
+             BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=group_n,
+             N_BLOCKS=-(-N // group_n), DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
              f32("STATES", "DT", "LAM", "PAIRS", "ROW_DOTS")),
         Case("ssd _group_bc_grads (dB)", ssd._group_bc_grads, dict(SOURCE_ROWS=True, BLOCK_L=group_rows,
-             BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=group_n, DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
+             BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=group_n,
+             N_BLOCKS=-(-N // group_n), DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
              f32("STATES", "DT", "LAM", "PAIRS", "ROW_DOTS")),
     ]
     if cfg["narrow_states"]:  # the chunks' states (the scan's OUT, the readers' STATES/DSTATES) in the inputs' dtype

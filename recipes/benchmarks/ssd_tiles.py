@@ -46,9 +46,9 @@ LOG_DECAY = [(64, 16), (32, 32), (64, 32), (128, 16), (32, 16), (128, 32)]
 # (group_rows, group_warps, group_block, group_n, group_pair_warps) for the per-group backward kernels that
 # shared_scores runs: the dC/dB kernel's rows, warps and the state's columns a program makes (N split over programs),
 # the pairs' gradient blocks and that kernel's warps. The first search at 16K (H200, 2026-11-27) took 32 rows on 4
-# warps over all 128 columns (both kernels on 4 warps); compiled for sm_90 they spill 328-520 bytes a thread there,
-# 24-64 with 64 columns a program, none on 8 warps with 64 columns, and _group_pair_grads spills 344 on 4 warps and none on 8
-# (compile_check, bf16, P 64, N 128)
+# warps over all 128 columns (both kernels on 4 warps); compiled for sm_90 the dC/dB kernel spills about 450-520
+# bytes a thread there, 16-64 with 64 columns a program, none on 8 warps with 64 columns, and _group_pair_grads 344
+# on 4 warps and none on 8 (compile_check, bf16, P 64, N 128)
 GROUP = [(32, 4, 64, 64, 4), (64, 4, 64, 64, 4), (64, 8, 64, 64, 4), (32, 8, 64, 64, 4), (32, 4, 64, 128, 8),
          (32, 4, 64, 64, 8), (64, 8, 64, 64, 8), (64, 4, 64, 32, 4)]
 # the y and d(dt·x) kernels' tiles of their own (launch_config's "y" and "dx" entries): (rows, cols: the column block of
