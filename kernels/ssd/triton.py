@@ -33,14 +33,14 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     - ``shared_scores``: the in-chunk ``C·Bᵀ`` made once per group (:func:`_group_scores_call`) and read by the ``y``,
       ``d(dt·x)`` and log-decay kernels, and ``dC``, ``dB`` made per group (:func:`_group_bc_grads_call`) instead of
       per head and summed. The per-group kernels loop over the group's heads holding a ``[rows, N]`` fp32 sum beside
-      each head's term, on 8 warps (4 on Hopper at 64 × 128, below): ``group_rows`` 32 at states up to 64 × 128 and 16 above (the largest without a
-      spill on sm_90 with fp32 states: 64 rows spilled 80-730 bytes at 64 × 128, 32 rows 56-184 at the larger
-      states), and ``group_block`` × ``group_block`` blocks of the pairs' gradients, 64 and 32 (64 spilled 64 bytes at
-      P 128); fp32 takes the smaller ones. ``group_n`` splits the state's ``N`` over the dC/dB programs (each makes
-      that many columns and its share of the row dots, summed after; all of ``N`` by default) and
+      each head's term, on 8 warps (4 on Hopper at 64 × 128, below): ``group_rows`` 32 at states up to 64 × 128 and
+      16 above (the largest without a spill on sm_90 with fp32 states: 64 rows spilled 80-730 bytes at 64 × 128, 32
+      rows 56-184 at the larger states), and ``group_block`` × ``group_block`` blocks of the pairs' gradients, 64 and 32
+      (64 spilled 64 bytes at P 128); fp32 takes the smaller ones. ``group_n`` splits the state's ``N`` over the dC/dB
+      programs (each makes that many columns and its share of the row dots, summed after; all of ``N`` by default) and
       ``group_pair_warps`` gives ``_group_pair_grads`` warps of its own (None: ``group_warps``): both untimed, for the
-      tile search's ``group`` section (at 64 columns the dC/dB kernels on 4 warps spill 16-64 bytes on sm_90, not
-      328-520).
+      tile search's ``group`` section (at 64 columns the dC/dB kernel on 4 warps spills 16-64 bytes on sm_90, not about
+      450-520).
     - ``narrow_states``: the chunks' entering states and their gradients kept in the inputs' dtype, as mamba_ssm keeps
       its states (the kernels that read them multiply them in that dtype already, so ``y`` and every gradient but the
       carry's share of ``dA`` and ``d dt`` are the same; the recurrence over chunks and the final state stay fp32),
@@ -60,17 +60,18 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     switches are: the tile search's winners at T 16K on an H200 (2026-11-27, two rounds of ``ssd_tiles`` with each
     candidate's kernels' GPU time, docs/kernels.md): ``y`` (the forward's output kernel) 64 rows stepping 32 columns
     on 2 stages, ``dx`` (the backward's ``d(dt·x)``) 32 × 32, ``pairs`` (the log-decay pair kernel) 32 × 16 on one
-    warp, the per-group ``dC``/``dB`` kernels on 4 warps (they spill 328-504 bytes a thread there, against 0-8 on 8
+    warp, the per-group ``dC``/``dB`` kernels on 4 warps (they spill 344-504 bytes a thread there, against 0-8 on 8
     warps, and are 1.49× faster in GPU time); with the heads innermost, the bare forward and backward went from 9.02
-    to 8.30 ms at 16K in the first round and 8.39 to 7.41 in the second, each in one process, and ``ops`` measured 7.36 against mamba_ssm's 6.80 (0.92×) and 3.25 against 4.56 at 4K. Elsewhere
-    the entries are empty and the kernels take the shared tiles."""
+    to 8.30 ms at 16K in the first round and 8.39 to 7.41 in the second, each in one process, and ``ops`` measured
+    7.36 against mamba_ssm's 6.80 (0.92×) and 3.25 against 4.56 at 4K. Elsewhere the entries are empty and the
+    kernels take the shared tiles."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False,
-                 keep_states=False,
-                 heads_inner=False, y={}, dx={}, pairs={})
+                 keep_states=False, heads_inner=False, y={}, dx={}, pairs={})
     small, fp32 = tiles["P"] * tiles["N"] <= 64 * 128, dtype == torch.float32
     roomy = small and not fp32  # room in the registers for the per-group kernels' larger tiles
-    # group_n: the state's columns one dC/dB program makes (all); group_pair_warps: _group_pair_grads' (None: group_warps)
+    # group_n: the state's columns one dC/dB program makes (all of them); group_pair_warps: _group_pair_grads' own
+    # warps (None: group_warps)
     tiles.update(group_rows=32 if roomy else 16, group_block=64 if roomy else 32, group_warps=8, group_n=tiles["N"],
                  group_pair_warps=None)
     # _group_scores' blocks: in fp32, 64 × 64 on 4 warps spilled 7 KB (and needed 128 KiB at N 256, as launched)

@@ -283,8 +283,7 @@ def _group_bc_grads(Q, STATES, W, R, DT, LAM, SEG, PAIRS, OUT, ROW_DOTS, T, L, T
     belongs to. ``STATES [b, nc+1, h, P, N]`` fp32. With the state's ``N`` split over ``N_BLOCKS`` programs of
     ``BLOCK_N`` columns, each writes its share of the row dots ``DOTS_SPLIT`` entries apart, for the caller to sum
     (a constexpr: with one block the code is the unsplit kernel's, which the split's index arithmetic made spill 8
-    bytes at P 64, N 256 on sm_90).
-    Grid: (b·nc, row blocks of the chunk × N_BLOCKS, G)."""
+    bytes at P 64, N 256 on sm_90). Grid: (b·nc, row blocks of the chunk × N_BLOCKS, G)."""
     bc, pid_ln, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, c = bc // n_chunks, bc % n_chunks
     pid, pid_n = pid_ln // N_BLOCKS, pid_ln % N_BLOCKS
@@ -428,10 +427,9 @@ def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_D
     and ``X_DOTS[b, h, cL + m] = ⟨x_m, d(dt·x)_m⟩``, the part of ``d dt`` through ``x``, and with HAS_D
     ``D_DOTS[b, h, cL + m] = ⟨dy_m, x_m⟩``, whose sum is ``dD`` (no fp32 copies of ``x`` and ``dy`` in torch). (``U``
     is made in the ``dB`` kernel, not beside ``dx`` whose state term has it too: there it spilled 40 bytes at P = N =
-    128 on sm_90.) With
-    HAS_QK (the ``d(dt·x)`` call) the products ``Q_m·K_l = C_l·B_m`` are read, transposed, from ``QK [b, nc, K_HEADS,
-    L, L]`` fp32 (:func:`_group_scores`). Grid: (b·nc, row blocks of the chunk, h), or (b·nc·h, …, 1) with
-    HEADS_INNER."""
+    128 on sm_90.) With HAS_QK (the ``d(dt·x)`` call) the products ``Q_m·K_l = C_l·B_m`` are read, transposed, from
+    ``QK [b, nc, K_HEADS, L, L]`` fp32 (:func:`_group_scores`). Grid: (b·nc, row blocks of the chunk, h), or
+    (b·nc·h, …, 1) with HEADS_INNER."""
     bc, h = _chunk_and_head(H, HEADS_INNER)  # b·nc on axis 0: up to 2^31 − 1
     pid_m = tl.program_id(1)
     b, c = bc // n_chunks, bc % n_chunks
