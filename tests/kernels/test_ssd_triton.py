@@ -335,12 +335,17 @@ def test_each_scan_kernel_on_tiles_of_its_own_and_the_heads_innermost(docs, shar
     inputs = make(1, 150, 4, 32, 1, 16, True, True)  # P 32: two 16-column programs for y
     starts = torch.zeros(1, 150, dtype=torch.bool, device=DEVICE)
     starts[0, [30, 64, 70, 71, 140]] = docs
-    (y, final, grads), (y_ref, final_ref, grads_ref) = triton_and_reference(inputs, 64, starts if docs else None)
+    assert_matches_recurrence(inputs, 64, starts if docs else None)
+    # y: 2 row blocks of 32 × 2 column halves; dx: 4 row blocks of 16; each over 3 chunks × 4 heads on axis 0
+    assert launched[0] == (3, 2 * 2, 4, True) and (3, 4, 4, True) in launched[1:]
+
+
+def assert_matches_recurrence(inputs, chunk, starts):
+    """The Triton scan's output, final state and every gradient against the float64 recurrence."""
+    (y, final, grads), (y_ref, final_ref, grads_ref) = triton_and_reference(inputs, chunk, starts)
     assert close(y, y_ref) and close(final, final_ref)
     for name in grads:
         assert close(grads[name], grads_ref[name]), f"gradient of {name}"
-    # y: 2 row blocks of 32 × 2 column halves; dx: 4 row blocks of 16; each over 3 chunks × 4 heads on axis 0
-    assert launched[0] == (3, 2 * 2, 4, True) and (3, 4, 4, True) in launched[1:]
 
 
 def triton_and_reference(inputs, chunk, starts):
@@ -369,10 +374,7 @@ def test_keep_states_hands_the_forwards_states_to_the_backward(docs, chunk, kept
     inputs = make(1, 150, 2, 16, 1, 16, True, True)
     starts = torch.zeros(1, 150, dtype=torch.bool, device=DEVICE)
     starts[0, [30, 64, 70, 140]] = docs
-    (y, final, grads), (y_ref, final_ref, grads_ref) = triton_and_reference(inputs, chunk, starts if docs else None)
-    assert close(y, y_ref) and close(final, final_ref)
-    for name in grads:
-        assert close(grads[name], grads_ref[name]), f"gradient of {name}"
+    assert_matches_recurrence(inputs, chunk, starts if docs else None)
     assert len(made) == (1 if kept else 2)  # the forward's, and the backward's unless kept
     leaves = {k: v.clone().requires_grad_() for k, v in inputs.items() if v is not None}
     call = lambda a: ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size=chunk, D=a["D"],  # noqa: E731
@@ -408,10 +410,7 @@ def test_per_group_bc_grads_with_the_state_split_over_programs(docs, N, monkeypa
     inputs = make(2, 75, 4, 32, 2, N, True, True)
     starts = torch.zeros(2, 75, dtype=torch.bool, device=DEVICE)
     starts[0, [20, 32, 33]], starts[1, [64, 70]] = docs, docs
-    (y, final, grads), (y_ref, final_ref, grads_ref) = triton_and_reference(inputs, 32, starts if docs else None)
-    assert close(y, y_ref) and close(final, final_ref)
-    for name in grads:
-        assert close(grads[name], grads_ref[name]), f"gradient of {name}"
+    assert_matches_recurrence(inputs, 32, starts if docs else None)
     # dC and dB: 2 batch rows × 3 chunks, 2 row blocks of 16 × (N / 16 rounded up) column blocks, 2 groups
     assert [(grid, warps) for name, grid, warps in launches if name == "_group_bc_grads"] == [
         ((6, 2 * -(-N // 16), 2), 4)] * 2
@@ -433,8 +432,5 @@ def test_shared_scores_per_group_with_two_groups(docs, monkeypatch):
     inputs = make(2, 75, 4, 32, 2, 16, True, True)  # G·L = 64 scores a position, H·P = 128: they pay
     starts = torch.zeros(2, 75, dtype=torch.bool, device=DEVICE)
     starts[0, [20, 32, 33]], starts[1, [64, 70]] = docs, docs
-    (y, final, grads), (y_ref, final_ref, grads_ref) = triton_and_reference(inputs, 32, starts if docs else None)
-    assert close(y, y_ref) and close(final, final_ref)
-    for name in grads:
-        assert close(grads[name], grads_ref[name]), f"gradient of {name}"
+    assert_matches_recurrence(inputs, 32, starts if docs else None)
     assert [m is not None for m in made] == [True, True]
