@@ -305,6 +305,9 @@ def test_a_kernel_without_tiles_of_its_own_takes_the_shared_ones():
             rows = elsewhere["rows"]
             assert ssd_triton._tiles(elsewhere, kernel) == dict(rows=rows, cols=rows, warps=elsewhere["warps"],
                                                                 stages=elsewhere["stages"], p_block=None), kernel
+        assert ssd_triton._tiles(elsewhere, "pairs") == dict(rows=elsewhere["pair_rows"], cols=elsewhere["pair_cols"],
+                                                             warps=elsewhere["warps"], stages=elsewhere["stages"],
+                                                             p_block=None)
     hopper = ssd_triton.launch_config(64, 128, True, torch.bfloat16, 90)
     assert hopper["heads_inner"]
     assert ssd_triton._tiles(hopper, "y") == dict(rows=64, cols=32, warps=4, stages=2, p_block=None)
