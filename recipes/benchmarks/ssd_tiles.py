@@ -168,21 +168,26 @@ def main(argv: list[str] | None = None) -> None:
     apply = {"y": own("y", sections["y"][1]), "dx": own("dx", sections["dx"][1]),
              "pair_tiles": own("pairs", sections["pair_tiles"][1])}
     winners = {}  # section: (its best candidate's score, the launch_config entries that candidate changes)
+
+    def run(config: dict, gauges=()):  # one candidate: checked against the current tiles, then timed
+        return trial(ssd_triton, config, lambda: results(inputs, L), want, [lambda: forward(bare), lambda: both(bare)],
+                     args.repeats, gauges)
+
     for name in args.sections:
         title, keys, candidates = sections[name]
         to_config = apply.get(name, lambda values, keys=keys: dict(zip(keys, values)))
         names = KERNELS.get(name, ())
-        gauges = (lambda: kernel_us(lambda: both(bare), names, args.repeats),) if names else ()
+        gauge = lambda: kernel_us(lambda: both(bare), names, args.repeats)  # noqa: E731
+        gauges = (gauge,) if names else ()
         columns = [*keys, "fwd ms", "fwd+bwd ms", "× current fwd+bwd", "max error against current"]
         if names:  # the kernels' own GPU time, beside the current tiles' measured now
-            now = kernel_us(lambda: both(bare), names, args.repeats)
+            now = gauge()
             print(f"\ncurrent {' + '.join(names)}: {'-' if now is None else f'{now:.0f}'} µs of GPU time per fwd+bwd")
             columns[-1:-1] = [f"{' + '.join(names)} µs", "× current µs"]
         print(f"\n### {title}, check_finite=False\n\n| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
         for values in candidates:
             cells = " | ".join(map(str, values))
-            outcome = trial(ssd_triton, {**current, **to_config(values)}, lambda: results(inputs, L), want,
-                            [lambda: forward(bare), lambda: both(bare)], args.repeats, gauges)
+            outcome = run({**current, **to_config(values)}, gauges)
             if isinstance(outcome, str):
                 print(f"| {cells} | {outcome} |{' |' * (len(columns) - len(keys) - 1)}", flush=True)
                 continue
@@ -198,9 +203,7 @@ def main(argv: list[str] | None = None) -> None:
             score, against = (spent[0], now) if names and spent[0] is not None and now is not None else (total, base[1])
             if score < against and score < winners.get(name, (against,))[0]:
                 winners[name] = (score, to_config(values))
-    together(winners, current, lambda config: trial(ssd_triton, config, lambda: results(inputs, L), want,
-                                                    [lambda: forward(bare), lambda: both(bare)], args.repeats),
-             base[1], mamba_ms)
+    together(winners, current, run, base[1], mamba_ms)
 
 
 def together(winners: dict[str, tuple[float, dict]], current: dict, run, current_ms: float,
