@@ -50,15 +50,22 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
       the forward's ``_chunk_state`` and ``_decayed_scan`` again (0.37 ms of GPU time at T 16K on the H200), where
       they take no more bytes than ``x`` (:func:`_keeps_states`; with narrow states at chunk 256 and N 128, half).
 
+    Untimed too, for the tile search's ``order`` and ``group_order`` sections: ``order="blocks"`` and
+    ``group_order="blocks"`` (:data:`ORDERS`) launch each chunk's blocks of rows together, as mamba_ssm's grids do,
+    so that they read the chunk's state and rows from L2. An estimate, not a measurement: the per-group ``dC``/``dB``
+    kernels read every head's state per block of rows, at 16K (B 4, 32 heads, bf16 states: 134 MB, 2.7 H200 L2s)
+    about 1.07 GB from DRAM in the order they launch in now (a wave of programs holds one block of every chunk), and
+    134 MB with the blocks innermost.
+
     Timed on an H200 (2026-11-27, B 4, H 32, P 64, N 128, chunk 256, bf16, ``check_finite=False``, each switch against
     the configuration without it in one process, ``ssd_tiles --sections``): ``shared_scores`` 1.03× at T 16K and
     0.97× at 4K; ``narrow_states`` then, on top of it, 1.10× at both; together ``ops`` measured 9.13 ms forward and
     backward at 16K (10.32 before; mamba_ssm 6.38) and 3.26 at 4K (3.69 before; 5.32).
 
-    Each kernel's own tiles (``_tiles``: an entry's keys override the shared ones) and ``heads_inner`` (the per-head
-    scan kernels' programs ordered with the heads innermost, :func:`triton_kernels._chunk_and_head`), set where the
-    switches are: the tile search's winners at T 16K on an H200 (2026-11-27, two rounds of ``ssd_tiles`` with each
-    candidate's kernels' GPU time, docs/kernels.md): ``y`` (the forward's output kernel) 64 rows stepping 32 columns
+    Each kernel's own tiles (``_tiles``: an entry's keys override the shared ones) and ``order="heads"`` (the per-head
+    scan kernels' programs ordered with the heads innermost, :func:`_grid`; an entry may give a kernel its own), set
+    where the switches are: the tile search's winners at T 16K on an H200 (2026-11-27, two rounds of ``ssd_tiles``
+    with each candidate's kernels' GPU time, docs/kernels.md): ``y`` (the forward's output kernel) 64 rows stepping 32 columns
     on 2 stages, ``dx`` (the backward's ``d(dt·x)``) 32 × 32, ``pairs`` (the log-decay pair kernel) 32 × 16 on one
     warp, the per-group ``dC``/``dB`` kernels on 4 warps (they spill 344-504 bytes a thread there, against 0-8 on 8
     warps, and are 1.49× faster in GPU time); with the heads innermost, the bare forward and backward went from 9.02
@@ -67,7 +74,7 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     kernels take the shared tiles."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False,
-                 keep_states=False, heads_inner=False, y={}, dx={}, pairs={})
+                 keep_states=False, order="chunks", group_order="chunks", y={}, dx={}, pairs={})
     small, fp32 = tiles["P"] * tiles["N"] <= 64 * 128, dtype == torch.float32
     roomy = small and not fp32  # room in the registers for the per-group kernels' larger tiles
     # group_n: the state's columns one dC/dB program makes (all of them); group_pair_warps: _group_pair_grads' own
@@ -81,7 +88,7 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
                     stages=1)
     if not fp32 and arch >= 90 and small:
         # the kernels' own tiles and the heads innermost: each section's fastest at T 16K on an H200 (2026-11-27)
-        return dict(tiles, rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True, heads_inner=True,
+        return dict(tiles, rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True, order="heads",
                     group_warps=4, y=dict(rows=64, cols=32, warps=4, stages=2),
                     dx=dict(rows=32, cols=32, warps=4, stages=2), pairs=dict(rows=32, cols=16, warps=1, stages=3))
     if fp32:  # 64-row pair blocks needed 100 KiB at N 256 as launched: over a consumer GPU's 99
@@ -131,16 +138,27 @@ def _tiles(blk: dict, kernel: str) -> dict:
     ``d(dt·x)`` and ``dx``), ``"dC"``, ``"dB"`` (per head), ``"pairs"`` (the log-decay gradient's) — from
     ``launch_config``'s entry for it, over the shared ``rows`` (as ``cols`` too; ``pair_rows`` and ``pair_cols`` for
     the pairs), ``warps`` and ``stages``."""
-    shared = dict(rows=blk["rows"], cols=blk["rows"], warps=blk["warps"], stages=blk["stages"], p_block=None)
+    shared = dict(rows=blk["rows"], cols=blk["rows"], warps=blk["warps"], stages=blk["stages"], p_block=None,
+                  order=blk["order"])
     if kernel == "pairs":  # the log-decay gradient's pair kernel: its blocks are its own already
         shared.update(rows=blk["pair_rows"], cols=blk["pair_cols"])
     return {**shared, **blk.get(kernel, {})}
 
 
-def _grid(chunks: int, blocks: int, H: int, heads_inner: bool) -> tuple[int, int, int]:
-    """The per-head kernels' grid: ``(b·nc, blocks, h)``, or ``(b·nc·h, blocks, 1)`` with the heads innermost
-    (:func:`triton_kernels._chunk_and_head`)."""
-    return (chunks * H, blocks, 1) if heads_inner else (chunks, blocks, H)
+ORDERS = ("chunks", "heads", "blocks")
+"""The grid orders of the per-head kernels (``order``) and the per-group ones (``group_order``): what varies fastest
+across the programs launched together — the chunks, a chunk's heads (groups), or the blocks of one chunk's head
+(group) (:func:`triton_kernels._chunk_head_block`)."""
+
+
+def _grid(chunks: int, blocks: int, heads: int, order: str) -> tuple[int, int, int]:
+    """The grid of a kernel with ``blocks`` programs per chunk (``b·nc`` of them) and head (or group) in ``order``:
+    ``(b·nc, blocks, heads)``, ``(b·nc·heads, blocks, 1)`` with the heads innermost, or ``(b·nc·heads·blocks, 1, 1)``
+    with the blocks innermost (:func:`triton_kernels._chunk_head_block`)."""
+    if order not in ORDERS:
+        raise ValueError(f"ssd launch_config: order {order!r} is none of {ORDERS}")
+    return {"chunks": (chunks, blocks, heads), "heads": (chunks * heads, blocks, 1),
+            "blocks": (chunks * heads * blocks, 1, 1)}[order]
 
 
 def _scan_strides(Q, K, V, W, dt, out) -> tuple[int, ...]:
@@ -162,13 +180,13 @@ def _chunk_scan_call(Q, K, V, dt, lam, seg, states, D, out, T, L, trans_state: b
     if tiles["p_block"] is not None and row_dots is None:  # y's columns split over programs (row dots need them all)
         block_v = min(block_v, tiles["p_block"])
     v_blocks = triton.cdiv(DV, block_v)
-    _chunk_scan[_grid(batch * n_chunks, triton.cdiv(L, tiles["rows"]) * v_blocks, H, blk["heads_inner"])](
+    _chunk_scan[_grid(batch * n_chunks, triton.cdiv(L, tiles["rows"]) * v_blocks, H, tiles["order"])](
         Q, K, V, W, dt, lam, lam if seg is None else seg, states, D if D is not None else lam, lam if qk is None else qk,
         out, into,
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], DQK, DV,
         *_scan_strides(Q, K, V, W, dt, out), v_blocks,
         TRANS_STATE=trans_state, HAS_D=D is not None, HAS_DOCS=seg is not None, HAS_ROW_DOTS=row_dots is not None,
-        HAS_QK=qk is not None, HEADS_INNER=blk["heads_inner"],
+        HAS_QK=qk is not None, ORDER=tiles["order"],
         BLOCK_L=tiles["rows"], BLOCK_M=tiles["cols"], BLOCK_QK=block_qk, BLOCK_V=block_v,
         DOT=blk["dot"], num_warps=tiles["warps"], num_stages=tiles["stages"],
     )
@@ -191,14 +209,14 @@ def _chunk_scan_reverse_call(Q, K, V, dt, lam, seg, d_states, out, T, L, trans_s
     if dx_of is not None:
         W, D, x_into, d_into = dx_of
     tiles = _tiles(blk, "dx" if trans_state else "dB")
-    _chunk_scan_reverse[_grid(batch * n_chunks, triton.cdiv(L, tiles["rows"]), H, blk["heads_inner"])](
+    _chunk_scan_reverse[_grid(batch * n_chunks, triton.cdiv(L, tiles["rows"]), H, tiles["order"])](
         Q, K, V, W, dt, lam, lam if seg is None else seg, d_states, D if D is not None else lam,
         lam if qk is None else qk, out, row_into, x_into, lam if d_into is None else d_into,
         T, L, lam.shape[-1], n_chunks, H, Q.shape[2], K.shape[2], V.shape[2], Q.shape[-1], V.shape[-1],
         *_scan_strides(Q, K, V, W, dt, out),
         TRANS_STATE=trans_state, SCALE_BY_DT=not trans_state, HAS_DOCS=seg is not None,
         HAS_ROW_DOTS=row_dots is not None, DX_EPILOGUE=dx_of is not None, HAS_D=D is not None, HAS_QK=qk is not None,
-        HEADS_INNER=blk["heads_inner"], BLOCK_M=tiles["rows"], BLOCK_L=tiles["cols"], BLOCK_QK=block_qk,
+        ORDER=tiles["order"], BLOCK_M=tiles["rows"], BLOCK_L=tiles["cols"], BLOCK_QK=block_qk,
         BLOCK_V=block_v, DOT=blk["dot"], num_warps=tiles["warps"], num_stages=tiles["stages"],
     )
 
@@ -215,9 +233,9 @@ def _group_scores_call(x, B, C, T: int, L: int, blk: dict) -> torch.Tensor | Non
         return None
     n_chunks, block = -(-T // L), min(blk["scores_block"], max(16, triton.next_power_of_2(L)))
     qk = torch.empty(batch, n_chunks, G, L, L, dtype=torch.float32, device=x.device)
-    _group_scores[(batch * n_chunks, G, triton.cdiv(L, block) ** 2)](
+    _group_scores[_grid(batch * n_chunks, triton.cdiv(L, block) ** 2, G, blk["group_order"])](
         C, B, qk, T, L, n_chunks, G, N, *C.stride()[:3], *B.stride()[:3],
-        BLOCK=block, BLOCK_N=blk["N"], DOT=blk["dot"], num_warps=blk["scores_warps"],
+        BLOCK=block, BLOCK_N=blk["N"], DOT=blk["dot"], GROUP_ORDER=blk["group_order"], num_warps=blk["scores_warps"],
     )
     return qk  # [b, nc, G, L, L]
 
@@ -244,9 +262,9 @@ def _group_bc_grads_call(x, dy, B, C, dt, lam, seg, states, d_states, read, shar
     n_chunks, Tp, seg_arg = lam.shape[-1] // L, lam.shape[-1], lam if seg is None else seg
     block = min(blk["group_block"], max(16, triton.next_power_of_2(L)))
     pairs = torch.empty(batch, n_chunks, G, L, L, dtype=torch.float32, device=x.device)  # blocks above: never read
-    _group_pair_grads[(batch * n_chunks, G, triton.cdiv(L, block) ** 2)](
+    _group_pair_grads[_grid(batch * n_chunks, triton.cdiv(L, block) ** 2, G, blk["group_order"])](
         x, dy, dt, lam, seg_arg, pairs, T, L, Tp, n_chunks, H, G, P, *x.stride()[:3], *dy.stride()[:3], *dt.stride()[:2],
-        HAS_DOCS=seg is not None, BLOCK=block, BLOCK_P=blk["P"], DOT=blk["dot"],
+        HAS_DOCS=seg is not None, BLOCK=block, BLOCK_P=blk["P"], DOT=blk["dot"], GROUP_ORDER=blk["group_order"],
         num_warps=blk["group_pair_warps"] or blk["group_warps"],
     )
     dC, dB = torch.empty(C.shape, dtype=C.dtype, device=x.device), torch.empty(B.shape, dtype=B.dtype, device=x.device)
@@ -255,11 +273,12 @@ def _group_bc_grads_call(x, dy, B, C, dt, lam, seg, states, d_states, read, shar
     n_blocks = triton.cdiv(N, block_n)
     for q, st, w, r, out, dots, source_rows in ((dy, states, C, B, dC, read, False), (x, d_states, B, C, dB, share, True)):
         parts = dots if n_blocks == 1 else dots.new_empty(n_blocks, *dots.shape)  # [n_blocks, b, h, nc·L]
-        _group_bc_grads[(batch * n_chunks, triton.cdiv(L, blk["group_rows"]) * n_blocks, G)](
+        _group_bc_grads[_grid(batch * n_chunks, triton.cdiv(L, blk["group_rows"]) * n_blocks, G, blk["group_order"])](
             q, st, w, r, dt, lam, seg_arg, pairs, out, parts, T, L, Tp, n_chunks, H, G, P, N, dots.numel(),
             *q.stride()[:3], *w.stride()[:3], *r.stride()[:3], *dt.stride()[:2], *out.stride()[:3],
             SOURCE_ROWS=source_rows, HAS_DOCS=seg is not None, BLOCK_L=blk["group_rows"], BLOCK_M=blk["group_rows"],
-            BLOCK_P=blk["P"], BLOCK_N=block_n, N_BLOCKS=n_blocks, DOT=blk["dot"], num_warps=blk["group_warps"],
+            BLOCK_P=blk["P"], BLOCK_N=block_n, N_BLOCKS=n_blocks, DOT=blk["dot"], GROUP_ORDER=blk["group_order"],
+            num_warps=blk["group_warps"],
             num_stages=blk["stages"],
         )
         if n_blocks > 1:
@@ -438,9 +457,9 @@ def _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, read, 
     rows, cols = tiles["rows"], tiles["cols"]
     # [b, nc, row blocks, h, L]; zeros: the columns past a block's rows are not written
     pairs = torch.zeros(batch, n_chunks, triton.cdiv(L, rows), H, L, dtype=torch.float32, device=x.device)
-    _log_decay_pairs[_grid(batch * n_chunks, triton.cdiv(L, rows), H, blk["heads_inner"])](
+    _log_decay_pairs[_grid(batch * n_chunks, triton.cdiv(L, rows), H, tiles["order"])](
         x, dy, B, C, dt, lam, seg_arg, lam if qk is None else qk, pairs, T, L, Tp, n_chunks, H, B.shape[2], P, N,
-        *strides, HAS_DOCS=seg is not None, HAS_QK=qk is not None, HEADS_INNER=blk["heads_inner"], BLOCK_L=rows,
+        *strides, HAS_DOCS=seg is not None, HAS_QK=qk is not None, ORDER=tiles["order"], BLOCK_L=rows,
         BLOCK_M=cols, BLOCK_P=blk["P"], BLOCK_N=blk["N"], DOT=blk["dot"], num_warps=tiles["warps"],
         num_stages=tiles["stages"],
     )

@@ -90,15 +90,22 @@ def _seg_end(SEG, b, c, L, T):
 
 
 @triton.jit
-def _chunk_and_head(H, HEADS_INNER: tl.constexpr):
-    """``(b·nc, h)`` of this program: from grid axes 0 and 2, or both from axis 0 with the heads innermost
-    (HEADS_INNER), so that the programs launched together are one chunk's heads, reading its group's ``B``, ``C`` and
-    scores while they are still in L2."""
-    if HEADS_INNER:
-        bc, h = tl.program_id(0) // H, tl.program_id(0) % H
+def _chunk_head_block(H, BLOCKS, ORDER: tl.constexpr):
+    """``(b·nc, h, block)`` of this program on a per-head kernel's grid (``triton.py``'s ``_grid``), by ``ORDER``:
+    ``"chunks"``, grid (b·nc, blocks, h); ``"heads"``, (b·nc·h, blocks, 1), so that the programs launched together
+    are one chunk's heads, reading its group's ``B``, ``C`` and scores while they are still in L2; ``"blocks"``,
+    (b·nc·h·blocks, 1, 1), one chunk's heads each with its ``BLOCKS`` blocks innermost, which also read the head's
+    state and rows of the chunk while they are in L2. Every count on axis 0: up to 2^31 − 1. The per-group kernels
+    take it with the groups for the heads: with the chunks innermost, each of their blocks of rows reads every
+    chunk's states again (at T 16K, B 4, 32 heads, bf16 states: 134 MB, more than an H200's L2, once per block)."""
+    if ORDER == "blocks":
+        pid = tl.program_id(0)
+        bc, h, blk = pid // (H * BLOCKS), (pid // BLOCKS) % H, pid % BLOCKS
+    elif ORDER == "heads":
+        bc, h, blk = tl.program_id(0) // H, tl.program_id(0) % H, tl.program_id(1)
     else:
-        bc, h = tl.program_id(0), tl.program_id(2)
-    return bc, h
+        bc, h, blk = tl.program_id(0), tl.program_id(2), tl.program_id(1)
+    return bc, h, blk
 
 
 @triton.jit
@@ -203,21 +210,23 @@ def _group_score_tile(QK, b, c, n_chunks, g, G, L, offs_l, offs_m):
 
 
 @triton.jit
-def _pair_block(n_chunks, L, BLOCK: tl.constexpr):
-    """This program's ``(b, c, g, i, j)`` on a grid of (b·nc, G, row blocks × column blocks): block ``(i, j)`` of
-    chunk ``c``'s ``[L, L]`` pairs in group ``g`` (the callers work only where ``j ≤ i``)."""
-    bc, g, blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def _pair_block(n_chunks, G, L, BLOCK: tl.constexpr, GROUP_ORDER: tl.constexpr):
+    """This program's ``(b, c, g, i, j)`` on a grid of row blocks × column blocks per chunk and group
+    (:func:`_chunk_head_block`): block ``(i, j)`` of chunk ``c``'s ``[L, L]`` pairs in group ``g`` (the callers work
+    only where ``j ≤ i``)."""
     blocks = tl.cdiv(L, BLOCK)
+    bc, g, blk = _chunk_head_block(G, blocks * blocks, GROUP_ORDER)
     return bc // n_chunks, bc % n_chunks, g, blk // blocks, blk % blocks
 
 
 @triton.jit
 def _group_scores(C, B, QK, T, L, n_chunks, G, N, sc_b, sc_t, sc_h, sb_b, sb_t, sb_h,
-                  BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+                  BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, GROUP_ORDER: tl.constexpr):
     """``QK[b, c, g, l, m] = C_l·B_m`` fp32 in chunk ``c`` for the blocks on and below the diagonal (the pairs
     ``m ≤ l`` the scans read; the blocks above are never written): the in-chunk products, made once for the heads
-    that share group ``g``. Rows past ``T`` load as zeros. Grid: (b·nc, G, row blocks × column blocks)."""
-    b, c, g, i, j = _pair_block(n_chunks, L, BLOCK)
+    that share group ``g``. Rows past ``T`` load as zeros. Grid: row blocks × column blocks per chunk and group, in
+    GROUP_ORDER (:func:`_chunk_head_block`)."""
+    b, c, g, i, j = _pair_block(n_chunks, G, L, BLOCK, GROUP_ORDER)
     if j <= i:
         offs_n = tl.arange(0, BLOCK_N)
         offs_l, t_l, valid_l = _chunk_rows(i * BLOCK, c, L, T, BLOCK)
@@ -234,13 +243,15 @@ def _group_scores(C, B, QK, T, L, n_chunks, G, N, sc_b, sc_t, sc_h, sb_b, sb_t, 
 @triton.jit
 def _group_pair_grads(X, DY, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, G, P, sx_b, sx_t, sx_h, sdy_b, sdy_t, sdy_h,
                       sdt_b, sdt_t,
-                      HAS_DOCS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, DOT: tl.constexpr):
+                      HAS_DOCS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, DOT: tl.constexpr,
+                      GROUP_ORDER: tl.constexpr):
     """``OUT[b, c, g, l, m] = Σ_{h in g} (dy_l·x_m) exp(Λ_l − Λ_m) dt_m`` fp32 for the pairs ``m ≤ l`` of one document
     in chunk ``c`` (0 elsewhere in the blocks on and below the diagonal; the blocks above are never written): what the
     group's in-chunk products ``C_l·B_m`` receive, summed over the heads that share them, so that ``dC_l`` takes
     ``Σ_m OUT_lm B_m`` and ``dB_m`` takes ``Σ_l OUT_lm C_l`` once per group rather than once per head (mamba_ssm's
-    ``dCB``). The program loops over the group's heads. Grid: (b·nc, G, row blocks × column blocks)."""
-    b, c, g, i, j = _pair_block(n_chunks, L, BLOCK)
+    ``dCB``). The program loops over the group's heads. Grid: row blocks × column blocks per chunk and group, in
+    GROUP_ORDER (:func:`_chunk_head_block`)."""
+    b, c, g, i, j = _pair_block(n_chunks, G, L, BLOCK, GROUP_ORDER)
     if j <= i:
         offs_p = tl.arange(0, BLOCK_P)
         in_p = offs_p[None, :] < P
@@ -271,7 +282,8 @@ def _group_pair_grads(X, DY, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, G, P, sx_
 def _group_bc_grads(Q, STATES, W, R, DT, LAM, SEG, PAIRS, OUT, ROW_DOTS, T, L, Tp, n_chunks, H, G, P, N, DOTS_SPLIT,
                     sq_b, sq_t, sq_h, sw_b, sw_t, sw_h, sr_b, sr_t, sr_h, sdt_b, sdt_t, so_b, so_t, so_h,
                     SOURCE_ROWS: tl.constexpr, HAS_DOCS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_BLOCKS: tl.constexpr, DOT: tl.constexpr):
+                    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_BLOCKS: tl.constexpr, DOT: tl.constexpr,
+                    GROUP_ORDER: tl.constexpr):
     """``dC`` or ``dB`` of group ``g`` for one block of rows of chunk ``c``, in OUT's dtype: the group's heads' state
     terms summed in the program, and the in-chunk term once, from :func:`_group_pair_grads`' ``PAIRS``.
 
@@ -283,8 +295,9 @@ def _group_bc_grads(Q, STATES, W, R, DT, LAM, SEG, PAIRS, OUT, ROW_DOTS, T, L, T
     belongs to. ``STATES [b, nc+1, h, P, N]`` fp32. With the state's ``N`` split over ``N_BLOCKS`` programs of
     ``BLOCK_N`` columns, each writes its share of the row dots ``DOTS_SPLIT`` entries apart, for the caller to sum
     (a constexpr: with one block the code is the unsplit kernel's, which the split's index arithmetic made spill 8
-    bytes at P 64, N 256 on sm_90). Grid: (b·nc, row blocks of the chunk × N_BLOCKS, G)."""
-    bc, pid_ln, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bytes at P 64, N 256 on sm_90). Grid: the chunk's row blocks × N_BLOCKS per chunk and group, in GROUP_ORDER
+    (:func:`_chunk_head_block`)."""
+    bc, g, pid_ln = _chunk_head_block(G, tl.cdiv(L, BLOCK_L) * N_BLOCKS, GROUP_ORDER)
     b, c = bc // n_chunks, bc % n_chunks
     pid, pid_n = pid_ln // N_BLOCKS, pid_ln % N_BLOCKS
     offs_p, offs_n = tl.arange(0, BLOCK_P), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -343,7 +356,7 @@ def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, QK, OUT, ROW_DOTS, T, L
                 V_HEADS, DQK, DV, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sw_b, sw_t, sw_h, sdt_b, sdt_t,
                 so_b, so_t, so_h, V_BLOCKS,
                 TRANS_STATE: tl.constexpr, HAS_D: tl.constexpr, HAS_DOCS: tl.constexpr, HAS_ROW_DOTS: tl.constexpr,
-                HAS_QK: tl.constexpr, HEADS_INNER: tl.constexpr,
+                HAS_QK: tl.constexpr, ORDER: tl.constexpr,
                 BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """``OUT_l = Σ_{m≤l} (Q_l·K_m) exp(Λ_l − Λ_m) dt_m V_m + exp(Λ_l) Q_l M_c (+ D V_l)`` per head, with
     ``M_c [DQK, DV]`` the entering state ``STATES[b, c, h]`` (``[P, N]``, transposed when TRANS_STATE). With
@@ -354,10 +367,10 @@ def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, QK, OUT, ROW_DOTS, T, L
     L, L]`` fp32, :func:`_group_scores`, instead of made per head). Backward: ``Q, K, V = dy, x, B`` gives ``dC`` per
     head, and with ``W = C`` the read-out term ``R_l = exp(Λ_l)⟨dy_l, E_c C_l⟩`` of the log-decay gradient.
     A program makes ``BLOCK_V`` of the ``DV`` columns, one of ``V_BLOCKS`` (more than one only without HAS_ROW_DOTS,
-    whose sums run over every column). Grid: (b·nc, row blocks × V_BLOCKS, h), or (b·nc·h, …, 1) with
-    HEADS_INNER."""
-    bc, h = _chunk_and_head(H, HEADS_INNER)  # b·nc on axis 0: up to 2^31 − 1
-    pid_l, pid_v = tl.program_id(1) // V_BLOCKS, tl.program_id(1) % V_BLOCKS
+    whose sums run over every column). Grid: row blocks × V_BLOCKS per chunk and head, in ORDER
+    (:func:`_chunk_head_block`)."""
+    bc, h, blk = _chunk_head_block(H, tl.cdiv(L, BLOCK_L) * V_BLOCKS, ORDER)
+    pid_l, pid_v = blk // V_BLOCKS, blk % V_BLOCKS
     b, c = bc // n_chunks, bc % n_chunks
     q_head, k_head, v_head = h // (H // Q_HEADS), h // (H // K_HEADS), h // (H // V_HEADS)
     offs_qk, offs_v = tl.arange(0, BLOCK_QK), pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -413,7 +426,7 @@ def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_D
                         sw_t, sw_h, sdt_b, sdt_t, so_b, so_t, so_h,
                         TRANS_STATE: tl.constexpr, SCALE_BY_DT: tl.constexpr, HAS_DOCS: tl.constexpr,
                         HAS_ROW_DOTS: tl.constexpr, DX_EPILOGUE: tl.constexpr, HAS_D: tl.constexpr, HAS_QK: tl.constexpr,
-                        HEADS_INNER: tl.constexpr,
+                        ORDER: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """The transpose of :func:`_chunk_scan`, for source rows ``m`` of chunk ``c``, streaming the rows
     ``l ≥ m``: ``OUT_m = [Σ_{l≥m} (Q_m·K_l) exp(Λ_l − Λ_m) V_l + exp(α_c − Λ_m) Q_m M_c] (· dt_m)``, fp32,
@@ -428,10 +441,9 @@ def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_D
     ``D_DOTS[b, h, cL + m] = ⟨dy_m, x_m⟩``, whose sum is ``dD`` (no fp32 copies of ``x`` and ``dy`` in torch). (``U``
     is made in the ``dB`` kernel, not beside ``dx`` whose state term has it too: there it spilled 40 bytes at P = N =
     128 on sm_90.) With HAS_QK (the ``d(dt·x)`` call) the products ``Q_m·K_l = C_l·B_m`` are read, transposed, from
-    ``QK [b, nc, K_HEADS, L, L]`` fp32 (:func:`_group_scores`). Grid: (b·nc, row blocks of the chunk, h), or
-    (b·nc·h, …, 1) with HEADS_INNER."""
-    bc, h = _chunk_and_head(H, HEADS_INNER)  # b·nc on axis 0: up to 2^31 − 1
-    pid_m = tl.program_id(1)
+    ``QK [b, nc, K_HEADS, L, L]`` fp32 (:func:`_group_scores`). Grid: the chunk's row blocks per chunk and head, in
+    ORDER (:func:`_chunk_head_block`)."""
+    bc, h, pid_m = _chunk_head_block(H, tl.cdiv(L, BLOCK_M), ORDER)
     b, c = bc // n_chunks, bc % n_chunks
     q_head, k_head, v_head = h // (H // Q_HEADS), h // (H // K_HEADS), h // (H // V_HEADS)
     offs_qk, offs_v = tl.arange(0, BLOCK_QK), tl.arange(0, BLOCK_V)
@@ -492,16 +504,16 @@ def _chunk_scan_reverse(Q, K, V, W, DT, LAM, SEG, DSTATES, DSKIP, QK, OUT, ROW_D
 @triton.jit
 def _log_decay_pairs(X, DY, BM, CM, DT, LAM, SEG, QK, OUT, T, L, Tp, n_chunks, H, BC_HEADS, P, N,
                      sx_b, sx_t, sx_h, sdy_b, sdy_t, sdy_h, sb_b, sb_t, sb_h, sc_b, sc_t, sc_h, sdt_b, sdt_t,
-                     HAS_DOCS: tl.constexpr, HAS_QK: tl.constexpr, HEADS_INNER: tl.constexpr, BLOCK_L: tl.constexpr,
+                     HAS_DOCS: tl.constexpr, HAS_QK: tl.constexpr, ORDER: tl.constexpr, BLOCK_L: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     """The pair terms of the log-decay gradient, for the rows ``l`` of one block: ``OUT[b, c, block, h, k] =
     Σ_{l in block, l≥k} Σ_{m<k} T_lm`` with ``T_lm = (dy_l·x_m)(C_l·B_m) exp(Λ_l − Λ_m) dt_m`` (pairs in one
     document). A program keeps its rows' ``Σ_{m<k} T_lm`` as a running sum over the column blocks, so no ``[L, L]``
     tensor is written; the blocks' parts are summed afterwards (no atomics). With HAS_QK the products ``C_l·B_m`` are
-    read from the group's ``QK [b, nc, BC_HEADS, L, L]`` (:func:`_group_scores`). Grid: (b·nc, row blocks, h), or
-    (b·nc·h, row blocks, 1) with HEADS_INNER."""
-    bc, h = _chunk_and_head(H, HEADS_INNER)  # b·nc on axis 0: up to 2^31 − 1
-    pid_l = tl.program_id(1)
+    read from the group's ``QK [b, nc, BC_HEADS, L, L]`` (:func:`_group_scores`). Grid: the chunk's row blocks per
+    chunk and head, in ORDER (:func:`_chunk_head_block`)."""
+    blocks = tl.cdiv(L, BLOCK_L)
+    bc, h, pid_l = _chunk_head_block(H, blocks, ORDER)
     b, c = bc // n_chunks, bc % n_chunks
     g = h // (H // BC_HEADS)
     offs_p, offs_n = tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_N)
@@ -514,7 +526,7 @@ def _log_decay_pairs(X, DY, BM, CM, DT, LAM, SEG, QK, OUT, T, L, Tp, n_chunks, H
         cm = tl.load(_rows(CM, b, c, L, sc_b, sc_t, sc_h, g, offs_l, offs_n), mask=valid_l[:, None] & in_n, other=0.0)
     if HAS_DOCS:
         seg_l = tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_l), mask=valid_l, other=-1)
-    out = OUT + (((b.to(tl.int64) * n_chunks + c) * tl.num_programs(1) + pid_l) * H + h) * L
+    out = OUT + (((b.to(tl.int64) * n_chunks + c) * blocks + pid_l) * H + h) * L
 
     run = tl.zeros([BLOCK_L], dtype=tl.float32)  # Σ_{m<m0} T_lm, per row
     hi = tl.minimum((pid_l + 1) * BLOCK_L, L)  # columns past the block's rows get nothing: k ≤ l

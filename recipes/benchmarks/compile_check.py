@@ -74,7 +74,7 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     y_warps, dx_warps, dC_warps, dB_warps, pair_warps = (dict(num_warps=t["warps"], num_stages=t["stages"])
                                                          for t in (y, dx, dC, dB, pairs))
     y_cols = min(P, y["p_block"] or P)
-    order = dict(HEADS_INNER=cfg["heads_inner"])
+    group_order = dict(GROUP_ORDER=cfg["group_order"])
     ssd_cases = [
         Case("ssd _chunk_state (forward)", ssd._chunk_state, dict(DECAY_TO_END=True, SCALE_BY_DT=True, BLOCK_L=rows,
              BLOCK_P=P, BLOCK_N=N, DOT=dot), warps, ("X", "BM"), f32("DT", "LAM", "OUT")),
@@ -85,46 +85,53 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
         # the backward's dC and dB kernels also write the log-decay gradient's row dots (HAS_ROW_DOTS); the dx kernel
         # writes dx itself and ⟨x, d(dt·x)⟩ (DX_EPILOGUE)
         Case("ssd _chunk_scan (y)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True, HAS_ROW_DOTS=False, HAS_QK=False,
-             BLOCK_L=y["rows"], BLOCK_M=y["cols"], BLOCK_QK=N, BLOCK_V=y_cols, DOT=dot, **order), y_warps,
+             BLOCK_L=y["rows"], BLOCK_M=y["cols"], BLOCK_QK=N, BLOCK_V=y_cols, DOT=dot, ORDER=y["order"]),
+             y_warps,
              ("Q", "K", "V", "W", "OUT"), f32("DT", "LAM", "STATES", "DSKIP", "QK", "ROW_DOTS")),
         Case("ssd _chunk_scan (dC)", ssd._chunk_scan, dict(TRANS_STATE=False, HAS_D=False, HAS_ROW_DOTS=True,
-             HAS_QK=False, BLOCK_L=dC["rows"], BLOCK_M=dC["cols"], BLOCK_QK=P, BLOCK_V=N, DOT=dot, **order), dC_warps,
+             HAS_QK=False, BLOCK_L=dC["rows"], BLOCK_M=dC["cols"], BLOCK_QK=P, BLOCK_V=N, DOT=dot, ORDER=dC["order"]),
+             dC_warps,
              ("Q", "K", "V", "W"), f32("DT", "LAM", "STATES", "DSKIP", "QK", "OUT", "ROW_DOTS")),
         Case("ssd _chunk_scan_reverse (dx)", ssd._chunk_scan_reverse, dict(TRANS_STATE=True, SCALE_BY_DT=False,
              HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, HAS_QK=False, BLOCK_M=dx["rows"], BLOCK_L=dx["cols"],
-             BLOCK_QK=N, BLOCK_V=P, DOT=dot, **order), dx_warps, ("Q", "K", "V", "W", "OUT"),
+             BLOCK_QK=N, BLOCK_V=P, DOT=dot, ORDER=dx["order"]), dx_warps,
+             ("Q", "K", "V", "W", "OUT"),
              f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "ROW_DOTS", "X_DOTS", "D_DOTS")),
         Case("ssd _chunk_scan_reverse (dB)", ssd._chunk_scan_reverse, dict(TRANS_STATE=False, SCALE_BY_DT=True,
              HAS_ROW_DOTS=True, DX_EPILOGUE=False, HAS_D=False, HAS_QK=False, BLOCK_M=dB["rows"], BLOCK_L=dB["cols"],
-             BLOCK_QK=P, BLOCK_V=N, DOT=dot, **order), dB_warps, ("Q", "K", "V", "W"),
+             BLOCK_QK=P, BLOCK_V=N, DOT=dot, ORDER=dB["order"]), dB_warps, ("Q", "K", "V", "W"),
              f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "OUT", "ROW_DOTS", "X_DOTS", "D_DOTS")),
         # launch_config's shared_scores (off by default, for the tile search): y and d(dt·x) read C·Bᵀ per group
         Case("ssd _chunk_scan (y, shared scores)", ssd._chunk_scan, dict(TRANS_STATE=True, HAS_D=True,
              HAS_ROW_DOTS=False, HAS_QK=True, BLOCK_L=y["rows"], BLOCK_M=y["cols"], BLOCK_QK=N, BLOCK_V=y_cols,
-             DOT=dot, **order), y_warps, ("Q", "K", "V", "W", "OUT"),
+             DOT=dot, ORDER=y["order"]), y_warps, ("Q", "K", "V", "W", "OUT"),
              f32("DT", "LAM", "STATES", "DSKIP", "QK", "ROW_DOTS")),
         Case("ssd _chunk_scan_reverse (dx, shared scores)", ssd._chunk_scan_reverse, dict(TRANS_STATE=True,
              SCALE_BY_DT=False, HAS_ROW_DOTS=False, DX_EPILOGUE=True, HAS_D=True, HAS_QK=True, BLOCK_M=dx["rows"],
-             BLOCK_L=dx["cols"], BLOCK_QK=N, BLOCK_V=P, DOT=dot, **order), dx_warps, ("Q", "K", "V", "W", "OUT"),
+             BLOCK_L=dx["cols"], BLOCK_QK=N, BLOCK_V=P, DOT=dot, ORDER=dx["order"]), dx_warps,
+             ("Q", "K", "V", "W", "OUT"),
              f32("DT", "LAM", "DSTATES", "DSKIP", "QK", "ROW_DOTS", "X_DOTS", "D_DOTS")),
         Case("ssd _log_decay_pairs", ssd._log_decay_pairs, dict(HAS_QK=False, BLOCK_L=pairs["rows"],
-             BLOCK_M=pairs["cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot, **order), pair_warps, ("X", "DY", "BM", "CM"),
+             BLOCK_M=pairs["cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot, ORDER=pairs["order"]), pair_warps,
+             ("X", "DY", "BM", "CM"),
              f32("DT", "LAM", "QK", "OUT")),
         # shared_scores' backward: the pair kernel reads C·Bᵀ; dC and dB are made per group (the heads' in-chunk
         # gradients summed by _group_pair_grads, their state terms inside _group_bc_grads)
         Case("ssd _log_decay_pairs (shared scores)", ssd._log_decay_pairs, dict(HAS_QK=True, BLOCK_L=pairs["rows"],
-             BLOCK_M=pairs["cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot, **order), pair_warps, ("X", "DY", "BM", "CM"),
+             BLOCK_M=pairs["cols"], BLOCK_P=P, BLOCK_N=N, DOT=dot, ORDER=pairs["order"]), pair_warps,
+             ("X", "DY", "BM", "CM"),
              f32("DT", "LAM", "QK", "OUT")),
-        Case("ssd _group_pair_grads", ssd._group_pair_grads, dict(BLOCK=cfg["group_block"], BLOCK_P=P, DOT=dot),
+        Case("ssd _group_pair_grads", ssd._group_pair_grads, dict(BLOCK=cfg["group_block"], BLOCK_P=P, DOT=dot,
+             **group_order),
              dict(group_warps, num_warps=cfg["group_pair_warps"] or cfg["group_warps"]),
              ("X", "DY"), f32("DT", "LAM", "OUT")),
         Case("ssd _group_bc_grads (dC)", ssd._group_bc_grads, dict(SOURCE_ROWS=False, BLOCK_L=group_rows,
              BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=group_n,
-             N_BLOCKS=-(-N // group_n), DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
+             N_BLOCKS=-(-N // group_n), DOT=dot, **group_order), group_warps, ("Q", "W", "R", "OUT"),
              f32("STATES", "DT", "LAM", "PAIRS", "ROW_DOTS")),
         Case("ssd _group_bc_grads (dB)", ssd._group_bc_grads, dict(SOURCE_ROWS=True, BLOCK_L=group_rows,
              BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=group_n,
-             N_BLOCKS=-(-N // group_n), DOT=dot), group_warps, ("Q", "W", "R", "OUT"),
+             N_BLOCKS=-(-N // group_n), DOT=dot, **group_order), group_warps, ("Q", "W", "R", "OUT"),
              f32("STATES", "DT", "LAM", "PAIRS", "ROW_DOTS")),
     ]
     if cfg["narrow_states"]:  # the chunks' states (the scan's OUT, the readers' STATES/DSTATES) in the inputs' dtype
@@ -139,7 +146,8 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
                             case.options, case.data, {**case.types, **seg}))
     out.append(Case("ssd _state_dots", ssd._state_dots, dict(BLOCK=1024), {},
                     ("E", "G") if cfg["narrow_states"] else (), f32("OUT") if cfg["narrow_states"] else f32("E", "G", "OUT")))
-    out.append(Case("ssd _group_scores", ssd._group_scores, dict(BLOCK=cfg["scores_block"], BLOCK_N=N, DOT=dot),
+    out.append(Case("ssd _group_scores", ssd._group_scores, dict(BLOCK=cfg["scores_block"], BLOCK_N=N, DOT=dot,
+                    **group_order),
                     dict(num_warps=cfg["scores_warps"]),
                     ("C", "B"), f32("QK")))
     # Attention with every option on (bias, padding, causal, window), then with packed

@@ -13,8 +13,9 @@ mamba_ssm does, in kernels with tiles of their own (``group_rows``, ``group_warp
 section); ``narrow_states`` (on where ``shared_scores`` is) keeps the chunks' states in the inputs' dtype; ``y`` and
 ``dx`` give the forward's output kernel and the backward's ``d(dt·x)`` kernel tiles of their own (a column block apart
 from the rows, and for ``y`` the head dim split over programs), ``pair_tiles`` the log-decay pair kernel warps and
-stages of its own, ``order`` puts the heads innermost in the per-head kernels' grids, and ``keep`` hands the forward's
-entering states to the backward (``keep_states``: more memory, two kernels fewer). Each candidate is timed
+stages of its own, ``order`` launches the per-head kernels' programs in another order (a chunk's heads innermost,
+or each head's blocks of rows), ``group_order`` the per-group kernels' (each chunk's blocks innermost), and ``keep``
+hands the forward's entering states to the backward (``keep_states``: more memory, two kernels fewer). Each candidate is timed
 forward and forward+backward (medians) and its output and gradients are checked against the current choice's (a
 wrong answer is named, not timed); a candidate that cannot launch here is named too. Those sections and ``pairs`` also give the GPU time of the kernels they change, from torch's profiler
 (steadier than the whole op's wall time, whose spread between two timings of one configuration has reached 10%).
@@ -68,6 +69,7 @@ PAIRS = [(64, 16, 2, 2), (32, 16, 2, 3), (128, 16, 2, 3), (32, 32, 2, 3), (64, 1
 # the kernels whose GPU time a section's rows also give (torch's profiler; kernel names as Triton launches them)
 KERNELS = {"y": ("_chunk_scan",), "dx": ("_chunk_scan_reverse",), "pairs": ("_log_decay_pairs",),
            "pair_tiles": ("_log_decay_pairs",), "order": ("_chunk_scan", "_chunk_scan_reverse", "_log_decay_pairs"),
+           "group_order": ("_group_scores", "_group_pair_grads", "_group_bc_grads"),
            "rows": ("_chunk_state", "_decayed_scan"), "group": ("_group_pair_grads", "_group_bc_grads"),
            "keep": ("_chunk_state", "_decayed_scan")}
 
@@ -89,12 +91,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    sections = ["rows", "pairs", "scores", "states", "group", "y", "dx", "pair_tiles", "order", "keep"]
+    sections = ["rows", "pairs", "scores", "states", "group", "y", "dx", "pair_tiles", "order", "group_order", "keep"]
     parser.add_argument("--sections", nargs="+", choices=sections, default=sections,
                         help="which candidates to time: rows/warps/stages, the pair kernel's blocks, shared_scores, "
                              "narrow_states, the per-group kernels' tiles (with shared_scores on), the y, d(dt·x) and "
-                             "pair kernels' own tiles, the per-head kernels' grid order (heads_inner), the forward's "
-                             "states kept for the backward (keep_states)")
+                             "pair kernels' own tiles, the per-head and the per-group kernels' grid orders (order, "
+                             "group_order), the forward's states kept for the backward (keep_states)")
     parser.add_argument("--no-mamba", action="store_true",
                         help="leave mamba_ssm's row out even where it imports (its autotuning takes about 80 s)")
     add_device_option(parser)
@@ -161,8 +163,12 @@ def main(argv: list[str] | None = None) -> None:
                        ("rows", "cols", "warps", "stages"), DX),
                 "pair_tiles": ("pairs rows, cols, warps, stages (the log-decay pair kernel, warps of its own)",
                                ("rows", "cols", "warps", "stages"), PAIRS),
-                "order": ("heads_inner (the per-head scan kernels' programs with the heads innermost)",
-                          ("heads_inner",), [(not current["heads_inner"],)]),
+                "order": ("order (what varies fastest across the per-head scan kernels' programs: chunks, heads, "
+                          "or each head's blocks of rows)", ("order",),
+                          [(order,) for order in ssd_triton.ORDERS if order != current["order"]]),
+                "group_order": ("group_order (the per-group kernels' programs: chunks or each chunk's blocks "
+                                "innermost; shared_scores on)", ("group_order", "shared_scores"),
+                                [(order, True) for order in ("chunks", "blocks") if order != current["group_order"]]),
                 "keep": ("keep_states (the forward's entering states kept for the backward, not made again)",
                          ("keep_states",), [(not current["keep_states"],)])}
     apply = {"y": own("y", sections["y"][1]), "dx": own("dx", sections["dx"][1]),

@@ -300,23 +300,26 @@ def test_a_kernel_without_tiles_of_its_own_takes_the_shared_ones():
     for elsewhere in (ssd_triton.launch_config(64, 128, True, torch.float32, 90),
                       ssd_triton.launch_config(64, 128, True, torch.bfloat16, 80),
                       ssd_triton.launch_config(128, 128, True, torch.bfloat16, 90)):
-        assert (elsewhere["y"], elsewhere["dx"], elsewhere["pairs"], elsewhere["heads_inner"]) == ({}, {}, {}, False)
+        assert (elsewhere["y"], elsewhere["dx"], elsewhere["pairs"]) == ({}, {}, {})
+        assert (elsewhere["order"], elsewhere["group_order"]) == ("chunks", "chunks")
         for kernel in ("y", "dx", "dC", "dB"):
             rows = elsewhere["rows"]
             assert ssd_triton._tiles(elsewhere, kernel) == dict(rows=rows, cols=rows, warps=elsewhere["warps"],
-                                                                stages=elsewhere["stages"], p_block=None), kernel
+                                                                stages=elsewhere["stages"], p_block=None,
+                                                                order="chunks"), kernel
         assert ssd_triton._tiles(elsewhere, "pairs") == dict(rows=elsewhere["pair_rows"], cols=elsewhere["pair_cols"],
                                                              warps=elsewhere["warps"], stages=elsewhere["stages"],
-                                                             p_block=None)
+                                                             p_block=None, order="chunks")
     hopper = ssd_triton.launch_config(64, 128, True, torch.bfloat16, 90)
-    assert hopper["heads_inner"]
-    assert ssd_triton._tiles(hopper, "y") == dict(rows=64, cols=32, warps=4, stages=2, p_block=None)
-    assert ssd_triton._tiles(hopper, "dx") == dict(rows=32, cols=32, warps=4, stages=2, p_block=None)
-    assert ssd_triton._tiles(hopper, "pairs") == dict(rows=32, cols=16, warps=1, stages=3, p_block=None)
+    assert (hopper["order"], hopper["group_order"]) == ("heads", "chunks")
+    assert ssd_triton._tiles(hopper, "y") == dict(rows=64, cols=32, warps=4, stages=2, p_block=None, order="heads")
+    assert ssd_triton._tiles(hopper, "dx") == dict(rows=32, cols=32, warps=4, stages=2, p_block=None, order="heads")
+    assert ssd_triton._tiles(hopper, "pairs") == dict(rows=32, cols=16, warps=1, stages=3, p_block=None, order="heads")
     for kernel in ("dC", "dB"):
-        assert ssd_triton._tiles(hopper, kernel) == dict(rows=64, cols=64, warps=4, stages=2, p_block=None), kernel
-    own = {**hopper, "y": dict(cols=32, stages=4)}  # an entry overrides what it names and nothing else
-    assert ssd_triton._tiles(own, "y") == dict(rows=64, cols=32, warps=4, stages=4, p_block=None)
+        assert ssd_triton._tiles(hopper, kernel) == dict(rows=64, cols=64, warps=4, stages=2, p_block=None,
+                                                         order="heads"), kernel
+    own = {**hopper, "y": dict(cols=32, stages=4, order="blocks")}  # an entry overrides what it names, nothing else
+    assert ssd_triton._tiles(own, "y") == dict(rows=64, cols=32, warps=4, stages=4, p_block=None, order="blocks")
     assert ssd_triton._tiles(own, "dx") == ssd_triton._tiles(hopper, "dx")
 
 
@@ -325,12 +328,12 @@ def test_a_kernel_without_tiles_of_its_own_takes_the_shared_ones():
 def test_each_scan_kernel_on_tiles_of_its_own_and_the_heads_innermost(docs, shared, monkeypatch):
     """``launch_config``'s ``y`` and ``dx`` entries give those kernels tiles of their own — here 32 rows stepping
     16 columns with the head dim split over two programs for ``y``, 16 rows stepping 32 columns for ``dx``, where the
-    other kernels keep 16 × 16 — and ``heads_inner`` orders every per-head scan kernel's programs with the heads
+    other kernels keep 16 × 16 — and ``order="heads"`` orders every per-head scan kernel's programs with the heads
     innermost; against the float64 recurrence at two chunks of 64 and a bit, with and without documents."""
     from kernels.ssd import triton as ssd_triton
 
     config = ssd_triton.launch_config
-    own = dict(y=dict(rows=32, cols=16, p_block=16), dx=dict(rows=16, cols=32), heads_inner=True,
+    own = dict(y=dict(rows=32, cols=16, p_block=16), dx=dict(rows=16, cols=32), order="heads",
                shared_scores=shared)
     monkeypatch.setattr(ssd_triton, "launch_config", lambda *a, **k: {**config(*a, **k), **own})
     launched, grid = [], ssd_triton._grid
@@ -340,7 +343,34 @@ def test_each_scan_kernel_on_tiles_of_its_own_and_the_heads_innermost(docs, shar
     starts[0, [30, 64, 70, 71, 140]] = docs
     assert_matches_recurrence(inputs, 64, starts if docs else None)
     # y: 2 row blocks of 32 × 2 column halves; dx: 4 row blocks of 16; each over 3 chunks × 4 heads on axis 0
-    assert launched[0] == (3, 2 * 2, 4, True) and (3, 4, 4, True) in launched[1:]
+    assert (3, 2 * 2, 4, "heads") in launched and (3, 4, 4, "heads") in launched
+
+
+@pytest.mark.parametrize("docs", [False, True])
+def test_every_grid_order_computes_the_same_scan(docs, monkeypatch):
+    """``order="blocks"`` launches each chunk's head's blocks of rows together (all on grid axis 0), and an entry
+    gives one kernel an order of its own (``y`` the heads innermost here); ``group_order="blocks"`` does the same for
+    the per-group kernels, at two groups of two heads, so each index of the flattened grid is taken apart right or the
+    result is wrong — against the float64 recurrence, with and without documents."""
+    from kernels.ssd import triton as ssd_triton
+
+    config = ssd_triton.launch_config
+    own = dict(order="blocks", group_order="blocks", shared_scores=True, group_n=8,  # dC/dB: N over 2 programs
+               y=dict(rows=32, p_block=16, order="heads"))
+    monkeypatch.setattr(ssd_triton, "launch_config", lambda *a, **k: {**config(*a, **k), **own})
+    launched, grid = [], ssd_triton._grid
+    monkeypatch.setattr(ssd_triton, "_grid", lambda *a: launched.append(a) or grid(*a))
+    inputs = make(1, 150, 4, 32, 2, 16, True, True)
+    starts = torch.zeros(1, 150, dtype=torch.bool, device=DEVICE)
+    starts[0, [30, 64, 70, 71, 140]] = docs
+    assert_matches_recurrence(inputs, 64, starts if docs else None)
+    # y on its own: 2 row blocks × 2 column halves; the other per-head kernels' 4 row blocks of 16 and the per-group
+    # ones' (2 groups) with the blocks innermost
+    assert (3, 2 * 2, 4, "heads") in launched and (3, 4, 4, "blocks") in launched
+    assert {order for *_, heads, order in launched if heads == 2} == {"blocks"}
+    assert grid(3, 4, 2, "blocks") == (24, 1, 1)
+    with pytest.raises(ValueError, match="order 'rows' is none of"):
+        grid(3, 4, 2, "rows")
 
 
 def assert_matches_recurrence(inputs, chunk, starts):

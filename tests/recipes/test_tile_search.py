@@ -74,16 +74,21 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     assert float(y[0][-1]) < 1e-5 and y[1][5].startswith("failed")
     assert [row[:4] for row in dx] == [["16", "32", "4", "1"]] and float(dx[0][-1]) < 1e-5
     assert y[0][-3:-1] == ["-", "-"]  # the kernels' GPU time: none under the interpreter
-    assert ("y", dict(rows=32, cols=16, warps=4, stages=1, p_block=16)) in tiles_seen
-    assert ("dx", dict(rows=16, cols=32, warps=4, stages=1, p_block=None)) in tiles_seen
-    assert ("y", dict(rows=16, cols=16, warps=4, stages=1, p_block=None)) in tiles_seen  # the current ones
+    assert ("y", dict(rows=32, cols=16, warps=4, stages=1, p_block=16, order="chunks")) in tiles_seen
+    assert ("dx", dict(rows=16, cols=32, warps=4, stages=1, p_block=None, order="chunks")) in tiles_seen
+    assert ("y", dict(rows=16, cols=16, warps=4, stages=1, p_block=None, order="chunks")) in tiles_seen  # the current ones
     pairs = table_rows(out, "pairs rows")
     assert [row[:4] for row in pairs] == [["32", "16", "2", "1"]] and float(pairs[0][-1]) < 1e-5
-    assert ("pairs", dict(rows=32, cols=16, warps=2, stages=1, p_block=None)) in tiles_seen
-    assert ("pairs", dict(rows=16, cols=16, warps=4, stages=1, p_block=None)) in tiles_seen  # pair_rows, pair_cols
-    order = [line for line in out.split("### heads_inner", 1)[1].split("###", 1)[0].splitlines()
-             if line.startswith("| True |")]
-    assert len(order) == 1 and float(order[0].split("|")[-2]) < 1e-5
+    assert ("pairs", dict(rows=32, cols=16, warps=2, stages=1, p_block=None, order="chunks")) in tiles_seen
+    assert ("pairs", dict(rows=16, cols=16, warps=4, stages=1, p_block=None, order="chunks")) in tiles_seen  # pair_rows, pair_cols
+    # the grid orders: each checked against the current one (the chunks innermost under the interpreter)
+    order = [line for line in out.split("### order", 1)[1].split("###", 1)[0].splitlines()
+             if re.match(r"\| (chunks|heads|blocks) \|", line)]
+    assert [row.split("|")[1].strip() for row in order] == ["heads", "blocks"]
+    assert all(float(row.split("|")[-2]) < 1e-5 for row in order)
+    group_order = [line for line in out.split("### group_order", 1)[1].split("###", 1)[0].splitlines()
+                   if line.startswith("| blocks | True |")]
+    assert len(group_order) == 1 and float(group_order[0].split("|")[-2]) < 1e-5
     assert re.search(r"current, check_finite=False: [\d.]+ ms forward, [\d.]+ fwd\+bwd", out)
     assert ssd_triton.launch_config is original
 
