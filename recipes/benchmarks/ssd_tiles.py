@@ -183,13 +183,15 @@ def main(argv: list[str] | None = None) -> None:
         title, keys, candidates = sections[name]
         to_config = apply.get(name, lambda values, keys=keys: dict(zip(keys, values)))
         names = KERNELS.get(name, ())
-        gauge = lambda: kernel_us(lambda: both(bare), names, args.repeats)  # noqa: E731
+        gauge = lambda: kernel_us(lambda: both(bare), names, args.repeats)  # noqa: E731  {kernel: µs} or None
         gauges = (gauge,) if names else ()
         columns = [*keys, "fwd ms", "fwd+bwd ms", "× current fwd+bwd", "max error against current"]
-        if names:  # the kernels' own GPU time, beside the current tiles' measured now
-            now = gauge()
-            print(f"\ncurrent {' + '.join(names)}: {'-' if now is None else f'{now:.0f}'} µs of GPU time per fwd+bwd")
-            columns[-1:-1] = [f"{' + '.join(names)} µs", "× current µs"]
+        if names:  # the kernels' own GPU time, beside the current tiles' measured now (and each kernel's, where several)
+            now_each = gauge()
+            now = _total(now_each)
+            print(f"\ncurrent {' + '.join(names)}: {'-' if now is None else f'{now:.0f}'} µs of GPU time per fwd+bwd"
+                  + ("" if now_each is None or len(names) < 2 else f" ({_each(now_each)})"))
+            columns[-1:-1] = [f"{' + '.join(names)} µs", "× current µs"] + (["each µs"] if len(names) > 1 else [])
         print(f"\n### {title}, check_finite=False\n\n| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
         for values in candidates:
             cells = " | ".join(map(str, values))
@@ -198,18 +200,30 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"| {cells} | {outcome} |{' |' * (len(columns) - len(keys) - 1)}", flush=True)
                 continue
             error, (fwd, total, *spent) = outcome
+            us = _total(spent[0]) if names else None
             kernel_cells = ""
             if names:
-                us = spent[0]
                 kernel_cells = ("- | - | " if us is None or now is None
                                 else f"{us:.0f} | {now / us if us else float('nan'):.2f} | ")
+                if len(names) > 1:
+                    kernel_cells += ("- | " if us is None else f"{_each(spent[0])} | ")
             print(f"| {cells} | {fwd:.2f} | {total:.2f} | {base[1] / total:.2f} | {kernel_cells}{error:.1e} |",
                   flush=True)
             # by the kernels' GPU time where the profiler gives it (steadier than the whole op's wall time)
-            score, against = (spent[0], now) if names and spent[0] is not None and now is not None else (total, base[1])
+            score, against = (us, now) if us is not None and now is not None else (total, base[1])
             if score < against and score < winners.get(name, (against,))[0]:
                 winners[name] = (score, to_config(values))
     together(winners, current, run, base[1], mamba_ms)
+
+
+def _total(each: dict[str, float] | None) -> float | None:
+    """The kernels' GPU time summed (None in a dry run)."""
+    return None if each is None else sum(each.values())
+
+
+def _each(each: dict[str, float]) -> str:
+    """Each kernel's GPU time, in the section's order: ``874 / 1066 / 940``."""
+    return " / ".join(f"{us:.0f}" for us in each.values())
 
 
 def together(winners: dict[str, tuple[float, dict]], current: dict, run, current_ms: float,

@@ -28,10 +28,11 @@ def device_of(args) -> tuple[bool, torch.dtype, str]:
     return cuda, torch.bfloat16 if cuda else torch.float32, name
 
 
-def kernel_us(fn: Callable[[], object], names: tuple[str, ...], repeats: int) -> float | None:
-    """GPU time per call of ``fn`` spent in the kernels named ``names`` (exactly: ``_chunk_scan`` is not
-    ``_chunk_scan_reverse``), µs, summed over ``repeats`` calls under torch's profiler after one warm-up call — one
-    kernel's time without the noise of the others and of the host; None without CUDA (a dry run)."""
+def kernel_us(fn: Callable[[], object], names: tuple[str, ...], repeats: int) -> dict[str, float] | None:
+    """GPU time per call of ``fn`` spent in each kernel named in ``names`` (exactly: ``_chunk_scan`` is not
+    ``_chunk_scan_reverse``), µs, over ``repeats`` calls under torch's profiler after one warm-up call — one kernel's
+    time without the noise of the others and of the host; a name that did not run gets 0. None without CUDA (a dry
+    run)."""
     if not torch.cuda.is_available():
         return None
     fn()
@@ -40,7 +41,8 @@ def kernel_us(fn: Callable[[], object], names: tuple[str, ...], repeats: int) ->
         for _ in range(repeats):
             fn()
         torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in profiler.key_averages() if e.key in names) / repeats
+    spent = {e.key: e.self_device_time_total for e in profiler.key_averages() if e.key in names}
+    return {name: spent.get(name, 0.0) / repeats for name in names}
 
 
 def trial(kernels: ModuleType, config: dict, results: Callable[[], list[torch.Tensor]], want: list[torch.Tensor],
