@@ -5,6 +5,7 @@ take, and the log-decay gradient's pair blocks — the evidence for ``kernels.ss
     python -m recipes.benchmarks.ssd_tiles --chunk 64 --length 8192
     python -m recipes.benchmarks.ssd_tiles --length 16384 --sections scores   # one section: shared_scores on and off
     python -m recipes.benchmarks.ssd_tiles --length 16384 --sections y dx pair_tiles order   # the kernels' own tiles
+    python -m recipes.benchmarks.ssd_tiles --length 16384 --sections order group_order keep  # the grid orders, states kept
 
 Every kernel shares ``rows``, ``warps`` and ``stages``; the backward's log-decay pair kernel adds ``pair_rows ×
 pair_cols``; ``shared_scores`` (on in bf16/fp16 on Hopper at states up to 64 × 128) has the in-chunk ``C·Bᵀ`` made
@@ -20,7 +21,8 @@ forward and forward+backward (medians) and its output and gradients are checked 
 wrong answer is named, not timed); a candidate that cannot launch here is named too. Those sections and ``pairs`` also give the GPU time of the kernels they change, from torch's profiler
 (steadier than the whole op's wall time, whose spread between two timings of one configuration has reached 10%).
 Last, every section's winner (by those kernels' GPU time where the profiler gives it, else by fwd+bwd wall time; only
-a candidate faster than the current tiles wins) is applied at once, checked and timed, with the ``launch_config``
+a candidate faster than the current tiles wins; in ``order``, each scan kernel's fastest order, from the per-kernel
+times, where that beats every single order) is applied at once, checked and timed, with the ``launch_config``
 entries it takes printed.
 mamba_ssm's ``mamba_chunk_scan_combined`` is timed beside them when it can be imported (docs/performance.md says how
 to carry its Triton files). Needs CUDA; the chosen tiles go into ``launch_config`` by hand, with the table in
@@ -193,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
                   + ("" if now_each is None or len(names) < 2 else f" ({_each(now_each)})"))
             columns[-1:-1] = [f"{' + '.join(names)} µs", "× current µs"] + (["each µs"] if len(names) > 1 else [])
         print(f"\n### {title}, check_finite=False\n\n| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
+        timed = []  # (values, each kernel's µs) of the candidates the profiler timed
         for values in candidates:
             cells = " | ".join(map(str, values))
             outcome = run({**current, **to_config(values)}, gauges)
@@ -201,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             error, (fwd, total, *spent) = outcome
             us = _total(spent[0]) if names else None
+            if us is not None:
+                timed.append((values, spent[0]))
             kernel_cells = ""
             if names:
                 kernel_cells = ("- | - | " if us is None or now is None
@@ -213,7 +218,37 @@ def main(argv: list[str] | None = None) -> None:
             score, against = (us, now) if us is not None and now is not None else (total, base[1])
             if score < against and score < winners.get(name, (against,))[0]:
                 winners[name] = (score, to_config(values))
+        if name == "order" and now is not None:  # the kernels apart: each its fastest order
+            picked = per_kernel_orders(current, now_each, timed)
+            if picked is not None and picked[0] < winners.get(name, (now,))[0]:
+                winners[name] = picked
+                print(f"\neach kernel its fastest order: {picked[1]} ({picked[0]:.0f} µs)")
     together(winners, current, run, base[1], mamba_ms)
+
+
+ORDER_ENTRIES = {"_chunk_scan": "y", "_chunk_scan_reverse": "dx", "_log_decay_pairs": "pairs"}
+"""The per-head scan kernels the ``order`` section times, and the ``launch_config`` entry each takes its tiles from.
+(Without shared scores, ``_chunk_scan`` and ``_chunk_scan_reverse`` also make the per-head ``dC`` and ``dB``, under one
+name with ``y`` and ``dx``; Hopper, where the orders are timed, shares them.)"""
+
+
+def per_kernel_orders(current: dict, now_each: dict[str, float],
+                      timed: list[tuple[tuple, dict[str, float]]]) -> tuple[float, dict] | None:
+    """The ``order`` section's candidates taken apart by kernel: each per-head scan kernel's fastest order among the
+    current one (``now_each``, each kernel's µs now) and those ``timed`` (``((order,), each kernel's µs)``), as
+    ``(their µs summed, the launch_config entries that give each kernel its order)``, or None where every kernel is
+    fastest as it is — so the winners' "together" takes ``y`` on one order and ``dx`` on another where that is what
+    the profiler says, rather than the one order best for the three summed."""
+    change, total = {}, 0.0
+    for kernel, entry in ORDER_ENTRIES.items():
+        best_us, best = now_each[kernel], None
+        for (order,), each in timed:
+            if each[kernel] < best_us:
+                best_us, best = each[kernel], order
+        total += best_us
+        if best is not None:
+            change[entry] = {**current[entry], "order": best}
+    return (total, change) if change else None
 
 
 def _total(each: dict[str, float] | None) -> float | None:

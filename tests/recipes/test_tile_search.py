@@ -143,3 +143,20 @@ def test_the_ssd_search_puts_nothing_together_when_nothing_won(monkeypatch, caps
                     "--state", "16", "--chunk", "16", "--repeats", "1", "--sections", "dx"])
     out = capsys.readouterr().out
     assert "nothing to put together" in out and "launch_config entries" not in out
+
+
+def test_the_order_section_gives_each_scan_kernel_its_fastest_order():
+    """Taken apart by kernel (the profiler's time of each): ``y`` fastest with the blocks innermost, ``dx`` as it is,
+    the pair kernel with the chunks innermost — the entries give each its own order, and the sum is of the three
+    fastest; where every kernel is fastest as it is, nothing changes."""
+    hopper = ssd_triton.launch_config(64, 128, True, torch.bfloat16, 90)  # the heads innermost
+    now = {"_chunk_scan": 900.0, "_chunk_scan_reverse": 1000.0, "_log_decay_pairs": 950.0}
+    timed = [(("chunks",), {"_chunk_scan": 1000.0, "_chunk_scan_reverse": 1100.0, "_log_decay_pairs": 900.0}),
+             (("blocks",), {"_chunk_scan": 800.0, "_chunk_scan_reverse": 1050.0, "_log_decay_pairs": 960.0})]
+    total, change = ssd_tiles.per_kernel_orders(hopper, now, timed)
+    assert total == 800 + 1000 + 900
+    assert change == {"y": {**hopper["y"], "order": "blocks"}, "pairs": {**hopper["pairs"], "order": "chunks"}}
+    chosen = {**hopper, **change}
+    assert [ssd_triton._tiles(chosen, k)["order"] for k in ("y", "dx", "pairs")] == ["blocks", "heads", "chunks"]
+    slower = [(order, {k: us + 1 for k, us in now.items()}) for order, _ in timed]
+    assert ssd_tiles.per_kernel_orders(hopper, now, slower) is None
