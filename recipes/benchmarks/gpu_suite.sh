@@ -53,13 +53,18 @@ case "$phase" in
         # (test_gpu_precision.py among them; 355 tests in about a minute on 8 workers, an H200, 2026-11-27), then the
         # untimed candidates — the programs' grid orders (each chunk's blocks innermost), the forward's states kept
         # for the backward, the per-group dC/dB kernels' N split — with mamba_ssm's row (its autotuning: about 80 s)
-        # in the same process, so the winners' "together" line is the ratio the goal asks for
+        # in the same process, so the winners' "together" line is the ratio the goal asks for; the winners' entries go
+        # to OUT/ssd_winners.json where together they beat the current tiles
         step kernel_tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 -rf tests/kernels
         step ssd_tiles16k 200 python3 -m recipes.benchmarks.ssd_tiles --length 16384 --sections order group_order keep \
-            group
-        # the SSD against mamba_ssm's mamba_chunk_scan_combined at 4K and 16K with the current tiles, each row's 12
-        # costliest kernels forward and forward+backward (116-117 s on an H100 and an H200, 2026-11-27)
-        step ops_ssd 150 python3 -m recipes.benchmarks.ops --ops ssd --lengths 4096 16384 --repeats 10 --profile 12
+            group --write-winners "$out/ssd_winners.json"
+        # the SSD against mamba_ssm's mamba_chunk_scan_combined at 4K and 16K — on those winners where there are any
+        # (the log's first lines say which), else the current tiles — each row's 12 costliest kernels forward and
+        # forward+backward (116-117 s on an H100 and an H200, 2026-11-27)
+        winners=()
+        [ -f "$out/ssd_winners.json" ] && winners=(--ssd-config "$out/ssd_winners.json")
+        step ops_ssd 150 python3 -m recipes.benchmarks.ops --ops ssd --lengths 4096 16384 --repeats 10 --profile 12 \
+            ${winners[@]+"${winners[@]}"}
         # the SSD's tile search at 4K, where the tiles chosen at 16K on 2026-11-27 have not been searched (at 16K: 39
         # candidates in 56 s on an H200)
         step ssd_tiles 150 python3 -m recipes.benchmarks.ssd_tiles --length 4096 --sections rows y dx pair_tiles group \

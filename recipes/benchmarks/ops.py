@@ -4,6 +4,7 @@
     python -m recipes.benchmarks.ops --lengths 1024 2048 --ops attention
     python -m recipes.benchmarks.ops --device cpu            # references only (no Triton timing on CPU), CPU sizes
     python -m recipes.benchmarks.ops --ops ssd --lengths 4096 --profile 12   # + each row's 12 costliest kernels
+    python -m recipes.benchmarks.ops --ops ssd --ssd-config winners.json     # the SSD on the tile search's winners
 
 Prints one markdown table per op: forward and forward+backward milliseconds (median), TFLOP/s where
 meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs, FlashAttention's
@@ -18,6 +19,7 @@ and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alo
 
 import argparse
 import importlib.util
+import json
 import math
 from collections.abc import Iterator
 
@@ -204,6 +206,30 @@ def bench_retrieval(device, dtype, repeats, use_triton, tokens: int) -> Iterator
         yield row(backend, tokens, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), None)
 
 
+def ssd_config_over(path: str) -> dict:
+    """The ``launch_config`` entries in the JSON file ``path`` (``ssd_tiles --write-winners`` writes one), laid over the
+    SSD kernels' own choice for the rest of this process — the tile search's winners timed in the same lease, before
+    they are written into ``kernels.ssd.triton.launch_config``. Returns the entries; a missing file, a file that is
+    not a JSON object, or a key ``launch_config`` does not have is an error that names it."""
+    from kernels.ssd import triton as ssd_triton
+
+    try:
+        with open(path) as f:
+            entries = json.load(f)
+    except FileNotFoundError:
+        raise SystemExit(f"error: --ssd-config {path}: no such file") from None
+    except json.JSONDecodeError as bad:
+        raise SystemExit(f"error: --ssd-config {path} is not JSON: {bad}") from None
+    if not isinstance(entries, dict):
+        raise SystemExit(f"error: --ssd-config {path} must hold a JSON object of launch_config entries")
+    own = ssd_triton.launch_config
+    unknown = sorted(set(entries) - set(own(64, 128, False)))
+    if unknown:
+        raise SystemExit(f"error: --ssd-config {path}: {unknown} are not launch_config entries")
+    ssd_triton.launch_config = lambda *args, **kwargs: {**own(*args, **kwargs), **entries}
+    return entries
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -216,6 +242,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after each length's rows of attention and the SSD, one forward and one forward+backward "
                              "of every row under torch's profiler: its N costliest kernels (default 0: none)")
+    parser.add_argument("--ssd-config", metavar="FILE",
+                        help="a JSON object of launch_config entries laid over the SSD kernels' own choice "
+                             "(recipes.benchmarks.ssd_tiles --write-winners writes one)")
     args = parser.parse_args(argv)
     cuda = args.device.startswith("cuda")
     lengths = args.lengths or ([1024, 2048, 4096, 8192] if cuda else [512, 1024, 2048])
@@ -223,6 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     name = torch.cuda.get_device_name() if cuda else "CPU"
     print(f"device: {name}, torch {torch.__version__}, {dtype}")
+    if args.ssd_config:
+        print(f"SSD launch_config entries from {args.ssd_config}, over its own: {ssd_config_over(args.ssd_config)}")
     if not cuda:
         print("No CUDA: Triton rows are skipped (the interpreter checks logic, not speed).")
     sections = {

@@ -31,6 +31,8 @@ docs/kernels.md, after ``python -m recipes.benchmarks.compile_check --only ssd``
 
 import argparse
 import importlib.util
+import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -99,6 +101,9 @@ def main(argv: list[str] | None = None) -> None:
                              "narrow_states, the per-group kernels' tiles (with shared_scores on), the y, d(dt·x) and "
                              "pair kernels' own tiles, the per-head and the per-group kernels' grid orders (order, "
                              "group_order), the forward's states kept for the backward (keep_states)")
+    parser.add_argument("--write-winners", metavar="FILE",
+                        help="write the winners' launch_config entries (where together they passed the check and beat "
+                             "the current tiles) as JSON, for recipes.benchmarks.ops --ssd-config")
     parser.add_argument("--no-mamba", action="store_true",
                         help="leave mamba_ssm's row out even where it imports (its autotuning takes about 80 s)")
     add_device_option(parser)
@@ -223,7 +228,9 @@ def main(argv: list[str] | None = None) -> None:
             if picked is not None and picked[0] < winners.get(name, (now,))[0]:
                 winners[name] = picked
                 print(f"\neach kernel its fastest order: {picked[1]} ({picked[0]:.0f} µs)")
-    together(winners, current, run, base[1], mamba_ms)
+    change = together(winners, current, run, base[1], mamba_ms)
+    if args.write_winners:
+        write_winners(args.write_winners, change)
 
 
 ORDER_ENTRIES = {"_chunk_scan": "y", "_chunk_scan_reverse": "dx", "_log_decay_pairs": "pairs"}
@@ -262,13 +269,14 @@ def _each(each: dict[str, float]) -> str:
 
 
 def together(winners: dict[str, tuple[float, dict]], current: dict, run, current_ms: float,
-             mamba_ms: float | None) -> None:
+             mamba_ms: float | None) -> dict | None:
     """Each section's winner (the candidate faster than the current tiles, fastest of its section) applied at once,
     checked and timed by ``run(config)`` (a ``trial``), with the ``launch_config`` entries to write in: the sections
-    change different entries, or the later one's keys win, as a dict update does."""
+    change different entries, or the later one's keys win, as a dict update does. Returns those entries where they
+    passed the check and beat the current tiles' forward and backward together, else None."""
     if not winners:
         print("\nno candidate was faster than the current tiles: nothing to put together")
-        return
+        return None
     change = {}
     for _, entries in winners.values():
         change.update(entries)
@@ -276,11 +284,25 @@ def together(winners: dict[str, tuple[float, dict]], current: dict, run, current
     outcome = run({**current, **change})
     if isinstance(outcome, str):
         print(f"together: {outcome}")
-        return
+        return None
     error, (fwd, total) = outcome
     theirs = "" if mamba_ms is None else f", {mamba_ms / total:.2f}× mamba_chunk_scan_combined's fwd+bwd"
     print(f"together: {fwd:.2f} ms forward, {total:.2f} fwd+bwd ({current_ms / total:.2f}× current{theirs}); "
           f"max error against current {error:.1e}")
+    return change if total < current_ms else None
+
+
+def write_winners(path: str, change: dict | None) -> None:
+    """The winners' ``launch_config`` entries as JSON at ``path``, for ``recipes.benchmarks.ops --ssd-config`` to time
+    in the same lease; nothing where none won (a stale file from an earlier run is removed)."""
+    target = Path(path)
+    if change is None:
+        target.unlink(missing_ok=True)
+        print(f"\n--write-winners: no winners to write ({path} not written)")
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(change, indent=1) + "\n")
+    print(f"\nthe winners' launch_config entries: {path} (recipes.benchmarks.ops --ssd-config times them)")
 
 
 if __name__ == "__main__":

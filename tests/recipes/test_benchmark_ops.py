@@ -1,5 +1,8 @@
 """``recipes.benchmarks.ops --profile``: the kernel tables name the ops a row spends its time in."""
 
+import re
+
+import pytest
 import torch
 
 from recipes.benchmarks import ops
@@ -22,3 +25,32 @@ def test_profiled_rows_are_nothing_without_the_option_and_a_headed_table_per_cas
     lines = list(ops.profiled_rows([case, ("another", lambda: w * 2, [w])], 7, 3))
     assert [line for line in lines if line.startswith("####")] == [
         "#### a product, T=7: the 3 costliest kernels", "#### another, T=7: the 3 costliest kernels"]
+
+
+def test_the_tile_searchs_winners_reach_the_ssd_kernels_through_ssd_config(tmp_path, monkeypatch, capsys):
+    """``ssd_tiles --write-winners`` writes the winners' ``launch_config`` entries; ``ops --ssd-config`` lays them over
+    the SSD kernels' own choice for the process (so one lease times them against mamba_ssm before they are written
+    into the code). No winners: the file is not left behind from an earlier run. A bad file is named."""
+    from kernels.ssd import triton as ssd_triton
+    from recipes.benchmarks import ssd_tiles
+
+    monkeypatch.setattr(ssd_triton, "launch_config", ssd_triton.launch_config)  # put back after the test
+    own = ssd_triton.launch_config(64, 128, True, torch.bfloat16, 90)
+    winners = {"group_order": "blocks", "y": {**own["y"], "order": "blocks"}}
+    path = tmp_path / "winners.json"
+    ssd_tiles.write_winners(str(path), winners)
+    ops.main(["--device", "cpu", "--ops", "ssd", "--lengths", "16", "--repeats", "1", "--ssd-config", str(path)])
+    assert "SSD launch_config entries from" in capsys.readouterr().out
+    chosen = ssd_triton.launch_config(64, 128, True, torch.bfloat16, 90)
+    assert chosen == {**own, **winners} and ssd_triton._tiles(chosen, "y")["order"] == "blocks"
+    assert ssd_triton._tiles(chosen, "dx") == ssd_triton._tiles(own, "dx")
+
+    ssd_tiles.write_winners(str(path), None)
+    assert not path.exists()
+    for text, says in (("[1, 2]", "must hold a JSON object"), ('{"rows": 64, "row": 32}', "['row'] are not"),
+                       ("{", "is not JSON")):
+        path.write_text(text)
+        with pytest.raises(SystemExit, match=re.escape(says)):
+            ops.ssd_config_over(str(path))
+    with pytest.raises(SystemExit, match="no such file"):
+        ops.ssd_config_over(str(tmp_path / "missing.json"))
