@@ -133,6 +133,14 @@ def _decayed_scan_call(U, lam, seg, h0, T, L, reverse: bool, dtype: torch.dtype)
     return out, final
 
 
+def with_entries(config: dict, entries: dict) -> dict:
+    """``config`` (a ``launch_config``) with ``entries`` laid over it, a kernel's entry (``y``, ``dx``, ``pairs``: a
+    dict) key by key: ``{"y": {"order": "blocks"}}`` changes ``y``'s order and keeps its tiles. How the tile search
+    combines its sections' winners and how ``recipes.benchmarks.ops --ssd-config`` applies them."""
+    return {**config, **{key: {**config[key], **value} if isinstance(config.get(key), dict) else value
+                         for key, value in entries.items()}}
+
+
 def _tiles(blk: dict, kernel: str) -> dict:
     """``rows``, ``cols`` (the column block each step of the in-chunk loop takes), ``warps``, ``stages`` and
     ``p_block`` (the head dim's columns one program makes; None: all) of one scan kernel — ``"y"``, ``"dx"`` (both

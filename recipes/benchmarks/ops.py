@@ -208,7 +208,8 @@ def bench_retrieval(device, dtype, repeats, use_triton, tokens: int) -> Iterator
 
 def ssd_config_over(path: str) -> dict:
     """The ``launch_config`` entries in the JSON file ``path`` (``ssd_tiles --write-winners`` writes one), laid over the
-    SSD kernels' own choice for the rest of this process — the tile search's winners timed in the same lease, before
+    SSD kernels' own choice (a kernel's entry key by key, ``kernels.ssd.triton.with_entries``) for the rest of this
+    process — the tile search's winners timed in the same lease, before
     they are written into ``kernels.ssd.triton.launch_config``. Returns the entries; a missing file, a file that is
     not a JSON object, or a key ``launch_config`` does not have is an error that names it."""
     from kernels.ssd import triton as ssd_triton
@@ -226,7 +227,7 @@ def ssd_config_over(path: str) -> dict:
     unknown = sorted(set(entries) - set(own(64, 128, False)))
     if unknown:
         raise SystemExit(f"error: --ssd-config {path}: {unknown} are not launch_config entries")
-    ssd_triton.launch_config = lambda *args, **kwargs: {**own(*args, **kwargs), **entries}
+    ssd_triton.launch_config = lambda *args, **kwargs: ssd_triton.with_entries(own(*args, **kwargs), entries)
     return entries
 
 

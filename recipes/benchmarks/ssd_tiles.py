@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         timed = []  # (values, each kernel's µs) of the candidates the profiler timed
         for values in candidates:
             cells = " | ".join(map(str, values))
-            outcome = run({**current, **to_config(values)}, gauges)
+            outcome = run(ssd_triton.with_entries(current, to_config(values)), gauges)
             if isinstance(outcome, str):
                 print(f"| {cells} | {outcome} |{' |' * (len(columns) - len(keys) - 1)}", flush=True)
                 continue
@@ -243,7 +243,8 @@ def per_kernel_orders(current: dict, now_each: dict[str, float],
                       timed: list[tuple[tuple, dict[str, float]]]) -> tuple[float, dict] | None:
     """The ``order`` section's candidates taken apart by kernel: each per-head scan kernel's fastest order among the
     current one (``now_each``, each kernel's µs now) and those ``timed`` (``((order,), each kernel's µs)``), as
-    ``(their µs summed, the launch_config entries that give each kernel its order)``, or None where every kernel is
+    ``(their µs summed, the launch_config entries that give each kernel its order: ``{"y": {"order": …}}``, laid over
+    a configuration key by key, ``kernels.ssd.triton.with_entries``)``, or None where every kernel is
     fastest as it is — so the winners' "together" takes ``y`` on one order and ``dx`` on another where that is what
     the profiler says, rather than the one order best for the three summed."""
     change, total = {}, 0.0
@@ -254,7 +255,7 @@ def per_kernel_orders(current: dict, now_each: dict[str, float],
                 best_us, best = each[kernel], order
         total += best_us
         if best is not None:
-            change[entry] = {**current[entry], "order": best}
+            change[entry] = {"order": best}
     return (total, change) if change else None
 
 
@@ -272,16 +273,17 @@ def together(winners: dict[str, tuple[float, dict]], current: dict, run, current
              mamba_ms: float | None) -> dict | None:
     """Each section's winner (the candidate faster than the current tiles, fastest of its section) applied at once,
     checked and timed by ``run(config)`` (a ``trial``), with the ``launch_config`` entries to write in: the sections
-    change different entries, or the later one's keys win, as a dict update does. Returns those entries where they
+    change different entries, or the later one's keys win, a kernel's entry merged key by key (``with_entries``: the
+    ``order`` section's ``{"y": {"order": …}}`` keeps the ``y`` section's tiles). Returns those entries where they
     passed the check and beat the current tiles' forward and backward together, else None."""
     if not winners:
         print("\nno candidate was faster than the current tiles: nothing to put together")
         return None
     change = {}
     for _, entries in winners.values():
-        change.update(entries)
+        change = ssd_triton.with_entries(change, entries)
     print(f"\n### every section's winner together, check_finite=False\n\nlaunch_config entries: {change}\n")
-    outcome = run({**current, **change})
+    outcome = run(ssd_triton.with_entries(current, change))
     if isinstance(outcome, str):
         print(f"together: {outcome}")
         return None

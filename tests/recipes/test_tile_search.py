@@ -155,8 +155,13 @@ def test_the_order_section_gives_each_scan_kernel_its_fastest_order():
              (("blocks",), {"_chunk_scan": 800.0, "_chunk_scan_reverse": 1050.0, "_log_decay_pairs": 960.0})]
     total, change = ssd_tiles.per_kernel_orders(hopper, now, timed)
     assert total == 800 + 1000 + 900
-    assert change == {"y": {**hopper["y"], "order": "blocks"}, "pairs": {**hopper["pairs"], "order": "chunks"}}
-    chosen = {**hopper, **change}
+    assert change == {"y": {"order": "blocks"}, "pairs": {"order": "chunks"}}
+    chosen = ssd_triton.with_entries(hopper, change)  # each entry's tiles kept, its order changed
+    assert chosen["y"] == {**hopper["y"], "order": "blocks"}
+    assert chosen["pairs"] == {**hopper["pairs"], "order": "chunks"}
     assert [ssd_triton._tiles(chosen, k)["order"] for k in ("y", "dx", "pairs")] == ["blocks", "heads", "chunks"]
+    # a y section's winner and the order section's, put together: the tiles of the one, the order of the other
+    tiles = {"y": dict(rows=32, cols=16, warps=4, stages=3, p_block=None)}
+    assert ssd_triton.with_entries(ssd_triton.with_entries({}, tiles), change)["y"] == {**tiles["y"], "order": "blocks"}
     slower = [(order, {k: us + 1 for k, us in now.items()}) for order, _ in timed]
     assert ssd_tiles.per_kernel_orders(hopper, now, slower) is None
