@@ -260,7 +260,8 @@ def run(*, timing: bool = True, out=None) -> list[Check]:
 
 def ssd_tiles_here(cuda: bool) -> str:
     """The SSD kernels' launch configuration here at Mamba-2's head dim and state (P 64, N 128) in bf16 (fp32 without
-    a GPU): tiles, and whether the per-group products and narrow states are on."""
+    a GPU): tiles, whether the per-group products, narrow states and the forward's states kept for the backward are
+    on, and the grids' orders (what varies fastest among the programs launched together)."""
     from kernels.ssd.triton import launch_config
 
     major, minor = torch.cuda.get_device_capability() if cuda else (0, 0)
@@ -268,7 +269,9 @@ def ssd_tiles_here(cuda: bool) -> str:
     c = launch_config(64, 128, cuda, dtype, 10 * major + minor)
     return (f"SSD tiles here (P 64, N 128, {str(dtype).removeprefix('torch.')}): {c['rows']} rows, {c['warps']} warps, "
             f"{c['stages']} stages; per-group C·Bᵀ, dB, dC (shared_scores): {'on' if c['shared_scores'] else 'off'}; "
-            f"states in the inputs' dtype (narrow_states): {'on' if c['narrow_states'] else 'off'}")
+            f"states in the inputs' dtype (narrow_states): {'on' if c['narrow_states'] else 'off'}; "
+            f"forward's states kept (keep_states): {'on' if c['keep_states'] else 'off'}; grid order: {c['order']} "
+            f"(per-group kernels: {c['group_order']})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,13 +28,15 @@ def test_every_kernel_passes_its_check_here(capsys):
     assert doctor.ssd_tiles_here(torch.cuda.is_available()) in out
     if not torch.cuda.is_available():  # the interpreter's
         assert "SSD tiles here (P 64, N 128, float32): 16 rows, 4 warps, 1 stages; per-group C·Bᵀ, dB, dC " \
-               "(shared_scores): off; states in the inputs' dtype (narrow_states): off" in out
+               "(shared_scores): off; states in the inputs' dtype (narrow_states): off; forward's states kept " \
+               "(keep_states): off; grid order: chunks (per-group kernels: chunks)" in out
 
 
 def test_the_doctor_names_the_ssd_switches_a_hopper_takes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     line = doctor.ssd_tiles_here(cuda=True)
     assert "64 rows, 4 warps, 2 stages" in line and "(shared_scores): on" in line and "(narrow_states): on" in line
+    assert "grid order: heads (per-group kernels: chunks)" in line
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
     assert "(shared_scores): off" in doctor.ssd_tiles_here(cuda=True)
 
