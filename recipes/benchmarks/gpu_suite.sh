@@ -25,6 +25,10 @@ phase=${2:?usage: bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels|models|le
 cd "$(dirname "$0")/../.."
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# Triton keeps its autotuners' choices on disk (Triton 3.4+), so mamba_ssm's autotuning (about 80 s) runs in the first
+# step that imports it and not again in each later process. Its autotune keys leave out the sequence length, so in one
+# process its first call's tuning serves every length anyway; with the cache, the first step's does.
+export TRITON_CACHE_AUTOTUNING=1
 status=0
 
 step() {  # step NAME SECONDS COMMAND...
