@@ -243,8 +243,8 @@ def per_kernel_orders(current: dict, now_each: dict[str, float],
                       timed: list[tuple[tuple, dict[str, float]]]) -> tuple[float, dict] | None:
     """The ``order`` section's candidates taken apart by kernel: each per-head scan kernel's fastest order among the
     current one (``now_each``, each kernel's µs now) and those ``timed`` (``((order,), each kernel's µs)``), as
-    ``(their µs summed, the launch_config entries that give each kernel its order: ``{"y": {"order": …}}``, laid over
-    a configuration key by key, ``kernels.ssd.triton.with_entries``)``, or None where every kernel is
+    (their µs summed, the launch_config entries that give each kernel its order, such as ``{"y": {"order": "blocks"}}``,
+    laid over a configuration key by key by ``kernels.ssd.triton.with_entries``), or None where every kernel is
     fastest as it is — so the winners' "together" takes ``y`` on one order and ``dx`` on another where that is what
     the profiler says, rather than the one order best for the three summed."""
     change, total = {}, 0.0
