@@ -7,6 +7,10 @@ against the same call without them, in interleaved rounds so that a machine slow
 
 Prints one markdown row per op and length: median ms with and without the passes, their difference and its share
 of the whole. The inputs are finite, as in training: the passes find nothing and cost what they cost every step.
+Then the split of the SSD's ``x`` alone (its entries taken out, and which rows held one) in three exact forms, each
+checked against ``split_finite`` on an input with a NaN, an inf and a -inf: ``split_finite``'s comparison and
+word-wise ``any``, ``torch.aminmax`` over each row, and a row sum accumulated in fp64 — slower on a CPU
+(docs/performance.md), untimed on a GPU.
 """
 
 import argparse
@@ -15,6 +19,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from kernels._finite import split_finite
 from kernels.attention import attention
 from kernels.ssd import ssd_scan
 from recipes.benchmarks.timing import interleaved_seconds
@@ -63,6 +68,42 @@ def attention_case(T: int, device: str, dtype: torch.dtype, check_finite: bool, 
 CASES = {"ssd": ssd_case, "attention": attention_case}
 
 
+def row_test_forms(x: torch.Tensor) -> dict:
+    """``(x with its non-finite entries set to 0, True for each row of the last dimension that held one)`` in three
+    exact forms, as calls: NaN, inf and -inf each reach their row's minimum or maximum (``aminmax`` propagates NaN) and
+    leave an fp64 sum non-finite (64 entries of at most 3.4e38 cannot overflow it)."""
+    def aminmax():
+        low, high = torch.aminmax(x, dim=-1)
+        return x.nan_to_num(0.0, 0.0, 0.0), ~(torch.isfinite(low) & torch.isfinite(high))
+
+    def row_sum():
+        return x.nan_to_num(0.0, 0.0, 0.0), ~torch.isfinite(x.sum(-1, dtype=torch.float64))
+
+    return {"split_finite: comparison, word-wise any": lambda: split_finite(x, 1), "aminmax over each row": aminmax,
+            "row sum in fp64": row_sum}
+
+
+def row_tests(T: int, device: str, dtype: torch.dtype, rounds: int) -> list[str]:
+    """The table of :func:`row_test_forms` on the SSD's ``x`` at length ``T`` (``ssd_case``'s shape): each form's
+    flags checked against ``split_finite``'s where a NaN, an inf and a -inf are planted, then the median ms of each
+    on finite values in interleaved rounds, and its ratio to ``split_finite``'s."""
+    B, H, P = (4, 32, 64) if device == "cuda" else (2, 8, 64)
+    x = torch.randn(B, T, H, P, device=device, dtype=dtype, generator=torch.Generator(device).manual_seed(0))
+    planted = x.clone()
+    for (t, h, p), value in zip(((0, 0, 5), (T // 2, H - 1, 0), (T - 1, 1, P - 1)), (float("nan"), float("inf"),
+                                                                                       -float("inf"))):
+        planted[0, t, h, p] = value
+    want = split_finite(planted, 1)
+    for name, form in row_test_forms(planted).items():
+        got = form()
+        if not (torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])):
+            raise AssertionError(f"the row test {name!r} disagrees with split_finite on planted non-finite entries")
+    times = interleaved_seconds(row_test_forms(x), rounds)
+    base = statistics.median(times["split_finite: comparison, word-wise any"])
+    return [f"| {name} | {T} | {statistics.median(ts) * 1e3:.2f} | {base / statistics.median(ts):.2f}× |"
+            for name, ts in times.items()]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -83,6 +124,10 @@ def main(argv: list[str] | None = None) -> None:
             # the median of the per-round differences: the two calls of a round share the machine's state
             passes = statistics.median(a - b for a, b in zip(times[True], times[False])) * 1e3
             print(f"| {op} | {T} | {with_:.2f} | {without:.2f} | {passes:.2f} | {passes / with_:.0%} |")
+    print(f"\nThe SSD's x alone, split (entries taken out, rows that held one found), {dtype}:\n")
+    print("| form | T | ms | × split_finite |\n|---|---|---|---|")
+    for T in lengths:
+        print("\n".join(row_tests(T, args.device, dtype, args.rounds)))
 
 
 if __name__ == "__main__":
