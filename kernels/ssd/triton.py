@@ -65,14 +65,14 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     Each kernel's own tiles (``_tiles``: an entry's keys override the shared ones) and ``order="heads"`` (the per-head
     scan kernels' programs ordered with the heads innermost, :func:`_grid`; an entry may give a kernel its own), set
     where the switches are: the tile search's winners at T 16K on an H200 (2026-11-27, two rounds of ``ssd_tiles``
-    with each candidate's kernels' GPU time, docs/kernels.md): ``y`` (the forward's output kernel) 64 rows stepping 32 columns
-    on 2 stages, ``dx`` (the backward's ``d(dt·x)``) 32 × 32, ``pairs`` (the log-decay pair kernel) 32 × 16 on one
+    with each candidate's kernels' GPU time, docs/kernels.md): ``y`` (the forward's output kernel) 64 rows stepping
+    32 columns on 2 stages, ``dx`` (the backward's ``d(dt·x)``) 32 × 32, ``pairs`` (the log-decay pair kernel) 32 × 16 on one
     warp, the per-group ``dC``/``dB`` kernels on 4 warps (1.49× faster in GPU time; as the benchmark launches them,
     16-byte aligned, 208-248 registers and no spill, ``compile_check --aligned``; the variant unaligned strides get
-    spills 344-504 bytes a thread there, against 0-8 on 8 warps); with the heads innermost, the bare forward and backward went from 9.02
-    to 8.30 ms at 16K in the first round and 8.39 to 7.41 in the second, each in one process, and ``ops`` measured
-    7.36 against mamba_ssm's 6.80 (0.92×) and 3.25 against 4.56 at 4K. Elsewhere the entries are empty and the
-    kernels take the shared tiles."""
+    spills 344-504 bytes a thread there, against 0-8 on 8 warps); with the heads innermost, the bare forward and
+    backward went from 9.02 to 8.30 ms at 16K in the first round and 8.39 to 7.41 in the second, each in one process,
+    and ``ops`` measured 7.36 against mamba_ssm's 6.80 (0.92×) and 3.25 against 4.56 at 4K. Elsewhere the entries are
+    empty and the kernels take the shared tiles."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False,
                  keep_states=False, order="chunks", group_order="chunks", y={}, dx={}, pairs={})
@@ -164,10 +164,13 @@ def _grid(chunks: int, blocks: int, heads: int, order: str) -> tuple[int, int, i
     """The grid of a kernel with ``blocks`` programs per chunk (``b·nc`` of them) and head (or group) in ``order``:
     ``(b·nc, blocks, heads)``, ``(b·nc·heads, blocks, 1)`` with the heads innermost, or ``(b·nc·heads·blocks, 1, 1)``
     with the blocks innermost (:func:`triton_kernels._chunk_head_block`)."""
-    if order not in ORDERS:
+    if order == "heads":
+        return chunks * heads, blocks, 1
+    if order == "blocks":
+        return chunks * heads * blocks, 1, 1
+    if order != "chunks":
         raise ValueError(f"ssd launch_config: order {order!r} is none of {ORDERS}")
-    return {"chunks": (chunks, blocks, heads), "heads": (chunks * heads, blocks, 1),
-            "blocks": (chunks * heads * blocks, 1, 1)}[order]
+    return chunks, blocks, heads
 
 
 def _scan_strides(Q, K, V, W, dt, out) -> tuple[int, ...]:
@@ -287,8 +290,7 @@ def _group_bc_grads_call(x, dy, B, C, dt, lam, seg, states, d_states, read, shar
             *q.stride()[:3], *w.stride()[:3], *r.stride()[:3], *dt.stride()[:2], *out.stride()[:3],
             SOURCE_ROWS=source_rows, HAS_DOCS=seg is not None, BLOCK_L=blk["group_rows"], BLOCK_M=blk["group_rows"],
             BLOCK_P=blk["P"], BLOCK_N=block_n, N_BLOCKS=n_blocks, DOT=blk["dot"], GROUP_ORDER=blk["group_order"],
-            num_warps=blk["group_warps"],
-            num_stages=blk["stages"],
+            num_warps=blk["group_warps"], num_stages=blk["stages"],
         )
         if n_blocks > 1:
             torch.sum(parts, 0, out=dots)
