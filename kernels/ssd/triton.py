@@ -66,8 +66,8 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     scan kernels' programs ordered with the heads innermost, :func:`_grid`; an entry may give a kernel its own), set
     where the switches are: the tile search's winners at T 16K on an H200 (2026-11-27, two rounds of ``ssd_tiles``
     with each candidate's kernels' GPU time, docs/kernels.md): ``y`` (the forward's output kernel) 64 rows stepping
-    32 columns on 2 stages, ``dx`` (the backward's ``d(dt·x)``) 32 × 32, ``pairs`` (the log-decay pair kernel) 32 × 16 on one
-    warp, the per-group ``dC``/``dB`` kernels on 4 warps (1.49× faster in GPU time; as the benchmark launches them,
+    32 columns on 2 stages, ``dx`` (the backward's ``d(dt·x)``) 32 × 32, ``pairs`` (the log-decay pair kernel)
+    32 × 16 on one warp, the per-group ``dC``/``dB`` kernels on 4 warps (1.49× faster in GPU time; as the benchmark launches them,
     16-byte aligned, 208-248 registers and no spill, ``compile_check --aligned``; the variant unaligned strides get
     spills 344-504 bytes a thread there, against 0-8 on 8 warps); with the heads innermost, the bare forward and
     backward went from 9.02 to 8.30 ms at 16K in the first round and 8.39 to 7.41 in the second, each in one process,
