@@ -31,8 +31,8 @@ from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_p
                                  is_sharded_checkpoint, load_checkpoint)
 from components.bindings import import_class, upgrade_specs
 from recipes.module import LanguageModel, language_model_arguments
-from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, TrainingInterrupted,
-                              default_progress_bar, newest_checkpoint)
+from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback,
+                              TrainingInterrupted, default_progress_bar, newest_checkpoint)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")
@@ -449,8 +449,9 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
     policy = next((c for c in trainer.callbacks if isinstance(c, CheckpointPolicy)), None)
     if policy is not None and policy.dirpath is not None:
         lines.append(f"  checkpoints {policy.dirpath}/ (last.ckpt" + (", best.ckpt" if policy.best_path else "") + ")")
-    if log_dir:
-        lines.append(f"  TensorBoard tensorboard --logdir {log_dir}")
+    tensorboard = any(type(logger).__name__ == "TensorBoardLogger" for logger in trainer.loggers)
+    if log_dir and trainer.loggers:  # (without a logger, log_dir is only the folder the checkpoints went to)
+        lines.append(f"  TensorBoard tensorboard --logdir {log_dir}" if tensorboard else f"  logs       {log_dir}")
     return "\n".join(lines)
 
 
@@ -489,7 +490,8 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
             run=run,
             # Our own per-block summary (printed by LanguageModel.on_fit_start) replaces Lightning's.
             trainer_defaults={"enable_model_summary": False, "gradient_clip_val": 1.0},
-            save_config_kwargs={"overwrite": True},
+            save_config_callback=RunConfigCallback,
+            save_config_kwargs={"overwrite": True},  # a run's own earlier file only: RunConfigCallback refuses others
             # a wrong option raises (and is printed below in a few lines) instead of printing the whole usage
             parser_kwargs={"exit_on_error": False, **{c: {"exit_on_error": False} for c in SUBCOMMANDS}},
         )

@@ -396,8 +396,10 @@ class LanguageModel(L.LightningModule):
         # TensorBoard's HPARAMS tab: the run's settings against its final and best validation loss (logged
         # at every validation under these tags; the tab shows their latest values)
         params = {**comparable_hparams(dict(self.hparams)), **{k: v for k, v in self.sizes.items() if v is not None}}
-        for logger in self.loggers:
-            logger.log_hyperparams(params, metrics={"hp/final_val_loss": float("nan"), "hp/best_val_loss": float("nan")})
+        metrics = {"hp/final_val_loss": float("nan"), "hp/best_val_loss": float("nan")}
+        for logger in self.loggers:  # (CSV, W&B and most other loggers take no metrics here)
+            takes_metrics = "metrics" in inspect.signature(logger.log_hyperparams).parameters
+            logger.log_hyperparams(params, **({"metrics": metrics} if takes_metrics else {}))
         if self.trainer.is_global_zero:
             print(self.model.summary(), flush=True)
             if self.size_note:

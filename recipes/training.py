@@ -20,6 +20,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Checkpoint, ProgressBar, RichProgressBar
+from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -135,6 +136,45 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)  # atomic on POSIX within one filesystem
         finally:
             tmp.unlink(missing_ok=True)
+
+
+class RunConfigCallback(SaveConfigCallback):
+    """Saves the resolved configuration as ``config.yaml`` in the run's folder, replacing only a file that a run
+    wrote there before (a resumed run's own). Without a logger that folder is the working one, where a user's own
+    ``config.yaml`` — perhaps the very recipe this run reads — may be: that is refused with a ``ValueError`` that
+    names the file, before training starts, rather than overwritten with the resolved dump (its comments lost)."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not self.already_saved:
+            path = Path(trainer.log_dir) / self.config_filename  # (collective under DDP: every process asks)
+            problem = own_file_problem(path, self.config.get("config") or []) if trainer.is_global_zero else None
+            problem = trainer.strategy.broadcast(problem)
+            if problem:
+                raise ValueError(problem)
+        super().setup(trainer, pl_module, stage)
+
+
+RUN_CONFIG_HEADER = "# lightning.pytorch=="  # the first line of every config.yaml a run writes
+
+
+def own_file_problem(path: Path, inputs) -> str | None:
+    """Why the run must not write its resolved configuration to ``path``, or None: the file exists and is one of
+    the run's ``--config`` files, or was not written by a run (its first line is not :data:`RUN_CONFIG_HEADER`)."""
+    if not path.is_file():
+        return None
+    def absolute(given) -> Path:  # jsonargparse's Path keeps the folder it was given in (``absolute``, a str)
+        found = getattr(given, "absolute", given)
+        return Path(found() if callable(found) else found).resolve()
+
+    read = any(absolute(given) == path.resolve() for given in inputs)
+    with open(path, errors="replace") as f:
+        written_by_run = f.readline().startswith(RUN_CONFIG_HEADER)
+    if not read and written_by_run:
+        return None
+    what = "is this run's --config file" if read else "is not a configuration a run wrote"
+    return (f"{path} {what}; the run saves its resolved configuration in its folder ({path.parent}: the working "
+            "folder when the trainer has no logger) and will not overwrite it. Rename the file, or give "
+            "--trainer.default_root_dir FOLDER, or let the run log (drop --trainer.logger false)")
 
 
 def validation_follows(trainer: L.Trainer) -> bool:

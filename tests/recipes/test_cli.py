@@ -95,3 +95,43 @@ def test_a_run_is_comparable_in_tensorboard_and_ends_with_a_summary(tmp_path, mo
     assert f"{events.Scalars('hp/best_val_loss')[-1].value:.4f}" == best  # the minimum so far, at the last validation
     texts = set(events.PluginTagToContent("text"))
     assert {"samples/text_summary", "config/text_summary"} <= texts
+
+
+def test_a_run_without_a_logger_never_overwrites_a_users_config_yaml(tmp_path, monkeypatch, capsys):
+    """Without a logger the run folder is the working one: the resolved config.yaml goes there, replacing only
+    one a run wrote — not the recipe being read, nor any other file of that name — and the summary points at no
+    TensorBoard folder."""
+    monkeypatch.chdir(tmp_path)
+    recipe = (tmp_path / "config.yaml")
+    recipe.write_text("# my notes\n" + open(resolve_config("quickstart.yaml")).read())
+    short = [*TINY_FIT[3:-6], "--trainer.max_steps", "2", "--trainer.limit_val_batches", "2",
+             "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"]
+    for config, why in (("config.yaml", "is this run's --config file"),  # read as the recipe, then merely present
+                        (resolve_config("quickstart.yaml"), "is not a configuration a run wrote")):
+        with pytest.raises(SystemExit) as info:
+            main(["fit", "--config", config, *short])
+        assert str(info.value.code).startswith(f"error: {recipe} {why}; ") and "will not overwrite" in info.value.code
+        assert recipe.read_text().startswith("# my notes\n")
+
+    recipe.unlink()
+    for _ in range(2):  # the second run replaces the first one's file
+        main(["fit", "--config", "quickstart.yaml", *short])
+        out = capsys.readouterr().out
+        assert "fit finished: 2 steps" in out and "tensorboard" not in out.lower() and "\n  logs " not in out
+        assert recipe.read_text().startswith("# lightning.pytorch==") and "max_steps: 2" in recipe.read_text()
+    written = recipe.read_text()
+    with pytest.raises(SystemExit) as info:  # a run's file read back as the recipe is the recipe: kept
+        main(["fit", "--config", "config.yaml", *short])
+    assert "is this run's --config file" in info.value.code and recipe.read_text() == written
+
+
+def test_a_csv_logger_run_logs_its_metrics(tmp_path, monkeypatch, capsys):
+    """Loggers other than TensorBoard take no ``metrics`` in ``log_hyperparams``; a run with one still logs."""
+    monkeypatch.chdir(tmp_path)
+    main([*TINY_FIT[:-6], "--trainer.max_steps", "6", "--trainer.val_check_interval", "3",
+          "--trainer.logger", "lightning.pytorch.loggers.CSVLogger"])
+    out = capsys.readouterr().out
+    [metrics] = (tmp_path / "runs").rglob("metrics.csv")
+    header, *rows = metrics.read_text().splitlines()
+    assert {"train/loss", "val/loss", "hp/best_val_loss"} <= set(header.split(",")) and len(rows) >= 2
+    assert f"logs       {metrics.parent.relative_to(tmp_path)}" in out and "tensorboard" not in out.lower()
