@@ -431,7 +431,7 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
     import time
 
     history = getattr(module, "history", {}) or {}
-    lines = ["", "fit finished: " + (f"{trainer.global_step} steps" if trainer.global_step else "no step")]
+    lines = ["", "fit finished: " + (f"{trainer.global_step} step{'s' * (trainer.global_step != 1)}" if trainer.global_step else "no step")]
     val = history.get("val") or []
     if val:
         best_step, best = min(val, key=lambda item: item[1])
@@ -447,8 +447,10 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
     if timing:
         lines.append("  speed      " + ", ".join(timing))
     policy = next((c for c in trainer.callbacks if isinstance(c, CheckpointPolicy)), None)
-    if policy is not None and policy.dirpath is not None:
-        lines.append(f"  checkpoints {policy.dirpath}/ (last.ckpt" + (", best.ckpt" if policy.best_path else "") + ")")
+    if policy is not None and policy.dirpath is not None:  # the files there (none under fast_dev_run, for one)
+        written = [name for name in ("last.ckpt", "best.ckpt") if (Path(policy.dirpath) / name).exists()
+                   and (name == "last.ckpt" or policy.best_path)]
+        lines.append(f"  checkpoints {policy.dirpath}/ ({', '.join(written)})" if written else "  checkpoints none written")
     tensorboard = any(type(logger).__name__ == "TensorBoardLogger" for logger in trainer.loggers)
     if log_dir and trainer.loggers:  # (without a logger, log_dir is only the folder the checkpoints went to)
         lines.append(f"  TensorBoard tensorboard --logdir {log_dir}" if tensorboard else f"  logs       {log_dir}")

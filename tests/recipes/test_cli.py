@@ -135,3 +135,11 @@ def test_a_csv_logger_run_logs_its_metrics(tmp_path, monkeypatch, capsys):
     header, *rows = metrics.read_text().splitlines()
     assert {"train/loss", "val/loss", "hp/best_val_loss"} <= set(header.split(",")) and len(rows) >= 2
     assert f"logs       {metrics.parent.relative_to(tmp_path)}" in out and "tensorboard" not in out.lower()
+
+
+def test_the_summary_claims_only_the_checkpoints_written(tmp_path, monkeypatch, capsys):
+    """``fast_dev_run`` writes no checkpoint (and no log): the summary says so instead of naming last.ckpt."""
+    monkeypatch.chdir(tmp_path)
+    main([*TINY_FIT[:-6], "--trainer.fast_dev_run", "true"])
+    out = capsys.readouterr().out
+    assert "fit finished: 1 step\n" in out and "checkpoints none written" in out and not list(tmp_path.rglob("*.ckpt"))
