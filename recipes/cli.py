@@ -35,8 +35,12 @@ from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceEr
                               TrainingInterrupted, default_progress_bar, newest_checkpoint)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")
-SUBCOMMANDS = ("fit", "validate", "test", "predict")  # loggers whose folders are <save_dir>/<name>/<version>/
+RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")  # loggers whose folders are <save_dir>/<name>/<version>/
+DESCRIPTION = ("Train, validate and test the zoo's models (Lightning's CLI; a recipe is a --config file, bundled ones "
+               "by name). Also: `python -m recipes generate --help` (continue a prompt), `python -m recipes eval "
+               "--help` (tasks, suites); docs/training.md.")
+# Lightning's ``predict`` is left out: a language model's predictions are ``generate`` (a continuation) or ``eval``
+SUBCOMMANDS = ("fit", "validate", "test")
 
 
 def bundled_configs() -> list[str]:
@@ -235,6 +239,10 @@ def check_run_name(logger) -> None:
 
 
 class HybridCLI(LightningCLI):
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {name: keys for name, keys in LightningCLI.subcommands().items() if name in SUBCOMMANDS}
+
     def add_arguments_to_parser(self, parser) -> None:
         # The vocabulary is the data's business; the model takes it from the instantiated data module.
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
@@ -482,6 +490,11 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
             args = resolve_config_args(args)
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
+    given = sys.argv[1:2] if args is None else args[:1]
+    if run and given == ["predict"]:
+        sys.exit("error: predict is not a subcommand here (Lightning's needs a forward that yields predictions): "
+                 "`python -m recipes generate` continues a prompt, `python -m recipes eval` scores tasks and "
+                 "per-position losses")
     quiet_lightning()
     try:
         return HybridCLI(
@@ -495,7 +508,8 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
             save_config_callback=RunConfigCallback,
             save_config_kwargs={"overwrite": True},  # a run's own earlier file only: RunConfigCallback refuses others
             # a wrong option raises (and is printed below in a few lines) instead of printing the whole usage
-            parser_kwargs={"exit_on_error": False, **{c: {"exit_on_error": False} for c in SUBCOMMANDS}},
+            parser_kwargs={"exit_on_error": False, "prog": "python -m recipes", "description": DESCRIPTION,
+                           **{c: {"exit_on_error": False} for c in SUBCOMMANDS}},
         )
     except argparse.ArgumentError as error:
         if os.environ.get("HYBRID_ZOO_DEBUG"):

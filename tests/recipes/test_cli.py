@@ -143,3 +143,14 @@ def test_the_summary_claims_only_the_checkpoints_written(tmp_path, monkeypatch, 
     main([*TINY_FIT[:-6], "--trainer.fast_dev_run", "true"])
     out = capsys.readouterr().out
     assert "fit finished: 1 step\n" in out and "checkpoints none written" in out and not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_predict_is_refused_with_the_commands_that_predict(capsys):
+    """Lightning's ``predict`` needs a forward that yields predictions (a traceback before): named instead."""
+    with pytest.raises(SystemExit) as info:
+        main(["predict", "--config", "quickstart.yaml"])
+    assert "predict is not a subcommand" in info.value.code and "recipes generate" in info.value.code
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: python -m recipes ") and "{fit,validate,test}" in text and "generate" in text
