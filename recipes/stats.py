@@ -24,7 +24,9 @@ class Summary:
     high: float
 
     def __str__(self) -> str:
-        """``mean ± std`` to four decimals; one value alone has no spread to show."""
+        """``mean ± std`` to four decimals; one value alone has no spread to show, and no value is "-"."""
+        if self.n == 0:
+            return "-"
         return f"{self.mean:.4f}" + (f" ± {self.std:.4f}" if self.n > 1 else "")
 
 

@@ -10,6 +10,11 @@ from recipes.figures import png_figure
 from recipes.sweep.records import Run, finished_result, hparam, run_curve, run_result
 
 
+def speed(tokens_per_sec: float) -> str:
+    """A median speed for a table; "-" for a run that logged none (fewer steps than ``log_every_n_steps``)."""
+    return "-" if math.isnan(tokens_per_sec) else f"{tokens_per_sec:,.0f}"
+
+
 def table(runs: list[Run]) -> str:
     rows = ["| recipe | pattern | params | active | steps | val loss | val ppl | val acc | train tok/s |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -21,7 +26,7 @@ def table(runs: list[Run]) -> str:
             continue
         rows.append(
             f"| {name} | `{r['pattern']}` | {r['params']:,} | {r['active']:,} | {r['steps']} | "
-            f"{r['val_loss']:.4f} | {r['val_ppl']:.3f} | {r['val_acc']:.3f} | {r['tok_s']:,.0f} |"
+            f"{r['val_loss']:.4f} | {r['val_ppl']:.3f} | {r['val_acc']:.3f} | {speed(r['tok_s'])} |"
         )
     return "\n".join(rows)
 
@@ -94,7 +99,7 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
                       f"{'-' if math.isnan(mde) else f'{mde:.4f}'} | {equivalence}")
         interval = f"[{s.low:.4f}, {s.high:.4f}]" if s.n > 1 else "-"
         rows.append(f"| {name} | {s.n} of {launched[name]} | {s} | {interval} | "
-                    f"{acc} | {statistics.median(speeds) if speeds else math.nan:,.0f} | "
+                    f"{acc} | {speed(statistics.median(speeds) if speeds else math.nan)} | "
                     f"{versus} | {best} |")
     return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else []))
 

@@ -76,6 +76,21 @@ def test_a_run_is_read_at_its_last_validation_and_median_speed(tmp_path):
     assert result["tok_s"] == 250.0 and result["params"] == 1234 and result["active"] == 1000
 
 
+def test_a_run_that_logged_no_speed_shows_a_dash_not_nan(tmp_path):
+    """A run shorter than ``log_every_n_steps`` logs no training speed: both tables say "-" ("nan" before)."""
+    from recipes.sweep.records import Run
+    from recipes.sweep.report import seed_table, table
+
+    write_run(tmp_path / "quiet", {5: 3.0}, [])
+    write_run(tmp_path / "timed", {5: 3.0}, [1234.0, 1500.0, 1300.0])
+    runs = [Run(tmp_path / f"{name}.yaml", tmp_path / name, seed=0) for name in ("quiet", "timed")]
+    for text, column in ((table(runs), 9), (seed_table(runs), 6)):
+        cells = {line.split("|")[1].strip(): line.split("|")[column].strip() for line in text.splitlines()[2:]}
+        assert cells == {"quiet": "-", "timed": "1,300"}, text
+    accuracy = {line.split("|")[1].strip(): line.split("|")[5].strip() for line in seed_table(runs).splitlines()[2:]}
+    assert accuracy == {"quiet": "-", "timed": "-"}  # no val/acc logged: no value, not "nan"
+
+
 def test_table_only_takes_the_most_recently_written_run(tmp_path, monkeypatch):
     import os
 
