@@ -275,7 +275,8 @@ def ssd_tiles_here(cuda: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m kernels.doctor",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tf32", action="store_true", help='fp32 dots in TF32: torch.set_float32_matmul_precision("high")')
     parser.add_argument("--no-timing", dest="timing", action="store_false")
     args = parser.parse_args(argv)

@@ -73,7 +73,8 @@ def loss_ranks(treated: list[dict], base: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.recall",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("records", nargs="+", type=Path, help="sweep records (record.json), one or more seeds each")
     parser.add_argument("--treatment", nargs="+", required=True, help="variants pooled as the treatment kind")
     parser.add_argument("--baseline", required=True, help="the variant compared against")

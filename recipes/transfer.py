@@ -161,7 +161,8 @@ def plot_transfer(stages: dict[str, list[Run]], models: list[str], path: Path) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.transfer",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for stage, what in (("pretrain", "the pre-training sweeps"), ("finetune", "the fine-tuning sweeps "
                         "(run with --init-from the pre-training ones)"), ("control", "the from-scratch sweeps "
                         "(--init-from none)")):

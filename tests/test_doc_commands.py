@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.cli import bundled_configs
+from recipes.cli import SUBCOMMANDS, bundled_configs
 from recipes.cli import main as lightning_main
 from recipes.sweep.launch import recipe_files
 
@@ -26,7 +26,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SCRIPTS = [ROOT / ".ci" / "run", *sorted((ROOT / "recipes").rglob("*.sh"))]
 # And each module's docstring, which its --help prints.
 MODULES = sorted(path for package in ("recipes", "kernels", "components") for path in (ROOT / package).rglob("*.py"))
-LIGHTNING = ("fit", "validate", "test", "predict")  # `python -m recipes SUB`: LightningCLI (jsonargparse)
+LIGHTNING = SUBCOMMANDS  # `python -m recipes SUB`: LightningCLI (jsonargparse)
 # Recipe names the docs use for the reader's own file, not a bundled one.
 PLACEHOLDER_CONFIGS = {"my_recipe.yaml", "my.yaml", "mine.yaml", "model.yaml", "C.yaml", "NAME.yaml", "FILE.yaml",
                        "doge.yaml"}
@@ -147,6 +147,7 @@ def test_every_flag_the_docs_give_an_argparse_command_exists(module):
              if tokens[0] == module and (not sub or tokens[1:2] == [sub])]
     assert shown, f"no command of python -m {module} {sub} in the docs"
     parser = argparse_parser(module, sub or None)
+    assert parser.prog == f"python -m {module}" + (f" {sub}" if sub else ""), "its usage line names another command"
     wrong = []
     for where, tokens in shown:
         args = tokens[2:] if sub else tokens[1:]

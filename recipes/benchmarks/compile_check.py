@@ -258,7 +258,8 @@ def narrow_bases(case: Case, ttir: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.compile_check",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability ×10: 80 A100, 90 H100 (default)")
     parser.add_argument("--dtypes", nargs="+", default=["bf16"], choices=DTYPES)
     parser.add_argument("--head-dims", nargs="+", type=int, default=[64],

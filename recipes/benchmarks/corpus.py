@@ -102,7 +102,8 @@ def train_rates(cache: Path, vocab: int, steps: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.corpus",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=300)
     parser.add_argument("--format", choices=["jsonl", "txt"], default="jsonl")
     parser.add_argument("--vocab", type=int, default=8192)

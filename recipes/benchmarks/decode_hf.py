@@ -154,7 +154,8 @@ def step_times(median: dict[str, float], n: int) -> tuple[dict[str, float], dict
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.decode_hf",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["llama", "mamba2", "hybrid"], choices=["llama", "mamba2", "hybrid"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--width", type=int, default=256)

@@ -79,7 +79,8 @@ def table(rows: list[dict], baseline: str = "llama") -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.decoding",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--contexts", nargs="+", type=int, default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--d-model", type=int, default=256)

@@ -62,7 +62,8 @@ def requests(limit: int):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.evaluation",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--questions", type=int, default=60, help="cloze questions (four requests each)")

@@ -56,7 +56,8 @@ def step_seconds(config: str, rounds: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.loss_step",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("configs", nargs="+", help="recipe configs (bundled names or paths)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)

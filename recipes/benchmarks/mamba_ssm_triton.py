@@ -80,7 +80,8 @@ def extract(archive: bytes, out: Path, sha256: str = SHA256) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.mamba_ssm_triton",
+                                     description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--archive", type=Path,
                         help=f"mamba_ssm-{VERSION}.tar.gz already downloaded (default: fetch it)")

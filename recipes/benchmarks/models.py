@@ -322,7 +322,8 @@ def plot(results: dict, batch: int, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.models",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", choices=sorted(FAMILIES), help="a preset of the options below")
     parser.add_argument("--models", nargs="+", choices=MODELS, help="default: every model")
     parser.add_argument("--lengths", type=int, nargs="+")

@@ -232,7 +232,8 @@ def ssd_config_over(path: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.ops",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--lengths", type=int, nargs="+", help="default: 1024 … 8192 on a GPU, 512 … 2048 on a CPU")
     parser.add_argument("--batch", type=int, help="default: 4 on a GPU, 1 on a CPU")

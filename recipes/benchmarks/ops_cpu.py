@@ -151,7 +151,8 @@ PAIRS = {
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.ops_cpu",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ops", nargs="+", default=list(PAIRS), choices=list(PAIRS))

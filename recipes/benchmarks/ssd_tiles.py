@@ -87,7 +87,8 @@ def results(inputs: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.ssd_tiles",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=32)

@@ -84,7 +84,8 @@ def cdmoe_scaling_table(d_model: int, tokens: int, repeats: int, sizes: list[int
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.state_mixers",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
