@@ -66,3 +66,14 @@ def test_gathering_the_up_rows_mixes_as_embedding_bag_does():
         results.append((out, *torch.autograd.grad((out * torch.linspace(-1, 1, 30).view(5, 6)).sum(), [up, coef])))
     for name, a, b in zip(["out", "d up", "d coef"], *results):
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_embedding_bag_still_has_no_bf16_backward_for_its_weights():
+    """Why the reference gathers ``up``'s rows for bf16 on CUDA (measured on torch 2.11). When a torch release
+    gives embedding_bag that backward, this fails: then the gather (and its memory) can go."""
+    up = torch.randn(7, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    coef = torch.randn(5, 6, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    experts = torch.randint(0, 7, (5, 6), device="cuda")
+    with pytest.raises(RuntimeError):
+        F.embedding_bag(experts, up, per_sample_weights=coef, mode="sum").sum().backward()
