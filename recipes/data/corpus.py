@@ -478,7 +478,19 @@ class TokenizedCorpus(ResumableDataModule):
             if self.meta["tokens"][split] < self.seq_len + 1:
                 raise ValueError(f"TokenizedCorpus: the {split} split has {self.meta['tokens'][split]} tokens "
                                  f"({self.meta['documents'][split]} documents), fewer than seq_len + 1 = "
-                                 f"{self.seq_len + 1}; use more text, a larger val_fraction or a shorter seq_len")
+                                 f"{self.seq_len + 1}; {self._too_short_hint()}")
+
+    def _too_short_hint(self) -> str:
+        """What to change when a split is shorter than one window. Documents, not tokens, are split: a corpus of
+        fewer than ``val_every`` documents (one ``.txt`` file is one) has no validation text at all."""
+        documents = sum(self.meta["documents"].values())
+        if documents >= self.val_every:
+            return "use more text, a larger val_fraction or a shorter seq_len"
+        whole_files = [f.name for f in self.files or [] if f.suffix == ".txt"] if self.txt_separator is None else []
+        split = (f"split {', '.join(whole_files[:3])} into documents with txt_separator (for example a blank line, "
+                 "--data.init_args.txt_separator $'\\n\\n'), " if whole_files else "")
+        return (f"validation takes every {self.val_every}th document and the corpus has {documents}: {split}give "
+                "more documents or a larger val_fraction")
 
     # ---- text <-> tokens -------------------------------------------------------------------------
 

@@ -68,6 +68,19 @@ def test_text_to_cache_to_tokens_round_trips_and_splits_by_documents(tmp_path, f
     assert torch.equal(window["input_ids"][1:], window["labels"][:-1]) and window["input_ids"].dtype == torch.int64
 
 
+def test_too_few_documents_for_a_validation_split_names_the_way_out(tmp_path):
+    """One .txt file is one document, so it has no validation text whatever val_fraction says: the error says to
+    split it (txt_separator), which then gives a corpus that trains; a corpus of many documents keeps the old hint."""
+    (tmp_path / "all.txt").write_text("\n\n".join(DOCUMENTS), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"the val split has 0 tokens \(0 documents\).*every 10th document and the "
+                                         r"corpus has 1: split all.txt into documents with txt_separator"):
+        corpus(tmp_path, str(tmp_path / "all.txt")).setup()
+    corpus(tmp_path, str(tmp_path / "all.txt"), txt_separator="\n\n").setup()  # 40 documents: 4 for validation
+    with pytest.raises(ValueError, match="use more text, a larger val_fraction or a shorter seq_len") as info:
+        corpus(tmp_path, write(tmp_path, "jsonl"), seq_len=4000).setup()
+    assert "txt_separator" not in str(info.value)
+
+
 @pytest.mark.parametrize("separator", ["<DOC>", "\n<DOC>\n"])
 def test_a_long_txt_document_is_read_in_pieces_and_still_round_trips(tmp_path, monkeypatch, separator):
     monkeypatch.setattr(corpus_module, "PIECE_BYTES", 50)  # many pieces per document
