@@ -439,7 +439,8 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
     import time
 
     history = getattr(module, "history", {}) or {}
-    lines = ["", "fit finished: " + (f"{trainer.global_step} step{'s' * (trainer.global_step != 1)}" if trainer.global_step else "no step")]
+    steps = trainer.global_step
+    lines = ["", "fit finished: " + (f"{steps} step{'s' * (steps != 1)}" if steps else "no step")]
     val = history.get("val") or []
     if val:
         best_step, best = min(val, key=lambda item: item[1])

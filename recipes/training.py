@@ -162,11 +162,7 @@ def own_file_problem(path: Path, inputs) -> str | None:
     the run's ``--config`` files, or was not written by a run (its first line is not :data:`RUN_CONFIG_HEADER`)."""
     if not path.is_file():
         return None
-    def absolute(given) -> Path:  # jsonargparse's Path keeps the folder it was given in (``absolute``, a str)
-        found = getattr(given, "absolute", given)
-        return Path(found() if callable(found) else found).resolve()
-
-    read = any(absolute(given) == path.resolve() for given in inputs)
+    read = any(_resolved(given) == path.resolve() for given in inputs)
     with open(path, errors="replace") as f:
         written_by_run = f.readline().startswith(RUN_CONFIG_HEADER)
     if not read and written_by_run:
@@ -175,6 +171,12 @@ def own_file_problem(path: Path, inputs) -> str | None:
     return (f"{path} {what}; the run saves its resolved configuration in its folder ({path.parent}: the working "
             "folder when the trainer has no logger) and will not overwrite it. Rename the file, or give "
             "--trainer.default_root_dir FOLDER, or let the run log (drop --trainer.logger false)")
+
+
+def _resolved(given) -> Path:
+    """A ``--config`` path as jsonargparse keeps it (its ``absolute``, a str, from the folder it was given in)."""
+    found = getattr(given, "absolute", given)
+    return Path(found() if callable(found) else found).resolve()
 
 
 def validation_follows(trainer: L.Trainer) -> bool:
