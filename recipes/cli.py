@@ -439,8 +439,15 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
     import time
 
     history = getattr(module, "history", {}) or {}
-    steps = trainer.global_step
-    lines = ["", "fit finished: " + (f"{steps} step{'s' * (steps != 1)}" if steps else "no step")]
+    steps, first = trainer.global_step, history.get("first_step", 0)
+    done = f"{steps} step{'s' * (steps != 1)}" if steps else "no step"
+    if first and steps == first:  # resumed with nothing left to do
+        reached = trainer.max_steps == steps
+        done += (f", all before this run (max_steps {steps} was reached already: raise --trainer.max_steps to train on)"
+                 if reached else ", all before this run")
+    elif first:
+        done += f" ({steps - first} in this run, resumed at step {first})"
+    lines = ["", "fit finished: " + done]
     val = history.get("val") or []
     if val:
         best_step, best = min(val, key=lambda item: item[1])

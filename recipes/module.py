@@ -425,6 +425,8 @@ class LanguageModel(L.LightningModule):
         # Only when training resumes: loading weights elsewhere must not reset the caller's RNGs.
         if self._trainer is not None and self.trainer.state.fn == "fit" and "rng_states" in checkpoint:
             set_rng_states(checkpoint["rng_states"])
+        if self._trainer is not None and self.trainer.state.fn == "fit":  # where a resumed run starts (the summary)
+            self.history["first_step"] = int(checkpoint.get("global_step", 0))
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
         # Tokens over wall time across a logging window of finished steps (data loading included), read after

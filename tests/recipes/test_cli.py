@@ -154,3 +154,15 @@ def test_predict_is_refused_with_the_commands_that_predict(capsys):
         main(["--help"])
     text = capsys.readouterr().out
     assert text.startswith("usage: python -m recipes ") and "{fit,validate,test}" in text and "generate" in text
+
+
+def test_a_resumed_run_says_how_many_steps_it_trained(tmp_path, monkeypatch, capsys):
+    """The summary counts this run's steps apart from the checkpoint's, and says so when max_steps left none."""
+    monkeypatch.chdir(tmp_path)
+    short = [*TINY_FIT[:-6], "--trainer.enable_progress_bar", "false", "--trainer.val_check_interval", "2"]
+    main([*short, "--trainer.max_steps", "4"])
+    assert "fit finished: 4 steps\n" in capsys.readouterr().out
+    main([*short, "--trainer.max_steps", "4", "--ckpt_path", "last"])
+    assert "fit finished: 4 steps, all before this run (max_steps 4 was reached already" in capsys.readouterr().out
+    main([*short, "--trainer.max_steps", "6", "--ckpt_path", "last"])
+    assert "fit finished: 6 steps (2 in this run, resumed at step 4)\n" in capsys.readouterr().out
