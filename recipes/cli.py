@@ -129,16 +129,39 @@ def resolve_config_args(args: list[str]) -> list[str]:
     return out
 
 
+UNION_HEADER = "Does not validate against any of the Union subtypes"
+# a union's alternatives that a class path or a mapping could never have been: noise beside the real reason
+NOT_MEANT = ("Expected a <class 'NoneType'>", "Expected a <class 'bool'>", "Expected a <class 'collections.abc.Iterable'>",
+             "Expected a path but ", UNION_HEADER)
+
+
 def parse_error_message(error: Exception) -> str:
-    """jsonargparse's error in a few lines: the key, and for a value that fits none of a union's types, the
-    reasons of the types that could have fit (not "Expected a <class 'NoneType'>")."""
+    """jsonargparse's error in a line: the key, and for a value that fits none of a union's types the reasons of
+    the types that could have fit — a class's own problem (a missing package, a bad argument) with the lines
+    under it, not "Expected a <class 'NoneType'>" or the value dumped back."""
     lines = str(error).splitlines()
-    if any("Does not validate against any of the Union subtypes" in line for line in lines):
-        key = lines[0].strip().rstrip(":")
-        reasons = [line.strip()[2:] for line in lines if line.strip().startswith("- ") and "NoneType" not in line]
-        reasons = [reason.split(": ", 1)[1] if reason.startswith("Type ") and ": " in reason else reason for reason in reasons]
-        return f"{key}: {'; '.join(reasons) or lines[-1].strip()}"
-    return "\n".join(line for line in lines[:6])
+    if not any(UNION_HEADER in line for line in lines):
+        return "\n".join(line for line in lines[:6])
+    key = lines[0].strip().rstrip(":") if lines[0].startswith("Parser key") else None
+    reasons = []
+    for i, line in enumerate(lines):
+        if not line.strip().startswith("- "):
+            continue
+        depth = len(line) - len(line.lstrip())
+        under = []  # the reason's own lines, indented below it
+        for following in lines[i + 1:]:
+            if len(following) - len(following.lstrip()) <= depth:
+                break
+            under.append(following.strip())
+        reason = " ".join([line.strip()[2:], *under])
+        if reason.startswith("Type ") and ": " in reason:  # "Type X expects a function or a callable class: why"
+            reason = reason.split(": ", 1)[1]
+        # the whole value dumped back: only the class it was for
+        reason = re.sub(r" Got value: Namespace\(.*class_path='([^']+)'\)$", r" (for \1)", reason)
+        reasons.append(re.sub(r" Got value: Namespace\(.*$", "", reason))
+    meant = [reason for reason in reasons if not reason.startswith(NOT_MEANT)]
+    text = "; ".join(meant or reasons) or lines[-1].strip()
+    return f"{key}: {text}" if key else text
 
 
 def run_logger(trainer_config):
@@ -529,7 +552,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
     except (ValueError, FileNotFoundError) as error:  # a named configuration or input error: its message, no trace
         if os.environ.get("HYBRID_ZOO_DEBUG"):
             raise
-        sys.exit(f"error: {error}")
+        sys.exit(f"error: {parse_error_message(error) if UNION_HEADER in str(error) else error}")
     except TrainingInterrupted as error:
         print(f"{error}; resume with --ckpt_path last", file=sys.stderr, flush=True)
         sys.exit(128 + error.signum)

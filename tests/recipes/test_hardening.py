@@ -1,6 +1,7 @@
 """Bad input a new user (or a damaged disk) gives the recipes: each gets an error that names the problem, as
 the last line, without a traceback — where it used to be accepted silently, or end in a deep error."""
 
+import importlib.util
 import json
 
 import pytest
@@ -54,7 +55,13 @@ def test_a_later_file_may_change_only_the_arguments_of_a_bound_letter(tmp_path, 
      "checkpoint options {'every_n_steps': 5} have no effect with trainer.enable_checkpointing false"),
     (["--model.d_modle", "3"], "unrecognized arguments: --model.d_modle 3 (python -m recipes fit --help"),
     (["--model.mixers", "{Q: {init_args: {n_heads: 2}}}"], "model.mixers"),
-], ids=["accumulate-0", "negative-clip", "checkpointing-off", "typo", "binding-without-class"])
+    (["--model.mixers.A.init_args.n_heads", "x"],
+     'Parser key "model.mixers": Parser key "n_heads": Expected a <class \'int\'>. Got value: x. (for components.QCAttention)'),
+    (["--model.mixers.A.init_args.bogus", "1"], "Option 'bogus' is not accepted. (for components.QCAttention)"),
+    (["--trainer.logger", "nonsense.Logger"],
+     "\"trainer.logger\": Problem with given class_path 'nonsense.Logger': No module named 'nonsense' (python -m"),
+], ids=["accumulate-0", "negative-clip", "checkpointing-off", "typo", "binding-without-class", "bad-value",
+        "unknown-argument", "unknown-logger"])
 def test_a_bad_option_is_named_in_a_line_or_two(tmp_path, monkeypatch, flags, expected):
     assert expected in refused(tmp_path, monkeypatch, "fit", *TINY, *flags)
 
@@ -178,3 +185,11 @@ def test_a_checkpoint_from_before_inner_func_attention_took_parts_validates_and_
     capsys.readouterr()
     main(["validate", *TINY, "--model.pattern", "IM", "--ckpt_path", str(tmp_path / "old.ckpt")])
     assert "val/loss" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="needs wandb absent")
+def test_a_logger_whose_package_is_missing_is_named_with_the_install_hint(tmp_path, monkeypatch):
+    """Lightning refuses the logger when it is built (not parsed): its hint, not a union's twelve lines."""
+    message = refused(tmp_path, monkeypatch, "fit", *TINY, "--trainer.logger", "lightning.pytorch.loggers.WandbLogger")
+    assert "'lightning.pytorch.loggers.WandbLogger': Requirement 'wandb" in message and "pip install" in message
+    assert "NoneType" not in message and "Given value" not in message
