@@ -131,8 +131,8 @@ def resolve_config_args(args: list[str]) -> list[str]:
 
 UNION_HEADER = "Does not validate against any of the Union subtypes"
 # a union's alternatives that a class path or a mapping could never have been: noise beside the real reason
-NOT_MEANT = ("Expected a <class 'NoneType'>", "Expected a <class 'bool'>", "Expected a <class 'collections.abc.Iterable'>",
-             "Expected a path but ", UNION_HEADER)
+NOT_MEANT = ("Expected a <class 'NoneType'>", "Expected a <class 'bool'>",
+             "Expected a <class 'collections.abc.Iterable'>", "Expected a path but ", UNION_HEADER)
 
 
 def parse_error_message(error: Exception) -> str:
