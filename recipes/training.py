@@ -154,7 +154,9 @@ class RunConfigCallback(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
 
-RUN_CONFIG_HEADER = "# lightning.pytorch=="  # the first line of every config.yaml a run writes
+# The first line of every config.yaml a run writes (LightningCLI's dump header), without its version: a run
+# resumed after a Lightning upgrade still owns the file its earlier part wrote.
+RUN_CONFIG_HEADER = "# lightning.pytorch=="
 
 
 def own_file_problem(path: Path, inputs) -> str | None:

@@ -102,7 +102,7 @@ def test_a_run_without_a_logger_never_overwrites_a_users_config_yaml(tmp_path, m
     one a run wrote — not the recipe being read, nor any other file of that name — and the summary points at no
     TensorBoard folder."""
     monkeypatch.chdir(tmp_path)
-    recipe = (tmp_path / "config.yaml")
+    recipe = tmp_path / "config.yaml"
     recipe.write_text("# my notes\n" + open(resolve_config("quickstart.yaml")).read())
     short = [*TINY_FIT[3:-6], "--trainer.max_steps", "2", "--trainer.limit_val_batches", "2",
              "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"]
