@@ -476,6 +476,9 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
         best_step, best = min(val, key=lambda item: item[1])
         last_step, last = val[-1]
         lines.append(f"  val/loss   last {last:.4f} (step {last_step})   best {best:.4f} (step {best_step})")
+    elif steps > first and trainer.limit_val_batches:  # a short --trainer.max_steps under the recipe's interval
+        lines.append(f"  val/loss   none: no validation ran in these steps (val_check_interval "
+                     f"{trainer.val_check_interval}; --trainer.val_check_interval N validates every N steps)")
     speeds = history.get("tokens_per_sec") or []
     started = history.get("started")
     timing = []

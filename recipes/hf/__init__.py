@@ -103,19 +103,31 @@ def from_pretrained(folder: str | Path) -> HybridLM:
 
 # ---- import: a checkpoint and a recipe to fine-tune it --------------------------------------------
 
-def write_checkpoint(folder: str | Path, out: str | Path) -> tuple[Path, Path]:
+def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = False) -> tuple[Path, Path]:
     """``out`` (a checkpoint ``LanguageModel.load_from_checkpoint`` reads) and ``out`` with ``.yaml``: a recipe that
     fine-tunes from it (``model.init_from``, relative to the recipe) on the folder's own tokenizer
-    (``TokenizedCorpus``; byte text only when the vocabulary is bytes). Edit its ``data.init_args.paths``."""
+    (``TokenizedCorpus``; byte text only when the vocabulary is bytes). Edit its ``data.init_args.paths``.
+
+    Files already there are refused unless ``overwrite``: the recipe is the one a user edits (their data), and
+    ``out`` may be a trained checkpoint."""
     import yaml
 
     from recipes.hf.tokenizer import folder_tokenizer
     from recipes.module import LanguageModel
 
+    out = Path(out)
+    if out.suffix in (".yaml", ".yml", ".json"):
+        raise ValueError(f"--out {out}: the checkpoint to write (such as {out.with_suffix('.ckpt').name}); its recipe "
+                         f"is written beside it as {out.with_suffix('.yaml').name}")
     recipe = hf_recipe(folder)
     tokenizer = folder_tokenizer(Path(folder))
     vocab = recipe["vocab_size"]
-    out = Path(out)
+    present = [str(path) for path in (out, out.with_suffix(".yaml"), out.with_name(f"{out.stem}.tokenizer.json"))
+               if path.exists() and not (path.name.endswith(".tokenizer.json") and tokenizer is None)]
+    if present and not overwrite:
+        named = " and ".join([", ".join(present[:-1]), present[-1]] if len(present) > 1 else present)
+        raise FileExistsError(f"{named} already exist{'s' * (len(present) == 1)}: choose another "
+                              "--out, or --force (overwrite=True) to replace them (an edited recipe would be lost)")
     out.parent.mkdir(parents=True, exist_ok=True)
     if tokenizer is not None:
         shutil.copyfile(tokenizer, out.with_name(f"{out.stem}.tokenizer.json"))
@@ -203,15 +215,29 @@ def write_weights(state: dict[str, torch.Tensor], out: Path, max_shard_size: int
     return names
 
 
-def export(source, out: str | Path, *, data=None, allow_classes=(), max_shard_size: str | int = "2GB") -> Path:
+WRITTEN_BY_EXPORT = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+                     "model-*-of-*.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+"""What :func:`export` writes into its folder (and, with ``overwrite``, clears first: a stale shard index beside
+new weights would make ``from_pretrained`` load the old shards)."""
+
+
+def export(source, out: str | Path, *, data=None, allow_classes=(), max_shard_size: str | int = "2GB",
+           overwrite: bool = False) -> Path:
     """Write ``out``, a folder ``transformers.AutoModelForCausalLM.from_pretrained`` loads: ``config.json``,
     ``model.safetensors`` (sharded past ``max_shard_size``), ``generation_config.json``, and the tokenizer of
     ``data`` (the recipe's data module; bytes become a byte-level tokenizer ``AutoTokenizer`` loads).
 
     ``source``: a ``HybridLM``, a ``LanguageModel``, or a checkpoint path (read as data only; ``allow_classes``
-    as for ``load_from_checkpoint``)."""
+    as for ``load_from_checkpoint``). A folder that holds files is refused unless ``overwrite``, which first removes
+    the files an export writes (:data:`WRITTEN_BY_EXPORT`)."""
     from recipes.hf.tokenizer import write_tokenizer
 
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is a file: the export writes a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out} is not empty: choose a new folder, or --force (overwrite=True) to replace the model files "
+                              "there (other files stay)")
     if isinstance(source, (str, Path)):
         from recipes.module import LanguageModel
 
@@ -221,7 +247,10 @@ def export(source, out: str | Path, *, data=None, allow_classes=(), max_shard_si
         raise TypeError(f"export: {type(source).__name__} is not a HybridLM, a LanguageModel or a checkpoint path")
     adapter = hf_architecture(model)
     config = adapter.config(model)
-    out = Path(out)
+    if out.is_dir() and any(out.iterdir()):  # (refused before any of it is touched)
+        for pattern in WRITTEN_BY_EXPORT:
+            for stale in out.glob(pattern):
+                stale.unlink()
     out.mkdir(parents=True, exist_ok=True)
     state = to_hf(config, model.state_dict())
     files = write_weights(state, out, shard_size(max_shard_size))

@@ -15,24 +15,27 @@ def main(argv: list[str] | None = None) -> None:
     load = commands.add_parser("import", help="a Hugging Face folder → a zoo checkpoint and a fine-tuning recipe")
     load.add_argument("folder", help="a Hugging Face checkpoint folder (config.json + safetensors)")
     load.add_argument("--out", required=True, help="the checkpoint to write; a recipe is written beside it (.yaml)")
+    load.add_argument("--force", action="store_true", help="replace the checkpoint and recipe if they exist")
     save = commands.add_parser("export", help="a zoo checkpoint → a Hugging Face folder")
     save.add_argument("checkpoint", help="a checkpoint file (last.ckpt, best.ckpt, or one python -m recipes.hf import wrote)")
     save.add_argument("--out", required=True, help="the folder to write")
     save.add_argument("--config", default=None,
                       help="the recipe the checkpoint was trained with, for its tokenizer (default: the run's config.yaml)")
     save.add_argument("--max_shard_size", default="2GB", help="shard the weights past this size (default 2GB)")
+    save.add_argument("--force", action="store_true", help="write into a folder that holds files (the model's are replaced)")
     save.add_argument("--allow_classes", nargs="*", default=[], help="packages whose classes the checkpoint may name")
     args = parser.parse_args(argv)
     from recipes.hf import export, write_checkpoint
 
     try:
         if args.command == "import":
-            checkpoint, recipe = write_checkpoint(args.folder, args.out)
+            checkpoint, recipe = write_checkpoint(args.folder, args.out, overwrite=args.force)
             print(f"wrote {checkpoint} and {recipe}\nfine-tune: python -m recipes fit --config {recipe}")
             return
         data = export_data(args.checkpoint, args.config)
-        export(args.checkpoint, args.out, data=data, allow_classes=args.allow_classes, max_shard_size=args.max_shard_size)
-    except (FileNotFoundError, ValueError, TypeError) as error:
+        export(args.checkpoint, args.out, data=data, allow_classes=args.allow_classes, max_shard_size=args.max_shard_size,
+               overwrite=args.force)
+    except (FileNotFoundError, FileExistsError, ValueError, TypeError) as error:
         sys.exit(f"error: {error}")
 
 

@@ -15,20 +15,34 @@ def speed(tokens_per_sec: float) -> str:
     return "-" if math.isnan(tokens_per_sec) else f"{tokens_per_sec:,.0f}"
 
 
+def number(value: float, digits: int = 4) -> str:
+    """A loss, perplexity or accuracy for a table; "-" for one the run never logged."""
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+NO_VALIDATION = ("ran no validation (fewer steps than its trainer.val_check_interval? "
+                 "--set trainer.val_check_interval=N validates every N steps)")
+"""The note under a table for a run that finished without a validation loss: a short ``--set trainer.max_steps``
+under the recipe's interval is the usual cause, and the table's cells would otherwise just be empty."""
+
+
 def table(runs: list[Run]) -> str:
     rows = ["| recipe | pattern | params | active | steps | val loss | val ppl | val acc | train tok/s |",
             "|---|---|---|---|---|---|---|---|---|"]
+    notes = []
     for run in runs:
         name = run.config.stem
         r, why = finished_result(run)
         if r is None:
             rows.append(f"| {name} | {why} |  |  |  |  |  |  |  |")
             continue
+        if math.isnan(r["val_loss"]):
+            notes.append(f"{name} {NO_VALIDATION}")
         rows.append(
             f"| {name} | `{r['pattern']}` | {r['params']:,} | {r['active']:,} | {r['steps']} | "
-            f"{r['val_loss']:.4f} | {r['val_ppl']:.3f} | {r['val_acc']:.3f} | {speed(r['tok_s'])} |"
+            f"{number(r['val_loss'])} | {number(r['val_ppl'], 3)} | {number(r['val_acc'], 3)} | {speed(r['tok_s'])} |"
         )
-    return "\n".join(rows)
+    return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else []))
 
 
 EARLY_BEST = (0.8, 0.005)
@@ -64,7 +78,9 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
             notes.append(f"{name} seed {run.seed} {why}")
             continue
         results[name].append(result)
-        if not math.isnan(result["best_val_loss"]) and early_best(result):
+        if math.isnan(result["val_loss"]):
+            notes.append(f"{name} seed {run.seed} {NO_VALIDATION}")
+        elif not math.isnan(result["best_val_loss"]) and early_best(result):
             notes.append(f"{name} seed {run.seed}: best val loss {result['best_val_loss']:.4f} at step "
                          f"{result['best_step']} of {result['steps']}; final {result['val_loss']:.4f}")
     if baseline is not None and baseline not in results:
@@ -75,7 +91,7 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
     holm_p = dict(zip(compared, holm([welch_p[name] for name in compared])))
     rows = ["| recipe | runs | val loss, mean ± std | 95% interval | val acc, mean ± std | train tok/s | "
             f"Δ loss vs {baseline or '-'} | p (Welch) | p (Holm) | detectable Δ (80%) | "
-            f"TOST p (±{margin if margin is not None else '-'}) | best val loss (step) |",
+            f"TOST p{f' (±{margin})' if margin is not None else ''} | best val loss (step) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda p: "< 2 runs" if math.isnan(p) else f"{p:.3g}"  # noqa: E731
     for name, finished in results.items():
@@ -95,7 +111,7 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
             mde = detectable_effect(s.std, s.n, b.std, b.n)
             equivalence = "-" if margin is None else fmt(tost(loss(name), loss(baseline), margin))
             # NaN p: fewer than two finished runs on a side, so no test; say so rather than print "nan".
-            versus = (f"{diff:+.4f} | {fmt(welch_p[name])} | {fmt(holm_p[name])} | "
+            versus = (f"{'-' if math.isnan(diff) else f'{diff:+.4f}'} | {fmt(welch_p[name])} | {fmt(holm_p[name])} | "
                       f"{'-' if math.isnan(mde) else f'{mde:.4f}'} | {equivalence}")
         interval = f"[{s.low:.4f}, {s.high:.4f}]" if s.n > 1 else "-"
         rows.append(f"| {name} | {s.n} of {launched[name]} | {s} | {interval} | "

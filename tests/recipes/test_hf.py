@@ -247,6 +247,42 @@ def test_import_brings_the_folders_tokenizer_and_refuses_bytes_for_a_larger_voca
         write_checkpoint(tmp_path / "big", tmp_path / "out" / "big.ckpt")
 
 
+def test_import_never_replaces_an_edited_recipe_or_a_checkpoint_unless_forced(tmp_path, capsys):
+    with_tokenizer(tmp_path)
+    out = tmp_path / "out" / "llama.ckpt"
+    main([str(tmp_path / "llama"), "--out", str(out)])
+    recipe = out.with_suffix(".yaml")
+    recipe.write_text(recipe.read_text().replace("data/*.jsonl", "my/own/*.jsonl"))  # the user points it at their data
+    with pytest.raises(SystemExit, match=r"llama.ckpt, .*llama.yaml and .*llama.tokenizer.json already exist: choose another --out, or --force"):
+        main([str(tmp_path / "llama"), "--out", str(out)])
+    assert "my/own/*.jsonl" in recipe.read_text()
+    main([str(tmp_path / "llama"), "--out", str(out), "--force"])
+    assert "data/*.jsonl" in recipe.read_text()
+    with pytest.raises(SystemExit, match=r"--out .*other.yaml: the checkpoint to write \(such as other.ckpt\)"):
+        main([str(tmp_path / "llama"), "--out", str(tmp_path / "other.yaml")])
+    assert not (tmp_path / "other.yaml").exists()
+
+
+def test_export_into_a_folder_with_files_is_refused_and_forced_leaves_no_stale_shard(tmp_path):
+    from recipes.data.text import TextCorpus
+    from recipes.hf import export
+
+    _, zoo = saved(tmp_path, "llama")
+    export(zoo, tmp_path / "exported", data=TextCorpus(), max_shard_size="20KB")
+    with torch.no_grad():
+        for p in zoo.parameters():
+            p.mul_(0.5)  # a different model, exported over the first
+    with pytest.raises(FileExistsError, match="exported is not empty: choose a new folder, or --force"):
+        export(zoo, tmp_path / "exported", data=TextCorpus())
+    (tmp_path / "exported" / "notes.txt").write_text("mine")
+    export(zoo, tmp_path / "exported", data=TextCorpus(), overwrite=True)  # one file now: the shards must go
+    assert not list((tmp_path / "exported").glob("model-*")) and (tmp_path / "exported" / "notes.txt").exists()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    ids = torch.randint(0, VOCAB, (1, T))
+    with torch.no_grad():
+        assert relative_error(zoo(ids), theirs(ids).logits) <= 1e-5
+
+
 @pytest.mark.parametrize("kind", ["llama", "mamba2", "doge", "doge-moe"])
 def test_export_loads_in_transformers_with_equal_logits_and_greedy_ids(tmp_path, kind):
     from recipes.data.text import TextCorpus
