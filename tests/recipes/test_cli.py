@@ -145,6 +145,21 @@ def test_the_summary_claims_only_the_checkpoints_written(tmp_path, monkeypatch, 
     assert "fit finished: 1 step\n" in out and "checkpoints none written" in out and not list(tmp_path.rglob("*.ckpt"))
 
 
+def test_the_fit_summary_says_when_no_validation_ran():
+    from types import SimpleNamespace
+
+    from recipes.cli import fit_summary
+
+    trainer = SimpleNamespace(global_step=5, max_steps=5, limit_val_batches=2, val_check_interval=200, callbacks=[],
+                              loggers=[])
+    module = SimpleNamespace(history={"val": []})
+    assert "val/loss   none: no validation ran in these steps (val_check_interval 200;" in fit_summary(trainer, module)
+    module.history["val"] = [(5, 3.25)]
+    assert "val/loss   last 3.2500 (step 5)" in fit_summary(trainer, module)
+    assert "none" not in fit_summary(SimpleNamespace(**{**vars(trainer), "limit_val_batches": 0}),
+                                     SimpleNamespace(history={}))
+
+
 def test_predict_is_refused_with_the_commands_that_predict(capsys):
     """Lightning's ``predict`` needs a forward that yields predictions (a traceback before): named instead."""
     with pytest.raises(SystemExit) as info:

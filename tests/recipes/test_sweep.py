@@ -178,6 +178,27 @@ def test_seeds_launch_one_run_per_seed_in_parallel_and_tabulate_them(tmp_path, m
         main([str(family), "--seeds", "2", "--baseline", "nope"])
 
 
+def test_a_run_that_never_validated_gets_dashes_and_a_note_saying_why(tmp_path):
+    """A ``--set trainer.max_steps`` under the recipe's ``val_check_interval``: the run is fine but has no
+    validation loss. Both tables say "-" (``nan`` and ``+nan`` before) and say why under the table."""
+    from recipes.sweep.records import Run
+    from recipes.sweep.report import seed_table, table
+
+    write_run(tmp_path / "short", {}, [1000.0])
+    write_run(tmp_path / "base", {5: 3.0}, [1000.0])
+    runs = [Run(tmp_path / f"{name}.yaml", tmp_path / name, seed=0) for name in ("short", "base")]
+    plain, seeded = table(runs), seed_table(runs, baseline="base")
+    assert "nan" not in plain + seeded
+    row = next(line for line in plain.splitlines() if line.startswith("| short"))
+    assert [cell.strip() for cell in row.split("|")[6:9]] == ["-", "-", "-"]
+    row = next(line for line in seeded.splitlines() if line.startswith("| short"))
+    assert row.split("|")[2].strip() == "0 of 1" and row.split("|")[7].strip() == "-"
+    for text in (plain, seeded):
+        notes = [line for line in text.splitlines() if line.startswith("- ")]
+        assert len(notes) == 1 and notes[0].startswith("- short") and "ran no validation" in notes[0]
+        assert "--set trainer.val_check_interval=N" in notes[0]
+
+
 def fake_family(tmp_path) -> list:
     """Two recipes × 3 seeds with hand-written validation curves; seed 2 of ``b`` validated one step less."""
     from recipes.sweep.records import Run
