@@ -24,6 +24,13 @@ def tokenizer(recipe: dict):
     return data
 
 
+def cut_after(text: str, stop: str | None, start: int = 0) -> str:
+    """``text`` up to and including the first ``stop`` at or after ``start`` (the prompt's length): a stop text of
+    several tokens is found in the decoded text, and a one-token stop's filled positions after it are dropped."""
+    end = text.find(stop, start) if stop else -1
+    return text if end < 0 else text[:end + len(stop)]
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m recipes generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,7 +41,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     parser.add_argument("--top_k", type=int, default=None)
     parser.add_argument("--top_p", type=float, default=None)
-    parser.add_argument("--stop", default=None, help="stop at this text (one token of it)")
+    parser.add_argument("--stop", default=None,
+                        help="end the continuation after the first occurrence of this text (a one-token text also "
+                             "ends generation there)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compile", action="store_true",
                         help="each step through torch.compile from a fixed-shape cache (pays off past ~100 tokens)")
@@ -49,10 +58,13 @@ def main(argv: list[str] | None = None) -> str:
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
     prompt = torch.tensor([data.encode(args.prompt)])  # [1, T]
-    stop = data.encode(args.stop)[0] if args.stop else None
-    out = lm.model.eval().generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                   top_p=args.top_p, stop_token=stop,
-                                   generator=torch.Generator().manual_seed(args.seed), compile=args.compile)
-    text = data.decode(out[0].tolist())
+    stop = data.encode(args.stop) if args.stop else []
+    try:
+        out = lm.model.eval().generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                       top_p=args.top_p, stop_token=stop[0] if len(stop) == 1 else None,
+                                       generator=torch.Generator().manual_seed(args.seed), compile=args.compile)
+    except ValueError as error:  # a bad sampling setting or length, named by generate
+        sys.exit(f"error: {error}")
+    text = cut_after(data.decode(out[0].tolist()), args.stop, start=len(data.decode(prompt[0].tolist())))
     print(text)
     return text

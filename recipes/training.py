@@ -153,6 +153,30 @@ class RunConfigCallback(SaveConfigCallback):
                 raise ValueError(problem)
         super().setup(trainer, pl_module, stage)
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """A run that fails before its first step (its data, a refused configuration, the first forward) leaves
+        no empty ``version_N`` behind: Lightning creates the folder and its events file before anything is
+        checked, and an empty run would then sit in TensorBoard and in the version count."""
+        if not trainer.is_global_zero or not trainer.loggers or (trainer.state.fn == "fit" and trainer.global_step):
+            return
+        folder = Path(trainer.log_dir)
+        if folder.is_dir() and written_by_this_process_only(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            log.warning("removed %s: the run failed before its first step and it held nothing else", folder)
+
+
+def written_by_this_process_only(folder: Path) -> bool:
+    """Whether ``folder`` holds only what this process wrote while starting a run: TensorBoard events files
+    with this process's id in their name (at least one: the folder is this run's, not a resumed one's), and
+    its ``hparams.yaml`` and ``config.yaml``. A checkpoint, another process's events, any other file: no."""
+    pid, ours = os.getpid(), False
+    for entry in folder.iterdir():
+        if entry.is_file() and entry.name.startswith("events.out.tfevents.") and f".{pid}." in entry.name:
+            ours = True
+        elif not (entry.is_file() and entry.name in ("hparams.yaml", "config.yaml")):
+            return False
+    return ours
+
 
 # The first line of every config.yaml a run writes (LightningCLI's dump header), without its version: a run
 # resumed after a Lightning upgrade still owns the file its earlier part wrote.

@@ -477,7 +477,8 @@ class TokenizedCorpus(ResumableDataModule):
         for split in ("train", "val"):
             if self.meta["tokens"][split] < self.seq_len + 1:
                 raise ValueError(f"TokenizedCorpus: the {split} split has {self.meta['tokens'][split]} tokens "
-                                 f"({self.meta['documents'][split]} documents), fewer than seq_len + 1 = "
+                                 f"({self.meta['documents'][split]} document"
+                                 f"{'s' * (self.meta['documents'][split] != 1)}), fewer than seq_len + 1 = "
                                  f"{self.seq_len + 1}; {self._too_short_hint()}")
 
     def _too_short_hint(self) -> str:

@@ -1,4 +1,5 @@
 import glob
+import os
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -158,6 +159,36 @@ def test_the_fit_summary_says_when_no_validation_ran():
     assert "val/loss   last 3.2500 (step 5)" in fit_summary(trainer, module)
     assert "none" not in fit_summary(SimpleNamespace(**{**vars(trainer), "limit_val_batches": 0}),
                                      SimpleNamespace(history={}))
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_empty_version_folder(tmp_path, monkeypatch, capsys):
+    """Lightning creates ``version_N`` with an events file before the data is set up: a failure there left an empty
+    run in TensorBoard. It is removed — but never a folder with anything else in it, such as a resumed run's."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "one.txt").write_text("one short document")
+    short = [*TINY_FIT[:-6], "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false"]
+    too_short = ["--data", "recipes.data.TokenizedCorpus", "--data.paths", "one.txt", "--data.cache_dir", "cache"]
+    main(short)
+    with pytest.raises(SystemExit, match="the train split has 4 tokens"):
+        main([*short, *too_short])
+    runs = tmp_path / "runs" / "quickstart"
+    assert sorted(p.name for p in runs.iterdir()) == ["version_0"]
+    with pytest.raises(SystemExit, match="the train split has 4 tokens"):
+        main([*short, *too_short, "--ckpt_path", "last"])  # into version_0, which holds the first run's files
+    assert (runs / "version_0" / "checkpoints" / "last.ckpt").is_file() and (runs / "version_0" / "config.yaml").is_file()
+
+
+def test_only_a_folder_of_this_process_own_start_up_files_counts_as_empty(tmp_path):
+    from recipes.training import written_by_this_process_only
+
+    ours, theirs = f"events.out.tfevents.1795834267.host.{os.getpid()}.0", "events.out.tfevents.1795834267.host.1.0"
+    for files, empty in (([ours, "hparams.yaml", "config.yaml"], True), ([ours], True), (["hparams.yaml"], False),
+                         ([ours, theirs], False), ([ours, "checkpoints/last.ckpt"], False), ([ours, "notes.txt"], False)):
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        for name in files:
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text("")
+        assert written_by_this_process_only(folder) is empty, files
 
 
 def test_predict_is_refused_with_the_commands_that_predict(capsys):

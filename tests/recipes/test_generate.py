@@ -27,6 +27,19 @@ def test_generate_prints_the_prompt_and_its_greedy_continuation(tmp_path, monkey
                     "--temperature", "1.0", "--seed", "3"])
     assert sampled == main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "a",
                             "--max_new_tokens", "12", "--temperature", "1.0", "--seed", "3"])
+    # --stop: the text ends after the stop's first occurrence in the continuation, for a one-token stop (which
+    # also stops generation: its later positions, filled with the stop token, were printed before) and a longer
+    # one. (Sampled text: this model's greedy continuation is all spaces.)
+    base = ["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "a", "--max_new_tokens", "24",
+            "--temperature", "1.0", "--seed", "3"]
+    text = main(base)
+    first = next(k for k in range(2, len(text)) if text[k].isascii() and text[k] not in text[1:k])
+    for stop in (text[first], text[first:first + 2]):
+        assert main([*base, "--stop", stop]) == text[:text.find(stop, 1) + len(stop)], repr(stop)
+    absent = text[first] + "\x01"  # its first token is in the text, the whole is not: no stop at all
+    assert main([*base, "--stop", absent]) == text
+    with pytest.raises(SystemExit, match=r"error: generate: top_p=2.0 must lie in \(0, 1\]"):
+        main([*base, "--top_p", "2"])  # (a traceback before)
 
 
 def test_generate_without_a_checkpoint_is_a_named_error(tmp_path, monkeypatch):
