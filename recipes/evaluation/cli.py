@@ -22,6 +22,18 @@ from pathlib import Path
 SUITES = ("length", "passkey", "mqar")
 
 
+def at_least(low: float, kind=int):
+    """An argparse type: a ``kind`` number >= ``low`` (> 0 for ``low=0.0`` floats: a limit of 0 examples), named
+    in argparse's one-line error otherwise."""
+    def parse(text: str):
+        value = kind(text)
+        if value < low or (low == 0.0 and kind is float and value == 0):
+            raise argparse.ArgumentTypeError(f"{text} must be {'> 0' if kind is float else f'>= {low}'}")
+        return value
+    parse.__name__ = kind.__name__  # argparse's "invalid float value: 'x'"
+    return parse
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m recipes eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -30,8 +42,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--allow_classes", nargs="*", default=[], help="packages whose classes the checkpoint may name")
     p.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (zoo_cloze, zoo_passkey ship here)")
     p.add_argument("--include_path", action="append", default=[], help="a folder of task YAMLs (repeatable)")
-    p.add_argument("--num_fewshot", type=int, default=None)
-    p.add_argument("--limit", type=float, default=None, help="examples per task (a fraction if < 1)")
+    p.add_argument("--num_fewshot", type=at_least(0), default=None)
+    p.add_argument("--limit", type=at_least(0.0, float), default=None, help="examples per task (a fraction if < 1)")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--suite", choices=SUITES, default=None)
     p.add_argument("--extrapolate", action="store_true",
@@ -102,7 +114,7 @@ def run_suite(model, data, recipe: dict, args) -> dict:
     if args.suite == "mqar":
         if not hasattr(data, "test") or not hasattr(data.test, "task"):
             raise ValueError(f"--suite mqar needs an MQAR recipe; this one's data module is {type(data).__name__}")
-        kwargs = {} if multiples is None else {"multiples": tuple(int(m) for m in multiples)}
+        kwargs = {} if multiples is None else {"multiples": multiples}
         return suites.mqar_suite(model, dict(data.test.task), extrapolate=args.extrapolate, **kwargs)
     trained = int(init.get("seq_len", getattr(data, "seq_len", 0)) or 0)
     if trained < 1:
@@ -110,7 +122,7 @@ def run_suite(model, data, recipe: dict, args) -> dict:
     if args.suite == "length":
         if not hasattr(data, "validation_tokens"):
             raise ValueError(f"--suite length needs a text corpus with a validation split; this is {type(data).__name__}")
-        kwargs = {} if multiples is None else {"multiples": tuple(int(m) for m in multiples)}
+        kwargs = {} if multiples is None else {"multiples": multiples}
         return suites.length_suite(model, data.validation_tokens(), trained, windows=args.windows,
                                    extrapolate=args.extrapolate, **kwargs)
     kwargs = {} if multiples is None else {"multiples": multiples}
@@ -176,6 +188,9 @@ def main(argv: list[str] | None = None) -> dict:
                 print("wrote", ", ".join(map(str, write_result(result, Path(args.out)))))
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         sys.exit(f"error: {error}")
+    except ConnectionError as error:  # a hub task's dataset, offline: the harness's traceback said only this
+        sys.exit(f"error: {error}. A Hugging Face Hub task downloads its dataset on first use (then it is cached); "
+                 "offline, run the zoo's own tasks (zoo_cloze, zoo_passkey) or --include_path YAMLs over local files")
     if args.out:
         out = Path(args.out).with_suffix(".json")
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ file and a PNG.
 
 import contextlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -103,7 +104,26 @@ def position_mode(model, mode: str, trained: int):
 def check_length(model, length: int, extrapolate: bool) -> None:
     if length > model.max_seq_len and not extrapolate:
         raise ValueError(f"length {length} exceeds the model's max_seq_len={model.max_seq_len}; pass --extrapolate "
-                         "to evaluate past it (plain RoPE and the NTK stretch), or shorter --lengths")
+                         "to evaluate past it (plain RoPE and the NTK stretch), or smaller --multiples")
+
+
+def check_settings(suite: str, multiples, whole: bool, **counts) -> tuple:
+    """``multiples`` as numbers > 0 (whole numbers where ``whole``: the length and MQAR suites read whole training
+    lengths), and each of ``counts`` an integer >= 1, or a ``ValueError`` naming the setting. Without it a 0 gave a
+    NaN row (logged to TensorBoard), a 1.5 was read as 1 and ``trials=0`` divided by zero."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{suite} suite: {name}={value!r} must be an integer >= 1")
+    if not multiples:
+        raise ValueError(f"{suite} suite: no multiples of the training length given")
+    for m in multiples:
+        if not (isinstance(m, (int, float)) and math.isfinite(m) and m > 0):
+            raise ValueError(f"{suite} suite: multiple {m!r} of the training length must be a number > 0")
+        if whole and m != int(m):
+            raise ValueError(f"{suite} suite: multiple {m!r} of the training length must be a whole number (the "
+                             "losses are read in buckets of one training length)" if suite == "length" else
+                             f"{suite} suite: multiple {m!r} of the training length must be a whole number")
+    return tuple(int(m) for m in multiples) if whole else tuple(multiples)
 
 
 # ---- the suites -----------------------------------------------------------------------------------
@@ -114,6 +134,7 @@ def length_suite(model, tokens: torch.Tensor, trained: int, multiples=(1, 2, 4, 
     """Per mode and evaluation length ``m · trained``: the mean next-token loss of ``windows`` windows of the
     validation stream ``tokens [n]`` (evenly spaced, the same windows read to each length), overall and per
     bucket of ``trained`` positions."""
+    multiples = check_settings("length", multiples, whole=True, windows=windows)
     model.eval()
     device = model.embedding.weight.device
     longest = max(multiples) * trained
@@ -156,6 +177,7 @@ def passkey_prompt(encode, key: int, length: int, depth: float) -> tuple[list[in
 def passkey_suite(model, encode, trained: int, multiples=(0.5, 1, 2, 4), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
                   trials: int = 8, choices: int = 4, seed: int = 0, extrapolate: bool = True) -> dict:
     """Accuracy of picking the true key among ``choices`` (chance ``1/choices``) over length × depth."""
+    multiples = check_settings("passkey", multiples, whole=False, trials=trials, choices=choices)
     model.eval()
     rng = np.random.default_rng(seed)
     cells = []
@@ -182,6 +204,7 @@ def mqar_suite(model, task: dict, multiples=(1, 2, 4, 8), examples: int = 64, se
     """Recall accuracy at ``multiple ×`` the task's ``seq_len`` with its ``num_pairs`` (more filler)."""
     from recipes.data.mqar import MQARSplit
 
+    multiples = check_settings("mqar", multiples, whole=True, examples=examples)
     model.eval()
     device = model.embedding.weight.device
     rows = []

@@ -223,7 +223,13 @@ def test_the_eval_command_writes_the_harness_json_and_tensorboard_scalars(tmp_pa
     (["--tasks", "no_such_task"], "unknown task(s): 'no_such_task'"),
     (["--suite", "length", "--multiples", "64"], "exceeds the model's max_seq_len=512; pass --extrapolate"),
     ([], "name --tasks and/or a --suite"),
-], ids=["unknown-task", "too-long", "nothing-to-do"])
+    (["--suite", "length", "--windows", "0"], "length suite: windows=0 must be an integer >= 1"),  # a torch error
+    (["--suite", "passkey", "--trials", "0"], "passkey suite: trials=0 must be an integer >= 1"),  # ZeroDivisionError
+    (["--suite", "length", "--multiples", "0"], "multiple 0.0 of the training length must be a number > 0"),  # NaN
+    (["--suite", "length", "--multiples", "1.5"], "multiple 1.5 of the training length must be a whole number"),  # 1
+    (["--suite", "passkey", "--multiples", "1", "-1"], "multiple -1.0 of the training length must be a number > 0"),
+], ids=["unknown-task", "too-long", "nothing-to-do", "no-windows", "no-trials", "zero-length", "half-bucket",
+        "negative-length"])
 def test_eval_errors_are_named(tmp_path, monkeypatch, extra, message, trained_quickstart):
     from recipes.evaluation.cli import main
 
@@ -231,6 +237,42 @@ def test_eval_errors_are_named(tmp_path, monkeypatch, extra, message, trained_qu
     with pytest.raises(SystemExit) as info:
         main(["--config", "quickstart.yaml", "--ckpt_path", "last", *extra])
     assert message in str(info.value.code)
+
+
+def test_the_mqar_suite_takes_whole_multiples_and_a_positive_number_of_examples():
+    from recipes.evaluation.suites import mqar_suite
+
+    task = {"seq_len": 16, "num_pairs": 2, "vocab_size": 64}
+    with pytest.raises(ValueError, match="mqar suite: multiple 1.5 of the training length must be a whole number"):
+        mqar_suite(None, task, multiples=(1, 1.5))  # refused before the model is touched
+    with pytest.raises(ValueError, match="mqar suite: examples=0 must be an integer >= 1"):
+        mqar_suite(None, task, examples=0)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tasks", "zoo_cloze", "--limit", "0"], "argument --limit: 0 must be > 0"),  # the harness: "did not find any docs!"
+    (["--tasks", "zoo_cloze", "--num_fewshot", "-1"], "argument --num_fewshot: -1 must be >= 0"),  # ran as 0 before
+    (["--tasks", "zoo_cloze", "--limit", "x"], "argument --limit: invalid float value: 'x'"),
+])
+def test_eval_refuses_impossible_harness_settings_when_parsing(extra, message, capsys):
+    from recipes.evaluation.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--config", "quickstart.yaml", "--ckpt_path", "last", *extra])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_hub_task_offline_is_one_line_that_names_the_local_tasks(monkeypatch, trained_quickstart):
+    import recipes.evaluation.cli as cli
+
+    def offline(*args):  # what the datasets library raises for a hub task without a network
+        raise ConnectionError("Couldn't reach 'Rowan/hellaswag' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.chdir(trained_quickstart)
+    monkeypatch.setattr(cli, "run_harness", offline)
+    with pytest.raises(SystemExit, match=r"error: Couldn't reach 'Rowan/hellaswag' .* downloads its dataset on first use"
+                                         r".*zoo_cloze, zoo_passkey"):
+        cli.main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--tasks", "hellaswag"])
 
 
 def test_a_recipe_without_text_and_a_missing_harness_are_named(tmp_path, monkeypatch, trained_quickstart):
