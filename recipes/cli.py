@@ -412,6 +412,20 @@ class HybridCLI(LightningCLI):
             if hasattr(logger.experiment, "add_text"):
                 logger.experiment.add_text("config", "```yaml\n" + config + "\n```", self.trainer.global_step)
 
+    def before_validate(self) -> None:
+        self._say_if_untrained("validate")
+
+    def before_test(self) -> None:
+        self._say_if_untrained("test")
+
+    def _say_if_untrained(self, subcommand: str) -> None:
+        """Without ``--ckpt_path`` (or ``model.init_from``) validate and test score the recipe's fresh model — the
+        loss of an untrained one, a useful baseline only when meant: a forgotten flag printed it as if trained."""
+        config = self.config[subcommand]
+        if not config.get("ckpt_path") and not config.model.get("init_from") and self.trainer.is_global_zero:
+            print(f"note: no --ckpt_path: {subcommand} scores the recipe's freshly initialised, untrained model; "
+                  "--ckpt_path last, best or a file scores a trained one", file=sys.stderr, flush=True)
+
     def after_fit(self) -> None:
         log_dir = self.trainer.log_dir  # (collective under DDP: every process asks)
         if self.trainer.is_global_zero:

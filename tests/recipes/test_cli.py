@@ -191,6 +191,21 @@ def test_only_a_folder_of_this_process_own_start_up_files_counts_as_empty(tmp_pa
         assert written_by_this_process_only(folder) is empty, files
 
 
+def test_validate_without_a_checkpoint_says_it_scores_an_untrained_model(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    short = ["--config", "quickstart.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
+             "--data.init_args.seq_len", "32", "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
+             "--trainer.enable_progress_bar", "false"]
+    main(["fit", *short, "--trainer.max_steps", "1"])
+    capsys.readouterr()
+    for command in ("validate", "test"):
+        main([command, *short])
+        assert f"note: no --ckpt_path: {command} scores the recipe's freshly initialised, untrained model" in \
+            capsys.readouterr().err
+        main([command, *short, "--ckpt_path", "last"])
+        assert "untrained" not in capsys.readouterr().err
+
+
 def test_predict_is_refused_with_the_commands_that_predict(capsys):
     """Lightning's ``predict`` needs a forward that yields predictions (a traceback before): named instead."""
     with pytest.raises(SystemExit) as info:
