@@ -123,6 +123,14 @@ class LanguageModel(L.LightningModule):
         hparams = {k: v for k, v in locals().items() if k not in ("self", "mixers", "__class__", "init_from", "model_options")}
         super().__init__()
         check_model_options(model_options)
+        # (torch names a bad lr, beta or eps only when the optimizer is built, after the model and data: here first)
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"LanguageModel: lr={lr} must be a positive number")
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"LanguageModel: betas={tuple(betas)} must be two numbers in [0, 1)")
+        if not eps > 0 or not weight_decay >= 0 or not aux_loss_coef >= 0:
+            raise ValueError(f"LanguageModel: eps={eps} must be > 0, weight_decay={weight_decay} and "
+                             f"aux_loss_coef={aux_loss_coef} >= 0")
         if not 0.0 <= warmup_fraction < 1.0:
             raise ValueError(f"LanguageModel: warmup_fraction={warmup_fraction} must lie in [0, 1)")
         if not 0.0 <= final_lr_fraction <= 1.0:

@@ -97,9 +97,17 @@ def test_a_head_that_is_not_a_plain_linear_takes_the_written_out_logits():
     torch.testing.assert_close(got, F.cross_entropy(lm.model(ids).flatten(0, 1), labels.flatten()))
 
 
-def test_bad_schedule_values_are_refused():
-    with pytest.raises(ValueError, match="warmup_fraction=1.5 must lie in"):
-        LanguageModel(16, "AM", warmup_fraction=1.5)
+@pytest.mark.parametrize("setting, message", [
+    ({"warmup_fraction": 1.5}, "warmup_fraction=1.5 must lie in"),
+    ({"lr": -1.0}, "lr=-1.0 must be a positive number"),  # torch's "Invalid learning rate", after the data, before
+    ({"lr": float("nan")}, "lr=nan must be a positive number"),
+    ({"betas": (0.9, 1.0)}, r"betas=\(0.9, 1.0\) must be two numbers in \[0, 1\)"),
+    ({"weight_decay": -0.1}, "weight_decay=-0.1 and aux_loss_coef=0.01 >= 0"),
+    ({"eps": 0.0}, "eps=0.0 must be > 0"),
+])
+def test_bad_optimizer_and_schedule_values_are_refused_when_the_module_is_built(setting, message):
+    with pytest.raises(ValueError, match=message):
+        LanguageModel(16, "AM", **setting)
 
 
 def test_expert_load_is_logged_per_moe_layer():
