@@ -135,6 +135,23 @@ NOT_MEANT = ("Expected a <class 'NoneType'>", "Expected a <class 'bool'>",
              "Expected a <class 'collections.abc.Iterable'>", "Expected a path but ", UNION_HEADER)
 
 
+SHORT_EPOCH = re.compile(r"`val_check_interval` \((\d+)\) must be less than or equal to the number of the "
+                         r"training batches \((\d+)\)")
+
+
+def short_epoch_message(error: Exception) -> str | None:
+    """Lightning's refusal of a ``val_check_interval`` longer than an epoch, in the command line's terms: a small
+    corpus is a short epoch, and a step-based recipe wants its interval counted in steps across epochs (its own
+    hint says ``check_val_every_n_epoch=None``, which a YAML or the command line spells ``null``)."""
+    found = SHORT_EPOCH.search(str(error))
+    if found is None:
+        return None
+    interval, batches = found.groups()
+    return (f"the data gives {batches} training batches per epoch, fewer than val_check_interval {interval}: "
+            f"--trainer.check_val_every_n_epoch null counts the interval in steps across epochs (a small corpus is "
+            f"then read several times), or --trainer.val_check_interval {batches} or less validates within each")
+
+
 def parse_error_message(error: Exception) -> str:
     """jsonargparse's error in a line: the key, and for a value that fits none of a union's types the reasons of
     the types that could have fit — a class's own problem (a missing package, a bad argument) with the lines
@@ -569,7 +586,8 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
     except (ValueError, FileNotFoundError) as error:  # a named configuration or input error: its message, no trace
         if os.environ.get("HYBRID_ZOO_DEBUG"):
             raise
-        sys.exit(f"error: {parse_error_message(error) if UNION_HEADER in str(error) else error}")
+        message = parse_error_message(error) if UNION_HEADER in str(error) else short_epoch_message(error) or error
+        sys.exit(f"error: {message}")
     except TrainingInterrupted as error:
         print(f"{error}; resume with --ckpt_path last", file=sys.stderr, flush=True)
         sys.exit(128 + error.signum)

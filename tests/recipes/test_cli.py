@@ -206,6 +206,29 @@ def test_validate_without_a_checkpoint_says_it_scores_an_untrained_model(tmp_pat
         assert "untrained" not in capsys.readouterr().err
 
 
+def test_a_corpus_shorter_than_the_validation_interval_gets_the_flags_that_fix_it(tmp_path, monkeypatch, capsys):
+    """Lightning refuses a val_check_interval past an epoch and suggests ``check_val_every_n_epoch=None``: the
+    error says how the command line spells that, and the run it names trains and validates across epochs."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    words = "the cat sat on a mat while dogs ran far away".split()
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": " ".join(words[(i + j) % 11] for j in range(60))})
+                                              + "\n" for i in range(60)))
+    args = [*TINY_FIT[:-6], "--data", "recipes.data.TokenizedCorpus", "--data.paths", "a.jsonl", "--data.vocab_size",
+            "300", "--data.cache_dir", "cache", "--data.seq_len", "32", "--data.batch_size", "8",
+            "--trainer.max_steps", "60", "--trainer.val_check_interval", "60", "--trainer.logger", "false"]
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    message = str(info.value.code)
+    batches = int(message.split("gives ")[1].split(" ")[0])
+    assert batches < 60 and message.startswith(f"error: the data gives {batches} training batches per epoch, fewer than "
+                                              "val_check_interval 60: --trainer.check_val_every_n_epoch null")
+    main([*args, "--trainer.check_val_every_n_epoch", "null"])
+    out = capsys.readouterr().out
+    assert "fit finished: 60 steps" in out and "val/loss   last" in out and "(step 60)" in out  # across epochs
+
+
 def test_predict_is_refused_with_the_commands_that_predict(capsys):
     """Lightning's ``predict`` needs a forward that yields predictions (a traceback before): named instead."""
     with pytest.raises(SystemExit) as info:
