@@ -153,8 +153,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: name a folder of recipes (or --from a sweep's log folder)")
     if args.suite or args.tasks:
         sys.exit("error: --suite and --tasks evaluate a finished sweep: give its log folder with --from")
-    if args.seeds is not None and args.seeds < 1 or args.jobs < 1:
-        sys.exit(f"error: --seeds {args.seeds} and --jobs {args.jobs} must be >= 1")
+    bad = [f"--{name} {value}" for name, value in (("seeds", args.seeds), ("jobs", args.jobs))
+           if value is not None and value < 1]
+    if bad:
+        sys.exit(f"error: {' and '.join(bad)} must be >= 1")
     if args.first_seed < 0 or args.first_seed and args.seeds is None:
         sys.exit(f"error: --first-seed {args.first_seed} must be >= 0, and goes with --seeds")
     if args.seeds is not None and args.table_only:

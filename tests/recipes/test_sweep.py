@@ -512,3 +512,14 @@ def test_a_file_that_is_not_a_sweep_record_is_refused_by_name(tmp_path, text, pr
         path.write_text(text)
     with pytest.raises(SystemExit, match=f"error: {path}: .*{problem}"):
         main(["--from", str(path)])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--jobs", "0"], "error: --jobs 0 must be >= 1"),  # it said "--seeds None and --jobs 0"
+    (["--seeds", "0"], "error: --seeds 0 must be >= 1"),
+    (["--seeds", "0", "--jobs", "-1"], "error: --seeds 0 and --jobs -1 must be >= 1"),
+])
+def test_a_count_below_one_is_named_alone(flags, message):
+    with pytest.raises(SystemExit) as info:
+        main(["positions", *flags])
+    assert info.value.code == message
