@@ -66,7 +66,7 @@ def read_manifest(folder: Path) -> tuple[str, list[Run]]:
         return read_record(folder)
     path = folder / "sweep.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: --from takes a folder a sweep wrote (runs/sweep-logs/<time>) "
+        raise FileNotFoundError(f"{path} not found: give a folder a sweep wrote (runs/sweep-logs/<time>) "
                                 "or a sweep's record.json")
     record = json.loads(path.read_text())
     runs = [Run(Path(r["config"]), Path(r["folder"]), r["returncode"],
