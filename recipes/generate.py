@@ -4,16 +4,18 @@
     python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "The " --temperature 0.8 --top_p 0.95 --seed 1
     python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "def " --max_new_tokens 500 --compile
 
-The recipe's data module says how text becomes tokens and back (``encode``/``decode``: bytes for
-``TextCorpus``); ``--ckpt_path`` is a file, or ``last``/``best`` of the recipe's runs, as for ``fit``.
+The data module the run trained with (its ``config.yaml``, else the recipe's) says how text becomes tokens and
+back (``encode``/``decode``: bytes for ``TextCorpus``); ``--ckpt_path`` is a file, or ``last``/``best`` of the
+recipe's runs, as for ``fit``.
 """
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
-from recipes.runs import checkpoint_path, data_module, load_recipe
+from recipes.runs import checkpoint_path, data_module, load_recipe, with_run_data
 
 
 def tokenizer(recipe: dict):
@@ -53,7 +55,9 @@ def main(argv: list[str] | None = None) -> str:
     try:
         recipe = load_recipe(args.config)
         path = checkpoint_path(recipe, args.ckpt_path)
-        data = tokenizer(recipe)
+        # the run's own data settings (its config.yaml): a --data.paths given to fit means another BPE than the
+        # recipe file's, and the recipe file's would turn the prompt into the wrong tokens without a word
+        data = tokenizer(with_run_data(recipe, Path(path)))
         lm = LanguageModel.load_from_checkpoint(path, map_location="cpu")
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")

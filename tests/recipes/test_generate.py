@@ -42,6 +42,28 @@ def test_generate_prints_the_prompt_and_its_greedy_continuation(tmp_path, monkey
         main([*base, "--top_p", "2"])  # (a traceback before)
 
 
+def test_generate_reads_the_prompt_with_the_tokenizer_the_run_trained(tmp_path, monkeypatch):
+    """A run given ``--data.paths`` trains its BPE on those files: generate takes the run's data settings from its
+    config.yaml, not the recipe file's (whose corpus gives another BPE: the prompt's ids were silently wrong)."""
+    import json
+
+    from recipes.data import TokenizedCorpus
+
+    monkeypatch.chdir(tmp_path)
+    words = "the cat sat on a mat while dogs ran far away".split()
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps({"text": " ".join(words[(i * j) % 11] for j in range(50))})
+                                                 + "\n" for i in range(80)))
+    data = ["--data.paths", "mine.jsonl", "--data.vocab_size", "300", "--data.cache_dir", "cache", "--data.seq_len", "32",
+            "--data.batch_size", "4"]
+    cli(["fit", "--config", "quickstart_bpe.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
+         *data, "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"])
+    text = main(["--config", "quickstart_bpe.yaml", "--ckpt_path", "last", "--prompt", "the cat", "--max_new_tokens", "6"])
+    corpus = TokenizedCorpus("mine.jsonl", vocab_size=300, cache_dir="cache", seq_len=32, batch_size=4)
+    model = LanguageModel.load_from_checkpoint(next(tmp_path.glob("runs/**/last.ckpt"))).model
+    ids = model.generate(torch.tensor([corpus.encode("the cat")]), 6)
+    assert text == corpus.decode(ids[0].tolist())
+
+
 def test_generate_without_a_checkpoint_is_a_named_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match="--ckpt_path last: no last.ckpt under runs/quickstart"):
