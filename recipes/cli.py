@@ -139,6 +139,19 @@ SHORT_EPOCH = re.compile(r"`val_check_interval` \((\d+)\) must be less than or e
                          r"training batches \((\d+)\)")
 
 
+def say_if_another_model(path, recipe_model, hparams: dict) -> None:
+    """A ``fit --ckpt_path`` from outside this recipe's runs continues the checkpoint's model, whatever the recipe
+    says (the checkpoint is a run to resume). When the two differ in pattern or width that is likely not what was
+    meant — starting this recipe's model from those weights is ``--model.init_from`` — so say so, on stderr."""
+    differing = [f"{key} {plain(recipe_model.get(key))!r} here, {hparams[key]!r} there" for key in ("pattern", "d_model")
+                 if key in hparams and differs(recipe_model.get(key), hparams[key])]
+    if differing:
+        print(f"note: --ckpt_path {path} is another recipe's run ({'; '.join(differing)}): fit resumes that model, "
+              "not this recipe's: drop --ckpt_path to train this recipe's model (--model.init_from FILE starts it from "
+              "a checkpoint's weights where the shapes agree)",
+              file=sys.stderr, flush=True)
+
+
 def short_epoch_message(error: Exception) -> str | None:
     """Lightning's refusal of a ``val_check_interval`` longer than an epoch, in the command line's terms: a small
     corpus is a short epoch, and a step-based recipe wants its interval counted in steps across epochs (its own
@@ -363,6 +376,8 @@ class HybridCLI(LightningCLI):
         if hparams.get("mixers"):  # after the check: reading a spec's class imports it
             hparams["mixers"] = upgrade_specs(hparams["mixers"])
         self._check_flags_agree(path, config.model, hparams)
+        if subcommand == "fit" and not getattr(self, "_ckpt_in_run", True):
+            say_if_another_model(path, config.model, hparams)
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
     def _check_flags_agree(self, path, model_config, hparams: dict) -> None:
@@ -403,6 +418,7 @@ class HybridCLI(LightningCLI):
             sys.exit(f"error: --ckpt_path {ckpt_path}: no such checkpoint file")
         in_run = (root is not None and path.parent.name == "checkpoints"
                   and path.parent.parent.parent.resolve() == root.resolve())
+        self._ckpt_in_run = in_run
         if subcommand != "fit" and logger is not None and in_run and logger.class_path.endswith("TensorBoardLogger"):
             # validate/test log into the run they evaluate (its <subcommand>/ folder), not a new version_N
             logger.init_args.version = run_version(path.parent.parent.name)

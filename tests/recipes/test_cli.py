@@ -229,6 +229,24 @@ def test_a_corpus_shorter_than_the_validation_interval_gets_the_flags_that_fix_i
     assert "fit finished: 60 steps" in out and "val/loss   last" in out and "(step 60)" in out  # across epochs
 
 
+def test_resuming_another_recipes_run_says_it_continues_that_model(tmp_path, monkeypatch, capsys):
+    """``fit --ckpt_path`` resumes the checkpoint's model whatever the recipe says; from outside the recipe's own
+    runs, with another pattern or width, that is likely a mistake for ``init_from``: a note says so. Resuming the
+    recipe's own run (a width given by flag when it started) stays quiet."""
+    monkeypatch.chdir(tmp_path)
+    quiet = ["--trainer.enable_progress_bar", "false", "--data.init_args.seq_len", "32"]
+    main(["fit", "--config", "quickstart.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
+          "--trainer.max_steps", "2", *quiet])
+    capsys.readouterr()
+    main(["fit", "--config", "quickstart.yaml", "--trainer.max_steps", "3", "--ckpt_path", "last", *quiet])
+    assert "note:" not in capsys.readouterr().err
+    ckpt = "runs/quickstart/version_0/checkpoints/last.ckpt"
+    main(["fit", "--config", "quickstart.yaml", "--trainer.logger.init_args.name", "elsewhere", "--trainer.max_steps", "4",
+          "--ckpt_path", ckpt, *quiet])
+    assert (f"note: --ckpt_path {ckpt} is another recipe's run (d_model 128 here, 32 there): fit resumes that model"
+            in capsys.readouterr().err)
+
+
 def test_predict_is_refused_with_the_commands_that_predict(capsys):
     """Lightning's ``predict`` needs a forward that yields predictions (a traceback before): named instead."""
     with pytest.raises(SystemExit) as info:
