@@ -25,7 +25,7 @@ import yaml
 import lightning as L
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_paths, consolidate_hint,
                                  is_sharded_checkpoint, load_checkpoint)
@@ -604,6 +604,12 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
             raise
         message = parse_error_message(error) if UNION_HEADER in str(error) else short_epoch_message(error) or error
         sys.exit(f"error: {message}")
+    except MisconfigurationException as error:  # Lightning's own refusal (a GPU asked for on a machine without one)
+        if os.environ.get("HYBRID_ZOO_DEBUG"):
+            raise
+        hint = (": --trainer.accelerator gpu needs a CUDA (or Apple MPS) device, and torch sees none here; drop the "
+                "flag, or --trainer.accelerator cpu" if "gpu backend" in str(error) else "")
+        sys.exit(f"error: {error}{hint}")
     except TrainingInterrupted as error:
         print(f"{error}; resume with --ckpt_path last", file=sys.stderr, flush=True)
         sys.exit(128 + error.signum)

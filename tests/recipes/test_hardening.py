@@ -193,3 +193,17 @@ def test_a_logger_whose_package_is_missing_is_named_with_the_install_hint(tmp_pa
     message = refused(tmp_path, monkeypatch, "fit", *TINY, "--trainer.logger", "lightning.pytorch.loggers.WandbLogger")
     assert "'lightning.pytorch.loggers.WandbLogger': Requirement 'wandb" in message and "pip install" in message
     assert "NoneType" not in message and "Given value" not in message
+
+
+def test_a_gpu_asked_for_on_a_machine_without_one_is_one_line():
+    """Lightning's MisconfigurationException was a traceback: one ``error:`` line with the flag to change."""
+    import torch
+
+    from recipes.cli import main
+
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", "quickstart.yaml", "--trainer.accelerator", "gpu", "--trainer.logger", "false"])
+    assert str(info.value.code).startswith("error: No supported gpu backend found!: --trainer.accelerator gpu needs a "
+                                           "CUDA (or Apple MPS) device")
