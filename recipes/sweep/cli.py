@@ -217,9 +217,12 @@ def main(argv: list[str] | None = None) -> None:
         if len(slurm) != len(args.slurm):
             parser.error(f"--slurm takes KEY=VALUE items; got {args.slurm}")
         slurm = {k: int(v) if v.isdigit() else v for k, v in slurm.items()}
-        logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress, args.threads,
-                            args.launcher, args.devices_per_run, args.submitit_cluster, slurm, args.first_seed,
-                            init_from)
+        try:
+            logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress, args.threads,
+                                args.launcher, args.devices_per_run, args.submitit_cluster, slurm, args.first_seed,
+                                init_from)
+        except ValueError as error:  # a launcher that cannot run here (no GPU for --launcher gpus), named
+            sys.exit(f"error: {error}")
         write_record(logs, family, runs)
     print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
     roots = {logger_root(run.config).parent for run in runs}

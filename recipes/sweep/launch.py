@@ -119,6 +119,8 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     each into a run folder named for this sweep (and seed); with ``init_from`` ((recipe name, seed) → checkpoint,
     :func:`starting_checkpoints`), each run starts from its checkpoint's weights. Returns the sweep's log folder
     and its runs. A progress table prints every ``progress_every`` seconds while runs go on; 0 prints none."""
+    # (checked before the log folder exists: a sweep that cannot start leaves nothing behind)
+    found = device_groups(visible_gpus(), devices_per_run) if launcher == "gpus" else []
     stamp = time.strftime("%Y%m%d-%H%M%S")
     logs = Path("runs") / "sweep-logs" / stamp
     logs.mkdir(parents=True, exist_ok=True)
@@ -133,7 +135,6 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     write_manifest(logs, family, runs)
     groups: queue.Queue | None = None
     if launcher == "gpus":  # one run per group of GPUs at a time, each run given its group alone
-        found = device_groups(visible_gpus(), devices_per_run)
         jobs, groups = len(found), queue.Queue()
         for group in found:
             groups.put(group)

@@ -523,3 +523,12 @@ def test_a_count_below_one_is_named_alone(flags, message):
     with pytest.raises(SystemExit) as info:
         main(["positions", *flags])
     assert info.value.code == message
+
+
+def test_the_gpus_launcher_without_a_gpu_is_one_line_and_leaves_no_log_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(SystemExit) as info:
+        main(["positions", "--only", "ssd_rope", "--launcher", "gpus"])
+    assert info.value.code == "error: --launcher gpus: 0 visible GPU(s), fewer than --devices-per-run=1"  # a traceback
+    assert not (tmp_path / "runs").exists()
