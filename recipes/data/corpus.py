@@ -43,6 +43,17 @@ BATCH_PIECES = 256  # pieces encoded together (the tokenizer parallelises a batc
 CACHE_VERSION = 2  # 2: keyed by the sources' content, with a fingerprint that is verified on use
 
 
+def unprepared_hint(path: Path) -> str:
+    """For a bundled corpus's file that is missing (the english recipes read ``data/english/english.jsonl``,
+    relative to the working folder): the command that prepares it."""
+    from recipes.corpora import CORPORA
+
+    if path.suffix != ".jsonl" or path.stem not in CORPORA:
+        return ""
+    return (f": prepare it with python -m recipes.corpora prepare {path.stem} --out {path.parent} (once; the recipes "
+            "read it relative to the folder you run in)")
+
+
 def corpus_files(paths: str | list[str]) -> list[Path]:
     """The files named by ``paths`` (files or glob patterns), sorted within each pattern; each must exist,
     match something and have a supported suffix."""
@@ -54,7 +65,7 @@ def corpus_files(paths: str | list[str]) -> list[Path]:
         for match in matches:
             path = Path(match)
             if not path.is_file():
-                raise FileNotFoundError(f"TokenizedCorpus: {str(path)!r} is not a file")
+                raise FileNotFoundError(f"TokenizedCorpus: {str(path)!r} is not a file{unprepared_hint(path)}")
             if path.suffix not in FORMATS:
                 raise ValueError(f"TokenizedCorpus: {str(path)!r} has suffix {path.suffix!r}; supported: {', '.join(FORMATS)}")
             files.append(path)

@@ -170,7 +170,9 @@ def test_the_training_order_resumes_exactly(tmp_path):
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda p: TokenizedCorpus(str(p / "missing.txt")), "is not a file"),
+    (lambda p: TokenizedCorpus(str(p / "missing.txt")), "missing.txt' is not a file"),
+    (lambda p: TokenizedCorpus(str(p / "english.jsonl")),  # an unprepared bundled corpus: the command that makes it
+     "english.jsonl' is not a file: prepare it with python -m recipes.corpora prepare english --out "),
     (lambda p: TokenizedCorpus(str(p / "nothing*.jsonl")), "matches no file"),
     (lambda p: (p / "a.csv").write_text("x") and TokenizedCorpus(str(p / "a.csv")), "supported: .txt, .jsonl, .parquet"),
     (lambda p: TokenizedCorpus(tokenizer=str(p / "none.json")), "tokenizer='"),
