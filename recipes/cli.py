@@ -322,7 +322,7 @@ class HybridCLI(LightningCLI):
         if subcommand is not None:
             config = self.config[subcommand]
             check_run_name(run_logger(config.trainer)[0])
-            defaults = {"every_n_steps": 100, "keep_best": True, "monitor": "val/loss"}  # CheckpointPolicy's
+            defaults = {"every_n_steps": 100, "keep_best": True, "monitor": "val/loss", "mode": None}  # CheckpointPolicy's
             changed = {k: config.checkpoint[k] for k, v in defaults.items() if config.checkpoint.get(k, v) != v}
             if config.trainer.get("enable_checkpointing") is False and changed:
                 raise ValueError(f"checkpoint options {changed} have no effect with trainer.enable_checkpointing false; "

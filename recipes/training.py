@@ -238,7 +238,9 @@ class CheckpointPolicy(Checkpoint):
       (Ctrl+C) or SIGTERM arrives: training finishes the current step, writes it, and the process
       exits with 128 + the signal number (unless that step was the last one). A second Ctrl+C stops
       at once, without writing.
-    - ``best.ckpt`` whenever ``monitor`` (default ``val/loss``) reaches a new minimum.
+    - ``best.ckpt`` whenever ``monitor`` (default ``val/loss``) reaches a new best: a minimum, or a maximum for
+      ``mode="max"`` (the default for an accuracy, a metric whose name ends in ``acc`` or ``accuracy``). A
+      ``monitor`` that validation never logs is named in a warning at the first validation (no best.ckpt).
 
     Nothing is lost whenever the process dies. A ``last.ckpt`` due at a step that Lightning validates
     after is written once that validation (and ``best.ckpt``) is done, so a crash during either resumes
@@ -253,17 +255,25 @@ class CheckpointPolicy(Checkpoint):
         every_n_steps: optimizer steps between two writes of ``last.ckpt`` (default 100; 0: only at the
             end and on a signal).
         keep_best: also keep ``best.ckpt`` (default True).
-        monitor: the validation metric ``best.ckpt`` minimises (default ``val/loss``).
+        monitor: the validation metric ``best.ckpt`` follows (default ``val/loss``).
+        mode: ``"min"`` or ``"max"``: whether a lower or a higher ``monitor`` is better (default: ``"max"`` for
+            an accuracy, else ``"min"``).
     """
 
-    def __init__(self, every_n_steps: int = 100, keep_best: bool = True, monitor: str = "val/loss"):
+    def __init__(self, every_n_steps: int = 100, keep_best: bool = True, monitor: str = "val/loss",
+                 mode: str | None = None):
         if not isinstance(every_n_steps, int) or every_n_steps < 0:
             raise ValueError(f"CheckpointPolicy: every_n_steps={every_n_steps!r} must be an integer >= 0")
+        if mode not in (None, "min", "max"):
+            raise ValueError(f"CheckpointPolicy: mode={mode!r} is not one of 'min', 'max' (or None: from the monitor)")
         self.every_n_steps, self.keep_best, self.monitor = every_n_steps, keep_best, monitor
+        # an accuracy is better higher: minimising it, best.ckpt kept the worst model
+        self.mode = mode or ("max" if monitor.lower().endswith(("acc", "accuracy")) else "min")
         self.dirpath: Path | None = None
         self.last_path: str | None = None
         self.last_step: int | None = None
-        self.best_score: float = math.inf
+        self.best_score: float = self._worst
+        self._monitor_missing_said = False
         self.best_path: str | None = None
         self._signal: int | None = None
         self._stop_pending = False
@@ -348,8 +358,13 @@ class CheckpointPolicy(Checkpoint):
         if self._skip(trainer) or trainer.state.fn != "fit":
             return
         value = trainer.callback_metrics.get(self.monitor)
+        if self.keep_best and value is None and not self._monitor_missing_said and trainer.is_global_zero:
+            self._monitor_missing_said = True
+            logged = sorted(name for name in trainer.callback_metrics if name.startswith("val/"))
+            log.warning("CheckpointPolicy: monitor %r is not a validation metric (logged: %s); no best.ckpt is written",
+                        self.monitor, ", ".join(logged) or "none")
         if (self.keep_best and value is not None and math.isfinite(float(value))
-                and float(value) < self.best_score):
+                and self._better(float(value))):
             # best before last: a crash between the two resumes from the previous last.ckpt, which
             # runs this validation again and rewrites best.ckpt
             previous, self.best_score = self.best_score, float(value)  # the checkpoint written records it
@@ -361,6 +376,13 @@ class CheckpointPolicy(Checkpoint):
         if self._after_validation:
             self._after_validation = False
             self._save_last(trainer)
+
+    @property
+    def _worst(self) -> float:
+        return math.inf if self.mode == "min" else -math.inf
+
+    def _better(self, value: float) -> bool:
+        return value < self.best_score if self.mode == "min" else value > self.best_score
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         if self._pending_log is not None:
@@ -421,7 +443,7 @@ class CheckpointPolicy(Checkpoint):
                 "last_path": self.last_path, "last_step": self.last_step}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.best_score = state_dict.get("best_score", math.inf)
+        self.best_score = state_dict.get("best_score", self._worst)
         self.best_path = state_dict.get("best_path")
         self.last_path, self.last_step = state_dict.get("last_path"), state_dict.get("last_step")
 

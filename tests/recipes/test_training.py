@@ -261,6 +261,43 @@ def test_best_checkpoint_follows_the_minimum_of_the_validation_loss(tmp_path):
     assert policy.best_score == 1.5 and policy.best_path == str(tmp_path / "best.ckpt")
 
 
+def test_best_checkpoint_follows_the_maximum_of_an_accuracy_and_names_a_monitor_never_logged(tmp_path, caplog):
+    """``--checkpoint.monitor val/acc`` kept the lowest accuracy (it minimised everything); a monitor that validation
+    never logs wrote no best.ckpt without a word."""
+    from types import SimpleNamespace
+
+    saved = []
+
+    class Trainer:
+        global_step, world_size, fast_dev_run, sanity_checking, is_global_zero = 0, 1, False, False, True
+        state = SimpleNamespace(fn="fit")
+        lightning_module = torch.nn.Linear(2, 2)
+        callback_metrics: dict = {}
+
+        def save_checkpoint(self, path, weights_only=False):
+            saved.append((self.global_step, Path(path).name))
+
+    assert CheckpointPolicy(monitor="val/acc").mode == "max" and CheckpointPolicy().mode == "min"
+    assert CheckpointPolicy(monitor="val/acc", mode="min").mode == "min"
+    with pytest.raises(ValueError, match="mode='maximum' is not one of 'min', 'max'"):
+        CheckpointPolicy(mode="maximum")
+    policy, trainer = CheckpointPolicy(monitor="val/acc"), Trainer()
+    policy.dirpath = tmp_path
+    for step, acc in ((10, 0.2), (20, 0.5), (30, 0.4), (40, 0.6)):
+        trainer.global_step, trainer.callback_metrics = step, {"val/acc": torch.tensor(acc), "val/loss": torch.tensor(1.0)}
+        policy.on_validation_end(trainer, trainer.lightning_module)
+    assert saved == [(10, "best.ckpt"), (20, "best.ckpt"), (40, "best.ckpt")] and policy.best_score == pytest.approx(0.6)
+    saved.clear()
+    policy = CheckpointPolicy(monitor="val/accuracy", mode="max")
+    policy.dirpath = tmp_path
+    with caplog.at_level("WARNING", logger="recipes.training"):
+        for _ in range(2):
+            policy.on_validation_end(trainer, trainer.lightning_module)
+    warnings = [r.getMessage() for r in caplog.records if "not a validation metric" in r.getMessage()]
+    assert warnings == ["CheckpointPolicy: monitor 'val/accuracy' is not a validation metric (logged: val/acc, "
+                        "val/loss); no best.ckpt is written"] and saved == []  # once, naming what there is
+
+
 KILL = ["--trainer.max_steps", "14", "--trainer.val_check_interval", "7", "--trainer.limit_val_batches", "2",
         "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false"]
 
