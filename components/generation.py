@@ -163,8 +163,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
     positions = (real.long().cumsum(dim=1) - 1).clamp_min(0)  # each sequence counts from its first real token
     if not model.extrapolate and T + max_new_tokens - 1 > model.max_seq_len:  # the steps skip the model's checks
         raise ValueError(f"generate: a prompt of {T} tokens and {max_new_tokens} new ones (the last one not fed back) "
-                         f"take {T + max_new_tokens - 1} positions, past max_seq_len={model.max_seq_len}; generate fewer "
-                         "tokens, or build the model with a larger max_seq_len or extrapolate=True")
+                         f"take {T + max_new_tokens - 1} positions, past max_seq_len={model.max_seq_len}; "
+                         f"{'shorten the prompt' if T > model.max_seq_len else 'generate fewer tokens'}, or build the "
+                         "model with a larger max_seq_len or extrapolate=True")
     capacity = T + max(max_new_tokens, 1)
     if compile:
         capacity = -(-capacity // STATIC_CAPACITY) * STATIC_CAPACITY

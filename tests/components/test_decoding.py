@@ -222,8 +222,11 @@ def test_a_generation_past_max_seq_len_is_refused_before_any_work():
     prompt = torch.randint(0, 20, (1, 5))
     assert model.generate(prompt, 8).shape == (1, 13)  # 12 positions fed
     for compile in (False, True):
-        with pytest.raises(ValueError, match=r"5 tokens and 9 new ones .* 13 positions, past max_seq_len=12"):
+        with pytest.raises(ValueError, match=r"5 tokens and 9 new ones .* 13 positions, past max_seq_len=12; generate "
+                                             r"fewer tokens"):
             model.generate(prompt, 9, compile=compile)
+    with pytest.raises(ValueError, match=r"a prompt of 13 tokens .* past max_seq_len=12; shorten the prompt"):
+        model.generate(torch.randint(0, 20, (1, 13)), 1)  # (fewer new tokens cannot help)
     assert HybridLM(20, 8, "AM", mixers, max_seq_len=12, extrapolate=True).generate(prompt, 9).shape == (1, 14)
 
 
