@@ -236,8 +236,8 @@ def export(source, out: str | Path, *, data=None, allow_classes=(), max_shard_si
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} is a file: the export writes a folder")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out} is not empty: choose a new folder, or --force (overwrite=True) to replace the model files "
-                              "there (other files stay)")
+        raise FileExistsError(f"{out} is not empty: choose a new folder, or --force (overwrite=True) to replace the "
+                              "model files there (other files stay)")
     if isinstance(source, (str, Path)):
         from recipes.module import LanguageModel
 
