@@ -22,13 +22,12 @@ from pathlib import Path
 SUITES = ("length", "passkey", "mqar")
 
 
-def at_least(low: float, kind=int):
-    """An argparse type: a ``kind`` number >= ``low`` (> 0 for ``low=0.0`` floats: a limit of 0 examples), named
-    in argparse's one-line error otherwise."""
+def bounded(kind, low, *, above: bool = False):
+    """An argparse type: a ``kind`` number ``>= low`` (``> low`` when ``above``), else argparse's one-line error."""
     def parse(text: str):
         value = kind(text)
-        if value < low or (low == 0.0 and kind is float and value == 0):
-            raise argparse.ArgumentTypeError(f"{text} must be {'> 0' if kind is float else f'>= {low}'}")
+        if value < low or (above and value == low):
+            raise argparse.ArgumentTypeError(f"{text} must be {'>' if above else '>='} {low}")
         return value
     parse.__name__ = kind.__name__  # argparse's "invalid float value: 'x'"
     return parse
@@ -42,8 +41,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--allow_classes", nargs="*", default=[], help="packages whose classes the checkpoint may name")
     p.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (zoo_cloze, zoo_passkey ship here)")
     p.add_argument("--include_path", action="append", default=[], help="a folder of task YAMLs (repeatable)")
-    p.add_argument("--num_fewshot", type=at_least(0), default=None)
-    p.add_argument("--limit", type=at_least(0.0, float), default=None, help="examples per task (a fraction if < 1)")
+    p.add_argument("--num_fewshot", type=bounded(int, 0), default=None)
+    p.add_argument("--limit", type=bounded(float, 0, above=True), default=None, help="examples per task (a fraction if < 1)")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--suite", choices=SUITES, default=None)
     p.add_argument("--extrapolate", action="store_true",

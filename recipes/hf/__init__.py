@@ -122,17 +122,18 @@ def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = F
     recipe = hf_recipe(folder)
     tokenizer = folder_tokenizer(Path(folder))
     vocab = recipe["vocab_size"]
-    present = [str(path) for path in (out, out.with_suffix(".yaml"), out.with_name(f"{out.stem}.tokenizer.json"))
-               if path.exists() and not (path.name.endswith(".tokenizer.json") and tokenizer is None)]
+    tokenizer_copy = out.with_name(f"{out.stem}.tokenizer.json")
+    written = [out, out.with_suffix(".yaml"), *([tokenizer_copy] if tokenizer is not None else [])]
+    present = [str(path) for path in written if path.exists()]
     if present and not overwrite:
         named = " and ".join([", ".join(present[:-1]), present[-1]] if len(present) > 1 else present)
         raise FileExistsError(f"{named} already exist{'s' * (len(present) == 1)}: choose another "
                               "--out, or --force (overwrite=True) to replace them (an edited recipe would be lost)")
     out.parent.mkdir(parents=True, exist_ok=True)
     if tokenizer is not None:
-        shutil.copyfile(tokenizer, out.with_name(f"{out.stem}.tokenizer.json"))
+        shutil.copyfile(tokenizer, tokenizer_copy)
         data = {"class_path": "recipes.data.TokenizedCorpus",
-                "init_args": {"paths": "data/*.jsonl", "tokenizer": str(out.with_name(f"{out.stem}.tokenizer.json").resolve()),
+                "init_args": {"paths": "data/*.jsonl", "tokenizer": str(tokenizer_copy.resolve()),
                               "seq_len": 256, "batch_size": 8}}
         note = "The data below is the folder's own tokenizer over your .jsonl/.txt/.parquet files: set paths."
     elif vocab == 256:
@@ -235,7 +236,8 @@ def export(source, out: str | Path, *, data=None, allow_classes=(), max_shard_si
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} is a file: the export writes a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    occupied = out.is_dir() and any(out.iterdir())
+    if occupied and not overwrite:
         raise FileExistsError(f"{out} is not empty: choose a new folder, or --force (overwrite=True) to replace the "
                               "model files there (other files stay)")
     if isinstance(source, (str, Path)):
@@ -247,7 +249,7 @@ def export(source, out: str | Path, *, data=None, allow_classes=(), max_shard_si
         raise TypeError(f"export: {type(source).__name__} is not a HybridLM, a LanguageModel or a checkpoint path")
     adapter = hf_architecture(model)
     config = adapter.config(model)
-    if out.is_dir() and any(out.iterdir()):  # (refused before any of it is touched)
+    if occupied:  # (refused above before any of it is touched; cleared only now the model is known exportable)
         for pattern in WRITTEN_BY_EXPORT:
             for stale in out.glob(pattern):
                 stale.unlink()
