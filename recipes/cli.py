@@ -15,6 +15,8 @@ On top of LightningCLI (docs/training.md):
 """
 
 import argparse
+import difflib
+import inspect
 import os
 import re
 import sys
@@ -54,10 +56,22 @@ def resolve_config(value: str) -> str:
     bundled = CONFIG_DIR / value
     if bundled.is_file():
         return str(bundled)
-    raise FileNotFoundError(
-        f"config file {value!r} not found: it is not a path to a file, nor a bundled config "
-        f"(bundled: {', '.join(bundled_configs())})"
-    )
+    raise FileNotFoundError(f"config file {value!r} not found: it is not a path to a file, nor a bundled config "
+                            f"({bundled_hint(value)})")
+
+
+def bundled_hint(value: str) -> str:
+    """The bundled recipes a missing ``--config`` may have meant (same file name, or a near spelling), else the
+    top-level ones and the folders of the rest (a list of 150 names helps nobody)."""
+    names = bundled_configs()
+    wanted = value if value.endswith(".yaml") else value + ".yaml"
+    meant = ([wanted] if wanted in names else [name for name in names if Path(name).name == Path(wanted).name]
+             or difflib.get_close_matches(wanted, names, n=3, cutoff=0.75))
+    if meant:
+        return f"did you mean {', '.join(meant)}?"
+    folders = sorted({name.split("/")[0] + "/" for name in names if "/" in name})
+    return (f"bundled: {', '.join(name for name in names if '/' not in name)}, and {len(names)} in all under "
+            f"{', '.join(folders)}: ls {CONFIG_DIR}")
 
 
 def read_config(path: str) -> dict:
@@ -194,6 +208,38 @@ def parse_error_message(error: Exception) -> str:
     return f"{key}: {text}" if key else text
 
 
+def class_options(path: str) -> list[str]:
+    """The keyword arguments of an already-imported class (jsonargparse imported it to reject the option), or none:
+    nothing is imported here."""
+    module_name, _, name = path.rpartition(".")
+    cls = getattr(sys.modules.get(module_name), name, None)
+    if not inspect.isclass(cls):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in inspect.signature(cls).parameters.values() if p.kind in kinds]
+
+
+def near_misses(message: str, options: list[str]) -> str:
+    """`` (did you mean …?)`` for the unknown options in a parse error that are a typo of one the parser (``options``,
+    its ``--flags``) or the named class takes; empty when none is close."""
+    if "unrecognized arguments:" in message:
+        unknown = [token.split("=", 1)[0] for token in message.split("unrecognized arguments:", 1)[1].split()
+                   if token.startswith("--")]
+        known = options
+    elif group := re.search(r"(Group|Subcommand) '([\w.]+)' does not accept option '([\w.]+)'", message):
+        # a config file's key, under a section (Group 'trainer': 'max_stepz') or whole ('trainer.max_stepz')
+        prefix = f"--{group.group(2)}." if group.group(1) == "Group" else "--"
+        unknown, known = [group.group(3)], [o[len(prefix):] for o in options if o.startswith(prefix)]
+    else:
+        found = re.search(r"Option '(\w+)' is not accepted", message)
+        owner = re.search(r"class_path '([\w.]+)'|\(for ([\w.]+)\)", message)
+        if found is None or owner is None:
+            return ""
+        unknown, known = [found.group(1)], class_options(owner.group(1) or owner.group(2))
+    meant = [match for option in unknown for match in difflib.get_close_matches(option, known, n=1, cutoff=0.8)]
+    return f" (did you mean {', '.join(meant)}?)" if meant else ""
+
+
 def run_logger(trainer_config):
     """The trainer's first logger config when it writes ``<save_dir>/<name>/<version>/`` folders, with
     the folder that holds its versions: ``(logger namespace or None, root or None)``."""
@@ -316,7 +362,13 @@ class HybridCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         self._command_line = list(sys.argv[1:] if args is None else args)
         check_limit_flags(self._command_line)
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except argparse.ArgumentError as error:  # condensed here, where the options a typo may have meant are known
+            subcommand = self._command_line[0] if self._command_line[:1] in ([c] for c in SUBCOMMANDS) else None
+            options = [o for a in (self._subcommand_parsers.get(subcommand) or parser)._actions for o in a.option_strings]
+            message = parse_error_message(error)
+            raise argparse.ArgumentError(None, message + near_misses(message, options)) from error
         subcommand = self.config.get("subcommand")
         self._resolve_init_from(self.config[subcommand] if subcommand is not None else self.config)
         if subcommand is not None:
@@ -589,7 +641,8 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
             save_config_callback=RunConfigCallback,
             save_config_kwargs={"overwrite": True},  # a run's own earlier file only: RunConfigCallback refuses others
             # a wrong option raises (and is printed below in a few lines) instead of printing the whole usage
-            parser_kwargs={"exit_on_error": False, "prog": "python -m recipes", "description": DESCRIPTION,
+            parser_kwargs={"exit_on_error": False, "allow_abbrev": False, "prog": "python -m recipes",
+                           "description": DESCRIPTION,
                            **{c: {"exit_on_error": False} for c in SUBCOMMANDS}},
         )
     except argparse.ArgumentError as error:

@@ -1,10 +1,11 @@
 import glob
 import os
+import re
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from recipes.cli import main, resolve_config
+from recipes.cli import main, near_misses, resolve_config
 
 TINY_FIT = [
     "fit", "--config", "quickstart.yaml",
@@ -46,6 +47,57 @@ def test_missing_config_file_is_a_clear_error(tmp_path, monkeypatch):
     message = str(info.value.code)
     assert "config file 'no_such_recipe.yaml' not found" in message
     assert "quickstart.yaml" in message  # lists what is bundled
+    assert "arch/" in message and "arch/llama.yaml" not in message  # the folders of the rest, not 130 names
+
+
+@pytest.mark.parametrize("given, meant", [
+    ("quickstart", "quickstart.yaml?"), ("quickstrat.yaml", "quickstart.yaml, quickstart_bpe.yaml?"),
+    ("moe_placement/al.yaml", "moe_placement/all.yaml, "),
+    ("arch/llama", "arch/llama.yaml?"),  # the exact name, not arch/tiny/llama.yaml beside it
+])
+def test_a_near_miss_of_a_bundled_config_is_suggested(given, meant, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", given])
+    assert f"did you mean {meant}" in str(info.value.code)
+
+
+@pytest.mark.parametrize("flags, meant", [
+    (["--trainer.max_stepz", "2"], "(did you mean --trainer.max_steps?)"),             # a parser option
+    (["--data.init_args.batch_sizee", "2"], "(did you mean batch_size?)"),             # the data class's argument
+    (["--model.mixers.A.init_args.n_headz", "2"], "(did you mean n_heads?)"),         # a mixer class's argument
+])
+def test_a_mistyped_option_names_the_option_it_is_close_to(flags, meant, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", "quickstart.yaml", *flags])
+    message = str(info.value.code)
+    assert message.startswith("error: ") and message.count("\n") == 0 and meant in message
+
+
+def test_a_mistyped_key_in_a_config_file_names_the_key_it_is_close_to(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "typo.yaml").write_text("checkpoint:\n  every_n_step: 8\n")
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", "quickstart.yaml", "--config", "typo.yaml"])
+    # jsonargparse words it per section or per subcommand ("Group 'checkpoint' … 'every_n_step'" or
+    # "Subcommand 'fit' … 'checkpoint.every_n_step'"); the suggestion follows the same form
+    assert re.search(r"every_n_step' \(did you mean (checkpoint\.)?every_n_steps\?\)", str(info.value.code))
+
+
+def test_a_mistyped_key_of_a_section_is_matched_within_that_section():
+    # jsonargparse's other wording of an unknown config key: the section, then the key within it
+    message = "Group 'trainer' does not accept option 'max_stepz'"
+    assert near_misses(message, ["--trainer.max_steps", "--model.max_seq_len"]) == " (did you mean max_steps?)"
+    assert near_misses("Group 'trainer' does not accept option 'zzz'", ["--trainer.max_steps"]) == ""
+
+
+def test_an_abbreviated_option_is_refused_not_taken_for_the_option_it_begins(tmp_path, monkeypatch):
+    # argparse's default would read --trainer.max_step as --trainer.max_steps: a typo silently taken
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", "quickstart.yaml", "--trainer.max_step", "2"])
+    assert "unrecognized arguments: --trainer.max_step 2 (did you mean --trainer.max_steps?)" in str(info.value.code)
 
 
 def test_bundled_names_resolve_from_any_folder(tmp_path, monkeypatch):
