@@ -379,6 +379,10 @@ class HybridCLI(LightningCLI):
             if config.trainer.get("enable_checkpointing") is False and changed:
                 raise ValueError(f"checkpoint options {changed} have no effect with trainer.enable_checkpointing false; "
                                  "drop one of the two")
+            seed = config.get("seed_everything")
+            if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed < 2**32:
+                raise ValueError(f"--seed_everything {seed}: a seed lies in [0, 2**32 - 1] (numpy's range); "
+                                 "true draws one at random, false sets none")
             if config.get("weights_only") is False:
                 raise ValueError("--weights_only false is refused: the zoo's checkpoints hold tensors and plain values "
                                  "only, and reading pickled objects would run the code a file carries")

@@ -60,8 +60,9 @@ def test_a_later_file_may_change_only_the_arguments_of_a_bound_letter(tmp_path, 
     (["--model.mixers.A.init_args.bogus", "1"], "Option 'bogus' is not accepted. (for components.QCAttention)"),
     (["--trainer.logger", "nonsense.Logger"],
      "\"trainer.logger\": Problem with given class_path 'nonsense.Logger': No module named 'nonsense' (python -m"),
+    (["--seed_everything", "-3"], "--seed_everything -3: a seed lies in [0, 2**32 - 1]"),
 ], ids=["accumulate-0", "negative-clip", "checkpointing-off", "typo", "binding-without-class", "bad-value",
-        "unknown-argument", "unknown-logger"])
+        "unknown-argument", "unknown-logger", "negative-seed"])
 def test_a_bad_option_is_named_in_a_line_or_two(tmp_path, monkeypatch, flags, expected):
     assert expected in refused(tmp_path, monkeypatch, "fit", *TINY, *flags)
 
