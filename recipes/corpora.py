@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipes.argtypes import bounded
+
 Document = tuple[str, str]  # (title, text)
 
 
@@ -332,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     prep.add_argument("corpus", choices=sorted(CORPORA))
     prep.add_argument("--out", required=True, help="the folder to write")
     prep.add_argument("--downloads", default=None, help="where the archives are kept (default OUT/downloads)")
-    prep.add_argument("--vocab_size", type=int, default=4096, help="the BPE's vocabulary (default 4096)")
+    prep.add_argument("--vocab_size", type=bounded(int, 257), default=4096, help="the BPE's vocabulary (default 4096)")
     commands.add_parser("list", help="the sources")
     sample = commands.add_parser("sample", help="a small stand-in made from pydoc_data, for smoke runs (no download)")
     sample.add_argument("--out", required=True)

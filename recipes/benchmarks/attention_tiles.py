@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from kernels.attention import attention
 from kernels.attention import triton as attention_triton
+from recipes.argtypes import positive_int
 from recipes.benchmarks.tile_search import add_device_option, device_of, trial
 from recipes.benchmarks.timing import median_ms
 
@@ -53,11 +54,11 @@ def results(q, k, v, bias) -> list[torch.Tensor]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.attention_tiles",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
-    parser.add_argument("--length", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--head-dims", type=positive_int, nargs="+", default=[64, 128])
+    parser.add_argument("--length", type=positive_int, default=4096)
+    parser.add_argument("--batch", type=positive_int, default=4)
+    parser.add_argument("--heads", type=positive_int, default=16)
+    parser.add_argument("--repeats", type=positive_int, default=5)
     add_device_option(parser)
     args = parser.parse_args(argv)
     cuda, dtype, device = device_of(args)

@@ -27,6 +27,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from recipes.argtypes import positive_int
+
 DTYPES = ("bf16", "fp16", "fp32")
 
 
@@ -260,9 +262,9 @@ def narrow_bases(case: Case, ttir: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.compile_check",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", type=int, default=90, help="compute capability ×10: 80 A100, 90 H100 (default)")
+    parser.add_argument("--arch", type=positive_int, default=90, help="compute capability ×10: 80 A100, 90 H100 (default)")
     parser.add_argument("--dtypes", nargs="+", default=["bf16"], choices=DTYPES)
-    parser.add_argument("--head-dims", nargs="+", type=int, default=[64],
+    parser.add_argument("--head-dims", nargs="+", type=positive_int, default=[64],
                         help="attention head dims to compile for (default 64; the recipes use 64-128, models up to 256)")
     parser.add_argument("--ssd-shapes", nargs="+", default=["64x128"],
                         help="SSD (head dim P)x(state dim N) pairs (default 64x128; Mamba-2 also uses 128x128, 64x256)")

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from components import HybridLM
+from recipes.argtypes import positive_int
 from recipes.benchmarks.timing import interleaved_seconds, peak_growth_mib, seconds_of
 from recipes.data.corpus import MemmapWindows, TokenizedCorpus
 from recipes.data.text import Windows
@@ -104,10 +105,10 @@ def train_rates(cache: Path, vocab: int, steps: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.corpus",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=int, default=300)
+    parser.add_argument("--mb", type=positive_int, default=300)
     parser.add_argument("--format", choices=["jsonl", "txt"], default="jsonl")
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--vocab", type=positive_int, default=8192)
+    parser.add_argument("--steps", type=positive_int, default=20)
     parser.add_argument("--dir", default=None, help="where the corpus and caches go (default: a temporary directory)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

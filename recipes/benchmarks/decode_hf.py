@@ -40,6 +40,7 @@ from unittest import mock
 
 import torch
 
+from recipes.argtypes import positive_int
 from recipes.benchmarks.timing import interleaved_seconds
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -157,14 +158,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.decode_hf",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["llama", "mamba2", "hybrid"], choices=["llama", "mamba2", "hybrid"])
-    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=1024)
-    parser.add_argument("--prompt", type=int, default=256, help="prompt tokens")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batches", nargs="+", type=positive_int, default=[1, 8, 32])
+    parser.add_argument("--width", type=positive_int, default=256)
+    parser.add_argument("--layers", type=positive_int, default=8)
+    parser.add_argument("--vocab", type=positive_int, default=1024)
+    parser.add_argument("--prompt", type=positive_int, default=256, help="prompt tokens")
+    parser.add_argument("--new-tokens", type=positive_int, default=64)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--products", action="store_true",
                         help="also time the compiled step with its linear layers as matrix products (a copy of the model)")
     cuda = torch.cuda.is_available()

@@ -20,6 +20,7 @@ from functools import partial
 import torch
 
 from components import SSD, HybridLM, QCAttention, RoutedMoE
+from recipes.argtypes import positive_int
 from recipes.benchmarks.timing import median_ms, resident_kib, seconds_of
 
 MODELS = {  # 8 blocks each at the same width: attention, SSD, and the two hybrid ratios of the papers
@@ -82,10 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.decoding",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--contexts", nargs="+", type=int, default=[1024, 2048, 4096, 8192, 16384])
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--vocab", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--contexts", nargs="+", type=positive_int, default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--d-model", type=positive_int, default=256)
+    parser.add_argument("--vocab", type=positive_int, default=1024)
+    parser.add_argument("--steps", type=positive_int, default=16)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "CONTEXT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

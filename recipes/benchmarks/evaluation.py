@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from recipes.argtypes import positive_int
 from recipes.benchmarks.timing import interleaved_seconds
 
 
@@ -64,12 +65,12 @@ def requests(limit: int):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.evaluation",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--questions", type=int, default=60, help="cloze questions (four requests each)")
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--layers", type=positive_int, default=4)
+    parser.add_argument("--width", type=positive_int, default=128)
+    parser.add_argument("--questions", type=positive_int, default=60, help="cloze questions (four requests each)")
+    parser.add_argument("--batch_size", type=positive_int, default=8)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--threads", type=positive_int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import transformers

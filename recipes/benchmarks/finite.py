@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from kernels._finite import split_finite
 from kernels.attention import attention
 from kernels.ssd import ssd_scan
+from recipes.argtypes import positive_int
 from recipes.benchmarks.timing import interleaved_seconds
 
 
@@ -107,9 +108,9 @@ def row_tests(T: int, device: str, dtype: torch.dtype, rounds: int) -> list[str]
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.finite", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--lengths", type=int, nargs="+", help="default: 4096 16384 on a GPU, 2048 on a CPU")
+    parser.add_argument("--lengths", type=positive_int, nargs="+", help="default: 4096 16384 on a GPU, 2048 on a CPU")
     parser.add_argument("--ops", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=positive_int, default=20)
     args = parser.parse_args(argv)
     cuda = args.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32

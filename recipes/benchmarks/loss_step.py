@@ -20,6 +20,7 @@ from kernels.linear_cross_entropy import (
     linear_cross_entropy_reference,
 )
 from recipes import module
+from recipes.argtypes import positive_int
 from recipes.benchmarks.timing import interleaved_seconds
 from recipes.cli import main as cli_main
 
@@ -59,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.loss_step",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("configs", nargs="+", help="recipe configs (bundled names or paths)")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=positive_int, default=7)
+    parser.add_argument("--threads", type=positive_int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s); median of {args.rounds} interleaved steps\n")

@@ -50,6 +50,7 @@ import yaml
 from components import HybridLM, count_parameters
 from components.block import block_mixers
 from components.flops import forward_flops_per_token
+from recipes.argtypes import bounded, positive_int
 from recipes.benchmarks.timing import median_ms, peak_growth_mib, seconds_of, synchronize
 from recipes.figures import png_figure
 from recipes.mfu import device_peak_flops, training_flops
@@ -326,17 +327,17 @@ def main(argv: list[str] | None = None) -> None:
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", choices=sorted(FAMILIES), help="a preset of the options below")
     parser.add_argument("--models", nargs="+", choices=MODELS, help="default: every model")
-    parser.add_argument("--lengths", type=int, nargs="+")
-    parser.add_argument("--repeats", type=int, help="timed steps per process (default 3)")
-    parser.add_argument("--trials", type=int, help="fresh processes per (model, T) (default 1)")
+    parser.add_argument("--lengths", type=positive_int, nargs="+")
+    parser.add_argument("--repeats", type=positive_int, help="timed steps per process (default 3)")
+    parser.add_argument("--trials", type=positive_int, help="fresh processes per (model, T) (default 1)")
     parser.add_argument("--baseline", choices=MODELS, help="divide every row by this model (default: twin or llama)")
     parser.add_argument("--plot", type=Path, help="a PNG of tokens/s and peak memory against T")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile(fullgraph=True) row per zoo model")
     parser.add_argument("--saved", action="store_true",
                         help="instead of timing: what a step keeps for the backward, per kind of mixer (zoo models)")
     for key in ("d-model", "layers", "vocab", "batch", "d-state", "chunk"):
-        parser.add_argument(f"--{key}", type=int)
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
+        parser.add_argument(f"--{key}", type=positive_int)
+    parser.add_argument("--profile", type=bounded(int, 0), default=0, metavar="N",
                         help="after the table, each row's N costliest ops in one more step (torch's profiler; self "
                              "time on the GPU, or the CPU)")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "T"), help=argparse.SUPPRESS)

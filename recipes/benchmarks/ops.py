@@ -26,6 +26,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from recipes.argtypes import bounded, positive_int
 from recipes.benchmarks.mamba_ssm_triton import MAMBA_MISSING
 from recipes.benchmarks.timing import median_ms
 from kernels.attention import attention
@@ -235,13 +236,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.ops",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--lengths", type=int, nargs="+", help="default: 1024 … 8192 on a GPU, 512 … 2048 on a CPU")
-    parser.add_argument("--batch", type=int, help="default: 4 on a GPU, 1 on a CPU")
+    parser.add_argument("--lengths", type=positive_int, nargs="+", help="default: 1024 … 8192 on a GPU, 512 … 2048 on a CPU")
+    parser.add_argument("--batch", type=positive_int, help="default: 4 on a GPU, 1 on a CPU")
     parser.add_argument("--ops", nargs="+", default=["attention", "ssd", "retrieval", "decode"],
                         choices=["attention", "ssd", "retrieval", "decode"])
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--head-dim", type=int, default=64, help="attention's head dim (default 64)")
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
+    parser.add_argument("--repeats", type=positive_int, default=10)
+    parser.add_argument("--head-dim", type=positive_int, default=64, help="attention's head dim (default 64)")
+    parser.add_argument("--profile", type=bounded(int, 0), default=0, metavar="N",
                         help="after each length's rows of attention and the SSD, one forward and one forward+backward "
                              "of every row under torch's profiler: its N costliest kernels (default 0: none)")
     parser.add_argument("--ssd-config", metavar="FILE",

@@ -34,6 +34,7 @@ from kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
 from kernels.linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_reference
 from kernels.retrieval.reference import expert_mix_reference
 from kernels.ssd.reference import segment_sum, ssd_chunked
+from recipes.argtypes import positive_int
 from recipes.benchmarks.timing import interleaved_seconds, peak_growth_mib
 
 H, D, P, N, CHUNK = 8, 64, 64, 64, 64
@@ -153,8 +154,8 @@ PAIRS = {
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.ops_cpu",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lengths", type=positive_int, nargs="+", default=[1024, 2048, 4096])
+    parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--ops", nargs="+", default=list(PAIRS), choices=list(PAIRS))
     parser.add_argument("--peak-of", nargs=2, metavar=("CASE", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

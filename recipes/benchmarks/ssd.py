@@ -10,6 +10,7 @@ achieved GFLOP/s against this machine's fp32 matmul GFLOP/s, measured in the sam
 import argparse
 import torch
 
+from recipes.argtypes import positive_int
 from recipes.benchmarks.timing import median_ms
 from kernels.attention import attention
 from kernels.ssd import ssd_recurrent, ssd_scan
@@ -50,13 +51,13 @@ def timed(run, inputs, backward: bool, repeats: int) -> float:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.ssd",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--d-state", type=int, default=64)
-    parser.add_argument("--chunk", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lengths", type=positive_int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--batch", type=positive_int, default=1)
+    parser.add_argument("--heads", type=positive_int, default=8)
+    parser.add_argument("--head-dim", type=positive_int, default=64)
+    parser.add_argument("--d-state", type=positive_int, default=64)
+    parser.add_argument("--chunk", type=positive_int, default=64)
+    parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--recurrence-max-seconds", type=float, default=20.0,
                         help="stop timing the recurrence once one run exceeds this")
     args = parser.parse_args(argv)

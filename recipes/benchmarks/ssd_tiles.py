@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from kernels.ssd import ssd_scan
 from kernels.ssd import triton as ssd_triton
+from recipes.argtypes import positive_int
 from recipes.benchmarks.mamba_ssm_triton import MAMBA_MISSING
 from recipes.benchmarks.tile_search import add_device_option, device_of, kernel_us, trial
 from recipes.benchmarks.timing import median_ms
@@ -89,13 +90,13 @@ def results(inputs: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.ssd_tiles",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--length", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--state", type=int, default=128)
-    parser.add_argument("--chunk", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--length", type=positive_int, default=4096)
+    parser.add_argument("--batch", type=positive_int, default=4)
+    parser.add_argument("--heads", type=positive_int, default=32)
+    parser.add_argument("--head-dim", type=positive_int, default=64)
+    parser.add_argument("--state", type=positive_int, default=128)
+    parser.add_argument("--chunk", type=positive_int, default=256)
+    parser.add_argument("--repeats", type=positive_int, default=5)
     sections = ["rows", "pairs", "scores", "states", "group", "y", "dx", "pair_tiles", "order", "group_order", "keep"]
     parser.add_argument("--sections", nargs="+", choices=sections, default=sections,
                         help="which candidates to time: rows/warps/stages, the pair kernel's blocks, shared_scores, "

@@ -20,6 +20,7 @@ import torch
 from components.state import MLP, CDMoE, CohesiveMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
 from components.state.mlp import default_d_ff
 from components.sizing import solve_width
+from recipes.argtypes import positive_int
 from recipes.benchmarks.timing import median_ms
 
 
@@ -86,10 +87,10 @@ def cdmoe_scaling_table(d_model: int, tokens: int, repeats: int, sizes: list[int
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.state_mixers",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--experts", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
+    parser.add_argument("--d-model", type=positive_int, default=256)
+    parser.add_argument("--tokens", type=positive_int, default=4096)
+    parser.add_argument("--repeats", type=positive_int, default=5)
+    parser.add_argument("--experts", type=positive_int, nargs="+", default=[1024, 4096, 16384, 65536])
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")

@@ -18,19 +18,10 @@ import json
 import sys
 from pathlib import Path
 
+from recipes.argtypes import bounded, positive_int
+
 
 SUITES = ("length", "passkey", "mqar")
-
-
-def bounded(kind, low, *, above: bool = False):
-    """An argparse type: a ``kind`` number ``>= low`` (``> low`` when ``above``), else argparse's one-line error."""
-    def parse(text: str):
-        value = kind(text)
-        if value < low or (above and value == low):
-            raise argparse.ArgumentTypeError(f"{text} must be {'>' if above else '>='} {low}")
-        return value
-    parse.__name__ = kind.__name__  # argparse's "invalid float value: 'x'"
-    return parse
 
 
 def parser() -> argparse.ArgumentParser:
@@ -43,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--include_path", action="append", default=[], help="a folder of task YAMLs (repeatable)")
     p.add_argument("--num_fewshot", type=bounded(int, 0), default=None)
     p.add_argument("--limit", type=bounded(float, 0, above=True), default=None, help="examples per task (a fraction if < 1)")
-    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--batch_size", type=positive_int, default=8)
     p.add_argument("--suite", choices=SUITES, default=None)
     p.add_argument("--extrapolate", action="store_true",
                    help="evaluate past the model's max_seq_len (plain RoPE and the NTK stretch)")

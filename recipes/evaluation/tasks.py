@@ -158,14 +158,16 @@ def main(argv: list[str] | None = None) -> Path:
     import argparse
     import sys
 
+    from recipes.argtypes import bounded, positive_int
+
     parser = argparse.ArgumentParser(prog="python -m recipes.evaluation.tasks", description=main.__doc__)
     parser.add_argument("kind", choices=["cloze"])
     parser.add_argument("--config", required=True, help="a recipe whose data module has documents (TokenizedCorpus)")
     parser.add_argument("--out", required=True, help="the folder to write the task's YAML and data into")
     parser.add_argument("--name", default=None, help="the task's name (default: <corpus>_cloze)")
-    parser.add_argument("--count", type=int, default=500, help="questions (default 500)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--context-chars", type=int, default=600, help="document text before the sentence (default 600)")
+    parser.add_argument("--count", type=positive_int, default=500, help="questions (default 500)")
+    parser.add_argument("--seed", type=bounded(int, 0), default=0)
+    parser.add_argument("--context-chars", type=bounded(int, 0), default=600, help="document text before the sentence (default 600)")
     args = parser.parse_args(argv)
     from recipes.runs import data_module, load_recipe
 

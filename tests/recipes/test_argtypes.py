@@ -1,0 +1,69 @@
+"""Command-line numbers out of range are argparse's one-line error, in every command line that takes them."""
+
+import argparse
+import importlib
+
+import pytest
+
+from recipes.argtypes import bounded, positive_int
+
+COMMAND_LINES = ["recipes.benchmarks." + name for name in (
+    "attention_tiles", "compile_check", "corpus", "decode_hf", "decoding", "evaluation", "finite", "loss_step",
+    "models", "ops", "ops_cpu", "ssd", "ssd_tiles", "state_mixers")] + ["recipes.corpora", "recipes.evaluation.tasks"]
+
+
+def test_bounded_refuses_below_its_floor_and_keeps_the_type_name():
+    assert positive_int("3") == 3
+    with pytest.raises(argparse.ArgumentTypeError, match="0 must be >= 1"):
+        positive_int("0")
+    with pytest.raises(argparse.ArgumentTypeError, match="0 must be > 0"):
+        bounded(float, 0, above=True)("0")
+    assert bounded(float, 0, above=True)("0.5") == 0.5
+    with pytest.raises(ValueError):  # argparse turns it into "invalid int value: 'x'"
+        positive_int("x")
+    assert positive_int.__name__ == "int"
+
+
+class Captured(Exception):
+    pass
+
+
+def every_action(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        yield action
+        if isinstance(action, argparse._SubParsersAction):  # recipes.corpora's prepare / list
+            for sub in action.choices.values():
+                yield from every_action(sub)
+
+
+@pytest.mark.parametrize("module", COMMAND_LINES)
+def test_no_command_line_takes_an_unbounded_int(module, monkeypatch):
+    # Every integer option here is a size, a length or a count: a plain ``type=int`` lets 0 or -1 through to a torch
+    # shape error, a division by zero or an empty median (each was one, before).
+    parsers = []
+
+    def capture(self, *args, **kwargs):
+        parsers.append(self)
+        raise Captured
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(Captured):
+        importlib.import_module(module).main([])
+    actions = [action for parser in parsers for action in every_action(parser)]
+    unbounded = [action.option_strings or action.dest for action in actions if action.type is int]
+    assert not unbounded, f"{module}: {unbounded} take any int"
+    assert any(action.type is not None and action.type.__name__ == "int" for action in actions)  # some are checked
+
+
+@pytest.mark.parametrize("module, argv, said", [
+    ("recipes.benchmarks.ssd", ["--heads", "0"], "argument --heads: 0 must be >= 1"),
+    ("recipes.benchmarks.ops_cpu", ["--repeats", "0"], "argument --repeats: 0 must be >= 1"),
+    ("recipes.benchmarks.ops", ["--profile", "-1"], "argument --profile: -1 must be >= 0"),
+    ("recipes.corpora", ["prepare", "english", "--out", "x", "--vocab_size", "0"], "0 must be >= 257"),
+])
+def test_an_out_of_range_number_is_one_line_before_any_work(module, argv, said, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(module).main(argv)
+    assert info.value.code == 2 and said in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing downloaded or written
