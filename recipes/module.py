@@ -39,6 +39,14 @@ def language_model_arguments() -> set[str]:
     return own | set(model_options())
 
 
+SIZE_KEYS = ("n_blocks", "n_params", "n_active_params", "sized_width")  # recorded beside the arguments
+
+
+def hyperparameter_keys() -> set[str]:
+    """The top-level keys of a run's ``hparams.yaml``: the arguments and the sizes recorded with them."""
+    return language_model_arguments() | set(SIZE_KEYS)
+
+
 def check_model_options(options: Mapping) -> None:
     """Refuse, by name, a keyword that is neither ``LanguageModel``'s nor one of ``HybridLM``'s options."""
     known = model_options()
@@ -159,12 +167,8 @@ class LanguageModel(L.LightningModule):
             "mixers": self.model.binding_specs(),
             "size_to": None if size_to is None else vars(size_to),
         })
-        self.sizes = {
-            "n_blocks": len(self.model.blocks),
-            "n_params": count_parameters(self.model),
-            "n_active_params": count_active_parameters(self.model),
-            "sized_width": sized_width,
-        }
+        self.sizes = dict(zip(SIZE_KEYS, (len(self.model.blocks), count_parameters(self.model),
+                                          count_active_parameters(self.model), sized_width)))
 
         self.val_loss = torchmetrics.MeanMetric()
         self.val_ppl = Perplexity()

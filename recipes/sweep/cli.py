@@ -52,6 +52,7 @@ is only run that way, from a sweep of that folder, or with ``--init-from none``:
 """
 
 import argparse
+import difflib
 import sys
 import time
 from pathlib import Path
@@ -61,6 +62,19 @@ from recipes.sweep.launch import (family_settings, launch, logger_root, newest_r
                                   starting_checkpoints)
 from recipes.sweep.report import report
 from recipes.sweep.records import Run, read_manifest, write_record
+
+
+def check_vs_key(key: str) -> None:
+    """Before any run starts: ``--vs``'s key is one a run records (an argument of the model, its sizes, or a dotted
+    key under one, such as ``mixers.A.init_args.n_heads``), not a typo found when the sweep is over."""
+    from recipes.module import hyperparameter_keys
+
+    known = hyperparameter_keys()
+    top = key.split(".")[0]
+    if top not in known:
+        meant = difflib.get_close_matches(top, sorted(known), n=1)
+        hint = f"did you mean {meant[0]}?" if meant else "e.g. d_model, lr, n_params (a run's hparams.yaml lists them)"
+        sys.exit(f"error: --vs {key}: not a hyper-parameter a run records; {hint}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -163,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: --table-only reads one run per recipe; --seeds launches new ones")
     if args.init_from is not None and args.table_only:
         sys.exit("error: --init-from starts new runs; --table-only launches none")
+    if args.vs is not None and not args.table_only:
+        check_vs_key(args.vs)
     try:
         configs = recipe_files(args.folder)
     except FileNotFoundError as error:
@@ -206,12 +222,15 @@ def main(argv: list[str] | None = None) -> None:
     family = Path(args.folder).name
     if args.table_only:
         logs = Path("runs") / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S-table")
-        runs = []
+        runs, unrun = [], []
         for config in configs:
             try:
                 runs.append(Run(config, newest_run(config)))
-            except FileNotFoundError as error:
-                runs.append(Run(config, logger_root(config), returncode=-1, log=str(error)))
+            except FileNotFoundError:  # never run: not a failure, and nothing to tabulate
+                unrun.append(config.stem)
+        if not runs:
+            sys.exit(f"error: --table-only: no recipe of {family} has a run under {logger_root(configs[0]).parent}/ "
+                     "yet; drop --table-only to run them")
     else:
         slurm = dict(item.split("=", 1) for item in args.slurm if "=" in item)
         if len(slurm) != len(args.slurm):
@@ -226,7 +245,12 @@ def main(argv: list[str] | None = None) -> None:
         write_record(logs, family, runs)
     print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
     roots = {logger_root(run.config).parent for run in runs}
-    print(f"\ntable, figures and record.json (the runs' numbers, to keep with the results): {logs}/  TensorBoard: tensorboard --logdir {' '.join(map(str, sorted(roots)))}")
+    written = "table and figures" if args.table_only else ("table, figures and record.json (the runs' numbers, to keep "
+                                                           "with the results)")
+    print(f"\n{written}: {logs}/  TensorBoard: tensorboard --logdir {' '.join(map(str, sorted(roots)))}")
+    if args.table_only and unrun:
+        print(f"not run yet, so not in the table: {', '.join(unrun)} (python -m recipes.sweep {args.folder} --only "
+              f"{' '.join(unrun)} runs them)", file=sys.stderr)
     failed = [run.config.stem for run in runs if run.failed]
     if failed:
         sys.exit(f"error: {len(failed)} of {len(runs)} runs failed: {', '.join(failed)}")

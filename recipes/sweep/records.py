@@ -200,6 +200,6 @@ def hparam(run: Run, key: str):
     value = run_hparams(run)
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
-            raise KeyError(f"hyper-parameter {key!r} not in {run.folder}/hparams.yaml")
+            raise ValueError(f"hyper-parameter {key!r} is not in {run.folder}/hparams.yaml")
         value = value[part]
     return value

@@ -160,7 +160,10 @@ def metric_vs(runs: list[Run], key: str, metric: str = "val_acc") -> dict[str, l
         line = run.config.stem.rsplit("_", 1)[0]
         value = run_result(run)[metric]
         if not math.isnan(value):
-            values.setdefault((line, float(hparam(run, key))), []).append(value)
+            x = hparam(run, key)
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise ValueError(f"hyper-parameter {key!r} is {x!r} in {run.folder}/hparams.yaml, not a number")
+            values.setdefault((line, float(x)), []).append(value)
     lines: dict[str, list] = {}
     for (line, x), v in sorted(values.items(), key=lambda item: (item[0][0], item[0][1])):
         lines.setdefault(line, []).append((x, statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)))
@@ -183,15 +186,20 @@ def plot_vs(lines: dict, path: Path, key: str, metric: str, title: str) -> None:
 
 def report(runs: list[Run], logs: Path, family: str, seeds: bool, baseline: str | None,
            vs: str | None, metric: str, margin: float | None = None) -> str:
-    """The table (printed and written to ``logs/table.md``) and the figures beside it."""
+    """The table (printed and written to ``logs/table.md``) and the figures beside it. A ``vs`` figure that cannot
+    be drawn (a key the runs do not record, or not a number) is a note under the table, not the table lost."""
     text = seed_table(runs, baseline, margin) if seeds else table(runs)
     logs.mkdir(parents=True, exist_ok=True)
-    (logs / "table.md").write_text(f"# {family}\n\n{text}\n")
     curves = val_curves(runs)
     if curves:
         plot_curves(curves, logs / "val_loss.png", f"{family}: validation loss" + (" (mean ± std over seeds)" if seeds else ""))
     if vs:
-        lines = metric_vs(runs, vs, metric)
+        try:
+            lines = metric_vs(runs, vs, metric)
+        except ValueError as error:
+            lines = {}
+            text += f"\n\nno {metric} against {vs} figure: {error} (--from this sweep's logs with another --vs redraws it)"
         if lines:
             plot_vs(lines, logs / f"{metric}_vs_{vs.replace('.', '_')}.png", vs, metric, f"{family}: {metric} against {vs}")
+    (logs / "table.md").write_text(f"# {family}\n\n{text}\n")
     return text

@@ -107,6 +107,59 @@ def test_table_only_takes_the_most_recently_written_run(tmp_path, monkeypatch):
     assert newest_run(config).resolve() == root / "version_10"
 
 
+def test_table_only_leaves_out_a_recipe_never_run_and_names_it(tmp_path, monkeypatch, capsys):
+    # It was a row "FAILED (exit -1; …)" per recipe not run yet and "error: 2 of 3 runs failed", and the line under
+    # the table promised a record.json that --table-only does not write.
+    monkeypatch.chdir(tmp_path)
+    family = tmp_path / "family"
+    family.mkdir()
+    for name in ("a", "b", "c"):
+        (family / f"{name}.yaml").write_text(TINY.format(name=name, width=16, mlp="components.MLP"))
+    with pytest.raises(SystemExit, match="--table-only: no recipe of family has a run under runs/fake/ yet"):
+        main([str(family), "--table-only"])
+    write_run(tmp_path / "runs" / "fake" / "b" / "version_0", {3: 2.5}, [1.0])
+    main([str(family), "--table-only"])  # no SystemExit: the table of what ran is the answer
+    out, err = capsys.readouterr()
+    rows = {line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")} - {"recipe", "---"}
+    assert rows == {"b"} and "FAILED" not in out and "record.json" not in out
+    assert f"not run yet, so not in the table: a, c (python -m recipes.sweep {family} --only a c runs them)" in err
+
+
+def test_a_vs_figure_that_cannot_be_drawn_is_a_note_under_the_table_not_the_table_lost(tmp_path):
+    from recipes.sweep.records import Run
+    from recipes.sweep.report import report
+
+    for name, width in (("w_16", 16), ("w_32", 32)):
+        write_run(tmp_path / name, {9: 3.0}, [1.0], d_model=width, acc=0.5)
+    runs = [Run(tmp_path / f"{name}.yaml", tmp_path / name) for name in ("w_16", "w_32")]
+    text = report(runs, tmp_path / "logs", "fam", False, None, "d_model", "val_acc")
+    assert (tmp_path / "logs" / "val_acc_vs_d_model.png").is_file() and "no val_acc" not in text
+    for key, why in (("nonsense", "hyper-parameter 'nonsense' is not in"), ("pattern", "hyper-parameter 'pattern' is 'AM' in")):
+        text = report(runs, tmp_path / "logs", "fam", False, None, key, "val_acc")  # it raised KeyError / ValueError
+        assert f"no val_acc against {key} figure: {why}" in text and "| w_16 |" in text
+        assert text in (tmp_path / "logs" / "table.md").read_text()
+
+
+def test_a_mistyped_vs_key_stops_a_sweep_before_it_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    family = tmp_path / "family"
+    family.mkdir()
+    (family / "a.yaml").write_text(TINY.format(name="a", width=16, mlp="components.MLP"))
+    with pytest.raises(SystemExit, match="--vs d_modle: not a hyper-parameter a run records; did you mean d_model?"):
+        main([str(family), "--vs", "d_modle"])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_every_key_a_run_records_is_one_vs_accepts(tmp_path, monkeypatch):
+    from recipes.cli import main as recipes_main
+    from recipes.module import hyperparameter_keys
+
+    monkeypatch.chdir(tmp_path)
+    lm = recipes_main(["--config", "quickstart.yaml"], run=False).model
+    recorded = set(lm.hparams) | set(lm.sizes)
+    assert {"d_model", "lr", "n_params", "mixers"} <= recorded <= hyperparameter_keys()
+
+
 def test_seed_statistics_over_a_fake_family_with_known_outcomes(tmp_path):
     """Three recipes × 3 seeds written by hand: the means, deviations and 95% intervals (t₀.₉₇₅,₂ =
     4.3027), the runs behind each cell, Welch's p against the baseline, and a failed run named and left out."""
@@ -263,7 +316,7 @@ def test_a_metric_against_a_hyperparameter_has_one_line_per_recipe_series(tmp_pa
     assert mean16 == pytest.approx(0.2) and std16 == pytest.approx(2 ** 0.5 / 10) and mean32 == pytest.approx(0.5)
     plot_vs(lines, tmp_path / "acc.png", "d_model", "val_acc", "fake")
     assert (tmp_path / "acc.png").read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(KeyError, match="'n_layers' not in"):
+    with pytest.raises(ValueError, match="'n_layers' is not in"):
         metric_vs(runs, "n_layers")
 
 
