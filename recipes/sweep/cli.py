@@ -57,6 +57,7 @@ import sys
 import time
 from pathlib import Path
 
+from recipes.argtypes import bounded, positive_int
 from recipes.launchers import LAUNCHERS
 from recipes.sweep.launch import (family_settings, launch, logger_root, newest_run, recipe_files, seed_list,
                                   starting_checkpoints)
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="submitit parameters for --launcher slurm: slurm_partition=gpu timeout_min=600 …")
     parser.add_argument("--submitit-cluster", choices=["slurm", "local", "debug"], default=None,
                         help="with --launcher slurm: force submitit's executor (local: processes here, for a test)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=positive_int, default=None,
                         help="threads per run (default: the cores divided by --jobs); fewer leaves cores free")
     parser.add_argument("--baseline", default=None, help="with --seeds: the recipe the others are compared with "
                         "(default: the family's _family.yaml)")
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init-from", nargs="+", default=None, metavar="LOGS",
                         help="fine-tune: start each run from the last.ckpt of the run with the same recipe name and seed "
                              "in these earlier sweeps (their runs/sweep-logs/<time> folders); 'none': from scratch")
-    parser.add_argument("--progress", type=float, default=60.0, metavar="SECONDS",
+    parser.add_argument("--progress", type=bounded(float, 0), default=60.0, metavar="SECONDS",
                         help="how often the sweep reports its runs' progress (default 60)")
     parser.add_argument("--metric", default="val_acc", choices=["val_acc", "val_loss", "val_ppl"],
                         help="what --vs plots (default val_acc)")

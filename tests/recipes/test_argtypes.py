@@ -59,6 +59,8 @@ def test_no_command_line_takes_an_unbounded_int(module, monkeypatch):
     ("recipes.benchmarks.ssd", ["--heads", "0"], "argument --heads: 0 must be >= 1"),
     ("recipes.benchmarks.ops_cpu", ["--repeats", "0"], "argument --repeats: 0 must be >= 1"),
     ("recipes.benchmarks.ops", ["--profile", "-1"], "argument --profile: -1 must be >= 0"),
+    # --table-only: were the bound lost, the call would tabulate (and fail fast) rather than launch a sweep
+    ("recipes.sweep.cli", ["positions", "--table-only", "--threads", "0"], "argument --threads: 0 must be >= 1"),
     ("recipes.corpora", ["prepare", "english", "--out", "x", "--vocab_size", "0"], "0 must be >= 257"),
 ])
 def test_an_out_of_range_number_is_one_line_before_any_work(module, argv, said, capsys, tmp_path, monkeypatch):
