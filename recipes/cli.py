@@ -365,7 +365,8 @@ class HybridCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as error:  # condensed here, where the options a typo may have meant are known
-            subcommand = self._command_line[0] if self._command_line[:1] in ([c] for c in SUBCOMMANDS) else None
+            first = self._command_line[0] if self._command_line else None
+            subcommand = first if first in SUBCOMMANDS else None
             options = [o for a in (self._subcommand_parsers.get(subcommand) or parser)._actions for o in a.option_strings]
             message = parse_error_message(error)
             raise argparse.ArgumentError(None, message + near_misses(message, options)) from error
