@@ -4,8 +4,8 @@
 
 Made for ``mqar_hard`` (Wonderful Matrices v2's IFA against QCAttention on multi-query recall), where a run either
 stays at chance or jumps to recall and a mean ± std of a cell is a meaningless band between two modes. Recipes are
-named ``<variant>_d<width>``; the treatment's variants are pooled into one kind. For each width, and over all
-widths, it counts:
+named ``<variant>_d<width>``; the treatment's variants are pooled into one kind. For each width, and over the
+widths both kinds ran at, it counts:
 
 - **recall**: runs whose final ``val_acc`` exceeds ``--threshold`` (default 0.5; chance is 1/64 there), the
   treatment's against the baseline's, with Fisher's exact two-sided test of the 2×2 table;
@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline", required=True, help="the variant compared against")
     parser.add_argument("--threshold", type=float, default=0.5, help="val_acc above which a run recalls")
     args = parser.parse_args(argv)
+    if not 0 <= args.threshold < 1:  # val_acc lies in [0, 1]: at 1 or above no run recalls, below 0 every run does
+        parser.error(f"--threshold {args.threshold}: an accuracy, in [0, 1)")
+    if args.baseline in args.treatment:
+        parser.error(f"--baseline {args.baseline} is also a --treatment variant: a kind compared with itself")
     missing = [str(p) for p in args.records if not p.is_file()]
     if missing:
         parser.error(f"no such record: {', '.join(missing)}")
@@ -105,13 +109,17 @@ def main(argv: list[str] | None = None) -> None:
     for width in sorted(by_width):
         treated, base = by_width[width]
         rec, ranks = recall_table(treated, base, args.threshold), loss_ranks(treated, base)
-        print(f"| d{width} | {rec['treated'][0]} of {rec['treated'][1]} | {rec['base'][0]} of {rec['base'][1]} | "
-              f"{rec['p']:.2g} | {ranks['below']:g} of {ranks['pairs']} | {ranks['p']:.2g} |")
-    treated = [r for t, _ in by_width.values() for r in t]
-    base = [r for _, b in by_width.values() for r in b]
+        # a width only one kind was run at has nothing to test: dashes, not nan
+        tests = (f"{rec['p']:.2g} | {ranks['below']:g} of {ranks['pairs']} | {ranks['p']:.2g}" if treated and base
+                 else f"- | - | - (no {'baseline' if treated else 'treatment'} runs at this width)")
+        print(f"| d{width} | {rec['treated'][0]} of {rec['treated'][1]} | {rec['base'][0]} of {rec['base'][1]} | {tests} |")
+    # pooled over the widths both kinds ran at: a width one kind lacks would weigh the other's count alone
+    matched = [both for both in by_width.values() if all(both)]
+    treated = [r for t, _ in matched for r in t]
+    base = [r for _, b in matched for r in b]
     rec = recall_table(treated, base, args.threshold)
-    print(f"| all | {rec['treated'][0]} of {rec['treated'][1]} | {rec['base'][0]} of {rec['base'][1]} | {rec['p']:.2g} | "
-          "- | - |")
+    p = f"{rec['p']:.2g}" if matched else "- (no width has runs of both)"
+    print(f"| all | {rec['treated'][0]} of {rec['treated'][1]} | {rec['base'][0]} of {rec['base'][1]} | {p} | - | - |")
     for line in left_out:
         print(f"left out: {line}")
 

@@ -47,3 +47,25 @@ def test_a_run_given_twice_or_an_unknown_variant_is_refused_by_name(tmp_path):
         recall.main([str(first), "--treatment", "ifa", "--baseline", "cattn"])
     with pytest.raises(SystemExit):
         recall.main([str(tmp_path / "missing.json"), "--treatment", "ifa", "--baseline", "qcattn"])
+
+
+def test_a_width_one_kind_lacks_has_no_test_and_stays_out_of_the_pooled_row(tmp_path, capsys):
+    path = record(tmp_path / "a.json", [("ifa_d32", 0, 1.0, 0.9), ("qcattn_d32", 0, 5.0, 0.02),
+                                        ("ifa_d64", 0, 1.0, 0.9), ("ifa_d64", 1, 1.2, 0.8)])
+    recall.main([str(path), "--treatment", "ifa", "--baseline", "qcattn"])
+    out = capsys.readouterr().out
+    assert "| d64 | 2 of 2 | 0 of 0 | - | - | - (no baseline runs at this width) |" in out
+    assert "nan" not in out
+    assert "| all | 1 of 1 | 0 of 1 | 1 | - | - |" in out  # d32 alone: d64's two recalls have nothing to face
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--threshold", "1"], "--threshold 1.0: an accuracy, in [0, 1)"),
+    (["--threshold", "-0.1"], "--threshold -0.1: an accuracy, in [0, 1)"),
+    (["--baseline", "ifa"], "--baseline ifa is also a --treatment variant"),
+])
+def test_a_threshold_outside_accuracies_or_a_baseline_among_the_treatments_is_refused(tmp_path, capsys, options, named):
+    path = record(tmp_path / "a.json", [("ifa_d32", 0, 1.0, 0.9), ("qcattn_d32", 0, 5.0, 0.02)])
+    with pytest.raises(SystemExit):
+        recall.main([str(path), "--treatment", "ifa", "--baseline", "qcattn", *options])
+    assert named in capsys.readouterr().err
