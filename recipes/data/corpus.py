@@ -64,6 +64,9 @@ def corpus_files(paths: str | list[str]) -> list[Path]:
             raise FileNotFoundError(f"TokenizedCorpus: the pattern {pattern!r} matches no file")
         for match in matches:
             path = Path(match)
+            if path.is_dir():
+                raise FileNotFoundError(f"TokenizedCorpus: {str(path)!r} is a folder; name its files with a glob, "
+                                        f"such as {str(path / '*.txt')!r} or {str(path / '**' / '*.jsonl')!r}")
             if not path.is_file():
                 raise FileNotFoundError(f"TokenizedCorpus: {str(path)!r} is not a file{unprepared_hint(path)}")
             if path.suffix not in FORMATS:
@@ -106,10 +109,15 @@ def _file_pieces(path: Path, text_field: str, column: str, txt_separator: str | 
                     continue
                 try:
                     record = json.loads(line)
-                    text = record[text_field]
-                except (json.JSONDecodeError, KeyError, TypeError) as error:
-                    raise ValueError(f"TokenizedCorpus: {path}, line {number}: no string field {text_field!r} "
-                                     f"({type(error).__name__}: {error})") from None
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"TokenizedCorpus: {path}, line {number} is not JSON ({error}): a .jsonl file "
+                                     "holds one JSON object a line") from None
+                if not isinstance(record, dict) or text_field not in record:
+                    has = (f"its fields: {', '.join(map(str, record)) or 'none'}" if isinstance(record, dict)
+                           else f"it is a JSON {type(record).__name__}, not an object")
+                    raise ValueError(f"TokenizedCorpus: {path}, line {number}: no field {text_field!r} ({has}); "
+                                     "text_field names the one holding the document")
+                text = record[text_field]
                 if domains is not None:
                     if domain_field not in record:
                         raise ValueError(f"TokenizedCorpus: {path}, line {number}: no field {domain_field!r} "

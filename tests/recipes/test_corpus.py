@@ -174,6 +174,7 @@ def test_the_training_order_resumes_exactly(tmp_path):
     (lambda p: TokenizedCorpus(str(p / "english.jsonl")),  # an unprepared bundled corpus: the command that makes it
      "english.jsonl' is not a file: prepare it with python -m recipes.corpora prepare english --out "),
     (lambda p: TokenizedCorpus(str(p / "nothing*.jsonl")), "matches no file"),
+    (lambda p: TokenizedCorpus(str(p)), "' is a folder; name its files with a glob, such as '"),
     (lambda p: (p / "a.csv").write_text("x") and TokenizedCorpus(str(p / "a.csv")), "supported: .txt, .jsonl, .parquet"),
     (lambda p: TokenizedCorpus(tokenizer=str(p / "none.json")), "tokenizer='"),
     (lambda p: TokenizedCorpus(vocab_size=100), "vocab_size=100"),
@@ -186,8 +187,14 @@ def test_bad_arguments_are_named(tmp_path, make, message):
 
 def test_bad_files_are_named_with_their_line_or_column(tmp_path, monkeypatch):
     (tmp_path / "bad.jsonl").write_text('{"body": "ok"}\n{"text": "no body"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: no string field 'body'"):
+    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: no field 'body' \(its fields: text\); text_field names"):
         corpus(tmp_path, str(tmp_path / "bad.jsonl")).setup()
+    (tmp_path / "cut.jsonl").write_text('{"body": "ok"}\n{"body": "cut off\n')
+    with pytest.raises(ValueError, match=r"cut.jsonl, line 2 is not JSON \(.*\): a .jsonl file holds one JSON object a line"):
+        corpus(tmp_path, str(tmp_path / "cut.jsonl")).setup()
+    (tmp_path / "list.jsonl").write_text('["body", "ok"]\n')
+    with pytest.raises(ValueError, match=r"list.jsonl, line 1: no field 'body' \(it is a JSON list, not an object\)"):
+        corpus(tmp_path, str(tmp_path / "list.jsonl")).setup()
     paths = write(tmp_path, "parquet")
     with pytest.raises(ValueError, match=r"has no column 'body'"):
         corpus(tmp_path, paths, column="body").setup()
