@@ -18,6 +18,8 @@ fixed subset. The order is the :class:`ResumableLoader`'s, so a resumed run cont
 is every corpus's validation split.
 """
 
+import difflib
+import inspect
 from collections.abc import Mapping
 
 import numpy as np
@@ -54,7 +56,8 @@ class MixedCorpus(ResumableDataModule):
 
     Args:
         corpora: each a :class:`TokenizedCorpus`'s arguments (a mapping) or one already built; their
-            ``seq_len``, ``batch_size`` and ``seed`` are this module's.
+            ``seq_len``, ``batch_size`` and ``seed`` are this module's (a mapping that sets one is refused, and a
+            built corpus must have this ``seq_len``).
         weights: one positive number per corpus.
         seq_len, batch_size: as :class:`TokenizedCorpus` (defaults 256, 16).
         seed: the mixture's and the order's seed (default None: the run's).
@@ -73,13 +76,31 @@ class MixedCorpus(ResumableDataModule):
         import torch
 
         self.order_seed = torch.initial_seed() if seed is None else seed
-        self.corpora = [c if isinstance(c, TokenizedCorpus) else
-                        TokenizedCorpus(**{**dict(c), "seq_len": seq_len, "batch_size": batch_size, "seed": self.order_seed})
-                        for c in corpora]
+        self.corpora = [c if isinstance(c, TokenizedCorpus) else self._corpus(i, c, seq_len, batch_size)
+                        for i, c in enumerate(corpora)]
+        for i, corpus in enumerate(self.corpora):  # windows of two lengths would meet in one batch
+            if corpus.seq_len != seq_len:
+                raise ValueError(f"MixedCorpus: corpora[{i}] was built with seq_len={corpus.seq_len}, the mixture's "
+                                 f"is {seq_len}: every corpus's windows are the mixture's length")
         self.weights = [float(w) for w in weights]
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.vocab_size = max(c.vocab_size for c in self.corpora)
         self._train = None
+
+    def _corpus(self, index: int, arguments: Mapping, seq_len: int, batch_size: int) -> TokenizedCorpus:
+        """``corpora[index]``'s :class:`TokenizedCorpus`, the mixture's shared settings given to it (not taken from it)."""
+        shared = {"seq_len": seq_len, "batch_size": batch_size, "seed": self.order_seed}
+        if set(arguments) & set(shared):  # set there, it would be silently overridden
+            raise ValueError(f"MixedCorpus: corpora[{index}] sets {', '.join(sorted(set(arguments) & set(shared)))}; "
+                             "the mixture's seq_len, batch_size and seed are every corpus's: set them on MixedCorpus")
+        known = inspect.signature(TokenizedCorpus).parameters
+        unknown = [key for key in arguments if key not in known]
+        if unknown:
+            meant = [m for key in unknown for m in difflib.get_close_matches(key, list(known), n=1)]
+            raise ValueError(f"MixedCorpus: corpora[{index}] has {', '.join(map(repr, unknown))}, not an argument of "
+                             f"TokenizedCorpus" + (f" (did you mean {', '.join(meant)}?)" if meant else
+                                                   f"; it takes {', '.join(k for k in known if k not in shared)}"))
+        return TokenizedCorpus(**{**dict(arguments), **shared})
 
     def setup(self, stage: str | None = None) -> None:
         for corpus in self.corpora:

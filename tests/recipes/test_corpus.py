@@ -396,3 +396,11 @@ def test_a_mixture_takes_its_proportions_and_resumes_exactly(tmp_path):
         clash.setup()
     with pytest.raises(ValueError, match="give one weight per corpus"):
         MixedCorpus([{"paths": small, **common}], [1, 2])
+    # a corpus's own setting that the mixture would override, a typo, a built corpus of another length: named
+    with pytest.raises(ValueError, match=r"corpora\[1\] sets seq_len; the mixture's seq_len, batch_size and seed"):
+        MixedCorpus([{"paths": small, **common}, {"paths": large, "seq_len": 16, **common}], [1, 1], seq_len=8)
+    with pytest.raises(ValueError, match=r"corpora\[0\] has 'text_fields', not an argument of TokenizedCorpus "
+                                         r"\(did you mean text_field\?\)"):
+        MixedCorpus([{"paths": small, "text_fields": "body"}], [1], seq_len=8)
+    with pytest.raises(ValueError, match=r"corpora\[1\] was built with seq_len=16, the mixture's is 8"):
+        MixedCorpus([{"paths": small, **common}, TokenizedCorpus(large, seq_len=16, **common)], [1, 1], seq_len=8)
