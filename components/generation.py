@@ -154,10 +154,19 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
     check_sampling(max_new_tokens, temperature, top_k, top_p)
     if stop_token is not None and not (isinstance(stop_token, int) and 0 <= stop_token < model.vocab_size):
         raise ValueError(f"generate: stop_token={stop_token!r} is not a token of the vocabulary [0, {model.vocab_size})")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ValueError(f"generate: input_ids must be a [B, T] tensor of token ids (one prompt: ids[None]); got {got}")
     B, T = input_ids.shape
     if T == 0:
         raise ValueError("generate: the prompt is empty; give at least one token per sequence")
-    if padding_mask is not None and padding_mask.shape == input_ids.shape and bool(padding_mask[:, -1].any()):
+    if padding_mask is not None and not (isinstance(padding_mask, torch.Tensor) and padding_mask.dtype == torch.bool
+                                         and padding_mask.shape == input_ids.shape):  # the positions are made from it
+        got = (f"{padding_mask.dtype} {tuple(padding_mask.shape)}" if isinstance(padding_mask, torch.Tensor)
+               else type(padding_mask).__name__)
+        raise ValueError(f"generate: padding_mask must be a bool tensor of input_ids' shape {tuple(input_ids.shape)} "
+                         f"(True = padding); got {got}")
+    if padding_mask is not None and bool(padding_mask[:, -1].any()):
         raise ValueError("generate: prompts must be left-padded (the last position of each one a real token)")
     real = ~padding_mask if padding_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     positions = (real.long().cumsum(dim=1) - 1).clamp_min(0)  # each sequence counts from its first real token

@@ -369,6 +369,16 @@ def test_sampling_options():
         model.generate(prompt, 2, temperature=1.0, top_p=1.5)
     with pytest.raises(ValueError, match="prompts must be left-padded"):
         model.generate(prompt, 2, padding_mask=torch.tensor([[False, False, False, True]] * 2))
+    # what would fail inside torch (a 1-D prompt) or name a tensor the user never gave (the positions made from a
+    # mask of the wrong shape), named as given
+    with pytest.raises(ValueError, match=r"input_ids must be a \[B, T\] tensor of token ids \(one prompt: ids\[None\]\); "
+                                         r"got \(4,\)"):
+        model.generate(prompt[0], 2)
+    with pytest.raises(ValueError, match=r"padding_mask must be a bool tensor of input_ids' shape \(2, 4\) \(True = "
+                                         r"padding\); got torch.bool \(2, 3\)"):
+        model.generate(prompt, 2, padding_mask=torch.zeros(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"padding_mask must be a bool tensor .*; got torch.float32 \(2, 4\)"):
+        model.generate(prompt, 2, padding_mask=torch.zeros(2, 4))
     with pytest.raises(ValueError, match="exceed its capacity=3"):
         model(torch.zeros(1, 4, dtype=torch.long), cache=model.new_cache(1, 3))
 
