@@ -47,12 +47,16 @@ class InferenceCache:
     cursor: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        if self.capacity < 1 or self.batch < 0:
-            raise ValueError(f"InferenceCache: capacity={self.capacity} must be >= 1 and batch={self.batch} >= 0")
+        if self.capacity < 1 or self.batch < 1:
+            raise ValueError(f"InferenceCache: batch={self.batch} and capacity={self.capacity} must be >= 1")
         if self.padding is None:
             self.padding = torch.zeros(self.batch, self.capacity, dtype=torch.bool, device=self.device)
         if self.static and self.cursor is None:
             self.cursor = torch.tensor(self.seen, dtype=torch.int64, device=self.padding.device)
+
+    def __repr__(self) -> str:  # the dataclass's would print every padding flag and every layer's state
+        return (f"InferenceCache(batch={self.batch}, capacity={self.capacity}, seen={self.seen}, "
+                f"layers={len(self.layers)}, static={self.static}, device={self.padding.device})")
 
     def begin(self, T: int, padding_mask: torch.Tensor | None) -> None:
         """Called by the model before a forward over the next ``T`` tokens."""

@@ -381,6 +381,12 @@ def test_sampling_options():
         model.generate(prompt, 2, padding_mask=torch.zeros(2, 4))
     with pytest.raises(ValueError, match="exceed its capacity=3"):
         model(torch.zeros(1, 4, dtype=torch.long), cache=model.new_cache(1, 3))
+    for batch, capacity in ((0, 4), (2, 0)):
+        with pytest.raises(ValueError, match=rf"batch={batch} and capacity={capacity} must be >= 1"):
+            model.new_cache(batch, capacity)
+    cache = model.new_cache(2, 300)
+    model(prompt, cache=cache)
+    assert repr(cache) == f"InferenceCache(batch=2, capacity=300, seen=4, layers={len(cache.layers)}, static=False, device=cpu)"
 
 
 def test_positions_continue_after_the_cached_tokens_by_default():
