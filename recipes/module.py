@@ -98,7 +98,7 @@ class LanguageModel(L.LightningModule):
             the plain model; a graph break is an error, not a silent fallback.
         sample_tokens: at each validation, continue the first 32 tokens of the validation set by this many
             (greedy, so no random state is used) and log prompt and text to TensorBoard (``samples``) when the
-            data module has a text tokenizer (default 64; 0: never).
+            data module has a text tokenizer (default 64, fewer where the model's ``max_seq_len`` ends first; 0: never).
         peak_flops: the device's peak FLOP/s, for ``train/mfu`` (default None: looked up for known GPUs by
             name and precision, :mod:`recipes.mfu`; on a CPU only ``train/tflops`` is logged unless given).
         init_from: a checkpoint whose weights start the model (``python -m recipes.hf`` writes one from a
@@ -145,6 +145,8 @@ class LanguageModel(L.LightningModule):
             raise ValueError(f"LanguageModel: final_lr_fraction={final_lr_fraction} must lie in [0, 1]")
         if loss_positions not in ("all", "labelled"):
             raise ValueError(f"LanguageModel: loss_positions={loss_positions!r} is not one of ('all', 'labelled')")
+        if isinstance(sample_tokens, bool) or not isinstance(sample_tokens, int) or sample_tokens < 0:
+            raise ValueError(f"LanguageModel: sample_tokens={sample_tokens!r} must be an integer >= 0 (0: no samples)")
         if peak_flops is not None and not peak_flops > 0:
             raise ValueError(f"LanguageModel: peak_flops={peak_flops} must be a positive FLOP/s figure, or None")
         if isinstance(size_to, Mapping):  # as a checkpoint records it
@@ -325,8 +327,13 @@ class LanguageModel(L.LightningModule):
         if not experiments:
             return
         prompt = self._sample_prompt
+        tokens = int(self.hparams.sample_tokens)
+        if not self.model.extrapolate:  # a model shorter than prompt + sample: the sample shortened, not the run ended
+            tokens = min(tokens, self.model.max_seq_len - prompt.shape[1] + 1)
+        if tokens < 1:
+            return
         with torch.no_grad():
-            out = self.model.generate(prompt, int(self.hparams.sample_tokens))[0].tolist()  # greedy: no RNG state used
+            out = self.model.generate(prompt, tokens)[0].tolist()  # greedy: no RNG state used
         text = (f"**prompt:** {data.decode(out[:prompt.shape[1]])!r}\n\n"
                 f"**continuation (greedy):** {data.decode(out[prompt.shape[1]:])!r}")
         for experiment in experiments:

@@ -1,3 +1,4 @@
+import ast
 import glob
 import os
 import re
@@ -188,6 +189,20 @@ def test_a_csv_logger_run_logs_its_metrics(tmp_path, monkeypatch, capsys):
     header, *rows = metrics.read_text().splitlines()
     assert {"train/loss", "val/loss", "hp/best_val_loss"} <= set(header.split(",")) and len(rows) >= 2
     assert f"logs       {metrics.parent.relative_to(tmp_path)}" in out and "tensorboard" not in out.lower()
+
+
+def test_a_sample_longer_than_the_model_is_shortened_not_the_run_ended(tmp_path, monkeypatch, capsys):
+    """The validation sample continues a 32-token prompt by 64 tokens: past a max_seq_len of 40 it takes the 9 that
+    fit (it ended the run, after its training steps, with generate's too-long error)."""
+    monkeypatch.chdir(tmp_path)
+    main([*TINY_FIT[:-6], "--trainer.max_steps", "4", "--trainer.val_check_interval", "2", "--model.max_seq_len", "40"])
+    assert "fit finished: 4 steps" in capsys.readouterr().out
+    [run] = (tmp_path / "runs" / "quickstart").iterdir()
+    events = EventAccumulator(str(run), size_guidance={"tensors": 0})
+    events.Reload()
+    text = events.Tensors("samples/text_summary")[-1].tensor_proto.string_val[0].decode()
+    continuation = ast.literal_eval(text.split("**continuation (greedy):** ")[1])
+    assert len(continuation.encode()) == 9  # bytes: 40 - 32 + 1 tokens
 
 
 def test_the_summary_claims_only_the_checkpoints_written(tmp_path, monkeypatch, capsys):

@@ -230,3 +230,9 @@ def test_flops_and_mfu_are_logged_from_the_analytic_count():
 def test_a_bad_peak_is_named(peak):
     with pytest.raises(ValueError, match="peak_flops"):
         LanguageModel(16, "AM", vocab_size=20, peak_flops=peak)
+
+
+@pytest.mark.parametrize("tokens", [-1, 2.5, True])
+def test_a_bad_sample_length_is_named(tokens):
+    with pytest.raises(ValueError, match=rf"sample_tokens={tokens!r} must be an integer >= 0"):
+        LanguageModel(16, "AM", vocab_size=20, sample_tokens=tokens)
