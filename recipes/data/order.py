@@ -5,13 +5,15 @@ The order of epoch ``e`` is a permutation drawn from ``seed + e`` alone (not fro
 split across processes as ``DistributedSampler`` does, so it can be recomputed after a restart. The
 training loader counts the batches the model has actually taken in the current epoch (at the moment
 each batch is moved to the device, after Lightning's prefetching) and Lightning stores its
-``{epoch, batches, seed}`` in the checkpoint; on resume, the sampler starts epoch ``e`` after those
-batches.
+``{epoch, batches, seed, batch_size, num_replicas, skipped}`` in the checkpoint; on resume, the sampler starts
+epoch ``e`` after those batches' samples (of all processes: a resume with another batch size or number of
+processes continues at the same sample).
 """
 
 import itertools
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
@@ -53,22 +55,36 @@ class ResumableLoader(DataLoader):
                          persistent_workers=num_workers > 0)
         self.order = order
         self.taken_epoch, self.taken = 0, 0  # batches taken so far in epoch `taken_epoch`
+        self.skipped = 0  # this process's samples of that epoch before them (a resume with another batch or world)
 
     def took_batch(self, epoch: int) -> None:
         if epoch != self.taken_epoch:
-            self.taken_epoch, self.taken = epoch, 0
+            self.taken_epoch, self.taken, self.skipped = epoch, 0, 0
         self.taken += 1
 
     def state_dict(self) -> dict:
-        return {"epoch": self.taken_epoch, "batches": self.taken, "seed": self.order.seed}
+        return {"epoch": self.taken_epoch, "batches": self.taken, "seed": self.order.seed, "skipped": self.skipped,
+                "batch_size": self.batch_size, "num_replicas": self.order.num_replicas}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Continue at the saved position in the epoch's order, counted in samples of all processes together, so
+        a run resumed with another batch size or number of processes neither repeats nor skips a sample (a state
+        written before these were recorded is read as this loader's)."""
         epoch, batches = int(state_dict["epoch"]), int(state_dict["batches"])
-        if batches >= len(self):  # saved after the epoch's last batch
-            epoch, batches = epoch + 1, 0
+        batch_size = int(state_dict.get("batch_size", self.batch_size))
+        replicas = int(state_dict.get("num_replicas", self.order.num_replicas))
+        seen = (int(state_dict.get("skipped", 0)) + batches * batch_size) * replicas  # [all processes]
+        samples, extra = divmod(seen, self.order.num_replicas)  # [this process]
+        if (batch_size, replicas) != (self.batch_size, self.order.num_replicas):
+            rank_zero_info(f"resuming with batch_size {self.batch_size} on {self.order.num_replicas} process(es) where "
+                           f"the run had {batch_size} on {replicas}: epoch {epoch} continues at its sample {seen}"
+                           + (f" (give or take {replicas} samples: {seen} is not a multiple of the processes)"
+                              if extra else ""))
+        if samples + self.batch_size > len(self.order):  # saved after the epoch's last batch
+            epoch, samples = epoch + 1, 0
         self.order.seed = int(state_dict["seed"])
-        self.order.resume(epoch, batches * self.batch_size)
-        self.taken_epoch, self.taken = epoch, batches
+        self.order.resume(epoch, samples)
+        self.taken_epoch, self.taken, self.skipped = epoch, 0, samples
 
 
 class ResumableDataModule(L.LightningDataModule):

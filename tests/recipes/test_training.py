@@ -1,6 +1,8 @@
 """Training that can be trusted (docs/training.md): checkpoints reload, a killed run resumes exactly, a diverged
 run stops without spoiling its checkpoint, signals save before exiting, DDP equals one process."""
 
+import itertools
+import logging
 import os
 import signal
 import subprocess
@@ -147,6 +149,30 @@ def test_loader_resumes_mid_epoch_and_after_the_last_batch():
     at_end = ResumableLoader(data, batch_size=4, seed=1)
     at_end.load_state_dict({"epoch": 2, "batches": len(batches), "seed": 1})
     assert at_end.order.epoch == 3 and len(list(at_end)) == len(batches)
+
+
+def test_a_resume_with_another_batch_size_or_world_continues_at_the_same_sample(caplog):
+    """The position is kept in samples of all processes: after 3 batches of 4 on each of 2 processes, one process
+    with batches of 3 continues at sample 24 of the epoch's order — nothing seen twice, nothing skipped — and says so."""
+    data = list(range(60))
+    whole = list(ResumableSampler(data, seed=1))  # one process's epoch 0
+    two = [ResumableLoader(data, batch_size=4, seed=1, num_replicas=2, rank=r) for r in (0, 1)]
+    seen = sorted(i for loader in two for b in itertools.islice(iter(loader), 3) for i in b.tolist())
+    for loader in two:
+        for _ in range(3):
+            loader.took_batch(0)
+    assert seen == sorted(whole[:24])
+    resumed = ResumableLoader(data, batch_size=3, seed=99)
+    with caplog.at_level(logging.INFO):
+        resumed.load_state_dict(two[0].state_dict())
+    assert [i for b in resumed for i in b.tolist()] == whole[24:]
+    assert "batch_size 3 on 1 process(es) where the run had 4 on 2: epoch 0 continues at its sample 24" in caplog.text
+    # two batches of 3 later, saved and resumed with batches of 4: the 24 before them stay counted
+    for _ in range(2):
+        resumed.took_batch(0)
+    again = ResumableLoader(data, batch_size=4, seed=99)
+    again.load_state_dict(resumed.state_dict())
+    assert [i for b in again for i in b.tolist()] == whole[30:58]  # 7 whole batches of 4
 
 
 def test_checkpoints_reload_through_the_cli_and_load_from_checkpoint(tmp_path, monkeypatch, capsys):
