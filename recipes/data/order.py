@@ -11,10 +11,16 @@ processes continues at the same sample).
 """
 
 import itertools
+import sys
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+@rank_zero_only
+def note(text: str) -> None:
+    print(text, file=sys.stderr)
 
 
 class ResumableSampler(DistributedSampler):
@@ -64,7 +70,7 @@ class ResumableLoader(DataLoader):
 
     def state_dict(self) -> dict:
         return {"epoch": self.taken_epoch, "batches": self.taken, "seed": self.order.seed, "skipped": self.skipped,
-                "batch_size": self.batch_size, "num_replicas": self.order.num_replicas}
+                "batch_size": self.batch_size, "num_replicas": self.order.num_replicas, "dataset": len(self.dataset)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Continue at the saved position in the epoch's order, counted in samples of all processes together, so
@@ -76,10 +82,14 @@ class ResumableLoader(DataLoader):
         seen = (int(state_dict.get("skipped", 0)) + batches * batch_size) * replicas  # [all processes]
         samples, extra = divmod(seen, self.order.num_replicas)  # [this process]
         if (batch_size, replicas) != (self.batch_size, self.order.num_replicas):
-            rank_zero_info(f"resuming with batch_size {self.batch_size} on {self.order.num_replicas} process(es) where "
+            note(f"note: resuming with batch_size {self.batch_size} on {self.order.num_replicas} process(es) where "
                            f"the run had {batch_size} on {replicas}: epoch {epoch} continues at its sample {seen}"
                            + (f" (give or take {replicas} samples: {seen} is not a multiple of the processes)"
                               if extra else ""))
+        if int(state_dict.get("dataset", len(self.dataset))) != len(self.dataset):
+            note(f"note: resuming on a training set of {len(self.dataset)} examples where the run had "
+                 f"{state_dict['dataset']} (another seq_len or corpus?): epoch {epoch}'s order is a new permutation, "
+                 f"so its first {seen} samples are not the ones the run saw")
         if samples + self.batch_size > len(self.order):  # saved after the epoch's last batch
             epoch, samples = epoch + 1, 0
         self.order.seed = int(state_dict["seed"])

@@ -2,7 +2,6 @@
 run stops without spoiling its checkpoint, signals save before exiting, DDP equals one process."""
 
 import itertools
-import logging
 import os
 import signal
 import subprocess
@@ -151,7 +150,7 @@ def test_loader_resumes_mid_epoch_and_after_the_last_batch():
     assert at_end.order.epoch == 3 and len(list(at_end)) == len(batches)
 
 
-def test_a_resume_with_another_batch_size_or_world_continues_at_the_same_sample(caplog):
+def test_a_resume_with_another_batch_size_or_world_continues_at_the_same_sample(capsys):
     """The position is kept in samples of all processes: after 3 batches of 4 on each of 2 processes, one process
     with batches of 3 continues at sample 24 of the epoch's order — nothing seen twice, nothing skipped — and says so."""
     data = list(range(60))
@@ -163,16 +162,19 @@ def test_a_resume_with_another_batch_size_or_world_continues_at_the_same_sample(
             loader.took_batch(0)
     assert seen == sorted(whole[:24])
     resumed = ResumableLoader(data, batch_size=3, seed=99)
-    with caplog.at_level(logging.INFO):
-        resumed.load_state_dict(two[0].state_dict())
+    resumed.load_state_dict(two[0].state_dict())
     assert [i for b in resumed for i in b.tolist()] == whole[24:]
-    assert "batch_size 3 on 1 process(es) where the run had 4 on 2: epoch 0 continues at its sample 24" in caplog.text
+    assert ("note: resuming with batch_size 3 on 1 process(es) where the run had 4 on 2: epoch 0 continues at its "
+            "sample 24\n") == capsys.readouterr().err
     # two batches of 3 later, saved and resumed with batches of 4: the 24 before them stay counted
     for _ in range(2):
         resumed.took_batch(0)
     again = ResumableLoader(data, batch_size=4, seed=99)
     again.load_state_dict(resumed.state_dict())
     assert [i for b in again for i in b.tolist()] == whole[30:58]  # 7 whole batches of 4
+    # another training set (a seq_len or corpus changed): the position means nothing there, and that is said
+    ResumableLoader(list(range(50)), batch_size=4, seed=1).load_state_dict(again.state_dict())
+    assert "note: resuming on a training set of 50 examples where the run had 60" in capsys.readouterr().err
 
 
 def test_checkpoints_reload_through_the_cli_and_load_from_checkpoint(tmp_path, monkeypatch, capsys):
