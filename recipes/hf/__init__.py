@@ -41,7 +41,10 @@ def read_config(folder: str | Path) -> dict:
         raise ValueError(f"{path} holds a {type(config).__name__}, not a configuration object")
     architecture = (config.get("architectures") or [None])[0]
     if architecture not in SUPPORTED:
-        raise ValueError(f"{folder}: architecture {architecture!r} is not supported (supported: {', '.join(SUPPORTED)})")
+        named = (f"architecture {architecture!r}" if architecture is not None else
+                 f"no architectures entry, model_type {config.get('model_type')!r}")
+        raise ValueError(f"{folder}: {named} is not supported (supported: {', '.join(SUPPORTED)}: a causal LM, "
+                         "as save_pretrained writes it)")
     return config
 
 

@@ -412,6 +412,9 @@ def test_unsupported_folders_are_named(tmp_path):
         from_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError, match="no config.json"):
         from_pretrained(tmp_path / "missing")
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')  # hand-written: no architectures (it said None)
+    with pytest.raises(ValueError, match="no architectures entry, model_type 'gpt2' is not supported"):
+        from_pretrained(tmp_path)
 
 
 def test_routed_moe_equals_mixtrals_sparse_block_with_gradients():
