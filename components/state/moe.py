@@ -51,6 +51,10 @@ class MoE(nn.Module):
     def __init__(self, router: TopKRouter, experts: nn.Module, *, shared_expert: nn.Module | None = None,
                  cross_domain: nn.Module | None = None):
         super().__init__()
+        missing = [name for name in ("n_experts", "params_per_expert") if not hasattr(experts, name)]
+        if missing:  # an MLP or a Linear passed as the bank would fail at the first forward, inside dispatch
+            raise ValueError(f"MoE: experts={type(experts).__name__} is not an expert bank (it lacks "
+                             f"{', '.join(missing)}); give one of components.state.experts, such as MLPExperts")
         if router.n_experts != experts.n_experts:
             raise ValueError(f"MoE: the router has {router.n_experts} experts, the bank {experts.n_experts}")
         self.router, self.experts = router, experts

@@ -5,9 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components import CohesiveMoE, ExpansiveMoE, HybridLM, RoutedMoE, SharedExpertMoE, TopKRouter
+from components import CohesiveMoE, ExpansiveMoE, HybridLM, MoE, RoutedMoE, SharedExpertMoE, TopKRouter
 from components.catalogue import STATE_MIXERS
 from components.state import switch_balancing_loss
+from components.state.experts import MLPExperts
 from components.state.router import Routing
 
 GATE = {"swiglu": lambda v: v, "swisig": torch.sigmoid, "switanh": torch.tanh}
@@ -164,6 +165,9 @@ def test_every_token_is_computed_dropless():
         (lambda: SharedExpertMoE(8, n_shared=-1), "n_shared=-1"),
         (lambda: RoutedMoE(8, n_experts=0), "n_experts=0"),
         (lambda: RoutedMoE(8, activation="gelu"), "activation='gelu'"),
+        (lambda: MoE(TopKRouter(8, 4, 2), torch.nn.Linear(8, 8)),
+         r"experts=Linear is not an expert bank \(it lacks n_experts, params_per_expert\)"),
+        (lambda: MoE(TopKRouter(8, 4, 2), MLPExperts(8, n_experts=3, d_ff=8)), "the router has 4 experts, the bank 3"),
     ],
 )
 def test_bad_arguments_name_the_problem(build, message):
