@@ -124,6 +124,10 @@ def binding_factory(letter: str, binding: MixerFactory | Mapping) -> MixerFactor
     if isinstance(binding, Mapping):
         spec = binding_spec(letter, binding)
         return functools.partial(import_class(spec["class_path"]), **spec["init_args"])
+    if isinstance(binding, nn.Module):  # callable, but called with d_model it would run a forward on an int
+        name = type(binding).__name__
+        raise TypeError(f"HybridLM: the binding of letter {letter!r} is a {name} module; bind a factory that builds "
+                        f"one from d_model (the class, or functools.partial({name}, …)): every block gets its own")
     if not callable(binding):
         raise TypeError(f"HybridLM: the binding of letter {letter!r} is not callable: {binding!r}")
     return binding

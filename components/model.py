@@ -1,5 +1,6 @@
 """``HybridLM``: embedding → blocks built from a layer pattern → final RMSNorm → LM head."""
 
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -109,6 +110,12 @@ class HybridLM(nn.Module):
         self.bindings = bound_mixers(mixers)
         tokens = parse_tokens(pattern)
         self._check_bound(tokens)
+        used = {letter for t in tokens for letter in (t.seq, t.state) if letter}
+        unused, defaulted = sorted(set(mixers or {}) - used), sorted(used - set(mixers or {}))
+        if unused and defaulted:  # (a family's shared bindings may bind letters a pattern skips: then all are bound)
+            warnings.warn(f"HybridLM: mixers binds {', '.join(unused)}, which pattern {pattern!r} does not use, while "
+                          f"its {', '.join(defaulted)} take their defaults: a letter bound under the wrong name?",
+                          stacklevel=2)
 
         if padding_idx is not None and not (isinstance(padding_idx, int) and 0 <= padding_idx < vocab_size):
             raise ValueError(f"HybridLM: padding_idx={padding_idx!r} must be a token id in [0, vocab_size={vocab_size})")
@@ -152,6 +159,10 @@ class HybridLM(nn.Module):
         module = self.bindings[letter](d_model)
         if not isinstance(module, nn.Module):
             raise TypeError(f"HybridLM: the binding of letter {letter!r} returned {type(module).__name__}, not an nn.Module")
+        if getattr(module, "d_model", d_model) != d_model:  # else a shape error at the first forward
+            raise ValueError(f"HybridLM: the binding of letter {letter!r} built a {type(module).__name__} of "
+                             f"d_model={module.d_model} for a model of d_model={d_model}; a factory is called with "
+                             "the model's d_model and must build the mixer at that width")
         return module
 
     def binding_specs(self) -> dict[str, dict]:

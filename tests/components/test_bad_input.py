@@ -1,6 +1,7 @@
 """Bad input gets a named error, empty input works, and padding never reaches a valid position — not
 even when what sits at the padded positions is NaN or inf."""
 
+import warnings
 from functools import partial
 
 import pytest
@@ -111,6 +112,24 @@ def test_a_model_with_a_nan_pad_embedding_computes_what_it_computes_without_it()
     torch.testing.assert_close(poisoned[~mask], clean[~mask])
     aux = model.auxiliary_losses()
     assert aux and all(torch.isfinite(v) for v in aux.values())
+
+
+def test_bindings_that_would_fail_later_or_silently_are_named_at_build():
+    from components import QCAttention
+
+    build = partial(HybridLM, vocab_size=64, d_model=32, pattern="AM×2")
+    # a module instead of a factory: called with d_model, it ran a forward on an int
+    with pytest.raises(TypeError, match=r"letter 'A' is a QCAttention module; bind a factory .*functools.partial"):
+        build(mixers={"A": QCAttention(32, n_heads=4)})
+    # a factory ignoring d_model: a shape error at the first forward
+    with pytest.raises(ValueError, match=r"letter 'A' built a QCAttention of d_model=64 for a model of d_model=32"):
+        build(mixers={"A": lambda d: QCAttention(64, n_heads=4)})
+    # a letter the pattern does not use while a used one takes its default: likely a binding under the wrong name
+    with pytest.warns(UserWarning, match=r"mixers binds Q, which pattern 'AM×2' does not use, while its A, M take"):
+        build(mixers={"Q": partial(QCAttention, n_heads=2)})
+    with warnings.catch_warnings():  # every used letter bound: a family's spare binding, no warning
+        warnings.simplefilter("error")
+        build(mixers={"A": QCAttention, "M": STATE_MIXERS["MLP"], "R": STATE_MIXERS["RoutedMoE"]})
 
 
 @pytest.mark.parametrize("pattern, problem", [
