@@ -305,6 +305,9 @@ def write_sample(out: str | Path, documents: int = 240, vocab_size: int = 4096) 
     from recipes.data.corpus import TokenizedCorpus, default_documents
 
     out = Path(out)
+    if (out / "manifest.json").is_file():  # a prepared corpus: its text and tokenizer would be replaced, its manifest kept
+        raise FileExistsError(f"{out} holds a prepared corpus (manifest.json): the stand-in would replace its "
+                              "english.jsonl and tokenizer.json; give the sample another --out")
     out.mkdir(parents=True, exist_ok=True)
     domains = sorted({s.domain for s in SOURCES})
     topics = default_documents()
@@ -340,7 +343,10 @@ def main(argv: list[str] | None = None) -> None:
     sample.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.command == "sample":
-        print(f"wrote {write_sample(args.out)} (a stand-in: pydoc_data topics, not English prose)")
+        try:
+            print(f"wrote {write_sample(args.out)} (a stand-in: pydoc_data topics, not English prose)")
+        except FileExistsError as error:
+            sys.exit(f"error: {error}")
         return
     if args.command == "list":
         for s in SOURCES:

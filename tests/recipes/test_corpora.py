@@ -113,6 +113,19 @@ def test_prepare_writes_documents_with_their_domain_a_manifest_and_a_bpe(tmp_pat
     assert Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json")).get_vocab_size() == 300
 
 
+def test_a_sample_never_replaces_a_prepared_corpus(tmp_path, capsys):
+    """``sample --out data/english`` replaced the prepared corpus's text and tokenizer and kept its manifest, which
+    then described a corpus that was not there; a stand-in over a stand-in is fine."""
+    prepare(tmp_path / "out", fake_sources(tmp_path), downloads=tmp_path / "downloads", vocab_size=300)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()}
+    with pytest.raises(SystemExit, match=r"out holds a prepared corpus \(manifest.json\): the stand-in would replace"):
+        corpora.main(["sample", "--out", str(tmp_path / "out")])
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()} == before
+    for _ in range(2):
+        corpora.main(["sample", "--out", str(tmp_path / "stand-in")])
+    assert "wrote" in capsys.readouterr().out and (tmp_path / "stand-in" / "tokenizer.json").is_file()
+
+
 def test_a_changed_or_unreachable_archive_is_named(tmp_path, monkeypatch):
     sources = fake_sources(tmp_path)
     (tmp_path / "downloads" / "gcide.bin").write_bytes(b"tampered")
