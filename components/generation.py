@@ -145,6 +145,21 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise ValueError(f"generate: top_p={top_p} must lie in (0, 1] or be None")
 
 
+def check_decoding_state(model, cache: InferenceCache) -> None:
+    """After the prompt: every block's sequence mixer (or a module inside it) left a state in ``cache``. One that
+    ignores the cache (a user's mixer written for training alone) would see only the new token at each step and
+    decode something else than its full forward, without a word."""
+    from components.block import block_mixers
+
+    for i, block in enumerate(model.blocks):
+        mixer, _ = block_mixers(block)
+        if mixer is not None and not any(module in cache.layers for module in mixer.modules()):
+            raise ValueError(f"generate: block {i}'s sequence mixer {type(mixer).__name__} keeps no decoding state in "
+                             "context.cache, so each step would see only its new token; a mixer decodes by keeping "
+                             "what the next step needs in context.cache.state(self) (docs/architecture.md, the mixer "
+                             "contract)")
+
+
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, stop_token: int | None = None,
@@ -181,6 +196,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
     cache = InferenceCache(B, capacity, device=input_ids.device, static=compile)
     # the prompt's last position only: the logits of the others would be thrown away
     hidden = model.hidden_states(input_ids, position_ids=positions, padding_mask=padding_mask, cache=cache)
+    if max_new_tokens > 1:
+        check_decoding_state(model, cache)
     logits = model.lm_head(hidden[:, -1])  # [B, V]
     position = positions[:, -1:]  # [B, 1]
     step = decoder(model, cache, position, max_new_tokens, compile=compile)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from recipes.runs import checkpoint_path, data_module, load_recipe, with_run_data
+from recipes.runs import checkpoint_path, data_module, load_recipe, trusted_classes, with_run_data
 
 
 def tokenizer(recipe: dict):
@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> str:
                         help="end the continuation after the first occurrence of this text (a one-token text also "
                              "ends generation there)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--allow_classes", nargs="*", default=[],
+                        help="packages whose classes the checkpoint may name (the recipe's own are trusted)")
     parser.add_argument("--compile", action="store_true",
                         help="each step through torch.compile from a fixed-shape cache (pays off past ~100 tokens)")
     args = parser.parse_args(argv)
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> str:
         # the run's own data settings (its config.yaml): a --data.paths given to fit means another BPE than the
         # recipe file's, and the recipe file's would turn the prompt into the wrong tokens without a word
         data = tokenizer(with_run_data(recipe, Path(path)))
-        lm = LanguageModel.load_from_checkpoint(path, map_location="cpu")
+        lm = LanguageModel.load_from_checkpoint(path, map_location="cpu", allow_classes=trusted_classes(recipe, args))
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
     prompt = torch.tensor([data.encode(args.prompt)])  # [1, T]

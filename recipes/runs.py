@@ -25,6 +25,14 @@ def checkpoint_path(recipe: dict, ckpt_path: str) -> str:
     return str(found)
 
 
+def trusted_classes(recipe: dict, args) -> list[str]:
+    """The classes a checkpoint read for this recipe may name: the recipe's own model bindings (the recipe is yours,
+    as for ``fit``/``validate``) and ``--allow_classes``."""
+    from recipes.checkpoints import class_paths
+
+    return [*args.allow_classes, *class_paths(recipe.get("model") or {})]
+
+
 def run_folder(checkpoint: Path) -> Path | None:
     """The run folder a recipe's checkpoint lives in (``<run>/checkpoints/x.ckpt``), or None."""
     checkpoint = Path(checkpoint)

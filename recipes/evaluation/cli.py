@@ -149,14 +149,15 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("error: name --tasks and/or a --suite to run")
     from recipes.checkpoints import load_checkpoint
     from recipes.module import LanguageModel
-    from recipes.runs import checkpoint_path, data_module, load_recipe, with_run_data
+    from recipes.runs import checkpoint_path, data_module, load_recipe, trusted_classes, with_run_data
 
     try:
         recipe = load_recipe(args.config)
         path = Path(checkpoint_path(recipe, args.ckpt_path))
         recipe = with_run_data(recipe, path)
         data = data_module(recipe)
-        lm = LanguageModel.load_from_checkpoint(str(path), map_location=args.device, allow_classes=args.allow_classes)
+        lm = LanguageModel.load_from_checkpoint(str(path), map_location=args.device,
+                                                allow_classes=trusted_classes(recipe, args))
         model = lm.model.to(args.device).eval()
         step = int(load_checkpoint(path, mmap=True).get("global_step", 0))
         output: dict = {"checkpoint": str(path)}

@@ -44,6 +44,8 @@ def export_data(checkpoint: str, config: str | None):
     settings when its ``config.yaml`` is beside the checkpoint."""
     from recipes.runs import data_module, load_recipe, run_folder, with_run_data
 
+    if not Path(checkpoint).exists():  # before asking for the recipe that goes with it
+        raise FileNotFoundError(f"{checkpoint}: no such checkpoint file")
     folder = run_folder(Path(checkpoint))
     if config is None and (folder is None or not (folder / "config.yaml").is_file()):
         raise ValueError(f"{checkpoint} is not in a run folder with a config.yaml: give --config RECIPE, whose data "

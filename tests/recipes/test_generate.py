@@ -72,3 +72,44 @@ def test_generate_without_a_checkpoint_is_a_named_error(tmp_path, monkeypatch):
 
 def test_bytes_round_trip():
     assert TextCorpus.decode(TextCorpus.encode("naïve ✓")) == "naïve ✓"
+
+
+OWN_MIXER = '''
+import torch
+from torch import nn
+
+
+class CausalConv(nn.Module):
+    """A depthwise causal convolution that ignores the decoding cache: trains, cannot decode."""
+
+    def __init__(self, d_model, *, width=3):
+        super().__init__()
+        self.d_model = d_model
+        self.conv = nn.Conv1d(d_model, d_model, width, groups=d_model, padding=width - 1)
+
+    def forward(self, x, context=None):
+        return self.conv(x.transpose(1, 2))[..., :x.shape[1]].transpose(1, 2)
+'''
+
+
+def test_a_recipes_own_mixer_is_trusted_and_one_that_cannot_decode_is_named(tmp_path, monkeypatch, capsys):
+    """generate and eval read a checkpoint of the recipe's own classes as fit and validate do (they refused it, asking
+    for --allow_classes); a mixer that keeps no decoding state is named instead of decoding something else than its
+    full forward."""
+    from recipes.evaluation.cli import main as evaluate
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "ownmix.py").write_text(OWN_MIXER)
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("model:\n  d_model: 32\n  pattern: 'CM AM'\n  mixers:\n"
+                      "    C: {class_path: ownmix.CausalConv, init_args: {width: 3}}\n"
+                      "    A: {class_path: components.QCAttention, init_args: {n_heads: 2}}\n"
+                      "data:\n  class_path: recipes.data.TextCorpus\n  init_args: {seq_len: 32, batch_size: 4}\n"
+                      "trainer:\n  max_steps: 2\n  limit_val_batches: 0\n  enable_progress_bar: false\n")
+    cli(["fit", "--config", str(recipe)])
+    with pytest.raises(SystemExit, match=r"block 0's sequence mixer CausalConv keeps no decoding state in context.cache"):
+        main(["--config", str(recipe), "--ckpt_path", "last", "--prompt", "ab", "--max_new_tokens", "4"])
+    assert main(["--config", str(recipe), "--ckpt_path", "last", "--prompt", "ab", "--max_new_tokens", "1"])
+    evaluate(["--config", str(recipe), "--ckpt_path", "last", "--suite", "length", "--multiples", "1", "--windows", "2"])
+    assert "| plain | 32 |" in capsys.readouterr().out
