@@ -59,8 +59,8 @@ from pathlib import Path
 
 from recipes.argtypes import bounded, positive_int
 from recipes.launchers import LAUNCHERS
-from recipes.sweep.launch import (family_settings, launch, logger_root, newest_run, recipe_files, seed_list,
-                                  starting_checkpoints)
+from recipes.sweep.launch import (family_settings, launch, logger_root, newest_run, recipe_files, recipe_logger,
+                                  seed_list, starting_checkpoints)
 from recipes.sweep.report import report
 from recipes.sweep.records import Run, read_manifest, write_record
 
@@ -186,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {error}")
     try:
         settings = family_settings(configs[0].parent)
+        for config in configs:  # a recipe that logs nothing would run and then have nothing to tabulate
+            recipe_logger(config)
     except ValueError as error:
         sys.exit(f"error: {error}")
     if args.only:

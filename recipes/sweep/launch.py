@@ -43,10 +43,37 @@ def family_settings(folder: Path) -> dict:
     return settings
 
 
+def recipe_logger(config: Path) -> dict | None:
+    """The ``trainer.logger`` a recipe names, or None when it names none (the sweep then gives its runs one,
+    :func:`logger_flags`). A recipe that turns logging off is refused: the sweep tabulates the runs' logs."""
+    logger = ((yaml.safe_load(config.read_text()) or {}).get("trainer") or {}).get("logger")
+    if logger is None or logger is True:
+        return None
+    if not isinstance(logger, dict) or "class_path" not in logger:
+        raise ValueError(f"{config}: trainer.logger is {logger!r}; a sweep reads each run's TensorBoard logs, so its "
+                         "recipes name a TensorBoardLogger (or none, and the sweep gives them one)")
+    return logger
+
+
+def logger_flags(config: Path) -> list[str]:
+    """For a recipe that names no logger: the flags giving it the TensorBoard logger of :func:`logger_root` (Lightning's
+    default would put every recipe of the family in one ``lightning_logs/``, where a run is no recipe's)."""
+    if recipe_logger(config) is not None:
+        return []
+    return ["--trainer.logger", "lightning.pytorch.loggers.TensorBoardLogger",
+            "--trainer.logger.init_args.save_dir", "runs",
+            "--trainer.logger.init_args.name", f"{config.parent.name}/{config.stem}",
+            "--trainer.logger.init_args.default_hp_metric", "false"]
+
+
 def logger_root(config: Path) -> Path:
-    """The folder that holds the versions of the TensorBoard logger the recipe names."""
-    logger = yaml.safe_load(config.read_text())["trainer"]["logger"]["init_args"]
-    return Path(logger.get("save_dir", "runs")) / logger.get("name", config.stem)
+    """The folder that holds the versions of the recipe's TensorBoard logger: the one it names, else
+    ``runs/<family folder>/<recipe>`` (:func:`logger_flags`)."""
+    logger = recipe_logger(config)
+    if logger is None:
+        return Path("runs") / config.parent.name / config.stem
+    args = logger.get("init_args") or {}
+    return Path(args.get("save_dir", "runs")) / args.get("name", config.stem)
 
 
 def newest_run(config: Path) -> Path:
@@ -142,7 +169,7 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
 
     def command_of(run: Run) -> list[str]:
         return [*python_command(), "--config", str(run.config), "--trainer.enable_progress_bar", "false",
-                "--trainer.logger.init_args.version", run.folder.name,
+                *logger_flags(run.config), "--trainer.logger.init_args.version", run.folder.name,
                 *([] if run.seed is None else ["--seed_everything", str(run.seed)]),
                 *([] if run.init_from is None else ["--model.init_from", str(Path(run.init_from).resolve())]), *overrides]
 

@@ -54,6 +54,32 @@ def test_sweep_reads_the_runs_it_launched_and_fails_on_a_failed_run(tmp_path, mo
         assert 2.0 < loss < 6.0  # a real byte-level loss, not the decoy's 0.001
 
 
+def test_a_family_of_recipes_without_a_logger_gets_one_run_folder_per_recipe(tmp_path, monkeypatch, capsys):
+    """A user's recipes need not name a logger: the sweep gives each run runs/<folder>/<recipe>/ (it failed on a
+    KeyError, and Lightning's default would have put every recipe in one lightning_logs/); table-only finds them.
+    A recipe that turns logging off has nothing to tabulate and is refused before anything runs."""
+    monkeypatch.chdir(tmp_path)
+    family = tmp_path / "mine"
+    family.mkdir()
+    for name, width in (("a", 16), ("b", 32)):
+        text = TINY.format(name=name, width=width, mlp="components.MLP")
+        (family / f"{name}.yaml").write_text(text[:text.index("  logger:")])
+    main([str(family), "--set", "trainer.enable_checkpointing=false"])
+    for name in ("a", "b"):
+        [run] = (tmp_path / "runs" / "mine" / name).iterdir()
+        assert (run / "hparams.yaml").is_file() and run.name.startswith("sweep_")
+    assert not (tmp_path / "lightning_logs").exists()
+    first = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| a ")]
+    main([str(family), "--table-only"])
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("| a ")] == first
+    (family / "c.yaml").write_text(TINY.format(name="c", width=16, mlp="components.MLP").split("  logger:")[0]
+                                   + "  logger: false\n")
+    logs = set((tmp_path / "runs" / "sweep-logs").iterdir())
+    with pytest.raises(SystemExit, match=r"c.yaml: trainer.logger is False; a sweep reads each run's TensorBoard logs"):
+        main([str(family)])
+    assert set((tmp_path / "runs" / "sweep-logs").iterdir()) == logs  # refused before it made a log folder
+
+
 def write_run(folder, losses: dict[int, float], speeds: list[float], pattern: str = "AM", acc: float | None = None,
               d_model: int = 64) -> None:
     folder.mkdir(parents=True)
