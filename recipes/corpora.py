@@ -305,7 +305,7 @@ def write_sample(out: str | Path, documents: int = 240, vocab_size: int = 4096) 
     from recipes.data.corpus import TokenizedCorpus, default_documents
 
     out = Path(out)
-    if (out / "manifest.json").is_file():  # a prepared corpus: its text and tokenizer would be replaced, its manifest kept
+    if (out / "manifest.json").is_file():  # a prepared corpus: its text and tokenizer would go, its manifest stay
         raise FileExistsError(f"{out} holds a prepared corpus (manifest.json): the stand-in would replace its "
                               "english.jsonl and tokenizer.json; give the sample another --out")
     out.mkdir(parents=True, exist_ok=True)

@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         # a width only one kind was run at has nothing to test: dashes, not nan
         tests = (f"{rec['p']:.2g} | {ranks['below']:g} of {ranks['pairs']} | {ranks['p']:.2g}" if treated and base
                  else f"- | - | - (no {'baseline' if treated else 'treatment'} runs at this width)")
-        print(f"| d{width} | {rec['treated'][0]} of {rec['treated'][1]} | {rec['base'][0]} of {rec['base'][1]} | {tests} |")
+        print(f"| d{width} | {rec['treated'][0]} of {rec['treated'][1]} | {rec['base'][0]} of {rec['base'][1]} "
+              f"| {tests} |")
     # pooled over the widths both kinds ran at: a width one kind lacks would weigh the other's count alone
     matched = [both for both in by_width.values() if all(both)]
     treated = [r for t, _ in matched for r in t]

@@ -88,7 +88,7 @@ class MixedCorpus(ResumableDataModule):
         self._train = None
 
     def _corpus(self, index: int, arguments: Mapping, seq_len: int, batch_size: int) -> TokenizedCorpus:
-        """``corpora[index]``'s :class:`TokenizedCorpus`, the mixture's shared settings given to it (not taken from it)."""
+        """``corpora[index]``'s :class:`TokenizedCorpus`, given the mixture's shared settings (not taking its own)."""
         shared = {"seq_len": seq_len, "batch_size": batch_size, "seed": self.order_seed}
         if set(arguments) & set(shared):  # set there, it would be silently overridden
             raise ValueError(f"MixedCorpus: corpora[{index}] sets {', '.join(sorted(set(arguments) & set(shared)))}; "
