@@ -83,9 +83,8 @@ class ResumableLoader(DataLoader):
         samples, extra = divmod(seen, self.order.num_replicas)  # [this process]
         if (batch_size, replicas) != (self.batch_size, self.order.num_replicas):
             note(f"note: resuming with batch_size {self.batch_size} on {self.order.num_replicas} process(es) where "
-                           f"the run had {batch_size} on {replicas}: epoch {epoch} continues at its sample {seen}"
-                           + (f" (give or take {replicas} samples: {seen} is not a multiple of the processes)"
-                              if extra else ""))
+                 f"the run had {batch_size} on {replicas}: epoch {epoch} continues at its sample {seen}"
+                 + (f" ({extra} seen again: {seen} is not a multiple of the processes)" if extra else ""))
         if int(state_dict.get("dataset", len(self.dataset))) != len(self.dataset):
             note(f"note: resuming on a training set of {len(self.dataset)} examples where the run had "
                  f"{state_dict['dataset']} (another seq_len or corpus?): epoch {epoch}'s order is a new permutation, "
