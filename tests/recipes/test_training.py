@@ -175,6 +175,10 @@ def test_a_resume_with_another_batch_size_or_world_continues_at_the_same_sample(
     # another training set (a seq_len or corpus changed): the position means nothing there, and that is said
     ResumableLoader(list(range(50)), batch_size=4, seed=1).load_state_dict(again.state_dict())
     assert "note: resuming on a training set of 50 examples where the run had 60" in capsys.readouterr().err
+    # 6 samples over 4 processes: each skips 1 of its share, and the 2 left over are said to be seen again
+    four = ResumableLoader(data, batch_size=2, seed=1, num_replicas=4, rank=0)
+    four.load_state_dict({"epoch": 0, "batches": 1, "seed": 1, "batch_size": 3, "num_replicas": 2})
+    assert four.skipped == 1 and "sample 6 (2 seen again: 6 is not a multiple" in capsys.readouterr().err
 
 
 def test_checkpoints_reload_through_the_cli_and_load_from_checkpoint(tmp_path, monkeypatch, capsys):
