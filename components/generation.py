@@ -145,6 +145,10 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise ValueError(f"generate: top_p={top_p} must lie in (0, 1] or be None")
 
 
+class DecodingUnsupported(ValueError):
+    """A model with a sequence mixer that cannot decode step by step (it keeps no state in the cache)."""
+
+
 def check_decoding_state(model, cache: InferenceCache) -> None:
     """After the prompt: every block's sequence mixer (or a module inside it) left a state in ``cache``. One that
     ignores the cache (a user's mixer written for training alone) would see only the new token at each step and
@@ -154,7 +158,7 @@ def check_decoding_state(model, cache: InferenceCache) -> None:
     for i, block in enumerate(model.blocks):
         mixer, _ = block_mixers(block)
         if mixer is not None and not any(module in cache.layers for module in mixer.modules()):
-            raise ValueError(f"generate: block {i}'s sequence mixer {type(mixer).__name__} keeps no decoding state in "
+            raise DecodingUnsupported(f"generate: block {i}'s sequence mixer {type(mixer).__name__} keeps no decoding state in "
                              "context.cache, so each step would see only its new token; a mixer decodes by keeping "
                              "what the next step needs in context.cache.state(self) (docs/architecture.md, the mixer "
                              "contract)")
