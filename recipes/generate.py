@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> str:
 
     try:
         recipe = load_recipe(args.config)
-        path = checkpoint_path(recipe, args.ckpt_path)
+        path = checkpoint_path(recipe, args.ckpt_path, args.config)
         # the run's own data settings (its config.yaml): a --data.paths given to fit means another BPE than the
         # recipe file's, and the recipe file's would turn the prompt into the wrong tokens without a word
         data = tokenizer(with_run_data(recipe, Path(path)))

@@ -14,15 +14,25 @@ def load_recipe(path: str) -> dict:
     return read_config(resolve_config(path))
 
 
-def checkpoint_path(recipe: dict, ckpt_path: str) -> str:
-    """A checkpoint file, or the newest ``last``/``best`` of the recipe's runs."""
+def sweep_root(config: Path) -> Path:
+    """Where ``recipes.sweep`` puts the runs of a recipe that names no logger: ``runs/<its folder>/<its name>``."""
+    return Path("runs") / config.parent.name / config.stem
+
+
+def checkpoint_path(recipe: dict, ckpt_path: str, config: str | None = None) -> str:
+    """A checkpoint file, or the newest ``last``/``best`` of the recipe's runs: under its logger's folder, and for a
+    recipe (file ``config``) that names no logger, under Lightning's ``lightning_logs/`` and the sweep's folder."""
     if ckpt_path not in ("last", "best"):
         return ckpt_path
-    _, root = run_logger(dict_to_namespace(recipe.get("trainer") or {}))
-    found = newest_checkpoint(root, f"{ckpt_path}.ckpt") if root is not None else None
-    if found is None:
-        raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no {ckpt_path}.ckpt under {root}/*/checkpoints/; train first")
-    return str(found)
+    logger, root = run_logger(dict_to_namespace(recipe.get("trainer") or {}))
+    roots = [root] if root is not None else []
+    if config is not None and logger is None and root is not None:  # Lightning's default logger: fit's runs
+        roots.append(sweep_root(Path(resolve_config(config))))
+    found = [c for c in (newest_checkpoint(r, f"{ckpt_path}.ckpt") for r in roots) if c is not None]
+    if not found:
+        where = " or ".join(f"{r}/*/checkpoints/" for r in roots) or "no run folder (the recipe logs nothing)"
+        raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no {ckpt_path}.ckpt under {where}; train first")
+    return str(max(found, key=lambda c: c.stat().st_mtime))
 
 
 def trusted_classes(recipe: dict, args) -> list[str]:

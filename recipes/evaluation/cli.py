@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     try:
         recipe = load_recipe(args.config)
-        path = Path(checkpoint_path(recipe, args.ckpt_path))
+        path = Path(checkpoint_path(recipe, args.ckpt_path, args.config))
         recipe = with_run_data(recipe, path)
         data = data_module(recipe)
         lm = LanguageModel.load_from_checkpoint(str(path), map_location=args.device,

@@ -15,6 +15,7 @@ import yaml
 from recipes.cli import CONFIG_DIR
 from recipes.launchers import (RecipeJob, device_groups, gpu_arguments, python_command, submitit_executor,
                                visible_gpus)
+from recipes.runs import sweep_root
 from recipes.sweep.records import Run, read_manifest, scalar_series, stored_numbers, write_manifest, write_record
 
 
@@ -62,7 +63,7 @@ def logger_flags(config: Path) -> list[str]:
         return []
     return ["--trainer.logger", "lightning.pytorch.loggers.TensorBoardLogger",
             "--trainer.logger.init_args.save_dir", "runs",
-            "--trainer.logger.init_args.name", f"{config.parent.name}/{config.stem}",
+            "--trainer.logger.init_args.name", sweep_root(config).relative_to("runs").as_posix(),
             "--trainer.logger.init_args.default_hp_metric", "false"]
 
 
@@ -71,7 +72,7 @@ def logger_root(config: Path) -> Path:
     ``runs/<family folder>/<recipe>`` (:func:`logger_flags`)."""
     logger = recipe_logger(config)
     if logger is None:
-        return Path("runs") / config.parent.name / config.stem
+        return sweep_root(config)
     args = logger.get("init_args") or {}
     return Path(args.get("save_dir", "runs")) / args.get("name", config.stem)
 

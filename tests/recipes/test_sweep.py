@@ -64,7 +64,7 @@ def test_a_family_of_recipes_without_a_logger_gets_one_run_folder_per_recipe(tmp
     for name, width in (("a", 16), ("b", 32)):
         text = TINY.format(name=name, width=width, mlp="components.MLP")
         (family / f"{name}.yaml").write_text(text[:text.index("  logger:")])
-    main([str(family), "--set", "trainer.enable_checkpointing=false"])
+    main([str(family)])
     for name in ("a", "b"):
         [run] = (tmp_path / "runs" / "mine" / name).iterdir()
         assert (run / "hparams.yaml").is_file() and run.name.startswith("sweep_")
@@ -72,6 +72,15 @@ def test_a_family_of_recipes_without_a_logger_gets_one_run_folder_per_recipe(tmp
     first = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| a ")]
     main([str(family), "--table-only"])
     assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("| a ")] == first
+    # and --ckpt_path last finds the sweep's run of the recipe (a plain fit of it writes to lightning_logs/)
+    from recipes.runs import checkpoint_path, load_recipe
+
+    found = Path(checkpoint_path(load_recipe(str(family / "a.yaml")), "last", str(family / "a.yaml")))
+    assert found.parts[:3] == ("runs", "mine", "a") and found.name == "last.ckpt"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "z.yaml").write_text((family / "a.yaml").read_text())
+    with pytest.raises(FileNotFoundError, match=r"no last.ckpt under lightning_logs/\*/checkpoints/ or runs/other/z/\*/"):
+        checkpoint_path(load_recipe(str(tmp_path / "other" / "z.yaml")), "last", str(tmp_path / "other" / "z.yaml"))
     (family / "c.yaml").write_text(TINY.format(name="c", width=16, mlp="components.MLP").split("  logger:")[0]
                                    + "  logger: false\n")
     logs = set((tmp_path / "runs" / "sweep-logs").iterdir())
