@@ -1,5 +1,6 @@
 """``HybridLM``: embedding → blocks built from a layer pattern → final RMSNorm → LM head."""
 
+import functools
 import warnings
 from collections.abc import Mapping
 
@@ -16,8 +17,8 @@ from components.generation import generate
 from components.norm import RMSNorm
 from components.pattern import PatternError, parse_tokens
 from components.rotary import RotaryEmbedding
-from components.sequence import SSD, InnerFuncAttention, QCAttention
-from components.state import MLP, CDMoE, CohesiveMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
+from components.sequence import SSD, InnerFuncAttention, QCAttention, TokenShift
+from components.state import MLP, CDMoE, CohesiveMoE, ExpansiveMoE, MoE, RoutedMoE, SharedExpertMoE
 
 DEFAULT_MIXERS: dict[str, MixerFactory] = {
     "A": QCAttention,
@@ -40,6 +41,19 @@ def bound_mixers(mixers: Mapping[str, MixerFactory | Mapping] | None) -> dict[st
             raise ValueError(f"HybridLM: mixers key {letter!r} is not a pattern letter: each binding's key is one "
                              "capital letter A–Z (a pattern's token 'SM' is two letters, bound separately)")
     return {letter: binding_factory(letter, b) for letter, b in {**DEFAULT_MIXERS, **(mixers or {})}.items()}
+
+
+def mixer_kind(factory) -> str | None:
+    """``"sequence"`` or ``"state"`` for a factory of one of the zoo's mixers (a class or a ``partial`` of one),
+    else None."""
+    cls = factory.func if isinstance(factory, functools.partial) else factory
+    if not isinstance(cls, type):
+        return None
+    if issubclass(cls, (SSD, QCAttention, InnerFuncAttention, TokenShift, WholeBlock)):
+        return "sequence"
+    if issubclass(cls, (MLP, MoE, CDMoE)):
+        return "state"
+    return None
 
 
 def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
@@ -110,12 +124,7 @@ class HybridLM(nn.Module):
         self.bindings = bound_mixers(mixers)
         tokens = parse_tokens(pattern)
         self._check_bound(tokens)
-        used = {letter for t in tokens for letter in (t.seq, t.state) if letter}
-        unused, defaulted = sorted(set(mixers or {}) - used), sorted(used - set(mixers or {}))
-        if unused and defaulted:  # (a family's shared bindings may bind letters a pattern skips: then all are bound)
-            warnings.warn(f"HybridLM: mixers binds {', '.join(unused)}, which pattern {pattern!r} does not use, while "
-                          f"its {', '.join(defaulted)} take their defaults: a letter bound under the wrong name?",
-                          stacklevel=2)
+        self._warn_if_misbound(tokens, set(mixers or {}))
 
         if padding_idx is not None and not (isinstance(padding_idx, int) and 0 <= padding_idx < vocab_size):
             raise ValueError(f"HybridLM: padding_idx={padding_idx!r} must be a token id in [0, vocab_size={vocab_size})")
@@ -133,6 +142,19 @@ class HybridLM(nn.Module):
             self.lm_head.weight = self.embedding.weight
         self.tie_embeddings = tie_embeddings
         self.register_load_state_dict_pre_hook(_rename_whole_blocks_inside_blocks)
+
+    def _warn_if_misbound(self, tokens, given: set[str]) -> None:
+        """Warn when a letter bound but absent from the pattern could be one of its letters that took its default
+        (``{"Q": QCAttention}`` for ``"AM×2"``): a mixer of the kind of that letter's slot, or of a kind unknown here.
+        Spare bindings of another kind (a family's, or a helper's reused across patterns) stay quiet."""
+        slots = {**{t.state: "state" for t in tokens if t.state}, **{t.seq: "sequence" for t in tokens if t.seq}}
+        defaulted = sorted(set(slots) - given)
+        kinds = {slots[letter] for letter in defaulted}
+        unused = [letter for letter in sorted(given - set(slots)) if mixer_kind(self.bindings[letter]) in kinds | {None}]
+        if unused and defaulted:
+            warnings.warn(f"HybridLM: mixers binds {', '.join(unused)}, which pattern {self.pattern!r} does not use, "
+                          f"while its {', '.join(defaulted)} take their defaults: a letter bound under the wrong name?",
+                          stacklevel=3)
 
     def _check_bound(self, tokens) -> None:
         for t in tokens:

@@ -127,9 +127,13 @@ def test_bindings_that_would_fail_later_or_silently_are_named_at_build():
     # a letter the pattern does not use while a used one takes its default: likely a binding under the wrong name
     with pytest.warns(UserWarning, match=r"mixers binds Q, which pattern 'AM×2' does not use, while its A, M take"):
         build(mixers={"Q": partial(QCAttention, n_heads=2)})
-    with warnings.catch_warnings():  # every used letter bound: a family's spare binding, no warning
+    with warnings.catch_warnings():
         warnings.simplefilter("error")
+        # every used letter bound: a family's spare binding, no warning
         build(mixers={"A": QCAttention, "M": STATE_MIXERS["MLP"], "R": STATE_MIXERS["RoutedMoE"]})
+        build(mixers={"A": QCAttention, "M": STATE_MIXERS["MLP"], "Z": lambda d: torch.nn.Identity()})  # of any kind
+        # spare sequence mixers while only a state mixer takes its default (a helper reused across patterns)
+        build(pattern="-M -M", mixers={"S": SSD, "A": partial(QCAttention, n_heads=2)})
 
 
 @pytest.mark.parametrize("pattern, problem", [
