@@ -158,10 +158,10 @@ def check_decoding_state(model, cache: InferenceCache) -> None:
     for i, block in enumerate(model.blocks):
         mixer, _ = block_mixers(block)
         if mixer is not None and not any(module in cache.layers for module in mixer.modules()):
-            raise DecodingUnsupported(f"generate: block {i}'s sequence mixer {type(mixer).__name__} keeps no decoding state in "
-                             "context.cache, so each step would see only its new token; a mixer decodes by keeping "
-                             "what the next step needs in context.cache.state(self) (docs/architecture.md, the mixer "
-                             "contract)")
+            raise DecodingUnsupported(
+                f"generate: block {i}'s sequence mixer {type(mixer).__name__} keeps no decoding state in "
+                "context.cache, so each step would see only its new token; a mixer decodes by keeping what the next "
+                "step needs in context.cache.state(self) (docs/architecture.md, the mixer contract)")
 
 
 @torch.no_grad()

@@ -150,7 +150,8 @@ class HybridLM(nn.Module):
         slots = {**{t.state: "state" for t in tokens if t.state}, **{t.seq: "sequence" for t in tokens if t.seq}}
         defaulted = sorted(set(slots) - given)
         kinds = {slots[letter] for letter in defaulted}
-        unused = [letter for letter in sorted(given - set(slots)) if mixer_kind(self.bindings[letter]) in kinds | {None}]
+        unused = [letter for letter in sorted(given - set(slots))
+                  if mixer_kind(self.bindings[letter]) in kinds | {None}]
         if unused and defaulted:
             warnings.warn(f"HybridLM: mixers binds {', '.join(unused)}, which pattern {self.pattern!r} does not use, "
                           f"while its {', '.join(defaulted)} take their defaults: a letter bound under the wrong name?",
