@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from recipes.outputs import refuse_overwrite
+
 TRUSTED_PACKAGES = ("components",)
 """Packages whose classes a checkpoint may name without the user's say-so: the zoo's mixers."""
 
@@ -201,11 +203,14 @@ def class_paths(tree: Any) -> list[str]:
     return []
 
 
-def consolidate(folder: str | Path, out: str | Path | None = None) -> Path:
+def consolidate(folder: str | Path, out: str | Path | None = None, *, overwrite: bool = False) -> Path:
     """A sharded checkpoint's weights and run record (hyper-parameters, step) as one file, ``<folder>.consolidated``
     by default: what ``load_from_checkpoint``, ``--model.init_from``, ``generate``, ``eval`` and ``recipes.hf export``
     read. The optimizer's state stays in the folder (its shards are keyed by parameter name, not in the layout a
-    single process resumes from): resume the sharded run from the folder itself."""
+    single process resumes from): resume the sharded run from the folder itself.
+
+    An ``out`` already there is replaced only when it was consolidated from this same folder (the run trained on
+    since) or with ``overwrite``: it may be another run's checkpoint."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     folder = Path(folder)
@@ -213,14 +218,27 @@ def consolidate(folder: str | Path, out: str | Path | None = None) -> Path:
         raise CheckpointError(f"{folder} is not a sharded checkpoint (a folder with {SHARDED_META}, .metadata and "
                               "the .distcp shards a ModelParallelStrategy run writes)")
     out = Path(out) if out is not None else folder.with_name(folder.name + ".consolidated")
+    if out.is_dir():
+        raise IsADirectoryError(f"--out {out} is a folder: name the file to write")
+    if out.exists() and not overwrite and consolidated_from(out) != folder.resolve():
+        refuse_overwrite([out], lost="it is not a consolidation of this folder")
     meta = load_checkpoint(folder)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         dcp_to_torch_save(folder, tmp)  # every tensor of the shards, assembled (no process group needed)
         tensors = torch.load(tmp, map_location="cpu", weights_only=True)
-        torch.save({**meta, "state_dict": tensors["state_dict"], "consolidated_from": str(folder)}, tmp)
+        torch.save({**meta, "state_dict": tensors["state_dict"], "consolidated_from": str(folder.resolve())}, tmp)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+def consolidated_from(path: Path) -> Path | None:
+    """The sharded folder a file was consolidated from (:func:`consolidate`), or None for any other file."""
+    try:
+        folder = load_checkpoint(path, mmap=True).get("consolidated_from")
+    except (CheckpointError, OSError):
+        return None
+    return Path(folder).resolve() if isinstance(folder, str) else None
 

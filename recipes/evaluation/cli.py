@@ -9,7 +9,8 @@ built-in long-context suites (docs/evaluation.md).
 
 Results: the table is printed; ``--out FILE`` writes the JSON (the harness's ``results``, ``configs``,
 versions and sample counts; a suite's rows), a suite also its table (``.md``) and figure (``.png``)
-beside it; and every score goes to TensorBoard under ``eval/`` in the checkpoint's run folder.
+beside it (files already there are refused unless ``--force``); and every score goes to TensorBoard under ``eval/``
+in the checkpoint's run folder.
 """
 
 import argparse
@@ -42,7 +43,9 @@ def parser() -> argparse.ArgumentParser:
                    help="lengths as multiples of the training length (length: 1 2 4 8 16; passkey: 0.5 1 2 4; mqar: 1 2 4 8)")
     p.add_argument("--windows", type=int, default=8, help="length suite: windows per length")
     p.add_argument("--trials", type=int, default=8, help="passkey suite: keys per cell")
-    p.add_argument("--out", default=None, help="where to write the JSON (and a suite's .md and .png)")
+    p.add_argument("--out", default=None, help="where to write the JSON (and a suite's .md and .png); files already "
+                                               "there are refused unless --force")
+    p.add_argument("--force", action="store_true", help="replace the files of an earlier --out")
     p.add_argument("--device", default="cpu")
     return p
 
@@ -151,7 +154,13 @@ def main(argv: list[str] | None = None) -> dict:
     from recipes.module import LanguageModel
     from recipes.runs import checkpoint_path, data_module, load_recipe, trusted_classes, with_run_data
 
+    from recipes.evaluation.suites import result_paths
+    from recipes.outputs import refuse_overwrite
+
     try:
+        written = result_paths(args.out) if args.out else []
+        if not args.force:  # before the evaluation, which may take long
+            refuse_overwrite(written if args.suite else written[:1], lost="an earlier evaluation's results")
         recipe = load_recipe(args.config)
         path = Path(checkpoint_path(recipe, args.ckpt_path, args.config))
         recipe = with_run_data(recipe, path)
@@ -176,17 +185,16 @@ def main(argv: list[str] | None = None) -> dict:
             output["suite"] = result
             scalars.update(suite_scalars(result))
             if args.out:
-                print("wrote", ", ".join(map(str, write_result(result, Path(args.out)))))
-    except (FileNotFoundError, ValueError, RuntimeError) as error:
+                print("wrote", ", ".join(map(str, write_result(result, Path(args.out))[1:])))
+    except (FileNotFoundError, FileExistsError, ValueError, RuntimeError) as error:
         sys.exit(f"error: {error}")
     except ConnectionError as error:  # a hub task's dataset, offline: the harness's traceback said only this
         sys.exit(f"error: {error}. A Hugging Face Hub task downloads its dataset on first use (then it is cached); "
                  "offline, run the zoo's own tasks (zoo_cloze, zoo_passkey) or --include_path YAMLs over local files")
     if args.out:
-        out = Path(args.out).with_suffix(".json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(output, indent=1, default=str))
-        print(f"wrote {out}")
+        written[0].parent.mkdir(parents=True, exist_ok=True)
+        written[0].write_text(json.dumps(output, indent=1, default=str))  # the suite's alone, written above, and more
+        print(f"wrote {written[0]}")
     folder = log_scalars(path, scalars, step)
     if folder is not None:
         print(f"TensorBoard: {len(scalars)} scalars under eval/ in {folder} (step {step})")

@@ -22,6 +22,7 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
     name, or ``"tasks"`` with ``extra`` naming them (``--tasks T1,T2 --include_path DIR``): then the result is
     the harness's ``{"results": …}``."""
     from recipes.evaluation.cli import main as evaluate
+    from recipes.evaluation.suites import result_paths
 
     tasks = suite == "tasks"
     folder = Path(logs) / result_name(suite, extra)
@@ -32,11 +33,12 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
             continue
         checkpoint = Path(run.folder) / "checkpoints" / "last.ckpt"
         out = folder / f"{run.config.stem}_seed{run.seed}"
-        if not out.with_suffix(".json").is_file():
+        written = result_paths(out)[0]
+        if not written.is_file():
             print(f"evaluating {run.config.stem} seed {run.seed}: {suite}", flush=True)
             evaluate(["--config", str(run.config), "--ckpt_path", str(checkpoint),
                       *([] if tasks else ["--suite", suite, "--extrapolate"]), "--out", str(out), *extra])
-        results[run.config.stem, run.seed] = json.loads(out.with_suffix(".json").read_text())["harness" if tasks else "suite"]
+        results[run.config.stem, run.seed] = json.loads(written.read_text())["harness" if tasks else "suite"]
     return results
 
 

@@ -286,11 +286,21 @@ def scalars(result: dict) -> dict[str, float]:
     return {f"eval/mqar/{r['length']}": r["accuracy"] for r in result["rows"]}
 
 
-def write_result(result: dict, out: Path) -> list[Path]:
-    """``out.json``, ``out.md`` (the table) and ``out.png``; returns the paths."""
+RESULT_SUFFIXES = (".json", ".md", ".png")
+
+
+def result_paths(out: str | Path) -> list[Path]:
+    """The JSON, table and figure of ``--out``: ``out`` with ``.json``, ``.md`` and ``.png`` in place of one of
+    those suffixes, and after any other name (``ratio_0.5_seed0`` is not cut to ``ratio_0``)."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    paths = [out.with_suffix(".json"), out.with_suffix(".md"), out.with_suffix(".png")]
+    stem = out.name[: -len(out.suffix)] if out.suffix in RESULT_SUFFIXES else out.name
+    return [out.with_name(stem + suffix) for suffix in RESULT_SUFFIXES]
+
+
+def write_result(result: dict, out: Path) -> list[Path]:
+    """``out.json``, ``out.md`` (the table) and ``out.png`` (:func:`result_paths`); returns the paths."""
+    paths = result_paths(out)
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
     paths[0].write_text(json.dumps(result, indent=1))
     paths[1].write_text(table(result) + "\n")
     plot(result, paths[2])

@@ -23,6 +23,7 @@ import torch
 
 from components.model import HybridLM
 from recipes.hf.architectures import ADAPTERS, audit, number, rope_settings, to_hf, to_zoo
+from recipes.outputs import refuse_overwrite
 
 SUPPORTED = tuple(ADAPTERS)
 __all__ = ["SUPPORTED", "convert_weights", "export", "from_pretrained", "hf_recipe", "main", "number", "read_config",
@@ -127,11 +128,8 @@ def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = F
     vocab = recipe["vocab_size"]
     tokenizer_copy = out.with_name(f"{out.stem}.tokenizer.json")
     written = [out, out.with_suffix(".yaml"), *([tokenizer_copy] if tokenizer is not None else [])]
-    present = [str(path) for path in written if path.exists()]
-    if present and not overwrite:
-        named = " and ".join([", ".join(present[:-1]), present[-1]] if len(present) > 1 else present)
-        raise FileExistsError(f"{named} already exist{'s' * (len(present) == 1)}: choose another "
-                              "--out, or --force (overwrite=True) to replace them (an edited recipe would be lost)")
+    if not overwrite:
+        refuse_overwrite(written, lost="an edited recipe would be lost; overwrite=True from Python")
     out.parent.mkdir(parents=True, exist_ok=True)
     if tokenizer is not None:
         shutil.copyfile(tokenizer, tokenizer_copy)

@@ -122,7 +122,8 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
 
 def val_curves(runs: list[Run], tag: str = "val/loss") -> dict[str, tuple[list[int], list[float], list[float], int]]:
     """Per recipe, over its finished runs: ``(steps, mean, std, n_runs)`` of ``tag`` at the steps every
-    one of those runs validated at (std is 0 for a single run)."""
+    one of those runs validated at (std is 0 for a single run). A step is the number of optimizer steps done, as
+    in the tables' ``steps`` and ``best step``: TensorBoard's step of a validation is one less."""
     series: dict[str, list[dict[int, float]]] = {}
     for run in runs:
         if not run.failed:
@@ -134,7 +135,7 @@ def val_curves(runs: list[Run], tag: str = "val/loss") -> dict[str, tuple[list[i
         steps = sorted(set.intersection(*(set(v) for v in per_run)))
         mean = [statistics.fmean(v[step] for v in per_run) for step in steps]
         std = [statistics.stdev(v[step] for v in per_run) if len(per_run) > 1 else 0.0 for step in steps]
-        curves[name] = (steps, mean, std, len(per_run))
+        curves[name] = ([step + 1 for step in steps], mean, std, len(per_run))
     return curves
 
 

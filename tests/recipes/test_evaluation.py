@@ -4,6 +4,7 @@ computations, and the errors a user meets."""
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -217,6 +218,23 @@ def test_the_eval_command_writes_the_harness_json_and_tensorboard_scalars(tmp_pa
     tags = set(events.Tags()["scalars"])
     assert {"eval/zoo_cloze/acc", "eval/zoo_passkey/acc", "eval/length/plain/32", "eval/length/plain/64"} <= tags
     assert "zoo_cloze" in capsys.readouterr().out
+
+    again = ["--config", "quickstart.yaml", "--ckpt_path", "last", "--suite", "length", "--multiples", "1", "--windows",
+             "1", "--out", "eval/result.json"]  # the same files, named by the JSON's own name
+    with pytest.raises(SystemExit, match=r"eval/result.json, eval/result.md and eval/result.png already exist: choose "
+                                         r"another --out, or --force to replace them \(an earlier evaluation's"):
+        main(again)
+    assert "harness" in json.loads((tmp_path / "eval" / "result.json").read_text())  # refused before it ran
+    main([*again, "--force"])
+    assert "harness" not in json.loads((tmp_path / "eval" / "result.json").read_text())
+
+
+@pytest.mark.parametrize("out", ["ratio_0.5_seed0", "ratio_0.5_seed0.json", "ratio_0.5_seed0.md"])
+def test_an_eval_out_keeps_its_name_and_takes_the_result_suffixes(out):
+    """``ratio_0.5_seed0`` was cut to ``ratio_0.json`` (``with_suffix``): two recipes' results in one file."""
+    from recipes.evaluation.suites import result_paths
+
+    assert [p.name for p in result_paths(Path("e") / out)] == [f"ratio_0.5_seed0{s}" for s in (".json", ".md", ".png")]
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -306,8 +306,9 @@ def test_validation_curves_are_averaged_over_the_seeds_at_the_steps_all_of_them_
 
     runs = fake_family(tmp_path) + [Run(tmp_path / "a.yaml", tmp_path / "a" / "s9", returncode=1, seed=9)]
     curves = val_curves(runs)
-    assert curves["a"] == ([10, 20], [5.0, 3.5], [1.0, 0.5], 3)  # the failed seed 9 is not read
-    assert curves["b"] == ([10], [2.0], [0.0], 3)  # step 20 is missing from one run: not averaged over two
+    # steps done (TensorBoard's step + 1, as the tables count them); the failed seed 9 is not read
+    assert curves["a"] == ([11, 21], [5.0, 3.5], [1.0, 0.5], 3)
+    assert curves["b"] == ([11], [2.0], [0.0], 3)  # step 20 is missing from one run: not averaged over two
     plot_curves(curves, tmp_path / "curves.png", "fake")
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -382,7 +382,7 @@ def test_fsdp2_on_two_cpu_processes_matches_one_process_resumes_exactly_and_cons
     """FSDP2 (fully_shard per block, gloo): the losses of one process on the combined batch; a run killed after
     writing its step-4 checkpoint resumes from its folder of shards to the same losses; the folder becomes one file that
     loads with the weights of the single-process run, and exports to Hugging Face."""
-    from recipes.checkpoints import CheckpointError, is_sharded_checkpoint
+    from recipes.checkpoints import CheckpointError, consolidated_from, is_sharded_checkpoint
     from recipes.consolidate import main as consolidate
 
     common = [*TEXT, "--trainer.max_steps", "8", "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps",
@@ -411,6 +411,16 @@ def test_fsdp2_on_two_cpu_processes_matches_one_process_resumes_exactly_and_cons
     from recipes.hf import export
 
     assert (export(shards.with_name("last.ckpt.consolidated"), tmp_path / "hf") / "model.safetensors").is_file()
+
+    consolidate([str(shards)])  # again, as after training on: the folder's own consolidation is replaced
+    other = tmp_path / "runs" / "quickstart" / "one" / "checkpoints" / "last.ckpt"  # another run's checkpoint
+    with pytest.raises(SystemExit, match=r"last.ckpt already exists: choose another --out, or --force to replace it "
+                                         r"\(it is not a consolidation of this folder\)"):
+        consolidate([str(shards), "--out", str(other)])
+    with pytest.raises(SystemExit, match="hf is a folder: name the file to write"):
+        consolidate([str(shards), "--out", str(tmp_path / "hf")])
+    consolidate([str(shards), "--out", str(other), "--force"])
+    assert consolidated_from(other) == shards.resolve()
 
 
 @pytest.mark.parametrize("max_epochs, description", [(-1, "Epoch 3"), (5, "Epoch 3/4")])
