@@ -15,7 +15,6 @@ On top of LightningCLI (docs/training.md):
 """
 
 import argparse
-import difflib
 import inspect
 import os
 import re
@@ -29,6 +28,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
+from recipes.argtypes import close_matches, did_you_mean
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_paths, consolidate_hint,
                                  is_sharded_checkpoint, load_checkpoint)
 from components.bindings import import_class, upgrade_specs
@@ -66,7 +66,7 @@ def bundled_hint(value: str) -> str:
     names = bundled_configs()
     wanted = value if value.endswith(".yaml") else value + ".yaml"
     meant = ([wanted] if wanted in names else [name for name in names if Path(name).name == Path(wanted).name]
-             or difflib.get_close_matches(wanted, names, n=3, cutoff=0.75))
+             or close_matches([wanted], names, n=3, cutoff=0.75))
     if meant:
         return f"did you mean {', '.join(meant)}?"
     folders = sorted({name.split("/")[0] + "/" for name in names if "/" in name})
@@ -236,8 +236,8 @@ def near_misses(message: str, options: list[str]) -> str:
         if found is None or owner is None:
             return ""
         unknown, known = [found.group(1)], class_options(owner.group(1) or owner.group(2))
-    meant = [match for option in unknown for match in difflib.get_close_matches(option, known, n=1, cutoff=0.8)]
-    return f" (did you mean {', '.join(meant)}?)" if meant else ""
+    hint = did_you_mean(unknown, known, cutoff=0.8)
+    return f" ({hint})" if hint else ""
 
 
 def run_logger(trainer_config):

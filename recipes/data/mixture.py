@@ -18,13 +18,13 @@ fixed subset. The order is the :class:`ResumableLoader`'s, so a resumed run cont
 is every corpus's validation split.
 """
 
-import difflib
 import inspect
 from collections.abc import Mapping
 
 import numpy as np
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
+from recipes.argtypes import did_you_mean
 from recipes.data.corpus import TokenizedCorpus
 from recipes.data.order import ResumableDataModule
 
@@ -96,9 +96,9 @@ class MixedCorpus(ResumableDataModule):
         known = inspect.signature(TokenizedCorpus).parameters
         unknown = [key for key in arguments if key not in known]
         if unknown:
-            meant = [m for key in unknown for m in difflib.get_close_matches(key, list(known), n=1)]
+            hint = did_you_mean(unknown, known)
             raise ValueError(f"MixedCorpus: corpora[{index}] has {', '.join(map(repr, unknown))}, not an argument of "
-                             f"TokenizedCorpus" + (f" (did you mean {', '.join(meant)}?)" if meant else
+                             f"TokenizedCorpus" + (f" ({hint})" if hint else
                                                    f"; it takes {', '.join(k for k in known if k not in shared)}"))
         return TokenizedCorpus(**{**dict(arguments), **shared})
 

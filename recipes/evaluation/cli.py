@@ -14,12 +14,11 @@ in the checkpoint's run folder.
 """
 
 import argparse
-import difflib
 import json
 import sys
 from pathlib import Path
 
-from recipes.argtypes import bounded, positive_int
+from recipes.argtypes import bounded, close_matches, positive_int
 
 
 SUITES = ("length", "passkey", "mqar")
@@ -72,7 +71,7 @@ def check_tasks(names: list[str], include_paths: list[str]):
     known = set(manager.all_tasks)
     unknown = [name for name in names if name not in known]
     if unknown:
-        hints = {name: difflib.get_close_matches(name, known, n=3) for name in unknown}
+        hints = {name: close_matches([name], known, n=3) for name in unknown}
         raise ValueError("unknown task(s): " + "; ".join(f"{n!r} (close: {', '.join(h) or 'none'})" for n, h in hints.items())
                          + ". Hub tasks need the harness's task list (python -m lm_eval --tasks list); local ones an "
                          "--include_path folder of YAMLs")

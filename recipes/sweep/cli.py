@@ -52,12 +52,11 @@ is only run that way, from a sweep of that folder, or with ``--init-from none``:
 """
 
 import argparse
-import difflib
 import sys
 import time
 from pathlib import Path
 
-from recipes.argtypes import bounded, positive_int
+from recipes.argtypes import bounded, did_you_mean, positive_int
 from recipes.launchers import LAUNCHERS
 from recipes.sweep.launch import (family_settings, launch, logger_root, newest_run, recipe_files, recipe_logger,
                                   seed_list, starting_checkpoints)
@@ -73,8 +72,7 @@ def check_vs_key(key: str) -> None:
     known = hyperparameter_keys()
     top = key.split(".")[0]
     if top not in known:
-        meant = difflib.get_close_matches(top, sorted(known), n=1)
-        hint = f"did you mean {meant[0]}?" if meant else "e.g. d_model, lr, n_params (a run's hparams.yaml lists them)"
+        hint = did_you_mean([top], known) or "e.g. d_model, lr, n_params (a run's hparams.yaml lists them)"
         sys.exit(f"error: --vs {key}: not a hyper-parameter a run records; {hint}")
 
 

@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     mutants = read_mutants()
     if args.only:
         mutants = [m for m in mutants if any(w in f"{m.file} {m.old} {m.new} {' '.join(m.tests)}" for w in args.only)]
+        if not mutants:  # else the baseline would run pytest with no targets: the whole suite
+            parser.error(f"no mutant's line mentions {' or '.join(map(repr, args.only))} (file, old, new and tests are "
+                         "read joined by single spaces, not by ' :: ')")
     if args.list:
         for m in mutants:
             print(m)
