@@ -12,6 +12,20 @@ def check_positive(owner: str, **values: int) -> None:
             raise ValueError(f"{owner}: {name}={value!r} must be a positive integer")
 
 
+def check_number(owner: str, name: str, value, *, low: float, above: bool = False, optional: bool = False) -> None:
+    """A real, finite ``value >= low`` (``> low`` when ``above``; ``None`` too when ``optional``): a negative norm
+    epsilon or a zero RoPE base gives NaN only at the first forward, and that without a name."""
+    import math
+
+    if value is None and optional:
+        return
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value < low or (above and value == low)):
+        bound = f" {'>' if above else '>='} {low:g}" if math.isfinite(low) else ""
+        rule = f"a finite number{bound}" + (" (or None)" if optional else "")
+        raise ValueError(f"{owner}: {name}={value!r} must be {rule}")
+
+
 def check_divisible(owner: str, name: str, value: int, by_name: str, by: int) -> None:
     if value % by != 0:
         raise ValueError(f"{owner}: {name}={value} is not divisible by {by_name}={by}")

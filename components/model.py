@@ -10,7 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from components.bindings import MixerFactory, binding_factory, binding_spec
 from components.block import Block, WholeBlock, block_mixers
-from components._checks import check_on_device
+from components._checks import check_number, check_on_device, check_positive
 from components.cache import InferenceCache
 from components.context import Context
 from components.generation import generate
@@ -116,9 +116,10 @@ class HybridLM(nn.Module):
         checkpoint_blocks: bool = False,
     ):
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("max_seq_len", max_seq_len)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"HybridLM: {name}={value!r} must be a positive integer")
+        check_positive("HybridLM", vocab_size=vocab_size, d_model=d_model, max_seq_len=max_seq_len)
+        for name, value in (("rope_base", rope_base), ("rope_ntk_factor", rope_ntk_factor), ("init_std", init_std)):
+            check_number("HybridLM", name, value, low=0, above=True, optional=name == "init_std")
+        check_number("HybridLM", "norm_eps", norm_eps, low=0)
         self.vocab_size, self.d_model, self.pattern, self.max_seq_len = vocab_size, d_model, pattern, max_seq_len
         self.extrapolate, self.checkpoint_blocks = extrapolate, checkpoint_blocks
         self.bindings = bound_mixers(mixers)

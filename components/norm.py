@@ -4,6 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components._checks import check_number, check_positive
+
 
 def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
     """``t`` in fp32, or in its own dtype if wider (float64 stays float64, for gradcheck)."""
@@ -21,6 +23,8 @@ class RMSNorm(nn.Module):
 
     def __init__(self, dim: int, *, eps: float = 1e-6):
         super().__init__()
+        check_positive("RMSNorm", dim=dim)
+        check_number("RMSNorm", "eps", eps, low=0)
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
@@ -42,6 +46,8 @@ class GroupedRMSNorm(nn.Module):
 
     def __init__(self, dim: int, groups: int = 1, *, eps: float = 1e-6):
         super().__init__()
+        check_positive("GroupedRMSNorm", dim=dim, groups=groups)
+        check_number("GroupedRMSNorm", "eps", eps, low=0)
         if dim % groups:
             raise ValueError(f"GroupedRMSNorm: dim={dim} is not divisible by groups={groups}")
         self.groups, self.eps = groups, eps

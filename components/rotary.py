@@ -10,6 +10,8 @@ last position, never from the other sequences of the batch.
 import torch
 from torch import nn
 
+from components._checks import check_number
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
@@ -36,6 +38,8 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if max_position < 1:
             raise ValueError(f"RotaryEmbedding: max_position={max_position} must be >= 1")
+        check_number("RotaryEmbedding", "base", base, low=0, above=True)
+        check_number("RotaryEmbedding", "scaling_factor", scaling_factor, low=0, above=True)
         self.max_position = max_position
         self.base = base
         self.scaling_factor = scaling_factor

@@ -2,10 +2,12 @@
 sequence mixer). The smallest mixer that mixes tokens; the worked example of docs/architecture.md,
 "Adding a mixer"."""
 
+import math
+
 import torch
 import torch.nn as nn
 
-from components._checks import check_mixer_input, check_positive
+from components._checks import check_mixer_input, check_number, check_positive
 from components.context import Context
 
 
@@ -23,6 +25,7 @@ class TokenShift(nn.Module):
     def __init__(self, d_model: int, *, mix: float = 0.5):
         super().__init__()
         check_positive("TokenShift", d_model=d_model)
+        check_number("TokenShift", "mix", mix, low=-math.inf)  # any finite start: μ is learned
         self.d_model = d_model
         self.mix = nn.Parameter(torch.full((d_model,), float(mix)))
         self.out_proj = nn.Linear(d_model, d_model, bias=False)

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from components import MLP, HybridLM, QCAttention, count_active_parameters, count_parameters
+from components import (MLP, SSD, HybridLM, QCAttention, RMSNorm, RotaryEmbedding, TokenShift, count_active_parameters,
+                        count_parameters)
 
 TINY = dict(vocab_size=50, d_model=32, mixers={"A": functools.partial(QCAttention, n_heads=4)})
 
@@ -97,6 +98,28 @@ def test_summary_lists_every_block_and_the_total():
 def test_invalid_sizes_are_refused():
     with pytest.raises(ValueError, match="d_model=0 must be a positive integer"):
         HybridLM(vocab_size=10, d_model=0, pattern="AM")
+
+
+@pytest.mark.parametrize("argument, value, rule", [
+    ("norm_eps", -1e-3, ">= 0"), ("rope_base", 0.0, "> 0"), ("rope_ntk_factor", float("nan"), "> 0"),
+    ("rope_ntk_factor", -2.0, "> 0"), ("init_std", -0.02, "> 0 \\(or None\\)"), ("init_std", 0.0, "> 0"),
+])
+def test_numbers_that_give_nan_at_the_first_forward_are_refused_by_name(argument, value, rule):
+    """Each of these built a model whose first forward was NaN (or, for init_std, torch's "normal expects std")."""
+    with pytest.raises(ValueError, match=f"HybridLM: {argument}={value!r} must be a finite number {rule}"):
+        HybridLM(pattern="AM", **TINY, **{argument: value})
+    assert torch.isfinite(HybridLM(pattern="AM", **TINY, **{argument: 1.0})(torch.zeros(1, 3, dtype=torch.long))).all()
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: RMSNorm(8, eps=-1e-6), "RMSNorm: eps=-1e-06 must be a finite number >= 0"),
+    (lambda: SSD(32, gate=True, norm_eps=-1.0), "GroupedRMSNorm: eps=-1.0 must be"),
+    (lambda: RotaryEmbedding(16, base=-1.0), "RotaryEmbedding: base=-1.0 must be"),
+    (lambda: TokenShift(8, mix=float("inf")), "TokenShift: mix=inf must be a finite number$"),
+], ids=["rmsnorm", "ssd-gate-norm", "rotary", "token-shift"])
+def test_components_refuse_such_numbers_too(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
 
 
 def test_checkpointed_blocks_give_the_same_loss_and_gradients_and_run_each_block_again():
