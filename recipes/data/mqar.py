@@ -13,6 +13,7 @@ makes the same data; a sequence belongs to the test split iff the CRC32 of its t
 and each split rejects the other's sequences, so train and test never share a sequence.
 """
 
+import math
 import zlib
 
 import numpy as np
@@ -126,8 +127,10 @@ class MQAR(ResumableDataModule):
             )
         if train_min_pairs is not None and not 1 <= train_min_pairs <= num_pairs:
             raise ValueError(f"MQAR: train_min_pairs={train_min_pairs!r} must lie in [1, num_pairs={num_pairs}]")
-        if power_a <= 0:
-            raise ValueError(f"MQAR: power_a={power_a} must be positive")
+        if not (isinstance(power_a, (int, float)) and math.isfinite(power_a) and power_a > 0):
+            raise ValueError(f"MQAR: power_a={power_a} must be a finite positive number")
+        if not isinstance(seed, int) or seed < 0:  # numpy's generators take no negative seed
+            raise ValueError(f"MQAR: seed={seed!r} must be an integer >= 0")
         self.vocab_size, self.batch_size, self.num_workers, self.order_seed = vocab_size, batch_size, num_workers, seed
         task = dict(vocab_size=vocab_size, seq_len=seq_len, num_pairs=num_pairs, power_a=power_a)
         self.train = MQARSplit("train", train_size, seed, min_pairs=train_min_pairs, **task)

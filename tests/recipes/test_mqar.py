@@ -83,12 +83,31 @@ def test_safe_with_worker_processes(small):
         (dict(seq_len=60, num_pairs=16), "seq_len=60 is too short for num_pairs=16"),
         (dict(vocab_size=20, seq_len=64, num_pairs=16), "num_pairs=16 needs more distinct keys than the 9"),
         (dict(seq_len=0), "seq_len=0 must be a positive integer"),
+        (dict(power_a=float("nan")), "power_a=nan must be a finite positive number"),  # numpy's "contain NaN" at setup
+        (dict(power_a=float("inf")), "power_a=inf must be a finite positive number"),
+        (dict(seed=-1), "seed=-1 must be an integer >= 0"),  # numpy's "expected non-negative integer" at the first batch
     ],
 )
 def test_bad_settings_name_the_problem(kwargs, words):
     with pytest.raises(ValueError) as info:
         MQAR(**{"vocab_size": 256, **kwargs})
     assert words in str(info.value)
+
+
+def test_a_training_set_smaller_than_one_batch_is_named_before_training():
+    """Lightning stopped at once with "No training batches" and the run ended as if done ("fit finished: no step")."""
+    from types import SimpleNamespace
+
+    data = MQAR(vocab_size=256, seq_len=64, num_pairs=16, train_size=6, batch_size=4)
+    assert len(data.train_dataloader()) == 1
+    data = MQAR(vocab_size=256, seq_len=64, num_pairs=16, train_size=3, batch_size=4)
+    with pytest.raises(ValueError, match=r"MQAR: the training set has 3 examples, fewer than one batch of batch_size=4; "
+                                         "a partial batch is dropped"):
+        data.train_dataloader()
+    data = MQAR(vocab_size=256, seq_len=64, num_pairs=16, train_size=6, batch_size=4)
+    data.trainer = SimpleNamespace(world_size=2, global_rank=0)
+    with pytest.raises(ValueError, match=r"batch_size=4 on each of 2 processes \(6 // 2 = 3\)"):
+        data.train_dataloader()
 
 
 def test_train_min_pairs_mixes_difficulties_in_training_only():
