@@ -325,6 +325,20 @@ def test_predict_is_refused_with_the_commands_that_predict(capsys):
     assert text.startswith("usage: python -m recipes ") and "{fit,validate,test}" in text and "generate" in text
 
 
+@pytest.mark.parametrize("args, message", [
+    ([], "error: name a command: python -m recipes {fit,validate,test,generate,eval} …; python -m recipes fit --help"),
+    (["fitt", "--config", "quickstart.yaml"], "error: 'fitt' is not a command: python -m recipes "
+                                              "{fit,validate,test,generate,eval} … (did you mean fit?)"),
+    (["evl"], "(did you mean eval?)"),
+    (["banana"], "'banana' is not a command: python -m recipes {fit,validate,test,generate,eval} …; python"),
+])
+def test_a_missing_or_misspelt_command_names_all_five(args, message):
+    """Lightning's message named fit, validate and test only, and sent ``fitt`` to ``python -m recipes fitt --help``."""
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert message in info.value.code
+
+
 def test_a_resumed_run_says_how_many_steps_it_trained(tmp_path, monkeypatch, capsys):
     """The summary counts this run's steps apart from the checkpoint's, and says so when max_steps left none."""
     monkeypatch.chdir(tmp_path)
