@@ -368,7 +368,8 @@ class HybridCLI(LightningCLI):
         except argparse.ArgumentError as error:  # condensed here, where the options a typo may have meant are known
             first = self._command_line[0] if self._command_line else None
             subcommand = first if first in SUBCOMMANDS else None
-            options = [o for a in (self._subcommand_parsers.get(subcommand) or parser)._actions for o in a.option_strings]
+            parsers = getattr(self, "_subcommand_parsers", {})  # (none with run=False)
+            options = [o for a in (parsers.get(subcommand) or parser)._actions for o in a.option_strings]
             message = parse_error_message(error)
             raise argparse.ArgumentError(None, message + near_misses(message, options)) from error
         subcommand = self.config.get("subcommand")
@@ -537,6 +538,20 @@ class HybridCLI(LightningCLI):
         return trainer
 
 
+class ParseOnlyCLI(HybridCLI):
+    """The command line parsed as ``fit`` parses it, and nothing more: no seed set, no threads chosen, nothing built
+    (what ``recipes.sweep`` checks its ``--set`` overrides with before it launches runs)."""
+
+    def _set_seed(self) -> None:
+        pass
+
+    def before_instantiate_classes(self) -> None:
+        pass
+
+    def instantiate_classes(self) -> None:
+        pass
+
+
 def choose_threads(requested: int | None) -> str | None:
     """Set torch's threads: ``requested``, else OMP_NUM_THREADS (torch reads it), else the cores no other
     process is busy with (the one-minute load average): on a shared CPU torch's default, one thread per core,
@@ -619,9 +634,10 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 
 
-def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
+def main(args: list[str] | None = None, *, run: bool = True, parse_only: bool = False) -> HybridCLI:
     """Run the CLI on ``args`` (default: the command line). With ``run=False`` the arguments hold no
-    subcommand and the CLI only parses and instantiates (model, data, trainer)."""
+    subcommand and the CLI only parses and instantiates (model, data, trainer); with ``parse_only`` too, it only
+    parses (:class:`ParseOnlyCLI`). A wrong argument exits with its one-line error."""
     try:
         if args is None:
             sys.argv[1:] = resolve_config_args(sys.argv[1:])
@@ -642,7 +658,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
                  "per-position losses")
     quiet_lightning()
     try:
-        return HybridCLI(
+        return (ParseOnlyCLI if parse_only else HybridCLI)(
             LanguageModel,
             L.LightningDataModule,
             subclass_mode_data=True,
@@ -660,7 +676,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> HybridCLI:
     except argparse.ArgumentError as error:
         if os.environ.get("HYBRID_ZOO_DEBUG"):
             raise
-        command = (args if args is not None else sys.argv[1:])[:1] or ["fit"]
+        command = [a for a in (args if args is not None else sys.argv[1:])[:1] if a in SUBCOMMANDS] or ["fit"]
         sys.exit(f"error: {parse_error_message(error)} (python -m recipes {command[0]} --help lists the options)")
     except DivergenceError as error:
         sys.exit(f"error: {error}")

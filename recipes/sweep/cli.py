@@ -54,6 +54,7 @@ is only run that way, from a sweep of that folder, or with ``--init-from none``:
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from recipes.argtypes import bounded, did_you_mean, positive_int
@@ -74,6 +75,28 @@ def check_vs_key(key: str) -> None:
     if top not in known:
         hint = did_you_mean([top], known) or "e.g. d_model, lr, n_params (a run's hparams.yaml lists them)"
         sys.exit(f"error: --vs {key}: not a hyper-parameter a run records; {hint}")
+
+
+def check_recipes(configs: list[Path], overrides: list[str], settings: list[str]) -> None:
+    """Each recipe with the overrides (``--set`` ``settings``, as flags) parsed as its run will parse it, before any
+    run starts: a misspelt key or a value of the wrong type failed every run of the sweep, each named only in its log."""
+    from recipes.cli import main
+
+    def parse(args: list[str]) -> None:
+        with warnings.catch_warnings():  # Lightning's note that sys.argv (the sweep's own) is not what it parses
+            warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python")
+            main(args, run=False, parse_only=True)
+
+    for config in configs:
+        try:
+            parse(["--config", str(config), *overrides])
+        except SystemExit as error:
+            reason = str(error.code).removeprefix("error: ")
+            try:  # the recipe's own fault, or the overrides'?
+                parse(["--config", str(config)])
+            except SystemExit:
+                sys.exit(f"error: recipe {config}: {reason}; mend it, or leave it out with --only")
+            sys.exit(f"error: --set {' '.join(settings)}, for recipe {config.stem}: {reason}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -219,6 +242,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"error: --set takes KEY=VALUE; got {item!r}")
         key, value = item.split("=", 1)
         overrides += [f"--{key}", value]
+
+    if not args.table_only:
+        check_recipes(configs, overrides, args.set)
 
     family = Path(args.folder).name
     if args.table_only:
