@@ -4,6 +4,7 @@ import os
 import re
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from recipes.cli import main, near_misses, resolve_config
@@ -323,6 +324,18 @@ def test_predict_is_refused_with_the_commands_that_predict(capsys):
         main(["--help"])
     text = capsys.readouterr().out
     assert text.startswith("usage: python -m recipes ") and "{fit,validate,test}" in text and "generate" in text
+
+
+def test_parse_only_checks_the_command_line_and_builds_nothing(tmp_path, monkeypatch):
+    """What ``recipes.sweep`` checks each recipe's ``--set`` with: parsed as ``fit`` parses it, no model, data or
+    trainer built (a d_model of 10⁶ would need terabytes), no seed set."""
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(123)
+    cli = main(["--config", "quickstart.yaml", "--model.d_model", "1000000"], run=False, parse_only=True)
+    assert cli.config.model.d_model == 1_000_000 and not hasattr(cli, "model") and not hasattr(cli, "trainer")
+    assert torch.initial_seed() == 123
+    with pytest.raises(SystemExit, match=r"unrecognized arguments: --model.d_modle 3 \(did you mean --model.d_model\?\)"):
+        main(["--config", "quickstart.yaml", "--model.d_modle", "3"], run=False, parse_only=True)
 
 
 @pytest.mark.parametrize("args, message", [
