@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from recipes.argtypes import did_you_mean
 from recipes.cli import CONFIG_DIR
 from recipes.launchers import (RecipeJob, device_groups, gpu_arguments, python_command, submitit_executor,
                                visible_gpus)
@@ -23,7 +24,9 @@ def recipe_files(folder: str) -> list[Path]:
     path = Path(folder) if Path(folder).is_dir() else CONFIG_DIR / folder
     if not path.is_dir():
         bundled = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir())
-        raise FileNotFoundError(f"recipe folder {folder!r} not found (bundled folders: {', '.join(bundled)})")
+        families = {str(p.parent.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*.yaml")} - {"."}
+        hint = did_you_mean([folder], families, n=3) or f"bundled folders: {', '.join(bundled)}"
+        raise FileNotFoundError(f"recipe folder {folder!r} not found ({hint})")
     files = sorted(f for f in path.glob("*.yaml") if not f.name.startswith("_"))  # _family.yaml is not a recipe
     if not files:
         raise FileNotFoundError(f"recipe folder {str(path)!r} holds no .yaml recipes")

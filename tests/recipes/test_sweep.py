@@ -54,6 +54,18 @@ def test_sweep_reads_the_runs_it_launched_and_fails_on_a_failed_run(tmp_path, mo
         assert 2.0 < loss < 6.0  # a real byte-level loss, not the decoy's 0.001
 
 
+@pytest.mark.parametrize("folder, message", [
+    ("positionz", "recipe folder 'positionz' not found (did you mean positions, english/positions?)"),
+    ("nothing_close_here", "recipe folder 'nothing_close_here' not found (bundled folders: arch, attention, english"),
+])
+def test_a_misspelt_family_names_the_bundled_ones_it_may_mean(folder, message):
+    from recipes.sweep.launch import recipe_files
+
+    with pytest.raises(FileNotFoundError) as info:
+        recipe_files(folder)
+    assert message in str(info.value)
+
+
 def test_a_misspelt_set_or_a_recipe_that_does_not_parse_is_refused_before_any_run(tmp_path, monkeypatch):
     """Each run failed on it, named only in its log (30 such runs for 6 recipes over 5 seeds)."""
     monkeypatch.chdir(tmp_path)
