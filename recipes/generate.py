@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from recipes.runs import checkpoint_path, data_module, load_recipe, trusted_classes, with_run_data
+from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_recipe, trusted_classes,
+                          with_run_data)
 
 
 def tokenizer(recipe: dict):
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> str:
         # the run's own data settings (its config.yaml): a --data.paths given to fit means another BPE than the
         # recipe file's, and the recipe file's would turn the prompt into the wrong tokens without a word
         data = tokenizer(with_run_data(recipe, Path(path)))
+        check_tokenizer(data, path)
         lm = LanguageModel.load_from_checkpoint(path, map_location="cpu", allow_classes=trusted_classes(recipe, args))
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")

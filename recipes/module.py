@@ -25,6 +25,7 @@ from components.sizing import SizeTarget, describe_size, sized_mixers
 from kernels.linear_cross_entropy import IGNORE_INDEX, linear_cross_entropy
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, consolidate_hint, is_sharded_checkpoint,
                                  load_checkpoint, load_weights)
+from recipes.data.corpus import tokenizer_problem
 from recipes.mfu import device_peak_flops, training_flops
 from recipes.training import DivergenceError, rng_states, set_rng_states
 
@@ -377,6 +378,7 @@ class LanguageModel(L.LightningModule):
             raise ValueError(f"LanguageModel: init_from={path!r} does not fit this model: shapes {unfit[:3]}, missing "
                              f"{missing[:4]}, unexpected {unexpected[:4]}")
         self.model.load_state_dict(model_state, strict=True)
+        self._init_from = (path, load_checkpoint(path, mmap=True).get("tokenizer"))  # compared with the data in setup
         print(f"init_from: loaded {len(model_state)} tensors from {path}", flush=True)
 
     def configure_model(self) -> None:
@@ -407,6 +409,10 @@ class LanguageModel(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         trainer = self.trainer
+        path, recorded = getattr(self, "_init_from", (None, None))
+        problem = tokenizer_problem(trainer.datamodule, recorded) if stage == "fit" else None
+        if problem:  # an embedding row would start as another token's
+            raise ValueError(f"LanguageModel: init_from={path!r}: {problem}")
         if trainer.gradient_clip_val is not None and not float(trainer.gradient_clip_val) >= 0:
             raise ValueError(f"gradient_clip_val={trainer.gradient_clip_val} must be >= 0 (0 or null: no clipping)")
         if not isinstance(trainer.accumulate_grad_batches, int) or trainer.accumulate_grad_batches < 1:
@@ -440,6 +446,9 @@ class LanguageModel(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rng_states"] = rng_states()
+        fingerprint = getattr(self._trainer and self.trainer.datamodule, "tokenizer_fingerprint", None)
+        if fingerprint is not None:  # what the text was tokenized with: resume, generate and eval compare
+            checkpoint["tokenizer"] = fingerprint()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         mine = self.state_dict()
@@ -449,6 +458,10 @@ class LanguageModel(L.LightningModule):
         if unfit:  # (missing and unexpected keys are load_state_dict's to report, as strict says)
             raise ValueError(f"LanguageModel: the checkpoint does not fit this model: {'; '.join(unfit[:3])}"
                              f"{' …' if len(unfit) > 3 else ''} (a different vocabulary, width or pattern?)")
+        if self._trainer is not None:  # resumed, validated or tested on data tokenized otherwise: named
+            problem = tokenizer_problem(self.trainer.datamodule, checkpoint.get("tokenizer"))
+            if problem:
+                raise ValueError(f"LanguageModel: {problem}")
         # Only when training resumes: loading weights elsewhere must not reset the caller's RNGs.
         if self._trainer is not None and self.trainer.state.fn == "fit" and "rng_states" in checkpoint:
             set_rng_states(checkpoint["rng_states"])

@@ -43,6 +43,17 @@ def trusted_classes(recipe: dict, args) -> list[str]:
     return [*args.allow_classes, *class_paths(recipe.get("model") or {})]
 
 
+def check_tokenizer(data, checkpoint: str | Path) -> None:
+    """A ``ValueError`` when ``data`` tokenizes text otherwise than the run of ``checkpoint`` did
+    (:func:`recipes.data.corpus.tokenizer_problem`): its continuations and scores would be of other tokens."""
+    from recipes.checkpoints import load_checkpoint
+    from recipes.data.corpus import tokenizer_problem
+
+    problem = tokenizer_problem(data, load_checkpoint(checkpoint, mmap=True).get("tokenizer"))
+    if problem:
+        raise ValueError(f"{checkpoint}: {problem}")
+
+
 def run_folder(checkpoint: Path) -> Path | None:
     """The run folder a recipe's checkpoint lives in (``<run>/checkpoints/x.ckpt``), or None."""
     checkpoint = Path(checkpoint)

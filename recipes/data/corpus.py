@@ -176,6 +176,20 @@ def file_hash(path: Path) -> str:
         return hashlib.file_digest(f, "blake2b").hexdigest()[:32]
 
 
+def tokenizer_problem(data, recorded: str | None) -> str | None:
+    """What is wrong when the data module ``data`` tokenizes text otherwise than the run whose checkpoint recorded the
+    tokenizer fingerprint ``recorded`` (None: nothing recorded, or a data module without a tokenizer file)."""
+    fingerprint = getattr(data, "tokenizer_fingerprint", None)
+    if recorded is None or fingerprint is None or fingerprint() == recorded:
+        return None
+    given = getattr(data, "tokenizer_path", None)
+    where = f"the tokenizer file {given}" if given else "the BPE trained on the corpus files as they are now"
+    return (f"the checkpoint was trained on text tokenized by another tokenizer (hash {recorded[:12]}) than the data "
+            f"module gives ({fingerprint()[:12]}, from {where}): each text would become other tokens than the model "
+            "learned. Give the run's own tokenizer (data.init_args.tokenizer), or the corpus files it trained on (a "
+            "corpus without a tokenizer file trains its BPE on them)")
+
+
 def _identity(files: list[Path]) -> list:
     """What the tokens depend on in each source file: its path, size and content (not its timestamp, which an
     edit can restore)."""
@@ -531,6 +545,13 @@ class TokenizedCorpus(ResumableDataModule):
         """The validation split as one token stream ``[n]`` (int64; documents separated by end-of-document)."""
         self.setup()
         return torch.from_numpy(np.fromfile(self.cache / "val.bin", dtype=self.meta["dtype"]).astype(np.int64))
+
+    def tokenizer_fingerprint(self) -> str:
+        """The hash of the tokenizer the tokens are made with (its JSON's :func:`file_hash`): a checkpoint records it,
+        so that a resumed run, ``generate`` and ``eval`` can tell text that would become other tokens
+        (:func:`tokenizer_problem`)."""
+        self.setup()
+        return str(self.meta["tokenizer_hash"])
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids

@@ -120,6 +120,13 @@ class MixedCorpus(ResumableDataModule):
     def end_of_document(self) -> int:
         return self.corpora[0].end_of_document
 
+    def tokenizer_fingerprint(self) -> str:
+        return self.corpora[0].tokenizer_fingerprint()  # (one tokenizer for all: setup checks)
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        return self.corpora[0].tokenizer_path
+
     def encode(self, text: str) -> list[int]:
         return self.corpora[0].encode(text)
 

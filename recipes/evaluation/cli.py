@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("error: name --tasks and/or a --suite to run")
     from recipes.checkpoints import load_checkpoint
     from recipes.module import LanguageModel
-    from recipes.runs import checkpoint_path, data_module, load_recipe, trusted_classes, with_run_data
+    from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_recipe, trusted_classes,
+                              with_run_data)
 
     from recipes.evaluation.suites import result_paths
     from recipes.outputs import refuse_overwrite
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
         path = Path(checkpoint_path(recipe, args.ckpt_path, args.config))
         recipe = with_run_data(recipe, path)
         data = data_module(recipe)
+        check_tokenizer(data, path)
         lm = LanguageModel.load_from_checkpoint(str(path), map_location=args.device,
                                                 allow_classes=trusted_classes(recipe, args))
         model = lm.model.to(args.device).eval()

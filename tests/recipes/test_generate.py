@@ -63,6 +63,24 @@ def test_generate_reads_the_prompt_with_the_tokenizer_the_run_trained(tmp_path, 
     ids = model.generate(torch.tensor([corpus.encode("the cat")]), 6)
     assert text == corpus.decode(ids[0].tolist())
 
+    # The corpus grows: its BPE, trained on the files as they are now, is another, and so would the prompt's ids be.
+    checkpoint = next(tmp_path.glob("runs/**/last.ckpt"))
+    caches = {json.loads(meta.read_text())["tokenizer_hash"] for meta in (tmp_path / "cache").glob("*/meta.json")}
+    assert torch.load(checkpoint, weights_only=True)["tokenizer"] in caches  # the run's (the recipe's val_fraction)
+    with open(tmp_path / "mine.jsonl", "a") as f:
+        f.write("".join(json.dumps({"text": f"zebra{i} quagga{i} okapi{i} " * 9}) + "\n" for i in range(40)))
+    mismatch = r"another tokenizer \(hash [0-9a-f]{12}\) than the data module gives \([0-9a-f]{12}, from the BPE trained"
+    with pytest.raises(SystemExit, match=mismatch):
+        main(["--config", "quickstart_bpe.yaml", "--ckpt_path", "last", "--prompt", "the cat", "--max_new_tokens", "6"])
+    with pytest.raises(SystemExit, match=mismatch):  # a resumed run would train on the other tokens
+        cli(["fit", "--config", "quickstart_bpe.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads",
+             "2", *data, "--trainer.max_steps", "5", "--trainer.limit_val_batches", "0",
+             "--trainer.enable_progress_bar", "false", "--ckpt_path", "last"])
+    with pytest.raises(SystemExit, match=r"init_from=.*last.ckpt'?: the checkpoint was trained on text tokenized by another"):
+        cli(["fit", "--config", "quickstart_bpe.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads",
+             "2", *data, "--trainer.max_steps", "5", "--trainer.limit_val_batches", "0",
+             "--trainer.enable_progress_bar", "false", "--model.init_from", str(checkpoint)])
+
 
 def test_generate_without_a_checkpoint_is_a_named_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
