@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                 allow_classes=trusted_classes(recipe, args))
         model = lm.model.to(args.device).eval()
         step = int(load_checkpoint(path, mmap=True).get("global_step", 0))
-        output: dict = {"checkpoint": str(path)}
+        output: dict = {"checkpoint": str(path), "step": step}
         scalars = {}
         if args.tasks:
             results, text = run_harness(model, data, args)

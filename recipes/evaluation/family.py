@@ -3,7 +3,7 @@
 docs/evaluation.md).
 
 Each finished run's ``last.ckpt`` is evaluated with ``python -m recipes eval`` (results in
-``<logs>/<suite or tasks>/<recipe>_seed<k>.json``, reused when present); then per recipe, mode and length
+``<logs>/<suite or tasks>/<recipe>_seed<k>.json``, reused when present and of the checkpoint's step); then per recipe, mode and length
 (or metric and task) the mean ± std over seeds, the difference to the baseline recipe with Welch's p and
 Holm's adjustment over the family's comparisons at that length (task), and a figure.
 """
@@ -34,12 +34,25 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
         checkpoint = Path(run.folder) / "checkpoints" / "last.ckpt"
         out = folder / f"{run.config.stem}_seed{run.seed}"
         written = result_paths(out)[0]
-        if not written.is_file():
-            print(f"evaluating {run.config.stem} seed {run.seed}: {suite}", flush=True)
+        stale = written.is_file() and evaluated_step(written) not in (None, trained_step(checkpoint))
+        if not written.is_file() or stale:  # a run trained on since its result was written is evaluated again
+            print(f"evaluating {run.config.stem} seed {run.seed}: {suite}" + " (trained on since)" * stale, flush=True)
             evaluate(["--config", str(run.config), "--ckpt_path", str(checkpoint),
-                      *([] if tasks else ["--suite", suite, "--extrapolate"]), "--out", str(out), *extra])
+                      *([] if tasks else ["--suite", suite, "--extrapolate"]), "--out", str(out), *extra,
+                      *["--force"] * stale])
         results[run.config.stem, run.seed] = json.loads(written.read_text())["harness" if tasks else "suite"]
     return results
+
+
+def evaluated_step(result: Path) -> int | None:
+    """The training step of the checkpoint an ``eval --out`` JSON scored (None in results written before it was kept)."""
+    return json.loads(result.read_text()).get("step")
+
+
+def trained_step(checkpoint: Path) -> int:
+    from recipes.checkpoints import load_checkpoint
+
+    return int(load_checkpoint(checkpoint, mmap=True).get("global_step", 0))
 
 
 def tasks_named(extra: list[str]) -> str:

@@ -367,6 +367,16 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     assert f"| 2 | {scores['b', 0]:.4f} ± 0.0000 | {scores['b', 0] - scores['a', 0]:+.4f} |" in row_b
     assert "sample_len" not in table  # lm-eval's bookkeeping is not a score
     assert (logs / "tasks_zoo_cloze.png").stat().st_size > 0
+
+    path = tmp_path / "runs" / "a_seed0" / "checkpoints" / "last.ckpt"  # trained on since (to b's weights): scored again
+    checkpoint = load_checkpoint(path)
+    checkpoint["global_step"] += 1
+    checkpoint["state_dict"] = {k: torch.zeros_like(v) for k, v in checkpoint["state_dict"].items()}
+    torch.save(checkpoint, path)
+    sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite-args", "--limit 8", "--baseline", "a"])
+    again = json.loads((logs / "tasks_zoo_cloze" / "a_seed0.json").read_text())
+    assert again["step"] == checkpoint["global_step"]
+    assert again["harness"]["results"]["zoo_cloze"]["acc,none"] == scores["b", 0]
     with pytest.raises(SystemExit, match="--suite or --tasks, one at a time"):
         sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite", "length"])
 
