@@ -37,9 +37,9 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
         stale = written.is_file() and evaluated_step(written) not in (None, trained_step(checkpoint))
         if not written.is_file() or stale:  # a run trained on since its result was written is evaluated again
             print(f"evaluating {run.config.stem} seed {run.seed}: {suite}" + " (trained on since)" * stale, flush=True)
+            # (--force: the sweep's own folder, whose JSON is missing or stale; its table or figure may be left)
             evaluate(["--config", str(run.config), "--ckpt_path", str(checkpoint),
-                      *([] if tasks else ["--suite", suite, "--extrapolate"]), "--out", str(out), *extra,
-                      *["--force"] * stale])
+                      *([] if tasks else ["--suite", suite, "--extrapolate"]), "--out", str(out), "--force", *extra])
         results[run.config.stem, run.seed] = json.loads(written.read_text())["harness" if tasks else "suite"]
     return results
 
