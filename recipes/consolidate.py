@@ -10,8 +10,9 @@ from recipes.checkpoints import CheckpointError, consolidate
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.consolidate", description=__doc__)
     parser.add_argument("folder", help="a sharded checkpoint: runs/…/checkpoints/last.ckpt (a folder)")
-    parser.add_argument("--out", default=None, help="the file to write (default: FOLDER.consolidated beside it); a file "
-                                                    "there is replaced only if consolidated from FOLDER, or with --force")
+    parser.add_argument("--out", default=None,
+                        help="the file to write (default: FOLDER.consolidated beside it); a file there is replaced "
+                             "only if consolidated from FOLDER, or with --force")
     parser.add_argument("--force", action="store_true", help="replace whatever file --out names")
     args = parser.parse_args(argv)
     try:

@@ -115,9 +115,9 @@ class ResumableDataModule(L.LightningDataModule):
                                              num_replicas=world, rank=rank, num_workers=self.num_workers)
         if len(self._train_loader) == 0:  # Lightning would stop at once with "No training batches"
             each = f" on each of {world} processes ({len(dataset)} // {world} = {len(dataset) // world})" * (world > 1)
-            raise ValueError(f"{type(self).__name__}: the training set has {len(dataset)} examples, fewer than one batch "
-                             f"of batch_size={self.batch_size}{each}; a partial batch is dropped, so no step could be "
-                             "trained: lower batch_size or give more training data")
+            raise ValueError(f"{type(self).__name__}: the training set has {len(dataset)} examples, fewer than one "
+                             f"batch of batch_size={self.batch_size}{each}; a partial batch is dropped, so no step "
+                             "could be trained: lower batch_size or give more training data")
         return self._train_loader
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):

@@ -151,11 +151,10 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("error: name --tasks and/or a --suite to run")
     from recipes.checkpoints import load_checkpoint
     from recipes.module import LanguageModel
-    from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_recipe, trusted_classes,
-                              with_run_data)
-
     from recipes.evaluation.suites import result_paths
     from recipes.outputs import refuse_overwrite
+    from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_recipe, trusted_classes,
+                              with_run_data)
 
     try:
         written = result_paths(args.out) if args.out else []
@@ -194,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
                  "offline, run the zoo's own tasks (zoo_cloze, zoo_passkey) or --include_path YAMLs over local files")
     if args.out:
         written[0].parent.mkdir(parents=True, exist_ok=True)
-        written[0].write_text(json.dumps(output, indent=1, default=str))  # the suite's alone, written above, and more
+        written[0].write_text(json.dumps(output, indent=1, default=str))  # in place of write_result's (the suite alone)
         print(f"wrote {written[0]}")
     folder = log_scalars(path, scalars, step)
     if folder is not None:

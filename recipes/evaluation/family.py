@@ -3,9 +3,9 @@
 docs/evaluation.md).
 
 Each finished run's ``last.ckpt`` is evaluated with ``python -m recipes eval`` (results in
-``<logs>/<suite or tasks>/<recipe>_seed<k>.json``, reused when present and of the checkpoint's step); then per recipe, mode and length
-(or metric and task) the mean ± std over seeds, the difference to the baseline recipe with Welch's p and
-Holm's adjustment over the family's comparisons at that length (task), and a figure.
+``<logs>/<suite or tasks>/<recipe>_seed<k>.json``, reused when present and of the checkpoint's step); then per
+recipe, mode and length (or metric and task) the mean ± std over seeds, the difference to the baseline recipe
+with Welch's p and Holm's adjustment over the family's comparisons at that length (task), and a figure.
 """
 
 import json
@@ -45,7 +45,8 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
 
 
 def evaluated_step(result: Path) -> int | None:
-    """The training step of the checkpoint an ``eval --out`` JSON scored (None in results written before it was kept)."""
+    """The training step of the checkpoint an ``eval --out`` JSON scored (None in results written before it was
+    kept)."""
     return json.loads(result.read_text()).get("step")
 
 

@@ -79,7 +79,8 @@ def check_vs_key(key: str) -> None:
 
 def check_recipes(configs: list[Path], overrides: list[str], settings: list[str]) -> None:
     """Each recipe with the overrides (``--set`` ``settings``, as flags) parsed as its run will parse it, before any
-    run starts: a misspelt key or a value of the wrong type failed every run of the sweep, each named only in its log."""
+    run starts: a misspelt key or a value of the wrong type failed every run of the sweep, each named only in its
+    log."""
     from recipes.cli import main
 
     def parse(args: list[str]) -> None:
