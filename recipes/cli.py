@@ -646,16 +646,16 @@ def main(args: list[str] | None = None, *, run: bool = True, parse_only: bool = 
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
     given = sys.argv[1:2] if args is None else args[:1]
-    if run and given[:1] != ["predict"] and not (given and (given[0] in SUBCOMMANDS or given[0].startswith("-"))):
+    if run and given == ["predict"]:
+        sys.exit("error: predict is not a subcommand here (Lightning's needs a forward that yields predictions): "
+                 "`python -m recipes generate` continues a prompt, `python -m recipes eval` scores tasks and "
+                 "per-position losses")
+    if run and not (given and (given[0] in SUBCOMMANDS or given[0].startswith("-"))):
         # Lightning's own message named fit, validate and test only, and sent a misspelt command to its --help
         what = f"{given[0]!r} is not a command" if given else "name a command"
         hint = did_you_mean(given, COMMANDS, cutoff=0.5)
         sys.exit(f"error: {what}: python -m recipes {{{','.join(COMMANDS)}}} …" + (f" ({hint})" if hint else "")
                  + "; python -m recipes fit --help lists the options")
-    if run and given == ["predict"]:
-        sys.exit("error: predict is not a subcommand here (Lightning's needs a forward that yields predictions): "
-                 "`python -m recipes generate` continues a prompt, `python -m recipes eval` scores tasks and "
-                 "per-position losses")
     quiet_lightning()
     try:
         return (ParseOnlyCLI if parse_only else HybridCLI)(

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
             output["suite"] = result
             scalars.update(suite_scalars(result))
             if args.out:
-                print("wrote", ", ".join(map(str, write_result(result, Path(args.out))[1:])))
+                print("wrote", ", ".join(map(str, write_result(result, Path(args.out)))))
     except (FileNotFoundError, FileExistsError, ValueError, RuntimeError) as error:
         sys.exit(f"error: {error}")
     except ConnectionError as error:  # a hub task's dataset, offline: the harness's traceback said only this
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
                  "offline, run the zoo's own tasks (zoo_cloze, zoo_passkey) or --include_path YAMLs over local files")
     if args.out:
         written[0].parent.mkdir(parents=True, exist_ok=True)
-        written[0].write_text(json.dumps(output, indent=1, default=str))  # in place of write_result's (the suite alone)
+        written[0].write_text(json.dumps(output, indent=1, default=str))
         print(f"wrote {written[0]}")
     folder = log_scalars(path, scalars, step)
     if folder is not None:

@@ -1,6 +1,6 @@
 """Long-context suites that need no download (``python -m recipes eval --suite length|passkey|mqar``;
-docs/evaluation.md). Each returns a result dict that :func:`write_result` turns into a table, a JSON
-file and a PNG.
+docs/evaluation.md). Each returns a result dict that :func:`write_result` turns into a table and a PNG
+(``eval --out`` writes it, with the run's record, as JSON).
 
 - ``length``: the loss at each position of windows of 1×, 2×, 4×, 8×, 16× the training length, drawn
   from the recipe's validation split, bucketed by position in training-length pieces — with plain RoPE
@@ -12,7 +12,6 @@ file and a PNG.
 """
 
 import contextlib
-import json
 import math
 from pathlib import Path
 
@@ -298,10 +297,9 @@ def result_paths(out: str | Path) -> list[Path]:
 
 
 def write_result(result: dict, out: Path) -> list[Path]:
-    """``out.json``, ``out.md`` (the table) and ``out.png`` (:func:`result_paths`); returns the paths."""
-    paths = result_paths(out)
-    paths[0].parent.mkdir(parents=True, exist_ok=True)
-    paths[0].write_text(json.dumps(result, indent=1))
-    paths[1].write_text(table(result) + "\n")
-    plot(result, paths[2])
-    return paths
+    """``out.md`` (the table) and ``out.png`` (:func:`result_paths`); returns their paths."""
+    _, text, figure = result_paths(out)
+    text.parent.mkdir(parents=True, exist_ok=True)
+    text.write_text(table(result) + "\n")
+    plot(result, figure)
+    return [text, figure]
