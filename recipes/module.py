@@ -187,6 +187,7 @@ class LanguageModel(L.LightningModule):
         self._sample_prompt: torch.Tensor | None = None
         self._cannot_decode = False  # a sequence mixer keeps no decoding state: no validation samples
         self._last_loss: torch.Tensor | None = None
+        self._step_losses: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (ce, aux) of this step's micro-batches
         self._hidden_states = self.model.hidden_states
         if compile:
             backend = "inductor" if compile is True else compile
@@ -270,14 +271,22 @@ class LanguageModel(L.LightningModule):
         ce = self.training_loss(batch)
         loss = ce
         aux = self.model.auxiliary_losses()
-        if aux:
-            aux_total = torch.stack([v.float() for v in aux.values()]).sum()
+        aux_total = torch.stack([v.float() for v in aux.values()]).sum() if aux else None
+        if aux_total is not None:
             loss = ce + self.hparams.aux_loss_coef * aux_total
-            self.log("train/aux_loss", aux_total)
         self._last_loss = loss.detach()
+        # With gradient accumulation a step is several micro-batches and Lightning logs a step's last value: the
+        # mean over the step's micro-batches so far is logged, so the curve is that of the step's whole batch (the
+        # one its update follows), as without accumulation, and not one micro-batch's noisier loss.
+        if batch_idx % self.trainer.accumulate_grad_batches == 0:
+            self._step_losses = []
+        self._step_losses.append((ce.detach(), None if aux_total is None else aux_total.detach()))
+        step_ce = torch.stack([c for c, _ in self._step_losses]).mean()
+        if aux_total is not None:
+            self.log("train/aux_loss", torch.stack([a for _, a in self._step_losses if a is not None]).mean())
         # Averaged over the processes under DDP, so the logged loss is that of the whole batch.
-        self.log("train/loss", ce, prog_bar=True, sync_dist=True)
-        self.log("train/ppl", torch.exp(ce.detach()))
+        self.log("train/loss", step_ce, prog_bar=True, sync_dist=True)
+        self.log("train/ppl", torch.exp(step_ce))
         self._log_expert_loads()
         return loss
 
@@ -473,6 +482,10 @@ class LanguageModel(L.LightningModule):
         # one device synchronisation per window: timing single steps without one measures kernel launches on a
         # GPU. Logged here, before the step, with everything else this step logs: a checkpoint written at the
         # end of the step then carries all of it (recipes.training.pending_step_log).
+        # With gradient accumulation only a step's first micro-batch closes a window: the window then holds whole
+        # steps (their optimizer updates included), not one micro-batch without its update.
+        if batch_idx % self.trainer.accumulate_grad_batches:
+            return
         now = time.perf_counter()
         if self._window_started is None:
             self._window_started, self._window_tokens = now, 0

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -437,3 +438,35 @@ def test_a_run_gets_the_step_progress_bar_unless_it_names_one_or_turns_the_bar_o
     assert isinstance(default_progress_bar([CheckpointPolicy()], True), StepProgressBar)
     assert default_progress_bar([], False) is None
     assert default_progress_bar([TQDMProgressBar()], None) is None
+
+
+def test_with_gradient_accumulation_a_step_logs_its_whole_batchs_loss_and_speed(tmp_path, monkeypatch):
+    """Three micro-batches a step: ``train/loss`` is their mean (Lightning logs a step's last value, which was the
+    last micro-batch's alone) and tokens/s is measured over whole steps (it was over single micro-batches)."""
+    monkeypatch.chdir(tmp_path)
+    clock = itertools.count()  # one "second" per reading: tokens/s is then tokens per window
+    monkeypatch.setattr("recipes.module.time.perf_counter", lambda: float(next(clock)))
+    cli = main([*TEXT, "--trainer.max_steps", "4", "--trainer.accumulate_grad_batches", "3",
+                "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
+                "--trainer.limit_val_batches", "0", "--trainer.logger.init_args.version", "acc"], run=False)
+
+    class MicroBatchLosses(L.Callback):
+        """Each micro-batch's loss under the weights its training step sees (no update within a step)."""
+        losses: dict[int, list[float]] = {}
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            with torch.no_grad():
+                self.losses.setdefault(trainer.global_step, []).append(float(pl_module.training_loss(batch)))
+
+    probe = MicroBatchLosses()
+    cli.trainer.callbacks.append(probe)
+    cli.trainer.fit(cli.model, cli.datamodule)
+
+    logged = scalars(tmp_path / "runs" / "quickstart" / "acc", "train/loss")
+    assert sorted(logged) == [0, 1, 2, 3] and all(len(probe.losses[s]) == 3 for s in logged)
+    for step, value in logged.items():
+        micro = probe.losses[step]
+        assert value == pytest.approx(sum(micro) / 3, abs=1e-5)
+        assert abs(value - micro[-1]) > 1e-4  # the mean, not the last micro-batch's loss
+    tokens_per_step = 3 * 8 * 32  # micro-batches × batch_size × seq_len
+    assert cli.model.history["tokens_per_sec"] == [tokens_per_step] * 3  # steps 1-3, each over the step before
