@@ -20,6 +20,28 @@ def bounded(kind, low, *, above: bool = False):
 positive_int = bounded(int, 1)  # sizes, lengths, counts of rounds and threads
 
 
+def device(text: str) -> str:
+    """An argparse type: a torch device this machine has (``cpu``, ``cuda``, ``cuda:1``, ``mps``), checked before
+    anything is loaded: torch's own message came from deep inside ``torch.load`` ("Attempting to deserialize object
+    on a CUDA device")."""
+    import torch
+
+    try:
+        where = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (cpu, cuda, cuda:N, mps)") from None
+    if where.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            build = f"this torch {torch.__version__} is a CPU build" if torch.version.cuda is None else "no GPU is visible"
+            raise argparse.ArgumentTypeError(f"{text}: CUDA is not available here ({build})")
+        if where.index is not None and where.index >= count:
+            raise argparse.ArgumentTypeError(f"{text}: this machine has {count} CUDA device(s), cuda:0-{count - 1}")
+    elif where.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: MPS is not available here")
+    return where.type if where.type == "cpu" else str(where)  # (torch.load's map_location refuses "cpu:0")
+
+
 def close_matches(words, known, *, n: int = 1, cutoff: float = 0.6) -> list[str]:
     """The names among ``known`` that the ``words`` a user typed most likely meant (``n`` per word, difflib's
     ``cutoff``), in order, without repeats."""

@@ -40,7 +40,7 @@ from unittest import mock
 
 import torch
 
-from recipes.argtypes import positive_int
+from recipes.argtypes import device, positive_int
 from recipes.benchmarks.timing import interleaved_seconds
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--products", action="store_true",
                         help="also time the compiled step with its linear layers as matrix products (a copy of the model)")
     cuda = torch.cuda.is_available()
-    parser.add_argument("--device", default="cuda" if cuda else "cpu", help="default: cuda where there is one")
+    parser.add_argument("--device", type=device, default="cuda" if cuda else "cpu", help="default: cuda where there is one")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16" if cuda else "fp32",
                         help="weights and activations (default: bf16 on a GPU, fp32 on a CPU)")
     args = parser.parse_args(argv)

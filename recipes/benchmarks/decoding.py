@@ -20,7 +20,7 @@ from functools import partial
 import torch
 
 from components import SSD, HybridLM, QCAttention, RoutedMoE
-from recipes.argtypes import positive_int
+from recipes.argtypes import device, positive_int
 from recipes.benchmarks.timing import median_ms, resident_kib, seconds_of
 
 MODELS = {  # 8 blocks each at the same width: attention, SSD, and the two hybrid ratios of the papers
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--d-model", type=positive_int, default=256)
     parser.add_argument("--vocab", type=positive_int, default=1024)
     parser.add_argument("--steps", type=positive_int, default=16)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device, default="cpu")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "CONTEXT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:

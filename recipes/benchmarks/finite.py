@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from kernels._finite import split_finite
 from kernels.attention import attention
 from kernels.ssd import ssd_scan
-from recipes.argtypes import positive_int
+from recipes.argtypes import device, positive_int
 from recipes.benchmarks.timing import interleaved_seconds
 
 
@@ -107,7 +107,7 @@ def row_tests(T: int, device: str, dtype: torch.dtype, rounds: int) -> list[str]
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.finite", description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", type=device, default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--lengths", type=positive_int, nargs="+", help="default: 4096 16384 on a GPU, 2048 on a CPU")
     parser.add_argument("--ops", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--rounds", type=positive_int, default=20)

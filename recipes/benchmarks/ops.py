@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from recipes.argtypes import bounded, positive_int
+from recipes.argtypes import bounded, device, positive_int
 from recipes.benchmarks.mamba_ssm_triton import MAMBA_MISSING
 from recipes.benchmarks.timing import median_ms
 from kernels.attention import attention
@@ -235,7 +235,7 @@ def ssd_config_over(path: str) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.ops",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", type=device, default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--lengths", type=positive_int, nargs="+", help="default: 1024 … 8192 on a GPU, 512 … 2048 on a CPU")
     parser.add_argument("--batch", type=positive_int, help="default: 4 on a GPU, 1 on a CPU")
     parser.add_argument("--ops", nargs="+", default=["attention", "ssd", "retrieval", "decode"],

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from recipes.argtypes import bounded, close_matches, positive_int
+from recipes.argtypes import bounded, close_matches, device, positive_int
 
 
 SUITES = ("length", "passkey", "mqar")
@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="where to write the JSON (and a suite's .md and .png); files already "
                                                "there are refused unless --force")
     p.add_argument("--force", action="store_true", help="replace the files of an earlier --out")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda, cuda:N, mps")
     return p
 
 

@@ -5,7 +5,9 @@ import importlib
 
 import pytest
 
-from recipes.argtypes import bounded, positive_int
+import torch
+
+from recipes.argtypes import bounded, device, positive_int
 
 COMMAND_LINES = ["recipes.benchmarks." + name for name in (
     "attention_tiles", "compile_check", "corpus", "decode_hf", "decoding", "evaluation", "finite", "loss_step",
@@ -53,6 +55,10 @@ def test_no_command_line_takes_an_unbounded_int(module, monkeypatch):
     unbounded = [action.option_strings or action.dest for action in actions if action.type is int]
     assert not unbounded, f"{module}: {unbounded} take any int"
     assert any(action.type is not None and action.type.__name__ == "int" for action in actions)  # some are checked
+    # and a device is one this machine has, named before anything is loaded (the tile searches, on a GPU by default,
+    # name a missing one themselves, with their dry run on the CPU)
+    devices = [action for action in actions if "--device" in action.option_strings and action.default != "cuda"]
+    assert all(action.type is device for action in devices), f"{module}: --device takes any text"
 
 
 @pytest.mark.parametrize("module, argv, said", [
@@ -69,3 +75,17 @@ def test_an_out_of_range_number_is_one_line_before_any_work(module, argv, said, 
         importlib.import_module(module).main(argv)
     assert info.value.code == 2 and said in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing downloaded or written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_a_device_this_machine_lacks_is_named_before_any_work(capsys, tmp_path, monkeypatch):
+    assert device("cpu") == "cpu" and device("cpu:0") == "cpu"  # (torch.load's map_location refuses "cpu:0")
+    with pytest.raises(argparse.ArgumentTypeError, match="'gpu' is not a torch device"):
+        device("gpu")
+    with pytest.raises(argparse.ArgumentTypeError, match="cuda:1: CUDA is not available here"):
+        device("cuda:1")
+    monkeypatch.chdir(tmp_path)  # it was torch.load's "Attempting to deserialize object on a CUDA device"
+    from recipes.evaluation.cli import main as evaluate
+    with pytest.raises(SystemExit) as info:
+        evaluate(["--config", "quickstart.yaml", "--ckpt_path", "missing.ckpt", "--suite", "length", "--device", "cuda"])
+    assert info.value.code == 2 and "argument --device: cuda: CUDA is not available here" in capsys.readouterr().err
