@@ -4,14 +4,17 @@
 
 import argparse
 import difflib
+import math
 
 
 def bounded(kind, low, *, above: bool = False):
-    """An argparse type: a ``kind`` number ``>= low`` (``> low`` when ``above``)."""
+    """An argparse type: a ``kind`` number ``>= low`` (``> low`` when ``above``), and finite
+    (``float("nan")`` passes every comparison: ``--progress nan`` and ``--limit nan`` were taken)."""
     def parse(text: str):
         value = kind(text)
-        if value < low or (above and value == low):
-            raise argparse.ArgumentTypeError(f"{text} must be {'>' if above else '>='} {low}")
+        if not math.isfinite(value) or value < low or (above and value == low):
+            finite = "a finite number " if kind is float else ""
+            raise argparse.ArgumentTypeError(f"{text} must be {finite}{'>' if above else '>='} {low}")
         return value
     parse.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
     return parse

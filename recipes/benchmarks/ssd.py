@@ -10,7 +10,7 @@ achieved GFLOP/s against this machine's fp32 matmul GFLOP/s, measured in the sam
 import argparse
 import torch
 
-from recipes.argtypes import positive_int
+from recipes.argtypes import bounded, positive_int
 from recipes.benchmarks.timing import median_ms
 from kernels.attention import attention
 from kernels.ssd import ssd_recurrent, ssd_scan
@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     parser.add_argument("--d-state", type=positive_int, default=64)
     parser.add_argument("--chunk", type=positive_int, default=64)
     parser.add_argument("--repeats", type=positive_int, default=5)
-    parser.add_argument("--recurrence-max-seconds", type=float, default=20.0,
+    parser.add_argument("--recurrence-max-seconds", type=bounded(float, 0), default=20.0,
                         help="stop timing the recurrence once one run exceeds this")
     args = parser.parse_args(argv)
     torch.manual_seed(0)

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
                         help="local: this machine's cores; gpus: one run per visible GPU (or group of --devices-per-run); "
                              "slurm: a submitit job array (pip install submitit), requeued from last.ckpt on preemption")
-    parser.add_argument("--devices-per-run", type=int, default=1, help="GPUs per run (gpus, slurm)")
+    parser.add_argument("--devices-per-run", type=positive_int, default=1, help="GPUs per run (gpus, slurm)")
     parser.add_argument("--slurm", nargs="+", default=[], metavar="KEY=VALUE",
                         help="submitit parameters for --launcher slurm: slurm_partition=gpu timeout_min=600 …")
     parser.add_argument("--submitit-cluster", choices=["slurm", "local", "debug"], default=None,
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="threads per run (default: the cores divided by --jobs); fewer leaves cores free")
     parser.add_argument("--baseline", default=None, help="with --seeds: the recipe the others are compared with "
                         "(default: the family's _family.yaml)")
-    parser.add_argument("--margin", type=float, default=None,
+    parser.add_argument("--margin", type=bounded(float, 0, above=True), default=None,
                         help="with --seeds: the equivalence margin in nats for the TOST column (default: the family's)")
     parser.add_argument("--vs", default=None, metavar="KEY",
                         help="also plot the final --metric against this hyper-parameter (e.g. d_model)")

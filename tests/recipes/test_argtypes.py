@@ -18,9 +18,12 @@ def test_bounded_refuses_below_its_floor_and_keeps_the_type_name():
     assert positive_int("3") == 3
     with pytest.raises(argparse.ArgumentTypeError, match="0 must be >= 1"):
         positive_int("0")
-    with pytest.raises(argparse.ArgumentTypeError, match="0 must be > 0"):
+    with pytest.raises(argparse.ArgumentTypeError, match="0 must be a finite number > 0"):
         bounded(float, 0, above=True)("0")
     assert bounded(float, 0, above=True)("0.5") == 0.5
+    for text in ("nan", "inf"):  # NaN passed every comparison
+        with pytest.raises(argparse.ArgumentTypeError, match=f"{text} must be a finite number >= 0"):
+            bounded(float, 0)(text)
     with pytest.raises(ValueError):  # argparse turns it into "invalid int value: 'x'"
         positive_int("x")
     assert positive_int.__name__ == "int"
@@ -68,6 +71,9 @@ def test_no_command_line_takes_an_unbounded_int(module, monkeypatch):
     # --table-only: were the bound lost, the call would tabulate (and fail fast) rather than launch a sweep
     ("recipes.sweep.cli", ["positions", "--table-only", "--threads", "0"], "argument --threads: 0 must be >= 1"),
     ("recipes.corpora", ["prepare", "english", "--out", "x", "--vocab_size", "0"], "0 must be >= 257"),
+    ("recipes.sweep.cli", ["positions", "--table-only", "--margin", "0"], "argument --margin: 0 must be a finite number > 0"),
+    ("recipes.sweep.cli", ["positions", "--table-only", "--devices-per-run", "0"], "argument --devices-per-run: 0 must be >= 1"),
+    ("recipes.sweep.cli", ["positions", "--table-only", "--progress", "nan"], "argument --progress: nan must be a finite number >= 0"),
 ])
 def test_an_out_of_range_number_is_one_line_before_any_work(module, argv, said, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -268,7 +268,7 @@ def test_the_mqar_suite_takes_whole_multiples_and_a_positive_number_of_examples(
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--tasks", "zoo_cloze", "--limit", "0"], "argument --limit: 0 must be > 0"),  # the harness: "did not find any docs!"
+    (["--tasks", "zoo_cloze", "--limit", "0"], "argument --limit: 0 must be a finite number > 0"),  # the harness: "did not find any docs!"
     (["--tasks", "zoo_cloze", "--num_fewshot", "-1"], "argument --num_fewshot: -1 must be >= 0"),  # ran as 0 before
     (["--tasks", "zoo_cloze", "--limit", "x"], "argument --limit: invalid float value: 'x'"),
 ])
