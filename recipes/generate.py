@@ -21,7 +21,7 @@ from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_re
 
 def tokenizer(recipe: dict):
     """The recipe's data module, which must offer ``encode(text) -> ids`` and ``decode(ids) -> text``."""
-    data = data_module(recipe)
+    data = data_module(recipe, text_only=True)
     if not (hasattr(data, "encode") and hasattr(data, "decode")):
         raise ValueError(f"the recipe's data module {type(data).__name__} has no text tokenizer (encode/decode)")
     return data

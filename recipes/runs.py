@@ -71,11 +71,19 @@ def with_run_data(recipe: dict, checkpoint: Path) -> dict:
     return {**recipe, "data": data} if isinstance(data, dict) and data.get("class_path") else recipe
 
 
-def data_module(recipe: dict):
-    """The recipe's data module, built from its ``data:`` section (the recipe is yours: its classes are trusted)."""
+def data_module(recipe: dict, *, text_only: bool = False):
+    """The recipe's data module, built from its ``data:`` section (the recipe is yours: its classes are trusted).
+    ``text_only``: only its ``encode``/``decode`` will be used (``generate``, lm-eval tasks), so a
+    ``TokenizedCorpus`` with a tokenizer file is built without its corpus, which need not be on this machine (a model
+    imported from Hugging Face, before any fine-tuning data is)."""
+    from recipes.data.corpus import TokenizedCorpus
+
     data = recipe.get("data") or {}
     module_name, _, class_name = data.get("class_path", "").rpartition(".")
     cls = getattr(importlib.import_module(module_name), class_name, None) if module_name else None
     if not isinstance(cls, type):
         raise ValueError(f"the recipe's data section names no data module class (class_path {data.get('class_path')!r})")
-    return cls(**(data.get("init_args") or {}))
+    init_args = dict(data.get("init_args") or {})
+    if text_only and issubclass(cls, TokenizedCorpus) and init_args.get("tokenizer"):
+        init_args = {k: v for k, v in init_args.items() if k not in ("paths", "dataset", "domains")}
+    return cls(**init_args)

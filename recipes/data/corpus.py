@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -318,6 +319,7 @@ class TokenizedCorpus(ResumableDataModule):
         self.order_seed = torch.initial_seed() if seed is None else seed
         self.vocab_size = self._tokenizer_file_vocab(tokenizer) if tokenizer else vocab_size
         self._tokenizer, self._cache = None, None
+        self._tokenizer_hash: str | None = None  # with a tokenizer file read without the cache
         self.meta: dict | None = None
 
     # ---- the cache -------------------------------------------------------------------------------
@@ -336,6 +338,24 @@ class TokenizedCorpus(ResumableDataModule):
             return Tokenizer.from_file(str(path))
         except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
             raise ValueError(f"TokenizedCorpus: {path} is not a tokenizers JSON file ({str(error)[:160]})") from None
+
+    @classmethod
+    def _copy_tokenizer(cls, source: str, destination: Path):
+        """The tokenizer file ``source`` as the tokens are made with it, written to ``destination`` and returned: the
+        end-of-document token added as a special token where the file lacks it."""
+        shutil.copyfile(source, destination)
+        tokenizer = cls._load_tokenizer(destination)
+        if tokenizer.token_to_id(END_OF_DOCUMENT) is None:
+            tokenizer.add_special_tokens([END_OF_DOCUMENT])
+            tokenizer.save(str(destination))
+        return tokenizer
+
+    def _file_tokenizer(self) -> tuple:
+        """``(tokenizer, hash)`` of the tokenizer file as the token cache would hold it, without tokenizing the corpus:
+        encoding a prompt, decoding and the checkpoint's check need no more (and the corpus need not be here)."""
+        with tempfile.TemporaryDirectory() as folder:
+            tokenizer = self._copy_tokenizer(self.tokenizer_path, Path(folder) / "tokenizer.json")
+            return tokenizer, file_hash(Path(folder) / "tokenizer.json")
 
     def cache_key(self) -> str:
         source = (_identity(self.files) if self.files is not None else self.dataset.identity() if self.dataset is not None
@@ -446,15 +466,11 @@ class TokenizedCorpus(ResumableDataModule):
         shutil.rmtree(building, ignore_errors=True)
         building.mkdir(parents=True)
         if self.tokenizer_path:
-            shutil.copyfile(self.tokenizer_path, building / "tokenizer.json")
+            tokenizer = self._copy_tokenizer(self.tokenizer_path, building / "tokenizer.json")
         else:
-            self._train_bpe(building / "tokenizer.json")
-        tokenizer = self._load_tokenizer(building / "tokenizer.json")
+            self._train_bpe(building / "tokenizer.json")  # (its special tokens: the end of document)
+            tokenizer = self._load_tokenizer(building / "tokenizer.json")
         end = tokenizer.token_to_id(END_OF_DOCUMENT)
-        if end is None:  # a tokenizer file without it: add it as a special token
-            tokenizer.add_special_tokens([END_OF_DOCUMENT])
-            tokenizer.save(str(building / "tokenizer.json"))
-            end = tokenizer.token_to_id(END_OF_DOCUMENT)
         vocab = max(tokenizer.get_vocab_size(), self.vocab_size)
         dtype = "uint16" if vocab <= 2**16 else "uint32"
         counts = {"train": [0, 0], "val": [0, 0]}  # documents, tokens
@@ -531,13 +547,18 @@ class TokenizedCorpus(ResumableDataModule):
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            self.setup()
-            self._tokenizer = self._load_tokenizer(self.cache / "tokenizer.json")
+            if self.meta is None and self.tokenizer_path is not None:  # the file is enough: no corpus tokenized
+                self._tokenizer, self._tokenizer_hash = self._file_tokenizer()
+            else:
+                self.setup()
+                self._tokenizer = self._load_tokenizer(self.cache / "tokenizer.json")
         return self._tokenizer
 
     @property
     def end_of_document(self) -> int:
         """The end-of-document token's id (it also opens every document: what an empty context is)."""
+        if self.meta is None and self.tokenizer_path is not None:
+            return int(self.tokenizer.token_to_id(END_OF_DOCUMENT))
         self.setup()
         return int(self.meta["end_of_document"])
 
@@ -549,7 +570,11 @@ class TokenizedCorpus(ResumableDataModule):
     def tokenizer_fingerprint(self) -> str:
         """The hash of the tokenizer the tokens are made with (its JSON's :func:`file_hash`): a checkpoint records it,
         so that a resumed run, ``generate`` and ``eval`` can tell text that would become other tokens
-        (:func:`tokenizer_problem`)."""
+        (:func:`tokenizer_problem`). With a tokenizer file, the file's (the same hash) until the corpus is tokenized."""
+        if self.meta is None and self.tokenizer_path is not None:
+            if self._tokenizer_hash is None:
+                self._tokenizer, self._tokenizer_hash = self._file_tokenizer()
+            return self._tokenizer_hash
         self.setup()
         return str(self.meta["tokenizer_hash"])
 

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
         recipe = load_recipe(args.config)
         path = Path(checkpoint_path(recipe, args.ckpt_path, args.config))
         recipe = with_run_data(recipe, path)
-        data = data_module(recipe)
+        data = data_module(recipe, text_only=not args.suite)  # a suite reads the validation text
         check_tokenizer(data, path)
         lm = LanguageModel.load_from_checkpoint(str(path), map_location=args.device,
                                                 allow_classes=trusted_classes(recipe, args))

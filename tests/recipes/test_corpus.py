@@ -129,6 +129,21 @@ def word_level(path, words):
     tokenizer.save(str(path))
 
 
+def test_a_tokenizer_file_encodes_without_the_corpus_as_the_token_cache_does(tmp_path):
+    """With a tokenizer file, encode/decode, the end-of-document id and the fingerprint come from the file (the
+    end-of-document token added as the cache adds it), without tokenizing the corpus, and equal the cache's."""
+    word_level(tmp_path / "words.json", ["brown", "fox", "quick"])  # no end-of-document token: one is added
+    paths = write(tmp_path, "jsonl")
+    unbuilt = corpus(tmp_path, paths, tokenizer=str(tmp_path / "words.json"))
+    text = "quick brown fox jumps"
+    ids, end, fingerprint = unbuilt.encode(text), unbuilt.end_of_document, unbuilt.tokenizer_fingerprint()
+    assert unbuilt.meta is None and not any(unbuilt.cache_root.glob("*"))  # nothing tokenized, no cache written
+    built = corpus(tmp_path, paths, tokenizer=str(tmp_path / "words.json"))
+    built.setup()
+    assert (ids, end, fingerprint) == (built.encode(text), built.meta["end_of_document"], built.meta["tokenizer_hash"])
+    assert ids == [3, 1, 2, 0] and end == 4 and unbuilt.decode(ids) == built.decode(ids)
+
+
 def test_a_vocabulary_past_65536_is_stored_in_uint32(tmp_path):
     words = [f"w{i}" for i in range(70_000)]
     word_level(tmp_path / "big.json", words)

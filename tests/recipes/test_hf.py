@@ -229,6 +229,27 @@ def test_a_written_recipe_finds_its_checkpoint_from_any_folder(tmp_path, monkeyp
     assert f"init_from: loaded 17 tensors from {tmp_path / 'out' / 'llama.ckpt'}" in capsys.readouterr().out
 
 
+def test_an_imported_model_generates_and_is_evaluated_before_any_corpus_is_there(tmp_path, monkeypatch, capsys):
+    """The written recipe's corpus (data/*.jsonl) is yours to fill in; generating or scoring lm-eval tasks needs only
+    its tokenizer file (it was "TokenizedCorpus: the pattern 'data/*.jsonl' matches no file")."""
+    from recipes.data import TokenizedCorpus
+    from recipes.evaluation.cli import main as evaluate
+    from recipes.generate import main as generate
+
+    hf = with_tokenizer(tmp_path)
+    main([str(tmp_path / "llama"), "--out", str(tmp_path / "out" / "llama.ckpt")])
+    monkeypatch.chdir(tmp_path / "out")
+    assert not (tmp_path / "out" / "data").exists()
+    text = generate(["--config", "llama.yaml", "--ckpt_path", "llama.ckpt", "--prompt", "ab", "--max_new_tokens", "6"])
+    expected = hf.generate(torch.tensor([[97, 98]]), max_new_tokens=6, do_sample=False, eos_token_id=None,
+                           pad_token_id=0, attention_mask=torch.ones(1, 2, dtype=torch.long))[0].tolist()
+    assert len(expected) == 8
+    data = TokenizedCorpus(tokenizer=str(tmp_path / "out" / "llama.tokenizer.json"))
+    assert text == data.decode(expected)  # Hugging Face's own greedy continuation, decoded
+    scores = evaluate(["--config", "llama.yaml", "--ckpt_path", "llama.ckpt", "--tasks", "zoo_cloze", "--limit", "4"])
+    assert 0 <= scores["harness"]["results"]["zoo_cloze"]["acc,none"] <= 1
+
+
 def test_import_brings_the_folders_tokenizer_and_refuses_bytes_for_a_larger_vocabulary(tmp_path):
     import yaml
     from tokenizers import Tokenizer
