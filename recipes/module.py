@@ -187,6 +187,8 @@ class LanguageModel(L.LightningModule):
         self._sample_prompt: torch.Tensor | None = None
         self._cannot_decode = False  # a sequence mixer keeps no decoding state: no validation samples
         self._last_loss: torch.Tensor | None = None
+        self._schedule_steps: int | None = None  # the steps the learning-rate schedule spans (configure_optimizers)
+        self._resumed_schedule_steps: int | None = None  # those of the run this one resumes, when it recorded them
         self._step_losses: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (ce, aux) of this step's micro-batches
         self._hidden_states = self.model.hidden_states
         if compile:
@@ -458,6 +460,8 @@ class LanguageModel(L.LightningModule):
         fingerprint = getattr(self._trainer and self.trainer.datamodule, "tokenizer_fingerprint", None)
         if fingerprint is not None:  # what the text was tokenized with: resume, generate and eval compare
             checkpoint["tokenizer"] = fingerprint()
+        if self._schedule_steps is not None:  # the steps the learning-rate schedule spans: a resume compares
+            checkpoint["schedule_steps"] = self._schedule_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         mine = self.state_dict()
@@ -476,6 +480,7 @@ class LanguageModel(L.LightningModule):
             set_rng_states(checkpoint["rng_states"])
         if self._trainer is not None and self.trainer.state.fn == "fit":  # where a resumed run starts (the summary)
             self.history["first_step"] = int(checkpoint.get("global_step", 0))
+            self._resumed_schedule_steps = checkpoint.get("schedule_steps")
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
         # Tokens over wall time across a logging window of finished steps (data loading included), read after
@@ -528,6 +533,18 @@ class LanguageModel(L.LightningModule):
             lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
         )
         total = max(int(self.trainer.estimated_stepping_batches), 1)
+        self._schedule_steps = total
+        planned = self._resumed_schedule_steps
+        if planned is not None and planned != total and self.trainer.is_global_zero:
+            # Resumed with another max_steps (to train longer, say): the schedule is re-planned over the new length,
+            # so the rate jumps; said, since the run is then neither the old plan continued nor the new one from 0.
+            step = self.history.get("first_step", 0)
+            rate = lambda at, steps: hp.lr * warmup_cosine(at, steps, hp.warmup_fraction, hp.final_lr_fraction)  # noqa: E731
+            print(f"note: this run's learning-rate schedule (warm-up, then cosine) spanned {planned} steps; resumed "
+                  f"for {total}, it is re-planned over {total}: the rate jumps from {rate(step, planned):.3g} to "
+                  f"{rate(step + 1, total):.3g} after the first resumed step, so the run is neither its plan continued "
+                  f"nor one planned for {total} steps from the start (--model.init_from with the checkpoint starts a "
+                  "new schedule from its weights)", file=sys.stderr)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: warmup_cosine(step, total, hp.warmup_fraction, hp.final_lr_fraction)
         )
