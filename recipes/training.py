@@ -341,6 +341,12 @@ class CheckpointPolicy(Checkpoint):
             self._save_last(trainer, before_log=True)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # The logging step of the step about to run is its global step. Lightning's restart logic adds one to it after
+        # a resume from a checkpoint written at the end of training (a run resumed to train longer): its curves then
+        # skipped a step and stood one step right of the checkpoints'. A run's logging step never differs otherwise.
+        loop = trainer.fit_loop.epoch_loop
+        if loop._batches_that_stepped != trainer.global_step:
+            loop._batches_that_stepped = trainer.global_step
         # Stop here rather than at the end of the step that saved: by now Lightning has logged that step
         # (and run its validation if one was due), so the curves have no hole where the run stopped.
         if self._stop_pending:

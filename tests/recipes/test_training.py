@@ -474,8 +474,10 @@ def test_with_gradient_accumulation_a_step_logs_its_whole_batchs_loss_and_speed(
 
 def test_a_run_resumed_for_more_steps_says_its_learning_rate_schedule_is_re_planned(tmp_path, capsys):
     """The cosine is planned over max_steps: resuming with more re-plans it and the rate jumps back up (silently,
-    before). The note's two rates are the ones the run logs on either side of the jump."""
-    quiet = ["--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "1"]
+    before). The note's two rates are the ones the run logs on either side of the jump, and the resumed steps are
+    logged at their own step numbers."""
+    quiet = ["--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "2", "--trainer.log_every_n_steps",
+             "1", "--trainer.val_check_interval", "3"]  # (a validation at the last step: Lightning's off-by-one below)
     fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "6")
     fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "6", "--ckpt_path", "last")  # nothing changed: no note
     assert "note: this run's learning-rate schedule" not in capsys.readouterr().err
@@ -483,6 +485,8 @@ def test_a_run_resumed_for_more_steps_says_its_learning_rate_schedule_is_re_plan
     note = capsys.readouterr().err
     assert "spanned 6 steps; resumed for 12, it is re-planned over 12: the rate jumps from" in note
     before, after = (float(x) for x in note.split("jumps from ")[1].split(" after")[0].split(" to "))
-    logged = [rate for _, rate in sorted(scalars(tmp_path / "runs" / "quickstart" / "version_0", "train/lr").items())]
+    rates = scalars(tmp_path / "runs" / "quickstart" / "version_0", "train/lr")
+    assert sorted(rates) == list(range(12))  # Lightning's restart had logged steps 6-11 at 7-12, skipping 6
+    logged = [rate for _, rate in sorted(rates.items())]
     jump = max(range(1, len(logged)), key=lambda i: logged[i] - logged[i - 1])  # (a 6-step run has no warm-up)
     assert (before, after) == (float(f"{logged[jump - 1]:.3g}"), float(f"{logged[jump]:.3g}")) and after > 2 * before
