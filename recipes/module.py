@@ -428,6 +428,14 @@ class LanguageModel(L.LightningModule):
             raise ValueError(f"gradient_clip_val={trainer.gradient_clip_val} must be >= 0 (0 or null: no clipping)")
         if not isinstance(trainer.accumulate_grad_batches, int) or trainer.accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches={trainer.accumulate_grad_batches!r} must be an integer >= 1")
+        accumulate, interval = trainer.accumulate_grad_batches, trainer.val_check_interval
+        if stage == "fit" and accumulate > 1 and isinstance(interval, int) and trainer.is_global_zero:
+            # Lightning counts val_check_interval in batches, max_steps and checkpoint.every_n_steps in optimizer
+            # steps: a recipe's interval, written in steps, would validate `accumulate` times as often
+            print(f"note: val_check_interval={interval} counts batches, not optimizer steps: with "
+                  f"accumulate_grad_batches={accumulate} validation runs every {interval / accumulate:g} steps; "
+                  f"--trainer.val_check_interval {interval * accumulate} validates every {interval} steps",
+                  file=sys.stderr)
         if self.trainer.precision == "16-true" and isinstance(self.trainer.accelerator, CPUAccelerator):
             raise ValueError(
                 "precision='16-true' on CPU: every weight, activation and optimizer state would be fp16, whose "

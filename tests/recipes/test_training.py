@@ -440,9 +440,10 @@ def test_a_run_gets_the_step_progress_bar_unless_it_names_one_or_turns_the_bar_o
     assert default_progress_bar([TQDMProgressBar()], None) is None
 
 
-def test_with_gradient_accumulation_a_step_logs_its_whole_batchs_loss_and_speed(tmp_path, monkeypatch):
+def test_with_gradient_accumulation_a_step_logs_its_whole_batchs_loss_and_speed(tmp_path, monkeypatch, capsys):
     """Three micro-batches a step: ``train/loss`` is their mean (Lightning logs a step's last value, which was the
-    last micro-batch's alone) and tokens/s is measured over whole steps (it was over single micro-batches)."""
+    last micro-batch's alone), tokens/s is measured over whole steps (it was over single micro-batches), and the
+    validation interval, which Lightning counts in batches, is said in steps."""
     monkeypatch.chdir(tmp_path)
     clock = itertools.count()  # one "second" per reading: tokens/s is then tokens per window
     monkeypatch.setattr("recipes.module.time.perf_counter", lambda: float(next(clock)))
@@ -470,6 +471,10 @@ def test_with_gradient_accumulation_a_step_logs_its_whole_batchs_loss_and_speed(
         assert abs(value - micro[-1]) > 1e-4  # the mean, not the last micro-batch's loss
     tokens_per_step = 3 * 8 * 32  # micro-batches × batch_size × seq_len
     assert cli.model.history["tokens_per_sec"] == [tokens_per_step] * 3  # steps 1-3, each over the step before
+    # Lightning's val_check_interval counts batches (the recipe's 200: every 66.7 steps here), said at the start
+    assert ("note: val_check_interval=200 counts batches, not optimizer steps: with accumulate_grad_batches=3 "
+            "validation runs every 66.6667 steps; --trainer.val_check_interval 600 validates every 200 steps"
+            ) in capsys.readouterr().err
 
 
 def test_a_run_resumed_for_more_steps_says_its_learning_rate_schedule_is_re_planned(tmp_path, capsys):
