@@ -578,6 +578,15 @@ class TokenizedCorpus(ResumableDataModule):
         self.setup()
         return str(self.meta["tokenizer_hash"])
 
+    def write_tokenizer_file(self, path: Path) -> None:
+        """Write the tokenizer the tokens are made with to ``path`` (a ``tokenizers`` JSON file): the token cache's, or
+        with a tokenizer file and no cache yet, that file as the cache would hold it (no corpus tokenized)."""
+        if self.meta is None and self.tokenizer_path is not None:
+            self._copy_tokenizer(self.tokenizer_path, Path(path))
+        else:
+            self.setup()
+            shutil.copyfile(self.cache / "tokenizer.json", path)
+
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 

@@ -51,4 +51,4 @@ def export_data(checkpoint: str, config: str | None):
         raise ValueError(f"{checkpoint} is not in a run folder with a config.yaml: give --config RECIPE, whose data "
                          "module's tokenizer goes with the model")
     recipe = load_recipe(config) if config else {}
-    return data_module(with_run_data(recipe, Path(checkpoint)))
+    return data_module(with_run_data(recipe, Path(checkpoint)), text_only=True)  # its tokenizer is all it takes

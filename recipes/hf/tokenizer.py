@@ -6,7 +6,6 @@ exactly the ids the zoo trained on; a ``TokenizedCorpus`` recipe's ``tokenizer.j
 """
 
 import json
-import shutil
 from pathlib import Path
 
 END_OF_DOCUMENT = "<|endoftext|>"
@@ -42,10 +41,8 @@ def byte_tokenizer(vocab_size: int = 256):
 def write_tokenizer(data, out: Path, vocab_size: int) -> str:
     """The recipe's tokenizer into ``out`` (``tokenizer.json`` and ``tokenizer_config.json``); returns what it is."""
     out = Path(out)
-    cache = getattr(data, "cache", None)
-    if cache is not None and hasattr(data, "meta"):  # TokenizedCorpus: its own tokenizer file
-        data.setup()
-        shutil.copyfile(cache / "tokenizer.json", out / "tokenizer.json")
+    if hasattr(data, "write_tokenizer_file"):  # TokenizedCorpus: its own tokenizer file
+        data.write_tokenizer_file(out / "tokenizer.json")
         kind, eos = "the corpus's BPE", END_OF_DOCUMENT
     elif hasattr(data, "encode") and data.encode("é") == list("é".encode()):  # bytes
         byte_tokenizer(vocab_size).save(str(out / "tokenizer.json"))
