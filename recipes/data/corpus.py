@@ -247,6 +247,11 @@ class TokenizedCorpus(ResumableDataModule):
             documents are the rows' ``text_field``.
         tokenizer: a ``tokenizers`` JSON file; default None: train a byte-level BPE on the training documents.
         vocab_size: the trained BPE's vocabulary (default 8192; ignored with ``tokenizer``, whose size is used).
+        padded_vocab_size: with ``tokenizer``, the model's vocabulary when its embedding is padded past the
+            tokenizer's tokens, as a Hugging Face model's often is (default None: the tokenizer's size).
+        end_of_document_token: the special token that ends each document (default ``<|endoftext|>``; a model
+            imported from Hugging Face ends them with its own end-of-sequence token); added to a tokenizer file
+            that lacks it.
         text_field: the ``.jsonl`` field holding the text (default ``"text"``).
         column: the ``.parquet`` column holding the text (default ``"text"``).
         txt_separator: splits ``.txt`` files into documents; default None, one document per file.
@@ -273,6 +278,8 @@ class TokenizedCorpus(ResumableDataModule):
         dataset: HFDataset | None = None,
         tokenizer: str | None = None,
         vocab_size: int = 8192,
+        padded_vocab_size: int | None = None,
+        end_of_document_token: str = END_OF_DOCUMENT,
         text_field: str = "text",
         column: str = "text",
         txt_separator: str | None = None,
@@ -303,8 +310,14 @@ class TokenizedCorpus(ResumableDataModule):
         self.domains, self.domain_field = (sorted(domains) if domains is not None else None), domain_field
         if tokenizer is not None and not Path(tokenizer).is_file():
             raise FileNotFoundError(f"TokenizedCorpus: tokenizer={tokenizer!r} is not a file")
+        if not isinstance(end_of_document_token, str) or not end_of_document_token:
+            raise ValueError(f"TokenizedCorpus: end_of_document_token={end_of_document_token!r} must be a token's text")
+        self.end_of_document_token = end_of_document_token
         if tokenizer is None and not (isinstance(vocab_size, int) and 257 <= vocab_size <= 2**32):
             raise ValueError(f"TokenizedCorpus: vocab_size={vocab_size!r} must be an integer >= 257 (bytes + end of document)")
+        if padded_vocab_size is not None and tokenizer is None:
+            raise ValueError("TokenizedCorpus: padded_vocab_size pads a tokenizer file's vocabulary; a trained BPE has "
+                             "vocab_size tokens")
         if seq_len < 1 or batch_size < 1:
             raise ValueError(f"TokenizedCorpus: seq_len={seq_len} and batch_size={batch_size} must be >= 1")
         if not 0 < val_fraction < 1:
@@ -317,7 +330,13 @@ class TokenizedCorpus(ResumableDataModule):
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.val_every = max(round(1 / val_fraction), 2)
         self.order_seed = torch.initial_seed() if seed is None else seed
-        self.vocab_size = self._tokenizer_file_vocab(tokenizer) if tokenizer else vocab_size
+        if tokenizer:
+            tokens = self._tokenizer_file_vocab(tokenizer, end_of_document_token)
+            if padded_vocab_size is not None and not (isinstance(padded_vocab_size, int) and padded_vocab_size >= tokens):
+                raise ValueError(f"TokenizedCorpus: padded_vocab_size={padded_vocab_size!r} is below the {tokens} tokens "
+                                 f"of {tokenizer} (its end-of-document token included)")
+            vocab_size = tokens if padded_vocab_size is None else padded_vocab_size
+        self.vocab_size = vocab_size
         self._tokenizer, self._cache = None, None
         self._tokenizer_hash: str | None = None  # with a tokenizer file read without the cache
         self.meta: dict | None = None
@@ -325,10 +344,10 @@ class TokenizedCorpus(ResumableDataModule):
     # ---- the cache -------------------------------------------------------------------------------
 
     @classmethod
-    def _tokenizer_file_vocab(cls, path: str) -> int:
+    def _tokenizer_file_vocab(cls, path: str, end_of_document_token: str) -> int:
         """The vocabulary of a tokenizer file once the end-of-document token is in it (added if missing)."""
         tokenizer = cls._load_tokenizer(path)
-        return tokenizer.get_vocab_size() + (tokenizer.token_to_id(END_OF_DOCUMENT) is None)
+        return tokenizer.get_vocab_size() + (tokenizer.token_to_id(end_of_document_token) is None)
 
     @staticmethod
     def _load_tokenizer(path):
@@ -339,14 +358,13 @@ class TokenizedCorpus(ResumableDataModule):
         except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
             raise ValueError(f"TokenizedCorpus: {path} is not a tokenizers JSON file ({str(error)[:160]})") from None
 
-    @classmethod
-    def _copy_tokenizer(cls, source: str, destination: Path):
+    def _copy_tokenizer(self, source: str, destination: Path):
         """The tokenizer file ``source`` as the tokens are made with it, written to ``destination`` and returned: the
         end-of-document token added as a special token where the file lacks it."""
         shutil.copyfile(source, destination)
-        tokenizer = cls._load_tokenizer(destination)
-        if tokenizer.token_to_id(END_OF_DOCUMENT) is None:
-            tokenizer.add_special_tokens([END_OF_DOCUMENT])
+        tokenizer = self._load_tokenizer(destination)
+        if tokenizer.token_to_id(self.end_of_document_token) is None:
+            tokenizer.add_special_tokens([self.end_of_document_token])
             tokenizer.save(str(destination))
         return tokenizer
 
@@ -363,6 +381,8 @@ class TokenizedCorpus(ResumableDataModule):
         tokenizer = (hashlib.sha256(Path(self.tokenizer_path).read_bytes()).hexdigest() if self.tokenizer_path
                      else f"bpe:{self.vocab_size}")
         what = [CACHE_VERSION, source, tokenizer, self.text_field, self.column, self.txt_separator, self.val_every]
+        if self.end_of_document_token != END_OF_DOCUMENT:  # (the default's caches keep their keys)
+            what.append(self.end_of_document_token)
         if self.domains is not None:
             what += [self.domains, self.domain_field]
         return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
@@ -415,7 +435,7 @@ class TokenizedCorpus(ResumableDataModule):
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=self.vocab_size, special_tokens=[END_OF_DOCUMENT],
+        trainer = trainers.BpeTrainer(vocab_size=self.vocab_size, special_tokens=[self.end_of_document_token],
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
         tokenizer.train_from_iterator(self._training_documents(), trainer)
         tokenizer.save(str(path))
@@ -470,8 +490,9 @@ class TokenizedCorpus(ResumableDataModule):
         else:
             self._train_bpe(building / "tokenizer.json")  # (its special tokens: the end of document)
             tokenizer = self._load_tokenizer(building / "tokenizer.json")
-        end = tokenizer.token_to_id(END_OF_DOCUMENT)
-        vocab = max(tokenizer.get_vocab_size(), self.vocab_size)
+        end = tokenizer.token_to_id(self.end_of_document_token)
+        # ids stay below the tokenizer's size (a file's vocab_size may pad past it: not stored, not in the key)
+        vocab = tokenizer.get_vocab_size() if self.tokenizer_path else max(tokenizer.get_vocab_size(), self.vocab_size)
         dtype = "uint16" if vocab <= 2**16 else "uint32"
         counts = {"train": [0, 0], "val": [0, 0]}  # documents, tokens
         seen_domains: dict[str, int] = {}
@@ -558,7 +579,7 @@ class TokenizedCorpus(ResumableDataModule):
     def end_of_document(self) -> int:
         """The end-of-document token's id (it also opens every document: what an empty context is)."""
         if self.meta is None and self.tokenizer_path is not None:
-            return int(self.tokenizer.token_to_id(END_OF_DOCUMENT))
+            return int(self.tokenizer.token_to_id(self.end_of_document_token))
         self.setup()
         return int(self.meta["end_of_document"])
 

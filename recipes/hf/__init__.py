@@ -116,7 +116,7 @@ def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = F
     ``out`` may be a trained checkpoint."""
     import yaml
 
-    from recipes.hf.tokenizer import folder_tokenizer
+    from recipes.hf.tokenizer import corpus_settings, folder_tokenizer, is_byte_tokenizer
     from recipes.module import LanguageModel
 
     out = Path(out)
@@ -126,6 +126,9 @@ def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = F
     recipe = hf_recipe(folder)
     tokenizer = folder_tokenizer(Path(folder))
     vocab = recipe["vocab_size"]
+    if tokenizer is not None and vocab == 256 and is_byte_tokenizer(tokenizer):
+        tokenizer = None  # bytes, as an exported byte-level model's: byte-level text, which has no end-of-document id
+    settings = corpus_settings(Path(folder), tokenizer, vocab) if tokenizer is not None else {}
     tokenizer_copy = out.with_name(f"{out.stem}.tokenizer.json")
     written = [out, out.with_suffix(".yaml"), *([tokenizer_copy] if tokenizer is not None else [])]
     if not overwrite:
@@ -134,7 +137,7 @@ def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = F
     if tokenizer is not None:
         shutil.copyfile(tokenizer, tokenizer_copy)
         data = {"class_path": "recipes.data.TokenizedCorpus",
-                "init_args": {"paths": "data/*.jsonl", "tokenizer": str(tokenizer_copy.resolve()),
+                "init_args": {"paths": "data/*.jsonl", "tokenizer": str(tokenizer_copy.resolve()), **settings,
                               "seq_len": 256, "batch_size": 8}}
         note = "The data below is the folder's own tokenizer over your .jsonl/.txt/.parquet files: set paths."
     elif vocab == 256:

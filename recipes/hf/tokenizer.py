@@ -43,7 +43,7 @@ def write_tokenizer(data, out: Path, vocab_size: int) -> str:
     out = Path(out)
     if hasattr(data, "write_tokenizer_file"):  # TokenizedCorpus: its own tokenizer file
         data.write_tokenizer_file(out / "tokenizer.json")
-        kind, eos = "the corpus's BPE", END_OF_DOCUMENT
+        kind, eos = "the corpus's BPE", data.end_of_document_token
     elif hasattr(data, "encode") and data.encode("é") == list("é".encode()):  # bytes
         byte_tokenizer(vocab_size).save(str(out / "tokenizer.json"))
         kind, eos = "bytes", None
@@ -61,3 +61,52 @@ def folder_tokenizer(folder: Path) -> Path | None:
     """The ``tokenizer.json`` a Hugging Face folder ships, if any."""
     path = Path(folder) / "tokenizer.json"
     return path if path.is_file() else None
+
+
+def is_byte_tokenizer(path: Path) -> bool:
+    """Whether the tokenizer file maps text to its UTF-8 bytes (as an exported byte-level model's does)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    text = "a é\n€"
+    return tokenizer.get_vocab_size() == 256 and tokenizer.encode(text, add_special_tokens=False).ids == list(text.encode())
+
+
+def folder_eos_token(folder: Path, path: Path) -> str | None:
+    """The end-of-sequence token of a Hugging Face folder (``tokenizer_config.json``'s ``eos_token``, else
+    ``config.json``'s ``eos_token_id``), when its tokenizer file ``path`` has it."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    settings = {}
+    for name in ("tokenizer_config.json", "config.json"):
+        try:
+            settings[name] = json.loads((Path(folder) / name).read_text())
+        except (OSError, ValueError):
+            settings[name] = {}
+    eos = settings["tokenizer_config.json"].get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if not isinstance(eos, str):
+        ids = settings["config.json"].get("eos_token_id")
+        ids = ids[0] if isinstance(ids, list) and ids else ids
+        eos = tokenizer.id_to_token(ids) if isinstance(ids, int) else None
+    return eos if isinstance(eos, str) and tokenizer.token_to_id(eos) is not None else None
+
+
+def corpus_settings(folder: Path, path: Path, vocab_size: int) -> dict:
+    """The ``TokenizedCorpus`` arguments that fit a Hugging Face folder's model to its tokenizer file ``path``: the
+    model's end-of-sequence token ends documents (none is added to the vocabulary), and ``padded_vocab_size`` is
+    the model's where its embedding is padded past the tokenizer. A ``ValueError`` when the model has no row for the
+    tokenizer's tokens."""
+    from tokenizers import Tokenizer
+
+    eos = folder_eos_token(folder, path)
+    tokenizer = Tokenizer.from_file(str(path))
+    tokens = tokenizer.get_vocab_size() + (tokenizer.token_to_id(eos or END_OF_DOCUMENT) is None)
+    if tokens > vocab_size:
+        added = "" if eos or tokenizer.token_to_id(END_OF_DOCUMENT) is not None else (
+            f" once {END_OF_DOCUMENT} is added to end documents (the folder names no end-of-sequence token it has)")
+        raise ValueError(f"{folder}: the tokenizer has {tokens} tokens{added}, more than the model's {vocab_size} "
+                         "embedding rows: fine-tuning would feed it ids it has no row for")
+    settings = {"end_of_document_token": eos} if eos is not None and eos != END_OF_DOCUMENT else {}
+    return {**settings, **({"padded_vocab_size": vocab_size} if vocab_size > tokens else {})}

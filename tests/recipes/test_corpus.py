@@ -142,6 +142,9 @@ def test_a_tokenizer_file_encodes_without_the_corpus_as_the_token_cache_does(tmp
     built.setup()
     assert (ids, end, fingerprint) == (built.encode(text), built.meta["end_of_document"], built.meta["tokenizer_hash"])
     assert ids == [3, 1, 2, 0] and end == 4 and unbuilt.decode(ids) == built.decode(ids)
+    assert corpus(tmp_path, paths, tokenizer=str(tmp_path / "words.json"), padded_vocab_size=64).vocab_size == 64
+    with pytest.raises(ValueError, match=r"padded_vocab_size=4 is below the 5 tokens of .*words.json \(its end-of-doc"):
+        corpus(tmp_path, paths, tokenizer=str(tmp_path / "words.json"), padded_vocab_size=4)
 
 
 def test_a_vocabulary_past_65536_is_stored_in_uint32(tmp_path):

@@ -5,8 +5,10 @@ temporary folder with ``save_pretrained``, loaded with :func:`recipes.hf.from_pr
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
+import yaml
 
 transformers = pytest.importorskip("transformers", reason="the Hugging Face parity tests need `pip install -e .[dev]`")
 
@@ -248,6 +250,64 @@ def test_an_imported_model_generates_and_is_evaluated_before_any_corpus_is_there
     assert text == data.decode(expected)  # Hugging Face's own greedy continuation, decoded
     scores = evaluate(["--config", "llama.yaml", "--ckpt_path", "llama.ckpt", "--tasks", "zoo_cloze", "--limit", "4"])
     assert 0 <= scores["harness"]["results"]["zoo_cloze"]["acc,none"] <= 1
+
+
+@pytest.mark.parametrize("model_vocab", [258, 264], ids=["exact", "padded"])
+def test_an_imported_model_fine_tunes_with_its_own_end_of_sequence_token_and_embedding_size(tmp_path, monkeypatch, capsys,
+                                                                                             model_vocab):
+    """A Llama-like folder: the tokenizer has <s> and </s> (eos) and no <|endoftext|>, the embedding may be padded past
+    the tokenizer. Documents end with </s> and the model keeps its size (the corpus added <|endoftext|> as token 258
+    and the linked vocabulary no longer fit the checkpoint: "init_from … does not fit this model")."""
+    from recipes.cli import main as cli
+    from recipes.hf.tokenizer import byte_tokenizer
+
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=model_vocab, hidden_size=32, num_hidden_layers=1, intermediate_size=48, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, eos_token_id=257)).save_pretrained(tmp_path / "llama")
+    tokenizer = byte_tokenizer()
+    tokenizer.add_special_tokens(["<s>", "</s>"])  # ids 256, 257
+    tokenizer.save(str(tmp_path / "llama" / "tokenizer.json"))
+    (tmp_path / "llama" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>"}))
+    main([str(tmp_path / "llama"), "--out", str(tmp_path / "out" / "llama.ckpt")])
+    (tmp_path / "out" / "data").mkdir()
+    (tmp_path / "out" / "data" / "a.jsonl").write_text("".join(json.dumps({"text": f"note {i} " * 12}) + "\n" for i in range(40)))
+    monkeypatch.chdir(tmp_path / "out")
+    run = cli(["--config", "llama.yaml", "--data.init_args.seq_len", "16", "--data.init_args.batch_size", "2",
+               "--data.init_args.cache_dir", str(tmp_path / "cache")], run=False)
+    assert run.model.model.vocab_size == model_vocab and "init_from: loaded 10 tensors" in capsys.readouterr().out
+    run.datamodule.setup()
+    assert run.datamodule.end_of_document == run.datamodule.meta["end_of_document"] == 257  # </s>, nothing added
+    tokens = np.fromfile(run.datamodule.cache / "train.bin", dtype=run.datamodule.meta["dtype"])
+    assert int(tokens.max()) == 257 and (tokens == 257).sum() == run.datamodule.meta["documents"]["train"]
+
+
+def test_an_import_whose_tokenizer_outgrows_the_model_is_refused(tmp_path):
+    from recipes.hf import write_checkpoint
+    from recipes.hf.tokenizer import byte_tokenizer
+
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=257, hidden_size=32, num_hidden_layers=1, intermediate_size=48, num_attention_heads=4,
+        num_key_value_heads=2, bos_token_id=None, eos_token_id=None)).save_pretrained(tmp_path / "llama")
+    tokenizer = byte_tokenizer()
+    tokenizer.add_special_tokens(["<pad>"])  # 257 tokens and no end-of-sequence token: <|endoftext|> would be 258th
+    tokenizer.save(str(tmp_path / "llama" / "tokenizer.json"))
+    with pytest.raises(ValueError, match=r"the tokenizer has 258 tokens once <\|endoftext\|> is added to end documents "
+                                         r"\(the folder names no end-of-sequence token it has\), more than the model's 257"):
+        write_checkpoint(tmp_path / "llama", tmp_path / "out" / "llama.ckpt")
+
+
+def test_a_byte_level_model_exported_and_imported_again_fine_tunes_on_bytes(tmp_path, monkeypatch):
+    from recipes.cli import main as cli
+
+    monkeypatch.chdir(tmp_path)
+    cli(["fit", "--config", "quickstart.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
+         "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"])
+    main(["export", "runs/quickstart/version_0/checkpoints/last.ckpt", "--out", "exported"])
+    main(["import", "exported", "--out", "again.ckpt"])  # its tokenizer.json is bytes, with no end-of-document token
+    assert yaml.safe_load((tmp_path / "again.yaml").read_text())["data"]["class_path"] == "recipes.data.TextCorpus"
+    run = cli(["--config", "again.yaml"], run=False)  # (it was a 257-token corpus for the 256-row checkpoint)
+    assert run.model.model.vocab_size == 256
 
 
 def test_import_brings_the_folders_tokenizer_and_refuses_bytes_for_a_larger_vocabulary(tmp_path):
