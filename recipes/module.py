@@ -280,7 +280,8 @@ class LanguageModel(L.LightningModule):
         # With gradient accumulation a step is several micro-batches and Lightning logs a step's last value: the
         # mean over the step's micro-batches so far is logged, so the curve is that of the step's whole batch (the
         # one its update follows), as without accumulation, and not one micro-batch's noisier loss.
-        if batch_idx % self.trainer.accumulate_grad_batches == 0:
+        accumulate = self._trainer.accumulate_grad_batches if self._trainer is not None else 1  # (called by hand)
+        if batch_idx % accumulate == 0:
             self._step_losses = []
         self._step_losses.append((ce.detach(), None if aux_total is None else aux_total.detach()))
         step_ce = torch.stack([c for c, _ in self._step_losses]).mean()
@@ -540,7 +541,12 @@ class LanguageModel(L.LightningModule):
             [{"params": matrices, "weight_decay": hp.weight_decay}, {"params": vectors, "weight_decay": 0.0}],
             lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
         )
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        steps = self.trainer.estimated_stepping_batches
+        if not math.isfinite(steps):  # (int(inf) was an OverflowError from here)
+            raise ValueError("the learning-rate schedule (warm-up, then cosine to final_lr_fraction) is planned over "
+                             "the run's steps, and this run sets no limit on them (max_steps -1 and max_epochs -1; "
+                             "max_time does not say how many): give --trainer.max_steps N or --trainer.max_epochs N")
+        total = max(int(steps), 1)
         self._schedule_steps = total
         planned = self._resumed_schedule_steps
         if planned is not None and planned != total and self.trainer.is_global_zero:

@@ -61,8 +61,10 @@ def test_a_later_file_may_change_only_the_arguments_of_a_bound_letter(tmp_path, 
     (["--trainer.logger", "nonsense.Logger"],
      "\"trainer.logger\": Problem with given class_path 'nonsense.Logger': No module named 'nonsense' (python -m"),
     (["--seed_everything", "-3"], "--seed_everything -3: a seed lies in [0, 2**32 - 1]"),
+    (["--trainer.max_steps", "-1", "--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:05"],  # an OverflowError
+     "this run sets no limit on them (max_steps -1 and max_epochs -1; max_time does not say how many)"),
 ], ids=["accumulate-0", "negative-clip", "checkpointing-off", "typo", "binding-without-class", "bad-value",
-        "unknown-argument", "unknown-logger", "negative-seed"])
+        "unknown-argument", "unknown-logger", "negative-seed", "time-only"])
 def test_a_bad_option_is_named_in_a_line_or_two(tmp_path, monkeypatch, flags, expected):
     assert expected in refused(tmp_path, monkeypatch, "fit", *TINY, *flags)
 
