@@ -548,12 +548,12 @@ class LanguageModel(L.LightningModule):
                              "max_time does not say how many): give --trainer.max_steps N or --trainer.max_epochs N")
         total = max(int(steps), 1)
         self._schedule_steps = total
-        planned = self._resumed_schedule_steps
-        if planned is not None and planned != total and self.trainer.is_global_zero:
+        planned, step = self._resumed_schedule_steps, self.history.get("first_step", 0)
+        rate = lambda at, steps: hp.lr * warmup_cosine(at, steps, hp.warmup_fraction, hp.final_lr_fraction)  # noqa: E731
+        if (planned is not None and planned != total and self.trainer.is_global_zero
+                and not math.isclose(rate(step + 1, total), rate(step + 1, planned), rel_tol=0.01)):
             # Resumed with another max_steps (to train longer, say): the schedule is re-planned over the new length,
             # so the rate jumps; said, since the run is then neither the old plan continued nor the new one from 0.
-            step = self.history.get("first_step", 0)
-            rate = lambda at, steps: hp.lr * warmup_cosine(at, steps, hp.warmup_fraction, hp.final_lr_fraction)  # noqa: E731
             print(f"note: this run's learning-rate schedule (warm-up, then cosine) spanned {planned} steps; resumed "
                   f"for {total}, it is re-planned over {total}: the rate jumps from {rate(step, planned):.3g} to "
                   f"{rate(step + 1, total):.3g} after the first resumed step, so the run is neither its plan continued "
