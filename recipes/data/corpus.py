@@ -566,9 +566,14 @@ class TokenizedCorpus(ResumableDataModule):
     # ---- text <-> tokens -------------------------------------------------------------------------
 
     @property
+    def _file_only(self) -> bool:
+        """Text goes through the tokenizer file itself: there is one and the corpus is not tokenized (yet)."""
+        return self.meta is None and self.tokenizer_path is not None
+
+    @property
     def tokenizer(self):
         if self._tokenizer is None:
-            if self.meta is None and self.tokenizer_path is not None:  # the file is enough: no corpus tokenized
+            if self._file_only:  # the file is enough: no corpus tokenized
                 self._tokenizer, self._tokenizer_hash = self._file_tokenizer()
             else:
                 self.setup()
@@ -578,7 +583,7 @@ class TokenizedCorpus(ResumableDataModule):
     @property
     def end_of_document(self) -> int:
         """The end-of-document token's id (it also opens every document: what an empty context is)."""
-        if self.meta is None and self.tokenizer_path is not None:
+        if self._file_only:
             return int(self.tokenizer.token_to_id(self.end_of_document_token))
         self.setup()
         return int(self.meta["end_of_document"])
@@ -592,7 +597,7 @@ class TokenizedCorpus(ResumableDataModule):
         """The hash of the tokenizer the tokens are made with (its JSON's :func:`file_hash`): a checkpoint records it,
         so that a resumed run, ``generate`` and ``eval`` can tell text that would become other tokens
         (:func:`tokenizer_problem`). With a tokenizer file, the file's (the same hash) until the corpus is tokenized."""
-        if self.meta is None and self.tokenizer_path is not None:
+        if self._file_only:
             if self._tokenizer_hash is None:
                 self._tokenizer, self._tokenizer_hash = self._file_tokenizer()
             return self._tokenizer_hash
@@ -602,7 +607,7 @@ class TokenizedCorpus(ResumableDataModule):
     def write_tokenizer_file(self, path: Path) -> None:
         """Write the tokenizer the tokens are made with to ``path`` (a ``tokenizers`` JSON file): the token cache's, or
         with a tokenizer file and no cache yet, that file as the cache would hold it (no corpus tokenized)."""
-        if self.meta is None and self.tokenizer_path is not None:
+        if self._file_only:
             self._copy_tokenizer(self.tokenizer_path, Path(path))
         else:
             self.setup()

@@ -116,6 +116,7 @@ def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = F
     ``out`` may be a trained checkpoint."""
     import yaml
 
+    from recipes.data.corpus import TokenizedCorpus
     from recipes.hf.tokenizer import corpus_settings, folder_tokenizer, is_byte_tokenizer
     from recipes.module import LanguageModel
 
@@ -126,9 +127,10 @@ def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = F
     recipe = hf_recipe(folder)
     tokenizer = folder_tokenizer(Path(folder))
     vocab = recipe["vocab_size"]
-    if tokenizer is not None and vocab == 256 and is_byte_tokenizer(tokenizer):
+    loaded = TokenizedCorpus._load_tokenizer(tokenizer) if tokenizer is not None else None  # (names a bad file)
+    if loaded is not None and vocab == 256 and is_byte_tokenizer(loaded):
         tokenizer = None  # bytes, as an exported byte-level model's: byte-level text, which has no end-of-document id
-    settings = corpus_settings(Path(folder), tokenizer, vocab) if tokenizer is not None else {}
+    settings = corpus_settings(Path(folder), loaded, vocab) if tokenizer is not None else {}
     tokenizer_copy = out.with_name(f"{out.stem}.tokenizer.json")
     written = [out, out.with_suffix(".yaml"), *([tokenizer_copy] if tokenizer is not None else [])]
     if not overwrite:

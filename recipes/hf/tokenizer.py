@@ -63,21 +63,15 @@ def folder_tokenizer(folder: Path) -> Path | None:
     return path if path.is_file() else None
 
 
-def is_byte_tokenizer(path: Path) -> bool:
-    """Whether the tokenizer file maps text to its UTF-8 bytes (as an exported byte-level model's does)."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(path))
+def is_byte_tokenizer(tokenizer) -> bool:
+    """Whether a ``tokenizers.Tokenizer`` maps text to its UTF-8 bytes (as an exported byte-level model's does)."""
     text = "a é\n€"
     return tokenizer.get_vocab_size() == 256 and tokenizer.encode(text, add_special_tokens=False).ids == list(text.encode())
 
 
-def folder_eos_token(folder: Path, path: Path) -> str | None:
+def folder_eos_token(folder: Path, tokenizer) -> str | None:
     """The end-of-sequence token of a Hugging Face folder (``tokenizer_config.json``'s ``eos_token``, else
-    ``config.json``'s ``eos_token_id``), when its tokenizer file ``path`` has it."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(path))
+    ``config.json``'s ``eos_token_id``), when its ``tokenizers.Tokenizer`` has it."""
     settings = {}
     for name in ("tokenizer_config.json", "config.json"):
         try:
@@ -93,15 +87,12 @@ def folder_eos_token(folder: Path, path: Path) -> str | None:
     return eos if isinstance(eos, str) and tokenizer.token_to_id(eos) is not None else None
 
 
-def corpus_settings(folder: Path, path: Path, vocab_size: int) -> dict:
-    """The ``TokenizedCorpus`` arguments that fit a Hugging Face folder's model to its tokenizer file ``path``: the
+def corpus_settings(folder: Path, tokenizer, vocab_size: int) -> dict:
+    """The ``TokenizedCorpus`` arguments that fit a Hugging Face folder's model to its ``tokenizers.Tokenizer``: the
     model's end-of-sequence token ends documents (none is added to the vocabulary), and ``padded_vocab_size`` is
     the model's where its embedding is padded past the tokenizer. A ``ValueError`` when the model has no row for the
     tokenizer's tokens."""
-    from tokenizers import Tokenizer
-
-    eos = folder_eos_token(folder, path)
-    tokenizer = Tokenizer.from_file(str(path))
+    eos = folder_eos_token(folder, tokenizer)
     tokens = tokenizer.get_vocab_size() + (tokenizer.token_to_id(eos or END_OF_DOCUMENT) is None)
     if tokens > vocab_size:
         added = "" if eos or tokenizer.token_to_id(END_OF_DOCUMENT) is not None else (
