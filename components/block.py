@@ -1,6 +1,8 @@
 """``Block``: a sequence mixer then a state mixer, each behind pre-RMSNorm and a residual; ``WholeBlock``: a
 block a pattern letter binds as it is."""
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -22,6 +24,30 @@ def block_mixers(block: nn.Module) -> tuple[nn.Module | None, nn.Module | None]:
     if isinstance(block, WholeBlock):
         return block, None
     return block.sequence_mixer, block.state_mixer
+
+
+def _check_call(mixer: nn.Module, slot: str, token: str) -> None:
+    """Refuse, at build time and by name, a mixer whose ``forward`` cannot take what its slot passes: a sequence
+    mixer ``(x, context)``, a state mixer ``(x)`` (plus ``padding_mask=`` when it reads it), all positional but
+    that keyword. Without this, a zoology-style ``forward(self, x)`` fails at the first batch with Python's
+    ``takes 2 positional arguments but 3 were given`` from inside the block."""
+    try:
+        signature = inspect.signature(mixer.forward)
+    except (TypeError, ValueError):  # a forward Python cannot introspect: leave it to the call
+        return
+    padding = slot == "state" and bool(getattr(mixer, "reads_padding_mask", False))
+    try:
+        if slot == "sequence":
+            signature.bind(None, None)
+        else:
+            signature.bind(None, **({"padding_mask": None} if padding else {}))
+    except TypeError as error:
+        wanted = ("forward(self, x, context=None): the block passes the context positionally"
+                  if slot == "sequence" else
+                  "forward(self, x, padding_mask=None)" if padding else "forward(self, x)")
+        raise ValueError(
+            f"block {token!r}: {slot} mixer {type(mixer).__name__}.forward{signature} cannot be called as a "
+            f"{slot} mixer ({error}); write {wanted} (docs/architecture.md, 'The mixer contract')") from None
 
 
 class Block(nn.Module):
@@ -58,6 +84,8 @@ class Block(nn.Module):
             if isinstance(mixer, WholeBlock):
                 raise ValueError(f"block {token!r}: {type(mixer).__name__} is a whole block, not a {slot} mixer; "
                                  "bind it to a letter and give it a token of its own ('O-')")
+            if mixer is not None:
+                _check_call(mixer, slot, token)
         self.token = token
         has_norm = sequence_mixer is not None
         self.sequence_norm = RMSNorm(d_model, eps=norm_eps) if has_norm else None

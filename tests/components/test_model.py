@@ -71,6 +71,34 @@ def test_mixer_with_the_wrong_output_shape_is_named():
         model(torch.zeros(1, 3, dtype=torch.long))
 
 
+def test_a_mixer_whose_forward_cannot_take_its_slots_arguments_is_named_at_build():
+    class NoContext(nn.Module):  # zoology's form: forward(x), no context
+        def __init__(self, d_model):
+            super().__init__()
+            self.proj = nn.Linear(d_model, d_model)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    class KeywordsOnly(NoContext):
+        def forward(self, x, **kwargs):  # takes context by keyword only; the block passes it positionally
+            return self.proj(x)
+
+    class NeedsContext(NoContext):
+        def forward(self, x, context):
+            return self.proj(x)
+
+    for cls in (NoContext, KeywordsOnly):
+        with pytest.raises(ValueError, match=f"block 'KM': sequence mixer {cls.__name__}.forward.* cannot be called as "
+                                             "a sequence mixer .*write forward\\(self, x, context=None\\)"):
+            HybridLM(pattern="KM", vocab_size=10, d_model=8, mixers={"K": cls})
+    with pytest.raises(ValueError, match="block '-K': state mixer NeedsContext.forward.*write forward\\(self, x\\)"):
+        HybridLM(pattern="-K", vocab_size=10, d_model=8, mixers={"K": NeedsContext})
+    # What the contract allows builds and runs: a state mixer with only x, a sequence mixer with (x, context).
+    model = HybridLM(pattern="CK", vocab_size=10, d_model=8, mixers={"K": NoContext, "C": NeedsContext})
+    assert model(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, 10)
+
+
 def test_auxiliary_losses_are_collected_by_module_name():
     class WithAux(MLP):
         def forward(self, x):
