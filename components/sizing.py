@@ -2,6 +2,7 @@
 ablations do ("adjust the dimension size of FFN so that any combination has the same total")."""
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -29,6 +30,16 @@ class SizeTarget:
     letters: list[str] = field(default_factory=lambda: ["M"])
     arg: str = "d_ff"
     multiple_of: int = 8
+
+    def __post_init__(self):
+        for name in ("params", "multiple_of"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"size_to: {name}={value!r} must be a positive integer")
+        if isinstance(self.letters, str):  # `letters: MR` in YAML: each character a letter
+            self.letters = list(self.letters)
+        if not self.letters or not all(isinstance(letter, str) and len(letter) == 1 for letter in self.letters):
+            raise ValueError(f"size_to: letters={self.letters!r} must be a non-empty list of pattern letters, e.g. [M, R]")
 
 
 def solve_width(count: Callable[[int], int], target: int, *, multiple_of: int = 8, limit: int = 1 << 20) -> int:
@@ -69,6 +80,9 @@ def sized_mixers(
     if not any(letter in used for letter in target.letters):
         raise ValueError(f"size_to: none of letters={target.letters} occurs in pattern {pattern!r}, so no width can be solved")
 
+    for letter in target.letters:
+        _check_takes(bindings[letter], letter, target.arg)
+
     def with_width(width: int) -> dict[str, MixerFactory]:
         return {**bindings, **{letter: functools.partial(bindings[letter], **{target.arg: width}) for letter in target.letters}}
 
@@ -76,8 +90,26 @@ def sized_mixers(
         with torch.device("meta"):
             return count_parameters(HybridLM(vocab_size, d_model, pattern, with_width(width), **model_kwargs))
 
+    step = target.multiple_of
+    if count(step) == count(2 * step):
+        raise ValueError(f"size_to: the parameter count does not change with {target.arg} of letters={target.letters} "
+                         f"({count(step):,} at {target.arg}={step} and at {2 * step}), so it cannot size the model")
     width = solve_width(count, target.params, multiple_of=target.multiple_of)
     return with_width(width), width
+
+
+def _check_takes(factory: MixerFactory, letter: str, arg: str) -> None:
+    """Refuse a width keyword the letter's mixer does not take, naming the keywords it does take."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # not introspectable: the build will say
+        return
+    if arg in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    target = factory.func if isinstance(factory, functools.partial) else factory
+    takes = [name for name, p in parameters.items() if name != "d_model" and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    raise ValueError(f"size_to: arg={arg!r} is not an argument of the mixer of letter {letter!r}, "
+                     f"{getattr(target, '__name__', type(target).__name__)} (it takes: {', '.join(takes)})")
 
 
 def describe_size(model: nn.Module, target: SizeTarget, width: int) -> str:

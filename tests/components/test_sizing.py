@@ -2,7 +2,7 @@ from functools import partial
 
 import pytest
 
-from components import MLP, HybridLM, RoutedMoE, count_parameters
+from components import MLP, HybridLM, QCAttention, RoutedMoE, count_parameters
 from components.sizing import SizeTarget, sized_mixers, solve_width
 
 
@@ -34,6 +34,18 @@ def test_sizing_errors_name_the_problem():
         sized_mixers(64, 32, "AM", None, SizeTarget(10_000, ["Q"]))
     with pytest.raises(ValueError, match=r"none of letters=\['R'\] occurs in pattern 'AM'"):
         sized_mixers(64, 32, "AM", None, SizeTarget(10_000, ["R"]))
+    with pytest.raises(ValueError, match=r"arg='d_fff' is not an argument of the mixer of letter 'M', MLP \(it takes: d_ff, "):
+        sized_mixers(64, 32, "AM", None, SizeTarget(10_000, ["M"], arg="d_fff"))
+    # A keyword the mixer takes but whose value leaves the count unchanged was "needs a width above 1,048,576".
+    with pytest.raises(ValueError, match="parameter count does not change with norm_eps of letters=\\['A'\\]"):
+        sized_mixers(64, 32, "AM", {"A": partial(QCAttention, n_heads=2)}, SizeTarget(10_000, ["A"], arg="norm_eps"))
+    for bad, problem in [({"params": 0}, "params=0 must be a positive integer"),
+                         ({"params": 10_000, "multiple_of": 0}, "multiple_of=0 must be a positive integer"),
+                         ({"params": 10_000, "letters": []}, "letters=\\[\\] must be a non-empty list"),
+                         ({"params": 10_000, "letters": ["MR"]}, "letters=\\[.MR.\\] must be a non-empty list of pattern letters")]:
+        with pytest.raises(ValueError, match=f"size_to: {problem}"):
+            SizeTarget(**bad)
+    assert SizeTarget(10_000, "MR").letters == ["M", "R"]
 
 
 def test_sizing_counts_tied_embeddings_once():
