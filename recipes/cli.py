@@ -34,7 +34,7 @@ from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_p
 from components.bindings import import_class, upgrade_specs
 from recipes.module import LanguageModel, language_model_arguments
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback,
-                              TrainingInterrupted, default_progress_bar, newest_checkpoint)
+                              TrainingInterrupted, ValidateFinalStep, default_progress_bar, newest_checkpoint)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")  # loggers whose folders are <save_dir>/<name>/<version>/
@@ -527,6 +527,7 @@ class HybridCLI(LightningCLI):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         callbacks = config["trainer"].get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        callbacks.append(ValidateFinalStep())  # (Lightning runs it before the checkpoint policy, which asks what follows)
         if config["trainer"].get("enable_checkpointing") is not False:  # (in validate too: it restores its state)
             callbacks.append(config["checkpoint"])
         progress_bar = default_progress_bar(callbacks, config["trainer"].get("enable_progress_bar"))
@@ -596,9 +597,10 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
         best_step, best = min(val, key=lambda item: item[1])
         last_step, last = val[-1]
         lines.append(f"  val/loss   last {last:.4f} (step {last_step})   best {best:.4f} (step {best_step})")
-    elif steps > first and trainer.limit_val_batches:  # a short --trainer.max_steps under the recipe's interval
-        lines.append(f"  val/loss   none: no validation ran in these steps (val_check_interval "
-                     f"{trainer.val_check_interval}; --trainer.val_check_interval N validates every N steps)")
+    elif steps > first and trainer.limit_val_batches:  # the last step validates, unless its epoch may not
+        lines.append(f"  val/loss   none: no validation ran in these steps (check_val_every_n_epoch "
+                     f"{trainer.check_val_every_n_epoch} skips this epoch's; --trainer.check_val_every_n_epoch 1, or "
+                     "null with --trainer.val_check_interval N: every N steps)")
     speeds = history.get("tokens_per_sec") or []
     started = history.get("started")
     timing = []

@@ -70,6 +70,20 @@ class StepProgressBar(RichProgressBar):
         return super()._get_train_description(current_epoch)
 
 
+class ValidateFinalStep(L.Callback):
+    """Validate the weights a run ends with. Lightning validates every ``val_check_interval`` batches and at the
+    end of an epoch, so a run whose ``max_steps`` is no multiple of the interval ended unvalidated: its reported
+    "final" ``val/loss`` (the fit summary, a sweep's table) was that of a model up to ``interval - 1`` steps
+    older. Asking Lightning to stop at the last step makes it validate there (its rule for a requested stop);
+    a run whose last step is a validation step validates once, as before."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return  # mid-accumulation: the step has not ended
+        if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True
+
+
 def default_progress_bar(callbacks: list, enabled: bool | None) -> ProgressBar | None:
     """The bar a run gets when the recipe names none: :class:`StepProgressBar` where ``rich`` is installed
     (Lightning's own choice would be its rich bar there), else None (Lightning's tqdm bar, which has no -2)."""

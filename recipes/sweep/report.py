@@ -20,10 +20,10 @@ def number(value: float, digits: int = 4) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
 
-NO_VALIDATION = ("ran no validation (fewer steps than its trainer.val_check_interval? "
-                 "--set trainer.val_check_interval=N validates every N steps)")
-"""The note under a table for a run that finished without a validation loss: a short ``--set trainer.max_steps``
-under the recipe's interval is the usual cause, and the table's cells would otherwise just be empty."""
+NO_VALIDATION = ("ran no validation (a trainer.check_val_every_n_epoch past the epochs it trained? "
+                 "--set trainer.check_val_every_n_epoch=1 validates at least at the last step)")
+"""The note under a table for a run that finished without a validation loss (a run validates its last step, except
+in an epoch that ``check_val_every_n_epoch`` skips), whose table cells would otherwise just be empty."""
 
 
 def table(runs: list[Run]) -> str:

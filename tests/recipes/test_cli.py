@@ -42,6 +42,21 @@ def test_fit_through_the_cli_lowers_the_loss_and_writes_tensorboard(tmp_path, mo
     assert "pattern:" in hparams and "n_params:" in hparams
 
 
+@pytest.mark.parametrize("steps, accumulate, logged_at", [(25, 1, [9, 19, 24]), (20, 1, [9, 19]), (7, 2, [4, 6])])
+def test_a_run_validates_the_weights_it_ends_with(steps, accumulate, logged_at, tmp_path, monkeypatch, capsys):
+    """An interval (10 batches) that does not divide max_steps left the last steps unvalidated, and the run's "final"
+    val/loss was an older model's; a run whose last step is a validation step validates there once."""
+    monkeypatch.chdir(tmp_path)
+    main([*TINY_FIT[:-6], "--trainer.max_steps", str(steps), "--trainer.val_check_interval", "10",
+          "--trainer.accumulate_grad_batches", str(accumulate)])
+    out = capsys.readouterr().out
+    assert f"(step {steps})   best" in out  # the summary's last validation is the last step's
+    [run] = (tmp_path / "runs" / "quickstart").iterdir()
+    events = EventAccumulator(str(run))
+    events.Reload()
+    assert [e.step for e in events.Scalars("val/loss")] == logged_at  # (Lightning logs step k's at k - 1)
+
+
 def test_missing_config_file_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as info:
@@ -220,9 +235,9 @@ def test_the_fit_summary_says_when_no_validation_ran():
     from recipes.cli import fit_summary
 
     trainer = SimpleNamespace(global_step=5, max_steps=5, limit_val_batches=2, val_check_interval=200, callbacks=[],
-                              loggers=[])
+                              loggers=[], check_val_every_n_epoch=3)
     module = SimpleNamespace(history={"val": []})
-    assert "val/loss   none: no validation ran in these steps (val_check_interval 200;" in fit_summary(trainer, module)
+    assert "val/loss   none: no validation ran in these steps (check_val_every_n_epoch 3 skips" in fit_summary(trainer, module)
     module.history["val"] = [(5, 3.25)]
     assert "val/loss   last 3.2500 (step 5)" in fit_summary(trainer, module)
     assert "none" not in fit_summary(SimpleNamespace(**{**vars(trainer), "limit_val_batches": 0}),

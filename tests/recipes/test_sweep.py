@@ -296,8 +296,7 @@ def test_seeds_launch_one_run_per_seed_in_parallel_and_tabulate_them(tmp_path, m
 
 
 def test_a_run_that_never_validated_gets_dashes_and_a_note_saying_why(tmp_path):
-    """A ``--set trainer.max_steps`` under the recipe's ``val_check_interval``: the run is fine but has no
-    validation loss. Both tables say "-" (``nan`` and ``+nan`` before) and say why under the table."""
+    """A run in an epoch that ``check_val_every_n_epoch`` skips: the run is fine but has no validation loss. Both tables say "-" (``nan`` and ``+nan`` before) and say why under the table."""
     from recipes.sweep.records import Run
     from recipes.sweep.report import seed_table, table
 
@@ -313,7 +312,7 @@ def test_a_run_that_never_validated_gets_dashes_and_a_note_saying_why(tmp_path):
     for text in (plain, seeded):
         notes = [line for line in text.splitlines() if line.startswith("- ")]
         assert len(notes) == 1 and notes[0].startswith("- short") and "ran no validation" in notes[0]
-        assert "--set trainer.val_check_interval=N" in notes[0]
+        assert "--set trainer.check_val_every_n_epoch=1" in notes[0]
 
 
 def fake_family(tmp_path) -> list:
