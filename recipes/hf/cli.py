@@ -17,7 +17,9 @@ def main(argv: list[str] | None = None) -> None:
     load.add_argument("--out", required=True, help="the checkpoint to write; a recipe is written beside it (.yaml)")
     load.add_argument("--force", action="store_true", help="replace the checkpoint and recipe if they exist")
     save = commands.add_parser("export", help="a zoo checkpoint → a Hugging Face folder")
-    save.add_argument("checkpoint", help="a checkpoint file (last.ckpt, best.ckpt, or one python -m recipes.hf import wrote)")
+    save.add_argument("checkpoint", nargs="?", help="a checkpoint file (last.ckpt, best.ckpt, or one python -m recipes.hf "
+                      "import wrote), or last / best: the newest of --config's runs")
+    save.add_argument("--ckpt_path", default=None, help="the checkpoint, as generate and eval spell it")
     save.add_argument("--out", required=True, help="the folder to write")
     save.add_argument("--config", default=None,
                       help="the recipe the checkpoint was trained with, for its tokenizer (default: the run's config.yaml)")
@@ -25,6 +27,12 @@ def main(argv: list[str] | None = None) -> None:
     save.add_argument("--force", action="store_true", help="write into a folder that holds files (the model's are replaced)")
     save.add_argument("--allow_classes", nargs="*", default=[], help="packages whose classes the checkpoint may name")
     args = parser.parse_args(argv)
+    if args.command == "export":
+        if args.checkpoint and args.ckpt_path and args.checkpoint != args.ckpt_path:
+            save.error(f"two checkpoints: {args.checkpoint} and --ckpt_path {args.ckpt_path}; give one")
+        args.checkpoint = args.checkpoint or args.ckpt_path
+        if not args.checkpoint:
+            save.error("which checkpoint? give a file, or --config RECIPE --ckpt_path last (or best)")
     from recipes.hf import export, write_checkpoint
 
     try:
@@ -32,11 +40,26 @@ def main(argv: list[str] | None = None) -> None:
             checkpoint, recipe = write_checkpoint(args.folder, args.out, overwrite=args.force)
             print(f"wrote {checkpoint} and {recipe}\nfine-tune: python -m recipes fit --config {recipe}")
             return
-        data = export_data(args.checkpoint, args.config)
-        export(args.checkpoint, args.out, data=data, allow_classes=args.allow_classes, max_shard_size=args.max_shard_size,
-               overwrite=args.force)
+        checkpoint, trusted = export_checkpoint(args.checkpoint, args.config)
+        data = export_data(checkpoint, args.config)
+        export(checkpoint, args.out, data=data, allow_classes=[*args.allow_classes, *trusted],
+               max_shard_size=args.max_shard_size, overwrite=args.force)
     except (FileNotFoundError, FileExistsError, ValueError, TypeError) as error:
         sys.exit(f"error: {error}")
+
+
+def export_checkpoint(checkpoint: str, config: str | None) -> tuple[str, list[str]]:
+    """The checkpoint file (``last``/``best``: the newest of the recipe's runs, as for ``generate``) and the classes
+    it may name besides the zoo's: the recipe's own bindings, trusted as ``generate`` and ``eval`` trust them."""
+    from recipes.checkpoints import class_paths
+    from recipes.runs import checkpoint_path, load_recipe
+
+    if config is None:
+        if checkpoint in ("last", "best"):
+            raise ValueError(f"{checkpoint}: the newest {checkpoint}.ckpt of which recipe's runs? give --config RECIPE")
+        return checkpoint, []
+    recipe = load_recipe(config)
+    return checkpoint_path(recipe, checkpoint, config), class_paths(recipe.get("model") or {})
 
 
 def export_data(checkpoint: str, config: str | None):

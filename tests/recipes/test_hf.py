@@ -303,11 +303,37 @@ def test_a_byte_level_model_exported_and_imported_again_fine_tunes_on_bytes(tmp_
     monkeypatch.chdir(tmp_path)
     cli(["fit", "--config", "quickstart.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
          "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"])
-    main(["export", "runs/quickstart/version_0/checkpoints/last.ckpt", "--out", "exported"])
+    main(["export", "--config", "quickstart.yaml", "--ckpt_path", "last", "--out", "exported"])  # as generate spells it
     main(["import", "exported", "--out", "again.ckpt"])  # its tokenizer.json is bytes, with no end-of-document token
     assert yaml.safe_load((tmp_path / "again.yaml").read_text())["data"]["class_path"] == "recipes.data.TextCorpus"
     run = cli(["--config", "again.yaml"], run=False)  # (it was a 257-token corpus for the 256-row checkpoint)
     assert run.model.model.vocab_size == 256
+
+
+def test_export_names_a_missing_or_ambiguous_checkpoint_and_trusts_the_recipes_own_classes(tmp_path, monkeypatch):
+    from recipes.cli import main as cli
+
+    with pytest.raises(SystemExit, match="2"):
+        main(["export", "--out", "x"])  # which checkpoint? (argparse's usage error)
+    with pytest.raises(SystemExit, match="2"):
+        main(["export", "a.ckpt", "--ckpt_path", "b.ckpt", "--out", "x"])
+    with pytest.raises(SystemExit, match=r"last: the newest last.ckpt of which recipe's runs\? give --config RECIPE"):
+        main(["export", "last", "--out", "x"])
+    # A recipe binding a class of the user's own package: the recipe's checkpoint is read as generate and eval read
+    # it (the recipe is trusted), so the export reaches its own reason, not the checkpoint's class refusal.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "usermix.py").write_text("from components import MLP\n\nclass Wide(MLP):\n    pass\n")
+    (tmp_path / "mine.yaml").write_text("model: {d_model: 32, pattern: 'AW', mixers: {A: {class_path: components.QCAttention, "
+                                        "init_args: {n_heads: 2}}, W: {class_path: usermix.Wide}}}\n"
+                                        "data: {class_path: recipes.data.TextCorpus, init_args: {seq_len: 32}}\n")
+    cli(["fit", "--config", "mine.yaml", "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+         "--trainer.enable_progress_bar", "false"])
+    [checkpoint] = tmp_path.glob("lightning_logs/*/checkpoints/last.ckpt")
+    with pytest.raises(SystemExit, match="may name classes from components only"):
+        main(["export", str(checkpoint), "--out", "x"])
+    with pytest.raises(SystemExit, match="has no Hugging Face class"):
+        main(["export", "--config", "mine.yaml", "--ckpt_path", "last", "--out", "x"])
 
 
 def test_import_brings_the_folders_tokenizer_and_refuses_bytes_for_a_larger_vocabulary(tmp_path):
