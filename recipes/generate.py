@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> str:
                         help="end the continuation after the first occurrence of this text (a one-token text also "
                              "ends generation there)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--allow_classes", nargs="*", default=[],
+    parser.add_argument("--allow_classes", nargs="*", action="extend", default=[],
                         help="packages whose classes the checkpoint may name (the recipe's own are trusted)")
     parser.add_argument("--compile", action="store_true",
                         help="each step through torch.compile from a fixed-shape cache (pays off past ~100 tokens)")

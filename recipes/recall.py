@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.recall",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("records", nargs="+", type=Path, help="sweep records (record.json), one or more seeds each")
-    parser.add_argument("--treatment", nargs="+", required=True, help="variants pooled as the treatment kind")
+    parser.add_argument("--treatment", nargs="+", action="extend", required=True,
+                        help="variants pooled as the treatment kind")
     parser.add_argument("--baseline", required=True, help="the variant compared against")
     parser.add_argument("--threshold", type=float, default=0.5, help="val_acc above which a run recalls")
     args = parser.parse_args(argv)

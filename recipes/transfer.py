@@ -166,11 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     for stage, what in (("pretrain", "the pre-training sweeps"), ("finetune", "the fine-tuning sweeps "
                         "(run with --init-from the pre-training ones)"), ("control", "the from-scratch sweeps "
                         "(--init-from none)")):
-        parser.add_argument(f"--{stage}", nargs="+", required=True, type=Path, metavar="LOGS",
+        parser.add_argument(f"--{stage}", nargs="+", action="extend", required=True, type=Path, metavar="LOGS",
                             help=f"{what}: runs/sweep-logs/<time> folders or record.json files")
     parser.add_argument("--baseline", default=None,
                         help="the model the others are compared with (default: the fine-tuning family's _family.yaml)")
-    parser.add_argument("--only", nargs="+", default=None, metavar="MODEL",
+    parser.add_argument("--only", nargs="+", action="extend", default=None, metavar="MODEL",
                         help="these models only (Holm's adjustment then runs over their comparisons): e.g. the MoE "
                              "variants against routed")
     parser.add_argument("--out", type=Path, default=None, help="also write the table to this markdown file")

@@ -166,6 +166,22 @@ def test_every_flag_the_docs_give_an_argparse_command_exists(module):
     assert not wrong, "flags these commands do not define:\n" + "\n".join(wrong)
 
 
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")
+@pytest.mark.parametrize("module", sorted({t[0] for _, t in COMMANDS} - {"recipes"}) + ["recipes generate",
+                                                                                     "recipes eval"])
+def test_a_repeated_list_option_adds_to_its_values(module):
+    """``--set a=1 … --set b=2`` with argparse's default action kept only ``b=2``, and the run went on without ``a``.
+    Every list option that starts empty extends (one with a default list, a benchmark's ``--lengths``, is replaced
+    by what is given, as a user expects of a default)."""
+    module, _, sub = module.partition(" ")
+    parser = argparse_parser(module, sub or None)
+    children = [child for a in parser._actions if isinstance(a, argparse._SubParsersAction) for child in a.choices.values()]
+    actions = [action for each in (parser, *children) for action in each._actions]
+    replaced = [action.option_strings[0] for action in actions if action.option_strings and action.nargs in ("+", "*")
+                and action.default in (None, []) and not isinstance(action, argparse._ExtendAction)]
+    assert not replaced, f"python -m {module} {sub}: a repeated {replaced} keeps only its last values"
+
+
 def test_every_flag_and_recipe_the_docs_give_fit_validate_and_test_exists():
     shown = [(where, tokens) for where, tokens in COMMANDS if tokens[0] == "recipes" and tokens[1:2] != []
              and tokens[1] in LIGHTNING]

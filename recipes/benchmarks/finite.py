@@ -108,7 +108,8 @@ def row_tests(T: int, device: str, dtype: torch.dtype, rounds: int) -> list[str]
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.finite", description=__doc__.splitlines()[0])
     parser.add_argument("--device", type=device, default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--lengths", type=positive_int, nargs="+", help="default: 4096 16384 on a GPU, 2048 on a CPU")
+    parser.add_argument("--lengths", type=positive_int, nargs="+", action="extend",
+                        help="default: 4096 16384 on a GPU, 2048 on a CPU")
     parser.add_argument("--ops", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--rounds", type=positive_int, default=20)
     args = parser.parse_args(argv)

@@ -326,8 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.models",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", choices=sorted(FAMILIES), help="a preset of the options below")
-    parser.add_argument("--models", nargs="+", choices=MODELS, help="default: every model")
-    parser.add_argument("--lengths", type=positive_int, nargs="+")
+    parser.add_argument("--models", nargs="+", action="extend", choices=MODELS, help="default: every model")
+    parser.add_argument("--lengths", type=positive_int, nargs="+", action="extend")
     parser.add_argument("--repeats", type=positive_int, help="timed steps per process (default 3)")
     parser.add_argument("--trials", type=positive_int, help="fresh processes per (model, T) (default 1)")
     parser.add_argument("--baseline", choices=MODELS, help="divide every row by this model (default: twin or llama)")

@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.ops",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", type=device, default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--lengths", type=positive_int, nargs="+", help="default: 1024 … 8192 on a GPU, 512 … 2048 on a CPU")
+    parser.add_argument("--lengths", type=positive_int, nargs="+", action="extend",
+                        help="default: 1024 … 8192 on a GPU, 512 … 2048 on a CPU")
     parser.add_argument("--batch", type=positive_int, help="default: 4 on a GPU, 1 on a CPU")
     parser.add_argument("--ops", nargs="+", default=["attention", "ssd", "retrieval", "decode"],
                         choices=["attention", "ssd", "retrieval", "decode"])

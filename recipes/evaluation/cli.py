@@ -29,7 +29,8 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="the recipe the checkpoint was trained with")
     p.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best of the recipe's runs")
-    p.add_argument("--allow_classes", nargs="*", default=[], help="packages whose classes the checkpoint may name")
+    p.add_argument("--allow_classes", nargs="*", action="extend", default=[],
+                   help="packages whose classes the checkpoint may name")
     p.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (zoo_cloze, zoo_passkey ship here)")
     p.add_argument("--include_path", action="append", default=[], help="a folder of task YAMLs (repeatable)")
     p.add_argument("--num_fewshot", type=bounded(int, 0), default=None)
@@ -38,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", choices=SUITES, default=None)
     p.add_argument("--extrapolate", action="store_true",
                    help="evaluate past the model's max_seq_len (plain RoPE and the NTK stretch)")
-    p.add_argument("--multiples", type=float, nargs="+", default=None,
+    p.add_argument("--multiples", type=float, nargs="+", action="extend", default=None,
                    help="lengths as multiples of the training length (length: 1 2 4 8 16; passkey: 0.5 1 2 4; mqar: 1 2 4 8)")
     p.add_argument("--windows", type=int, default=8, help="length suite: windows per length")
     p.add_argument("--trials", type=int, default=8, help="passkey suite: keys per cell")

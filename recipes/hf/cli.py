@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> None:
                       help="the recipe the checkpoint was trained with, for its tokenizer (default: the run's config.yaml)")
     save.add_argument("--max_shard_size", default="2GB", help="shard the weights past this size (default 2GB)")
     save.add_argument("--force", action="store_true", help="write into a folder that holds files (the model's are replaced)")
-    save.add_argument("--allow_classes", nargs="*", default=[], help="packages whose classes the checkpoint may name")
+    save.add_argument("--allow_classes", nargs="*", action="extend", default=[],
+                      help="packages whose classes the checkpoint may name")
     args = parser.parse_args(argv)
     if args.command == "export":
         if args.checkpoint and args.ckpt_path and args.checkpoint != args.ckpt_path:

@@ -104,11 +104,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.sweep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", nargs="?", help="a folder of recipes: a path, or a bundled name such as 'positions'")
-    parser.add_argument("--from", dest="from_logs", metavar="LOGS", nargs="+", default=None,
+    parser.add_argument("--from", dest="from_logs", metavar="LOGS", nargs="+", action="extend", default=None,
                         help="tabulate and plot earlier sweeps again: their runs/sweep-logs/<time> folders "
                              "(several: one table of all their runs, written into the first)")
-    parser.add_argument("--only", nargs="+", default=None, help="recipe names (file stems) to run")
-    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for every run")
+    parser.add_argument("--only", nargs="+", action="extend", default=None, help="recipe names (file stems) to run")
+    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                        help="overrides for every run")
     parser.add_argument("--table-only", action="store_true", help="do not run; tabulate the latest runs")
     parser.add_argument("--seeds", type=int, default=None, help="run each recipe with seeds 0 … N-1; statistics")
     parser.add_argument("--first-seed", type=int, default=0,
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="local: this machine's cores; gpus: one run per visible GPU (or group of --devices-per-run); "
                              "slurm: a submitit job array (pip install submitit), requeued from last.ckpt on preemption")
     parser.add_argument("--devices-per-run", type=positive_int, default=1, help="GPUs per run (gpus, slurm)")
-    parser.add_argument("--slurm", nargs="+", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--slurm", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                         help="submitit parameters for --launcher slurm: slurm_partition=gpu timeout_min=600 …")
     parser.add_argument("--submitit-cluster", choices=["slurm", "local", "debug"], default=None,
                         help="with --launcher slurm: force submitit's executor (local: processes here, for a test)")
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
                              "over seeds (a local task's folder in --suite-args \"--include_path DIR\")")
     parser.add_argument("--suite-args", default="", metavar="ARGS",
                         help="more arguments for the suite or tasks, in one string: --suite-args \"--multiples 1 2 4 --windows 4\"")
-    parser.add_argument("--init-from", nargs="+", default=None, metavar="LOGS",
+    parser.add_argument("--init-from", nargs="+", action="extend", default=None, metavar="LOGS",
                         help="fine-tune: start each run from the last.ckpt of the run with the same recipe name and seed "
                              "in these earlier sweeps (their runs/sweep-logs/<time> folders); 'none': from scratch")
     parser.add_argument("--progress", type=bounded(float, 0), default=60.0, metavar="SECONDS",

@@ -75,6 +75,9 @@ def test_a_misspelt_set_or_a_recipe_that_does_not_parse_is_refused_before_any_ru
     with pytest.raises(SystemExit, match=r"--set model.d_modle=8, for recipe a: unrecognized arguments: --model.d_modle "
                                          r"8 \(did you mean --model.d_model\?\)"):
         main([str(family), "--set", "model.d_modle=8"])
+    # A second --set adds to the first (argparse's default kept only the last, and the first was dropped unread).
+    with pytest.raises(SystemExit, match=r"--set model.d_modle=8 trainer.max_steps=2, for recipe a: unrecognized"):
+        main([str(family), "--set", "model.d_modle=8", "--only", "a", "--set", "trainer.max_steps=2"])
     with pytest.raises(SystemExit, match=r"(?s)--set trainer.max_steps=x, for recipe a: .*Expected a <class 'int'>"):
         main([str(family), "--set", "trainer.max_steps=x"])
     (family / "b.yaml").write_text(TINY.format(name="b", width=16, mlp="components.NoSuchMixer"))
