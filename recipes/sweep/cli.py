@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: --table-only reads one run per recipe; --seeds launches new ones")
     if args.init_from is not None and args.table_only:
         sys.exit("error: --init-from starts new runs; --table-only launches none")
+    if args.set and args.table_only:  # (the table would not be of runs with these settings)
+        sys.exit(f"error: --set {' '.join(args.set)} configures new runs; --table-only launches none and tabulates the "
+                 "latest runs as they were run")
     if args.vs is not None and not args.table_only:
         check_vs_key(args.vs)
     try:

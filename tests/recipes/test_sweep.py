@@ -75,6 +75,8 @@ def test_a_misspelt_set_or_a_recipe_that_does_not_parse_is_refused_before_any_ru
     with pytest.raises(SystemExit, match=r"--set model.d_modle=8, for recipe a: unrecognized arguments: --model.d_modle "
                                          r"8 \(did you mean --model.d_model\?\)"):
         main([str(family), "--set", "model.d_modle=8"])
+    with pytest.raises(SystemExit, match=r"--set trainer.max_steps=2 configures new runs; --table-only launches none"):
+        main([str(family), "--table-only", "--set", "trainer.max_steps=2"])
     # A second --set adds to the first (argparse's default kept only the last, and the first was dropped unread).
     with pytest.raises(SystemExit, match=r"--set model.d_modle=8 trainer.max_steps=2, for recipe a: unrecognized"):
         main([str(family), "--set", "model.d_modle=8", "--only", "a", "--set", "trainer.max_steps=2"])
