@@ -8,7 +8,7 @@ sync and a whole-graph compile, bad input). Each entry is a factory ``d_model ->
 from functools import partial
 
 from components.sequence import SSD, Expresser, InnerFuncAttention, QCAttention, TokenShift
-from components.state import MLP, CDMoE, CohesiveMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
+from components.state import MLP, CDMoE, CohesiveMoE, ComposedMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
 
 SEQUENCE_MIXERS = {
     "QCAttention": partial(QCAttention, n_heads=4, n_kv_heads=2),
@@ -44,6 +44,10 @@ STATE_MIXERS = {
     "CohesiveMoE": partial(CohesiveMoE, n_experts=4, d_ff=10),
     "ExpansiveMoE": partial(ExpansiveMoE, n_experts=4, d_ff=6, d_shared=14),
     "ExpansiveMoE scalar gates": partial(ExpansiveMoE, n_experts=4, d_ff=6, d_shared=14, gate="scalar"),
+    "ComposedMoE: router, experts, shared expert": partial(
+        ComposedMoE, router={"class_path": "components.TopKRouter", "init_args": {"n_experts": 4, "top_k": 2}},
+        experts={"class_path": "components.state.MLPExperts", "init_args": {"n_experts": 4, "d_ff": 6, "activation": "swisig"}},
+        shared_expert={"class_path": "components.MLP", "init_args": {"d_ff": 10}}),
     "CDMoE, balance loss": partial(CDMoE, n_experts=64, n_heads=2, top_k=4, key_dim=8, balance_loss=True),
     "CDMoE Doge": partial(CDMoE, n_experts=64, n_heads=1, top_k=4, key_dim=None, shared_mlp="swiglu", cross_domain="parallel"),
 }

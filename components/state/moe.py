@@ -9,9 +9,12 @@ grouped by expert with one sort, and every expert matmul is one grouped matmul o
 no Python loop, no host sync.
 """
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
+from components.bindings import binding_factory
 from components.state.experts import CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
 from components.state.mlp import MLP, default_d_ff
 from components._checks import check_mixer_input
@@ -190,3 +193,45 @@ class ExpansiveMoE(MoE):
             ExpansiveExperts(d_model, n_experts, d_ff, activation=activation, act=act, gate=gate),
             cross_domain=MLP(d_model, d_ff=d_shared, activation=activation, act=act),
         )
+
+
+class ComposedMoE(MoE):
+    """The :class:`MoE` engine with its parts named in a recipe: each part a spec ``{class_path, init_args}``
+    built with the model's ``d_model`` (which its ``init_args`` leave out), so a new variant is a YAML binding
+    rather than a class. The specs are plain values, so a checkpoint records and rebuilds them.
+
+    .. code-block:: yaml
+
+        Q:
+          class_path: components.ComposedMoE
+          init_args:
+            router: {class_path: components.TopKRouter, init_args: {n_experts: 4, top_k: 1}}
+            experts: {class_path: components.state.MLPExperts, init_args: {n_experts: 4, d_ff: 64}}
+            shared_expert: {class_path: components.MLP, init_args: {d_ff: 64}}   # optional
+
+    Args:
+        d_model: model width.
+        router: the router's spec (a :class:`TopKRouter`, or a class with its ``n_experts``, ``top_k``,
+            ``centroids`` and ``forward(x) -> Routing``).
+        experts: the expert bank's spec (:mod:`components.state.experts`).
+        shared_expert: an always-on module's spec, added on every token (SEI), or None.
+        cross_domain: the spec of a module computing the shared state the experts read, or None.
+    """
+
+    def __init__(self, d_model: int, *, router: Mapping, experts: Mapping, shared_expert: Mapping | None = None,
+                 cross_domain: Mapping | None = None):
+        parts = {"router": router, "experts": experts, "shared_expert": shared_expert, "cross_domain": cross_domain}
+        built = {name: None if spec is None else _built_part(name, spec, d_model) for name, spec in parts.items()}
+        super().__init__(built["router"], built["experts"], shared_expert=built["shared_expert"],
+                         cross_domain=built["cross_domain"])
+
+
+def _built_part(name: str, spec: Mapping, d_model: int) -> nn.Module:
+    """One part of a :class:`ComposedMoE`, from its spec; a problem names the part."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"ComposedMoE: {name}={spec!r} must be a spec {{class_path: ..., init_args: {{...}}}} (plain "
+                         "values, so a checkpoint can rebuild it); in Python, MoE takes the built modules")
+    try:
+        return binding_factory(name, spec)(d_model)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"ComposedMoE: {name}: {error}") from None

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components import CohesiveMoE, ExpansiveMoE, HybridLM, MoE, RoutedMoE, SharedExpertMoE, TopKRouter
+from components import CohesiveMoE, ComposedMoE, ExpansiveMoE, HybridLM, MoE, RoutedMoE, SharedExpertMoE, TopKRouter
 from components.catalogue import STATE_MIXERS
 from components.state import switch_balancing_loss
 from components.state.experts import MLPExperts
@@ -60,7 +60,7 @@ def oracle(moe, x):
 
 # The routed MoEs of the catalogue (every variant the contract tests run), checked here against the oracle.
 MIXERS = {name: factory for name, factory in STATE_MIXERS.items()
-          if getattr(factory, "func", factory) in (RoutedMoE, SharedExpertMoE, CohesiveMoE, ExpansiveMoE)}
+          if getattr(factory, "func", factory) in (RoutedMoE, SharedExpertMoE, CohesiveMoE, ExpansiveMoE, ComposedMoE)}
 D_MODEL = 12
 
 
@@ -187,3 +187,44 @@ def test_the_load_counts_only_valid_tokens():
     padded = moe.expert_load.clone()
     moe(x[:, 4:])  # the valid tokens alone
     torch.testing.assert_close(padded, moe.expert_load)
+
+
+def test_a_composed_moe_is_the_named_variant_it_spells_and_its_spec_rebuilds_it():
+    """Composed from the parts SharedExpertMoE builds, the same function on the same weights; recorded by the model
+    as plain values, rebuilt equal from that spec (what a checkpoint does)."""
+    from components.bindings import binding_factory, binding_spec
+
+    torch.manual_seed(0)
+    named = SharedExpertMoE(D_MODEL, n_experts=4, top_k=2, n_shared=2, d_ff=6, activation="switanh")
+    spec = {"class_path": "components.ComposedMoE", "init_args": {
+        "router": {"class_path": "components.TopKRouter", "init_args": {"n_experts": 4, "top_k": 2}},
+        "experts": {"class_path": "components.state.MLPExperts", "init_args": {"n_experts": 4, "d_ff": 6,
+                                                                               "activation": "switanh"}},
+        "shared_expert": {"class_path": "components.MLP", "init_args": {"d_ff": 12, "activation": "switanh"}}}}
+    composed = binding_factory("Q", spec)(D_MODEL)
+    composed.load_state_dict(named.state_dict())
+    x = torch.randn(2, 9, D_MODEL)
+    torch.testing.assert_close(composed(x), named(x))
+    torch.testing.assert_close(composed.aux_loss, named.aux_loss)
+    assert composed.active_parameters() == named.active_parameters()
+    model = HybridLM(20, D_MODEL, "-Q", {"Q": binding_factory("Q", spec)})
+    assert model.binding_specs()["Q"] == binding_spec("Q", spec) == spec
+    rebuilt = HybridLM(20, D_MODEL, "-Q", model.binding_specs())
+    rebuilt.load_state_dict(model.state_dict())
+    ids = torch.randint(0, 20, (2, 9))
+    torch.testing.assert_close(rebuilt(ids), model(ids))
+
+
+@pytest.mark.parametrize("parts, message", [
+    ({"router": TopKRouter}, "ComposedMoE: router=<class .*TopKRouter'> must be a spec {class_path: ..., init_args"),
+    ({"router": {"class_path": "components.TopKRouter", "init_args": {"d_model": 8, "n_experts": 4, "top_k": 1}}},
+     "ComposedMoE: router: .*init_args must not set d_model"),
+    ({"experts": {"class_path": "components.nothing.Here"}}, "ComposedMoE: experts: class_path 'components.nothing.Here'"),
+    ({"experts": {"class_path": "components.state.MLPExperts", "init_args": {"n_experts": 3, "d_ff": 4}}},
+     "MoE: the router has 4 experts, the bank 3"),
+])
+def test_a_composed_moe_names_the_part_at_fault(parts, message):
+    spec = {"router": {"class_path": "components.TopKRouter", "init_args": {"n_experts": 4, "top_k": 1}},
+            "experts": {"class_path": "components.state.MLPExperts", "init_args": {"n_experts": 4, "d_ff": 4}}}
+    with pytest.raises(ValueError, match=message):
+        ComposedMoE(8, **(spec | parts))
