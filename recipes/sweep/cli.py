@@ -37,6 +37,10 @@ quoted in docs/results.md).
 final ``--metric`` (default ``val_acc``) against a model hyper-parameter such as ``d_model``, one line
 per recipe name without its last ``_`` part (``ssd_T64_d16``, ``ssd_T64_d32`` → line ``ssd_T64``).
 
+Ctrl+C (or SIGTERM) stops the sweep: no run starts, each running run gets one SIGINT (it writes its ``last.ckpt``
+and stops), and the sweep says what finished; ``--resume runs/sweep-logs/<time>`` runs the rest again as they were
+launched, each stopped run from its ``last.ckpt``, then tabulates the whole sweep.
+
 ``--launcher gpus`` runs one recipe per visible GPU (or group of ``--devices-per-run``) at a time;
 ``--launcher slurm`` submits the runs as a submitit job array, requeued from their ``last.ckpt`` on
 preemption, and tabulates them when the array is done (:mod:`recipes.launchers`, docs/training.md).
@@ -59,8 +63,8 @@ from pathlib import Path
 
 from recipes.argtypes import bounded, did_you_mean, positive_int
 from recipes.launchers import LAUNCHERS
-from recipes.sweep.launch import (family_settings, launch, logger_root, newest_run, recipe_files, recipe_logger,
-                                  seed_list, starting_checkpoints)
+from recipes.sweep.launch import (SweepInterrupted, family_settings, launch, logger_root, newest_run, recipe_files,
+                                  recipe_logger, resume, seed_list, starting_checkpoints)
 from recipes.sweep.report import report
 from recipes.sweep.records import Run, read_manifest, write_record
 
@@ -107,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--from", dest="from_logs", metavar="LOGS", nargs="+", action="extend", default=None,
                         help="tabulate and plot earlier sweeps again: their runs/sweep-logs/<time> folders "
                              "(several: one table of all their runs, written into the first)")
+    parser.add_argument("--resume", metavar="LOGS", default=None,
+                        help="go on with a stopped sweep (its runs/sweep-logs/<time> folder): each run that did not "
+                             "finish runs again as launched, from its last.ckpt; then the table of all its runs")
     parser.add_argument("--only", nargs="+", action="extend", default=None, help="recipe names (file stems) to run")
     parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                         help="overrides for every run")
@@ -148,6 +155,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metric", default="val_acc", choices=["val_acc", "val_loss", "val_ppl"],
                         help="what --vs plots (default val_acc)")
     args = parser.parse_args(argv)
+    if args.resume is not None:
+        if args.folder is not None or args.from_logs is not None or args.set or args.only:
+            sys.exit("error: --resume goes on with a sweep as it was launched: no FOLDER, --from, --set or --only")
+        if args.jobs < 1:
+            sys.exit(f"error: --jobs {args.jobs} must be >= 1")
+        try:
+            family, runs = resume(Path(args.resume), args.jobs, args.threads, args.progress)
+        except (FileNotFoundError, ValueError) as error:
+            sys.exit(f"error: {error}")
+        except SweepInterrupted as stopped:
+            write_record(stopped.logs, family_of(stopped.logs), stopped.runs)
+            print(stopped_summary(stopped.runs, stopped.logs), file=sys.stderr, flush=True)
+            sys.exit(130)
+        write_record(Path(args.resume), family, runs)
+        args.from_logs = [args.resume]  # the table of all its runs, as --from gives it
     if args.from_logs is not None:
         try:
             sweeps = [read_manifest(Path(folder)) for folder in args.from_logs]
@@ -186,6 +208,9 @@ def main(argv: list[str] | None = None) -> None:
             out = Path("runs") / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S-record")
         print(report(runs, out, family, seeded, args.baseline, args.vs, args.metric, args.margin))
         print(f"\ntable and figures: {out}/")
+        failed = [run.config.stem for run in runs if run.failed]
+        if args.resume is not None and failed:
+            sys.exit(f"error: {len(failed)} of {len(runs)} runs failed: {', '.join(failed)}")
         return
     if args.folder is None:
         sys.exit("error: name a folder of recipes (or --from a sweep's log folder)")
@@ -274,6 +299,10 @@ def main(argv: list[str] | None = None) -> None:
                                 init_from)
         except ValueError as error:  # a launcher that cannot run here (no GPU for --launcher gpus), named
             sys.exit(f"error: {error}")
+        except SweepInterrupted as stopped:
+            write_record(stopped.logs, family, stopped.runs)
+            print(stopped_summary(stopped.runs, stopped.logs), file=sys.stderr, flush=True)
+            sys.exit(130)
         write_record(logs, family, runs)
     print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
     roots = {logger_root(run.config).parent for run in runs}
@@ -286,6 +315,26 @@ def main(argv: list[str] | None = None) -> None:
     failed = [run.config.stem for run in runs if run.failed]
     if failed:
         sys.exit(f"error: {len(failed)} of {len(runs)} runs failed: {', '.join(failed)}")
+
+
+def family_of(logs: Path) -> str:
+    return read_manifest(logs)[0]
+
+
+def stopped_summary(runs: list, logs: Path) -> str:
+    """What a stopped sweep left: its runs by how they ended, and the commands that go on from there."""
+    finished = [run for run in runs if run.returncode == 0]
+    unstarted = [run for run in runs if run.returncode is None]
+    stopped = [run for run in runs if run.returncode not in (0, None)]
+    name = lambda run: run.config.stem + ("" if run.seed is None else f" seed {run.seed}")  # noqa: E731
+    lines = [f"sweep stopped: {len(finished)} of {len(runs)} runs finished"]
+    if stopped:
+        lines.append(f"  stopped or failed: {', '.join(map(name, stopped))}")
+    if unstarted:
+        lines.append(f"  not started: {', '.join(map(name, unstarted))}")
+    lines.append(f"  go on (each stopped run from its last.ckpt): python -m recipes.sweep --resume {logs}")
+    lines.append(f"  the finished runs' table: python -m recipes.sweep --from {logs}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ and record rewritten as each run ends, and the progress reported while they run.
 import concurrent.futures
 import os
 import queue
+import signal
 import subprocess
 import threading
 import time
@@ -149,7 +150,9 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     """Run each recipe (once, or once per seed ``first_seed … first_seed+seeds-1``) as its own process, ``jobs`` at a time,
     each into a run folder named for this sweep (and seed); with ``init_from`` ((recipe name, seed) → checkpoint,
     :func:`starting_checkpoints`), each run starts from its checkpoint's weights. Returns the sweep's log folder
-    and its runs. A progress table prints every ``progress_every`` seconds while runs go on; 0 prints none."""
+    and its runs. A progress table prints every ``progress_every`` seconds while runs go on; 0 prints none.
+    Stopped (Ctrl+C, SIGTERM), it raises :class:`SweepInterrupted` once its running runs have written their
+    checkpoints; :func:`resume` goes on from there."""
     # (checked before the log folder exists: a sweep that cannot start leaves nothing behind)
     found = device_groups(visible_gpus(), devices_per_run) if launcher == "gpus" else []
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -159,29 +162,68 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     for config in configs:
         for seed in seed_list(seeds, first_seed):
             suffix = "" if seed is None else f"_seed{seed}"
-            runs.append(Run(config, logger_root(config) / f"sweep_{stamp}{suffix}", returncode=None,
-                            log=logs / f"{config.stem}{suffix}.log", seed=seed,
-                            init_from=None if init_from is None else init_from[(config.stem, seed)]))
-    lock = threading.Lock()
+            run = Run(config, logger_root(config) / f"sweep_{stamp}{suffix}", returncode=None,
+                      log=logs / f"{config.stem}{suffix}.log", seed=seed,
+                      init_from=None if init_from is None else init_from[(config.stem, seed)])
+            run.args = ["--config", str(run.config), "--trainer.enable_progress_bar", "false",
+                        *logger_flags(run.config), "--trainer.logger.init_args.version", run.folder.name,
+                        *([] if run.seed is None else ["--seed_everything", str(run.seed)]),
+                        *([] if run.init_from is None else ["--model.init_from", str(Path(run.init_from).resolve())]),
+                        *overrides]
+            runs.append(run)
     write_manifest(logs, family, runs)
-    groups: queue.Queue | None = None
-    if launcher == "gpus":  # one run per group of GPUs at a time, each run given its group alone
-        jobs, groups = len(found), queue.Queue()
-        for group in found:
-            groups.put(group)
-    threads = threads or max(1, (os.cpu_count() or 1) // jobs)  # each process's share of the cores
-
-    def command_of(run: Run) -> list[str]:
-        return [*python_command(), "--config", str(run.config), "--trainer.enable_progress_bar", "false",
-                *logger_flags(run.config), "--trainer.logger.init_args.version", run.folder.name,
-                *([] if run.seed is None else ["--seed_everything", str(run.seed)]),
-                *([] if run.init_from is None else ["--model.init_from", str(Path(run.init_from).resolve())]), *overrides]
-
+    command_of = lambda run: [*python_command(), *run.args]  # noqa: E731
     if launcher == "slurm":
+        threads = threads or max(1, (os.cpu_count() or 1) // jobs)
         return logs, submit(runs, command_of, logs, family, jobs, threads, devices_per_run, submitit_cluster,
                             slurm or {}, progress_every)
+    run_here(runs, command_of, logs, family, jobs, threads, found if launcher == "gpus" else None, progress_every)
+    return logs, runs
+
+
+def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every: float = 60.0) -> tuple[str, list[Run]]:
+    """Go on with a stopped sweep (its log folder ``logs``): each run that did not finish runs again with the
+    arguments it was launched with, from its ``last.ckpt`` where it wrote one (exactly where it stopped, into its
+    own run folder) and from the start where it did not; its log grows. Returns the family and all the runs."""
+    family, runs = read_manifest(logs)
+    if any(run.stored is not None for run in runs):
+        raise ValueError(f"{logs}: a sweep's record holds its runs' numbers, not the runs; give the log folder of a "
+                         "sweep whose run folders are on this machine")
+    pending = [run for run in runs if run.returncode != 0]
+    unrecorded = [run.config.stem for run in pending if run.args is None]
+    if unrecorded:
+        raise ValueError(f"{logs}: the runs {', '.join(unrecorded)} were launched before a sweep recorded its runs' "
+                         "arguments, so they cannot be resumed from here; run the family again")
+    if not pending:
+        return family, runs
+
+    def command_of(run: Run) -> list[str]:
+        last = Path(run.folder) / "checkpoints" / "last.ckpt"
+        return [*python_command(), *run.args, *(["--ckpt_path", str(last)] if last.is_file() else [])]
+
+    for run in pending:
+        run.returncode = None
+    write_manifest(logs, family, runs)
+    run_here(runs, command_of, logs, family, jobs, threads, None, progress_every, only=pending)
+    return family, runs
+
+
+def run_here(runs: list[Run], command_of, logs: Path, family: str, jobs: int, threads: int | None,
+             gpu_groups: list[list[str]] | None, progress_every: float, only: list[Run] | None = None) -> None:
+    """Run ``only`` (default: all of ``runs``) on this machine, ``jobs`` at a time (one per GPU group with
+    ``gpu_groups``), rewriting the manifest and record of all ``runs`` as each ends."""
+    todo = runs if only is None else only
+    lock = threading.Lock()
+    groups: queue.Queue | None = None
+    if gpu_groups is not None:  # one run per group of GPUs at a time, each run given its group alone
+        jobs, groups = len(gpu_groups), queue.Queue()
+        for group in gpu_groups:
+            groups.put(group)
+    threads = threads or max(1, (os.cpu_count() or 1) // jobs)  # each process's share of the cores
     running: set[int] = set()
     finished = threading.Event()
+    stopping = threading.Event()  # Ctrl+C or SIGTERM: no run starts, the running ones are asked to stop
+    processes: dict[int, subprocess.Popen] = {}
 
     def monitor() -> None:
         while not finished.wait(progress_every):
@@ -190,6 +232,8 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
             print("\n".join(progress_lines(runs, snapshot, logs)), flush=True)
 
     def one(run: Run) -> None:
+        if stopping.is_set():
+            return  # stopped before this run began: it stays unstarted (returncode None)
         start = time.perf_counter()
         index = runs.index(run)
         with lock:
@@ -201,8 +245,16 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
             if group is not None:
                 gpu_env, flags = gpu_arguments(group)
                 env, command = {**env, **gpu_env}, [*command, *flags]
-            with open(run.log, "w") as log:
-                returncode = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+            with open(run.log, "w" if only is None else "a") as log:  # (a resumed run's log grows)
+                # In a session of its own, so a terminal's Ctrl+C reaches the sweep alone, which passes exactly one
+                # on (a run stops at once, without writing its checkpoint, on a second).
+                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                           start_new_session=True)
+                with lock:
+                    processes[index] = process
+                    if stopping.is_set():  # the sweep was stopped while this run started
+                        process.send_signal(signal.SIGINT)
+                returncode = process.wait()
         finally:
             if group is not None:
                 groups.put(group)
@@ -212,20 +264,63 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
             running.discard(index)
             write_manifest(logs, family, runs)
             write_record(logs, family, runs)
-        status = "ok" if not run.failed else f"FAILED (exit {run.returncode}; see {run.log})"
+        status = "ok" if not run.failed else run.ending
+        if run.failed and stopping.is_set():  # (a run stopped before its training began exits 1, not 130)
+            status = f"stopped by the sweep (exit {run.returncode}; log {run.log})"
         print(f"{run.config.stem}{'' if run.seed is None else f' seed {run.seed}'}: {status} in "
               f"{time.perf_counter() - start:.0f} s", flush=True)
 
     where = "" if groups is None else f" on GPUs {', '.join(','.join(g) for g in list(groups.queue))}"
-    print(f"sweep: {len(runs)} runs, {jobs} at a time{where}, {threads} thread(s) each; logs in {logs}/", flush=True)
+    print(f"sweep: {len(todo)} runs, {jobs} at a time{where}, {threads} thread(s) each; logs in {logs}/", flush=True)
     if progress_every > 0:  # 0 means no table: a zero wait would print in a tight loop for the whole sweep
         threading.Thread(target=monitor, daemon=True).start()
+
+    def stop() -> None:
+        with lock:
+            first = not stopping.is_set()
+            stopping.set()
+            live = [process for process in processes.values() if process.poll() is None]
+            for process in live:
+                process.send_signal(signal.SIGINT)
+        print(f"\nsweep: stopping; no run starts, and the {len(live)} running write their last.ckpt and stop (Ctrl+C "
+              "again: at once, without writing)" if first else f"\nsweep: stopping the {len(live)} running at once",
+              flush=True)
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
+    futures = [pool.submit(one, run) for run in todo]
+    on_term = signal.getsignal(signal.SIGTERM)
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:  # a scheduler's SIGTERM stops the sweep as Ctrl+C does
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(one, runs))
+        while True:
+            try:
+                concurrent.futures.wait(futures)
+                break
+            except KeyboardInterrupt:
+                stop()
     finally:
         finished.set()
-    return logs, runs
+        pool.shutdown()
+        if in_main:
+            signal.signal(signal.SIGTERM, on_term)
+    for future in futures:
+        future.result()  # (a run's bookkeeping that raised, raised here)
+    if stopping.is_set():
+        raise SweepInterrupted(logs, runs)
+
+
+class SweepInterrupted(Exception):
+    """The sweep was stopped (Ctrl+C, SIGTERM): ``logs`` and ``runs`` as they ended, the unstarted with returncode
+    None; its manifest and record hold the same."""
+
+    def __init__(self, logs: Path, runs: list[Run]):
+        super().__init__(f"sweep stopped; its runs are recorded in {logs}/")
+        self.logs, self.runs = logs, runs
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def submit(runs: list[Run], command_of, logs: Path, family: str, parallel: int, threads: int, devices_per_run: int,

@@ -5,6 +5,7 @@ hyper-parameters — from its TensorBoard files, or from a record."""
 
 import json
 import math
+import signal
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ class Run:
     seed: int | None = None
     init_from: Path | None = None  # the checkpoint whose weights start the run (fine-tuning), if any
     stored: dict | None = None  # read from a sweep's record (no run folder needed): its result, curves, hparams
+    args: list[str] | None = None  # what it was launched with after ``python -m recipes fit`` (to resume it)
 
     @property
     def failed(self) -> bool:
@@ -35,6 +37,9 @@ class Run:
         """How a run that did not succeed ended, for the table's notes."""
         if self.returncode is None:
             return f"NOT FINISHED (the sweep stopped before this run ended; log {self.log})"
+        if self.returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+            return (f"INTERRUPTED (stopped by a signal, after writing its last.ckpt unless a second one came; "
+                    f"log {self.log})")
         return f"FAILED (exit {self.returncode}; log {self.log})"
 
 
@@ -47,7 +52,7 @@ def write_manifest(folder: Path, family: str, runs: list[Run]) -> None:
 def manifest_entry(run: Run) -> dict:
     return {"config": str(Path(run.config).resolve()), "folder": str(Path(run.folder).resolve()),
             "returncode": run.returncode, "log": None if run.log is None else str(run.log), "seed": run.seed,
-            "init_from": None if run.init_from is None else str(run.init_from)}
+            "init_from": None if run.init_from is None else str(run.init_from), "args": run.args}
 
 
 def write_json(path: Path, record: dict) -> None:
@@ -70,7 +75,7 @@ def read_manifest(folder: Path) -> tuple[str, list[Run]]:
                                 "or a sweep's record.json")
     record = json.loads(path.read_text())
     runs = [Run(Path(r["config"]), Path(r["folder"]), r["returncode"],
-                r["log"] and Path(r["log"]), r["seed"], r.get("init_from") and Path(r["init_from"]))
+                r["log"] and Path(r["log"]), r["seed"], r.get("init_from") and Path(r["init_from"]), args=r.get("args"))
             for r in record["runs"]]
     if (folder / "record.json").is_file() and any(not run.failed and not Path(run.folder).is_dir() for run in runs):
         return read_record(folder / "record.json")
@@ -88,6 +93,7 @@ def write_record(folder: Path, family: str, runs: list[Run]) -> Path:
     entries = []
     for run in runs:
         entry = manifest_entry(run)
+        entry.pop("args")  # (this machine's paths; the record travels)
         config = Path(run.config).resolve()
         if config.is_relative_to(CONFIG_DIR.resolve()):
             entry["config"] = config.relative_to(CONFIG_DIR.resolve()).as_posix()

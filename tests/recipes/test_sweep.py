@@ -654,3 +654,66 @@ def test_the_gpus_launcher_without_a_gpu_is_one_line_and_leaves_no_log_folder(tm
         main(["positions", "--only", "ssd_rope", "--launcher", "gpus"])
     assert info.value.code == "error: --launcher gpus: 0 visible GPU(s), fewer than --devices-per-run=1"  # a traceback
     assert not (tmp_path / "runs").exists()
+
+
+STOPPABLE = """import os, signal, sys, time
+print(' '.join(sys.argv[1:]), flush=True)
+received = []
+signal.signal(signal.SIGINT, lambda *_: received.append(time.time()))
+if os.environ.get("STUB_STOP_PARENT") == "1":
+    os.kill(os.getppid(), signal.SIGINT)  # the sweep's Ctrl+C, once this run is under way
+end = time.time() + 20
+while time.time() < end and not received:
+    time.sleep(0.05)
+time.sleep(0.5)  # (a second signal, had the sweep passed on more than one, would arrive in this time)
+print(f"signals {len(received)}", flush=True)
+sys.exit(130 if received else 0)
+"""
+
+
+def test_a_stopped_sweep_passes_one_signal_on_starts_nothing_more_and_resumes_where_it_stopped(tmp_path, monkeypatch,
+                                                                                               capsys):
+    """Ctrl+C: the running run gets exactly one SIGINT (its checkpoint-writing stop; a second stops it without
+    writing), no other run starts, and the manifest says which ended how. ``--resume`` runs again exactly the runs
+    that did not finish, with the arguments they were launched with, from their last.ckpt where they wrote one, and
+    the sweep's table then covers them all. (It was a KeyboardInterrupt traceback, and the pool ran on.)"""
+    import sys
+
+    import recipes.sweep.launch as sweep
+
+    monkeypatch.chdir(tmp_path)
+    stub = tmp_path / "stub.py"
+    stub.write_text(STOPPABLE)
+    monkeypatch.setattr(sweep, "python_command", lambda: [sys.executable, str(stub)])
+    monkeypatch.setenv("STUB_STOP_PARENT", "1")
+    family = tmp_path / "family"
+    family.mkdir()
+    for name in ("a", "b", "c"):
+        (family / f"{name}.yaml").write_text(TINY.format(name=name, width=16, mlp="components.MLP"))
+    with pytest.raises(SystemExit, match="130"):
+        main([str(family), "--jobs", "1", "--progress", "0", "--set", "trainer.max_steps=7"])
+    err = capsys.readouterr().err
+    [logs] = (tmp_path / "runs" / "sweep-logs").iterdir()
+    assert "sweep stopped: 0 of 3 runs finished\n  stopped or failed: a\n  not started: b, c" in err
+    assert f"python -m recipes.sweep --resume {logs.relative_to(tmp_path)}" in err
+    assert (logs / "a.log").read_text().splitlines()[-1] == "signals 1" and not (logs / "b.log").exists()
+    manifest = json.loads((logs / "sweep.json").read_text())
+    assert [r["returncode"] for r in manifest["runs"]] == [130, None, None]
+    assert manifest["runs"][0]["args"][-2:] == ["--trainer.max_steps", "7"]
+
+    # a wrote a checkpoint before it stopped; b and c never started.
+    (Path(manifest["runs"][0]["folder"]) / "checkpoints").mkdir(parents=True)
+    (Path(manifest["runs"][0]["folder"]) / "checkpoints" / "last.ckpt").write_bytes(b"")
+    monkeypatch.setenv("STUB_STOP_PARENT", "0")
+    monkeypatch.setattr(sweep, "python_command", lambda: [sys.executable, "-c", "import sys; print(' '.join(sys.argv[1:]))"])
+    with pytest.raises(SystemExit, match="--resume goes on with a sweep as it was launched"):
+        main(["--resume", str(logs), "--set", "trainer.max_steps=9"])
+    family_name, runs = sweep.resume(logs, progress_every=0)
+    assert family_name == "family" and [run.returncode for run in runs] == [0, 0, 0]
+    a_log = (logs / "a.log").read_text()
+    assert "signals 1" in a_log  # the log grew
+    assert a_log.rstrip().endswith(f"--trainer.max_steps 7 --ckpt_path {runs[0].folder}/checkpoints/last.ckpt")
+    assert (logs / "b.log").read_text().rstrip().endswith("--trainer.max_steps 7")  # from the start
+    before = (logs / "b.log").read_text()
+    sweep.resume(logs, progress_every=0)  # nothing left to run: nothing runs
+    assert (logs / "b.log").read_text() == before
