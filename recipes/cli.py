@@ -699,3 +699,8 @@ def main(args: list[str] | None = None, *, run: bool = True, parse_only: bool = 
     except SIGTERMException:
         print("SIGTERM received: training stopped", file=sys.stderr, flush=True)
         sys.exit(143)
+    except KeyboardInterrupt:  # before training (parsing, building, tokenizing) or after it: training has its own stop
+        if os.environ.get("HYBRID_ZOO_DEBUG"):
+            raise
+        print("interrupted (Ctrl+C) outside training: no checkpoint was due", file=sys.stderr, flush=True)
+        sys.exit(130)

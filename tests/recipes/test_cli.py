@@ -379,3 +379,17 @@ def test_a_resumed_run_says_how_many_steps_it_trained(tmp_path, monkeypatch, cap
     assert "fit finished: 4 steps, all before this run (max_steps 4 was reached already" in capsys.readouterr().out
     main([*short, "--trainer.max_steps", "6", "--ckpt_path", "last"])
     assert "fit finished: 6 steps (2 in this run, resumed at step 4)\n" in capsys.readouterr().out
+
+
+def test_ctrl_c_before_training_is_a_line_and_status_130_not_a_traceback(tmp_path, monkeypatch, capsys):
+    from recipes.cli import HybridCLI
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # as while a corpus is tokenized or the model is built
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(HybridCLI, "instantiate_trainer", interrupted)
+    with pytest.raises(SystemExit) as stopped:
+        main(TINY_FIT)
+    assert stopped.value.code == 130
+    assert "interrupted (Ctrl+C) outside training" in capsys.readouterr().err
