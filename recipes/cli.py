@@ -597,6 +597,11 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
         best_step, best = min(val, key=lambda item: item[1])
         last_step, last = val[-1]
         lines.append(f"  val/loss   last {last:.4f} (step {last_step})   best {best:.4f} (step {best_step})")
+        accuracy = history.get("val_acc") or []
+        if accuracy:  # (next-token accuracy: MQAR's measure, where the loss says little)
+            best_step, best = max(accuracy, key=lambda item: item[1])
+            last_step, last = accuracy[-1]
+            lines.append(f"  val/acc    last {last:.4f} (step {last_step})   best {best:.4f} (step {best_step})")
     elif steps > first and trainer.limit_val_batches:  # the last step validates, unless its epoch may not
         lines.append(f"  val/loss   none: no validation ran in these steps (check_val_every_n_epoch "
                      f"{trainer.check_val_every_n_epoch} skips this epoch's; --trainer.check_val_every_n_epoch 1, or "

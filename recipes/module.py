@@ -329,6 +329,7 @@ class LanguageModel(L.LightningModule):
             return
         loss = float(self.val_loss.compute())  # (the same value logged as val/loss)
         self.history["val"].append((self.trainer.global_step, loss))
+        self.history.setdefault("val_acc", []).append((self.trainer.global_step, float(self.val_acc.compute())))
         self.log("hp/final_val_loss", loss)
         self.log("hp/best_val_loss", min(value for _, value in self.history["val"]))
         self._log_sample()

@@ -51,10 +51,12 @@ def test_a_run_validates_the_weights_it_ends_with(steps, accumulate, logged_at, 
           "--trainer.accumulate_grad_batches", str(accumulate)])
     out = capsys.readouterr().out
     assert f"(step {steps})   best" in out  # the summary's last validation is the last step's
+    accuracy = out.split("val/acc    last ")[1].split(" (step")[0]
     [run] = (tmp_path / "runs" / "quickstart").iterdir()
     events = EventAccumulator(str(run))
     events.Reload()
     assert [e.step for e in events.Scalars("val/loss")] == logged_at  # (Lightning logs step k's at k - 1)
+    assert f"{events.Scalars('val/acc')[-1].value:.4f}" == accuracy  # the summary's accuracy is the one logged
 
 
 def test_missing_config_file_is_a_clear_error(tmp_path, monkeypatch):
@@ -240,6 +242,8 @@ def test_the_fit_summary_says_when_no_validation_ran():
     assert "val/loss   none: no validation ran in these steps (check_val_every_n_epoch 3 skips" in fit_summary(trainer, module)
     module.history["val"] = [(5, 3.25)]
     assert "val/loss   last 3.2500 (step 5)" in fit_summary(trainer, module)
+    module.history["val_acc"] = [(3, 0.5), (5, 0.25)]  # the best accuracy is the highest
+    assert "val/acc    last 0.2500 (step 5)   best 0.5000 (step 3)" in fit_summary(trainer, module)
     assert "none" not in fit_summary(SimpleNamespace(**{**vars(trainer), "limit_val_batches": 0}),
                                      SimpleNamespace(history={}))
 
