@@ -70,6 +70,11 @@ class StepProgressBar(RichProgressBar):
         return super()._get_train_description(current_epoch)
 
 
+def step_ended(trainer: L.Trainer, batch_idx: int) -> bool:
+    """Whether the batch that just ended completed an optimizer step (the last micro-batch under accumulation)."""
+    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+
+
 class ValidateFinalStep(L.Callback):
     """Validate the weights a run ends with. Lightning validates every ``val_check_interval`` batches and at the
     end of an epoch, so a run whose ``max_steps`` is no multiple of the interval ended unvalidated: its reported
@@ -78,8 +83,8 @@ class ValidateFinalStep(L.Callback):
     a run whose last step is a validation step validates once, as before."""
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        if (batch_idx + 1) % trainer.accumulate_grad_batches:
-            return  # mid-accumulation: the step has not ended
+        if not step_ended(trainer, batch_idx):
+            return
         if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
             trainer.should_stop = True
 
@@ -339,7 +344,7 @@ class CheckpointPolicy(Checkpoint):
     # ---- when ----------------------------------------------------------------------------------
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+        if not step_ended(trainer, batch_idx):
             return  # mid-accumulation: no optimizer step has completed, nothing to write or stop at
         due = bool(self.every_n_steps) and trainer.global_step % self.every_n_steps == 0
         stop = self._signal is not None

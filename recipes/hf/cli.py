@@ -41,32 +41,31 @@ def main(argv: list[str] | None = None) -> None:
             checkpoint, recipe = write_checkpoint(args.folder, args.out, overwrite=args.force)
             print(f"wrote {checkpoint} and {recipe}\nfine-tune: python -m recipes fit --config {recipe}")
             return
-        checkpoint, trusted = export_checkpoint(args.checkpoint, args.config)
-        data = export_data(checkpoint, args.config)
-        export(checkpoint, args.out, data=data, allow_classes=[*args.allow_classes, *trusted],
+        from recipes.runs import load_recipe, trusted_classes
+
+        recipe = load_recipe(args.config) if args.config else {}
+        checkpoint = export_checkpoint(args.checkpoint, recipe, args.config)
+        data = export_data(checkpoint, recipe, args.config)
+        # the recipe's own bindings are trusted, as generate and eval trust them
+        export(checkpoint, args.out, data=data, allow_classes=trusted_classes(recipe, args),
                max_shard_size=args.max_shard_size, overwrite=args.force)
     except (FileNotFoundError, FileExistsError, ValueError, TypeError) as error:
         sys.exit(f"error: {error}")
 
 
-def export_checkpoint(checkpoint: str, config: str | None) -> tuple[str, list[str]]:
-    """The checkpoint file (``last``/``best``: the newest of the recipe's runs, as for ``generate``) and the classes
-    it may name besides the zoo's: the recipe's own bindings, trusted as ``generate`` and ``eval`` trust them."""
-    from recipes.checkpoints import class_paths
-    from recipes.runs import checkpoint_path, load_recipe
+def export_checkpoint(checkpoint: str, recipe: dict, config: str | None) -> str:
+    """The checkpoint file: ``last``/``best`` is the newest of the recipe's runs, as for ``generate``."""
+    from recipes.runs import checkpoint_path
 
-    if config is None:
-        if checkpoint in ("last", "best"):
-            raise ValueError(f"{checkpoint}: the newest {checkpoint}.ckpt of which recipe's runs? give --config RECIPE")
-        return checkpoint, []
-    recipe = load_recipe(config)
-    return checkpoint_path(recipe, checkpoint, config), class_paths(recipe.get("model") or {})
+    if config is None and checkpoint in ("last", "best"):
+        raise ValueError(f"{checkpoint}: the newest {checkpoint}.ckpt of which recipe's runs? give --config RECIPE")
+    return checkpoint_path(recipe, checkpoint, config)
 
 
-def export_data(checkpoint: str, config: str | None):
+def export_data(checkpoint: str, recipe: dict, config: str | None):
     """The data module whose tokenizer goes with the export: the recipe's (``--config``) with the run's own data
     settings when its ``config.yaml`` is beside the checkpoint."""
-    from recipes.runs import data_module, load_recipe, run_folder, with_run_data
+    from recipes.runs import data_module, run_folder, with_run_data
 
     if not Path(checkpoint).exists():  # before asking for the recipe that goes with it
         raise FileNotFoundError(f"{checkpoint}: no such checkpoint file")
@@ -74,5 +73,4 @@ def export_data(checkpoint: str, config: str | None):
     if config is None and (folder is None or not (folder / "config.yaml").is_file()):
         raise ValueError(f"{checkpoint} is not in a run folder with a config.yaml: give --config RECIPE, whose data "
                          "module's tokenizer goes with the model")
-    recipe = load_recipe(config) if config else {}
     return data_module(with_run_data(recipe, Path(checkpoint)), text_only=True)  # its tokenizer is all it takes

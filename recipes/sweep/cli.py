@@ -165,9 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         except (FileNotFoundError, ValueError) as error:
             sys.exit(f"error: {error}")
         except SweepInterrupted as stopped:
-            write_record(stopped.logs, family_of(stopped.logs), stopped.runs)
-            print(stopped_summary(stopped.runs, stopped.logs), file=sys.stderr, flush=True)
-            sys.exit(130)
+            stop_here(stopped)
         write_record(Path(args.resume), family, runs)
         args.from_logs = [args.resume]  # the table of all its runs, as --from gives it
     if args.from_logs is not None:
@@ -208,9 +206,8 @@ def main(argv: list[str] | None = None) -> None:
             out = Path("runs") / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S-record")
         print(report(runs, out, family, seeded, args.baseline, args.vs, args.metric, args.margin))
         print(f"\ntable and figures: {out}/")
-        failed = [run.config.stem for run in runs if run.failed]
-        if args.resume is not None and failed:
-            sys.exit(f"error: {len(failed)} of {len(runs)} runs failed: {', '.join(failed)}")
+        if args.resume is not None:
+            exit_if_failed(runs)
         return
     if args.folder is None:
         sys.exit("error: name a folder of recipes (or --from a sweep's log folder)")
@@ -300,9 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as error:  # a launcher that cannot run here (no GPU for --launcher gpus), named
             sys.exit(f"error: {error}")
         except SweepInterrupted as stopped:
-            write_record(stopped.logs, family, stopped.runs)
-            print(stopped_summary(stopped.runs, stopped.logs), file=sys.stderr, flush=True)
-            sys.exit(130)
+            stop_here(stopped)
         write_record(logs, family, runs)
     print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
     roots = {logger_root(run.config).parent for run in runs}
@@ -312,13 +307,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.table_only and unrun:
         print(f"not run yet, so not in the table: {', '.join(unrun)} (python -m recipes.sweep {args.folder} --only "
               f"{' '.join(unrun)} runs them)", file=sys.stderr)
+    exit_if_failed(runs)
+
+
+def exit_if_failed(runs: list) -> None:
     failed = [run.config.stem for run in runs if run.failed]
     if failed:
         sys.exit(f"error: {len(failed)} of {len(runs)} runs failed: {', '.join(failed)}")
 
 
-def family_of(logs: Path) -> str:
-    return read_manifest(logs)[0]
+def stop_here(stopped: SweepInterrupted) -> None:
+    """A stopped sweep's ending: its record, what it left and what to run next, status 130."""
+    write_record(stopped.logs, stopped.family, stopped.runs)
+    print(stopped_summary(stopped.runs, stopped.logs), file=sys.stderr, flush=True)
+    sys.exit(130)
 
 
 def stopped_summary(runs: list, logs: Path) -> str:

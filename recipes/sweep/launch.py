@@ -307,16 +307,16 @@ def run_here(runs: list[Run], command_of, logs: Path, family: str, jobs: int, th
     for future in futures:
         future.result()  # (a run's bookkeeping that raised, raised here)
     if stopping.is_set():
-        raise SweepInterrupted(logs, runs)
+        raise SweepInterrupted(logs, family, runs)
 
 
 class SweepInterrupted(Exception):
-    """The sweep was stopped (Ctrl+C, SIGTERM): ``logs`` and ``runs`` as they ended, the unstarted with returncode
-    None; its manifest and record hold the same."""
+    """The sweep was stopped (Ctrl+C, SIGTERM): its ``logs`` folder, ``family`` and ``runs`` as they ended, the
+    unstarted with returncode None; its manifest and record hold the same."""
 
-    def __init__(self, logs: Path, runs: list[Run]):
+    def __init__(self, logs: Path, family: str, runs: list[Run]):
         super().__init__(f"sweep stopped; its runs are recorded in {logs}/")
-        self.logs, self.runs = logs, runs
+        self.logs, self.family, self.runs = logs, family, runs
 
 
 def _interrupt(signum, frame) -> None:
