@@ -82,6 +82,11 @@ class MixedCorpus(ResumableDataModule):
             if corpus.seq_len != seq_len:
                 raise ValueError(f"MixedCorpus: corpora[{i}] was built with seq_len={corpus.seq_len}, the mixture's "
                                  f"is {seq_len}: every corpus's windows are the mixture's length")
+        ends = [corpus.end_of_document_token for corpus in self.corpora]
+        if len(set(ends)) > 1:  # one corpus's documents would end in a token the others' never do
+            named = ", ".join(f"corpora[{i}]: {end!r}" for i, end in enumerate(ends))
+            raise ValueError(f"MixedCorpus: the corpora end their documents with different tokens ({named}); give "
+                             "every corpus one end_of_document_token, so a model learns one end and generation stops at it")
         self.weights = [float(w) for w in weights]
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.vocab_size = max(c.vocab_size for c in self.corpora)

@@ -414,6 +414,12 @@ def test_a_mixture_takes_its_proportions_and_resumes_exactly(tmp_path):
         clash.setup()
     with pytest.raises(ValueError, match="give one weight per corpus"):
         MixedCorpus([{"paths": small, **common}], [1, 2])
+    # one tokenizer holding both tokens: the documents of one corpus would end in a token the mixture never reports
+    both = tmp_path / "both.json"
+    word_level(both, ["brown", "<eod>", "<|endoftext|>"])
+    with pytest.raises(ValueError, match=r"different tokens \(corpora\[0\]: '<\|endoftext\|>', corpora\[1\]: '<eod>'\)"):
+        MixedCorpus([{"paths": small, **common, "tokenizer": str(both)},
+                     {"paths": large, **common, "tokenizer": str(both), "end_of_document_token": "<eod>"}], [1, 1])
     # a corpus's own setting that the mixture would override, a typo, a built corpus of another length: named
     with pytest.raises(ValueError, match=r"corpora\[1\] sets seq_len; the mixture's seq_len, batch_size and seed"):
         MixedCorpus([{"paths": small, **common}, {"paths": large, "seq_len": 16, **common}], [1, 1], seq_len=8)
