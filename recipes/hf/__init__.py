@@ -186,12 +186,18 @@ def hf_architecture(model: HybridLM):
 
 
 def shard_size(text: str | int) -> int:
+    """Bytes from ``2GB``, ``500MB``, ``1000000`` or an int; a size under one byte is refused (every tensor would be
+    a shard of its own)."""
     if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?B)?\s*", str(text).upper())
-    if not match:
-        raise ValueError(f"max_shard_size {text!r} is not a size such as 2GB, 500MB or 1000000")
-    return int(float(match.group(1)) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, None: 1}[match.group(2)])
+        size = text
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?B)?\s*", str(text).upper())
+        if not match:
+            raise ValueError(f"max_shard_size {text!r} is not a size such as 2GB, 500MB or 1000000")
+        size = int(float(match.group(1)) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, None: 1}[match.group(2)])
+    if size < 1:
+        raise ValueError(f"max_shard_size {text!r} is under one byte: give a size such as 2GB or 500MB")
+    return size
 
 
 def write_weights(state: dict[str, torch.Tensor], out: Path, max_shard_size: int) -> list[str]:
@@ -240,6 +246,7 @@ def export(source, out: str | Path, *, data=None, allow_classes=(), max_shard_si
     from recipes.hf.tokenizer import write_tokenizer
 
     out = Path(out)
+    shard_bytes = shard_size(max_shard_size)  # (before anything is written or cleared)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} is a file: the export writes a folder")
     occupied = out.is_dir() and any(out.iterdir())
@@ -261,7 +268,7 @@ def export(source, out: str | Path, *, data=None, allow_classes=(), max_shard_si
                 stale.unlink()
     out.mkdir(parents=True, exist_ok=True)
     state = to_hf(config, model.state_dict())
-    files = write_weights(state, out, shard_size(max_shard_size))
+    files = write_weights(state, out, shard_bytes)
     config["torch_dtype"] = config["dtype"]
     tokenizer = "none"
     eos = None

@@ -381,6 +381,10 @@ def test_export_into_a_folder_with_files_is_refused_and_forced_leaves_no_stale_s
             p.mul_(0.5)  # a different model, exported over the first
     with pytest.raises(FileExistsError, match="exported is not empty: choose a new folder, or --force"):
         export(zoo, tmp_path / "exported", data=TextCorpus())
+    for size, problem in (("0", "is under one byte"), ("lots", "is not a size such as 2GB")):  # nothing cleared
+        with pytest.raises(ValueError, match=f"max_shard_size '{size}' {problem}"):
+            export(zoo, tmp_path / "exported", data=TextCorpus(), max_shard_size=size, overwrite=True)
+        assert len(list((tmp_path / "exported").glob("model-*"))) > 1
     (tmp_path / "exported" / "notes.txt").write_text("mine")
     export(zoo, tmp_path / "exported", data=TextCorpus(), overwrite=True)  # one file now: the shards must go
     assert not list((tmp_path / "exported").glob("model-*")) and (tmp_path / "exported" / "notes.txt").exists()
