@@ -3,6 +3,7 @@ process, ``jobs`` at a time on this machine's cores, one per GPU group, or as a 
 and record rewritten as each run ends, and the progress reported while they run."""
 
 import concurrent.futures
+import contextlib
 import os
 import queue
 import signal
@@ -173,12 +174,36 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
             runs.append(run)
     write_manifest(logs, family, runs)
     command_of = lambda run: [*python_command(), *run.args]  # noqa: E731
-    if launcher == "slurm":
-        threads = threads or max(1, (os.cpu_count() or 1) // jobs)
-        return logs, submit(runs, command_of, logs, family, jobs, threads, devices_per_run, submitit_cluster,
-                            slurm or {}, progress_every)
-    run_here(runs, command_of, logs, family, jobs, threads, found if launcher == "gpus" else None, progress_every)
+    with sweep_lock(logs) as held:
+        if launcher == "slurm":
+            threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+            return logs, submit(runs, command_of, logs, family, jobs, threads, devices_per_run, submitit_cluster,
+                                slurm or {}, progress_every)
+        run_here(runs, command_of, logs, family, jobs, threads, found if launcher == "gpus" else None, progress_every,
+                 held=held)
     return logs, runs
+
+
+@contextlib.contextmanager
+def sweep_lock(logs: Path):
+    """Hold ``logs/sweep.lock`` (an exclusive ``flock``) while the sweep runs; the runs it starts share it (their
+    processes inherit it), so it stays held until the sweep and every run it started are gone, however they end — a
+    sweep killed outright leaves its runs going. Yields the held file; raises ValueError where it is held already,
+    naming the runs recorded as running."""
+    import fcntl
+
+    with open(logs / "sweep.lock", "a") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _, runs = read_manifest(logs)
+            running = [f"{run.config.stem}{'' if run.seed is None else f' seed {run.seed}'} (process {run.pid})"
+                       for run in runs if run.returncode is None and run.pid is not None]
+            who = ", ".join(running) or f"`fuser {logs}/sweep.lock` names the processes"
+            raise ValueError(f"{logs}: the sweep or a run it started still runs ({who}); a second writer would share "
+                             "its run folders: stop it (kill -INT <process>, which writes its last.ckpt) or let it end, "
+                             "then resume") from None
+        yield held
 
 
 def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every: float = 60.0) -> tuple[str, list[Run]]:
@@ -201,17 +226,20 @@ def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every
         last = Path(run.folder) / "checkpoints" / "last.ckpt"
         return [*python_command(), *run.args, *(["--ckpt_path", str(last)] if last.is_file() else [])]
 
-    for run in pending:
-        run.returncode = None
-    write_manifest(logs, family, runs)
-    run_here(runs, command_of, logs, family, jobs, threads, None, progress_every, only=pending)
+    with sweep_lock(logs) as held:
+        for run in pending:
+            run.returncode = None
+        write_manifest(logs, family, runs)
+        run_here(runs, command_of, logs, family, jobs, threads, None, progress_every, only=pending, held=held)
     return family, runs
 
 
 def run_here(runs: list[Run], command_of, logs: Path, family: str, jobs: int, threads: int | None,
-             gpu_groups: list[list[str]] | None, progress_every: float, only: list[Run] | None = None) -> None:
+             gpu_groups: list[list[str]] | None, progress_every: float, only: list[Run] | None = None,
+             held=None) -> None:
     """Run ``only`` (default: all of ``runs``) on this machine, ``jobs`` at a time (one per GPU group with
-    ``gpu_groups``), rewriting the manifest and record of all ``runs`` as each ends."""
+    ``gpu_groups``), rewriting the manifest and record of all ``runs`` as each ends; each run's process shares
+    ``held``, the sweep's lock file (:func:`sweep_lock`)."""
     todo = runs if only is None else only
     lock = threading.Lock()
     groups: queue.Queue | None = None
@@ -249,9 +277,11 @@ def run_here(runs: list[Run], command_of, logs: Path, family: str, jobs: int, th
                 # In a session of its own, so a terminal's Ctrl+C reaches the sweep alone, which passes exactly one
                 # on (a run stops at once, without writing its checkpoint, on a second).
                 process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                           start_new_session=True)
+                                           start_new_session=True, pass_fds=() if held is None else (held.fileno(),))
                 with lock:
                     processes[index] = process
+                    run.pid = process.pid
+                    write_manifest(logs, family, runs)  # (named by a resume while it runs on past a killed sweep)
                     if stopping.is_set():  # the sweep was stopped while this run started
                         process.send_signal(signal.SIGINT)
                 returncode = process.wait()
@@ -259,7 +289,7 @@ def run_here(runs: list[Run], command_of, logs: Path, family: str, jobs: int, th
             if group is not None:
                 groups.put(group)
         with lock:  # the record grows as runs end: a sweep stopped halfway keeps its finished runs' numbers
-            run.returncode = returncode
+            run.returncode, run.pid = returncode, None
             run.stored = stored_numbers(run)  # read once, here
             running.discard(index)
             write_manifest(logs, family, runs)

@@ -27,6 +27,7 @@ class Run:
     init_from: Path | None = None  # the checkpoint whose weights start the run (fine-tuning), if any
     stored: dict | None = None  # read from a sweep's record (no run folder needed): its result, curves, hparams
     args: list[str] | None = None  # what it was launched with after ``python -m recipes fit`` (to resume it)
+    pid: int | None = None  # its process's id while it runs on this machine (named if the sweep dies before it)
 
     @property
     def failed(self) -> bool:
@@ -52,7 +53,7 @@ def write_manifest(folder: Path, family: str, runs: list[Run]) -> None:
 def manifest_entry(run: Run) -> dict:
     return {"config": str(Path(run.config).resolve()), "folder": str(Path(run.folder).resolve()),
             "returncode": run.returncode, "log": None if run.log is None else str(run.log), "seed": run.seed,
-            "init_from": None if run.init_from is None else str(run.init_from), "args": run.args}
+            "init_from": None if run.init_from is None else str(run.init_from), "args": run.args, "pid": run.pid}
 
 
 def write_json(path: Path, record: dict) -> None:
@@ -75,7 +76,8 @@ def read_manifest(folder: Path) -> tuple[str, list[Run]]:
                                 "or a sweep's record.json")
     record = json.loads(path.read_text())
     runs = [Run(Path(r["config"]), Path(r["folder"]), r["returncode"],
-                r["log"] and Path(r["log"]), r["seed"], r.get("init_from") and Path(r["init_from"]), args=r.get("args"))
+                r["log"] and Path(r["log"]), r["seed"], r.get("init_from") and Path(r["init_from"]), args=r.get("args"),
+                pid=r.get("pid"))
             for r in record["runs"]]
     if (folder / "record.json").is_file() and any(not run.failed and not Path(run.folder).is_dir() for run in runs):
         return read_record(folder / "record.json")

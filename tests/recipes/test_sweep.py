@@ -724,3 +724,63 @@ def test_a_stopped_sweep_passes_one_signal_on_starts_nothing_more_and_resumes_wh
     before = (logs / "b.log").read_text()
     sweep.resume(logs, progress_every=0)  # nothing left to run: nothing runs
     assert (logs / "b.log").read_text() == before
+
+
+def test_a_sweep_killed_outright_leaves_its_running_run_holding_the_sweep_and_resume_waits_for_it(tmp_path,
+                                                                                                   monkeypatch):
+    """A sweep killed with SIGKILL (a closed terminal, an out-of-memory kill) cannot stop its runs, which live in
+    sessions of their own: ``--resume`` then would start a second writer into a run folder still written. The runs
+    share the sweep's lock, so resume is refused, naming the run and its process, until that run has ended."""
+    import fcntl
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import recipes.sweep.launch as sweep
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "family").mkdir()
+    (tmp_path / "family" / "a.yaml").write_text(TINY.format(name="a", width=16, mlp="components.MLP"))
+    stub = tmp_path / "stub.py"  # a run: says where it is, then trains for a minute
+    stub.write_text("import os, time\nopen('started', 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    driver = tmp_path / "driver.py"
+    driver.write_text("import sys\nimport recipes.sweep.launch as sweep\n"
+                      f"sweep.python_command = lambda: [sys.executable, {str(stub)!r}]\n"
+                      "from recipes.sweep.cli import main\nmain(['family', '--progress', '0'])\n")
+    sweeper = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_pid = None
+    try:
+        for _ in range(600):
+            if (tmp_path / "started").is_file() and (tmp_path / "started").read_text():
+                run_pid = int((tmp_path / "started").read_text())
+                break
+            time.sleep(0.05)
+        assert run_pid is not None, "the sweep's run never started"
+        sweeper.kill()
+        sweeper.wait()
+        [logs] = (tmp_path / "runs" / "sweep-logs").iterdir()
+        assert json.loads((logs / "sweep.json").read_text())["runs"][0]["pid"] == run_pid
+        with pytest.raises(ValueError, match=rf"the sweep or a run it started still runs \(a \(process {run_pid}\)\)"):
+            sweep.resume(logs, progress_every=0)
+        os.kill(run_pid, signal.SIGKILL)
+        for _ in range(200):  # (the run is not this process's child: wait until its exit has freed the lock)
+            with open(logs / "sweep.lock") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    time.sleep(0.05)
+        monkeypatch.setattr(sweep, "python_command", lambda: [sys.executable, "-c", "print('resumed')"])
+        _, runs = sweep.resume(logs, progress_every=0)
+        assert runs[0].returncode == 0 and (logs / "a.log").read_text().rstrip().endswith("resumed")
+        assert json.loads((logs / "sweep.json").read_text())["runs"][0]["pid"] is None
+    finally:
+        if sweeper.poll() is None:
+            sweeper.kill()
+        if run_pid is not None:
+            try:
+                os.kill(run_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
