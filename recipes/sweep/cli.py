@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
                              "(several: one table of all their runs, written into the first)")
     parser.add_argument("--resume", metavar="LOGS", default=None,
                         help="go on with a stopped sweep (its runs/sweep-logs/<time> folder): each run that did not "
-                             "finish runs again as launched, from its last.ckpt; then the table of all its runs")
+                             "finish runs again as launched, from its last.ckpt, with the sweep's launcher unless "
+                             "--launcher is given; then the table of all its runs")
     parser.add_argument("--only", nargs="+", action="extend", default=None, help="recipe names (file stems) to run")
     parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                         help="overrides for every run")
@@ -123,10 +124,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --seeds: start at this seed (seeds K … K+N-1), to add seeds to an earlier sweep, "
                              "then tabulate both with --from")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (threads split between them)")
-    parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
+    parser.add_argument("--launcher", choices=LAUNCHERS, default=None,
                         help="local: this machine's cores; gpus: one run per visible GPU (or group of --devices-per-run); "
-                             "slurm: a submitit job array (pip install submitit), requeued from last.ckpt on preemption")
-    parser.add_argument("--devices-per-run", type=positive_int, default=1, help="GPUs per run (gpus, slurm)")
+                             "slurm: a submitit job array (pip install submitit), requeued from last.ckpt on preemption "
+                             "(default local; with --resume, the sweep's own)")
+    parser.add_argument("--devices-per-run", type=positive_int, default=None,
+                        help="GPUs per run (gpus, slurm; default 1; with --resume, the sweep's own)")
     parser.add_argument("--slurm", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                         help="submitit parameters for --launcher slurm: slurm_partition=gpu timeout_min=600 …")
     parser.add_argument("--submitit-cluster", choices=["slurm", "local", "debug"], default=None,
@@ -161,7 +164,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.jobs < 1:
             sys.exit(f"error: --jobs {args.jobs} must be >= 1")
         try:
-            family, runs = resume(Path(args.resume), args.jobs, args.threads, args.progress)
+            family, runs = resume(Path(args.resume), args.jobs, args.threads, args.progress, launcher=args.launcher,
+                                  devices_per_run=args.devices_per_run, submitit_cluster=args.submitit_cluster,
+                                  slurm=slurm_parameters(parser, args.slurm) or None)
         except (FileNotFoundError, ValueError) as error:
             sys.exit(f"error: {error}")
         except SweepInterrupted as stopped:
@@ -286,14 +291,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"error: --table-only: no recipe of {family} has a run under {logger_root(configs[0]).parent}/ "
                      "yet; drop --table-only to run them")
     else:
-        slurm = dict(item.split("=", 1) for item in args.slurm if "=" in item)
-        if len(slurm) != len(args.slurm):
-            parser.error(f"--slurm takes KEY=VALUE items; got {args.slurm}")
-        slurm = {k: int(v) if v.isdigit() else v for k, v in slurm.items()}
         try:
             logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress, args.threads,
-                                args.launcher, args.devices_per_run, args.submitit_cluster, slurm, args.first_seed,
-                                init_from)
+                                args.launcher or "local", args.devices_per_run or 1, args.submitit_cluster,
+                                slurm_parameters(parser, args.slurm), args.first_seed, init_from)
         except ValueError as error:  # a launcher that cannot run here (no GPU for --launcher gpus), named
             sys.exit(f"error: {error}")
         except SweepInterrupted as stopped:
@@ -308,6 +309,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"not run yet, so not in the table: {', '.join(unrun)} (python -m recipes.sweep {args.folder} --only "
               f"{' '.join(unrun)} runs them)", file=sys.stderr)
     exit_if_failed(runs)
+
+
+def slurm_parameters(parser: argparse.ArgumentParser, items: list[str]) -> dict:
+    """``--slurm KEY=VALUE …`` as submitit's keywords (digits as ints)."""
+    slurm = dict(item.split("=", 1) for item in items if "=" in item)
+    if len(slurm) != len(items):
+        parser.error(f"--slurm takes KEY=VALUE items; got {items}")
+    return {k: int(v) if v.isdigit() else v for k, v in slurm.items()}
 
 
 def exit_if_failed(runs: list) -> None:

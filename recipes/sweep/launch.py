@@ -4,6 +4,7 @@ and record rewritten as each run ends, and the progress reported while they run.
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -173,6 +174,8 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
                         *overrides]
             runs.append(run)
     write_manifest(logs, family, runs)
+    how = dict(launcher=launcher, devices_per_run=devices_per_run, submitit_cluster=submitit_cluster, slurm=slurm or {})
+    (logs / "launcher.json").write_text(json.dumps(how, indent=1))  # (a resume launches as the sweep did)
     command_of = lambda run: [*python_command(), *run.args]  # noqa: E731
     with sweep_lock(logs) as held:
         if launcher == "slurm":
@@ -206,14 +209,24 @@ def sweep_lock(logs: Path):
         yield held
 
 
-def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every: float = 60.0) -> tuple[str, list[Run]]:
+def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every: float = 60.0,
+           **launcher) -> tuple[str, list[Run]]:
     """Go on with a stopped sweep (its log folder ``logs``): each run that did not finish runs again with the
     arguments it was launched with, from its ``last.ckpt`` where it wrote one (exactly where it stopped, into its
-    own run folder) and from the start where it did not; its log grows. Returns the family and all the runs."""
+    own run folder) and from the start where it did not; its log grows. It runs where the sweep ran its runs (its
+    ``launcher.json``: the launcher, devices per run, submitit's cluster and SLURM parameters); ``launcher`` holds
+    those of them given anew (``launcher=``, ``devices_per_run=``, ``submitit_cluster=``, ``slurm=``; None: as
+    recorded). Returns the family and all the runs."""
     family, runs = read_manifest(logs)
     if any(run.stored is not None for run in runs):
         raise ValueError(f"{logs}: a sweep's record holds its runs' numbers, not the runs; give the log folder of a "
                          "sweep whose run folders are on this machine")
+    recorded = json.loads((logs / "launcher.json").read_text()) if (logs / "launcher.json").is_file() else {}
+    unknown = set(launcher) - {"launcher", "devices_per_run", "submitit_cluster", "slurm"}
+    if unknown:
+        raise TypeError(f"resume: unknown launcher settings {sorted(unknown)}")
+    how = {"launcher": "local", "devices_per_run": 1, "submitit_cluster": None, "slurm": {}, **recorded,
+           **{key: value for key, value in launcher.items() if value is not None}}
     pending = [run for run in runs if run.returncode != 0]
     unrecorded = [run.config.stem for run in pending if run.args is None]
     if unrecorded:
@@ -221,6 +234,7 @@ def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every
                          "arguments, so they cannot be resumed from here; run the family again")
     if not pending:
         return family, runs
+    found = device_groups(visible_gpus(), how["devices_per_run"]) if how["launcher"] == "gpus" else None
 
     def command_of(run: Run) -> list[str]:
         last = Path(run.folder) / "checkpoints" / "last.ckpt"
@@ -230,7 +244,11 @@ def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every
         for run in pending:
             run.returncode = None
         write_manifest(logs, family, runs)
-        run_here(runs, command_of, logs, family, jobs, threads, None, progress_every, only=pending, held=held)
+        if how["launcher"] == "slurm":  # (a job appends its own --ckpt_path, as on a requeue)
+            submit(pending, command_of, logs, family, jobs, threads or max(1, (os.cpu_count() or 1) // jobs),
+                   how["devices_per_run"], how["submitit_cluster"], how["slurm"], progress_every, manifest=runs)
+        else:
+            run_here(runs, command_of, logs, family, jobs, threads, found, progress_every, only=pending, held=held)
     return family, runs
 
 
@@ -354,9 +372,10 @@ def _interrupt(signum, frame) -> None:
 
 
 def submit(runs: list[Run], command_of, logs: Path, family: str, parallel: int, threads: int, devices_per_run: int,
-           cluster: str | None, slurm: dict, progress_every: float) -> list[Run]:
+           cluster: str | None, slurm: dict, progress_every: float, manifest: list[Run] | None = None) -> list[Run]:
     """The runs as one submitit job array (SLURM, or local processes with ``cluster="local"``); waits for every
-    job, then the sweep tabulates exactly these runs as any other (``--from`` on its folder later works too)."""
+    job, then the sweep tabulates exactly these runs as any other (``--from`` on its folder later works too).
+    ``manifest``: all the sweep's runs, of which ``runs`` are some (a resume), recorded as they end (default ``runs``)."""
     executor = submitit_executor(logs / "submitit", cluster=cluster, devices_per_run=devices_per_run,
                                  parallel=parallel, slurm=slurm)
     env = {"OMP_NUM_THREADS": str(threads)}
@@ -364,10 +383,12 @@ def submit(runs: list[Run], command_of, logs: Path, family: str, parallel: int, 
         submitted = [executor.submit(RecipeJob(command_of(run), env, run.log, run.folder, Path.cwd())) for run in runs]
     print(f"sweep: {len(runs)} runs submitted as a job array ({executor.cluster}, {parallel} at a time); logs in "
           f"{logs}/, submitit's in {logs / 'submitit'}/", flush=True)
+    reported = time.monotonic()
     while not all(job.done() for job in submitted):
-        time.sleep(min(progress_every, 5.0) if progress_every else 5.0)
-        waiting = {i for i, job in enumerate(submitted) if not job.done()}
-        if progress_every:
+        time.sleep(0.5)  # (a job's state is a file submitit reads; the table prints every progress_every seconds)
+        if progress_every and time.monotonic() - reported >= progress_every:
+            reported = time.monotonic()
+            waiting = {i for i, job in enumerate(submitted) if not job.done()}
             print("\n".join(progress_lines(runs, waiting, logs)), flush=True)
     for run, job in zip(runs, submitted):
         try:
@@ -376,5 +397,5 @@ def submit(runs: list[Run], command_of, logs: Path, family: str, parallel: int, 
             run.returncode = -1
             with open(run.log, "a") as log:
                 log.write(f"\nsubmitit: the job failed: {str(error).splitlines()[-1] if str(error) else error!r}\n")
-    write_manifest(logs, family, runs)
+    write_manifest(logs, family, runs if manifest is None else manifest)
     return runs

@@ -498,6 +498,52 @@ def test_gpus_launcher_gives_each_concurrent_run_its_own_device(tmp_path, monkey
     # progress_every=0 prints no progress table: CI once lost a worker to a zero-wait loop that printed one
     # table after another for the whole sweep
     assert "[sweep " not in out
+    assert json.loads((logs / "launcher.json").read_text()) == dict(launcher="gpus", devices_per_run=1,
+                                                                     submitit_cluster=None, slurm={})
+    # a resume runs where the sweep ran (on the GPUs, given the same flags) unless told otherwise
+    for run in runs:
+        run.folder.mkdir(parents=True)  # (as a run leaves it; else the sweep's record.json would stand for the runs)
+    for launcher in (None, "local"):
+        manifest = json.loads((logs / "sweep.json").read_text())
+        manifest["runs"][1]["returncode"] = 1
+        (logs / "sweep.json").write_text(json.dumps(manifest))
+        sweep.resume(logs, progress_every=0, launcher=launcher)
+        resumed = json.loads(runs[1].log.read_text().strip().splitlines()[-1])
+        assert ("--trainer.accelerator" in resumed["args"]) == (launcher is None), resumed["args"]
+    assert "1 runs, 2 at a time on GPUs" in capsys.readouterr().out
+
+
+def test_a_slurm_sweep_resumes_as_a_job_array(tmp_path, monkeypatch, capsys):
+    """A sweep submitted as a job array resumes as one (submitit's local executor stands in for SLURM): only its
+    unfinished runs, with the SLURM parameters it was launched with; a resume on the login node's cores would be
+    the wrong machine."""
+    pytest.importorskip("submitit")
+    import sys
+
+    import recipes.sweep.launch as sweep
+
+    monkeypatch.chdir(tmp_path)
+    stub = tmp_path / "stub.py"
+    stub.write_text("import sys\nprint(' '.join(sys.argv[1:]))\n")
+    monkeypatch.setattr(sweep, "python_command", lambda: [sys.executable, str(stub)])
+    family = tmp_path / "family"
+    family.mkdir()
+    (family / "a.yaml").write_text(TINY.format(name="a", width=16, mlp="components.MLP"))
+    logs, runs = sweep.launch(sorted(family.glob("*.yaml")), [], seeds=2, jobs=1, family="family", progress_every=0)
+    # (run here, the sweep is quicker than submitit's local executor; its record made what a job array's would be)
+    (logs / "launcher.json").write_text(json.dumps(dict(launcher="slurm", devices_per_run=1, submitit_cluster="local",
+                                                        slurm={"timeout_min": 5})))
+    for run in runs:
+        run.folder.mkdir(parents=True)  # (as a run leaves it)
+    manifest = json.loads((logs / "sweep.json").read_text())
+    manifest["runs"][0]["returncode"] = 130
+    (logs / "sweep.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    family_name, resumed = sweep.resume(logs, progress_every=0)
+    assert "sweep: 1 runs submitted as a job array (local" in capsys.readouterr().out
+    assert [run.returncode for run in resumed] == [0, 0]
+    assert len(runs[0].log.read_text().splitlines()) == 2 and len(runs[1].log.read_text().splitlines()) == 1
+    assert [r["returncode"] for r in json.loads((logs / "sweep.json").read_text())["runs"]] == [0, 0]
 
 
 def test_first_seed_adds_later_seeds_to_an_earlier_sweep(tmp_path, monkeypatch):
