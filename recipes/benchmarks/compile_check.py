@@ -189,11 +189,18 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
 
 
 def shape_cases(dtype: str, head_dims: list[int], ssd_shapes: list[tuple[int, int]], only: str | None = None,
-                arch: int = 90):
+                arch: int = 90, ssd_documents_only: bool = False):
     """``(case, shape label)`` for each kernel at each shape asked for: the SSD's per (P, N), attention's per
-    head dim, the retrieval kernels once."""
+    head dim, the retrieval kernels once. ``ssd_documents_only``: each SSD kernel that has a packed-documents
+    variant in that variant alone — the other is the same code less the document masks (no branch of the kernels
+    runs without documents only), so it takes no more registers or shared memory: half the compile time for the
+    checks of the largest sizes."""
     for i, shape in enumerate(ssd_shapes):
-        for case in cases(dtype, ssd_shape=shape, arch=arch):
+        at_shape = cases(dtype, ssd_shape=shape, arch=arch)
+        twins = {case.name for case in at_shape}
+        for case in at_shape:
+            if ssd_documents_only and case.name + ", documents" in twins:
+                continue
             if case.name.startswith("ssd") and only in (None, "ssd"):
                 yield case, f"P={shape[0]} N={shape[1]}"
             elif case.name.startswith("retrieval") and i == 0 and only in (None, "retrieval"):
@@ -272,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--aligned", action="store_true",
                         help="compile the variant a launch at the benchmarks' shapes gets: pointers 16-byte aligned, "
                              "integer arguments multiples of 16 (default: the variant for odd strides and lengths)")
+    parser.add_argument("--ssd-documents-only", action="store_true",
+                        help="each SSD kernel only in its packed-documents variant, a superset of the other's code "
+                             "(the checks of the largest sizes, in half the time)")
     parser.add_argument("--tf32", action="store_true", help="fp32 tiles in TF32, as after "
                         "torch.set_float32_matmul_precision('high') (default: full fp32, torch's default)")
     args = parser.parse_args(argv)
@@ -295,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     limit = SHARED_LIMIT_KIB.get(args.arch)
     failures = 0
     for dtype in args.dtypes:
-        for case, shape in shape_cases(dtype, args.head_dims, ssd_shapes, args.only, args.arch):
+        for case, shape in shape_cases(dtype, args.head_dims, ssd_shapes, args.only, args.arch,
+                                         args.ssd_documents_only):
             launch = f"{case.options.get('num_warps', 4)}, {case.options.get('num_stages', 3)}"
             start = time.perf_counter()
             try:

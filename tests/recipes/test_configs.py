@@ -43,14 +43,30 @@ def recipes_folder(tmp_path_factory):
     return folder
 
 
+class Built(dict):
+    """Bundled recipe name → its unrun LightningCLI, parsed and built on the ``meta`` device (no memory, no
+    initialisation, even for the 1B recipes) in ``folder`` when first asked for, then kept: each test worker builds
+    the recipes its own tests read (all of them at once took each worker 70-90 s)."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder
+
+    def __missing__(self, name: str):
+        if name not in bundled_configs():
+            raise KeyError(name)
+        with pytest.MonkeyPatch.context() as patch, torch.device("meta"):
+            patch.chdir(self.folder)
+            self[name] = main(["--config", name, *QUICK], run=False)
+        return self[name]
+
+    def __contains__(self, name) -> bool:
+        return name in bundled_configs()
+
+
 @pytest.fixture(scope="module")
-def built(recipes_folder) -> dict:
-    """Every bundled recipe parsed and built on the ``meta`` device (no memory, no initialisation,
-    even for the 1B recipes), once for the tests of this file: name → the unrun LightningCLI."""
-    folder = recipes_folder
-    with pytest.MonkeyPatch.context() as patch, torch.device("meta"):
-        patch.chdir(folder)
-        return {name: main(["--config", name, *QUICK], run=False) for name in bundled_configs()}
+def built(recipes_folder) -> Built:
+    return Built(recipes_folder)
 
 
 @pytest.mark.parametrize("name", bundled_configs())
@@ -70,7 +86,7 @@ def test_bundled_recipe_builds_and_its_hyperparameters_rebuild_it(name, built, r
 
 
 def family(built: dict, folder: str) -> dict:
-    return {name.removeprefix(folder + "/").removesuffix(".yaml"): cli for name, cli in built.items()
+    return {name.removeprefix(folder + "/").removesuffix(".yaml"): built[name] for name in bundled_configs()
             if name.startswith(folder + "/") and name.count("/") == folder.count("/") + 1}
 
 

@@ -53,7 +53,7 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     tiles_seen, tiles = [], ssd_triton._tiles
     monkeypatch.setattr(ssd_triton, "_tiles", lambda blk, kernel: tiles_seen.append((kernel, tiles(blk, kernel)))
                         or tiles_seen[-1][1])
-    ssd_tiles.main(["--device", "cpu", "--length", "37", "--batch", "1", "--heads", "2", "--head-dim", "16",
+    ssd_tiles.main(["--device", "cpu", "--length", "21", "--batch", "1", "--heads", "2", "--head-dim", "16",
                     "--state", "16", "--chunk", "16", "--repeats", "1"])
     out = capsys.readouterr().out
     shared, log_decay = table_rows(out, "rows, warps"), table_rows(out, "pair_rows")
@@ -119,7 +119,7 @@ def test_the_ssd_search_puts_each_sections_winner_together(monkeypatch, capsys):
     monkeypatch.setattr(ssd_tiles, "median_ms", lambda fn, repeats: (fn(), 9.0)[1])
     monkeypatch.setattr(ssd_tiles, "Y", [(32, 16, 4, 1, 16), (16, 16, 4, 1, None)])
     monkeypatch.setattr(ssd_tiles, "DX", [(16, 32, 4, 1)])
-    ssd_tiles.main(["--device", "cpu", "--length", "37", "--batch", "1", "--heads", "2", "--head-dim", "16",
+    ssd_tiles.main(["--device", "cpu", "--length", "21", "--batch", "1", "--heads", "2", "--head-dim", "16",
                     "--state", "16", "--chunk", "16", "--repeats", "1", "--sections", "y", "dx"])
     out = capsys.readouterr().out
     # y's candidates read 1.0 and 3.0 ms fwd+bwd, the first wins; dx's one reads 1.0 (the cycle 5, 1, 2, 3 again)
