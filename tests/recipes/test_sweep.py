@@ -513,11 +513,9 @@ def test_gpus_launcher_gives_each_concurrent_run_its_own_device(tmp_path, monkey
     assert "1 runs, 2 at a time on GPUs" in capsys.readouterr().out
 
 
-def test_a_slurm_sweep_resumes_as_a_job_array(tmp_path, monkeypatch, capsys):
-    """A sweep submitted as a job array resumes as one (submitit's local executor stands in for SLURM): only its
-    unfinished runs, with the SLURM parameters it was launched with; a resume on the login node's cores would be
-    the wrong machine."""
-    pytest.importorskip("submitit")
+def echo_family(tmp_path, monkeypatch) -> Path:
+    """``tmp_path/family`` with one tiny recipe ``a``, in ``tmp_path`` as the working folder, whose runs print their
+    arguments in place of training."""
     import sys
 
     import recipes.sweep.launch as sweep
@@ -529,6 +527,17 @@ def test_a_slurm_sweep_resumes_as_a_job_array(tmp_path, monkeypatch, capsys):
     family = tmp_path / "family"
     family.mkdir()
     (family / "a.yaml").write_text(TINY.format(name="a", width=16, mlp="components.MLP"))
+    return family
+
+
+def test_a_slurm_sweep_resumes_as_a_job_array(tmp_path, monkeypatch, capsys):
+    """A sweep submitted as a job array resumes as one (submitit's local executor stands in for SLURM): only its
+    unfinished runs, with the SLURM parameters it was launched with; a resume on the login node's cores would be
+    the wrong machine."""
+    pytest.importorskip("submitit")
+    import recipes.sweep.launch as sweep
+
+    family = echo_family(tmp_path, monkeypatch)
     logs, runs = sweep.launch(sorted(family.glob("*.yaml")), [], seeds=2, jobs=1, family="family", progress_every=0)
     # (run here, the sweep is quicker than submitit's local executor; its record made what a job array's would be)
     (logs / "launcher.json").write_text(json.dumps(dict(launcher="slurm", devices_per_run=1, submitit_cluster="local",
@@ -547,17 +556,9 @@ def test_a_slurm_sweep_resumes_as_a_job_array(tmp_path, monkeypatch, capsys):
 
 
 def test_first_seed_adds_later_seeds_to_an_earlier_sweep(tmp_path, monkeypatch):
-    import sys
-
     import recipes.sweep.launch as sweep
 
-    monkeypatch.chdir(tmp_path)
-    stub = tmp_path / "stub.py"
-    stub.write_text("import sys\nprint(' '.join(sys.argv[1:]))\n")
-    monkeypatch.setattr(sweep, "python_command", lambda: [sys.executable, str(stub)])
-    family = tmp_path / "family"
-    family.mkdir()
-    (family / "a.yaml").write_text(TINY.format(name="a", width=16, mlp="components.MLP"))
+    family = echo_family(tmp_path, monkeypatch)
     logs, runs = sweep.launch(sorted(family.glob("*.yaml")), [], seeds=2, jobs=1, family="family", progress_every=0,
                               first_seed=3)
     assert [run.seed for run in runs] == [3, 4] and [run.folder.name[-6:] for run in runs] == ["_seed3", "_seed4"]
