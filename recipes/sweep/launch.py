@@ -9,6 +9,7 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -192,7 +193,8 @@ def sweep_lock(logs: Path):
     """Hold ``logs/sweep.lock`` (an exclusive ``flock``) while the sweep runs; the runs it starts share it (their
     processes inherit it), so it stays held until the sweep and every run it started are gone, however they end — a
     sweep killed outright leaves its runs going. Yields the held file; raises ValueError where it is held already,
-    naming the runs recorded as running."""
+    naming the runs recorded as running. On a file system without locks (a cluster's, mounted so) it warns and yields
+    None: the sweep runs, unguarded."""
     import fcntl
 
     with open(logs / "sweep.lock", "a") as held:
@@ -206,6 +208,11 @@ def sweep_lock(logs: Path):
             raise ValueError(f"{logs}: the sweep or a run it started still runs ({who}); a second writer would share "
                              "its run folders: stop it (kill -INT <process>, which writes its last.ckpt) or let it end, "
                              "then resume") from None
+        except OSError as error:  # (ENOLCK, EOPNOTSUPP, ENOSYS: no locks there; a sweep must not fail for want of one)
+            print(f"sweep: {logs}/sweep.lock cannot be locked on this file system ({error.strerror}): a --resume will "
+                  "not see whether this sweep still runs", file=sys.stderr, flush=True)
+            yield None
+            return
         yield held
 
 

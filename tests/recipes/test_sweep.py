@@ -831,3 +831,22 @@ def test_a_sweep_killed_outright_leaves_its_running_run_holding_the_sweep_and_re
                 os.kill(run_pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_sweep_on_a_file_system_without_locks_runs_and_says_it_is_unguarded(tmp_path, monkeypatch, capsys):
+    """Clusters mount scratch file systems without flock (Lustre's default): the sweep's lock fails there with
+    ENOLCK or EOPNOTSUPP, and the sweep must run all the same, saying what it cannot guard."""
+    import errno
+    import fcntl
+
+    import recipes.sweep.launch as sweep
+
+    family = echo_family(tmp_path, monkeypatch)
+
+    def no_locks(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    logs, runs = sweep.launch(sorted(family.glob("*.yaml")), [], jobs=1, family="family", progress_every=0)
+    assert [run.returncode for run in runs] == [0]
+    assert "sweep.lock cannot be locked on this file system (No locks available)" in capsys.readouterr().err
