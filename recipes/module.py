@@ -107,6 +107,10 @@ class LanguageModel(L.LightningModule):
         init_from: a checkpoint whose weights start the model (``python -m recipes.hf`` writes one from a
             Hugging Face folder), for fine-tuning; not recorded in the hyper-parameters, since the
             checkpoints of this run hold the weights themselves.
+        init_from_strict: every tensor of the model from ``init_from``, and every one of its tensors used (default
+            True; a model it does not fit is refused, naming the tensors). False: the tensors whose names and
+            shapes match are loaded and the rest keep their initialisation — a model grown from a smaller one
+            (more blocks, a new mixer in a slot) — and what was kept and left is listed when the model is built.
     """
 
     def __init__(
@@ -129,9 +133,11 @@ class LanguageModel(L.LightningModule):
         sample_tokens: int = 64,
         peak_flops: float | None = None,
         init_from: str | None = None,
+        init_from_strict: bool = True,
         **model_options,
     ):
-        hparams = {k: v for k, v in locals().items() if k not in ("self", "mixers", "__class__", "init_from", "model_options")}
+        hparams = {k: v for k, v in locals().items()
+                   if k not in ("self", "mixers", "__class__", "init_from", "init_from_strict", "model_options")}
         super().__init__()
         check_model_options(model_options)
         # (torch names a bad lr, beta or eps only when the optimizer is built, after the model and data: here first)
@@ -161,7 +167,7 @@ class LanguageModel(L.LightningModule):
         if size_to is not None:
             self.size_note = describe_size(self.model, size_to, sized_width)
         if init_from is not None:
-            self._load_initial_weights(init_from)
+            self._load_initial_weights(init_from, init_from_strict)
         # Only plain values, so the checkpoint reloads (weights_only) and re-parses through the CLI.
         self.save_hyperparameters({
             **hparams,
@@ -377,7 +383,7 @@ class LanguageModel(L.LightningModule):
 
     # ---- progress, throughput, learning rate -----------------------------------------------------
 
-    def _load_initial_weights(self, path: str) -> None:
+    def _load_initial_weights(self, path: str, strict: bool = True) -> None:
         try:
             state = load_weights(path)
         except FileNotFoundError:
@@ -387,12 +393,23 @@ class LanguageModel(L.LightningModule):
         unfit = [f"{k}: checkpoint {tuple(v.shape)}, model {tuple(mine[k].shape)}" for k, v in model_state.items()
                  if k in mine and v.shape != mine[k].shape]
         missing, unexpected = sorted(mine.keys() - model_state.keys()), sorted(model_state.keys() - mine.keys())
-        if unfit or missing or unexpected:
+        fitting = {k: v for k, v in model_state.items() if k in mine and v.shape == mine[k].shape}
+        if strict and (unfit or missing or unexpected):
             raise ValueError(f"LanguageModel: init_from={path!r} does not fit this model: shapes {unfit[:3]}, missing "
-                             f"{missing[:4]}, unexpected {unexpected[:4]}")
-        self.model.load_state_dict(model_state, strict=True)
+                             f"{missing[:4]}, unexpected {unexpected[:4]} (init_from_strict=False loads the tensors "
+                             "that fit and keeps the others' initialisation)")
+        if not fitting:
+            raise ValueError(f"LanguageModel: init_from={path!r}: no tensor of the checkpoint fits this model (by name "
+                             f"and shape): shapes {unfit[:3]}, missing {missing[:4]}, unexpected {unexpected[:4]}")
+        self.model.load_state_dict(fitting, strict=strict)
         self._init_from = (path, load_checkpoint(path, mmap=True).get("tokenizer"))  # compared with the data in setup
-        print(f"init_from: loaded {len(model_state)} tensors from {path}", flush=True)
+        if len(fitting) == len(mine) and not unexpected:
+            print(f"init_from: loaded {len(fitting)} tensors from {path}", flush=True)
+            return
+        kept = sorted(mine.keys() - fitting.keys())
+        print(f"init_from: loaded {len(fitting)} of the model's {len(mine)} tensors from {path}; initialised afresh: "
+              f"{_names(kept)}; in the checkpoint but not loaded: {_names(sorted(model_state.keys() - fitting.keys()))}",
+              flush=True)
 
     def configure_model(self) -> None:
         """Under Lightning's ``ModelParallelStrategy``: FSDP2 (``fully_shard``) over its data-parallel mesh, one
@@ -564,6 +581,18 @@ class LanguageModel(L.LightningModule):
             optimizer, lambda step: warmup_cosine(step, total, hp.warmup_fraction, hp.final_lr_fraction)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def _names(names: list[str], limit: int = 8) -> str:
+    """Tensor names for a message, a block's mixer gathered as ``blocks.3.sequence_mixer.* (4)``; ``limit`` shown."""
+    if not names:
+        return "none"
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        parts = name.split(".")
+        groups.setdefault(".".join(parts[:3]) + ".*" if parts[0] == "blocks" and len(parts) > 3 else name, []).append(name)
+    shown = [f"{key} ({len(members)})" if len(members) > 1 else members[0] for key, members in groups.items()]
+    return ", ".join(shown[:limit]) + (f" and {len(shown) - limit} more" if len(shown) > limit else "")
 
 
 def comparable_hparams(hparams: dict) -> dict:

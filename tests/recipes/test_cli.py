@@ -397,3 +397,50 @@ def test_ctrl_c_before_training_is_a_line_and_status_130_not_a_traceback(tmp_pat
         main(TINY_FIT)
     assert stopped.value.code == 130
     assert "interrupted (Ctrl+C) outside training" in capsys.readouterr().err
+
+
+def test_a_grown_model_starts_from_the_tensors_of_a_smaller_one_that_fit(tmp_path, monkeypatch, capsys):
+    """``init_from`` is strict: a model one block deeper than the checkpoint is refused, naming what does not fit and
+    how to load the rest. With ``init_from_strict false`` (a flag like any other) the tensors whose names and shapes
+    match are the checkpoint's, exactly; the new block keeps its initialisation; the message lists both."""
+    from recipes import LanguageModel
+    from recipes.checkpoints import load_weights
+
+    monkeypatch.chdir(tmp_path)
+    small = ["fit", "--config", "quickstart.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
+             "--model.pattern", "AM SM", "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false",
+             "--data.init_args.seq_len", "32"]
+    main(small)
+    checkpoint = "runs/quickstart/version_0/checkpoints/last.ckpt"
+    grown = dict(d_model=32, pattern="AM SM AM", mixers={"A": {"class_path": "components.QCAttention",
+                                                               "init_args": {"n_heads": 2}}})
+    with pytest.raises(ValueError, match=r"does not fit this model: shapes \[\], missing \['blocks.2.sequence_mixer.*"
+                                         r"init_from_strict=False loads the tensors that fit"):
+        LanguageModel(**grown, init_from=checkpoint)
+    capsys.readouterr()
+    torch.manual_seed(0)
+    model = LanguageModel(**grown, init_from=checkpoint, init_from_strict=False)
+    trained = {k.removeprefix("model."): v for k, v in load_weights(checkpoint).items()}
+    mine = model.model.state_dict()
+    torch.manual_seed(0)
+    fresh = LanguageModel(**grown).model.state_dict()  # the same seed's initialisation, for the block it has not
+    for name, value in mine.items():
+        assert torch.equal(value, trained[name] if name in trained else fresh[name]), name
+    assert any(name.startswith("blocks.2.") for name in mine) and not any(n.startswith("blocks.2.") for n in trained)
+    out = capsys.readouterr().out
+    assert (f"init_from: loaded {len(trained)} of the model's {len(mine)} tensors from {checkpoint}; initialised "
+            "afresh: blocks.2.sequence_mixer.* (3), blocks.2.sequence_norm.weight, blocks.2.state_mixer.* (2), "
+            "blocks.2.state_norm.weight; in the checkpoint but not loaded: none") in out
+    # a larger vocabulary: the embedding and head (other shapes) keep their initialisation, named
+    wider = LanguageModel(**grown, vocab_size=300, init_from=checkpoint, init_from_strict=False)
+    assert torch.equal(wider.model.norm.weight, trained["norm.weight"])
+    assert "in the checkpoint but not loaded: embedding.weight, lm_head.weight" in capsys.readouterr().out
+    # a width that changes every tensor: nothing fits, named
+    with pytest.raises(ValueError, match="no tensor of the checkpoint fits this model"):
+        LanguageModel(**{**grown, "d_model": 48, "pattern": "AM"}, init_from=checkpoint, init_from_strict=False)
+    # through the command line, as a recipe would say it
+    cli = main(["--config", "quickstart.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads",
+                "2", "--model.pattern", "AM SM AM", "--model.init_from", checkpoint, "--model.init_from_strict",
+                "false", "--data.init_args.seq_len", "32"], run=False)
+    assert torch.equal(cli.model.model.embedding.weight, trained["embedding.weight"])
+    assert "init_from_strict" not in cli.model.hparams  # (the run's checkpoints hold the weights themselves)
