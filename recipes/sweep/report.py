@@ -26,6 +26,10 @@ NO_VALIDATION = ("ran no validation (a trainer.check_val_every_n_epoch past the 
 in an epoch that ``check_val_every_n_epoch`` skips), whose table cells would otherwise just be empty."""
 
 
+NO_SPEED = ("logged no training speed (timed over each logging window of trainer.log_every_n_steps steps after the "
+            "first: a shorter run has none)")
+
+
 def table(runs: list[Run]) -> str:
     rows = ["| recipe | pattern | params | active | steps | val loss | val ppl | val acc | train tok/s |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -38,6 +42,8 @@ def table(runs: list[Run]) -> str:
             continue
         if math.isnan(r["val_loss"]):
             notes.append(f"{name} {NO_VALIDATION}")
+        if math.isnan(r["tok_s"]):
+            notes.append(f"{name} {NO_SPEED}")
         rows.append(
             f"| {name} | `{r['pattern']}` | {r['params']:,} | {r['active']:,} | {r['steps']} | "
             f"{number(r['val_loss'])} | {number(r['val_ppl'], 3)} | {number(r['val_acc'], 3)} | {speed(r['tok_s'])} |"

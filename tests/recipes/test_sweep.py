@@ -154,9 +154,14 @@ def test_a_run_that_logged_no_speed_shows_a_dash_not_nan(tmp_path):
     write_run(tmp_path / "timed", {5: 3.0}, [1234.0, 1500.0, 1300.0])
     runs = [Run(tmp_path / f"{name}.yaml", tmp_path / name, seed=0) for name in ("quiet", "timed")]
     for text, column in ((table(runs), 9), (seed_table(runs), 6)):
-        cells = {line.split("|")[1].strip(): line.split("|")[column].strip() for line in text.splitlines()[2:]}
+        cells = {line.split("|")[1].strip(): line.split("|")[column].strip() for line in text.splitlines()[2:]
+                 if line.startswith("| ")}
         assert cells == {"quiet": "-", "timed": "1,300"}, text
-    accuracy = {line.split("|")[1].strip(): line.split("|")[5].strip() for line in seed_table(runs).splitlines()[2:]}
+    notes = [line for line in table(runs).splitlines() if line.startswith("- ")]
+    assert notes == ["- quiet logged no training speed (timed over each logging window of trainer.log_every_n_steps "
+                     "steps after the first: a shorter run has none)"]
+    accuracy = {line.split("|")[1].strip(): line.split("|")[5].strip() for line in seed_table(runs).splitlines()[2:]
+                if line.startswith("| ")}
     assert accuracy == {"quiet": "-", "timed": "-"}  # no val/acc logged: no value, not "nan"
 
 
