@@ -1,15 +1,44 @@
+import signal
 import sys
 
-from recipes.cli import main
+
+def run(argv: list[str]) -> None:
+    """``python -m recipes [fit|validate|test|generate|eval] …``.
+
+    torch and Lightning take seconds to import: a Ctrl+C then is one line and status 130, as anywhere before
+    training. (An import cut short can fail in its own way — numpy's has raised RecursionError — so what ends the
+    imports after a Ctrl+C is taken for the Ctrl+C.)"""
+    interrupts = []
+
+    def interrupted(signum, frame):
+        interrupts.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGINT)
+    watching = previous is signal.default_int_handler  # (not where SIGINT is ignored, as in a background job)
+    if watching:
+        signal.signal(signal.SIGINT, interrupted)
+    try:
+        if argv[:1] == ["generate"]:
+            from recipes.generate import main as generate
+
+            command = lambda: generate(argv[1:])  # noqa: E731
+        elif argv[:1] == ["eval"]:
+            from recipes.evaluation.cli import main as evaluate
+
+            command = lambda: evaluate(argv[1:])  # noqa: E731
+        else:
+            from recipes.cli import main as command
+    except BaseException:
+        if not interrupts:
+            raise
+        print("interrupted (Ctrl+C) while starting: nothing was run", file=sys.stderr, flush=True)
+        sys.exit(130)
+    finally:
+        if watching:
+            signal.signal(signal.SIGINT, previous)
+    command()
+
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["generate"]:
-        from recipes.generate import main as generate
-
-        generate(sys.argv[2:])
-    elif sys.argv[1:2] == ["eval"]:
-        from recipes.evaluation.cli import main as evaluate
-
-        evaluate(sys.argv[2:])
-    else:
-        main()
+    run(sys.argv[1:])

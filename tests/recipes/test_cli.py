@@ -444,3 +444,27 @@ def test_a_grown_model_starts_from_the_tensors_of_a_smaller_one_that_fit(tmp_pat
                 "false", "--data.init_args.seq_len", "32"], run=False)
     assert torch.equal(cli.model.model.embedding.weight, trained["embedding.weight"])
     assert "init_from_strict" not in cli.model.hparams  # (the run's checkpoints hold the weights themselves)
+
+
+def test_ctrl_c_while_python_m_recipes_imports_is_a_line_and_status_130(tmp_path):
+    """A Ctrl+C in the seconds ``python -m recipes`` spends importing torch and Lightning (a sweep stopped as a run
+    starts) was a traceback and status 1: the package imports nothing heavy until the command is chosen."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "import runpy\nsys.argv = ['recipes', 'fit', '--config', 'quickstart.yaml']\n"
+            "runpy.run_module('recipes', run_name='__main__', alter_sys=True)\n")
+    started = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # (Python's own start is far shorter; torch's import alone is longer here)
+    started.send_signal(signal.SIGINT)
+    out, err = started.communicate(timeout=120)
+    assert started.returncode == 130 and "interrupted (Ctrl+C)" in err and "Traceback" not in err, err
+    import recipes
+
+    assert recipes.LanguageModel.__name__ == "LanguageModel"  # (imported on first use)
+    with pytest.raises(AttributeError, match="module 'recipes' has no attribute 'LanguageModle'"):
+        recipes.LanguageModle
