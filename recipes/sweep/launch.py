@@ -180,9 +180,8 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     command_of = lambda run: [*python_command(), *run.args]  # noqa: E731
     with sweep_lock(logs) as held:
         if launcher == "slurm":
-            threads = threads or max(1, (os.cpu_count() or 1) // jobs)
-            return logs, submit(runs, command_of, logs, family, jobs, threads, devices_per_run, submitit_cluster,
-                                slurm or {}, progress_every)
+            return logs, submit(runs, command_of, logs, family, jobs, share_of_cores(threads, jobs), devices_per_run,
+                                submitit_cluster, slurm or {}, progress_every)
         run_here(runs, command_of, logs, family, jobs, threads, found if launcher == "gpus" else None, progress_every,
                  held=held)
     return logs, runs
@@ -252,11 +251,16 @@ def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every
             run.returncode = None
         write_manifest(logs, family, runs)
         if how["launcher"] == "slurm":  # (a job appends its own --ckpt_path, as on a requeue)
-            submit(pending, command_of, logs, family, jobs, threads or max(1, (os.cpu_count() or 1) // jobs),
+            submit(pending, command_of, logs, family, jobs, share_of_cores(threads, jobs),
                    how["devices_per_run"], how["submitit_cluster"], how["slurm"], progress_every, manifest=runs)
         else:
             run_here(runs, command_of, logs, family, jobs, threads, found, progress_every, only=pending, held=held)
     return family, runs
+
+
+def share_of_cores(threads: int | None, jobs: int) -> int:
+    """Threads per run: ``threads`` if given, else this machine's cores divided between ``jobs`` runs at a time."""
+    return threads or max(1, (os.cpu_count() or 1) // jobs)
 
 
 def run_here(runs: list[Run], command_of, logs: Path, family: str, jobs: int, threads: int | None,
@@ -272,7 +276,7 @@ def run_here(runs: list[Run], command_of, logs: Path, family: str, jobs: int, th
         jobs, groups = len(gpu_groups), queue.Queue()
         for group in gpu_groups:
             groups.put(group)
-    threads = threads or max(1, (os.cpu_count() or 1) // jobs)  # each process's share of the cores
+    threads = share_of_cores(threads, jobs)
     running: set[int] = set()
     finished = threading.Event()
     stopping = threading.Event()  # Ctrl+C or SIGTERM: no run starts, the running ones are asked to stop
