@@ -175,7 +175,8 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
                         *overrides]
             runs.append(run)
     write_manifest(logs, family, runs)
-    how = dict(launcher=launcher, devices_per_run=devices_per_run, submitit_cluster=submitit_cluster, slurm=slurm or {})
+    how = dict(launcher=launcher, devices_per_run=devices_per_run, submitit_cluster=submitit_cluster, slurm=slurm or {},
+               cwd=str(Path.cwd()))  # (the runs' paths, logs and logger folders are relative to it)
     (logs / "launcher.json").write_text(json.dumps(how, indent=1))  # (a resume launches as the sweep did)
     command_of = lambda run: [*python_command(), *run.args]  # noqa: E731
     with sweep_lock(logs) as held:
@@ -222,12 +223,24 @@ def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every
     own run folder) and from the start where it did not; its log grows. It runs where the sweep ran its runs (its
     ``launcher.json``: the launcher, devices per run, submitit's cluster and SLURM parameters); ``launcher`` holds
     those of them given anew (``launcher=``, ``devices_per_run=``, ``submitit_cluster=``, ``slurm=``; None: as
-    recorded). Returns the family and all the runs."""
+    recorded). The runs go on in the folder the sweep was launched from, wherever the resume is given: their logs,
+    logger folders and recipe paths are relative to it. Returns the family and all the runs."""
+    logs = Path(logs).resolve()
+    recorded = json.loads((logs / "launcher.json").read_text()) if (logs / "launcher.json").is_file() else {}
+    home = recorded.pop("cwd", None)
+    if home is not None and not Path(home).is_dir():
+        raise FileNotFoundError(f"{logs}: the sweep was launched from {home}, which is gone; its runs' paths are "
+                                "relative to it")
+    with contextlib.chdir(home) if home is not None else contextlib.nullcontext():
+        return _resume(logs, recorded, jobs, threads, progress_every, launcher)
+
+
+def _resume(logs: Path, recorded: dict, jobs: int, threads: int | None, progress_every: float,
+            launcher: dict) -> tuple[str, list[Run]]:
     family, runs = read_manifest(logs)
     if any(run.stored is not None for run in runs):
         raise ValueError(f"{logs}: a sweep's record holds its runs' numbers, not the runs; give the log folder of a "
                          "sweep whose run folders are on this machine")
-    recorded = json.loads((logs / "launcher.json").read_text()) if (logs / "launcher.json").is_file() else {}
     unknown = set(launcher) - {"launcher", "devices_per_run", "submitit_cluster", "slurm"}
     if unknown:
         raise TypeError(f"resume: unknown launcher settings {sorted(unknown)}")

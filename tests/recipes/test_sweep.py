@@ -504,7 +504,7 @@ def test_gpus_launcher_gives_each_concurrent_run_its_own_device(tmp_path, monkey
     # table after another for the whole sweep
     assert "[sweep " not in out
     assert json.loads((logs / "launcher.json").read_text()) == dict(launcher="gpus", devices_per_run=1,
-                                                                     submitit_cluster=None, slurm={})
+                                                                     submitit_cluster=None, slurm={}, cwd=str(tmp_path))
     # a resume runs where the sweep ran (on the GPUs, given the same flags) unless told otherwise
     for run in runs:
         run.folder.mkdir(parents=True)  # (as a run leaves it; else the sweep's record.json would stand for the runs)
@@ -855,3 +855,28 @@ def test_a_sweep_on_a_file_system_without_locks_runs_and_says_it_is_unguarded(tm
     logs, runs = sweep.launch(sorted(family.glob("*.yaml")), [], jobs=1, family="family", progress_every=0)
     assert [run.returncode for run in runs] == [0]
     assert "sweep.lock cannot be locked on this file system (No locks available)" in capsys.readouterr().err
+
+
+def test_a_sweep_resumed_from_another_folder_goes_on_in_its_own(tmp_path, monkeypatch):
+    """A sweep's runs name their recipes, logs and logger folders relative to where it was launched: resumed from
+    another folder, a run would have written its curves under that folder's runs/ while the table read the old one.
+    The runs go on in the sweep's own folder."""
+    import os
+    import sys
+
+    import recipes.sweep.launch as sweep
+
+    family = echo_family(tmp_path, monkeypatch)
+    logs, runs = sweep.launch(sorted(family.glob("*.yaml")), [], jobs=1, family="family", progress_every=0)
+    runs[0].folder.mkdir(parents=True)  # (as a run leaves it)
+    manifest = json.loads((logs / "sweep.json").read_text())
+    manifest["runs"][0]["returncode"] = 130
+    (logs / "sweep.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(sweep, "python_command", lambda: [sys.executable, "-c", "import os; print('in', os.getcwd())"])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    _, resumed = sweep.resume(tmp_path / logs, progress_every=0)
+    assert resumed[0].returncode == 0 and os.getcwd() == str(elsewhere)  # (the caller's folder is its own again)
+    assert (tmp_path / logs / "a.log").read_text().splitlines()[-1] == f"in {tmp_path}"
+    assert not any(elsewhere.iterdir())
