@@ -158,9 +158,8 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     checkpoints; :func:`resume` goes on from there."""
     # (checked before the log folder exists: a sweep that cannot start leaves nothing behind)
     found = device_groups(visible_gpus(), devices_per_run) if launcher == "gpus" else []
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    logs = Path("runs") / "sweep-logs" / stamp
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = new_log_folder(Path("runs") / "sweep-logs", time.strftime("%Y%m%d-%H%M%S"))
+    stamp = logs.name
     runs = []
     for config in configs:
         for seed in seed_list(seeds, first_seed):
@@ -186,6 +185,20 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
         run_here(runs, command_of, logs, family, jobs, threads, found if launcher == "gpus" else None, progress_every,
                  held=held)
     return logs, runs
+
+
+def new_log_folder(parent: Path, stamp: str) -> Path:
+    """``parent/stamp``, made now and by this sweep alone: two sweeps started in the same second (a script that
+    launches families side by side) take ``stamp``, ``stamp-2``, … — one folder each, and run folders named apart."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        folder = parent / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            folder.mkdir()  # (atomic: of two sweeps asking for one name, one gets it)
+            return folder
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{parent}: {stamp} and 998 more names are taken")
 
 
 @contextlib.contextmanager

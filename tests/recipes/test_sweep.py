@@ -880,3 +880,18 @@ def test_a_sweep_resumed_from_another_folder_goes_on_in_its_own(tmp_path, monkey
     assert resumed[0].returncode == 0 and os.getcwd() == str(elsewhere)  # (the caller's folder is its own again)
     assert (tmp_path / logs / "a.log").read_text().splitlines()[-1] == f"in {tmp_path}"
     assert not any(elsewhere.iterdir())
+
+
+def test_two_sweeps_started_in_the_same_second_keep_their_own_logs_and_runs(tmp_path, monkeypatch):
+    """The log folder is named for the second a sweep starts: two started together (a script launching families side
+    by side) shared it, the second's manifest over the first's, and their runs one folder name. Now the second takes
+    ``<time>-2``."""
+    import recipes.sweep.launch as sweep
+
+    family = echo_family(tmp_path, monkeypatch)
+    monkeypatch.setattr(sweep.time, "strftime", lambda fmt: "20260101-000000")
+    first, first_runs = sweep.launch(sorted(family.glob("*.yaml")), [], family="family", progress_every=0)
+    second, second_runs = sweep.launch(sorted(family.glob("*.yaml")), [], family="family", progress_every=0)
+    assert (first.name, second.name) == ("20260101-000000", "20260101-000000-2")
+    assert first_runs[0].folder.name == "sweep_20260101-000000" != second_runs[0].folder.name
+    assert json.loads((first / "sweep.json").read_text())["runs"][0]["folder"] == str(first_runs[0].folder.resolve())
