@@ -229,15 +229,16 @@ def sweep_lock(logs: Path):
         yield held
 
 
-def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every: float = 60.0,
-           **launcher) -> tuple[str, list[Run]]:
+def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every: float = 60.0, *,
+           launcher: str | None = None, devices_per_run: int | None = None, submitit_cluster: str | None = None,
+           slurm: dict | None = None) -> tuple[str, list[Run]]:
     """Go on with a stopped sweep (its log folder ``logs``): each run that did not finish runs again with the
     arguments it was launched with, from its ``last.ckpt`` where it wrote one (exactly where it stopped, into its
     own run folder) and from the start where it did not; its log grows. It runs where the sweep ran its runs (its
-    ``launcher.json``: the launcher, devices per run, submitit's cluster and SLURM parameters); ``launcher`` holds
-    those of them given anew (``launcher=``, ``devices_per_run=``, ``submitit_cluster=``, ``slurm=``; None: as
-    recorded). The runs go on in the folder the sweep was launched from, wherever the resume is given: their logs,
-    logger folders and recipe paths are relative to it. Returns the family and all the runs."""
+    ``launcher.json``: the launcher, devices per run, submitit's cluster and SLURM parameters); those given here
+    replace what was recorded (None: as recorded). The runs go on in the folder the sweep was launched from, wherever
+    the resume is given: their logs, logger folders and recipe paths are relative to it. Returns the family and all
+    the runs."""
     logs = Path(logs).resolve()
     recorded = json.loads((logs / "launcher.json").read_text()) if (logs / "launcher.json").is_file() else {}
     home = recorded.pop("cwd", None)
@@ -245,20 +246,17 @@ def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every
         raise FileNotFoundError(f"{logs}: the sweep was launched from {home}, which is gone; its runs' paths are "
                                 "relative to it")
     with contextlib.chdir(home) if home is not None else contextlib.nullcontext():
-        return _resume(logs, recorded, jobs, threads, progress_every, launcher)
+        given = dict(launcher=launcher, devices_per_run=devices_per_run, submitit_cluster=submitit_cluster, slurm=slurm)
+        return _resume(logs, {**recorded, **{key: value for key, value in given.items() if value is not None}}, jobs,
+                       threads, progress_every)
 
 
-def _resume(logs: Path, recorded: dict, jobs: int, threads: int | None, progress_every: float,
-            launcher: dict) -> tuple[str, list[Run]]:
+def _resume(logs: Path, settings: dict, jobs: int, threads: int | None, progress_every: float) -> tuple[str, list[Run]]:
     family, runs = read_manifest(logs)
     if any(run.stored is not None for run in runs):
         raise ValueError(f"{logs}: a sweep's record holds its runs' numbers, not the runs; give the log folder of a "
                          "sweep whose run folders are on this machine")
-    unknown = set(launcher) - {"launcher", "devices_per_run", "submitit_cluster", "slurm"}
-    if unknown:
-        raise TypeError(f"resume: unknown launcher settings {sorted(unknown)}")
-    how = {"launcher": "local", "devices_per_run": 1, "submitit_cluster": None, "slurm": {}, **recorded,
-           **{key: value for key, value in launcher.items() if value is not None}}
+    how = {"launcher": "local", "devices_per_run": 1, "submitit_cluster": None, "slurm": {}, **settings}
     pending = [run for run in runs if run.returncode != 0]
     unrecorded = [run.config.stem for run in pending if run.args is None]
     if unrecorded:

@@ -136,6 +136,13 @@ def write_run(folder, losses: dict[int, float], speeds: list[float], pattern: st
             writer.add_scalar("train/tokens_per_sec", speed, step)
 
 
+def ended(logs: Path, index: int, returncode: int) -> None:
+    """Record in the sweep's manifest that its run ``index`` ended with ``returncode`` (a run to resume)."""
+    manifest = json.loads((logs / "sweep.json").read_text())
+    manifest["runs"][index]["returncode"] = returncode
+    (logs / "sweep.json").write_text(json.dumps(manifest))
+
+
 def test_a_run_is_read_at_its_last_validation_and_median_speed(tmp_path):
     from recipes.sweep.records import read_run
 
@@ -509,9 +516,7 @@ def test_gpus_launcher_gives_each_concurrent_run_its_own_device(tmp_path, monkey
     for run in runs:
         run.folder.mkdir(parents=True)  # (as a run leaves it; else the sweep's record.json would stand for the runs)
     for launcher in (None, "local"):
-        manifest = json.loads((logs / "sweep.json").read_text())
-        manifest["runs"][1]["returncode"] = 1
-        (logs / "sweep.json").write_text(json.dumps(manifest))
+        ended(logs, 1, 1)
         sweep.resume(logs, progress_every=0, launcher=launcher)
         resumed = json.loads(runs[1].log.read_text().strip().splitlines()[-1])
         assert ("--trainer.accelerator" in resumed["args"]) == (launcher is None), resumed["args"]
@@ -549,9 +554,7 @@ def test_a_slurm_sweep_resumes_as_a_job_array(tmp_path, monkeypatch, capsys):
                                                         slurm={"timeout_min": 5})))
     for run in runs:
         run.folder.mkdir(parents=True)  # (as a run leaves it)
-    manifest = json.loads((logs / "sweep.json").read_text())
-    manifest["runs"][0]["returncode"] = 130
-    (logs / "sweep.json").write_text(json.dumps(manifest))
+    ended(logs, 0, 130)
     capsys.readouterr()
     family_name, resumed = sweep.resume(logs, progress_every=0)
     assert "sweep: 1 runs submitted as a job array (local" in capsys.readouterr().out
@@ -869,9 +872,7 @@ def test_a_sweep_resumed_from_another_folder_goes_on_in_its_own(tmp_path, monkey
     family = echo_family(tmp_path, monkeypatch)
     logs, runs = sweep.launch(sorted(family.glob("*.yaml")), [], jobs=1, family="family", progress_every=0)
     runs[0].folder.mkdir(parents=True)  # (as a run leaves it)
-    manifest = json.loads((logs / "sweep.json").read_text())
-    manifest["runs"][0]["returncode"] = 130
-    (logs / "sweep.json").write_text(json.dumps(manifest))
+    ended(logs, 0, 130)
     monkeypatch.setattr(sweep, "python_command", lambda: [sys.executable, "-c", "import os; print('in', os.getcwd())"])
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
