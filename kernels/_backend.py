@@ -1,5 +1,6 @@
 """Backend selection shared by every op: ``auto`` | ``reference`` | ``triton``."""
 
+import contextlib
 import importlib.util
 import os
 import warnings
@@ -16,6 +17,21 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _TRITON_FOUND = importlib.util.find_spec("triton") is not None
 
 _REFUSED: dict[str, str] = {}  # op → why its kernel failed a check in this process (kernels.doctor)
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype an enabled autocast region gives matmuls on ``device_type``, or None: outside one, and on a
+    device without autocast (``meta``, where shapes are inferred, has none and torch's query raises)."""
+    if not torch.amp.autocast_mode.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def without_autocast(device_type: str) -> contextlib.AbstractContextManager:
+    """A region where autocast is off on ``device_type`` (nothing to turn off on a device without it)."""
+    if torch.amp.autocast_mode.is_autocast_available(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def refuse_kernel(op: str, reason: str) -> None:

@@ -15,6 +15,8 @@ group that must read the sizes on the host (one sync).
 import torch
 import torch.nn.functional as F
 
+from kernels._backend import autocast_dtype, without_autocast
+
 
 def grouped_matmul_reference(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """The plain loop: ``[R, K] × [E, K, N] → [R, N]`` (one host sync to split ``x`` by group)."""
@@ -81,7 +83,7 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) ->
         raise ValueError(f"grouped_matmul: need x [R, K], weight [E, K, N], ends [E]; got x {tuple(x.shape)}, "
                          f"weight {tuple(weight.shape)}, ends {tuple(ends.shape)}")
     device = x.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    dtype = autocast_dtype(device) or x.dtype
     x, weight = x.to(dtype), weight.to(dtype)
     if not fused_available(x):
         return grouped_matmul_reference(x, weight, ends)
@@ -91,6 +93,6 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) ->
     pad_k, pad_n = -K % align, -N % align
     if pad_k or pad_n:
         x, weight = F.pad(x, (0, pad_k)), F.pad(weight, (0, pad_n, 0, pad_k))  # [R, K'], [E, K', N']
-    with torch.autocast(device, enabled=False):
+    with without_autocast(device):
         y = _grouped_mm(x.contiguous(), weight.contiguous(), ends.to(torch.int32))  # [R, N']
     return y[:, :N] if pad_n else y

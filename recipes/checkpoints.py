@@ -94,10 +94,13 @@ def load_weights(path: str | Path, *, map_location: Any = "cpu") -> dict[str, An
     return checkpoint["state_dict"]
 
 
-def load_checkpoint(path: str | Path, *, map_location: Any = "cpu", mmap: bool = False) -> dict:
+def load_checkpoint(path: str | Path, *, map_location: Any = "cpu", mmap: bool = False,
+                    bare_weights: bool = False) -> dict:
     """The checkpoint at ``path`` as a dict, read with ``weights_only=True``. For a sharded checkpoint (a folder,
     :func:`is_sharded_checkpoint`) it is the run's state without the tensors — hyper-parameters, step, loops,
-    callbacks (its ``meta.pt``); :func:`load_weights` refuses one by name.
+    callbacks (its ``meta.pt``); :func:`load_weights` refuses one by name. With ``bare_weights`` a file holding
+    only a mapping of names to tensors is taken as it is (Lightning's ``ddp_spawn`` hands the trained weights
+    back to the main process so); otherwise a file without a ``state_dict`` is refused.
 
     Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError`, naming the file, for an
     empty, truncated, corrupted or foreign one, or for one that holds pickled objects (which a checkpoint
@@ -132,6 +135,8 @@ def load_checkpoint(path: str | Path, *, map_location: Any = "cpu", mmap: bool =
         reason = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
         raise CheckpointError(f"{path} is not a readable checkpoint ({size} bytes; truncated or corrupted?): {reason}") \
             from None
+    if bare_weights and isinstance(checkpoint, Mapping) and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
+        return dict(checkpoint)
     if not isinstance(checkpoint, Mapping) or ("state_dict" not in checkpoint and not sharded):
         keys = sorted(checkpoint)[:6] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
         raise CheckpointError(f"{path} is not a model checkpoint: it has no 'state_dict' (found {keys})")

@@ -338,6 +338,11 @@ def check_run_name(logger) -> None:
                              "must be a relative folder name without '..'")
 
 
+def mixers_help() -> str:
+    return (", a mapping letter → {class_path, init_args}; the zoo's components: " + ", ".join(zoo_mixers())
+            + " (any nn.Module class taking d_model works)")
+
+
 class HybridCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -349,8 +354,7 @@ class HybridCLI(LightningCLI):
         parser.add_class_arguments(CheckpointPolicy, "checkpoint")
         mixers = next((a for a in parser._actions if a.dest == "model.mixers"), None)
         if mixers is not None:  # the zoo's components, not every nn.Module subclass jsonargparse can find (440 lines)
-            mixers.extra_help = lambda: (", a mapping letter → {class_path, init_args}; the zoo's components: "
-                                         + ", ".join(zoo_mixers()) + " (any nn.Module class taking d_model works)")
+            mixers.extra_help = mixers_help  # a function of the module, not a lambda: ddp_spawn pickles the parser
         parser.add_argument(
             "--threads", type=int | None, default=None,
             help="torch threads (default: the cores no other process is busy with, from the load average; "
@@ -519,6 +523,8 @@ class HybridCLI(LightningCLI):
                   "--ckpt_path last, best or a file scores a trained one", file=sys.stderr, flush=True)
 
     def after_fit(self) -> None:
+        if trains_in_workers(self.trainer):  # this process holds none of the run: the worker said it (FitSummaryInWorker)
+            return
         log_dir = self.trainer.log_dir  # (collective under DDP: every process asks)
         if self.trainer.is_global_zero:
             print(fit_summary(self.trainer, self.model, log_dir), flush=True)
@@ -528,6 +534,7 @@ class HybridCLI(LightningCLI):
         callbacks = config["trainer"].get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
         callbacks.append(ValidateFinalStep())  # (Lightning runs it before the checkpoint policy, which asks what follows)
+        callbacks.append(FitSummaryInWorker())
         if config["trainer"].get("enable_checkpointing") is not False:  # (in validate too: it restores its state)
             callbacks.append(config["checkpoint"])
         progress_bar = default_progress_bar(callbacks, config["trainer"].get("enable_progress_bar"))
@@ -624,6 +631,26 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
     if log_dir and trainer.loggers:  # (without a logger, log_dir is only the folder the checkpoints went to)
         lines.append(f"  TensorBoard tensorboard --logdir {log_dir}" if tensorboard else f"  logs       {log_dir}")
     return "\n".join(lines)
+
+
+def trains_in_workers(trainer) -> bool:
+    """Whether the strategy trains in processes it starts (``ddp_spawn``, ``ddp_notebook``), this one only waiting:
+    the weights come back to it, but not the run's history, step or checkpoint folder."""
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+    return isinstance(getattr(trainer.strategy, "launcher", None), _MultiProcessingLauncher)
+
+
+class FitSummaryInWorker(L.Callback):
+    """Prints :func:`fit_summary` from the worker of rank 0 where the strategy trains in workers; elsewhere the
+    command prints it after ``fit`` returns (then also after a Ctrl+C, which ends the fit before ``on_fit_end``)."""
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trains_in_workers(trainer):
+            return
+        log_dir = trainer.log_dir  # (collective: every process asks)
+        if trainer.is_global_zero:
+            print(fit_summary(trainer, pl_module, log_dir), flush=True)
 
 
 def quiet_lightning() -> None:

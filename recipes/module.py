@@ -336,8 +336,10 @@ class LanguageModel(L.LightningModule):
         loss = float(self.val_loss.compute())  # (the same value logged as val/loss)
         self.history["val"].append((self.trainer.global_step, loss))
         self.history.setdefault("val_acc", []).append((self.trainer.global_step, float(self.val_acc.compute())))
-        self.log("hp/final_val_loss", loss)
-        self.log("hp/best_val_loss", min(value for _, value in self.history["val"]))
+        # The metric has already summed every process's batches, so the value is the same on each; sync_dist
+        # averages equal values and quiets Lightning's warning that an epoch-level value is not synced.
+        self.log("hp/final_val_loss", loss, sync_dist=True)
+        self.log("hp/best_val_loss", min(value for _, value in self.history["val"]), sync_dist=True)
         self._log_sample()
 
     def _log_sample(self) -> None:

@@ -133,7 +133,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
         if "://" in str(path):  # a remote file (fsspec): Lightning's reader, still without pickle
             return super().load_checkpoint(path, map_location=map_location, weights_only=True)
-        return load_checkpoint(path, map_location=map_location)
+        # A mapping of tensors alone is what ddp_spawn's workers write for the main process to load their weights
+        return load_checkpoint(path, map_location=map_location, bare_weights=True)
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         path = Path(path)

@@ -7,14 +7,14 @@ from torch import nn
 
 from components._checks import check_choice, check_mixer_input, check_positive
 from components.state.mlp import ACTIVATIONS, MLP
-from components.state.router import assignment_load, token_mean, valid_tokens
+from components.state.router import ForwardRecords, assignment_load, token_mean, valid_tokens
 from kernels._backend import check_backend
 from kernels.retrieval import expert_mix, product_key_topk
 
 CROSS_DOMAIN = ("sequential", "parallel")
 
 
-class CDMoE(nn.Module):
+class CDMoE(ForwardRecords, nn.Module):
     """Cross-domain mixture of experts with efficient retrieval, ``[B, T, d_model] → [B, T, d_model]``::
 
         φ(x) = cross-domain MLP of x                        Wonderful Matrices v2: act(x Wˢ) Vˢ (``shared_mlp="plain"``)

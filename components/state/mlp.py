@@ -7,8 +7,15 @@ from torch import nn
 from components._checks import check_choice, check_mixer_input, check_positive
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
-# The second (gate) branch of each gated form; the GELU FFN has none.
-GATES = {"swiglu": lambda v: v, "swisig": torch.sigmoid, "switanh": torch.tanh}
+
+
+def _identity(v: torch.Tensor) -> torch.Tensor:
+    return v
+
+
+# The second (gate) branch of each gated form; the GELU FFN has none. Named functions, not lambdas, so that
+# a module holding one pickles (torch.save of a whole model, Lightning's ddp_spawn).
+GATES = {"swiglu": _identity, "swisig": torch.sigmoid, "switanh": torch.tanh}
 FORMS = (*GATES, "gelu", "plain")
 
 

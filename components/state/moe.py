@@ -18,7 +18,7 @@ from components.bindings import binding_factory
 from components.state.experts import CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
 from components.state.mlp import MLP, default_d_ff
 from components._checks import check_mixer_input
-from components.state.router import Routing, TopKRouter, switch_balancing_loss, valid_tokens
+from components.state.router import ForwardRecords, Routing, TopKRouter, switch_balancing_loss, valid_tokens
 
 
 def dispatch(experts: nn.Module, x: torch.Tensor, shared: torch.Tensor | None, routing: Routing) -> torch.Tensor:
@@ -35,7 +35,7 @@ def dispatch(experts: nn.Module, x: torch.Tensor, shared: torch.Tensor | None, r
     return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
 
 
-class MoE(nn.Module):
+class MoE(ForwardRecords, nn.Module):
     """The routed-MoE engine, ``[B, T, d_model] → [B, T, d_model]``.
 
     After each forward, ``aux_loss`` holds the Switch balancing loss (summed into the training loss

@@ -8,6 +8,17 @@ from torch import nn
 from components._checks import check_positive
 
 
+class ForwardRecords:
+    """Mixin for the mixtures that keep what their last forward measured as attributes (``aux_loss``,
+    ``expert_load``): the loss holds that forward's autograd graph, which neither ``copy.deepcopy`` nor pickle can
+    carry, so a copy (an EMA twin, ``torch.save`` of a whole model, Lightning's ``ddp_spawn``) starts without them."""
+
+    forward_records = ("aux_loss", "expert_load")
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), **dict.fromkeys(self.forward_records)}
+
+
 @dataclass
 class Routing:
     """Where each of ``M`` tokens goes.

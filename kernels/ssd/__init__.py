@@ -2,7 +2,7 @@
 
 import torch
 
-from kernels._backend import KERNEL_DTYPES, check_backend, resolve_backend
+from kernels._backend import KERNEL_DTYPES, check_backend, resolve_backend, without_autocast
 from kernels._finite import poison, seen_so_far, split_finite
 from kernels.ssd.reference import segment_sum, ssd_chunked, ssd_recurrent, ssd_step
 
@@ -88,7 +88,7 @@ def ssd_scan(
     else:
         # The reference computes in at least fp32 whatever the inputs and any autocast region say: the
         # decays are exponentials of long sums, which bf16 cannot hold. The output comes back in x's dtype.
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with without_autocast(x.device.type):
             up = lambda t: None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))  # noqa: E731
             chunk = min(chunk_size, REFERENCE_CHUNK)  # the same result as chunk_size's, cheaper
             y, final_state = ssd_chunked(

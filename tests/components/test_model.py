@@ -1,4 +1,6 @@
 import functools
+import pickle
+from copy import deepcopy as copy_module
 
 import pytest
 import torch
@@ -112,6 +114,26 @@ def test_auxiliary_losses_are_collected_by_module_name():
     aux = model.auxiliary_losses()
     assert list(aux) == ["blocks.1.state_mixer"]
     assert aux["blocks.1.state_mixer"].requires_grad
+
+
+def test_a_trained_model_with_every_default_mixer_copies_and_pickles():
+    # An EMA twin (deepcopy), torch.save of the whole model, ddp_spawn's pickling: a mixture's last balancing loss
+    # holds its forward's graph, which cannot be copied, and a gate given as a lambda cannot be pickled.
+    torch.manual_seed(0)
+    model = HybridLM(pattern="SM AE IR SH AC SX", **TINY)
+    ids = torch.randint(0, 50, (2, 11))
+    model(ids).float().pow(2).mean().backward()
+    assert set(model.auxiliary_losses()) >= {"blocks.2.state_mixer", "blocks.5.state_mixer"}
+    for copy in (copy_module(model), pickle.loads(pickle.dumps(model))):
+        assert copy.auxiliary_losses() == {}  # the records of the original's forward stay with it
+        assert torch.equal(copy(ids), model(ids))
+        assert set(copy.auxiliary_losses()) == set(model.auxiliary_losses())
+
+
+def test_shapes_are_inferred_on_the_meta_device():
+    model = HybridLM(pattern="SM AM IE", **TINY).to("meta")
+    logits = model(torch.zeros(2, 13, dtype=torch.long, device="meta"))
+    assert logits.shape == (2, 13, 50) and logits.is_meta
 
 
 def test_summary_lists_every_block_and_the_total():

@@ -150,7 +150,7 @@ def test_a_file_that_is_not_a_checkpoint_gets_an_error_that_names_it(trained, tm
                 return os.system, ("true",)
         torch.save({"state_dict": {}, "x": Payload()}, path)
     elif content == "not-a-model":
-        torch.save({"weights": torch.ones(2)}, path)
+        torch.save({"weights": torch.ones(2), "step": 3}, path)
     else:
         path.write_bytes(content)
     for read in (load_checkpoint, AtomicCheckpointIO().load_checkpoint, LanguageModel.load_from_checkpoint):
@@ -159,6 +159,20 @@ def test_a_file_that_is_not_a_checkpoint_gets_an_error_that_names_it(trained, tm
         message = str(caught.value)
         assert str(path) in message and expected in message
         assert "weights_only=False" not in message and "will likely succeed" not in message
+
+
+def test_a_file_of_bare_weights_is_read_only_where_ddp_spawn_hands_weights_back(trained, tmp_path, monkeypatch):
+    path = tmp_path / "weights.ckpt"
+    weights = torch.load(trained, weights_only=True)["state_dict"]
+    torch.save(weights, path)  # what a ddp_spawn worker writes for the main process: names → tensors, nothing else
+    got = AtomicCheckpointIO().load_checkpoint(str(path))
+    assert list(got) == list(weights) and all(torch.equal(got[k], weights[k]) for k in weights)
+    for read in (load_checkpoint, LanguageModel.load_from_checkpoint):  # a model checkpoint it is not
+        with pytest.raises(CheckpointError, match="is not a model checkpoint: it has no 'state_dict'"):
+            read(str(path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="it has no 'state_dict'"):
+        main(["validate", *TINY, "--ckpt_path", str(path)])
 
 
 def test_weights_only_is_explicit_whatever_the_environment_says(trained, tmp_path, monkeypatch):
