@@ -175,7 +175,7 @@ def short_epoch_message(error: Exception) -> str | None:
     if found is None:
         return None
     interval, batches = found.groups()
-    return (f"the data gives {batches} training batches per epoch, fewer than val_check_interval {interval}: "
+    return (f"the data gives {batches} training batch{'es' * (batches != '1')} per epoch, fewer than val_check_interval {interval}: "
             f"--trainer.check_val_every_n_epoch null counts the interval in steps across epochs (a small corpus is "
             f"then read several times), or --trainer.val_check_interval {batches} or less validates within each")
 

@@ -108,17 +108,25 @@ class ResumableDataModule(L.LightningDataModule):
     num_workers: int = 0
     order_seed: int = 0
 
-    def train_loader(self, dataset: Dataset) -> ResumableLoader:
+    def train_loader(self, dataset: Dataset) -> DataLoader:
+        """A :class:`ResumableLoader`; under ``--trainer.overfit_batches`` a plain one in the data's own order, the
+        same first batches every epoch (Lightning rebuilds the loader with a sequential sampler there, which only
+        a loader that takes every ``DataLoader`` argument allows; the position of such a run needs no saving)."""
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        self._train_loader = ResumableLoader(dataset, batch_size=self.batch_size, seed=self.order_seed,
-                                             num_replicas=world, rank=rank, num_workers=self.num_workers)
-        if len(self._train_loader) == 0:  # Lightning would stop at once with "No training batches"
+        if trainer is not None and trainer.overfit_batches:
+            self._train_loader = None
+            loader = DataLoader(dataset, batch_size=self.batch_size, shuffle=False, drop_last=True,
+                                num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+        else:
+            loader = self._train_loader = ResumableLoader(dataset, batch_size=self.batch_size, seed=self.order_seed,
+                                                          num_replicas=world, rank=rank, num_workers=self.num_workers)
+        if len(loader) == 0:  # Lightning would stop at once with "No training batches"
             each = f" on each of {world} processes ({len(dataset)} // {world} = {len(dataset) // world})" * (world > 1)
             raise ValueError(f"{type(self).__name__}: the training set has {len(dataset)} examples, fewer than one "
                              f"batch of batch_size={self.batch_size}{each}; a partial batch is dropped, so no step "
                              "could be trained: lower batch_size or give more training data")
-        return self._train_loader
+        return loader
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         trainer = self.trainer

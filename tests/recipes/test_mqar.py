@@ -105,7 +105,7 @@ def test_a_training_set_smaller_than_one_batch_is_named_before_training():
                                          "a partial batch is dropped"):
         data.train_dataloader()
     data = MQAR(vocab_size=256, seq_len=64, num_pairs=16, train_size=6, batch_size=4)
-    data.trainer = SimpleNamespace(world_size=2, global_rank=0)
+    data.trainer = SimpleNamespace(world_size=2, global_rank=0, overfit_batches=0)
     with pytest.raises(ValueError, match=r"batch_size=4 on each of 2 processes \(6 // 2 = 3\)"):
         data.train_dataloader()
 
