@@ -2,6 +2,7 @@
 
 import contextlib
 import types
+import warnings
 import weakref
 
 import torch
@@ -146,22 +147,35 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
 
 
 class DecodingUnsupported(ValueError):
-    """A model with a sequence mixer that cannot decode step by step (it keeps no state in the cache)."""
+    """A generation a model cannot do: a compiled one with a sequence mixer that keeps no decoding state."""
 
 
-def check_decoding_state(model, cache: InferenceCache) -> None:
-    """After the prompt: every block's sequence mixer (or a module inside it) left a state in ``cache``. One that
-    ignores the cache (a user's mixer written for training alone) would see only the new token at each step and
-    decode something else than its full forward, without a word."""
+def stateless_mixers(model, cache: InferenceCache) -> list[str]:
+    """After the prompt: the blocks whose sequence mixer (and every module inside it) left no state in ``cache``, as
+    ``"block i's sequence mixer Name"``. Such a mixer (a user's, written for training alone) would see only the new
+    token at each step, and decode something else than its full forward, without a word."""
     from components.block import block_mixers
 
+    found = []
     for i, block in enumerate(model.blocks):
         mixer, _ = block_mixers(block)
         if mixer is not None and not any(module in cache.layers for module in mixer.modules()):
-            raise DecodingUnsupported(
-                f"generate: block {i}'s sequence mixer {type(mixer).__name__} keeps no decoding state in "
-                "context.cache, so each step would see only its new token; a mixer decodes by keeping what the next "
-                "step needs in context.cache.state(self) (docs/architecture.md, the mixer contract)")
+            found.append(f"block {i}'s sequence mixer {type(mixer).__name__}")
+    return found
+
+
+def recomputing_step(model, out: torch.Tensor, prompt_length: int, positions: torch.Tensor,
+                     padding_mask: torch.Tensor | None):
+    """The step of a model with a mixer that keeps no decoding state: the full forward over the prompt and the
+    ``i`` tokens generated so far (written into ``out [B, T + n]`` before the step), its last position's logits.
+    Exact by construction, at the cost of the whole sequence at every step. ``positions [B, T + n - 1]``."""
+    def one_step(i: int, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        length = prompt_length + i
+        mask = None if padding_mask is None else F.pad(padding_mask, (0, i), value=False)  # [B, T + i]
+        hidden = model.hidden_states(out[:, :length], position_ids=positions[:, :length], padding_mask=mask)
+        return model.lm_head(hidden[:, -1])  # [B, V]
+
+    return one_step
 
 
 @torch.no_grad()
@@ -200,13 +214,26 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
     cache = InferenceCache(B, capacity, device=input_ids.device, static=compile)
     # the prompt's last position only: the logits of the others would be thrown away
     hidden = model.hidden_states(input_ids, position_ids=positions, padding_mask=padding_mask, cache=cache)
-    if max_new_tokens > 1:
-        check_decoding_state(model, cache)
     logits = model.lm_head(hidden[:, -1])  # [B, V]
     position = positions[:, -1:]  # [B, 1]
-    step = decoder(model, cache, position, max_new_tokens, compile=compile)
     out = torch.empty(B, T + max_new_tokens, dtype=input_ids.dtype, device=input_ids.device)
     out[:, :T] = input_ids
+    stateless = stateless_mixers(model, cache) if max_new_tokens > 1 else []
+    if stateless and compile:
+        raise DecodingUnsupported(
+            f"generate: {', '.join(stateless)} keeps no decoding state in context.cache, so there is no step to "
+            "compile; without compile each token recomputes the whole sequence (a mixer decodes step by step by "
+            "keeping what the next step needs in context.cache.state(self): docs/architecture.md, the mixer contract)")
+    if stateless:
+        warnings.warn(
+            f"generate: {', '.join(stateless)} keeps no decoding state in context.cache: each new token recomputes "
+            "the whole sequence with the full forward (exact, but each step costs the whole sequence); a mixer "
+            "decodes step by step by keeping what the next step needs in context.cache.state(self) "
+            "(docs/architecture.md, the mixer contract)")
+        later = position + torch.arange(1, max_new_tokens, device=position.device)  # [B, n - 1]
+        step = recomputing_step(model, out, T, torch.cat([positions, later], dim=1), padding_mask)
+    else:
+        step = decoder(model, cache, position, max_new_tokens, compile=compile)
     done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     for i in range(max_new_tokens):
         token = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)

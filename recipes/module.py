@@ -19,7 +19,6 @@ from torchmetrics.text import Perplexity
 from components._checks import check_on_device
 from components.bindings import MixerFactory
 from components.flops import forward_flops_per_token
-from components.generation import DecodingUnsupported
 from components.model import HybridLM, count_active_parameters, count_parameters
 from components.sizing import SizeTarget, describe_size, sized_mixers
 from kernels.linear_cross_entropy import IGNORE_INDEX, linear_cross_entropy
@@ -191,7 +190,6 @@ class LanguageModel(L.LightningModule):
         self._sharded = False  # FSDP2 applied (configure_model)
         self.history: dict = {"val": [], "tokens_per_sec": [], "started": None}  # for the end-of-fit summary
         self._sample_prompt: torch.Tensor | None = None
-        self._cannot_decode = False  # a sequence mixer keeps no decoding state: no validation samples
         self._last_loss: torch.Tensor | None = None
         self._schedule_steps: int | None = None  # the steps the learning-rate schedule spans (configure_optimizers)
         self._resumed_schedule_steps: int | None = None  # those of the run this one resumes, when it recorded them
@@ -345,7 +343,7 @@ class LanguageModel(L.LightningModule):
     def _log_sample(self) -> None:
         """A greedy continuation of the validation set's first tokens, as text in TensorBoard."""
         data = getattr(self.trainer, "datamodule", None)
-        if (not self.hparams.get("sample_tokens") or self._sample_prompt is None or self._cannot_decode
+        if (not self.hparams.get("sample_tokens") or self._sample_prompt is None
                 or not self.trainer.is_global_zero or not hasattr(data, "decode")):
             return
         experiments = [logger.experiment for logger in self.loggers if hasattr(logger.experiment, "add_text")]
@@ -357,13 +355,8 @@ class LanguageModel(L.LightningModule):
             tokens = min(tokens, self.model.max_seq_len - prompt.shape[1] + 1)
         if tokens < 1:
             return
-        try:
-            with torch.no_grad():
-                out = self.model.generate(prompt, tokens)[0].tolist()  # greedy: no RNG state used
-        except DecodingUnsupported as error:  # a mixer of the user's that trains but cannot decode: no samples
-            print(f"note: no validation samples in TensorBoard: {error}", file=sys.stderr)
-            self._cannot_decode = True  # said once; no sample at later validations either
-            return
+        with torch.no_grad():
+            out = self.model.generate(prompt, tokens)[0].tolist()  # greedy: no RNG state used
         text = (f"**prompt:** {data.decode(out[:prompt.shape[1]])!r}\n\n"
                 f"**continuation (greedy):** {data.decode(out[prompt.shape[1]:])!r}")
         for experiment in experiments:

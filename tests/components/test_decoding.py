@@ -2,6 +2,8 @@
 and every tiny named architecture, with and without left padding; greedy generation equals the argmax
 loop over full forwards; SSD's cache does not grow with the generated length."""
 
+import copy
+import dataclasses
 from functools import partial
 
 import pytest
@@ -10,6 +12,7 @@ import torch.nn.functional as F
 
 from components import SSD, Context, Expresser, HybridLM, InnerFuncAttention, QCAttention
 from components.cache import InferenceCache
+from components.generation import DecodingUnsupported
 from components.catalogue import SEQUENCE_MIXERS
 from kernels._finite import split_finite
 
@@ -429,6 +432,41 @@ def test_left_padded_generation_equals_each_prompt_alone():
     out = model.generate(batch, 5, padding_mask=mask)
     for b, p in enumerate(prompts):
         assert torch.equal(out[b, 7:], model.generate(p[None], 5)[0, len(p):]), f"prompt {b}"
+
+
+class Forgetful(torch.nn.Module):
+    """A mixer as a user may write one for training alone: it ignores the decoding cache."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, context=None):
+        return self.inner(x, None if context is None else dataclasses.replace(context, cache=None))
+
+
+@pytest.mark.parametrize("build", ["hybrid", "absolute positions"])
+def test_a_mixer_without_decoding_state_generates_by_recomputing_what_the_cache_would_give(build):
+    # The step-by-step path of the same weights is the reference. A position mask sees absolute positions, so it
+    # shows that a recomputed step counts each left-padded sequence's positions from its own first token.
+    torch.manual_seed(0)
+    model = tiny_hybrid() if build == "hybrid" else HybridLM(61, 32, "PM SM", {
+        "P": partial(InnerFuncAttention, n_heads=4, mask={"position": {"max_position": 32}}),
+        "S": partial(SSD, d_state=8, head_dim=8, chunk_size=4)})
+    randomize(model)
+    mask, _ = padded(3, 7, (0, 2, 4))
+    prompt = torch.randint(1, 61, (3, 7)).masked_fill(mask, 0)
+    expected = model.generate(prompt, 9, padding_mask=mask)
+    forgetful = copy.deepcopy(model)
+    for block in forgetful.blocks:
+        block.sequence_mixer = Forgetful(block.sequence_mixer)
+    with pytest.warns(UserWarning, match=r"generate: block 0's sequence mixer Forgetful, block 1's sequence mixer "
+                                         r"Forgetful.* keeps no decoding state in context.cache: each new token "
+                                         r"recomputes the whole sequence"):
+        got = forgetful.generate(prompt, 9, padding_mask=mask)
+    assert torch.equal(got, expected)
+    with pytest.raises(DecodingUnsupported, match="Forgetful.* keeps no decoding state .* no step to compile"):
+        forgetful.generate(prompt, 9, padding_mask=mask, compile=True)
 
 
 def test_linear_as_row_sums_sums_the_same_products_over_few_rows_and_leaves_more_rows_alone():

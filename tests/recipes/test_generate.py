@@ -110,10 +110,13 @@ class CausalConv(nn.Module):
 '''
 
 
-def test_a_recipes_own_mixer_is_trusted_and_one_that_cannot_decode_is_named(tmp_path, monkeypatch, capsys):
+def test_a_recipes_own_mixer_is_trusted_and_one_without_decoding_state_generates_by_recomputing(
+        tmp_path, monkeypatch, capsys):
     """generate and eval read a checkpoint of the recipe's own classes as fit and validate do (they refused it, asking
-    for --allow_classes); a mixer that keeps no decoding state is named instead of decoding something else than its
-    full forward."""
+    for --allow_classes); a mixer that keeps no decoding state generates by recomputing the sequence at each token
+    (it was refused, and its runs logged no samples), with a warning that names it; compiled, it is refused."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     from recipes.evaluation.cli import main as evaluate
 
     monkeypatch.chdir(tmp_path)
@@ -126,11 +129,17 @@ def test_a_recipes_own_mixer_is_trusted_and_one_that_cannot_decode_is_named(tmp_
                       "data:\n  class_path: recipes.data.TextCorpus\n  init_args: {seq_len: 32, batch_size: 4}\n"
                       "trainer:\n  max_steps: 4\n  val_check_interval: 2\n  limit_val_batches: 1\n"
                       "  enable_progress_bar: false\n")
-    cli(["fit", "--config", str(recipe)])  # trains; its validations log no sample, and say why once
-    err = capsys.readouterr().err
-    assert err.count("note: no validation samples in TensorBoard: generate: block 0's sequence mixer CausalConv") == 1
-    with pytest.raises(SystemExit, match=r"block 0's sequence mixer CausalConv keeps no decoding state in context.cache"):
-        main(["--config", str(recipe), "--ckpt_path", "last", "--prompt", "ab", "--max_new_tokens", "4"])
-    assert main(["--config", str(recipe), "--ckpt_path", "last", "--prompt", "ab", "--max_new_tokens", "1"])
+    with pytest.warns(UserWarning, match="block 0's sequence mixer CausalConv keeps no decoding state"):
+        cli(["fit", "--config", str(recipe)])
+    [run] = tmp_path.glob("lightning_logs/version_0")
+    events = EventAccumulator(str(run))
+    events.Reload()
+    assert [e.step for e in events.Tensors("samples/text_summary")] == [2, 4]  # each validation's sample
+    with pytest.warns(UserWarning, match="CausalConv keeps no decoding state in context.cache: each new token recomputes"):
+        text = main(["--config", str(recipe), "--ckpt_path", "last", "--prompt", "ab", "--max_new_tokens", "4"])
+    assert text.startswith("ab") and len(text.encode()) >= 4
+    with pytest.raises(SystemExit, match=r"block 0's sequence mixer CausalConv keeps no decoding state .* no step to "
+                                         "compile"):
+        main(["--config", str(recipe), "--ckpt_path", "last", "--prompt", "ab", "--max_new_tokens", "4", "--compile"])
     evaluate(["--config", str(recipe), "--ckpt_path", "last", "--suite", "length", "--multiples", "1", "--windows", "2"])
     assert "| plain | 32 |" in capsys.readouterr().out
