@@ -14,9 +14,11 @@ in the checkpoint's run folder.
 """
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
+from unittest import mock
 
 from recipes.argtypes import bounded, close_matches, device, positive_int
 
@@ -94,9 +96,26 @@ def run_harness(model, data, args) -> tuple[dict, str]:
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
     manager = check_tasks(names, args.include_path)
     lm = harness.ZooLM(model, text_tokenizer(data, "--tasks"), batch_size=args.batch_size)
-    results = simple_evaluate(model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
-                              task_manager=manager, log_samples=False, bootstrap_iters=0)
+    with without_harness_bookkeeping():
+        results = simple_evaluate(model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
+                                  task_manager=manager, log_samples=False, bootstrap_iters=0)
     return results, make_table(results)
+
+
+@contextlib.contextmanager
+def without_harness_bookkeeping():
+    """After every evaluation lm-eval records the working folder's git commit — a ``git describe`` whose "fatal: not
+    a git repository" reached the terminal from any other folder — and torch's environment report (about 2 s of
+    subprocesses); the zoo keeps neither (its JSON holds the results, configs and versions). Both are names of
+    ``lm_eval.evaluator``, replaced for the call where that version has them."""
+    import lm_eval.evaluator as evaluator
+
+    skipped = {"get_git_commit_hash": lambda: None, "add_env_info": lambda results: None}
+    with contextlib.ExitStack() as stack:
+        for name, stand_in in skipped.items():
+            if hasattr(evaluator, name):
+                stack.enter_context(mock.patch.object(evaluator, name, stand_in))
+        yield
 
 
 def run_suite(model, data, recipe: dict, args) -> dict:
