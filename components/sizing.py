@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from components.bindings import MixerFactory
+from components.bindings import MixerFactory, binding_spec, import_class
 from components.model import HybridLM, bound_mixers, count_parameters
 from components.pattern import parse_tokens
 
@@ -46,8 +46,10 @@ def solve_width(count: Callable[[int], int], target: int, *, multiple_of: int = 
     """The multiple of ``multiple_of`` whose ``count(width)`` is closest to ``target`` (``count`` must grow
     with the width). Raises if even the smallest width overshoots the target."""
     if count(multiple_of) > target:
+        smaller = f"; multiple_of={multiple_of} makes {multiple_of} the smallest width tried: 1 tries every width" \
+            if multiple_of > 1 and count(1) <= target else ""
         raise ValueError(f"target of {target:,} parameters is below the smallest model ({count(multiple_of):,} "
-                         f"parameters at width {multiple_of})")
+                         f"parameters at width {multiple_of}){smaller}")
     low, high = 1, 2  # in units of multiple_of; invariant count(low·m) ≤ target
     while count(high * multiple_of) <= target:
         low, high = high, 2 * high
@@ -100,13 +102,16 @@ def sized_mixers(
 
 def _check_takes(factory: MixerFactory, letter: str, arg: str) -> None:
     """Refuse a width keyword the letter's mixer does not take, naming the keywords it does take."""
+    try:  # the class behind every recordable binding (a recipe's, from jsonargparse, takes **kwargs as a callable)
+        target = import_class(binding_spec(letter, factory)["class_path"])
+    except ValueError:  # a binding that names no class (a lambda): its own signature
+        target = factory.func if isinstance(factory, functools.partial) else factory
     try:
-        parameters = inspect.signature(factory).parameters
+        parameters = inspect.signature(target).parameters
     except (TypeError, ValueError):  # not introspectable: the build will say
         return
     if arg in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return
-    target = factory.func if isinstance(factory, functools.partial) else factory
     takes = [name for name, p in parameters.items() if name != "d_model" and p.kind is not inspect.Parameter.VAR_POSITIONAL]
     raise ValueError(f"size_to: arg={arg!r} is not an argument of the mixer of letter {letter!r}, "
                      f"{getattr(target, '__name__', type(target).__name__)} (it takes: {', '.join(takes)})")

@@ -11,8 +11,11 @@ def test_solve_width_finds_the_closest_multiple():
     assert solve_width(count, 1000 + 30 * 96, multiple_of=8) == 96  # exact
     assert solve_width(count, 1000 + 30 * 99, multiple_of=8) == 96  # 99 is nearer 96 than 104
     assert solve_width(count, 1000 + 30 * 101, multiple_of=8) == 104
-    with pytest.raises(ValueError, match="below the smallest model"):
+    with pytest.raises(ValueError, match=r"below the smallest model \(1,240 parameters at width 8\)$"):
         solve_width(count, 500)
+    # a target that a width under multiple_of would reach (an SSD's expand, say) says so
+    with pytest.raises(ValueError, match=r"at width 8\); multiple_of=8 makes 8 the smallest width tried: 1 tries every"):
+        solve_width(count, 1100)
 
 
 @pytest.mark.parametrize("pattern", ["AM AM", "AR AM", "AR AR"])

@@ -138,6 +138,18 @@ def test_size_to_sizes_the_model_and_records_the_width():
     assert again.sizes == lm.sizes and again.hparams == lm.hparams
 
 
+def test_a_size_to_width_the_recipes_mixer_does_not_take_is_named_from_the_command_line(tmp_path, monkeypatch):
+    # A recipe's binding reaches the model as jsonargparse's callable, whose signature is (*args, **kwargs): the check
+    # read that and let d_ff through to QCAttention, which failed inside the solver with Python's TypeError.
+    from recipes.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"size_to: arg='d_ff' is not an argument of the mixer of letter 'A', "
+                                         r"QCAttention \(it takes: n_heads, "):
+        main(["fit", "--config", "quickstart.yaml", "--model.d_model", "32", "--model.size_to",
+              "{params: 100000, letters: [A], arg: d_ff}"])
+
+
 @pytest.mark.parametrize("positions", ["all", "labelled"])
 def test_a_batch_with_every_label_ignored_has_loss_zero_not_nan(positions):
     lm = LanguageModel(16, "AM", vocab_size=20, loss_positions=positions)
