@@ -263,6 +263,9 @@ def run_logger(trainer_config):
 # Model arguments that say how to compute, not what: a resumed or evaluated run takes them from the command
 # line and recipe rather than from the checkpoint.
 HOW_NOT_WHAT = ("compile", "loss_positions", "sample_tokens")
+# Model arguments that change no weight: a checkpoint's value holds unless the command line gives one, which is taken
+# with a note (the lengths a checkpoint is validated or generated at; activation checkpointing; the MFU's peak).
+OVERRIDABLE = ("max_seq_len", "extrapolate", "checkpoint_blocks", "peak_flops")
 
 
 def explicit_model_flags(args: list[str]) -> list[str]:
@@ -439,6 +442,11 @@ class HybridCLI(LightningCLI):
         if hparams.get("mixers"):  # after the check: reading a spec's class imports it
             hparams["mixers"] = upgrade_specs(hparams["mixers"])
         self._check_flags_agree(path, config.model, hparams)
+        for key in explicit_model_flags(self._command_line):
+            if key in OVERRIDABLE and key in hparams and differs(config.model.get(key), hparams[key]):
+                print(f"note: --model.{key} {plain(config.model.get(key))!r} over the checkpoint's {hparams[key]!r} (it "
+                      "changes no weight)", file=sys.stderr, flush=True)
+                hparams[key] = config.model.get(key)
         if subcommand == "fit" and not getattr(self, "_ckpt_in_run", True):
             say_if_another_model(path, config.model, hparams)
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
@@ -446,7 +454,7 @@ class HybridCLI(LightningCLI):
     def _check_flags_agree(self, path, model_config, hparams: dict) -> None:
         conflicts = []
         for key in explicit_model_flags(self._command_line):
-            if key.split(".")[0] in HOW_NOT_WHAT:
+            if key.split(".")[0] in HOW_NOT_WHAT + OVERRIDABLE:
                 continue
             try:
                 recorded = dotted_get(hparams, key)

@@ -84,6 +84,25 @@ def test_resuming_with_a_contradicting_model_flag_is_named(trained, tmp_path, mo
     assert "--model.d_model 32 (the checkpoint has 16)" in message and "start a new run" in message
 
 
+def test_a_checkpoint_is_validated_past_its_length_with_a_flag_that_changes_no_weight(trained, tmp_path, monkeypatch,
+                                                                                     capsys):
+    # "exceeds max_seq_len=… build the model with a larger max_seq_len, or with extrapolate=True" — and both flags
+    # were refused as contradicting the checkpoint, so a run could not be validated past its trained length.
+    monkeypatch.chdir(tmp_path)
+    longer = [*TINY, "--ckpt_path", str(trained), "--data.init_args.seq_len", "600", "--data.init_args.batch_size", "1",
+              "--trainer.limit_val_batches", "2"]
+    with pytest.raises(SystemExit, match="sequence length 600 exceeds max_seq_len=512"):
+        main(["validate", *longer])
+    capsys.readouterr()
+    main(["validate", *longer, "--model.extrapolate", "true"])
+    assert "note: --model.extrapolate True over the checkpoint's False (it changes no weight)" in capsys.readouterr().err
+    main(["validate", *longer, "--model.max_seq_len", "600"])
+    printed = capsys.readouterr()
+    assert "note: --model.max_seq_len 600 over the checkpoint's 512" in printed.err and "val/loss" in printed.out
+    main(["validate", *TINY, "--ckpt_path", str(trained)])  # no flag: the checkpoint's
+    assert "over the checkpoint's" not in capsys.readouterr().err
+
+
 def test_an_hf_converted_checkpoint_given_to_ckpt_path_points_to_init_from(tmp_path, monkeypatch):
     lm = LanguageModel(16, "AM", vocab_size=256)
     torch.save({"state_dict": lm.state_dict(), "hyper_parameters": dict(lm.hparams)}, tmp_path / "weights.ckpt")
