@@ -446,6 +446,38 @@ def test_a_grown_model_starts_from_the_tensors_of_a_smaller_one_that_fit(tmp_pat
     assert "init_from_strict" not in cli.model.hparams  # (the run's checkpoints hold the weights themselves)
 
 
+def test_a_ctrl_c_that_an_import_swallows_still_stops_the_command(monkeypatch, capsys):
+    # A library's bare `except:` around an optional import caught the KeyboardInterrupt: the command then ran (the
+    # quickstart trained on for minutes after the user's Ctrl+C).
+    import os
+    import signal
+    import sys
+    import types
+
+    from recipes.__main__ import run
+
+    ran = []
+
+    def swallowing_getattr(name):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # (the handler runs between bytecodes)
+                pass
+        except KeyboardInterrupt:
+            pass
+        return lambda argv: ran.append(argv)
+
+    fake = types.ModuleType("recipes.generate")
+    fake.__getattr__ = swallowing_getattr
+    monkeypatch.setitem(sys.modules, "recipes.generate", fake)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(SystemExit) as stopped:
+        run(["generate", "--prompt", "x"])
+    assert stopped.value.code == 130 and ran == []
+    assert "interrupted (Ctrl+C) while starting: nothing was run" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_ctrl_c_while_python_m_recipes_imports_is_a_line_and_status_130(tmp_path):
     """A Ctrl+C in the seconds ``python -m recipes`` spends importing torch and Lightning (a sweep stopped as a run
     starts) was a traceback and status 1: the package imports nothing heavy until the command is chosen."""
