@@ -95,10 +95,10 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
     compared = [name for name in results if baseline is not None and name != baseline]
     welch_p = {name: welch(loss(name), loss(baseline))[1] for name in compared}
     holm_p = dict(zip(compared, holm([welch_p[name] for name in compared])))
-    rows = ["| recipe | runs | val loss, mean ± std | 95% interval | val acc, mean ± std | train tok/s | "
+    rows = ["| recipe | runs | params | active | val loss, mean ± std | 95% interval | val acc, mean ± std | train tok/s | "
             f"Δ loss vs {baseline or '-'} | p (Welch) | p (Holm) | detectable Δ (80%) | "
             f"TOST p{f' (±{margin})' if margin is not None else ''} | best val loss (step) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda p: "< 2 runs" if math.isnan(p) else f"{p:.3g}"  # noqa: E731
     for name, finished in results.items():
         s = summarize(loss(name))
@@ -120,10 +120,20 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
             versus = (f"{'-' if math.isnan(diff) else f'{diff:+.4f}'} | {fmt(welch_p[name])} | {fmt(holm_p[name])} | "
                       f"{'-' if math.isnan(mde) else f'{mde:.4f}'} | {equivalence}")
         interval = f"[{s.low:.4f}, {s.high:.4f}]" if s.n > 1 else "-"
-        rows.append(f"| {name} | {s.n} of {launched[name]} | {s} | {interval} | "
+        if finished and not speeds:
+            notes.append(f"{name} {NO_SPEED}")
+        rows.append(f"| {name} | {s.n} of {launched[name]} | {counts(finished, 'params')} | {counts(finished, 'active')} | "
+                    f"{s} | {interval} | "
                     f"{acc} | {speed(statistics.median(speeds) if speeds else math.nan)} | "
                     f"{versus} | {best} |")
     return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else []))
+
+
+def counts(finished: list[dict], key: str) -> str:
+    """The parameter count ``key`` of a recipe's finished runs: one number (seeds build the same model), a range
+    where they differ (a recipe edited between runs), "-" for none."""
+    values = sorted({r[key] for r in finished if not math.isnan(r[key])})  # (NaN: a run that recorded none)
+    return "-" if not values else f"{values[0]:,}" if len(values) == 1 else f"{values[0]:,}–{values[-1]:,}"
 
 
 def val_curves(runs: list[Run], tag: str = "val/loss") -> dict[str, tuple[list[int], list[float], list[float], int]]:

@@ -1,6 +1,7 @@
 """``python -m recipes.sweep`` tabulates exactly the runs it launched and reports the ones that failed."""
 
 import json
+import math
 from functools import partial
 from pathlib import Path
 
@@ -160,14 +161,15 @@ def test_a_run_that_logged_no_speed_shows_a_dash_not_nan(tmp_path):
     write_run(tmp_path / "quiet", {5: 3.0}, [])
     write_run(tmp_path / "timed", {5: 3.0}, [1234.0, 1500.0, 1300.0])
     runs = [Run(tmp_path / f"{name}.yaml", tmp_path / name, seed=0) for name in ("quiet", "timed")]
-    for text, column in ((table(runs), 9), (seed_table(runs), 6)):
+    for text, column in ((table(runs), 9), (seed_table(runs), 8)):
         cells = {line.split("|")[1].strip(): line.split("|")[column].strip() for line in text.splitlines()[2:]
                  if line.startswith("| ")}
         assert cells == {"quiet": "-", "timed": "1,300"}, text
-    notes = [line for line in table(runs).splitlines() if line.startswith("- ")]
-    assert notes == ["- quiet logged no training speed (timed over each logging window of trainer.log_every_n_steps "
-                     "steps after the first: a shorter run has none)"]
-    accuracy = {line.split("|")[1].strip(): line.split("|")[5].strip() for line in seed_table(runs).splitlines()[2:]
+    for text in (table(runs), seed_table(runs)):
+        notes = [line for line in text.splitlines() if line.startswith("- ")]
+        assert notes == ["- quiet logged no training speed (timed over each logging window of trainer.log_every_n_steps "
+                         "steps after the first: a shorter run has none)"]
+    accuracy = {line.split("|")[1].strip(): line.split("|")[7].strip() for line in seed_table(runs).splitlines()[2:]
                 if line.startswith("| ")}
     assert accuracy == {"quiet": "-", "timed": "-"}  # no val/acc logged: no value, not "nan"
 
@@ -259,16 +261,16 @@ def test_seed_statistics_over_a_fake_family_with_known_outcomes(tmp_path):
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in out.splitlines()
             if line.startswith("| ") and not line.startswith("| recipe")}
     half = 4.302652729911275 * 0.1 / 3 ** 0.5
-    assert rows["base"][:3] == ["3 of 3", "2.0000 ± 0.1000", f"[{2 - half:.4f}, {2 + half:.4f}]"]
-    assert rows["base"][4] == "200" and rows["base"][5:10] == ["(baseline)", "-", "-", "-", "-"]
-    assert rows["worse"][5] == "+1.0000" and 2e-4 < float(rows["worse"][6]) < 3e-4  # t = 12.25 on 4 df
-    assert rows["same"][0] == "3 of 5" and rows["same"][5] == "+0.0000" and float(rows["same"][6]) > 0.9
-    assert rows["lonely"][0] == "1 of 1" and rows["lonely"][5:7] == ["+0.5000", "< 2 runs"]  # no test on one run
-    assert rows["lonely"][1:3] == ["2.5000", "-"]  # one run: its value, no spread and no interval (not "± nan")
+    assert rows["base"][:5] == ["3 of 3", "1,234", "1,000", "2.0000 ± 0.1000", f"[{2 - half:.4f}, {2 + half:.4f}]"]
+    assert rows["base"][6] == "200" and rows["base"][7:12] == ["(baseline)", "-", "-", "-", "-"]
+    assert rows["worse"][7] == "+1.0000" and 2e-4 < float(rows["worse"][8]) < 3e-4  # t = 12.25 on 4 df
+    assert rows["same"][0] == "3 of 5" and rows["same"][7] == "+0.0000" and float(rows["same"][8]) > 0.9
+    assert rows["lonely"][0] == "1 of 1" and rows["lonely"][7:9] == ["+0.5000", "< 2 runs"]  # no test on one run
+    assert rows["lonely"][3:5] == ["2.5000", "-"]  # one run: its value, no spread and no interval (not "± nan")
     assert "same seed 3 FAILED (exit 1; log same_seed3.log)" in out
     assert f"same seed 4 has no results in {tmp_path / 'same' / 'gone'}" in out
     no_baseline = seed_table(runs)
-    assert all(line.split("|")[7:12] == [" - "] * 5 for line in no_baseline.splitlines()[2:] if line.startswith("| "))
+    assert all(line.split("|")[9:14] == [" - "] * 5 for line in no_baseline.splitlines()[2:] if line.startswith("| "))
 
 
 def test_seeds_launch_one_run_per_seed_in_parallel_and_tabulate_them(tmp_path, monkeypatch, capsys):
@@ -325,7 +327,8 @@ def test_a_run_that_never_validated_gets_dashes_and_a_note_saying_why(tmp_path):
     row = next(line for line in plain.splitlines() if line.startswith("| short"))
     assert [cell.strip() for cell in row.split("|")[6:9]] == ["-", "-", "-"]
     row = next(line for line in seeded.splitlines() if line.startswith("| short"))
-    assert row.split("|")[2].strip() == "0 of 1" and row.split("|")[7].strip() == "-"
+    assert row.split("|")[2].strip() == "0 of 1" and row.split("|")[3:5] == [" 1,234 ", " 1,000 "]  # (it finished)
+    assert row.split("|")[9].strip() == "-"
     for text in (plain, seeded):
         notes = [line for line in text.splitlines() if line.startswith("- ")]
         assert len(notes) == 1 and notes[0].startswith("- short") and "ran no validation" in notes[0]
@@ -370,14 +373,14 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
     write_manifest(logs, "fake", runs)
     main(["--from", str(logs), "--baseline", "a"])
     out = capsys.readouterr().out
-    assert "| a | 2 of 3 | 3.5000 ± 0.7071 |" in out and "| b | 3 of 3 | 1.3333 ± 0.5774 |" in out
+    assert "| a | 2 of 3 | 1,234 | 1,000 | 3.5000 ± 0.7071 |" in out and "| b | 3 of 3 | 1,234 | 1,000 | 1.3333 ± 0.5774 |" in out
     assert "a seed 1 NOT FINISHED (the sweep stopped before this run ended; log None)" in out
     assert (logs / "table.md").read_text().startswith("# fake") and (logs / "val_loss.png").is_file()
     with pytest.raises(SystemExit, match="sweep.json not found"):
         main(["--from", str(tmp_path)])
     # Two sweeps read together: one table of both (here the same runs twice, so every cell doubles).
     main(["--from", str(logs), str(logs)])
-    assert "| a | 4 of 6 | 3.5000 ± 0.5774 |" in capsys.readouterr().out
+    assert "| a | 4 of 6 | 1,234 | 1,000 | 3.5000 ± 0.5774 |" in capsys.readouterr().out
 
 
 def test_a_metric_against_a_hyperparameter_has_one_line_per_recipe_series(tmp_path):
@@ -401,6 +404,15 @@ def test_a_metric_against_a_hyperparameter_has_one_line_per_recipe_series(tmp_pa
         metric_vs(runs, "n_layers")
 
 
+def test_the_seed_table_gives_each_recipes_parameter_counts():
+    # The family's point is a comparison at equal parameters; the seed table left the counts to the one-seed table.
+    from recipes.sweep.report import counts
+
+    assert counts([{"params": 60_124}, {"params": 60_124}], "params") == "60,124"
+    assert counts([{"params": 60_124}, {"params": 58_000}], "params") == "58,000–60,124"  # a recipe edited between runs
+    assert counts([{"params": math.nan}], "params") == counts([], "params") == "-"
+
+
 def test_holm_tost_detectable_effect_and_the_best_loss_in_the_seed_table(tmp_path):
     """Four recipes × 3 seeds with hand-made curves: the new columns equal the statistics computed by hand,
     and a run whose best loss came long before its end is flagged."""
@@ -421,10 +433,10 @@ def test_holm_tost_detectable_effect_and_the_best_loss_in_the_seed_table(tmp_pat
     names = ["worse", "close", "peaked"]
     raw = [welch(finals[n], finals["base"])[1] for n in names]
     for name, p, adjusted in zip(names, raw, holm(raw)):
-        assert rows[name][6] == f"{p:.3g}" and rows[name][7] == f"{adjusted:.3g}"
-        assert rows[name][8] == f"{detectable_effect(0.1, 3, 0.1, 3):.4f}"
-        assert rows[name][9] == f"{tost(finals[name], finals['base'], 0.05):.3g}"
-    assert rows["base"][10] == "2.0000 (100)" and rows["peaked"][10] == "2.1000 (50)"
+        assert rows[name][8] == f"{p:.3g}" and rows[name][9] == f"{adjusted:.3g}"
+        assert rows[name][10] == f"{detectable_effect(0.1, 3, 0.1, 3):.4f}"
+        assert rows[name][11] == f"{tost(finals[name], finals['base'], 0.05):.3g}"
+    assert rows["base"][12] == "2.0000 (100)" and rows["peaked"][12] == "2.1000 (50)"
     assert "peaked seed 0: best val loss 2.1000 at step 50 of 100; final 2.3000" in out
     assert "worse seed" not in out  # the others improved to their end
 
