@@ -33,7 +33,7 @@ NO_SPEED = ("logged no training speed (timed over each logging window of trainer
 def table(runs: list[Run]) -> str:
     rows = ["| recipe | pattern | params | active | steps | val loss | val ppl | val acc | train tok/s |",
             "|---|---|---|---|---|---|---|---|---|"]
-    notes = []
+    notes, quiet = [], []
     for run in runs:
         name = run.config.stem
         r, why = finished_result(run)
@@ -43,11 +43,12 @@ def table(runs: list[Run]) -> str:
         if math.isnan(r["val_loss"]):
             notes.append(f"{name} {NO_VALIDATION}")
         if math.isnan(r["tok_s"]):
-            notes.append(f"{name} {NO_SPEED}")
+            quiet.append(name)
         rows.append(
             f"| {name} | `{r['pattern']}` | {r['params']:,} | {r['active']:,} | {r['steps']} | "
             f"{number(r['val_loss'])} | {number(r['val_ppl'], 3)} | {number(r['val_acc'], 3)} | {speed(r['tok_s'])} |"
         )
+    notes += [f"{', '.join(quiet)} {NO_SPEED}"] if quiet else []
     return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else []))
 
 
@@ -74,7 +75,7 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
 
     results: dict[str, list[dict]] = {}
     launched: dict[str, int] = {}
-    notes = []
+    notes, quiet = [], []  # (quiet: the recipes whose runs logged no speed, said in one note)
     for run in runs:
         name = run.config.stem
         launched[name] = launched.get(name, 0) + 1
@@ -121,11 +122,12 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
                       f"{'-' if math.isnan(mde) else f'{mde:.4f}'} | {equivalence}")
         interval = f"[{s.low:.4f}, {s.high:.4f}]" if s.n > 1 else "-"
         if finished and not speeds:
-            notes.append(f"{name} {NO_SPEED}")
+            quiet.append(name)
         rows.append(f"| {name} | {s.n} of {launched[name]} | {counts(finished, 'params')} | {counts(finished, 'active')} | "
                     f"{s} | {interval} | "
                     f"{acc} | {speed(statistics.median(speeds) if speeds else math.nan)} | "
                     f"{versus} | {best} |")
+    notes += [f"{', '.join(quiet)} {NO_SPEED}"] if quiet else []
     return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else []))
 
 
