@@ -37,7 +37,8 @@ def run(argv: list[str]) -> None:
     finally:
         if watching:
             signal.signal(signal.SIGINT, previous)
-    if interrupts:  # a Ctrl+C that an import swallowed (a bare except around an optional import): the user still meant it
+    # A Ctrl+C that an import swallowed (a bare except around an optional import): the user still meant it.
+    if interrupts:  # a Ctrl+C seen, whatever became of its KeyboardInterrupt
         print("interrupted (Ctrl+C) while starting: nothing was run", file=sys.stderr, flush=True)
         sys.exit(130)
     command()

@@ -135,7 +135,8 @@ def load_checkpoint(path: str | Path, *, map_location: Any = "cpu", mmap: bool =
         reason = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
         raise CheckpointError(f"{path} is not a readable checkpoint ({size} bytes; truncated or corrupted?): {reason}") \
             from None
-    if bare_weights and isinstance(checkpoint, Mapping) and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
+    tensors_alone = isinstance(checkpoint, Mapping) and all(isinstance(v, torch.Tensor) for v in checkpoint.values())
+    if bare_weights and tensors_alone:
         return dict(checkpoint)
     if not isinstance(checkpoint, Mapping) or ("state_dict" not in checkpoint and not sharded):
         keys = sorted(checkpoint)[:6] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__

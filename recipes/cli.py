@@ -175,7 +175,8 @@ def short_epoch_message(error: Exception) -> str | None:
     if found is None:
         return None
     interval, batches = found.groups()
-    return (f"the data gives {batches} training batch{'es' * (batches != '1')} per epoch, fewer than val_check_interval {interval}: "
+    return (f"the data gives {batches} training batch{'es' * (batches != '1')} per epoch, fewer than "
+            f"val_check_interval {interval}: "
             f"--trainer.check_val_every_n_epoch null counts the interval in steps across epochs (a small corpus is "
             f"then read several times), or --trainer.val_check_interval {batches} or less validates within each")
 
@@ -531,7 +532,7 @@ class HybridCLI(LightningCLI):
                   "--ckpt_path last, best or a file scores a trained one", file=sys.stderr, flush=True)
 
     def after_fit(self) -> None:
-        if trains_in_workers(self.trainer):  # this process holds none of the run: the worker said it (FitSummaryInWorker)
+        if trains_in_workers(self.trainer):  # this process holds none of the run: its worker said it
             return
         log_dir = self.trainer.log_dir  # (collective under DDP: every process asks)
         if self.trainer.is_global_zero:

@@ -96,7 +96,8 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
     compared = [name for name in results if baseline is not None and name != baseline]
     welch_p = {name: welch(loss(name), loss(baseline))[1] for name in compared}
     holm_p = dict(zip(compared, holm([welch_p[name] for name in compared])))
-    rows = ["| recipe | runs | params | active | val loss, mean ± std | 95% interval | val acc, mean ± std | train tok/s | "
+    rows = ["| recipe | runs | params | active | val loss, mean ± std | 95% interval | val acc, mean ± std | "
+            "train tok/s | "
             f"Δ loss vs {baseline or '-'} | p (Welch) | p (Holm) | detectable Δ (80%) | "
             f"TOST p{f' (±{margin})' if margin is not None else ''} | best val loss (step) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -123,8 +124,8 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
         interval = f"[{s.low:.4f}, {s.high:.4f}]" if s.n > 1 else "-"
         if finished and not speeds:
             quiet.append(name)
-        rows.append(f"| {name} | {s.n} of {launched[name]} | {counts(finished, 'params')} | {counts(finished, 'active')} | "
-                    f"{s} | {interval} | "
+        sizes = f"{counts(finished, 'params')} | {counts(finished, 'active')}"
+        rows.append(f"| {name} | {s.n} of {launched[name]} | {sizes} | {s} | {interval} | "
                     f"{acc} | {speed(statistics.median(speeds) if speeds else math.nan)} | "
                     f"{versus} | {best} |")
     notes += [f"{', '.join(quiet)} {NO_SPEED}"] if quiet else []

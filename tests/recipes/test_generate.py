@@ -135,7 +135,7 @@ def test_a_recipes_own_mixer_is_trusted_and_one_without_decoding_state_generates
     events = EventAccumulator(str(run))
     events.Reload()
     assert [e.step for e in events.Tensors("samples/text_summary")] == [2, 4]  # each validation's sample
-    with pytest.warns(UserWarning, match="CausalConv keeps no decoding state in context.cache: each new token recomputes"):
+    with pytest.warns(UserWarning, match="CausalConv keeps no decoding state in context.cache: each new token recomput"):
         text = main(["--config", str(recipe), "--ckpt_path", "last", "--prompt", "ab", "--max_new_tokens", "4"])
     assert text.startswith("ab") and len(text.encode()) >= 4
     with pytest.raises(SystemExit, match=r"block 0's sequence mixer CausalConv keeps no decoding state .* no step to "

@@ -135,9 +135,10 @@ def test_ddp_on_two_processes_matches_one_process_on_the_combined_batch(tmp_path
 def test_overfit_batches_trains_on_the_same_first_batch_every_step(tmp_path):
     # The sanity check of a new model: can it learn one batch by heart? Lightning rebuilds the training loader with a
     # sequential sampler for it, which the resumable loader's signature refused ("Trying to inject parameters").
-    fit_here(tmp_path, *TEXT, "--trainer.overfit_batches", "1", "--trainer.max_steps", "40", "--trainer.log_every_n_steps",
-             "1", "--trainer.limit_val_batches", "0", "--trainer.check_val_every_n_epoch", "null",
-             "--trainer.enable_progress_bar", "false", "--model.lr", "0.01", "--trainer.logger.init_args.version", "overfit")
+    fit_here(tmp_path, *TEXT, "--trainer.overfit_batches", "1", "--trainer.max_steps", "40",
+             "--trainer.log_every_n_steps", "1", "--trainer.limit_val_batches", "0",
+             "--trainer.check_val_every_n_epoch", "null", "--trainer.enable_progress_bar", "false", "--model.lr", "0.01",
+             "--trainer.logger.init_args.version", "overfit")
     losses = scalars(tmp_path / "runs" / "quickstart" / "overfit", "train/loss")
     assert sorted(losses) == list(range(40))
     assert losses[0] > 5 and losses[39] < 0.5  # one batch of 8 × 32 bytes learnt by heart (fresh batches: about 3)
