@@ -23,7 +23,9 @@ def tokenizer(recipe: dict):
     """The recipe's data module, which must offer ``encode(text) -> ids`` and ``decode(ids) -> text``."""
     data = data_module(recipe, text_only=True)
     if not (hasattr(data, "encode") and hasattr(data, "decode")):
-        raise ValueError(f"the recipe's data module {type(data).__name__} has no text tokenizer (encode/decode)")
+        raise ValueError(f"the recipe's data module {type(data).__name__} has no text tokenizer (encode/decode), and "
+                         "generate continues a text prompt; a synthetic task's model is scored by its suite (`python "
+                         "-m recipes eval --suite mqar`), or from Python with HybridLM.generate on token ids")
     return data
 
 

@@ -143,3 +143,12 @@ def test_a_recipes_own_mixer_is_trusted_and_one_without_decoding_state_generates
         main(["--config", str(recipe), "--ckpt_path", "last", "--prompt", "ab", "--max_new_tokens", "4", "--compile"])
     evaluate(["--config", str(recipe), "--ckpt_path", "last", "--suite", "length", "--multiples", "1", "--windows", "2"])
     assert "| plain | 32 |" in capsys.readouterr().out
+
+
+def test_generate_for_a_synthetic_task_points_to_its_suite():
+    from recipes.generate import tokenizer
+
+    recipe = {"data": {"class_path": "recipes.data.MQAR", "init_args": {"seq_len": 16, "num_pairs": 2, "vocab_size": 64}}}
+    with pytest.raises(ValueError, match=r"MQAR has no text tokenizer .*generate continues a text prompt; a synthetic "
+                                         r"task's model is scored by its suite \(`python -m recipes eval --suite mqar`\)"):
+        tokenizer(recipe)
