@@ -122,24 +122,39 @@ def run_suite(model, data, recipe: dict, args) -> dict:
     from recipes.evaluation import suites
 
     init = (recipe.get("data") or {}).get("init_args") or {}
-    multiples = tuple(args.multiples) if args.multiples else None
+
+    def lengths(defaults: tuple, base: int, extra: int = 0) -> dict:
+        """``--multiples``, or the suite's defaults; without ``--extrapolate`` only the defaults the model takes (its
+        ``max_seq_len``; ``extra`` tokens beyond each length), with a note naming the others."""
+        if args.multiples:
+            return {"multiples": tuple(args.multiples)}
+        fits = tuple(m for m in defaults if int(m * base) + extra <= model.max_seq_len)
+        if args.extrapolate or len(fits) == len(defaults) or not fits:
+            return {}  # (none fits: the suite names the first length past max_seq_len)
+        left = [str(int(m * base)) for m in defaults if m not in fits]
+        print(f"note: length{'s' * (len(left) > 1)} {', '.join(left)} left out, past the model's max_seq_len="
+              f"{model.max_seq_len}{f' with the answer (a key of {extra} tokens)' if extra else ''}; --extrapolate "
+              "evaluates past it (plain RoPE and the NTK stretch)", file=sys.stderr, flush=True)
+        return {"multiples": fits}
+
     if args.suite == "mqar":
         if not hasattr(data, "test") or not hasattr(data.test, "task"):
             raise ValueError(f"--suite mqar needs an MQAR recipe; this one's data module is {type(data).__name__}")
-        kwargs = {} if multiples is None else {"multiples": multiples}
-        return suites.mqar_suite(model, dict(data.test.task), extrapolate=args.extrapolate, **kwargs)
+        task = dict(data.test.task)
+        return suites.mqar_suite(model, task, extrapolate=args.extrapolate,
+                                 **lengths(suites.MQAR_MULTIPLES, task["seq_len"]))
     trained = int(init.get("seq_len", getattr(data, "seq_len", 0)) or 0)
     if trained < 1:
         raise ValueError("the recipe's data has no seq_len: the training length the suite is relative to")
     if args.suite == "length":
         if not hasattr(data, "validation_tokens"):
             raise ValueError(f"--suite length needs a text corpus with a validation split; this is {type(data).__name__}")
-        kwargs = {} if multiples is None else {"multiples": multiples}
         return suites.length_suite(model, data.validation_tokens(), trained, windows=args.windows,
-                                   extrapolate=args.extrapolate, **kwargs)
-    kwargs = {} if multiples is None else {"multiples": multiples}
-    return suites.passkey_suite(model, text_tokenizer(data, "--suite passkey").encode, trained, trials=args.trials,
-                                extrapolate=args.extrapolate, **kwargs)
+                                   extrapolate=args.extrapolate, **lengths(suites.LENGTH_MULTIPLES, trained))
+    encode = text_tokenizer(data, "--suite passkey").encode
+    answer = len(encode(" 99999"))  # (a key's tokens follow the context of each length)
+    return suites.passkey_suite(model, encode, trained, trials=args.trials, extrapolate=args.extrapolate,
+                                **lengths(suites.PASSKEY_MULTIPLES, trained, answer))
 
 
 def log_scalars(checkpoint: Path, values: dict[str, float], step: int) -> Path | None:

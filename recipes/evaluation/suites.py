@@ -127,8 +127,11 @@ def check_settings(suite: str, multiples, whole: bool, **counts) -> tuple:
 
 # ---- the suites -----------------------------------------------------------------------------------
 
+LENGTH_MULTIPLES, PASSKEY_MULTIPLES, MQAR_MULTIPLES = (1, 2, 4, 8, 16), (0.5, 1, 2, 4), (1, 2, 4, 8)  # the defaults
+
+
 @torch.no_grad()
-def length_suite(model, tokens: torch.Tensor, trained: int, multiples=(1, 2, 4, 8, 16), windows: int = 8,
+def length_suite(model, tokens: torch.Tensor, trained: int, multiples=LENGTH_MULTIPLES, windows: int = 8,
                  extrapolate: bool = True) -> dict:
     """Per mode and evaluation length ``m · trained``: the mean next-token loss of ``windows`` windows of the
     validation stream ``tokens [n]`` (evenly spaced, the same windows read to each length), overall and per
@@ -173,7 +176,7 @@ def passkey_prompt(encode, key: int, length: int, depth: float) -> tuple[list[in
 
 
 @torch.no_grad()
-def passkey_suite(model, encode, trained: int, multiples=(0.5, 1, 2, 4), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
+def passkey_suite(model, encode, trained: int, multiples=PASSKEY_MULTIPLES, depths=(0.0, 0.25, 0.5, 0.75, 1.0),
                   trials: int = 8, choices: int = 4, seed: int = 0, extrapolate: bool = True) -> dict:
     """Accuracy of picking the true key among ``choices`` (chance ``1/choices``) over length × depth."""
     multiples = check_settings("passkey", multiples, whole=False, trials=trials, choices=choices)
@@ -198,7 +201,7 @@ def passkey_suite(model, encode, trained: int, multiples=(0.5, 1, 2, 4), depths=
 
 
 @torch.no_grad()
-def mqar_suite(model, task: dict, multiples=(1, 2, 4, 8), examples: int = 64, seed: int = 0,
+def mqar_suite(model, task: dict, multiples=MQAR_MULTIPLES, examples: int = 64, seed: int = 0,
                extrapolate: bool = True) -> dict:
     """Recall accuracy at ``multiple ×`` the task's ``seq_len`` with its ``num_pairs`` (more filler)."""
     from recipes.data.mqar import MQARSplit

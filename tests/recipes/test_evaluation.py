@@ -239,6 +239,35 @@ def test_an_eval_out_keeps_its_name_and_takes_the_result_suffixes(out):
     assert [p.name for p in result_paths(Path("e") / out)] == [f"ratio_0.5_seed0{s}" for s in (".json", ".md", ".png")]
 
 
+def test_the_default_lengths_past_max_seq_len_are_left_out_with_a_note(capsys):
+    # `eval --suite length` on the bundled ablate_moe.yaml (T 128, max_seq_len 512) stopped at its fourth default
+    # length with "length 1024 exceeds the model's max_seq_len=512", having evaluated nothing.
+    from functools import partial
+    from types import SimpleNamespace
+
+    from components import QCAttention
+    from recipes.evaluation.cli import run_suite
+
+    torch.manual_seed(0)
+    model = HybridLM(256, 16, "AM", {"A": partial(QCAttention, n_heads=2)}, max_seq_len=512)
+    data = SimpleNamespace(validation_tokens=lambda: torch.randint(0, 256, (2100,)), seq_len=128,
+                           encode=TextCorpus.encode, decode=TextCorpus.decode)
+    recipe = {"data": {"init_args": {"seq_len": 128}}}
+    args = SimpleNamespace(suite="length", multiples=None, extrapolate=False, windows=2, trials=1)
+    result = run_suite(model, data, recipe, args)
+    assert [row["length"] for row in result["rows"]] == [128, 256, 512]
+    assert ("note: lengths 1024, 2048 left out, past the model's max_seq_len=512; --extrapolate evaluates past it"
+            in capsys.readouterr().err)
+    passkey = run_suite(model, data, recipe, SimpleNamespace(**{**vars(args), "suite": "passkey"}))
+    assert sorted({cell["length"] for cell in passkey["cells"]}) == [64, 128, 256]  # 512 and its key: past 512
+    assert "note: length 512 left out, past the model's max_seq_len=512 with the answer (a key of 6 tokens)" \
+        in capsys.readouterr().err
+    everything = run_suite(model, data, recipe, SimpleNamespace(**{**vars(args), "extrapolate": True}))
+    assert sorted({row["length"] for row in everything["rows"]}) == [128, 256, 512, 1024, 2048]
+    with pytest.raises(ValueError, match="length 1024 exceeds the model's max_seq_len=512"):  # asked for: refused
+        run_suite(model, data, recipe, SimpleNamespace(**{**vars(args), "multiples": [8]}))
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--tasks", "no_such_task"], "unknown task(s): 'no_such_task'"),
     (["--suite", "length", "--multiples", "64"], "exceeds the model's max_seq_len=512; pass --extrapolate"),
