@@ -644,10 +644,10 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
 
 def trains_in_workers(trainer) -> bool:
     """Whether the strategy trains in processes it starts (``ddp_spawn``, ``ddp_notebook``), this one only waiting:
-    the weights come back to it, but not the run's history, step or checkpoint folder."""
-    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
-
-    return isinstance(getattr(trainer.strategy, "launcher", None), _MultiProcessingLauncher)
+    the weights come back to it, but not the run's history, step or checkpoint folder. (Lightning's launcher class is
+    private: it is found by name, so that a Lightning without it gives the summary of this process, not an error.)"""
+    launcher = getattr(trainer.strategy, "launcher", None)
+    return any(cls.__name__ == "_MultiProcessingLauncher" for cls in type(launcher).__mro__)
 
 
 class FitSummaryInWorker(L.Callback):
