@@ -63,6 +63,24 @@ def test_a_compiled_model_keeps_static_shapes_each_new_batch_shape_compiles_once
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - before == 3
 
 
+def test_a_hybrid_exports_at_a_fixed_shape_and_the_program_computes_the_model():
+    """``torch.export`` (the way to ExecuTorch, AOTInductor) of an SSD + attention + routed MoE model in eval mode: the
+    exported program's logits equal the module's. Shapes are fixed: the SSD's chunked scan does not export with a
+    symbolic length (docs/training.md)."""
+    from functools import partial
+
+    from components import SSD, HybridLM, InnerFuncAttention, QCAttention
+
+    torch.manual_seed(0)
+    mixers = {"A": partial(QCAttention, n_heads=2), "I": partial(InnerFuncAttention, n_heads=2),
+              "S": partial(SSD, n_heads=2, d_state=8, chunk_size=8)}
+    model = HybridLM(50, 32, "SM AR IE", mixers).eval()
+    ids = torch.randint(0, 50, (2, 13))  # 13: not a multiple of the chunk
+    with torch.no_grad():
+        program = torch.export.export(model, (ids,))
+        torch.testing.assert_close(program.module()(ids), model(ids), rtol=0, atol=0)
+
+
 def test_attention_compiles_with_dynamic_shapes():
     """Under dynamic shapes the causal flag must reach SDPA as a Python bool, not a SymBool."""
     model = LanguageModel(32, "AM", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}},
