@@ -470,12 +470,16 @@ def test_a_ctrl_c_that_an_import_swallows_still_stops_the_command(monkeypatch, c
     fake = types.ModuleType("recipes.generate")
     fake.__getattr__ = swallowing_getattr
     monkeypatch.setitem(sys.modules, "recipes.generate", fake)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with pytest.raises(SystemExit) as stopped:
-        run(["generate", "--prompt", "x"])
+    # Python's own handler, as in a terminal (a background job, such as CI launched with `&`, inherits SIGINT ignored)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run(["generate", "--prompt", "x"])
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, outer)
     assert stopped.value.code == 130 and ran == []
     assert "interrupted (Ctrl+C) while starting: nothing was run" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_ctrl_c_while_python_m_recipes_imports_is_a_line_and_status_130(tmp_path):
