@@ -36,6 +36,8 @@ def check_mixer_input(owner: str, x, d_model: int, weight, *, sequence: bool) ->
     (state mixers), in the parameters' dtype unless autocast decides the dtypes."""
     import torch
 
+    from kernels._backend import autocast_dtype
+
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{owner}: the input must be a tensor; got {type(x).__name__}")
     shape = "[B, T, d_model]" if sequence else "[..., d_model]"
@@ -43,7 +45,7 @@ def check_mixer_input(owner: str, x, d_model: int, weight, *, sequence: bool) ->
         raise ValueError(f"{owner}: the input must be {shape} with d_model={d_model}; got shape {tuple(x.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"{owner}: the input must be a floating-point tensor; got {x.dtype}")
-    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+    if x.dtype != weight.dtype and autocast_dtype(x.device.type) is None:
         raise ValueError(
             f"{owner}: the input is {x.dtype} but the parameters are {weight.dtype}; convert one of them "
             "(module.to(dtype)) or run under torch.autocast"

@@ -11,6 +11,7 @@ from torch.overrides import TorchFunctionMode
 
 from components.cache import InferenceCache
 from components.context import Context
+from kernels._backend import autocast_dtype
 
 STATIC_CAPACITY = 64
 """A compiled step's cache capacity is rounded up to a multiple of this, so that prompts of nearby lengths
@@ -41,8 +42,8 @@ class LinearAsRowSums(TorchFunctionMode):
             x, weight, *rest = args
             bias = rest[0] if rest else kwargs.get("bias")
             if x.numel() <= self.max_rows * x.shape[-1]:
-                if torch.is_autocast_enabled(x.device.type):  # the dtype autocast gives F.linear, not promotion's
-                    dtype = torch.get_autocast_dtype(x.device.type)
+                dtype = autocast_dtype(x.device.type)  # the dtype autocast gives F.linear, not promotion's
+                if dtype is not None:
                     x, weight = x.to(dtype), weight.to(dtype)
                     bias = None if bias is None else bias.to(dtype)
                 y = (x.unsqueeze(-2) * weight).sum(-1)  # [..., 1, in] * [out, in] → [..., out]

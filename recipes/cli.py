@@ -443,26 +443,29 @@ class HybridCLI(LightningCLI):
         if hparams.get("mixers"):  # after the check: reading a spec's class imports it
             hparams["mixers"] = upgrade_specs(hparams["mixers"])
         self._check_flags_agree(path, config.model, hparams)
-        for key in explicit_model_flags(self._command_line):
-            if key in OVERRIDABLE and key in hparams and differs(config.model.get(key), hparams[key]):
-                print(f"note: --model.{key} {plain(config.model.get(key))!r} over the checkpoint's {hparams[key]!r} (it "
-                      "changes no weight)", file=sys.stderr, flush=True)
-                hparams[key] = config.model.get(key)
         if subcommand == "fit" and not getattr(self, "_ckpt_in_run", True):
             say_if_another_model(path, config.model, hparams)
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
     def _check_flags_agree(self, path, model_config, hparams: dict) -> None:
+        """Each ``--model.`` flag against the checkpoint's ``hparams``: one of :data:`OVERRIDABLE` that differs is
+        taken into ``hparams`` with a note; any other that differs is refused."""
         conflicts = []
         for key in explicit_model_flags(self._command_line):
-            if key.split(".")[0] in HOW_NOT_WHAT + OVERRIDABLE:
+            if key.split(".")[0] in HOW_NOT_WHAT:
                 continue
             try:
                 recorded = dotted_get(hparams, key)
                 given = dotted_get(model_config, key)
             except KeyError:
                 continue
-            if differs(given, recorded):
+            if not differs(given, recorded):
+                continue
+            if key in OVERRIDABLE:
+                print(f"note: --model.{key} {plain(given)!r} over the checkpoint's {recorded!r} (it changes no weight)",
+                      file=sys.stderr, flush=True)
+                hparams[key] = given
+            else:
                 conflicts.append(f"--model.{key} {plain(given)!r} (the checkpoint has {plain(recorded)!r})")
         if conflicts:
             raise ValueError(f"--ckpt_path {path}: {'; '.join(conflicts)}. A checkpoint's model is the one it was "

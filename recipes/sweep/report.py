@@ -30,6 +30,12 @@ NO_SPEED = ("logged no training speed (timed over each logging window of trainer
             "first: a shorter run has none)")
 
 
+def with_notes(rows: list[str], notes: list[str], quiet: list[str]) -> str:
+    """A table's rows, then its notes as a list, the recipes that logged no speed (``quiet``) in one of them."""
+    notes = notes + ([f"{', '.join(quiet)} {NO_SPEED}"] if quiet else [])
+    return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else []))
+
+
 def table(runs: list[Run]) -> str:
     rows = ["| recipe | pattern | params | active | steps | val loss | val ppl | val acc | train tok/s |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -48,8 +54,7 @@ def table(runs: list[Run]) -> str:
             f"| {name} | `{r['pattern']}` | {r['params']:,} | {r['active']:,} | {r['steps']} | "
             f"{number(r['val_loss'])} | {number(r['val_ppl'], 3)} | {number(r['val_acc'], 3)} | {speed(r['tok_s'])} |"
         )
-    notes += [f"{', '.join(quiet)} {NO_SPEED}"] if quiet else []
-    return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else []))
+    return with_notes(rows, notes, quiet)
 
 
 EARLY_BEST = (0.8, 0.005)
@@ -128,8 +133,7 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
         rows.append(f"| {name} | {s.n} of {launched[name]} | {sizes} | {s} | {interval} | "
                     f"{acc} | {speed(statistics.median(speeds) if speeds else math.nan)} | "
                     f"{versus} | {best} |")
-    notes += [f"{', '.join(quiet)} {NO_SPEED}"] if quiet else []
-    return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else []))
+    return with_notes(rows, notes, quiet)
 
 
 def counts(finished: list[dict], key: str) -> str:
