@@ -81,6 +81,28 @@ def test_a_hybrid_exports_at_a_fixed_shape_and_the_program_computes_the_model():
         torch.testing.assert_close(program.module()(ids), model(ids), rtol=0, atol=0)
 
 
+def test_a_hybrid_exports_with_its_length_a_symbolic_multiple_of_the_chunk():
+    """What docs/training.md tells a user who wants one program for every length: the length as ``chunk_size ·
+    Dim`` (two chunks or more), and a prompt of any length padded on the right to that multiple. Causality makes the
+    padding harmless: the first ``T`` positions' logits are the module's on the unpadded prompt."""
+    from functools import partial
+
+    from components import SSD, HybridLM, QCAttention
+
+    torch.manual_seed(0)
+    mixers = {"A": partial(QCAttention, n_heads=2), "S": partial(SSD, n_heads=2, d_state=8, chunk_size=8)}
+    model = HybridLM(50, 32, "SM AM", mixers).eval()
+    length = 8 * torch.export.Dim("chunks", min=2, max=64)
+    with torch.no_grad():
+        program = torch.export.export(model, (torch.randint(0, 50, (2, 16)),), dynamic_shapes=({0: torch.export.Dim("batch", max=64), 1: length},))
+        for T in (16, 40):  # lengths the trace never saw
+            ids = torch.randint(0, 50, (3, T))
+            torch.testing.assert_close(program.module()(ids), model(ids), rtol=0, atol=0)
+        prompt = torch.randint(0, 50, (2, 13))
+        padded = torch.nn.functional.pad(prompt, (0, 3))  # [2, 16]
+        torch.testing.assert_close(program.module()(padded)[:, :13], model(prompt), rtol=1e-5, atol=1e-6)
+
+
 def test_attention_compiles_with_dynamic_shapes():
     """Under dynamic shapes the causal flag must reach SDPA as a Python bool, not a SymBool."""
     model = LanguageModel(32, "AM", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}},
