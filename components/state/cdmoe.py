@@ -7,6 +7,7 @@ from torch import nn
 
 from components._checks import check_choice, check_mixer_input, check_positive
 from components.state.mlp import ACTIVATIONS, MLP
+from components.norm import at_least_fp32
 from components.state.router import ForwardRecords, assignment_load, token_mean, valid_tokens
 from kernels._backend import check_backend
 from kernels.retrieval import expert_mix, product_key_topk
@@ -130,7 +131,7 @@ class CDMoE(ForwardRecords, nn.Module):
         reads = phi if self.cross_domain == "sequential" else flat
         halves = self.half_scores(reads)
         scores, experts = product_key_topk(*halves, self.top_k)  # [M, H, k] each
-        weights = torch.softmax(scores.float(), dim=-1).to(phi.dtype)  # [M, H, k]
+        weights = torch.softmax(at_least_fp32(scores), dim=-1).to(phi.dtype)  # [M, H, k]
         y = phi + expert_mix(reads, experts, weights, self.down, self.up, act=self.act_name, backend=self.backend)
         self._record_usage(experts, halves, valid)
         return y.view(shape)
@@ -146,8 +147,8 @@ class CDMoE(ForwardRecords, nn.Module):
         for rows, scores in ((per_token // n_b, halves[0]), (per_token % n_b, halves[1])):
             n = scores.shape[-1]
             load = assignment_load(rows, n, valid)  # [n]
-            probs = torch.softmax(scores.float(), dim=-1)  # [M, H, n]
-            losses.append(n * torch.dot(load, token_mean(probs, valid).mean(dim=0)))
+            probs = torch.softmax(at_least_fp32(scores), dim=-1)  # [M, H, n]
+            losses.append(n * torch.dot(load.to(probs.dtype), token_mean(probs, valid).mean(dim=0)))
         self.aux_loss = (losses[0] + losses[1]) / 2
 
     def extra_flops_per_token(self, seq_len: int) -> int:

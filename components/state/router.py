@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from components._checks import check_positive
+from components.norm import at_least_fp32
 
 
 class ForwardRecords:
@@ -107,7 +108,7 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Routing:
         """``x [M, d_model]`` → :class:`Routing` of the M tokens."""
-        probs = torch.softmax(self.centroids(x).float(), dim=-1)  # [M, E], fp32 for a stable softmax
+        probs = torch.softmax(at_least_fp32(self.centroids(x)), dim=-1)  # [M, E], fp32 (or fp64) for a stable softmax
         gates, experts = top_k_lowest_index(probs, self.top_k)  # [M, k] each
         if self.normalize:
             gates = gates / gates.sum(dim=-1, keepdim=True)

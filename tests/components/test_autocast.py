@@ -1,6 +1,9 @@
 """Every mixer of the catalogue under bf16 autocast on a CPU, as ``--trainer.precision bf16-mixed`` runs it: the
 forward and backward run (Cheems' retrieved value once reached the attention in fp32 beside bf16 queries and keys,
-and the run stopped), and the output stays within bf16 rounding of the fp32 forward."""
+and the run stopped), and the output stays within bf16 rounding of the fp32 forward. And in float64
+(``--trainer.precision 64-true``, or a user's gradcheck of a model holding their own component): the analytic
+gradients are the finite differences', so no path from input to output rounds to a narrower dtype (the rotary
+angles, a constant of the input, are fp32 as in Hugging Face's models)."""
 
 import pytest
 import torch
@@ -25,3 +28,21 @@ def test_a_mixer_trains_under_bf16_autocast(name):
     assert sum(g is not None and bool(g.abs().sum() > 0) for g in grads) > 0
     error = ((half.float() - full).norm() / full.norm()).item()
     assert error < 0.05, f"bf16 autocast output {error:.3f} from fp32 (relative)"
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_a_mixer_in_float64_passes_gradcheck_on_its_output_and_auxiliary_loss(name):
+    """The routers once took their softmax in fp32 whatever the model's dtype: a float64 mixture's gates carried
+    fp32 rounding, and every mixture failed gradcheck. (Top-k routing is piecewise smooth: the random input sits
+    away from a tie, so a step of 1e-6 does not change the selection.)"""
+    torch.manual_seed(0)
+    mixer = MIXERS[name](32).double()
+    x = torch.randn(1, 6, 32, dtype=torch.float64, requires_grad=True)
+
+    def outputs(x):
+        y = mixer(x)
+        aux = getattr(mixer, "aux_loss", None)
+        return (y,) if aux is None else (y, aux)
+
+    assert outputs(x)[0].dtype == torch.float64
+    assert torch.autograd.gradcheck(outputs, (x,), eps=1e-6, atol=1e-6, rtol=1e-5)
