@@ -47,20 +47,21 @@ def import_class(path: str) -> type:
     return cls
 
 
-def _check_plain(letter: str, value: Any, where: str) -> None:
-    """Recorded arguments must survive YAML and ``torch.load(weights_only=True)``: plain values only."""
+def check_plain(owner: str, value: Any, where: str) -> None:
+    """Recorded arguments must survive YAML and ``torch.load(weights_only=True)``: plain values only.
+    ``owner`` begins the message (``binding of letter 'A'``)."""
     if isinstance(value, PLAIN):
         return
     if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _check_plain(letter, item, f"{where}[{i}]")
+            check_plain(owner, item, f"{where}[{i}]")
         return
     if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
         for key, item in value.items():
-            _check_plain(letter, item, f"{where}.{key}")
+            check_plain(owner, item, f"{where}.{key}")
         return
     raise ValueError(
-        f"binding of letter {letter!r}: argument {where}={value!r} ({type(value).__name__}) cannot be recorded in a "
+        f"{owner}: argument {where}={value!r} ({type(value).__name__}) cannot be recorded in a "
         "checkpoint; pass plain values (numbers, strings, booleans, lists, dicts)"
     )
 
@@ -109,7 +110,7 @@ def binding_spec(letter: str, factory: MixerFactory | Mapping) -> dict:
         kwargs = upgrade(kwargs)
     if "d_model" in kwargs:
         raise ValueError(f"binding of letter {letter!r}: init_args must not set d_model (the model passes it)")
-    _check_plain(letter, kwargs, "init_args")
+    check_plain(f"binding of letter {letter!r}", kwargs, "init_args")
     return {"class_path": class_path(cls), "init_args": _plain(kwargs)}
 
 

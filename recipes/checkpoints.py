@@ -22,8 +22,9 @@ import torch
 
 from recipes.outputs import refuse_overwrite
 
-TRUSTED_PACKAGES = ("components",)
-"""Packages whose classes a checkpoint may name without the user's say-so: the zoo's mixers."""
+TRUSTED_PACKAGES = ("components", "torch.optim")
+"""Packages whose classes a checkpoint may name without the user's say-so: the zoo's mixers, and torch's optimisers
+(a run's ``optimizer``; importing torch.optim runs nothing that torch itself has not)."""
 
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6 is a zip archive
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")

@@ -261,6 +261,12 @@ def run_logger(trainer_config):
     return logger, Path(save_dir) / name if name else Path(save_dir)
 
 
+LIGHTNING_OPTIMIZER = ("is Lightning's, which would drop the zoo's parameter groups and learning-rate schedule; name "
+                       "the optimiser with --model.optimizer (SGD, a torch.optim name, or '{class_path: torch.optim.SGD, "
+                       "init_args: {momentum: 0.9}}'), its rate with --model.lr, and the schedule with "
+                       "--model.warmup_fraction and --model.final_lr_fraction")
+"""Why ``--optimizer`` / ``--lr_scheduler`` (LightningCLI's, turned off here) are refused, and what to use."""
+
 # Model arguments that say how to compute, not what: a resumed or evaluated run takes them from the command
 # line and recipe rather than from the checkpoint.
 HOW_NOT_WHAT = ("compile", "loss_positions", "sample_tokens")
@@ -692,6 +698,11 @@ def main(args: list[str] | None = None, *, run: bool = True, parse_only: bool = 
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
     given = sys.argv[1:2] if args is None else args[:1]
+    lightning_optimizer = [a for a in (sys.argv[1:] if args is None else args)
+                           if a.split("=", 1)[0].split(".", 1)[0] in ("--optimizer", "--lr_scheduler")]
+    if lightning_optimizer:
+        # Lightning's would replace the zoo's configure_optimizers: no decay-free group, no warm-up-cosine schedule
+        sys.exit(f"error: {lightning_optimizer[0].split('=', 1)[0]} {LIGHTNING_OPTIMIZER}")
     if run and given == ["predict"]:
         sys.exit("error: predict is not a subcommand here (Lightning's needs a forward that yields predictions): "
                  "`python -m recipes generate` continues a prompt, `python -m recipes eval` scores tasks and "
@@ -708,6 +719,7 @@ def main(args: list[str] | None = None, *, run: bool = True, parse_only: bool = 
             LanguageModel,
             L.LightningDataModule,
             subclass_mode_data=True,
+            auto_configure_optimizers=False,  # the optimiser is the model's (--model.optimizer)
             args=args,
             run=run,
             # Our own per-block summary (printed by LanguageModel.on_fit_start) replaces Lightning's.
@@ -723,6 +735,9 @@ def main(args: list[str] | None = None, *, run: bool = True, parse_only: bool = 
         if os.environ.get("HYBRID_ZOO_DEBUG"):
             raise
         command = [a for a in (args if args is not None else sys.argv[1:])[:1] if a in SUBCOMMANDS] or ["fit"]
+        lightning_key = re.search(r"option '(optimizer|lr_scheduler)\b", str(error))  # the key in a config file
+        if lightning_key:
+            sys.exit(f"error: {parse_error_message(error)}: a config's `{lightning_key[1]}:` {LIGHTNING_OPTIMIZER}")
         sys.exit(f"error: {parse_error_message(error)} (python -m recipes {command[0]} --help lists the options)")
     except DivergenceError as error:
         sys.exit(f"error: {error}")

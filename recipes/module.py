@@ -26,6 +26,8 @@ from recipes.checkpoints import (CheckpointError, check_hyperparameters, consoli
                                  load_checkpoint, load_weights)
 from recipes.data.corpus import tokenizer_problem
 from recipes.mfu import device_peak_flops, training_flops
+from recipes.optimizer import ADAMW_BETAS, ADAMW_EPS, build_optimizer, optimizer_spec
+from recipes.optimizer import describe as describe_optimizer
 from recipes.training import DivergenceError, rng_states, set_rng_states
 
 
@@ -87,9 +89,12 @@ class LanguageModel(L.LightningModule):
         size_to: solve one width of some mixers so the model has a target parameter count
             (:class:`components.sizing.SizeTarget`; YAML ``size_to: {params: 600000, letters: [M, R]}``);
             the solved width is recorded in the hyper-parameters as ``sized_width``.
-        lr: peak learning rate of AdamW (default 1e-3).
+        lr: peak learning rate (default 1e-3).
         betas, eps, weight_decay: AdamW settings (papers: (0.9, 0.98), 1e-6, 0.1). Weight decay
             applies to matrices only, not to norms' gains or other vectors.
+        optimizer: another optimiser than AdamW (default None): a ``torch.optim`` name (``SGD``), a dotted path, or
+            ``{class_path, init_args}``, over the same two groups with ``lr``, ``weight_decay`` and the schedule
+            (:mod:`recipes.optimizer`); recorded as a spec.
         warmup_fraction: fraction of the run spent in linear warm-up (default 0.1).
         final_lr_fraction: the cosine decays to this fraction of ``lr`` (default 0.1).
         aux_loss_coef: coefficient on the sum of the mixers' auxiliary losses (default 0.01).
@@ -121,9 +126,10 @@ class LanguageModel(L.LightningModule):
         vocab_size: int = 256,
         size_to: SizeTarget | None = None,
         lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.98),
-        eps: float = 1e-6,
+        betas: tuple[float, float] = ADAMW_BETAS,
+        eps: float = ADAMW_EPS,
         weight_decay: float = 0.1,
+        optimizer: str | dict | None = None,
         warmup_fraction: float = 0.1,
         final_lr_fraction: float = 0.1,
         aux_loss_coef: float = 0.01,
@@ -157,6 +163,8 @@ class LanguageModel(L.LightningModule):
             raise ValueError(f"LanguageModel: sample_tokens={sample_tokens!r} must be an integer >= 0 (0: no samples)")
         if peak_flops is not None and not peak_flops > 0:
             raise ValueError(f"LanguageModel: peak_flops={peak_flops} must be a positive FLOP/s figure, or None")
+        optimizer = optimizer_spec(optimizer, weight_decay=weight_decay,
+                                   betas_or_eps_set=tuple(betas) != ADAMW_BETAS or eps != ADAMW_EPS)
         if isinstance(size_to, Mapping):  # as a checkpoint records it
             size_to = SizeTarget(**size_to)
         self.size_note, sized_width = None, None
@@ -174,6 +182,7 @@ class LanguageModel(L.LightningModule):
             # ASCII, so hparams.yaml reads "AMx4" rather than "AM\xD74" (the grammar takes both)
             "pattern": pattern.replace("×", "x"),
             "betas": list(betas),
+            "optimizer": optimizer,
             "mixers": self.model.binding_specs(),
             "size_to": None if size_to is None else vars(size_to),
         })
@@ -550,9 +559,10 @@ class LanguageModel(L.LightningModule):
         hp = self.hparams
         matrices = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
         vectors = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
-        optimizer = torch.optim.AdamW(
+        optimizer = build_optimizer(
+            hp.get("optimizer"),
             [{"params": matrices, "weight_decay": hp.weight_decay}, {"params": vectors, "weight_decay": 0.0}],
-            lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
+            lr=hp.lr, betas=hp.betas, eps=hp.eps,
         )
         steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(steps):  # (int(inf) was an OverflowError from here)
@@ -595,7 +605,9 @@ def comparable_hparams(hparams: dict) -> dict:
     string per binding (``QCAttention(n_heads=4)``), lists and mappings as text."""
     out = {}
     for key, value in hparams.items():
-        if key == "mixers" and isinstance(value, Mapping):
+        if key == "optimizer":
+            out[key] = describe_optimizer(value)
+        elif key == "mixers" and isinstance(value, Mapping):
             for letter, spec in value.items():
                 args = ", ".join(f"{k}={v!r}" for k, v in (spec.get("init_args") or {}).items())
                 out[f"mixers/{letter}"] = f"{spec['class_path'].rsplit('.', 1)[-1]}({args})"

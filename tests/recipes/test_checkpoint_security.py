@@ -73,7 +73,15 @@ def as_part_name(hp):  # an InnerFuncAttention part is named by a mapping key, w
                          "init_args": {"n_heads": 2, "inner": {"evilmod.Evil": {}}}}
 
 
-ATTACKS = [as_class_path, as_string, nested, as_yaml_path, as_part_name]
+def as_optimizer(hp):  # the run's optimiser: torch.optim is trusted, nothing else
+    hp["optimizer"] = {"class_path": "evilmod.Evil", "init_args": {}}
+
+
+def as_optimizer_name(hp):
+    hp["optimizer"] = "evilmod.Evil"
+
+
+ATTACKS = [as_class_path, as_string, nested, as_yaml_path, as_part_name, as_optimizer, as_optimizer_name]
 LOADERS = ["load_from_checkpoint", "validate", "test", "fit", "generate"]
 
 
