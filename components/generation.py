@@ -123,7 +123,13 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | 
     whose probability reaches ``top_p`` (nucleus), in that order."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    logits = restricted_logits(logits.float() / temperature, top_k=top_k, top_p=top_p)
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
+
+
+def restricted_logits(logits: torch.Tensor, *, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """``logits [B, V]`` with ``-inf`` outside the ``top_k`` best (ties at the k-th kept) and then outside the
+    smallest set whose probability reaches ``top_p`` — what Hugging Face's top-k and top-p warpers keep."""
     if top_k is not None:
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]  # [B, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -133,7 +139,7 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | 
         before = probs.cumsum(dim=-1) - probs  # mass of the better tokens: keep while it is below top_p
         sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
+    return logits
 
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:

@@ -416,6 +416,29 @@ def test_top_k_and_top_p_keep_exactly_their_tokens():
     assert abs(counts[0] / counts[:2].sum() - 0.5 / 0.8) < 0.03  # renormalised over the kept tokens
 
 
+@pytest.mark.parametrize("top_k, top_p", [(None, 0.9), (5, None), (5, 0.5), (40, 0.95), (1, None), (None, 1.0)])
+def test_the_kept_tokens_are_those_of_hugging_faces_top_k_and_top_p_warpers(top_k, top_p):
+    """An independent check: transformers' TopKLogitsWarper then TopPLogitsWarper (the order its generate applies
+    them in) keep the same tokens. With ties (logits rounded to 0.25) the nucleus may end inside a run of equal
+    logits, where each library keeps some of them in its sort's order: there the kept logits, as a multiset, agree."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    from components.generation import restricted_logits
+
+    torch.manual_seed(0)
+    logits = (torch.randn(64, 50) * 2).div(0.25).round().mul(0.25)  # [B, V] with ties
+    ours = restricted_logits(logits, top_k=top_k, top_p=top_p)
+    theirs = logits.clone()
+    if top_k is not None:
+        theirs = TopKLogitsWarper(top_k)(None, theirs)
+    if top_p is not None:
+        theirs = TopPLogitsWarper(top_p)(None, theirs)
+    assert torch.equal(ours.sort(dim=-1).values, theirs.sort(dim=-1).values)  # the kept logits, unchanged, per row
+    untied = torch.randn(64, 50) * 2
+    assert torch.equal(restricted_logits(untied, top_k=top_k, top_p=top_p).isfinite(),
+                       TopPLogitsWarper(top_p or 1.0)(None, TopKLogitsWarper(top_k or 50)(None, untied.clone())).isfinite())
+
+
 def test_left_padded_generation_equals_each_prompt_alone():
     # RoPE sees only relative positions, so a position mask (absolute positions) is what shows that each
     # sequence counts its positions from its own first token.
