@@ -130,6 +130,32 @@ def test_a_trained_model_with_every_default_mixer_copies_and_pickles():
         assert set(copy.auxiliary_losses()) == set(model.auxiliary_losses())
 
 
+def test_a_mixer_of_your_own_with_an_auxiliary_loss_copies_after_a_forward_with_forward_records():
+    """What docs/architecture.md tells a user whose mixer keeps ``aux_loss``: without the mixin a copy after a forward
+    fails (the loss holds the graph); with it, the copy leaves the record behind and computes the same."""
+    from components import ForwardRecords
+
+    class WithAux(MLP):
+        def forward(self, x):
+            y = super().forward(x)
+            self.aux_loss = y.pow(2).mean()
+            return y
+
+    class Recorded(ForwardRecords, WithAux):
+        pass
+
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    for mixer, copies in ((WithAux, False), (Recorded, True)):
+        model = HybridLM(pattern="AW", vocab_size=10, d_model=16, mixers={"W": mixer, "A": TINY["mixers"]["A"]})
+        model(ids)
+        if not copies:
+            with pytest.raises(RuntimeError, match="deepcopy"):
+                copy_module(model)
+            continue
+        twin = copy_module(model)
+        assert twin.auxiliary_losses() == {} and torch.equal(twin(ids), model(ids))
+
+
 def test_shapes_are_inferred_on_the_meta_device():
     model = HybridLM(pattern="SM AM IE", **TINY).to("meta")
     logits = model(torch.zeros(2, 13, dtype=torch.long, device="meta"))
