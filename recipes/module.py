@@ -96,7 +96,10 @@ class LanguageModel(L.LightningModule):
             ``{class_path, init_args}``, over the same two groups with ``lr``, ``weight_decay`` and the schedule
             (:mod:`recipes.optimizer`); recorded as a spec.
         warmup_fraction: fraction of the run spent in linear warm-up (default 0.1).
-        final_lr_fraction: the cosine decays to this fraction of ``lr`` (default 0.1).
+        final_lr_fraction: the schedule decays to this fraction of ``lr`` (default 0.1).
+        schedule: after the warm-up, ``cosine`` (default: a cosine down to ``final_lr_fraction`` at the last step) |
+            ``wsd`` (warm-up-stable-decay: the peak until the last ``decay_fraction`` of the steps, then linear down).
+        decay_fraction: ``wsd``'s decay phase, a fraction of the steps (default 0.2; 0: constant after the warm-up).
         aux_loss_coef: coefficient on the sum of the mixers' auxiliary losses (default 0.01).
         loss_positions: ``all`` (default) | ``labelled``, where the training loss computes logits (above).
         compile: compile the model's forward with ``torch.compile(fullgraph=True)`` (default False):
@@ -132,6 +135,8 @@ class LanguageModel(L.LightningModule):
         optimizer: str | dict | None = None,
         warmup_fraction: float = 0.1,
         final_lr_fraction: float = 0.1,
+        schedule: str = "cosine",
+        decay_fraction: float | None = None,
         aux_loss_coef: float = 0.01,
         loss_positions: str = "all",
         compile: bool | str = False,
@@ -157,6 +162,7 @@ class LanguageModel(L.LightningModule):
             raise ValueError(f"LanguageModel: warmup_fraction={warmup_fraction} must lie in [0, 1)")
         if not 0.0 <= final_lr_fraction <= 1.0:
             raise ValueError(f"LanguageModel: final_lr_fraction={final_lr_fraction} must lie in [0, 1]")
+        decay_fraction = check_schedule(schedule, warmup_fraction, decay_fraction)
         if loss_positions not in ("all", "labelled"):
             raise ValueError(f"LanguageModel: loss_positions={loss_positions!r} is not one of ('all', 'labelled')")
         if isinstance(sample_tokens, bool) or not isinstance(sample_tokens, int) or sample_tokens < 0:
@@ -183,6 +189,7 @@ class LanguageModel(L.LightningModule):
             "pattern": pattern.replace("×", "x"),
             "betas": list(betas),
             "optimizer": optimizer,
+            "decay_fraction": decay_fraction,
             "mixers": self.model.binding_specs(),
             "size_to": None if size_to is None else vars(size_to),
         })
@@ -566,25 +573,25 @@ class LanguageModel(L.LightningModule):
         )
         steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(steps):  # (int(inf) was an OverflowError from here)
-            raise ValueError("the learning-rate schedule (warm-up, then cosine to final_lr_fraction) is planned over "
+            raise ValueError("the learning-rate schedule (warm-up, then the decay to final_lr_fraction) is planned over "
                              "the run's steps, and this run sets no limit on them (max_steps -1 and max_epochs -1; "
                              "max_time does not say how many): give --trainer.max_steps N or --trainer.max_epochs N")
         total = max(int(steps), 1)
         self._schedule_steps = total
         planned, step = self._resumed_schedule_steps, self.history.get("first_step", 0)
-        rate = lambda at, steps: hp.lr * warmup_cosine(at, steps, hp.warmup_fraction, hp.final_lr_fraction)  # noqa: E731
+        multiplier = partial(lr_multiplier, schedule=hp.get("schedule", "cosine"), warmup_fraction=hp.warmup_fraction,
+                             final_fraction=hp.final_lr_fraction, decay_fraction=hp.get("decay_fraction"))
+        rate = lambda at, steps: hp.lr * multiplier(at, steps)  # noqa: E731
         if (planned is not None and planned != total and self.trainer.is_global_zero
                 and not math.isclose(rate(step + 1, total), rate(step + 1, planned), rel_tol=0.01)):
             # Resumed with another max_steps (to train longer, say): the schedule is re-planned over the new length,
             # so the rate jumps; said, since the run is then neither the old plan continued nor the new one from 0.
-            print(f"note: this run's learning-rate schedule (warm-up, then cosine) spanned {planned} steps; resumed "
+            print(f"note: this run's learning-rate schedule ({hp.get('schedule', 'cosine')}) spanned {planned} steps; resumed "
                   f"for {total}, it is re-planned over {total}: the rate jumps from {rate(step, planned):.3g} to "
                   f"{rate(step + 1, total):.3g} after the first resumed step, so the run is neither its plan continued "
                   f"nor one planned for {total} steps from the start (--model.init_from with the checkpoint starts a "
                   "new schedule from its weights)", file=sys.stderr)
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: warmup_cosine(step, total, hp.warmup_fraction, hp.final_lr_fraction)
-        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: multiplier(step, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
@@ -618,11 +625,59 @@ def comparable_hparams(hparams: dict) -> dict:
     return out
 
 
+SCHEDULES = ("cosine", "wsd")
+"""The learning-rate schedules after the linear warm-up: a cosine over the rest of the run, or warm-up-stable-decay."""
+
+
+def check_schedule(schedule: str, warmup_fraction: float, decay_fraction: float | None) -> float | None:
+    """The schedule's ``decay_fraction`` (``wsd``'s default 0.2; None for the cosine, which decays throughout)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"LanguageModel: schedule={schedule!r} is not one of {SCHEDULES}")
+    if schedule == "cosine":
+        if decay_fraction is not None:
+            raise ValueError(f"LanguageModel: decay_fraction={decay_fraction} is the wsd schedule's (the cosine decays "
+                             "from the end of the warm-up on): give --model.schedule wsd, or drop it")
+        return None
+    decay_fraction = 0.2 if decay_fraction is None else decay_fraction
+    if not (0.0 <= decay_fraction <= 1.0 and warmup_fraction + decay_fraction <= 1.0):
+        raise ValueError(f"LanguageModel: decay_fraction={decay_fraction} must lie in [0, 1], and the warm-up "
+                         f"({warmup_fraction}) and the decay together cover at most the whole run")
+    return decay_fraction
+
+
+def lr_multiplier(step: int, total: int, *, schedule: str, warmup_fraction: float, final_fraction: float,
+                  decay_fraction: float | None) -> float:
+    """Multiplier of the peak learning rate at ``step`` of ``total`` (:data:`SCHEDULES`)."""
+    if schedule == "wsd":
+        return warmup_stable_decay(step, total, warmup_fraction, final_fraction, decay_fraction)
+    return warmup_cosine(step, total, warmup_fraction, final_fraction)
+
+
+def warmup_stable_decay(step: int, total: int, warmup_fraction: float, final_fraction: float,
+                        decay_fraction: float) -> float:
+    """Warm-up-stable-decay (MiniCPM's WSD): linear 0→1 over the warm-up, 1 until the last ``decay_fraction`` of the
+    steps, then linear 1→``final_fraction``. A run resumed in its stable phase with a larger ``max_steps`` (past the
+    longer run's warm-up too) meets no jump in its rate; ``decay_fraction=0`` holds the peak to the end."""
+    warmup = int(warmup_fraction * total)
+    if step < warmup:
+        return linear_warmup(step, warmup)
+    decay = int(decay_fraction * total)
+    start = total - decay
+    if decay == 0 or step < start:
+        return 1.0
+    return 1 - (1 - final_fraction) * min((step - start) / decay, 1.0)
+
+
+def linear_warmup(step: int, warmup: int) -> float:
+    """The warm-up's multiplier at ``step < warmup``: ``1/warmup`` at the first step, 1 at the last."""
+    return (step + 1) / warmup
+
+
 def warmup_cosine(step: int, total: int, warmup_fraction: float, final_fraction: float) -> float:
     """Multiplier of the peak learning rate: linear 0→1 over the warm-up, cosine 1→``final_fraction``."""
     warmup = int(warmup_fraction * total)
     if step < warmup:
-        return (step + 1) / warmup
+        return linear_warmup(step, warmup)
     progress = min((step - warmup) / max(total - warmup, 1), 1.0)
     return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from components import MLP, HybridLM
 from recipes import LanguageModel
-from recipes.module import warmup_cosine
+from recipes.module import warmup_cosine, warmup_stable_decay
 
 
 def test_every_hybridlm_option_reaches_the_cli_and_the_checkpoint_without_being_declared_again():
@@ -37,6 +37,46 @@ def test_warmup_then_cosine_to_the_final_fraction():
     assert all(a >= b for a, b in zip(values[10:], values[11:]))
     assert warmup_cosine(total, total, 0.1, 0.1) == pytest.approx(0.1)
     assert warmup_cosine(55, total, 0.1, 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+
+
+def test_warmup_stable_decay_holds_the_peak_then_decays_linearly_to_the_final_fraction():
+    total = 100  # warm-up 10 steps, peak to step 79, then 20 steps down to 0.1
+    values = [warmup_stable_decay(s, total, 0.1, 0.1, 0.2) for s in range(total + 1)]
+    assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
+    assert values[10:81] == [1.0] * 71
+    assert values[90] == pytest.approx(1 - 0.9 * 10 / 20) and values[100] == pytest.approx(0.1)
+    assert all(a > b for a, b in zip(values[80:], values[81:]))
+    assert [warmup_stable_decay(s, total, 0.0, 0.1, 0.0) for s in (0, 50, 100)] == [1.0] * 3  # no decay: constant
+    # planned for 100 or for 300 steps, the rate is the same through 100's stable phase past 300's warm-up: a run
+    # stopped there and resumed with a larger max_steps continues without a jump
+    assert all(warmup_stable_decay(s, 100, 0.1, 0.1, 0.2) == warmup_stable_decay(s, 300, 0.1, 0.1, 0.2) for s in range(30, 80))
+
+
+@pytest.mark.parametrize("options, expected", [
+    ({"schedule": "linear"}, "schedule='linear' is not one of \\('cosine', 'wsd'\\)"),
+    ({"decay_fraction": 0.3}, "decay_fraction=0.3 is the wsd schedule's"),
+    ({"schedule": "wsd", "decay_fraction": 0.95}, "the warm-up \\(0.1\\) and the decay together cover at most"),
+    ({"schedule": "wsd", "decay_fraction": -0.1}, "decay_fraction=-0.1 must lie in \\[0, 1\\]"),
+])
+def test_a_schedule_the_run_cannot_follow_is_refused_by_name(options, expected):
+    with pytest.raises(ValueError, match=expected):
+        LanguageModel(16, "AM", vocab_size=20, **options)
+
+
+def test_the_wsd_schedule_steps_the_optimizer_at_chosen_steps():
+    lm = LanguageModel(16, "AM", vocab_size=20, lr=2e-3, warmup_fraction=0.2, final_lr_fraction=0.05, schedule="wsd",
+                       decay_fraction=0.4)
+    assert lm.hparams.schedule == "wsd" and lm.hparams.decay_fraction == 0.4
+    assert LanguageModel(16, "AM", vocab_size=20, schedule="wsd").hparams.decay_fraction == 0.2  # its default
+    optimizer, schedule = (lambda c: (c["optimizer"], c["lr_scheduler"]["scheduler"]))(configured(lm, 50))
+    lrs = []
+    for _ in range(51):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    # warm-up over 10 steps, the peak over steps 10-29, then 20 steps down to 5%
+    assert lrs[4] == pytest.approx(2e-3 * 5 / 10) and lrs[10:30] == pytest.approx([2e-3] * 20)
+    assert lrs[40] == pytest.approx(2e-3 * (1 - 0.95 * 10 / 20)) and lrs[50] == pytest.approx(2e-3 * 0.05)
 
 
 class SquareAux(MLP):
