@@ -15,7 +15,6 @@ On top of LightningCLI (docs/training.md):
 """
 
 import argparse
-import inspect
 import os
 import re
 import sys
@@ -29,10 +28,12 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from recipes.argtypes import close_matches, did_you_mean
+from recipes.cli_errors import LIGHTNING_OPTIMIZER, UNION_HEADER, near_misses, parse_error_message, short_epoch_message
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_paths, consolidate_hint,
                                  is_sharded_checkpoint, load_checkpoint)
 from components.bindings import import_class, upgrade_specs
 from recipes.module import LanguageModel, language_model_arguments
+from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, trains_in_workers
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback,
                               TrainingInterrupted, ValidateFinalStep, default_progress_bar, newest_checkpoint)
 
@@ -144,16 +145,6 @@ def resolve_config_args(args: list[str]) -> list[str]:
     return out
 
 
-UNION_HEADER = "Does not validate against any of the Union subtypes"
-# a union's alternatives that a class path or a mapping could never have been: noise beside the real reason
-NOT_MEANT = ("Expected a <class 'NoneType'>", "Expected a <class 'bool'>",
-             "Expected a <class 'collections.abc.Iterable'>", "Expected a path but ", UNION_HEADER)
-
-
-SHORT_EPOCH = re.compile(r"`val_check_interval` \((\d+)\) must be less than or equal to the number of the "
-                         r"training batches \((\d+)\)")
-
-
 def say_if_another_model(path, recipe_model, hparams: dict) -> None:
     """A ``fit --ckpt_path`` from outside this recipe's runs continues the checkpoint's model, whatever the recipe
     says (the checkpoint is a run to resume). When the two differ in pattern or width that is likely not what was
@@ -165,81 +156,6 @@ def say_if_another_model(path, recipe_model, hparams: dict) -> None:
               "not this recipe's: drop --ckpt_path to train this recipe's model (--model.init_from FILE starts it from "
               "a checkpoint's weights where the shapes agree)",
               file=sys.stderr, flush=True)
-
-
-def short_epoch_message(error: Exception) -> str | None:
-    """Lightning's refusal of a ``val_check_interval`` longer than an epoch, in the command line's terms: a small
-    corpus is a short epoch, and a step-based recipe wants its interval counted in steps across epochs (its own
-    hint says ``check_val_every_n_epoch=None``, which a YAML or the command line spells ``null``)."""
-    found = SHORT_EPOCH.search(str(error))
-    if found is None:
-        return None
-    interval, batches = found.groups()
-    return (f"the data gives {batches} training batch{'es' * (batches != '1')} per epoch, fewer than "
-            f"val_check_interval {interval}: "
-            f"--trainer.check_val_every_n_epoch null counts the interval in steps across epochs (a small corpus is "
-            f"then read several times), or --trainer.val_check_interval {batches} or less validates within each")
-
-
-def parse_error_message(error: Exception) -> str:
-    """jsonargparse's error in a line: the key, and for a value that fits none of a union's types the reasons of
-    the types that could have fit — a class's own problem (a missing package, a bad argument) with the lines
-    under it, not "Expected a <class 'NoneType'>" or the value dumped back."""
-    lines = str(error).splitlines()
-    if not any(UNION_HEADER in line for line in lines):
-        return "\n".join(line for line in lines[:6])
-    key = lines[0].strip().rstrip(":") if lines[0].startswith("Parser key") else None
-    reasons = []
-    for i, line in enumerate(lines):
-        if not line.strip().startswith("- "):
-            continue
-        depth = len(line) - len(line.lstrip())
-        under = []  # the reason's own lines, indented below it
-        for following in lines[i + 1:]:
-            if len(following) - len(following.lstrip()) <= depth:
-                break
-            under.append(following.strip())
-        reason = " ".join([line.strip()[2:], *under])
-        if reason.startswith("Type ") and ": " in reason:  # "Type X expects a function or a callable class: why"
-            reason = reason.split(": ", 1)[1]
-        # the whole value dumped back: only the class it was for
-        reason = re.sub(r" Got value: Namespace\(.*class_path='([^']+)'\)$", r" (for \1)", reason)
-        reasons.append(re.sub(r" Got value: Namespace\(.*$", "", reason))
-    meant = [reason for reason in reasons if not reason.startswith(NOT_MEANT)]
-    text = "; ".join(meant or reasons) or lines[-1].strip()
-    return f"{key}: {text}" if key else text
-
-
-def class_options(path: str) -> list[str]:
-    """The keyword arguments of an already-imported class (jsonargparse imported it to reject the option), or none:
-    nothing is imported here."""
-    module_name, _, name = path.rpartition(".")
-    cls = getattr(sys.modules.get(module_name), name, None)
-    if not inspect.isclass(cls):
-        return []
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in inspect.signature(cls).parameters.values() if p.kind in kinds]
-
-
-def near_misses(message: str, options: list[str]) -> str:
-    """`` (did you mean …?)`` for the unknown options in a parse error that are a typo of one the parser (``options``,
-    its ``--flags``) or the named class takes; empty when none is close."""
-    if "unrecognized arguments:" in message:
-        unknown = [token.split("=", 1)[0] for token in message.split("unrecognized arguments:", 1)[1].split()
-                   if token.startswith("--")]
-        known = options
-    elif group := re.search(r"(Group|Subcommand) '([\w.]+)' does not accept option '([\w.]+)'", message):
-        # a config file's key, under a section (Group 'trainer': 'max_stepz') or whole ('trainer.max_stepz')
-        prefix = f"--{group.group(2)}." if group.group(1) == "Group" else "--"
-        unknown, known = [group.group(3)], [o[len(prefix):] for o in options if o.startswith(prefix)]
-    else:
-        found = re.search(r"Option '(\w+)' is not accepted", message)
-        owner = re.search(r"class_path '([\w.]+)'|\(for ([\w.]+)\)", message)
-        if found is None or owner is None:
-            return ""
-        unknown, known = [found.group(1)], class_options(owner.group(1) or owner.group(2))
-    hint = did_you_mean(unknown, known, cutoff=0.8)
-    return f" ({hint})" if hint else ""
 
 
 def run_logger(trainer_config):
@@ -261,14 +177,6 @@ def run_logger(trainer_config):
     return logger, Path(save_dir) / name if name else Path(save_dir)
 
 
-LIGHTNING_OPTIMIZER = ("is Lightning's, which would drop the zoo's parameter groups and learning-rate schedule; name "
-                       "the optimiser with --model.optimizer (SGD, a torch.optim name, or '{class_path: torch.optim.SGD, "
-                       "init_args: {momentum: 0.9}}'), its rate with --model.lr, and the schedule with "
-                       "--model.warmup_fraction and --model.final_lr_fraction")
-"""Why ``--optimizer`` / ``--lr_scheduler`` (LightningCLI's, turned off here) are refused, and what to use."""
-
-# Model arguments that say how to compute, not what: a resumed or evaluated run takes them from the command
-# line and recipe rather than from the checkpoint.
 HOW_NOT_WHAT = ("compile", "loss_positions", "sample_tokens")
 # Model arguments that change no weight: a checkpoint's value holds unless the command line gives one, which is taken
 # with a note (the lengths a checkpoint is validated or generated at; activation checkpointing; the MFU's peak).
@@ -576,99 +484,6 @@ class ParseOnlyCLI(HybridCLI):
 
     def instantiate_classes(self) -> None:
         pass
-
-
-def choose_threads(requested: int | None) -> str | None:
-    """Set torch's threads: ``requested``, else OMP_NUM_THREADS (torch reads it), else the cores no other
-    process is busy with (the one-minute load average): on a shared CPU torch's default, one thread per core,
-    oversubscribes it (docs/training.md: ablate_moe took 140 s a step so, 11 s with one thread). Returns what
-    to tell the user, or None when nothing changed."""
-    import torch
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if requested is not None:
-        if requested < 1:
-            raise ValueError(f"--threads {requested} must be >= 1")
-        torch.set_num_threads(requested)
-        return f"torch threads: {requested} (--threads)"
-    if os.environ.get("OMP_NUM_THREADS"):
-        return None
-    busy = min(round(os.getloadavg()[0]), cores - 1) if hasattr(os, "getloadavg") else 0
-    threads = max(1, cores - busy)
-    if threads >= torch.get_num_threads():
-        return None
-    torch.set_num_threads(threads)
-    return (f"torch threads: {threads} of {cores} cores (about {busy} busy with other processes); "
-            "--threads N or OMP_NUM_THREADS=N chooses")
-
-
-def fit_summary(trainer, module, log_dir: str | None = None) -> str:
-    """Best and last validation loss with their steps, speed, time, and where the run's files are."""
-    import statistics
-    import time
-
-    history = getattr(module, "history", {}) or {}
-    steps, first = trainer.global_step, history.get("first_step", 0)
-    done = f"{steps} step{'s' * (steps != 1)}" if steps else "no step"
-    if first and steps == first:  # resumed with nothing left to do
-        reached = trainer.max_steps == steps
-        done += (f", all before this run (max_steps {steps} was reached already: raise --trainer.max_steps to train on)"
-                 if reached else ", all before this run")
-    elif first:
-        done += f" ({steps - first} in this run, resumed at step {first})"
-    lines = ["", "fit finished: " + done]
-    val = history.get("val") or []
-    if val:
-        best_step, best = min(val, key=lambda item: item[1])
-        last_step, last = val[-1]
-        lines.append(f"  val/loss   last {last:.4f} (step {last_step})   best {best:.4f} (step {best_step})")
-        accuracy = history.get("val_acc") or []
-        if accuracy:  # (next-token accuracy: MQAR's measure, where the loss says little)
-            best_step, best = max(accuracy, key=lambda item: item[1])
-            last_step, last = accuracy[-1]
-            lines.append(f"  val/acc    last {last:.4f} (step {last_step})   best {best:.4f} (step {best_step})")
-    elif steps > first and trainer.limit_val_batches:  # the last step validates, unless its epoch may not
-        lines.append(f"  val/loss   none: no validation ran in these steps (check_val_every_n_epoch "
-                     f"{trainer.check_val_every_n_epoch} skips this epoch's; --trainer.check_val_every_n_epoch 1, or "
-                     "null with --trainer.val_check_interval N: every N steps)")
-    speeds = history.get("tokens_per_sec") or []
-    started = history.get("started")
-    timing = []
-    if speeds:
-        timing.append(f"median {statistics.median(speeds):,.0f} tokens/s")
-    if started is not None:
-        timing.append(f"wall time {time.perf_counter() - started:,.0f} s")
-    if timing:
-        lines.append("  speed      " + ", ".join(timing))
-    policy = next((c for c in trainer.callbacks if isinstance(c, CheckpointPolicy)), None)
-    if policy is not None and policy.dirpath is not None:  # the files there (none under fast_dev_run, for one)
-        written = [name for name in ("last.ckpt", "best.ckpt") if (Path(policy.dirpath) / name).exists()
-                   and (name == "last.ckpt" or policy.best_path)]
-        lines.append(f"  checkpoints {policy.dirpath}/ ({', '.join(written)})" if written else "  checkpoints none written")
-    tensorboard = any(type(logger).__name__ == "TensorBoardLogger" for logger in trainer.loggers)
-    if log_dir and trainer.loggers:  # (without a logger, log_dir is only the folder the checkpoints went to)
-        lines.append(f"  TensorBoard tensorboard --logdir {log_dir}" if tensorboard else f"  logs       {log_dir}")
-    return "\n".join(lines)
-
-
-def trains_in_workers(trainer) -> bool:
-    """Whether the strategy trains in processes it starts (``ddp_spawn``, ``ddp_notebook``), this one only waiting:
-    the weights come back to it, but not the run's history, step or checkpoint folder. (Lightning's launcher class is
-    private: it is found by name, so that a Lightning without it gives the summary of this process, not an error.)"""
-    launcher = getattr(trainer.strategy, "launcher", None)
-    return any(cls.__name__ == "_MultiProcessingLauncher" for cls in type(launcher).__mro__)
-
-
-class FitSummaryInWorker(L.Callback):
-    """Prints :func:`fit_summary` from the worker of rank 0 where the strategy trains in workers; elsewhere the
-    command prints it after ``fit`` returns (then also after a Ctrl+C, which ends the fit before ``on_fit_end``)."""
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trains_in_workers(trainer):
-            return
-        log_dir = trainer.log_dir  # (collective: every process asks)
-        if trainer.is_global_zero:
-            print(fit_summary(trainer, pl_module, log_dir), flush=True)
 
 
 def quiet_lightning() -> None:

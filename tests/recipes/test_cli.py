@@ -7,7 +7,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from recipes.cli import main, near_misses, resolve_config
+from recipes.cli import main, resolve_config
+from recipes.cli_errors import near_misses
 
 TINY_FIT = [
     "fit", "--config", "quickstart.yaml",
@@ -234,7 +235,7 @@ def test_the_summary_claims_only_the_checkpoints_written(tmp_path, monkeypatch, 
 def test_the_fit_summary_says_when_no_validation_ran():
     from types import SimpleNamespace
 
-    from recipes.cli import fit_summary
+    from recipes.run_report import fit_summary
 
     trainer = SimpleNamespace(global_step=5, max_steps=5, limit_val_batches=2, val_check_interval=200, callbacks=[],
                               loggers=[], check_val_every_n_epoch=3)

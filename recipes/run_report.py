@@ -1,0 +1,102 @@
+"""What a run says about itself beside the progress bar: the torch threads it takes, and the summary at the end of
+``fit`` (losses with their steps, speed, where the files are), printed by the worker where the strategy trains in
+workers."""
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+import lightning as L
+
+from recipes.training import CheckpointPolicy
+
+
+def choose_threads(requested: int | None) -> str | None:
+    """Set torch's threads: ``requested``, else OMP_NUM_THREADS (torch reads it), else the cores no other
+    process is busy with (the one-minute load average): on a shared CPU torch's default, one thread per core,
+    oversubscribes it (docs/training.md: ablate_moe took 140 s a step so, 11 s with one thread). Returns what
+    to tell the user, or None when nothing changed."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--threads {requested} must be >= 1")
+        torch.set_num_threads(requested)
+        return f"torch threads: {requested} (--threads)"
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    busy = min(round(os.getloadavg()[0]), cores - 1) if hasattr(os, "getloadavg") else 0
+    threads = max(1, cores - busy)
+    if threads >= torch.get_num_threads():
+        return None
+    torch.set_num_threads(threads)
+    return (f"torch threads: {threads} of {cores} cores (about {busy} busy with other processes); "
+            "--threads N or OMP_NUM_THREADS=N chooses")
+
+
+def fit_summary(trainer, module, log_dir: str | None = None) -> str:
+    """Best and last validation loss with their steps, speed, time, and where the run's files are."""
+    history = getattr(module, "history", {}) or {}
+    steps, first = trainer.global_step, history.get("first_step", 0)
+    done = f"{steps} step{'s' * (steps != 1)}" if steps else "no step"
+    if first and steps == first:  # resumed with nothing left to do
+        reached = trainer.max_steps == steps
+        done += (f", all before this run (max_steps {steps} was reached already: raise --trainer.max_steps to train on)"
+                 if reached else ", all before this run")
+    elif first:
+        done += f" ({steps - first} in this run, resumed at step {first})"
+    lines = ["", "fit finished: " + done]
+    val = history.get("val") or []
+    if val:
+        best_step, best = min(val, key=lambda item: item[1])
+        last_step, last = val[-1]
+        lines.append(f"  val/loss   last {last:.4f} (step {last_step})   best {best:.4f} (step {best_step})")
+        accuracy = history.get("val_acc") or []
+        if accuracy:  # (next-token accuracy: MQAR's measure, where the loss says little)
+            best_step, best = max(accuracy, key=lambda item: item[1])
+            last_step, last = accuracy[-1]
+            lines.append(f"  val/acc    last {last:.4f} (step {last_step})   best {best:.4f} (step {best_step})")
+    elif steps > first and trainer.limit_val_batches:  # the last step validates, unless its epoch may not
+        lines.append(f"  val/loss   none: no validation ran in these steps (check_val_every_n_epoch "
+                     f"{trainer.check_val_every_n_epoch} skips this epoch's; --trainer.check_val_every_n_epoch 1, or "
+                     "null with --trainer.val_check_interval N: every N steps)")
+    speeds = history.get("tokens_per_sec") or []
+    started = history.get("started")
+    timing = []
+    if speeds:
+        timing.append(f"median {statistics.median(speeds):,.0f} tokens/s")
+    if started is not None:
+        timing.append(f"wall time {time.perf_counter() - started:,.0f} s")
+    if timing:
+        lines.append("  speed      " + ", ".join(timing))
+    policy = next((c for c in trainer.callbacks if isinstance(c, CheckpointPolicy)), None)
+    if policy is not None and policy.dirpath is not None:  # the files there (none under fast_dev_run, for one)
+        written = [name for name in ("last.ckpt", "best.ckpt") if (Path(policy.dirpath) / name).exists()
+                   and (name == "last.ckpt" or policy.best_path)]
+        lines.append(f"  checkpoints {policy.dirpath}/ ({', '.join(written)})" if written else "  checkpoints none written")
+    tensorboard = any(type(logger).__name__ == "TensorBoardLogger" for logger in trainer.loggers)
+    if log_dir and trainer.loggers:  # (without a logger, log_dir is only the folder the checkpoints went to)
+        lines.append(f"  TensorBoard tensorboard --logdir {log_dir}" if tensorboard else f"  logs       {log_dir}")
+    return "\n".join(lines)
+
+
+def trains_in_workers(trainer) -> bool:
+    """Whether the strategy trains in processes it starts (``ddp_spawn``, ``ddp_notebook``), this one only waiting:
+    the weights come back to it, but not the run's history, step or checkpoint folder. (Lightning's launcher class is
+    private: it is found by name, so that a Lightning without it gives the summary of this process, not an error.)"""
+    launcher = getattr(trainer.strategy, "launcher", None)
+    return any(cls.__name__ == "_MultiProcessingLauncher" for cls in type(launcher).__mro__)
+
+
+class FitSummaryInWorker(L.Callback):
+    """Prints :func:`fit_summary` from the worker of rank 0 where the strategy trains in workers; elsewhere the
+    command prints it after ``fit`` returns (then also after a Ctrl+C, which ends the fit before ``on_fit_end``)."""
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trains_in_workers(trainer):
+            return
+        log_dir = trainer.log_dir  # (collective: every process asks)
+        if trainer.is_global_zero:
+            print(fit_summary(trainer, pl_module, log_dir), flush=True)
