@@ -33,6 +33,7 @@ from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_p
                                  is_sharded_checkpoint, load_checkpoint)
 from components.bindings import import_class, upgrade_specs
 from recipes.module import LanguageModel, language_model_arguments
+from recipes.optimizer import recorded_form
 from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, trains_in_workers
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback,
                               TrainingInterrupted, ValidateFinalStep, default_progress_bar, newest_checkpoint)
@@ -373,6 +374,8 @@ class HybridCLI(LightningCLI):
                 given = dotted_get(model_config, key)
             except KeyError:
                 continue
+            if key == "optimizer" and given is not None:  # `--model.optimizer SGD` names what the checkpoint records
+                given = recorded_form(plain(given))
             if not differs(given, recorded):
                 continue
             if key in OVERRIDABLE:

@@ -564,17 +564,17 @@ class LanguageModel(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        matrices = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
-        vectors = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
-        optimizer = build_optimizer(
-            hp.get("optimizer"),
-            [{"params": matrices, "weight_decay": hp.weight_decay}, {"params": vectors, "weight_decay": 0.0}],
-            lr=hp.lr, betas=hp.betas, eps=hp.eps,
-        )
+        spec = hp.get("optimizer")
+        if self._sharded and spec is not None and spec["class_path"] == "torch.optim.Muon":
+            raise ValueError("--model.optimizer Muon orthogonalises whole weight matrices, and sharded training "
+                             "(FSDP) gives each process a shard of each: train with DDP, or with AdamW")
+        hidden_matrices = [m.weight for m in self.model.blocks.modules() if isinstance(m, torch.nn.Linear)]  # (Muon's)
+        optimizer = build_optimizer(spec, self.parameters(), hidden_matrices, lr=hp.lr, weight_decay=hp.weight_decay,
+                                    betas=hp.betas, eps=hp.eps)
         steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(steps):  # (int(inf) was an OverflowError from here)
-            raise ValueError("the learning-rate schedule (warm-up, then the decay to final_lr_fraction) is planned over "
-                             "the run's steps, and this run sets no limit on them (max_steps -1 and max_epochs -1; "
+            raise ValueError("the learning-rate schedule (warm-up, then the decay to final_lr_fraction) is planned "
+                             "over the run's steps, and this run sets no limit on them (max_steps -1 and max_epochs -1; "
                              "max_time does not say how many): give --trainer.max_steps N or --trainer.max_epochs N")
         total = max(int(steps), 1)
         self._schedule_steps = total
@@ -586,8 +586,8 @@ class LanguageModel(L.LightningModule):
                 and not math.isclose(rate(step + 1, total), rate(step + 1, planned), rel_tol=0.01)):
             # Resumed with another max_steps (to train longer, say): the schedule is re-planned over the new length,
             # so the rate jumps; said, since the run is then neither the old plan continued nor the new one from 0.
-            print(f"note: this run's learning-rate schedule ({hp.get('schedule', 'cosine')}) spanned {planned} steps; resumed "
-                  f"for {total}, it is re-planned over {total}: the rate jumps from {rate(step, planned):.3g} to "
+            print(f"note: this run's learning-rate schedule ({hp.get('schedule', 'cosine')}) spanned {planned} steps; "
+                  f"resumed for {total}, it is re-planned over {total}: the rate jumps from {rate(step, planned):.3g} to "
                   f"{rate(step + 1, total):.3g} after the first resumed step, so the run is neither its plan continued "
                   f"nor one planned for {total} steps from the start (--model.init_from with the checkpoint starts a "
                   "new schedule from its weights)", file=sys.stderr)

@@ -11,6 +11,7 @@ import torch
 from recipes import LanguageModel
 from recipes.cli import main
 from recipes.module import warmup_cosine
+from recipes.optimizer import MuonWithAdamW
 
 TINY = ["fit", "--config", "quickstart.yaml", "--model.d_model", "16", "--model.pattern", "AM", "--model.mixers.A.init_args.n_heads",
         "2", "--data.init_args.seq_len", "16", "--data.init_args.batch_size", "2", "--trainer.limit_val_batches", "2",
@@ -38,8 +39,9 @@ def test_a_recipe_trains_with_the_optimiser_it_names_keeping_the_groups_and_the_
     assert all(math.isclose(g["lr"], rate, rel_tol=1e-6) for g in groups)
 
     main([*TINY, "--trainer.max_steps", "6", "--ckpt_path", "last"])  # resumes with the recorded SGD
+    main([*TINY, "--model.optimizer", SGD, "--trainer.max_steps", "7", "--ckpt_path", "last"])  # named again: the same
     _, resumed = last_checkpoint(tmp_path)
-    assert resumed["global_step"] == 6 and all(g["momentum"] == 0.9 for g in resumed["optimizer_states"][0]["param_groups"])
+    assert resumed["global_step"] == 7 and all(g["momentum"] == 0.9 for g in resumed["optimizer_states"][0]["param_groups"])
     model = LanguageModel.load_from_checkpoint(path)  # torch.optim is trusted: no allow_classes needed
     assert model.hparams.optimizer["class_path"] == "torch.optim.SGD"
 
@@ -64,7 +66,6 @@ def test_without_an_optimiser_the_run_trains_with_adamw_and_its_betas(tmp_path, 
      "SGD takes no argument 'momentun' \\(did you mean momentum"),
     (["--model.optimizer", "Rprop"], "Rprop takes no weight_decay, and --model.weight_decay is 0.1"),
     (["--model.optimizer", "SGD", "--model.eps", "1e-8"], "--model.betas and --model.eps are the default AdamW's"),
-    (["--model.optimizer", "Muon"], "Muon takes 2-D weight matrices only"),
     (["--model.optimizer", "torch.nn.Linear"], "'torch.nn.Linear' is not a torch.optim.Optimizer"),
 ])
 def test_an_optimiser_the_zoo_cannot_honour_is_refused_by_name(tmp_path, monkeypatch, args, expected):
@@ -88,5 +89,93 @@ def test_a_resumed_run_refuses_another_optimiser(tmp_path, monkeypatch):
     """The checkpoint's optimiser state is SGD's: an AdamW (or any other) resume cannot take it over."""
     monkeypatch.chdir(tmp_path)
     main([*TINY, "--model.optimizer", "SGD", "--trainer.max_steps", "2"])
-    with pytest.raises(SystemExit, match="--model.optimizer 'Adam' \\(the checkpoint has"):
+    with pytest.raises(SystemExit, match="--model.optimizer .*'torch.optim.Adam'.* \\(the checkpoint has .*torch.optim.SGD"):
         main([*TINY, "--model.optimizer", "Adam", "--trainer.max_steps", "4", "--ckpt_path", "last"])
+
+
+def two_models(seed: int = 0):
+    """Two copies of a small model with matrices and vectors, and a fixed gradient for each of three steps."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 4))
+    twin = __import__("copy").deepcopy(model)
+    grads = [[torch.randn_like(p) for p in model.parameters()] for _ in range(3)]
+    return model, twin, grads
+
+
+def stepped(optimizers, models, grads):
+    for step in grads:
+        for model in models:
+            for p, g in zip(model.parameters(), step):
+                p.grad = g.clone()
+        for optimizer in optimizers:
+            optimizer.step()
+
+
+def test_muon_with_adamw_is_muon_on_its_matrices_and_adamw_on_the_rest():
+    model, twin, grads = two_models()
+    first, norm_w, norm_b, last = model[0].weight, model[1].weight, model[1].bias, model[2].weight
+    rest = [model[0].bias, norm_w, norm_b, model[2].bias]
+    joined = MuonWithAdamW([{"params": [first, last], "weight_decay": 0.1}],
+                           [{"params": rest, "weight_decay": 0.0}], lr=0.02, betas=(0.9, 0.95), eps=1e-8,
+                           muon_args={"momentum": 0.9})
+    t = list(twin.parameters())  # the same order: 0.weight, 0.bias, 1.weight, 1.bias, 2.weight, 2.bias
+    alone = [torch.optim.Muon([{"params": [t[0], t[4]], "weight_decay": 0.1}], lr=0.02, momentum=0.9,
+                              adjust_lr_fn="match_rms_adamw"),
+             torch.optim.AdamW([{"params": [t[1], t[2], t[3], t[5]], "weight_decay": 0.0}], lr=0.02, betas=(0.9, 0.95),
+                               eps=1e-8)]
+    stepped([joined], [model], grads)
+    stepped(alone, [twin], grads)
+    for ours, theirs in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    assert len(joined.state) == 6 and set(joined.state[first]) == {"momentum_buffer"}
+    assert {"exp_avg", "exp_avg_sq"} <= set(joined.state[norm_w])
+    joined.state[norm_w] = {k: v.clone() for k, v in joined.state[norm_w].items()}  # as Lightning moves it to a device
+    assert norm_w in joined.adamw.state and norm_w not in joined.muon.state and len(joined.state) == 6
+
+
+def test_muon_with_adamw_resumes_from_its_state_dict_as_if_never_stopped():
+    model, twin, grads = two_models(1)
+
+    def build(m):
+        return MuonWithAdamW([{"params": [m[0].weight, m[2].weight], "weight_decay": 0.1}],
+                             [{"params": [m[0].bias, m[1].weight, m[1].bias, m[2].bias], "weight_decay": 0.0}], lr=0.01)
+
+    straight = build(model)
+    stepped([straight], [model], grads)
+    stopped = build(twin)
+    stepped([stopped], [twin], grads[:2])
+    saved = __import__("io").BytesIO()
+    torch.save(stopped.state_dict(), saved)  # as a checkpoint holds it, read back as data only
+    resumed = build(twin)
+    resumed.load_state_dict(torch.load(__import__("io").BytesIO(saved.getvalue()), weights_only=True))
+    schedule = torch.optim.lr_scheduler.LambdaLR(resumed, lambda step: 1.0)  # a schedule drives both halves
+    stepped([resumed], [twin], grads[2:])
+    for ours, theirs in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    schedule.base_lrs = [0.5 * lr for lr in schedule.base_lrs]
+    schedule.step()
+    assert [g["lr"] for g in resumed.muon.param_groups + resumed.adamw.param_groups] == [0.005, 0.005]
+    with pytest.raises(ValueError, match="not Muon-with-AdamW's"):
+        resumed.load_state_dict(torch.optim.SGD(model.parameters(), lr=0.1).state_dict())
+
+
+def test_a_recipe_trains_with_muon_on_the_blocks_linear_weights_and_adamw_on_the_rest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    common = ["fit", "--config", "arch/tiny/jamba.yaml", "--model.d_model", "32", "--data.init_args.seq_len", "16",
+              "--data.init_args.batch_size", "2", "--trainer.limit_val_batches", "2", "--trainer.val_check_interval",
+              "2", "--trainer.enable_progress_bar", "false", "--model.optimizer", "Muon"]
+    cli = main([*common, "--trainer.max_steps", "3"])
+    (path,) = tmp_path.glob("runs/**/last.ckpt")
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["hyper_parameters"]["optimizer"] == {"class_path": "torch.optim.Muon", "init_args": {}}
+    (state,) = checkpoint["optimizer_states"]
+    linears = [m for m in cli.model.model.blocks.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(state["muon"]["state"]) == len(linears) > 0  # every block's linear weight, and nothing else
+    assert all(set(s) == {"momentum_buffer"} for s in state["muon"]["state"].values())
+    adamw = sum(p.requires_grad for p in cli.model.parameters()) - len(linears)
+    assert len(state["adamw"]["state"]) == adamw  # embeddings, head, vectors, expert banks, the convolution
+    assert state["muon"]["param_groups"][0]["adjust_lr_fn"] == "match_rms_adamw"
+    rates = [g["lr"] for half in ("muon", "adamw") for g in state[half]["param_groups"]]
+    assert len(set(rates)) == 1 and rates[0] == pytest.approx(cli.model.hparams.lr * warmup_cosine(3, 3, 0.1, 0.1))
+    main([*common, "--trainer.max_steps", "5", "--ckpt_path", "last"])
+    assert torch.load(path, weights_only=True)["global_step"] == 5
