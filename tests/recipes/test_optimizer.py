@@ -179,3 +179,10 @@ def test_a_recipe_trains_with_muon_on_the_blocks_linear_weights_and_adamw_on_the
     assert len(set(rates)) == 1 and rates[0] == pytest.approx(cli.model.hparams.lr * warmup_cosine(3, 3, 0.1, 0.1))
     main([*common, "--trainer.max_steps", "5", "--ckpt_path", "last"])
     assert torch.load(path, weights_only=True)["global_step"] == 5
+
+
+def test_muon_is_refused_under_sharded_training():
+    lm = LanguageModel(16, "AM", vocab_size=20, optimizer="Muon")
+    lm._sharded = True  # as configure_model leaves it under FSDP2
+    with pytest.raises(ValueError, match="Muon orthogonalises whole weight matrices, and sharded training"):
+        lm.configure_optimizers()
