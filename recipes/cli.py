@@ -178,6 +178,8 @@ def run_logger(trainer_config):
     return logger, Path(save_dir) / name if name else Path(save_dir)
 
 
+# Model arguments that say how to compute, not what: a resumed or evaluated run takes them from the command
+# line and recipe rather than from the checkpoint.
 HOW_NOT_WHAT = ("compile", "loss_positions", "sample_tokens")
 # Model arguments that change no weight: a checkpoint's value holds unless the command line gives one, which is taken
 # with a note (the lengths a checkpoint is validated or generated at; activation checkpointing; the MFU's peak).

@@ -20,11 +20,8 @@ SHORT_EPOCH = re.compile(r"`val_check_interval` \((\d+)\) must be less than or e
 LIGHTNING_OPTIMIZER = ("is Lightning's, which would drop the zoo's parameter groups and learning-rate schedule; name "
                        "the optimiser with --model.optimizer (SGD, a torch.optim name, or '{class_path: torch.optim.SGD, "
                        "init_args: {momentum: 0.9}}'), its rate with --model.lr, and the schedule with "
-                       "--model.warmup_fraction and --model.final_lr_fraction")
+                       "--model.schedule, --model.warmup_fraction and --model.final_lr_fraction")
 """Why ``--optimizer`` / ``--lr_scheduler`` (LightningCLI's, turned off here) are refused, and what to use."""
-
-# Model arguments that say how to compute, not what: a resumed or evaluated run takes them from the command
-# line and recipe rather than from the checkpoint.
 
 
 def short_epoch_message(error: Exception) -> str | None:

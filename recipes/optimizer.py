@@ -1,8 +1,8 @@
 """The optimiser a run trains with: AdamW by default, or any ``torch.optim.Optimizer`` a recipe names.
 
 Whatever the class, the run keeps the zoo's two parameter groups (matrices decayed by ``weight_decay``; vectors —
-norm scales, biases, SSD's ``A_log`` and ``D`` — not decayed) and its warm-up-then-cosine schedule from ``lr``. So a
-recipe names only the class and its other arguments::
+norm scales, biases, SSD's ``A_log`` and ``D`` — not decayed) and its learning-rate schedule from ``lr`` (warm-up,
+then cosine or warm-up-stable-decay). So a recipe names only the class and its other arguments::
 
     model:
       optimizer: {class_path: torch.optim.SGD, init_args: {momentum: 0.9, nesterov: true}}
