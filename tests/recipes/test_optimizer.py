@@ -2,6 +2,8 @@
 zoo's two parameter groups and its warm-up-cosine schedule, records the spec, resumes and reloads; Lightning's own
 ``--optimizer`` (which would replace both) and arguments the zoo owns are refused by name."""
 
+import copy
+import io
 import math
 import re
 
@@ -97,7 +99,7 @@ def two_models(seed: int = 0):
     """Two copies of a small model with matrices and vectors, and a fixed gradient for each of three steps."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 4))
-    twin = __import__("copy").deepcopy(model)
+    twin = copy.deepcopy(model)
     grads = [[torch.randn_like(p) for p in model.parameters()] for _ in range(3)]
     return model, twin, grads
 
@@ -144,10 +146,10 @@ def test_muon_with_adamw_resumes_from_its_state_dict_as_if_never_stopped():
     stepped([straight], [model], grads)
     stopped = build(twin)
     stepped([stopped], [twin], grads[:2])
-    saved = __import__("io").BytesIO()
+    saved = io.BytesIO()
     torch.save(stopped.state_dict(), saved)  # as a checkpoint holds it, read back as data only
     resumed = build(twin)
-    resumed.load_state_dict(torch.load(__import__("io").BytesIO(saved.getvalue()), weights_only=True))
+    resumed.load_state_dict(torch.load(io.BytesIO(saved.getvalue()), weights_only=True))
     schedule = torch.optim.lr_scheduler.LambdaLR(resumed, lambda step: 1.0)  # a schedule drives both halves
     stepped([resumed], [twin], grads[2:])
     for ours, theirs in zip(model.parameters(), twin.parameters()):
