@@ -39,7 +39,8 @@ def test_the_architecture_docs_python_binding_builds_what_it_says():
 
 
 @pytest.mark.parametrize("doc, index, over", [("README.md", 0, None), ("docs/architecture.md", 0, "quickstart.yaml"),
-                                              ("docs/training.md", 0, "quickstart.yaml")])
+                                              ("docs/training.md", 0, "quickstart.yaml"),  # another optimiser
+                                              ("docs/training.md", 1, "quickstart.yaml")])  # compile, loss_positions
 def test_the_recipes_the_docs_show_build(doc, index, over, tmp_path, monkeypatch):
     """A recipe (or a piece of one, over a bundled recipe) shown in the docs builds through the CLI as written."""
     from components import MLP, QCAttention
