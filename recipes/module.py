@@ -26,7 +26,7 @@ from recipes.checkpoints import (CheckpointError, check_hyperparameters, consoli
                                  load_checkpoint, load_weights)
 from recipes.data.corpus import tokenizer_problem
 from recipes.mfu import device_peak_flops, training_flops
-from recipes.optimizer import ADAMW_BETAS, ADAMW_EPS, build_optimizer, optimizer_spec
+from recipes.optimizer import ADAMW_BETAS, ADAMW_EPS, MUON, build_optimizer, optimizer_spec
 from recipes.optimizer import describe as describe_optimizer
 from recipes.training import DivergenceError, rng_states, set_rng_states
 
@@ -565,7 +565,7 @@ class LanguageModel(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         spec = hp.get("optimizer")
-        if self._sharded and spec is not None and spec["class_path"] == "torch.optim.Muon":
+        if self._sharded and spec is not None and spec["class_path"] == MUON:
             raise ValueError("--model.optimizer Muon orthogonalises whole weight matrices, and sharded training "
                              "(FSDP) gives each process a shard of each: train with DDP, or with AdamW")
         hidden_matrices = [m.weight for m in self.model.blocks.modules() if isinstance(m, torch.nn.Linear)]  # (Muon's)

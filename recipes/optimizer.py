@@ -32,6 +32,9 @@ from recipes.argtypes import did_you_mean
 ADAMW_BETAS, ADAMW_EPS = (0.9, 0.98), 1e-6
 """The default AdamW's ``betas`` and ``eps`` (``--model.betas``, ``--model.eps``)."""
 
+MUON = "torch.optim.Muon"
+"""Muon's recorded class path: trained as :class:`MuonWithAdamW`."""
+
 OWNED = {"lr": "--model.lr", "weight_decay": "--model.weight_decay", "params": "the model's parameters"}
 """Arguments the zoo passes itself, with where a user sets them."""
 
@@ -206,7 +209,5 @@ def describe(spec: Mapping | None) -> str:
     """``SGD(momentum=0.9)``: the optimiser in one line, for TensorBoard's hyper-parameters."""
     if spec is None:
         return "AdamW"
-    if spec["class_path"] == "torch.optim.Muon":
-        return "Muon with AdamW(" + ", ".join(f"{k}={v!r}" for k, v in spec["init_args"].items()) + ")"
-    args = ", ".join(f"{k}={v!r}" for k, v in spec["init_args"].items())
-    return f"{spec['class_path'].rsplit('.', 1)[-1]}({args})"
+    name = "Muon with AdamW" if spec["class_path"] == MUON else spec["class_path"].rsplit(".", 1)[-1]
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in spec['init_args'].items())})"
