@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 import lightning as L
+from lightning.pytorch.callbacks import BatchSizeFinder, LearningRateFinder
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -259,6 +260,27 @@ def check_run_name(logger) -> None:
                              "must be a relative folder name without '..'")
 
 
+def names_a_learning_rate_finder(trainer_config) -> bool:
+    """Whether the parsed (not yet built) trainer configuration lists Lightning's LearningRateFinder callback."""
+    callbacks = trainer_config.get("callbacks") or []
+    callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+    return any(str(getattr(c, "class_path", "")).endswith(".LearningRateFinder") for c in callbacks)
+
+
+def without_tuners(callbacks: list) -> list:
+    """``callbacks`` less Lightning's tuners, for a resumed fit: they choose what a run starts with, and on a resume
+    Lightning runs them before it restores the optimizer and the step, so they would train a hundred steps more to
+    set a learning rate the restored schedule then overrides (while the checkpoint recorded it)."""
+    tuners = [c for c in callbacks if isinstance(c, (LearningRateFinder, BatchSizeFinder))]
+    if tuners:
+        kept = {LearningRateFinder: "the learning rate its checkpoint records",
+                BatchSizeFinder: "the batch size its configuration gives (--data.init_args.batch_size N keeps the one "
+                                 "the finder chose)"}
+        print(f"note: resuming: {', '.join(type(c).__name__ for c in tuners)} not run again: the run goes on with "
+              f"{' and '.join(dict.fromkeys(kept[type(c)] for c in tuners))}", file=sys.stderr, flush=True)
+    return [c for c in callbacks if c not in tuners]
+
+
 def mixers_help() -> str:
     return (", a mapping letter → {class_path, init_args}; the zoo's components: " + ", ".join(zoo_mixers())
             + " (any nn.Module class taking d_model works)")
@@ -359,14 +381,16 @@ class HybridCLI(LightningCLI):
         check_hyperparameters(hparams, path, [*config.allow_classes, *recipe_classes])
         if hparams.get("mixers"):  # after the check: reading a spec's class imports it
             hparams["mixers"] = upgrade_specs(hparams["mixers"])
-        self._check_flags_agree(path, config.model, hparams)
+        finder = subcommand == "fit" and names_a_learning_rate_finder(config.trainer)
+        self._check_flags_agree(path, config.model, hparams, lr_found=finder)
         if subcommand == "fit" and not getattr(self, "_ckpt_in_run", True):
             say_if_another_model(path, config.model, hparams)
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
-    def _check_flags_agree(self, path, model_config, hparams: dict) -> None:
+    def _check_flags_agree(self, path, model_config, hparams: dict, lr_found: bool = False) -> None:
         """Each ``--model.`` flag against the checkpoint's ``hparams``: one of :data:`OVERRIDABLE` that differs is
-        taken into ``hparams`` with a note; any other that differs is refused."""
+        taken into ``hparams`` with a note; any other that differs is refused. ``lr_found``: the command names a
+        LearningRateFinder, whose rate the checkpoint records in place of the command's ``--model.lr``."""
         conflicts = []
         for key in explicit_model_flags(self._command_line):
             if key.split(".")[0] in HOW_NOT_WHAT:
@@ -379,6 +403,10 @@ class HybridCLI(LightningCLI):
             if key == "optimizer" and given is not None:  # `--model.optimizer SGD` names what the checkpoint records
                 given = recorded_form(plain(given))
             if not differs(given, recorded):
+                continue
+            if key == "lr" and lr_found:
+                print(f"note: --model.lr {plain(given)!r} is the rate the learning-rate finder replaced: the run goes on "
+                      f"at the checkpoint's {recorded!r}, the finder's", file=sys.stderr, flush=True)
                 continue
             if key in OVERRIDABLE:
                 print(f"note: --model.{key} {plain(given)!r} over the checkpoint's {recorded!r} (it changes no weight)",
@@ -464,6 +492,8 @@ class HybridCLI(LightningCLI):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         callbacks = config["trainer"].get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        if self.subcommand == "fit" and config.get("ckpt_path"):
+            callbacks = without_tuners(callbacks)
         callbacks.append(ValidateFinalStep())  # (Lightning runs it before the checkpoint policy, which asks what follows)
         callbacks.append(FitSummaryInWorker())
         if config["trainer"].get("enable_checkpointing") is not False:  # (in validate too: it restores its state)

@@ -209,6 +209,7 @@ class LanguageModel(L.LightningModule):
         self._last_loss: torch.Tensor | None = None
         self._schedule_steps: int | None = None  # the steps the learning-rate schedule spans (configure_optimizers)
         self._resumed_schedule_steps: int | None = None  # those of the run this one resumes, when it recorded them
+        self._schedule_lr: float | None = None  # the peak rate the schedule was built with (configure_optimizers)
         self._step_losses: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (ce, aux) of this step's micro-batches
         self._hidden_states = self.model.hidden_states
         if compile:
@@ -474,7 +475,12 @@ class LanguageModel(L.LightningModule):
             )
 
     def on_fit_start(self) -> None:
-        self.history["started"] = time.perf_counter()
+        # Lightning's tuners (LearningRateFinder, BatchSizeFinder) train and validate before this hook, then restore
+        # the weights: what they recorded is not the run's, and a learning rate they chose is the schedule's peak.
+        self.history.update(val=[], val_acc=[], tokens_per_sec=[], started=time.perf_counter())
+        self._window_started, self._window_tokens = None, 0
+        if self._schedule_lr is not None and self.hparams.lr != self._schedule_lr:
+            self._rescale_schedule(self.hparams.lr)
         # TensorBoard's HPARAMS tab: the run's settings against its final and best validation loss (logged
         # at every validation under these tags; the tab shows their latest values)
         params = {**comparable_hparams(dict(self.hparams)), **{k: v for k, v in self.sizes.items() if v is not None}}
@@ -581,6 +587,7 @@ class LanguageModel(L.LightningModule):
         planned, step = self._resumed_schedule_steps, self.history.get("first_step", 0)
         multiplier = partial(lr_multiplier, schedule=hp.get("schedule", "cosine"), warmup_fraction=hp.warmup_fraction,
                              final_fraction=hp.final_lr_fraction, decay_fraction=hp.get("decay_fraction"))
+        self._schedule_lr = hp.lr
         rate = lambda at, steps: hp.lr * multiplier(at, steps)  # noqa: E731
         if (planned is not None and planned != total and self.trainer.is_global_zero
                 and not math.isclose(rate(step + 1, total), rate(step + 1, planned), rel_tol=0.01)):
@@ -593,6 +600,22 @@ class LanguageModel(L.LightningModule):
                   "new schedule from its weights)", file=sys.stderr)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: multiplier(step, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def _rescale_schedule(self, lr: float) -> None:
+        """Make ``lr`` the schedule's peak rate: set after the optimizer was built (Lightning's LearningRateFinder
+        writes its suggestion into ``hparams.lr`` and the groups' current rate, which the schedule's next step would
+        overwrite with the old peak's, while the checkpoint recorded the new one)."""
+        ratio, old = lr / self._schedule_lr, self._schedule_lr
+        for config in self.trainer.lr_scheduler_configs:
+            schedule = config.scheduler
+            schedule.base_lrs = [base * ratio for base in schedule.base_lrs]
+            for group, base, factor in zip(schedule.optimizer.param_groups, schedule.base_lrs, schedule.lr_lambdas):
+                group["initial_lr"], group["lr"] = base, base * factor(schedule.last_epoch)
+        self._schedule_lr = lr
+        self.save_hyperparameters(dict(self.hparams))  # Lightning logs the initial ones (hparams.yaml) after this hook
+        if self.trainer.is_global_zero:
+            print(f"note: lr {lr:.3g} (the learning-rate finder's) replaces {old:.3g} as the peak of the schedule "
+                  f"({self.hparams.get('schedule', 'cosine')}); the checkpoints record it", file=sys.stderr, flush=True)
 
 
 def _names(names: list[str], limit: int = 8) -> str:

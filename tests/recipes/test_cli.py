@@ -491,12 +491,13 @@ def test_ctrl_c_while_python_m_recipes_imports_is_a_line_and_status_130(tmp_path
     import sys
     import time
 
-    code = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    code = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\nprint('ready', flush=True)\n"
             "import runpy\nsys.argv = ['recipes', 'fit', '--config', 'quickstart.yaml']\n"
             "runpy.run_module('recipes', run_name='__main__', alter_sys=True)\n")
     started = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)  # (Python's own start is far shorter; torch's import alone is longer here)
+    assert started.stdout.readline() == "ready\n"  # (on a loaded machine Python's own start can take a while)
+    time.sleep(0.3)  # into the imports: torch's alone takes longer
     started.send_signal(signal.SIGINT)
     out, err = started.communicate(timeout=120)
     assert started.returncode == 130 and "interrupted (Ctrl+C)" in err and "Traceback" not in err, err

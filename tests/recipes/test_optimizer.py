@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+import yaml
 
 from recipes import LanguageModel
 from recipes.cli import main
@@ -188,3 +189,30 @@ def test_muon_is_refused_under_sharded_training():
     lm._sharded = True  # as configure_model leaves it under FSDP2
     with pytest.raises(ValueError, match="Muon orthogonalises whole weight matrices, and sharded training"):
         lm.configure_optimizers()
+
+
+def test_a_learning_rate_finder_sets_the_peak_of_the_schedule_and_its_steps_stay_out_of_the_run(tmp_path, monkeypatch,
+                                                                                                  capsys):
+    """Lightning's LearningRateFinder writes its suggestion into ``hparams.lr`` and the groups' current rate; the
+    schedule's next step put the old peak back, so the run trained at the recipe's rate while its checkpoints and
+    hparams.yaml said the finder's. Its hundred steps' validations also entered the end-of-fit summary."""
+    monkeypatch.chdir(tmp_path)
+    finder = ["--trainer.callbacks+=LearningRateFinder", "--trainer.callbacks.num_training_steps=20"]
+    cli = main([*TINY, *finder, "--trainer.max_steps", "4"])
+    found = cli.model.hparams.lr
+    assert found != 0.05 and f"note: lr {found:.3g} (the learning-rate finder's)" in capsys.readouterr().err
+    path, checkpoint = last_checkpoint(tmp_path)
+    assert checkpoint["hyper_parameters"]["lr"] == found
+    assert checkpoint["lr_schedulers"][0]["base_lrs"] == [found, found]
+    rate = found * warmup_cosine(4, 4, 0.1, 0.1)  # the schedule after 4 of 4 steps, peaking at the finder's rate
+    assert all(math.isclose(g["lr"], rate, rel_tol=1e-6) for g in checkpoint["optimizer_states"][0]["param_groups"])
+    assert yaml.safe_load((path.parents[1] / "hparams.yaml").read_text())["lr"] == found
+    assert [step for step, _ in cli.model.history["val"]] == [2, 4]  # the run's validations, not the finder's
+
+    main([*TINY, *finder, "--trainer.max_steps", "6", "--ckpt_path", "last"])  # the same command, resumed
+    err = capsys.readouterr().err
+    assert "LearningRateFinder not run again: the run goes on with the learning rate" in err
+    assert "--model.lr 0.05 is the rate the learning-rate finder replaced" in err  # (not refused as a contradiction)
+    _, resumed = last_checkpoint(tmp_path)
+    assert resumed["global_step"] == 6 and resumed["hyper_parameters"]["lr"] == found
+    assert resumed["lr_schedulers"][0]["base_lrs"] == [found, found]
