@@ -129,7 +129,8 @@ def is_option(token: str) -> bool:
 
 
 def flags_of(tokens: list[str]) -> list[str]:
-    return [t.split("=")[0] for t in tokens if is_option(t)]
+    """The options' names, less a value and jsonargparse's append mark (``--trainer.callbacks+=X``)."""
+    return [t.split("=")[0].removesuffix("+") for t in tokens if is_option(t)]
 
 
 def test_the_docs_show_commands_of_every_kind():
