@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.callbacks import BatchSizeFinder
 from torchmetrics.text import Perplexity
 
 from components._checks import check_on_device
@@ -467,6 +468,10 @@ class LanguageModel(L.LightningModule):
                   f"accumulate_grad_batches={accumulate} validation runs every {interval / accumulate:g} steps; "
                   f"--trainer.val_check_interval {interval * accumulate} validates every {interval} steps",
                   file=sys.stderr)
+        if isinstance(trainer.accelerator, CPUAccelerator) and any(isinstance(c, BatchSizeFinder) for c in trainer.callbacks):
+            raise ValueError("BatchSizeFinder doubles the batch until a step runs out of memory, which a GPU reports as "
+                             "an error; on a CPU the operating system swaps or kills the process first: give the "
+                             "batch size (--data.init_args.batch_size N)")
         if self.trainer.precision == "16-true" and isinstance(self.trainer.accelerator, CPUAccelerator):
             raise ValueError(
                 "precision='16-true' on CPU: every weight, activation and optimizer state would be fp16, whose "

@@ -216,3 +216,10 @@ def test_a_learning_rate_finder_sets_the_peak_of_the_schedule_and_its_steps_stay
     _, resumed = last_checkpoint(tmp_path)
     assert resumed["global_step"] == 6 and resumed["hyper_parameters"]["lr"] == found
     assert resumed["lr_schedulers"][0]["base_lrs"] == [found, found]
+
+
+def test_a_batch_size_finder_is_refused_on_a_cpu(tmp_path, monkeypatch):
+    """It doubles the batch until a step fails for memory: on a CPU the process is swapped or killed first."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="BatchSizeFinder doubles the batch .* on a CPU .*--data.init_args.batch_size"):
+        main([*TINY, "--trainer.callbacks+=BatchSizeFinder", "--trainer.max_steps", "2"])
