@@ -27,7 +27,7 @@ from recipes.checkpoints import (CheckpointError, check_hyperparameters, consoli
                                  load_checkpoint, load_weights)
 from recipes.data.corpus import tokenizer_problem
 from recipes.mfu import device_peak_flops, training_flops
-from recipes.optimizer import ADAMW_BETAS, ADAMW_EPS, MUON, build_optimizer, optimizer_spec
+from recipes.optimizer import ADAMW_BETAS, ADAMW_EPS, MUON, build_optimizer, fused_row_blocks, optimizer_spec
 from recipes.optimizer import describe as describe_optimizer
 from recipes.training import DivergenceError, rng_states, set_rng_states
 
@@ -581,7 +581,7 @@ class LanguageModel(L.LightningModule):
                              "(FSDP) gives each process a shard of each: train with DDP, or with AdamW")
         hidden_matrices = [m.weight for m in self.model.blocks.modules() if isinstance(m, torch.nn.Linear)]  # (Muon's)
         optimizer = build_optimizer(spec, self.parameters(), hidden_matrices, lr=hp.lr, weight_decay=hp.weight_decay,
-                                    betas=hp.betas, eps=hp.eps)
+                                    betas=hp.betas, eps=hp.eps, row_blocks=fused_row_blocks(self.model.blocks))
         steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(steps):  # (int(inf) was an OverflowError from here)
             raise ValueError("the learning-rate schedule (warm-up, then the decay to final_lr_fraction) is planned "

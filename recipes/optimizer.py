@@ -18,10 +18,13 @@ it takes the weight of every ``nn.Linear`` inside the blocks, and AdamW (``betas
 head, vectors, and the tensors that are banks or tables rather than one matrix (a MoE's ``[E, d, f]`` experts,
 CDMoE's one-neuron experts and keys, the SSD's convolution) — as one optimiser, :class:`MuonWithAdamW`, on one
 schedule. Its ``adjust_lr_fn`` defaults to ``match_rms_adamw`` (Moonlight's scaling), so one ``lr`` and one
-``weight_decay`` fit both.
+``weight_decay`` fit both. A weight that fuses several projections along its rows (a gated MLP's ``[W | V]``,
+attention's keys and values, the SSD's ``[X | B | C | Δ | z]``: each module's ``fused_row_blocks()``) is updated as
+those projections, each orthogonalised and scaled as the matrix it is, not as one matrix that couples them.
 """
 
 import inspect
+import math
 from collections.abc import Iterable, Mapping, MutableMapping
 
 import torch
@@ -110,12 +113,79 @@ def decay_groups(parameters: list[torch.nn.Parameter], weight_decay: float) -> l
             {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0}]
 
 
+def fused_row_blocks(module: torch.nn.Module) -> list[tuple[torch.nn.Parameter, tuple[int, ...]]]:
+    """``(weight, row counts)`` for each weight under ``module`` that fuses several projections along its rows, as
+    the modules that own them declare (``fused_row_blocks() -> {weight name: row counts}``)."""
+    found = []
+    for owner in module.modules():
+        declared = getattr(owner, "fused_row_blocks", None)
+        for name, rows in (declared() if callable(declared) else {}).items():
+            weight = owner.get_parameter(name)
+            if weight.dim() != 2 or min(rows, default=0) < 1 or sum(rows) != weight.shape[0]:
+                raise ValueError(f"{type(owner).__name__}.fused_row_blocks(): {name} {tuple(weight.shape)} does not "
+                                 f"split along its rows into {tuple(rows)} (positive counts that sum to its rows)")
+            found.append((weight, tuple(rows)))
+    return found
+
+
+def newton_schulz(matrix: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
+                  eps: float) -> torch.Tensor:
+    """``matrix [m, n]`` → a matrix of its shape with its singular vectors and singular values near 1: Muon's quintic
+    Newton–Schulz iteration (Keller Jordan's), in bfloat16, on the wide orientation, as ``torch.optim.Muon`` runs it."""
+    a, b, c = coefficients
+    x = matrix.to(torch.bfloat16, copy=True)  # (a copy: a bf16 momentum buffer is not divided in place)
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T  # [n, m]
+    x.div_(x.norm().clamp(min=eps))  # spectral norm at most 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def muon_lr(lr: float, adjust_lr_fn: str | None, rows: int, columns: int) -> float:
+    """Muon's rate for a ``[rows, columns]`` matrix: ``original`` (None) scales by √max(1, rows/columns),
+    ``match_rms_adamw`` by 0.2·√max(rows, columns) (Moonlight's, so the update has AdamW's RMS)."""
+    if adjust_lr_fn == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(rows, columns))
+    return lr * math.sqrt(max(1.0, rows / columns))
+
+
+@torch.no_grad()
+def muon_step(muon: torch.optim.Optimizer, row_blocks: Mapping[int, tuple[int, ...]]) -> None:
+    """One step of ``torch.optim.Muon``'s update over ``muon``'s groups and state, with each weight whose ``id`` is in
+    ``row_blocks`` taken as the projections it fuses: momentum (and weight decay) over the whole weight, then each
+    projection's rows orthogonalised and scaled as a matrix of their own. A weight not listed is one matrix, which
+    makes this torch's step exactly (tests/recipes/test_optimizer.py)."""
+    for group in muon.param_groups:
+        lr, momentum = group["lr"], group["momentum"]
+        for weight in group["params"]:
+            if weight.grad is None:
+                continue
+            state = muon.state[weight]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(weight.grad, memory_format=torch.preserve_format)
+            buffer = state["momentum_buffer"]
+            buffer.lerp_(weight.grad, 1 - momentum)
+            update = weight.grad.lerp(buffer, momentum) if group["nesterov"] else buffer
+            weight.mul_(1 - lr * group["weight_decay"])
+            start, columns = 0, weight.shape[1]
+            for rows in row_blocks.get(id(weight), (weight.shape[0],)):
+                block = slice(start, start + rows)
+                orthogonal = newton_schulz(update[block], group["ns_coefficients"], group["ns_steps"], group["eps"])
+                weight[block].add_(orthogonal, alpha=-muon_lr(lr, group["adjust_lr_fn"], rows, columns))
+                start += rows
+
+
 def build_optimizer(spec: Mapping | None, parameters: Iterable[torch.nn.Parameter],
                     hidden_matrices: Iterable[torch.nn.Parameter], *, lr: float, weight_decay: float, betas,
-                    eps: float) -> torch.optim.Optimizer:
+                    eps: float, row_blocks: Iterable[tuple[torch.nn.Parameter, tuple[int, ...]]] = ()
+                    ) -> torch.optim.Optimizer:
     """The optimiser over the trainable ``parameters`` in :func:`decay_groups`: AdamW with ``betas`` and ``eps`` for
     ``spec`` None, else the spec's class with its ``init_args``; for Muon, :class:`MuonWithAdamW` with Muon on
-    ``hidden_matrices`` (the blocks' linear weights)."""
+    ``hidden_matrices`` (the blocks' linear weights), the fused ones (``row_blocks``, :func:`fused_row_blocks`)
+    as their projections."""
     trainable = [p for p in parameters if p.requires_grad]
     if spec is None:
         return torch.optim.AdamW(decay_groups(trainable, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
@@ -126,7 +196,7 @@ def build_optimizer(spec: Mapping | None, parameters: Iterable[torch.nn.Paramete
     muon = [p for p in trainable if id(p) in hidden]
     return MuonWithAdamW([{"params": muon, "weight_decay": weight_decay}],
                          decay_groups([p for p in trainable if id(p) not in hidden], weight_decay),
-                         lr=lr, betas=tuple(betas), eps=eps, muon_args=spec["init_args"])
+                         lr=lr, betas=tuple(betas), eps=eps, muon_args=spec["init_args"], row_blocks=row_blocks)
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
@@ -140,12 +210,17 @@ class MuonWithAdamW(torch.optim.Optimizer):
         lr: the learning rate of both. betas, eps: AdamW's.
         muon_args: Muon's other arguments (``momentum``, ``nesterov``, ``ns_steps``…; ``adjust_lr_fn`` defaults to
             ``match_rms_adamw``, under which Muon's update has AdamW's scale).
+        row_blocks: ``(weight, row counts)`` of Muon's weights that fuse several projections along their rows
+            (:func:`fused_row_blocks`): each projection is orthogonalised and scaled as its own matrix
+            (:func:`muon_step`; torch's ``Muon`` holds the groups and the state, in its format).
     """
 
     def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], *, lr: float, betas=ADAMW_BETAS,
-                 eps: float = ADAMW_EPS, muon_args: Mapping | None = None):
+                 eps: float = ADAMW_EPS, muon_args: Mapping | None = None,
+                 row_blocks: Iterable[tuple[torch.nn.Parameter, tuple[int, ...]]] = ()):
         muon_args = {"adjust_lr_fn": "match_rms_adamw", **(muon_args or {})}
         self.muon = torch.optim.Muon(muon_groups, lr=lr, **muon_args)
+        self.row_blocks = {id(weight): tuple(rows) for weight, rows in row_blocks}
         self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, eps=eps)
         super().__init__(self.muon.param_groups + self.adamw.param_groups, {})  # the same group dicts
         self._link()
@@ -160,7 +235,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.muon.step()
+        muon_step(self.muon, self.row_blocks)
         self.adamw.step()
         return loss
 

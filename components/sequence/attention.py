@@ -84,6 +84,11 @@ class QCAttention(nn.Module):
         y = context.attend(self, q, k, v, backend=self.backend)  # [B, T, H, Dh]
         return self.out_proj(y.reshape(B, T, self.n_heads * self.head_dim))  # [B, T, d_model]
 
+    def fused_row_blocks(self) -> dict[str, tuple[int, ...]]:
+        """``kv_proj`` fuses the key and the value projections along its rows, keys first."""
+        width = self.n_kv_heads * self.head_dim
+        return {"kv_proj.weight": (width, width)}
+
     def extra_flops_per_token(self, seq_len: int) -> int:
         """Scores and weighted sum beyond the projections (:mod:`components.flops`)."""
         return attention_flops_per_token(seq_len, self.n_heads, self.head_dim)

@@ -230,6 +230,12 @@ class SSD(nn.Module):
         """The dimension of the rotary table this module reads (None: no RoPE on B and C)."""
         return self.d_state if self.rope else None
 
+    def fused_row_blocks(self) -> dict[str, tuple[int, ...]]:
+        """``in_proj`` fuses five projections along its rows: ``[X | B | C | Δ | z]`` (``z`` with ``gate``)."""
+        G, N = self.n_groups, self.d_state
+        gate = (self.d_inner,) if self.gate_norm is not None else ()
+        return {"in_proj.weight": (self.d_inner, G * N, G * N, self.n_heads, *gate)}
+
     def extra_flops_per_token(self, seq_len: int) -> float:
         """The chunked scan's products beyond the projections and the conv (:mod:`components.flops`), at the chunk
         length it runs with: ``chunk_size`` in the Triton kernel (CUDA), at most ``REFERENCE_CHUNK`` in plain torch."""

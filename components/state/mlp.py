@@ -65,5 +65,10 @@ class MLP(nn.Module):
         h, v = self.in_proj(x).chunk(2, dim=-1)  # 2 × [..., d_ff]
         return self.out_proj(self.act(h) * self.gate(v))
 
+    def fused_row_blocks(self) -> dict[str, tuple[int, ...]]:
+        """The gated form's ``in_proj`` fuses ``W`` and ``V`` along its rows: ``{"in_proj.weight": (d_ff, d_ff)}``
+        (an optimiser that treats each projection as its own matrix, as Muon should, reads it)."""
+        return {"in_proj.weight": (self.d_ff, self.d_ff)} if self.gate is not None else {}
+
     def extra_repr(self) -> str:
         return f"activation={self.activation}, act={self.act_name}, d_ff={self.d_ff}"

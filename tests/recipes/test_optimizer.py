@@ -11,10 +11,11 @@ import pytest
 import torch
 import yaml
 
+from components import MLP, SSD, QCAttention
 from recipes import LanguageModel
 from recipes.cli import main
 from recipes.module import warmup_cosine
-from recipes.optimizer import MuonWithAdamW
+from recipes.optimizer import MuonWithAdamW, fused_row_blocks
 
 TINY = ["fit", "--config", "quickstart.yaml", "--model.d_model", "16", "--model.pattern", "AM", "--model.mixers.A.init_args.n_heads",
         "2", "--data.init_args.seq_len", "16", "--data.init_args.batch_size", "2", "--trainer.limit_val_batches", "2",
@@ -178,6 +179,9 @@ def test_a_recipe_trains_with_muon_on_the_blocks_linear_weights_and_adamw_on_the
     adamw = sum(p.requires_grad for p in cli.model.parameters()) - len(linears)
     assert len(state["adamw"]["state"]) == adamw  # embeddings, head, vectors, expert banks, the convolution
     assert state["muon"]["param_groups"][0]["adjust_lr_fn"] == "match_rms_adamw"
+    fused = {id(weight): rows for weight, rows in fused_row_blocks(cli.model.model.blocks)}
+    assert cli.trainer.optimizers[0].row_blocks == fused  # fused projections stepped as such
+    assert {len(rows) for rows in fused.values()} >= {2, 4}  # the MLP's [W | V] and the SSD's [X | B | C | Δ] among them
     rates = [g["lr"] for half in ("muon", "adamw") for g in state[half]["param_groups"]]
     assert len(set(rates)) == 1 and rates[0] == pytest.approx(cli.model.hparams.lr * warmup_cosine(3, 3, 0.1, 0.1))
     main([*common, "--trainer.max_steps", "5", "--ckpt_path", "last"])
@@ -223,3 +227,82 @@ def test_a_batch_size_finder_is_refused_on_a_cpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match="BatchSizeFinder doubles the batch .* on a CPU .*--data.init_args.batch_size"):
         main([*TINY, "--trainer.callbacks+=BatchSizeFinder", "--trainer.max_steps", "2"])
+
+
+@pytest.mark.parametrize("nesterov, adjust_lr_fn", [(True, "match_rms_adamw"), (False, "original")])
+def test_a_fused_weight_steps_as_the_projections_it_fuses(nesterov, adjust_lr_fn):
+    """Muon on a weight declared as three projections (rows 3, 9 and 2 of 14, the middle one taller than wide) equals
+    torch's Muon on the three matrices held apart: each orthogonalised and scaled as the matrix it is."""
+    torch.manual_seed(0)
+    fused = torch.nn.Parameter(torch.randn(14, 6))
+    apart = [torch.nn.Parameter(block.clone()) for block in fused.detach().split([3, 9, 2])]
+    grads = [torch.randn(14, 6) for _ in range(3)]
+    args = {"momentum": 0.9, "nesterov": nesterov, "adjust_lr_fn": adjust_lr_fn}
+    unused = [{"params": [torch.nn.Parameter(torch.zeros(6))]}]  # (AdamW's half, with no gradient: not stepped)
+    ours = MuonWithAdamW([{"params": [fused], "weight_decay": 0.1}], unused, lr=0.02, muon_args=args,
+                         row_blocks=[(fused, (3, 9, 2))])
+    theirs = torch.optim.Muon([{"params": apart, "weight_decay": 0.1}], lr=0.02, **args)
+    for grad in grads:
+        fused.grad = grad.clone()
+        for block, part in zip(apart, grad.split([3, 9, 2])):
+            block.grad = part.clone()
+        ours.step()
+        theirs.step()
+    torch.testing.assert_close(fused.detach(), torch.cat([block.detach() for block in apart]), rtol=0, atol=0)
+
+
+def mixers_with_fused_weights():
+
+    # (mixer, its declared layout, the blocks whose zeroed rows make its output zero)
+    return [(MLP(32, d_ff=24), {"in_proj.weight": (24, 24)}, {0, 1}),  # act(x W) ⊙ x V
+            (MLP(32, activation="swisig", d_ff=20), {"in_proj.weight": (20, 20)}, {0}),  # act(x W) ⊙ σ(x V)
+            (MLP(32, activation="gelu"), {}, set()),
+            (QCAttention(32, n_heads=4, n_kv_heads=2), {"kv_proj.weight": (16, 16)}, {1}),  # keys, then values
+            # [X | B | C | Δ]: no X, B or C, no output; Δ = softplus(0 + dt_bias) still moves
+            (SSD(32, head_dim=8, d_state=8, n_groups=2, chunk_size=4), {"in_proj.weight": (32, 16, 16, 4)}, {0, 1, 2}),
+            (SSD(32, head_dim=8, d_state=8, chunk_size=4, gate=True), {"in_proj.weight": (32, 8, 8, 4, 32)},
+             {0, 1, 2, 4}),  # [X | B | C | Δ | z]: ... or no gate z
+            # through a convolution with a bias (and D·x), only the gate's zero silences
+            (SSD(32, head_dim=8, d_state=8, chunk_size=4, conv=True, gate=True), {"in_proj.weight": (32, 8, 8, 4, 32)},
+             {4})]
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_each_fused_projection_is_declared_as_the_forward_splits_it(index):
+    """The layout each mixer declares (``fused_row_blocks``) is the one its forward reads: zeroing one declared
+    block's rows silences the output exactly for the blocks the mixer's formula says."""
+    from components.context import Context
+    from components.rotary import RotaryEmbedding
+
+    mixer, expected, silencing = mixers_with_fused_weights()[index]
+    assert mixer.fused_row_blocks() == expected
+    assert [(w.shape, rows) for w, rows in fused_row_blocks(mixer)] == [
+        (mixer.get_parameter(name).shape, rows) for name, rows in expected.items()]
+    if not expected:
+        return
+    ((name, rows),) = expected.items()
+    x = torch.randn(2, 7, 32)
+    context = Context(position_ids=torch.arange(7).expand(2, 7), rotary=RotaryEmbedding(16))
+    weight = mixer.get_parameter(name)
+    starts = [sum(rows[:i]) for i in range(len(rows))]
+    for block, (start, count) in enumerate(zip(starts, rows)):
+        with torch.no_grad():
+            saved = weight[start:start + count].clone()
+            weight[start:start + count] = 0
+            y = mixer(x) if isinstance(mixer, MLP) else mixer(x, context)
+            weight[start:start + count] = saved
+        assert bool(y.abs().max() == 0) == (block in silencing), (block, y.abs().max())
+
+
+def test_a_fused_layout_that_does_not_fit_its_weight_is_refused_by_name():
+    class Mine(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 10, bias=False)
+
+        def fused_row_blocks(self):
+            return {"proj.weight": (4, 4)}
+
+    with pytest.raises(ValueError, match=r"Mine.fused_row_blocks\(\): proj.weight \(10, 4\) does not split along its "
+                                         r"rows into \(4, 4\)"):
+        fused_row_blocks(torch.nn.Sequential(Mine()))
