@@ -10,8 +10,8 @@ then cosine or warm-up-stable-decay). So a recipe names only the class and its o
 
 (``--model.optimizer SGD`` on the command line: a name in ``torch.optim``, or a dotted path to your own class.)
 The learning rate and the weight decay are ``lr`` and ``weight_decay``, never the optimiser's ``init_args``, because
-the schedule and the groups are built from them; ``betas`` and ``eps`` are the default AdamW's, and another class
-takes its own (in ``init_args``, else its defaults). The spec is recorded in the checkpoint as plain values.
+the schedule and the groups are built from them; ``betas`` and ``eps`` are AdamW's (the default, or named), and
+another class takes its own (in ``init_args``, else its defaults). The spec is recorded in the checkpoint as plain values.
 
 ``torch.optim.Muon`` orthogonalises the update of a weight matrix, and is meant for the hidden layers' matrices only:
 it takes the weight of every ``nn.Linear`` inside the blocks, and AdamW (``betas``, ``eps``) the rest — embeddings,
@@ -96,9 +96,13 @@ def optimizer_spec(optimizer: str | Mapping | None, *, weight_decay: float, beta
     if weight_decay > 0 and "weight_decay" not in accepted and not takes_any:
         raise ValueError(f"optimizer {name} takes no weight_decay, and --model.weight_decay is {weight_decay}: "
                          "set --model.weight_decay 0")
-    if betas_or_eps_set and not muon:  # (Muon's AdamW half takes them)
+    adamw = cls is torch.optim.AdamW
+    if betas_or_eps_set and not (muon or adamw):  # (Muon's AdamW half, and AdamW named, take them)
         raise ValueError(f"optimizer {name}: --model.betas and --model.eps are the default AdamW's; give {name}'s own "
                          "in its init_args")
+    if betas_or_eps_set and adamw and {"betas", "eps"} & set(init_args):
+        raise ValueError("optimizer AdamW: betas and eps given twice, by --model.betas/--model.eps and in init_args; "
+                         "give them once")
     check_plain(f"optimizer {name}", init_args, "init_args")
     return spec
 
@@ -190,6 +194,9 @@ def build_optimizer(spec: Mapping | None, parameters: Iterable[torch.nn.Paramete
     if spec is None:
         return torch.optim.AdamW(decay_groups(trainable, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
     cls = optimizer_class(spec["class_path"])
+    if cls is torch.optim.AdamW:  # named, it is the default one: the zoo's betas and eps unless init_args give them
+        return cls(decay_groups(trainable, weight_decay), lr=lr, **{"betas": tuple(betas), "eps": eps,
+                                                                    **spec["init_args"]})
     if not is_muon(cls):
         return cls(decay_groups(trainable, weight_decay), lr=lr, **spec["init_args"])
     hidden = {id(p) for p in hidden_matrices}

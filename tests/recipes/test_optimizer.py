@@ -60,6 +60,31 @@ def test_without_an_optimiser_the_run_trains_with_adamw_and_its_betas(tmp_path, 
     assert all({"exp_avg", "exp_avg_sq"} <= set(s) for s in state["state"].values())
 
 
+def test_adamw_named_is_the_default_adamw_with_the_zoos_betas_and_eps(tmp_path, monkeypatch):
+    """``--model.optimizer AdamW`` (comparing optimisers, say) trained with torch's defaults, betas (0.9, 0.999) and
+    eps 1e-8, where the default AdamW has (0.9, 0.98) and 1e-6: naming it changed it."""
+    from recipes.optimizer import build_optimizer, optimizer_spec
+
+    def groups(optimizer, betas_or_eps_set=False, betas=(0.9, 0.98), eps=1e-6):
+        spec = optimizer_spec(optimizer, weight_decay=0.1, betas_or_eps_set=betas_or_eps_set)
+        built = build_optimizer(spec, torch.nn.Linear(3, 2).parameters(), [], lr=0.01, weight_decay=0.1,
+                                betas=betas, eps=eps)
+        return [(tuple(g["betas"]), g["eps"], g["weight_decay"]) for g in built.param_groups]
+
+    assert groups("AdamW") == groups(None) == [((0.9, 0.98), 1e-6, 0.1), ((0.9, 0.98), 1e-6, 0.0)]
+    assert groups("AdamW", True, (0.8, 0.9), 1e-8)[0] == ((0.8, 0.9), 1e-8, 0.1)  # --model.betas/eps taken
+    assert groups({"class_path": "AdamW", "init_args": {"betas": [0.8, 0.95]}})[0] == ((0.8, 0.95), 1e-6, 0.1)
+    with pytest.raises(ValueError, match="AdamW: betas and eps given twice"):
+        groups({"class_path": "AdamW", "init_args": {"eps": 1e-8}}, True, (0.8, 0.9))
+    monkeypatch.chdir(tmp_path)  # the same run, bit for bit, through the command line
+    main([*TINY, "--trainer.max_steps", "2", "--trainer.logger.init_args.name", "default"])
+    main([*TINY, "--trainer.max_steps", "2", "--trainer.logger.init_args.name", "named", "--model.optimizer", "AdamW"])
+    default, named = (torch.load(next(tmp_path.glob(f"runs/{n}/version_0/checkpoints/last.ckpt")), weights_only=True)
+                      for n in ("default", "named"))
+    for key, value in default["state_dict"].items():
+        assert torch.equal(value, named["state_dict"][key]), key
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--optimizer", "SGD"], "--optimizer is Lightning's, which would drop the zoo's parameter groups"),
     (["--lr_scheduler=StepLR"], "--lr_scheduler is Lightning's"),

@@ -1,0 +1,172 @@
+"""A family of recipes from one, over a grid of settings: a folder that ``python -m recipes.sweep`` runs.
+
+    python -m recipes.sweep.grid quickstart.yaml --vary "model.optimizer=[null, Muon]" "model.lr=[0.002, 0.006, 0.02]" \\
+        --set trainer.max_steps=300 --out grids/optimizers
+    python -m recipes.sweep grids/optimizers --seeds 3 --jobs 2 --vs lr
+
+Each ``--vary KEY=[V1, V2, …]`` (a dotted key of the recipe, its values a YAML list) is one axis; every
+combination of the axes' values is one recipe, the source recipe with those keys set (and the ``--set KEY=VALUE``
+ones, the same in all), written to ``OUT/<name>.yaml``. A name joins one ``<key><value>`` part per axis, in the
+order given (``optimizerMuon_lr0.02``), so the sweep's ``--vs`` of the last axis draws one line per combination of
+the others. Each recipe logs under a TensorBoard name of its own, ``<OUT's folder name>/<name>``, so every variant's
+runs sit apart, and is parsed as ``fit`` will parse it before anything is written: a misspelt key or a value of
+the wrong type is named then, not in every run's log.
+"""
+
+import argparse
+import copy
+import itertools
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import yaml
+
+from recipes.cli import read_config, resolve_config
+
+
+def parse_axis(text: str) -> tuple[str, list]:
+    """``KEY=[V1, V2]`` → ``(KEY, [V1, V2])``, the values read as YAML (numbers, ``null``, names, mappings)."""
+    key, sep, values = text.partition("=")
+    if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
+        raise ValueError(f"--vary {text!r}: write KEY=[V1, V2, ...] with a dotted key of the recipe (model.lr)")
+    parsed = yaml.safe_load(values)
+    if not isinstance(parsed, list) or not parsed:
+        raise ValueError(f"--vary {text!r}: the values are a YAML list of one or more, [V1, V2, ...]")
+    return key, parsed
+
+
+def parse_setting(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` → ``(KEY, VALUE)``, the value read as YAML."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--set {text!r}: write KEY=VALUE")
+    return key, yaml.safe_load(value)
+
+
+def value_label(value) -> str:
+    """A value as a file name's part: numbers as written shortest (``0.002``, ``1e-05``), a class by its own name
+    (``Muon``, ``{class_path: torch.optim.SGD, …}`` → ``SGD``), ``null`` as ``none``."""
+    if isinstance(value, dict) and "class_path" in value:
+        value = value["class_path"]
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    text = str(value).rsplit(".", 1)[-1] if isinstance(value, str) and "." in value and " " not in value else str(value)
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "x"
+
+
+def variant_name(assignment: list[tuple[str, object]]) -> str:
+    return "_".join(f"{key.rsplit('.', 1)[-1]}{value_label(value)}" for key, value in assignment)
+
+
+def set_dotted(tree: dict, key: str, value) -> None:
+    """``tree[a][b][c] = value`` for ``key`` ``a.b.c``, making the mappings on the way."""
+    *path, last = key.split(".")
+    node = tree
+    for part in path:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ValueError(f"{key}: {part!r} holds {child!r} in the recipe, not a mapping whose keys can be set")
+        node = child
+    node[last] = value
+
+
+def grid_recipes(source: str, axes: list[tuple[str, list]], settings: list[tuple[str, object]],
+                 family: str) -> dict[str, dict]:
+    """``{name: recipe}`` for every combination of the axes' values, ``source``'s recipe with them and ``settings``
+    set, each logging to the TensorBoard name ``family/name``."""
+    keys = [key for key, _ in axes]
+    repeated = sorted({key for key in keys if keys.count(key) > 1} | (set(keys) & {key for key, _ in settings}))
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)}: set twice (an axis once, and not also by --set)")
+    base = read_config(source)
+    folder = Path(source).resolve().parent
+    recipes = {}
+    for values in itertools.product(*(values for _, values in axes)):
+        assignment = list(zip(keys, values))
+        name = variant_name(assignment)
+        if name in recipes:
+            raise ValueError(f"two combinations are both named {name!r}: give values that read apart in a file name")
+        recipe = copy.deepcopy(base)
+        for key, value in [*settings, *assignment]:
+            set_dotted(recipe, key, value)
+        init_from = (recipe.get("model") or {}).get("init_from")
+        if isinstance(init_from, str) and not Path(init_from).is_absolute():  # relative to the source recipe
+            recipe["model"]["init_from"] = str(folder / init_from)
+        logger = (recipe.get("trainer") or {}).get("logger")
+        if isinstance(logger, dict) and str(logger.get("class_path", "")).endswith("TensorBoardLogger"):
+            logger.setdefault("init_args", {})["name"] = f"{family}/{name}"
+        recipes[name] = recipe
+    return recipes
+
+
+def check_parses(path: Path) -> None:
+    """``path`` parsed as the sweep's ``python -m recipes fit --config path`` parses it (nothing built)."""
+    from recipes.cli import main
+
+    try:
+        with warnings.catch_warnings():  # Lightning's note that sys.argv (the grid's own) is not what it parses
+            warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python")
+            main(["--config", str(path)], run=False, parse_only=True)
+    except SystemExit as stop:  # the CLI's own one-line error
+        raise ValueError(f"{path.name}: {str(stop.code).removeprefix('error: ')}") from None
+
+
+def write_grid(source: str, axes: list[tuple[str, list]], settings: list[tuple[str, object]], out: Path,
+               command: str) -> list[Path]:
+    """Write the grid's recipes into ``out`` (refusing to replace a recipe there), each checked to parse."""
+    recipes = grid_recipes(source, axes, settings, out.name)
+    existing = sorted(name for name in recipes if (out / f"{name}.yaml").exists())
+    if existing:
+        raise ValueError(f"{out} already holds {', '.join(f'{n}.yaml' for n in existing)}: choose another --out, or "
+                         "remove them")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    try:
+        for name, recipe in recipes.items():
+            path = out / f"{name}.yaml"
+            path.write_text(f"# {name}: a variant of {source}\n# written by: {command}\n"
+                            + yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True))
+            written.append(path)
+            check_parses(path)
+    except Exception:
+        for path in written:  # a grid that does not parse leaves nothing behind
+            path.unlink()
+        raise
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m recipes.sweep.grid", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe", help="the recipe the grid varies: a path, or a bundled name such as quickstart.yaml")
+    parser.add_argument("--vary", nargs="+", action="extend", required=True, metavar="KEY=[V1,V2]",
+                        help="one axis of the grid: a dotted key of the recipe and a YAML list of its values")
+    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                        help="a setting the same in every recipe of the grid")
+    parser.add_argument("--out", required=True, help="the folder the recipes are written to (the sweep's FAMILY)")
+    args = parser.parse_args(argv)
+    command = "python -m recipes.sweep.grid " + " ".join(sys.argv[1:] if argv is None else argv)
+    try:
+        source = resolve_config(args.recipe)
+        axes = [parse_axis(text) for text in args.vary]
+        settings = [parse_setting(text) for text in args.set]
+        written = write_grid(source, axes, settings, Path(args.out), command)
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"error: {error}")
+    print(f"{len(written)} recipes in {args.out}/: {', '.join(p.stem for p in written)}")
+    last, values = axes[-1]
+    plotted = last.startswith("model.") and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    print(f"run them: python -m recipes.sweep {args.out} --seeds 3 --jobs 2"
+          + (f" --vs {last.removeprefix('model.')}" if plotted else ""))
+
+
+if __name__ == "__main__":
+    main()
