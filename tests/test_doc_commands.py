@@ -220,10 +220,13 @@ def configs_of(tokens: list[str]) -> list[str]:
 
 def test_every_sweep_family_and_recipe_name_in_the_docs_exists():
     bundled = set(bundled_configs())
-    wrong = []
+    # a family the docs first write with recipes.sweep.grid (whose recipe must be bundled)
+    written = {out for _, tokens in COMMANDS if tokens[0] == "recipes.sweep.grid" for out in values_of(tokens, "--out")}
+    wrong = [f"{where}: python -m {' '.join(tokens)}  (no bundled recipe {tokens[1]})" for where, tokens in COMMANDS
+             if tokens[0] == "recipes.sweep.grid" and len(tokens) > 1 and tokens[1] not in bundled]
     for where, tokens in COMMANDS:
         if tokens[0] == "recipes.sweep" and len(tokens) > 1 and not tokens[1].startswith("-") \
-                and not placeholder(tokens[1]):
+                and not placeholder(tokens[1]) and tokens[1] not in written:
             try:
                 names = {f.stem for f in recipe_files(tokens[1])}
             except FileNotFoundError as error:

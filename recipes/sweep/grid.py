@@ -1,8 +1,7 @@
 """A family of recipes from one, over a grid of settings: a folder that ``python -m recipes.sweep`` runs.
 
-    python -m recipes.sweep.grid quickstart.yaml --vary "model.optimizer=[null, Muon]" "model.lr=[0.002, 0.006, 0.02]" \\
-        --set trainer.max_steps=300 --out grids/optimizers
-    python -m recipes.sweep grids/optimizers --seeds 3 --jobs 2 --vs lr
+    python -m recipes.sweep.grid quickstart.yaml --vary "model.optimizer=[AdamW, Muon]" "model.lr=[0.002, 0.02]" --out grids/opt
+    python -m recipes.sweep grids/opt --seeds 3 --jobs 2 --vs lr
 
 Each ``--vary KEY=[V1, V2, …]`` (a dotted key of the recipe, its values a YAML list) is one axis; every
 combination of the axes' values is one recipe, the source recipe with those keys set (and the ``--set KEY=VALUE``
@@ -17,6 +16,7 @@ import argparse
 import copy
 import itertools
 import re
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -127,6 +127,7 @@ def write_grid(source: str, axes: list[tuple[str, list]], settings: list[tuple[s
     if existing:
         raise ValueError(f"{out} already holds {', '.join(f'{n}.yaml' for n in existing)}: choose another --out, or "
                          "remove them")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     written = []
     try:
@@ -139,7 +140,12 @@ def write_grid(source: str, axes: list[tuple[str, list]], settings: list[tuple[s
     except Exception:
         for path in written:  # a grid that does not parse leaves nothing behind
             path.unlink()
+        if created:
+            out.rmdir()
         raise
+    others = sorted(p.stem for p in out.glob("*.yaml") if p not in written)
+    if others:  # (a point added to a grid; or two grids mixed)
+        print(f"note: {out} also holds {', '.join(others)}: python -m recipes.sweep {out} runs them too", file=sys.stderr)
     return written
 
 
@@ -153,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="a setting the same in every recipe of the grid")
     parser.add_argument("--out", required=True, help="the folder the recipes are written to (the sweep's FAMILY)")
     args = parser.parse_args(argv)
-    command = "python -m recipes.sweep.grid " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m recipes.sweep.grid " + shlex.join(sys.argv[1:] if argv is None else argv)
     try:
         source = resolve_config(args.recipe)
         axes = [parse_axis(text) for text in args.vary]

@@ -1,0 +1,83 @@
+"""``python -m recipes.sweep.grid``: one recipe over a grid of settings, written as a family the sweep runs."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recipes.sweep.grid import main
+from recipes.sweep.launch import recipe_files
+
+
+def grid(tmp_path, *args):
+    main(["quickstart.yaml", *args, "--out", str(tmp_path / "grid")])
+    return {path.stem: yaml.safe_load(path.read_text()) for path in recipe_files(str(tmp_path / "grid"))}
+
+
+def test_every_combination_is_a_recipe_named_by_its_values_each_logging_apart(tmp_path):
+    recipes = grid(tmp_path, "--vary", "model.optimizer=[AdamW, {class_path: torch.optim.SGD, init_args: {momentum: 0.9}}]",
+                   "model.lr=[0.002, 1.0e-2]", "--set", "trainer.max_steps=300", "model.mixers.A.init_args.n_heads=2")
+    assert sorted(recipes) == ["optimizerAdamW_lr0.002", "optimizerAdamW_lr0.01", "optimizerSGD_lr0.002",
+                               "optimizerSGD_lr0.01"]
+    sgd = recipes["optimizerSGD_lr0.01"]
+    assert sgd["model"]["optimizer"] == {"class_path": "torch.optim.SGD", "init_args": {"momentum": 0.9}}
+    assert sgd["model"]["lr"] == 0.01 and sgd["trainer"]["max_steps"] == 300
+    assert sgd["model"]["mixers"]["A"] == {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}
+    assert sgd["model"]["pattern"] == "AM×4" and sgd["model"]["d_model"] == 128  # the rest as the recipe has it
+    names = {r["trainer"]["logger"]["init_args"]["name"] for r in recipes.values()}
+    assert names == {f"grid/{name}" for name in recipes}  # one TensorBoard name each: their runs never mix
+    text = (tmp_path / "grid" / "optimizerSGD_lr0.01.yaml").read_text()
+    assert text.splitlines()[1].startswith("# written by: python -m recipes.sweep.grid quickstart.yaml --vary "
+                                           "'model.optimizer=[AdamW, {class_path")
+    # the sweep's --vs lr draws one line per recipe name less its last part: one per optimiser
+    assert {name.rsplit("_", 1)[0] for name in recipes} == {"optimizerAdamW", "optimizerSGD"}
+
+
+def test_the_printed_sweep_command_plots_a_numeric_last_axis_only(tmp_path, capsys):
+    grid(tmp_path, "--vary", "model.lr=[0.002, 0.006]")
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"python -m recipes.sweep {tmp_path / 'grid'} --seeds 3 "
+                                                             "--jobs 2 --vs lr")
+    main(["quickstart.yaml", "--vary", "model.optimizer=[AdamW, Muon]", "--out", str(tmp_path / "other")])
+    assert capsys.readouterr().out.splitlines()[-1].endswith("--jobs 2")
+
+
+def test_a_relative_init_from_stays_the_source_recipes(tmp_path):
+    (tmp_path / "src").mkdir()
+    source = tmp_path / "src" / "tune.yaml"
+    recipe = yaml.safe_load((Path(__file__).parents[2] / "recipes/configs/quickstart.yaml").read_text())
+    recipe["model"]["init_from"] = "weights/pre.ckpt"
+    source.write_text(yaml.safe_dump(recipe))
+    from recipes.sweep.grid import grid_recipes
+
+    (only,) = grid_recipes(str(source), [("model.lr", [0.001])], [], "g").values()
+    assert only["model"]["init_from"] == str(tmp_path / "src" / "weights" / "pre.ckpt")
+
+
+@pytest.mark.parametrize("vary, expected", [
+    ("model.lrr=[0.002]", r"lrr0.002.yaml: Group 'model' does not accept option 'lrr' \(did you mean lr\?\)"),
+    ("model.lr=0.002", r"the values are a YAML list of one or more"),
+    ("model.lr=[]", r"the values are a YAML list of one or more"),
+    ("model lr=[1]", r"write KEY=\[V1, V2, ...\] with a dotted key"),
+    ("model.lr=[0.1, 0.10]", r"two combinations are both named 'lr0.1'"),
+    ("model.d_model.width=[1]", r"model.d_model.width: 'd_model' holds 128 in the recipe, not a mapping"),
+    ("data.init_args.batch_size=[two]", r"batch_size"),
+])
+def test_a_grid_that_cannot_be_written_is_refused_by_name_and_leaves_nothing(tmp_path, vary, expected):
+    with pytest.raises(SystemExit) as stop:
+        main(["quickstart.yaml", "--vary", vary, "--out", str(tmp_path / "grid")])
+    assert str(stop.value.code).startswith("error: ")
+    assert re.search(expected, str(stop.value.code)), stop.value.code
+    assert not (tmp_path / "grid").exists()
+
+
+def test_a_key_set_twice_and_a_recipe_already_there_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="model.lr: set twice"):
+        main(["quickstart.yaml", "--vary", "model.lr=[1]", "--set", "model.lr=2", "--out", str(tmp_path / "g")])
+    main(["quickstart.yaml", "--vary", "model.lr=[0.002]", "--out", str(tmp_path / "g")])
+    before = (tmp_path / "g" / "lr0.002.yaml").read_text()
+    with pytest.raises(SystemExit, match=r"already holds lr0.002.yaml: choose another --out"):
+        main(["quickstart.yaml", "--vary", "model.lr=[0.002, 0.02]", "--out", str(tmp_path / "g")])
+    assert (tmp_path / "g" / "lr0.002.yaml").read_text() == before and not (tmp_path / "g" / "lr0.02.yaml").exists()
+    main(["quickstart.yaml", "--vary", "model.lr=[0.05]", "--out", str(tmp_path / "g")])  # a point added to the grid
+    assert f"note: {tmp_path / 'g'} also holds lr0.002: python -m recipes.sweep" in capsys.readouterr().err
