@@ -405,8 +405,8 @@ class HybridCLI(LightningCLI):
             if not differs(given, recorded):
                 continue
             if key == "lr" and lr_found:
-                print(f"note: --model.lr {plain(given)!r} is the rate the learning-rate finder replaced: the run goes on "
-                      f"at the checkpoint's {recorded!r}, the finder's", file=sys.stderr, flush=True)
+                print(f"note: --model.lr {plain(given)!r} is the rate the learning-rate finder replaced: the run goes "
+                      f"on at the checkpoint's {recorded!r}, the finder's", file=sys.stderr, flush=True)
                 continue
             if key in OVERRIDABLE:
                 print(f"note: --model.{key} {plain(given)!r} over the checkpoint's {recorded!r} (it changes no weight)",

@@ -468,9 +468,10 @@ class LanguageModel(L.LightningModule):
                   f"accumulate_grad_batches={accumulate} validation runs every {interval / accumulate:g} steps; "
                   f"--trainer.val_check_interval {interval * accumulate} validates every {interval} steps",
                   file=sys.stderr)
-        if isinstance(trainer.accelerator, CPUAccelerator) and any(isinstance(c, BatchSizeFinder) for c in trainer.callbacks):
-            raise ValueError("BatchSizeFinder doubles the batch until a step runs out of memory, which a GPU reports as "
-                             "an error; on a CPU the operating system swaps or kills the process first: give the "
+        finder = any(isinstance(c, BatchSizeFinder) for c in trainer.callbacks)
+        if finder and isinstance(trainer.accelerator, CPUAccelerator):
+            raise ValueError("BatchSizeFinder doubles the batch until a step runs out of memory, which a GPU reports "
+                             "as an error; on a CPU the operating system swaps or kills the process first: give the "
                              "batch size (--data.init_args.batch_size N)")
         if self.trainer.precision == "16-true" and isinstance(self.trainer.accelerator, CPUAccelerator):
             raise ValueError(

@@ -11,7 +11,8 @@ then cosine or warm-up-stable-decay). So a recipe names only the class and its o
 (``--model.optimizer SGD`` on the command line: a name in ``torch.optim``, or a dotted path to your own class.)
 The learning rate and the weight decay are ``lr`` and ``weight_decay``, never the optimiser's ``init_args``, because
 the schedule and the groups are built from them; ``betas`` and ``eps`` are AdamW's (the default, or named), and
-another class takes its own (in ``init_args``, else its defaults). The spec is recorded in the checkpoint as plain values.
+another class takes its own (in ``init_args``, else its defaults). The spec is recorded in the checkpoint as plain
+values.
 
 ``torch.optim.Muon`` orthogonalises the update of a weight matrix, and is meant for the hidden layers' matrices only:
 it takes the weight of every ``nn.Linear`` inside the blocks, and AdamW (``betas``, ``eps``) the rest — embeddings,
@@ -135,7 +136,8 @@ def fused_row_blocks(module: torch.nn.Module) -> list[tuple[torch.nn.Parameter, 
 def newton_schulz(matrix: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
                   eps: float) -> torch.Tensor:
     """``matrix [m, n]`` → a matrix of its shape with its singular vectors and singular values near 1: Muon's quintic
-    Newton–Schulz iteration (Keller Jordan's), in bfloat16, on the wide orientation, as ``torch.optim.Muon`` runs it."""
+    Newton–Schulz iteration (Keller Jordan's), in bfloat16, on the wide orientation, as ``torch.optim.Muon`` runs
+    it."""
     a, b, c = coefficients
     x = matrix.to(torch.bfloat16, copy=True)  # (a copy: a bf16 momentum buffer is not divided in place)
     tall = x.shape[0] > x.shape[1]

@@ -1,7 +1,7 @@
 """A family of recipes from one, over a grid of settings: a folder that ``python -m recipes.sweep`` runs.
 
-    python -m recipes.sweep.grid quickstart.yaml --vary "model.optimizer=[AdamW, Muon]" "model.lr=[0.002, 0.02]" --out grids/opt
-    python -m recipes.sweep grids/opt --seeds 3 --jobs 2 --vs lr
+    python -m recipes.sweep.grid quickstart.yaml --vary "model.optimizer=[AdamW, Muon]" "model.lr=[0.002, 0.02]" --out g
+    python -m recipes.sweep g --seeds 3 --jobs 2 --vs lr
 
 Each ``--vary KEY=[V1, V2, …]`` (a dotted key of the recipe, its values a YAML list) is one axis; every
 combination of the axes' values is one recipe, the source recipe with those keys set (and the ``--set KEY=VALUE``
@@ -145,7 +145,8 @@ def write_grid(source: str, axes: list[tuple[str, list]], settings: list[tuple[s
         raise
     others = sorted(p.stem for p in out.glob("*.yaml") if p not in written)
     if others:  # (a point added to a grid; or two grids mixed)
-        print(f"note: {out} also holds {', '.join(others)}: python -m recipes.sweep {out} runs them too", file=sys.stderr)
+        print(f"note: {out} also holds {', '.join(others)}: python -m recipes.sweep {out} runs them too",
+              file=sys.stderr)
     return written
 
 

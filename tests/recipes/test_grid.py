@@ -16,8 +16,9 @@ def grid(tmp_path, *args):
 
 
 def test_every_combination_is_a_recipe_named_by_its_values_each_logging_apart(tmp_path):
-    recipes = grid(tmp_path, "--vary", "model.optimizer=[AdamW, {class_path: torch.optim.SGD, init_args: {momentum: 0.9}}]",
-                   "model.lr=[0.002, 1.0e-2]", "--set", "trainer.max_steps=300", "model.mixers.A.init_args.n_heads=2")
+    sgd_spec = "{class_path: torch.optim.SGD, init_args: {momentum: 0.9}}"
+    recipes = grid(tmp_path, "--vary", f"model.optimizer=[AdamW, {sgd_spec}]", "model.lr=[0.002, 1.0e-2]",
+                   "--set", "trainer.max_steps=300", "model.mixers.A.init_args.n_heads=2")
     assert sorted(recipes) == ["optimizerAdamW_lr0.002", "optimizerAdamW_lr0.01", "optimizerSGD_lr0.002",
                                "optimizerSGD_lr0.01"]
     sgd = recipes["optimizerSGD_lr0.01"]

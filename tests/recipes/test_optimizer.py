@@ -206,7 +206,7 @@ def test_a_recipe_trains_with_muon_on_the_blocks_linear_weights_and_adamw_on_the
     assert state["muon"]["param_groups"][0]["adjust_lr_fn"] == "match_rms_adamw"
     fused = {id(weight): rows for weight, rows in fused_row_blocks(cli.model.model.blocks)}
     assert cli.trainer.optimizers[0].row_blocks == fused  # fused projections stepped as such
-    assert {len(rows) for rows in fused.values()} >= {2, 4}  # the MLP's [W | V] and the SSD's [X | B | C | Δ] among them
+    assert {len(rows) for rows in fused.values()} >= {2, 4}  # the MLP's [W | V], the SSD's [X | B | C | Δ] among them
     rates = [g["lr"] for half in ("muon", "adamw") for g in state[half]["param_groups"]]
     assert len(set(rates)) == 1 and rates[0] == pytest.approx(cli.model.hparams.lr * warmup_cosine(3, 3, 0.1, 0.1))
     main([*common, "--trainer.max_steps", "5", "--ckpt_path", "last"])
