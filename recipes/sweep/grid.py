@@ -34,7 +34,14 @@ def parse_axis(text: str) -> tuple[str, list]:
     parsed = yaml.safe_load(values)
     if not isinstance(parsed, list) or not parsed:
         raise ValueError(f"--vary {text!r}: the values are a YAML list of one or more, [V1, V2, ...]")
-    return key, parsed
+    return key, [yaml_number(value) for value in parsed]
+
+
+def yaml_number(value):
+    """``1e-3`` as the number it means: YAML 1.1 (PyYAML's) reads an exponent without a dot as a string."""
+    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value):
+        return float(value)
+    return value
 
 
 def parse_setting(text: str) -> tuple[str, object]:
@@ -42,12 +49,12 @@ def parse_setting(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise ValueError(f"--set {text!r}: write KEY=VALUE")
-    return key, yaml.safe_load(value)
+    return key, yaml_number(yaml.safe_load(value))
 
 
 def value_label(value) -> str:
     """A value as a file name's part: numbers as written shortest (``0.002``, ``1e-05``), a class by its own name
-    (``Muon``, ``{class_path: torch.optim.SGD, …}`` → ``SGD``), ``null`` as ``none``."""
+    (``Muon``, ``{class_path: torch.optim.SGD, …}`` → ``SGD``), a path by its file's stem, ``null`` as ``none``."""
     if isinstance(value, dict) and "class_path" in value:
         value = value["class_path"]
     if value is None:
@@ -56,7 +63,11 @@ def value_label(value) -> str:
         return str(value).lower()
     if isinstance(value, float):
         return f"{value:g}"
-    text = str(value).rsplit(".", 1)[-1] if isinstance(value, str) and "." in value and " " not in value else str(value)
+    text = str(value)
+    if isinstance(value, str) and "/" in value:  # a path: its file's stem
+        text = Path(value).stem
+    elif isinstance(value, str) and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", value):  # a dotted class path
+        text = value.rsplit(".", 1)[-1]
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "x"
 
 

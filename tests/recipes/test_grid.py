@@ -36,7 +36,8 @@ def test_every_combination_is_a_recipe_named_by_its_values_each_logging_apart(tm
 
 
 def test_the_printed_sweep_command_plots_a_numeric_last_axis_only(tmp_path, capsys):
-    grid(tmp_path, "--vary", "model.lr=[0.002, 0.006]")
+    recipes = grid(tmp_path, "--vary", "model.lr=[2e-3, 0.006]")  # (2e-3: a string to YAML 1.1, a number here)
+    assert sorted(r["model"]["lr"] for r in recipes.values()) == [0.002, 0.006] and "lr0.002" in recipes
     assert capsys.readouterr().out.splitlines()[-1].endswith(f"python -m recipes.sweep {tmp_path / 'grid'} --seeds 3 "
                                                              "--jobs 2 --vs lr")
     main(["quickstart.yaml", "--vary", "model.optimizer=[AdamW, Muon]", "--out", str(tmp_path / "other")])
@@ -82,3 +83,11 @@ def test_a_key_set_twice_and_a_recipe_already_there_are_refused(tmp_path, capsys
     assert (tmp_path / "g" / "lr0.002.yaml").read_text() == before and not (tmp_path / "g" / "lr0.02.yaml").exists()
     main(["quickstart.yaml", "--vary", "model.lr=[0.05]", "--out", str(tmp_path / "g")])  # a point added to the grid
     assert f"note: {tmp_path / 'g'} also holds lr0.002: python -m recipes.sweep" in capsys.readouterr().err
+
+
+def test_a_value_reads_as_a_file_name_part():
+    from recipes.sweep.grid import value_label
+
+    assert [value_label(v) for v in (0.002, 1.0e-5, 3, None, True, "Muon", "torch.optim.SGD", "data/en/train.jsonl",
+                                     "AM×4", "SM AM", {"class_path": "components.SSD", "init_args": {}}, "1.5")] == [
+        "0.002", "1e-05", "3", "none", "true", "Muon", "SGD", "train", "AM-4", "SM-AM", "SSD", "1.5"]
