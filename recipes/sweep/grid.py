@@ -6,7 +6,7 @@
 Each ``--vary KEY=[V1, V2, …]`` (a dotted key of the recipe, its values a YAML list) is one axis; every
 combination of the axes' values is one recipe, the source recipe with those keys set (and the ``--set KEY=VALUE``
 ones, the same in all), written to ``OUT/<name>.yaml``. A name joins one ``<key><value>`` part per axis, in the
-order given (``optimizerMuon_lr0.02``), so the sweep's ``--vs`` of the last axis draws one line per combination of
+order given (``optimizer-Muon_lr0.02``), so the sweep's ``--vs`` of the last axis draws one line per combination of
 the others. Each recipe logs under a TensorBoard name of its own, ``<OUT's folder name>/<name>``, so every variant's
 runs sit apart, and is parsed as ``fit`` will parse it before anything is written: a misspelt key or a value of
 the wrong type is named then, not in every run's log.
@@ -72,7 +72,14 @@ def value_label(value) -> str:
 
 
 def variant_name(assignment: list[tuple[str, object]]) -> str:
-    return "_".join(f"{key.rsplit('.', 1)[-1]}{value_label(value)}" for key, value in assignment)
+    """One ``<key><value>`` part per axis, joined by ``_``: ``lr0.02``, a dash before a value that is not a number
+    (``optimizer-Muon``, ``S-SSD`` rather than ``SSSD``), a key's underscores dropped (``warmupfraction0.1``)."""
+    parts = []
+    for key, value in assignment:
+        label = value_label(value)
+        name = key.rsplit(".", 1)[-1].replace("_", "")  # (an underscore would split the part: --vs reads up to one)
+        parts.append(name + ("" if re.match(r"[-+.]?\d", label) else "-") + label)
+    return "_".join(parts)
 
 
 def set_dotted(tree: dict, key: str, value) -> None:

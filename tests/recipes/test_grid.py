@@ -19,20 +19,20 @@ def test_every_combination_is_a_recipe_named_by_its_values_each_logging_apart(tm
     sgd_spec = "{class_path: torch.optim.SGD, init_args: {momentum: 0.9}}"
     recipes = grid(tmp_path, "--vary", f"model.optimizer=[AdamW, {sgd_spec}]", "model.lr=[0.002, 1.0e-2]",
                    "--set", "trainer.max_steps=300", "model.mixers.A.init_args.n_heads=2")
-    assert sorted(recipes) == ["optimizerAdamW_lr0.002", "optimizerAdamW_lr0.01", "optimizerSGD_lr0.002",
-                               "optimizerSGD_lr0.01"]
-    sgd = recipes["optimizerSGD_lr0.01"]
+    assert sorted(recipes) == ["optimizer-AdamW_lr0.002", "optimizer-AdamW_lr0.01", "optimizer-SGD_lr0.002",
+                               "optimizer-SGD_lr0.01"]
+    sgd = recipes["optimizer-SGD_lr0.01"]
     assert sgd["model"]["optimizer"] == {"class_path": "torch.optim.SGD", "init_args": {"momentum": 0.9}}
     assert sgd["model"]["lr"] == 0.01 and sgd["trainer"]["max_steps"] == 300
     assert sgd["model"]["mixers"]["A"] == {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}
     assert sgd["model"]["pattern"] == "AM×4" and sgd["model"]["d_model"] == 128  # the rest as the recipe has it
     names = {r["trainer"]["logger"]["init_args"]["name"] for r in recipes.values()}
     assert names == {f"grid/{name}" for name in recipes}  # one TensorBoard name each: their runs never mix
-    text = (tmp_path / "grid" / "optimizerSGD_lr0.01.yaml").read_text()
+    text = (tmp_path / "grid" / "optimizer-SGD_lr0.01.yaml").read_text()
     assert text.splitlines()[1].startswith("# written by: python -m recipes.sweep.grid quickstart.yaml --vary "
                                            "'model.optimizer=[AdamW, {class_path")
     # the sweep's --vs lr draws one line per recipe name less its last part: one per optimiser
-    assert {name.rsplit("_", 1)[0] for name in recipes} == {"optimizerAdamW", "optimizerSGD"}
+    assert {name.rsplit("_", 1)[0] for name in recipes} == {"optimizer-AdamW", "optimizer-SGD"}
 
 
 def test_the_printed_sweep_command_plots_a_numeric_last_axis_only(tmp_path, capsys):
@@ -86,7 +86,10 @@ def test_a_key_set_twice_and_a_recipe_already_there_are_refused(tmp_path, capsys
 
 
 def test_a_value_reads_as_a_file_name_part():
-    from recipes.sweep.grid import value_label
+    from recipes.sweep.grid import value_label, variant_name
+
+    assert variant_name([("model.mixers.S", {"class_path": "components.SSD"}), ("model.lr", 0.02),
+                         ("model.init_std", -1e-3)]) == "S-SSD_lr0.02_initstd-0.001"
 
     assert [value_label(v) for v in (0.002, 1.0e-5, 3, None, True, "Muon", "torch.optim.SGD", "data/en/train.jsonl",
                                      "AM×4", "SM AM", {"class_path": "components.SSD", "init_args": {}}, "1.5")] == [
