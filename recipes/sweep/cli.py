@@ -81,6 +81,29 @@ def check_vs_key(key: str) -> None:
         sys.exit(f"error: --vs {key}: not a hyper-parameter a run records; {hint}")
 
 
+def note_erased_differences(configs: list[Path], settings: list[str]) -> None:
+    """Say when a ``--set KEY=VALUE`` replaces a setting the family's recipes differ in (a grid's axis, say): every
+    run then takes the one value, and the comparison the family was written for is gone from the table."""
+    from recipes.cli import read_config
+
+    recipes = {config.stem: read_config(str(config)) for config in configs}
+    for item in settings:
+        key, value = item.split("=", 1)
+        found = {}
+        for name, recipe in recipes.items():
+            node = recipe
+            for part in key.split("."):
+                node = node.get(part, MISSING) if isinstance(node, dict) else MISSING
+            found[name] = "(not set)" if node is MISSING else node
+        if len({repr(v) for v in found.values()}) > 1:
+            shown = ", ".join(f"{name}: {v}" for name, v in list(found.items())[:4]) + (" …" if len(found) > 4 else "")
+            print(f"note: --set {item} replaces a setting the recipes differ in ({shown}): every run takes {value}, "
+                  "so the runs no longer differ in it", file=sys.stderr)
+
+
+MISSING = object()
+
+
 def check_recipes(configs: list[Path], overrides: list[str], settings: list[str]) -> None:
     """Each recipe with the overrides (``--set`` ``settings``, as flags) parsed as its run will parse it, before any
     run starts: a misspelt key or a value of the wrong type failed every run of the sweep, each named only in its
@@ -277,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if not args.table_only:
         check_recipes(configs, overrides, args.set)
+        note_erased_differences(configs, args.set)
 
     family = Path(args.folder).name
     if args.table_only:

@@ -94,3 +94,18 @@ def test_a_value_reads_as_a_file_name_part():
     assert [value_label(v) for v in (0.002, 1.0e-5, 3, None, True, "Muon", "torch.optim.SGD", "data/en/train.jsonl",
                                      "AM×4", "SM AM", {"class_path": "components.SSD", "init_args": {}}, "1.5")] == [
         "0.002", "1e-05", "3", "none", "true", "Muon", "SGD", "train", "AM-4", "SM-AM", "SSD", "1.5"]
+
+
+def test_a_sweeps_set_that_erases_the_grid_is_said(tmp_path, capsys):
+    """``python -m recipes.sweep FAMILY --set model.lr=0.01`` over a grid of rates ran every recipe at 0.01: the
+    table then compares nothing, without a word."""
+    from recipes.sweep.cli import note_erased_differences
+
+    grid(tmp_path, "--vary", "model.lr=[0.002, 0.02]", "--set", "trainer.max_steps=300")
+    recipes = recipe_files(str(tmp_path / "grid"))
+    capsys.readouterr()
+    note_erased_differences(recipes, ["trainer.max_steps=50", "model.init_std=0.02"])  # the same in all: quiet
+    assert capsys.readouterr().err == ""
+    note_erased_differences(recipes, ["model.lr=0.01"])
+    assert capsys.readouterr().err == ("note: --set model.lr=0.01 replaces a setting the recipes differ in (lr0.002: "
+                                       "0.002, lr0.02: 0.02): every run takes 0.01, so the runs no longer differ in it\n")
