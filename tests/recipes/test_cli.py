@@ -247,6 +247,11 @@ def test_the_fit_summary_says_when_no_validation_ran():
     assert "val/acc    last 0.2500 (step 5)   best 0.5000 (step 3)" in fit_summary(trainer, module)
     assert "none" not in fit_summary(SimpleNamespace(**{**vars(trainer), "limit_val_batches": 0}),
                                      SimpleNamespace(history={}))
+    trainer.log_every_n_steps = 10  # a run shorter than a logging window: its speed is said to be unmeasured
+    assert ("speed      tokens/s not measured: no logging window (--trainer.log_every_n_steps 10) closed in these "
+            "5 steps") in fit_summary(trainer, module)
+    module.history["tokens_per_sec"] = [100.0, 300.0, 200.0]
+    assert "speed      median 200 tokens/s" in fit_summary(trainer, module)
 
 
 def test_a_run_that_fails_before_its_first_step_leaves_no_empty_version_folder(tmp_path, monkeypatch, capsys):
