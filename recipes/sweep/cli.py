@@ -104,27 +104,60 @@ def note_erased_differences(configs: list[Path], settings: list[str]) -> None:
 MISSING = object()
 
 
-def check_recipes(configs: list[Path], overrides: list[str], settings: list[str]) -> None:
-    """Each recipe with the overrides (``--set`` ``settings``, as flags) parsed as its run will parse it, before any
-    run starts: a misspelt key or a value of the wrong type failed every run of the sweep, each named only in its
-    log."""
+def parse_recipe(args: list[str]):
+    """``args`` (``--config FILE`` and overrides) parsed as a sweep's ``fit`` run parses them; nothing built."""
     from recipes.cli import main
 
-    def parse(args: list[str]) -> None:
-        with warnings.catch_warnings():  # Lightning's note that sys.argv (the sweep's own) is not what it parses
-            warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python")
-            main(args, run=False, parse_only=True)
+    with warnings.catch_warnings():  # Lightning's note that sys.argv (the sweep's own) is not what it parses
+        warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python")
+        return main(args, run=False, parse_only=True)
 
+
+def model_build_error(args: list[str]) -> str | None:
+    """The error building the model of ``args`` (parsed by :func:`parse_recipe`) raises, on the ``meta`` device
+    (no memory, no data read, no checkpoint loaded; the vocabulary the data's settings name, else bytes'), or None.
+    What the parser cannot see — a width the heads do not divide, a letter the pattern does not bind — shows here."""
+    import torch
+
+    from recipes import LanguageModel
+
+    config = parse_recipe(args).config
+    config = config.get("fit", config)
+    options = config["model"].as_dict()
+    data = (config.get("data") or {})
+    data = data.as_dict() if hasattr(data, "as_dict") else dict(data)
+    vocab = (data.get("init_args") or {}).get("padded_vocab_size") or (data.get("init_args") or {}).get("vocab_size")
+    options.update(init_from=None, vocab_size=vocab if isinstance(vocab, int) else 256)
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            LanguageModel(**options)
+    except Exception as error:  # (any: a user's mixer raises its own)
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def check_recipes(configs: list[Path], overrides: list[str], settings: list[str]) -> None:
+    """Each recipe with the overrides (``--set`` ``settings``, as flags) parsed as its run will parse it, and its
+    model built on the ``meta`` device, before any run starts: a misspelt key, a value of the wrong type or a width
+    the heads do not divide failed every run of the sweep, each named only in its log. A recipe whose model does
+    not build on ``meta`` even without the overrides is left to its runs (a mixer of a user's may need real
+    tensors to initialise)."""
     for config in configs:
         try:
-            parse(["--config", str(config), *overrides])
+            parse_recipe(["--config", str(config), *overrides])
         except SystemExit as error:
             reason = str(error.code).removeprefix("error: ")
             try:  # the recipe's own fault, or the overrides'?
-                parse(["--config", str(config)])
+                parse_recipe(["--config", str(config)])
             except SystemExit:
                 sys.exit(f"error: recipe {config}: {reason}; mend it, or leave it out with --only")
             sys.exit(f"error: --set {' '.join(settings)}, for recipe {config.stem}: {reason}")
+        if overrides:
+            problem = model_build_error(["--config", str(config), *overrides])
+            if problem and model_build_error(["--config", str(config)]) is None:
+                sys.exit(f"error: --set {' '.join(settings)}, for recipe {config.stem}: its model does not build: "
+                         f"{problem}")
 
 
 def main(argv: list[str] | None = None) -> None:

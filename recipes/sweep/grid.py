@@ -8,8 +8,9 @@ combination of the axes' values is one recipe, the source recipe with those keys
 ones, the same in all), written to ``OUT/<name>.yaml``. A name joins one ``<key><value>`` part per axis, in the
 order given (``optimizer-Muon_lr0.02``), so the sweep's ``--vs`` of the last axis draws one line per combination of
 the others. Each recipe logs under a TensorBoard name of its own, ``<OUT's folder name>/<name>``, so every variant's
-runs sit apart, and is parsed as ``fit`` will parse it before anything is written: a misspelt key or a value of
-the wrong type is named then, not in every run's log.
+runs sit apart, and is parsed as ``fit`` will parse it, its model built on the ``meta`` device, before anything is
+left written: a misspelt key, a value of the wrong type or a model that does not build is named then, not in every
+run's log.
 """
 
 import argparse
@@ -18,7 +19,6 @@ import itertools
 import re
 import shlex
 import sys
-import warnings
 from pathlib import Path
 
 import yaml
@@ -125,16 +125,18 @@ def grid_recipes(source: str, axes: list[tuple[str, list]], settings: list[tuple
     return recipes
 
 
-def check_parses(path: Path) -> None:
-    """``path`` parsed as the sweep's ``python -m recipes fit --config path`` parses it (nothing built)."""
-    from recipes.cli import main
+def check_recipe(path: Path, source: str) -> None:
+    """``path`` parsed as the sweep's ``python -m recipes fit --config path`` parses it, and its model built on the
+    ``meta`` device where ``source``'s builds there (:func:`recipes.sweep.cli.model_build_error`)."""
+    from recipes.sweep.cli import model_build_error, parse_recipe
 
     try:
-        with warnings.catch_warnings():  # Lightning's note that sys.argv (the grid's own) is not what it parses
-            warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python")
-            main(["--config", str(path)], run=False, parse_only=True)
+        parse_recipe(["--config", str(path)])
     except SystemExit as stop:  # the CLI's own one-line error
         raise ValueError(f"{path.name}: {str(stop.code).removeprefix('error: ')}") from None
+    problem = model_build_error(["--config", str(path)])
+    if problem and model_build_error(["--config", source]) is None:
+        raise ValueError(f"{path.name}: its model does not build: {problem}")
 
 
 def write_grid(source: str, axes: list[tuple[str, list]], settings: list[tuple[str, object]], out: Path,
@@ -154,7 +156,7 @@ def write_grid(source: str, axes: list[tuple[str, list]], settings: list[tuple[s
             path.write_text(f"# {name}: a variant of {source}\n# written by: {command}\n"
                             + yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True))
             written.append(path)
-            check_parses(path)
+            check_recipe(path, source)
     except Exception:
         for path in written:  # a grid that does not parse leaves nothing behind
             path.unlink()

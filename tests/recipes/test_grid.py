@@ -64,6 +64,8 @@ def test_a_relative_init_from_stays_the_source_recipes(tmp_path):
     ("model.lr=[0.1, 0.10]", r"two combinations are both named 'lr0.1'"),
     ("model.d_model.width=[1]", r"model.d_model.width: 'd_model' holds 128 in the recipe, not a mapping"),
     ("data.init_args.batch_size=[two]", r"batch_size"),
+    ("model.d_model=[32, 30]", r"dmodel30.yaml: its model does not build: ValueError: QCAttention: d_model=30 is not "
+                               r"divisible by n_heads=4"),
 ])
 def test_a_grid_that_cannot_be_written_is_refused_by_name_and_leaves_nothing(tmp_path, vary, expected):
     with pytest.raises(SystemExit) as stop:
@@ -109,3 +111,19 @@ def test_a_sweeps_set_that_erases_the_grid_is_said(tmp_path, capsys):
     note_erased_differences(recipes, ["model.lr=0.01"])
     assert capsys.readouterr().err == ("note: --set model.lr=0.01 replaces a setting the recipes differ in (lr0.002: "
                                        "0.002, lr0.02: 0.02): every run takes 0.01, so the runs no longer differ in it\n")
+
+
+def test_a_sweeps_set_that_breaks_the_model_stops_the_sweep_before_any_run(tmp_path):
+    """A width the heads do not divide parses, then failed every run of the sweep, each named only in its log: the
+    model is built on the ``meta`` device first. A recipe that does not build there even alone is left to its runs."""
+    from recipes.sweep.cli import check_recipes
+
+    grid(tmp_path, "--vary", "model.lr=[0.002]")
+    (recipe,) = recipe_files(str(tmp_path / "grid"))
+    with pytest.raises(SystemExit, match=r"--set model.d_model=30, for recipe lr0.002: its model does not build: "
+                                         r"ValueError: QCAttention: d_model=30 is not divisible by n_heads=4"):
+        check_recipes([recipe], ["--model.d_model", "30"], ["model.d_model=30"])
+    check_recipes([recipe], ["--model.d_model", "64"], ["model.d_model=64"])  # builds: no word
+    unbound = tmp_path / "unbound.yaml"  # fails alone too (an unbound letter): not the overrides' fault
+    unbound.write_text(recipe.read_text().replace("AM×4", "QM"))
+    check_recipes([unbound], ["--model.d_model", "30"], ["model.d_model=30"])
