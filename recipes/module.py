@@ -577,12 +577,14 @@ class LanguageModel(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         spec = hp.get("optimizer")
-        if self._sharded and spec is not None and spec["class_path"] == MUON:
+        muon = spec is not None and spec["class_path"] == MUON
+        if self._sharded and muon:
             raise ValueError("--model.optimizer Muon orthogonalises whole weight matrices, and sharded training "
                              "(FSDP) gives each process a shard of each: train with DDP, or with AdamW")
         hidden_matrices = [m.weight for m in self.model.blocks.modules() if isinstance(m, torch.nn.Linear)]  # (Muon's)
         optimizer = build_optimizer(spec, self.parameters(), hidden_matrices, lr=hp.lr, weight_decay=hp.weight_decay,
-                                    betas=hp.betas, eps=hp.eps, row_blocks=fused_row_blocks(self.model.blocks))
+                                    betas=hp.betas, eps=hp.eps,
+                                    row_blocks=fused_row_blocks(self.model.blocks) if muon else ())
         steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(steps):  # (int(inf) was an OverflowError from here)
             raise ValueError("the learning-rate schedule (warm-up, then the decay to final_lr_fraction) is planned "

@@ -84,24 +84,22 @@ def check_vs_key(key: str) -> None:
 def note_erased_differences(configs: list[Path], settings: list[str]) -> None:
     """Say when a ``--set KEY=VALUE`` replaces a setting the family's recipes differ in (a grid's axis, say): every
     run then takes the one value, and the comparison the family was written for is gone from the table."""
-    from recipes.cli import read_config
+    from recipes.cli import dotted_get, read_config
+
+    def setting(recipe: dict, key: str):
+        try:
+            return dotted_get(recipe, key)
+        except KeyError:
+            return "(not set)"
 
     recipes = {config.stem: read_config(str(config)) for config in configs}
     for item in settings:
         key, value = item.split("=", 1)
-        found = {}
-        for name, recipe in recipes.items():
-            node = recipe
-            for part in key.split("."):
-                node = node.get(part, MISSING) if isinstance(node, dict) else MISSING
-            found[name] = "(not set)" if node is MISSING else node
+        found = {name: setting(recipe, key) for name, recipe in recipes.items()}
         if len({repr(v) for v in found.values()}) > 1:
             shown = ", ".join(f"{name}: {v}" for name, v in list(found.items())[:4]) + (" …" if len(found) > 4 else "")
             print(f"note: --set {item} replaces a setting the recipes differ in ({shown}): every run takes {value}, "
                   "so the runs no longer differ in it", file=sys.stderr)
-
-
-MISSING = object()
 
 
 def parse_recipe(args: list[str]):
@@ -113,20 +111,19 @@ def parse_recipe(args: list[str]):
         return main(args, run=False, parse_only=True)
 
 
-def model_build_error(args: list[str]) -> str | None:
-    """The error building the model of ``args`` (parsed by :func:`parse_recipe`) raises, on the ``meta`` device
-    (no memory, no data read, no checkpoint loaded; the vocabulary the data's settings name, else bytes'), or None.
-    What the parser cannot see — a width the heads do not divide, a letter the pattern does not bind — shows here."""
+def model_build_error(config) -> str | None:
+    """The error building the model of a recipe's parsed ``config`` (:func:`parse_recipe`'s) raises, on the ``meta``
+    device (no memory, no data read, no checkpoint loaded; the vocabulary the data's settings name, else bytes'), or
+    None. What the parser cannot see — a width the heads do not divide, an unbound letter — shows here."""
     import torch
 
     from recipes import LanguageModel
 
-    config = parse_recipe(args).config
     config = config.get("fit", config)
     options = config["model"].as_dict()
-    data = (config.get("data") or {})
-    data = data.as_dict() if hasattr(data, "as_dict") else dict(data)
-    vocab = (data.get("init_args") or {}).get("padded_vocab_size") or (data.get("init_args") or {}).get("vocab_size")
+    data = config.get("data") or {}
+    init_args = (data.as_dict() if hasattr(data, "as_dict") else dict(data)).get("init_args") or {}
+    vocab = init_args.get("padded_vocab_size") or init_args.get("vocab_size")
     options.update(init_from=None, vocab_size=vocab if isinstance(vocab, int) else 256)
     try:
         with warnings.catch_warnings(), torch.device("meta"):
@@ -145,7 +142,7 @@ def check_recipes(configs: list[Path], overrides: list[str], settings: list[str]
     tensors to initialise)."""
     for config in configs:
         try:
-            parse_recipe(["--config", str(config), *overrides])
+            parsed = parse_recipe(["--config", str(config), *overrides])
         except SystemExit as error:
             reason = str(error.code).removeprefix("error: ")
             try:  # the recipe's own fault, or the overrides'?
@@ -154,8 +151,8 @@ def check_recipes(configs: list[Path], overrides: list[str], settings: list[str]
                 sys.exit(f"error: recipe {config}: {reason}; mend it, or leave it out with --only")
             sys.exit(f"error: --set {' '.join(settings)}, for recipe {config.stem}: {reason}")
         if overrides:
-            problem = model_build_error(["--config", str(config), *overrides])
-            if problem and model_build_error(["--config", str(config)]) is None:
+            problem = model_build_error(parsed.config)
+            if problem and model_build_error(parse_recipe(["--config", str(config)]).config) is None:
                 sys.exit(f"error: --set {' '.join(settings)}, for recipe {config.stem}: its model does not build: "
                          f"{problem}")
 

@@ -131,11 +131,11 @@ def check_recipe(path: Path, source: str) -> None:
     from recipes.sweep.cli import model_build_error, parse_recipe
 
     try:
-        parse_recipe(["--config", str(path)])
+        parsed = parse_recipe(["--config", str(path)])
     except SystemExit as stop:  # the CLI's own one-line error
         raise ValueError(f"{path.name}: {str(stop.code).removeprefix('error: ')}") from None
-    problem = model_build_error(["--config", str(path)])
-    if problem and model_build_error(["--config", source]) is None:
+    problem = model_build_error(parsed.config)
+    if problem and model_build_error(parse_recipe(["--config", source]).config) is None:
         raise ValueError(f"{path.name}: its model does not build: {problem}")
 
 
