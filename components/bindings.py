@@ -131,4 +131,10 @@ def binding_factory(letter: str, binding: MixerFactory | Mapping) -> MixerFactor
                         f"one from d_model (the class, or functools.partial({name}, …)): every block gets its own")
     if not callable(binding):
         raise TypeError(f"HybridLM: the binding of letter {letter!r} is not callable: {binding!r}")
+    if isinstance(binding, functools.partial) and binding.args and isinstance(binding.args[-1], type):
+        # jsonargparse's binding, partial(<its caller>, <its instantiator>, cls, **init_args): the instantiator holds
+        # the whole command line (the CLI, its data module, the trainer), which a copy of the model (an EMA twin)
+        # copied with it (under DDP, failing on the launcher's lock) and a pickle carried. The class and its
+        # arguments are what it calls.
+        return functools.partial(binding.args[-1], **binding.keywords)
     return binding

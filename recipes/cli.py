@@ -37,7 +37,8 @@ from recipes.module import LanguageModel, language_model_arguments
 from recipes.optimizer import recorded_form
 from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, trains_in_workers
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback,
-                              TrainingInterrupted, ValidateFinalStep, default_progress_bar, newest_checkpoint)
+                              TrainingInterrupted, ValidateFinalStep, check_averaging_unsharded, default_progress_bar,
+                              newest_checkpoint)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")  # loggers whose folders are <save_dir>/<name>/<version>/
@@ -502,6 +503,7 @@ class HybridCLI(LightningCLI):
         if progress_bar is not None:
             callbacks.append(progress_bar)
         trainer = super().instantiate_trainer(callbacks=callbacks, **kwargs)
+        check_averaging_unsharded(trainer.callbacks, trainer.strategy)  # before any process starts
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         return trainer
@@ -523,7 +525,8 @@ class ParseOnlyCLI(HybridCLI):
 
 def quiet_lightning() -> None:
     """Lightning's advertisement for its cloud logger and a deprecation inside Lightning itself, printed on every
-    run, say nothing about the run."""
+    run, say nothing about the run; nor its warning that a weight-averaging callback does not shard a model that
+    overrides ``configure_model`` (the recipes' does so only to shard, and refuse averaging there)."""
     import logging
     import warnings
 
@@ -534,6 +537,7 @@ def quiet_lightning() -> None:
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(DropAdvert())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=r"You're using the WeightAveraging callback with a model that overrides")
 
 
 def main(args: list[str] | None = None, *, run: bool = True, parse_only: bool = False) -> HybridCLI:

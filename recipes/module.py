@@ -29,7 +29,8 @@ from recipes.data.corpus import tokenizer_problem
 from recipes.mfu import device_peak_flops, training_flops
 from recipes.optimizer import ADAMW_BETAS, ADAMW_EPS, MUON, build_optimizer, fused_row_blocks, optimizer_spec
 from recipes.optimizer import describe as describe_optimizer
-from recipes.training import DivergenceError, rng_states, set_rng_states
+from recipes.training import (DivergenceError, check_averaging_resumed, check_averaging_unsharded, rng_states,
+                              set_rng_states)
 
 
 def model_options() -> list[str]:
@@ -433,6 +434,7 @@ class LanguageModel(L.LightningModule):
         mesh = self.device_mesh
         if mesh is None or self._sharded:
             return
+        check_averaging_unsharded(self.trainer.callbacks, self.trainer.strategy)
         if mesh["tensor_parallel"].size() != 1:
             raise ValueError(f"LanguageModel: tensor parallelism is not implemented (tensor_parallel_size="
                              f"{mesh['tensor_parallel'].size()}); use ModelParallelStrategy(data_parallel_size=N, "
@@ -525,6 +527,8 @@ class LanguageModel(L.LightningModule):
             problem = tokenizer_problem(self.trainer.datamodule, checkpoint.get("tokenizer"))
             if problem:
                 raise ValueError(f"LanguageModel: {problem}")
+        if self._trainer is not None and self.trainer.state.fn == "fit":
+            check_averaging_resumed(checkpoint, self.trainer.callbacks)
         # Only when training resumes: loading weights elsewhere must not reset the caller's RNGs.
         if self._trainer is not None and self.trainer.state.fn == "fit" and "rng_states" in checkpoint:
             set_rng_states(checkpoint["rng_states"])

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.callbacks import StochasticWeightAveraging
 
-from recipes.training import CheckpointPolicy
+from recipes.training import CheckpointPolicy, averages_weights
 
 
 def choose_threads(requested: int | None) -> str | None:
@@ -75,6 +76,7 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
         timing.append(f"wall time {time.perf_counter() - started:,.0f} s")
     if timing:
         lines.append("  speed      " + ", ".join(timing))
+    lines += averaging_lines(trainer.callbacks)
     policy = next((c for c in trainer.callbacks if isinstance(c, CheckpointPolicy)), None)
     if policy is not None and policy.dirpath is not None:  # the files there (none under fast_dev_run, for one)
         written = [name for name in ("last.ckpt", "best.ckpt") if (Path(policy.dirpath) / name).exists()
@@ -84,6 +86,21 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
     if log_dir and trainer.loggers:  # (without a logger, log_dir is only the folder the checkpoints went to)
         lines.append(f"  TensorBoard tensorboard --logdir {log_dir}" if tensorboard else f"  logs       {log_dir}")
     return "\n".join(lines)
+
+
+def averaging_lines(callbacks: list) -> list[str]:
+    """What a weight-averaging callback made of the numbers above and of the checkpoints."""
+    lines = []
+    for callback in callbacks:
+        name = type(callback).__name__
+        if averages_weights(callback):
+            lines.append(f"  weights    {name}'s average: validated above and saved as each checkpoint's weights "
+                         "(the trained ones beside them, for a resume)")
+        elif isinstance(callback, StochasticWeightAveraging) and int(callback.n_averaged or 0) > 0:
+            lines.append(f"  weights    {name}'s average, put in at the end: no validation above saw it, and "
+                         "last.ckpt keeps the trained weights, to resume (EMAWeightAveraging validates its average "
+                         "and saves it)")
+    return lines
 
 
 def trains_in_workers(trainer) -> bool:

@@ -251,6 +251,51 @@ def parameters_finite(module: torch.nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in module.parameters())
 
 
+def averages_weights(callback: L.Callback) -> bool:
+    """Whether ``callback`` is one of Lightning's ``WeightAveraging`` callbacks (``EMAWeightAveraging``; Lightning
+    2.6 and later), named by class rather than imported so that earlier Lightning releases still load this module."""
+    return any(cls.__name__ == "WeightAveraging" for cls in type(callback).__mro__)
+
+
+def check_averaging_resumed(checkpoint: dict, callbacks: list) -> None:
+    """Refuse to resume training from a checkpoint a ``WeightAveraging`` callback wrote when no such callback runs
+    now: its ``state_dict`` holds the average and the trained weights wait under ``current_model_state`` for that
+    callback to put back, so training would go on from the average, silently."""
+    if "current_model_state" not in checkpoint or any(averages_weights(c) for c in callbacks):
+        return
+    names = [key for key in checkpoint.get("callbacks") or {} if "Averaging" in key] or ["EMAWeightAveraging"]
+    raise ValueError(
+        f"this checkpoint was written by a run with {names[0]}: its weights are that callback's average, and the "
+        f"trained weights beside them are restored only by it. Resume with the same callback "
+        f"(--trainer.callbacks+={names[0].split('{')[0]} and its settings), or start a new run from the averaged "
+        "weights with --model.init_from <the checkpoint>")
+
+
+def check_averaging_unsharded(callbacks: list, strategy) -> None:
+    """Refuse a ``WeightAveraging`` callback under a strategy that shards the model (Lightning's
+    ``ModelParallelStrategy``, ``FSDPStrategy``): the callback keeps a whole copy of the model, made by copying the
+    module, and FSDP cannot copy a sharded one (torch's "FSDP does not support deepcopy", from every process)."""
+    averaging = [type(c).__name__ for c in callbacks if averages_weights(c)]
+    if averaging and type(strategy).__name__ in ("ModelParallelStrategy", "FSDPStrategy"):
+        raise ValueError(f"{averaging[0]} keeps a whole copy of the model, made by copying the module, and FSDP cannot "
+                         f"copy the module {type(strategy).__name__} shards: average weights under DDP "
+                         "(--trainer.strategy ddp), or drop the callback")
+
+
+class WriteLastBeforeTrainEnd(L.Callback):
+    """Writes ``policy``'s final ``last.ckpt`` at the end of training before any other callback's ``on_train_end``:
+    a weight-averaging callback (Lightning's ``EMAWeightAveraging``, ``StochasticWeightAveraging``) copies its
+    average over the trained weights there, and Lightning calls a checkpoint callback's hooks after all others', so
+    the policy's own write came after the copy and a run resumed to train longer went on from the average. Placed
+    first by :meth:`CheckpointPolicy.setup`."""
+
+    def __init__(self, policy: "CheckpointPolicy"):
+        self.policy = policy
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.policy._save_last(trainer)
+
+
 class CheckpointPolicy(Checkpoint):
     """What a recipe's run writes, in ``<log dir>/checkpoints/`` (the logger's version folder):
 
@@ -313,6 +358,9 @@ class CheckpointPolicy(Checkpoint):
         if trainer.is_global_zero:
             for path in remove_orphans(self.dirpath, ".*.ckpt.tmp-*"):
                 log.info("removed %s, left by an interrupted checkpoint write", path)
+        if not any(isinstance(c, WriteLastBeforeTrainEnd) and c.policy is self for c in trainer.callbacks):
+            # a new list: Lightning is iterating over the old one, calling each callback's setup
+            trainer.callbacks = [WriteLastBeforeTrainEnd(self), *trainer.callbacks]
 
     def _skip(self, trainer: L.Trainer) -> bool:
         return bool(trainer.fast_dev_run) or trainer.sanity_checking or self.dirpath is None

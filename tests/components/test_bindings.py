@@ -42,3 +42,26 @@ def test_bindings_that_cannot_be_recorded_are_refused_by_name():
         binding_spec("A", functools.partial(QCAttention, d_model=8))
     with pytest.raises(ValueError, match="argument init_args.act=.*cannot be recorded"):
         binding_spec("M", functools.partial(MLP, act=torch.nn.functional.silu))
+
+
+def test_a_jsonargparse_binding_becomes_a_plain_partial_so_a_copy_of_the_model_leaves_the_command_line_behind():
+    """jsonargparse binds a letter as ``partial(<its caller>, <its instantiator>, cls, **init_args)``; its instantiator
+    holds the whole command line (the CLI, data, trainer). A copy of the model (Lightning's EMAWeightAveraging makes
+    one) copied all of it, and under DDP failed on the launcher's lock: "cannot pickle '_thread.lock' object"."""
+    import copy
+    import threading
+
+    class Instantiator:  # stands for jsonargparse's, which reaches a subprocess's lock through the trainer
+        def __init__(self):
+            self.lock = threading.Lock()
+
+    def call(instantiator, cls, *args, **kwargs):
+        return cls(*args, **kwargs)
+
+    binding = functools.partial(call, Instantiator(), QCAttention, n_heads=2)
+    model = HybridLM(vocab_size=32, d_model=16, pattern="AM", mixers={"A": binding})
+    assert model.bindings["A"].func is QCAttention and model.bindings["A"].keywords == {"n_heads": 2}
+    twin = copy.deepcopy(model)
+    assert twin.blocks[0].sequence_mixer.n_heads == 2
+    assert model.binding_specs()["A"] == {"class_path": "components.QCAttention",
+                                          "init_args": {"n_heads": 2}}

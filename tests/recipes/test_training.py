@@ -512,3 +512,53 @@ def test_a_run_resumed_for_more_steps_says_its_learning_rate_schedule_is_re_plan
     logged = [rate for _, rate in sorted(rates.items())]
     jump = max(range(1, len(logged)), key=lambda i: logged[i] - logged[i - 1])  # (a 6-step run has no warm-up)
     assert (before, after) == (float(f"{logged[jump - 1]:.3g}"), float(f"{logged[jump]:.3g}")) and after > 2 * before
+
+
+def test_weight_averaging_leaves_the_trained_weights_to_resume_from_and_a_resume_without_it_is_refused(tmp_path, capsys):
+    """Lightning's EMAWeightAveraging validates and saves its average as a checkpoint's weights and keeps the trained
+    ones beside them (``current_model_state``) to resume from. At the end of training it copies the average over the
+    trained weights, before the checkpoint policy wrote its final last.ckpt (Lightning calls a checkpoint callback
+    last): a run resumed to train longer went on from the average. Resuming without the callback took the average
+    for the trained weights, silently."""
+    quiet = ["--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "2", "--trainer.max_steps", "5",
+             "--trainer.val_check_interval", "5"]  # (no last.ckpt written before the end: every_n_steps is 100)
+    ema = ["--trainer.callbacks+=EMAWeightAveraging", "--trainer.callbacks.decay", "0.5"]
+    fit_here(tmp_path, *TEXT, *quiet, *ema, "--trainer.logger.init_args.version", "ema")
+    assert "weights    EMAWeightAveraging's average: validated above and saved as each checkpoint's weights" in \
+        capsys.readouterr().out
+    fit_here(tmp_path, *TEXT, *quiet, "--trainer.logger.init_args.version", "plain")
+    averaged, plain = (torch.load(tmp_path / "runs" / "quickstart" / v / "checkpoints" / "last.ckpt", weights_only=True)
+                       for v in ("ema", "plain"))
+    assert averaged["global_step"] == plain["global_step"] == 5
+    for name, trained in plain["state_dict"].items():  # the average changes nothing of the training itself
+        assert torch.equal(averaged["current_model_state"][name], trained), name
+    assert not torch.equal(averaged["state_dict"]["model.embedding.weight"], plain["state_dict"]["model.embedding.weight"])
+
+    last = str(tmp_path / "runs" / "quickstart" / "ema" / "checkpoints" / "last.ckpt")
+    with pytest.raises(SystemExit, match=r"written by a run with EMAWeightAveraging: its weights are that callback's "
+                                         r"average.*--trainer.callbacks\+=EMAWeightAveraging"):
+        fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "7", "--ckpt_path", last)
+
+
+def test_stochastic_weight_averaging_leaves_last_ckpt_the_trained_weights_and_says_its_average_was_not_validated(
+        tmp_path, capsys):
+    """StochasticWeightAveraging copies its average over the trained weights at the end of training (a step-limited
+    run); the final last.ckpt, written after, held the average as the weights to resume from."""
+    fit_here(tmp_path, *TEXT, "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "2",
+             "--trainer.max_steps", "6", "--trainer.limit_train_batches", "2", "--trainer.val_check_interval", "2",
+             "--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs", "0.001",
+             "--trainer.callbacks.swa_epoch_start", "1")
+    assert "StochasticWeightAveraging's average, put in at the end: no validation above saw it" in capsys.readouterr().out
+    last = torch.load(tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    (state,) = [s for key, s in last["callbacks"].items() if key.startswith("StochasticWeightAveraging")]
+    assert state["n_averaged"] >= 2
+    name = "model.embedding.weight"
+    assert not torch.equal(last["state_dict"][name], state["average_model_state"][name])
+
+
+def test_weight_averaging_under_a_sharding_strategy_is_refused_before_any_process_starts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="EMAWeightAveraging keeps a whole copy of the model, made by copying the "
+                                         "module, and FSDP cannot copy the module ModelParallelStrategy shards"):
+        main(["fit", *TEXT, *FSDP2, "--trainer.callbacks+=EMAWeightAveraging"])
+    assert not (tmp_path / "runs").exists()
