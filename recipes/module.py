@@ -30,7 +30,7 @@ from recipes.mfu import device_peak_flops, training_flops
 from recipes.optimizer import ADAMW_BETAS, ADAMW_EPS, MUON, build_optimizer, fused_row_blocks, optimizer_spec
 from recipes.optimizer import describe as describe_optimizer
 from recipes.training import (DivergenceError, check_averaging_resumed, check_averaging_unsharded, rng_states,
-                              set_rng_states)
+                              set_rng_states, weight_averaging)
 
 
 def model_options() -> list[str]:
@@ -492,6 +492,9 @@ class LanguageModel(L.LightningModule):
         # TensorBoard's HPARAMS tab: the run's settings against its final and best validation loss (logged
         # at every validation under these tags; the tab shows their latest values)
         params = {**comparable_hparams(dict(self.hparams)), **{k: v for k, v in self.sizes.items() if v is not None}}
+        averaging = weight_averaging(self.trainer.callbacks)
+        if averaging:  # (a callback, not a hyper-parameter, yet it decides which weights every validation scores)
+            params["weight_averaging"] = averaging
         metrics = {"hp/final_val_loss": float("nan"), "hp/best_val_loss": float("nan")}
         for logger in self.loggers:  # (CSV, W&B and most other loggers take no metrics here)
             takes_metrics = "metrics" in inspect.signature(logger.log_hyperparams).parameters

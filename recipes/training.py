@@ -19,7 +19,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Checkpoint, ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import Checkpoint, ProgressBar, RichProgressBar, StochasticWeightAveraging
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -255,6 +255,13 @@ def averages_weights(callback: L.Callback) -> bool:
     """Whether ``callback`` is one of Lightning's ``WeightAveraging`` callbacks (``EMAWeightAveraging``; Lightning
     2.6 and later), named by class rather than imported so that earlier Lightning releases still load this module."""
     return any(cls.__name__ == "WeightAveraging" for cls in type(callback).__mro__)
+
+
+def weight_averaging(callbacks: list) -> str | None:
+    """The names of the weight-averaging callbacks among ``callbacks`` (Lightning's ``WeightAveraging`` kinds and
+    ``StochasticWeightAveraging``), joined, or None."""
+    names = [type(c).__name__ for c in callbacks if averages_weights(c) or isinstance(c, StochasticWeightAveraging)]
+    return ", ".join(names) or None
 
 
 def check_averaging_resumed(checkpoint: dict, callbacks: list) -> None:

@@ -526,6 +526,9 @@ def test_weight_averaging_leaves_the_trained_weights_to_resume_from_and_a_resume
     fit_here(tmp_path, *TEXT, *quiet, *ema, "--trainer.logger.init_args.version", "ema")
     assert "weights    EMAWeightAveraging's average: validated above and saved as each checkpoint's weights" in \
         capsys.readouterr().out
+    events = EventAccumulator(str(tmp_path / "runs" / "quickstart" / "ema"), size_guidance={"tensors": 0})
+    events.Reload()  # TensorBoard's HPARAMS tab tells the run from one that validated its trained weights
+    assert "EMAWeightAveraging" in events.PluginTagToContent("hparams")["_hparams_/session_start_info"].decode("latin1")
     fit_here(tmp_path, *TEXT, *quiet, "--trainer.logger.init_args.version", "plain")
     averaged, plain = (torch.load(tmp_path / "runs" / "quickstart" / v / "checkpoints" / "last.ckpt", weights_only=True)
                        for v in ("ema", "plain"))
