@@ -491,6 +491,11 @@ class HybridCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        if config["trainer"].get("barebones"):  # (else Lightning refuses the recipe's settings one error at a time)
+            raise ValueError("--trainer.barebones true turns off what a recipe's run is made of: the logging every step "
+                             "does (its loss, tokens/s, MFU), the callbacks and the checkpoints. A run reports its speed "
+                             "itself (the summary at the end, TensorBoard); python -m recipes.benchmarks.models times a "
+                             "training step against its Hugging Face twin (docs/performance.md)")
         callbacks = config["trainer"].get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
         if self.subcommand == "fit" and config.get("ckpt_path"):

@@ -511,3 +511,13 @@ def test_ctrl_c_while_python_m_recipes_imports_is_a_line_and_status_130(tmp_path
     assert recipes.LanguageModel.__name__ == "LanguageModel"  # (imported on first use)
     with pytest.raises(AttributeError, match="module 'recipes' has no attribute 'LanguageModle'"):
         recipes.LanguageModle
+
+
+def test_lightnings_barebones_mode_is_refused_at_once_with_what_measures_speed(tmp_path, monkeypatch):
+    """Lightning's bare mode refuses a recipe's logger, then its logging interval, then its callbacks — one error a
+    try, none saying that a recipe's run is those things."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"--trainer.barebones true turns off what a recipe's run is made of.*"
+                                         r"python -m recipes.benchmarks.models times a training step"):
+        main([*TINY_FIT, "--trainer.barebones", "true", "--trainer.logger", "false"])
+    assert not (tmp_path / "runs").exists()
