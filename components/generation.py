@@ -2,6 +2,7 @@
 
 import contextlib
 import types
+from collections.abc import Callable
 import warnings
 import weakref
 
@@ -189,9 +190,11 @@ def recomputing_step(model, out: torch.Tensor, prompt_length: int, positions: to
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, stop_token: int | None = None,
              padding_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-             compile: bool = False) -> torch.Tensor:
+             compile: bool = False, stop_when: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """See :meth:`components.HybridLM.generate`."""
     check_sampling(max_new_tokens, temperature, top_k, top_p)
+    if stop_when is not None and not callable(stop_when):
+        raise ValueError(f"generate: stop_when must be a function of the new tokens [B, n] -> bool [B]; got {stop_when!r}")
     if stop_token is not None and not (isinstance(stop_token, int) and 0 <= stop_token < model.vocab_size):
         raise ValueError(f"generate: stop_token={stop_token!r} is not a token of the vocabulary [0, {model.vocab_size})")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
@@ -242,18 +245,32 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
     else:
         step = decoder(model, cache, position, max_new_tokens, compile=compile)
     done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+    ended = torch.zeros(B, dtype=torch.bool, device=input_ids.device)  # stop_when has held (it does not change tokens)
     for i in range(max_new_tokens):
         token = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         if stop_token is not None:
             token = token.masked_fill(done, stop_token)
             done |= token == stop_token
         out[:, T + i] = token
+        if stop_when is not None:
+            ended |= stop_criterion(stop_when, out[:, T:T + i + 1], B).to(ended.device)
+            if bool((ended | done).all()):
+                return out[:, :T + i + 1]
         if i == max_new_tokens - 1 or (stop_token is not None and bool(done.all())):
             out[:, T + i + 1:] = stop_token if stop_token is not None else 0
             break
         position = position + 1
         logits = step(i + 1, token[:, None], position)
     return out
+
+
+def stop_criterion(stop_when, new: torch.Tensor, batch: int) -> torch.Tensor:
+    """``stop_when(new [B, n])`` as a bool tensor ``[B]``, or a named error."""
+    ended = torch.as_tensor(stop_when(new))
+    if ended.shape != (batch,) or ended.dtype != torch.bool:
+        raise ValueError(f"generate: stop_when must return a bool tensor [B] = [{batch}], one entry per sequence; got "
+                         f"{ended.dtype} {tuple(ended.shape)}")
+    return ended
 
 
 def decoder(model, cache: InferenceCache, position: torch.Tensor, max_new_tokens: int, *, compile: bool = False):

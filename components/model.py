@@ -2,7 +2,7 @@
 
 import functools
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -255,13 +255,16 @@ class HybridLM(nn.Module):
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, stop_token: int | None = None,
                  padding_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                 compile: bool = False) -> torch.Tensor:
+                 compile: bool = False, stop_when: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """Continue each prompt of ``input_ids [B, T]`` by ``max_new_tokens`` tokens → ``[B, T + max_new_tokens]``.
 
         Greedy at ``temperature=0`` (default); otherwise sampled from the softmax at that temperature,
         restricted to the ``top_k`` best tokens and the ``top_p`` nucleus, drawing from ``generator``.
         A sequence that produces ``stop_token`` stops: its later positions hold ``stop_token``, and
-        generation ends when every sequence has stopped. Prompts of different lengths are
+        generation ends when every sequence has stopped. ``stop_when(new [B, n]) → bool [B]``, called after each
+        new token with those so far (a stop string found in their text, say), ends generation early once it has held
+        for every sequence (or it has produced ``stop_token``): the output is then ``[B, T + n]``, the tokens the
+        same as without it. Prompts of different lengths are
         left-padded, ``padding_mask [B, T]`` True at the padding; each sequence's positions count from
         its first real token. The prompt goes through the chunked forward once (prefill); each new
         token is one step from the cache (attention: keys and values; SSD: a constant-size state).
@@ -269,7 +272,8 @@ class HybridLM(nn.Module):
         compiles (seconds to a minute), later steps and calls reuse it (docs/decoding.md).
         """
         return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        stop_token=stop_token, padding_mask=padding_mask, generator=generator, compile=compile)
+                        stop_token=stop_token, padding_mask=padding_mask, generator=generator, compile=compile,
+                        stop_when=stop_when)
 
     def auxiliary_losses(self) -> dict[str, torch.Tensor]:
         """The auxiliary losses of the last forward, by module name.

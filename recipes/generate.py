@@ -29,6 +29,12 @@ def tokenizer(recipe: dict):
     return data
 
 
+def finished_text(text: str) -> str:
+    """``text`` without the replacement characters that the bytes of an unfinished multi-byte character decode to at
+    its end: the next tokens may finish it into another character, so a stop string must not be looked for there."""
+    return text.rstrip("\ufffd")
+
+
 def cut_after(text: str, stop: str | None, start: int = 0) -> str:
     """``text`` up to and including the first ``stop`` at or after ``start`` (the prompt's length): a stop text of
     several tokens is found in the decoded text, and a one-token stop's filled positions after it are dropped."""
@@ -47,8 +53,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--top_k", type=int, default=None)
     parser.add_argument("--top_p", type=float, default=None)
     parser.add_argument("--stop", default=None,
-                        help="end the continuation after the first occurrence of this text (a one-token text also "
-                             "ends generation there)")
+                        help="end the continuation, and generation, after the first occurrence of this text")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--allow_classes", nargs="*", action="extend", default=[],
                         help="packages whose classes the checkpoint may name (the recipe's own are trusted)")
@@ -69,10 +74,15 @@ def main(argv: list[str] | None = None) -> str:
         sys.exit(f"error: {error}")
     prompt = torch.tensor([data.encode(args.prompt)])  # [1, T]
     stop = data.encode(args.stop) if args.stop else []
+
+    def stop_text_found(new: torch.Tensor) -> torch.Tensor:  # [1, n] -> [1]: a longer stop ends generation too
+        return torch.tensor([args.stop in finished_text(data.decode(new[0].tolist()))])
+
     try:
         out = lm.model.eval().generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                        top_p=args.top_p, stop_token=stop[0] if len(stop) == 1 else None,
-                                       generator=torch.Generator().manual_seed(args.seed), compile=args.compile)
+                                       generator=torch.Generator().manual_seed(args.seed), compile=args.compile,
+                                       stop_when=stop_text_found if len(stop) > 1 else None)
     except ValueError as error:  # a bad sampling setting or length, named by generate
         sys.exit(f"error: {error}")
     text = cut_after(data.decode(out[0].tolist()), args.stop, start=len(data.decode(prompt[0].tolist())))

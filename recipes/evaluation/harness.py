@@ -9,7 +9,8 @@ so its numbers are comparable with published ones, and it adds what the zoo's de
 - requests are batched longest first (right-padded: the models are causal, so padding after a
   sequence changes none of its logits);
 - continuations that share a context (the choices of a multiple-choice question) are scored from one
-  pass over the context: its cache is copied to each choice (``InferenceCache.expand``).
+  pass over the context: its cache is copied to each choice (``InferenceCache.expand``);
+- generation runs a batch of requests at a time and ends it once every continuation holds a stop string.
 
 This module imports ``lm_eval``: ``pip install -e ".[eval]"``.
 """
@@ -20,6 +21,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from recipes.evaluation.suites import score, score_shared
+from recipes.generate import finished_text
 
 
 class ZooLM(TemplateLM):
@@ -155,29 +157,66 @@ class ZooLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy (or sampled, with ``do_sample`` and a ``temperature``) continuation of each context, from the
-        zoo's cache, cut at the first of the ``until`` strings."""
-        out = []
-        for request in tqdm(requests, disable=disable_tqdm, desc="generate_until"):
+        zoo's cache, cut at the first of the ``until`` strings.
+
+        Up to ``batch_size`` requests of the same budget and temperature are generated together, longest context
+        first (left-padded, with positions from each one's first real token), and generation ends once each of them
+        has met one of its stop strings or its budget: a short answer costs a few steps, not ``max_gen_toks``
+        (lm-eval's default 256), as lm-eval's own Hugging Face model stops."""
+        jobs = []  # (prompt tokens, stop strings, budget, temperature)
+        for request in requests:
             context, kwargs = request.args
             kwargs = dict(kwargs or {})
             until = kwargs.pop("until", None) or [self.tok_decode([self.eot_token_id])]
             until = [until] if isinstance(until, str) else list(until)
             budget = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
             temperature = float(kwargs.pop("temperature", 0.0)) if kwargs.pop("do_sample", False) else 0.0
-            text = self.generate_text(context, budget, until, temperature=temperature)
-            self.cache_hook.add_partial("generate_until", (context, request.args[1]), text)
-            out.append(text)
+            # cut from the left to leave room for the budget, as lm-eval's Hugging Face model does
+            prompt = (self.tok_encode(context) or [self.prefix_token_id])[-max(self.max_length - budget, 1):]
+            jobs.append((prompt, until, budget, temperature))
+        order = sorted(range(len(jobs)), key=lambda i: (jobs[i][3], jobs[i][2], -len(jobs[i][0])))
+        out: list[str | None] = [None] * len(jobs)
+        progress = tqdm(total=len(jobs), disable=disable_tqdm, desc="generate_until")
+        start = 0
+        while start < len(order):
+            kind = jobs[order[start]][2:]  # (budget, temperature): a batch shares them
+            chunk = [i for i in order[start:start + self.batch_size] if jobs[i][2:] == kind]  # (contiguous: sorted)
+            texts = self.generate_texts([jobs[i][0] for i in chunk], [jobs[i][1] for i in chunk], *kind)
+            for i, text in zip(chunk, texts):
+                out[i] = text
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
+            progress.update(len(chunk))
+            start += len(chunk)
+        progress.close()
         return out
 
     @torch.no_grad()
-    def generate_text(self, context: str, max_new_tokens: int, until: list[str], temperature: float = 0.0) -> str:
-        """``model.generate`` from the context (cut from the left to leave room), decoded and cut at the
-        first stop string."""
-        ids = (self.tok_encode(context) or [self.prefix_token_id])[-max(self.max_length - max_new_tokens, 1):]
-        prompt = torch.tensor([ids], device=self.device)
-        tokens = self.model.generate(prompt, max_new_tokens, temperature=temperature)[0, len(ids):].tolist()
-        text = self.tok_decode(tokens)
-        for stop in until:
-            if stop:
-                text = text.split(stop)[0]
-        return text
+    def generate_texts(self, prompts: list[list[int]], untils: list[list[str]], max_new_tokens: int,
+                       temperature: float = 0.0) -> list[str]:
+        """``model.generate`` from each prompt (token lists, left-padded into one batch), each continuation decoded
+        and cut at the first of its stop strings; generation ends once every continuation holds one."""
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)  # [b, width]
+        padding = torch.zeros(len(prompts), width, dtype=torch.bool, device=self.device)  # [b, width]
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            padding[row, :width - len(prompt)] = True
+        ended = [False] * len(prompts)
+
+        def stopped(new: torch.Tensor) -> torch.Tensor:  # [b, n] -> [b]
+            for row, stops in enumerate(untils):
+                if not ended[row]:
+                    text = finished_text(self.tok_decode(new[row].tolist()))
+                    ended[row] = any(stop and stop in text for stop in stops)
+            return torch.tensor(ended)
+
+        tokens = self.model.generate(ids, max_new_tokens, temperature=temperature,
+                                     padding_mask=padding if bool(padding.any()) else None, stop_when=stopped)
+        texts = []
+        for row, stops in enumerate(untils):
+            text = self.tok_decode(tokens[row, width:].tolist())
+            for stop in stops:
+                if stop:
+                    text = text.split(stop)[0]
+            texts.append(text)
+        return texts

@@ -360,6 +360,28 @@ def test_stop_token_ends_each_sequence_and_fills_the_rest():
     assert torch.equal(out[0, :4 + first + 1], greedy[0, :4 + first + 1])
 
 
+def test_stop_when_ends_generation_at_the_step_it_holds_for_every_sequence_with_the_same_tokens():
+    model = tiny_hybrid()
+    prompt = torch.randint(1, 61, (3, 5))
+    greedy = model.generate(prompt, 12)
+    calls = []
+
+    def stop(new):  # sequence r has ended once it has made 2 + 2r tokens
+        calls.append(new.shape[1])
+        return torch.tensor([new.shape[1] >= 2 + 2 * r for r in range(3)])
+
+    out = model.generate(prompt, 12, stop_when=stop)
+    assert out.shape == (3, 5 + 6) and torch.equal(out, greedy[:, :11]) and calls == [1, 2, 3, 4, 5, 6]
+    sampled = model.generate(prompt, 12, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    early = model.generate(prompt, 12, temperature=1.0, generator=torch.Generator().manual_seed(1),
+                           stop_when=lambda new: (new == sampled[:, 5 + 3, None]).any(1))
+    assert torch.equal(early, sampled[:, :early.shape[1]]) and early.shape[1] <= 5 + 4
+    assert torch.equal(model.generate(prompt, 12, stop_when=lambda new: torch.zeros(3, dtype=torch.bool)), greedy)
+    with pytest.raises(ValueError, match=r"stop_when must return a bool tensor \[B\] = \[3\], one entry per sequence; "
+                                         r"got torch.int64 \(3,\)"):
+        model.generate(prompt, 12, stop_when=lambda new: torch.ones(3, dtype=torch.long))
+
+
 def test_sampling_options():
     model = tiny_hybrid()
     prompt = torch.randint(1, 61, (2, 4))

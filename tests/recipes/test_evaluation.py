@@ -135,6 +135,61 @@ def test_generate_until_is_generate_cut_at_the_first_stop_string():
     assert whole == full
 
 
+@pytest.mark.parametrize("pattern", ["SM AM", "AM"])
+def test_generate_until_in_batches_is_each_request_alone_and_stops_once_every_one_has_its_stop(pattern):
+    """Batched (left-padded contexts of different lengths, each its own stop strings) equals each request generated
+    alone to its whole budget and cut; and the batch ends at the step where its last continuation met its stop, not at
+    the budget (every request ran to max_gen_toks before: 256 tokens by default for a one-word answer)."""
+    model = tiny(pattern, max_seq_len=96)
+    contexts = ["Once upon a time", "A", "The quick brown fox jumps over", "Hello, world", "xyz" * 9]
+    alone, alone_ids = [], []
+    for context in contexts:
+        ids = torch.tensor([BYTES.encode(context)])
+        with torch.no_grad():
+            alone_ids.append(model.generate(ids, 40)[0, ids.shape[1]:].tolist())
+        alone.append(BYTES.decode(alone_ids[-1]))
+    stops = [[text[3 + i:5 + i], "zzz"] for i, text in enumerate(alone)]  # each met 5-9 characters in
+    stops[1] = ["zzz"]  # one that never stops: the whole budget
+    widths = []
+    generate = model.generate
+
+    def recorded(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        widths.append(out.shape[1] - args[0].shape[1])
+        return out
+
+    model.generate = recorded
+    lm = ZooLM(model, BYTES, batch_size=3)
+    got = lm.generate_until([request("generate_until", c, {"until": u, "max_gen_toks": 40}) for c, u in zip(contexts, stops)])
+    assert got == [text.split(u[0])[0] for text, u in zip(alone, stops)]
+    assert all(len(text) < 9 for i, text in enumerate(got) if i != 1) and got[1] == alone[1]
+    assert 40 in widths  # the batch that held the one without a stop ran to the budget
+    widths.clear()
+    short = lm.generate_until([request("generate_until", c, {"until": u, "max_gen_toks": 40})
+                               for c, u in zip(contexts, stops) if u != ["zzz"]])
+    assert short == [g for g, u in zip(got, stops) if u != ["zzz"]]
+    assert max(widths) <= max(len(BYTES.encode(text[:5 + i])) for i, text in enumerate(alone) if i != 1) < 40
+    mixed = lm.generate_until([request("generate_until", contexts[0], {"until": ["zzz"], "max_gen_toks": 7}),
+                               request("generate_until", contexts[2], {"until": ["zzz"], "max_gen_toks": 40})])
+    assert mixed == [BYTES.decode(alone_ids[0][:7]), alone[2]]  # each its own budget
+
+
+def test_a_stop_string_is_not_found_in_a_character_the_next_tokens_have_not_finished(monkeypatch):
+    """Bytes of an unfinished character decode to a replacement character: "ab" + the first byte of "é" reads
+    "ab\ufffd" until the next byte makes it "abé". A stop string found across it ("b\ufffd") ended the continuation
+    there, so a batch that stopped early answered otherwise than one that ran on (texts that hold one: an untrained
+    byte model's)."""
+    import components.generation as generation
+
+    script = list("abécd".encode())  # [97, 98, 195, 169, 99, 100]
+    steps = iter(range(100))
+    monkeypatch.setattr(generation, "sample_next", lambda logits, **_: torch.full(
+        (logits.shape[0],), script[min(next(steps), len(script) - 1)], dtype=torch.long))
+    lm = ZooLM(tiny(), BYTES)
+    [got] = lm.generate_until([request("generate_until", "x", {"until": ["b\ufffd", "d"], "max_gen_toks": 8})])
+    assert got == "abéc"
+
+
 def run_task(model, tmp_path, name: str, items: list[dict]) -> float:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from components import HybridLM
 from recipes import LanguageModel
 from recipes.cli import main as cli
 from recipes.data import TextCorpus
@@ -38,6 +39,12 @@ def test_generate_prints_the_prompt_and_its_greedy_continuation(tmp_path, monkey
         assert main([*base, "--stop", stop]) == text[:text.find(stop, 1) + len(stop)], repr(stop)
     absent = text[first] + "\x01"  # its first token is in the text, the whole is not: no stop at all
     assert main([*base, "--stop", absent]) == text
+    widths = []  # a longer stop ends generation too, where it appears (it ran to --max_new_tokens and was cut)
+    generate = HybridLM.generate
+    monkeypatch.setattr(HybridLM, "generate", lambda *a, **k: widths.append(generate(*a, **k).shape[1]) or
+                        generate(*a, **k))
+    main([*base, "--stop", text[first:first + 2]])
+    assert len(widths) == 1 and widths[0] < 1 + 24  # (characters here are not bytes: the sample holds invalid ones)
     with pytest.raises(SystemExit, match=r"error: generate: top_p=2.0 must lie in \(0, 1\]"):
         main([*base, "--top_p", "2"])  # (a traceback before)
 

@@ -1,0 +1,32 @@
+"""``python -m recipes.benchmarks.evaluation`` at a tiny size: each table has its rows, and the zoo computes what
+lm-eval's Hugging Face model computes on the same weights (a timing of a different computation would mean nothing)."""
+
+import pytest
+
+from recipes.benchmarks import evaluation
+
+pytest.importorskip("transformers")
+pytest.importorskip("lm_eval")
+
+TINY = ["--layers", "1", "--width", "32", "--rounds", "1", "--threads", "1", "--batch_size", "3"]
+
+
+def rows(out: str) -> dict[str, list[str]]:
+    lines = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| model")]
+    return {cells[0].strip("| "): cells for cells in (line.split(" | ") for line in lines)}
+
+
+def test_the_generation_table_times_the_same_texts_three_ways(capsys):
+    evaluation.main([*TINY, "--generate", "--questions", "7", "--budget", "24"])
+    out = capsys.readouterr().out
+    table = rows(out)
+    assert set(table) == {"lm-eval hf", "zoo", "zoo before (alone, whole budget)"}
+    assert all(cells[3] == "7 of 7 |" for cells in table.values())  # the texts equal lm-eval's own
+    assert table["lm-eval hf"][2] == "1.00" and "of 7 ran to the budget" in out
+
+
+def test_the_scoring_table_gives_scores_within_float_rounding_of_hfs(capsys):
+    evaluation.main([*TINY, "--questions", "3"])
+    table = rows(capsys.readouterr().out)
+    assert set(table) == {"lm-eval hf", "zoo (shared context)", "zoo (no sharing)"}
+    assert all(float(cells[3].strip(" |")) < 1e-4 for cells in table.values())
