@@ -37,8 +37,8 @@ from recipes.module import LanguageModel, language_model_arguments
 from recipes.optimizer import recorded_form
 from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, trains_in_workers
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback,
-                              TrainingInterrupted, ValidateFinalStep, check_averaging_unsharded, default_progress_bar,
-                              newest_checkpoint)
+                              TrainingInterrupted, ValidateFinalStep, averaged_weights_note, check_averaging_unsharded,
+                              default_progress_bar, newest_checkpoint)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")  # loggers whose folders are <save_dir>/<name>/<version>/
@@ -470,9 +470,20 @@ class HybridCLI(LightningCLI):
 
     def before_validate(self) -> None:
         self._say_if_untrained("validate")
+        self._say_if_averaged("validate")
 
     def before_test(self) -> None:
         self._say_if_untrained("test")
+        self._say_if_averaged("test")
+
+    def _say_if_averaged(self, subcommand: str) -> None:
+        """A checkpoint of a run with a weight-averaging callback scores its average: said, since beside another
+        run's trained weights it is not like for like."""
+        path = self.config[subcommand].get("ckpt_path")
+        if path and Path(path).is_file() and self.trainer.is_global_zero:
+            note = averaged_weights_note(load_checkpoint(path, mmap=True), path)
+            if note:
+                print(note, file=sys.stderr, flush=True)
 
     def _say_if_untrained(self, subcommand: str) -> None:
         """Without ``--ckpt_path`` (or ``model.init_from``) validate and test score the recipe's fresh model — the

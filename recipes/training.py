@@ -264,17 +264,33 @@ def weight_averaging(callbacks: list) -> str | None:
     return ", ".join(names) or None
 
 
+def averaged_weights(checkpoint: dict) -> str | None:
+    """The name of the ``WeightAveraging`` callback whose average a checkpoint's weights are (it keeps the trained
+    ones beside them, under ``current_model_state``), or None for trained weights."""
+    if "current_model_state" not in checkpoint:
+        return None
+    names = [key.split("{")[0] for key in checkpoint.get("callbacks") or {} if "Averaging" in key]
+    return names[0] if names else "WeightAveraging"
+
+
+def averaged_weights_note(checkpoint: dict, path) -> str | None:
+    """What a command that scores or samples a checkpoint says when its weights are an average."""
+    name = averaged_weights(checkpoint)
+    return None if name is None else (f"note: {path} holds its run's {name} average as its weights (what its "
+                                      "validations scored); the trained weights beside them serve only a resume")
+
+
 def check_averaging_resumed(checkpoint: dict, callbacks: list) -> None:
     """Refuse to resume training from a checkpoint a ``WeightAveraging`` callback wrote when no such callback runs
     now: its ``state_dict`` holds the average and the trained weights wait under ``current_model_state`` for that
     callback to put back, so training would go on from the average, silently."""
-    if "current_model_state" not in checkpoint or any(averages_weights(c) for c in callbacks):
+    name = averaged_weights(checkpoint)
+    if name is None or any(averages_weights(c) for c in callbacks):
         return
-    names = [key for key in checkpoint.get("callbacks") or {} if "Averaging" in key] or ["EMAWeightAveraging"]
     raise ValueError(
-        f"this checkpoint was written by a run with {names[0]}: its weights are that callback's average, and the "
+        f"this checkpoint was written by a run with {name}: its weights are that callback's average, and the "
         f"trained weights beside them are restored only by it. Resume with the same callback "
-        f"(--trainer.callbacks+={names[0].split('{')[0]} and its settings), or start a new run from the averaged "
+        f"(--trainer.callbacks+={name} and its settings), or start a new run from the averaged "
         "weights with --model.init_from <the checkpoint>")
 
 

@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("error: name --tasks and/or a --suite to run")
     from recipes.checkpoints import load_checkpoint
     from recipes.module import LanguageModel
+    from recipes.training import averaged_weights, averaged_weights_note
     from recipes.evaluation.suites import result_paths
     from recipes.outputs import refuse_overwrite
     from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_recipe, trusted_classes,
@@ -203,8 +204,12 @@ def main(argv: list[str] | None = None) -> dict:
         lm = LanguageModel.load_from_checkpoint(str(path), map_location=args.device,
                                                 allow_classes=trusted_classes(recipe, args))
         model = lm.model.to(args.device).eval()
-        step = int(load_checkpoint(path, mmap=True).get("global_step", 0))
+        record = load_checkpoint(path, mmap=True)
+        step = int(record.get("global_step", 0))
         output: dict = {"checkpoint": str(path), "step": step}
+        if averaged_weights(record):  # (said: a comparison with another run's trained weights is not like for like)
+            output["weights"] = f"{averaged_weights(record)} average"
+            print(averaged_weights_note(record, path), file=sys.stderr, flush=True)
         scalars = {}
         if args.tasks:
             results, text = run_harness(model, data, args)

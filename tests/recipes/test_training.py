@@ -541,6 +541,19 @@ def test_weight_averaging_leaves_the_trained_weights_to_resume_from_and_a_resume
     with pytest.raises(SystemExit, match=r"written by a run with EMAWeightAveraging: its weights are that callback's "
                                          r"average.*--trainer.callbacks\+=EMAWeightAveraging"):
         fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "7", "--ckpt_path", last)
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as patch:  # validate scores the average, and says so (not so a trained one)
+        patch.chdir(tmp_path)
+        main(["validate", *TEXT, "--trainer.limit_val_batches", "2", "--ckpt_path", last])
+        assert f"note: {last} holds its run's EMAWeightAveraging average as its weights" in capsys.readouterr().err
+        main(["validate", *TEXT, "--trainer.limit_val_batches", "2", "--ckpt_path", last.replace("ema", "plain")])
+        assert "average as its weights" not in capsys.readouterr().err
+        from recipes.evaluation.cli import main as evaluate
+
+        suite = ["--config", "quickstart.yaml", "--suite", "length", "--multiples", "1", "--windows", "1"]
+        assert evaluate([*suite, "--ckpt_path", last])["weights"] == "EMAWeightAveraging average"  # in its JSON too
+        assert "average as its weights" in capsys.readouterr().err
+        assert "weights" not in evaluate([*suite, "--ckpt_path", last.replace("ema", "plain")])
 
 
 def test_stochastic_weight_averaging_leaves_last_ckpt_the_trained_weights_and_says_its_average_was_not_validated(
