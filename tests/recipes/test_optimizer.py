@@ -254,6 +254,22 @@ def test_a_batch_size_finder_is_refused_on_a_cpu(tmp_path, monkeypatch):
         main([*TINY, "--trainer.callbacks+=BatchSizeFinder", "--trainer.max_steps", "2"])
 
 
+def test_a_resume_drops_both_tuners_and_says_what_the_run_goes_on_with(capsys):
+    """On a resume Lightning runs its tuners before it restores the run; the GPU-only BatchSizeFinder is dropped like
+    the learning-rate finder (a CPU refuses it before this point, so only this unit test reaches it there)."""
+    from lightning.pytorch.callbacks import BatchSizeFinder, EarlyStopping, LearningRateFinder
+
+    from recipes.cli import without_tuners
+
+    keep = EarlyStopping(monitor="val/loss")
+    assert without_tuners([BatchSizeFinder(), keep, LearningRateFinder()]) == [keep]
+    note = capsys.readouterr().err
+    assert ("note: resuming: BatchSizeFinder, LearningRateFinder not run again: the run goes on with the batch size its "
+            "configuration gives (--data.init_args.batch_size N keeps the one the finder chose) and the learning rate "
+            "its checkpoint records") in note
+    assert without_tuners([keep]) == [keep] and capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("nesterov, adjust_lr_fn", [(True, "match_rms_adamw"), (False, "original")])
 def test_a_fused_weight_steps_as_the_projections_it_fuses(nesterov, adjust_lr_fn):
     """Muon on a weight declared as three projections (rows 3, 9 and 2 of 14, the middle one taller than wide) equals
