@@ -2,9 +2,9 @@
 
 import contextlib
 import types
-from collections.abc import Callable
 import warnings
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
