@@ -48,8 +48,35 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="where to write the JSON (and a suite's .md and .png); files already "
                                                "there are refused unless --force")
     p.add_argument("--force", action="store_true", help="replace the files of an earlier --out")
+    p.add_argument("--log_samples", action="store_true",
+                   help="--tasks: also write each example's inputs, the model's answers and scores to "
+                        "OUT.samples.jsonl (needs --out)")
+    p.add_argument("--gen_kwargs", type=generation_settings, default=None,
+                   help="--tasks: settings over every generation task's own, e.g. max_gen_toks=32,temperature=0")
     p.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda, cuda:N, mps")
     return p
+
+
+def generation_settings(text: str) -> str:
+    """lm-eval's ``gen_kwargs`` form, ``key=value[,key=value...]``, checked here rather than inside the harness."""
+    pieces = [piece.strip() for piece in text.split(",")]
+    if not all("=" in piece and piece.split("=", 1)[0].strip() for piece in pieces):
+        raise argparse.ArgumentTypeError(f"{text!r} is not key=value[,key=value...] (e.g. max_gen_toks=32,temperature=0)")
+    return text
+
+
+def samples_path(json_path: Path) -> Path:
+    """Where ``--log_samples`` writes: beside ``FILE.json``, ``FILE.samples.jsonl``."""
+    return json_path.with_name(json_path.name.removesuffix(".json") + ".samples.jsonl")
+
+
+def write_samples(samples: dict, out: Path) -> int:
+    """lm-eval's per-example records (``results["samples"]``: task → list), one JSON line each with its task's
+    name; values JSON cannot hold are written as text. Returns the lines written."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"task": task, **record}, default=str) for task, records in samples.items() for record in records]
+    out.write_text("".join(line + "\n" for line in lines))
+    return len(lines)
 
 
 def harness_module():
@@ -98,7 +125,8 @@ def run_harness(model, data, args) -> tuple[dict, str]:
     lm = harness.ZooLM(model, text_tokenizer(data, "--tasks"), batch_size=args.batch_size)
     with without_harness_bookkeeping():
         results = simple_evaluate(model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
-                                  task_manager=manager, log_samples=False, bootstrap_iters=0)
+                                  task_manager=manager, log_samples=args.log_samples, bootstrap_iters=0,
+                                  gen_kwargs=args.gen_kwargs)
     return results, make_table(results)
 
 
@@ -192,10 +220,13 @@ def main(argv: list[str] | None = None) -> dict:
     from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_recipe, trusted_classes,
                               with_run_data)
 
+    if args.log_samples and not (args.tasks and args.out):
+        sys.exit("error: --log_samples writes the examples of --tasks beside --out FILE (FILE.samples.jsonl): name both")
     try:
         written = result_paths(args.out) if args.out else []
+        samples = [samples_path(written[0])] if args.log_samples else []
         if not args.force:  # before the evaluation, which may take long
-            refuse_overwrite(written if args.suite else written[:1], lost="an earlier evaluation's results")
+            refuse_overwrite((written if args.suite else written[:1]) + samples, lost="an earlier evaluation's results")
         recipe = load_recipe(args.config)
         path = Path(checkpoint_path(recipe, args.ckpt_path, args.config))
         recipe = with_run_data(recipe, path)
@@ -217,6 +248,8 @@ def main(argv: list[str] | None = None) -> dict:
             output["harness"] = {key: results.get(key) for key in ("results", "configs", "versions", "n-shot",
                                                                   "higher_is_better", "n-samples") if key in results}
             scalars.update(harness_scalars(results))
+            if samples:
+                print(f"wrote {samples[0]} ({write_samples(results.get('samples') or {}, samples[0])} examples)")
         if args.suite:
             from recipes.evaluation.suites import scalars as suite_scalars, table, write_result
 

@@ -357,6 +357,8 @@ def test_the_mqar_suite_takes_whole_multiples_and_a_positive_number_of_examples(
     (["--tasks", "zoo_cloze", "--limit", "0"], "argument --limit: 0 must be a finite number > 0"),  # the harness: "did not find any docs!"
     (["--tasks", "zoo_cloze", "--num_fewshot", "-1"], "argument --num_fewshot: -1 must be >= 0"),  # ran as 0 before
     (["--tasks", "zoo_cloze", "--limit", "x"], "argument --limit: invalid float value: 'x'"),
+    (["--tasks", "zoo_passkey", "--gen_kwargs", "max_gen_toks:5"], "argument --gen_kwargs: 'max_gen_toks:5' is not "
+                                                                  "key=value[,key=value...]"),
 ])
 def test_eval_refuses_impossible_harness_settings_when_parsing(extra, message, capsys):
     from recipes.evaluation.cli import main
@@ -395,6 +397,42 @@ def test_a_recipe_without_text_and_a_missing_harness_are_named(tmp_path, monkeyp
 
     with pytest.raises(ValueError, match="the recipe's data module MQAR has no text tokenizer"):
         text_tokenizer(MQAR(seq_len=16, num_pairs=2, vocab_size=64), "--tasks")
+
+
+def test_log_samples_writes_each_example_beside_the_json_and_gen_kwargs_reach_the_generation(trained_quickstart,
+                                                                                            monkeypatch, capsys):
+    """The per-example records lm-eval keeps (inputs, the model's answers, its scores) for reading what a model
+    answered; lm-eval's own command writes them with --log_samples, which the zoo's command lacked."""
+    from recipes.evaluation.cli import main
+
+    monkeypatch.chdir(trained_quickstart)
+    tasks = trained_quickstart / "gen_task"
+    tasks.mkdir(exist_ok=True)
+    (tasks / "sums.jsonl").write_text("".join(json.dumps({"question": f"{a} + {a} =", "answer": str(2 * a)}) + "\n"
+                                              for a in (1, 2, 3)))
+    (tasks / "sums.yaml").write_text(
+        f"task: sums\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tasks / 'sums.jsonl'}\n"
+        "test_split: test\noutput_type: generate_until\ndoc_to_text: question\ndoc_to_target: answer\n"
+        "generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: 20\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\nmetadata:\n  version: 1.0\n")
+    budgets = []  # (the answers: the task's own, so that exact_match scores them)
+    monkeypatch.setattr("recipes.evaluation.harness.ZooLM.generate_texts",
+                        lambda self, prompts, untils, max_new_tokens, temperature=0.0:
+                        budgets.append(max_new_tokens) or [str(2 * int(chr(p[0]))) for p in prompts])
+    args = ["--config", "quickstart.yaml", "--ckpt_path", "last", "--tasks", "zoo_cloze,sums", "--limit", "3",
+            "--include_path", str(tasks)]
+    with pytest.raises(SystemExit, match="--log_samples writes the examples of --tasks beside --out FILE"):
+        main([*args, "--log_samples"])
+    out = main([*args, "--log_samples", "--gen_kwargs", "max_gen_toks=7", "--out", "eval/with"])
+    assert set(budgets) == {7} and out["harness"]["results"]["sums"]["exact_match,none"] == 1.0
+    lines = [json.loads(line) for line in (trained_quickstart / "eval" / "with.samples.jsonl").read_text().splitlines()]
+    assert sorted(line["task"] for line in lines) == ["sums"] * 3 + ["zoo_cloze"] * 3
+    assert all({"doc", "arguments", "resps", "target"} <= set(line) for line in lines)
+    assert sorted(line["resps"][0][0] for line in lines if line["task"] == "sums") == ["2", "4", "6"]
+    assert "samples" not in json.loads((trained_quickstart / "eval" / "with.json").read_text())["harness"]
+    (trained_quickstart / "eval" / "with.json").unlink()  # the samples alone are not overwritten either
+    with pytest.raises(SystemExit, match="eval/with.samples.jsonl already exists: choose another --out, or --force"):
+        main([*args, "--log_samples", "--out", "eval/with"])
 
 
 @pytest.fixture(scope="module")
