@@ -156,32 +156,31 @@ class ZooLM(TemplateLM):
     # ---- generation --------------------------------------------------------------------------------
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Greedy (or sampled, with ``do_sample`` and a ``temperature``) continuation of each context, from the
-        zoo's cache, cut at the first of the ``until`` strings.
+        """Greedy (or sampled, with ``do_sample``, a ``temperature`` and optionally ``top_k`` and ``top_p``)
+        continuation of each context, from the zoo's cache, cut at the first of the ``until`` strings. A setting
+        the zoo's ``generate`` does not have (beam search, a repetition penalty) is refused by name, not ignored.
 
-        Up to ``batch_size`` requests of the same budget and temperature are generated together, longest context
+        Up to ``batch_size`` requests of the same budget and sampling are generated together, longest context
         first (left-padded, with positions from each one's first real token), and generation ends once each of them
         has met one of its stop strings or its budget: a short answer costs a few steps, not ``max_gen_toks``
         (lm-eval's default 256), as lm-eval's own Hugging Face model stops."""
-        jobs = []  # (prompt tokens, stop strings, budget, temperature)
+        jobs = []  # (prompt tokens, stop strings, budget, (temperature, top_k, top_p))
         for request in requests:
             context, kwargs = request.args
             kwargs = dict(kwargs or {})
             until = kwargs.pop("until", None) or [self.tok_decode([self.eot_token_id])]
             until = [until] if isinstance(until, str) else list(until)
             budget = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
-            temperature = float(kwargs.pop("temperature", 0.0)) if kwargs.pop("do_sample", False) else 0.0
-            # cut from the left to leave room for the budget, as lm-eval's Hugging Face model does
-            prompt = (self.tok_encode(context) or [self.prefix_token_id])[-max(self.max_length - budget, 1):]
-            jobs.append((prompt, until, budget, temperature))
-        order = sorted(range(len(jobs)), key=lambda i: (jobs[i][3], jobs[i][2], -len(jobs[i][0])))
+            jobs.append(((self.tok_encode(context) or [self.prefix_token_id])[-max(self.max_length - budget, 1):],
+                         until, budget, sampling(kwargs)))  # (the context cut from the left, as lm-eval's HF model does)
+        order = sorted(range(len(jobs)), key=lambda i: (repr(jobs[i][3]), jobs[i][2], -len(jobs[i][0])))
         out: list[str | None] = [None] * len(jobs)
         progress = tqdm(total=len(jobs), disable=disable_tqdm, desc="generate_until")
         start = 0
         while start < len(order):
-            kind = jobs[order[start]][2:]  # (budget, temperature): a batch shares them
+            kind = jobs[order[start]][2:]  # (budget, sampling): a batch shares them
             chunk = [i for i in order[start:start + self.batch_size] if jobs[i][2:] == kind]  # (contiguous: sorted)
-            texts = self.generate_texts([jobs[i][0] for i in chunk], [jobs[i][1] for i in chunk], *kind)
+            texts = self.generate_texts([jobs[i][0] for i in chunk], [jobs[i][1] for i in chunk], kind[0], *kind[1])
             for i, text in zip(chunk, texts):
                 out[i] = text
                 self.cache_hook.add_partial("generate_until", requests[i].args, text)
@@ -192,7 +191,7 @@ class ZooLM(TemplateLM):
 
     @torch.no_grad()
     def generate_texts(self, prompts: list[list[int]], untils: list[list[str]], max_new_tokens: int,
-                       temperature: float = 0.0) -> list[str]:
+                       temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None) -> list[str]:
         """``model.generate`` from each prompt (token lists, left-padded into one batch), each continuation decoded
         and cut at the first of its stop strings; generation ends once every continuation holds one."""
         width = max(len(p) for p in prompts)
@@ -210,7 +209,7 @@ class ZooLM(TemplateLM):
                     ended[row] = any(stop and stop in text for stop in stops)
             return torch.tensor(ended)
 
-        tokens = self.model.generate(ids, max_new_tokens, temperature=temperature,
+        tokens = self.model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                      padding_mask=padding if bool(padding.any()) else None, stop_when=stopped)
         texts = []
         for row, stops in enumerate(untils):
@@ -220,3 +219,25 @@ class ZooLM(TemplateLM):
                     text = text.split(stop)[0]
             texts.append(text)
         return texts
+
+
+NO_OPS = {"num_beams": 1, "num_return_sequences": 1, "repetition_penalty": 1.0}
+"""Generation settings a task may name at values that change nothing: accepted, where any other value is refused."""
+
+
+def sampling(kwargs: dict) -> tuple[float, int | None, float | None]:
+    """``(temperature, top_k, top_p)`` from a request's remaining generation settings: greedy ``(0.0, None, None)``
+    unless ``do_sample`` with a temperature above 0 (Hugging Face's rule: without ``do_sample`` the others are not
+    used). A setting left over, unknown to the zoo's ``generate`` and not a no-op, is refused by name: ignored, it
+    would have scored another decoding than the task's."""
+    sample = bool(kwargs.pop("do_sample", False))
+    temperature = float(kwargs.pop("temperature", 0.0))
+    top_k, top_p = kwargs.pop("top_k", None), kwargs.pop("top_p", None)
+    unknown = {key: value for key, value in kwargs.items() if NO_OPS.get(key, object()) != value}
+    if unknown:
+        raise ValueError(f"generate_until: the task asks for {', '.join(f'{k}={v!r}' for k, v in unknown.items())}, "
+                         "which the zoo's generate does not do (it takes until, max_gen_toks, do_sample, temperature, "
+                         "top_k and top_p)")
+    if not sample or temperature == 0:
+        return 0.0, None, None
+    return temperature, None if top_k is None else int(top_k), None if top_p is None else float(top_p)

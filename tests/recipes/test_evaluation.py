@@ -174,6 +174,25 @@ def test_generate_until_in_batches_is_each_request_alone_and_stops_once_every_on
     assert mixed == [BYTES.decode(alone_ids[0][:7]), alone[2]]  # each its own budget
 
 
+def test_generate_until_samples_with_the_tasks_top_k_and_top_p_and_refuses_a_setting_it_lacks(monkeypatch):
+    """A task's ``top_k``/``top_p`` were dropped (plain temperature sampling scored instead), and a setting the zoo's
+    generate lacks (beam search) was ignored: the task's decoding was not the one scored, without a word."""
+    model = tiny()
+    seen = []
+    generate = model.generate
+    model.generate = lambda *args, **kwargs: seen.append({k: kwargs[k] for k in ("temperature", "top_k", "top_p")}) \
+        or generate(*args, **kwargs)
+    lm = ZooLM(model, BYTES, batch_size=4)
+    ask = lambda **kw: request("generate_until", "Once upon", {"until": ["zzz"], "max_gen_toks": 4, **kw})  # noqa: E731
+    lm.generate_until([ask(do_sample=True, temperature=0.7, top_k=5, top_p=0.9), ask(temperature=0.7, top_k=5),
+                       ask(do_sample=True, temperature=0.0), ask(num_beams=1, repetition_penalty=1.0)])
+    assert sorted(seen, key=repr) == [{"temperature": 0.0, "top_k": None, "top_p": None},  # greedy, one batch of 3
+                                      {"temperature": 0.7, "top_k": 5, "top_p": 0.9}]
+    with pytest.raises(ValueError, match=r"generate_until: the task asks for num_beams=4, which the zoo's generate "
+                                         r"does not do \(it takes until, max_gen_toks, do_sample, temperature, top_k"):
+        lm.generate_until([ask(num_beams=4)])
+
+
 def test_a_stop_string_is_not_found_in_a_character_the_next_tokens_have_not_finished(monkeypatch):
     """Bytes of an unfinished character decode to a replacement character: "ab" + the first byte of "é" reads
     "ab\ufffd" until the next byte makes it "abé". A stop string found across it ("b\ufffd") ended the continuation
@@ -417,7 +436,7 @@ def test_log_samples_writes_each_example_beside_the_json_and_gen_kwargs_reach_th
         "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\nmetadata:\n  version: 1.0\n")
     budgets = []  # (the answers: the task's own, so that exact_match scores them)
     monkeypatch.setattr("recipes.evaluation.harness.ZooLM.generate_texts",
-                        lambda self, prompts, untils, max_new_tokens, temperature=0.0:
+                        lambda self, prompts, untils, max_new_tokens, *sampling:
                         budgets.append(max_new_tokens) or [str(2 * int(chr(p[0]))) for p in prompts])
     args = ["--config", "quickstart.yaml", "--ckpt_path", "last", "--tasks", "zoo_cloze,sums", "--limit", "3",
             "--include_path", str(tasks)]
