@@ -530,13 +530,11 @@ class LanguageModel(L.LightningModule):
             problem = tokenizer_problem(self.trainer.datamodule, checkpoint.get("tokenizer"))
             if problem:
                 raise ValueError(f"LanguageModel: {problem}")
-        if self._trainer is not None and self.trainer.state.fn == "fit":
+        if self._trainer is not None and self.trainer.state.fn == "fit":  # training resumes
             check_averaging_resumed(checkpoint, self.trainer.callbacks)
-        # Only when training resumes: loading weights elsewhere must not reset the caller's RNGs.
-        if self._trainer is not None and self.trainer.state.fn == "fit" and "rng_states" in checkpoint:
-            set_rng_states(checkpoint["rng_states"])
-        if self._trainer is not None and self.trainer.state.fn == "fit":  # where a resumed run starts (the summary)
-            self.history["first_step"] = int(checkpoint.get("global_step", 0))
+            if "rng_states" in checkpoint:  # (only here: loading weights elsewhere must not reset the caller's RNGs)
+                set_rng_states(checkpoint["rng_states"])
+            self.history["first_step"] = int(checkpoint.get("global_step", 0))  # where it starts (the summary)
             self._resumed_schedule_steps = checkpoint.get("schedule_steps")
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:

@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> dict:
         record = load_checkpoint(path, mmap=True)
         step = int(record.get("global_step", 0))
         output: dict = {"checkpoint": str(path), "step": step}
-        if averaged_weights(record):  # (said: a comparison with another run's trained weights is not like for like)
-            output["weights"] = f"{averaged_weights(record)} average"
+        averaging = averaged_weights(record)
+        if averaging:  # (said: a comparison with another run's trained weights is not like for like)
+            output["weights"] = f"{averaging} average"
             print(averaged_weights_note(record, path), file=sys.stderr, flush=True)
         scalars = {}
         if args.tasks:
