@@ -104,14 +104,17 @@ def load_checkpoint(path: str | Path, *, map_location: Any = "cpu", mmap: bool =
     back to the main process so); otherwise a file without a ``state_dict`` is refused.
 
     Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError`, naming the file, for an
-    empty, truncated, corrupted or foreign one, or for one that holds pickled objects (which a checkpoint
-    never needs; such a file is refused, never loaded "unsafely").
+    empty, truncated, corrupted or foreign one, for a folder that is not a sharded checkpoint, or for one that holds
+    pickled objects (which a checkpoint never needs; such a file is refused, never loaded "unsafely").
     """
     path = Path(path)
     sharded = is_sharded_checkpoint(path)
     if sharded:
         check_shard_metadata(path)  # every reader of the folder (resume, consolidate) comes through here first
         path = path / SHARDED_META
+    elif path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file, nor a sharded checkpoint (a folder holding "
+                              f"{SHARDED_META} and .metadata beside its shards)")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint file")
     size = path.stat().st_size

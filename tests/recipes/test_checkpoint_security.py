@@ -286,3 +286,53 @@ def test_a_sharded_checkpoint_whose_index_names_code_is_refused_before_torch_unp
     (folder / ".metadata").write_bytes(b"not a pickle")
     with pytest.raises(CheckpointError, match=r"\.metadata is not a readable checkpoint index"):
         load_checkpoint(folder)
+
+
+def test_a_shard_folder_torch_writes_passes_the_index_check_and_consolidates_to_its_weights(tmp_path):
+    """The index check refuses what a shard index never holds, so it must let through everything one does hold: the
+    planner's records and the dtypes of the tensors (bf16 and fp32 here), written by torch's own distributed
+    checkpoint on one process."""
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    from recipes.checkpoints import check_shard_metadata, consolidate, load_weights
+
+    weights = {"model.w": torch.randn(3, 5, dtype=torch.bfloat16), "model.b": torch.randn(5)}
+    folder = tmp_path / "last.ckpt"
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save({"state_dict": weights}, checkpoint_id=folder)
+    torch.save({"global_step": 7, "hyper_parameters": {"d_model": 5}}, folder / "meta.pt")
+    check_shard_metadata(folder)
+    assert load_checkpoint(folder) == {"global_step": 7, "hyper_parameters": {"d_model": 5}}
+    with pytest.raises(CheckpointError, match="is a sharded checkpoint .* python -m recipes.consolidate"):
+        load_weights(folder)
+    state = load_weights(consolidate(folder))
+    assert state.keys() == weights.keys() and all(torch.equal(state[k], weights[k]) for k in weights)
+    # a dtype's name is allowed from torch only: `builtins.float` is not `torch.float`
+    (folder / ".metadata").write_bytes(pickle.dumps(float))
+    with pytest.raises(CheckpointError, match=r"\.metadata names builtins\.float"):
+        check_shard_metadata(folder)
+
+
+def test_a_folder_that_is_not_a_sharded_checkpoint_is_named_as_a_folder(tmp_path):
+    for folder in (tmp_path, tmp_path / "half"):
+        folder.mkdir(exist_ok=True)
+        with pytest.raises(CheckpointError, match=f"{folder} is a folder, not a checkpoint file, nor a sharded"):
+            load_checkpoint(folder)
+        (folder / ".metadata").write_bytes(b"")  # an index without meta.pt is not a sharded checkpoint either
+    with pytest.raises(FileNotFoundError, match="missing.ckpt: no such checkpoint file"):
+        load_checkpoint(tmp_path / "missing.ckpt")
+
+
+def test_untrusted_references_walks_lists():
+    hparams = {"callbacks": [{"class_path": "components.MLP"}, {"class_path": "evilmod.Evil"}],
+               "files": ("a", "../x"), "lrs": [1e-3, "2e-3"]}
+    assert untrusted_references(hparams) == ["callbacks[1].class_path='evilmod.Evil'", "files[1]='../x'"]
+    # a recipe's own classes are trusted on its resume wherever they sit, a list included (a false refusal else)
+    from recipes.checkpoints import class_paths
+
+    assert class_paths({"mixers": {"E": {"class_path": "a.B", "init_args": {"parts": [{"class_path": "c.D"}]}}}}) \
+        == ["a.B", "c.D"]
+    with pytest.raises(CheckpointError, match=r"its hyper-parameters name mixers=list"):
+        check_hyperparameters({"mixers": [{"class_path": "components.MLP"}]}, "x.ckpt")
