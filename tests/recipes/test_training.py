@@ -227,6 +227,9 @@ def test_ckpt_path_last_without_a_checkpoint_is_a_named_error(tmp_path, monkeypa
     assert "--ckpt_path last: no last.ckpt under runs/quickstart/*/checkpoints/" in str(info.value.code)
     with pytest.raises(SystemExit, match="no such checkpoint file"):
         main(["validate", *TEXT, "--ckpt_path", "missing.ckpt"])
+    (tmp_path / "shards").mkdir()  # a folder is named as one, not as a file that is missing
+    with pytest.raises(SystemExit, match="--ckpt_path shards is a folder, not a checkpoint file, nor a sharded"):
+        main(["validate", *TEXT, "--ckpt_path", "shards"])
 
 
 def test_divergence_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path, monkeypatch, caplog):
