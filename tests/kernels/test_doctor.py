@@ -46,7 +46,7 @@ def test_a_kernel_that_is_off_by_a_percent_fails_and_auto_refuses_it(monkeypatch
     monkeypatch.setattr(kernels.attention.triton, "attention_triton", lambda *a, **k: real(*a, **k) * 1.01)
     assert doctor.main(["--no-timing"]) == 1
     out = capsys.readouterr().out
-    assert "| attention |" in out and "FAIL" in out
+    assert "| attention |" in out and "FAIL" in out and "the failed kernels are refused by 'auto' in this process" in out
     assert set(refused_kernels()) == {"attention"}  # the others passed
     gpu_tensor = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)  # what auto reads of a tensor
     if kernels._backend.triton_installed():
@@ -63,3 +63,40 @@ def test_refusal_is_per_op_and_triton_can_still_be_forced(monkeypatch):
         assert resolve_backend("auto", gpu_tensor, op="ssd_scan", has_triton=True) == "reference"
     assert resolve_backend("triton", gpu_tensor, op="ssd_scan", has_triton=True) == "triton"
     assert resolve_backend("auto", gpu_tensor, op="attention", has_triton=True) == "triton"
+
+
+class _OneGradientElementOff(torch.autograd.Function):
+    """``x * y`` whose gradient for ``y`` is 3% off in one element: a kernel wrong in one place of one result."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return x * y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        dy = grad * x
+        dy[3] = dy[3] * 1.03
+        return grad * y, dy
+
+
+def test_the_check_fails_a_kernel_wrong_in_one_element_of_one_gradient_and_names_that_gradient():
+    def fn(backend, x, y):
+        return x * y if backend == "reference" else _OneGradientElementOff.apply(x, y)
+
+    inputs = {"x": torch.randn(16, generator=torch.Generator().manual_seed(0)) + 3, "y": torch.randn(16)}
+    bad = doctor.check("mul", "16", fn, inputs, torch.float32)
+    assert not bad.ok and bad.worst == "y" and bad.kernel_error > 1e-3 > 1e-6 > bad.reference_error
+    good = doctor.check("mul", "16", lambda backend, x, y: x * y, inputs, torch.float32)
+    assert good.ok and good.kernel_error == good.reference_error
+
+
+def test_tf32_is_the_precision_the_doctor_checks_under_and_says(monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "run", lambda timing: print(f"fp32 dots: {kernels._backend.dot_precision()}") or [])
+    before = torch.get_float32_matmul_precision()
+    try:
+        assert doctor.main(["--tf32", "--no-timing"]) == 0
+        assert "fp32 dots: tf32" in capsys.readouterr().out
+    finally:
+        torch.set_float32_matmul_precision(before)
