@@ -134,12 +134,12 @@ def write_data(folder: Path = DATA) -> None:
                 f.write(json.dumps(item) + "\n")
 
 
-def task_folder(data: dict[str, Path] | None = None) -> Path:
-    """A folder with one lm-eval YAML per task, pointing at ``data`` (default: the shipped files)."""
+def task_folder() -> Path:
+    """A new folder with one lm-eval YAML per shipped task, pointing at its data file."""
     folder = Path(tempfile.mkdtemp(prefix="zoo-tasks-"))
     for name in TASKS:
-        path = (data or {}).get(name, DATA / f"{name}.jsonl")
-        (folder / f"{name}.yaml").write_text(YAML.format(name=name, data=json.dumps(str(Path(path).resolve()))))
+        data = json.dumps(str((DATA / f"{name}.jsonl").resolve()))
+        (folder / f"{name}.yaml").write_text(YAML.format(name=name, data=data))
     return folder
 
 

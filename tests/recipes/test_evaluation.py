@@ -524,7 +524,7 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
         sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite", "length"])
 
 
-def test_a_cloze_over_held_out_documents_asks_for_each_sentences_last_word(tmp_path):
+def test_a_cloze_over_held_out_documents_asks_for_each_sentences_last_word(tmp_path, capsys):
     from recipes.data import TokenizedCorpus
     from recipes.evaluation.tasks import document_cloze_items, main as make_task
 
@@ -540,8 +540,16 @@ def test_a_cloze_over_held_out_documents_asks_for_each_sentences_last_word(tmp_p
         assert item["context"] + " " + answer + "." in source  # the context is the document's text up to the word,
         assert item["context"].startswith("Document ")  # from its start (these are shorter than 600 characters)
         assert len(set(item["choices"])) == 4
-    with pytest.raises(ValueError, match="only 0 documents have a sentence a cloze can use"):
-        document_cloze_items(["Too short."])
+    with pytest.raises(ValueError, match="only 3 documents have a sentence a cloze can use"):
+        document_cloze_items([*documents[:3], "Too short."])
+    assert len(document_cloze_items(documents[:4])) == 4  # four documents are enough for four choices
+    # a long document: the context is the 600 characters before the sentence, starting at a whole word
+    filler = " ".join(f"w{i}" for i in range(400)) + "."  # 1,890 characters, one sentence too long to ask about
+    long = filler + " The quick brown fox number one jumps over the sleeping lazy cats."
+    [item] = [i for i in document_cloze_items([long, *documents[:3]]) if "fox number one" in i["context"]]
+    before = item["context"].removesuffix(" The quick brown fox number one jumps over the sleeping lazy")
+    assert before != item["context"] and filler.endswith(before) and before.startswith("w")
+    assert 590 <= len(before) <= 600 and filler[-len(before) - 1] == " "
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
@@ -554,3 +562,15 @@ def test_a_cloze_over_held_out_documents_asks_for_each_sentences_last_word(tmp_p
     written = [json.loads(line) for line in (folder / "c_cloze.jsonl").read_text().splitlines()]
     assert len(written) == 10 and all(any(i["context"] in d for d in documents[3::4]) for i in written)
     assert "task: c_cloze" in (folder / "c_cloze.yaml").read_text()
+    with pytest.raises(SystemExit):
+        make_task(["cloze", "--out", "x"])
+    assert "the following arguments are required: --config" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        make_task(["cloze", "--config", str(recipe)])
+    assert "the following arguments are required: --out" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--name 'c-cloze': a task name is letters, digits and underscores"):
+        make_task(["cloze", "--config", str(recipe), "--out", str(tmp_path / "n"), "--name", "c-cloze"])
+    text = tmp_path / "text.yaml"
+    text.write_text("data:\n  class_path: recipes.data.TextCorpus\n")
+    with pytest.raises(SystemExit, match="TextCorpus has no documents to build a cloze from"):
+        make_task(["cloze", "--config", str(text), "--out", str(tmp_path / "t")])
