@@ -84,7 +84,8 @@ class CDMoE(ForwardRecords, nn.Module):
         if top_k > min(n_keys):
             raise ValueError(f"CDMoE: top_k={top_k} exceeds min(n_keys)={min(n_keys)}, the candidates per key half")
         if key_dim is not None and (not isinstance(key_dim, int) or key_dim < 2 or key_dim % 2):
-            raise ValueError(f"CDMoE: key_dim={key_dim} must be even (it splits into two halves), or None")
+            raise ValueError(f"CDMoE: key_dim={key_dim} must be an even integer of at least 2 (it splits in two halves), "
+                             "or None")
         self.d_model, self.n_experts, self.n_keys, self.n_heads, self.top_k = d_model, n_experts, list(n_keys), n_heads, top_k
         self.key_dim, self.act_name = key_dim, act
         self.cross_domain, self.balance_loss, self.backend = cross_domain, balance_loss, backend

@@ -30,6 +30,10 @@ def test_wrong_width_dtype_or_rank_is_named(name):
     if name in SEQUENCE:
         with pytest.raises(ValueError, match=rf"{owner}: the input must be \[B, T, d_model\] .* got shape \(5, 32\)"):
             mixer(torch.randn(5, 32))
+    else:  # a state mixer works token by token: any leading shape, the numbers of the same tokens as [B, T]
+        x = torch.randn(2, 3, 4, 32)
+        torch.testing.assert_close(mixer(x), mixer(x.reshape(6, 4, 32)).reshape(2, 3, 4, 32))
+        torch.testing.assert_close(mixer(x[0, 0]), mixer(x[:1, :1]).reshape(4, 32))
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -126,7 +126,8 @@ def test_active_parameters_on_a_hand_computed_case():
         ({"n_experts": 64, "top_k": 9}, r"top_k=9 exceeds min\(n_keys\)=8"),
         ({"n_experts": 3072, "n_keys": [48, 60]}, r"n_keys=\[48, 60\] must be two numbers whose product is n_experts=3072"),
         ({"n_experts": 3072, "n_keys": [48, 64], "top_k": 50}, r"top_k=50 exceeds min\(n_keys\)=48"),
-        ({"key_dim": 5}, "key_dim=5 must be even"),
+        ({"key_dim": 5}, "key_dim=5 must be an even integer of at least 2"),
+        ({"key_dim": 0}, "key_dim=0 must be an even integer of at least 2"),
         ({"cross_domain": "serial"}, "cross_domain='serial'"),
     ],
 )

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from components import HybridLM, PatternError, parse_pattern
@@ -25,6 +27,7 @@ def test_cheems_and_doge_examples():
 def test_letter_runs_split_into_pairs():
     assert parse_pattern("SMSMAM") == [(S, M), (S, M), (A, M)]
     assert parse_pattern("SMSM+AM") == [(S, M), (S, M), (A, M)]
+    assert parse_pattern("SMAE-E") == [(S, M), (A, E), (None, E)]  # each pair its own state letter
 
 
 @pytest.mark.parametrize("op", ["x", "×", "*"])
@@ -57,6 +60,8 @@ def test_nested_groups_multiply():
         ("SM(AM)", 3, "separator"),
         ("SMSM×2", 5, "ambiguous"),
         ("sm", 1, "unexpected character 's'"),
+        (")SM", 1, "unbalanced ')' with no matching '('"),
+        ("SM×10001", 4, "exceeds the limit of 10,000 blocks"),  # at the count, before the blocks are made
     ],
 )
 def test_malformed_patterns_point_at_the_column(pattern, column, words):
@@ -74,3 +79,32 @@ def test_unbound_letter_lists_the_bound_letters():
     assert "letter 'Q' is not bound" in message
     assert "column 4" in message
     assert "bound: A, C, E, H, I, M, R, S, X" in message
+
+
+def test_the_limits_are_inclusive_and_a_count_of_one_is_the_unit_itself():
+    assert parse_pattern("(SM AE)×1") == parse_pattern("SM AE")
+    assert len(parse_pattern("-E×10000")) == 10_000 == len(parse_pattern("(-E×5000)×2"))
+    with pytest.raises(PatternError, match="exceeds the limit of 10,000 blocks"):
+        parse_pattern("-E×10000 SM")
+    assert parse_pattern("(" * 32 + "SM" + ")" * 32) == [(S, M)]
+    with pytest.raises(PatternError, match="nest deeper than 32 levels"):
+        parse_pattern("(" * 33 + "SM" + ")" * 33)
+    with pytest.raises(TypeError, match="pattern must be a string; got list"):
+        parse_pattern(["SM"])
+
+
+@pytest.mark.parametrize("at", [0, 36, 99, 198])
+def test_an_error_in_a_long_pattern_shows_a_window_with_the_caret_under_the_column(at):
+    blocks = ["SM"] * 67  # 200 characters
+    pattern = " ".join(blocks)[:at] + "?" + " ".join(blocks)[at + 1:]
+    with pytest.raises(PatternError) as info:
+        parse_pattern(pattern)
+    _, shown, pointer = str(info.value).split("\n")
+    assert str(info.value).startswith(f"pattern of 200 characters, column {at + 1}: unexpected character '?'")
+    assert shown[pointer.index("^")] == "?" and pointer.strip() == "^"
+    window = shown.removeprefix("  pattern '").removesuffix("'")
+    assert window.startswith("…") == (at > 30) and window.endswith("…") == (at < 170)
+    assert len(window.strip("…")) == 60 and window.strip("…") in pattern
+    exact = "SM " * 19 + "?SM"  # 60 characters: shown whole, no window
+    with pytest.raises(PatternError, match=re.escape(f"pattern {exact!r}, column 58: unexpected character '?'")):
+        parse_pattern(exact)
