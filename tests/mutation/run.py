@@ -4,6 +4,7 @@ line names, and report the bugs no test caught (the survivors).
     python tests/mutation/run.py                 # every mutant, 2 at a time
     python tests/mutation/run.py --only ssd rope # the mutants whose line mentions a word
     python tests/mutation/run.py --list          # print the list and check every line applies
+    python tests/mutation/run.py --file F        # another list, such as propose.py's candidates for one file
 
 A line of ``mutants.txt`` is ``file :: old text :: new text :: tests`` (tests: pytest node ids or
 files, space-separated; ``\n`` in the texts stands for a line break). ``old text`` must occur exactly once in ``file``, so a line that no longer
@@ -65,7 +66,7 @@ def read_mutants(path: Path = LIST) -> list[Mutant]:
             continue
         mutants.append(Mutant(number, file, old, new, tests.split()))
     if problems:
-        raise SystemExit("mutants.txt is broken:\n  " + "\n  ".join(problems))
+        raise SystemExit(f"{path} is broken:\n  " + "\n  ".join(problems))
     return mutants
 
 
@@ -106,9 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant; past it counts as killed")
     parser.add_argument("--skip-baseline", action="store_true", help="do not first run the tests unmutated")
     parser.add_argument("--list", action="store_true", help="check and print the list, run nothing")
+    parser.add_argument("--file", type=Path, default=LIST,
+                        help="another list in the same format (default: mutants.txt), e.g. what propose.py writes")
     args = parser.parse_args(argv)
 
-    mutants = read_mutants()
+    mutants = read_mutants(args.file)
     if args.only:
         mutants = [m for m in mutants if any(w in f"{m.file} {m.old} {m.new} {' '.join(m.tests)}" for w in args.only)]
         if not mutants:  # else the baseline would run pytest with no targets: the whole suite
