@@ -55,3 +55,41 @@ def test_the_detectable_effect_is_detected_80_percent_of_the_time_in_simulation(
     # or less spread shrink what can be seen, as the formula must.
     assert detectable_effect(0.01, 3, 0.01, 3) > detectable_effect(0.01, 5, 0.01, 5) > detectable_effect(0.005, 5, 0.005, 5)
     assert math.isnan(detectable_effect(0.01, 1, 0.01, 5))
+
+
+def test_the_summary_and_its_interval_by_hand():
+    from recipes.stats import summarize
+
+    s = summarize([1.0, 2.0, 4.0])
+    # mean 7/3; sample variance ((4/3)² + (1/3)² + (5/3)²) / 2 = 7/3; t(0.975, 2 degrees of freedom) = 4.302653
+    assert (s.n, s.mean, s.std) == (3, pytest.approx(7 / 3), pytest.approx(math.sqrt(7 / 3)))
+    half = 4.302652729911275 * math.sqrt(7 / 3) / math.sqrt(3)
+    assert (s.low, s.high) == (pytest.approx(7 / 3 - half), pytest.approx(7 / 3 + half))
+    assert str(s) == "2.3333 ± 1.5275"
+    assert summarize([1.0, 3.0]).std == pytest.approx(math.sqrt(2))  # two runs have a spread
+    one, none = summarize([0.5]), summarize([])
+    assert (one.n, one.mean, str(one)) == (1, 0.5, "0.5000") and math.isnan(one.std) and math.isnan(one.low)
+    assert (none.n, str(none)) == (0, "-") and math.isnan(none.mean)
+
+
+def test_welch_by_hand_at_its_edges():
+    # one side without spread is still a Welch test: t = (1 - 2) / √(0 + 1/3), 2 degrees of freedom
+    difference, p = welch([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])
+    assert difference == -1.0 and p == pytest.approx(2 * scipy_stats.t.cdf(-math.sqrt(3), 2))
+    assert welch([1.0, 1.0], [1.0, 1.0]) == (0.0, 1.0)  # no spread anywhere: equal, or
+    assert welch([1.0, 1.0], [2.0, 2.0]) == (-1.0, 0.0)  # certainly different
+    difference, p = welch([1.0], [1.0, 2.0])
+    assert difference == -0.5 and math.isnan(p)  # one run: a difference, no test
+    difference, p = welch([], [1.0, 2.0])
+    assert math.isnan(difference) and math.isnan(p)
+    # equal spreads and counts: Welch's degrees of freedom are the pooled test's 2n - 2
+    se, df = welch_se_df([1.0, 2.0, 3.0], [2.0, 3.0, 4.0])
+    assert (se, df) == (pytest.approx(math.sqrt(2 / 3)), pytest.approx(4.0))
+    assert welch_se_df([1.0, 1.0], [2.0, 2.0]) == (0.0, math.inf)
+
+
+def test_the_equivalence_test_and_the_detectable_effect_without_spread():
+    assert tost([1.0, 1.0], [1.5, 1.5], 0.6) == 0.0  # |difference| 0.5 inside the margin: equivalent, surely
+    assert tost([1.0, 1.0], [1.5, 1.5], 0.5) == 1.0  # on the margin is not inside it
+    assert detectable_effect(0.0, 3, 0.0, 3) == 0.0
+    assert 0 < detectable_effect(0.01, 2, 0.01, 2) < math.inf  # two runs a side are enough to test
