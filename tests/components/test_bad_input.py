@@ -182,3 +182,35 @@ def test_a_nonfinite_input_reaches_its_position_and_later_never_earlier(name, va
         if context is not None:
             # the next document starts afresh; a mixer that looks at values alone (not their finiteness) agrees
             assert torch.isfinite(y[0, last:]).all()
+
+
+def test_constructor_arguments_out_of_range_are_named():
+    from components import MLP, InnerFuncAttention, RoutedMoE, SharedExpertMoE
+
+    for bad in (50, -1, 2.0):
+        with pytest.raises(ValueError, match=rf"HybridLM: padding_idx={bad!r} must be a token id in \[0, vocab_size=50\)"):
+            HybridLM(50, 16, "-M", padding_idx=bad)
+    assert HybridLM(50, 16, "-M", padding_idx=49).embedding.padding_idx == 49  # the last id is a token
+    for key in ("SM", "a", 1):
+        with pytest.raises(ValueError, match=rf"HybridLM: mixers key {key!r} is not a pattern letter"):
+            HybridLM(50, 16, "-M", mixers={key: MLP})
+    with pytest.raises(ValueError, match="SharedExpertMoE: n_shared=-1 must be a non-negative integer"):
+        SharedExpertMoE(16, n_shared=-1)
+    torch.manual_seed(0)  # no shared expert is a routed MoE
+    alone, routed = SharedExpertMoE(16, n_shared=0), RoutedMoE(16)
+    routed.load_state_dict(alone.state_dict())
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(alone(x), routed(x))
+    with pytest.raises(ValueError, match=r"keep_window=0 must be an integer >= 1"):
+        InnerFuncAttention(16, n_heads=2, keep_window=0)
+    x = torch.randn(1, 5, 16)
+    assert InnerFuncAttention(16, n_heads=2, keep_window=1)(x).shape == x.shape  # a window of one key is a window
+
+
+def test_init_std_draws_every_linear_and_embedding_weight_and_keeps_the_padding_row_zero():
+    torch.manual_seed(0)
+    model = HybridLM(300, 64, "AM", padding_idx=7, init_std=0.5)
+    weights = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
+    assert len(weights) >= 6 and all(0.45 < float(w.std()) < 0.55 and abs(float(w.mean())) < 0.05 for w in weights)
+    assert not model.embedding.weight[7].any() and model.embedding.weight[6].abs().sum() > 0
+    assert float(HybridLM(300, 64, "AM").lm_head.weight.std()) < 0.1  # without it: torch's own initialisation
