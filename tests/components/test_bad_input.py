@@ -214,3 +214,12 @@ def test_init_std_draws_every_linear_and_embedding_weight_and_keeps_the_padding_
     assert len(weights) >= 6 and all(0.45 < float(w.std()) < 0.55 and abs(float(w.mean())) < 0.05 for w in weights)
     assert not model.embedding.weight[7].any() and model.embedding.weight[6].abs().sum() > 0
     assert float(HybridLM(300, 64, "AM").lm_head.weight.std()) < 0.1  # without it: torch's own initialisation
+
+
+def test_a_binding_that_builds_no_module_and_a_cache_of_another_batch_are_named():
+    with pytest.raises(TypeError, match="HybridLM: the binding of letter 'Z' returned builtin_function_or_method, not an nn.Module"):
+        HybridLM(50, 16, "-Z", mixers={"Z": lambda d: torch.tanh})
+    model = HybridLM(50, 16, "SM AM", mixers={"S": partial(SSD, d_state=8)})
+    cache = model.new_cache(batch=3, capacity=8)
+    with pytest.raises(ValueError, match="HybridLM: the cache holds 3 sequences; input_ids has 2"):
+        model(torch.zeros(2, 4, dtype=torch.long), cache=cache)
