@@ -44,6 +44,20 @@ def test_bindings_that_cannot_be_recorded_are_refused_by_name():
         binding_spec("M", functools.partial(MLP, act=torch.nn.functional.silu))
 
 
+
+@pytest.mark.parametrize("binding, error, message", [
+    ({"class_path": "QCAttention"}, ValueError, "class_path 'QCAttention' must be a dotted path such as"),
+    ({"class_path": "components.Nothing"}, ValueError, "module 'components' has no class 'Nothing'"),
+    ({"class_path": "components.parse_pattern"}, ValueError, "module 'components' has no class 'parse_pattern'"),
+    ({"class_path": "collections.OrderedDict"}, ValueError, "binding of letter 'Q': collections.OrderedDict is not an "
+                                                            "nn.Module"),
+    (3, TypeError, "HybridLM: the binding of letter 'Q' is not callable: 3"),
+])
+def test_a_binding_that_names_no_mixer_class_is_refused_by_name(binding, error, message):
+    with pytest.raises(error, match=message):
+        binding_factory("Q", binding)
+
+
 def test_a_jsonargparse_binding_becomes_a_plain_partial_so_a_copy_of_the_model_leaves_the_command_line_behind():
     """jsonargparse binds a letter as ``partial(<its caller>, <its instantiator>, cls, **init_args)``; its instantiator
     holds the whole command line (the CLI, data, trainer). A copy of the model (Lightning's EMAWeightAveraging makes

@@ -153,3 +153,25 @@ def test_the_backend_choice_compiles_into_one_graph(monkeypatch):
                          == "triton" else x - 1, fullgraph=True, backend="eager")
     assert torch.equal(step(torch.zeros(2)), torch.full((2,), 1.0 if _backend.triton_installed() else -1.0))
     torch._dynamo.reset()
+
+
+def test_each_way_triton_cannot_run_is_named(monkeypatch):
+    cuda, cpu = (types.SimpleNamespace(is_cuda=flag, dtype=torch.float32, device=device)
+                 for flag, device in ((True, "cuda:0"), (False, "cpu")))
+    resolve = _backend.resolve_backend
+    monkeypatch.setattr(_backend, "triton_installed", lambda: False)
+    with pytest.warns(UserWarning, match="ssd_scan: triton is not installed, so the plain-torch reference runs on CUDA"):
+        assert resolve("auto", cuda, op="ssd_scan", has_triton=True) == "reference"
+    assert resolve("auto", cuda, op="ssd_scan", has_triton=False) == "reference"  # no kernel: nothing to miss
+    with pytest.raises(ImportError, match="ssd_scan: backend='triton' needs the triton package"):
+        resolve("triton", cuda, op="ssd_scan", has_triton=True)
+    monkeypatch.setattr(_backend, "triton_installed", lambda: True)
+    with pytest.raises(NotImplementedError, match="decode: backend='triton' has no kernel yet"):
+        resolve("triton", cuda, op="decode", has_triton=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="ssd_scan: backend='triton' needs CUDA tensors \\(got cpu\\); on a CPU, set "
+                                         "TRITON_INTERPRET=1"):
+        resolve("triton", cpu, op="ssd_scan", has_triton=True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert resolve("triton", cpu, op="ssd_scan", has_triton=True) == "triton"
+    assert resolve("auto", cpu, op="ssd_scan", has_triton=True) == "reference"  # auto never takes the interpreter

@@ -82,6 +82,8 @@ def test_safe_with_worker_processes(small):
     [
         (dict(seq_len=60, num_pairs=16), "seq_len=60 is too short for num_pairs=16"),
         (dict(vocab_size=20, seq_len=64, num_pairs=16), "num_pairs=16 needs more distinct keys than the 9"),
+        (dict(vocab_size=20, seq_len=64, num_pairs=10), "num_pairs=10 needs more distinct keys than the 9"),
+        (dict(train_min_pairs=0), "train_min_pairs=0 must lie in [1, num_pairs=64]"),
         (dict(seq_len=0), "seq_len=0 must be a positive integer"),
         (dict(power_a=float("nan")), "power_a=nan must be a finite positive number"),  # numpy's "contain NaN" at setup
         (dict(power_a=float("inf")), "power_a=inf must be a finite positive number"),
@@ -92,6 +94,13 @@ def test_bad_settings_name_the_problem(kwargs, words):
     with pytest.raises(ValueError) as info:
         MQAR(**{"vocab_size": 256, **kwargs})
     assert words in str(info.value)
+
+
+def test_the_edges_of_the_settings_are_accepted():
+    """Every key of [1, vocab_size/2) in use, and the easiest mixture (one pair at the least)."""
+    data = MQAR(vocab_size=20, seq_len=64, num_pairs=9, train_size=8, test_size=4, batch_size=4, train_min_pairs=1)
+    assert sorted(data.test[0]["input_ids"][:18:2].tolist()) == list(range(1, 10))
+    assert min(len(set(data.train[i]["input_ids"][:18:2].tolist()) & set(range(1, 10))) for i in range(8)) >= 1
 
 
 def test_a_training_set_smaller_than_one_batch_is_named_before_training():
