@@ -81,6 +81,11 @@ def check_shard_metadata(folder: Path) -> None:
             raise CheckpointError(f"{path} is not a readable checkpoint index ({type(error).__name__}: {error})") from None
 
 
+def not_a_checkpoint_folder(path: str | Path) -> str:
+    return (f"{path} is a folder, not a checkpoint file, nor a sharded checkpoint (a folder holding {SHARDED_META} and "
+            ".metadata beside its shards)")
+
+
 def consolidate_hint(path: str | Path) -> str:
     return (f"{path} is a sharded checkpoint (a folder of shards): resume its run from it with the same strategy "
             f"(--ckpt_path), or make one file of it first: python -m recipes.consolidate {path} (it writes "
@@ -113,8 +118,7 @@ def load_checkpoint(path: str | Path, *, map_location: Any = "cpu", mmap: bool =
         check_shard_metadata(path)  # every reader of the folder (resume, consolidate) comes through here first
         path = path / SHARDED_META
     elif path.is_dir():
-        raise CheckpointError(f"{path} is a folder, not a checkpoint file, nor a sharded checkpoint (a folder holding "
-                              f"{SHARDED_META} and .metadata beside its shards)")
+        raise CheckpointError(not_a_checkpoint_folder(path))
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint file")
     size = path.stat().st_size

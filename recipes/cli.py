@@ -30,8 +30,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 
 from recipes.argtypes import close_matches, did_you_mean
 from recipes.cli_errors import LIGHTNING_OPTIMIZER, UNION_HEADER, near_misses, parse_error_message, short_epoch_message
-from recipes.checkpoints import (SHARDED_META, CheckpointError, check_hyperparameters, class_paths, consolidate_hint,
-                                 is_sharded_checkpoint, load_checkpoint)
+from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_paths, consolidate_hint,
+                                 is_sharded_checkpoint, load_checkpoint, not_a_checkpoint_folder)
 from components.bindings import import_class, upgrade_specs
 from recipes.module import LanguageModel, language_model_arguments
 from recipes.optimizer import recorded_form
@@ -438,8 +438,7 @@ class HybridCLI(LightningCLI):
         if is_sharded_checkpoint(path) and subcommand != "fit":
             sys.exit(f"error: --ckpt_path {ckpt_path}: {consolidate_hint(path)}")
         if path.is_dir() and not is_sharded_checkpoint(path):
-            sys.exit(f"error: --ckpt_path {ckpt_path} is a folder, not a checkpoint file, nor a sharded checkpoint "
-                     f"(a folder holding {SHARDED_META} and .metadata beside its shards)")
+            sys.exit(f"error: --ckpt_path {not_a_checkpoint_folder(ckpt_path)}")
         if not (path.is_file() or is_sharded_checkpoint(path)):
             sys.exit(f"error: --ckpt_path {ckpt_path}: no such checkpoint file")
         in_run = (root is not None and path.parent.name == "checkpoints"
