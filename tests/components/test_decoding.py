@@ -103,6 +103,54 @@ def test_fixed_shape_steps_equal_the_full_forward(name, with_padding):
 
 
 @pytest.mark.parametrize("name", MIXERS)
+@pytest.mark.parametrize("static", [False, True])
+def test_a_selected_or_expanded_cache_decodes_each_row_as_its_own_sequence(name, static):
+    """``select`` copies each chosen sequence's cache (rows may repeat, in any order) and ``expand`` repeats each
+    sequence in a row: multiple-choice scoring computes a prompt once and steps every continuation from the copies.
+    Each copied row's steps equal the full forward of its own prompt and continuation (left padding kept)."""
+    torch.manual_seed(0)
+    mixer = MIXERS[name]()
+    randomize(mixer)
+    mask, positions = padded(2, 12, (0, 3))  # two prompts of 9 tokens, then 3 continuation tokens per copy
+    x = torch.randn(2, 9, 32)
+    cache = InferenceCache(2, 12 + 2 * static, static=static)
+    cache.begin(9, mask[:, :9])
+    mixer(x, Context(position_ids=positions[:, :9], padding_mask=mask[:, :9], cache=cache))
+    cache.end(9)
+    for rows in ([1, 0, 1], None):
+        copied = cache.expand(2) if rows is None else cache.select(torch.tensor(rows))
+        rows = rows or [0, 0, 1, 1]
+        assert copied.batch == len(rows) and copied.seen == 9 and copied.static == static
+        assert torch.equal(copied.padding, cache.padding[rows])
+        more = torch.randn(len(rows), 3, 32)  # a different continuation for each copy
+        steps = []
+        for t in range(3):
+            copied.begin(1, None)
+            steps.append(mixer(more[:, t:t + 1], Context(position_ids=positions[rows, 9 + t:10 + t], cache=copied)))
+            copied.end(1)
+        full = mixer(torch.cat([x[rows], more], dim=1), Context(position_ids=positions[rows], padding_mask=mask[rows]))
+        assert relative(torch.cat(steps, dim=1), full[:, 9:]) <= 1e-5
+    assert cache.seen == 9  # the copies' steps left the original where it was
+
+
+def test_a_cache_refuses_a_bad_size_copy_count_or_row():
+    assert InferenceCache(1, 1).capacity == 1  # one token: a prompt of one, nothing generated
+    with pytest.raises(ValueError, match=r"batch=1 and capacity=0 must be >= 1"):
+        InferenceCache(1, 0)
+    with pytest.raises(ValueError, match=r"batch=0 and capacity=4 must be >= 1"):
+        InferenceCache(0, 4)
+    cache = InferenceCache(3, 4)
+    assert cache.expand(1).batch == 3
+    for copies in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError, match=rf"copies={copies!r} must be a positive integer"):
+            cache.expand(copies)
+    assert cache.select(torch.tensor([0, 2])).batch == 2
+    for rows in ([-1], [1, -1], [3], [0, 3], [[0, 1]]):
+        with pytest.raises(ValueError, match=r"rows must be a 1-D tensor of indices in \[0, 3\)"):
+            cache.select(torch.tensor(rows))
+
+
+@pytest.mark.parametrize("name", MIXERS)
 @pytest.mark.parametrize("prefill", [5, 8])
 def test_a_nonfinite_input_reaches_the_same_outputs_when_decoding(name, prefill):
     """A cache cleans each key once, as it enters, and remembers which heads met a NaN or inf: the steps after
