@@ -79,8 +79,8 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
     lines += averaging_lines(trainer.callbacks)
     policy = next((c for c in trainer.callbacks if isinstance(c, CheckpointPolicy)), None)
     if policy is not None and policy.dirpath is not None:  # the files there (none under fast_dev_run, for one)
-        written = [name for name in ("last.ckpt", "best.ckpt") if (Path(policy.dirpath) / name).exists()
-                   and (name == "last.ckpt" or policy.best_path)]
+        this_run = {"last.ckpt": True, "best.ckpt": bool(policy.best_path), "swa.ckpt": bool(policy.average_path)}
+        written = [name for name, ours in this_run.items() if ours and (Path(policy.dirpath) / name).exists()]
         lines.append(f"  checkpoints {policy.dirpath}/ ({', '.join(written)})" if written else "  checkpoints none written")
     tensorboard = any(type(logger).__name__ == "TensorBoardLogger" for logger in trainer.loggers)
     if log_dir and trainer.loggers:  # (without a logger, log_dir is only the folder the checkpoints went to)
@@ -97,9 +97,8 @@ def averaging_lines(callbacks: list) -> list[str]:
             lines.append(f"  weights    {name}'s average: validated above and saved as each checkpoint's weights "
                          "(the trained ones beside them, for a resume)")
         elif isinstance(callback, StochasticWeightAveraging) and int(callback.n_averaged or 0) > 0:
-            lines.append(f"  weights    {name}'s average, put in at the end: no validation above saw it, and "
-                         "last.ckpt keeps the trained weights, to resume (EMAWeightAveraging validates its average "
-                         "and saves it)")
+            lines.append(f"  weights    {name}'s average, put in at the end: no validation above saw it; swa.ckpt "
+                         "holds it (validate or eval it), last.ckpt the trained weights, to resume")
     return lines
 
 

@@ -264,9 +264,16 @@ def weight_averaging(callbacks: list) -> str | None:
     return ", ".join(names) or None
 
 
+AVERAGE_ONLY = "weights_average"
+"""The key of a checkpoint that holds a weight average alone (``swa.ckpt``): the name of the callback it is of."""
+
+
 def averaged_weights(checkpoint: dict) -> str | None:
-    """The name of the ``WeightAveraging`` callback whose average a checkpoint's weights are (it keeps the trained
-    ones beside them, under ``current_model_state``), or None for trained weights."""
+    """The name of the callback whose average a checkpoint's weights are — a ``WeightAveraging`` one (it keeps the
+    trained ones beside them, under ``current_model_state``) or the ``StochasticWeightAveraging`` of a ``swa.ckpt``
+    — or None for trained weights."""
+    if AVERAGE_ONLY in checkpoint:
+        return str(checkpoint[AVERAGE_ONLY])
     if "current_model_state" not in checkpoint:
         return None
     names = [key.split("{")[0] for key in checkpoint.get("callbacks") or {} if "Averaging" in key]
@@ -276,6 +283,9 @@ def averaged_weights(checkpoint: dict) -> str | None:
 def averaged_weights_note(checkpoint: dict, path) -> str | None:
     """What a command that scores or samples a checkpoint says when its weights are an average."""
     name = averaged_weights(checkpoint)
+    if name is not None and AVERAGE_ONLY in checkpoint:
+        return (f"note: {path} holds its run's {name} average, put in at the end of training (no validation of the "
+                "run scored it); the trained weights are in last.ckpt beside it")
     return None if name is None else (f"note: {path} holds its run's {name} average as its weights (what its "
                                       "validations scored); the trained weights beside them serve only a resume")
 
@@ -285,6 +295,10 @@ def check_averaging_resumed(checkpoint: dict, callbacks: list) -> None:
     now: its ``state_dict`` holds the average and the trained weights wait under ``current_model_state`` for that
     callback to put back, so training would go on from the average, silently."""
     name = averaged_weights(checkpoint)
+    if name is not None and AVERAGE_ONLY in checkpoint:
+        raise ValueError(f"this checkpoint holds {name}'s average alone, written at the end of its run, without the "
+                         "optimizer's state: resume from last.ckpt beside it (the trained weights), or start a new run "
+                         "from the average with --model.init_from <the checkpoint>")
     if name is None or any(averages_weights(c) for c in callbacks):
         return
     raise ValueError(
@@ -363,6 +377,7 @@ class CheckpointPolicy(Checkpoint):
         self.best_score: float = self._worst
         self._monitor_missing_said = False
         self.best_path: str | None = None
+        self.average_path: str | None = None  # swa.ckpt, once written
         self._signal: int | None = None
         self._stop_pending = False
         self._previous_handlers: dict[int, object] = {}
@@ -445,7 +460,28 @@ class CheckpointPolicy(Checkpoint):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._save_last(trainer)
+        self._save_averages(trainer)
         self._restore_handlers()
+
+    def _save_averages(self, trainer: L.Trainer) -> None:
+        """Write ``swa.ckpt``: a ``StochasticWeightAveraging`` callback's average, which it puts into the model only
+        now, after the last validation and last.ckpt, and keeps nowhere else but in its own state. The checkpoint
+        holds the weights alone (no optimizer state: it scores and samples; a resume takes last.ckpt), marked with
+        the callback's name so that ``validate``, ``test`` and ``eval`` say what they score."""
+        averages = [c for c in trainer.callbacks if isinstance(c, StochasticWeightAveraging) and int(c.n_averaged or 0)]
+        if self._skip(trainer) or not averages:
+            return
+        average = averages[0].state_dict()["average_model_state"]  # the LightningModule's state_dict, averaged
+        if not all(bool(torch.isfinite(t).all()) for t in average.values()
+                   if isinstance(t, torch.Tensor) and t.is_floating_point()):
+            log.error("CheckpointPolicy: the StochasticWeightAveraging average is not finite; swa.ckpt not written")
+            return
+        # Lightning's save_checkpoint, with the average for the weights and the mark added
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)
+        checkpoint["state_dict"], checkpoint[AVERAGE_ONLY] = average, type(averages[0]).__name__
+        self.average_path = str(self.dirpath / "swa.ckpt")
+        trainer.strategy.save_checkpoint(checkpoint, self.average_path)
+        trainer.strategy.barrier("swa.ckpt")
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         if batch_idx == 0 and trainer.state.fn == "fit" and not trainer.sanity_checking:

@@ -559,20 +559,60 @@ def test_weight_averaging_leaves_the_trained_weights_to_resume_from_and_a_resume
         assert "weights" not in evaluate([*suite, "--ckpt_path", last.replace("ema", "plain")])
 
 
-def test_stochastic_weight_averaging_leaves_last_ckpt_the_trained_weights_and_says_its_average_was_not_validated(
+def test_stochastic_weight_averaging_leaves_last_ckpt_the_trained_weights_and_writes_its_average_to_swa_ckpt(
         tmp_path, capsys):
     """StochasticWeightAveraging copies its average over the trained weights at the end of training (a step-limited
-    run); the final last.ckpt, written after, held the average as the weights to resume from."""
+    run); the final last.ckpt, written after, held the average as the weights to resume from. The average, kept
+    nowhere else but in the callback's state, is written to swa.ckpt: weights alone, marked, scored by validate and
+    eval with a note, refused as a resume, taken by --model.init_from."""
     fit_here(tmp_path, *TEXT, "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "2",
              "--trainer.max_steps", "6", "--trainer.limit_train_batches", "2", "--trainer.val_check_interval", "2",
              "--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs", "0.001",
              "--trainer.callbacks.swa_epoch_start", "1")
-    assert "StochasticWeightAveraging's average, put in at the end: no validation above saw it" in capsys.readouterr().out
-    last = torch.load(tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    out = capsys.readouterr().out
+    assert "StochasticWeightAveraging's average, put in at the end: no validation above saw it; swa.ckpt holds" in out
+    folder = tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints"
+    assert "checkpoints runs/quickstart/version_0/checkpoints/ (last.ckpt, best.ckpt, swa.ckpt)" in out
+    last = torch.load(folder / "last.ckpt", weights_only=True)
     (state,) = [s for key, s in last["callbacks"].items() if key.startswith("StochasticWeightAveraging")]
     assert state["n_averaged"] >= 2
     name = "model.embedding.weight"
     assert not torch.equal(last["state_dict"][name], state["average_model_state"][name])
+    swa = torch.load(folder / "swa.ckpt", weights_only=True)
+    assert swa["weights_average"] == "StochasticWeightAveraging"
+    assert swa["state_dict"].keys() == last["state_dict"].keys() and swa["global_step"] == 6
+    assert all(torch.equal(swa["state_dict"][k], v) for k, v in state["average_model_state"].items())
+    assert set(swa) == set(last) - {"callbacks", "optimizer_states", "lr_schedulers"} | {"weights_average"}
+
+    average = str(folder / "swa.ckpt")
+    with pytest.raises(SystemExit, match=r"holds StochasticWeightAveraging's average alone, written at the end of its "
+                                         r"run, without the optimizer's state: resume from last.ckpt beside it"):
+        fit_here(tmp_path, *TEXT, "--trainer.max_steps", "8", "--ckpt_path", average)
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        main(["validate", *TEXT, "--trainer.limit_val_batches", "2", "--ckpt_path", average])
+        assert (f"note: {average} holds its run's StochasticWeightAveraging average, put in at the end of training "
+                "(no validation of the run scored it)") in capsys.readouterr().err
+        from recipes.evaluation.cli import main as evaluate
+
+        suite = ["--config", "quickstart.yaml", "--suite", "length", "--multiples", "1", "--windows", "1"]
+        assert evaluate([*suite, "--ckpt_path", average])["weights"] == "StochasticWeightAveraging average"
+    fit_here(tmp_path, *TEXT, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+             "--trainer.enable_progress_bar", "false", "--model.lr", "1e-9", "--model.init_from", average)
+    started = torch.load(tmp_path / "runs" / "quickstart" / "version_1" / "checkpoints" / "last.ckpt",
+                         weights_only=True)
+    out = capsys.readouterr().out  # no averaging: no swa.ckpt
+    assert "checkpoints runs/quickstart/version_1/checkpoints/ (last.ckpt)\n" in out
+    assert not (folder.parent.parent / "version_1" / "checkpoints" / "swa.ckpt").exists()
+    distance = lambda a, b: sum(float((a[k] - b[k]).abs().sum()) for k in a)  # noqa: E731
+    assert distance(started["state_dict"], swa["state_dict"]) < distance(started["state_dict"], last["state_dict"]) / 100
+
+    fit_here(tmp_path, *TEXT, "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0",
+             "--trainer.max_steps", "2", "--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs",
+             "0.001", "--trainer.callbacks.swa_epoch_start", "5")  # stopped before averaging began: no average to write
+    assert "swa.ckpt" not in capsys.readouterr().out
+    assert not (folder.parent.parent / "version_2" / "checkpoints" / "swa.ckpt").exists()
 
 
 def test_weight_averaging_under_a_sharding_strategy_is_refused_before_any_process_starts(tmp_path, monkeypatch):
