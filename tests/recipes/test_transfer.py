@@ -100,6 +100,18 @@ def test_only_some_models_holm_over_their_comparisons_alone(tmp_path, capsys):
               "--only", "mamba"])
 
 
+def test_a_model_whose_every_control_failed_has_empty_cells_and_a_missing_stage_is_named(tmp_path, capsys):
+    losses = {**LOSSES, "otce_expresser": [(p, f, None) for p, f, _ in LOSSES["otce_expresser"]]}
+    paths = write_records(tmp_path, losses)
+    main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"]])
+    table = rows(capsys.readouterr().out)
+    assert table["otce_expresser"][5] == table["otce_expresser"][6] == "-"  # no control run: no loss, no gain
+    assert table["otce_expresser"][7] == "< 2 runs" and table["otce_expresser"][3].startswith("5.4767 ± ")
+    with pytest.raises(SystemExit):
+        main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"]])
+    assert "the following arguments are required: --control" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("change, problem", [
     ({"wrong_seed": True}, "finetune jamba seed 0 started from /elsewhere/runs/pretrain/jamba_seed1/checkpoints/"
                            "last.ckpt, not from the last checkpoint of a --pretrain run of jamba seed 0"),
