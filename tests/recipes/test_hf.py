@@ -423,6 +423,26 @@ def test_export_loads_in_transformers_with_equal_logits_and_greedy_ids(tmp_path,
         assert torch.equal(a, b), name  # import(export(model)) is the model exactly
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
     assert tokenizer("héllo, wörld")["input_ids"] == TextCorpus.encode("héllo, wörld")
+    spaced = "a , b . c ' d n't"  # decoded as the bytes were: no clean-up of the spaces before punctuation
+    assert tokenizer.decode(TextCorpus.encode(spaced)) == spaced
+
+
+def test_a_byte_tokenizer_for_a_larger_vocabulary_names_the_unused_ids_and_mqar_has_none_to_export(tmp_path, capsys):
+    from components import HybridLM
+    from recipes.data.mqar import MQAR
+    from recipes.data.text import TextCorpus
+    from recipes.hf import export
+    from recipes.hf.tokenizer import byte_tokenizer
+
+    tokenizer = byte_tokenizer(260)
+    assert tokenizer.get_vocab_size() == 260 and tokenizer.id_to_token(259) == "<|unused_259|>"
+    assert tokenizer.encode("é€", add_special_tokens=False).ids == list("é€".encode())
+    model = HybridLM(260, 16, "AM", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}})
+    export(model, tmp_path / "bytes", data=TextCorpus())
+    assert "tokenizer: bytes" in capsys.readouterr().out
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "bytes").convert_ids_to_tokens(257) == "<|unused_257|>"
+    with pytest.raises(ValueError, match=r"data module MQAR has no tokenizer to export \(MQAR is not text\)"):
+        export(model, tmp_path / "mqar", data=MQAR(vocab_size=260, seq_len=16, num_pairs=4))
 
 
 def test_export_brings_a_corpus_tokenizer_that_encodes_as_the_data_module(tmp_path):
