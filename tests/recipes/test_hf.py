@@ -297,6 +297,32 @@ def test_an_import_whose_tokenizer_outgrows_the_model_is_refused(tmp_path):
         write_checkpoint(tmp_path / "llama", tmp_path / "out" / "llama.ckpt")
 
 
+def test_the_end_of_sequence_token_and_the_embedding_padding_an_import_reads_from_a_folder(tmp_path):
+    """``tokenizer_config.json``'s ``eos_token`` first, else ``config.json``'s ``eos_token_id`` (an int or a list);
+    ``padded_vocab_size`` only where the model has more rows than the tokenizer needs; a 256-token tokenizer is
+    bytes only if it encodes text to its bytes."""
+    from tokenizers import Tokenizer, models
+
+    from recipes.hf.tokenizer import byte_tokenizer, corpus_settings, folder_eos_token, is_byte_tokenizer
+
+    words = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(256)}, unk_token="w0"))
+    assert not is_byte_tokenizer(words) and is_byte_tokenizer(byte_tokenizer()) and not is_byte_tokenizer(byte_tokenizer(257))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    assert folder_eos_token(folder, words) is None and corpus_settings(folder, words, 257) == {}  # <|endoftext|> added
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
+    assert folder_eos_token(folder, words) == "w7"
+    assert corpus_settings(folder, words, 300) == {"end_of_document_token": "w7", "padded_vocab_size": 300}
+    assert corpus_settings(folder, words, 256) == {"end_of_document_token": "w7"}
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "w9"}}))
+    assert folder_eos_token(folder, words) == "w9"
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))  # a token the tokenizer lacks
+    assert folder_eos_token(folder, words) is None
+    with pytest.raises(ValueError, match=r"the tokenizer has 256 tokens, more than the model's 200 embedding rows"):
+        (folder / "tokenizer_config.json").unlink()
+        corpus_settings(folder, words, 200)
+
+
 def test_a_byte_level_model_exported_and_imported_again_fine_tunes_on_bytes(tmp_path, monkeypatch):
     from recipes.cli import main as cli
 
