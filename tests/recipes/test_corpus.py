@@ -376,6 +376,39 @@ def test_a_hugging_face_dataset_gives_the_same_tokens_as_its_files(tmp_path):
         TokenizedCorpus(paths, dataset=HFDataset(path="json"))
 
 
+def test_a_hugging_face_datasets_split_folder_and_identity(tmp_path):
+    """A saved DatasetDict gives the named split (another is refused, naming those it has); a plain folder of files is
+    load_dataset's, not a saved one; the identity the token cache is keyed by follows the files' content and every
+    setting but ``streaming`` (which reads the same rows)."""
+    datasets = pytest.importorskip("datasets")
+    from recipes.data import HFDataset
+
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a b", "c"]}),
+                                   "test": datasets.Dataset.from_dict({"text": ["zz"]})})
+    splits.save_to_disk(str(tmp_path / "splits"))
+    saved = str(tmp_path / "splits")
+    assert list(HFDataset(path=saved).documents("text")) == ["a b", "c"]
+    assert list(HFDataset(path=saved, split="test", streaming=True).documents("text")) == ["zz"]
+    with pytest.raises(ValueError, match=r"splits has splits \['test', 'train'\], not 'validation'"):
+        list(HFDataset(path=saved, split="validation").documents("text"))
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "rows.jsonl").write_text(json.dumps({"text": "from a file"}) + "\n")
+    assert not HFDataset(path=str(tmp_path / "plain")).saved() and HFDataset(path=saved).saved()
+    assert list(HFDataset(path=str(tmp_path / "plain")).documents("text")) == ["from a file"]
+
+    rows = str(tmp_path / "plain" / "rows.jsonl")
+    forms = [HFDataset(path="json", data_files=files) for files in (rows, [rows], {"train": rows})]
+    before = [form.fingerprint() for form in forms]
+    assert len(set(before)) == 3 and all(len(f) == 16 for f in before)  # (the settings differ in form)
+    assert HFDataset(path="json", data_files=rows, streaming=True).fingerprint() == before[0]
+    assert HFDataset(path="json", data_files=rows, split="test").fingerprint() != before[0]
+    (tmp_path / "plain" / "rows.jsonl").write_text(json.dumps({"text": "edited"}) + "\n")
+    assert all(form.fingerprint() != old for form, old in zip(forms, before))  # the content is in the identity
+    edited = HFDataset(path=saved).fingerprint()
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["other"]})}).save_to_disk(saved)
+    assert HFDataset(path=saved).fingerprint() != edited
+
+
 def test_a_missing_datasets_package_is_named(tmp_path, monkeypatch):
     from recipes.data import HFDataset
 
