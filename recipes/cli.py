@@ -38,7 +38,7 @@ from recipes.optimizer import recorded_form
 from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, trains_in_workers
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback,
                               TrainingInterrupted, ValidateFinalStep, averaged_weights_note, check_averaging_unsharded,
-                              default_progress_bar, newest_checkpoint)
+                              NAMED_CHECKPOINTS, default_progress_bar, newest_checkpoint)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")  # loggers whose folders are <save_dir>/<name>/<version>/
@@ -420,13 +420,14 @@ class HybridCLI(LightningCLI):
                              "trained as; drop the flag to use it, or start a new run (without --ckpt_path) to change it")
 
     def _resolve_checkpoint(self, subcommand: str, config) -> None:
-        """``--ckpt_path last`` (``best``) → the newest ``last.ckpt`` (``best.ckpt``) of this recipe's runs; a ``fit`` from a run's
-        checkpoint logs into that run's folder (TensorBoard drops the killed run's events after it)."""
+        """``--ckpt_path last`` (``best``, ``swa``) → the newest ``last.ckpt`` (``best.ckpt``, ``swa.ckpt``) of this
+        recipe's runs; a ``fit`` from a run's checkpoint logs into that run's folder (TensorBoard drops the killed
+        run's events after it)."""
         ckpt_path = config.get("ckpt_path")
         if not ckpt_path:
             return
         logger, root = run_logger(config.trainer)
-        if ckpt_path in ("last", "best"):
+        if ckpt_path in NAMED_CHECKPOINTS:
             found = newest_checkpoint(root, f"{ckpt_path}.ckpt") if root is not None else None
             if found is None:
                 where = f"under {root}/*/checkpoints/" if root is not None else "(this trainer writes no run folders)"

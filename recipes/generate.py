@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m recipes generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="the recipe the checkpoint was trained with")
-    parser.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best")
+    parser.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best / swa")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--max_new_tokens", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")

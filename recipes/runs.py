@@ -8,6 +8,7 @@ import yaml
 from jsonargparse import dict_to_namespace
 
 from recipes.cli import newest_checkpoint, read_config, resolve_config, run_logger
+from recipes.training import NAMED_CHECKPOINTS
 
 
 def load_recipe(path: str) -> dict:
@@ -20,9 +21,9 @@ def sweep_root(config: Path) -> Path:
 
 
 def checkpoint_path(recipe: dict, ckpt_path: str, config: str | None = None) -> str:
-    """A checkpoint file, or the newest ``last``/``best`` of the recipe's runs: under its logger's folder, and for a
+    """A checkpoint file, or the newest ``last``/``best``/``swa`` of the recipe's runs: under its logger's folder, and for a
     recipe (file ``config``) that names no logger, under Lightning's ``lightning_logs/`` and the sweep's folder."""
-    if ckpt_path not in ("last", "best"):
+    if ckpt_path not in NAMED_CHECKPOINTS:
         return ckpt_path
     logger, root = run_logger(dict_to_namespace(recipe.get("trainer") or {}))
     roots = [root] if root is not None else []

@@ -264,6 +264,9 @@ def weight_averaging(callbacks: list) -> str | None:
     return ", ".join(names) or None
 
 
+NAMED_CHECKPOINTS = ("last", "best", "swa")
+"""What ``--ckpt_path`` may name instead of a file: the newest ``<name>.ckpt`` of the recipe's runs."""
+
 AVERAGE_ONLY = "weights_average"
 """The key of a checkpoint that holds a weight average alone (``swa.ckpt``): the name of the callback it is of."""
 

@@ -30,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m recipes eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="the recipe the checkpoint was trained with")
-    p.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best of the recipe's runs")
+    p.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best / swa of the recipe's runs")
     p.add_argument("--allow_classes", nargs="*", action="extend", default=[],
                    help="packages whose classes the checkpoint may name")
     p.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (zoo_cloze, zoo_passkey ship here)")

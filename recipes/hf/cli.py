@@ -54,10 +54,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def export_checkpoint(checkpoint: str, recipe: dict, config: str | None) -> str:
-    """The checkpoint file: ``last``/``best`` is the newest of the recipe's runs, as for ``generate``."""
+    """The checkpoint file: ``last``/``best``/``swa`` is the newest of the recipe's runs, as for ``generate``."""
     from recipes.runs import checkpoint_path
+    from recipes.training import NAMED_CHECKPOINTS
 
-    if config is None and checkpoint in ("last", "best"):
+    if config is None and checkpoint in NAMED_CHECKPOINTS:
         raise ValueError(f"{checkpoint}: the newest {checkpoint}.ckpt of which recipe's runs? give --config RECIPE")
     return checkpoint_path(recipe, checkpoint, config)
 

@@ -587,17 +587,18 @@ def test_stochastic_weight_averaging_leaves_last_ckpt_the_trained_weights_and_wr
     average = str(folder / "swa.ckpt")
     with pytest.raises(SystemExit, match=r"holds StochasticWeightAveraging's average alone, written at the end of its "
                                          r"run, without the optimizer's state: resume from last.ckpt beside it"):
-        fit_here(tmp_path, *TEXT, "--trainer.max_steps", "8", "--ckpt_path", average)
+        fit_here(tmp_path, *TEXT, "--trainer.max_steps", "8", "--ckpt_path", "swa")  # (the newest swa.ckpt)
     capsys.readouterr()
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)
-        main(["validate", *TEXT, "--trainer.limit_val_batches", "2", "--ckpt_path", average])
-        assert (f"note: {average} holds its run's StochasticWeightAveraging average, put in at the end of training "
-                "(no validation of the run scored it)") in capsys.readouterr().err
+        main(["validate", *TEXT, "--trainer.limit_val_batches", "2", "--ckpt_path", "swa"])
+        assert ("note: runs/quickstart/version_0/checkpoints/swa.ckpt holds its run's StochasticWeightAveraging "
+                "average, put in at the end of training (no validation of the run scored it)") in capsys.readouterr().err
         from recipes.evaluation.cli import main as evaluate
 
         suite = ["--config", "quickstart.yaml", "--suite", "length", "--multiples", "1", "--windows", "1"]
-        assert evaluate([*suite, "--ckpt_path", average])["weights"] == "StochasticWeightAveraging average"
+        scored = evaluate([*suite, "--ckpt_path", "swa"])
+        assert scored["weights"] == "StochasticWeightAveraging average" and scored["checkpoint"].endswith("swa.ckpt")
     fit_here(tmp_path, *TEXT, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
              "--trainer.enable_progress_bar", "false", "--model.lr", "1e-9", "--model.init_from", average)
     started = torch.load(tmp_path / "runs" / "quickstart" / "version_1" / "checkpoints" / "last.ckpt",
