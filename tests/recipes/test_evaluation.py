@@ -467,7 +467,56 @@ def trained_quickstart(tmp_path_factory):
     return folder
 
 
-def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path, trained_quickstart):
+def test_a_familys_suite_results_tabulate_per_mode_and_length_against_the_baseline(tmp_path):
+    """The suites' results as a family's table (no model: the results are given): the length suite's loss per mode
+    and length, passkey's accuracy averaged over depths, MQAR's per length; a recipe compared with the baseline
+    where both have the cell, none where either lacks it, and a report without a finished run says so."""
+    from scipy import stats as scipy_stats
+
+    from recipes.evaluation.family import plot, points, report, table
+    from recipes.sweep.records import Run
+
+    def length(losses):
+        return {"suite": "length", "rows": [{"mode": m, "length": n, "loss": v} for (m, n), v in losses.items()]}
+
+    results = {("a", 0): length({("plain", 64): 2.0, ("ntk", 64): 2.5}), ("a", 1): length({("plain", 64): 2.2,
+                                                                                            ("ntk", 64): 2.7}),
+               ("b", 0): length({("plain", 64): 3.0, ("plain", 128): 4.0}), ("b", 1): length({("plain", 64): 3.4})}
+    rows = table(results, "a").splitlines()
+    assert rows[0].startswith("| recipe | mode | length | runs | loss, mean ± std | Δ vs a | p (Welch) |")
+    p = scipy_stats.ttest_ind([3.0, 3.4], [2.0, 2.2], equal_var=False).pvalue
+    assert rows[2:] == ["| a | ntk | 64 | 2 | 2.6000 ± 0.1414 | (baseline) | - | - |",  # sorted by length, then mode
+                        "| a | plain | 64 | 2 | 2.1000 ± 0.1414 | (baseline) | - | - |",
+                        f"| b | plain | 64 | 2 | 3.2000 ± 0.2828 | +1.1000 | {p:.3g} | {p:.3g} |",
+                        "| b | plain | 128 | 1 | 4.0000 ± 0.0000 | - | - | - |"]  # the baseline has no such cell
+    assert "| b | plain | 64 | 2 | 3.2000 ± 0.2828 | - | - | - |" in table(results, None)
+    plot(results, tmp_path / "length.png", "length")
+    assert (tmp_path / "length.png").stat().st_size > 0
+
+    passkey = {"suite": "passkey", "cells": [{"length": 64, "depth": 0.1, "accuracy": 1.0},
+                                             {"length": 64, "depth": 0.9, "accuracy": 0.5},
+                                             {"length": 128, "depth": 0.5, "accuracy": 0.25}]}
+    assert points(passkey) == {("all depths", 64): 0.75, ("all depths", 128): 0.25}
+    assert points({"suite": "mqar", "rows": [{"length": 64, "accuracy": 0.3}]}) == {("-", 64): 0.3}
+    assert "| recipe | mode | length | runs | accuracy, mean ± std |" in table({("a", 0): passkey}, None)
+
+    failed = [Run(tmp_path / "a.yaml", tmp_path / "nowhere", returncode=1, log=None, seed=0)]
+    assert report(failed, tmp_path / "logs", "family", "length", None, []) == \
+        f"no finished run to evaluate in {tmp_path / 'logs'}"
+
+
+def test_a_sweeps_task_results_are_named_by_their_tasks():
+    from recipes.evaluation.family import result_name, tasks_named
+
+    assert tasks_named(["--limit", "8", "--tasks", "a,b"]) == tasks_named(["--tasks=a,b"]) == "a,b"
+    assert result_name("tasks", ["--tasks", "zoo_cloze,arc"]) == "tasks_zoo_cloze_arc"
+    assert result_name("length", []) == "length"
+    for extra in ([], ["--tasks"], ["--limit", "8"]):  # (a --tasks with nothing after it names none)
+        with pytest.raises(ValueError, match=r"name the tasks to evaluate: --tasks T1,T2"):
+            tasks_named(extra)
+
+
+def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path, trained_quickstart, capsys):
     """``python -m recipes.sweep --from LOGS --tasks T``: every run's score lands in the family's table. Recipe
     b's weights are all zero, so every choice's log-likelihood is −(its bytes)·log 256 and the harness
     picks the shortest choice (the first among equals): its accuracy is known without the model."""
@@ -494,6 +543,7 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
                 checkpoint["state_dict"] = {k: torch.zeros_like(v) for k, v in checkpoint["state_dict"].items()}
                 torch.save(checkpoint, path)
             runs.append(Run(family / f"{recipe}.yaml", folder, returncode=0, log=None, seed=seed))
+    runs.append(Run(family / "a.yaml", tmp_path / "runs" / "a_seed2", returncode=1, log=None, seed=2))  # failed: skipped
     logs = tmp_path / "logs"
     logs.mkdir()
     write_manifest(logs, "family", runs)
@@ -516,7 +566,10 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     checkpoint["global_step"] += 1
     checkpoint["state_dict"] = {k: torch.zeros_like(v) for k, v in checkpoint["state_dict"].items()}
     torch.save(checkpoint, path)
+    capsys.readouterr()
     sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite-args", "--limit 8", "--baseline", "a"])
+    evaluated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("evaluating ")]
+    assert evaluated == ["evaluating a seed 0: tasks (trained on since)"]  # the others' results are still theirs
     again = json.loads((logs / "tasks_zoo_cloze" / "a_seed0.json").read_text())
     assert again["step"] == checkpoint["global_step"]
     assert again["harness"]["results"]["zoo_cloze"]["acc,none"] == scores["b", 0]
