@@ -312,14 +312,23 @@ def check_averaging_resumed(checkpoint: dict, callbacks: list) -> None:
 
 
 def check_averaging_unsharded(callbacks: list, strategy) -> None:
-    """Refuse a ``WeightAveraging`` callback under a strategy that shards the model (Lightning's
-    ``ModelParallelStrategy``, ``FSDPStrategy``): the callback keeps a whole copy of the model, made by copying the
-    module, and FSDP cannot copy a sharded one (torch's "FSDP does not support deepcopy", from every process)."""
-    averaging = [type(c).__name__ for c in callbacks if averages_weights(c)]
-    if averaging and type(strategy).__name__ in ("ModelParallelStrategy", "FSDPStrategy"):
-        raise ValueError(f"{averaging[0]} keeps a whole copy of the model, made by copying the module, and FSDP cannot "
-                         f"copy the module {type(strategy).__name__} shards: average weights under DDP "
-                         "(--trainer.strategy ddp), or drop the callback")
+    """Refuse a weight-averaging callback under a strategy that shards the model (Lightning's
+    ``ModelParallelStrategy``, ``FSDPStrategy``): a ``WeightAveraging`` callback keeps a whole copy of the model,
+    made by copying the module, and FSDP cannot copy a sharded one (torch's "FSDP does not support deepcopy", from
+    every process); ``StochasticWeightAveraging`` copies the module before it is sharded, and its first average of
+    the sharded parameters into that copy fails (torch's "got mixed torch.Tensor and DTensor"), after the steps
+    before it were spent."""
+    if type(strategy).__name__ not in ("ModelParallelStrategy", "FSDPStrategy"):
+        return
+    for callback in callbacks:
+        if averages_weights(callback):
+            raise ValueError(f"{type(callback).__name__} keeps a whole copy of the model, made by copying the module, "
+                             f"and FSDP cannot copy the module {type(strategy).__name__} shards: average weights "
+                             "under DDP (--trainer.strategy ddp), or drop the callback")
+        if isinstance(callback, StochasticWeightAveraging):
+            raise ValueError(f"{type(callback).__name__} averages into a whole copy of the model, which the parameters "
+                             f"{type(strategy).__name__} shards cannot be averaged into (FSDP): average weights under "
+                             "DDP (--trainer.strategy ddp), or drop the callback")
 
 
 class WriteLastBeforeTrainEnd(L.Callback):

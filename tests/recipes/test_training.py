@@ -621,4 +621,8 @@ def test_weight_averaging_under_a_sharding_strategy_is_refused_before_any_proces
     with pytest.raises(SystemExit, match="EMAWeightAveraging keeps a whole copy of the model, made by copying the "
                                          "module, and FSDP cannot copy the module ModelParallelStrategy shards"):
         main(["fit", *TEXT, *FSDP2, "--trainer.callbacks+=EMAWeightAveraging"])
+    with pytest.raises(SystemExit, match="StochasticWeightAveraging averages into a whole copy of the model, which the "
+                                         "parameters ModelParallelStrategy shards cannot be averaged into"):
+        main(["fit", *TEXT, *FSDP2, "--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs",
+              "0.001"])
     assert not (tmp_path / "runs").exists()
