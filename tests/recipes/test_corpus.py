@@ -417,6 +417,51 @@ def test_a_missing_datasets_package_is_named(tmp_path, monkeypatch):
         TokenizedCorpus(dataset=HFDataset(path="json", data_files="x.jsonl"), cache_dir=str(tmp_path)).setup()
 
 
+def test_a_mixture_trains_validates_records_its_tokenizer_and_generates(tmp_path, monkeypatch, capsys):
+    """A recipe on ``MixedCorpus`` end to end: the model's vocabulary is the mixture's, validation reads every
+    corpus's held-out windows, the checkpoint records the shared tokenizer, and ``generate`` encodes the prompt
+    and decodes the continuation with it."""
+    from recipes.cli import main
+    from recipes.generate import main as generate
+
+    monkeypatch.chdir(tmp_path)
+    tokenizer = tmp_path / "words.json"
+    word_level(tokenizer, ["brown", "fox", "quick", "jumps", "Document", "<|endoftext|>"])
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    small, large = write(tmp_path / "a", "jsonl", DOCUMENTS[:20]), write(tmp_path / "b", "jsonl", DOCUMENTS * 3)
+    common = {"tokenizer": str(tokenizer), "text_field": "body", "val_fraction": 0.2, "cache_dir": "cache"}
+    recipe = tmp_path / "mixed.yaml"
+    recipe.write_text(json.dumps({
+        "seed_everything": 0,
+        "model": {"d_model": 16, "pattern": "AM", "mixers": {"A": {"class_path": "components.QCAttention",
+                                                                   "init_args": {"n_heads": 2}},
+                                                             "M": {"class_path": "components.MLP"}}},
+        "data": {"class_path": "recipes.data.MixedCorpus",
+                 "init_args": {"corpora": [{"paths": small, **common}, {"paths": large, **common}], "weights": [1, 1],
+                               "seq_len": 8, "batch_size": 4}},
+        "trainer": {"max_steps": 4, "val_check_interval": 2, "limit_val_batches": 2, "enable_progress_bar": False,
+                    "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                               "init_args": {"save_dir": "runs", "name": "mixed"}}}}))
+    main(["fit", "--config", str(recipe)])
+    out = capsys.readouterr().out
+    assert "vocab=7" in out and "fit finished: 4 steps" in out and "val/loss   last" in out
+    from recipes.data import MixedCorpus, TokenizedCorpus
+
+    last = torch.load(tmp_path / "runs" / "mixed" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    alone = TokenizedCorpus(small, **common, seq_len=8)
+    assert last["tokenizer"] == alone.tokenizer_fingerprint()
+    mixed = MixedCorpus([{"paths": small, **common}, {"paths": large, **common}], [1, 1], seq_len=8, batch_size=4)
+    mixed.setup()
+    assert mixed.end_of_document == 6 and mixed.tokenizer_path == str(tokenizer)
+    assert mixed.decode(mixed.encode("brown fox")) == "brown fox"
+    held_out = mixed.validation_tokens()
+    assert len(held_out) == sum(len(c.validation_tokens()) for c in mixed.corpora) > 0
+    assert next(iter(mixed.train_dataloader()))["input_ids"].shape == (4, 8)
+    text = generate(["--config", str(recipe), "--ckpt_path", "last", "--prompt", "brown fox", "--max_new_tokens", "3"])
+    assert text.startswith("brown fox ") and len(text.split()) == 2 + 3  # (one word a token: the decoded ones)
+
+
 def test_a_mixture_takes_its_proportions_and_resumes_exactly(tmp_path):
     from recipes.data import MixedCorpus
     from recipes.data.order import ResumableLoader
@@ -461,3 +506,13 @@ def test_a_mixture_takes_its_proportions_and_resumes_exactly(tmp_path):
         MixedCorpus([{"paths": small, "text_fields": "body"}], [1], seq_len=8)
     with pytest.raises(ValueError, match=r"corpora\[1\] was built with seq_len=16, the mixture's is 8"):
         MixedCorpus([{"paths": small, **common}, TokenizedCorpus(large, seq_len=16, **common)], [1, 1], seq_len=8)
+    for weights in ([1, 0], [1, -2], [1, "2"], [1, None]):
+        with pytest.raises(ValueError, match=r"weights .* must be positive numbers"):
+            MixedCorpus([{"paths": small, **common}, {"paths": large, **common}], weights, seq_len=8)
+    with pytest.raises(ValueError, match="each corpus is a TokenizedCorpus or the mapping of its arguments"):
+        MixedCorpus([{"paths": small, **common}, large], [1, 1], seq_len=8)  # a path alone
+    torch.manual_seed(11)
+    padded = MixedCorpus([{"paths": small, **common}, {"paths": large, **common, "padded_vocab_size": 64}], [1, 1],
+                         seq_len=8)
+    assert padded.order_seed == padded.corpora[0].order_seed == 11  # the run's seed, without one of its own
+    assert padded.vocab_size == 64 > padded.corpora[0].vocab_size  # the largest: every corpus's ids have a row

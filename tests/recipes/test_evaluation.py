@@ -500,6 +500,12 @@ def test_a_familys_suite_results_tabulate_per_mode_and_length_against_the_baseli
     assert points({"suite": "mqar", "rows": [{"length": 64, "accuracy": 0.3}]}) == {("-", 64): 0.3}
     assert "| recipe | mode | length | runs | accuracy, mean ± std |" in table({("a", 0): passkey}, None)
 
+    harness = {("a", 0): {"results": {"zoo_cloze": {"acc,none": 0.5, "acc_stderr,none": 0.1, "alias": "zoo_cloze"}}}}
+    assert points(harness[("a", 0)]) == {("acc", "zoo_cloze"): 0.5}  # not the standard error, not the alias
+    assert table(harness, None).splitlines()[2] == "| a | acc | zoo_cloze | 1 | 0.5000 ± 0.0000 | - | - | - |"
+    plot(harness, tmp_path / "tasks.png", "tasks")  # one run a recipe: no spread to draw
+    assert (tmp_path / "tasks.png").stat().st_size > 0
+
     failed = [Run(tmp_path / "a.yaml", tmp_path / "nowhere", returncode=1, log=None, seed=0)]
     assert report(failed, tmp_path / "logs", "family", "length", None, []) == \
         f"no finished run to evaluate in {tmp_path / 'logs'}"
@@ -557,6 +563,7 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     assert scores["a", 0] == scores["a", 1]  # the same checkpoint twice
     table = (logs / "tasks_zoo_cloze.md").read_text()
     row_b = next(line for line in table.splitlines() if line.startswith("| b | acc | zoo_cloze |"))
+    assert table.startswith("# family: tasks zoo_cloze\n\n| recipe | metric | task |") and row_b in capsys.readouterr().out
     assert f"| 2 | {scores['b', 0]:.4f} ± 0.0000 | {scores['b', 0] - scores['a', 0]:+.4f} |" in row_b
     assert "sample_len" not in table  # lm-eval's bookkeeping is not a score
     assert (logs / "tasks_zoo_cloze.png").stat().st_size > 0
