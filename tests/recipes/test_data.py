@@ -98,3 +98,46 @@ def test_train_validation_and_test_windows_share_no_content(tmp_path):
     # The test is not vacuous: the 12-grams seen cover most of each split (80% / 10% / 10% of the text;
     # the evaluation windows are back to back, so 12-grams across two of them are not counted).
     assert len(train) > 0.75 * len(text) and len(val) > 0.06 * len(text) and len(test) > 0.06 * len(text)
+
+
+def test_windows_count_every_full_window_and_no_more():
+    from recipes.data.text import Windows
+
+    data = torch.arange(20)
+    for stride, count in ((1, 16), (4, 4), (5, 4), (16, 1)):
+        windows = Windows(data, seq_len=4, stride=stride)
+        assert len(windows) == count, stride
+        last = windows[count - 1]
+        assert len(last["labels"]) == 4 and int(last["labels"][-1]) <= 19  # the last full window, inside the data
+    assert len(Windows(data[:4], seq_len=4, stride=1)) == 0  # shorter than a window and its next token
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"vocab_size": 255}, r"vocab_size=255 must be an integer >= 256 \(the bytes\)"),
+    ({"vocab_size": 256.0}, r"vocab_size=256.0 must be an integer >= 256"),
+    ({"seq_len": 0}, r"seq_len=0 and batch_size=16 must be >= 1"),
+    ({"batch_size": 0}, r"seq_len=256 and batch_size=0 must be >= 1"),
+    ({"val_fraction": 0}, r"val_fraction=0, test_fraction=0.05 must be positive and leave some text to train on"),
+    ({"test_fraction": 0}, r"val_fraction=0.05, test_fraction=0 must be positive"),
+    ({"val_fraction": 0.5, "test_fraction": 0.5}, r"val_fraction=0.5, test_fraction=0.5 must be positive"),
+])
+def test_a_text_corpus_refuses_settings_that_cannot_work(settings, message):
+    with pytest.raises(ValueError, match=message):
+        TextCorpus(**settings)
+
+
+def test_a_split_needs_one_window_and_its_next_byte(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text("x" * 100)  # splits of 80, 10 and 10 bytes
+    TextCorpus(str(path), seq_len=9, val_fraction=0.1, test_fraction=0.1).setup()  # 10 bytes: one window of 9 + 1
+    with pytest.raises(ValueError, match=r"the val split has 10 bytes, fewer than seq_len \+ 1 = 11"):
+        TextCorpus(str(path), seq_len=10, val_fraction=0.1, test_fraction=0.1).setup()
+    data = TextCorpus(str(path), seq_len=1, val_fraction=0.1, test_fraction=0.1, vocab_size=300)  # the least
+    assert torch.equal(data.validation_tokens(), torch.full((10,), ord("x"))) and data.validation_tokens().dtype == torch.long
+    assert data.vocab_size == 300
+
+
+def test_bytes_in_and_out_with_ids_past_the_bytes_shown_as_replacement_characters():
+    assert TextCorpus.encode("hé€") == list("hé€".encode()) == [104, 195, 169, 226, 130, 172]
+    assert TextCorpus.decode(TextCorpus.encode("hé€")) == "hé€"
+    assert TextCorpus.decode([104, 256, 105, 299]) == "h\ufffdi\ufffd"  # a padded vocabulary's unused ids
