@@ -481,15 +481,46 @@ def test_the_table_is_the_same_whichever_launcher_ran_the_family(tmp_path, monke
     assert tables["local"] == tables["slurm"]
 
 
-def test_gpu_groups_and_what_a_run_is_given():
-    from recipes.launchers import device_groups, gpu_arguments
+def test_gpu_groups_and_what_a_run_is_given(monkeypatch):
+    import torch
+
+    from recipes.launchers import device_groups, gpu_arguments, visible_gpus
 
     assert device_groups(["0", "1", "2", "3", "4"], 2) == [["0", "1"], ["2", "3"]]  # GPU 4 stays idle
     assert device_groups(["3"], 1) == [["3"]]
     with pytest.raises(ValueError, match="fewer than --devices-per-run=2"):
         device_groups(["0"], 2)
+    with pytest.raises(ValueError, match=r"--devices-per-run=0 must be >= 1"):
+        device_groups(["0", "1"], 0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6,")
+    assert visible_gpus() == ["4", "6"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert visible_gpus() == [str(i) for i in range(torch.cuda.device_count())]  # (none on a CPU machine)
     env, flags = gpu_arguments(["2", "3"])
     assert env == {"CUDA_VISIBLE_DEVICES": "2,3"} and flags[-2:] == ["--trainer.devices", "2"]
+
+
+def test_a_slurm_job_array_asks_for_each_runs_gpus_and_one_task_per_gpu(tmp_path, monkeypatch):
+    """What the SLURM executor is given (a stand-in ``srun`` on the path: submitit looks for it): one task per GPU
+    (Lightning runs a process per task), the array's parallelism, a day by default, the user's own parameters; the
+    local executor gets no GPU request. Each job runs this interpreter's ``python -m recipes fit``."""
+    import os
+    import sys
+
+    pytest.importorskip("submitit")
+    from recipes.launchers import python_command, submitit_executor
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    slurm = submitit_executor(tmp_path / "s", cluster="slurm", devices_per_run=2, parallel=3,
+                              slurm={"slurm_partition": "gpu"})
+    assert slurm._executor.parameters == {"time": 1440, "gpus_per_node": 2, "ntasks_per_node": 2,
+                                          "array_parallelism": 3, "partition": "gpu"}
+    local = submitit_executor(tmp_path / "l", cluster="local", devices_per_run=2, parallel=3, slurm={})
+    assert "gpus_per_node" not in local._executor.parameters
+    assert python_command() == [sys.executable, "-m", "recipes", "fit"]
 
 
 def test_gpus_launcher_gives_each_concurrent_run_its_own_device(tmp_path, monkeypatch, capsys):
