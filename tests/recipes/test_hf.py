@@ -512,6 +512,29 @@ def test_export_refuses_what_transformers_cannot_express_by_name(tmp_path, recip
     assert not (tmp_path / "out" / "config.json").exists()
 
 
+def test_every_field_the_importer_pins_passes_at_its_own_values_and_is_refused_at_another():
+    from recipes.hf.architectures import MUST_BE, audit
+
+    other = {"attention_bias": True, "mlp_bias": True, "attention_dropout": 0.1, "hidden_dropout": 0.1,
+             "pretraining_tp": 2, "sliding_window": 8, "use_bias": True, "use_conv_bias": False, "norm_topk_prob": True,
+             "rms_norm": False, "norm_before_gate": True, "hidden_act": "gelu", "mlp_type": "moe"}
+    assert set(other) == set(MUST_BE)  # (a field pinned later gets its case here)
+    positions = {"max_position_embeddings"}  # (an adapter's own field)
+    for key, values in MUST_BE.items():
+        for value in values:
+            audit({key: value, "max_position_embeddings": 64}, positions, "m")
+        with pytest.raises(ValueError, match=re.escape(f"m: fields the zoo would not honour: {key}={other[key]!r} "
+                                                       f"(the zoo computes only {values[0]!r})")):
+            audit({key: other[key], "max_position_embeddings": 64}, positions, "m")
+        audit({key: other[key]}, {key}, "m")  # honoured by the adapter: its own to map
+    audit({"sliding_window": 64, "max_position_embeddings": 64}, positions, "m")  # a window over every position: none
+    with pytest.raises(ValueError, match=r"sliding_window=63"):
+        audit({"sliding_window": 63, "max_position_embeddings": 64}, positions, "m")
+    audit({"transformers_version": "9.9", "new_flag": False, "new_list": []}, set(), "m")  # bookkeeping, falsy
+    with pytest.raises(ValueError, match=r"new_flag=True \(unknown to the importer\); new_size=3 \(unknown"):
+        audit({"new_flag": True, "new_size": 3}, set(), "m")
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("sliding_window", 8, "sliding_window=8 (the zoo computes only None)"),
     ("attention_dropout", 0.1, "attention_dropout=0.1"),

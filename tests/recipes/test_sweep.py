@@ -144,6 +144,22 @@ def ended(logs: Path, index: int, returncode: int) -> None:
     (logs / "sweep.json").write_text(json.dumps(manifest))
 
 
+def test_a_manifest_keeps_every_runs_fields_and_names_how_each_ended(tmp_path):
+    from recipes.sweep.records import Run, read_manifest, write_manifest
+
+    runs = [Run(tmp_path / "a.yaml", tmp_path / "a", 0, tmp_path / "a.log", 0, tmp_path / "pre" / "last.ckpt",
+                args=["--seed_everything", "0"], pid=None),
+            Run(tmp_path / "b.yaml", tmp_path / "b", None, None, None, None, pid=4242)]
+    write_manifest(tmp_path, "family", runs)
+    family, again = read_manifest(tmp_path)
+    assert family == "family" and again == runs
+    endings = {code: Run(tmp_path / "a.yaml", tmp_path / "a", code, log=tmp_path / "a.log").ending
+               for code in (None, 130, 143, 1)}
+    assert endings[None].startswith("NOT FINISHED (the sweep stopped before this run ended; log ")
+    assert endings[130].startswith("INTERRUPTED (stopped by a signal") and endings[143] == endings[130]
+    assert endings[1] == f"FAILED (exit 1; log {tmp_path / 'a.log'})"
+
+
 def test_a_run_is_read_at_its_last_validation_and_median_speed(tmp_path):
     from recipes.sweep.records import read_run
 
