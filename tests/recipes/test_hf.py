@@ -449,6 +449,8 @@ def test_export_loads_in_transformers_with_equal_logits_and_greedy_ids(tmp_path,
         assert torch.equal(a, b), name  # import(export(model)) is the model exactly
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
     assert tokenizer("héllo, wörld")["input_ids"] == TextCorpus.encode("héllo, wörld")
+    written = json.loads((tmp_path / "exported" / "config.json").read_text())
+    assert ("rope_theta" in written) == ("max_position_embeddings" in written) == (kind != "mamba2")  # (no positions)
     spaced = "a , b . c ' d n't"  # decoded as the bytes were: no clean-up of the spaces before punctuation
     assert tokenizer.decode(TextCorpus.encode(spaced)) == spaced
 
@@ -510,6 +512,24 @@ def test_export_refuses_what_transformers_cannot_express_by_name(tmp_path, recip
         export(lm, tmp_path / "out")
     assert "as " in str(info.value) and "Exportable: LlamaForCausalLM" in str(info.value)
     assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_rope_settings_of_either_config_form_and_the_embeddings_padding_row():
+    from recipes.hf.architectures import common_recipe, rope_settings
+
+    assert rope_settings({}) == (10000.0, 1.0, False)
+    assert rope_settings({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}) == (5e5, 1.0, False)
+    assert rope_settings({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4}}) == \
+        (1e4, 4.0, True)  # transformers 5.x
+    assert rope_settings({"rope_theta": 2e4, "rope_scaling": {"type": "dynamic", "factor": 2}}) == (2e4, 2.0, True)
+    for kind in ("linear", "yarn", "llama3"):
+        with pytest.raises(ValueError, match=rf"RoPE type '{kind}' is not supported \(default and dynamic NTK are\)"):
+            rope_settings({"rope_parameters": {"rope_type": kind, "rope_theta": 1e4, "factor": 2}})
+    config = {"hidden_size": 8, "vocab_size": 10}
+    padding = {pad: common_recipe({**config, "pad_token_id": pad}, 1e4, 1.0, False)["padding_idx"]
+               for pad in (0, 9, 10, -1, None)}
+    assert padding == {0: 0, 9: 9, 10: None, -1: None, None: None}  # a row of the embedding, or none
+    assert common_recipe({**config, "pad_token_id": 3}, 1e4, 1.0, False, padding=False)["padding_idx"] is None
 
 
 def test_every_field_the_importer_pins_passes_at_its_own_values_and_is_refused_at_another():

@@ -160,6 +160,26 @@ def test_a_manifest_keeps_every_runs_fields_and_names_how_each_ended(tmp_path):
     assert endings[1] == f"FAILED (exit 1; log {tmp_path / 'a.log'})"
 
 
+def test_a_record_names_bundled_recipes_relatively_and_is_read_where_a_finished_runs_folder_is_gone(tmp_path):
+    from recipes.cli import CONFIG_DIR
+    from recipes.sweep.records import Run, read_manifest, run_hparams, write_manifest, write_record
+
+    stored = {"result": {"val_loss": 1.0}, "curves": {"val/loss": [[1, 1.0]]}, "hparams": {"lr": 0.5}}
+    (tmp_path / "here").mkdir()
+    runs = [Run(CONFIG_DIR / "quickstart.yaml", tmp_path / "gone", 0, None, 0, stored=stored),
+            Run(tmp_path / "mine.yaml", tmp_path / "here", 0, None, 1, stored=stored)]
+    write_manifest(tmp_path, "family", runs)
+    write_record(tmp_path, "family", runs)
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert [r["config"] for r in record["runs"]] == ["quickstart.yaml", str((tmp_path / "mine.yaml").resolve())]
+    _, read = read_manifest(tmp_path)  # a finished run's folder is gone: the record, with its numbers
+    assert read[0].config == CONFIG_DIR / "quickstart.yaml" and read[0].stored == stored
+    assert run_hparams(read[0]) == {"lr": 0.5}
+    (tmp_path / "gone").mkdir()
+    _, read = read_manifest(tmp_path)  # every finished run's folder is there: the manifest, read from the folders
+    assert [r.stored for r in read] == [None, None]
+
+
 def test_a_run_is_read_at_its_last_validation_and_median_speed(tmp_path):
     from recipes.sweep.records import read_run
 
