@@ -514,6 +514,41 @@ def test_export_refuses_what_transformers_cannot_express_by_name(tmp_path, recip
     assert not (tmp_path / "out" / "config.json").exists()
 
 
+def test_export_names_what_keeps_a_model_from_each_hugging_face_class():
+    """Each adapter's ``mismatch``: None for a model its class computes, else the first difference, by name."""
+    from components import HybridLM
+    from recipes.hf.architectures import Llama, Mamba2
+
+    def model(pattern="AM×2", a=None, m=None, s=None, **kwargs):
+        mixers = {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, **(a or {})}},
+                  "M": {"class_path": "components.MLP", "init_args": m or {}},
+                  "S": {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8, "conv": True,
+                                                                       "rope": False, "gate": True, **(s or {})}},
+                  "I": {"class_path": "components.InnerFuncAttention", "init_args": {"n_heads": 2}}}
+        letters = set(pattern.replace("×2", ""))
+        return HybridLM(32, 16, pattern, {k: v for k, v in mixers.items() if k in letters}, **kwargs)
+
+    assert Llama.mismatch(model()) is None and Mamba2.mismatch(model("S-×2")) is None
+    cases = [(Llama, model("AMSM"), "its pattern has blocks ['AM', 'SM']; a LlamaForCausalLM is QCAttention"),
+             (Llama, model(a={"qk_norm": True}), "its attention has no RoPE or has a QK-norm"),
+             (Llama, model(a={"rope": False}), "its attention has no RoPE or has a QK-norm"),
+             (Llama, model(m={"activation": "gelu"}), "its MLP is gelu with silu; Llama's is SwiGLU with SiLU"),
+             (Llama, model(m={"act": "gelu"}), "its MLP is swiglu with gelu"),
+             (Llama, model(residual_scale=True), "its blocks scale their residuals, which Llama does not"),
+             (Mamba2, model("S-SM"), "its pattern has blocks ['S-', 'SM']"),
+             (Mamba2, model("S-×2", s={"conv": False, "d_skip": True}),
+              "its SSD has conv=False, rope=False, gate=True, D=True"),
+             (Mamba2, model("S-×2", s={"d_skip": False}), "its SSD has conv=True, rope=False, gate=True, D=False"),
+             (Mamba2, model("S-×2", s={"rope": True}), "its SSD has conv=True, rope=True"),
+             (Mamba2, model("S-×2", s={"gate": False}), "gate=False"),
+             (Mamba2, model("S-×2", residual_scale=True), "its blocks scale their residuals, which Mamba-2 does not")]
+    for adapter, built, reason in cases:
+        assert reason in (adapter.mismatch(built) or ""), (adapter.name, reason)
+    letters = HybridLM(32, 16, "AM", {"A": {"class_path": "components.InnerFuncAttention", "init_args": {"n_heads": 2}},
+                                      "M": {"class_path": "components.MLP"}})
+    assert Llama.mismatch(letters).startswith("its 'A'/'M' letters are InnerFuncAttention/MLP")
+
+
 def test_rope_settings_of_either_config_form_and_the_embeddings_padding_row():
     from recipes.hf.architectures import common_recipe, rope_settings
 
