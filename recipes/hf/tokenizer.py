@@ -70,8 +70,8 @@ def is_byte_tokenizer(tokenizer) -> bool:
 
 
 def folder_eos_token(folder: Path, tokenizer) -> str | None:
-    """The end-of-sequence token of a Hugging Face folder (``tokenizer_config.json``'s ``eos_token``, else
-    ``config.json``'s ``eos_token_id``), when its ``tokenizers.Tokenizer`` has it."""
+    """The end-of-sequence token of a Hugging Face folder (``tokenizer_config.json``'s ``eos_token`` when its
+    ``tokenizers.Tokenizer`` has it, else ``config.json``'s ``eos_token_id``), or None."""
     settings = {}
     for name in ("tokenizer_config.json", "config.json"):
         try:
@@ -80,7 +80,7 @@ def folder_eos_token(folder: Path, tokenizer) -> str | None:
             settings[name] = {}
     eos = settings["tokenizer_config.json"].get("eos_token")
     eos = eos.get("content") if isinstance(eos, dict) else eos
-    if not isinstance(eos, str):
+    if not isinstance(eos, str) or tokenizer.token_to_id(eos) is None:
         ids = settings["config.json"].get("eos_token_id")
         ids = ids[0] if isinstance(ids, list) and ids else ids
         eos = tokenizer.id_to_token(ids) if isinstance(ids, int) else None

@@ -317,7 +317,10 @@ def test_the_end_of_sequence_token_and_the_embedding_padding_an_import_reads_fro
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "w9"}}))
     assert folder_eos_token(folder, words) == "w9"
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))  # a token the tokenizer lacks
+    assert folder_eos_token(folder, words) == "w7"  # config.json's, then
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": 999}))  # an id past the vocabulary: none
     assert folder_eos_token(folder, words) is None
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
     with pytest.raises(ValueError, match=r"the tokenizer has 256 tokens, more than the model's 200 embedding rows"):
         (folder / "tokenizer_config.json").unlink()
         corpus_settings(folder, words, 200)
