@@ -552,6 +552,58 @@ def test_export_names_what_keeps_a_model_from_each_hugging_face_class():
     assert Llama.mismatch(letters).startswith("its 'A'/'M' letters are InnerFuncAttention/MLP")
 
 
+def test_doges_mismatches_and_the_config_values_an_import_refuses_by_name():
+    import copy
+
+    from components import HybridLM
+    from recipes.hf.architectures import Doge, Llama, Mamba2
+
+    c = {"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+         "intermediate_size": 32, "num_hidden_layers": 2, "vocab_size": 32, "max_position_embeddings": 64,
+         "keep_window_size": 8}
+    dense, moe = Doge.recipe(c), Doge.recipe({**c, "is_moe": True, "num_experts": 16, "num_experts_per_tok": 2})
+    assert Doge.mismatch(HybridLM(**dense)) is None and Doge.mismatch(HybridLM(**moe)) is None
+
+    def changed(recipe, letter=None, **settings):
+        recipe = copy.deepcopy(recipe)
+        if letter is None:
+            recipe.update(settings)
+        else:
+            recipe["mixers"][letter]["init_args"].update(settings)
+        return Doge.mismatch(HybridLM(**recipe)) or ""
+
+    assert changed(dense, pattern="IM×1") == ""  # (one block is still Doge)
+    assert "its pattern has blocks ['IE', 'IM']" in changed({**moe, "mixers": {**moe["mixers"], **dense["mixers"]}},
+                                                           pattern="IMIE")
+    assert "its InnerFuncAttention is inner='linear', mask='content'" in changed(dense, "I", mask="content")
+    assert "its InnerFuncAttention is inner='retrieval'" in changed(dense, "I", inner="retrieval")
+    assert "its InnerFuncAttention is" in changed(dense, "I", qk_norm=False)
+    assert "its InnerFuncAttention is" in changed(dense, "I", rope=False)
+    assert changed(dense, residual_scale=False) == "its blocks do not scale their residuals, which Doge does"
+    assert "its MLP is swiglu with gelu; Doge's is SwiGLU with SiLU" in changed(dense, "M", act="gelu")
+    assert "its MLP is gelu with silu" in changed(dense, "M", activation="gelu")
+    for settings in ({"n_heads": 2}, {"cross_domain": "sequential"}, {"key_dim": 8}):
+        assert "its CDMoE is not Doge's" in changed(moe, "E", **settings), settings
+    routed = {**dense, "mixers": {**dense["mixers"], "M": {"class_path": "components.RoutedMoE",
+                                                           "init_args": {"n_experts": 4, "top_k": 1}}}}
+    assert "its state mixer is RoutedMoE" in changed(routed)
+    qc = {**dense, "mixers": {**dense["mixers"],
+                              "I": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}}}
+    assert "its 'I' letter is QCAttention" in changed(qc)
+
+    with pytest.raises(ValueError, match=r"head_dim=4 · heads=2 != hidden_size=16: not supported"):
+        Llama.recipe({**c, "head_dim": 4, "hidden_act": "silu"})
+    with pytest.raises(ValueError, match=r"num_experts=12 is not a square: Doge's CDMoE uses only the first"):
+        Doge.recipe({**c, "is_moe": True, "num_experts": 12, "num_experts_per_tok": 2})
+    mamba = {"hidden_size": 16, "expand": 2, "num_heads": 4, "head_dim": 8, "state_size": 8, "n_groups": 1,
+             "layer_norm_epsilon": 1e-5, "num_hidden_layers": 2, "vocab_size": 32}
+    assert Mamba2.recipe(mamba)["pattern"] == "S-×2"
+    with pytest.raises(ValueError, match=r"num_heads·head_dim = 24 != expand·hidden_size = 32"):
+        Mamba2.recipe({**mamba, "num_heads": 3})
+    with pytest.raises(ValueError, match=r"time_step_limit=\[0.0, 1.0\] is not supported \(the zoo does not clamp"):
+        Mamba2.recipe({**mamba, "time_step_limit": [0.0, 1.0]})
+
+
 def test_rope_settings_of_either_config_form_and_the_embeddings_padding_row():
     from recipes.hf.architectures import common_recipe, rope_settings
 
