@@ -552,6 +552,20 @@ def test_export_names_what_keeps_a_model_from_each_hugging_face_class():
     assert Llama.mismatch(letters).startswith("its 'A'/'M' letters are InnerFuncAttention/MLP")
 
 
+def test_a_weight_with_no_place_on_either_side_is_refused_by_name():
+    from recipes.hf.architectures import to_hf, to_zoo
+
+    hf = build("llama")
+    config = {**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]}
+    state = hf.state_dict()
+    zoo = to_zoo(config, {**state, "model.rotary_emb.inv_freq": torch.ones(4)})  # (a buffer HF recomputes)
+    assert to_hf(config, zoo).keys() == state.keys()
+    with pytest.raises(ValueError, match=r"weights the zoo has no place for: \['model.layers.0.self_attn.q_proj.bias'\]"):
+        to_zoo(config, {**state, "model.layers.0.self_attn.q_proj.bias": torch.zeros(4)})
+    with pytest.raises(ValueError, match=r"zoo weights Hugging Face's LlamaForCausalLM has no place for: \['blocks.0.x'\]"):
+        to_hf(config, {**zoo, "blocks.0.x": torch.zeros(1)})
+
+
 def test_doges_mismatches_and_the_config_values_an_import_refuses_by_name():
     import copy
 
