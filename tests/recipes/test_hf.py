@@ -550,6 +550,12 @@ def test_export_names_what_keeps_a_model_from_each_hugging_face_class():
     letters = HybridLM(32, 16, "AM", {"A": {"class_path": "components.InnerFuncAttention", "init_args": {"n_heads": 2}},
                                       "M": {"class_path": "components.MLP"}})
     assert Llama.mismatch(letters).startswith("its 'A'/'M' letters are InnerFuncAttention/MLP")
+    not_ssd = HybridLM(32, 16, "S-", {"S": {"class_path": "components.InnerFuncAttention", "init_args": {"n_heads": 2}}})
+    assert Mamba2.mismatch(not_ssd).startswith("its 'S' letter is InnerFuncAttention")
+    stretched = Llama.config(model(extrapolate=True, rope_ntk_factor=2.0, max_seq_len=64))
+    assert stretched["rope_scaling"] == {"rope_type": "dynamic", "factor": 2.0}
+    assert stretched["max_position_embeddings"] == 64
+    assert "rope_scaling" not in Llama.config(model())
 
 
 def test_a_weight_with_no_place_on_either_side_is_refused_by_name():
@@ -560,9 +566,11 @@ def test_a_weight_with_no_place_on_either_side_is_refused_by_name():
     state = hf.state_dict()
     zoo = to_zoo(config, {**state, "model.rotary_emb.inv_freq": torch.ones(4)})  # (a buffer HF recomputes)
     assert to_hf(config, zoo).keys() == state.keys()
-    with pytest.raises(ValueError, match=r"weights the zoo has no place for: \['model.layers.0.self_attn.q_proj.bias'\]"):
+    with pytest.raises(ValueError,
+                       match=r"weights the zoo has no place for: \['model.layers.0.self_attn.q_proj.bias'\]"):
         to_zoo(config, {**state, "model.layers.0.self_attn.q_proj.bias": torch.zeros(4)})
-    with pytest.raises(ValueError, match=r"zoo weights Hugging Face's LlamaForCausalLM has no place for: \['blocks.0.x'\]"):
+    with pytest.raises(ValueError,
+                       match=r"zoo weights Hugging Face's LlamaForCausalLM has no place for: \['blocks.0.x'\]"):
         to_hf(config, {**zoo, "blocks.0.x": torch.zeros(1)})
 
 
@@ -577,6 +585,10 @@ def test_doges_mismatches_and_the_config_values_an_import_refuses_by_name():
          "keep_window_size": 8}
     dense, moe = Doge.recipe(c), Doge.recipe({**c, "is_moe": True, "num_experts": 16, "num_experts_per_tok": 2})
     assert Doge.mismatch(HybridLM(**dense)) is None and Doge.mismatch(HybridLM(**moe)) is None
+    assert Doge.config(HybridLM(**dense))["keep_window_size"] == 8
+    unwindowed = copy.deepcopy(dense)
+    unwindowed["mixers"]["I"]["init_args"]["keep_window"] = None  # every key kept: a window of the whole length
+    assert Doge.config(HybridLM(**unwindowed))["keep_window_size"] == 64
 
     def changed(recipe, letter=None, **settings):
         recipe = copy.deepcopy(recipe)
@@ -611,7 +623,8 @@ def test_doges_mismatches_and_the_config_values_an_import_refuses_by_name():
         Doge.recipe({**c, "is_moe": True, "num_experts": 12, "num_experts_per_tok": 2})
     mamba = {"hidden_size": 16, "expand": 2, "num_heads": 4, "head_dim": 8, "state_size": 8, "n_groups": 1,
              "layer_norm_epsilon": 1e-5, "num_hidden_layers": 2, "vocab_size": 32}
-    assert Mamba2.recipe(mamba)["pattern"] == "S-×2"
+    recipe = Mamba2.recipe(mamba)
+    assert recipe["pattern"] == "S-×2" and recipe["extrapolate"] and recipe["padding_idx"] is None  # no length limit
     with pytest.raises(ValueError, match=r"num_heads·head_dim = 24 != expand·hidden_size = 32"):
         Mamba2.recipe({**mamba, "num_heads": 3})
     with pytest.raises(ValueError, match=r"time_step_limit=\[0.0, 1.0\] is not supported \(the zoo does not clamp"):
