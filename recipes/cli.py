@@ -559,6 +559,17 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r"You're using the WeightAveraging callback with a model that overrides")
 
 
+def release_process_group() -> None:
+    """Destroy torch.distributed's default process group if this process made one (a DDP or FSDP rank). Lightning
+    leaves it to the interpreter's exit, as torch advises against: once in a full test run a finished FSDP resume
+    then aborted there ("terminate called without an active exception", exit -6), which a sweep would have taken for
+    a failed run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(args: list[str] | None = None, *, run: bool = True, parse_only: bool = False) -> HybridCLI:
     """Run the CLI on ``args`` (default: the command line). With ``run=False`` the arguments hold no
     subcommand and the CLI only parses and instantiates (model, data, trainer); with ``parse_only`` too, it only
@@ -636,3 +647,5 @@ def main(args: list[str] | None = None, *, run: bool = True, parse_only: bool = 
             raise
         print("interrupted (Ctrl+C) outside training: no checkpoint was due", file=sys.stderr, flush=True)
         sys.exit(130)
+    finally:
+        release_process_group()

@@ -626,3 +626,21 @@ def test_weight_averaging_under_a_sharding_strategy_is_refused_before_any_proces
         main(["fit", *TEXT, *FSDP2, "--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs",
               "0.001"])
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_command_releases_the_process_group_it_made(tmp_path):
+    """The end of ``python -m recipes …`` destroys a DDP/FSDP rank's process group rather than leaving it to the
+    interpreter's exit (where a finished FSDP run once aborted with exit -6); without one, nothing happens."""
+    import torch.distributed as dist
+
+    from recipes.cli import release_process_group
+
+    release_process_group()  # none made: a no-op
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert dist.is_initialized()
+        release_process_group()
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
