@@ -21,8 +21,9 @@ def sweep_root(config: Path) -> Path:
 
 
 def checkpoint_path(recipe: dict, ckpt_path: str, config: str | None = None) -> str:
-    """A checkpoint file, or the newest ``last``/``best``/``swa`` of the recipe's runs: under its logger's folder, and for a
-    recipe (file ``config``) that names no logger, under Lightning's ``lightning_logs/`` and the sweep's folder."""
+    """A checkpoint file, or the newest ``last``/``best``/``swa`` of the recipe's runs: under its logger's folder,
+    and for a recipe (file ``config``) that names no logger, under Lightning's ``lightning_logs/`` and the sweep's
+    folder."""
     if ckpt_path not in NAMED_CHECKPOINTS:
         return ckpt_path
     logger, root = run_logger(dict_to_namespace(recipe.get("trainer") or {}))
