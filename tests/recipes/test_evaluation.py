@@ -91,6 +91,48 @@ def test_an_empty_context_is_the_prefix_token():
     assert score == pytest.approx(float(logprobs[torch.arange(5), torch.tensor(BYTES.encode("Hello"))].sum()), abs=1e-4)
 
 
+def test_the_adapters_defaults_refusals_shared_contexts_and_lm_evals_cache(monkeypatch):
+    """An empty continuation scores (0, greedy); choices of one context go through one shared pass (and never with
+    ``reuse_context=False``); every keyed result reaches lm-eval's cache hook; the prefix token defaults to the
+    tokenizer's end of document, else its newline; a bad padding side or batch size is refused by name."""
+    import recipes.evaluation.harness as harness
+
+    model = tiny()
+    with pytest.raises(ValueError, match=r"padding_side='center' is not 'left' or 'right'"):
+        ZooLM(model, BYTES, padding_side="center")
+    for bad in (0, -1, 2.0):
+        with pytest.raises(ValueError, match=rf"batch_size={bad!r} must be a positive integer"):
+            ZooLM(model, BYTES, batch_size=bad)
+    assert ZooLM(model, BYTES).eot_token_id == 10 and ZooLM(model, BYTES).reuse_context  # bytes: the newline
+
+    class Documents:
+        end_of_document = 7
+        encode, decode = staticmethod(BYTES.encode), staticmethod(BYTES.decode)
+
+    assert ZooLM(model, Documents()).eot_token_id == 7
+    assert ZooLM(model, BYTES).device == model.embedding.weight.device
+
+    shared_calls = []
+    real = harness.score_shared
+    monkeypatch.setattr(harness, "score_shared", lambda *a: shared_calls.append(a) or real(*a))
+    context = BYTES.encode("Pick one: ")
+    requests = [(("ctx", "a"), context, BYTES.encode("a")), (("ctx", "b"), context, BYTES.encode("b")),
+                (None, context, []), (("other", "c"), BYTES.encode("Alone"), BYTES.encode("c"))]
+    cached = []
+    for reuse in (True, False):
+        lm = ZooLM(model, BYTES, reuse_context=reuse)
+        lm.cache_hook = type("Hook", (), {"add_partial": lambda self, *entry: cached.append(entry)})()
+        shared_calls.clear(), cached.clear()
+        results = lm._loglikelihood_tokens(requests, disable_tqdm=True)
+        assert results[2] == (0.0, True)  # nothing to score
+        # the two choices of one context: one pass over it; a context with one continuation is scored plainly
+        assert [call[1:] for call in shared_calls] == ([([context], [[[97], [98]]])] if reuse else [])
+        assert [(kind, key) for kind, key, _ in cached] == [("loglikelihood", ("ctx", "a")),
+                                                           ("loglikelihood", ("ctx", "b")),
+                                                           ("loglikelihood", ("other", "c"))]  # not the unkeyed one
+        assert [result for *_, result in cached] == [results[0], results[1], results[3]]
+
+
 def test_rolling_loglikelihood_is_the_validation_loss_times_the_tokens():
     from recipes import LanguageModel
 
