@@ -8,9 +8,8 @@ import time
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import StochasticWeightAveraging
 
-from recipes.training import CheckpointPolicy, averages_weights
+from recipes.training import CheckpointPolicy, averages_weights, stochastic_average_taken
 
 
 def choose_threads(requested: int | None) -> str | None:
@@ -96,7 +95,7 @@ def averaging_lines(callbacks: list) -> list[str]:
         if averages_weights(callback):
             lines.append(f"  weights    {name}'s average: validated above and saved as each checkpoint's weights "
                          "(the trained ones beside them, for a resume)")
-        elif isinstance(callback, StochasticWeightAveraging) and int(callback.n_averaged or 0) > 0:
+        elif stochastic_average_taken(callback):
             lines.append(f"  weights    {name}'s average, put in at the end: no validation above saw it; swa.ckpt "
                          "holds it (validate or eval it), last.ckpt the trained weights, to resume")
     return lines

@@ -247,14 +247,25 @@ def pending_step_log(trainer: L.Trainer) -> dict | None:
     return {"step": int(trainer.fit_loop.epoch_loop._batches_that_stepped), "metrics": metrics}
 
 
+def tensors_finite(tensors) -> bool:
+    """Whether every floating-point tensor among ``tensors`` is finite."""
+    return all(bool(torch.isfinite(t).all()) for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
 def parameters_finite(module: torch.nn.Module) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in module.parameters())
+    return tensors_finite(module.parameters())
 
 
 def averages_weights(callback: L.Callback) -> bool:
     """Whether ``callback`` is one of Lightning's ``WeightAveraging`` callbacks (``EMAWeightAveraging``; Lightning
     2.6 and later), named by class rather than imported so that earlier Lightning releases still load this module."""
     return any(cls.__name__ == "WeightAveraging" for cls in type(callback).__mro__)
+
+
+def stochastic_average_taken(callback: L.Callback) -> bool:
+    """Whether ``callback`` is a ``StochasticWeightAveraging`` that has averaged any weights (its average is then put
+    in at the end of training, and written to swa.ckpt)."""
+    return isinstance(callback, StochasticWeightAveraging) and int(callback.n_averaged or 0) > 0
 
 
 def weight_averaging(callbacks: list) -> str | None:
@@ -480,20 +491,20 @@ class CheckpointPolicy(Checkpoint):
         now, after the last validation and last.ckpt, and keeps nowhere else but in its own state. The checkpoint
         holds the weights alone (no optimizer state: it scores and samples; a resume takes last.ckpt), marked with
         the callback's name so that ``validate``, ``test`` and ``eval`` say what they score."""
-        averages = [c for c in trainer.callbacks if isinstance(c, StochasticWeightAveraging) and int(c.n_averaged or 0)]
+        averages = [c for c in trainer.callbacks if stochastic_average_taken(c)]
         if self._skip(trainer) or not averages:
             return
         average = averages[0].state_dict()["average_model_state"]  # the LightningModule's state_dict, averaged
-        if not all(bool(torch.isfinite(t).all()) for t in average.values()
-                   if isinstance(t, torch.Tensor) and t.is_floating_point()):
+        if not tensors_finite(average.values()):
             log.error("CheckpointPolicy: the StochasticWeightAveraging average is not finite; swa.ckpt not written")
             return
         # Lightning's save_checkpoint, with the average for the weights and the mark added
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)
         checkpoint["state_dict"], checkpoint[AVERAGE_ONLY] = average, type(averages[0]).__name__
-        self.average_path = str(self.dirpath / "swa.ckpt")
-        trainer.strategy.save_checkpoint(checkpoint, self.average_path)
+        path = str(self.dirpath / "swa.ckpt")
+        trainer.strategy.save_checkpoint(checkpoint, path)
         trainer.strategy.barrier("swa.ckpt")
+        self.average_path = path
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         if batch_idx == 0 and trainer.state.fn == "fit" and not trainer.sanity_checking:
