@@ -25,7 +25,9 @@ Every sweep writes ``runs/sweep-logs/<time>/``: the runs' logs, ``sweep.json`` (
 recipe, seed, run folder, exit status; rewritten as each run ends), ``table.md`` (the table printed),
 and ``val_loss.png``, each recipe's validation-loss curve (with seeds: the mean over seeds and a band
 of ± one standard deviation). ``--from runs/sweep-logs/<time> …`` tabulates and plots earlier sweeps
-again from their ``sweep.json``, exactly their runs (several folders: one table, in the first).
+again from their ``sweep.json``, exactly their runs (several folders: one table, in the first; ``--only NAME …``:
+those recipes' runs alone). An option that launches runs (``--set``, ``--seeds``, a launcher…) has no place there and
+is refused, not ignored.
 
 Each sweep also writes ``record.json``, rewritten as each run ends: the manifest with every finished run's
 numbers (final and best validation loss, accuracy, speed, validation-loss curve, hyper-parameters). ``--from``
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="go on with a stopped sweep (its runs/sweep-logs/<time> folder): each run that did not "
                              "finish runs again as launched, from its last.ckpt, with the sweep's launcher unless "
                              "--launcher is given; then the table of all its runs")
-    parser.add_argument("--only", nargs="+", action="extend", default=None, help="recipe names (file stems) to run")
+    parser.add_argument("--only", nargs="+", action="extend", default=None, help="recipe names (file stems) to run; with --from, the recipes to tabulate")
     parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                         help="overrides for every run")
     parser.add_argument("--table-only", action="store_true", help="do not run; tabulate the latest runs")
@@ -211,9 +213,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metric", default="val_acc", choices=["val_acc", "val_loss", "val_ppl"],
                         help="what --vs plots (default val_acc)")
     args = parser.parse_args(argv)
+    new_runs = [flag for flag, given in (("--seeds", args.seeds is not None), ("--first-seed", args.first_seed != 0),
+                                         ("--init-from", args.init_from is not None), ("--table-only", args.table_only))
+                if given]  # what only a sweep of a FOLDER does: launch new runs, or tabulate a folder's latest
     if args.resume is not None:
-        if args.folder is not None or args.from_logs is not None or args.set or args.only:
-            sys.exit("error: --resume goes on with a sweep as it was launched: no FOLDER, --from, --set or --only")
+        other = [flag for flag, given in (("FOLDER", args.folder is not None), ("--from", args.from_logs is not None),
+                                          ("--set", bool(args.set)), ("--only", bool(args.only))) if given] + new_runs
+        if other:
+            sys.exit(f"error: --resume goes on with a sweep as it was launched, so it takes no {', '.join(other)}")
         if args.jobs < 1:
             sys.exit(f"error: --jobs {args.jobs} must be >= 1")
         try:
@@ -227,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
         write_record(Path(args.resume), family, runs)
         args.from_logs = [args.resume]  # the table of all its runs, as --from gives it
     if args.from_logs is not None:
+        if args.resume is None:
+            check_from_alone(args, new_runs)
         try:
             sweeps = [read_manifest(Path(folder)) for folder in args.from_logs]
         except (FileNotFoundError, ValueError) as error:
@@ -236,6 +245,14 @@ def main(argv: list[str] | None = None) -> None:
                     run.failed or (Path(run.folder) / "hparams.yaml").is_file() for run in found):
                 write_record(Path(folder), name, found)
         family, runs = sweeps[0][0], [run for _, found in sweeps for run in found]
+        if args.folder is not None and args.resume is None and Path(args.folder).name != family:
+            sys.exit(f"error: --from reads a sweep of {family}, not of {args.folder}: name its own family, or none")
+        if args.only:
+            names = list(dict.fromkeys(run.config.stem for run in runs))
+            unknown = sorted(set(args.only) - set(names))
+            if unknown:
+                sys.exit(f"error: --only names {unknown}, not recipes of that sweep ({', '.join(names)})")
+            runs = [run for run in runs if run.config.stem in args.only]
         seeded = any(run.seed is not None for run in runs)
         try:
             settings = family_settings(Path(runs[0].config).parent) if runs else {}
@@ -363,6 +380,18 @@ def main(argv: list[str] | None = None) -> None:
         print(f"not run yet, so not in the table: {', '.join(unrun)} (python -m recipes.sweep {args.folder} --only "
               f"{' '.join(unrun)} runs them)", file=sys.stderr)
     exit_if_failed(runs)
+
+
+def check_from_alone(args: argparse.Namespace, new_runs: list[str]) -> None:
+    """``--from`` tabulates (or evaluates) runs that exist: an option that launches runs would be ignored without a
+    word, and the table would not be of the runs the command line describes."""
+    launching = new_runs + [flag for flag, given in (
+        ("--set", bool(args.set)), ("--launcher", args.launcher is not None),
+        ("--devices-per-run", args.devices_per_run is not None), ("--slurm", bool(args.slurm)),
+        ("--submitit-cluster", args.submitit_cluster is not None), ("--threads", args.threads is not None)) if given]
+    if launching:
+        sys.exit(f"error: --from tabulates runs that exist; {', '.join(launching)} "
+                 f"{'configures' if len(launching) == 1 else 'configure'} new runs (run the family's folder for those)")
 
 
 def slurm_parameters(parser: argparse.ArgumentParser, items: list[str]) -> dict:

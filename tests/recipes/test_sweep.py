@@ -418,6 +418,38 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
     # Two sweeps read together: one table of both (here the same runs twice, so every cell doubles).
     main(["--from", str(logs), str(logs)])
     assert "| a | 4 of 6 | 1,234 | 1,000 | 3.5000 ± 0.5774 |" in capsys.readouterr().out
+    # --only: the table of those recipes' runs alone (it was the whole sweep's, without a word).
+    main(["--from", str(logs), "--only", "b"])
+    out = capsys.readouterr().out
+    assert "| b | 3 of 3 | 1,234 | 1,000 | 1.3333 ± 0.5774 |" in out and "| a |" not in out
+    with pytest.raises(SystemExit, match=r"error: --only names \['c'\], not recipes of that sweep \(a, b\)"):
+        main(["--from", str(logs), "--only", "b", "c"])
+    main(["fake", "--from", str(logs), "--only", "a"])  # its family named (as docs/results.md does): the same table
+    assert "| a | 2 of 3 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="error: --from reads a sweep of fake, not of positions: name its own"):
+        main(["positions", "--from", str(logs)])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--set", "trainer.max_steps=9"], "--set configures new runs"),
+    (["--seeds", "3", "--launcher", "gpus"], "--seeds, --launcher configure new runs"),
+    (["--table-only"], "--table-only configures new runs"),
+    (["--first-seed", "3"], "--first-seed configures"),
+    (["--init-from", "none"], "--init-from configures"),
+    (["--threads", "2", "--slurm", "timeout_min=5"], "--slurm, --threads configure"),
+    (["--devices-per-run", "2", "--submitit-cluster", "local"], "--devices-per-run, --submitit-cluster configure"),
+])
+def test_from_refuses_what_would_launch_runs_rather_than_ignore_it(tmp_path, flags, message):
+    """``--from`` tabulates runs that exist: an option that configures new runs was ignored without a word, so the
+    table was not of the runs the command line described. Refused, before the sweep is read."""
+    with pytest.raises(SystemExit, match=f"error: .*{message}"):
+        main([*flags, "--from", str(tmp_path / "never-read")])
+
+
+def test_resume_refuses_the_options_of_a_new_sweep_rather_than_ignore_them(tmp_path):
+    with pytest.raises(SystemExit, match="--resume goes on with a sweep as it was launched, so it takes no --only, "
+                                         "--seeds, --table-only$"):
+        main(["--resume", str(tmp_path), "--seeds", "5", "--table-only", "--only", "a"])
 
 
 def test_a_metric_against_a_hyperparameter_has_one_line_per_recipe_series(tmp_path):
