@@ -47,9 +47,27 @@ def variants(line: str, previous: str) -> list[str]:
     return [v for v in dict.fromkeys(out) if v != line and STRING.sub('""', v) != same_code]
 
 
+def raise_ends(source: str) -> dict[int, int]:
+    """``{first line: last line}`` of each ``raise`` that spans several lines (its message continued)."""
+    return {node.lineno: node.end_lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Raise) and node.end_lineno > node.lineno}
+
+
+def compiles(source: str) -> bool:
+    try:
+        compile(source, "<mutant>", "exec")
+    except SyntaxError:
+        return False
+    return True
+
+
 def propose(file: str, tests: list[str]) -> list[str]:
+    """The mutants of ``file``, each as a line of ``mutants.txt`` naming ``tests``. A ``raise`` over several lines is
+    dropped whole (its first line alone would leave the message's continuation behind: not Python); a mutant that
+    does not compile is not proposed, since it would fail its tests' imports and count as killed."""
     source = (ROOT / file).read_text()
     skip = docstring_lines(source)
+    ends = raise_ends(source)
     lines = source.splitlines()
     out = []
     for number, line in enumerate(lines, start=1):
@@ -57,7 +75,14 @@ def propose(file: str, tests: list[str]) -> list[str]:
         if (number in skip or not text or text.startswith(("#", "def ", "class ", "import ", "from ", "@"))
                 or source.count(line) != 1 or " :: " in line or "\\n" in line):
             continue
-        out += [f"{file} :: {line} :: {v} :: {' '.join(tests)}" for v in variants(line, lines[number - 2])]
+        for new in variants(line, lines[number - 2]):
+            old = line
+            if new.strip() == "pass" and number in ends:
+                old = "\n".join(lines[number - 1:ends[number]])
+                if " :: " in old or "\\n" in old or source.count(old) != 1:
+                    continue
+            if compiles(source.replace(old, new, 1)):
+                out.append(f"{file} :: {old.replace(chr(10), chr(92) + 'n')} :: {new} :: {' '.join(tests)}")
     return out
 
 

@@ -8,7 +8,8 @@ line names, and report the bugs no test caught (the survivors).
 
 A line of ``mutants.txt`` is ``file :: old text :: new text :: tests`` (tests: pytest node ids or
 files, space-separated; ``\n`` in the texts stands for a line break). ``old text`` must occur exactly once in ``file``, so a line that no longer
-applies after an edit is an error, not a silent pass. Before the mutants, the union of their tests
+applies after an edit is an error, not a silent pass; a mutated Python file must compile (one that does not would fail
+its tests' imports and count as killed). Before the mutants, the union of their tests
 runs once on the unchanged copy: a test that already fails would "kill" every mutant it touches.
 Exit status: 0 when every mutant is killed, 1 when some survive, 2 when the list or the baseline is
 broken. docs/testing.md says how to use it and what the list covers.
@@ -64,10 +65,23 @@ def read_mutants(path: Path = LIST) -> list[Mutant]:
         if old == new or not tests.split():
             problems.append(f"line {number}: the new text equals the old, or no tests are named")
             continue
+        if file.endswith(".py") and (error := syntax_error(source.read_text().replace(old, new, 1), file)):
+            # (its tests would fail to import it, and it would count as killed: a bug that was never planted)
+            problems.append(f"line {number}: the mutated {file} is not Python ({error}); mutate the whole statement")
+            continue
         mutants.append(Mutant(number, file, old, new, tests.split()))
     if problems:
         raise SystemExit(f"{path} is broken:\n  " + "\n  ".join(problems))
     return mutants
+
+
+def syntax_error(source: str, name: str) -> str | None:
+    """Why ``source`` does not compile, or None."""
+    try:
+        compile(source, name, "exec")
+    except SyntaxError as error:
+        return f"{error.msg}, line {error.lineno}"
+    return None
 
 
 def copy_project(into: Path) -> None:

@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
 from propose import propose, variants  # noqa: E402 - a script beside this test, not a package
 
@@ -23,3 +25,32 @@ def test_docstrings_comments_and_repeated_lines_are_left_alone():
     assert not any("Welch's test is chosen" in old or old.lstrip().startswith("#") for old in olds)
     source = Path(__file__).parents[2].joinpath("recipes/stats.py").read_text()
     assert all(source.count(old) == 1 for old in olds)
+
+
+def test_a_raise_over_several_lines_is_dropped_whole_and_every_mutant_compiles():
+    """Its first line alone replaced by ``pass`` left the message's continuation behind: a file that does not import,
+    whose tests then fail, so the mutant counted as killed without a bug ever being planted (7 of optimizer.py's 87)."""
+    root = Path(__file__).parents[2]
+    source = root.joinpath("recipes/optimizer.py").read_text()
+    proposed = propose("recipes/optimizer.py", ["t"])
+    whole = [line for line in proposed if "\\n" in line.split(" :: ")[1]]
+    assert whole and all(line.split(" :: ")[1].lstrip().startswith("raise ") and line.split(" :: ")[2].strip() == "pass"
+                         for line in whole)
+    for line in proposed:
+        _, old, new, _ = line.split(" :: ")
+        old = old.replace("\\n", "\n")
+        assert source.count(old) == 1
+        compile(source.replace(old, new, 1), "recipes/optimizer.py", "exec")
+
+
+def test_run_refuses_a_mutant_that_is_not_python_rather_than_count_it_killed(tmp_path):
+    from run import read_mutants
+
+    raise_line = '        raise ValueError(f"optimizer={name!r} is not a torch.optim.Optimizer")'
+    good = f"recipes/optimizer.py :: {raise_line} :: {raise_line.replace('raise ValueError', 'raise TypeError')} :: t\n"
+    listed = tmp_path / "mutants.txt"
+    listed.write_text(good)
+    assert len(read_mutants(listed)) == 1
+    listed.write_text(good + "recipes/optimizer.py :: import inspect :: import inspect( :: t\n")
+    with pytest.raises(SystemExit, match=r"line 2: the mutated recipes/optimizer.py is not Python \(.*\); mutate the"):
+        read_mutants(listed)
