@@ -37,14 +37,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--include_path", action="append", default=[], help="a folder of task YAMLs (repeatable)")
     p.add_argument("--num_fewshot", type=bounded(int, 0), default=None)
     p.add_argument("--limit", type=bounded(float, 0, above=True), default=None, help="examples per task (a fraction if < 1)")
-    p.add_argument("--batch_size", type=positive_int, default=8)
+    p.add_argument("--batch_size", type=positive_int, default=None, help="--tasks: requests scored at once (default 8)")
     p.add_argument("--suite", choices=SUITES, default=None)
     p.add_argument("--extrapolate", action="store_true",
                    help="evaluate past the model's max_seq_len (plain RoPE and the NTK stretch)")
     p.add_argument("--multiples", type=float, nargs="+", action="extend", default=None,
                    help="lengths as multiples of the training length (length: 1 2 4 8 16; passkey: 0.5 1 2 4; mqar: 1 2 4 8)")
-    p.add_argument("--windows", type=int, default=8, help="length suite: windows per length")
-    p.add_argument("--trials", type=int, default=8, help="passkey suite: keys per cell")
+    p.add_argument("--windows", type=int, default=None, help="length suite: windows per length (default 8)")
+    p.add_argument("--trials", type=int, default=None, help="passkey suite: keys per cell (default 8)")
     p.add_argument("--out", default=None, help="where to write the JSON (and a suite's .md and .png); files already "
                                                "there are refused unless --force")
     p.add_argument("--force", action="store_true", help="replace the files of an earlier --out")
@@ -122,7 +122,7 @@ def run_harness(model, data, args) -> tuple[dict, str]:
 
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
     manager = check_tasks(names, args.include_path)
-    lm = harness.ZooLM(model, text_tokenizer(data, "--tasks"), batch_size=args.batch_size)
+    lm = harness.ZooLM(model, text_tokenizer(data, "--tasks"), batch_size=args.batch_size or 8)
     with without_harness_bookkeeping():
         results = simple_evaluate(model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
                                   task_manager=manager, log_samples=args.log_samples, bootstrap_iters=0,
@@ -177,11 +177,11 @@ def run_suite(model, data, recipe: dict, args) -> dict:
     if args.suite == "length":
         if not hasattr(data, "validation_tokens"):
             raise ValueError(f"--suite length needs a text corpus with a validation split; this is {type(data).__name__}")
-        return suites.length_suite(model, data.validation_tokens(), trained, windows=args.windows,
+        return suites.length_suite(model, data.validation_tokens(), trained, windows=8 if args.windows is None else args.windows,
                                    extrapolate=args.extrapolate, **lengths(suites.LENGTH_MULTIPLES, trained))
     encode = text_tokenizer(data, "--suite passkey").encode
     answer = len(encode(" 99999"))  # (a key's tokens follow the context of each length)
-    return suites.passkey_suite(model, encode, trained, trials=args.trials, extrapolate=args.extrapolate,
+    return suites.passkey_suite(model, encode, trained, trials=8 if args.trials is None else args.trials, extrapolate=args.extrapolate,
                                 **lengths(suites.PASSKEY_MULTIPLES, trained, answer))
 
 
@@ -208,10 +208,26 @@ def harness_scalars(results: dict) -> dict[str, float]:
     return out
 
 
+def unused_options(args: argparse.Namespace) -> list[str]:
+    """The options given that nothing this evaluation runs would read, each with what reads it: ignored, they would
+    leave a user believing a number was measured as they asked."""
+    applies = [("--windows", args.windows, "--suite length", args.suite == "length"),
+               ("--trials", args.trials, "--suite passkey", args.suite == "passkey"),
+               ("--multiples", args.multiples, "a --suite", args.suite),
+               ("--extrapolate", args.extrapolate, "a --suite", args.suite),
+               *((flag, getattr(args, flag[2:]), "--tasks", args.tasks)
+                 for flag in ("--num_fewshot", "--limit", "--include_path", "--gen_kwargs", "--batch_size"))]
+    return [f"{flag} (it goes with {reader})" for flag, value, reader, runs in applies
+            if value is not None and value is not False and value != [] and not runs]  # (0 is given: not `in`)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
     if not args.tasks and not args.suite:
         sys.exit("error: name --tasks and/or a --suite to run")
+    unused = unused_options(args)
+    if unused:
+        sys.exit(f"error: this evaluation would not use {', '.join(unused)}: leave it out, or run what reads it")
     from recipes.checkpoints import load_checkpoint
     from recipes.module import LanguageModel
     from recipes.training import averaged_weights, averaged_weights_note

@@ -3,6 +3,7 @@ against itself), the local tasks through the real harness, the long-context suit
 computations, and the errors a user meets."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -412,6 +413,25 @@ def test_the_mqar_suite_takes_whole_multiples_and_a_positive_number_of_examples(
         mqar_suite(None, task, multiples=(1, 1.5))  # refused before the model is touched
     with pytest.raises(ValueError, match="mqar suite: examples=0 must be an integer >= 1"):
         mqar_suite(None, task, examples=0)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--suite", "passkey", "--windows", "4"], "would not use --windows (it goes with --suite length)"),
+    (["--suite", "length", "--trials", "4"], "would not use --trials (it goes with --suite passkey)"),
+    (["--tasks", "zoo_cloze", "--multiples", "1", "--extrapolate"],
+     "would not use --multiples (it goes with a --suite), --extrapolate (it goes with a --suite)"),
+    (["--suite", "length", "--limit", "5", "--num_fewshot", "0", "--batch_size", "4"],
+     "would not use --num_fewshot (it goes with --tasks), --limit (it goes with --tasks), --batch_size (it goes with"),
+    (["--suite", "mqar", "--include_path", "tasks", "--gen_kwargs", "max_gen_toks=3"],
+     "would not use --include_path (it goes with --tasks), --gen_kwargs (it goes with --tasks)"),
+])
+def test_eval_refuses_an_option_nothing_it_runs_would_read(extra, message):
+    """``--windows 16`` with the passkey suite (or ``--limit`` with a suite alone) was ignored: the numbers printed
+    were measured otherwise than asked. Refused before the checkpoint is read."""
+    from recipes.evaluation.cli import main
+
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        main(["--config", "quickstart.yaml", "--ckpt_path", "no-such.ckpt", *extra])
 
 
 @pytest.mark.parametrize("extra, message", [
