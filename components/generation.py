@@ -152,6 +152,10 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise ValueError(f"generate: top_k={top_k!r} must be a positive integer or None")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"generate: top_p={top_p} must lie in (0, 1] or be None")
+    if temperature == 0 and (top_k is not None or top_p is not None):  # (ignored, the greedy tokens would come back)
+        given = ", ".join(f"{name}={value}" for name, value in (("top_k", top_k), ("top_p", top_p)) if value is not None)
+        raise ValueError(f"generate: {given} restricts a sampled draw, and temperature=0 is greedy (the argmax): give a "
+                         "temperature > 0 to sample")
 
 
 class DecodingUnsupported(ValueError):

@@ -259,7 +259,8 @@ class HybridLM(nn.Module):
         """Continue each prompt of ``input_ids [B, T]`` by ``max_new_tokens`` tokens → ``[B, T + max_new_tokens]``.
 
         Greedy at ``temperature=0`` (default); otherwise sampled from the softmax at that temperature,
-        restricted to the ``top_k`` best tokens and the ``top_p`` nucleus, drawing from ``generator``.
+        restricted to the ``top_k`` best tokens and the ``top_p`` nucleus, drawing from ``generator`` (``top_k`` or
+        ``top_p`` at temperature 0 is refused: greedy would ignore them).
         A sequence that produces ``stop_token`` stops: its later positions hold ``stop_token``, and
         generation ends when every sequence has stopped. ``stop_when(new [B, n]) → bool [B]``, called after each
         new token with those so far (a stop string found in their text, say), ends generation early once it has held

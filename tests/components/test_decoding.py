@@ -440,6 +440,8 @@ def test_sampling_options():
     assert torch.equal(draw(3), draw(3)) and not torch.equal(draw(3), draw(4))
     with pytest.raises(ValueError, match="top_p=1.5 must lie in"):
         model.generate(prompt, 2, temperature=1.0, top_p=1.5)
+    with pytest.raises(ValueError, match="top_k=5, top_p=0.9 restricts a sampled draw, and temperature=0 is greedy"):
+        model.generate(prompt, 2, top_k=5, top_p=0.9)  # (the greedy tokens came back, as if sampled)
     with pytest.raises(ValueError, match="prompts must be left-padded"):
         model.generate(prompt, 2, padding_mask=torch.tensor([[False, False, False, True]] * 2))
     # what would fail inside torch (a 1-D prompt) or name a tensor the user never gave (the positions made from a
