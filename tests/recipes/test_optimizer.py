@@ -6,6 +6,8 @@ import copy
 import io
 import math
 import re
+import sys
+import types
 
 import pytest
 import torch
@@ -347,3 +349,71 @@ def test_a_fused_layout_that_does_not_fit_its_weight_is_refused_by_name():
     with pytest.raises(ValueError, match=r"Mine.fused_row_blocks\(\): proj.weight \(10, 4\) does not split along its "
                                          r"rows into \(4, 4\)"):
         fused_row_blocks(torch.nn.Sequential(Mine()))
+    for rows in ((10, 0), (11, -1), ()):  # the counts sum to its rows, but one is empty or negative, or there are none
+        Mine.fused_row_blocks = lambda self, rows=rows: {"proj.weight": rows}
+        with pytest.raises(ValueError, match="does not split along its rows"):
+            fused_row_blocks(Mine())
+    Mine.fused_row_blocks = lambda self: {"proj.weight": (1, 9)}  # a projection of one row is one
+    mine = Mine()
+    [(weight, rows)] = fused_row_blocks(mine)
+    assert weight is mine.proj.weight and rows == (1, 9)
+
+    class Bank(torch.nn.Module):  # a [E, d, f] tensor is not one matrix of rows
+        def __init__(self):
+            super().__init__()
+            self.experts = torch.nn.Parameter(torch.zeros(2, 4, 3))
+
+        def fused_row_blocks(self):
+            return {"experts": (1, 1)}
+
+    with pytest.raises(ValueError, match=r"Bank.fused_row_blocks\(\): experts \(2, 4, 3\) does not split"):
+        fused_row_blocks(Bank())
+
+
+def test_newton_schulz_leaves_its_input_alone_and_muon_skips_a_matrix_without_a_gradient():
+    """A bf16 momentum buffer is not divided in place by the iteration's normalisation; a hidden matrix that took no
+    gradient this step (an unused block) is not stepped, its state not made; ``step(closure)`` returns the loss."""
+    from recipes.optimizer import newton_schulz
+
+    buffer = torch.randn(4, 6, dtype=torch.bfloat16)
+    before = buffer.clone()
+    out = newton_schulz(buffer, (3.4445, -4.775, 2.0315), 5, 1e-7)
+    assert torch.equal(buffer, before) and out.shape == (4, 6)
+    used, idle = torch.nn.Parameter(torch.randn(4, 6)), torch.nn.Parameter(torch.randn(4, 6))
+    idle_before = idle.detach().clone()
+    joined = MuonWithAdamW([{"params": [used, idle], "weight_decay": 0.1}], [{"params": []}], lr=0.02)
+    used.grad = torch.randn(4, 6)
+    assert joined.step(lambda: torch.tensor(2.5)) == 2.5
+    assert torch.equal(idle.detach(), idle_before) and idle not in joined.state and used in joined.state
+
+
+def test_an_optimiser_spec_takes_what_the_class_accepts_and_describes_itself(monkeypatch):
+    from recipes.optimizer import describe, optimizer_spec, recorded_form
+
+    class Keywords(torch.optim.SGD):  # **kwargs: any argument may be meant for it
+        def __init__(self, params, lr=0.1, **kwargs):
+            super().__init__(params, lr=lr, momentum=kwargs.pop("momentum", 0.0))
+
+    class NoDecay(torch.optim.Optimizer):
+        def __init__(self, params, lr=0.1):
+            super().__init__(params, {"lr": lr})
+
+    module = types.ModuleType("my_optimizers")  # (a user's package, importable by the dotted path a spec records)
+    for cls in (Keywords, NoDecay):
+        cls.__module__, cls.__qualname__ = module.__name__, cls.__name__
+        setattr(module, cls.__name__, cls)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    path = "my_optimizers.{}"
+    spec = optimizer_spec({"class_path": path.format("Keywords"), "init_args": {"momentum": 0.5, "dampening": 0}},
+                          weight_decay=0.1, betas_or_eps_set=False)
+    assert spec["init_args"] == {"momentum": 0.5, "dampening": 0}
+    assert optimizer_spec(path.format("NoDecay"), weight_decay=0.0, betas_or_eps_set=False)["init_args"] == {}
+    with pytest.raises(ValueError, match="NoDecay takes no weight_decay, and --model.weight_decay is 0.1"):
+        optimizer_spec(path.format("NoDecay"), weight_decay=0.1, betas_or_eps_set=False)
+    for bad in ({"init_args": {"momentum": 0.9}}, {"class_path": "SGD", "lr": 0.1}):
+        with pytest.raises(ValueError, match=r"must be a class name \(SGD\), a dotted path, or"):
+            recorded_form(bad)
+    assert describe(None) == "AdamW"
+    assert describe(recorded_form({"class_path": "SGD", "init_args": {"momentum": 0.9}})) == "SGD(momentum=0.9)"
+    assert describe({"class_path": "torch.optim.Muon", "init_args": {"nesterov": False}}) == \
+        "Muon with AdamW(nesterov=False)"
