@@ -5,7 +5,7 @@
     python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "def " --max_new_tokens 500 --compile
 
 The data module the run trained with (its ``config.yaml``, else the recipe's) says how text becomes tokens and
-back (``encode``/``decode``: bytes for ``TextCorpus``); ``--ckpt_path`` is a file, or ``last``/``best`` of the
+back (``encode``/``decode``: bytes for ``TextCorpus``); ``--ckpt_path`` is a file, or ``last``/``best``/``swa`` of the
 recipe's runs, as for ``fit``.
 """
 

@@ -1,5 +1,5 @@
 """What the tools that work on a trained run share (``generate``, ``eval``, ``hf export``): its recipe, its
-checkpoint (``last``/``best`` resolved as ``fit`` does), its run folder, and the data module it trained on."""
+checkpoint (``last``/``best``/``swa`` resolved as ``fit`` does), its run folder, and the data module it trained on."""
 
 import importlib
 from pathlib import Path
