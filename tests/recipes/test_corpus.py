@@ -145,6 +145,7 @@ def test_a_tokenizer_file_encodes_without_the_corpus_as_the_token_cache_does(tmp
     assert corpus(tmp_path, paths, tokenizer=str(tmp_path / "words.json"), padded_vocab_size=64).vocab_size == 64
     with pytest.raises(ValueError, match=r"padded_vocab_size=4 is below the 5 tokens of .*words.json \(its end-of-doc"):
         corpus(tmp_path, paths, tokenizer=str(tmp_path / "words.json"), padded_vocab_size=4)
+    assert corpus(tmp_path, paths, tokenizer=str(tmp_path / "words.json"), padded_vocab_size=5).vocab_size == 5
 
 
 def test_a_vocabulary_past_65536_is_stored_in_uint32(tmp_path):
@@ -197,10 +198,37 @@ def test_the_training_order_resumes_exactly(tmp_path):
     (lambda p: TokenizedCorpus(tokenizer=str(p / "none.json")), "tokenizer='"),
     (lambda p: TokenizedCorpus(vocab_size=100), "vocab_size=100"),
     (lambda p: TokenizedCorpus(val_fraction=1.5), "val_fraction=1.5"),
+    (lambda p: TokenizedCorpus(val_fraction=0), "val_fraction=0 must lie in (0, 1)"),  # no validation text at all
+    (lambda p: TokenizedCorpus(str(p / "notes.jsonl")), "notes.jsonl' is not a file$"),  # no hint: not a bundled corpus
+    (lambda p: TokenizedCorpus(str(p / "english.txt")), "english.txt' is not a file$"),
+    (lambda p: TokenizedCorpus(domains="even"), "domains='even' must be a non-empty list of names"),
+    (lambda p: TokenizedCorpus(domains=[]), "domains=[] must be a non-empty list of names"),
+    (lambda p: TokenizedCorpus(domains=["even", 2]), "domains=['even', 2] must be a non-empty list of names"),
+    (lambda p: TokenizedCorpus(domains=["even"]), "domains select .jsonl documents by their domain field; these paths "
+                                                  "are not all .jsonl: None"),  # (the pydoc topics have no domains)
+    (lambda p: (p / "a.jsonl").write_text("{}") and (p / "b.txt").write_text("x") and TokenizedCorpus(
+        [str(p / "a.jsonl"), str(p / "b.txt")], domains=["even"]), "these paths are not all .jsonl"),
+    (lambda p: TokenizedCorpus(end_of_document_token=""), "end_of_document_token='' must be a token's text"),
+    (lambda p: TokenizedCorpus(end_of_document_token=5), "end_of_document_token=5 must be a token's text"),
+    (lambda p: TokenizedCorpus(padded_vocab_size=300), "padded_vocab_size pads a tokenizer file's vocabulary; a "
+                                                       "trained BPE has vocab_size tokens"),
+    (lambda p: TokenizedCorpus(seq_len=0), "seq_len=0 and batch_size=16 must be >= 1"),
+    (lambda p: TokenizedCorpus(batch_size=0), "seq_len=256 and batch_size=0 must be >= 1"),
+    (lambda p: TokenizedCorpus(txt_separator=""), "txt_separator must not be empty (None: one document per file)"),
 ])
 def test_bad_arguments_are_named(tmp_path, make, message):
-    with pytest.raises((ValueError, FileNotFoundError), match=message.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises((ValueError, FileNotFoundError), match=message.replace(".", r"\.").replace("(", r"\(")
+                       .replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
         make(tmp_path)
+
+
+def test_the_smallest_settings_each_check_allows_are_taken(tmp_path):
+    """The edges of the refusals above: a window of one token, a 257-token BPE (the bytes and the end of document),
+    the run's seed when none is given, plain windows unless ``packed``."""
+    torch.manual_seed(123)
+    data = TokenizedCorpus(seq_len=1, batch_size=1, vocab_size=257, cache_dir=str(tmp_path))
+    assert (data.seq_len, data.vocab_size, data.order_seed, data.packed) == (1, 257, 123, False)
+    assert TokenizedCorpus(seed=7, cache_dir=str(tmp_path)).order_seed == 7
 
 
 def test_bad_files_are_named_with_their_line_or_column(tmp_path, monkeypatch):
@@ -279,7 +307,13 @@ def test_packed_windows_open_a_document_at_each_end_of_document_and_the_model_ke
     (lambda c: (c / "meta.json").unlink(), "meta.json is missing"),
     (lambda c: (c / "meta.json").write_text('{"dtype": "uint16", "tok'), "meta.json is not valid JSON"),
     (lambda c: (c / "val.bin").unlink(), "val.bin is missing"),
-], ids=["train-halved", "train-empty", "tokenizer-swapped", "meta-deleted", "meta-corrupted", "val-deleted"])
+    (lambda c: (c / "meta.json").write_text(json.dumps({**json.loads((c / "meta.json").read_text()), "version": 1})),
+     "meta.json is not of cache version 2"),  # an older layout, read as if it were this one
+    (lambda c: (c / "meta.json").write_text("[2]"), "meta.json is not of cache version 2"),
+    (lambda c: (c / "meta.json").write_text(json.dumps({k: v for k, v in json.loads((c / "meta.json").read_text()).items()
+                                                        if k != "tokens"})), "meta.json lacks 'tokens'"),
+], ids=["train-halved", "train-empty", "tokenizer-swapped", "meta-deleted", "meta-corrupted", "val-deleted",
+        "meta-old-version", "meta-not-a-mapping", "meta-without-tokens"])
 def test_a_damaged_cache_is_named_and_rebuilt(tmp_path, capsys, damage, problem):
     paths = write(tmp_path, "jsonl")
     first = corpus(tmp_path, paths)
@@ -323,6 +357,106 @@ def test_an_interrupted_build_leaves_nothing_that_survives_the_next_one(tmp_path
     (orphan / "train.bin").write_bytes(b"\x00" * 10)
     data.setup()
     assert not orphan.exists() and data.cache_problem() is None
+
+
+def test_jsonl_blank_lines_domains_and_text_fields_are_read_or_named(tmp_path):
+    """Blank lines are skipped; a document without the domain field, or whose text is not a string, is named with its
+    file and line (a missing domain was skipped as if of another domain; a number was tokenized as its digits)."""
+    (tmp_path / "gaps.jsonl").write_text("\n".join(json.dumps({"body": d}) + ("\n  " if i % 3 else "") for i, d in
+                                                   enumerate(DOCUMENTS)) + "\n\n")
+    data = corpus(tmp_path, str(tmp_path / "gaps.jsonl"))
+    data.setup()
+    assert sorted(documents_of(data, "train") + documents_of(data, "val")) == sorted(DOCUMENTS)
+    (tmp_path / "nodomain.jsonl").write_text('{"body": "a", "domain": "x"}\n{"body": "b"}\n')
+    with pytest.raises(ValueError, match=r"nodomain.jsonl, line 2: no field 'domain' to select domains \['x'\] by"):
+        corpus(tmp_path, str(tmp_path / "nodomain.jsonl"), domains=["x"]).setup()
+    (tmp_path / "number.jsonl").write_text('{"body": "a"}\n{"body": 17}\n')
+    with pytest.raises(ValueError, match=r"number.jsonl, line 2: 'body' is int, not text"):
+        corpus(tmp_path, str(tmp_path / "number.jsonl")).setup()
+
+
+def test_a_double_star_pattern_reaches_nested_folders(tmp_path):
+    for folder in ("a", "a/b", "a/b/c"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "d.txt").write_text(folder)
+    files = corpus_module.corpus_files(str(tmp_path / "**" / "*.txt"))
+    assert [f.relative_to(tmp_path).as_posix() for f in files] == ["a/b/c/d.txt", "a/b/d.txt", "a/d.txt"]
+
+
+def test_a_long_txt_document_comes_in_pieces_cut_at_line_ends_that_join_to_it(tmp_path, monkeypatch):
+    """A document is read a piece of about PIECE_BYTES at a time (a cut after the line that reaches it), never cutting
+    a separator that the next line completes; ``documents`` joins the pieces again."""
+    monkeypatch.setattr(corpus_module, "PIECE_BYTES", 16)
+    (tmp_path / "lines.txt").write_text("abcdefg\n" * 5)  # lines of 8: a cut after every second one
+    pieces = list(corpus_module._txt_pieces(tmp_path / "lines.txt", None))
+    assert pieces == [("abcdefg\nabcdefg\n", False)] * 2 + [("abcdefg\n", True)]
+    (tmp_path / "sep.txt").write_text("0123456789abcde\n\nxy\n")  # documents separated by a blank line
+    pieces = list(corpus_module._txt_pieces(tmp_path / "sep.txt", "\n\n"))
+    # the first line reaches 16: all of it goes but its last character, which the next line makes a separator
+    assert pieces == [("0123456789abcde", False), ("", True), ("xy\n", True)]
+    documents = ["line %d of a long document\n" % i * 3 for i in range(12)]
+    (tmp_path / "long.txt").write_text("<DOC>".join(documents))
+    data = corpus(tmp_path, str(tmp_path / "long.txt"), txt_separator="<DOC>", val_fraction=0.25)
+    assert list(data.documents("train")) + list(data.documents("val")) == (
+        [d for i, d in enumerate(documents) if i % 4 != 3] + documents[3::4])
+    with pytest.raises(ValueError, match="TokenizedCorpus.documents: split='test' must be 'train' or 'val'"):
+        list(data.documents("test"))
+
+
+def test_memmap_windows_count_every_whole_window_and_pickle_without_their_map(tmp_path):
+    import pickle
+
+    np.arange(20, dtype="uint16").tofile(tmp_path / "t.bin")
+    windows = corpus_module.MemmapWindows(tmp_path / "t.bin", "uint16", seq_len=4, stride=5)
+    assert len(windows) == 4 and windows[3]["input_ids"].tolist() == [15, 16, 17, 18]  # 15 + 5 tokens: the last whole one
+    assert windows[3]["labels"].tolist() == [16, 17, 18, 19]
+    copy = pickle.loads(pickle.dumps(windows))  # (a worker process's copy maps the file itself)
+    assert copy._tokens is None and copy[0]["input_ids"].tolist() == [0, 1, 2, 3]
+
+
+def test_a_dataset_given_as_a_mapping_is_read_as_hfdataset(tmp_path):
+    from recipes.data import HFDataset
+
+    data = TokenizedCorpus(dataset={"path": "json", "data_files": str(tmp_path / "x.jsonl")}, cache_dir=str(tmp_path))
+    assert data.dataset == HFDataset(path="json", data_files=str(tmp_path / "x.jsonl"))
+
+
+def test_another_end_of_document_token_is_another_cache(tmp_path):
+    paths = write(tmp_path, "jsonl")
+    keys = {token: corpus(tmp_path, paths, end_of_document_token=token).cache_key()
+            for token in ("<|endoftext|>", "</s>", "<eod>")}
+    assert len(set(keys.values())) == 3
+
+
+def test_encoding_adds_no_special_token_a_tokenizer_would_add_and_decoding_keeps_them(tmp_path):
+    """A tokenizer file with a post-processor (a BOS before every text, as Llama's adds) gives the cache and
+    ``encode`` the text's own tokens: the documents' boundaries are the end-of-document tokens alone. A trained
+    corpus encodes before it is set up (its cache is built then)."""
+    from tokenizers import processors
+
+    word_level(tmp_path / "words.json", ["<s>", "brown", "fox", "quick"])
+    tokenizer = Tokenizer.from_file(str(tmp_path / "words.json"))
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer.save(str(tmp_path / "bos.json"))
+    paths = write(tmp_path, "jsonl", ["quick brown fox"] * 20)
+    data = corpus(tmp_path, paths, tokenizer=str(tmp_path / "bos.json"), seq_len=2)
+    assert data.encode("quick fox") == [4, 3]
+    data.setup()
+    assert 1 not in np.fromfile(data.cache / "train.bin", dtype=data.meta["dtype"]).tolist()
+    end = data.meta["end_of_document"]
+    assert data.decode([4, end, 2]) == "quick <|endoftext|> brown"
+    trained = corpus(tmp_path, write(tmp_path, "jsonl"))
+    assert trained.decode(trained.encode("brown fox")) == "brown fox" and trained.meta is not None
+
+
+def test_a_split_of_exactly_one_window_is_taken_and_one_token_less_is_refused(tmp_path):
+    paths = write(tmp_path, "jsonl")
+    data = corpus(tmp_path, paths)
+    data.setup()
+    fewest = min(data.meta["tokens"].values())
+    corpus(tmp_path, paths, seq_len=fewest - 1).setup()  # (the cache is the same: seq_len is not in its key)
+    with pytest.raises(ValueError, match=f"split has {fewest} tokens .*fewer than seq_len \\+ 1 = {fewest + 1}"):
+        corpus(tmp_path, paths, seq_len=fewest).setup()
 
 
 def test_domains_select_jsonl_documents_and_a_missing_domain_is_named(tmp_path):
