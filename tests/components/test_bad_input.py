@@ -59,6 +59,10 @@ def test_model_takes_empty_input_and_refuses_a_non_bool_padding_mask():
         model(ids, position_ids=torch.zeros(2, 3))
     with pytest.raises(ValueError, match="Context: padding_mask must be a bool tensor"):
         Context(position_ids=ids, padding_mask=torch.zeros(2, 3))
+    mask = torch.zeros(2, 3, dtype=torch.bool)  # a mixer called with another length than its context's
+    with pytest.raises(ValueError, match=r"Context: the input's \[B, T\] = \(2, 4\) does not match the padding mask "
+                                         r"\(2, 3\)"):
+        Context(position_ids=ids, padding_mask=mask).zero_padding(torch.randn(2, 4, 8))
 
 
 def left_padded(batch: int = 3, T: int = 11, pad: tuple = (0, 4, 7)) -> torch.Tensor:

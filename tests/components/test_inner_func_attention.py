@@ -158,6 +158,15 @@ class HalfValue(nn.Module):
         return self.scale * x
 
 
+class WideValue(nn.Module):
+    def __init__(self, d_model, *, kv_width, width=12):
+        super().__init__()
+        self.width = width
+
+    def forward(self, x, context):
+        return x[..., :self.width]
+
+
 class RecencyBias(nn.Module):
     def __init__(self, *, n_heads, value_heads, head_dim, slope=1.0):
         super().__init__()
@@ -172,6 +181,10 @@ def test_a_new_value_and_mask_are_classes_of_their_own_not_branches(tmp_path, mo
     """A part from any package, by its dotted path, with its options: the engine computes with it as written."""
     (tmp_path / "my_parts.py").write_text(CUSTOM_PARTS)
     monkeypatch.syspath_prepend(str(tmp_path))
+    for width in (12, 24, 0):  # not whole heads of 8; 3 heads, which do not divide 2; none
+        with pytest.raises(ValueError, match=f"InnerFuncAttention: the value's width {width} must be a multiple of "
+                                             "head_dim=8 giving a number of heads that divides n_heads=2"):
+            InnerFuncAttention(16, n_heads=2, inner={"my_parts.WideValue": {"width": width}})
     mixer = InnerFuncAttention(16, n_heads=2, inner={"my_parts.HalfValue": {"scale": 0.5}},
                                mask={"my_parts.RecencyBias": {"slope": 0.7}}, rope=False)
     x = torch.randn(2, 5, 16)

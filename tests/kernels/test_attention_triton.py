@@ -194,6 +194,22 @@ def test_triton_on_cpu_without_the_interpreter_says_so(monkeypatch):
         attention(q, q, q, backend="triton")
 
 
+@pytest.mark.parametrize("kernel, rows, T, S, what", [("forward", "BLOCK_M", 65_536, 8, "queries"),
+                                                      ("backward_kv", "BLOCK_N", 8, 65_536, "keys")])
+def test_more_blocks_than_a_grid_axis_holds_is_refused_by_name(monkeypatch, kernel, rows, T, S, what):
+    """CUDA launches at most 65,535 blocks along the axis the kernels put the query (or key) blocks on: past it the
+    launch fails deep inside the driver. Tiles of one row here, so that a few MB reach the limit on a CPU."""
+    import kernels.attention.triton as fused
+
+    tiles = fused.launch_config(16, False, torch.float32)
+    monkeypatch.setattr(fused, "launch_config", lambda *args: {**tiles, kernel: {**tiles[kernel], rows: 1}})
+    q, k = torch.zeros(1, T, 1, 16), torch.zeros(1, S, 1, 16)
+    with pytest.raises(ValueError, match=f"attention: backend='triton' takes at most 65,535 blocks of 1 {what}; got "
+                                         f"T={T:,}, S={S:,}"):
+        fused._prepared(q, k, k, None, None, None, False, None)
+    fused._prepared(q[:, :65_535], k[:, :65_535], k[:, :65_535], None, None, None, False, None)  # the most it holds
+
+
 @pytest.mark.parametrize("bias, padding", [(True, False), (False, True)], ids=["bias", "padding"])
 def test_triton_with_packed_documents_matches_reference_outputs_and_gradients(bias, padding):
     """``document_ids`` compared per tile; documents of 7, 1, 13 and 8 cross the 16-row tiles."""

@@ -63,8 +63,11 @@ def test_a_later_file_may_change_only_the_arguments_of_a_bound_letter(tmp_path, 
     (["--seed_everything", "-3"], "--seed_everything -3: a seed lies in [0, 2**32 - 1]"),
     (["--trainer.max_steps", "-1", "--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:05"],  # an OverflowError
      "this run sets no limit on them (max_steps -1 and max_epochs -1; max_time does not say how many)"),
+    (["--trainer.limit_val_batches", "1"], "--trainer.limit_val_batches 1 is read as the fraction 1.0 (every batch), "
+                                           "not one batch; write 1.0 for every batch, or a count of 2 or more"),
+    (["--trainer.limit_train_batches=1"], "--trainer.limit_train_batches 1 is read as the fraction 1.0"),
 ], ids=["accumulate-0", "negative-clip", "checkpointing-off", "typo", "binding-without-class", "bad-value",
-        "unknown-argument", "unknown-logger", "negative-seed", "time-only"])
+        "unknown-argument", "unknown-logger", "negative-seed", "time-only", "limit-one", "limit-one-equals"])
 def test_a_bad_option_is_named_in_a_line_or_two(tmp_path, monkeypatch, flags, expected):
     assert expected in refused(tmp_path, monkeypatch, "fit", *TINY, *flags)
 
@@ -101,6 +104,19 @@ def test_a_checkpoint_is_validated_past_its_length_with_a_flag_that_changes_no_w
     assert "note: --model.max_seq_len 600 over the checkpoint's 512" in printed.err and "val/loss" in printed.out
     main(["validate", *TINY, "--ckpt_path", str(trained)])  # no flag: the checkpoint's
     assert "over the checkpoint's" not in capsys.readouterr().err
+
+
+def test_a_consolidated_checkpoint_is_no_resume_and_says_where_the_run_and_its_weights_go(trained, tmp_path,
+                                                                                          monkeypatch):
+    """``python -m recipes.consolidate`` keeps a sharded run's weights, not its optimizer state: ``fit --ckpt_path``
+    of it is refused (resuming would restart the optimizer without a word), naming the folder and ``init_from``."""
+    checkpoint = torch.load(trained, weights_only=True)
+    checkpoint["consolidated_from"] = str(tmp_path / "last.ckpt")  # (what consolidate records)
+    torch.save(checkpoint, tmp_path / "one.ckpt")
+    message = refused(tmp_path, monkeypatch, "fit", *TINY, "--ckpt_path", str(tmp_path / "one.ckpt"))
+    assert (f"one.ckpt was consolidated from the sharded checkpoint {tmp_path / 'last.ckpt'} and holds no optimizer "
+            f"state: resume the sharded run from that folder, or start a new run from these weights with "
+            f"--model.init_from {tmp_path / 'one.ckpt'}") in message
 
 
 def test_an_hf_converted_checkpoint_given_to_ckpt_path_points_to_init_from(tmp_path, monkeypatch):

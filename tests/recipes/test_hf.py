@@ -361,6 +361,10 @@ def test_export_names_a_missing_or_ambiguous_checkpoint_and_trusts_the_recipes_o
     [checkpoint] = tmp_path.glob("lightning_logs/*/checkpoints/last.ckpt")
     with pytest.raises(SystemExit, match="may name classes from components, torch.optim only"):
         main(["export", str(checkpoint), "--out", "x"])
+    (tmp_path / "loose.ckpt").write_bytes(checkpoint.read_bytes())  # outside its run: no config.yaml says its data
+    with pytest.raises(SystemExit, match="loose.ckpt is not in a run folder with a config.yaml: give --config RECIPE, "
+                                         "whose data module's tokenizer goes with the model"):
+        main(["export", "loose.ckpt", "--out", "x"])
     with pytest.raises(SystemExit, match="has no Hugging Face class"):
         main(["export", "--config", "mine.yaml", "--ckpt_path", "last", "--out", "x"])
 

@@ -288,3 +288,18 @@ def test_a_bad_peak_is_named(peak):
 def test_a_bad_sample_length_is_named(tokens):
     with pytest.raises(ValueError, match=rf"sample_tokens={tokens!r} must be an integer >= 0"):
         LanguageModel(16, "AM", vocab_size=20, sample_tokens=tokens)
+
+
+def test_tensor_parallelism_is_refused_by_name_before_anything_is_sharded():
+    """``ModelParallelStrategy(tensor_parallel_size=2)``: the zoo shards over the data-parallel axis alone and has no
+    tensor-parallel plan, so the setting is refused before any sharding, naming the one that works."""
+    from types import SimpleNamespace
+
+    lm = LanguageModel(16, "AM", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}},
+                       vocab_size=64)
+    lm._device_mesh = {"tensor_parallel": SimpleNamespace(size=lambda: 2)}  # (what configure_model reads of the mesh)
+    lm._trainer = SimpleNamespace(callbacks=[], strategy=None)
+    with pytest.raises(ValueError, match=r"tensor parallelism is not implemented \(tensor_parallel_size=2\); use "
+                                         r"ModelParallelStrategy\(data_parallel_size=N, tensor_parallel_size=1\)"):
+        lm.configure_model()
+    assert not lm._sharded

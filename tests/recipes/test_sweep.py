@@ -1008,3 +1008,20 @@ def test_two_sweeps_started_in_the_same_second_keep_their_own_logs_and_runs(tmp_
     assert (first.name, second.name) == ("20260101-000000", "20260101-000000-2")
     assert first_runs[0].folder.name == "sweep_20260101-000000" != second_runs[0].folder.name
     assert json.loads((first / "sweep.json").read_text())["runs"][0]["folder"] == str(first_runs[0].folder.resolve())
+
+
+def test_a_family_file_with_an_unknown_key_and_a_sweep_whose_folder_is_gone_are_named(tmp_path):
+    """A misspelt ``_family.yaml`` key (``baselne``) would leave the family without its baseline; a sweep resumed after
+    the folder it was launched from is gone would look for its runs' relative paths elsewhere."""
+    from recipes.sweep.launch import family_settings, resume
+
+    (tmp_path / "_family.yaml").write_text("baselne: a\nequivalence_margin: 0.01\n")
+    with pytest.raises(ValueError, match=r"_family.yaml: unknown keys \['baselne'\] \(known: baseline, "
+                                         "equivalence_margin, claims, starts_from"):
+        family_settings(tmp_path)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "launcher.json").write_text(json.dumps({"cwd": str(tmp_path / "moved"), "launcher": "local"}))
+    with pytest.raises(FileNotFoundError, match=f"the sweep was launched from {tmp_path / 'moved'}, which is gone; its "
+                                                "runs' paths are relative to it"):
+        resume(logs, progress_every=0)
