@@ -1025,3 +1025,12 @@ def test_a_family_file_with_an_unknown_key_and_a_sweep_whose_folder_is_gone_are_
     with pytest.raises(FileNotFoundError, match=f"the sweep was launched from {tmp_path / 'moved'}, which is gone; its "
                                                 "runs' paths are relative to it"):
         resume(logs, progress_every=0)
+    from recipes.sweep.records import write_manifest
+
+    runs = fake_family(tmp_path)
+    runs[1].returncode, runs[4].returncode = None, 3  # stopped and failed, in a sweep too old to record arguments
+    write_manifest(logs, "fake", runs)
+    (logs / "launcher.json").unlink()
+    with pytest.raises(ValueError, match="the runs a, b were launched before a sweep recorded its runs' arguments, so "
+                                         "they cannot be resumed from here; run the family again"):
+        resume(logs, progress_every=0)
