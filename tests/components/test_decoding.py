@@ -3,6 +3,8 @@ and every tiny named architecture, with and without left padding; greedy generat
 loop over full forwards; SSD's cache does not grow with the generated length."""
 
 import copy
+import math
+import re
 import dataclasses
 from functools import partial
 
@@ -12,7 +14,7 @@ import torch.nn.functional as F
 
 from components import SSD, Context, Expresser, HybridLM, InnerFuncAttention, QCAttention
 from components.cache import InferenceCache
-from components.generation import DecodingUnsupported
+from components.generation import DecodingUnsupported, restricted_logits
 from components.catalogue import SEQUENCE_MIXERS
 from kernels._finite import split_finite
 
@@ -474,6 +476,35 @@ def test_positions_continue_after_the_cached_tokens_by_default():
     assert relative(steps, full[:, 6:]) < 1e-5
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(max_new_tokens=-1), "max_new_tokens=-1 must be an integer >= 0"),
+    (dict(max_new_tokens=2.0), "max_new_tokens=2.0 must be an integer >= 0"),
+    (dict(temperature=-0.5), "temperature=-0.5 must be a finite number >= 0"),
+    (dict(temperature=float("inf")), "temperature=inf must be a finite number >= 0"),
+    (dict(temperature=1.0, top_k=0), "top_k=0 must be a positive integer or None"),
+    (dict(temperature=1.0, top_k=2.0), "top_k=2.0 must be a positive integer or None"),
+    (dict(temperature=1.0, top_p=0.0), "top_p=0.0 must lie in (0, 1] or be None"),
+])
+def test_a_sampling_setting_out_of_its_range_is_named(options, message):
+    model = tiny_hybrid()
+    prompt = torch.randint(1, 61, (2, 4))
+    with pytest.raises(ValueError, match=re.escape(f"generate: {message}")):
+        model.generate(prompt, **{"max_new_tokens": 3, **options})
+
+
+def test_the_edges_of_the_sampling_settings_are_taken():
+    """No new token is the prompt itself; ``top_p=1`` is the whole distribution; a nucleus whose mass reaches
+    ``top_p`` exactly stops there (Hugging Face's rule: the smallest set of at least ``top_p``)."""
+    model = tiny_hybrid()
+    prompt = torch.randint(1, 61, (2, 4))
+    assert torch.equal(model.generate(prompt, 0), prompt)
+    seeded = lambda **kw: model.generate(prompt, 6, temperature=1.0, generator=torch.Generator().manual_seed(5), **kw)  # noqa: E731
+    assert torch.equal(seeded(top_p=1.0), seeded())
+    logits = torch.tensor([[math.log(2.0), 0.0, 0.0]])  # probabilities 0.5, 0.25, 0.25: exact in binary
+    assert restricted_logits(logits, top_p=0.5).isfinite().tolist() == [[True, False, False]]
+    assert restricted_logits(logits, top_p=0.5001).isfinite().tolist() == [[True, True, False]]
+
+
 def test_top_k_and_top_p_keep_exactly_their_tokens():
     from components.generation import sample_next
 
@@ -494,8 +525,6 @@ def test_the_kept_tokens_are_those_of_hugging_faces_top_k_and_top_p_warpers(top_
     them in) keep the same tokens. With ties (logits rounded to 0.25) the nucleus may end inside a run of equal
     logits, where each library keeps some of them in its sort's order: there the kept logits, as a multiset, agree."""
     from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
-
-    from components.generation import restricted_logits
 
     torch.manual_seed(0)
     logits = (torch.randn(64, 50) * 2).div(0.25).round().mul(0.25)  # [B, V] with ties
