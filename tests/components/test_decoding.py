@@ -5,6 +5,7 @@ loop over full forwards; SSD's cache does not grow with the generated length."""
 import copy
 import math
 import re
+import warnings
 import dataclasses
 from functools import partial
 
@@ -408,6 +409,13 @@ def test_stop_token_ends_each_sequence_and_fills_the_rest():
     first = row.index(stop)
     assert first <= 1 and all(t == stop for t in row[first:])
     assert torch.equal(out[0, :4 + first + 1], greedy[0, :4 + first + 1])
+    # Every row as its own: the greedy tokens up to its own first stop (none: all six), then the stop token — a row
+    # is not ended by another's stop, nor by a token that is not the stop.
+    for r in range(2):
+        new = greedy[r, 4:].tolist()
+        end = new.index(stop) + 1 if stop in new else len(new)
+        assert out[r, 4:].tolist() == new[:end] + [stop] * (len(new) - end), r
+    assert stop not in greedy[1, 4:6].tolist()  # (row 1 still runs when row 0 has stopped: what the loop checks)
 
 
 def test_stop_when_ends_generation_at_the_step_it_holds_for_every_sequence_with_the_same_tokens():
@@ -490,6 +498,27 @@ def test_a_sampling_setting_out_of_its_range_is_named(options, message):
     prompt = torch.randint(1, 61, (2, 4))
     with pytest.raises(ValueError, match=re.escape(f"generate: {message}")):
         model.generate(prompt, **{"max_new_tokens": 3, **options})
+
+
+def test_a_stop_an_empty_prompt_or_a_right_padded_row_is_named_and_generation_is_eager_by_default():
+    from components import generation
+
+    model = tiny_hybrid()  # vocabulary 61
+    prompt = torch.randint(1, 61, (2, 4))
+    for stop in (-1, 61, 2.0):
+        with pytest.raises(ValueError, match=re.escape(f"generate: stop_token={stop!r} is not a token of the vocabulary "
+                                                       "[0, 61)")):
+            model.generate(prompt, 3, stop_token=stop)
+    assert model.generate(prompt, 3, stop_token=0).shape == (2, 7)  # the first id and the last are tokens
+    assert model.generate(prompt, 3, stop_token=60).shape == (2, 7)
+    with pytest.raises(ValueError, match=r"generate: stop_when must be a function of the new tokens \[B, n\] -> bool "
+                                         r"\[B\]; got 'eos'"):
+        model.generate(prompt, 3, stop_when="eos")
+    with pytest.raises(ValueError, match="generate: the prompt is empty; give at least one token per sequence"):
+        model.generate(prompt[:, :0], 3)
+    with pytest.raises(ValueError, match="prompts must be left-padded"):  # one row of two padded on the right
+        model.generate(prompt, 2, padding_mask=torch.tensor([[False, False, False, True], [False] * 4]))
+    assert model not in generation._compiled_steps  # (compile is asked for, never the default)
 
 
 def test_the_edges_of_the_sampling_settings_are_taken():
@@ -580,7 +609,9 @@ def test_a_mixer_without_decoding_state_generates_by_recomputing_what_the_cache_
     randomize(model)
     mask, _ = padded(3, 7, (0, 2, 4))
     prompt = torch.randint(1, 61, (3, 7)).masked_fill(mask, 0)
-    expected = model.generate(prompt, 9, padding_mask=mask)
+    with warnings.catch_warnings():  # mixers that keep their state: no word of recomputing
+        warnings.simplefilter("error")
+        expected = model.generate(prompt, 9, padding_mask=mask)
     forgetful = copy.deepcopy(model)
     for block in forgetful.blocks:
         block.sequence_mixer = Forgetful(block.sequence_mixer)
@@ -589,6 +620,9 @@ def test_a_mixer_without_decoding_state_generates_by_recomputing_what_the_cache_
                                          r"recomputes the whole sequence"):
         got = forgetful.generate(prompt, 9, padding_mask=mask)
     assert torch.equal(got, expected)
+    with warnings.catch_warnings():  # one new token is the prompt's forward alone: nothing is recomputed
+        warnings.simplefilter("error")
+        assert torch.equal(forgetful.generate(prompt, 1, padding_mask=mask), expected[:, :8])
     with pytest.raises(DecodingUnsupported, match="Forgetful.* keeps no decoding state .* no step to compile"):
         forgetful.generate(prompt, 9, padding_mask=mask, compile=True)
 
