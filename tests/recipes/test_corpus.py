@@ -650,3 +650,11 @@ def test_a_mixture_takes_its_proportions_and_resumes_exactly(tmp_path):
                          seq_len=8)
     assert padded.order_seed == padded.corpora[0].order_seed == 11  # the run's seed, without one of its own
     assert padded.vocab_size == 64 > padded.corpora[0].vocab_size  # the largest: every corpus's ids have a row
+
+
+def test_the_validation_loader_gives_the_validation_windows_in_order(tmp_path):
+    data = corpus(tmp_path, write(tmp_path, "jsonl"))
+    val = data.windows("val")
+    batches = list(data.val_dataloader())
+    assert sum(len(b["input_ids"]) for b in batches) == len(val) > 2
+    assert torch.equal(torch.cat([b["input_ids"] for b in batches]), torch.stack([val[i]["input_ids"] for i in range(len(val))]))
