@@ -59,6 +59,12 @@ def test_model_takes_empty_input_and_refuses_a_non_bool_padding_mask():
         model(ids, position_ids=torch.zeros(2, 3))
     with pytest.raises(ValueError, match="Context: padding_mask must be a bool tensor"):
         Context(position_ids=ids, padding_mask=torch.zeros(2, 3))
+    for documents in (torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.bool), torch.zeros(2, 4, dtype=torch.long)):
+        with pytest.raises(ValueError, match=r"Context: document_ids must be integers of the shape of position_ids "
+                                             r"\(2, 3\); got torch\.\w+ \(2, \d\)"):
+            Context(position_ids=ids, document_ids=documents)
+    with pytest.raises(ValueError, match=r"Context: padding_mask \(2, 4\) must have the shape of position_ids \(2, 3\)"):
+        Context(position_ids=ids, padding_mask=torch.zeros(2, 4, dtype=torch.bool))
     mask = torch.zeros(2, 3, dtype=torch.bool)  # a mixer called with another length than its context's
     with pytest.raises(ValueError, match=r"Context: the input's \[B, T\] = \(2, 4\) does not match the padding mask "
                                          r"\(2, 3\)"):

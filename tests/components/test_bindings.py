@@ -52,6 +52,9 @@ def test_bindings_that_cannot_be_recorded_are_refused_by_name():
     ({"class_path": "collections.OrderedDict"}, ValueError, "binding of letter 'Q': collections.OrderedDict is not an "
                                                             "nn.Module"),
     (3, TypeError, "HybridLM: the binding of letter 'Q' is not callable: 3"),
+    ({"init_args": {"n_heads": 2}}, ValueError, r"binding of letter 'Q': a spec is \{class_path: ..., init_args: "
+                                                r"\{...\}\}; got keys \['init_args'\]"),
+    ({"class_path": "components.QCAttention", "init_arg": {}}, ValueError, r"got keys \['class_path', 'init_arg'\]"),
 ])
 def test_a_binding_that_names_no_mixer_class_is_refused_by_name(binding, error, message):
     with pytest.raises(error, match=message):

@@ -187,6 +187,10 @@ def test_the_load_counts_only_valid_tokens():
     padded = moe.expert_load.clone()
     moe(x[:, 4:])  # the valid tokens alone
     torch.testing.assert_close(padded, moe.expert_load)
+    for bad in (mask.long(), mask[:, :8]):  # a mask that is not bool, or not of the input's length
+        with pytest.raises(ValueError, match=r"RoutedMoE: padding_mask must be bool with the input's leading shape "
+                                             r"\(1, 9\); got torch\.\w+ \(1, \d\)"):
+            moe(x, padding_mask=bad)
 
 
 def test_a_composed_moe_is_the_named_variant_it_spells_and_its_spec_rebuilds_it():

@@ -309,6 +309,10 @@ def test_a_shard_folder_torch_writes_passes_the_index_check_and_consolidates_to_
         load_weights(folder)
     state = load_weights(consolidate(folder))
     assert state.keys() == weights.keys() and all(torch.equal(state[k], weights[k]) for k in weights)
+    (tmp_path / "plain").mkdir()  # a folder without the run's meta.pt, index and shards
+    with pytest.raises(CheckpointError, match=r"plain is not a sharded checkpoint \(a folder with meta.pt, .metadata "
+                                              r"and the .distcp shards a ModelParallelStrategy run writes\)"):
+        consolidate(tmp_path / "plain")
     # a dtype's name is allowed from torch only: `builtins.float` is not `torch.float`
     (folder / ".metadata").write_bytes(pickle.dumps(float))
     with pytest.raises(CheckpointError, match=r"\.metadata names builtins\.float"):

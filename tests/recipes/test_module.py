@@ -303,3 +303,11 @@ def test_tensor_parallelism_is_refused_by_name_before_anything_is_sharded():
                                          r"ModelParallelStrategy\(data_parallel_size=N, tensor_parallel_size=1\)"):
         lm.configure_model()
     assert not lm._sharded
+
+
+def test_load_from_checkpoint_refuses_lightnings_hparams_file_before_reading_anything(tmp_path):
+    """Lightning's ``hparams_file`` would replace the hyper-parameters the checkpoint records (and is a YAML file that
+    names classes): refused by name, pointing at the keyword arguments that override them."""
+    with pytest.raises(ValueError, match="hparams_file is not supported; the checkpoint records the hyper-parameters, "
+                                         "and keyword arguments override them"):
+        LanguageModel.load_from_checkpoint(tmp_path / "never-read.ckpt", hparams_file=tmp_path / "hparams.yaml")

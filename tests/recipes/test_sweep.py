@@ -1034,3 +1034,12 @@ def test_a_family_file_with_an_unknown_key_and_a_sweep_whose_folder_is_gone_are_
     with pytest.raises(ValueError, match="the runs a, b were launched before a sweep recorded its runs' arguments, so "
                                          "they cannot be resumed from here; run the family again"):
         resume(logs, progress_every=0)
+    import shutil
+
+    from recipes.sweep.records import write_record
+
+    write_record(logs, "fake", runs)
+    shutil.rmtree(tmp_path / "a")  # the run folders gone, the record kept: numbers, nothing to resume
+    with pytest.raises(ValueError, match="a sweep's record holds its runs' numbers, not the runs; give the log folder "
+                                         "of a sweep whose run folders are on this machine"):
+        resume(logs, progress_every=0)
