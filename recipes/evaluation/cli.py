@@ -177,11 +177,13 @@ def run_suite(model, data, recipe: dict, args) -> dict:
     if args.suite == "length":
         if not hasattr(data, "validation_tokens"):
             raise ValueError(f"--suite length needs a text corpus with a validation split; this is {type(data).__name__}")
-        return suites.length_suite(model, data.validation_tokens(), trained, windows=8 if args.windows is None else args.windows,
+        windows = 8 if args.windows is None else args.windows  # (0 is given, and refused by the suite)
+        return suites.length_suite(model, data.validation_tokens(), trained, windows=windows,
                                    extrapolate=args.extrapolate, **lengths(suites.LENGTH_MULTIPLES, trained))
     encode = text_tokenizer(data, "--suite passkey").encode
     answer = len(encode(" 99999"))  # (a key's tokens follow the context of each length)
-    return suites.passkey_suite(model, encode, trained, trials=8 if args.trials is None else args.trials, extrapolate=args.extrapolate,
+    trials = 8 if args.trials is None else args.trials
+    return suites.passkey_suite(model, encode, trained, trials=trials, extrapolate=args.extrapolate,
                                 **lengths(suites.PASSKEY_MULTIPLES, trained, answer))
 
 

@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="go on with a stopped sweep (its runs/sweep-logs/<time> folder): each run that did not "
                              "finish runs again as launched, from its last.ckpt, with the sweep's launcher unless "
                              "--launcher is given; then the table of all its runs")
-    parser.add_argument("--only", nargs="+", action="extend", default=None, help="recipe names (file stems) to run; with --from, the recipes to tabulate")
+    parser.add_argument("--only", nargs="+", action="extend", default=None,
+                        help="recipe names (file stems) to run; with --from, the recipes to tabulate")
     parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                         help="overrides for every run")
     parser.add_argument("--table-only", action="store_true", help="do not run; tabulate the latest runs")
