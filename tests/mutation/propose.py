@@ -1,5 +1,6 @@
-"""Propose mutants for one file: every line's comparison, boolean and constant flipped, each ``if`` made false, each
-guarded ``raise`` dropped, each ``return`` made ``None`` — in ``mutants.txt``'s format, for a file of candidates.
+"""Propose mutants for one file: every line's comparison, boolean and constant flipped, each ``if`` made false (a
+condition over several lines as a whole), each guarded ``raise`` dropped (over several lines, the whole statement),
+each ``return`` made ``None`` — in ``mutants.txt``'s format, for a file of candidates.
 
     python tests/mutation/propose.py recipes/stats.py tests/recipes/test_stats.py > /tmp/stats.txt
     python tests/mutation/run.py --file /tmp/stats.txt --skip-baseline    # which of them the tests miss
@@ -53,6 +54,12 @@ def raise_ends(source: str) -> dict[int, int]:
             if isinstance(node, ast.Raise) and node.end_lineno > node.lineno}
 
 
+def condition_ends(source: str) -> dict[int, int]:
+    """``{first line: last line}`` of each ``if``/``elif`` header whose condition spans several lines."""
+    return {node.lineno: node.test.end_lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.If) and node.test.end_lineno > node.lineno}
+
+
 def compiles(source: str) -> bool:
     try:
         compile(source, "<mutant>", "exec")
@@ -70,6 +77,14 @@ def propose(file: str, tests: list[str]) -> list[str]:
     ends = raise_ends(source)
     lines = source.splitlines()
     out = []
+    for first, last in condition_ends(source).items():  # a condition over several lines, made false as a whole
+        header = "\n".join(lines[first - 1:last])
+        match = re.match(r"(\s*)(if|elif) ", header)
+        if match and lines[last - 1].split("  #")[0].rstrip().endswith(":") and source.count(header) == 1 \
+                and " :: " not in header and "\\n" not in header:
+            new = f"{match.group(1)}{match.group(2)} False:"
+            if compiles(source.replace(header, new, 1)):
+                out.append(f"{file} :: {header.replace(chr(10), chr(92) + 'n')} :: {new} :: {' '.join(tests)}")
     for number, line in enumerate(lines, start=1):
         text = line.strip()
         if (number in skip or not text or text.startswith(("#", "def ", "class ", "import ", "from ", "@"))

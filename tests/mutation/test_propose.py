@@ -54,3 +54,17 @@ def test_run_refuses_a_mutant_that_is_not_python_rather_than_count_it_killed(tmp
     listed.write_text(good + "recipes/optimizer.py :: import inspect :: import inspect( :: t\n")
     with pytest.raises(SystemExit, match=r"line 2: the mutated recipes/optimizer.py is not Python \(.*\); mutate the"):
         read_mutants(listed)
+
+
+def test_a_condition_over_several_lines_is_made_false_as_a_whole():
+    """One-line conditions were the only ones flipped: a multi-line ``if`` header (a long guard) got no ``if False``."""
+    root = Path(__file__).parents[2]
+    source = root.joinpath("recipes/sweep/cli.py").read_text()
+    whole = [line for line in propose("recipes/sweep/cli.py", ["t"])
+             if line.split(" :: ")[2].strip() in ("if False:", "elif False:") and "\\n" in line.split(" :: ")[1]]
+    assert whole
+    for line in whole:
+        _, old, new, _ = line.split(" :: ")
+        old = old.replace("\\n", "\n")
+        assert old.lstrip().startswith(("if ", "elif ")) and old.rstrip().endswith(":") and source.count(old) == 1
+        compile(source.replace(old, new, 1), "recipes/sweep/cli.py", "exec")
