@@ -399,7 +399,7 @@ def test_validation_curves_are_averaged_over_the_seeds_at_the_steps_all_of_them_
 
 def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
     from recipes.sweep.cli import main
-    from recipes.sweep.records import write_manifest
+    from recipes.sweep.records import read_manifest, write_manifest
 
     runs = fake_family(tmp_path)
     runs[1].returncode = None  # the sweep was stopped while a seed 1 ran: named, and left out of the cells
@@ -407,8 +407,11 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
     logs = tmp_path / "logs"
     logs.mkdir()
     write_manifest(logs, "fake", runs)
+    assert not (logs / "record.json").exists()  # a sweep from before records were kept
     main(["--from", str(logs), "--baseline", "a"])
     out = capsys.readouterr().out
+    family, recorded = read_manifest(logs / "record.json")  # it gains one, with the runs' numbers
+    assert family == "fake" and [r.config.stem for r in recorded] == [r.config.stem for r in runs]
     assert "| a | 2 of 3 | 1,234 | 1,000 | 3.5000 ± 0.7071 |" in out
     assert "| b | 3 of 3 | 1,234 | 1,000 | 1.3333 ± 0.5774 |" in out
     assert "a seed 1 NOT FINISHED (the sweep stopped before this run ended; log None)" in out
