@@ -85,3 +85,31 @@ def test_ntk_stretch_is_per_sequence_not_per_batch():
     long_cos, _ = rope(long[None], 8)
     torch.testing.assert_close(cos[1], long_cos[0])
     assert not torch.allclose(long_cos[0, :6], alone_cos[0])  # ...and the long one is stretched
+
+
+def test_the_stretch_past_max_position_is_the_formula_with_each_sequences_own_length():
+    """``base · (f·L/max − (f − 1))^(d/(d−2))`` with ``f`` the scaling factor (2 here: a factor of 1 hides its
+    ``− (f − 1)``) and ``L`` a sequence's last position + 1."""
+    rope = RotaryEmbedding(16, base=100.0, scaling_factor=2.0)
+    positions = torch.stack([torch.arange(40), torch.arange(40).clamp(max=9)])  # lengths 40 (stretched) and 10 (not)
+    cos, sin = rope(positions, 8)
+    base = 100.0 * (2.0 * 40 / 16 - 1.0) ** (8 / 6)
+    for row, b in ((0, base), (1, 100.0)):
+        inv = b ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)  # [4]
+        angles = positions[row, :, None].double() * inv  # [T, 4]
+        torch.testing.assert_close(cos[row], torch.cat([angles, angles], -1).cos().float(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(sin[row], torch.cat([angles, angles], -1).sin().float(), rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_edges_refusals_and_dtype():
+    rope = RotaryEmbedding(1)  # one position trained: the least there is
+    cos, sin = rope(torch.zeros(2, 0, dtype=torch.long), 8)  # no positions: empty tables
+    assert cos.shape == sin.shape == (2, 0, 8) and cos.dtype == torch.float32
+    for kwargs, message in [(dict(max_position=0), "max_position=0 must be >= 1"), (dict(base=0.0), "base=0.0"),
+                            (dict(scaling_factor=0.0), "scaling_factor=0.0")]:
+        with pytest.raises(ValueError, match=f"RotaryEmbedding: {message}"):
+            RotaryEmbedding(**kwargs)
+    x = torch.randn(1, 3, 2, 8, dtype=torch.bfloat16)
+    cos, sin = RotaryEmbedding()(torch.arange(3)[None], 8)  # fp32 tables
+    assert apply_rotary(x, cos, sin).dtype == torch.bfloat16  # the input's dtype back
+    assert repr(RotaryEmbedding(64, base=500.0)) == "RotaryEmbedding(max_position=64, base=500.0, scaling_factor=1.0)"

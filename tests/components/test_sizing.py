@@ -16,6 +16,16 @@ def test_solve_width_finds_the_closest_multiple():
     # a target that a width under multiple_of would reach (an SSD's expand, say) says so
     with pytest.raises(ValueError, match=r"at width 8\); multiple_of=8 makes 8 the smallest width tried: 1 tries every"):
         solve_width(count, 1100)
+    # the edges: a target the smallest width meets exactly; one only width 1 reaches (no hint: multiple_of is 1
+    # already, or width 1 overshoots too); a target past the widest width tried
+    assert solve_width(count, 1000 + 30 * 8) == 8 and solve_width(count, 1030, multiple_of=1) == 1
+    with pytest.raises(ValueError, match=r"at width 1\)$"):
+        solve_width(count, 1000, multiple_of=1)
+    with pytest.raises(ValueError, match=r"at width 8\); multiple_of=8 makes 8 the smallest width tried"):
+        solve_width(count, 1030)  # width 1 is 1,030: exactly the target
+    assert solve_width(count, 1000 + 30 * 1000, multiple_of=8, limit=1024) == 1000  # searched up to the limit itself
+    with pytest.raises(ValueError, match="target of 1,000,000 parameters needs a width above 1,024"):
+        solve_width(count, 1_000_000, multiple_of=8, limit=1024)
 
 
 @pytest.mark.parametrize("pattern", ["AM AM", "AR AM", "AR AR"])
@@ -45,10 +55,26 @@ def test_sizing_errors_name_the_problem():
     for bad, problem in [({"params": 0}, "params=0 must be a positive integer"),
                          ({"params": 10_000, "multiple_of": 0}, "multiple_of=0 must be a positive integer"),
                          ({"params": 10_000, "letters": []}, "letters=\\[\\] must be a non-empty list"),
-                         ({"params": 10_000, "letters": ["MR"]}, "letters=\\[.MR.\\] must be a non-empty list of pattern letters")]:
+                         ({"params": 10_000, "letters": ["MR"]}, "letters=\\[.MR.\\] must be a non-empty list of pattern letters"),
+                         ({"params": 10_000, "letters": ["M", "RR"]}, "letters=\\[.M., .RR.\\] must be a non-empty list"),
+                         ({"params": True}, "params=True must be a positive integer"),
+                         ({"params": 10_000.0}, "params=10000.0 must be a positive integer")]:
         with pytest.raises(ValueError, match=f"size_to: {problem}"):
             SizeTarget(**bad)
-    assert SizeTarget(10_000, "MR").letters == ["M", "R"]
+    assert SizeTarget(10_000, "MR").letters == ["M", "R"] and SizeTarget(1, multiple_of=1).params == 1
+
+
+class PassingMLP(MLP):
+    """A user's mixer that passes its keywords on (``**kwargs``): the width keyword may be meant for its parent."""
+
+    def __init__(self, d_model, **kwargs):
+        super().__init__(d_model, **kwargs)
+
+
+def test_a_mixer_that_passes_its_keywords_on_is_sized():
+    mixers, width = sized_mixers(64, 32, "AM", {"M": PassingMLP}, SizeTarget(params=40_000, multiple_of=4))
+    model = HybridLM(64, 32, "AM", mixers)
+    assert model.blocks[0].state_mixer.d_ff == width and abs(count_parameters(model) - 40_000) < 32 * 3 * 4
 
 
 def test_sizing_counts_tied_embeddings_once():

@@ -95,3 +95,29 @@ def test_a_device_this_machine_lacks_is_named_before_any_work(capsys, tmp_path, 
     with pytest.raises(SystemExit) as info:
         evaluate(["--config", "quickstart.yaml", "--ckpt_path", "missing.ckpt", "--suite", "length", "--device", "cuda"])
     assert info.value.code == 2 and "argument --device: cuda: CUDA is not available here" in capsys.readouterr().err
+
+
+def test_a_device_index_past_the_visible_gpus_and_mps_where_there_is_none_are_named(monkeypatch):
+    """On a machine with two GPUs (torch's answers stood in for): ``cuda:1`` is the last one, ``cuda:2`` is named with
+    the range there is; MPS is taken only where torch says it is available."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert device("cuda") == "cuda" and device("cuda:1") == "cuda:1"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"cuda:2: this machine has 2 CUDA device\(s\), cuda:0-1"):
+        device("cuda:2")
+    for available in (False, True):
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda available=available: available)
+        if available:
+            assert device("mps") == "mps"
+        else:
+            with pytest.raises(argparse.ArgumentTypeError, match="mps: MPS is not available here"):
+                device("mps")
+
+
+def test_bounded_takes_its_floor_and_did_you_mean_names_each_close_word_once():
+    from recipes.argtypes import close_matches, did_you_mean
+
+    assert positive_int("1") == 1 and bounded(float, 0)("0") == 0.0
+    assert close_matches(["lenght", "lentgh"], ["length", "depth"]) == ["length"]  # (one suggestion, not two)
+    assert did_you_mean(["lenght"], ["length", "depth"]) == "did you mean length?"
+    assert did_you_mean(["zzz"], ["length"]) == ""
