@@ -122,7 +122,7 @@ def run_harness(model, data, args) -> tuple[dict, str]:
 
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
     manager = check_tasks(names, args.include_path)
-    lm = harness.ZooLM(model, text_tokenizer(data, "--tasks"), batch_size=args.batch_size or 8)
+    lm = harness.ZooLM(model, text_tokenizer(data, "--tasks"), **given(batch_size=args.batch_size))
     with without_harness_bookkeeping():
         results = simple_evaluate(model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
                                   task_manager=manager, log_samples=args.log_samples, bootstrap_iters=0,
@@ -177,13 +177,11 @@ def run_suite(model, data, recipe: dict, args) -> dict:
     if args.suite == "length":
         if not hasattr(data, "validation_tokens"):
             raise ValueError(f"--suite length needs a text corpus with a validation split; this is {type(data).__name__}")
-        windows = 8 if args.windows is None else args.windows  # (0 is given, and refused by the suite)
-        return suites.length_suite(model, data.validation_tokens(), trained, windows=windows,
+        return suites.length_suite(model, data.validation_tokens(), trained, **given(windows=args.windows),
                                    extrapolate=args.extrapolate, **lengths(suites.LENGTH_MULTIPLES, trained))
     encode = text_tokenizer(data, "--suite passkey").encode
     answer = len(encode(" 99999"))  # (a key's tokens follow the context of each length)
-    trials = 8 if args.trials is None else args.trials
-    return suites.passkey_suite(model, encode, trained, trials=trials, extrapolate=args.extrapolate,
+    return suites.passkey_suite(model, encode, trained, **given(trials=args.trials), extrapolate=args.extrapolate,
                                 **lengths(suites.PASSKEY_MULTIPLES, trained, answer))
 
 
@@ -208,6 +206,12 @@ def harness_scalars(results: dict) -> dict[str, float]:
             if isinstance(value, (int, float)) and not isinstance(value, bool) and "stderr" not in key and key != "alias":
                 out[f"eval/{task}/{key.split(',')[0]}"] = float(value)
     return out
+
+
+def given(**options) -> dict:
+    """The options the command line set (not None): the rest keep the defaults of the function they go to, stated
+    once, there (``--windows 0`` is given, and refused by the suite)."""
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def unused_options(args: argparse.Namespace) -> list[str]:

@@ -17,6 +17,8 @@ import re
 import sys
 from pathlib import Path
 
+from run import syntax_error  # (the check run.py makes of every list line)
+
 ROOT = Path(__file__).resolve().parents[2]
 FLIPS = [(" < ", " <= "), (" <= ", " < "), (" > ", " >= "), (" >= ", " > "), (" == ", " != "), (" != ", " == "),
          (" and ", " or "), (" or ", " and "), (" not in ", " in "), ("not ", ""), (" + 1", " - 1"), (" - 1", " + 1"),
@@ -48,6 +50,11 @@ def variants(line: str, previous: str) -> list[str]:
     return [v for v in dict.fromkeys(out) if v != line and STRING.sub('""', v) != same_code]
 
 
+def list_line(file: str, old: str, new: str, tests: list[str]) -> str:
+    """One line of ``mutants.txt``: ``file :: old :: new :: tests``, line breaks written ``\\n``."""
+    return f"{file} :: {old.replace(chr(10), chr(92) + 'n')} :: {new} :: {' '.join(tests)}"
+
+
 def raise_ends(source: str) -> dict[int, int]:
     """``{first line: last line}`` of each ``raise`` that spans several lines (its message continued)."""
     return {node.lineno: node.end_lineno for node in ast.walk(ast.parse(source))
@@ -58,14 +65,6 @@ def condition_ends(source: str) -> dict[int, int]:
     """``{first line: last line}`` of each ``if``/``elif`` header whose condition spans several lines."""
     return {node.lineno: node.test.end_lineno for node in ast.walk(ast.parse(source))
             if isinstance(node, ast.If) and node.test.end_lineno > node.lineno}
-
-
-def compiles(source: str) -> bool:
-    try:
-        compile(source, "<mutant>", "exec")
-    except SyntaxError:
-        return False
-    return True
 
 
 def propose(file: str, tests: list[str]) -> list[str]:
@@ -83,8 +82,8 @@ def propose(file: str, tests: list[str]) -> list[str]:
         if match and lines[last - 1].split("  #")[0].rstrip().endswith(":") and source.count(header) == 1 \
                 and " :: " not in header and "\\n" not in header:
             new = f"{match.group(1)}{match.group(2)} False:"
-            if compiles(source.replace(header, new, 1)):
-                out.append(f"{file} :: {header.replace(chr(10), chr(92) + 'n')} :: {new} :: {' '.join(tests)}")
+            if not syntax_error(source.replace(header, new, 1), file):
+                out.append(list_line(file, header, new, tests))
     for number, line in enumerate(lines, start=1):
         text = line.strip()
         if (number in skip or not text or text.startswith(("#", "def ", "class ", "import ", "from ", "@"))
@@ -96,8 +95,8 @@ def propose(file: str, tests: list[str]) -> list[str]:
                 old = "\n".join(lines[number - 1:ends[number]])
                 if " :: " in old or "\\n" in old or source.count(old) != 1:
                     continue
-            if compiles(source.replace(old, new, 1)):
-                out.append(f"{file} :: {old.replace(chr(10), chr(92) + 'n')} :: {new} :: {' '.join(tests)}")
+            if not syntax_error(source.replace(old, new, 1), file):
+                out.append(list_line(file, old, new, tests))
     return out
 
 
