@@ -35,7 +35,6 @@ import copy
 import statistics
 import tempfile
 from functools import partial
-from pathlib import Path
 from unittest import mock
 
 import torch
@@ -94,9 +93,9 @@ def run(kind: str, batch: int, args) -> list[dict]:
         zoo, hf = zoo_hybrid(args.width, args.layers, args.vocab), None
     else:
         hf = hf_model(kind, args.width, args.layers, args.vocab)
-        folder = Path(tempfile.mkdtemp(prefix=f"decode-{kind}-"))
-        hf.save_pretrained(folder)
-        zoo = from_pretrained(folder).eval()
+        with tempfile.TemporaryDirectory(prefix=f"decode-{kind}-") as folder:
+            hf.save_pretrained(folder)
+            zoo = from_pretrained(folder).eval()
         hf = hf.to(args.device, DTYPES[args.dtype])
     zoo = zoo.to(args.device, DTYPES[args.dtype])
     torch.manual_seed(1)

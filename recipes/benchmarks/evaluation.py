@@ -134,13 +134,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget", type=positive_int, default=256, help="max_gen_toks (lm-eval's default 256)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="eval-bench-") as folder:  # the tokenizer and the model, saved and read
+        compare(args, Path(folder))
+
+
+def compare(args, folder: Path) -> None:
+    """The timing table of ``args`` (see :func:`main`), with the saved tokenizer and Llama in ``folder``."""
     import transformers
     from lm_eval.models.huggingface import HFLM
 
     from recipes.evaluation.harness import ZooLM
     from recipes.hf import from_pretrained
 
-    folder = Path(tempfile.mkdtemp(prefix="eval-bench-"))
     tokenizer = character_tokenizer(folder) if args.generate else byte_tokenizer(folder)
     text = TokenizerText(tokenizer)
     torch.manual_seed(0)

@@ -88,16 +88,15 @@ def harness_module():
     return harness
 
 
-def check_tasks(names: list[str], include_paths: list[str]):
-    """The harness's TaskManager with the zoo's own tasks and ``include_paths``; unknown names refused by name."""
+def check_tasks(names: list[str], include_paths: list[str], own_tasks: Path):
+    """The harness's TaskManager with the zoo's own tasks (the YAMLs in ``own_tasks``) and ``include_paths``;
+    unknown names refused by name."""
     from lm_eval.tasks import TaskManager
-
-    from recipes.evaluation.tasks import task_folder
 
     for folder in include_paths:
         if not Path(folder).is_dir():
             raise FileNotFoundError(f"--include_path {folder}: no such folder")
-    manager = TaskManager(include_path=[str(task_folder()), *include_paths])
+    manager = TaskManager(include_path=[str(own_tasks), *include_paths])
     known = set(manager.all_tasks)
     unknown = [name for name in names if name not in known]
     if unknown:
@@ -120,10 +119,12 @@ def run_harness(model, data, args) -> tuple[dict, str]:
     from lm_eval import simple_evaluate
     from lm_eval.utils import make_table
 
+    from recipes.evaluation.tasks import task_folder
+
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
-    manager = check_tasks(names, args.include_path)
-    lm = harness.ZooLM(model, text_tokenizer(data, "--tasks"), **given(batch_size=args.batch_size))
-    with without_harness_bookkeeping():
+    with task_folder() as own_tasks, without_harness_bookkeeping():
+        manager = check_tasks(names, args.include_path, own_tasks)
+        lm = harness.ZooLM(model, text_tokenizer(data, "--tasks"), **given(batch_size=args.batch_size))
         results = simple_evaluate(model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
                                   task_manager=manager, log_samples=args.log_samples, bootstrap_iters=0,
                                   gen_kwargs=args.gen_kwargs)

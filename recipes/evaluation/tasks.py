@@ -10,9 +10,10 @@
 The data is generated here deterministically and shipped in ``recipes/evaluation/tasks/`` (a test checks
 the shipped files equal a fresh generation); :func:`task_folder` writes the task YAMLs, which point at
 those files by absolute path (lm-eval resolves ``data_files`` against the working folder), into a
-folder that ``python -m recipes eval`` always adds to ``--include_path``.
+temporary folder that ``python -m recipes eval`` adds to ``--include_path`` for the evaluation's length.
 """
 
+import contextlib
 import json
 import random
 import re
@@ -134,13 +135,16 @@ def write_data(folder: Path = DATA) -> None:
                 f.write(json.dumps(item) + "\n")
 
 
-def task_folder() -> Path:
-    """A new folder with one lm-eval YAML per shipped task, pointing at its data file."""
-    folder = Path(tempfile.mkdtemp(prefix="zoo-tasks-"))
-    for name in TASKS:
-        data = json.dumps(str((DATA / f"{name}.jsonl").resolve()))
-        (folder / f"{name}.yaml").write_text(YAML.format(name=name, data=data))
-    return folder
+@contextlib.contextmanager
+def task_folder() -> Iterator[Path]:
+    """A temporary folder with one lm-eval YAML per shipped task, pointing at its data file; removed on leaving
+    the ``with`` block (lm-eval reads the YAMLs when it loads the tasks, so the evaluation runs inside it)."""
+    with tempfile.TemporaryDirectory(prefix="zoo-tasks-") as name:
+        folder = Path(name)
+        for task in TASKS:
+            data = json.dumps(str((DATA / f"{task}.jsonl").resolve()))
+            (folder / f"{task}.yaml").write_text(YAML.format(name=task, data=data))
+        yield folder
 
 
 def write_task(folder: Path, name: str, items: list[dict]) -> Path:

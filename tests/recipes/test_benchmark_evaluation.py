@@ -1,6 +1,8 @@
 """``python -m recipes.benchmarks.evaluation`` at a tiny size: each table has its rows, and the zoo computes what
 lm-eval's Hugging Face model computes on the same weights (a timing of a different computation would mean nothing)."""
 
+import tempfile
+
 import pytest
 
 from recipes.benchmarks import evaluation
@@ -25,8 +27,10 @@ def test_the_generation_table_times_the_same_texts_three_ways(capsys):
     assert table["lm-eval hf"][2] == "1.00" and "of 7 ran to the budget" in out
 
 
-def test_the_scoring_table_gives_scores_within_float_rounding_of_hfs(capsys):
+def test_the_scoring_table_gives_scores_within_float_rounding_of_hfs(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the saved tokenizer and model go
     evaluation.main([*TINY, "--questions", "3"])
     table = rows(capsys.readouterr().out)
     assert set(table) == {"lm-eval hf", "zoo (shared context)", "zoo (no sharing)"}
     assert all(float(cells[3].strip(" |")) < 1e-4 for cells in table.values())
+    assert not list(tmp_path.iterdir())  # each run left its folder behind in /tmp

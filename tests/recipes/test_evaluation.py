@@ -5,6 +5,7 @@ computations, and the errors a user meets."""
 import json
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -286,6 +287,20 @@ def test_the_shipped_local_tasks_are_what_the_generator_makes():
         assert all(0 <= item["answer"] < len(item["choices"]) == 4 for item in items)
 
 
+def test_the_zoo_task_folder_points_at_the_shipped_data_and_is_removed_after_its_block(tmp_path, monkeypatch):
+    from recipes.evaluation.tasks import DATA, TASKS, task_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with task_folder() as folder:
+        assert sorted(p.name for p in folder.iterdir()) == sorted(f"{name}.yaml" for name in TASKS)
+        for name in TASKS:
+            assert json.dumps(str((DATA / f"{name}.jsonl").resolve())) in (folder / f"{name}.yaml").read_text()
+    assert not folder.exists()
+    with pytest.raises(KeyError), task_folder() as folder:
+        raise KeyError("an evaluation that fails")
+    assert not folder.exists() and not list(tmp_path.iterdir())
+
+
 def test_the_length_suite_is_the_full_forward_loss_by_hand():
     model = tiny(max_seq_len=32)
     tokens = TextCorpus(seq_len=8).validation_tokens()[:600]
@@ -322,6 +337,8 @@ def test_the_eval_command_writes_the_harness_json_and_tensorboard_scalars(tmp_pa
     fit(["fit", "--config", "quickstart.yaml", "--model.d_model", "16", "--model.pattern", "AM",
          "--model.mixers.A.init_args.n_heads", "2", "--data.init_args.seq_len", "32", "--trainer.max_steps", "2",
          "--trainer.limit_val_batches", "2", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"])
+    (tmp_path / "temp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))  # where the zoo's task YAMLs are written
     out = main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--tasks", "zoo_cloze,zoo_passkey", "--limit", "6",
                 "--suite", "length", "--multiples", "1", "2", "--windows", "2", "--out", "eval/result"])
     written = json.loads((tmp_path / "eval" / "result.json").read_text())
@@ -337,6 +354,7 @@ def test_the_eval_command_writes_the_harness_json_and_tensorboard_scalars(tmp_pa
     printed = capfd.readouterr()  # (capfd: what subprocesses write too)
     assert "zoo_cloze" in printed.out
     assert "not a git repository" not in printed.err  # lm-eval's `git describe` of a folder the zoo does not record
+    assert not list((tmp_path / "temp").glob("zoo-tasks-*"))  # each evaluation left one behind in /tmp
 
     again = ["--config", "quickstart.yaml", "--ckpt_path", "last", "--suite", "length", "--multiples", "1", "--windows",
              "1", "--out", "eval/result.json"]  # the same files, named by the JSON's own name
