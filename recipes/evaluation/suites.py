@@ -239,15 +239,21 @@ def table(result: dict) -> str:
             lines.append("| " + " | ".join(cells + [""] * (len(head) - len(cells))) + " |")
         return "\n".join(lines)
     if result["suite"] == "passkey":
-        depths = sorted({c["depth"] for c in result["cells"]})
+        lengths, depths, grid = passkey_grid(result)
         lines = ["| length | " + " | ".join(f"depth {d:g}" for d in depths) + " |", "|---|" + "---|" * len(depths)]
-        for length in sorted({c["length"] for c in result["cells"]}):
-            row = {c["depth"]: c["accuracy"] for c in result["cells"] if c["length"] == length}
-            lines.append(f"| {length} | " + " | ".join(f"{row[d]:.2f}" for d in depths) + " |")
+        lines += [f"| {length} | " + " | ".join(f"{a:.2f}" for a in row) + " |" for length, row in zip(lengths, grid)]
         return "\n".join(lines) + f"\n\nchance: {result['chance']:.2f}"
     lines = ["| length | accuracy | queries |", "|---|---|---|"]
     lines += [f"| {r['length']} | {r['accuracy']:.4f} | {r['queries']} |" for r in result["rows"]]
     return "\n".join(lines)
+
+
+def passkey_grid(result: dict) -> tuple[list[int], list[float], np.ndarray]:
+    """A passkey result's ``(lengths, depths, accuracy [len(lengths), len(depths)])``, both sorted."""
+    lengths = sorted({c["length"] for c in result["cells"]})
+    depths = sorted({c["depth"] for c in result["cells"]})
+    accuracy = {(c["length"], c["depth"]): c["accuracy"] for c in result["cells"]}
+    return lengths, depths, np.array([[accuracy[n, d] for d in depths] for n in lengths])
 
 
 def plot(result: dict, path: Path) -> None:
@@ -262,10 +268,7 @@ def plot(result: dict, path: Path) -> None:
             axes.set_xscale("log", base=2)
             axes.legend(fontsize=7)
         elif result["suite"] == "passkey":
-            depths = sorted({c["depth"] for c in result["cells"]})
-            lengths = sorted({c["length"] for c in result["cells"]})
-            grid = np.array([[next(c["accuracy"] for c in result["cells"] if c["length"] == n and c["depth"] == d)
-                              for d in depths] for n in lengths])
+            lengths, depths, grid = passkey_grid(result)
             image = axes.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
             axes.set_xticks(range(len(depths)), [f"{d:g}" for d in depths])
             axes.set_yticks(range(len(lengths)), [str(n) for n in lengths])

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from components import HybridLM
 from recipes.data.text import TextCorpus
-from recipes.evaluation.suites import length_suite, passkey_suite
+from recipes.evaluation.suites import length_suite, passkey_suite, scalars, table
 
 lm_eval = pytest.importorskip("lm_eval", reason="the harness tests need `pip install -e .[dev]` (lm-eval)")
 from lm_eval.api.instance import Instance  # noqa: E402
@@ -433,6 +433,112 @@ def test_the_mqar_suite_takes_whole_multiples_and_a_positive_number_of_examples(
         mqar_suite(None, task, examples=0)
 
 
+def test_the_mqar_suite_is_the_models_argmax_at_the_query_positions_by_hand():
+    from recipes.data.mqar import MQARSplit
+    from recipes.evaluation.suites import mqar_suite
+
+    model = tiny(max_seq_len=32)
+    task = {"vocab_size": 64, "seq_len": 16, "num_pairs": 2, "power_a": 0.01}
+    result = mqar_suite(model, task, multiples=(1, 2), examples=3, extrapolate=False)
+    assert (result["trained"], result["num_pairs"], result["chance"]) == (16, 2, 2 / 64)
+    for row, multiple in zip(result["rows"], (1, 2), strict=True):
+        split = MQARSplit("test", 3, 0, **{**task, "seq_len": 16 * multiple})
+        correct = total = 0
+        for i in range(3):
+            item = split[i]
+            with torch.no_grad():
+                predicted = model(item["input_ids"][None])[0].argmax(-1)  # [T]
+            queries = item["labels"] >= 0  # (the others are the ignore index)
+            correct += int((predicted[queries] == item["labels"][queries]).sum())
+            total += int(queries.sum())
+        assert row == {"length": 16 * multiple, "multiple": multiple, "accuracy": correct / total, "queries": total}
+        assert 3 <= total < 3 * 16 * multiple
+    assert table(result).splitlines()[2:] == [f"| {r['length']} | {r['accuracy']:.4f} | {r['queries']} |"
+                                              for r in result["rows"]]
+    assert scalars(result) == {f"eval/mqar/{r['length']}": r["accuracy"] for r in result["rows"]}
+
+
+def test_the_suites_settings_and_short_splits_are_refused_by_name():
+    from recipes.evaluation.suites import check_settings, position_mode
+
+    model = tiny(max_seq_len=32)
+    with pytest.raises(ValueError, match=r"position mode 'yarn' is not one of \('plain', 'ntk'\)"):
+        with position_mode(model, "yarn", 16):
+            pass
+    with pytest.raises(ValueError, match="passkey suite: trials=True must be an integer >= 1"):
+        check_settings("passkey", (1,), whole=False, trials=True)
+    with pytest.raises(ValueError, match="length suite: no multiples of the training length given"):
+        check_settings("length", (), whole=True, windows=2)
+    with pytest.raises(ValueError, match=r"must be a whole number \(the losses are read in buckets"):
+        check_settings("length", (1.5,), whole=True)
+    assert check_settings("passkey", (0.5, 2), whole=False, trials=1) == (0.5, 2)
+    tokens = torch.arange(65) % 256
+    with pytest.raises(ValueError, match="the validation split has 64 tokens; length 64 needs 65"):
+        length_suite(model, tokens[:64], trained=16, multiples=(4,), windows=1)
+    assert length_suite(model, tokens, trained=16, multiples=(4,), windows=1)["rows"][0]["length"] == 64
+
+
+def test_a_passkey_prompt_is_the_length_asked_with_the_key_at_its_depth():
+    from recipes.evaluation.suites import QUESTION, passkey_prompt
+
+    encode = BYTES.encode
+    for length, depth in [(300, 0.0), (300, 0.5), (1000, 1.0), (1000, 0.25)]:
+        context, answer = passkey_prompt(encode, 12345, length, depth)
+        assert len(context) == length and answer == encode(" 12345")
+        text = bytes(context).decode()
+        assert text.endswith(QUESTION) and text.count("12345") == 2
+        needle = text.index(" The pass key is 12345.")
+        filler = length - len(encode(QUESTION)) - len(encode(" The pass key is 12345. Remember it. 12345 is the pass key."))
+        assert needle == round(depth * filler)
+    context, _ = passkey_prompt(encode, 12345, 10, 0.5)  # shorter than the key and question: no filler at all
+    assert bytes(context).decode().startswith(" The pass key is 12345.")
+
+
+def test_the_passkey_suite_draws_distinct_keys_and_reports_its_cells(monkeypatch):
+    from recipes.evaluation import suites
+
+    seen, model = [], tiny(max_seq_len=64)
+
+    def score_first_best(model, context, candidates):  # the true key (listed first) always scores highest
+        seen.append(candidates)
+        return [(0.0, True)] + [(-1.0, False)] * (len(candidates) - 1)
+
+    monkeypatch.setattr(suites, "score_continuations", score_first_best)
+    result = suites.passkey_suite(model, BYTES.encode, trained=64, multiples=(1, 4), depths=(0.0, 1.0), trials=40,
+                                  choices=4)  # 4 × 64 past max_seq_len: extrapolation is the default
+    assert all(len({tuple(c) for c in candidates}) == 4 for candidates in seen)  # four different keys every time
+    assert [(c["length"], c["depth"], c["accuracy"]) for c in result["cells"]] == [
+        (64, 0.0, 1.0), (64, 1.0, 1.0), (256, 0.0, 1.0), (256, 1.0, 1.0)]
+    assert table(result).splitlines() == ["| length | depth 0 | depth 1 |", "|---|---|---|", "| 64 | 1.00 | 1.00 |",
+                                          "| 256 | 1.00 | 1.00 |", "", "chance: 0.25"]
+    assert scalars(result) == {"eval/passkey/64/depth_0": 1.0, "eval/passkey/64/depth_1": 1.0,
+                               "eval/passkey/256/depth_0": 1.0, "eval/passkey/256/depth_1": 1.0}
+
+
+def test_each_suites_table_and_figure_are_written_where_out_says(tmp_path):
+    from recipes.evaluation.suites import passkey_grid, write_result
+
+    length = {"suite": "length", "trained": 16, "bucket": 16, "rows": [
+        {"mode": "plain", "length": 16, "multiple": 1, "loss": 2.0, "buckets": [2.0], "windows": 1},
+        {"mode": "ntk", "length": 32, "multiple": 2, "loss": 2.5, "buckets": [2.0, 3.0], "windows": 1}]}
+    assert table(length).splitlines() == ["| mode | length | loss | pos 0–15 | pos 16–31 |", "|---|---|---|---|---|",
+                                          "| plain | 16 | 2.0000 | 2.0000 |  |", "| ntk | 32 | 2.5000 | 2.0000 | 3.0000 |"]
+    assert scalars(length) == {"eval/length/plain/16": 2.0, "eval/length/ntk/32": 2.5}
+    passkey = {"suite": "passkey", "trained": 16, "chance": 0.25, "cells": [
+        {"length": n, "depth": d, "accuracy": a, "trials": 2} for n, d, a in [(16, 0.0, 1.0), (16, 1.0, 0.5),
+                                                                              (32, 0.0, 0.0), (32, 1.0, 0.5)]]}
+    assert table(passkey).splitlines()[2:4] == ["| 16 | 1.00 | 0.50 |", "| 32 | 0.00 | 0.50 |"]
+    lengths, depths, grid = passkey_grid({**passkey, "cells": passkey["cells"][::-1]})  # (the figure's cells)
+    assert (lengths, depths, grid.tolist()) == ([16, 32], [0.0, 1.0], [[1.0, 0.5], [0.0, 0.5]])
+    mqar = {"suite": "mqar", "trained": 16, "num_pairs": 2, "chance": 1 / 32,
+            "rows": [{"length": 16, "multiple": 1, "accuracy": 0.5, "queries": 4}]}
+    for name, result in [("length", length), ("passkey", passkey), ("mqar", mqar)]:
+        written = write_result(result, tmp_path / "new" / "folder" / name)
+        assert written == [tmp_path / "new" / "folder" / f"{name}.md", tmp_path / "new" / "folder" / f"{name}.png"]
+        assert written[0].read_text() == table(result) + "\n"
+        assert written[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--suite", "passkey", "--windows", "4"], "would not use --windows (it goes with --suite length)"),
     (["--suite", "length", "--trials", "4"], "would not use --trials (it goes with --suite passkey)"),
@@ -458,6 +564,8 @@ def test_eval_refuses_an_option_nothing_it_runs_would_read(extra, message):
     (["--tasks", "zoo_cloze", "--limit", "x"], "argument --limit: invalid float value: 'x'"),
     (["--tasks", "zoo_passkey", "--gen_kwargs", "max_gen_toks:5"], "argument --gen_kwargs: 'max_gen_toks:5' is not "
                                                                   "key=value[,key=value...]"),
+    (["--tasks", "zoo_passkey", "--gen_kwargs", "max_gen_toks=5,do_sample"], "'max_gen_toks=5,do_sample' is not"),
+    (["--tasks", "zoo_passkey", "--gen_kwargs", "=5"], "argument --gen_kwargs: '=5' is not key=value"),
 ])
 def test_eval_refuses_impossible_harness_settings_when_parsing(extra, message, capsys):
     from recipes.evaluation.cli import main
@@ -465,6 +573,16 @@ def test_eval_refuses_impossible_harness_settings_when_parsing(extra, message, c
     with pytest.raises(SystemExit) as info:
         main(["--config", "quickstart.yaml", "--ckpt_path", "last", *extra])
     assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given", [["--config", "quickstart.yaml"], ["--ckpt_path", "last"]])
+def test_eval_needs_both_the_recipe_and_the_checkpoint(given, capsys):
+    from recipes.evaluation.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main([*given, "--suite", "length"])
+    missing = "--ckpt_path" if given[0] == "--config" else "--config"
+    assert info.value.code == 2 and f"the following arguments are required: {missing}" in capsys.readouterr().err
 
 
 def test_a_hub_task_offline_is_one_line_that_names_the_local_tasks(monkeypatch, trained_quickstart):
@@ -690,6 +808,9 @@ def test_a_cloze_over_held_out_documents_asks_for_each_sentences_last_word(tmp_p
     before = item["context"].removesuffix(" The quick brown fox number one jumps over the sleeping lazy")
     assert before != item["context"] and filler.endswith(before) and before.startswith("w")
     assert 590 <= len(before) <= 600 and filler[-len(before) - 1] == " "
+    edge = "Alpha beta gamma d. The quick brown fox number two jumps over the sleeping lazy cats."  # sentence at 20
+    [item] = [i for i in document_cloze_items([edge, *documents[:3]], context_chars=20) if "fox number two" in i["context"]]
+    assert item["context"].startswith("Alpha beta")  # a window from the document's start has no cut word to drop
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
