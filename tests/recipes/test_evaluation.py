@@ -539,6 +539,72 @@ def test_each_suites_table_and_figure_are_written_where_out_says(tmp_path):
         assert written[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_only_a_tasks_numeric_metrics_become_scalars():
+    from recipes.evaluation.cli import harness_scalars
+
+    results = {"results": {"zoo_cloze": {"alias": "zoo_cloze", "acc,none": 0.5, "acc_stderr,none": 0.1, "n": 3,
+                                         "flag": True, "name": "x"}, "zoo_passkey": {"acc,none": 1}}}
+    assert harness_scalars(results) == {"eval/zoo_cloze/acc": 0.5, "eval/zoo_cloze/n": 3.0, "eval/zoo_passkey/acc": 1.0}
+    assert harness_scalars({"results": None}) == harness_scalars({}) == {}
+
+
+def test_scalars_go_to_the_checkpoints_run_folder_and_nowhere_else(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from recipes.evaluation.cli import log_scalars
+
+    run = tmp_path / "runs" / "quickstart" / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    assert log_scalars(run / "checkpoints" / "last.ckpt", {"eval/length/plain/16": 2.5}, step=7) == run
+    events = EventAccumulator(str(run))
+    events.Reload()
+    [event] = events.Scalars("eval/length/plain/16")
+    assert (event.step, event.value) == (7, 2.5)
+    assert log_scalars(run / "checkpoints" / "last.ckpt", {}, step=7) is None
+    assert log_scalars(tmp_path / "loose.ckpt", {"eval/x": 1.0}, step=7) is None  # no run folder: nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
+def test_a_suite_the_recipes_data_cannot_feed_is_refused_by_name():
+    from types import SimpleNamespace
+
+    from recipes.data.mqar import MQAR
+    from recipes.evaluation.cli import run_suite, text_tokenizer
+
+    model = tiny(max_seq_len=64)
+    args = SimpleNamespace(suite="mqar", multiples=[1], extrapolate=False, windows=None, trials=None)
+    with pytest.raises(ValueError, match="--suite mqar needs an MQAR recipe; this one's data module is TextCorpus"):
+        run_suite(model, TextCorpus(seq_len=16), {}, args)
+    mqar = MQAR(vocab_size=64, seq_len=16, num_pairs=2)
+    assert run_suite(model, mqar, {}, SimpleNamespace(**{**vars(args), "multiples": [1, 2]}))["trained"] == 16
+    for suite in ("length", "passkey"):
+        with pytest.raises(ValueError, match="the recipe's data has no seq_len: the training length"):
+            run_suite(model, SimpleNamespace(), {"data": {"init_args": {}}}, SimpleNamespace(**{**vars(args), "suite": suite}))
+    recipe = {"data": {"init_args": {"seq_len": 16}}}
+    with pytest.raises(ValueError, match="--suite length needs a text corpus with a validation split; this is MQAR"):
+        run_suite(model, mqar, recipe, SimpleNamespace(**{**vars(args), "suite": "length"}))
+    with pytest.raises(ValueError, match="--suite passkey needs text, and the recipe's data module MQAR has no text"):
+        run_suite(model, mqar, recipe, SimpleNamespace(**{**vars(args), "suite": "passkey"}))
+    with pytest.raises(ValueError, match="has no text tokenizer"):
+        text_tokenizer(SimpleNamespace(encode=BYTES.encode), "--tasks")  # an encode without a decode
+    length = run_suite(model, TextCorpus(seq_len=16), {"data": {"init_args": {"seq_len": 8}}},
+                       SimpleNamespace(**{**vars(args), "suite": "length", "multiples": [1]}))
+    assert length["trained"] == 8  # the recipe's own length, over the data module's
+
+
+def test_the_zoo_tasks_are_known_beside_an_include_path_and_a_missing_folder_is_named(tmp_path):
+    pytest.importorskip("lm_eval")
+    from recipes.evaluation.cli import check_tasks
+    from recipes.evaluation.tasks import task_folder, write_task
+
+    mine = write_task(tmp_path / "mine", "my_task", [{"context": "a", "choices": [" b", " c"], "answer": 0}])
+    with task_folder() as own:
+        manager = check_tasks(["zoo_cloze", "my_task"], [str(mine)], own)
+        assert {"zoo_cloze", "zoo_passkey", "my_task"} <= set(manager.all_tasks)
+        with pytest.raises(FileNotFoundError, match=f"--include_path {tmp_path / 'gone'}: no such folder"):
+            check_tasks(["zoo_cloze"], [str(tmp_path / "gone")], own)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--suite", "passkey", "--windows", "4"], "would not use --windows (it goes with --suite length)"),
     (["--suite", "length", "--trials", "4"], "would not use --trials (it goes with --suite passkey)"),
