@@ -456,6 +456,26 @@ def test_the_mqar_suite_is_the_models_argmax_at_the_query_positions_by_hand():
     assert table(result).splitlines()[2:] == [f"| {r['length']} | {r['accuracy']:.4f} | {r['queries']} |"
                                               for r in result["rows"]]
     assert scalars(result) == {f"eval/mqar/{r['length']}": r["accuracy"] for r in result["rows"]}
+    perfect = mqar_suite(RecallOracle(64), task, multiples=(1, 2), examples=3, extrapolate=False)
+    assert [(r["accuracy"], r["queries"]) for r in perfect["rows"]] == [(1.0, 6), (1.0, 6)]  # 3 examples × 2 pairs
+
+
+class RecallOracle(torch.nn.Module):
+    """An MQAR model that recalls perfectly: at each later occurrence of a key (a token below ``vocab / 2``) it
+    predicts the token that followed the key's first occurrence."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.embedding, self.vocab, self.max_seq_len = torch.nn.Embedding(1, 1), vocab, 1024
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [1, T] -> [1, T, vocab]
+        logits, seen = torch.zeros(*ids.shape, self.vocab), {}
+        for t, token in enumerate(ids[0].tolist()):
+            if token < self.vocab // 2 and token in seen:
+                logits[0, t, seen[token]] = 1.0
+            elif token < self.vocab // 2 and t + 1 < ids.shape[1]:
+                seen[token] = int(ids[0, t + 1])
+        return logits
 
 
 def test_the_suites_settings_and_short_splits_are_refused_by_name():
