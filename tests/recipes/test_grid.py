@@ -113,6 +113,21 @@ def test_a_sweeps_set_that_erases_the_grid_is_said(tmp_path, capsys):
                                        "0.002, lr0.02: 0.02): every run takes 0.01, so the runs no longer differ in it\n")
 
 
+def test_the_note_names_four_recipes_and_those_without_the_setting(tmp_path, capsys):
+    from recipes.sweep.cli import note_erased_differences
+
+    recipes = []
+    for i in range(5):
+        recipes.append(tmp_path / f"r{i}.yaml")
+        recipes[-1].write_text(f"model:\n  d_model: {16 * (i + 1)}\n" + ("  lr: 0.1\n" if i == 0 else ""))
+    note_erased_differences(recipes, ["model.d_model=64", "model.lr=0.01"])
+    assert capsys.readouterr().err.splitlines() == [
+        "note: --set model.d_model=64 replaces a setting the recipes differ in (r0: 16, r1: 32, r2: 48, r3: 64 …): "
+        "every run takes 64, so the runs no longer differ in it",
+        "note: --set model.lr=0.01 replaces a setting the recipes differ in (r0: 0.1, r1: (not set), r2: (not set), "
+        "r3: (not set) …): every run takes 0.01, so the runs no longer differ in it"]
+
+
 def test_a_sweeps_set_that_breaks_the_model_stops_the_sweep_before_any_run(tmp_path):
     """A width the heads do not divide parses, then failed every run of the sweep, each named only in its log: the
     model is built on the ``meta`` device first. A recipe that does not build there even alone is left to its runs."""

@@ -416,6 +416,13 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
     assert "| b | 3 of 3 | 1,234 | 1,000 | 1.3333 ± 0.5774 |" in out
     assert "a seed 1 NOT FINISHED (the sweep stopped before this run ended; log None)" in out
     assert (logs / "table.md").read_text().startswith("# fake") and (logs / "val_loss.png").is_file()
+    partly = fake_family(tmp_path / "partly")
+    (partly[0].folder / "hparams.yaml").unlink()  # one run's numbers no longer all there: no record of it is made
+    (tmp_path / "partly" / "logs").mkdir()
+    write_manifest(tmp_path / "partly" / "logs", "fake", partly)
+    main(["--from", str(tmp_path / "partly" / "logs")])
+    assert not (tmp_path / "partly" / "logs" / "record.json").exists()
+    capsys.readouterr()
     with pytest.raises(SystemExit, match="sweep.json not found"):
         main(["--from", str(tmp_path)])
     # Two sweeps read together: one table of both (here the same runs twice, so every cell doubles).
@@ -811,10 +818,16 @@ def test_a_file_that_is_not_a_sweep_record_is_refused_by_name(tmp_path, text, pr
     (["--seeds", "0"], "error: --seeds 0 must be >= 1"),
     (["--seeds", "0", "--jobs", "-1"], "error: --seeds 0 and --jobs -1 must be >= 1"),
 ])
-def test_a_count_below_one_is_named_alone(flags, message):
+def test_a_count_below_one_is_named_alone(flags, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["positions", *flags])
     assert info.value.code == message
+    if flags == ["--jobs", "0"]:  # resuming too, before the sweep's folder is read
+        with pytest.raises(SystemExit, match=r"^error: --jobs 0 must be >= 1$"):
+            main(["--resume", str(tmp_path / "gone"), *flags])
+        with pytest.raises(SystemExit) as info:
+            main(["positions", "--seeds", "2", "--margin", "0"])  # an equivalence margin of 0 nats: nothing is equivalent
+        assert info.value.code == 2 and "argument --margin: 0" in capsys.readouterr().err
 
 
 def test_the_gpus_launcher_without_a_gpu_is_one_line_and_leaves_no_log_folder(tmp_path, monkeypatch):
