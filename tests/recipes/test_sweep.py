@@ -438,6 +438,15 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
     assert "| a | 2 of 3 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="error: --from reads a sweep of fake, not of positions: name its own"):
         main(["positions", "--from", str(logs)])
+    with pytest.raises(SystemExit, match="error: --baseline 'c' is not one of the recipes of that sweep"):
+        main(["--from", str(logs), "--baseline", "c"])
+    main(["--from", str(logs)])
+    plain = capsys.readouterr().out
+    main(["--from", str(logs), "--baseline", "b"])
+    against_b = capsys.readouterr().out
+    (tmp_path / "_family.yaml").write_text("baseline: b\n")  # the family's own baseline, beside its recipes
+    main(["--from", str(logs)])
+    assert capsys.readouterr().out == against_b != plain
 
 
 @pytest.mark.parametrize("flags, message", [
