@@ -440,6 +440,8 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
         main(["positions", "--from", str(logs)])
     with pytest.raises(SystemExit, match="error: --baseline 'c' is not one of the recipes of that sweep"):
         main(["--from", str(logs), "--baseline", "c"])
+    with pytest.raises(SystemExit, match="error: --suite or --tasks, one at a time"):
+        main(["--from", str(logs), "--suite", "length", "--tasks", "zoo_cloze"])
     main(["--from", str(logs)])
     plain = capsys.readouterr().out
     main(["--from", str(logs), "--baseline", "b"])
