@@ -568,6 +568,19 @@ def test_only_a_tasks_numeric_metrics_become_scalars():
     assert harness_scalars({"results": None}) == harness_scalars({}) == {}
 
 
+def test_samples_are_one_json_line_each_beside_the_result(tmp_path):
+    from recipes.evaluation.cli import samples_path, write_samples
+
+    assert samples_path(tmp_path / "eval" / "r.json") == tmp_path / "eval" / "r.samples.jsonl"
+    out = tmp_path / "new" / "r.samples.jsonl"
+    count = write_samples({"zoo_cloze": [{"doc_id": 0}, {"doc_id": 1, "path": Path("x")}], "zoo_passkey": [{"doc_id": 0}]},
+                          out)
+    assert count == 3
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"task": "zoo_cloze", "doc_id": 0}, {"task": "zoo_cloze", "doc_id": 1, "path": "x"},
+        {"task": "zoo_passkey", "doc_id": 0}]
+
+
 def test_scalars_go_to_the_checkpoints_run_folder_and_nowhere_else(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

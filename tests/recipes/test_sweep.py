@@ -841,6 +841,21 @@ def test_a_count_below_one_is_named_alone(flags, message, tmp_path, capsys):
         assert info.value.code == 2 and "argument --margin: 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, message", [
+    ([], "error: name a folder of recipes (or --from a sweep's log folder)"),
+    (["positions", "--suite", "length"], "error: --suite and --tasks evaluate a finished sweep: give its log folder"),
+    (["positions", "--table-only", "--seeds", "2"], "error: --table-only reads one run per recipe; --seeds launches"),
+    (["positions", "--table-only", "--init-from", "none"], "error: --init-from starts new runs; --table-only launches"),
+    (["positions", "--first-seed", "-1", "--seeds", "2"], "error: --first-seed -1 must be >= 0, and goes with --seeds"),
+])
+def test_a_sweep_of_a_folder_refuses_what_it_cannot_do_before_reading_it(flags, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(flags)
+    assert info.value.code.startswith(message)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_the_gpus_launcher_without_a_gpu_is_one_line_and_leaves_no_log_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
