@@ -746,6 +746,11 @@ def test_log_samples_writes_each_example_beside_the_json_and_gen_kwargs_reach_th
     assert all({"doc", "arguments", "resps", "target"} <= set(line) for line in lines)
     assert sorted(line["resps"][0][0] for line in lines if line["task"] == "sums") == ["2", "4", "6"]
     assert "samples" not in json.loads((trained_quickstart / "eval" / "with.json").read_text())["harness"]
+    capsys.readouterr()
+    main([*args, "--out", "eval/new/folder/without"])  # tasks alone: no suite's table made the folder first
+    written = json.loads((trained_quickstart / "eval" / "new" / "folder" / "without.json").read_text())
+    assert set(written["harness"]["results"]) == {"sums", "zoo_cloze"}
+    assert re.search(r"TensorBoard: \d+ scalars under eval/ in .*quickstart.* \(step \d+\)", capsys.readouterr().out)
     (trained_quickstart / "eval" / "with.json").unlink()  # the samples alone are not overwritten either
     with pytest.raises(SystemExit, match="eval/with.samples.jsonl already exists: choose another --out, or --force"):
         main([*args, "--log_samples", "--out", "eval/with"])
