@@ -856,6 +856,20 @@ def test_a_sweep_of_a_folder_refuses_what_it_cannot_do_before_reading_it(flags, 
     assert not (tmp_path / "runs").exists()
 
 
+def test_slurm_parameters_are_key_value_items_with_whole_numbers_as_ints(capsys):
+    import argparse
+
+    from recipes.sweep.cli import slurm_parameters
+
+    parser = argparse.ArgumentParser(prog="python -m recipes.sweep")
+    assert slurm_parameters(parser, ["slurm_partition=gpu", "timeout_min=600", "slurm_comment=a=b"]) == {
+        "slurm_partition": "gpu", "timeout_min": 600, "slurm_comment": "a=b"}
+    with pytest.raises(SystemExit) as info:
+        slurm_parameters(parser, ["timeout_min=600", "gpu"])
+    assert info.value.code == 2
+    assert "--slurm takes KEY=VALUE items; got ['timeout_min=600', 'gpu']" in capsys.readouterr().err
+
+
 def test_the_gpus_launcher_without_a_gpu_is_one_line_and_leaves_no_log_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
