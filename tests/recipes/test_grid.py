@@ -126,6 +126,8 @@ def test_the_note_names_four_recipes_and_those_without_the_setting(tmp_path, cap
         "every run takes 64, so the runs no longer differ in it",
         "note: --set model.lr=0.01 replaces a setting the recipes differ in (r0: 0.1, r1: (not set), r2: (not set), "
         "r3: (not set) …): every run takes 0.01, so the runs no longer differ in it"]
+    note_erased_differences(recipes[:4], ["model.d_model=64"])  # four: every one named, so no "…"
+    assert "(r0: 16, r1: 32, r2: 48, r3: 64): every run takes 64" in capsys.readouterr().err
 
 
 def test_a_sweeps_set_that_breaks_the_model_stops_the_sweep_before_any_run(tmp_path):
