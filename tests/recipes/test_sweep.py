@@ -824,12 +824,26 @@ def test_a_file_that_is_not_a_sweep_record_is_refused_by_name(tmp_path, text, pr
         main(["--from", str(path)])
 
 
+@pytest.fixture
+def no_launch(tmp_path, monkeypatch):
+    """For tests of refusals of the bundled families: a refusal that let the sweep through would otherwise train
+    them for real (found when a planted bug did); here it fails at once, in a folder of the test's own."""
+    import recipes.sweep.cli as cli
+
+    def launched(*args, **kwargs):
+        raise AssertionError("the sweep launched runs")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "launch", launched)
+    monkeypatch.setattr(cli, "resume", launched)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--jobs", "0"], "error: --jobs 0 must be >= 1"),  # it said "--seeds None and --jobs 0"
     (["--seeds", "0"], "error: --seeds 0 must be >= 1"),
     (["--seeds", "0", "--jobs", "-1"], "error: --seeds 0 and --jobs -1 must be >= 1"),
 ])
-def test_a_count_below_one_is_named_alone(flags, message, tmp_path, capsys):
+def test_a_count_below_one_is_named_alone(flags, message, tmp_path, capsys, no_launch):
     with pytest.raises(SystemExit) as info:
         main(["positions", *flags])
     assert info.value.code == message
@@ -848,8 +862,8 @@ def test_a_count_below_one_is_named_alone(flags, message, tmp_path, capsys):
     (["positions", "--table-only", "--init-from", "none"], "error: --init-from starts new runs; --table-only launches"),
     (["positions", "--first-seed", "-1", "--seeds", "2"], "error: --first-seed -1 must be >= 0, and goes with --seeds"),
 ])
-def test_a_sweep_of_a_folder_refuses_what_it_cannot_do_before_reading_it(flags, message, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_a_sweep_of_a_folder_refuses_what_it_cannot_do_before_reading_it(flags, message, tmp_path, monkeypatch,
+                                                                         no_launch):
     with pytest.raises(SystemExit) as info:
         main(flags)
     assert info.value.code.startswith(message)
