@@ -139,7 +139,7 @@ def progress_lines(runs: list[Run], running: set[int], logs: Path) -> list[str]:
              f"{waiting} waiting; logs in {logs}/"]
     for i in sorted(running):
         run = runs[i]
-        losses = scalar_series(Path(run.folder), "train/loss") if Path(run.folder).is_dir() else {}
+        losses = scalar_series(Path(run.folder), "train/loss")  # (empty before the run's folder exists)
         where = f"step {max(losses) + 1}, train loss {losses[max(losses)]:.4f}" if losses else "starting"
         lines.append(f"  {run.config.stem}{'' if run.seed is None else f' seed {run.seed}'}: {where} ({run.log})")
     return lines

@@ -195,9 +195,12 @@ def run_hparams(run: Run) -> dict:
 
 
 def scalar_series(run: Path, tag: str) -> dict[int, float]:
-    """``{step: value}`` of one scalar of a run's TensorBoard events (empty when the run never logged it)."""
+    """``{step: value}`` of one scalar of a run's TensorBoard events (empty when the run never logged it, or its
+    folder is gone: the table names such a run, and the curves leave it out)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    if not Path(run).is_dir():  # (TensorBoard's reader raises DirectoryDeletedError)
+        return {}
     events = EventAccumulator(str(run))
     events.Reload()
     return {e.step: e.value for e in events.Scalars(tag)} if tag in events.Tags()["scalars"] else {}

@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 from functools import partial
 from pathlib import Path
 
@@ -418,11 +419,13 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
     assert (logs / "table.md").read_text().startswith("# fake") and (logs / "val_loss.png").is_file()
     partly = fake_family(tmp_path / "partly")
     (partly[0].folder / "hparams.yaml").unlink()  # one run's numbers no longer all there: no record of it is made
+    shutil.rmtree(partly[1].folder)  # and another run's folder deleted: named under the table, not a traceback
     (tmp_path / "partly" / "logs").mkdir()
     write_manifest(tmp_path / "partly" / "logs", "fake", partly)
     main(["--from", str(tmp_path / "partly" / "logs")])
     assert not (tmp_path / "partly" / "logs" / "record.json").exists()
-    capsys.readouterr()
+    out = capsys.readouterr().out
+    assert f"has no results in {partly[1].folder}" in out and "| a | 1 of 3 |" in out and "| b | 3 of 3 |" in out
     with pytest.raises(SystemExit, match="sweep.json not found"):
         main(["--from", str(tmp_path)])
     # Two sweeps read together: one table of both (here the same runs twice, so every cell doubles).
@@ -961,6 +964,9 @@ def test_a_stopped_sweep_passes_one_signal_on_starts_nothing_more_and_resumes_wh
     before = (logs / "b.log").read_text()
     sweep.resume(logs, progress_every=0)  # nothing left to run: nothing runs
     assert (logs / "b.log").read_text() == before
+    capsys.readouterr()
+    main(["--resume", str(logs), "--progress", "0"])  # the command (--jobs 1, its default), then the sweep's table
+    assert (logs / "b.log").read_text() == before and "table and figures" in capsys.readouterr().out
 
 
 def test_a_sweep_killed_outright_leaves_its_running_run_holding_the_sweep_and_resume_waits_for_it(tmp_path,
