@@ -888,8 +888,14 @@ def test_slurm_parameters_are_key_value_items_with_whole_numbers_as_ints(capsys)
 
 
 def test_the_gpus_launcher_without_a_gpu_is_one_line_and_leaves_no_log_folder(tmp_path, monkeypatch):
+    import recipes.sweep.launch as sweep
+
+    def ran(*args, **kwargs):  # (a check that let the sweep through would train a bundled recipe for real)
+        raise AssertionError("the sweep ran its runs")
+
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(sweep, "run_here", ran)
     with pytest.raises(SystemExit) as info:
         main(["positions", "--only", "ssd_rope", "--launcher", "gpus"])
     assert info.value.code == "error: --launcher gpus: 0 visible GPU(s), fewer than --devices-per-run=1"  # a traceback
