@@ -572,7 +572,7 @@ def test_samples_are_one_json_line_each_beside_the_result(tmp_path):
     from recipes.evaluation.cli import samples_path, write_samples
 
     assert samples_path(tmp_path / "eval" / "r.json") == tmp_path / "eval" / "r.samples.jsonl"
-    out = tmp_path / "new" / "r.samples.jsonl"
+    out = tmp_path / "new" / "folder" / "r.samples.jsonl"
     count = write_samples({"zoo_cloze": [{"doc_id": 0}, {"doc_id": 1, "path": Path("x")}], "zoo_passkey": [{"doc_id": 0}]},
                           out)
     assert count == 3
