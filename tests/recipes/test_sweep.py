@@ -846,16 +846,18 @@ def no_launch(tmp_path, monkeypatch):
     (["--seeds", "0"], "error: --seeds 0 must be >= 1"),
     (["--seeds", "0", "--jobs", "-1"], "error: --seeds 0 and --jobs -1 must be >= 1"),
 ])
-def test_a_count_below_one_is_named_alone(flags, message, tmp_path, capsys, no_launch):
+def test_a_count_below_one_is_named_alone(flags, message, no_launch):
     with pytest.raises(SystemExit) as info:
         main(["positions", *flags])
     assert info.value.code == message
-    if flags == ["--jobs", "0"]:  # resuming too, before the sweep's folder is read
-        with pytest.raises(SystemExit, match=r"^error: --jobs 0 must be >= 1$"):
-            main(["--resume", str(tmp_path / "gone"), *flags])
-        with pytest.raises(SystemExit) as info:
-            main(["positions", "--seeds", "2", "--margin", "0"])  # an equivalence margin of 0 nats: nothing is equivalent
-        assert info.value.code == 2 and "argument --margin: 0" in capsys.readouterr().err
+
+
+def test_a_resume_with_no_jobs_and_a_margin_of_zero_are_refused(tmp_path, capsys, no_launch):
+    with pytest.raises(SystemExit, match=r"^error: --jobs 0 must be >= 1$"):  # before the sweep's folder is read
+        main(["--resume", str(tmp_path / "gone"), "--jobs", "0"])
+    with pytest.raises(SystemExit) as info:
+        main(["positions", "--seeds", "2", "--margin", "0"])  # an equivalence margin of 0 nats: nothing is equivalent
+    assert info.value.code == 2 and "argument --margin: 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, message", [
