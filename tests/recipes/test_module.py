@@ -144,10 +144,31 @@ def test_a_head_that_is_not_a_plain_linear_takes_the_written_out_logits():
     ({"betas": (0.9, 1.0)}, r"betas=\(0.9, 1.0\) must be two numbers in \[0, 1\)"),
     ({"weight_decay": -0.1}, "weight_decay=-0.1 and aux_loss_coef=0.01 >= 0"),
     ({"eps": 0.0}, "eps=0.0 must be > 0"),
+    ({"lr": 0.0}, "lr=0.0 must be a positive number"),  # (a run that never moves)
+    ({"warmup_fraction": 1.0}, r"warmup_fraction=1.0 must lie in \[0, 1\)"),  # (no step left after the warm-up)
+    ({"warmup_fraction": -0.1}, "warmup_fraction=-0.1 must lie in"),
+    ({"final_lr_fraction": 1.5}, r"final_lr_fraction=1.5 must lie in \[0, 1\]"),
+    ({"final_lr_fraction": -0.1}, "final_lr_fraction=-0.1 must lie in"),
+    ({"aux_loss_coef": -0.01}, "aux_loss_coef=-0.01 >= 0"),
+    ({"loss_positions": "labeled"}, "loss_positions='labeled' is not one of \\('all', 'labelled'\\)"),
+    ({"peak_flops": 0.0}, "peak_flops=0.0 must be a positive FLOP/s figure"),
+    ({"optimizer": "SGD", "betas": (0.8, 0.9)}, "optimizer SGD: --model.betas and --model.eps are the default AdamW's"),
+    ({"optimizer": "SGD", "eps": 1e-8}, "optimizer SGD: --model.betas and --model.eps are the default AdamW's"),
 ])
 def test_bad_optimizer_and_schedule_values_are_refused_when_the_module_is_built(setting, message):
     with pytest.raises(ValueError, match=message):
         LanguageModel(16, "AM", **setting)
+
+
+@pytest.mark.parametrize("setting", [
+    {"betas": (0.0, 0.0)}, {"warmup_fraction": 0.0}, {"final_lr_fraction": 0.0}, {"final_lr_fraction": 1.0},
+    {"weight_decay": 0.0, "aux_loss_coef": 0.0}, {"sample_tokens": 0}, {"optimizer": "SGD", "weight_decay": 0.0},
+])
+def test_the_edges_of_each_settings_range_are_accepted_and_recorded(setting):
+    hparams = LanguageModel(16, "AM", **setting).hparams
+    for key, value in setting.items():
+        assert hparams[key] == (list(value) if key == "betas" else value if key != "optimizer" else
+                                {"class_path": "torch.optim.SGD", "init_args": {}})
 
 
 def test_expert_load_is_logged_per_moe_layer():
@@ -311,3 +332,134 @@ def test_load_from_checkpoint_refuses_lightnings_hparams_file_before_reading_any
     with pytest.raises(ValueError, match="hparams_file is not supported; the checkpoint records the hyper-parameters, "
                                          "and keyword arguments override them"):
         LanguageModel.load_from_checkpoint(tmp_path / "never-read.ckpt", hparams_file=tmp_path / "hparams.yaml")
+
+
+def test_the_arguments_a_language_model_takes_are_its_own_and_hybridlms_options_and_its_records_add_the_sizes():
+    """What a recipe's ``model:`` may set (the CLI refuses anything else by name) and what a run's ``hparams.yaml``
+    may hold (the sweep's ``--vs`` keys)."""
+    from recipes.module import SIZE_KEYS, hyperparameter_keys, language_model_arguments, model_options
+
+    arguments = language_model_arguments()
+    assert {"d_model", "pattern", "mixers", "vocab_size", "lr", "size_to", "init_from", "init_from_strict"} <= arguments
+    assert {"max_seq_len", "tie_embeddings", "checkpoint_blocks"} <= arguments and "max_seq_len" in model_options()
+    assert not {"self", "model_options"} & arguments
+    assert set(LanguageModel(16, "AM", vocab_size=20, max_seq_len=64).hparams) <= arguments
+    assert hyperparameter_keys() - arguments == set(SIZE_KEYS) == {"n_blocks", "n_params", "n_active_params",
+                                                                   "sized_width"}
+
+
+def test_labels_are_token_ids_in_the_vocabulary_or_the_ignore_index_at_both_edges():
+    lm = LanguageModel(16, "AM", vocab_size=20).eval()
+    for fine in ([[0, 19, -100]], [[-100, -100]], [[0]]):
+        lm._check_labels(torch.tensor(fine))
+    lm._check_labels(torch.zeros(2, 0, dtype=torch.long))  # (an empty batch: nothing to check, no min of nothing)
+    for bad, seen in (([[0, 20]], "[0, 20]"), ([[-1, 5]], "[-1, 5]"), ([[19, -101]], "[-101, 19]")):
+        with pytest.raises(ValueError, match=rf"vocab_size=20\) or -100 \(no loss\); got values in \{seen}"):
+            lm._check_labels(torch.tensor(bad))
+    with pytest.raises(RuntimeError, match=r"labels must be token ids in \[0, vocab_size=20\) or -100 \(no loss\)$"):
+        lm.train()._check_labels(torch.tensor([[20]]))  # (training: the device's assert, no values read back)
+
+
+@pytest.mark.parametrize("positions, rows", [("all", 2 * 9), ("labelled", 5)])
+def test_the_head_runs_on_every_position_or_only_the_labelled_ones_as_loss_positions_says(positions, rows, monkeypatch):
+    import recipes.module
+
+    seen = []
+
+    def recording(hidden, weight, labels, **kwargs):
+        seen.append(tuple(hidden.shape))
+        return recipes.module.__dict__["_plain"](hidden, weight, labels, **kwargs)
+
+    monkeypatch.setitem(recipes.module.__dict__, "_plain", recipes.module.linear_cross_entropy)
+    monkeypatch.setattr(recipes.module, "linear_cross_entropy", recording)
+    lm = LanguageModel(16, "AM", vocab_size=20, loss_positions=positions)
+    labels = torch.full((2, 9), -100)
+    labels[0, :3], labels[1, 7:] = 4, 5  # five labelled positions
+    lm.training_loss({"input_ids": torch.randint(0, 20, (2, 9)), "labels": labels})
+    assert seen == [(rows, 16)]
+
+
+def test_with_accumulation_the_logged_loss_is_the_mean_over_the_steps_micro_batches_so_far():
+    """Lightning logs a step's last value: under ``accumulate_grad_batches`` the module logs the mean of the step's
+    micro-batches so far, restarting with each step's first (the auxiliary loss likewise)."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from components import RoutedMoE
+
+    torch.manual_seed(0)
+    lm = LanguageModel(16, "AR", {"R": partial(RoutedMoE, n_experts=4, top_k=1, d_ff=8)}, vocab_size=20)
+    lm._trainer = SimpleNamespace(accumulate_grad_batches=2)
+    logged = []
+    lm.log = lambda name, value, **kwargs: logged.append((name, float(value)))
+    batches = [{"input_ids": torch.randint(0, 20, (2, 6)), "labels": torch.randint(0, 20, (2, 6))} for _ in range(3)]
+    ce, aux = [], []
+    for index, batch in enumerate(batches):
+        logged.clear()
+        loss = lm.training_step(batch, index)
+        with torch.no_grad():
+            ce.append(float(lm.training_loss(batch)))
+        aux.append(float(sum(lm.model.auxiliary_losses().values())))
+        assert float(loss.detach()) == pytest.approx(ce[-1] + 0.01 * aux[-1], rel=1e-5)
+        first = index - index % 2  # the step's first micro-batch
+        values = dict(logged)
+        assert values["train/loss"] == pytest.approx(sum(ce[first:]) / len(ce[first:]), rel=1e-5)
+        assert values["train/aux_loss"] == pytest.approx(sum(aux[first:]) / len(aux[first:]), rel=1e-5)
+        assert values["train/ppl"] == pytest.approx(math.exp(values["train/loss"]), rel=1e-5)
+
+
+@pytest.mark.parametrize("precision, loss, grad, stops, norm", [
+    ("32-true", 1.0, 1.0, False, None),
+    ("32-true", float("nan"), 1.0, True, "5.0"),
+    ("32-true", 1.0, float("inf"), True, "inf"),
+    ("16-mixed", 1.0, float("inf"), False, None),  # (the loss scaler skips such a step itself)
+    ("16-mixed", float("inf"), 1.0, True, None),
+])
+def test_a_step_whose_loss_or_gradient_norm_is_not_finite_stops_before_the_update(precision, loss, grad, stops, norm):
+    from types import SimpleNamespace
+
+    from recipes.training import DivergenceError
+
+    lm = LanguageModel(16, "AM", vocab_size=20)
+    decisions = []
+    lm._trainer = SimpleNamespace(precision=precision, world_size=1, global_step=6,
+                                  strategy=SimpleNamespace(reduce_boolean_decision=lambda *a, **k: decisions.append(a)))
+    logged, clipped = {}, []
+    lm.log = lambda name, value, **kwargs: logged.__setitem__(name, float(value))
+    lm.clip_gradients = lambda optimizer, **kwargs: clipped.append(kwargs)
+    for p in lm.parameters():
+        p.grad = torch.zeros_like(p)
+    next(lm.parameters()).grad.view(-1)[:2] = torch.tensor([3.0, 4.0 * grad])
+    lm._last_loss = torch.tensor(loss)
+    if not stops:
+        lm.configure_gradient_clipping(None, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        assert clipped == [{"gradient_clip_val": 1.0, "gradient_clip_algorithm": "norm"}] and not decisions
+        if grad == 1.0:
+            assert logged["train/grad_norm"] == pytest.approx(5.0)  # (over every parameter's gradient)
+        return
+    with pytest.raises(DivergenceError) as info:
+        lm.configure_gradient_clipping(None, gradient_clip_val=1.0)
+    assert info.value.step == 7 and str(info.value.loss) == str(loss) and not clipped
+    assert (info.value.grad_norm is None) == (norm is None) and str(info.value.grad_norm) == str(norm or None)
+
+
+def test_under_several_processes_every_one_stops_if_any_step_diverged():
+    from types import SimpleNamespace
+
+    from recipes.training import DivergenceError
+
+    lm = LanguageModel(16, "AM", vocab_size=20)
+    asked = []
+
+    def reduce(decision, all):  # the other process saw a non-finite loss
+        asked.append((decision, all))
+        return False
+
+    lm._trainer = SimpleNamespace(precision="32-true", world_size=2, global_step=0,
+                                  strategy=SimpleNamespace(reduce_boolean_decision=reduce))
+    lm.log = lambda *args, **kwargs: None
+    lm.clip_gradients = lambda *args, **kwargs: None
+    lm._last_loss = torch.tensor(2.0)
+    with pytest.raises(DivergenceError):
+        lm.configure_gradient_clipping(None)  # (no gradient at all: a norm of 0)
+    assert asked == [(True, True)]

@@ -699,6 +699,56 @@ def test_a_slurm_sweep_resumes_as_a_job_array(tmp_path, monkeypatch, capsys):
     assert [r["returncode"] for r in json.loads((logs / "sweep.json").read_text())["runs"]] == [0, 0]
 
 
+def test_a_sweep_launched_as_a_job_array_submits_its_runs_and_records_how(tmp_path, monkeypatch, capsys):
+    """``launcher="slurm"`` (submitit's local executor standing in): every run goes into one job array, the sweep
+    waits for them, printing its progress table, and ``launcher.json`` says how it ran, so that a resume submits
+    again."""
+    pytest.importorskip("submitit")
+    import re
+
+    import recipes.sweep.launch as sweep
+
+    family = echo_family(tmp_path, monkeypatch)
+    (tmp_path / "stub.py").write_text("import sys, time\ntime.sleep(1)\nprint(' '.join(sys.argv[1:]))\n")
+    logs, runs = sweep.launch(sorted(family.glob("*.yaml")), [], seeds=2, jobs=2, family="family", progress_every=0.2,
+                              launcher="slurm", submitit_cluster="local")
+    out = capsys.readouterr().out
+    assert "sweep: 2 runs submitted as a job array (local, 2 at a time)" in out
+    tables = re.findall(r"^\[sweep [0-9:]{8}\] (.*); logs in", out, re.MULTILINE)
+    assert tables[0] == "0 done, 2 running, 0 failed, 0 waiting"  # (the first table: the jobs take a second)
+    assert [run.returncode for run in runs] == [0, 0] and (logs / "submitit").is_dir()
+    assert [run.log.read_text().split()[-1] for run in runs] == ["0", "1"]  # (each ran with its own --seed_everything)
+    assert json.loads((logs / "launcher.json").read_text()) == dict(
+        launcher="slurm", devices_per_run=1, submitit_cluster="local", slurm={}, cwd=str(tmp_path))
+
+
+def test_a_held_sweep_lock_refuses_a_second_writer_naming_the_runs_recorded_as_running(tmp_path):
+    """The lock a sweep and its runs hold: taken again while held (a resume while the sweep's runs go on), it is
+    refused, naming each run recorded as running with its process, or, where the manifest names none, how to find
+    the holders."""
+    from recipes.sweep.launch import sweep_lock
+    from recipes.sweep.records import Run, write_manifest
+
+    runs = [Run(tmp_path / "a.yaml", tmp_path / "a", returncode=None, seed=0, pid=4242),  # running
+            Run(tmp_path / "a.yaml", tmp_path / "a1", returncode=None, seed=1, pid=None),  # not started
+            Run(tmp_path / "b.yaml", tmp_path / "b", returncode=0, seed=None, pid=77),  # ended
+            Run(tmp_path / "b.yaml", tmp_path / "b1", returncode=None, seed=None, pid=4343)]
+    write_manifest(tmp_path, "family", runs)
+    with sweep_lock(tmp_path) as held:
+        assert held is not None
+        with pytest.raises(ValueError) as info:
+            with sweep_lock(tmp_path):
+                pass
+        assert str(info.value).startswith(f"{tmp_path}: the sweep or a run it started still runs (a seed 0 (process "
+                                          "4242), b (process 4343)); a second writer")
+        write_manifest(tmp_path, "family", runs[1:3])
+        with pytest.raises(ValueError, match=r"still runs \(`fuser .*/sweep.lock` names the processes\)"):
+            with sweep_lock(tmp_path):
+                pass
+    with sweep_lock(tmp_path) as again:  # released with its block
+        assert again is not None
+
+
 def test_first_seed_adds_later_seeds_to_an_earlier_sweep(tmp_path, monkeypatch):
     import recipes.sweep.launch as sweep
 
@@ -727,6 +777,53 @@ def test_a_requeued_job_resumes_from_its_own_last_checkpoint(tmp_path):
     assert resume_arguments(command, folder)[-2:] == ["--ckpt_path", str(folder / "checkpoints" / "last.ckpt")]
     again = RecipeJob(command, {}, tmp_path / "log", folder, tmp_path).checkpoint()
     assert isinstance(again.function, RecipeJob) and again.function.command == command
+
+
+def test_starting_checkpoints_take_each_pairs_first_finished_run_and_name_every_gap_in_one_error(tmp_path):
+    """Fine-tuning's sources, without training: (recipe name, seed) → the first finished run's ``last.ckpt`` over the
+    earlier sweeps in the order given; a failed run is passed over; runs of another family, pairs no sweep finished
+    and checkpoints gone are all named, each once, in one error."""
+    from recipes.sweep.launch import starting_checkpoints
+    from recipes.sweep.records import Run, write_manifest
+
+    family = tmp_path / "english" / "transfer" / "pretrain"
+
+    def sweep(name: str, runs: list[tuple[str, int | None, int]], where: Path = family) -> Path:
+        logs = tmp_path / name
+        logs.mkdir()
+        made = []
+        for recipe, seed, returncode in runs:
+            folder = tmp_path / f"{name}_{recipe}_{seed}"
+            (folder / "checkpoints").mkdir(parents=True)
+            (folder / "checkpoints" / "last.ckpt").write_text("weights")
+            made.append(Run(where / f"{recipe}.yaml", folder, returncode=returncode, seed=seed))
+        write_manifest(logs, "pretrain", made)
+        return logs
+
+    last = lambda name: (tmp_path / name / "checkpoints" / "last.ckpt").resolve()  # noqa: E731
+    first = sweep("first", [("a", 0, 0), ("a", 1, 1), ("b", 0, 0)])  # a seed 1 failed here
+    second = sweep("second", [("a", 0, 0), ("a", 1, 0), ("b", None, 0)])
+    configs = [Path("finetune/a.yaml"), Path("finetune/b.yaml")]
+    for named in (None, "pretrain", "transfer/pretrain", "english/transfer/pretrain"):
+        points = starting_checkpoints(configs[:1], [0, 1], [first, second], family=named)
+        assert {key: value.resolve() for key, value in points.items()} == {
+            ("a", 0): last("first_a_0"), ("a", 1): last("second_a_1")}
+    assert starting_checkpoints(configs[1:], [None], [second])[("b", None)].resolve() == last("second_b_None")
+
+    with pytest.raises(ValueError) as info:
+        starting_checkpoints(configs[:1], [0, 1], [first, second], family="english/finetune")
+    assert str(info.value) == "--init-from: " + "; ".join(
+        f"{logs} ran {(family / f'{recipe}.yaml').resolve()}, not a recipe of english/finetune"
+        for logs, recipe in ((first, "a"), (first, "b"), (second, "a"), (second, "b"))) + (
+        f"; no finished run of a seed 0 in {first}, {second}; no finished run of a seed 1 in {first}, {second}")
+
+    (tmp_path / "second_a_1" / "checkpoints" / "last.ckpt").unlink()
+    with pytest.raises(ValueError) as info:
+        starting_checkpoints(configs, [0, 1, 2], [first, second])
+    assert str(info.value) == (
+        f"--init-from: a seed 1: {tmp_path / 'second_a_1' / 'checkpoints' / 'last.ckpt'} is missing; "
+        f"no finished run of a seed 2 in {first}, {second}; no finished run of b seed 1 in {first}, {second}; "
+        f"no finished run of b seed 2 in {first}, {second}")
 
 
 def test_init_from_fine_tunes_each_run_from_the_earlier_sweeps_run_of_its_name_and_seed(tmp_path, monkeypatch, capsys):
@@ -908,8 +1005,8 @@ STOPPABLE = """import os, signal, sys, time
 print(' '.join(sys.argv[1:]), flush=True)
 received = []
 signal.signal(signal.SIGINT, lambda *_: received.append(time.time()))
-if os.environ.get("STUB_STOP_PARENT") == "1":
-    os.kill(os.getppid(), signal.SIGINT)  # the sweep's Ctrl+C, once this run is under way
+if os.environ.get("STUB_STOP_PARENT") in ("1", "TERM"):  # the sweep's Ctrl+C (or a scheduler's SIGTERM), once this
+    os.kill(os.getppid(), signal.SIGTERM if os.environ["STUB_STOP_PARENT"] == "TERM" else signal.SIGINT)  # run runs
 end = time.time() + 20
 while time.time() < end and not received:
     time.sleep(0.05)
@@ -947,8 +1044,10 @@ def test_a_stopped_sweep_passes_one_signal_on_starts_nothing_more_and_resumes_wh
             main([str(family), "--jobs", "1", "--progress", "0", "--set", "trainer.max_steps=7"])
     finally:
         signal.signal(signal.SIGINT, previous)
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     [logs] = (tmp_path / "runs" / "sweep-logs").iterdir()
+    assert "sweep: stopping; no run starts, and the 1 running write their last.ckpt and stop" in out
+    assert f"a: stopped by the sweep (exit 130; log {logs.relative_to(tmp_path)}/a.log) in " in out
     assert "sweep stopped: 0 of 3 runs finished\n  stopped or failed: a\n  not started: b, c" in err
     assert f"python -m recipes.sweep --resume {logs.relative_to(tmp_path)}" in err
     assert (logs / "a.log").read_text().splitlines()[-1] == "signals 1" and not (logs / "b.log").exists()
@@ -975,6 +1074,61 @@ def test_a_stopped_sweep_passes_one_signal_on_starts_nothing_more_and_resumes_wh
     capsys.readouterr()
     main(["--resume", str(logs), "--progress", "0"])  # the command (--jobs 1, its default), then the sweep's table
     assert (logs / "b.log").read_text() == before and "table and figures" in capsys.readouterr().out
+
+
+def test_a_schedulers_sigterm_stops_a_sweep_as_ctrl_c_does_and_the_handler_before_it_comes_back(tmp_path,
+                                                                                                   monkeypatch):
+    import signal
+    import sys
+
+    import recipes.sweep.launch as sweep
+
+    family = echo_family(tmp_path, monkeypatch)
+    (family / "b.yaml").write_text(TINY.format(name="b", width=16, mlp="components.MLP"))
+    (tmp_path / "stub.py").write_text(STOPPABLE)
+    monkeypatch.setenv("STUB_STOP_PARENT", "TERM")
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(sweep.SweepInterrupted) as info:
+        sweep.launch(sorted(family.glob("*.yaml")), [], jobs=1, family="family", progress_every=0)
+    assert [run.returncode for run in info.value.runs] == [130, None]  # a passed one SIGINT on; b never started
+    assert info.value.runs[0].log.read_text().splitlines()[-1] == "signals 1"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_sweep_says_what_it_runs_each_runs_ending_and_its_progress_while_they_run(tmp_path, monkeypatch, capsys):
+    """The lines a sweep prints on this machine: what runs, how many at a time with how many threads; the progress
+    table every ``progress_every`` seconds while runs go on; each run's ending. Each run has the threads it was
+    given and a session of its own (so a terminal's Ctrl+C reaches the sweep alone)."""
+    import re
+    import signal
+
+    import recipes.sweep.launch as sweep
+
+    family = echo_family(tmp_path, monkeypatch)
+    (family / "b.yaml").write_text(TINY.format(name="b", width=16, mlp="components.MLP"))
+    (tmp_path / "stub.py").write_text("import os, sys, time\ntime.sleep(0.6)\n"
+                                      "print('own session', os.getsid(0) == os.getpid(), 'threads', "
+                                      "os.environ['OMP_NUM_THREADS'])\nsys.exit(3 if 'b.yaml' in sys.argv[2] else 0)\n")
+    before = signal.getsignal(signal.SIGTERM)
+    logs, runs = sweep.launch(sorted(family.glob("*.yaml")), [], jobs=1, threads=3, family="family",
+                              progress_every=0.2)
+    out = capsys.readouterr().out
+    assert f"sweep: 2 runs, 1 at a time, 3 thread(s) each; logs in {logs}/" in out
+    assert re.search(r"\[sweep [0-9:]{8}\] 0 done, 1 running, 0 failed, 1 waiting; logs in .*\n  a: starting \(", out)
+    assert re.search(r"^a: ok in \d+ s$", out, re.MULTILINE), out
+    assert re.search(rf"^b: FAILED \(exit 3; log {re.escape(str(logs))}/b.log\) in \d+ s$", out, re.MULTILINE), out
+    assert [run.log.read_text() for run in runs] == ["own session True threads 3\n"] * 2
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_each_run_is_given_its_share_of_the_cores_unless_told_how_many_threads(monkeypatch):
+    from recipes.sweep.launch import share_of_cores
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert [share_of_cores(None, jobs) for jobs in (1, 3, 8, 16)] == [8, 2, 1, 1]
+    assert share_of_cores(5, 3) == 5
+    monkeypatch.setattr("os.cpu_count", lambda: None)  # (unknown: one each)
+    assert share_of_cores(None, 2) == 1
 
 
 def test_a_sweep_killed_outright_leaves_its_running_run_holding_the_sweep_and_resume_waits_for_it(tmp_path,
