@@ -1079,7 +1079,6 @@ def test_a_stopped_sweep_passes_one_signal_on_starts_nothing_more_and_resumes_wh
 def test_a_schedulers_sigterm_stops_a_sweep_as_ctrl_c_does_and_the_handler_before_it_comes_back(tmp_path,
                                                                                                    monkeypatch):
     import signal
-    import sys
 
     import recipes.sweep.launch as sweep
 
