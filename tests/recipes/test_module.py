@@ -463,3 +463,117 @@ def test_under_several_processes_every_one_stops_if_any_step_diverged():
     with pytest.raises(DivergenceError):
         lm.configure_gradient_clipping(None)  # (no gradient at all: a norm of 0)
     assert asked == [(True, True)]
+
+
+def sample_trainer(**changes):
+    """A stand-in trainer for the sample hooks: a data module that decodes, one logger that takes text."""
+    from types import SimpleNamespace
+
+    texts = []
+    experiment = SimpleNamespace(add_text=lambda tag, text, step: texts.append((tag, text, step)))
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(decode=lambda ids: " ".join(map(str, ids))),
+                              is_global_zero=True, loggers=[SimpleNamespace(experiment=experiment)], global_step=3)
+    vars(trainer).update(changes)
+    return trainer, texts
+
+
+@pytest.mark.parametrize("max_seq_len, extrapolate, prompt, length", [
+    (48, False, 32, 17),  # the model's length ends first: prompt + sample = max_seq_len + 1 (the last is predicted)
+    (32, False, 32, 1),
+    (31, False, 32, 0),  # no room at all: no sample, and no error
+    (48, True, 32, 20),  # a model that extrapolates samples the tokens asked for
+])
+def test_a_validation_sample_continues_the_prompt_greedily_for_as_many_tokens_as_the_model_allows(
+        max_seq_len, extrapolate, prompt, length):
+    torch.manual_seed(0)
+    lm = LanguageModel(16, "AM", vocab_size=20, max_seq_len=max_seq_len, extrapolate=extrapolate, sample_tokens=20)
+    lm._trainer, texts = sample_trainer()
+    lm._sample_prompt = torch.randint(0, 20, (1, prompt))
+    lm._log_sample()
+    if not length:
+        assert texts == []
+        return
+    want = lm.model.generate(lm._sample_prompt, length)[0].tolist()
+    assert texts == [("samples", f"**prompt:** {' '.join(map(str, want[:prompt]))!r}\n\n"
+                                 f"**continuation (greedy):** {' '.join(map(str, want[prompt:]))!r}", 3)]
+    assert len(want) == prompt + length
+
+
+@pytest.mark.parametrize("case", ["no-tokens", "no-prompt", "not-global-zero", "no-decode", "no-text-logger"])
+def test_no_validation_sample_is_written_where_one_cannot_or_should_not_be(case):
+    from types import SimpleNamespace
+
+    lm = LanguageModel(16, "AM", vocab_size=20, sample_tokens=0 if case == "no-tokens" else 8)
+    lm._trainer, texts = sample_trainer(**{
+        "not-global-zero": {"is_global_zero": False},
+        "no-decode": {"datamodule": SimpleNamespace()},
+        "no-text-logger": {"loggers": [SimpleNamespace(experiment=SimpleNamespace())]}}.get(case, {}))
+    lm._sample_prompt = None if case == "no-prompt" else torch.randint(0, 20, (1, 8))
+    lm.model.generate = lambda *args, **kwargs: pytest.fail("sampled")
+    lm._log_sample()
+    assert texts == []
+
+
+def test_the_sample_prompt_is_the_first_validation_batchs_first_row_taken_once():
+    lm = LanguageModel(16, "AM", vocab_size=20)
+    lm._evaluate = lambda batch, stage: None
+    first, second = torch.randint(0, 20, (2, 40)), torch.randint(0, 20, (2, 40))
+    lm.validation_step({"input_ids": second}, 1)  # (not the first batch)
+    assert lm._sample_prompt is None
+    lm.validation_step({"input_ids": first}, 0)
+    lm.validation_step({"input_ids": second}, 0)  # (the next validation's first batch: the same prompt is kept)
+    assert torch.equal(lm._sample_prompt, first[:1, :32])
+
+
+def test_a_fits_validation_records_its_loss_and_logs_the_final_and_best_while_other_validations_record_nothing():
+    from types import SimpleNamespace
+
+    lm = LanguageModel(16, "AM", vocab_size=20)
+    logged, sampled = [], []
+    lm.log = lambda name, value, **kwargs: logged.append((name, value))
+    lm._log_sample = lambda: sampled.append(True)
+    state = SimpleNamespace(fn="fit")
+    lm._trainer = SimpleNamespace(sanity_checking=False, state=state, global_step=5)
+    lm.on_validation_epoch_end()  # nothing validated yet (limit_val_batches 0): nothing to record
+    for step, loss in ((5, 2.5), (9, 3.5)):
+        lm.val_loss.reset()
+        lm.val_loss.update(torch.tensor(loss))
+        lm.val_acc.update(torch.eye(20)[:4], torch.tensor([0, 1, 2, 9]))
+        lm._trainer.global_step = step
+        lm.on_validation_epoch_end()
+    assert lm.history["val"] == [(5, 2.5), (9, 3.5)] and lm.history["val_acc"] == [(5, 0.75), (9, 0.75)]
+    assert logged == [("hp/final_val_loss", 2.5), ("hp/best_val_loss", 2.5), ("hp/final_val_loss", 3.5),
+                      ("hp/best_val_loss", 2.5)] and len(sampled) == 2
+    for trainer in (SimpleNamespace(sanity_checking=True, state=state, global_step=9),
+                    SimpleNamespace(sanity_checking=False, state=SimpleNamespace(fn="validate"), global_step=9)):
+        lm._trainer = trainer
+        lm.on_validation_epoch_end()
+    assert len(lm.history["val"]) == 2 and len(logged) == 4 and len(sampled) == 2
+
+
+def test_tensor_names_in_a_message_gather_each_blocks_mixer_and_stop_at_the_limit():
+    from recipes.module import _names
+
+    assert _names([]) == "none"
+    assert _names(["blocks.3.sequence_mixer.q.weight", "blocks.3.sequence_mixer.k.weight", "embedding.weight",
+                   "blocks.1.norm", "blocks.0.state_mixer.w1.weight"]) == (
+        "blocks.3.sequence_mixer.* (2), embedding.weight, blocks.1.norm, blocks.0.state_mixer.w1.weight")
+    names = [f"head{i}.weight" for i in range(10)]
+    assert _names(names) == ", ".join(names[:8]) + " and 2 more"
+    assert _names(names, limit=10) == ", ".join(names)
+
+
+def test_the_hyperparameters_tensorboard_compares_are_plain_values_one_per_binding():
+    from recipes.module import comparable_hparams
+    from recipes.optimizer import describe
+
+    optimizer = {"class_path": "torch.optim.SGD", "init_args": {"momentum": 0.9}}
+    assert comparable_hparams({
+        "optimizer": optimizer, "d_model": 16, "lr": 1e-3, "compile": False, "pattern": "AM", "size_to": None,
+        "mixers": {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "positions": "rope"}},
+                   "M": {"class_path": "components.MLP"}},
+        "betas": [0.9, 0.98], "schedule_note": {"a": 1},
+    }) == {"optimizer": describe(optimizer), "d_model": 16, "lr": 1e-3, "compile": False, "pattern": "AM",
+           "mixers/A": "QCAttention(n_heads=2, positions='rope')", "mixers/M": "MLP()", "betas": "[0.9, 0.98]",
+           "schedule_note": "{'a': 1}"}
+    assert describe(optimizer) != str(optimizer)
