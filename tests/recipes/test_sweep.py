@@ -1069,8 +1069,9 @@ def test_a_stopped_sweep_passes_one_signal_on_starts_nothing_more_and_resumes_wh
     assert a_log.rstrip().endswith(f"--trainer.max_steps 7 --ckpt_path {runs[0].folder}/checkpoints/last.ckpt")
     assert (logs / "b.log").read_text().rstrip().endswith("--trainer.max_steps 7")  # from the start
     before = (logs / "b.log").read_text()
-    sweep.resume(logs, progress_every=0)  # nothing left to run: nothing runs
-    assert (logs / "b.log").read_text() == before
+    capsys.readouterr()
+    sweep.resume(logs, progress_every=0)  # nothing left to run: nothing runs, nothing is said
+    assert (logs / "b.log").read_text() == before and capsys.readouterr().out == ""
     capsys.readouterr()
     main(["--resume", str(logs), "--progress", "0"])  # the command (--jobs 1, its default), then the sweep's table
     assert (logs / "b.log").read_text() == before and "table and figures" in capsys.readouterr().out
