@@ -749,6 +749,44 @@ def test_a_held_sweep_lock_refuses_a_second_writer_naming_the_runs_recorded_as_r
         assert again is not None
 
 
+def test_a_seeded_sweep_of_a_family_compares_with_its_declared_baseline_within_its_margin(tmp_path, monkeypatch):
+    """``_family.yaml``'s ``baseline`` and ``equivalence_margin`` reach a new seeded sweep's table (the runs print
+    their arguments in place of training); ``--baseline`` and ``--margin`` win over them, and a baseline that
+    ``--only`` leaves out is not used. A sweep without seeds makes no comparison."""
+    import recipes.sweep.cli as cli
+
+    family = echo_family(tmp_path, monkeypatch)
+    (family / "b.yaml").write_text(TINY.format(name="b", width=16, mlp="components.MLP"))
+    (family / "_family.yaml").write_text("baseline: b\nequivalence_margin: 0.05\n")
+    asked = []
+    monkeypatch.setattr(cli, "report", lambda runs, logs, family, seeded, baseline, vs, metric, margin: asked.append(
+        ([(run.config.stem, run.seed) for run in runs], seeded, baseline, margin)) or "table")
+    main([str(family), "--seeds", "2", "--progress", "0"])
+    assert asked.pop() == ([("a", 0), ("a", 1), ("b", 0), ("b", 1)], True, "b", 0.05)
+    main([str(family), "--seeds", "1", "--progress", "0", "--baseline", "a", "--margin", "0.2"])
+    assert asked.pop() == ([("a", 0), ("b", 0)], True, "a", 0.2)
+    main([str(family), "--seeds", "1", "--progress", "0", "--only", "a"])
+    assert asked.pop() == ([("a", 0)], True, None, 0.05)
+    main([str(family), "--progress", "0"])
+    assert asked.pop() == ([("a", None), ("b", None)], False, None, None)
+
+
+def test_a_resumed_sweep_whose_run_fails_again_ends_in_an_error_naming_it(tmp_path, monkeypatch, capsys):
+    import recipes.sweep.launch as sweep
+
+    family = echo_family(tmp_path, monkeypatch)
+    (tmp_path / "stub.py").write_text("import sys\nsys.exit(3)\n")
+    logs, runs = sweep.launch(sorted(family.glob("*.yaml")), [], jobs=1, family="family", progress_every=0)
+    assert [run.returncode for run in runs] == [3]
+    with pytest.raises(SystemExit) as info:
+        main(["--resume", str(logs), "--progress", "0"])
+    assert str(info.value.code) == "error: 1 of 1 runs failed: a"
+    assert "| a |" in capsys.readouterr().out  # (the table first)
+    (tmp_path / "stub.py").write_text("print('trained')\n")
+    main(["--resume", str(logs), "--progress", "0"])  # (it ends without an error now)
+    assert (logs / "a.log").read_text().splitlines()[-1] == "trained"
+
+
 def test_first_seed_adds_later_seeds_to_an_earlier_sweep(tmp_path, monkeypatch):
     import recipes.sweep.launch as sweep
 
