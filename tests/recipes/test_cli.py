@@ -2,6 +2,7 @@ import ast
 import glob
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -521,3 +522,126 @@ def test_lightnings_barebones_mode_is_refused_at_once_with_what_measures_speed(t
                                          r"python -m recipes.benchmarks.models times a training step"):
         main([*TINY_FIT, "--trainer.barebones", "true", "--trainer.logger", "false"])
     assert not (tmp_path / "runs").exists()
+
+
+# ---- the command line's helpers, one at a time -------------------------------------------------------------------
+
+
+def test_a_config_is_a_path_or_a_bundled_name_and_a_missing_one_names_what_it_may_have_meant(tmp_path):
+    from recipes.cli import CONFIG_DIR, bundled_hint
+
+    mine = tmp_path / "quickstart.yaml"
+    mine.write_text("model: {}\n")
+    assert resolve_config(str(mine)) == str(mine)  # a path wins over the bundled recipe of its name
+    assert resolve_config("mqar/ssd.yaml") == str(CONFIG_DIR / "mqar" / "ssd.yaml")
+    assert bundled_hint("quickstart") == "did you mean quickstart.yaml?"
+    assert bundled_hint("ssd.yaml") == "did you mean mqar/ssd.yaml?"  # (the same file name in a folder)
+    assert bundled_hint("moe_placement/al").startswith("did you mean moe_placement/all.yaml, ")  # (close: up to 3)
+    hint = bundled_hint("zzzz")
+    assert hint.startswith("bundled: ablate_moe.yaml, quickstart.yaml, quickstart_bpe.yaml, and ") and "mqar/, " in hint
+    assert hint.endswith(f": ls {CONFIG_DIR}") and "mqar/ssd.yaml" not in hint
+    with pytest.raises(FileNotFoundError, match=r"config file 'quickstart' not found: it is not a path to a file, nor "
+                                                r"a bundled config \(did you mean quickstart.yaml\?\)"):
+        resolve_config("quickstart")
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("model: [unclosed", "is not valid YAML: "),
+    ("", "is empty; a recipe is a mapping of sections"),
+    ("- a\n- b\n", "holds a list; a recipe is a mapping of sections"),
+])
+def test_a_recipe_file_that_is_not_a_mapping_of_sections_is_named(tmp_path, text, problem):
+    from recipes.cli import read_config
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"config file {re.escape(str(path))} {problem}"):
+        read_config(str(path))
+
+
+def test_every_config_argument_is_resolved_and_a_letter_is_bound_in_its_file_or_an_earlier_one(tmp_path):
+    from recipes.cli import CONFIG_DIR, resolve_config_args
+
+    base, tweak = tmp_path / "base.yaml", tmp_path / "tweak.yaml"
+    base.write_text("model:\n  mixers:\n    A: {class_path: components.QCAttention}\n    S: components.SSD\n")
+    tweak.write_text("model:\n  mixers:\n    A: {init_args: {n_heads: 2}}\n    S: {init_args: {d_state: 8}}\n")
+    quick = str(CONFIG_DIR / "quickstart.yaml")
+    assert resolve_config_args(["fit", "-c", "quickstart.yaml", f"--config={base}", "--config", str(tweak),
+                                "--trainer.max_steps", "2", "--config"]) == [
+        "fit", "-c", quick, f"--config={base}", "--config", str(tweak), "--trainer.max_steps", "2", "--config"]
+    with pytest.raises(ValueError, match=rf"config file {re.escape(str(tweak))}: model.mixers.A has no class_path, and "
+                                         r"no earlier config binds 'A'"):
+        resolve_config_args(["fit", "--config", str(tweak), "--config", str(base)])  # (bound only later)
+
+
+def test_a_run_loggers_folder_is_its_save_dir_and_name_and_loggers_without_version_folders_have_none():
+    from types import SimpleNamespace as NS
+
+    from recipes.cli import run_logger
+
+    tensorboard = NS(class_path="lightning.pytorch.loggers.TensorBoardLogger", init_args=NS(save_dir="runs", name="a"))
+    assert run_logger({"logger": tensorboard}) == (tensorboard, Path("runs/a"))
+    assert run_logger({"logger": [tensorboard, NS(class_path="x.CSVLogger")]}) == (tensorboard, Path("runs/a"))
+    unnamed = NS(class_path="lightning.pytorch.loggers.CSVLogger", init_args=NS(save_dir=None, name=None))
+    assert run_logger({"logger": unnamed, "default_root_dir": "out"}) == (unnamed, Path("out"))
+    assert run_logger({"logger": None, "default_root_dir": "out"}) == (None, Path("out/lightning_logs"))
+    assert run_logger({"logger": True}) == (None, Path("lightning_logs"))
+    for none in (False, [], NS(class_path="lightning.pytorch.loggers.WandbLogger", init_args=NS()), "a string"):
+        assert run_logger({"logger": none}) == (None, None)
+
+
+def test_what_the_command_line_sets_and_whether_a_setting_contradicts_a_recorded_one():
+    from types import SimpleNamespace as NS
+
+    from recipes.cli import differs, dotted_get, explicit_model_flags, plain
+
+    assert explicit_model_flags(["fit", "--model.d_model", "64", "--model.mixers.A.init_args.n_heads=2",
+                                 "--trainer.max_steps", "3", "--modelx"]) == ["d_model", "mixers.A.init_args.n_heads"]
+    tree = {"model": NS(mixers={"A": {"init_args": {"n_heads": 2}}})}
+    assert dotted_get(tree, "model.mixers.A.init_args.n_heads") == 2
+    for absent in ("model.mixers.B", "model.mixers.A.init_args.n_heads.x", "data"):
+        with pytest.raises(KeyError):
+            dotted_get(tree, absent)
+    assert plain((1, 2)) == [1, 2] and plain(NS(as_dict=lambda: {"a": 1})) == {"a": 1} and plain("x") == "x"
+    assert not differs("AM×2", "AMx2") and differs("AM×2", "AMx3")
+    assert not differs((0.9, 0.98), [0.9, 0.98]) and differs([0.9, 0.98], [0.9]) and differs([0.9, 0.98], [0.9, 0.9])
+    assert not differs({"n_heads": 2, "d_state": 8}, {"n_heads": 2, "bias": False})  # (each side's defaults left out)
+    assert differs({"n_heads": 2}, {"n_heads": 4}) and differs({"a": {"b": 1}}, {"a": {"b": 2}})
+    assert differs(64, 32) and not differs(64, 64)
+
+
+def test_a_run_folders_version_is_its_number_a_limit_of_one_batch_is_refused_and_a_run_name_stays_inside():
+    from types import SimpleNamespace as NS
+
+    from recipes.cli import check_limit_flags, check_run_name, names_a_learning_rate_finder, run_version
+
+    assert run_version("version_3") == 3 and run_version("sweep_20260101") == "sweep_20260101"
+    assert run_version("version_3a") == "version_3a"
+    for args in (["--trainer.limit_val_batches", "1"], ["--trainer.limit_train_batches=1"],
+                 ["--trainer.limit_test_batches", " 1 "]):
+        with pytest.raises(ValueError, match=f"{args[0].split('=')[0]} 1 is read as the fraction 1.0"):
+            check_limit_flags(["fit", *args])
+    for args in (["--trainer.limit_val_batches", "1.0"], ["--trainer.limit_val_batches=2"],
+                 ["--trainer.limit_val_batches"], ["--trainer.max_steps", "1"], ["--trainer.limit_val", "1"]):
+        check_limit_flags(args)
+    for field, value in (("name", "../elsewhere"), ("version", "/tmp/run"), ("sub_dir", "a/../../b"), ("name", "~me")):
+        with pytest.raises(ValueError, match=f"logger {field}={value!r} would write outside the logger's save_dir"):
+            check_run_name(NS(init_args=NS(**{field: value})))
+    check_run_name(NS(init_args=NS(name="family/recipe", version="version_0", sub_dir=None)))
+    check_run_name(None)
+    finder = NS(class_path="lightning.pytorch.callbacks.LearningRateFinder")
+    assert names_a_learning_rate_finder({"callbacks": [NS(class_path="x.ModelCheckpoint"), finder]})
+    assert names_a_learning_rate_finder({"callbacks": finder})
+    assert not names_a_learning_rate_finder({"callbacks": None}) and not names_a_learning_rate_finder({})
+
+
+def test_resuming_another_recipes_run_is_said_only_where_its_pattern_or_width_differ(capsys):
+    from recipes.cli import say_if_another_model
+
+    say_if_another_model("x.ckpt", {"pattern": "AM×2", "d_model": 64}, {"pattern": "AMx2", "d_model": 64, "lr": 1})
+    assert capsys.readouterr().err == ""
+    say_if_another_model("x.ckpt", {"pattern": "AM×2", "d_model": 64}, {"pattern": "SM", "d_model": 32})
+    assert capsys.readouterr().err == (
+        "note: --ckpt_path x.ckpt is another recipe's run (pattern 'AM×2' here, 'SM' there; d_model 64 here, 32 there): "
+        "fit resumes that model, not this recipe's: drop --ckpt_path to train this recipe's model (--model.init_from "
+        "FILE starts it from a checkpoint's weights where the shapes agree)\n")
