@@ -527,12 +527,12 @@ def test_lightnings_barebones_mode_is_refused_at_once_with_what_measures_speed(t
 # ---- the command line's helpers, one at a time -------------------------------------------------------------------
 
 
-def test_a_config_is_a_path_or_a_bundled_name_and_a_missing_one_names_what_it_may_have_meant(tmp_path):
+def test_a_config_is_a_path_or_a_bundled_name_and_a_missing_one_names_what_it_may_have_meant(tmp_path, monkeypatch):
     from recipes.cli import CONFIG_DIR, bundled_hint
 
-    mine = tmp_path / "quickstart.yaml"
-    mine.write_text("model: {}\n")
-    assert resolve_config(str(mine)) == str(mine)  # a path wins over the bundled recipe of its name
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quickstart.yaml").write_text("model: {}\n")
+    assert resolve_config("quickstart.yaml") == "quickstart.yaml"  # a path wins over the bundled recipe of its name
     assert resolve_config("mqar/ssd.yaml") == str(CONFIG_DIR / "mqar" / "ssd.yaml")
     assert bundled_hint("quickstart") == "did you mean quickstart.yaml?"
     assert bundled_hint("ssd.yaml") == "did you mean mqar/ssd.yaml?"  # (the same file name in a folder)
@@ -608,6 +608,8 @@ def test_what_the_command_line_sets_and_whether_a_setting_contradicts_a_recorded
     assert not differs({"n_heads": 2, "d_state": 8}, {"n_heads": 2, "bias": False})  # (each side's defaults left out)
     assert differs({"n_heads": 2}, {"n_heads": 4}) and differs({"a": {"b": 1}}, {"a": {"b": 2}})
     assert differs(64, 32) and not differs(64, 64)
+    assert differs({"a": 1, "b": 2}, {"a": 1, "b": 3}) and not differs([{"a": 1}], [{"a": 1, "b": 2}])
+    assert differs("AM", 5) and differs({"n_heads": 2}, None) and differs([1], 5)  # (unlike kinds: no comparison)
 
 
 def test_a_run_folders_version_is_its_number_a_limit_of_one_batch_is_refused_and_a_run_name_stays_inside():
