@@ -558,6 +558,8 @@ def test_tensor_names_in_a_message_gather_each_blocks_mixer_and_stop_at_the_limi
     assert _names(["blocks.3.sequence_mixer.q.weight", "blocks.3.sequence_mixer.k.weight", "embedding.weight",
                    "blocks.1.norm", "blocks.0.state_mixer.w1.weight"]) == (
         "blocks.3.sequence_mixer.* (2), embedding.weight, blocks.1.norm, blocks.0.state_mixer.w1.weight")
+    assert _names(["blocks.1.norm", "blocks.1.norm.weight", "embedding.x.y.z", "embedding.x.y.w"]) == (
+        "blocks.1.norm, blocks.1.norm.weight, embedding.x.y.z, embedding.x.y.w")  # (only a block's parts gather)
     names = [f"head{i}.weight" for i in range(10)]
     assert _names(names) == ", ".join(names[:8]) + " and 2 more"
     assert _names(names, limit=10) == ", ".join(names)
@@ -577,3 +579,148 @@ def test_the_hyperparameters_tensorboard_compares_are_plain_values_one_per_bindi
            "mixers/A": "QCAttention(n_heads=2, positions='rope')", "mixers/M": "MLP()", "betas": "[0.9, 0.98]",
            "schedule_note": "{'a': 1}"}
     assert describe(optimizer) != str(optimizer)
+
+
+@pytest.mark.parametrize("compile, backend", [(True, "inductor"), ("aot_eager", "aot_eager"), (False, None)])
+def test_compile_wraps_the_models_hidden_states_whole_at_static_shapes_with_the_backend_named(compile, backend,
+                                                                                               monkeypatch):
+    asked = []
+
+    def compiled(function, **kwargs):
+        asked.append((function, kwargs))
+        return lambda *args, **kw: function(*args, **kw)
+
+    monkeypatch.setattr(torch, "compile", compiled)
+    lm = LanguageModel(16, "AM", vocab_size=20, compile=compile)
+    if backend is None:
+        assert asked == [] and lm._hidden_states == lm.model.hidden_states
+        return
+    assert asked == [(lm.model.hidden_states, {"fullgraph": True, "dynamic": False, "backend": backend})]
+    assert lm._hidden_states is not lm.model.hidden_states
+
+
+def test_a_batch_with_nothing_labelled_leaves_the_evaluation_metrics_untouched():
+    lm = LanguageModel(16, "AM", vocab_size=20).eval()
+    lm.log = lambda *args, **kwargs: pytest.fail("logged")
+    lm._evaluate({"input_ids": torch.randint(0, 20, (2, 5)), "labels": torch.full((2, 5), -100)}, "val")
+    assert not lm.val_loss.update_called and not lm.val_ppl.update_called and not lm.val_acc.update_called
+
+
+def test_one_expert_has_a_load_entropy_of_one_not_a_division_by_log_one():
+    lm = LanguageModel(16, "AM", vocab_size=20)
+    logged = {}
+    lm.log = lambda name, value, **kwargs: logged.__setitem__(name, float(value))
+    lm.model.expert_loads = lambda: {"blocks.2.state_mixer": torch.tensor([1.0]),
+                                     "blocks.0.sequence_mixer": torch.tensor([0.5, 0.5])}
+    lm._log_expert_loads()
+    assert logged == {"moe/block2/load_entropy": 1.0, "moe/block2/max_over_mean_load": 1.0,
+                      "moe/block0-seq/load_entropy": pytest.approx(1.0), "moe/block0-seq/max_over_mean_load": 1.0}
+
+
+def fit_trainer(**changes):
+    """A stand-in trainer for ``setup``: what it reads, at values that pass."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    trainer = SimpleNamespace(datamodule=None, gradient_clip_val=None, accumulate_grad_batches=1,
+                              val_check_interval=200, is_global_zero=True, callbacks=[], accelerator=CPUAccelerator(),
+                              precision="32-true")
+    vars(trainer).update(changes)
+    return trainer
+
+
+def test_setup_takes_a_clip_of_zero_and_notes_an_interval_counted_in_batches_only_when_fitting_with_accumulation(
+        capsys):
+    lm = LanguageModel(16, "AM", vocab_size=20)
+    for changes in ({"gradient_clip_val": 0}, {"gradient_clip_val": 1.0}, {"accumulate_grad_batches": 1},
+                    {"accumulate_grad_batches": 3, "val_check_interval": 0.5},
+                    {"accumulate_grad_batches": 3, "is_global_zero": False}):
+        lm._trainer = fit_trainer(**changes)
+        lm.setup("fit")
+    lm._trainer = fit_trainer(accumulate_grad_batches=3)
+    lm.setup("validate")
+    assert capsys.readouterr().err == ""
+    lm.setup("fit")
+    assert capsys.readouterr().err == (
+        "note: val_check_interval=200 counts batches, not optimizer steps: with accumulate_grad_batches=3 validation "
+        "runs every 66.6667 steps; --trainer.val_check_interval 600 validates every 200 steps\n")
+    lm._trainer = fit_trainer(gradient_clip_val=-0.5)
+    with pytest.raises(ValueError, match=r"gradient_clip_val=-0.5 must be >= 0 \(0 or null: no clipping\)"):
+        lm.setup("fit")
+
+
+def test_a_resumed_fit_takes_back_the_checkpoints_random_states_and_step_and_other_loads_leave_them(monkeypatch):
+    from types import SimpleNamespace
+
+    from recipes.training import rng_states
+
+    lm = LanguageModel(16, "AM", vocab_size=20)
+    torch.manual_seed(5)
+    states = rng_states()
+    expected = torch.rand(3)
+    for fn in ("validate", "fit"):
+        torch.manual_seed(123)
+        lm._trainer = SimpleNamespace(state=SimpleNamespace(fn=fn), datamodule=None, callbacks=[])
+        lm.on_load_checkpoint({"state_dict": lm.state_dict(), "rng_states": states, "global_step": 7,
+                               "schedule_steps": 40})
+        drawn = torch.rand(3)
+        assert torch.equal(drawn, expected) == (fn == "fit")  # (loading weights to score them draws on)
+    assert lm.history["first_step"] == 7 and lm._resumed_schedule_steps == 40
+
+
+def test_tokens_per_second_are_measured_over_each_logging_window_of_whole_steps(monkeypatch):
+    from types import SimpleNamespace
+
+    import recipes.module
+
+    clock = [0.0]
+    monkeypatch.setattr(recipes.module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    lm = LanguageModel(16, "AM", vocab_size=20)
+    lm._trainer = SimpleNamespace(accumulate_grad_batches=1, global_step=0, log_every_n_steps=2)
+    lm.optimizers = lambda: SimpleNamespace(param_groups=[{"lr": 0.5}])
+    logged, flops = [], []
+    lm.log = lambda name, value, **kwargs: logged.append((name, value))
+    lm._log_flops = flops.append
+    batch = {"input_ids": torch.zeros(2, 8, dtype=torch.long)}
+    for step in range(5):  # (the window opens at step 0; steps 2 and 4 close one, at 16 tokens a step)
+        clock[0] = float(step)
+        lm._trainer.global_step = step
+        lm.on_train_batch_start(batch, step)
+        lm.on_train_batch_end(None, batch, step)
+    assert [value for name, value in logged if name == "train/tokens_per_sec"] == [16.0, 16.0] == flops
+    assert lm.history["tokens_per_sec"] == [16.0, 16.0] and lm._window_length == 8
+    assert [value for name, value in logged if name == "train/lr"] == [0.5] * 5
+
+
+def test_muon_under_sharded_training_is_refused_before_the_optimizer_is_built():
+    lm = LanguageModel(16, "AM", vocab_size=20, optimizer="Muon")
+    lm._sharded = True
+    with pytest.raises(ValueError, match="--model.optimizer Muon orthogonalises whole weight matrices, and sharded"):
+        lm.configure_optimizers()
+
+
+def test_wsd_takes_a_decay_phase_of_zero_which_holds_the_peak_to_the_end():
+    from recipes.module import check_schedule
+
+    assert check_schedule("wsd", 0.1, 0.0) == 0.0 and check_schedule("wsd", 0.1, None) == 0.2
+    assert [warmup_stable_decay(step, 10, 0.2, 0.1, 0.0) for step in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, 1.0]
+
+
+def test_init_from_a_checkpoint_that_fits_loads_every_tensor_and_says_so_in_a_line(tmp_path, capsys):
+    torch.manual_seed(0)
+    source = LanguageModel(16, "AM", vocab_size=20)
+    path = tmp_path / "source.ckpt"
+    torch.save({"state_dict": source.state_dict()}, path)
+    model = LanguageModel(16, "AM", vocab_size=20, init_from=str(path))
+    n = len(model.model.state_dict())
+    assert capsys.readouterr().out == f"init_from: loaded {n} tensors from {path}\n"
+    for name, value in model.model.state_dict().items():
+        assert torch.equal(value, source.model.state_dict()[name])
+    torch.save({"state_dict": {**source.state_dict(), "model.extra.weight": torch.ones(2)}}, path)
+    with pytest.raises(ValueError, match=r"does not fit this model: shapes \[\], missing \[\], unexpected "
+                                         r"\['extra.weight'\]"):
+        LanguageModel(16, "AM", vocab_size=20, init_from=str(path))
+    LanguageModel(16, "AM", vocab_size=20, init_from=str(path), init_from_strict=False)
+    assert capsys.readouterr().out == (f"init_from: loaded {n} of the model's {n} tensors from {path}; initialised "
+                                       "afresh: none; in the checkpoint but not loaded: extra.weight\n")
