@@ -1,5 +1,6 @@
 import inspect
 import math
+import re
 
 import pytest
 import torch
@@ -724,3 +725,53 @@ def test_init_from_a_checkpoint_that_fits_loads_every_tensor_and_says_so_in_a_li
     LanguageModel(16, "AM", vocab_size=20, init_from=str(path), init_from_strict=False)
     assert capsys.readouterr().out == (f"init_from: loaded {n} of the model's {n} tensors from {path}; initialised "
                                        "afresh: none; in the checkpoint but not loaded: extra.weight\n")
+
+
+def test_a_sharded_checkpoint_given_to_load_from_checkpoint_says_how_to_make_one_file_of_it(tmp_path):
+    from recipes.checkpoints import CheckpointError
+
+    folder = tmp_path / "last.ckpt"
+    folder.mkdir()
+    (folder / "meta.pt").write_bytes(b"")
+    (folder / ".metadata").write_bytes(b"")  # (refused before either is read)
+    with pytest.raises(CheckpointError, match=f"{re.escape(str(folder))} is a sharded checkpoint .* python -m "
+                                              "recipes.consolidate"):
+        LanguageModel.load_from_checkpoint(folder)
+
+
+class HyperparameterLogger:
+    """A logger as TensorBoard's takes the run's settings, with the metrics of its HPARAMS tab (``metrics``: False
+    for a logger like CSV's, which takes none)."""
+
+    def __init__(self, metrics: bool = True):
+        self.got = []
+        if not metrics:
+            self.log_hyperparams = lambda params: self.got.append((params, None))
+
+    def log_hyperparams(self, params, metrics=None):
+        self.got.append((params, metrics))
+
+
+@pytest.mark.parametrize("compile, backend", [(True, "inductor"), ("aot_eager", "aot_eager")])
+def test_the_start_of_a_fit_logs_the_settings_and_sizes_and_prints_the_summary_and_notes(compile, backend, capsys):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+    lm = LanguageModel(16, "AM", vocab_size=20, compile=compile)
+    lm.size_note = "sized to 10,000 parameters: d_ff 24"
+    tensorboard, csv = HyperparameterLogger(), HyperparameterLogger(metrics=False)
+    lm._trainer = SimpleNamespace(callbacks=[StochasticWeightAveraging(swa_lrs=0.1)], loggers=[tensorboard, csv],
+                                  is_global_zero=True)
+    lm.on_fit_start()
+    (params, metrics), = tensorboard.got
+    assert params["weight_averaging"] == "StochasticWeightAveraging" and params["n_params"] == lm.sizes["n_params"]
+    assert params["mixers/A"].startswith("QCAttention(") and "sized_width" not in params  # (None: not sized)
+    assert set(metrics) == {"hp/final_val_loss", "hp/best_val_loss"} and all(math.isnan(v) for v in metrics.values())
+    assert csv.got == [(params, None)]
+    out = capsys.readouterr().out
+    assert out.startswith(lm.model.summary()) and "sized to 10,000 parameters: d_ff 24\n" in out
+    assert f"compiling the model (torch.compile, fullgraph, backend {backend}): the first training step" in out
+    lm._trainer = SimpleNamespace(callbacks=[], loggers=[tensorboard], is_global_zero=False)
+    lm.on_fit_start()  # (another process: logs the same, prints nothing)
+    assert "weight_averaging" not in tensorboard.got[-1][0] and capsys.readouterr().out == ""
