@@ -693,7 +693,8 @@ def test_a_slurm_sweep_resumes_as_a_job_array(tmp_path, monkeypatch, capsys):
     ended(logs, 0, 130)
     capsys.readouterr()
     family_name, resumed = sweep.resume(logs, progress_every=0)
-    assert "sweep: 1 runs submitted as a job array (local" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "sweep: 1 runs submitted as a job array (local" in out and "[sweep " not in out  # (0: no progress table)
     assert [run.returncode for run in resumed] == [0, 0]
     assert len(runs[0].log.read_text().splitlines()) == 2 and len(runs[1].log.read_text().splitlines()) == 1
     assert [r["returncode"] for r in json.loads((logs / "sweep.json").read_text())["runs"]] == [0, 0]
