@@ -739,16 +739,20 @@ def test_a_sharded_checkpoint_given_to_load_from_checkpoint_says_how_to_make_one
 
 
 class HyperparameterLogger:
-    """A logger as TensorBoard's takes the run's settings, with the metrics of its HPARAMS tab (``metrics``: False
-    for a logger like CSV's, which takes none)."""
+    """A logger as TensorBoard's takes the run's settings, with the metrics of its HPARAMS tab."""
 
-    def __init__(self, metrics: bool = True):
+    def __init__(self):
         self.got = []
-        if not metrics:
-            self.log_hyperparams = lambda params: self.got.append((params, None))
 
     def log_hyperparams(self, params, metrics=None):
         self.got.append((params, metrics))
+
+
+class SettingsOnlyLogger(HyperparameterLogger):
+    """A logger as CSV's takes the run's settings: no metrics argument."""
+
+    def log_hyperparams(self, params):
+        self.got.append((params, None))
 
 
 @pytest.mark.parametrize("compile, backend", [(True, "inductor"), ("aot_eager", "aot_eager")])
@@ -759,7 +763,7 @@ def test_the_start_of_a_fit_logs_the_settings_and_sizes_and_prints_the_summary_a
 
     lm = LanguageModel(16, "AM", vocab_size=20, compile=compile)
     lm.size_note = "sized to 10,000 parameters: d_ff 24"
-    tensorboard, csv = HyperparameterLogger(), HyperparameterLogger(metrics=False)
+    tensorboard, csv = HyperparameterLogger(), SettingsOnlyLogger()
     lm._trainer = SimpleNamespace(callbacks=[StochasticWeightAveraging(swa_lrs=0.1)], loggers=[tensorboard, csv],
                                   is_global_zero=True)
     lm.on_fit_start()
