@@ -341,18 +341,22 @@ class HybridCLI(LightningCLI):
 
     def _resolve_init_from(self, config) -> None:
         """A relative ``model.init_from`` written in a recipe file is relative to that file (so the recipe works from
-        any folder); one given on the command line is relative to the working folder."""
-        if not config.model.get("init_from") or any(a.split("=")[0] == "--model.init_from" for a in self._command_line):
+        any folder); one given on the command line is relative to the working folder. Whichever of the two comes last
+        on the command line gave the value, as in jsonargparse."""
+        if not config.model.get("init_from"):
             return
-        files = [arg.split("=", 1)[1] if arg.startswith("--config=") else self._command_line[i + 1]
-                 for i, arg in enumerate(self._command_line)
-                 if (arg in ("--config", "-c") and i + 1 < len(self._command_line)) or arg.startswith("--config=")]
-        for path in reversed(files):
-            model = (read_config(path).get("model") or {}) if Path(path).is_file() else {}
-            if isinstance(model, dict) and model.get("init_from") == config.model.init_from:
-                if not Path(model["init_from"]).is_absolute():
-                    config.model.init_from = str(Path(path).parent / model["init_from"])
-                return
+        line, source = self._command_line, None  # (recipe file, its init_from), or None: the flag gave the value
+        for i, arg in enumerate(line):
+            name, equals, value = arg.partition("=")
+            if name == "--model.init_from":
+                source = None
+            elif name in ("--config", "-c") and (equals or i + 1 < len(line)):
+                path = value if equals else line[i + 1]
+                model = (read_config(path).get("model") or {}) if Path(path).is_file() else {}
+                if isinstance(model, dict) and "init_from" in model:
+                    source = (path, model["init_from"])
+        if source is not None and source[1] == config.model.init_from and not Path(source[1]).is_absolute():
+            config.model.init_from = str(Path(source[0]).parent / source[1])
 
     def _parse_ckpt_path(self) -> None:
         """Rebuild the model from the checkpoint's hyper-parameters, as Lightning does, but read the file as data

@@ -647,3 +647,34 @@ def test_resuming_another_recipes_run_is_said_only_where_its_pattern_or_width_di
         "note: --ckpt_path x.ckpt is another recipe's run (pattern 'AM×2' here, 'SM' there; d_model 64 here, 32 there): "
         "fit resumes that model, not this recipe's: drop --ckpt_path to train this recipe's model (--model.init_from "
         "FILE starts it from a checkpoint's weights where the shapes agree)\n")
+
+
+def test_a_relative_init_from_in_a_recipe_file_is_relative_to_that_file(tmp_path, monkeypatch):
+    """So a recipe works from any folder; the last file that gives the value decides, in any of the ways a file is
+    named; an absolute path and a value given on the command line (relative to the working folder) stay as given."""
+    monkeypatch.chdir(tmp_path)
+    for folder, init_from in (("a", "w.ckpt"), ("b", "w.ckpt"), ("c", "/abs/w.ckpt"), ("d", "other.ckpt")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "r.yaml").write_text(f"model:\n  init_from: {init_from}\n")
+
+    def init_from(*args):
+        return main(["--config", "quickstart.yaml", *args], run=False, parse_only=True).config.model.init_from
+
+    assert init_from("--config", "a/r.yaml") == "a/w.ckpt"
+    assert init_from("-c", "a/r.yaml", "--config=b/r.yaml") == "b/w.ckpt"
+    assert init_from("--config=b/r.yaml", "-c", "a/r.yaml") == "a/w.ckpt"
+    assert init_from("--config", "a/r.yaml", "--config", "c/r.yaml") == "/abs/w.ckpt"
+    assert init_from("--config", "a/r.yaml", "--model.init_from", "mine.ckpt") == "mine.ckpt"
+    assert init_from("--config", "a/r.yaml", "--model.init_from=mine.ckpt") == "mine.ckpt"
+    assert init_from("--model.init_from", "mine.ckpt", "--config", "d/r.yaml") == "d/other.ckpt"
+    assert init_from("--config", "d/r.yaml", "--model.init_from", "w.ckpt") == "w.ckpt"
+    assert init_from() is None
+
+
+def test_a_checkpoint_whose_hyper_parameters_are_not_language_models_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    torch.save({"pytorch-lightning_version": "2.6.0", "hyper_parameters": {"d_model": 8, "colour": "red", "age": 3},
+                "state_dict": {}}, tmp_path / "other.ckpt")
+    with pytest.raises(SystemExit, match=r"other.ckpt: hyper-parameters \['age', 'colour'\] are not LanguageModel's: "
+                                         "not a checkpoint of this zoo"):
+        main(["validate", "--config", "quickstart.yaml", "--ckpt_path", str(tmp_path / "other.ckpt")])

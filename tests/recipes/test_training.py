@@ -644,3 +644,136 @@ def test_a_command_releases_the_process_group_it_made(tmp_path):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# ---- the checkpoint policy's decisions between two steps, with a stand-in trainer --------------------------------
+
+class StepTrainer:
+    """Only what :class:`CheckpointPolicy` reads between two steps. The other process (``world_size`` 2) answers a
+    collective yes/no (``reduce_boolean_decision``): ``stop_elsewhere`` whether it got a signal (any process's yes
+    stops all), ``finite_elsewhere`` whether its weights are finite (every process's yes is needed to write)."""
+
+    def __init__(self, world_size: int = 1, stop_elsewhere: bool = False, finite_elsewhere: bool = True,
+                 is_global_zero: bool = True):
+        self.global_step, self.world_size, self.accumulate_grad_batches = 3, world_size, 1
+        self.fast_dev_run = self.sanity_checking = False
+        self.is_global_zero, self.callbacks, self.loggers, self._logger_connector = is_global_zero, [], [], None
+        self.lightning_module = torch.nn.Linear(2, 2)
+        self.saved: list[str] = []
+        self.strategy = SimpleNamespace(reduce_boolean_decision=lambda mine, all: (
+            mine and finite_elsewhere) if all else (mine or stop_elsewhere))
+        epoch_loop = SimpleNamespace(_should_check_val_fx=lambda fetcher: False, _batches_that_stepped=3)
+        self.fit_loop = SimpleNamespace(epoch_loop=epoch_loop, _data_fetcher=None)
+
+    def save_checkpoint(self, path, weights_only=False):
+        self.saved.append(Path(path).name)
+
+
+def test_checkpoint_every_n_steps_is_a_whole_number_of_steps():
+    for value in (-1, 2.5, "3", None):
+        with pytest.raises(ValueError, match=rf"CheckpointPolicy: every_n_steps={value!r} must be an integer >= 0"):
+            CheckpointPolicy(every_n_steps=value)
+    assert CheckpointPolicy(every_n_steps=0).every_n_steps == 0
+
+
+def test_a_signal_stops_the_run_after_its_step_with_last_ckpt_and_a_second_ctrl_c_stops_at_once(tmp_path, monkeypatch,
+                                                                                                   caplog):
+    from recipes.training import TrainingInterrupted
+
+    policy, trainer = CheckpointPolicy(every_n_steps=0), StepTrainer()
+    policy.dirpath = tmp_path
+    writes = []
+    monkeypatch.setattr(policy, "_save_last", lambda trainer, before_log=False: writes.append(before_log))
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    policy.on_train_start(trainer, None)
+    try:
+        assert signal.getsignal(signal.SIGINT) == policy._on_signal == signal.getsignal(signal.SIGTERM)
+        policy.on_train_batch_end(trainer, None, None, None, 0)
+        policy.on_train_batch_start(trainer, None, None, 1)  # no signal, nothing due: on it goes
+        assert writes == []
+        with caplog.at_level("WARNING", logger="recipes.training"):
+            policy._on_signal(signal.SIGINT, None)  # the first Ctrl+C: finish the step
+        assert "SIGINT received: stopping after this step and writing last.ckpt" in caplog.text
+        policy.on_train_batch_end(trainer, None, None, None, 1)
+        assert writes == [True]  # last.ckpt, before Lightning logs the step (its metrics travel with it)
+        policy.on_train_batch_end(trainer, None, None, None, 2)
+        assert writes == [True]  # once
+        policy.last_path = "runs/x/version_0/checkpoints/last.ckpt"
+        with pytest.raises(TrainingInterrupted, match="SIGINT received: stopped after step 3; last checkpoint: "
+                                                      "runs/x/version_0/checkpoints/last.ckpt") as stopped:
+            policy.on_train_batch_start(trainer, None, None, 2)
+        assert (stopped.value.signum, stopped.value.step) == (signal.SIGINT, 3)
+        with pytest.raises(KeyboardInterrupt):
+            policy._on_signal(signal.SIGINT, None)  # the second: now, without writing
+    finally:
+        policy.teardown(trainer, None, "fit")
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+    policy = CheckpointPolicy()
+    policy._on_signal(signal.SIGTERM, None)
+    policy._on_signal(signal.SIGTERM, None)  # a second SIGTERM changes nothing
+    assert policy._signal == signal.SIGTERM
+    with pytest.raises(KeyboardInterrupt):
+        policy._on_signal(signal.SIGINT, None)  # Ctrl+C after a SIGTERM stops at once
+    policy = CheckpointPolicy()
+    policy._stop_pending = True  # a stop without a signal of its own is a SIGTERM's
+    with pytest.raises(TrainingInterrupted, match="SIGTERM received: stopped after step 3$"):
+        policy.on_train_batch_start(trainer, None, None, 0)
+
+
+def test_each_process_takes_the_same_stop_and_save_decisions(tmp_path):
+    """Saving is collective: a process with no signal of its own stops with one that got it, and no process writes
+    when another's shard of the weights is not finite. Lightning's own SIGTERM handler (which tells the other DDP
+    processes) still runs where there are others."""
+    called = []
+    policy = CheckpointPolicy(every_n_steps=0)
+    policy._previous_handlers = {s: lambda signum, frame: called.append(signum) for s in (signal.SIGINT, signal.SIGTERM)}
+    policy._on_signal(signal.SIGTERM, None)
+    policy._world_size = 2
+    policy._on_signal(signal.SIGTERM, None)
+    policy._signal = None
+    policy._on_signal(signal.SIGINT, None)
+    assert called == [signal.SIGTERM]  # a SIGTERM, among several processes
+
+    for elsewhere, mine, stops in ((True, None, True), (False, signal.SIGINT, True), (False, None, False)):
+        policy, trainer = CheckpointPolicy(every_n_steps=0), StepTrainer(world_size=2, stop_elsewhere=elsewhere)
+        policy.dirpath, policy._signal = tmp_path, mine
+        policy.on_train_batch_end(trainer, None, None, None, 0)
+        assert (trainer.saved == ["last.ckpt"]) is stops and policy._stop_pending is stops
+    for finite, written in ((False, None), (True, str(tmp_path / "last.ckpt"))):
+        policy, trainer = CheckpointPolicy(), StepTrainer(world_size=2, finite_elsewhere=finite)
+        policy.dirpath = tmp_path
+        assert policy._save(trainer, "last.ckpt") == written and trainer.saved == ([] if written is None else
+                                                                                    ["last.ckpt"])
+
+
+def test_lightnings_sigterm_stop_writes_last_ckpt_and_the_first_process_says_where(tmp_path, caplog):
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    for is_global_zero in (True, False):
+        caplog.clear()
+        policy, trainer = CheckpointPolicy(), StepTrainer(is_global_zero=is_global_zero)
+        policy.dirpath = tmp_path
+        with caplog.at_level("WARNING", logger="recipes.training"):
+            policy.on_exception(trainer, None, SIGTERMException())
+        assert trainer.saved == ["last.ckpt"] and policy.last_step == 3
+        said = f"wrote {tmp_path / 'last.ckpt'} (step 3); resume with --ckpt_path last"
+        assert (said in caplog.text) is is_global_zero
+    policy, trainer = CheckpointPolicy(), StepTrainer()
+    policy.on_exception(trainer, None, SIGTERMException())  # nowhere to write (no fit set it up): nothing said
+    assert trainer.saved == [] and "wrote" not in caplog.text
+
+
+def test_a_remote_checkpoint_is_read_as_data_only(tmp_path):
+    import argparse
+
+    import fsspec
+
+    with fsspec.open("memory://zoo/last.ckpt", "wb") as f:
+        torch.save({"global_step": 3, "state_dict": {"w": torch.ones(2)}}, f)
+    loaded = AtomicCheckpointIO().load_checkpoint("memory://zoo/last.ckpt")
+    assert loaded["global_step"] == 3 and torch.equal(loaded["state_dict"]["w"], torch.ones(2))
+    with fsspec.open("memory://zoo/pickled.ckpt", "wb") as f:
+        torch.save({"global_step": 3, "args": argparse.Namespace(lr=1.0)}, f)
+    with pytest.raises(Exception, match="Weights only load failed"):
+        AtomicCheckpointIO().load_checkpoint("memory://zoo/pickled.ckpt", weights_only=False)
