@@ -777,3 +777,15 @@ def test_a_remote_checkpoint_is_read_as_data_only(tmp_path):
         torch.save({"global_step": 3, "args": argparse.Namespace(lr=1.0)}, f)
     with pytest.raises(Exception, match="Weights only load failed"):
         AtomicCheckpointIO().load_checkpoint("memory://zoo/pickled.ckpt", weights_only=False)
+
+
+def test_a_process_of_another_user_counts_as_running(monkeypatch):
+    """Its temporary files are not orphans: ``os.kill(pid, 0)`` refuses with PermissionError when the process runs
+    under another user, and only a ProcessLookupError means it is gone."""
+    from recipes.training import process_alive
+
+    def kill(pid, sig, error=None):
+        raise {1: PermissionError, 2: ProcessLookupError}[pid]()
+
+    monkeypatch.setattr(os, "kill", kill)
+    assert process_alive(1) and not process_alive(2)
