@@ -668,6 +668,7 @@ def test_a_relative_init_from_in_a_recipe_file_is_relative_to_that_file(tmp_path
     assert init_from("--config", "a/r.yaml", "--model.init_from=mine.ckpt") == "mine.ckpt"
     assert init_from("--model.init_from", "mine.ckpt", "--config", "d/r.yaml") == "d/other.ckpt"
     assert init_from("--config", "d/r.yaml", "--model.init_from", "w.ckpt") == "w.ckpt"
+    assert init_from("--config", "a/r.yaml", "--model.init_from", "w.ckpt") == "w.ckpt"  # the same text: the flag gave it
     assert init_from() is None
 
 
