@@ -789,3 +789,229 @@ def test_a_process_of_another_user_counts_as_running(monkeypatch):
 
     monkeypatch.setattr(os, "kill", kill)
     assert process_alive(1) and not process_alive(2)
+
+
+# ---- the module's helpers, one at a time -------------------------------------------------------------------------
+
+def test_a_divergence_names_its_step_loss_and_gradient_norm_when_there_is_one():
+    from recipes.training import DivergenceError
+
+    assert str(DivergenceError(7, float("nan"), 3.5)).startswith("training diverged at step 7: loss nan, gradient "
+                                                                 "norm 3.5. This step's update was not applied")
+    assert str(DivergenceError(7, float("inf"), None)).startswith("training diverged at step 7: loss inf. This")
+
+
+def test_a_step_ends_on_its_last_micro_batch_and_the_final_step_is_validated():
+    from recipes.training import ValidateFinalStep, step_ended
+
+    assert [step_ended(SimpleNamespace(accumulate_grad_batches=3), i) for i in range(6)] == [False, False, True] * 2
+    assert all(step_ended(SimpleNamespace(accumulate_grad_batches=1), i) for i in range(3))
+    for max_steps, global_step, batch_idx, stops in ((5, 5, 1, True), (5, 6, 1, True), (5, 4, 1, False),
+                                                     (5, 5, 0, False), (-1, 9, 1, False), (0, 0, 1, False),
+                                                     (None, 9, 1, False)):
+        trainer = SimpleNamespace(max_steps=max_steps, global_step=global_step, accumulate_grad_batches=2,
+                                  should_stop=False)
+        ValidateFinalStep().on_train_batch_end(trainer, None, None, None, batch_idx)
+        assert trainer.should_stop is stops, (max_steps, global_step, batch_idx)
+
+
+def test_a_fault_point_kills_the_process_only_at_its_named_point_and_step(monkeypatch):
+    from recipes import training
+
+    killed = []
+    monkeypatch.setattr(training.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    monkeypatch.setenv(training.FAULT, "validation@3")
+    for point, step in (("validation", 2), ("best_write", 3), ("validation", 3)):
+        training.fault_point(point, step)
+    assert killed == [(os.getpid(), signal.SIGKILL)]
+    monkeypatch.delenv(training.FAULT)
+    training.fault_point("validation", 3)
+    assert len(killed) == 1
+
+
+def test_a_checkpoint_write_makes_its_folders_and_only_best_ckpt_passes_the_best_write_fault_point(tmp_path,
+                                                                                                  monkeypatch):
+    from recipes import training
+
+    points = []
+    monkeypatch.setattr(training, "fault_point", lambda point, step: points.append((point, step)))
+    for name in ("last.ckpt", "best.ckpt"):
+        AtomicCheckpointIO().save_checkpoint({"global_step": 4}, tmp_path / "a" / "b" / name)
+        assert torch.load(tmp_path / "a" / "b" / name)["global_step"] == 4
+    assert points == [("best_write", 4)] and sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == [
+        "best.ckpt", "last.ckpt"]  # (no temporary file left)
+
+
+def test_a_run_that_fails_before_its_first_step_removes_only_its_own_empty_folder(tmp_path, caplog):
+    from recipes.training import RunConfigCallback
+
+    def failed(fn="fit", global_step=0, is_global_zero=True, loggers=("tb",), events=True):
+        folder = tmp_path / f"v{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        if events:
+            (folder / f"events.out.tfevents.1.host.{os.getpid()}.0").write_bytes(b"")
+        trainer = SimpleNamespace(is_global_zero=is_global_zero, loggers=list(loggers), global_step=global_step,
+                                  state=SimpleNamespace(fn=fn), log_dir=str(folder))
+        with caplog.at_level("WARNING", logger="recipes.training"):
+            RunConfigCallback.on_exception(None, trainer, None, RuntimeError("no data"))
+        return folder.exists()
+
+    assert not failed() and "the run failed before its first step and it held nothing else" in caplog.text
+    assert not failed(fn="validate", global_step=5)  # (a validation writes no step of its own)
+    assert failed(global_step=5) and failed(is_global_zero=False) and failed(loggers=())
+    assert failed(events=False)  # not this process's run
+
+
+def test_only_a_folder_of_this_processs_own_start_files_counts_as_written_by_it(tmp_path):
+    from recipes.training import written_by_this_process_only
+
+    def folder(*names):
+        path = tmp_path / str(len(list(tmp_path.iterdir())))
+        path.mkdir()
+        for name in names:
+            (path / name).mkdir() if name.endswith("/") else (path / name).write_text("")
+        return written_by_this_process_only(path)
+
+    ours = f"events.out.tfevents.1.host.{os.getpid()}.0"
+    assert folder(ours) and folder(ours, "hparams.yaml", "config.yaml")
+    assert not folder("hparams.yaml", "config.yaml")  # none of its events: someone else's (a resumed run's) folder
+    assert not folder(ours, f"events.out.tfevents.1.host.{os.getpid() + 1}.0")
+    assert not folder(ours, "checkpoints/") and not folder(ours, "last.ckpt") and not folder(ours, "hparams.yaml/")
+
+
+def test_the_run_writes_its_config_over_an_earlier_runs_only(tmp_path):
+    from recipes.training import RUN_CONFIG_HEADER, _resolved, own_file_problem
+
+    path = tmp_path / "config.yaml"
+    assert own_file_problem(path, []) is None  # nothing there yet
+    path.write_text(f"{RUN_CONFIG_HEADER}2.6.0\nmodel: {{}}\n")
+    assert own_file_problem(path, [tmp_path / "recipe.yaml"]) is None  # an earlier run's
+    problem = own_file_problem(path, [tmp_path / "recipe.yaml", str(path)])
+    assert problem.startswith(f"{path} is this run's --config file; the run saves its resolved configuration in its "
+                              f"folder ({tmp_path}: the working folder")
+    path.write_text("# my recipe\nmodel: {}\n")
+    assert own_file_problem(path, []).startswith(f"{path} is not a configuration a run wrote;")
+
+    class Given:  # how jsonargparse keeps a --config: its absolute path, as an attribute or a method
+        def __init__(self, absolute):
+            self.absolute = absolute
+
+    assert _resolved(Given(str(path))) == _resolved(Given(lambda: str(path))) == _resolved(str(path)) == path.resolve()
+
+
+def test_what_lightning_logs_after_the_step_travels_with_a_checkpoint_written_before_it():
+    from recipes.training import pending_step_log, validation_follows
+
+    def trainer(update=True, fast_dev_run=False, loggers=("tb",)):
+        loop = SimpleNamespace(_batches_that_stepped=12, _should_check_val_fx=lambda fetcher: fetcher == "fetcher")
+        return SimpleNamespace(
+            loggers=list(loggers), fast_dev_run=fast_dev_run, current_epoch=2,
+            _logger_connector=SimpleNamespace(should_update_logs=update, metrics={"log": {"loss": torch.tensor(2.5)}}),
+            fit_loop=SimpleNamespace(epoch_loop=loop, _data_fetcher="fetcher"))
+
+    assert pending_step_log(trainer()) == {"step": 12, "metrics": {"loss": 2.5, "epoch": 2}}
+    assert pending_step_log(trainer(update=False, fast_dev_run=True))["step"] == 12
+    assert pending_step_log(trainer(update=False)) is None and pending_step_log(trainer(loggers=())) is None
+    assert validation_follows(trainer()) is True
+    no_validation = trainer()
+    no_validation.fit_loop._data_fetcher = None
+    assert validation_follows(no_validation) is False
+
+
+def test_only_floating_point_tensors_are_checked_for_finite_values():
+    from recipes.training import parameters_finite, tensors_finite
+
+    assert tensors_finite([torch.ones(2), torch.tensor([1, 2]), "nan", None])
+    assert not tensors_finite([torch.ones(2), torch.tensor([1.0, float("inf")])])
+    assert not tensors_finite([torch.tensor(float("nan"), dtype=torch.bfloat16)])
+    module = torch.nn.Linear(2, 2)
+    assert parameters_finite(module)
+    with torch.no_grad():
+        module.bias[1] = float("-inf")
+    assert not parameters_finite(module)
+
+
+def test_a_checkpoint_says_whose_average_its_weights_are_and_a_resume_needs_the_same_callback():
+    from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+    from recipes.training import (AVERAGE_ONLY, averaged_weights, averaged_weights_note, check_averaging_resumed,
+                                  check_averaging_unsharded, stochastic_average_taken, weight_averaging)
+
+    class WeightAveraging(L.Callback):  # recognised by name, as Lightning's (2.6 and later) are
+        pass
+
+    class EMAWeightAveraging(WeightAveraging):
+        pass
+
+    swa = StochasticWeightAveraging(swa_lrs=0.1)
+    assert not stochastic_average_taken(swa)  # nothing averaged yet
+    swa.n_averaged = torch.tensor(2)
+    assert stochastic_average_taken(swa) and not stochastic_average_taken(EMAWeightAveraging())
+    swa.n_averaged = torch.tensor(0)
+    assert not stochastic_average_taken(swa)
+    assert weight_averaging([EMAWeightAveraging(), swa, L.Callback()]) == "EMAWeightAveraging, StochasticWeightAveraging"
+    assert weight_averaging([L.Callback()]) is None
+
+    trained, swa_ckpt = {"state_dict": {}}, {AVERAGE_ONLY: "StochasticWeightAveraging"}
+    ema = {"current_model_state": {}, "callbacks": {"EMAWeightAveraging{'decay': 0.9}": {}, "Other": {}}}
+    assert averaged_weights(trained) is None and averaged_weights(swa_ckpt) == "StochasticWeightAveraging"
+    assert averaged_weights(ema) == "EMAWeightAveraging"
+    assert averaged_weights({"current_model_state": {}, "callbacks": {"Other": {}}}) == "WeightAveraging"
+    assert averaged_weights_note(trained, "x.ckpt") is None
+    assert averaged_weights_note(swa_ckpt, "swa.ckpt") == (
+        "note: swa.ckpt holds its run's StochasticWeightAveraging average, put in at the end of training (no validation "
+        "of the run scored it); the trained weights are in last.ckpt beside it")
+    assert averaged_weights_note(ema, "last.ckpt") == (
+        "note: last.ckpt holds its run's EMAWeightAveraging average as its weights (what its validations scored); the "
+        "trained weights beside them serve only a resume")
+
+    check_averaging_resumed(trained, [])
+    check_averaging_resumed(ema, [L.Callback(), EMAWeightAveraging()])
+    with pytest.raises(ValueError, match="this checkpoint was written by a run with EMAWeightAveraging: its weights are "
+                                         r"that callback's average.*--trainer.callbacks\+=EMAWeightAveraging"):
+        check_averaging_resumed(ema, [L.Callback()])
+    with pytest.raises(ValueError, match="this checkpoint holds StochasticWeightAveraging's average alone"):
+        check_averaging_resumed(swa_ckpt, [swa])
+
+    ModelParallelStrategy, FSDPStrategy, DDPStrategy = (type(n, (), {}) for n in ("ModelParallelStrategy",
+                                                                                   "FSDPStrategy", "DDPStrategy"))
+    check_averaging_unsharded([EMAWeightAveraging(), swa], DDPStrategy())
+    check_averaging_unsharded([L.Callback()], FSDPStrategy())
+    for strategy in (ModelParallelStrategy(), FSDPStrategy()):
+        with pytest.raises(ValueError, match=f"EMAWeightAveraging keeps a whole copy of the model.*module "
+                                             f"{type(strategy).__name__} shards"):
+            check_averaging_unsharded([L.Callback(), EMAWeightAveraging()], strategy)
+        with pytest.raises(ValueError, match=f"StochasticWeightAveraging averages into a whole copy of the model, "
+                                             f"which the parameters {type(strategy).__name__} shards"):
+            check_averaging_unsharded([swa], strategy)
+
+
+def test_the_newest_checkpoint_of_a_name_is_the_last_written(tmp_path):
+    from recipes.training import newest_checkpoint
+
+    assert newest_checkpoint(tmp_path) is None
+    for version, mtime in (("version_0", 300), ("version_1", 100), ("version_2", 200)):
+        (tmp_path / version / "checkpoints").mkdir(parents=True)
+        (tmp_path / version / "checkpoints" / "last.ckpt").write_bytes(b"")
+        os.utime(tmp_path / version / "checkpoints" / "last.ckpt", (mtime, mtime))
+    (tmp_path / "version_1" / "checkpoints" / "best.ckpt").write_bytes(b"")
+    (tmp_path / "version_3" / "checkpoints" / "last.ckpt").mkdir(parents=True)  # a folder that is no checkpoint
+    assert newest_checkpoint(tmp_path) == tmp_path / "version_0" / "checkpoints" / "last.ckpt"
+    assert newest_checkpoint(tmp_path, "best.ckpt") == tmp_path / "version_1" / "checkpoints" / "best.ckpt"
+    assert newest_checkpoint(tmp_path, "swa.ckpt") is None
+
+
+def test_every_random_number_generator_is_restored():
+    import random
+
+    import numpy as np
+
+    from recipes.training import rng_states, set_rng_states
+
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    np.random.standard_normal()  # (numpy's cached Gaussian: part of its state)
+    states = rng_states()
+    first = torch.rand(3), np.random.rand(3), random.random(), np.random.standard_normal()
+    set_rng_states(states)
+    again = torch.rand(3), np.random.rand(3), random.random(), np.random.standard_normal()
+    assert torch.equal(first[0], again[0]) and (first[1] == again[1]).all() and first[2:] == again[2:]
