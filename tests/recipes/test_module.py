@@ -778,3 +778,30 @@ def test_the_start_of_a_fit_logs_the_settings_and_sizes_and_prints_the_summary_a
     lm._trainer = SimpleNamespace(callbacks=[], loggers=[tensorboard], is_global_zero=False)
     lm.on_fit_start()  # (another process: logs the same, prints nothing)
     assert "weight_averaging" not in tensorboard.got[-1][0] and capsys.readouterr().out == ""
+
+
+def test_fsdp2_makes_a_unit_of_each_block_and_one_of_tied_embedding_and_head(tmp_path):
+    """``configure_model`` under a (one-process) data-parallel mesh: the tied embedding and head share one unit (two
+    would each own the one weight), untied ones are two; a second call shards nothing again."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+        for tie in (True, False):
+            lm = LanguageModel(16, "AM SM", vocab_size=20, max_seq_len=48, tie_embeddings=tie)
+            lm._device_mesh, lm._trainer = mesh, SimpleNamespace(callbacks=[], strategy=SimpleNamespace())
+            assert not lm._sharded
+            lm.configure_model()
+            model, unit = lm.model, (lambda module: module._get_fsdp_state())
+            assert lm._sharded and len({unit(b) for b in model.blocks}) == len(model.blocks) == 2
+            assert (unit(model.embedding) is unit(model.lm_head)) is tie
+            assert unit(model.norm) not in {unit(model.embedding), unit(model.lm_head), *map(unit, model.blocks)}
+            units = [unit(m) for m in (model.embedding, model.norm, model.lm_head, *model.blocks)]
+            lm.configure_model()
+            assert units == [unit(m) for m in (model.embedding, model.norm, model.lm_head, *model.blocks)]
+    finally:
+        dist.destroy_process_group()
