@@ -679,3 +679,35 @@ def test_a_checkpoint_whose_hyper_parameters_are_not_language_models_is_refused_
     with pytest.raises(SystemExit, match=r"other.ckpt: hyper-parameters \['age', 'colour'\] are not LanguageModel's: "
                                          "not a checkpoint of this zoo"):
         main(["validate", "--config", "quickstart.yaml", "--ckpt_path", str(tmp_path / "other.ckpt")])
+
+
+def test_a_resumed_runs_model_flags_are_checked_against_its_checkpoint_one_by_one(capsys):
+    """``_check_flags_agree`` on its own: a flag that agrees passes silently, one that changes no weight is taken with
+    a note, the rate a learning-rate finder replaced gives way to the checkpoint's, any other difference is refused,
+    every one named in one error; the settings of how (not what) to run are not compared."""
+    from types import SimpleNamespace
+
+    from recipes.cli import HybridCLI
+
+    def check(args, given, recorded, lr_found=False):
+        cli = SimpleNamespace(_command_line=["fit", *args])
+        HybridCLI._check_flags_agree(cli, "run.ckpt", given, recorded, lr_found=lr_found)
+        return recorded
+
+    hparams = {"d_model": 64, "lr": 0.01, "max_seq_len": 128, "compile": False, "mixers": {"A": {"n_heads": 2}}}
+    assert check(["--model.d_model", "64"], {"d_model": 64}, dict(hparams)) == hparams
+    assert capsys.readouterr().err == ""
+    assert check(["--model.max_seq_len=512"], {"max_seq_len": 512}, dict(hparams))["max_seq_len"] == 512
+    assert capsys.readouterr().err == "note: --model.max_seq_len 512 over the checkpoint's 128 (it changes no weight)\n"
+    assert check(["--model.lr", "0.5"], {"lr": 0.5}, dict(hparams), lr_found=True)["lr"] == 0.01
+    assert capsys.readouterr().err == ("note: --model.lr 0.5 is the rate the learning-rate finder replaced: the run goes "
+                                       "on at the checkpoint's 0.01, the finder's\n")
+    assert check(["--model.compile", "true"], {"compile": True}, dict(hparams))["compile"] is False
+    assert check(["--model.unknown", "1"], {}, dict(hparams)) == hparams  # (not in both: jsonargparse's to refuse)
+    with pytest.raises(ValueError, match=r"--ckpt_path run.ckpt: --model.lr 0.5 \(the checkpoint has 0.01\); "
+                                         r"--model.mixers.A.n_heads 4 \(the checkpoint has 2\)\. A checkpoint's model "
+                                         "is the one it was trained as"):
+        check(["--model.lr", "0.5", "--model.d_model", "64", "--model.mixers.A.n_heads", "4"],
+              {"lr": 0.5, "d_model": 64, "mixers": {"A": {"n_heads": 4}}}, dict(hparams))
+    with pytest.raises(ValueError, match=r"--model.d_model 32 \(the checkpoint has 64\)"):
+        check(["--model.d_model", "32"], {"d_model": 32}, dict(hparams), lr_found=True)

@@ -1015,3 +1015,31 @@ def test_every_random_number_generator_is_restored():
     set_rng_states(states)
     again = torch.rand(3), np.random.rand(3), random.random(), np.random.standard_normal()
     assert torch.equal(first[0], again[0]) and (first[1] == again[1]).all() and first[2:] == again[2:]
+
+
+def test_a_last_ckpt_due_at_a_validation_step_is_written_after_that_validation_only(tmp_path):
+    policy, trainer = CheckpointPolicy(every_n_steps=10, keep_best=False), StepTrainer()
+    trainer.state, trainer.callback_metrics = SimpleNamespace(fn="fit"), {}
+    trainer.fit_loop.epoch_loop._should_check_val_fx = lambda fetcher: True
+    policy.dirpath, trainer.global_step = tmp_path, 10
+    policy.on_train_batch_end(trainer, None, None, None, 0)
+    assert trainer.saved == [] and policy._after_validation  # due, but validation comes first
+    policy.on_validation_end(trainer, None)
+    assert trainer.saved == ["last.ckpt"] and policy.last_step == 10
+    trainer.global_step = 15  # a validation at a step where no last.ckpt is due
+    policy.on_validation_end(trainer, None)
+    assert trainer.saved == ["last.ckpt"]
+
+
+def test_a_stochastic_weight_average_that_is_not_finite_is_not_written(tmp_path, caplog):
+    from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+    swa = StochasticWeightAveraging(swa_lrs=0.1)
+    swa.n_averaged = torch.tensor(3)
+    swa.state_dict = lambda: {"average_model_state": {"w": torch.tensor([1.0, float("nan")])}}
+    policy, trainer = CheckpointPolicy(), StepTrainer()
+    policy.dirpath, trainer.callbacks = tmp_path, [swa]
+    with caplog.at_level("ERROR", logger="recipes.training"):
+        policy._save_averages(trainer)
+    assert policy.average_path is None and not (tmp_path / "swa.ckpt").exists()
+    assert "the StochasticWeightAveraging average is not finite; swa.ckpt not written" in caplog.text
