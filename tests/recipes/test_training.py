@@ -1043,3 +1043,32 @@ def test_a_stochastic_weight_average_that_is_not_finite_is_not_written(tmp_path,
         policy._save_averages(trainer)
     assert policy.average_path is None and not (tmp_path / "swa.ckpt").exists()
     assert "the StochasticWeightAveraging average is not finite; swa.ckpt not written" in caplog.text
+
+
+def test_the_run_refuses_to_overwrite_a_config_it_did_not_write_before_it_writes_anything(tmp_path, monkeypatch):
+    from lightning.pytorch.cli import SaveConfigCallback
+
+    from recipes.training import RUN_CONFIG_HEADER, RunConfigCallback
+
+    saved = []
+    monkeypatch.setattr(SaveConfigCallback, "setup", lambda self, trainer, module, stage: saved.append(stage))
+
+    def setup(config, already_saved=False, is_global_zero=True, rank0_says=None):
+        callback = RunConfigCallback.__new__(RunConfigCallback)  # (what Lightning's constructor would set)
+        callback.already_saved, callback.config_filename, callback.config = already_saved, "config.yaml", config
+        broadcast = (lambda problem: problem) if is_global_zero else (lambda problem: rank0_says)
+        trainer = SimpleNamespace(log_dir=str(tmp_path), is_global_zero=is_global_zero,
+                                  strategy=SimpleNamespace(broadcast=broadcast))
+        callback.setup(trainer, None, "fit")
+
+    (tmp_path / "config.yaml").write_text(f"{RUN_CONFIG_HEADER}2.6.0\n")
+    setup({})  # an earlier run's file, and no --config at all
+    setup({"config": [str(tmp_path / "recipe.yaml")]})
+    assert saved == ["fit", "fit"]
+    (tmp_path / "config.yaml").write_text("# my own recipe\n")
+    with pytest.raises(ValueError, match=f"{tmp_path / 'config.yaml'} is not a configuration a run wrote"):
+        setup({"config": []})
+    setup({"config": []}, already_saved=True)  # saved by this run already (a later stage): not checked again
+    with pytest.raises(ValueError, match="the first process's reason"):
+        setup({"config": []}, is_global_zero=False, rank0_says="the first process's reason")
+    assert saved == ["fit", "fit", "fit"]
