@@ -336,7 +336,7 @@ def test_best_checkpoint_follows_the_maximum_of_an_accuracy_and_names_a_monitor_
         CheckpointPolicy(mode="maximum")
     policy, trainer = CheckpointPolicy(monitor="val/acc"), Trainer()
     policy.dirpath = tmp_path
-    for step, acc in ((10, 0.2), (20, 0.5), (30, 0.4), (40, 0.6)):
+    for step, acc in ((10, 0.2), (20, 0.5), (30, 0.4), (40, 0.6), (50, 0.6)):
         trainer.global_step, trainer.callback_metrics = step, {"val/acc": torch.tensor(acc), "val/loss": torch.tensor(1.0)}
         policy.on_validation_end(trainer, trainer.lightning_module)
     assert saved == [(10, "best.ckpt"), (20, "best.ckpt"), (40, "best.ckpt")] and policy.best_score == pytest.approx(0.6)
@@ -1072,3 +1072,101 @@ def test_the_run_refuses_to_overwrite_a_config_it_did_not_write_before_it_writes
     with pytest.raises(ValueError, match="the first process's reason"):
         setup({"config": []}, is_global_zero=False, rank0_says="the first process's reason")
     assert saved == ["fit", "fit", "fit"]
+
+
+def test_the_policy_sets_up_for_a_fit_only_clears_orphans_and_goes_first_at_the_end_once(tmp_path, caplog):
+    from recipes.training import WriteLastBeforeTrainEnd
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    orphan = folder / ".last.ckpt.tmp-999999999"  # (no such process)
+    orphan.write_bytes(b"")
+    other = L.Callback()
+    trainer = SimpleNamespace(log_dir=str(tmp_path), default_root_dir="unused", is_global_zero=False,
+                              strategy=SimpleNamespace(broadcast=lambda value: value), callbacks=[other])
+    policy = CheckpointPolicy()
+    policy.setup(trainer, None, "validate")
+    assert policy.dirpath is None and trainer.callbacks == [other]
+    policy.setup(trainer, None, "fit")
+    assert policy.dirpath == folder and orphan.exists()  # only the first process removes them
+    trainer.is_global_zero = True
+    with caplog.at_level("INFO", logger="recipes.training"):
+        policy.setup(trainer, None, "fit")
+    assert not orphan.exists() and f"removed {orphan}, left by an interrupted checkpoint write" in caplog.text
+    first, *rest = trainer.callbacks
+    assert isinstance(first, WriteLastBeforeTrainEnd) and first.policy is policy and rest == [other]
+    trainer.callbacks = [*trainer.callbacks, WriteLastBeforeTrainEnd(CheckpointPolicy())]
+    policy.setup(trainer, None, "fit")
+    assert len(trainer.callbacks) == 3  # its own is there already; another policy's does not count
+    trainer.callbacks = [other, WriteLastBeforeTrainEnd(CheckpointPolicy())]
+    policy.setup(trainer, None, "fit")
+    assert len(trainer.callbacks) == 3 and trainer.callbacks[0].policy is policy
+
+
+def test_the_logging_step_follows_the_global_step_and_a_fault_point_fires_at_a_fits_first_validation_batch(
+        monkeypatch):
+    from recipes import training
+
+    policy, trainer = CheckpointPolicy(), StepTrainer()
+    trainer.fit_loop.epoch_loop._batches_that_stepped = 4  # one ahead, as Lightning's restart left it
+    policy.on_train_batch_start(trainer, None, None, 0)
+    assert trainer.fit_loop.epoch_loop._batches_that_stepped == 3
+    points = []
+    monkeypatch.setattr(training, "fault_point", lambda point, step: points.append((point, step)))
+    for fn, sanity, batch in (("fit", False, 1), ("fit", True, 0), ("validate", False, 0), ("fit", False, 0)):
+        trainer.state, trainer.sanity_checking = SimpleNamespace(fn=fn), sanity
+        policy.on_validation_batch_start(trainer, None, None, batch)
+    assert points == [("validation", 3)]
+
+
+def test_a_checkpoint_carries_the_pending_log_and_a_resume_writes_it_first(monkeypatch):
+    policy, trainer = CheckpointPolicy(), StepTrainer()
+    checkpoint = {}
+    policy.on_save_checkpoint(trainer, None, checkpoint)
+    assert checkpoint == {}
+    policy._pending_log = {"step": 7, "metrics": {"train/loss": 2.0}}
+    policy.on_save_checkpoint(trainer, None, checkpoint)
+    assert checkpoint == {"pending_log": {"step": 7, "metrics": {"train/loss": 2.0}}}
+    resumed = CheckpointPolicy()
+    resumed.on_load_checkpoint(trainer, None, checkpoint)
+    logged = []
+    trainer.loggers = [SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)),
+                                       save=lambda: logged.append("saved"))]
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)  # (the handlers are another test's)
+    resumed.on_train_start(trainer, None)
+    resumed.on_train_start(trainer, None)
+    assert logged == [(7, {"train/loss": 2.0}), "saved"]  # once
+
+
+def test_signal_handlers_are_installed_from_the_main_thread_only():
+    import threading
+
+    policy, trainer, errors = CheckpointPolicy(), StepTrainer(), []
+
+    def start():
+        try:
+            policy.on_train_start(trainer, None)  # (signal.signal raises ValueError outside the main thread)
+        except Exception as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=start)
+    thread.start(), thread.join()
+    assert errors == [] and policy._previous_handlers == {}
+
+
+def test_a_divergence_names_the_last_finite_checkpoint_from_the_first_process(caplog):
+    from recipes.training import DivergenceError
+
+    said = []
+    for is_global_zero, error, last in ((False, DivergenceError(5, float("nan"), None), None),
+                                        (True, RuntimeError("other"), None),
+                                        (True, DivergenceError(5, float("nan"), None), None),
+                                        (True, DivergenceError(9, float("nan"), None), "c/last.ckpt")):
+        caplog.clear()
+        policy = CheckpointPolicy()
+        policy.last_path, policy.last_step = last, 4
+        with caplog.at_level("ERROR", logger="recipes.training"):
+            policy.on_exception(StepTrainer(is_global_zero=is_global_zero), None, error)
+        said.append([record.getMessage() for record in caplog.records])
+    assert said == [[], [], ["last finite checkpoint: none was written in this run"],
+                    ["last finite checkpoint: c/last.ckpt (step 4), not overwritten"]]
