@@ -711,3 +711,60 @@ def test_a_resumed_runs_model_flags_are_checked_against_its_checkpoint_one_by_on
               {"lr": 0.5, "d_model": 64, "mixers": {"A": {"n_heads": 4}}}, dict(hparams))
     with pytest.raises(ValueError, match=r"--model.d_model 32 \(the checkpoint has 64\)"):
         check(["--model.d_model", "32"], {"d_model": 32}, dict(hparams), lr_found=True)
+
+
+def test_a_named_checkpoint_is_found_and_a_run_s_own_is_logged_into_that_run(tmp_path, monkeypatch, capsys):
+    """``_resolve_checkpoint`` on its own, over the quickstart recipe's parsed configuration: ``last``/``best`` are the
+    newest of the recipe's runs; a fit from a run's checkpoint logs on in that run (TensorBoard purged from the first
+    step the checkpoint did not see logged), a validate or test into its own sub-folder of it; a file elsewhere is
+    not the run's; what is no checkpoint is named."""
+    import copy
+    from types import SimpleNamespace
+
+    from recipes.checkpoints import SHARDED_META
+    from recipes.cli import HybridCLI
+
+    monkeypatch.chdir(tmp_path)
+    parsed = main(["--config", "quickstart.yaml"], run=False, parse_only=True).config
+    run = tmp_path / "runs" / "quickstart" / "version_2" / "checkpoints"
+    run.mkdir(parents=True)
+    torch.save({"global_step": 40, "pending_log": {"step": 41, "metrics": {}}, "state_dict": {}}, run / "last.ckpt")
+    torch.save({"global_step": 30, "state_dict": {}}, run / "best.ckpt")
+    (tmp_path / "elsewhere").mkdir()
+    torch.save({"global_step": 30, "state_dict": {}}, tmp_path / "elsewhere" / "w.ckpt")
+
+    def resolve(subcommand, ckpt_path, logger="TensorBoardLogger"):
+        config, cli = copy.deepcopy(parsed), SimpleNamespace()
+        config.ckpt_path = ckpt_path
+        config.trainer.logger.class_path = f"lightning.pytorch.loggers.{logger}"
+        HybridCLI._resolve_checkpoint(cli, subcommand, config)
+        return config, cli._ckpt_in_run, getattr(config.trainer.logger, "dict_kwargs", None)
+
+    config, in_run, kwargs = resolve("fit", "last")
+    assert config.ckpt_path == str(Path("runs/quickstart/version_2/checkpoints/last.ckpt")) and in_run
+    assert config.trainer.logger.init_args.version == 2 and kwargs == {"purge_step": 41}
+    assert capsys.readouterr().out == f"resuming from {config.ckpt_path}\n"
+    config, in_run, kwargs = resolve("fit", str(run / "best.ckpt"))
+    assert in_run and kwargs == {"purge_step": 30}  # (no pending log: its own step)
+    config, in_run, kwargs = resolve("validate", "best")
+    assert config.trainer.logger.init_args.version == 2 and kwargs == {"sub_dir": "validate"}
+    assert capsys.readouterr().out == f"checkpoint: {config.ckpt_path}\n"
+    config, in_run, kwargs = resolve("fit", "last", logger="CSVLogger")
+    assert config.trainer.logger.init_args.version == 2 and kwargs is None
+    config, in_run, kwargs = resolve("test", "last", logger="CSVLogger")
+    assert config.trainer.logger.init_args.version is None and kwargs is None
+    config, in_run, kwargs = resolve("fit", str(tmp_path / "elsewhere" / "w.ckpt"))
+    assert not in_run and config.trainer.logger.init_args.version is None and kwargs is None
+
+    with pytest.raises(SystemExit, match=r"error: --ckpt_path swa: no swa.ckpt under runs/quickstart/\*/checkpoints/; "
+                                         "train first"):
+        resolve("validate", "swa")
+    with pytest.raises(SystemExit, match="error: --ckpt_path missing.ckpt: no such checkpoint file"):
+        resolve("fit", "missing.ckpt")
+    with pytest.raises(SystemExit, match=r"error: --ckpt_path .*elsewhere"):
+        resolve("fit", str(tmp_path / "elsewhere"))
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / SHARDED_META).write_bytes(b""), (shards / ".metadata").write_bytes(b"")
+    with pytest.raises(SystemExit, match=f"error: --ckpt_path {shards}: "):
+        resolve("validate", str(shards))
