@@ -833,13 +833,14 @@ def test_a_checkpoint_write_makes_its_folders_and_only_best_ckpt_passes_the_best
                                                                                                   monkeypatch):
     from recipes import training
 
-    points = []
+    points, fired = [], {}
     monkeypatch.setattr(training, "fault_point", lambda point, step: points.append((point, step)))
     for name in ("last.ckpt", "best.ckpt"):
         AtomicCheckpointIO().save_checkpoint({"global_step": 4}, tmp_path / "a" / "b" / name)
         assert torch.load(tmp_path / "a" / "b" / name)["global_step"] == 4
-    assert points == [("best_write", 4)] and sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == [
-        "best.ckpt", "last.ckpt"]  # (no temporary file left)
+        fired[name], points = points, []
+    assert fired == {"last.ckpt": [], "best.ckpt": [("best_write", 4)]}
+    assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == ["best.ckpt", "last.ckpt"]  # (no temporary file)
 
 
 def test_a_run_that_fails_before_its_first_step_removes_only_its_own_empty_folder(tmp_path, caplog):
