@@ -15,6 +15,7 @@ On top of LightningCLI (docs/training.md):
 """
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -546,19 +547,23 @@ class ParseOnlyCLI(HybridCLI):
         pass
 
 
+class DropAdvert(logging.Filter):
+    """Drops Lightning's advertisement for its cloud logger (``litlogger``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
 def quiet_lightning() -> None:
     """Lightning's advertisement for its cloud logger and a deprecation inside Lightning itself, printed on every
     run, say nothing about the run; nor its warning that a weight-averaging callback does not shard a model that
     overrides ``configure_model`` (the recipes' does so only to shard, and refuse averaging there)."""
-    import logging
     import warnings
 
-    class DropAdvert(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            return "litlogger" not in record.getMessage()
-
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(DropAdvert())
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, DropAdvert) for f in logger.filters):  # (one, however many commands a process runs)
+            logger.addFilter(DropAdvert())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r"You're using the WeightAveraging callback with a model that overrides")
 

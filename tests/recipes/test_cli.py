@@ -2,6 +2,7 @@ import ast
 import glob
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -768,3 +769,34 @@ def test_a_named_checkpoint_is_found_and_a_run_s_own_is_logged_into_that_run(tmp
     (shards / SHARDED_META).write_bytes(b""), (shards / ".metadata").write_bytes(b"")
     with pytest.raises(SystemExit, match=f"error: --ckpt_path {shards}: "):
         resolve("validate", str(shards))
+
+
+def test_lightnings_cloud_logger_advert_is_dropped_once_however_many_commands_run():
+    import logging
+
+    from recipes.cli import DropAdvert, quiet_lightning
+
+    quiet_lightning(), quiet_lightning()
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        assert sum(isinstance(f, DropAdvert) for f in logger.filters) == 1
+
+        def record(message):
+            return logging.LogRecord(name, logging.INFO, __file__, 1, message, None, None)
+
+        assert not logger.filter(record("💡 Tip: For seamless cloud logging and experiment tracking, try installing "
+                                        "[litlogger]"))
+        assert logger.filter(record("GPU available: False, used: False"))
+
+
+def test_without_arguments_main_reads_the_command_line_as_python_m_recipes_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["recipes", "--config", "quickstart.yaml", "--model.d_model", "24"])
+    cli = main(run=False, parse_only=True)
+    assert cli.config.model.d_model == 24 and sys.argv[2].endswith(os.path.join("recipes", "configs", "quickstart.yaml"))
+    monkeypatch.setattr(sys, "argv", ["recipes", "fit", "--config", "quickstart.yaml", "--optimizer", "SGD"])
+    with pytest.raises(SystemExit, match="error: --optimizer is Lightning's"):
+        main()
+    monkeypatch.setattr(sys, "argv", ["recipes", "test", "--config", "quickstart.yaml", "--model.d_modle", "3"])
+    with pytest.raises(SystemExit, match=r"\(python -m recipes test --help lists the options\)"):
+        main()
