@@ -800,3 +800,55 @@ def test_without_arguments_main_reads_the_command_line_as_python_m_recipes_does(
     monkeypatch.setattr(sys, "argv", ["recipes", "test", "--config", "quickstart.yaml", "--model.d_modle", "3"])
     with pytest.raises(SystemExit, match=r"\(python -m recipes test --help lists the options\)"):
         main()
+
+
+def test_the_trainer_a_recipe_gets_writes_atomically_with_the_zoos_callbacks_and_no_lightning_summary(tmp_path,
+                                                                                                    monkeypatch):
+    from lightning.pytorch.callbacks import ModelSummary
+
+    from recipes.run_report import FitSummaryInWorker
+    from recipes.training import AtomicCheckpointIO, CheckpointPolicy, StepProgressBar, ValidateFinalStep
+
+    monkeypatch.chdir(tmp_path)
+    trainer = main(["--config", "quickstart.yaml"], run=False).trainer
+    assert type(trainer.strategy.checkpoint_io) is AtomicCheckpointIO and trainer.gradient_clip_val == 1.0
+    kinds = [type(c) for c in trainer.callbacks]
+    assert {ValidateFinalStep, FitSummaryInWorker, CheckpointPolicy, StepProgressBar} <= set(kinds)
+    assert kinds.index(ValidateFinalStep) < kinds.index(CheckpointPolicy)  # (it asks what follows the step)
+    assert not any(isinstance(c, ModelSummary) for c in trainer.callbacks)  # the zoo's own per-block summary instead
+
+
+def test_the_cli_hooks_say_the_threads_store_the_whole_config_and_leave_a_workers_summary_to_it(tmp_path, monkeypatch,
+                                                                                                capsys):
+    from types import SimpleNamespace
+
+    from jsonargparse import Namespace
+
+    import recipes.cli as cli_module
+    from recipes.cli import HybridCLI
+
+    said = iter(["threads: 2 of 2 cores (OMP_NUM_THREADS)", None])
+    monkeypatch.setattr(cli_module, "choose_threads", lambda threads: next(said))
+    for _ in range(2):
+        HybridCLI.before_instantiate_classes(SimpleNamespace(config=Namespace(subcommand="fit",
+                                                                              fit=Namespace(threads=2))))
+    assert capsys.readouterr().out == "threads: 2 of 2 cores (OMP_NUM_THREADS)\n"
+
+    monkeypatch.chdir(tmp_path)
+    parsed = main(["--config", "quickstart.yaml"], run=False, parse_only=True)
+    texts = []
+    logger = SimpleNamespace(experiment=SimpleNamespace(add_text=lambda tag, text, step: texts.append((tag, step, text))))
+    HybridCLI.before_fit(SimpleNamespace(_parser=lambda name: parsed.parser, config={"fit": parsed.config},
+                                         trainer=SimpleNamespace(loggers=[logger, SimpleNamespace(experiment=None)],
+                                                                 global_step=5)))
+    [(tag, step, text)] = texts
+    assert (tag, step) == ("config", 5) and text.startswith("```yaml\n") and text.endswith("\n```")
+    assert "  init_from: null\n" in text and "  d_model: " in text  # every setting, the unset ones too
+
+    summaries = []
+    monkeypatch.setattr(cli_module, "fit_summary", lambda trainer, model, log_dir: summaries.append(log_dir) or "done")
+    for in_workers, is_global_zero in ((True, True), (False, False), (False, True)):
+        monkeypatch.setattr(cli_module, "trains_in_workers", lambda trainer: in_workers)
+        HybridCLI.after_fit(SimpleNamespace(trainer=SimpleNamespace(log_dir="runs/x", is_global_zero=is_global_zero),
+                                            model=None))
+    assert summaries == ["runs/x"] and capsys.readouterr().out == "done\n"

@@ -61,13 +61,14 @@ def test_a_later_file_may_change_only_the_arguments_of_a_bound_letter(tmp_path, 
     (["--trainer.logger", "nonsense.Logger"],
      "\"trainer.logger\": Problem with given class_path 'nonsense.Logger': No module named 'nonsense' (python -m"),
     (["--seed_everything", "-3"], "--seed_everything -3: a seed lies in [0, 2**32 - 1]"),
+    (["--seed_everything", str(2**32)], f"--seed_everything {2**32}: a seed lies in [0, 2**32 - 1]"),
     (["--trainer.max_steps", "-1", "--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:05"],  # an OverflowError
      "this run sets no limit on them (max_steps -1 and max_epochs -1; max_time does not say how many)"),
     (["--trainer.limit_val_batches", "1"], "--trainer.limit_val_batches 1 is read as the fraction 1.0 (every batch), "
                                            "not one batch; write 1.0 for every batch, or a count of 2 or more"),
     (["--trainer.limit_train_batches=1"], "--trainer.limit_train_batches 1 is read as the fraction 1.0"),
 ], ids=["accumulate-0", "negative-clip", "checkpointing-off", "typo", "binding-without-class", "bad-value",
-        "unknown-argument", "unknown-logger", "negative-seed", "time-only", "limit-one", "limit-one-equals"])
+        "unknown-argument", "unknown-logger", "negative-seed", "seed-past-numpy", "time-only", "limit-one", "limit-one-equals"])
 def test_a_bad_option_is_named_in_a_line_or_two(tmp_path, monkeypatch, flags, expected):
     assert expected in refused(tmp_path, monkeypatch, "fit", *TINY, *flags)
 
@@ -85,6 +86,16 @@ def trained(tmp_path_factory):
 def test_resuming_with_a_contradicting_model_flag_is_named(trained, tmp_path, monkeypatch):
     message = refused(tmp_path, monkeypatch, "fit", *TINY, "--model.d_model", "32", "--ckpt_path", str(trained))
     assert "--model.d_model 32 (the checkpoint has 16)" in message and "start a new run" in message
+
+
+def test_how_a_checkpoint_is_run_is_the_command_lines_not_the_checkpoints(trained, tmp_path, monkeypatch):
+    """``compile``, ``loss_positions`` and ``sample_tokens`` say how to run a model, not what it is: a validation of a
+    checkpoint takes them from the command line and the recipe, whatever the run recorded."""
+    monkeypatch.chdir(tmp_path)
+    cli = main(["validate", *TINY, "--ckpt_path", str(trained), "--model.sample_tokens", "7",
+                "--model.loss_positions", "labelled"])
+    assert cli.model.hparams.sample_tokens == 7 and cli.model.hparams.loss_positions == "labelled"
+    assert torch.load(trained, weights_only=True)["hyper_parameters"]["sample_tokens"] != 7
 
 
 def test_a_checkpoint_is_validated_past_its_length_with_a_flag_that_changes_no_weight(trained, tmp_path, monkeypatch,
