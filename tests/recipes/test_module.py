@@ -805,3 +805,27 @@ def test_fsdp2_makes_a_unit_of_each_block_and_one_of_tied_embedding_and_head(tmp
             assert units == [unit(m) for m in (model.embedding, model.norm, model.lm_head, *model.blocks)]
     finally:
         dist.destroy_process_group()
+
+
+def test_the_peak_is_the_datasheets_for_the_cuda_device_name_and_the_runs_precision(monkeypatch):
+    from recipes.mfu import device_peak_flops
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_peak_flops("cuda:0", "bf16-mixed") is None  # no CUDA here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert device_peak_flops("cpu", "bf16-mixed") is None  # a CPU has no entry
+    name = "NVIDIA H100 PCIe"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: name)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for name, precision, allow_tf32, peak in (
+                ("NVIDIA H100 PCIe", "bf16-mixed", False, 756e12),  # not the SXM figure "H100" also matches
+                ("NVIDIA H100 80GB HBM3", "16-mixed", False, 989e12),
+                ("NVIDIA L40S", "32-true", True, 183e12),  # fp32 through TF32
+                ("NVIDIA L40S", "32-true", False, 91.6e12),
+                ("NVIDIA L4", "bf16-true", False, 121e12),
+                ("Tesla T4", "bf16-mixed", False, None)):
+            torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+            assert device_peak_flops(torch.device("cuda", 0), precision) == peak, (name, precision)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
