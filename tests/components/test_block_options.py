@@ -94,3 +94,12 @@ def test_longer_sequences_need_extrapolate():
     with pytest.raises(ValueError, match="exceeds max_seq_len=8; .* extrapolate=True"):
         HybridLM(20, 8, "AM", mixers, max_seq_len=8)(torch.zeros(1, 9, dtype=torch.long))
     assert HybridLM(20, 8, "AM", mixers, max_seq_len=8, extrapolate=True)(torch.zeros(1, 9, dtype=torch.long)).shape == (1, 9, 20)
+
+
+def test_the_expresser_is_the_authors_layer_by_default_and_a_token_shift_projects_without_a_bias():
+    from components import TokenShift
+
+    expresser = Expresser(16, n_heads=4)
+    assert expresser.attention.positions.q_norm is None and expresser.mlp.activation == "switanh" and expresser.act_name == "silu"
+    assert repr(expresser).startswith("Expresser(\n  act=silu\n")
+    assert TokenShift(8).out_proj.bias is None

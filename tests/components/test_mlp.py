@@ -57,3 +57,14 @@ def test_bad_configuration_names_the_problem(kwargs, words):
     with pytest.raises(ValueError) as info:
         MLP(16, **kwargs)
     assert words in str(info.value)
+
+
+def test_a_gated_mlps_fused_input_projection_is_declared_as_its_two_matrices_and_a_summary_names_the_form():
+    from components import MLP
+
+    for activation, blocks in (("swiglu", {"in_proj.weight": (24, 24)}), ("switanh", {"in_proj.weight": (24, 24)}),
+                               ("gelu", {}), ("plain", {})):
+        assert MLP(16, d_ff=24, activation=activation).fused_row_blocks() == blocks, activation
+    assert repr(MLP(16, d_ff=24, activation="swisig", act="relu")) == (
+        "MLP(\n  activation=swisig, act=relu, d_ff=24\n  (in_proj): Linear(in_features=16, out_features=48, bias=False)\n"
+        "  (out_proj): Linear(in_features=24, out_features=16, bias=False)\n)")
