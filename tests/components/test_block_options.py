@@ -100,6 +100,7 @@ def test_the_expresser_is_the_authors_layer_by_default_and_a_token_shift_project
     from components import TokenShift
 
     expresser = Expresser(16, n_heads=4)
-    assert expresser.attention.positions.q_norm is None and expresser.mlp.activation == "switanh" and expresser.act_name == "silu"
+    assert expresser.attention.positions.q_norm is None  # no QK-norm
+    assert expresser.mlp.activation == "switanh" and expresser.act_name == "silu"
     assert repr(expresser).startswith("Expresser(\n  act=silu\n")
     assert TokenShift(8).out_proj.bias is None

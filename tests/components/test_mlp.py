@@ -60,8 +60,6 @@ def test_bad_configuration_names_the_problem(kwargs, words):
 
 
 def test_a_gated_mlps_fused_input_projection_is_declared_as_its_two_matrices_and_a_summary_names_the_form():
-    from components import MLP
-
     for activation, blocks in (("swiglu", {"in_proj.weight": (24, 24)}), ("switanh", {"in_proj.weight": (24, 24)}),
                                ("gelu", {}), ("plain", {})):
         assert MLP(16, d_ff=24, activation=activation).fused_row_blocks() == blocks, activation
