@@ -852,3 +852,13 @@ def test_the_cli_hooks_say_the_threads_store_the_whole_config_and_leave_a_worker
         HybridCLI.after_fit(SimpleNamespace(trainer=SimpleNamespace(log_dir="runs/x", is_global_zero=is_global_zero),
                                             model=None))
     assert summaries == ["runs/x"] and capsys.readouterr().out == "done\n"
+
+
+def test_a_parse_error_keeps_its_first_lines_and_a_class_offers_its_own_keywords_only_once_imported():
+    from recipes.cli_errors import class_options, parse_error_message
+
+    lines = [f"line {i}" for i in range(8)]
+    assert parse_error_message(ValueError("\n".join(lines))) == "\n".join(lines[:6])  # (no union: its own lines)
+    assert class_options("lightning.pytorch.loggers.CSVLogger")[:3] == ["save_dir", "name", "version"]
+    assert class_options("os.path") == []  # a module, not a class
+    assert class_options("not_imported_anywhere.Model") == []  # nothing is imported to find out
