@@ -4,6 +4,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -235,8 +236,6 @@ def test_the_summary_claims_only_the_checkpoints_written(tmp_path, monkeypatch, 
 
 
 def test_the_fit_summary_says_when_no_validation_ran():
-    from types import SimpleNamespace
-
     from recipes.run_report import fit_summary
 
     trainer = SimpleNamespace(global_step=5, max_steps=5, limit_val_batches=2, val_check_interval=200, callbacks=[],
@@ -686,8 +685,6 @@ def test_a_resumed_runs_model_flags_are_checked_against_its_checkpoint_one_by_on
     """``_check_flags_agree`` on its own: a flag that agrees passes silently, one that changes no weight is taken with
     a note, the rate a learning-rate finder replaced gives way to the checkpoint's, any other difference is refused,
     every one named in one error; the settings of how (not what) to run are not compared."""
-    from types import SimpleNamespace
-
     from recipes.cli import HybridCLI
 
     def check(args, given, recorded, lr_found=False):
@@ -720,7 +717,6 @@ def test_a_named_checkpoint_is_found_and_a_run_s_own_is_logged_into_that_run(tmp
     step the checkpoint did not see logged), a validate or test into its own sub-folder of it; a file elsewhere is
     not the run's; what is no checkpoint is named."""
     import copy
-    from types import SimpleNamespace
 
     from recipes.checkpoints import SHARDED_META
     from recipes.cli import HybridCLI
@@ -820,8 +816,6 @@ def test_the_trainer_a_recipe_gets_writes_atomically_with_the_zoos_callbacks_and
 
 def test_the_cli_hooks_say_the_threads_store_the_whole_config_and_leave_a_workers_summary_to_it(tmp_path, monkeypatch,
                                                                                                 capsys):
-    from types import SimpleNamespace
-
     from jsonargparse import Namespace
 
     import recipes.cli as cli_module

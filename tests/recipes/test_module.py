@@ -1,6 +1,7 @@
 import inspect
 import math
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -241,8 +242,6 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
 
 def configured(lm: LanguageModel, total_steps: int):
     """configure_optimizers as a trainer of ``total_steps`` optimizer steps would call it."""
-    from types import SimpleNamespace
-
     lm.trainer = SimpleNamespace(estimated_stepping_batches=total_steps)
     return lm.configure_optimizers()
 
@@ -281,8 +280,6 @@ def test_weight_decay_applies_to_matrices_only():
 def test_flops_and_mfu_are_logged_from_the_analytic_count():
     """train/flops_per_token is the model's forward count at the batches' length; train/tflops is three forwards
     per token at the measured speed; train/mfu divides by the given peak, and is absent where none is known (CPU)."""
-    from types import SimpleNamespace
-
     from components.flops import forward_flops_per_token
 
     for peak in (2e12, None):
@@ -315,8 +312,6 @@ def test_a_bad_sample_length_is_named(tokens):
 def test_tensor_parallelism_is_refused_by_name_before_anything_is_sharded():
     """``ModelParallelStrategy(tensor_parallel_size=2)``: the zoo shards over the data-parallel axis alone and has no
     tensor-parallel plan, so the setting is refused before any sharding, naming the one that works."""
-    from types import SimpleNamespace
-
     lm = LanguageModel(16, "AM", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}},
                        vocab_size=64)
     lm._device_mesh = {"tensor_parallel": SimpleNamespace(size=lambda: 2)}  # (what configure_model reads of the mesh)
@@ -383,7 +378,6 @@ def test_with_accumulation_the_logged_loss_is_the_mean_over_the_steps_micro_batc
     """Lightning logs a step's last value: under ``accumulate_grad_batches`` the module logs the mean of the step's
     micro-batches so far, restarting with each step's first (the auxiliary loss likewise)."""
     from functools import partial
-    from types import SimpleNamespace
 
     from components import RoutedMoE
 
@@ -416,8 +410,6 @@ def test_with_accumulation_the_logged_loss_is_the_mean_over_the_steps_micro_batc
     ("16-mixed", float("inf"), 1.0, True, None),
 ])
 def test_a_step_whose_loss_or_gradient_norm_is_not_finite_stops_before_the_update(precision, loss, grad, stops, norm):
-    from types import SimpleNamespace
-
     from recipes.training import DivergenceError
 
     lm = LanguageModel(16, "AM", vocab_size=20)
@@ -444,8 +436,6 @@ def test_a_step_whose_loss_or_gradient_norm_is_not_finite_stops_before_the_updat
 
 
 def test_under_several_processes_every_one_stops_if_any_step_diverged():
-    from types import SimpleNamespace
-
     from recipes.training import DivergenceError
 
     lm = LanguageModel(16, "AM", vocab_size=20)
@@ -467,8 +457,6 @@ def test_under_several_processes_every_one_stops_if_any_step_diverged():
 
 def sample_trainer(**changes):
     """A stand-in trainer for the sample hooks: a data module that decodes, one logger that takes text."""
-    from types import SimpleNamespace
-
     texts = []
     experiment = SimpleNamespace(add_text=lambda tag, text, step: texts.append((tag, text, step)))
     trainer = SimpleNamespace(datamodule=SimpleNamespace(decode=lambda ids: " ".join(map(str, ids))),
@@ -501,8 +489,6 @@ def test_a_validation_sample_continues_the_prompt_greedily_for_as_many_tokens_as
 
 @pytest.mark.parametrize("case", ["no-tokens", "no-prompt", "not-global-zero", "no-decode", "no-text-logger"])
 def test_no_validation_sample_is_written_where_one_cannot_or_should_not_be(case):
-    from types import SimpleNamespace
-
     lm = LanguageModel(16, "AM", vocab_size=20, sample_tokens=0 if case == "no-tokens" else 8)
     lm._trainer, texts = sample_trainer(**{
         "not-global-zero": {"is_global_zero": False},
@@ -526,8 +512,6 @@ def test_the_sample_prompt_is_the_first_validation_batchs_first_row_taken_once()
 
 
 def test_a_fits_validation_records_its_loss_and_logs_the_final_and_best_while_other_validations_record_nothing():
-    from types import SimpleNamespace
-
     lm = LanguageModel(16, "AM", vocab_size=20)
     logged, sampled = [], []
     lm.log = lambda name, value, **kwargs: logged.append((name, value))
@@ -619,8 +603,6 @@ def test_one_expert_has_a_load_entropy_of_one_not_a_division_by_log_one():
 
 def fit_trainer(**changes):
     """A stand-in trainer for ``setup``: what it reads, at values that pass."""
-    from types import SimpleNamespace
-
     from lightning.pytorch.accelerators import CPUAccelerator
 
     trainer = SimpleNamespace(datamodule=None, gradient_clip_val=None, accumulate_grad_batches=1,
@@ -651,8 +633,6 @@ def test_setup_takes_a_clip_of_zero_and_notes_an_interval_counted_in_batches_onl
 
 
 def test_a_resumed_fit_takes_back_the_checkpoints_random_states_and_step_and_other_loads_leave_them():
-    from types import SimpleNamespace
-
     from recipes.training import rng_states
 
     lm = LanguageModel(16, "AM", vocab_size=20)
@@ -670,8 +650,6 @@ def test_a_resumed_fit_takes_back_the_checkpoints_random_states_and_step_and_oth
 
 
 def test_tokens_per_second_are_measured_over_each_logging_window_of_whole_steps(monkeypatch):
-    from types import SimpleNamespace
-
     import recipes.module
 
     clock = [0.0]
@@ -757,8 +735,6 @@ class SettingsOnlyLogger(HyperparameterLogger):
 
 @pytest.mark.parametrize("compile, backend", [(True, "inductor"), ("aot_eager", "aot_eager")])
 def test_the_start_of_a_fit_logs_the_settings_and_sizes_and_prints_the_summary_and_notes(compile, backend, capsys):
-    from types import SimpleNamespace
-
     from lightning.pytorch.callbacks import StochasticWeightAveraging
 
     lm = LanguageModel(16, "AM", vocab_size=20, compile=compile)
@@ -783,8 +759,6 @@ def test_the_start_of_a_fit_logs_the_settings_and_sizes_and_prints_the_summary_a
 def test_fsdp2_makes_a_unit_of_each_block_and_one_of_tied_embedding_and_head(tmp_path):
     """``configure_model`` under a (one-process) data-parallel mesh: the tied embedding and head share one unit (two
     would each own the one weight), untied ones are two; a second call shards nothing again."""
-    from types import SimpleNamespace
-
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 

@@ -784,7 +784,7 @@ def test_a_process_of_another_user_counts_as_running(monkeypatch):
     under another user, and only a ProcessLookupError means it is gone."""
     from recipes.training import process_alive
 
-    def kill(pid, sig, error=None):
+    def kill(pid, sig):
         raise {1: PermissionError, 2: ProcessLookupError}[pid]()
 
     monkeypatch.setattr(os, "kill", kill)
