@@ -33,6 +33,9 @@ class RMSNorm(nn.Module):
         # fp32, at half its cost per call (what a decoding step, one token wide, pays for).
         return F.rms_norm(at_least_fp32(x), self.weight.shape, at_least_fp32(self.weight), self.eps).to(x.dtype)
 
+    def extra_repr(self) -> str:
+        return f"{self.weight.numel()}, eps={self.eps}"
+
 
 class GroupedRMSNorm(nn.Module):
     """RMSNorm over each of ``groups`` equal groups of the last dimension, then one gain per channel

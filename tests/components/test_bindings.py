@@ -82,3 +82,23 @@ def test_a_jsonargparse_binding_becomes_a_plain_partial_so_a_copy_of_the_model_l
     assert twin.blocks[0].sequence_mixer.n_heads == 2
     assert model.binding_specs()["A"] == {"class_path": "components.QCAttention",
                                           "init_args": {"n_heads": 2}}
+
+
+def test_a_printed_component_names_its_settings():
+    """``print(model)`` is how a user checks what a recipe built: each component shows the settings it was given."""
+    from components import CohesiveMoE, InnerFuncAttention, RoutedMoE
+
+    shown = {
+        QCAttention(32, n_heads=4, n_kv_heads=2, qk_norm=True):
+            ["n_heads=4, n_kv_heads=2, head_dim=8", "rope=True, qk_norm=True", "(q_norm): RMSNorm(8, eps=1e-06)"],
+        QCAttention(32, n_heads=2, rope=False): ["rope=False, qk_norm=False"],
+        RoutedMoE(32, n_experts=4, top_k=2, d_ff=16, activation="swisig"):
+            ["n_experts=4, top_k=2, normalize=False", "MLPExperts(n_experts=4, d_ff=16, activation=swisig)"],
+        CohesiveMoE(32, n_experts=6, top_k=2, d_ff=16): ["CohesiveExperts(n_experts=6, d_ff=16)"],
+        MLP(32, d_ff=48, activation="swisig"): ["activation=swisig, act=silu, d_ff=48"],
+        SSD(32, n_heads=4, d_state=8, conv=True): ["conv=True, rope=True, n_heads=4, head_dim=8, d_state=8"],
+        InnerFuncAttention(32, n_heads=4): ["inner=linear, mask=content, n_heads=4, n_kv_heads=4"],
+    }
+    for module, parts in shown.items():
+        for part in parts:
+            assert part in repr(module), (part, repr(module))

@@ -100,3 +100,98 @@ def test_tf32_is_the_precision_the_doctor_checks_under_and_says(monkeypatch, cap
         assert "fp32 dots: tf32" in capsys.readouterr().out
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_the_attention_cases_check_what_the_recipes_use_causal_bias_padding_and_a_decode_window(monkeypatch):
+    """The checks are only as good as their inputs: causal attention with a bias and a left-padded first row (the
+    others unpadded), and a decoding step that also keeps a window."""
+    import kernels.attention
+
+    calls = []
+    monkeypatch.setattr(kernels.attention, "attention", lambda **kw: calls.append(kw))
+    for make in (doctor.attention_case, doctor.attention_decode_case):
+        _, fn, inputs = make(False, 16, "cpu")
+        fn(backend="reference", **inputs)
+        kw = calls[-1]
+        mask, length = kw["key_padding_mask"], kw["k"].shape[1]
+        assert kw["causal"] is True and kw["bias"] is inputs["bias"] and kw["backend"] == "reference"
+        assert mask[0].tolist() == [True] * (length // 5) + [False] * (length - length // 5) and not mask[1:].any()
+    assert calls[0].get("keep_window") is None and calls[1]["keep_window"] == calls[1]["k"].shape[1] // 4
+
+
+def test_a_case_may_pass_arguments_that_are_not_tensors():
+    inputs = {"x": torch.randn(8, generator=torch.Generator().manual_seed(0)), "times": 3, "mask": torch.ones(8) > 0}
+    result = doctor.check("scale", "8", lambda backend, x, times, mask: x * times * mask, inputs, torch.float32)
+    assert result.ok and result.worst in ("out", "x") and result.kernel_error == result.reference_error
+
+
+def _stand_in_cases():
+    """One attention case, its decoding step and one SSD case, as the doctor lists them, each a cheap product."""
+    seen = []
+
+    def fn(backend, **a):
+        seen.append(backend)
+        return sum(v.float().sum() for v in a.values() if v.is_floating_point()) * a["q" if "q" in a else "x"]
+
+    qkv = {n: torch.randn(1, 5, 2, 4) for n in ("q", "k", "v")}
+    ssd = {"x": torch.randn(1, 5, 2, 4), "dt": torch.rand(1, 5, 2), "A": -torch.rand(2), "B": torch.randn(1, 5, 1, 4),
+           "C": torch.randn(1, 5, 1, 4), "D": torch.randn(2)}
+    return seen, [("attention", "B1 T5", fn, qkv), ("attention", "decode B1 S5", fn, qkv),
+                  ("ssd_scan", "B1 T5 chunk 8", fn, ssd)]
+
+
+def test_the_timing_table_times_each_kernel_its_reference_sdpa_and_mamba_ssm_on_the_same_inputs(monkeypatch):
+    """What a GPU's timing table holds (run here with CUDA's synchronize a no-op): forward + backward of the Triton
+    kernel and the reference per case, torch's causal SDPA beside attention, ``mamba_chunk_scan_combined`` beside
+    the SSD (a stand-in module) at chunk 64 with fp32 ``A``; the decoding step is left to the ops benchmark."""
+    import sys
+    import types
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    seen, stand_in = _stand_in_cases()
+    sdpa_calls, mamba_calls = [], []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: sdpa_calls.append(kw) or real_sdpa(q, k, v, **kw))
+
+    def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size):
+        mamba_calls.append((A.dtype, chunk_size, x.dtype))
+        return x * dt[..., None]
+
+    path = "mamba_ssm.ops.triton.ssd_combined"
+    for i, name in enumerate(path.split(".")):
+        monkeypatch.setitem(sys.modules, ".".join(path.split(".")[:i + 1]), types.ModuleType(name))
+    sys.modules[path].mamba_chunk_scan_combined = mamba_chunk_scan_combined
+    rows = doctor.timings(stand_in, torch.float64)
+    assert [row[:3] for row in rows] == [
+        ("attention", "B1 T5", "triton"), ("attention", "B1 T5", "reference"),
+        ("attention", "B1 T5", "torch SDPA (no bias)"), ("ssd_scan", "B1 T5 chunk 8", "triton"),
+        ("ssd_scan", "B1 T5 chunk 8", "reference"), ("ssd_scan", "B1 T5 chunk 8", "mamba_ssm")]
+    assert all(isinstance(row[3], float) and row[3] > 0 for row in rows)
+    assert seen == ["triton"] * 11 + ["reference"] * 11 + ["triton"] * 11 + ["reference"] * 11  # a warm-up, 10 timed
+    assert sdpa_calls and all(kw == {"is_causal": True, "enable_gqa": True} for kw in sdpa_calls)
+    assert mamba_calls and set(mamba_calls) == {(torch.float32, 64, torch.float64)}
+
+
+def test_the_backward_is_in_what_is_timed():
+    x = torch.randn(3, requires_grad=True)
+    step = doctor.forward_backward(lambda backend=None, x=None: (x * 2).sum(), {"x": x})
+    step()
+    assert x.grad is None  # the timed copy's leaves are its own
+    leaves = []
+    doctor.forward_backward(lambda x: leaves.append(x) or x * 2, {"x": x})()
+    assert leaves[0].grad.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_without_a_gpu_the_doctor_says_it_times_nothing(monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "cases", lambda cuda, device: [("mul", "8", lambda backend, x: x * 2,
+                                                                {"x": torch.randn(8)})])
+    assert doctor.main([]) == 0
+    out = capsys.readouterr().out
+    assert "timing: none without a GPU" in out and "forward + backward ms" not in out
+    assert "2 of 2 checks passed" in out and "torch's fused SDPA instead for one query" not in out
+    monkeypatch.setattr(doctor, "auto_backends", lambda device: {"attention": "triton", "ssd_scan": "reference"})
+    assert doctor.main(["--no-timing"]) == 0
+    out = capsys.readouterr().out
+    assert "backend 'auto' here: attention → triton, ssd_scan → reference" in out
+    assert "(attention: torch's fused SDPA instead for one query, for no bias" in out

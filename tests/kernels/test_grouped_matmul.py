@@ -69,3 +69,25 @@ def test_autocast_runs_both_operands_in_autocast_dtype():
 def test_mismatched_shapes_are_named():
     with pytest.raises(ValueError, match=r"need x \[R, K\], weight \[E, K, N\], ends \[E\]"):
         grouped_matmul(torch.randn(4, 8), torch.randn(2, 6, 8), torch.tensor([2, 4]))
+    # One operand wrong at a time (the other two agreeing with each other), so each check is needed.
+    for x, weight, ends in ((torch.randn(4, 8, 2), torch.randn(2, 8, 3), torch.tensor([2, 4])),
+                            (torch.randn(4, 8), torch.randn(8, 3), torch.tensor([2, 4])),
+                            (torch.randn(4, 8), torch.randn(2, 8, 3), torch.tensor([4]))):
+        with pytest.raises(ValueError, match=r"need x \[R, K\], weight \[E, K, N\], ends \[E\]"):
+            grouped_matmul(x, weight, ends)
+
+
+def test_the_custom_ops_shape_functions_and_autograd_pass_torchs_opcheck():
+    """Their fake (shape) functions give what the ops give, so torch.compile traces a mixture of experts right."""
+    ends = torch.tensor([2, 2, 5], dtype=torch.int32)
+    x, weight = torch.randn(5, 8, requires_grad=True), torch.randn(3, 8, 16, requires_grad=True)
+    for op, args in ((torch.ops.hybrid_zoo.grouped_mm.default, (x, weight, ends)),
+                     (torch.ops.hybrid_zoo.grouped_mm_weight_grad.default, (x.detach(), torch.randn(5, 16), ends))):
+        assert set(torch.library.opcheck(op, args).values()) == {"SUCCESS"}
+
+
+def test_only_cpu_and_bf16_cuda_tensors_take_the_fused_op():
+    assert [fused_available(torch.zeros(1, dtype=d)) for d in (torch.float32, torch.bfloat16, torch.float16,
+                                                              torch.float64)] == [True, True, True, False]
+    for dtype in (torch.bfloat16, torch.float32):  # neither CPU nor CUDA: the loop, without asking CUDA anything
+        assert fused_available(torch.zeros(1, dtype=dtype, device="meta")) is False

@@ -1,0 +1,128 @@
+"""What ``generate``, ``eval`` and ``hf export`` share about a trained run (``recipes.runs``): its recipe, which
+checkpoint ``last``/``best``/``swa`` names, its run folder and the data section it trained with, its data module."""
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+import recipes.data.corpus as corpus_module
+from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_recipe, run_folder, sweep_root,
+                          trusted_classes, with_run_data)
+
+TENSORBOARD = "lightning.pytorch.loggers.TensorBoardLogger"
+
+
+def written(path: Path, mtime: float) -> Path:
+    """An (empty) checkpoint file at ``path`` whose modification time is ``mtime``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def test_a_recipe_is_read_from_a_path_or_the_bundled_configs_and_a_sweep_root_is_folder_then_name(tmp_path):
+    (tmp_path / "mine.yaml").write_text("model:\n  d_model: 8\n")
+    assert load_recipe(str(tmp_path / "mine.yaml")) == {"model": {"d_model": 8}}
+    assert "model" in load_recipe("ablate_moe.yaml")  # a bundled recipe, by name
+    assert sweep_root(Path("recipes/configs/english/moe/topk.yaml")) == Path("runs/moe/topk")
+
+
+def test_a_named_checkpoint_is_the_newest_under_the_loggers_folder_and_a_file_is_taken_as_it_is(tmp_path):
+    assert checkpoint_path({}, "some/file.ckpt") == "some/file.ckpt"
+    logs = tmp_path / "logs"
+    recipe = {"trainer": {"logger": {"class_path": TENSORBOARD, "init_args": {"save_dir": str(logs), "name": "x"}}}}
+    written(logs / "x" / "version_0" / "checkpoints" / "last.ckpt", 1_000)
+    newer = written(logs / "x" / "version_1" / "checkpoints" / "last.ckpt", 2_000)
+    best = written(logs / "x" / "version_0" / "checkpoints" / "best.ckpt", 500)
+    assert checkpoint_path(recipe, "last") == str(newer)
+    assert checkpoint_path(recipe, "best") == str(best)
+    with pytest.raises(FileNotFoundError, match=rf"--ckpt_path swa: no swa.ckpt under {logs / 'x'}/\*/checkpoints/"):
+        checkpoint_path(recipe, "swa")
+    with pytest.raises(FileNotFoundError, match=r"no last.ckpt under no run folder \(the recipe logs nothing\)"):
+        checkpoint_path({"trainer": {"logger": False}}, "last")
+
+
+def test_a_recipe_on_lightnings_default_logger_finds_its_runs_in_lightning_logs_and_its_sweeps_folder(
+        tmp_path, monkeypatch):
+    """With no logger named, ``fit`` writes ``lightning_logs/`` and a sweep ``runs/<folder>/<name>/``: the newest of
+    both; without the recipe's file only the first; a recipe that names its logger only that logger's folder."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "family" / "a.yaml"
+    config.parent.mkdir()
+    config.write_text("model: {}\n")
+    fit = written(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", 1_000)
+    swept = written(tmp_path / "runs" / "family" / "a" / "seed0" / "checkpoints" / "last.ckpt", 2_000)
+    assert checkpoint_path({}, "last", str(config)) == str(Path("runs/family/a/seed0/checkpoints/last.ckpt"))
+    os.utime(fit, (3_000, 3_000))
+    assert checkpoint_path({}, "last", str(config)) == str(Path("lightning_logs/version_0/checkpoints/last.ckpt"))
+    os.utime(fit, (1_000, 1_000))
+    assert checkpoint_path({}, "last") == str(Path("lightning_logs/version_0/checkpoints/last.ckpt"))
+    named = {"trainer": {"logger": {"class_path": TENSORBOARD, "init_args": {"save_dir": "tb", "name": "n"}}}}
+    with pytest.raises(FileNotFoundError, match=r"no last.ckpt under tb/n/\*/checkpoints/; train first"):
+        checkpoint_path(named, "last", str(config))
+    assert swept.exists()
+
+
+def test_the_classes_a_checkpoint_may_name_are_the_recipes_model_bindings_and_the_allowed_ones():
+    recipe = {"model": {"mixers": {"A": {"class_path": "components.QCAttention"}, "M": {"class_path": "my.MLP"}}}}
+    args = SimpleNamespace(allow_classes=["extra.Thing"])
+    assert trusted_classes(recipe, args) == ["extra.Thing", "components.QCAttention", "my.MLP"]
+    assert trusted_classes({"model": None}, args) == ["extra.Thing"]
+
+
+def test_a_checkpoint_of_another_tokenizer_is_refused_by_name(tmp_path):
+    checkpoint = tmp_path / "run.ckpt"
+    torch.save({"state_dict": {}, "tokenizer": "a" * 64}, checkpoint)
+    same = SimpleNamespace(tokenizer_fingerprint=lambda: "a" * 64, tokenizer_path="tok.json")
+    other = SimpleNamespace(tokenizer_fingerprint=lambda: "b" * 64, tokenizer_path="tok.json")
+    check_tokenizer(same, checkpoint)
+    with pytest.raises(ValueError, match=rf"{checkpoint}: the checkpoint was trained on text tokenized by another "
+                                         r"tokenizer \(hash aaaaaaaaaaaa\).*bbbbbbbbbbbb, from the tokenizer file tok"):
+        check_tokenizer(other, checkpoint)
+
+
+def test_a_run_folder_holds_its_checkpoints_folder_and_lends_its_data_section_to_the_recipe(tmp_path):
+    run = tmp_path / "version_3"
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    assert run_folder(checkpoint) == run
+    assert run_folder(tmp_path / "loose.ckpt") is None
+    recipe = {"model": {"d_model": 8}, "data": {"class_path": "recipes.data.TextCorpus", "init_args": {"seq_len": 8}}}
+    assert with_run_data(recipe, checkpoint) is recipe  # the run kept no config.yaml
+    assert with_run_data(recipe, tmp_path / "loose.ckpt") is recipe
+    run.mkdir()
+    trained = {"class_path": "recipes.data.TextCorpus", "init_args": {"seq_len": 64}}
+    (run / "config.yaml").write_text(yaml.safe_dump({"model": {"d_model": 99}, "data": trained}))
+    assert with_run_data(recipe, checkpoint) == {"model": {"d_model": 8}, "data": trained}  # the run's data only
+    for kept in ({"data": None}, {"data": {"init_args": {"seq_len": 64}}}, {}):
+        (run / "config.yaml").write_text(yaml.safe_dump(kept))
+        assert with_run_data(recipe, checkpoint) is recipe
+    (run / "config.yaml").write_text("")
+    assert with_run_data(recipe, checkpoint) is recipe
+
+
+def test_a_data_module_is_built_from_the_recipe_and_for_text_only_without_its_corpus(monkeypatch):
+    """``text_only`` drops the corpus arguments of a ``TokenizedCorpus`` that has a tokenizer file (it need not be on
+    this machine), and only then."""
+
+    class Recording(corpus_module.TokenizedCorpus):
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    monkeypatch.setattr(corpus_module, "Recording", Recording, raising=False)
+    section = {"class_path": "recipes.data.corpus.Recording",
+               "init_args": {"paths": ["a.txt"], "dataset": "d", "domains": {"x": 1}, "tokenizer": "t.json",
+                             "seq_len": 8}}
+    assert data_module({"data": section}).kwargs == section["init_args"]
+    assert data_module({"data": section}, text_only=True).kwargs == {"tokenizer": "t.json", "seq_len": 8}
+    untokenized = {**section, "init_args": {k: v for k, v in section["init_args"].items() if k != "tokenizer"}}
+    assert data_module({"data": untokenized}, text_only=True).kwargs == untokenized["init_args"]
+    assert data_module({"data": {"class_path": "recipes.data.corpus.Recording"}}).kwargs == {}
+    plain = data_module({"data": {"class_path": "recipes.data.MQAR", "init_args": {"seq_len": 24}}}, text_only=True)
+    assert type(plain).__name__ == "MQAR" and plain.train.task["seq_len"] == 24
+    for data in (None, {}, {"class_path": "recipes.data.corpus.tokenizer_problem"}):
+        with pytest.raises(ValueError, match="the recipe's data section names no data module class"):
+            data_module({"data": data})
