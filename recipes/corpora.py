@@ -23,7 +23,6 @@ import gzip
 import hashlib
 import io
 import json
-import lzma
 import random
 import re
 import sys
@@ -74,11 +73,7 @@ def deb_members(data: bytes) -> dict[str, bytes]:
         header = data[at:at + 60]
         name, size = header[:16].decode().strip().rstrip("/"), int(header[48:58].decode().strip())
         body = data[at + 60:at + 60 + size]
-        if name.startswith("data.tar"):
-            if name.endswith(".xz"):
-                body = lzma.decompress(body)
-            elif name.endswith(".gz"):
-                body = gzip.decompress(body)
+        if name.startswith("data.tar"):  # .xz or .gz: tarfile finds the compression itself
             return tar_members(body)
         at += 60 + size + (size % 2)  # members are 2-byte aligned
     raise ValueError("the Debian package has no data.tar member")

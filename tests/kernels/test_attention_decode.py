@@ -51,11 +51,13 @@ def test_a_sequence_with_no_key_returns_zeros_and_an_empty_split_weighs_nothing(
     torch.testing.assert_close(got, reference(q, k, v, b, pad, None), rtol=2e-5, atol=2e-5)
 
 
-def test_merging_splits_is_the_softmax_over_all_their_keys():
+@pytest.mark.parametrize("offset", [0.0, 200.0])
+def test_merging_splits_is_the_softmax_over_all_their_keys(offset):
     """``merge_splits`` alone, on partials computed here: the split-wise maxima, sums and weighted values of a
-    row of scores give its softmax average, an all-masked split included."""
+    row of scores give its softmax average, an all-masked split included; scores far above exp's fp32 range
+    (``offset``, a large bias) included."""
     torch.manual_seed(1)
-    scores, values = torch.randn(12), torch.randn(12, 5)
+    scores, values = torch.randn(12) + offset, torch.randn(12, 5)
     scores[4:8] = float("-inf")  # the second split allows nothing
     m, l, acc = [], [], []
     for part in range(3):
@@ -145,3 +147,23 @@ def test_a_model_built_with_the_triton_backend_decodes_through_the_kernel_as_wit
     got = models["triton"].generate(prompt, 5, padding_mask=mask)
     assert len(calls) == 2 * 4  # two layers, four steps (the last token is not fed back)
     assert torch.equal(got, models["reference"].generate(prompt, 5, padding_mask=mask))
+
+
+def test_the_tiles_and_splits_are_those_the_docstrings_give(monkeypatch):
+    """The interpreter's tiles, CUDA's for fp32 and for 16-bit (the group's query heads padded to 16 rows); splits
+    that fill the GPU twice over without a split of less than one key block (up to 4 on a CPU)."""
+    from types import SimpleNamespace
+
+    decode_config, decode_splits = attention_decode.decode_config, attention_decode.decode_splits
+    tiles = lambda c: (c["BLOCK_G"], c["BLOCK_N"], c["BLOCK_D"], c["num_warps"], c["num_stages"])  # noqa: E731
+    assert tiles(decode_config(64, 4, False, torch.float32)) == (16, 16, 64, 4, 1)
+    assert tiles(decode_config(24, 32, False, torch.float16)) == (32, 16, 32, 4, 1)
+    assert tiles(decode_config(128, 4, True, torch.float32)) == (16, 16, 128, 4, 3)
+    assert tiles(decode_config(128, 4, True, torch.bfloat16)) == (16, 32, 128, 8, 3)
+    cpu = torch.device("cpu")
+    assert [decode_splits(b, 1, 100, 16, cpu) for b in (1, 2, 3, 4, 8)] == [4, 2, 2, 1, 1]
+    assert decode_splits(1, 1, 20, 16, cpu) == 2  # two key blocks: two splits at most
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    gpu = torch.device("cuda", 0)
+    assert [decode_splits(b, 8, 4096, 32, gpu) for b in (1, 8, 33, 64)] == [33, 5, 1, 1]
+    assert decode_splits(1, 1, 64, 32, gpu) == 2
