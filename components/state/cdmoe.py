@@ -167,4 +167,5 @@ class CDMoE(ForwardRecords, nn.Module):
 
     def extra_repr(self) -> str:
         return (f"n_experts={self.n_experts}, n_keys={self.n_keys}, n_heads={self.n_heads}, top_k={self.top_k}, "
-                f"key_dim={self.key_dim}, act={self.act_name}, cross_domain={self.cross_domain}")
+                f"key_dim={self.key_dim}, act={self.act_name}, cross_domain={self.cross_domain}, "
+                f"balance_loss={self.balance_loss}")

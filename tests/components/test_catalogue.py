@@ -25,3 +25,28 @@ def test_catalogue_entries_are_sequence_and_state_mixers_of_width_32():
     x = torch.randn(2, 5, 32)
     for name, factory in {**SEQUENCE_MIXERS, **STATE_MIXERS}.items():
         assert factory(32)(x).shape == x.shape, name
+
+
+def test_each_entry_builds_the_variant_its_name_promises():
+    """The contract tests cover a switch only if some entry turns it on: each entry's printed settings hold what its
+    name says (a flipped switch would quietly drop that variant from every contract test)."""
+    promises = {
+        "QCAttention": ["n_heads=4, n_kv_heads=2", "rope=True, qk_norm=False"],
+        "QCAttention no RoPE, QK-norm": ["rope=False, qk_norm=True"],
+        "IFA content_exp, window 5": ["mask=content_exp", "keep_window=5", "qk_norm=True"],
+        "IFA retrieval, window 3": ["inner=retrieval", "keep_window=3"],
+        "IFA ssd value": ["inner=ssd", "SSDValue(\n    conv=True, rope=False"],
+        "SSD rope": ["conv=False, rope=True", "gate=False"],
+        "SSD decay": ["conv=False, rope=False"],
+        "SSD conv+rope, gate, 2 groups": ["conv=True, rope=True", "n_groups=2", "gate=True"],
+        "SSD conv, gate, recompute": ["conv=True, rope=False", "gate=True, recompute=True"],
+        "RoutedMoE top-1": ["top_k=1"],
+        "RoutedMoE normalized, swisig": ["top_k=3, normalize=True", "activation=swisig"],
+        "MLP switanh": ["activation=switanh"],
+        "CDMoE, balance loss": ["balance_loss=True"],
+        "CDMoE Doge": ["cross_domain=parallel, balance_loss=False", "activation=swiglu"],
+    }
+    for name, parts in promises.items():
+        shown = repr({**SEQUENCE_MIXERS, **STATE_MIXERS}[name](32))
+        for part in parts:
+            assert part in shown, (name, part, shown)

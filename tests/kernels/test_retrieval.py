@@ -48,6 +48,13 @@ def test_expert_mix_rejects_mismatched_shapes():
         expert_mix(x, torch.zeros(4, 2, 3, dtype=torch.long), torch.ones(4, 2, 3), torch.randn(10, 5), torch.randn(10, 5))
     with pytest.raises(ValueError, match="act='tanh'"):
         expert_mix(x, torch.zeros(4, 2, 3, dtype=torch.long), torch.ones(4, 2, 3), rows, rows, act="tanh")
+    ids, weights = torch.zeros(4, 2, 3, dtype=torch.long), torch.ones(4, 2, 3)
+    with pytest.raises(ValueError, match=r"need x \[M, d\] .*got x \(4, 6, 1\)"):  # x alone of the wrong rank
+        expert_mix(x[..., None], ids, weights, rows, rows)
+    with pytest.raises(ValueError, match=r"must both be \[M=4, H, k\]; got experts \(4, 3\)"):  # experts alone 2-D
+        expert_mix(x, ids[:, 0], weights[:, 0], rows, rows)
+    with pytest.raises(ValueError, match="experts must hold integer ids; got torch.float32"):
+        expert_mix(x, ids.float(), weights, rows, rows)
 
 
 def test_gathering_the_up_rows_mixes_as_embedding_bag_does():

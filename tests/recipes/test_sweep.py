@@ -818,6 +818,29 @@ def test_a_requeued_job_resumes_from_its_own_last_checkpoint(tmp_path):
     assert isinstance(again.function, RecipeJob) and again.function.command == command
 
 
+def test_a_job_runs_its_command_in_its_folder_with_its_environment_and_appends_to_its_log(tmp_path):
+    """What a SLURM job runs (``RecipeJob.__call__``): the command in ``cwd`` with the run's environment on top of the
+    job's, output and errors appended to the run's log, its exit status returned; continued from ``last.ckpt``."""
+    import sys
+
+    from recipes.launchers import RecipeJob
+
+    script = ("import os, sys; print(os.getcwd(), os.environ['ZOO_TEST'], 'PATH' in os.environ, sys.argv[1:], flush=True); "
+              "print('to stderr', file=sys.stderr); sys.exit(3)")
+    log, folder = tmp_path / "run.log", tmp_path / "run"
+    log.write_text("earlier output\n")
+    (tmp_path / "cwd").mkdir()
+    job = RecipeJob([sys.executable, "-c", script], {"ZOO_TEST": "seven"}, log, folder, tmp_path / "cwd")
+    assert job() == 3
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert job() == 3
+    lines = log.read_text().splitlines()
+    assert lines[0] == "earlier output" and lines.count("to stderr") == 2
+    assert lines[1] == f"{tmp_path / 'cwd'} seven True []"
+    assert lines[3] == f"{tmp_path / 'cwd'} seven True ['--ckpt_path', '{folder / 'checkpoints' / 'last.ckpt'}']"
+
+
 def test_starting_checkpoints_take_each_pairs_first_finished_run_and_name_every_gap_in_one_error(tmp_path):
     """Fine-tuning's sources, without training: (recipe name, seed) → the first finished run's ``last.ckpt`` over the
     earlier sweeps in the order given; a failed run is passed over; runs of another family, pairs no sweep finished
