@@ -61,3 +61,57 @@ def test_a_documented_signature_is_the_real_one(where, name, params):
     unquote = lambda rows: [(n, k, None if d is None else d.replace('"', "'")) for n, k, d in rows]  # noqa: E731
     assert unquote(parameters(name, params)) == unquote(real_parameters(NAMESPACE[name])), \
         f"{where} prints {name}({params.strip()}), which is not its signature {inspect.signature(NAMESPACE[name])}"
+
+
+def single_default(text: str, real) -> list:
+    """The one default a parameter's description gives — ``(default X`` or ``; default X`` (X a literal, or a word
+    for a string parameter), else the choice written just before ``(default`` — or none."""
+    for pattern in (r"(?:\(|; )default:? ``([^`]*)``", r"(?:\(|; )default:? ([^;,:)`]+)", r"``(\w+)`` \(default"):
+        if found := re.search(pattern, text):
+            value = found.group(1).strip()
+            try:
+                return [ast.literal_eval(value)]
+            except (ValueError, SyntaxError):
+                if re.fullmatch(r"\w+", value) and isinstance(real, str):
+                    return [value]
+    return []
+
+
+def documented_defaults() -> list[tuple[str, str, object, object]]:
+    """(owner, parameter, the default its docstring's ``Args:`` gives, the real default) for every exported component
+    and kernel entry point: ``name: … (default X…)``, ``… ``X`` (default…`` in a list of choices, ``a, b: … (defaults
+    X, Y)``, and ``a, b: as :class:`Other``` (then Other's defaults). A default described in words is left out."""
+    owners = {name: value for module in (components, components.sequence, components.state, kernels.attention,
+                                         kernels.retrieval, kernels.ssd)
+              for name, value in vars(module).items() if callable(value) and not name.startswith("_")}
+    found = []
+    for owner, obj in sorted(owners.items()):
+        doc = inspect.getdoc(obj) or ""
+        section = re.search(r"^Args:\n(.*?)(?:\n\n|\Z)", doc, flags=re.S | re.M)
+        if section is None:
+            continue
+        real = {n: p.default for n, p in inspect.signature(obj).parameters.items()}
+        for names, text in re.findall(r"^    ([\w, ]+): (.*?)(?=^    [\w, ]+: |\Z)", section.group(1), flags=re.S | re.M):
+            names, text = [n.strip() for n in names.split(",")], " ".join(text.split())
+            pairs = []  # (parameter, documented default)
+            if other := re.match(r"as :class:`(\w+)`", text):
+                theirs = inspect.signature(owners[other.group(1)]).parameters
+                pairs += [(n, theirs[n].default) for n in names if n in theirs]
+            if many := re.search(r"\(defaults ([^;)]*)", text):
+                pairs += zip(names, [ast.literal_eval(v.strip()) for v in many.group(1).split(",")])
+            elif len(names) == 1:
+                pairs += [(names[0], shown) for shown in single_default(text, real.get(names[0]))]
+            found += [(owner, n, shown, real[n]) for n, shown in pairs if n in real]
+    return found
+
+
+def test_every_default_a_docstring_gives_is_the_real_one():
+    """A flipped default (``recompute=True``, ``normalize=True``) changes every recipe that leaves it out; the
+    docstrings say what each default is, and this holds them to it."""
+    checked = documented_defaults()
+    wrong = [f"{owner}({name}): the docstring says {shown!r}, the signature {real!r}"
+             for owner, name, shown, real in checked if shown != real]
+    assert not wrong, "\n".join(wrong)
+    owners = {owner for owner, *_ in checked}
+    assert len(checked) >= 60 and {"HybridLM", "SSD", "QCAttention", "InnerFuncAttention", "CohesiveMoE", "ExpansiveMoE",
+                                   "CDMoE", "RoutedMoE", "MLP", "ssd_scan", "attention"} <= owners, sorted(owners)
