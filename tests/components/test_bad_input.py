@@ -9,7 +9,7 @@ import torch
 
 from components.catalogue import SEQUENCE_MIXERS, STATE_MIXERS
 from components import (
-    CDMoE, SSD, Context, HybridLM, PatternError, parse_pattern,
+    CDMoE, SSD, Context, HybridLM, PatternError, QCAttention, parse_pattern,
 )
 
 SEQUENCE = {name: partial(factory, 32) for name, factory in SEQUENCE_MIXERS.items()}  # components/catalogue.py
@@ -71,6 +71,37 @@ def test_model_takes_empty_input_and_refuses_a_non_bool_padding_mask():
         Context(position_ids=ids, padding_mask=mask).zero_padding(torch.randn(2, 4, 8))
 
 
+def test_the_models_inputs_are_checked_by_name_and_positions_past_max_seq_len_are_refused():
+    """Each of ``input_ids``' companions is named with the shape it needs; a position past ``max_seq_len`` (RoPE's
+    trained range) is refused unless the model extrapolates, in eval with the values found, in training by an
+    assert on the device (no host sync), which names the rule."""
+    model = HybridLM(50, 16, "AM", mixers={"A": partial(QCAttention, n_heads=2)}, max_seq_len=8).eval()
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    for bad, got in ((ids.float(), r"torch.float32 \(2, 3\)"), (ids[0], r"torch.int64 \(3,\)")):
+        with pytest.raises(ValueError, match=rf"HybridLM: input_ids must be an integer tensor \[B, T\]; got {got}"):
+            model(bad)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, vocab_size=50\); got values in \[0, 50\]"):
+        model(torch.tensor([[0, 50, 1]]))
+    for name, wrong in (("position_ids", ids[:, :2]), ("padding_mask", ids[:, :2].bool()), ("document_ids", [0, 1, 2])):
+        got = "list" if isinstance(wrong, list) else r"\(2, 2\)"
+        with pytest.raises(ValueError, match=rf"HybridLM: {name} must have the shape of input_ids \(2, 3\); got {got}"):
+            model(ids, **{name: wrong})
+    rule = r"position_ids must be >= 0 and below max_seq_len=8 \(extrapolate=True stretches RoPE past it\)"
+    for positions, values in (([[0, 1, 8], [0, 1, 2]], "0, 8"), ([[-1, 0, 1], [5, 6, 7]], "-1, 7")):
+        with pytest.raises(ValueError, match=rf"HybridLM: {rule}; got values in \[{values}\]"):
+            model(ids, position_ids=torch.tensor(positions))
+        with pytest.raises(RuntimeError, match=rf"HybridLM: {rule}"):
+            model.train()(ids, position_ids=torch.tensor(positions))
+        model.eval()
+    assert model(ids, position_ids=torch.tensor([[5, 6, 7], [0, 1, 2]])).shape == (2, 3, 50)  # the last trained one
+    stretched = HybridLM(50, 16, "AM", mixers={"A": partial(QCAttention, n_heads=2)}, max_seq_len=8,
+                         extrapolate=True).eval()
+    assert stretched(ids, position_ids=torch.tensor([[0, 9, 20], [0, 1, 2]])).shape == (2, 3, 50)
+    with pytest.raises(ValueError, match=r"position_ids must be >= 0 \(extrapolate=True stretches RoPE past it\); "
+                                         r"got values in \[-1, 2\]"):
+        stretched(ids, position_ids=torch.tensor([[-1, 1, 2], [0, 1, 2]]))
+
+
 def left_padded(batch: int = 3, T: int = 11, pad: tuple = (0, 4, 7)) -> torch.Tensor:
     mask = torch.zeros(batch, T, dtype=torch.bool)
     for b, n in enumerate(pad):
@@ -129,8 +160,6 @@ def test_a_model_with_a_nan_pad_embedding_computes_what_it_computes_without_it()
 
 
 def test_bindings_that_would_fail_later_or_silently_are_named_at_build():
-    from components import QCAttention
-
     build = partial(HybridLM, vocab_size=64, d_model=32, pattern="AM×2")
     # a module instead of a factory: called with d_model, it ran a forward on an int
     with pytest.raises(TypeError, match=r"letter 'A' is a QCAttention module; bind a factory .*functools.partial"):
@@ -148,6 +177,8 @@ def test_bindings_that_would_fail_later_or_silently_are_named_at_build():
         build(mixers={"A": QCAttention, "M": STATE_MIXERS["MLP"], "Z": lambda d: torch.nn.Identity()})  # of any kind
         # spare sequence mixers while only a state mixer takes its default (a helper reused across patterns)
         build(pattern="-M -M", mixers={"S": SSD, "A": partial(QCAttention, n_heads=2)})
+        # and spare state mixers while only a sequence mixer takes its default
+        build(mixers={"M": STATE_MIXERS["MLP"], "Z": STATE_MIXERS["RoutedMoE"], "Y": STATE_MIXERS["CDMoE Doge"]})
 
 
 @pytest.mark.parametrize("pattern, problem", [
@@ -201,6 +232,7 @@ def test_constructor_arguments_out_of_range_are_named():
         with pytest.raises(ValueError, match=rf"HybridLM: padding_idx={bad!r} must be a token id in \[0, vocab_size=50\)"):
             HybridLM(50, 16, "-M", padding_idx=bad)
     assert HybridLM(50, 16, "-M", padding_idx=49).embedding.padding_idx == 49  # the last id is a token
+    assert HybridLM(50, 16, "-M", padding_idx=0).embedding.padding_idx == 0  # and the first
     for key in ("SM", "a", 1):
         with pytest.raises(ValueError, match=rf"HybridLM: mixers key {key!r} is not a pattern letter"):
             HybridLM(50, 16, "-M", mixers={key: MLP})
@@ -221,7 +253,7 @@ def test_init_std_draws_every_linear_and_embedding_weight_and_keeps_the_padding_
     torch.manual_seed(0)
     model = HybridLM(300, 64, "AM", padding_idx=7, init_std=0.5)
     weights = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
-    assert len(weights) >= 6 and all(0.45 < float(w.std()) < 0.55 and abs(float(w.mean())) < 0.05 for w in weights)
+    assert len(weights) >= 6 and all(0.45 < float(w.detach().std()) < 0.55 and abs(float(w.detach().mean())) < 0.05 for w in weights)
     assert not model.embedding.weight[7].any() and model.embedding.weight[6].abs().sum() > 0
     assert float(HybridLM(300, 64, "AM").lm_head.weight.std()) < 0.1  # without it: torch's own initialisation
 

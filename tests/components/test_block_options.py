@@ -61,6 +61,9 @@ def test_a_whole_block_has_no_state_mixer_and_is_no_mixer_of_a_block():
     mixers = {"O": partial(Expresser, n_heads=2)}
     with pytest.raises(PatternError, match="letter 'O' binds a whole block \\(Expresser\\), which has no state mixer: write its token O-"):
         HybridLM(20, 8, "AM OM", {"A": partial(QCAttention, n_heads=2), **mixers})
+    with pytest.raises(PatternError, match="column 5: letter 'O'") as info:  # the state letter's column
+        HybridLM(20, 8, "AM OM", {"A": partial(QCAttention, n_heads=2), **mixers})
+    assert info.value.column == 5
     with pytest.raises(ValueError, match="Expresser is a whole block, not a sequence mixer"):
         Block(8, Expresser(8, n_heads=2), None)
 

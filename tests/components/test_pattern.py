@@ -79,6 +79,9 @@ def test_unbound_letter_lists_the_bound_letters():
     assert "letter 'Q' is not bound" in message
     assert "column 4" in message
     assert "bound: A, C, E, H, I, M, R, S, X" in message
+    with pytest.raises(PatternError, match="column 5: letter 'Q' is not bound") as info:
+        HybridLM(16, 32, "AM AQ", mixers={"S": lambda d: None})  # an unbound state letter: its own column
+    assert info.value.column == 5
 
 
 def test_the_limits_are_inclusive_and_a_count_of_one_is_the_unit_itself():
