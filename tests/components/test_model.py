@@ -39,6 +39,12 @@ def test_tied_embeddings_share_the_matrix_and_count_once():
     assert tied.lm_head.weight is tied.embedding.weight
     assert count_parameters(untied) - count_parameters(tied) == 50 * 32
     assert count_active_parameters(tied) == count_parameters(tied)
+    # a child that shares one of its parameters with its parent and owns another: each counted once
+    parent = torch.nn.Module()
+    parent.shared = torch.nn.Parameter(torch.zeros(3, 4))
+    parent.child = torch.nn.Linear(4, 3)
+    parent.child.weight = parent.shared
+    assert count_active_parameters(parent) == count_parameters(parent) == 12 + 3
 
 
 def test_sequence_longer_than_supported_is_refused():
@@ -169,6 +175,8 @@ def test_summary_lists_every_block_and_the_total():
     rows = [line for line in text.splitlines() if line.strip().startswith(("0 ", "1 "))]
     assert len(rows) == 2 and "-M" in rows[1]
     assert f"total parameters: {count_parameters(model):,}" in text
+    table = text.splitlines()[1:-1]  # the header, a rule, the blocks, embed and head, a rule: one width, aligned
+    assert len({len(line) for line in table}) == 1 and len(table) == 7
 
 
 def test_invalid_sizes_are_refused():

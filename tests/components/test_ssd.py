@@ -102,7 +102,8 @@ def test_s_is_bound_to_ssd_by_default():
     "kwargs, words",
     [
         (dict(d_state=7, rope=True), "d_state=7 must be even for rope=True"),
-        (dict(n_heads=3), "d_model=32 is not divisible by n_heads=3"),
+        (dict(n_heads=3), "SSD: d_model=32 is not divisible by n_heads=3"),
+        (dict(n_heads=3, expand=2), "SSD: expand·d_model=64 is not divisible by n_heads=3"),
         (dict(head_dim=5), "expand·d_model=32 is not divisible by head_dim=5"),
         (dict(n_heads=4, n_groups=3), "n_heads=4 is not divisible by n_groups=3"),
         (dict(n_heads=4, head_dim=8), "give n_heads=4 or head_dim=8, not both"),
