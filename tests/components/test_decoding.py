@@ -3,6 +3,7 @@ and every tiny named architecture, with and without left padding; greedy generat
 loop over full forwards; SSD's cache does not grow with the generated length."""
 
 import copy
+import itertools
 import math
 import re
 import warnings
@@ -42,13 +43,15 @@ def relative(got, want, valid=None):
     return ((got - want).abs().max() / want.abs().max()).item()
 
 
-def in_pieces(mixer, x, positions, mask, prefill, static=False):
-    """The mixer over ``x [B, T, d]`` as decoding runs it: a prefill of ``prefill`` tokens, then one at a time
-    (``static``: the fixed-shape steps of a compiled decoder, over a capacity beyond ``T``)."""
+def in_pieces(mixer, x, positions, mask, prefill, static=False, sizes=None):
+    """The mixer over ``x [B, T, d]`` as decoding runs it: a prefill of ``prefill`` tokens, then one at a time, or
+    pieces of ``sizes`` tokens each (``static``: the fixed-shape steps of a compiled decoder, over a capacity beyond
+    ``T``)."""
     B, T = x.shape[:2]
     cache = InferenceCache(B, T + 5 * static, static=static)
     outs = []
-    for start, stop in [(0, prefill), *((t, t + 1) for t in range(prefill, T))]:
+    edges = list(itertools.accumulate([prefill, *(sizes or [1] * (T - prefill))]))  # where each piece ends
+    for start, stop in zip([0, *edges[:-1]], edges):
         piece = None if mask is None else mask[:, start:stop]
         cache.begin(stop - start, piece)
         outs.append(mixer(x[:, start:stop], Context(position_ids=positions[:, start:stop], padding_mask=piece, cache=cache)))
@@ -69,6 +72,20 @@ def test_prefill_then_steps_equals_the_full_forward(name, prefill, with_padding)
     full = mixer(x, Context(position_ids=positions, padding_mask=mask))
     valid = None if mask is None else ~mask
     assert relative(in_pieces(mixer, x, positions, mask, prefill), full, valid) <= 1e-5
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_a_cache_continued_by_several_tokens_at_once_equals_the_full_forward(name):
+    """After the prefill, pieces of several tokens (a chunked prefill, a speculative draft checked at once) as well
+    as single steps: what the full forward computes."""
+    torch.manual_seed(0)
+    mixer = MIXERS[name]()
+    randomize(mixer)
+    B, T = 2, 13
+    positions = torch.arange(T).expand(B, T)
+    x = torch.randn(B, T, 32)
+    full = mixer(x, Context(position_ids=positions))
+    assert relative(in_pieces(mixer, x, positions, None, 4, sizes=[3, 1, 2, 3]), full) <= 1e-5
 
 
 @pytest.mark.parametrize("name", MIXERS)
