@@ -50,3 +50,14 @@ def test_each_entry_builds_the_variant_its_name_promises():
         shown = repr({**SEQUENCE_MIXERS, **STATE_MIXERS}[name](32))
         for part in parts:
             assert part in shown, (name, part, shown)
+
+
+def test_every_linear_map_is_bias_free_and_only_the_causal_convolution_has_a_bias():
+    """As in the papers' layers (and Llama's, Mamba-2's, Doge's): a bias turned on by mistake changes the parameter
+    count the fair comparisons hold equal, and the weights Hugging Face models import into."""
+    import torch
+
+    for name, factory in {**SEQUENCE_MIXERS, **STATE_MIXERS}.items():
+        biased = [n for n, m in factory(32).named_modules()
+                  if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d)) and m.bias is not None]
+        assert all(n == "conv" or n.endswith(".conv") for n in biased), (name, biased)

@@ -92,6 +92,9 @@ def test_position_mask_refuses_positions_past_its_table():
         mixer.eval()(torch.randn(1, 70, 32), ctx)
     with pytest.raises(RuntimeError, match="positions must lie below the position mask's max_position=64"):
         mixer.train()(torch.randn(1, 70, 32), ctx)
+    with pytest.raises(ValueError, match="position 64 is past the position mask's max_position=64"):  # the first
+        mixer.eval()(torch.randn(1, 65, 32), Context(position_ids=torch.arange(65)[None]))
+    assert mixer(torch.randn(1, 64, 32), Context(position_ids=torch.arange(64)[None])).shape == (1, 64, 32)  # the last
 
 
 def test_i_is_bound_by_default():
