@@ -414,6 +414,9 @@ def test_ssd_cache_does_not_grow_with_the_generated_length():
             model(torch.randint(0, 61, (1, 1)), cache=cache)
         sizes[steps] = {k: tuple(v.shape) for k, v in cache.state(ssd).items()}
     assert sizes[3] == sizes[40] == {"conv": (1, 3, ssd.d_xbc), "state": (1, ssd.n_heads, ssd.head_dim, ssd.d_state)}
+    # what the decoding benchmark reports: the padding flags and, per SSD layer, its window and state (fp32)
+    per_layer = 4 * (3 * ssd.d_xbc + ssd.n_heads * ssd.head_dim * ssd.d_state)
+    assert cache.nbytes() == cache.capacity + 2 * per_layer
 
 
 def test_stop_token_ends_each_sequence_and_fills_the_rest():

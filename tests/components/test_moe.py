@@ -175,6 +175,13 @@ def test_bad_arguments_name_the_problem(build, message):
         build()
 
 
+def test_every_expert_may_be_chosen():
+    """top_k = n_experts is a dense mixture (every token to every expert, gated): the edge of the allowed range."""
+    moe = RoutedMoE(8, n_experts=4, top_k=4, d_ff=6)
+    moe(torch.randn(2, 3, 8))
+    assert moe.expert_load.tolist() == [0.25] * 4
+
+
 def test_the_load_counts_only_valid_tokens():
     probs = torch.full((4, 2), 0.5)
     routing = Routing(experts=torch.tensor([[0], [0], [1], [1]]), gates=probs[:, :1], probs=probs)
