@@ -6,7 +6,7 @@ import pytest
 import torch
 import yaml
 
-from components import MLP, SSD, HybridLM, QCAttention
+from components import MLP, SSD, CDMoE, HybridLM, InnerFuncAttention, QCAttention
 from components.bindings import binding_factory, binding_spec
 
 
@@ -18,10 +18,24 @@ from components.bindings import binding_factory, binding_spec
      {"class_path": "components.SSD", "init_args": {"d_state": 8, "conv": True, "rope": False, "n_groups": 1}}),
     ({"class_path": "components.MLP", "init_args": {"d_ff": 24, "activation": "switanh"}},
      {"class_path": "components.MLP", "init_args": {"d_ff": 24, "activation": "switanh"}}),
+    # tuples, in lists and mappings too, are written as lists: YAML's safe loader reads no Python tuple
+    (functools.partial(CDMoE, n_keys=(8, 8), n_experts=64),
+     {"class_path": "components.CDMoE", "init_args": {"n_keys": [8, 8], "n_experts": 64}}),
+    (functools.partial(InnerFuncAttention, inner={"retrieval": {"top_k": (2,)}}, mask=[("position", {"a": (1,)})]),
+     {"class_path": "components.InnerFuncAttention",
+      "init_args": {"inner": {"retrieval": {"top_k": [2]}}, "mask": [["position", {"a": [1]}]]}}),
 ])
 def test_spec_records_the_class_and_every_keyword(factory, spec):
     assert binding_spec("X", factory) == spec
     assert yaml.safe_load(yaml.safe_dump(spec)) == spec  # plain values only
+
+
+def test_a_class_the_top_package_does_not_export_is_recorded_by_its_module_path():
+    from components.state.experts import MLPExperts
+
+    assert binding_spec("X", functools.partial(MLPExperts, n_experts=2, d_ff=4))["class_path"] == \
+        "components.state.experts.MLPExperts"
+    assert binding_spec("X", functools.partial(MLP, d_ff=4))["class_path"] == "components.MLP"
 
 
 def test_a_model_rebuilt_from_its_specs_has_the_same_modules_and_outputs():

@@ -107,3 +107,32 @@ def test_the_expresser_is_the_authors_layer_by_default_and_a_token_shift_project
     assert expresser.mlp.activation == "switanh" and expresser.act_name == "silu"
     assert repr(expresser).startswith("Expresser(\n  act=silu\n")
     assert TokenShift(8).out_proj.bias is None
+
+
+def test_a_block_needs_a_mixer_and_a_state_mixer_that_reads_padding_must_take_it():
+    """A state mixer that says ``reads_padding_mask`` is called with ``padding_mask=``: one whose forward cannot take
+    it is refused when the block is built, not at the first padded batch."""
+
+    class LoadWithoutMask(torch.nn.Module):
+        reads_padding_mask = True
+
+        def forward(self, x):
+            return x
+
+    with pytest.raises(ValueError, match=r"state mixer LoadWithoutMask.forward\(x\) cannot be called as a state mixer "
+                                         r".*write forward\(self, x, padding_mask=None\)"):
+        Block(8, None, LoadWithoutMask(), token="-L")
+    LoadWithoutMask.reads_padding_mask = False
+    assert Block(8, None, LoadWithoutMask())(torch.randn(1, 2, 8), None).shape == (1, 2, 8)
+    with pytest.raises(ValueError, match="Block: needs a sequence mixer, a state mixer, or both"):
+        Block(8, None, None)
+
+
+def test_a_context_refuses_positions_that_are_not_b_by_t_and_documents_with_a_cache():
+    from components.cache import InferenceCache
+
+    with pytest.raises(ValueError, match=r"Context: position_ids must be \[B, T\]; got shape \(3,\)"):
+        Context(position_ids=torch.arange(3))
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="Context: document_ids are for packed training batches, not for decoding"):
+        Context(position_ids=ids, document_ids=ids, cache=InferenceCache(1, 4))
