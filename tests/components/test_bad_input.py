@@ -266,3 +266,14 @@ def test_a_binding_that_builds_no_module_and_a_cache_of_another_batch_are_named(
     cache = model.new_cache(batch=3, capacity=8)
     with pytest.raises(ValueError, match="HybridLM: the cache holds 3 sequences; input_ids has 2"):
         model(torch.zeros(2, 4, dtype=torch.long), cache=cache)
+
+
+def test_a_mixer_names_an_input_that_is_no_tensor_and_a_state_mixer_takes_one_vector():
+    """Sequence mixers read ``[B, T, d_model]``; state mixers act per token, ``[..., d_model]``, one vector too."""
+    with pytest.raises(TypeError, match="QCAttention: the input must be a tensor; got list"):
+        SEQUENCE["QCAttention"]()([[0.0] * 32])
+    with pytest.raises(ValueError, match=r"MLP: the input must be \[\.\.\., d_model\] with d_model=32; got shape \(\)"):
+        STATE["MLP"]()(torch.tensor(1.0))
+    x = torch.randn(32)
+    mlp = STATE["MLP"]()
+    torch.testing.assert_close(mlp(x), mlp(x[None, None])[0, 0])

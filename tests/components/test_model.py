@@ -195,6 +195,12 @@ def test_numbers_that_give_nan_at_the_first_forward_are_refused_by_name(argument
     assert torch.isfinite(HybridLM(pattern="AM", **TINY, **{argument: 1.0})(torch.zeros(1, 3, dtype=torch.long))).all()
 
 
+def test_a_bound_that_is_inclusive_takes_its_edge_and_a_bool_is_no_number():
+    assert HybridLM(pattern="AM", **TINY, norm_eps=0.0).norm.eps == 0.0  # eps >= 0: zero is allowed
+    with pytest.raises(ValueError, match=r"HybridLM: norm_eps=True must be a finite number >= 0"):
+        HybridLM(pattern="AM", **TINY, norm_eps=True)
+
+
 @pytest.mark.parametrize("build, message", [
     (lambda: RMSNorm(8, eps=-1e-6), "RMSNorm: eps=-1e-06 must be a finite number >= 0"),
     (lambda: SSD(32, gate=True, norm_eps=-1.0), "GroupedRMSNorm: eps=-1.0 must be"),

@@ -118,6 +118,30 @@ def test_bad_arguments_name_the_problem(kwargs, words):
     assert words in str(info.value)
 
 
+def test_each_tensor_of_the_wrong_shape_is_named_alone():
+    """One argument wrong at a time (the others right), so every check is needed: q, k, v [B, T, H, D] with k and v
+    alike and of q's batch and head dim; the key padding [B, S]; document ids [B, T], integers, self-attention."""
+    q, k, v, _ = make(bias=False)  # q [2, 9, 4, 8], k and v [2, 9, 2, 8]
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    cases = [
+        (dict(q=q[0]), r"q, k, v must be \[B, T, H, D\]; got q\(9, 4, 8\) k\(2, 9, 2, 8\)"),
+        (dict(k=k[0], v=v[0]), r"q, k, v must be \[B, T, H, D\]; got q\(2, 9, 4, 8\) k\(9, 2, 8\)"),
+        (dict(v=v[0]), r"q, k, v must be \[B, T, H, D\]; .* v\(9, 2, 8\)"),
+        (dict(v=v[:, :5]), r"k\(2, 9, 2, 8\) and v\(2, 5, 2, 8\) must have the same shape"),
+        (dict(k=k[:1], v=v[:1]), r"k\(1, 9, 2, 8\) does not match q\(2, 9, 4, 8\) in batch or head dim"),
+        (dict(k=k[..., :4], v=v[..., :4]), r"k\(2, 9, 2, 4\) does not match q\(2, 9, 4, 8\) in batch or head dim"),
+        (dict(key_padding_mask=torch.zeros(2, 8, dtype=torch.bool)), r"key_padding_mask must be \[B, S\] = \(2, 9\)"),
+        (dict(document_ids=ids[:, :8]), r"document_ids must be \[B, T\] = \(2, 9\) with as many keys as queries"),
+        (dict(document_ids=ids, k=k[:, :8], v=v[:, :8]), r"document_ids .* as many keys as queries; got \(2, 9\) and 8 keys"),
+        (dict(document_ids=ids.bool()), r"document_ids must be integers; got torch.bool"),
+        (dict(document_ids=ids.float()), r"document_ids must be integers; got torch.float32"),
+    ]
+    for change, message in cases:
+        args = {"q": q, "k": k, "v": v, **change}
+        with pytest.raises(ValueError, match=rf"attention: {message}"):
+            attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
 def test_heads_not_a_multiple_of_kv_heads():
     q, k, v, _ = make(H=3, Hkv=2, bias=False)
     with pytest.raises(ValueError, match="H=3 are not a multiple of key/value heads H_kv=2"):

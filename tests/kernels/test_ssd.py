@@ -129,6 +129,7 @@ def test_decay_forgets_and_zero_dt_keeps():
 @pytest.mark.parametrize(
     "change, words",
     [
+        (dict(x=torch.zeros(2, 9, 32)), "x must be [B, T, H, P]; got shape (2, 9, 32)"),
         (dict(dt=torch.zeros(2, 9, 3)), "dt must be [B, T, H]"),
         (dict(A=torch.zeros(3)), "A must be [H]"),
         (dict(B=torch.zeros(2, 9, 3, 16), C=torch.zeros(2, 9, 3, 16)), "heads H=4 are not a multiple of groups G=3"),
@@ -144,6 +145,11 @@ def test_bad_arguments_name_the_problem(change, words):
     with pytest.raises(ValueError) as info:
         ssd_scan(**inputs)
     assert words in str(info.value)
+
+
+def test_a_chunk_of_one_token_is_the_recurrence():
+    inputs = make(9)
+    torch.testing.assert_close(ssd_scan(**{**inputs, "chunk_size": 1}), ssd_scan(**inputs))
 
 
 def test_reference_computes_in_fp32_under_bf16_inputs_and_autocast():
