@@ -16,8 +16,14 @@ import kernels.ssd
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "kernels").glob("*/README.md"))]
-NAMESPACE = {name: value for module in (components, kernels.attention, kernels.retrieval, kernels.ssd)
-             for name, value in vars(module).items() if callable(value) and not name.startswith("_")}
+
+
+def public_callables(*modules) -> dict:
+    return {name: value for module in modules for name, value in vars(module).items()
+            if callable(value) and not name.startswith("_")}
+
+
+NAMESPACE = public_callables(components, kernels.attention, kernels.retrieval, kernels.ssd)
 CALL = re.compile(r"\b(\w+)\(([^()]*(?:\([^()]*\)[^()]*)*)\)", flags=re.S)  # (one level of nested parentheses)
 
 
@@ -81,9 +87,7 @@ def documented_defaults() -> list[tuple[str, str, object, object]]:
     """(owner, parameter, the default its docstring's ``Args:`` gives, the real default) for every exported component
     and kernel entry point: ``name: … (default X…)``, ``… ``X`` (default…`` in a list of choices, ``a, b: … (defaults
     X, Y)``, and ``a, b: as :class:`Other``` (then Other's defaults). A default described in words is left out."""
-    owners = {name: value for module in (components, components.sequence, components.state, kernels.attention,
-                                         kernels.retrieval, kernels.ssd)
-              for name, value in vars(module).items() if callable(value) and not name.startswith("_")}
+    owners = {**NAMESPACE, **public_callables(components.sequence, components.state)}
     found = []
     for owner, obj in sorted(owners.items()):
         doc = inspect.getdoc(obj) or ""

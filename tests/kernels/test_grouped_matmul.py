@@ -96,12 +96,9 @@ def test_only_cpu_and_bf16_cuda_tensors_take_the_fused_op():
 def test_on_cuda_only_bf16_from_ampere_on_takes_the_fused_op(monkeypatch):
     from types import SimpleNamespace
 
-    capability = {"now": (8, 0)}
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability["now"])
     gpu = lambda dtype: SimpleNamespace(device=torch.device("cuda", 0), is_cuda=True, dtype=dtype)  # noqa: E731
-    assert fused_available(gpu(torch.bfloat16)) and not fused_available(gpu(torch.float32))
-    assert not fused_available(gpu(torch.float16))
-    capability["now"] = (9, 0)
-    assert fused_available(gpu(torch.bfloat16))
-    capability["now"] = (7, 5)
-    assert not fused_available(gpu(torch.bfloat16))
+    for capability, dtype, fused in (((8, 0), torch.bfloat16, True), ((8, 0), torch.float32, False),
+                                     ((8, 0), torch.float16, False), ((9, 0), torch.bfloat16, True),
+                                     ((7, 5), torch.bfloat16, False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
+        assert fused_available(gpu(dtype)) is fused, (capability, dtype)
