@@ -12,6 +12,14 @@ def check_positive(owner: str, **values: int) -> None:
             raise ValueError(f"{owner}: {name}={value!r} must be a positive integer")
 
 
+def check_flags(owner: str, **flags) -> None:
+    """Each flag a real ``bool``: ``rope="false"`` or ``normalize="no"`` would otherwise be truthy and switch the
+    option on without a word."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{owner}: {name}={value!r} must be True or False")
+
+
 def check_number(owner: str, name: str, value, *, low: float, above: bool = False, optional: bool = False) -> None:
     """A real, finite ``value >= low`` (``> low`` when ``above``; ``None`` too when ``optional``): a negative norm
     epsilon or a zero RoPE base gives NaN only at the first forward, and that without a name."""

@@ -6,6 +6,7 @@ import inspect
 import torch
 from torch import nn
 
+from components._checks import check_flags
 from components.context import Context
 from components.norm import RMSNorm
 
@@ -80,6 +81,7 @@ class Block(nn.Module):
         super().__init__()
         if sequence_mixer is None and state_mixer is None:
             raise ValueError("Block: needs a sequence mixer, a state mixer, or both")
+        check_flags("Block", residual_scale=residual_scale)
         for slot, mixer in (("sequence", sequence_mixer), ("state", state_mixer)):
             if isinstance(mixer, WholeBlock):
                 raise ValueError(f"block {token!r}: {type(mixer).__name__} is a whole block, not a {slot} mixer; "

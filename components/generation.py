@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from components.cache import InferenceCache
+from components._checks import check_flags
 from components.context import Context
 from kernels._backend import autocast_dtype
 
@@ -197,6 +198,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
              compile: bool = False, stop_when: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """See :meth:`components.HybridLM.generate`."""
     check_sampling(max_new_tokens, temperature, top_k, top_p)
+    check_flags("generate", compile=compile)
     if stop_when is not None and not callable(stop_when):
         raise ValueError(f"generate: stop_when must be a function of the new tokens [B, n] -> bool [B]; got {stop_when!r}")
     if stop_token is not None and not (isinstance(stop_token, int) and 0 <= stop_token < model.vocab_size):

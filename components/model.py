@@ -10,7 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from components.bindings import MixerFactory, binding_factory, binding_spec
 from components.block import Block, WholeBlock, block_mixers
-from components._checks import check_number, check_on_device, check_positive
+from components._checks import check_flags, check_number, check_on_device, check_positive
 from components.cache import InferenceCache
 from components.context import Context
 from components.generation import generate
@@ -120,6 +120,8 @@ class HybridLM(nn.Module):
         for name, value in (("rope_base", rope_base), ("rope_ntk_factor", rope_ntk_factor), ("init_std", init_std)):
             check_number("HybridLM", name, value, low=0, above=True, optional=name == "init_std")
         check_number("HybridLM", "norm_eps", norm_eps, low=0)
+        check_flags("HybridLM", extrapolate=extrapolate, tie_embeddings=tie_embeddings, residual_scale=residual_scale,
+                    checkpoint_blocks=checkpoint_blocks)
         self.vocab_size, self.d_model, self.pattern, self.max_seq_len = vocab_size, d_model, pattern, max_seq_len
         self.extrapolate, self.checkpoint_blocks = extrapolate, checkpoint_blocks
         self.bindings = bound_mixers(mixers)

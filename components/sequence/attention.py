@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from components._checks import check_divisible, check_mixer_input, check_positive
+from components._checks import check_divisible, check_flags, check_mixer_input, check_positive
 from components.context import Context
 from components.flops import attention_flops_per_token
 from components.norm import RMSNorm
@@ -19,6 +19,7 @@ class QueryKeyPositions(nn.Module):
 
     def __init__(self, owner: str, head_dim: int, *, rope: bool, qk_norm: bool, norm_eps: float):
         super().__init__()
+        check_flags(owner, rope=rope, qk_norm=qk_norm)
         if rope and head_dim % 2 != 0:
             raise ValueError(f"{owner}: head_dim = d_model / n_heads = {head_dim} must be even for RoPE")
         self.head_dim, self.rope = head_dim, rope

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from components._checks import check_choice, check_mixer_input
+from components._checks import check_choice, check_flags, check_mixer_input
 from components.block import WholeBlock
 from components.context import Context
 from components.norm import RMSNorm
@@ -39,6 +39,7 @@ class Expresser(WholeBlock):
                  norm_eps: float = 1e-6, backend: str = "auto"):
         super().__init__()
         check_choice("Expresser", "act", act, ACTIVATIONS)
+        check_flags("Expresser", rope=rope, qk_norm=qk_norm)
         self.d_model, self.act_name, self.act = d_model, act, ACTIVATIONS[act]
         self.attention_norm = RMSNorm(d_model, eps=norm_eps)
         self.attention = QCAttention(d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, rope=rope, qk_norm=qk_norm,

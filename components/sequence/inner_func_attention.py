@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components._checks import check_divisible, check_mixer_input, check_on_device, check_positive
+from components._checks import check_divisible, check_flags, check_mixer_input, check_on_device, check_positive
 from components.context import Context
 from components.flops import attention_flops_per_token
 from components.sequence.attention import QueryKeyPositions
@@ -112,6 +112,7 @@ class ExpContentBias(nn.Module):
 
     def __init__(self, *, n_heads: int, value_heads: int, head_dim: int, per_kv_head: bool = True, a_init: float = 0.0):
         super().__init__()
+        check_flags("ExpContentBias", per_kv_head=per_kv_head)
         self.per_kv_head, self.n_heads = per_kv_head, n_heads
         n_bias = value_heads if per_kv_head else n_heads
         self.delta_proj = nn.Linear(value_heads * head_dim, n_bias, bias=False)  # W_δ

@@ -10,7 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from components.cache import InferenceCache
 from components.flops import ssd_flops_per_token
-from components._checks import check_choice, check_divisible, check_mixer_input, check_positive
+from components._checks import check_choice, check_divisible, check_flags, check_mixer_input, check_positive
 from components.context import Context
 from components.norm import GroupedRMSNorm, at_least_fp32
 from components.rotary import apply_rotary
@@ -113,6 +113,8 @@ class SSD(nn.Module):
         check_backend(backend)
         check_positive("SSD", d_model=d_model, d_state=d_state, n_groups=n_groups, expand=expand,
                        chunk_size=chunk_size, conv_kernel=conv_kernel)
+        check_flags("SSD", conv=conv, rope=rope, gate=gate, recompute=recompute,
+                    **({} if d_skip is None else {"d_skip": d_skip}))
         d_inner = expand * d_model
         if n_heads is not None and head_dim is not None:
             raise ValueError(f"SSD: give n_heads={n_heads} or head_dim={head_dim}, not both")

@@ -5,7 +5,7 @@ import math
 import torch
 from torch import nn
 
-from components._checks import check_choice, check_mixer_input, check_positive
+from components._checks import check_choice, check_flags, check_mixer_input, check_positive
 from components.state.mlp import ACTIVATIONS, MLP
 from components.norm import at_least_fp32
 from components.state.router import ForwardRecords, assignment_load, token_mean, valid_tokens
@@ -69,6 +69,7 @@ class CDMoE(ForwardRecords, nn.Module):
         check_positive("CDMoE", d_model=d_model, n_experts=n_experts, n_heads=n_heads, top_k=top_k)
         check_choice("CDMoE", "act", act, ACTIVATIONS)
         check_choice("CDMoE", "cross_domain", cross_domain, CROSS_DOMAIN)
+        check_flags("CDMoE", balance_loss=balance_loss)
         check_backend(backend)
         if n_keys is None:
             root = math.isqrt(n_experts)

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from components.bindings import binding_factory
-from components.state.experts import CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
-from components.state.mlp import MLP, default_d_ff
-from components._checks import check_mixer_input
+from components.state.experts import GATE_FORMS, CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
+from components.state.mlp import ACTIVATIONS, GATES, MLP, default_d_ff
+from components._checks import check_choice, check_mixer_input
 from components.state.router import ForwardRecords, Routing, TopKRouter, switch_balancing_loss, valid_tokens
 
 
@@ -96,8 +96,13 @@ class MoE(ForwardRecords, nn.Module):
         return always + self.router.top_k * self.experts.params_per_expert()
 
 
-def _expert_width(d_ff: int | None, d_model: int, activation: str) -> int:
-    return default_d_ff(d_model, activation) if d_ff is None else d_ff
+def _expert_width(owner: str, d_ff: int | None, d_model: int, *, act: str, **gates: str) -> int:
+    """The experts' hidden width (default: the gated dense MLP's), once ``act`` and each gate choice are checked
+    under the MoE's own name (a bad one would otherwise be reported by a part the user never named)."""
+    check_choice(owner, "act", act, ACTIVATIONS)
+    for name, value in gates.items():
+        check_choice(owner, name, value, GATES)
+    return default_d_ff(d_model, "swiglu") if d_ff is None else d_ff
 
 
 class RoutedMoE(MoE):
@@ -115,7 +120,7 @@ class RoutedMoE(MoE):
 
     def __init__(self, d_model: int, *, n_experts: int = 8, top_k: int = 2, d_ff: int | None = None,
                  activation: str = "swiglu", act: str = "silu", normalize: bool = False):
-        d_ff = _expert_width(d_ff, d_model, activation)
+        d_ff = _expert_width("RoutedMoE", d_ff, d_model, act=act, activation=activation)
         super().__init__(
             TopKRouter(d_model, n_experts, top_k, normalize=normalize),
             MLPExperts(d_model, n_experts, d_ff, activation=activation, act=act),
@@ -136,7 +141,7 @@ class SharedExpertMoE(MoE):
                  d_ff: int | None = None, activation: str = "swiglu", act: str = "silu", normalize: bool = False):
         if not isinstance(n_shared, int) or n_shared < 0:
             raise ValueError(f"SharedExpertMoE: n_shared={n_shared!r} must be a non-negative integer")
-        d_ff = _expert_width(d_ff, d_model, activation)
+        d_ff = _expert_width("SharedExpertMoE", d_ff, d_model, act=act, activation=activation)
         super().__init__(
             TopKRouter(d_model, n_experts, top_k, normalize=normalize),
             MLPExperts(d_model, n_experts, d_ff, activation=activation, act=act),
@@ -159,7 +164,7 @@ class CohesiveMoE(MoE):
 
     def __init__(self, d_model: int, *, n_experts: int = 8, top_k: int = 2, d_ff: int | None = None,
                  gate: str = "switanh", act: str = "silu", normalize: bool = False):
-        d_ff = _expert_width(d_ff, d_model, "switanh")
+        d_ff = _expert_width("CohesiveMoE", d_ff, d_model, act=act, gate=gate)
         super().__init__(
             TopKRouter(d_model, n_experts, top_k, normalize=normalize),
             CohesiveExperts(d_model, n_experts, d_ff, act=act),
@@ -186,8 +191,9 @@ class ExpansiveMoE(MoE):
     def __init__(self, d_model: int, *, n_experts: int = 8, top_k: int = 2, d_ff: int | None = None,
                  d_shared: int | None = None, activation: str = "switanh", act: str = "silu", normalize: bool = False,
                  gate: str = "matrix"):
-        d_ff = _expert_width(d_ff, d_model, activation)
-        d_shared = _expert_width(d_shared, d_model, activation)
+        check_choice("ExpansiveMoE", "gate", gate, GATE_FORMS)
+        d_ff = _expert_width("ExpansiveMoE", d_ff, d_model, act=act, activation=activation)
+        d_shared = _expert_width("ExpansiveMoE", d_shared, d_model, act=act, activation=activation)
         super().__init__(
             TopKRouter(d_model, n_experts, top_k, normalize=normalize),
             ExpansiveExperts(d_model, n_experts, d_ff, activation=activation, act=act, gate=gate),

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from components._checks import check_positive
+from components._checks import check_flags, check_positive
 from components.norm import at_least_fp32
 
 
@@ -101,6 +101,7 @@ class TopKRouter(nn.Module):
     def __init__(self, d_model: int, n_experts: int, top_k: int, *, normalize: bool = False):
         super().__init__()
         check_positive("TopKRouter", d_model=d_model, n_experts=n_experts, top_k=top_k)
+        check_flags("TopKRouter", normalize=normalize)
         if top_k > n_experts:
             raise ValueError(f"TopKRouter: top_k={top_k} exceeds n_experts={n_experts}")
         self.n_experts, self.top_k, self.normalize = n_experts, top_k, normalize

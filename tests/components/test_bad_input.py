@@ -277,3 +277,61 @@ def test_a_mixer_names_an_input_that_is_no_tensor_and_a_state_mixer_takes_one_ve
     x = torch.randn(32)
     mlp = STATE["MLP"]()
     torch.testing.assert_close(mlp(x), mlp(x[None, None])[0, 0])
+
+
+def _flag_cases():
+    """(case id, call, flag) for every ``bool`` (or ``bool | None``) argument of every catalogued mixer's class, the
+    model, the block and ``generate``: each flag once, in the first catalogue entry whose class takes it."""
+    import inspect
+    import typing
+
+    from components import Block, HybridLM, InnerFuncAttention
+    from components.generation import generate
+    from components.sequence.inner_func_attention import ExpContentBias
+
+    model = partial(HybridLM, 16, 32, "AM", max_seq_len=16)
+    owners = [(name, factory.func, factory) for name, factory in ALL.items()] + [
+        ("HybridLM", HybridLM, model), ("Block", Block, partial(Block, 32, None, torch.nn.Identity())),
+        ("generate", generate, lambda **flag: generate(model(), torch.zeros(1, 2, dtype=torch.long), 1, **flag)),
+        ("IFA content_exp", ExpContentBias, lambda **flag: InnerFuncAttention(32, n_heads=4, mask={"content_exp": flag}))]
+    seen = set()
+    for name, target, call in owners:
+        hints = typing.get_type_hints(target.__init__ if isinstance(target, type) else target)
+        for flag, hint in hints.items():
+            if (hint is bool or hint == bool | None) and (target, flag) not in seen and flag in inspect.signature(target).parameters:
+                seen.add((target, flag))
+                yield pytest.param(call, flag, id=f"{name}-{flag}")
+
+
+FLAG_CASES = list(_flag_cases())
+
+
+def test_every_flag_is_found():
+    flags = {case.id for case in FLAG_CASES}
+    assert {"QCAttention-rope", "SSD rope-d_skip", "SSD rope-recompute", "RoutedMoE-normalize",
+            "CDMoE, balance loss-balance_loss", "HybridLM-tie_embeddings", "Block-residual_scale",
+            "generate-compile", "IFA content_exp-per_kv_head"} <= flags
+    assert len(flags) >= 23
+
+
+@pytest.mark.parametrize("call, flag", FLAG_CASES)
+def test_a_flag_that_is_not_a_bool_is_refused(call, flag):
+    """``rope="false"`` is truthy: taken as it is, it would switch RoPE on without a word."""
+    for value in ("no", 0, None) if flag != "d_skip" else ("no", 1):  # d_skip's None means "as conv"
+        with pytest.raises(ValueError, match=rf": {flag}={value!r} must be True or False"):
+            call(**{flag: value})
+
+
+@pytest.mark.parametrize("cls, kwargs, owner_name", [
+    ("RoutedMoE", {"activation": "gelu"}, "activation"), ("RoutedMoE", {"act": "tanh"}, "act"),
+    ("SharedExpertMoE", {"activation": "plain"}, "activation"), ("CohesiveMoE", {"gate": "sigmoid"}, "gate"),
+    ("CohesiveMoE", {"act": "tanh"}, "act"), ("ExpansiveMoE", {"activation": "gelu"}, "activation"),
+    ("ExpansiveMoE", {"gate": "vector"}, "gate"), ("ExpansiveMoE", {"act": "tanh"}, "act"),
+])
+def test_a_named_moe_names_itself_for_a_bad_choice(cls, kwargs, owner_name):
+    """Not the part the user never named (``MLPExperts``, ``SharedGate``)."""
+    import components
+
+    value = next(iter(kwargs.values()))
+    with pytest.raises(ValueError, match=rf"^{cls}: {owner_name}={value!r} is not one of"):
+        getattr(components, cls)(32, n_experts=4, top_k=2, **kwargs)
