@@ -17,7 +17,7 @@ from torch import nn
 from components.bindings import binding_factory
 from components.state.experts import GATE_FORMS, CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
 from components.state.mlp import ACTIVATIONS, GATES, MLP, default_d_ff
-from components._checks import check_choice, check_mixer_input
+from components._checks import check_choice, check_flags, check_mixer_input
 from components.state.router import ForwardRecords, Routing, TopKRouter, switch_balancing_loss, valid_tokens
 
 
@@ -96,13 +96,17 @@ class MoE(ForwardRecords, nn.Module):
         return always + self.router.top_k * self.experts.params_per_expert()
 
 
-def _expert_width(owner: str, d_ff: int | None, d_model: int, *, act: str, **gates: str) -> int:
-    """The experts' hidden width (default: the gated dense MLP's), once ``act`` and each gate choice are checked
-    under the MoE's own name (a bad one would otherwise be reported by a part the user never named)."""
+def _check_options(owner: str, *, act: str, normalize: bool, **gates: str) -> None:
+    """A named MoE's options, checked under its own name: a bad one would otherwise be reported by a part the user
+    never named (``MLPExperts``, ``SharedGate``, ``TopKRouter``)."""
     check_choice(owner, "act", act, ACTIVATIONS)
+    check_flags(owner, normalize=normalize)
     for name, value in gates.items():
         check_choice(owner, name, value, GATES)
-    return default_d_ff(d_model, "swiglu") if d_ff is None else d_ff
+
+
+def _expert_width(d_ff: int | None, d_model: int) -> int:
+    return default_d_ff(d_model, "swiglu") if d_ff is None else d_ff  # every expert form is gated
 
 
 class RoutedMoE(MoE):
@@ -120,7 +124,8 @@ class RoutedMoE(MoE):
 
     def __init__(self, d_model: int, *, n_experts: int = 8, top_k: int = 2, d_ff: int | None = None,
                  activation: str = "swiglu", act: str = "silu", normalize: bool = False):
-        d_ff = _expert_width("RoutedMoE", d_ff, d_model, act=act, activation=activation)
+        _check_options("RoutedMoE", act=act, normalize=normalize, activation=activation)
+        d_ff = _expert_width(d_ff, d_model)
         super().__init__(
             TopKRouter(d_model, n_experts, top_k, normalize=normalize),
             MLPExperts(d_model, n_experts, d_ff, activation=activation, act=act),
@@ -141,7 +146,8 @@ class SharedExpertMoE(MoE):
                  d_ff: int | None = None, activation: str = "swiglu", act: str = "silu", normalize: bool = False):
         if not isinstance(n_shared, int) or n_shared < 0:
             raise ValueError(f"SharedExpertMoE: n_shared={n_shared!r} must be a non-negative integer")
-        d_ff = _expert_width("SharedExpertMoE", d_ff, d_model, act=act, activation=activation)
+        _check_options("SharedExpertMoE", act=act, normalize=normalize, activation=activation)
+        d_ff = _expert_width(d_ff, d_model)
         super().__init__(
             TopKRouter(d_model, n_experts, top_k, normalize=normalize),
             MLPExperts(d_model, n_experts, d_ff, activation=activation, act=act),
@@ -164,7 +170,8 @@ class CohesiveMoE(MoE):
 
     def __init__(self, d_model: int, *, n_experts: int = 8, top_k: int = 2, d_ff: int | None = None,
                  gate: str = "switanh", act: str = "silu", normalize: bool = False):
-        d_ff = _expert_width("CohesiveMoE", d_ff, d_model, act=act, gate=gate)
+        _check_options("CohesiveMoE", act=act, normalize=normalize, gate=gate)
+        d_ff = _expert_width(d_ff, d_model)
         super().__init__(
             TopKRouter(d_model, n_experts, top_k, normalize=normalize),
             CohesiveExperts(d_model, n_experts, d_ff, act=act),
@@ -191,9 +198,9 @@ class ExpansiveMoE(MoE):
     def __init__(self, d_model: int, *, n_experts: int = 8, top_k: int = 2, d_ff: int | None = None,
                  d_shared: int | None = None, activation: str = "switanh", act: str = "silu", normalize: bool = False,
                  gate: str = "matrix"):
+        _check_options("ExpansiveMoE", act=act, normalize=normalize, activation=activation)
         check_choice("ExpansiveMoE", "gate", gate, GATE_FORMS)
-        d_ff = _expert_width("ExpansiveMoE", d_ff, d_model, act=act, activation=activation)
-        d_shared = _expert_width("ExpansiveMoE", d_shared, d_model, act=act, activation=activation)
+        d_ff, d_shared = _expert_width(d_ff, d_model), _expert_width(d_shared, d_model)
         super().__init__(
             TopKRouter(d_model, n_experts, top_k, normalize=normalize),
             ExpansiveExperts(d_model, n_experts, d_ff, activation=activation, act=act, gate=gate),

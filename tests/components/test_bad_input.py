@@ -280,12 +280,12 @@ def test_a_mixer_names_an_input_that_is_no_tensor_and_a_state_mixer_takes_one_ve
 
 
 def _flag_cases():
-    """(case id, call, flag) for every ``bool`` (or ``bool | None``) argument of every catalogued mixer's class, the
+    """(call, flag, owner) for every ``bool`` (or ``bool | None``) argument of every catalogued mixer's class, the
     model, the block and ``generate``: each flag once, in the first catalogue entry whose class takes it."""
     import inspect
     import typing
 
-    from components import Block, HybridLM, InnerFuncAttention
+    from components import Block, HybridLM, InnerFuncAttention, TopKRouter
     from components.generation import generate
     from components.sequence.inner_func_attention import ExpContentBias
 
@@ -293,14 +293,15 @@ def _flag_cases():
     owners = [(name, factory.func, factory) for name, factory in ALL.items()] + [
         ("HybridLM", HybridLM, model), ("Block", Block, partial(Block, 32, None, torch.nn.Identity())),
         ("generate", generate, lambda **flag: generate(model(), torch.zeros(1, 2, dtype=torch.long), 1, **flag)),
-        ("IFA content_exp", ExpContentBias, lambda **flag: InnerFuncAttention(32, n_heads=4, mask={"content_exp": flag}))]
+        ("IFA content_exp", ExpContentBias, lambda **flag: InnerFuncAttention(32, n_heads=4, mask={"content_exp": flag})),
+        ("TopKRouter", TopKRouter, partial(TopKRouter, 32, 4, 2))]  # a part a ComposedMoE names
     seen = set()
     for name, target, call in owners:
         hints = typing.get_type_hints(target.__init__ if isinstance(target, type) else target)
         for flag, hint in hints.items():
             if (hint is bool or hint == bool | None) and (target, flag) not in seen and flag in inspect.signature(target).parameters:
                 seen.add((target, flag))
-                yield pytest.param(call, flag, id=f"{name}-{flag}")
+                yield pytest.param(call, flag, target.__name__, id=f"{name}-{flag}")
 
 
 FLAG_CASES = list(_flag_cases())
@@ -310,15 +311,16 @@ def test_every_flag_is_found():
     flags = {case.id for case in FLAG_CASES}
     assert {"QCAttention-rope", "SSD rope-d_skip", "SSD rope-recompute", "RoutedMoE-normalize",
             "CDMoE, balance loss-balance_loss", "HybridLM-tie_embeddings", "Block-residual_scale",
-            "generate-compile", "IFA content_exp-per_kv_head"} <= flags
-    assert len(flags) >= 23
+            "generate-compile", "IFA content_exp-per_kv_head", "TopKRouter-normalize"} <= flags
+    assert len(flags) >= 24
 
 
-@pytest.mark.parametrize("call, flag", FLAG_CASES)
-def test_a_flag_that_is_not_a_bool_is_refused(call, flag):
-    """``rope="false"`` is truthy: taken as it is, it would switch RoPE on without a word."""
+@pytest.mark.parametrize("call, flag, owner", FLAG_CASES)
+def test_a_flag_that_is_not_a_bool_is_refused(call, flag, owner):
+    """``rope="false"`` is truthy: taken as it is, it would switch RoPE on without a word. The error names what the
+    user called (the MoE, not its router; the Expresser, not its attention)."""
     for value in ("no", 0, None) if flag != "d_skip" else ("no", 1):  # d_skip's None means "as conv"
-        with pytest.raises(ValueError, match=rf": {flag}={value!r} must be True or False"):
+        with pytest.raises(ValueError, match=rf"^{owner}: {flag}={value!r} must be True or False"):
             call(**{flag: value})
 
 

@@ -234,9 +234,23 @@ def tiny_hybrid():
                                          "I": partial(InnerFuncAttention, n_heads=4, mask="content_exp")})
 
 
-def test_greedy_generate_equals_the_argmax_loop_over_full_forwards():
-    model = tiny_hybrid()
+def position_masked():
+    """A hybrid whose outputs depend on absolute positions (a learned position mask), not only relative ones as
+    RoPE's: what shows that decoding numbers each sequence's positions as the full forward does."""
+    torch.manual_seed(0)
+    model = HybridLM(61, 32, "PM SM", {"P": partial(InnerFuncAttention, n_heads=4, mask={"position": {"max_position": 32}}),
+                                       "S": partial(SSD, d_state=8, head_dim=8, chunk_size=4)}, max_seq_len=16)
+    return model
+
+
+@pytest.mark.parametrize("build", [tiny_hybrid, position_masked], ids=["hybrid", "absolute positions"])
+def test_greedy_generate_equals_the_argmax_loop_over_full_forwards(build):
+    model = build()
     randomize(model)
+    with torch.no_grad():  # position masks from U(-4, 4): each position's bias tells in the argmax
+        for name, p in model.named_parameters():
+            if name.endswith("key_bias.table"):
+                p.mul_(4)
     mask, _ = padded(3, 7, (0, 2, 4))
     prompt = torch.randint(1, 61, (3, 7)).masked_fill(mask, 0)
     out = model.generate(prompt, 9, padding_mask=mask)
@@ -341,9 +355,12 @@ def test_a_compiled_generation_compiles_its_step_once_and_writes_the_cache_in_pl
         {(id(owner), name): t.data_ptr() for owner, state in cache.layers.items() for name, t in state.items()}),
         held.append(max(t.untyped_storage().nbytes() - t.nbytes for t in cache.tensors()))))
     held = []  # after the prompt and after each step: the most memory an entry keeps beyond its own
+    stances, set_stance = [], torch.compiler.set_stance
+    monkeypatch.setattr(torch.compiler, "set_stance", lambda **kw: stances.append(kw) or set_stance(**kw))
     counters.clear()
     out = model.generate(prompt, 6, compile=True)
     assert counters["stats"]["unique_graphs"] == 1
+    assert stances == [{"skip_guard_eval_unsafe": True}] * 3  # steps 3-5; the first two check their guards in full
     assert len(addresses) == 6 and len(addresses[0]) == 2 + 1 + 3  # SSD state, conv; token shift; k, v, nonfinite
     assert all(after == addresses[0] for after in addresses[1:])
     assert held == [0] * 6
@@ -512,6 +529,8 @@ def test_positions_continue_after_the_cached_tokens_by_default():
     (dict(temperature=1.0, top_k=0), "top_k=0 must be a positive integer or None"),
     (dict(temperature=1.0, top_k=2.0), "top_k=2.0 must be a positive integer or None"),
     (dict(temperature=1.0, top_p=0.0), "top_p=0.0 must lie in (0, 1] or be None"),
+    (dict(top_k=5), "top_k=5 restricts a sampled draw, and temperature=0 is greedy"),  # each alone: it would be ignored
+    (dict(top_p=0.9), "top_p=0.9 restricts a sampled draw, and temperature=0 is greedy"),
 ])
 def test_a_sampling_setting_out_of_its_range_is_named(options, message):
     model = tiny_hybrid()
@@ -539,6 +558,58 @@ def test_a_stop_an_empty_prompt_or_a_right_padded_row_is_named_and_generation_is
     with pytest.raises(ValueError, match="prompts must be left-padded"):  # one row of two padded on the right
         model.generate(prompt, 2, padding_mask=torch.tensor([[False, False, False, True], [False] * 4]))
     assert model not in generation._compiled_steps  # (compile is asked for, never the default)
+
+
+def test_the_generate_function_takes_the_models_method_defaults():
+    """``HybridLM.generate`` documents the options; ``components.generation.generate`` (what it calls, and what a
+    caller holding a bare model calls) must not default otherwise — an eager default turned compiled, say."""
+    import inspect
+
+    from components import generation
+
+    method = list(inspect.signature(HybridLM.generate).parameters.values())[1:]  # without self
+    function = list(inspect.signature(generation.generate).parameters.values())[1:]  # without model
+    assert [(p.name, p.default, p.kind) for p in function] == [(p.name, p.default, p.kind) for p in method]
+
+
+def test_generation_stops_computing_once_every_sequence_has_its_stop_token():
+    model = tiny_hybrid()
+    prompt = torch.randint(1, 61, (2, 4))
+    greedy = model.generate(prompt, 8)
+    heads = []
+    model.lm_head.register_forward_hook(lambda *args: heads.append(1))
+    # each prompt alone, its third new token as the stop: it stops by the third step, so the prompt and at most two
+    # steps run, not seven
+    for r in range(2):
+        stop = int(greedy[r, 6])
+        heads.clear()
+        out = model.generate(prompt[r:r + 1], 8, stop_token=stop)[0, 4:].tolist()
+        end = out.index(stop)
+        assert end <= 2 and out == greedy[r, 4:4 + end + 1].tolist() + [stop] * (7 - end)
+        assert len(heads) == 1 + end, (r, end)
+
+
+def test_a_decoding_step_reads_the_rotary_tables_it_is_given():
+    """They are made outside a compiled step (``rotary_tables``): the step must take them, not make its own."""
+    from components.generation import decode_step, rotary_dims, rotary_tables
+
+    model = tiny_hybrid()
+    model.eval()
+    prompt = torch.randint(1, 61, (2, 4))
+    logits = {}
+    for name in ("own", "given", "doctored"):
+        cache = model.new_cache(2, 5)
+        model(prompt, cache=cache)
+        position = torch.full((2, 1), 4)
+        tables = rotary_tables(model, position, rotary_dims(model))
+        if name == "doctored":
+            tables = {dim: (cos, -sin) for dim, (cos, sin) in tables.items()}  # the rotation the other way
+        cache.begin(1, None)
+        logits[name] = decode_step(model, prompt[:, -1:], position, cache, None if name == "own" else tables)
+        cache.end(1)
+    assert rotary_dims(model) == [8]  # QCAttention's and IFA's heads; the SSD here has no RoPE
+    torch.testing.assert_close(logits["given"], logits["own"])
+    assert not torch.allclose(logits["doctored"], logits["own"], atol=1e-3)
 
 
 def test_the_edges_of_the_sampling_settings_are_taken():
@@ -659,7 +730,9 @@ def test_linear_as_row_sums_sums_the_same_products_over_few_rows_and_leaves_more
     assert not torch.equal(row_sums, F.linear(few, weight, bias))  # else the checks below could not tell them apart
     assert not torch.equal((many.unsqueeze(-2) * weight).sum(-1) + bias, product)
     torch.testing.assert_close(row_sums, F.linear(few, weight, bias))
-    with LinearAsRowSums(max_rows=8):
+    with LinearAsRowSums(max_rows=5):  # a row past the bound: the product
+        assert not torch.equal(F.linear(few, weight, bias), row_sums)
+    with LinearAsRowSums(max_rows=6):  # few's 6 rows exactly: the bound is inclusive
         assert torch.equal(F.linear(few, weight, bias), row_sums)
         assert torch.equal(F.linear(few, weight), products)
         assert torch.equal(F.linear(many, weight, bias), product)
@@ -667,6 +740,32 @@ def test_linear_as_row_sums_sums_the_same_products_over_few_rows_and_leaves_more
             autocast = F.linear(few, weight, bias)          # under autocast: its keys meet a bf16 cache)
     assert autocast.dtype == torch.bfloat16
     torch.testing.assert_close(autocast.float(), row_sums, atol=0.5, rtol=2e-2)
+
+
+def test_a_compiled_step_is_a_cuda_graph_when_every_weight_is_on_a_gpu_and_cpp_wrapped_on_a_cpu(monkeypatch):
+    """What ``torch.compile`` is asked for, recorded by a stand-in: a CUDA graph only when the whole model lies on
+    CUDA (a graph cannot hold a CPU weight's ops); on a CPU inductor's C++ wrapper (docs/decoding.md)."""
+    import components.generation as generation
+
+    class ModelOn:  # all that compiled_step reads of a model: its weights' devices (no GPU needed)
+        def __init__(self, *devices):
+            self.devices = [torch.device(d) for d in devices]
+
+        def parameters(self):
+            return [type("Weight", (), {"device": d})() for d in self.devices]
+
+    assert generation.uses_cuda_graphs(ModelOn("cuda", "cuda:1")) is True
+    assert generation.uses_cuda_graphs(ModelOn("cuda", "cpu")) is False
+    assert generation.uses_cuda_graphs(ModelOn("cpu")) is False
+    asked = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: asked.append(options) or fn)
+    monkeypatch.setattr(generation, "_compiled_steps", {})
+    cpu, gpu = ModelOn("cpu"), ModelOn("cuda")
+    for model in (cpu, gpu, cpu):  # the third call finds the first model's step
+        generation.compiled_step(model)
+    assert asked == [{"options": {"cpp_wrapper": True}}, {"mode": "reduce-overhead"}]
+    assert generation.compiled_step(cpu) is not generation.compiled_step(gpu)
+    assert generation.compiled_step(cpu).__name__ == "decode_step_0"  # a code object of its own per model
 
 
 def test_a_compiled_cpu_step_runs_its_linears_as_row_sums_up_to_eight_rows(monkeypatch):
