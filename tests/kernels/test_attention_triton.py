@@ -1,6 +1,8 @@
 """The Triton flash attention with key bias against the reference: outputs and every gradient
 (q, k, v, bias), in fp32 under the interpreter on CPU."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -316,3 +318,117 @@ def test_the_fp32_tiles_of_the_widest_heads_under_the_interpreter(monkeypatch):
     q, k, v, b, pad = inputs(2, 150, 150, 4, 2, 16, True, True)
     assert_triton_matches_reference(q, k, v, b, causal=True, key_padding_mask=pad,
                                     document_ids=document_ids([40, 1, 70, 39], 2))
+
+
+def _tiles(config: dict) -> tuple:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of each kernel, forward, dQ, dK/dV."""
+    return tuple((c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["num_stages"])
+                 for c in (config["forward"], config["backward_q"], config["backward_kv"]))
+
+
+@pytest.mark.parametrize("head_dim, dtype, dot, arch, want", [
+    # Hopper, bf16/fp16 up to D 128 (the H200 search): 64×64 forward, 4 warps, 3 stages
+    (64, torch.bfloat16, "ieee", 90, ((64, 64, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3))),
+    (16, torch.float16, "ieee", 90, ((64, 64, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3))),
+    (80, torch.bfloat16, "ieee", 90, ((64, 64, 4, 3), (64, 32, 8, 3), (32, 64, 8, 2))),  # the backward spills at 4
+    (128, torch.bfloat16, "ieee", 90, ((64, 64, 4, 3), (64, 32, 8, 3), (32, 64, 8, 2))),
+    # before Hopper, up to D 128: 32×64, 8 warps
+    (128, torch.bfloat16, "ieee", 89, ((32, 64, 8, 3), (32, 64, 8, 3), (32, 64, 8, 3))),
+    (64, torch.bfloat16, "ieee", 80, ((32, 64, 8, 3), (32, 64, 8, 3), (32, 64, 8, 3))),
+    # head dims above 128 (256-wide tiles), bf16/fp16, any arch: 32×32
+    (129, torch.bfloat16, "ieee", 90, ((32, 32, 8, 3), (32, 32, 8, 3), (32, 32, 8, 3))),
+    (256, torch.float16, "ieee", 80, ((32, 32, 8, 3), (32, 32, 8, 3), (32, 32, 8, 3))),
+    # fp32: 32×32, 8 warps with full-fp32 dots, 4 with TF32; above D 128 16×32, 1 stage
+    (128, torch.float32, "ieee", 90, ((32, 32, 8, 2), (32, 32, 8, 2), (32, 32, 8, 2))),
+    (64, torch.float32, "tf32", 90, ((32, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 2))),
+    (256, torch.float32, "ieee", 90, ((16, 32, 8, 1), (16, 32, 8, 1), (16, 32, 8, 1))),
+])
+def test_the_gpu_launch_settings_are_the_documented_ones(head_dim, dtype, dot, arch, want):
+    """``launch_config``'s GPU table, searched and checked for spills on GPUs (docs/kernels.md): no CPU test launches
+    it (the interpreter takes its own small tiles), so a changed entry would pass every other test here."""
+    from kernels.attention.triton import launch_config
+
+    config = launch_config(head_dim, True, dtype, dot, arch)
+    assert _tiles(config) == want
+    block_d = {c["BLOCK_D"] for c in config.values()}
+    assert block_d == {max(16, 1 << (head_dim - 1).bit_length())}  # the head dim's power of two, 16 at least
+    assert _tiles(launch_config(head_dim, False, dtype, dot, arch)) == ((16, 16, 4, 1), (16, 16, 4, 1), (32, 16, 4, 1))
+
+
+@pytest.mark.parametrize("keep_window", [None, 3], ids=["no window", "window 3"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
+def test_the_custom_ops_shape_functions_and_autograd_pass_torchs_opcheck(keep_window, bias):
+    """Their fake (shape) functions give what the kernels give — the window's selection outputs only with a window,
+    the bias gradient only with a bias — so torch.compile traces the attention right."""
+    importlib.import_module("kernels.attention.triton")  # registers the ops
+
+    torch.manual_seed(0)
+    B, T, H, D = 1, 5, 2, 16
+    q, k, v = (torch.randn(B, T, H, D, requires_grad=True) for _ in range(3))
+    b = torch.randn(B, H, T, requires_grad=True) if bias else None
+    forward = (q, k, v, b, None, None, True, D ** -0.5, keep_window)
+    assert set(torch.library.opcheck(torch.ops.hybrid_zoo.bias_attention.default, forward).values()) == {"SUCCESS"}
+    o, lse, win_b, win_j = torch.ops.hybrid_zoo.bias_attention(*(t.detach() if torch.is_tensor(t) else t for t in forward))
+    assert win_b.shape == ((B, H, T) if keep_window else (0,))
+    backward = (torch.randn(B, T, H, D), q.detach(), k.detach(), v.detach(), None if b is None else b.detach(), None, None,
+                o, lse, win_b, win_j, True, D ** -0.5, keep_window)
+    assert set(torch.library.opcheck(torch.ops.hybrid_zoo.bias_attention_backward.default, backward).values()) == {
+        "SUCCESS"}
+
+
+def test_a_one_token_query_that_needs_a_gradient_takes_the_kernel_with_a_backward():
+    """A one-query call goes to the decoding kernel (which has no backward) only when no gradient is wanted: here only
+    the query wants one, or only the bias."""
+    q, k, v, bias, _ = inputs(1, 1, 9, 2, 1, 16, True, False)
+    for wanted in (q, bias):
+        for t in (q, k, v, bias):
+            t.requires_grad_(t is wanted)
+        out, ref = (attention(q, k, v, bias=bias, backend=backend) for backend in ("triton", "reference"))
+        torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+        g = torch.randn_like(out)
+        torch.testing.assert_close(torch.autograd.grad(out, wanted, g)[0], torch.autograd.grad(ref, wanted, g)[0],
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_document_spans_give_each_positions_document_start_and_end():
+    """What the kernels' loops over keys (forward, dQ) and queries (dK/dV) start and stop at: a span too wide only
+    costs work, so no comparison of outputs would notice it."""
+    from kernels.attention.triton import document_spans
+
+    runs = torch.tensor([[0, 0, 1, 1, 1, 2], [0, 1, 2, 3, 4, 5]])
+    spans = document_spans(runs)
+    assert spans.dtype == torch.int32 and spans.shape == (2, 18)
+    assert spans[0].tolist() == [0, 0, 1, 1, 1, 2] + [0, 0, 2, 2, 2, 5] + [2, 2, 5, 5, 5, 6]
+    assert spans[1].tolist() == list(range(6)) + list(range(6)) + list(range(1, 7))
+
+
+def _last_row_keeping_probe():
+    """A one-line kernel around ``_last_row_keeping``: program ``i`` searches for ``last_key = i - 1``."""
+    import triton
+    import triton.language as tl
+
+    from kernels.attention.triton_kernels import _last_row_keeping
+
+    globals()["_last_row_keeping"] = _last_row_keeping  # a jitted function finds what it calls in its module's globals
+
+    @triton.jit
+    def probe(WIN_J, OUT, lo, T):
+        i = tl.program_id(0)
+        tl.store(OUT + i, _last_row_keeping(WIN_J, tl.program_id(1), lo, T, i - 1))
+
+    return probe
+
+
+def test_the_sliding_windows_row_search_ends_at_the_first_row_past_the_key():
+    """Where the dK/dV kernel stops over the query rows for a block of keys (a sliding window, no bias): the first row
+    at or after ``lo`` whose threshold position is past the block's last key. A row whose threshold is that key keeps
+    it; an end too early would drop its gradient, one too late only costs work."""
+    thresholds = [-1, -1, 0, 2, 2, 3, 5, 5, 8]  # never decreasing along the rows, as a window's are
+    T = len(thresholds)
+    win_j = torch.tensor(thresholds + [-7] * 4, dtype=torch.int32)  # the next head's rows: never to be read
+    probe = _last_row_keeping_probe()
+    for lo in (0, 3, T):
+        out = torch.full((T + 2,), -99, dtype=torch.int32)
+        probe[(T + 2, 1)](win_j, out, lo, T)
+        want = [next((r for r in range(lo, T) if thresholds[r] > key), T) for key in range(-1, T + 1)]
+        assert out.tolist() == want, lo

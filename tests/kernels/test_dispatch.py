@@ -64,6 +64,8 @@ def test_a_sequence_past_32_bit_offsets_is_refused_by_name():
     with pytest.raises(ValueError, match=r"and q reaches 699,051 rows × 3,072"):
         _check_index_range(q, k, v)
     _check_index_range(q.contiguous(), k.contiguous(), v.contiguous())  # as copies, each row 1,024: they fit
+    with pytest.raises(ValueError, match=r"and v reaches 699,051 rows × 3,072"):  # v alone the wide view
+        _check_index_range(q.contiguous(), k.contiguous(), v)
     with pytest.raises(ValueError, match=r"the per-head dK/dV \(S·H·D\) reaches 2,097,152 rows × 1,024"):
         _check_index_range(torch.empty(1, 1, 8, 128, device="meta"), torch.empty(1, 2**21, 1, 128, device="meta"))
 

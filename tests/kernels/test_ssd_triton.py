@@ -468,3 +468,33 @@ def test_shared_scores_per_group_with_two_groups(docs, monkeypatch):
     starts[0, [20, 32, 33]], starts[1, [64, 70]] = docs, docs
     assert_matches_recurrence(inputs, 32, starts if docs else None)
     assert [m is not None for m in made] == [True, True]
+
+
+@pytest.mark.parametrize("P, N, dtype, arch, want", [
+    # Hopper, bf16/fp16, states up to 64 × 128: the H200 tile search's winners and both switches on
+    (64, 128, torch.bfloat16, 90, dict(rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True,
+                                       order="heads", group_order="chunks", group_warps=4, group_rows=32, group_block=64,
+                                       scores_block=64, scores_warps=4, pair_rows=64, pair_cols=16, keep_states=False,
+                                       y=dict(rows=64, cols=32, warps=4, stages=2), dx=dict(rows=32, cols=32, warps=4, stages=2),
+                                       pairs=dict(rows=32, cols=16, warps=1, stages=3))),
+    (16, 16, torch.float16, 100, dict(rows=64, warps=4, shared_scores=True, order="heads", P=16, N=16)),
+    # a larger state on Hopper, or before Hopper: 32 rows, 8 warps, no switches, the shared tiles
+    (64, 256, torch.bfloat16, 90, dict(rows=32, warps=8, stages=2, shared_scores=False, narrow_states=False,
+                                       order="chunks", group_rows=16, group_block=32, group_warps=8, y={}, dx={}, pairs={})),
+    (64, 128, torch.bfloat16, 89, dict(rows=32, warps=8, stages=2, shared_scores=False, group_rows=32, group_block=64,
+                                       pair_rows=64, group_n=128, group_pair_warps=None)),
+    # fp32: 32 rows, 32-row pair blocks, the smaller per-group and score blocks
+    (64, 128, torch.float32, 90, dict(rows=32, warps=8, stages=2, pair_rows=32, pair_cols=16, shared_scores=False,
+                                      group_rows=16, group_block=32, scores_block=32, scores_warps=8)),
+    (48, 100, torch.float32, 80, dict(P=64, N=128, rows=32, pair_rows=32)),  # each side to its power of two
+])
+def test_the_gpu_launch_settings_are_the_documented_ones(P, N, dtype, arch, want):
+    """``launch_config``'s GPU table, searched and checked for spills on GPUs (docs/kernels.md): no CPU test launches
+    it (the interpreter takes its own small tiles), so a changed entry would pass every other test here."""
+    from kernels.ssd.triton import launch_config
+
+    config = launch_config(P, N, True, dtype, arch)
+    assert {key: config[key] for key in want} == want
+    cpu = launch_config(P, N, False, dtype, arch)
+    assert {key: cpu[key] for key in ("rows", "pair_rows", "group_rows", "group_block", "warps", "stages")} == dict(
+        rows=16, pair_rows=16, group_rows=16, group_block=16, warps=4, stages=1)
