@@ -324,16 +324,16 @@ def test_a_flag_that_is_not_a_bool_is_refused(call, flag, owner):
             call(**{flag: value})
 
 
-@pytest.mark.parametrize("cls, kwargs, owner_name", [
+@pytest.mark.parametrize("cls, kwargs, argument", [
     ("RoutedMoE", {"activation": "gelu"}, "activation"), ("RoutedMoE", {"act": "tanh"}, "act"),
     ("SharedExpertMoE", {"activation": "plain"}, "activation"), ("CohesiveMoE", {"gate": "sigmoid"}, "gate"),
     ("CohesiveMoE", {"act": "tanh"}, "act"), ("ExpansiveMoE", {"activation": "gelu"}, "activation"),
     ("ExpansiveMoE", {"gate": "vector"}, "gate"), ("ExpansiveMoE", {"act": "tanh"}, "act"),
 ])
-def test_a_named_moe_names_itself_for_a_bad_choice(cls, kwargs, owner_name):
+def test_a_named_moe_names_itself_for_a_bad_choice(cls, kwargs, argument):
     """Not the part the user never named (``MLPExperts``, ``SharedGate``)."""
     import components
 
     value = next(iter(kwargs.values()))
-    with pytest.raises(ValueError, match=rf"^{cls}: {owner_name}={value!r} is not one of"):
+    with pytest.raises(ValueError, match=rf"^{cls}: {argument}={value!r} is not one of"):
         getattr(components, cls)(32, n_experts=4, top_k=2, **kwargs)

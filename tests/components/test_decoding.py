@@ -238,9 +238,8 @@ def position_masked():
     """A hybrid whose outputs depend on absolute positions (a learned position mask), not only relative ones as
     RoPE's: what shows that decoding numbers each sequence's positions as the full forward does."""
     torch.manual_seed(0)
-    model = HybridLM(61, 32, "PM SM", {"P": partial(InnerFuncAttention, n_heads=4, mask={"position": {"max_position": 32}}),
-                                       "S": partial(SSD, d_state=8, head_dim=8, chunk_size=4)}, max_seq_len=16)
-    return model
+    return HybridLM(61, 32, "PM SM", {"P": partial(InnerFuncAttention, n_heads=4, mask={"position": {"max_position": 32}}),
+                                      "S": partial(SSD, d_state=8, head_dim=8, chunk_size=4)}, max_seq_len=16)
 
 
 @pytest.mark.parametrize("build", [tiny_hybrid, position_masked], ids=["hybrid", "absolute positions"])
