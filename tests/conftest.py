@@ -1,6 +1,8 @@
+import importlib.util
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -137,3 +139,114 @@ class LargestTensor(TorchDispatchMode):
 def largest_tensor():
     """``with largest_tensor() as record: ...`` then ``record.largest`` is the largest tensor's element count."""
     return LargestTensor
+
+
+class _InterpreterBounds:
+    """Every address a Triton kernel touches under the interpreter, checked against its tensor arguments.
+
+    On a GPU a load or store past a tensor's end reads or corrupts a neighbour (or faults, or not: it is undefined);
+    the interpreter reads host memory and never faults, so a mask that admits one row too many goes unseen by output
+    comparisons. This wraps the interpreter's memory operations: an address whose mask is on must be the start of an
+    element, of the access's width, of one of the running kernel's tensor arguments (of its view: a slice's gaps are
+    not its elements). A stray access is withheld (so the test goes on without corrupting memory) and recorded,
+    naming the kernel and the nearest argument; the records fail the test at its end.
+    """
+
+    def __init__(self, monkeypatch):
+        import triton.language as tl
+        from triton.runtime import interpreter
+
+        self.mask_of = lambda on: interpreter.TensorHandle(on, tl.int1)
+        self.kernel = None
+        self.tensors = []  # (name, tensor) of the running kernel
+        self.elements = {}  # byte width -> sorted uint64 addresses of the running kernel's tensors' elements
+        self.faults = []
+        init_args = interpreter.GridExecutor._init_args_hst
+
+        def init_args_recording(executor, args_dev, kwargs):
+            args_hst, kwargs_hst = init_args(executor, args_dev, kwargs)
+            self._enter(executor.fn.__name__, [*zip(executor.arg_names, args_hst), *kwargs_hst.items()])
+            return args_hst, kwargs_hst
+
+        builder = interpreter.interpreter_builder
+        load, store, rmw, cas = (builder.create_masked_load, builder.create_masked_store,
+                                 builder.create_atomic_rmw, builder.create_atomic_cas)
+
+        def checked_load(ptrs, mask, other, cache_policy, is_volatile):
+            return load(ptrs, self._check("load", ptrs, mask), other, cache_policy, is_volatile)
+
+        def checked_store(ptrs, value, mask, cache_policy):
+            return store(ptrs, value, self._check("store", ptrs, mask), cache_policy)
+
+        def checked_rmw(op, ptr, val, mask, sem, scope):
+            return rmw(op, ptr, val, self._check("atomic", ptr, mask), sem, scope)
+
+        def checked_cas(ptr, cmp, val, sem, scope):
+            if not self._check("atomic", ptr, None).data.all():
+                raise AssertionError(self.faults[-1])  # a compare-and-swap has no mask to withhold it with
+            return cas(ptr, cmp, val, sem, scope)
+
+        monkeypatch.setattr(interpreter.GridExecutor, "_init_args_hst", init_args_recording)
+        monkeypatch.setattr(builder, "create_masked_load", checked_load)
+        monkeypatch.setattr(builder, "create_masked_store", checked_store)
+        monkeypatch.setattr(builder, "create_atomic_rmw", checked_rmw)
+        monkeypatch.setattr(builder, "create_atomic_cas", checked_cas)
+
+    def _enter(self, kernel, named_args):
+        self.kernel, self.tensors = kernel, []
+        for name, arg in named_args:
+            parts = arg if isinstance(arg, tuple) else (arg,)
+            self.tensors += [(name, t) for t in parts if isinstance(t, torch.Tensor) and t.numel()]
+        by_width = {}
+        for _, t in self.tensors:  # numpy, not torch: a test profiling torch's allocations must not see these
+            offsets = np.zeros((), np.uint64)  # element offsets of the view, from its sizes and strides
+            for size, stride in zip(t.shape, t.stride()):
+                offsets = offsets[..., None] + np.arange(size, dtype=np.uint64) * np.uint64(stride)  # (*shape[:k+1])
+            by_width.setdefault(t.element_size(), []).append(t.data_ptr() + offsets.ravel() * t.element_size())
+        self.elements = {w: np.unique(np.concatenate(a)) for w, a in by_width.items()}
+
+    def _check(self, op, ptrs, mask):
+        """The access's mask with its stray addresses turned off (recorded, and withheld so the test can go on)."""
+        width = ptrs.get_element_ty().primitive_bitwidth // 8
+        on = np.ones(ptrs.data.shape, bool) if mask is None else np.broadcast_to(mask.data, ptrs.data.shape) != 0
+        allowed = self.elements.get(width, np.zeros(1, np.uint64))
+        # allowed is sorted: an address is an element iff it equals the value at its insertion point
+        inside = allowed[np.minimum(np.searchsorted(allowed, ptrs.data), allowed.size - 1)] == ptrs.data
+        stray = ptrs.data[on & ~inside]
+        if stray.size and len(self.faults) < 20:
+            self.faults.append(f"{self.kernel}: {op} of {stray.size} {width}-byte element(s) outside its tensors, "
+                               f"the first {self._where(int(stray[0]))}")
+        return self.mask_of(on & inside)
+
+    def _where(self, address):
+        """The stray address against the argument that starts nearest below it."""
+        below = [(address - t.data_ptr(), name, t) for name, t in self.tensors if t.data_ptr() <= address]
+        if not below:
+            return "below every argument"
+        offset, name, t = min(below, key=lambda x: x[0])
+        last = t.data_ptr() + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) * t.element_size()
+        return (f"at byte {offset} of `{name}` {tuple(t.shape)} (strides {t.stride()}, its last element at byte "
+                f"{last - t.data_ptr()})")
+
+    def assert_clean(self):
+        if self.faults:
+            pytest.fail("\n".join(self.faults), pytrace=False)
+
+
+@pytest.fixture
+def interpreter_bounds():
+    """Fails the test if a Triton kernel under the interpreter loads, stores or adds outside its tensors' elements.
+    Its own patches: a test's ``monkeypatch.undo()`` leaves them in place."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None:
+        pytest.skip("bounds are checked under Triton's interpreter only")
+    with pytest.MonkeyPatch.context() as patches:
+        bounds = _InterpreterBounds(patches)
+        yield bounds
+    bounds.assert_clean()
+
+
+@pytest.fixture(autouse=True)
+def _every_kernel_within_bounds(request):
+    """Every test runs its Triton kernels under the bounds check (on a GPU there is no interpreter to wrap)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None:
+        request.getfixturevalue("interpreter_bounds")
