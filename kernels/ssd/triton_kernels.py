@@ -408,7 +408,9 @@ def _chunk_scan(Q, K, V, W, DT, LAM, SEG, STATES, DSKIP, QK, OUT, ROW_DOTS, T, L
             causal &= tl.load(_per_position(SEG, b, c, L, T, 1, 0, offs_m), mask=valid_m, other=-2)[None, :] == seg_l[:, None]
         decay = tl.exp(tl.where(causal, lam_l[:, None] - lam_m[None, :], float("-inf")))
         if HAS_QK:
-            qk = tl.load(_group_score_tile(QK, b, c, n_chunks, k_head, K_HEADS, L, offs_l, offs_m), mask=causal, other=0.0)
+            # rows past the chunk (a tile longer than its end) would read the next chunk's scores, or past QK's end
+            qk = tl.load(_group_score_tile(QK, b, c, n_chunks, k_head, K_HEADS, L, offs_l, offs_m),
+                         mask=causal & (offs_l < L)[:, None], other=0.0)
         else:
             qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT)
         s = qk * decay * dt_m[None, :]  # [BLOCK_L, BLOCK_M]

@@ -24,11 +24,16 @@ def _kernels():
         cols = tl.arange(0, BLOCK)
         tl.atomic_add(OUT + cols, tl.full((BLOCK,), 1.0, tl.float32), mask=cols < n + EXTRA)
 
-    return copy_rows, add_into
+    @triton.jit
+    def count_kept(KEEP, OUT, n, BLOCK: tl.constexpr):
+        cols = tl.arange(0, BLOCK)
+        tl.store(OUT, tl.sum(tl.load(KEEP + cols, mask=cols < n, other=0).to(tl.int32)))
+
+    return copy_rows, add_into, count_kept
 
 
 def test_in_bounds_kernels_pass_and_compute_what_they_should(interpreter_bounds):
-    copy_rows, add_into = _kernels()
+    copy_rows, add_into, count_kept = _kernels()
     big = torch.arange(12.0).reshape(3, 4)
     x = big[:, :3]  # a view with a gap of one element after each row
     out = torch.zeros(3, 3)
@@ -37,11 +42,14 @@ def test_in_bounds_kernels_pass_and_compute_what_they_should(interpreter_bounds)
     want = x.clone()
     want.view(-1)[:5] += 1
     assert torch.equal(out, want)
+    keep, count = torch.tensor([True, False, True, True, False]), torch.zeros((), dtype=torch.int32)
+    count_kept[(1,)](keep, count, 5, BLOCK=8)  # a bool tensor (Triton reads it through a byte pointer)
+    assert count.item() == 3
     assert interpreter_bounds.faults == []
 
 
 def test_a_store_one_row_past_the_end_is_reported_and_withheld(interpreter_bounds):
-    copy_rows, _ = _kernels()
+    copy_rows, *_ = _kernels()
     buffer = torch.full((2, 3), -5.0)
     x, out = torch.ones(2, 3), buffer[0]  # out: one row of 3; the launch writes two (n = 2): row 1 is not out's
     copy_rows[(2,)](x, out, 2, 3, 3, EXTRA=0, BLOCK=4)
@@ -52,7 +60,7 @@ def test_a_store_one_row_past_the_end_is_reported_and_withheld(interpreter_bound
 
 
 def test_a_read_from_a_slices_gap_is_reported(interpreter_bounds):
-    copy_rows, _ = _kernels()
+    copy_rows, *_ = _kernels()
     x = torch.arange(12.0).reshape(3, 4)[:, :3]
     out = torch.zeros(3, 4)
     copy_rows[(3,)](x, out, 3, x.stride(0), 3, EXTRA=1, BLOCK=4)  # reads column 3: inside the storage, not x
@@ -62,7 +70,7 @@ def test_a_read_from_a_slices_gap_is_reported(interpreter_bounds):
 
 
 def test_an_atomic_add_past_the_end_is_reported_and_withheld(interpreter_bounds):
-    _, add_into = _kernels()
+    _, add_into, _ = _kernels()
     buffer = torch.zeros(8)
     add_into[(1,)](buffer[:5], 5, EXTRA=2, BLOCK=8)
     faults, interpreter_bounds.faults[:] = list(interpreter_bounds.faults), []

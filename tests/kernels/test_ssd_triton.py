@@ -426,7 +426,8 @@ def test_per_group_bc_grads_with_the_state_split_over_programs(docs, N, monkeypa
     """``group_n`` splits the state's N over the per-group dC/dB programs (each writes its share of the log-decay
     gradient's row dots, summed after): 16 columns a program at N 32 and N 40 (padded to 64), two groups of two heads,
     ``_group_pair_grads`` on warps of its own, against the float64 recurrence. A column block read at the wrong
-    offset, a share of the row dots lost or counted twice, changes dB, dC, dA and d dt."""
+    offset, a share of the row dots lost or counted twice, changes dB, dC, dA and d dt. Chunks of 24 over 16-row
+    tiles: a chunk's second tile runs past its end (a mask there admitting row 24 reads or writes the next chunk's)."""
     from kernels.ssd import triton as ssd_triton
 
     config = ssd_triton.launch_config
@@ -443,11 +444,11 @@ def test_per_group_bc_grads_with_the_state_split_over_programs(docs, N, monkeypa
         monkeypatch.setattr(ssd_triton, name, watched(name))
     inputs = make(2, 75, 4, 32, 2, N, True, True)
     starts = torch.zeros(2, 75, dtype=torch.bool, device=DEVICE)
-    starts[0, [20, 32, 33]], starts[1, [64, 70]] = docs, docs
-    assert_matches_recurrence(inputs, 32, starts if docs else None)
-    # dC and dB: 2 batch rows × 3 chunks, 2 row blocks of 16 × (N / 16 rounded up) column blocks, 2 groups
+    starts[0, [20, 25, 26]], starts[1, [48, 50, 73]] = docs, docs  # 25: one past chunk 1's first row, none on it
+    assert_matches_recurrence(inputs, 24, starts if docs else None)
+    # dC and dB: 2 batch rows × 4 chunks, 2 row blocks of 16 × (N / 16 rounded up) column blocks, 2 groups
     assert [(grid, warps) for name, grid, warps in launches if name == "_group_bc_grads"] == [
-        ((6, 2 * -(-N // 16), 2), 4)] * 2
+        ((8, 2 * -(-N // 16), 2), 4)] * 2
     assert [warps for name, _, warps in launches if name == "_group_pair_grads"] == [2]  # its own
 
 
@@ -455,18 +456,19 @@ def test_per_group_bc_grads_with_the_state_split_over_programs(docs, N, monkeypa
 def test_shared_scores_per_group_with_two_groups(docs, monkeypatch):
     """With ``shared_scores`` the backward makes ``dC`` and ``dB`` per group: the in-chunk gradients of ``C·Bᵀ`` summed
     over a group's heads, then the heads' state terms summed inside the kernel. Two groups of two heads (a head read
-    at the wrong group, or a group's heads counted in the other, changes every gradient), a chunk of 32 over 16-row
-    tiles at T 75, against the float64 recurrence."""
+    at the wrong group, or a group's heads counted in the other, changes every gradient), a chunk of 24 over 16-row
+    tiles at T 75 (a chunk's second tile runs past its end) and a head dim of 24 in 32-column tiles, against the
+    float64 recurrence."""
     from kernels.ssd import triton as ssd_triton
 
     config = ssd_triton.launch_config
     monkeypatch.setattr(ssd_triton, "launch_config", lambda *a, **k: {**config(*a, **k), "shared_scores": True})
     made, scores = [], ssd_triton._group_scores_call
     monkeypatch.setattr(ssd_triton, "_group_scores_call", lambda *a: made.append(scores(*a)) or made[-1])
-    inputs = make(2, 75, 4, 32, 2, 16, True, True)  # G·L = 64 scores a position, H·P = 128: they pay
+    inputs = make(2, 75, 4, 24, 2, 16, True, True)  # G·L = 48 scores a position, H·P = 96: they pay
     starts = torch.zeros(2, 75, dtype=torch.bool, device=DEVICE)
-    starts[0, [20, 32, 33]], starts[1, [64, 70]] = docs, docs
-    assert_matches_recurrence(inputs, 32, starts if docs else None)
+    starts[0, [20, 25, 26]], starts[1, [48, 50, 73]] = docs, docs  # 25: one past chunk 1's first row, none on it
+    assert_matches_recurrence(inputs, 24, starts if docs else None)
     assert [m is not None for m in made] == [True, True]
 
 
