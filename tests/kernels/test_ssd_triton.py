@@ -500,3 +500,30 @@ def test_the_gpu_launch_settings_are_the_documented_ones(P, N, dtype, arch, want
     cpu = launch_config(P, N, False, dtype, arch)
     assert {key: cpu[key] for key in ("rows", "pair_rows", "group_rows", "group_block", "warps", "stages")} == dict(
         rows=16, pair_rows=16, group_rows=16, group_block=16, warps=4, stages=1)
+
+
+def test_shared_scores_are_made_only_where_they_pay_and_are_each_chunks_c_b_products(monkeypatch):
+    """``_group_scores_call``: with ``shared_scores`` on, the ``[b, nc, G, L, L]`` products ``C_l·B_m`` of each chunk
+    and group (against an einsum, odd T, a last chunk cut short) — but None where they cost more than they save: one
+    head per group (``G = H``: nothing shared) or scores wider than ``x`` (``G·L`` fp32 against ``H·P`` a position);
+    its tiles the table's ``scores_block`` (a larger one gives the same numbers, so the launch is what shows it)."""
+    from kernels.ssd import triton as ssd_triton
+
+    T, L, H, P, G, N = 40, 16, 4, 16, 2, 16
+    x = torch.randn(1, T, H, P, device=DEVICE)
+    B, C = (torch.randn(1, T, G, N, device=DEVICE) for _ in range(2))
+    blk = {**ssd_triton._blk(x, B, C), "shared_scores": True}
+    qk = ssd_triton._group_scores_call(x, B, C, T, L, blk)
+    pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, 0, 0, 3 * L - T)).view(1, 3, L, G, N)  # noqa: E731
+    want = torch.einsum("bclgn,bcmgn->bcglm", pad(C), pad(B))  # [b, nc, G, L, L]
+    torch.testing.assert_close(qk[..., : T - 2 * L, : T - 2 * L][:, 2], want[..., : T - 2 * L, : T - 2 * L][:, 2])
+    torch.testing.assert_close(qk[:, :2], want[:, :2])
+    assert ssd_triton._group_scores_call(x, B, C, T, L, {**blk, "shared_scores": False}) is None
+    assert ssd_triton._group_scores_call(x[:, :, :G], B, C, T, L, blk) is None  # G = H
+    assert ssd_triton._group_scores_call(x[..., :7], B, C, T, L, blk) is None  # G·L·4 = 128 > H·P·4 = 112 bytes
+    assert ssd_triton._group_scores_call(x[..., :8], B, C, T, L, blk) is not None  # exactly x's bytes: they pay
+    launched, grid = [], ssd_triton._grid
+    monkeypatch.setattr(ssd_triton, "_grid", lambda *a: launched.append(a) or grid(*a))
+    wide = torch.randn(1, T, H, 32, device=DEVICE)  # scores of a chunk of 40 take no more than x at P 32
+    ssd_triton._group_scores_call(wide, B, C, T, T, blk)  # one chunk of 40 in blocks of 32: 2 × 2 tiles, each group
+    assert blk["scores_block"] == 32 and launched == [(1, 4, G, blk["group_order"])]
