@@ -394,7 +394,9 @@ def ssd_scan_backward_op(dy: torch.Tensor, d_final: torch.Tensor, x: torch.Tenso
 
     da = _log_decay_gradient_call(x, dy, B, C, dt, lam, seg, states, d_states, read, share, T, L, blk,
                                   qk)  # [b, T, h]
-    d_dt = (ddt_x + da * A.float()).to(dt.dtype)
+    # contiguous, as the shape function says: the sum took ddt_x's transposed layout, and a compiled graph reads
+    # a custom op's outputs with the strides its fake function gave
+    d_dt = (ddt_x + da * A.float()).to(dt.dtype).contiguous()
     dA = (da * dt.float()).sum((0, 1)).to(A.dtype)
     dD = dy_x.sum((0, 2)).to(D.dtype) if D is not None else x.new_empty(0)  # the rows past T hold zeros
     return dx, d_dt, dA, dB, dC, dD, d_initial

@@ -1,5 +1,7 @@
 """The Triton gather-and-mix against the reference: outputs and every gradient (interpreter on CPU)."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -70,3 +72,20 @@ def test_a_fullgraph_compile_through_the_kernel_equals_eager():
     for a, b in zip(torch.autograd.grad(got, leaves, g), torch.autograd.grad(want, leaves, g)):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
     torch._dynamo.reset()
+
+
+def test_the_custom_ops_shape_functions_and_autograd_pass_torchs_opcheck():
+    """The gather-and-mix ops' fake (shape) functions give what the kernels give, so torch.compile traces them right
+    (on contiguous operands: ``expert_mix`` makes them so before calling the op, whose kernels index them so)."""
+    importlib.import_module("kernels.retrieval.triton")  # registers the ops
+
+    torch.manual_seed(0)
+    M, HK, N, d = 5, 4, 9, 24
+    x, dy = torch.randn(M, d, device=DEVICE), torch.randn(M, d, device=DEVICE)
+    experts = torch.randint(0, N, (M, HK), device=DEVICE)
+    weights = torch.rand(M, HK, device=DEVICE)
+    down, up = torch.randn(N, d, device=DEVICE), torch.randn(N, d, device=DEVICE)
+    forward = (x, experts, weights, down, up, "gelu")
+    assert set(torch.library.opcheck(torch.ops.hybrid_zoo.expert_mix.default, forward).values()) == {"SUCCESS"}
+    assert set(torch.library.opcheck(torch.ops.hybrid_zoo.expert_mix_backward.default, (dy, *forward)).values()) == {
+        "SUCCESS"}

@@ -527,3 +527,23 @@ def test_shared_scores_are_made_only_where_they_pay_and_are_each_chunks_c_b_prod
     wide = torch.randn(1, T, H, 32, device=DEVICE)  # scores of a chunk of 40 take no more than x at P 32
     ssd_triton._group_scores_call(wide, B, C, T, T, blk)  # one chunk of 40 in blocks of 32: 2 × 2 tiles, each group
     assert blk["scores_block"] == 32 and launched == [(1, 4, G, blk["group_order"])]
+
+
+@pytest.mark.parametrize("with_d", [False, True], ids=["no D, no initial state", "D and an initial state"])
+def test_the_custom_ops_shape_functions_and_autograd_pass_torchs_opcheck(with_d):
+    """The SSD ops' fake (shape) functions give what the kernels give — the entering states ``[b, nc+1, h, P, N]``,
+    ``dD`` empty without ``D`` — so torch.compile traces the scan right; T 21 over chunks of 8, with documents."""
+    from kernels.ssd import triton as ssd_triton  # registers the ops
+
+    inputs = make(1, 21, 2, 16, 1, 16, with_d, with_d)
+    starts = torch.zeros(1, 21, dtype=torch.bool, device=DEVICE)
+    starts[0, 9] = True
+    forward = (inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"], inputs["D"], inputs["initial_state"],
+               starts, 8)
+    assert set(torch.library.opcheck(torch.ops.hybrid_zoo.ssd_scan.default, forward).values()) == {"SUCCESS"}
+    y, final, lam, states = ssd_triton.ssd_scan_op(*forward)
+    assert states.shape == (1, 3 + 1, 2, 16, 16) and lam.shape == (1, 2, 3 * 8)
+    for kept in (states, None):
+        backward = (torch.randn_like(y), torch.randn_like(final), *forward[:-1], lam, kept, 8)
+        assert set(torch.library.opcheck(torch.ops.hybrid_zoo.ssd_scan_backward.default, backward).values()) == {
+            "SUCCESS"}
