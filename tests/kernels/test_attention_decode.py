@@ -167,3 +167,12 @@ def test_the_tiles_and_splits_are_those_the_docstrings_give(monkeypatch):
     gpu = torch.device("cuda", 0)
     assert [decode_splits(b, 8, 4096, 32, gpu) for b in (1, 8, 33, 64)] == [33, 5, 1, 1]
     assert decode_splits(1, 1, 64, 32, gpu) == 2
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_custom_op_shape_function_passes_torchs_opcheck(window):
+    """The decoding op's fake (shape) function gives what the kernel gives (``[B, 1, H, D]`` in q's layout), so a
+    compiled decoding step traces it right; a bias, padding and GQA, with and without a window."""
+    q, k, v, b, pad = step_inputs(2, 37, 6, 2, 16)
+    args = (q, k, v, b, pad, 16 ** -0.5, window, None)
+    assert set(torch.library.opcheck(torch.ops.hybrid_zoo.bias_attention_decode.default, args).values()) == {"SUCCESS"}
