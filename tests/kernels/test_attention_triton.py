@@ -47,7 +47,7 @@ def assert_triton_matches_reference(q, k, v, bias, **kwargs):
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_triton_matches_reference_outputs_and_gradients(name, interpreter_bounds):
+def test_triton_matches_reference_outputs_and_gradients(name):
     B, T, S, H, Hkv, D, causal, bias, padding = CASES[name]
     q, k, v, b, pad = inputs(B, T, S, H, Hkv, D, bias, padding)
     assert_triton_matches_reference(q, k, v, b, causal=causal, key_padding_mask=pad)
