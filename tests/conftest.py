@@ -228,6 +228,11 @@ class _InterpreterBounds:
         return (f"at byte {offset} of `{name}` {tuple(t.shape)} (strides {t.stride()}, its last element at byte "
                 f"{last - t.data_ptr()})")
 
+    def take_faults(self) -> list[str]:
+        """The faults recorded so far, cleared (a test that plants an overrun takes them, so its end stays clean)."""
+        faults, self.faults = self.faults, []
+        return faults
+
     def assert_clean(self):
         if self.faults:
             pytest.fail("\n".join(self.faults), pytrace=False)

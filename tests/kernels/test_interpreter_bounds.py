@@ -1,4 +1,4 @@
-"""The bounds checker every kernel test runs under (``interpreter_bounds`` in tests/kernels/conftest.py), on planted
+"""The bounds checker every kernel test runs under (``interpreter_bounds`` in tests/conftest.py), on planted
 overruns: a store one row past the end, a read from a slice's gap, an atomic add past the end. Each is reported by
 kernel, operation and argument, and withheld (the memory it would have touched keeps its value)."""
 
@@ -53,7 +53,7 @@ def test_a_store_one_row_past_the_end_is_reported_and_withheld(interpreter_bound
     buffer = torch.full((2, 3), -5.0)
     x, out = torch.ones(2, 3), buffer[0]  # out: one row of 3; the launch writes two (n = 2): row 1 is not out's
     copy_rows[(2,)](x, out, 2, 3, 3, EXTRA=0, BLOCK=4)
-    faults, interpreter_bounds.faults[:] = list(interpreter_bounds.faults), []
+    faults = interpreter_bounds.take_faults()
     assert len(faults) == 1 and faults[0].startswith("copy_rows: store of 3 4-byte element(s) outside its tensors")
     assert "at byte 12 of `OUT` (3,)" in faults[0] and "its last element at byte 8" in faults[0]
     assert buffer[0].tolist() == [1.0] * 3 and buffer[1].tolist() == [-5.0] * 3  # the stray store never happened
@@ -64,7 +64,7 @@ def test_a_read_from_a_slices_gap_is_reported(interpreter_bounds):
     x = torch.arange(12.0).reshape(3, 4)[:, :3]
     out = torch.zeros(3, 4)
     copy_rows[(3,)](x, out, 3, x.stride(0), 3, EXTRA=1, BLOCK=4)  # reads column 3: inside the storage, not x
-    faults, interpreter_bounds.faults[:] = list(interpreter_bounds.faults), []
+    faults = interpreter_bounds.take_faults()
     loads = [f for f in faults if ": load of " in f]
     assert len(loads) == 3 and all(f.startswith("copy_rows: load of 1 4-byte") for f in loads), faults
 
@@ -73,7 +73,7 @@ def test_an_atomic_add_past_the_end_is_reported_and_withheld(interpreter_bounds)
     _, add_into, _ = _kernels()
     buffer = torch.zeros(8)
     add_into[(1,)](buffer[:5], 5, EXTRA=2, BLOCK=8)
-    faults, interpreter_bounds.faults[:] = list(interpreter_bounds.faults), []
+    faults = interpreter_bounds.take_faults()
     assert faults == ["add_into: atomic of 2 4-byte element(s) outside its tensors, the first at byte 20 of `OUT` "
                       "(5,) (strides (1,), its last element at byte 16)"]
     assert buffer.tolist() == [1.0] * 5 + [0.0] * 3
@@ -84,4 +84,4 @@ def test_a_recorded_fault_fails_the_test_naming_it(interpreter_bounds):
     interpreter_bounds.faults.append("k: store of 1 4-byte element(s) outside its tensors")
     with pytest.raises(pytest.fail.Exception, match="k: store of 1 4-byte"):
         interpreter_bounds.assert_clean()
-    interpreter_bounds.faults.clear()
+    interpreter_bounds.take_faults()
