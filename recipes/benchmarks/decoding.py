@@ -33,12 +33,14 @@ MODELS = {  # 8 blocks each at the same width: attention, SSD, and the two hybri
 
 def build(name: str, d_model: int, vocab: int, device: str) -> HybridLM:
     heads = max(d_model // 64, 1)
+    mamba = name in ("mamba2", "jamba")  # Mamba-2's SSD: expanded, no rotary; TransXSSM's: rotary, not expanded
     mixers = {"A": partial(QCAttention, n_heads=heads),
-              "S": partial(SSD, conv=True, rope=False if name in ("mamba2", "jamba") else "rope", gate=name == "mamba2",
-                           expand=2 if name in ("mamba2", "jamba") else 1, head_dim=64, d_state=64, chunk_size=256),
+              "S": partial(SSD, conv=True, rope=not mamba, gate=name == "mamba2", expand=2 if mamba else 1,
+                           head_dim=64, d_state=64, chunk_size=256),
               "R": partial(RoutedMoE, n_experts=4, top_k=1)}
+    used = {letter: factory for letter, factory in mixers.items() if letter in MODELS[name]}
     torch.manual_seed(0)
-    return HybridLM(vocab, d_model, MODELS[name], mixers, max_seq_len=1 << 20).to(device).eval()
+    return HybridLM(vocab, d_model, MODELS[name], used, max_seq_len=1 << 20).to(device).eval()
 
 
 def peak_bytes(device: str) -> int:
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, d_model {args.d_model}, "
           f"8 blocks, batch 1, {args.steps} steps\n", flush=True)
-    rows = []
+    rows, failed = [], []
     for context in args.contexts:
         for name in args.models:
             command = [sys.executable, "-m", "recipes.benchmarks.decoding", "--one", name, str(context), "--d-model",
@@ -103,10 +105,13 @@ def main(argv: list[str] | None = None) -> None:
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"{name} at {context}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
+                failed.append(f"{name} at {context:,}")
                 continue
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"{name} {context}: done", file=sys.stderr, flush=True)
     print(table(rows))
+    if failed:  # a row that failed is named last, where it is seen, and the exit status says so
+        sys.exit(f"{len(failed)} of {len(rows) + len(failed)} rows failed (their errors above): {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -51,14 +51,29 @@ def mixers(d_model: int) -> dict:
     }
 
 
-def equal_parameter_table(d_model: int, tokens: int, repeats: int) -> str:
+def equal_parameter_mixers(d_model: int) -> tuple[int, dict[str, tuple[int, torch.nn.Module]]]:
+    """The target — a 4-expert top-2 RoutedMoE's total parameters at the dense MLP's width — and every mixer
+    sized to it: name → (its ``d_ff``, the module). Raises ``ValueError`` naming a mixer that even at its
+    narrowest has more parameters than the target at this ``d_model`` (CDMoE's 1,024 experts below 96)."""
     target = n_params(RoutedMoE(d_model, n_experts=4, top_k=2, d_ff=default_d_ff(d_model, "swiglu")))
-    x = torch.randn(1, tokens, d_model, requires_grad=True)
-    rows, baseline = [], None
+    sized = {}
     for name, build in mixers(d_model).items():
         torch.manual_seed(0)
-        width = solve_width(lambda w: n_params(build(w)), target, multiple_of=8)
-        module = build(width)
+        try:
+            width = solve_width(lambda w: n_params(build(w)), target, multiple_of=8)
+        except ValueError as error:
+            raise ValueError(f"--d-model {d_model}: {name} cannot match the 4-expert MoE's parameters ({error}); "
+                             "take a wider --d-model") from None
+        sized[name] = width, build(width)
+    return target, sized
+
+
+def equal_parameter_table(d_model: int, target: int, sized: dict[str, tuple[int, torch.nn.Module]], tokens: int,
+                          repeats: int) -> str:
+    """Table 1 over ``equal_parameter_mixers``' modules; times relative to the first (the dense MLP)."""
+    x = torch.randn(1, tokens, d_model, requires_grad=True)
+    rows, baseline = [], None
+    for name, (width, module) in sized.items():
         ms = fwd_bwd_ms(module, x, repeats)
         baseline = baseline or ms
         rows.append(f"| {name} | {width} | {n_params(module):,} | {active(module):,} | {ms:.1f} | "
@@ -69,12 +84,28 @@ def equal_parameter_table(d_model: int, tokens: int, repeats: int) -> str:
     return "\n".join([head, *rows])
 
 
+def scaling_cdmoe(d_model: int, n_experts: int) -> CDMoE:
+    """Table 2's CDMoE: heads, top-k and width fixed, ``n_experts`` growing."""
+    return CDMoE(d_model, n_experts=n_experts, n_heads=4, top_k=16, d_ff=2 * d_model)
+
+
+def check_scaling_sizes(d_model: int, sizes: list[int]) -> None:
+    """Build table 2's CDMoEs on the meta device (no memory, no time), so that a size CDMoE refuses (not a
+    perfect square, fewer than 16 keys a half) is refused before table 1's minutes, not after."""
+    with torch.device("meta"):
+        for n in sizes:
+            try:
+                scaling_cdmoe(d_model, n)
+            except ValueError as error:
+                raise ValueError(f"--experts {n}: {error}") from None
+
+
 def cdmoe_scaling_table(d_model: int, tokens: int, repeats: int, sizes: list[int]) -> str:
     x = torch.randn(1, tokens, d_model, requires_grad=True)
     rows, first = [], None
     for n in sizes:
         torch.manual_seed(0)
-        module = CDMoE(d_model, n_experts=n, n_heads=4, top_k=16, d_ff=2 * d_model)
+        module = scaling_cdmoe(d_model, n)
         ms = fwd_bwd_ms(module, x, repeats)
         first = first or ms
         rows.append(f"| {n:,} | {module.n_keys} | {n_params(module):,} | {active(module):,} | {ms:.1f} | {ms / first:.2f} |")
@@ -93,8 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--experts", type=positive_int, nargs="+", default=[1024, 4096, 16384, 65536])
     args = parser.parse_args(argv)
     torch.manual_seed(0)
+    try:  # every size is checked before anything is timed
+        target, sized = equal_parameter_mixers(args.d_model)
+        check_scaling_sizes(args.d_model, args.experts)
+    except ValueError as error:
+        parser.error(str(error))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    print(equal_parameter_table(args.d_model, args.tokens, args.repeats), "\n")
+    print(equal_parameter_table(args.d_model, target, sized, args.tokens, args.repeats), "\n")
     print(cdmoe_scaling_table(args.d_model, args.tokens, args.repeats, args.experts))
 
 
