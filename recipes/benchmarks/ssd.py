@@ -10,6 +10,7 @@ achieved GFLOP/s against this machine's fp32 matmul GFLOP/s, measured in the sam
 import argparse
 import torch
 
+from components.flops import ssd_flops_per_token
 from recipes.argtypes import bounded, positive_int
 from recipes.benchmarks.timing import median_ms
 from kernels.attention import attention
@@ -23,10 +24,9 @@ def matmul_gflops(repeats: int, size: int = 2048) -> float:
 
 
 def ssd_flops(batch: int, T: int, H: int, P: int, N: int, L: int) -> float:
-    """Matmul FLOPs of one chunked forward: C·Bᵀ and its product with X inside chunks (2·T·L·(N+P)),
-    chunk states and their read-out (2 · 2·T·N·P), and the chunk-to-chunk recurrence."""
-    chunks = -(-T // L)
-    return 2 * batch * H * (chunks * L * L * (N + P) + 2 * chunks * L * N * P + (chunks + 1) ** 2 * N * P)
+    """Matmul FLOPs of one chunked forward of one group (``B`` and ``C`` shared by the heads, as
+    ``ssd_inputs`` makes them): the count MFU uses, which is torch's ``FlopCounterMode``'s of the reference."""
+    return batch * T * ssd_flops_per_token(T, L, H, 1, P, N)
 
 
 def ssd_inputs(batch, T, H, P, N, grad):
@@ -59,7 +59,8 @@ def main(argv=None) -> None:
     parser.add_argument("--chunk", type=positive_int, default=64)
     parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--recurrence-max-seconds", type=bounded(float, 0), default=20.0,
-                        help="stop timing the recurrence once one run exceeds this")
+                        help="stop timing the recurrence once one run takes more than half this (the default lengths "
+                             "double, and so does its time)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     b, H, P, N, L = args.batch, args.heads, args.head_dim, args.d_state, args.chunk

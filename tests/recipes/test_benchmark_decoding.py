@@ -91,6 +91,7 @@ def test_the_command_runs_each_row_in_its_own_process_and_skips_a_failed_one(mon
     commands = []
 
     def run(command, **kwargs):
+        assert kwargs == {"capture_output": True, "text": True}  # the child's JSON line is read from its stdout
         commands.append(command)
         name, context = command[command.index("--one") + 1:command.index("--one") + 3]
         if name == "mamba2":
@@ -109,7 +110,28 @@ def test_the_command_runs_each_row_in_its_own_process_and_skips_a_failed_one(mon
     assert "mamba2" not in out.split("\n\n", 1)[1] and "mamba2 at 16: failed" in err and "out of memory" in err
 
 
-def test_one_row_from_the_command_line_prints_its_json(capsys):
+def test_one_row_from_the_command_line_prints_its_json(monkeypatch, capsys):
+    # a child process that ran the table's loop would start children of its own, without end
+    monkeypatch.setattr(decoding.subprocess, "run", lambda *args, **kwargs: pytest.fail("--one started a process"))
     decoding.main(["--one", "mamba2", "12", "--d-model", str(D_MODEL), "--vocab", str(VOCAB), "--steps", "2"])
     got = json.loads(capsys.readouterr().out)
     assert (got["model"], got["context"]) == ("mamba2", 12) and got["cache_mib"] > 0
+
+
+def test_attention_takes_a_head_per_64_channels():
+    heads = lambda d: {m.n_heads for m in decoding.build("llama", d, VOCAB, "cpu").modules()  # noqa: E731
+                       if isinstance(m, QCAttention)}
+    assert (heads(32), heads(64), heads(192)) == ({1}, {1}, {3})
+
+
+def test_the_peak_is_the_growth_above_the_loaded_model(monkeypatch):
+    readings = iter([300 * 2**20, 364 * 2**20])  # before the prefill, after the steps
+    monkeypatch.setattr(decoding, "peak_bytes", lambda device: next(readings))
+    assert decoding.one("mamba2", 12, D_MODEL, VOCAB, steps=2, device="cpu")["peak_mib"] == pytest.approx(64.0)
+    assert next(readings, None) is None
+
+
+def test_the_peak_on_cuda_is_the_allocators(monkeypatch):
+    monkeypatch.setattr(decoding.torch.cuda, "max_memory_allocated", lambda: 123 * 2**20)
+    monkeypatch.setattr(decoding, "resident_kib", lambda field: pytest.fail("read the host's memory for a GPU run"))
+    assert decoding.peak_bytes("cuda:0") == 123 * 2**20

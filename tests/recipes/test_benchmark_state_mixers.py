@@ -89,3 +89,11 @@ def test_a_size_that_cannot_be_built_is_refused_before_anything_is_timed(monkeyp
     assert exit_.value.code == 2
     captured = capsys.readouterr()
     assert message in captured.err and captured.out == ""
+
+
+def test_the_scaling_sizes_are_checked_on_the_meta_device(monkeypatch):
+    # 65,536 experts at d_model 256 are 34M parameters: checked without allocating them
+    devices = []
+    monkeypatch.setattr(state_mixers, "scaling_cdmoe", lambda d, n: devices.append(torch.empty(0).device))
+    state_mixers.check_scaling_sizes(256, [1024, 65536])
+    assert devices == [torch.device("meta")] * 2
