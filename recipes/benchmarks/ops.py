@@ -7,10 +7,10 @@
     python -m recipes.benchmarks.ops --ops ssd --ssd-config winners.json     # the SSD on the tile search's winners
 
 Prints one markdown table per op: forward and forward+backward milliseconds (median), TFLOP/s where
-meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs, FlashAttention's
-convention), and peak memory above the inputs (CUDA only). Optional baselines are used when installed and named when
-missing: mamba_ssm's ``mamba_chunk_scan_combined`` (SSD) and flash-dmattn (attention with a dynamic
-mask). Shapes: SSD ``B=4, H=32, P=64, N=128, chunk 256``; attention ``B=4, H=16, D=64, causal`` (``--head-dim``);
+meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs for attention, FlashAttention's
+convention, and 3 × for the SSD, whose backward makes twice its forward's), and peak memory above the inputs
+(CUDA only). Optional baselines are used when installed and named when missing: mamba_ssm's
+``mamba_chunk_scan_combined`` (SSD) and flash-dmattn (attention with a dynamic mask). Shapes: SSD ``B=4, H=32, P=64, N=128, chunk 256``; attention ``B=4, H=16, D=64, causal`` (``--head-dim``);
 CDMoE retrieval ``n_experts=65536, top_k=16, heads=4``; a decoding step's attention (``decode``: one query
 against ``T`` cached keys, GQA 4:1, D 128, batch 1 and 2 × ``--batch``). Sizes follow the device: on a GPU, T = 1024 … 8192
 and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alone is ``B·H·T²`` floats:
@@ -77,10 +77,12 @@ def profile_tables(fn, inputs: list[torch.Tensor], rows: int) -> Iterator[str]:
         yield from [f"{label}:", "```", table.rstrip(), "```"]
 
 
-def row(name: str, T: int, fwd, both, flops_fwd: float | None) -> str:
+def row(name: str, T: int, fwd, both, flops_fwd: float | None, passes: float = 3.5) -> str:
+    """A table row; forward+backward TFLOP/s count ``passes`` forwards (3.5, FlashAttention's convention for
+    attention, whose backward recomputes the scores; the SSD's backward is twice its forward: 3)."""
     tflops = lambda ms, mult: f"{flops_fwd * mult / (ms * 1e-3) / 1e12:.3g}" if flops_fwd else "-"  # noqa: E731
     peak = "-" if math.isnan(both[1]) else f"{both[1]:.0f}"
-    return f"| {name} | {T} | {fwd[0]:.2f} | {tflops(fwd[0], 1)} | {both[0]:.2f} | {tflops(both[0], 3.5)} | {peak} |"
+    return f"| {name} | {T} | {fwd[0]:.2f} | {tflops(fwd[0], 1)} | {both[0]:.2f} | {tflops(both[0], passes)} | {peak} |"
 
 
 HEADER = "| kernel | T | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd peak MiB |\n|---|---|---|---|---|---|---|"
@@ -156,7 +158,7 @@ def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int, profile: int 
             cases["mamba_ssm mamba_chunk_scan_combined"] = lambda: mamba_chunk_scan_combined(x, dt, A, Bm, Cm, chunk_size=L)
         for name, fn in cases.items():
             yield row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats),
-                      ssd_flops(B, T, H, P, N, L))
+                      ssd_flops(B, T, H, P, N, L), passes=3)
         yield from profiled_rows([(name, fn, ins) for name, fn in cases.items()], T, profile)
     yield from [""] + ([] if have_mamba else [MAMBA_MISSING])
 

@@ -54,3 +54,16 @@ def test_the_tile_searchs_winners_reach_the_ssd_kernels_through_ssd_config(tmp_p
             ops.ssd_config_over(str(path))
     with pytest.raises(SystemExit, match="no such file"):
         ops.ssd_config_over(str(tmp_path / "missing.json"))
+
+
+def test_the_ssd_and_attention_rates_count_their_own_flops(monkeypatch):
+    """The SSD's rate divides the FLOPs torch's counter sees its reference make (``ssd_flops``), three forwards'
+    worth forward+backward; attention's the causal half of its scores and sum, FlashAttention's 3.5 forwards."""
+    monkeypatch.setattr(ops, "measure", lambda fn, ins, backward, repeats: (2.0 if backward else 0.5, float("nan")))
+    rows = [line for line in ops.bench_ssd([300], "cpu", torch.float32, 1, False, B=1) if line.startswith("| ref")]
+    flops = ops.ssd_flops(1, 300, 32, 64, 128, 256)
+    assert rows == [f"| reference (chunked torch) | 300 | 0.50 | {flops / 0.5e-3 / 1e12:.3g} | 2.00 | "
+                    f"{3 * flops / 2e-3 / 1e12:.3g} | - |"]
+    rows = [line for line in ops.bench_attention([40], "cpu", torch.float32, 1, False, B=1) if line.startswith("| SDPA, no")]
+    flops = 4 * 16 * 40 * 40 * 64 / 2
+    assert rows == [f"| SDPA, no bias | 40 | 0.50 | {flops / 0.5e-3 / 1e12:.3g} | 2.00 | {3.5 * flops / 2e-3 / 1e12:.3g} | - |"]
