@@ -38,3 +38,18 @@ def test_every_listed_case_runs():
     for cases in cpu_bench.PAIRS.values():
         for case in cases:
             assert torch.isfinite(cpu_bench.run(case, cpu_bench.inputs(case, 64))).all(), case
+
+
+def test_the_table_gives_each_case_its_median_and_peak_against_the_baseline_of_its_op(monkeypatch, capsys):
+    rounds = {"ssd four-operand einsum": [0.010, 0.002, 0.003], "ssd reference": [0.001, 0.0015, 0.009]}
+    peaks = {("ssd four-operand einsum", 64): 8.0, ("ssd reference", 64): 2.0,
+             ("ssd four-operand einsum", 32): 0.4, ("ssd reference", 32): 0.1}
+    monkeypatch.setattr(cpu_bench, "interleaved_seconds", lambda cases, repeats: {c: rounds[c] for c in cases})
+    monkeypatch.setattr(cpu_bench, "peak_mib", lambda case, T: peaks[case, T])
+    cpu_bench.main(["--ops", "ssd", "--lengths", "64", "32", "--repeats", "3"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| ssd f", "| ssd r"))]
+    assert rows == ["| ssd four-operand einsum | 64 | 3.0 | 1.00 | 8.0 | 1.00 |",
+                    "| ssd reference | 64 | 1.5 | 0.50 | 2.0 | 0.25 |",
+                    # a baseline peak under a MiB is the counters' noise: no ratio to it
+                    "| ssd four-operand einsum | 32 | 3.0 | 1.00 | 0.4 | — |",
+                    "| ssd reference | 32 | 1.5 | 0.50 | 0.1 | — |"]
