@@ -10,10 +10,10 @@ Prints one markdown table per op: forward and forward+backward milliseconds (med
 meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs for attention, FlashAttention's
 convention, and 3 × for the SSD, whose backward makes twice its forward's), and peak memory above the inputs
 (CUDA only). Optional baselines are used when installed and named when missing: mamba_ssm's
-``mamba_chunk_scan_combined`` (SSD) and flash-dmattn (attention with a dynamic mask). Shapes: SSD ``B=4, H=32, P=64, N=128, chunk 256``; attention ``B=4, H=16, D=64, causal`` (``--head-dim``);
-CDMoE retrieval ``n_experts=65536, top_k=16, heads=4``; a decoding step's attention (``decode``: one query
-against ``T`` cached keys, GQA 4:1, D 128, batch 1 and 2 × ``--batch``). Sizes follow the device: on a GPU, T = 1024 … 8192
-and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alone is ``B·H·T²`` floats:
+``mamba_chunk_scan_combined`` (SSD) and flash-dmattn (attention with a dynamic mask). Shapes: SSD ``B=4, H=32,
+P=64, N=128, chunk 256``; attention ``B=4, H=16, D=64, causal`` (``--head-dim``); CDMoE retrieval
+``n_experts=65536, top_k=16, heads=4``; a decoding step's attention (``decode``: one query against ``T`` cached keys,
+GQA 4:1, D 128, batch 1 and 2 × ``--batch``). Sizes follow the device: on a GPU, T = 1024 … 8192 and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alone is ``B·H·T²`` floats:
 16 GiB at GPU sizes). ``python -m recipes.benchmarks.ops_cpu`` is the CPU benchmark with peak memory.
 """
 
@@ -82,7 +82,8 @@ def row(name: str, T: int, fwd, both, flops_fwd: float | None, passes: float = 3
     attention, whose backward recomputes the scores; the SSD's backward is twice its forward: 3)."""
     tflops = lambda ms, mult: f"{flops_fwd * mult / (ms * 1e-3) / 1e12:.3g}" if flops_fwd else "-"  # noqa: E731
     peak = "-" if math.isnan(both[1]) else f"{both[1]:.0f}"
-    return f"| {name} | {T} | {fwd[0]:.2f} | {tflops(fwd[0], 1)} | {both[0]:.2f} | {tflops(both[0], passes)} | {peak} |"
+    return (f"| {name} | {T} | {fwd[0]:.2f} | {tflops(fwd[0], 1)} | {both[0]:.2f} | {tflops(both[0], passes)} | "
+            f"{peak} |")
 
 
 HEADER = "| kernel | T | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd peak MiB |\n|---|---|---|---|---|---|---|"

@@ -1,4 +1,5 @@
-"""``recipes.benchmarks.ops --profile``: the kernel tables name the ops a row spends its time in."""
+"""``recipes.benchmarks.ops``: with ``--profile`` the kernel tables name the ops a row spends its time in; the
+SSD's and attention's TFLOP/s count each op's own FLOPs and forward+backward passes."""
 
 import re
 

@@ -4,7 +4,6 @@ times of the same run: tokens/s, GFLOP/s, the share of the matmul rate, attentio
 once it runs long."""
 
 import pytest
-import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from kernels.ssd import ssd_scan
