@@ -34,3 +34,22 @@ def test_the_scoring_table_gives_scores_within_float_rounding_of_hfs(capsys, tmp
     assert set(table) == {"lm-eval hf", "zoo (shared context)", "zoo (no sharing)"}
     assert all(float(cells[3].strip(" |")) < 1e-4 for cells in table.values())
     assert not list(tmp_path.iterdir())  # each run left its folder behind in /tmp
+
+
+def test_the_score_column_is_the_largest_difference_of_each_model_from_hfs(capsys, tmp_path, monkeypatch):
+    """A difference planted in one request of the unshared zoo model (and only there: the other row must share the
+    context) is what its row reports — the largest, not a typical, difference."""
+    from recipes.evaluation.harness import ZooLM
+
+    scored = ZooLM._loglikelihood_tokens
+
+    def planted(self, requests, **kwargs):
+        results = scored(self, requests, **kwargs)
+        return [(score + 0.5 * (i == 1 and not self.reuse_context), greedy) for i, (score, greedy) in enumerate(results)]
+
+    monkeypatch.setattr(ZooLM, "_loglikelihood_tokens", planted)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    evaluation.main([*TINY, "--questions", "2"])
+    table = rows(capsys.readouterr().out)
+    assert float(table["zoo (shared context)"][3].strip(" |")) < 1e-4
+    assert float(table["zoo (no sharing)"][3].strip(" |")) == pytest.approx(0.5, abs=1e-3)
