@@ -346,8 +346,6 @@ def main(argv: list[str] | None = None) -> None:
     for key, value in {**defaults, **FAMILIES.get(args.family, {})}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.trials < 1 or args.repeats < 1:
-        sys.exit(f"error: --trials {args.trials} and --repeats {args.repeats} must be >= 1")
     if args.baseline is not None and args.baseline not in args.models:
         sys.exit(f"error: --baseline {args.baseline} is not one of --models ({' '.join(args.models)})")
     s = sizes(torch.cuda.is_available())

@@ -12,6 +12,6 @@ FLAGS_ONLY = {"test_argtypes.py", "test_doc_commands.py", Path(__file__).name}  
 
 def test_every_benchmark_has_a_test_that_imports_or_runs_it():
     tests = [path.read_text() for path in (ROOT / "tests").rglob("test_*.py") if path.name not in FLAGS_ONLY]
-    untested = [name for name in BENCHMARKS
-                if not any(re.search(rf"recipes\.benchmarks(\.{name}\b| import [\w ,]*\b{name}\b)", text) for text in tests)]
+    untested = [name for name in BENCHMARKS if not any(
+        re.search(rf"recipes\.benchmarks(\.{name}\b| import [\w ,]*\b{name}\b)", text) for text in tests)]
     assert len(BENCHMARKS) >= 17 and untested == []

@@ -46,3 +46,14 @@ def test_each_row_test_is_checked_on_planted_non_finite_entries(monkeypatch):
     monkeypatch.setattr(finite, "row_test_forms", blind)
     with pytest.raises(AssertionError, match="'max only' disagrees"):
         finite.row_tests(9, "cpu", torch.float32, rounds=1)
+
+
+def test_the_passes_cost_is_the_median_of_each_rounds_difference(monkeypatch, capsys):
+    """With, without, and the median of the per-round differences (not the difference of the medians): rounds
+    with the machine's state shared by both calls."""
+    times = {True: [0.010, 0.030, 0.012], False: [0.009, 0.020, 0.002]}  # differences 1, 10, 10 ms; medians 12, 9
+    monkeypatch.setattr(finite, "interleaved_seconds", lambda cases, rounds: times if set(cases) == {True, False}
+                        else {name: [0.001] for name in cases})
+    finite.main(["--device", "cpu", "--lengths", "9", "--ops", "ssd", "--rounds", "3"])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| ssd"))
+    assert row == "| ssd | 9 | 12.00 | 9.00 | 10.00 | 83% |"

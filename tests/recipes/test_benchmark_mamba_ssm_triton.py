@@ -13,12 +13,14 @@ import pytest
 from recipes.benchmarks import mamba_ssm_triton as tool
 
 
-def archive_of(files: dict[str, str]) -> bytes:
+def archive_of(files: dict[str, str], outside: dict[str, str] | None = None) -> bytes:
+    """The package's ``files`` under ``mamba_ssm-VERSION/mamba_ssm/``, then ``outside`` under ``mamba_ssm-VERSION/``."""
     buffer = io.BytesIO()
+    names = {f"mamba_ssm/{name}": text for name, text in files.items()} | (outside or {})
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, text in files.items():
+        for name, text in names.items():
             data = text.encode()
-            info = tarfile.TarInfo(f"mamba_ssm-{tool.VERSION}/mamba_ssm/{name}")
+            info = tarfile.TarInfo(f"mamba_ssm-{tool.VERSION}/{name}")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
@@ -77,3 +79,9 @@ def test_archive_url_is_read_off_a_simple_index_page():
 def test_a_missing_archive_file_is_named(tmp_path):
     with pytest.raises(SystemExit, match="--archive .*nope.tar.gz: no such file"):
         tool.main(["--archive", str(tmp_path / "nope.tar.gz"), "--out", str(tmp_path / "out")])
+
+
+def test_a_file_of_the_same_name_outside_the_package_is_not_taken(tmp_path):
+    archive = archive_of(full_archive(), outside={"csrc/ops/triton/ssd_bmm.py": "WHO = 'a copy outside the package'\n"})
+    tool.extract(archive, tmp_path, sha256=hashlib.sha256(archive).hexdigest())
+    assert (tmp_path / "mamba_ssm/ops/triton/ssd_bmm.py").read_text() == "WHO = 'ops/triton/ssd_bmm.py'\n"

@@ -2,6 +2,8 @@
 one config and have the same parameters — and the same logits once the weights are copied — and a
 measured step reports a peak and a time."""
 
+import json
+
 import pytest
 import torch
 
@@ -173,3 +175,107 @@ def test_each_row_prints_once_what_it_is_compared_with_is_measured(monkeypatch, 
     assert "| hybrid |" in before["mamba2"]  # hybrid's baseline (llama) was measured before it
     # mamba2's baseline is hf-mamba2, not in this run: it prints alone, after its own measurement
     assert "| mamba2 | 0.00M | 32 |" in capsys.readouterr().out
+
+
+def test_a_child_measures_its_one_row_and_starts_nothing(monkeypatch, capsys):
+    # a child that ran the whole table would start children of its own, without end
+    monkeypatch.setattr(bench.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("the child started a process"))
+    monkeypatch.setattr(bench, "measure", lambda name, T, s, repeats, compiled, profile=0: {
+        "name": name, "T": T, "d_model": s["d_model"], "repeats": repeats, "compiled": compiled})
+    bench.main(["--child", "mamba2", "48", "--d-model", "96", "--repeats", "2"])
+    assert json.loads(capsys.readouterr().out) == {"name": "mamba2", "T": 48, "d_model": 96, "repeats": 2,
+                                                   "compiled": False}
+
+
+@pytest.mark.parametrize("name", ["hybrid", *bench.NAMED])
+def test_each_mixer_is_scaled_to_the_benchmarks_width_and_state(name):
+    """Heads of 64 (the tiny recipes' query-to-key-value grouping kept), SSD states of ``d_state`` and chunks of
+    ``chunk`` at the benchmark's sizes, CDMoE's retrieval heads as the recipe has them; the hybrid's SSD is
+    Mamba-2's (conv, expanded, no rotary)."""
+    from components import SSD
+
+    model = bench.build(name, TINY, 64)
+    ssds = [m for m in model.modules() if isinstance(m, SSD)]
+    assert (ssds or name == "doge_moe") and all((m.head_dim, m.d_state, m.chunk_size) == (64, 16, 16) for m in ssds)
+    if name in bench.NAMED:  # CDMoE's heads are retrieval heads, not a width: the recipe's
+        recipe = bench.yaml.safe_load((bench.CONFIGS / "arch" / "tiny" / f"{name}.yaml").read_text())["model"]
+        want = {spec["init_args"]["n_heads"] for spec in recipe["mixers"].values()
+                if spec["class_path"].endswith("CDMoE")}
+        assert {m.n_heads for m in model.modules() if type(m).__name__ == "CDMoE"} == want
+    attention = [m for m in model.modules() if hasattr(m, "n_kv_heads") and hasattr(m, "n_heads")]  # not CDMoE
+    assert all(m.n_heads == 2 for m in attention), name  # d_model 128: two heads of 64
+    if name == "hybrid":
+        assert [(m.n_heads, m.n_kv_heads) for m in attention] == [(2, 1)]  # 4:2 in the recipe, kept as 2:1
+        assert all(m.conv is not None and not m.rope and m.d_inner == 2 * TINY["d_model"] for m in ssds)
+
+
+def test_a_measured_step_trains_on_sequences_of_the_length_asked(monkeypatch):
+    seen = []
+    forward = bench.HybridLM.forward
+    monkeypatch.setattr(bench.HybridLM, "forward", lambda self, ids, *a, **kw: seen.append(ids.shape[1]) or
+                        forward(self, ids, *a, **kw))
+    bench.measure("llama", 40, TINY, repeats=2, compiled=False)
+    assert seen == [64] + [40] * 3  # the warm-up step, the first step at T (its peak), the timed steps
+
+
+def test_the_hugging_face_doge_runs_on_sdpa():
+    pytest.importorskip("transformers")
+    assert bench.build("hf-doge", TINY, 64).config._attn_implementation == "sdpa"
+
+
+class FakeChild:
+    """What ``subprocess.Popen`` gives ``run_child``: stderr lines as they come, then stdout, then the status."""
+
+    def __init__(self, stderr: str, stdout: str, returncode: int):
+        self.stderr, self._stdout, self.returncode = iter(stderr.splitlines(keepends=True)), stdout, returncode
+        self.stdout = self
+
+    def read(self):
+        return self._stdout
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_a_child_passes_on_its_progress_and_gives_its_last_line_or_its_error(monkeypatch, capsys):
+    args = bench.argparse.Namespace(repeats=2, compile_child=True, profile=0, d_model=128, layers=2, vocab=97, batch=1,
+                                    d_state=16, chunk=16)
+    commands = []
+    ok = FakeChild(f"{bench.PROGRESS}built (0.5 s)\nsome warning\n", 'a line\n{"seconds": 2.0}\n', 0)
+    monkeypatch.setattr(bench.subprocess, "Popen", lambda command, **kw: commands.append(command) or ok)
+    assert bench.run_child("mamba2", 48, args) == {"seconds": 2.0}
+    assert "  mamba2 T=48: built (0.5 s)" in capsys.readouterr().err  # passed on; the warning is not
+    assert commands[0][3:6] == ["--child", "mamba2", "48"] and "--compile" in commands[0]
+    assert commands[0][commands[0].index("--d-state") + 1] == "16"
+    failed = FakeChild("Traceback …\nRuntimeError: out of memory\n", "", 1)
+    monkeypatch.setattr(bench.subprocess, "Popen", lambda command, **kw: failed)
+    assert bench.run_child("mamba2", 48, args) == {"error": "RuntimeError: out of memory"}
+
+
+def test_compiled_rows_are_the_zoo_models_and_profiles_and_saved_tensors_are_reported(monkeypatch, capsys):
+    calls = []
+
+    def child(name, T, args):
+        calls.append((name, args.compile_child))
+        return {"seconds": 1.0, "params": 1000, "peak_mib": 10.0, "first_step_s": 1.0, "profile": f"ops of {name}\n"}
+
+    monkeypatch.setattr(bench, "run_child", child)
+    bench.main(["--models", "llama", "hf-llama", "--lengths", "32", "--d-model", "128", "--layers", "2", "--compile",
+                "--profile", "3"])
+    out = capsys.readouterr().out
+    assert calls == [("llama", False), ("hf-llama", False), ("llama", True)]  # no compiled row for an HF model
+    assert "| llama (compiled) |" in out and "(compiled)" not in out.split("| llama (compiled) |")[0].split("\n")[-1]
+    assert "### llama (compiled) at T=32: one step's 3 costliest ops\n\n```\nops of llama\n```" in out
+    saved = []
+    monkeypatch.setattr(bench, "print_saved", lambda models, lengths, s: saved.append((models, lengths)))
+    bench.main(["--models", "llama", "hf-llama", "hybrid", "--lengths", "32", "--saved"])
+    assert saved == [(["llama", "hybrid"], [32])]  # the zoo's models: the HF twins' steps are not theirs to count
+
+
+def test_a_row_is_compared_with_its_twin_or_llama_unless_told():
+    assert [bench.baseline_of(name) for name in ("llama", "hf-llama", "mamba2", "jamba", "hybrid")] == [
+        "hf-llama", "hf-llama", "hf-mamba2", "llama", "llama"]
+    assert bench.baseline_of("jamba", "mamba2") == "mamba2"

@@ -66,6 +66,8 @@ def test_the_ssd_and_attention_rates_count_their_own_flops(monkeypatch):
     flops = ops.ssd_flops(1, 300, 32, 64, 128, 256)
     assert rows == [f"| reference (chunked torch) | 300 | 0.50 | {flops / 0.5e-3 / 1e12:.3g} | 2.00 | "
                     f"{3 * flops / 2e-3 / 1e12:.3g} | - |"]
-    rows = [line for line in ops.bench_attention([40], "cpu", torch.float32, 1, False, B=1) if line.startswith("| SDPA, no")]
+    rows = [line for line in ops.bench_attention([40], "cpu", torch.float32, 1, False, B=1)
+            if line.startswith("| SDPA, no")]
     flops = 4 * 16 * 40 * 40 * 64 / 2
-    assert rows == [f"| SDPA, no bias | 40 | 0.50 | {flops / 0.5e-3 / 1e12:.3g} | 2.00 | {3.5 * flops / 2e-3 / 1e12:.3g} | - |"]
+    assert rows == [f"| SDPA, no bias | 40 | 0.50 | {flops / 0.5e-3 / 1e12:.3g} | 2.00 | "
+                    f"{3.5 * flops / 2e-3 / 1e12:.3g} | - |"]

@@ -71,3 +71,40 @@ def test_the_products_mode_compiles_its_step_without_the_row_sums(monkeypatch):
     prompt = torch.randint(0, 97, (2, 9))
     assert torch.equal(decode_hf.generate_with_products(model, prompt, 4), model.generate(prompt, 4))
     assert entered == [] and generation.ROW_SUM_MAX_ROWS == 8  # and the limit is back afterwards
+
+
+def test_the_hugging_face_models_rows_are_its_caches_and_the_zoos_on_the_same_weights(capsys, monkeypatch):
+    """Llama and Mamba-2 built by ``transformers`` and imported: Hugging Face's dynamic cache is the baseline, Llama
+    adds its static cache (Mamba-2 has none), and every mode, Hugging Face's too, decodes the full forward's argmax."""
+    from components import HybridLM
+
+    compiled = []
+    generate = HybridLM.generate
+    monkeypatch.setattr(HybridLM, "generate", lambda self, *a, **kw: compiled.append(kw.get("compile", False)) or
+                        generate(self, *a, **kw))
+    decode_hf.main(["--models", "llama", "mamba2", "--batches", "1", "--width", "64", "--layers", "1", "--vocab", "97",
+                    "--prompt", "5", "--new-tokens", "3", "--rounds", "1", "--threads", "1"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("| llama", "| mamba2"))]
+    assert [cells[:3] for cells in rows] == [
+        ["| llama", "1", "hf dynamic"], ["| llama", "1", "hf static"], ["| llama", "1", "zoo eager"],
+        ["| llama", "1", "zoo compiled"],
+        ["| mamba2", "1", "hf dynamic"], ["| mamba2", "1", "zoo eager"], ["| mamba2", "1", "zoo compiled"]]
+    assert rows[0][4] == rows[4][4] == "1.00×" and all(cells[7] == "ok |" for cells in rows)
+    assert True in compiled and False in compiled  # the zoo's two modes: eager and compiled steps
+
+
+def test_the_hybrid_is_transxssms_pattern_at_the_layers_asked():
+    model = decode_hf.zoo_hybrid(128, 3, 97)
+    assert model.pattern.replace(" ", "") == "SMSMAM" and len(model.blocks) == 3
+    assert {m.n_heads for m in model.modules() if type(m).__name__ == "QCAttention"} == {2}  # a head per 64
+
+
+def test_a_departures_margin_is_the_full_forwards_best_logit_over_the_token_taken():
+    model = decode_hf.zoo_hybrid(64, 2, 97)
+    out = model.generate(torch.randint(0, 97, (1, 9)), 4)
+    wrong = out.clone()
+    wrong[0, 9 + 1] = (wrong[0, 9 + 1] + 1) % 97
+    logits = model(wrong[:, :-1])[0, 9 + 1 - 1]  # what predicts the changed position
+    margin = float(decode_hf.first_departure(model, wrong, 9).split("margin ")[1].rstrip(")"))
+    assert margin == pytest.approx(float(logits.max() - logits[wrong[0, 10]]), rel=0.06) and margin > 0
