@@ -17,9 +17,9 @@ D_MODEL, VOCAB = 64, 64
 
 
 def mixer_kinds(model) -> str:
+    """A letter per SSD, attention and routed MoE, block by block (an MLP has none)."""
     kinds = {SSD: "S", QCAttention: "A", RoutedMoE: "R"}
-    return "".join(next((kinds[type(c)] for c in block.children() if type(c) in kinds), "?") + (
-        "R" if any(isinstance(c, RoutedMoE) for c in block.children()) else "") for block in model.blocks)
+    return "".join(kinds[type(c)] for block in model.blocks for c in block.children() if type(c) in kinds)
 
 
 @pytest.mark.parametrize("name, kinds, expand, gate, rope", [
