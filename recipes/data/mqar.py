@@ -36,7 +36,8 @@ def make_sequence(rng: np.random.Generator, vocab_size: int, seq_len: int, num_p
     """One MQAR example: ``(input_ids [seq_len], labels [seq_len])`` as int64 arrays."""
     half = vocab_size // 2
     keys = rng.choice(np.arange(1, half), size=num_pairs, replace=False)
-    values = rng.choice(np.arange(half, vocab_size), size=num_pairs, replace=num_pairs > vocab_size - half)
+    # distinct: MQAR checks num_pairs < vocab_size/2, fewer than the vocab_size - half values
+    values = rng.choice(np.arange(half, vocab_size), size=num_pairs, replace=False)
     # Tokens are one longer than the model's input: targets are the next token (standard LM shift).
     tokens = rng.integers(half, vocab_size, size=seq_len + 1)  # random fillers
     tokens[0 : 2 * num_pairs : 2], tokens[1 : 2 * num_pairs : 2] = keys, values

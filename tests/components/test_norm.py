@@ -26,3 +26,16 @@ def test_a_grouped_norm_normalises_each_group_and_refuses_groups_that_do_not_div
     with pytest.raises(ValueError, match="GroupedRMSNorm: dim=10 is not divisible by groups=3"):
         GroupedRMSNorm(10, groups=3)
     assert repr(GroupedRMSNorm(12, groups=3, eps=1e-5)) == "GroupedRMSNorm(12, groups=3, eps=1e-05)"
+
+
+def test_the_gated_norm_normalises_x_times_silu_of_the_gate_then_scales_each_channel():
+    """Mamba-2's order: gate first, then the norm (a sigmoid gate, or the gate after the norm, is another layer)."""
+    torch.manual_seed(0)
+    x, gate = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    norm = GroupedRMSNorm(8, groups=2, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    gated = x * gate * torch.sigmoid(gate)  # silu written out
+    expected = torch.cat([g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-5) for g in gated.split(4, dim=-1)], -1)
+    torch.testing.assert_close(norm(x, gate), expected * norm.weight)
+    assert repr(RMSNorm(8, eps=1e-5)) == "RMSNorm(8, eps=1e-05)"

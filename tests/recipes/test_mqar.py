@@ -1,3 +1,5 @@
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -33,6 +35,8 @@ def test_keys_are_unique_and_fillers_never_look_like_keys(small):
         ids, labels = example["input_ids"], example["labels"]
         keys = ids[0:32:2]
         assert len(set(keys.tolist())) == 16 and (keys >= 1).all() and (keys < 128).all()
+        values = ids[1:32:2]  # distinct too: a query's answer is never another key's
+        assert len(set(values.tolist())) == 16 and (values >= 128).all()
         query = labels != IGNORE_INDEX
         fillers = ids[32:][~query[32:]]
         assert (fillers >= 128).all()
@@ -59,6 +63,8 @@ def test_train_and_test_are_disjoint(small):
     assert not train & test
     assert all(is_test_sequence(np.frombuffer(t, dtype=np.int64)) for t in test)
     assert not any(is_test_sequence(np.frombuffer(t, dtype=np.int64)) for t in train)
+    # the split rule itself, written out: one sequence in 16 (by its bytes' CRC-32) is a test sequence
+    assert all(zlib.crc32(t) % 16 == 0 for t in test) and not any(zlib.crc32(t) % 16 == 0 for t in train)
 
 
 def test_queries_follow_a_power_law_close_to_the_pairs():
@@ -87,6 +93,7 @@ def test_safe_with_worker_processes(small):
         (dict(seq_len=0), "seq_len=0 must be a positive integer"),
         (dict(power_a=float("nan")), "power_a=nan must be a finite positive number"),  # numpy's "contain NaN" at setup
         (dict(power_a=float("inf")), "power_a=inf must be a finite positive number"),
+        (dict(power_a=0), "power_a=0 must be a finite positive number"),  # every slot's weight 0: numpy's NaN p
         (dict(seed=-1), "seed=-1 must be an integer >= 0"),  # numpy's "expected non-negative integer" at the first batch
     ],
 )
@@ -101,6 +108,10 @@ def test_the_edges_of_the_settings_are_accepted():
     data = MQAR(vocab_size=20, seq_len=64, num_pairs=9, train_size=8, test_size=4, batch_size=4, train_min_pairs=1)
     assert sorted(data.test[0]["input_ids"][:18:2].tolist()) == list(range(1, 10))
     assert min(len(set(data.train[i]["input_ids"][:18:2].tolist()) & set(range(1, 10))) for i in range(8)) >= 1
+    # one of everything: one pair in four tokens, one example per split, a batch of one
+    data = MQAR(vocab_size=256, seq_len=4, num_pairs=1, train_size=1, test_size=1, batch_size=1)
+    ids, labels = data.test[0]["input_ids"].tolist(), data.test[0]["labels"].tolist()
+    assert ids[2] == ids[0] and labels[2] == ids[1] and len(data.train_dataloader()) == 1
 
 
 def test_a_training_set_smaller_than_one_batch_is_named_before_training():

@@ -1,6 +1,10 @@
 """``python -m recipes.recall`` on made-up sweep records: its counts and exact tests equal hand-computed ones."""
 
 import json
+import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +73,60 @@ def test_a_threshold_outside_accuracies_or_a_baseline_among_the_treatments_is_re
     with pytest.raises(SystemExit):
         recall.main([str(path), "--treatment", "ifa", "--baseline", "qcattn", *options])
     assert named in capsys.readouterr().err
+
+
+def test_ties_count_half_and_an_accuracy_at_the_threshold_does_not_recall(tmp_path, capsys):
+    path = record(tmp_path / "a.json", [("ifa_d32", 0, 1.0, 0.5), ("ifa_d32", 1, 2.0, 0.9),
+                                        ("qcattn_d32", 0, 2.0, 0.5), ("qcattn_d32", 1, 3.0, 0.02)])
+    recall.main([str(path), "--treatment", "ifa", "--baseline", "qcattn"])
+    out = capsys.readouterr().out
+    # losses 1, 2 against 2, 3: 1 < 2, 1 < 3, 2 = 2 (a half), 2 < 3; val_acc 0.5 is not above 0.5
+    assert "| d32 | 1 of 2 | 0 of 2 | 1 | 3.5 of 4 |" in out
+    recall.main([str(path), "--treatment", "ifa", "--baseline", "qcattn", "--threshold", "0"])
+    assert "| d32 | 2 of 2 | 2 of 2 |" in capsys.readouterr().out  # --threshold 0: every run with an accuracy above 0
+
+
+def test_a_recipe_not_named_variant_and_width_is_left_out_by_name(tmp_path, capsys):
+    path = record(tmp_path / "a.json", [("ifa_d32", 0, 1.0, 0.9), ("qcattn_d32", 0, 5.0, 0.02), ("ifa_wide", 0, 1.0, 0.9)])
+    recall.main([str(path), "--treatment", "ifa", "--baseline", "qcattn"])
+    out = capsys.readouterr().out
+    assert "left out: a.json: ifa_wide (not <variant>_d<width>)" in out and "| d32 | 1 of 1 | 0 of 1 |" in out
+
+
+def test_a_kind_without_runs_has_no_test_statistic():
+    base = [{"val_loss": 1.0, "val_acc": 0.9}]
+    assert math.isnan(recall.recall_table([], base, 0.5)["p"]) and recall.recall_table([], base, 0.5)["base"] == (1, 1)
+    for treated, baseline in (([], base), (base, [])):
+        ranks = recall.loss_ranks(treated, baseline)
+        assert ranks["pairs"] == 0 and math.isnan(ranks["below"]) and math.isnan(ranks["p"])
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--baseline", "qcattn"], "the following arguments are required: --treatment"),
+    (["--treatment", "ifa"], "the following arguments are required: --baseline"),
+    (["--treatment", "ifa", "--baseline", "cattn"], "no runs of cattn in these records; they hold ifa, qcattn"),
+])
+def test_a_missing_flag_or_variant_is_named(tmp_path, capsys, argv, named):
+    path = record(tmp_path / "a.json", [("ifa_d32", 0, 1.0, 0.9), ("qcattn_d32", 0, 5.0, 0.02)])
+    with pytest.raises(SystemExit):
+        recall.main([str(path), *argv])
+    assert named in capsys.readouterr().err
+
+
+def test_a_missing_record_or_a_run_given_twice_is_named(tmp_path, capsys):
+    first = record(tmp_path / "a.json", [("ifa_d32", 0, 1.0, 0.9), ("qcattn_d32", 0, 5.0, 0.02)])
+    with pytest.raises(SystemExit):
+        recall.main([str(first), str(tmp_path / "missing.json"), "--treatment", "ifa", "--baseline", "qcattn"])
+    assert f"no such record: {tmp_path / 'missing.json'}" in capsys.readouterr().err
+    again = record(tmp_path / "b.json", [("ifa_d32", 0, 1.1, 0.9)])
+    with pytest.raises(SystemExit):
+        recall.main([str(first), str(again), "--treatment", "ifa", "--baseline", "qcattn"])
+    assert "ifa_d32 seed 0 has results in both a.json and b.json" in capsys.readouterr().err
+
+
+def test_the_module_runs_as_a_command(tmp_path):
+    path = record(tmp_path / "a.json", [("ifa_d32", 0, 1.0, 0.9), ("qcattn_d32", 0, 5.0, 0.02)])
+    done = subprocess.run([sys.executable, "-m", "recipes.recall", str(path), "--treatment", "ifa", "--baseline", "qcattn"],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert "| d32 | 1 of 1 | 0 of 1 | 1 | 1 of 1 | 1 |" in done.stdout
