@@ -37,6 +37,8 @@ def test_plain_form_is_two_matrices_with_the_chosen_activation():
 def test_default_widths_give_about_equal_parameters():
     sizes = {a: sum(p.numel() for p in MLP(192, activation=a).parameters()) for a in ("swiglu", "switanh", "gelu")}
     assert max(sizes.values()) / min(sizes.values()) < 1.02
+    # the gated forms' 8/3·d rounds up to a multiple of 8 (64 → 170.7 → 176), never down below equal parameters
+    assert [MLP(d).d_ff for d in (64, 96, 100)] == [176, 256, 272] and MLP(64, activation="gelu").d_ff == 256
 
 
 def test_is_position_wise():

@@ -100,6 +100,32 @@ def test_bad_input_is_named():
         linear_cross_entropy(hidden, weight, labels.float())
     with pytest.raises(ValueError, match="chunk_rows"):
         linear_cross_entropy(hidden, weight, labels, chunk_rows=0)
+    with pytest.raises(ValueError, match=r"hidden must be \[N, d\] and weight \[V, d\] with the same d; got \(2, 16, 16\)"):
+        linear_cross_entropy(torch.randn(2, 16, 16), weight, labels)  # [B, T, d] not flattened, T = d
+
+
+def test_one_row_a_chunk_is_a_chunk_and_the_default_holds_about_a_million_logits(monkeypatch):
+    import kernels.linear_cross_entropy as lce
+
+    hidden, weight, labels = problem(7, torch.float64)
+    got = linear_cross_entropy(hidden, weight, labels, chunk_rows=1)
+    assert torch.allclose(got, linear_cross_entropy_reference(hidden, weight, labels), rtol=1e-12)
+    seen, chunked = [], lce._chunked
+    monkeypatch.setattr(lce, "_chunked", lambda *a, **k: seen.append(a[4]) or chunked(*a, **k))
+    linear_cross_entropy(hidden, weight, labels)  # V = 50: 2^20 // 50 rows
+    linear_cross_entropy(hidden[:, :8], torch.randn(2**21, 8, dtype=torch.float64), labels)  # V > 2^20: still 1 row
+    assert seen == [2**20 // 50, 1]
+
+
+def test_logits_far_apart_stay_finite():
+    """The softmax subtracts each row's largest logit: logits 200 apart would overflow ``exp`` in fp32 otherwise."""
+    hidden, weight, labels = problem(9, torch.float32)
+    hidden = (hidden.detach() * 40).requires_grad_()
+    got = linear_cross_entropy(hidden, weight, labels, chunk_rows=4)
+    want = linear_cross_entropy_reference(hidden, weight, labels)
+    assert torch.isfinite(got) and torch.allclose(got, want, rtol=1e-5)
+    (dh,) = torch.autograd.grad(got, hidden)
+    assert torch.allclose(dh, torch.autograd.grad(want, hidden)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_under_autocast_it_follows_the_written_out_form_to_bf16_precision():
