@@ -56,6 +56,13 @@ CASES = {
     "window 3": dict(keep_window=3, bias=True),
     "window without bias": dict(keep_window=4),
     "decode-style T<S": dict(T=3, S=10, bias=True),
+    # each of the reference's paths (SDPA as it is, the one-query mask, the fused bias, the written-out mask) once
+    "non-causal": dict(causal=False),
+    "decode-style T<S without bias": dict(T=3, S=10),
+    "one query": dict(T=1, S=10),
+    "one query with bias": dict(T=1, S=10, bias=True),
+    "one query, window 4": dict(T=1, S=10, keep_window=4, bias=True),
+    "window as wide as the keys": dict(keep_window=9, bias=True),
 }
 
 
