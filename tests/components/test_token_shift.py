@@ -49,3 +49,17 @@ def test_a_padded_position_passes_zero_on_whatever_it_held():
     previous = torch.cat([torch.zeros(1, 1, 6), clean[:, :-1]], dim=1)
     want = shifted(clean, module.mix, module.out_proj.weight, previous)
     torch.testing.assert_close(y[:, [1, 2, 4]], want[:, [1, 2, 4]])
+
+
+def test_decoding_keeps_the_last_input_and_an_empty_call_keeps_it_too():
+    from components.cache import InferenceCache
+
+    module = mixer()
+    x = torch.randn(2, 6, 6)
+    cache = InferenceCache(2, 6)
+    outputs = []
+    for start, stop in ((0, 3), (3, 3), (3, 4), (4, 4), (4, 6)):  # a prompt, then steps with empty calls between
+        context = Context(position_ids=torch.arange(start, stop).expand(2, -1), cache=cache)
+        outputs.append(module(x[:, start:stop], context))
+        cache.end(stop - start)
+    torch.testing.assert_close(torch.cat(outputs, dim=1), module(x))

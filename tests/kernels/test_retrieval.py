@@ -57,18 +57,19 @@ def test_expert_mix_rejects_mismatched_shapes():
         expert_mix(x, ids.float(), weights, rows, rows)
 
 
-def test_gathering_the_up_rows_mixes_as_embedding_bag_does():
+def test_gathering_the_up_rows_mixes_as_embedding_bag_does(monkeypatch):
     """bf16 on CUDA mixes ``up``'s rows by a gather (embedding_bag has no bf16 backward for its weights there):
-    the same values and gradients as embedding_bag, repeated ids included."""
+    the same values and gradients as embedding_bag, repeated ids included — and no embedding_bag."""
     from kernels.retrieval.reference import mix_rows
 
     torch.manual_seed(0)
     experts = torch.randint(0, 7, (5, 2, 3))
     experts[0, 0] = 4  # one id three times in a row's bag
-    results = []
+    results, bag = [], F.embedding_bag
     for gather in (False, True):
         torch.manual_seed(1)
         up, coef = torch.randn(7, 6, requires_grad=True), torch.randn(5, 2, 3, requires_grad=True)
+        monkeypatch.setattr(F, "embedding_bag", bag if not gather else lambda *a, **k: pytest.fail("embedding_bag"))
         out = mix_rows(experts, up, coef, gather=gather)
         results.append((out, *torch.autograd.grad((out * torch.linspace(-1, 1, 30).view(5, 6)).sum(), [up, coef])))
     for name, a, b in zip(["out", "d up", "d coef"], *results):
