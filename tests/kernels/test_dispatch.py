@@ -177,3 +177,27 @@ def test_each_way_triton_cannot_run_is_named(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert resolve("triton", cpu, op="ssd_scan", has_triton=True) == "triton"
     assert resolve("auto", cpu, op="ssd_scan", has_triton=True) == "reference"  # auto never takes the interpreter
+
+
+def test_the_autocast_helpers_read_and_switch_off_the_region_on_each_device():
+    """``autocast_dtype`` is what lets a bf16 activation meet an fp32 weight in a mixer (and sizes the grouped
+    matmul's operands); ``without_autocast`` keeps the references in fp32 inside a bf16 region; ``meta`` (shape
+    inference) has no autocast, and both must still answer there."""
+    x = torch.randn(4, 4)
+    assert _backend.autocast_dtype("cpu") is None and _backend.autocast_dtype("meta") is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _backend.autocast_dtype("cpu") == torch.bfloat16 and (x @ x).dtype == torch.bfloat16
+        with _backend.without_autocast("cpu"):
+            assert _backend.autocast_dtype("cpu") is None and (x @ x).dtype == torch.float32
+        assert (x @ x).dtype == torch.bfloat16  # and back on after it
+    with _backend.without_autocast("meta"):
+        assert torch.empty(2, 3, device="meta").shape == (2, 3)
+
+
+def test_a_unit_last_stride_is_read_in_place_and_any_other_is_copied():
+    wide = torch.randn(3, 10)
+    view = wide[:, 2:6]  # a view of a wider projection: strides (10, 1)
+    assert _backend.unit_stride_last(view) is view
+    strided = wide[:, ::2]  # last stride 2
+    out = _backend.unit_stride_last(strided)
+    assert out.stride(-1) == 1 and torch.equal(out, strided)
