@@ -224,3 +224,21 @@ def test_seen_so_far_is_any_bad_entry_earlier_in_the_document(shape, with_docume
     got = finite.seen_so_far(bad, starts)
     assert got.dtype == torch.bool and got.shape == bad.shape
     assert torch.equal(got, _seen_by_loop(bad, starts))
+
+
+@pytest.mark.parametrize("with_documents", [False, True])
+@pytest.mark.parametrize("shape", [(3, 1), (3, 29), (2, 29, 5), (2, 17, 3, 4)])
+def test_any_in_document_is_any_bad_entry_anywhere_in_the_document(shape, with_documents):
+    """The non-causal reach of a non-finite input (attention without a causal mask): every position of its document."""
+    generator = torch.Generator().manual_seed(sum(shape) + 1)
+    bad = torch.rand(shape, generator=generator) < 0.05
+    bad[0] = False  # a row with none
+    starts = (torch.rand(shape[:2], generator=generator) < 0.2) if with_documents else None
+    if starts is not None:
+        starts[:, 0] = False  # (Context's starts: never at t = 0)
+    want = torch.zeros_like(bad)
+    for b in range(shape[0]):
+        first = [0, *(t for t in range(1, shape[1]) if starts is not None and starts[b, t]), shape[1]]
+        for begin, end in zip(first[:-1], first[1:]):
+            want[b, begin:end] = bad[b, begin:end].any(0)
+    assert torch.equal(finite.any_in_document(bad, starts), want)
