@@ -166,6 +166,9 @@ def test_bias_and_padding_never_materialise_a_query_by_key_tensor(dtype, largest
         out.float().pow(2).sum().backward()
     assert record.largest < T * T, f"a tensor of {record.largest:,} elements (T·S = {T * T:,}) was built"
     assert bias.grad is not None and torch.isfinite(bias.grad).all()
+    with largest_tensor() as record:  # a window as wide as the keys cuts none: no mask either
+        attention(q, k, v, bias=bias, key_padding_mask=padding, keep_window=T, backend="reference")
+    assert record.largest < T * T, f"a tensor of {record.largest:,} elements (T·S = {T * T:,}) was built"
     # The check can fail: a key window that cuts keys takes the written-out mask.
     with largest_tensor() as record:
         attention(q, k, v, bias=bias, key_padding_mask=padding, keep_window=8, backend="reference")
