@@ -159,3 +159,30 @@ def test_generate_for_a_synthetic_task_points_to_its_suite():
     with pytest.raises(ValueError, match=r"MQAR has no text tokenizer .*generate continues a text prompt; a synthetic "
                                          r"task's model is scored by its suite \(`python -m recipes eval --suite mqar`\)"):
         tokenizer(recipe)
+
+
+def test_a_data_module_that_encodes_but_cannot_decode_is_no_tokenizer(monkeypatch):
+    import types
+
+    import recipes.generate as generate
+
+    monkeypatch.setattr(generate, "data_module", lambda recipe, text_only: types.SimpleNamespace(encode=list))
+    with pytest.raises(ValueError, match="the recipe's data module SimpleNamespace has no text tokenizer"):
+        generate.tokenizer({})
+
+
+def test_the_continuation_is_cut_after_the_first_stop_at_or_after_the_prompt():
+    from recipes.generate import cut_after, finished_text
+
+    assert cut_after("ab.cd.ef", ".", start=3) == "ab.cd."  # the prompt's own "." does not count
+    assert cut_after(".x.y", ".") == "."  # found at the very start (an empty prompt)
+    assert cut_after("abc", "z") == "abc" and cut_after("abc", None) == "abc"
+    assert finished_text("ab\ufffd\ufffd") == "ab" and finished_text("a\ufffdb") == "a\ufffdb"
+
+
+@pytest.mark.parametrize("missing", ["--config", "--ckpt_path", "--prompt"])
+def test_each_required_flag_is_named_when_missing(missing, capsys):
+    flags = {"--config": "quickstart.yaml", "--ckpt_path": "last", "--prompt": "x"}
+    with pytest.raises(SystemExit):
+        main([part for flag, value in flags.items() if flag != missing for part in (flag, value)])
+    assert f"the following arguments are required: {missing}" in capsys.readouterr().err
