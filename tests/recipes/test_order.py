@@ -1,9 +1,11 @@
 """The training order, unit by unit: the sampler's part-way start, the loader's count and its state across a resume
 with the same or another batch size or world (tests/recipes/test_training.py resumes whole runs)."""
 
+import types
+
 import torch
 
-from recipes.data.order import ResumableLoader, ResumableSampler
+from recipes.data.order import ResumableDataModule, ResumableLoader, ResumableSampler
 
 
 def test_the_sampler_starts_its_epoch_part_way_once_and_only_in_that_epoch():
@@ -61,3 +63,47 @@ def test_a_state_saved_before_the_last_batch_keeps_it_and_one_saved_after_it_sta
         assert again.order.epoch == epoch and again.taken_epoch == epoch
         if left is not None:
             assert batches(again) == left
+
+
+def test_the_loader_drops_a_partial_batch_and_counts_batches_per_epoch():
+    loader = ResumableLoader(torch.arange(26), batch_size=4, seed=0)
+    assert len(loader) == 6 and all(len(b) == 4 for b in loader)
+    for epoch in (0, 0, 0, 1):
+        loader.took_batch(epoch)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batches"], loader.skipped) == (1, 1, 0)
+
+
+def test_a_resume_with_another_batch_size_or_training_set_says_so(capsys):
+    first = ResumableLoader(torch.arange(24), batch_size=4, seed=5)
+    batches(first, count=3)
+    ResumableLoader(torch.arange(24), batch_size=4, seed=0).load_state_dict(first.state_dict())
+    assert capsys.readouterr().err == ""
+    ResumableLoader(torch.arange(24), batch_size=6, seed=0).load_state_dict(first.state_dict())
+    assert ("note: resuming with batch_size 6 on 1 process(es) where the run had 4 on 1: epoch 0 continues at its "
+            "sample 12") in capsys.readouterr().err
+    ResumableLoader(torch.arange(30), batch_size=4, seed=0).load_state_dict(first.state_dict())
+    assert "note: resuming on a training set of 30 examples where the run had 24" in capsys.readouterr().err
+
+
+class Numbers(ResumableDataModule):
+    def __init__(self, n: int = 10):
+        super().__init__()
+        self.data, self.batch_size = torch.arange(n), 4
+
+    def train_dataloader(self):
+        return self.train_loader(self.data)
+
+
+def test_overfit_batches_read_the_data_in_order_and_only_training_batches_are_counted():
+    module = Numbers()
+    module.trainer = types.SimpleNamespace(world_size=1, global_rank=0, overfit_batches=1, training=True, current_epoch=0)
+    assert [b.tolist() for b in module.train_dataloader()] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # in order, 8-9 dropped
+    module = Numbers()
+    assert module.on_before_batch_transfer("batch", 0) == "batch"  # no trainer: nothing to count
+    module.trainer = types.SimpleNamespace(world_size=1, global_rank=0, overfit_batches=0, training=False, current_epoch=0)
+    loader = module.train_dataloader()
+    module.on_before_batch_transfer("batch", 0)  # a validation batch
+    assert loader.taken == 0
+    module.trainer.training = True
+    module.on_before_batch_transfer("batch", 0)
+    assert loader.taken == 1
