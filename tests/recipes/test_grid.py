@@ -144,3 +144,24 @@ def test_a_sweeps_set_that_breaks_the_model_stops_the_sweep_before_any_run(tmp_p
     unbound = tmp_path / "unbound.yaml"  # fails alone too (an unbound letter): not the overrides' fault
     unbound.write_text(recipe.read_text().replace("AM×4", "QM"))
     check_recipes([unbound], ["--model.d_model", "30"], ["model.d_model=30"])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("model.lr", r"--vary 'model.lr': write KEY=\[V1, V2, ...\] with a dotted key"),
+    ("=[1]", r"--vary '=\[1\]': write KEY=\[V1, V2, ...\]"),
+    ("model.=[1]", r"with a dotted key of the recipe"),
+])
+def test_an_axis_without_a_key_or_an_equals_sign_is_named(text, expected):
+    from recipes.sweep.grid import parse_axis
+
+    with pytest.raises(ValueError, match=expected):
+        parse_axis(text)
+
+
+@pytest.mark.parametrize("text", ["model.lr", "=0.1"])
+def test_a_setting_without_a_key_or_an_equals_sign_is_named(text):
+    from recipes.sweep.grid import parse_setting
+
+    with pytest.raises(ValueError, match=rf"--set '{re.escape(text)}': write KEY=VALUE"):
+        parse_setting(text)
+    assert parse_setting("model.lr=1e-3") == ("model.lr", 0.001) and parse_setting("a=") == ("a", None)
