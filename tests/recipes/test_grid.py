@@ -79,10 +79,12 @@ def test_a_key_set_twice_and_a_recipe_already_there_are_refused(tmp_path, capsys
     with pytest.raises(SystemExit, match="model.lr: set twice"):
         main(["quickstart.yaml", "--vary", "model.lr=[1]", "--set", "model.lr=2", "--out", str(tmp_path / "g")])
     main(["quickstart.yaml", "--vary", "model.lr=[0.002]", "--out", str(tmp_path / "g")])
+    assert "note:" not in capsys.readouterr().err  # a new grid: nothing else in its folder
     before = (tmp_path / "g" / "lr0.002.yaml").read_text()
     with pytest.raises(SystemExit, match=r"already holds lr0.002.yaml: choose another --out"):
         main(["quickstart.yaml", "--vary", "model.lr=[0.002, 0.02]", "--out", str(tmp_path / "g")])
     assert (tmp_path / "g" / "lr0.002.yaml").read_text() == before and not (tmp_path / "g" / "lr0.02.yaml").exists()
+    capsys.readouterr()
     main(["quickstart.yaml", "--vary", "model.lr=[0.05]", "--out", str(tmp_path / "g")])  # a point added to the grid
     assert f"note: {tmp_path / 'g'} also holds lr0.002: python -m recipes.sweep" in capsys.readouterr().err
 
@@ -165,3 +167,14 @@ def test_a_setting_without_a_key_or_an_equals_sign_is_named(text):
     with pytest.raises(ValueError, match=rf"--set '{re.escape(text)}': write KEY=VALUE"):
         parse_setting(text)
     assert parse_setting("model.lr=1e-3") == ("model.lr", 0.001) and parse_setting("a=") == ("a", None)
+
+
+def test_a_dotted_key_makes_its_mappings_and_a_grid_goes_where_it_is_told(tmp_path):
+    from recipes.sweep.grid import set_dotted
+
+    tree = {"model": {"lr": 1}}
+    set_dotted(tree, "model.optimizer.betas", [0.9, 0.95])
+    assert tree == {"model": {"lr": 1, "optimizer": {"betas": [0.9, 0.95]}}}
+    deep = tmp_path / "two" / "levels"  # folders made on the way
+    main(["quickstart.yaml", "--vary", "model.lr=[0.002]", "--set", "trainer.logger=false", "--out", str(deep)])
+    assert yaml.safe_load((deep / "lr0.002.yaml").read_text())["trainer"]["logger"] is False  # no logger: no name
