@@ -42,6 +42,8 @@ def test_the_printed_sweep_command_plots_a_numeric_last_axis_only(tmp_path, caps
                                                              "--jobs 2 --vs lr")
     main(["quickstart.yaml", "--vary", "model.optimizer=[AdamW, Muon]", "--out", str(tmp_path / "other")])
     assert capsys.readouterr().out.splitlines()[-1].endswith("--jobs 2")
+    main(["quickstart.yaml", "--vary", "model.init_std=[0.02, null]", "--out", str(tmp_path / "mixed")])
+    assert capsys.readouterr().out.splitlines()[-1].endswith("--jobs 2")  # one value not a number: no axis to plot on
 
 
 def test_a_relative_init_from_stays_the_source_recipes(tmp_path):
@@ -178,3 +180,12 @@ def test_a_dotted_key_makes_its_mappings_and_a_grid_goes_where_it_is_told(tmp_pa
     deep = tmp_path / "two" / "levels"  # folders made on the way
     main(["quickstart.yaml", "--vary", "model.lr=[0.002]", "--set", "trainer.logger=false", "--out", str(deep)])
     assert yaml.safe_load((deep / "lr0.002.yaml").read_text())["trainer"]["logger"] is False  # no logger: no name
+
+
+def test_the_module_runs_as_a_command_and_names_its_required_flags():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "recipes.sweep.grid", "quickstart.yaml"], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 2 and "the following arguments are required: --vary, --out" in done.stderr
