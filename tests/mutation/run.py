@@ -65,6 +65,10 @@ def read_mutants(path: Path = LIST) -> list[Mutant]:
         if old == new or not tests.split():
             problems.append(f"line {number}: the new text equals the old, or no tests are named")
             continue
+        # a test that cannot be collected fails, and would count as killing a bug it never saw
+        if bad := [t for t in tests.split() if not (ROOT / t.split("::")[0]).is_file() or ("[" in t) != t.endswith("]")]:
+            problems.append(f"line {number}: no such test file, or a parametrised id cut short: {' '.join(bad)}")
+            continue
         if file.endswith(".py") and (error := syntax_error(source.read_text().replace(old, new, 1), file)):
             # (its tests would fail to import it, and it would count as killed: a bug that was never planted)
             problems.append(f"line {number}: the mutated {file} is not Python ({error}); mutate the whole statement")

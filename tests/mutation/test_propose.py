@@ -47,12 +47,25 @@ def test_run_refuses_a_mutant_that_is_not_python_rather_than_count_it_killed(tmp
     from run import read_mutants
 
     raise_line = '        raise ValueError(f"optimizer={name!r} is not a torch.optim.Optimizer")'
-    good = f"recipes/optimizer.py :: {raise_line} :: {raise_line.replace('raise ValueError', 'raise TypeError')} :: t\n"
+    test = "tests/recipes/test_optimizer.py"
+    good = f"recipes/optimizer.py :: {raise_line} :: {raise_line.replace('raise ValueError', 'raise TypeError')} :: {test}\n"
     listed = tmp_path / "mutants.txt"
     listed.write_text(good)
     assert len(read_mutants(listed)) == 1
-    listed.write_text(good + "recipes/optimizer.py :: import inspect :: import inspect( :: t\n")
+    listed.write_text(good + f"recipes/optimizer.py :: import inspect :: import inspect( :: {test}\n")
     with pytest.raises(SystemExit, match=r"line 2: the mutated recipes/optimizer.py is not Python \(.*\); mutate the"):
+        read_mutants(listed)
+
+
+@pytest.mark.parametrize("tests", ["tests/recipes/test_optimiser.py", "tests/recipes/test_optimizer.py::test_x[a-b"])
+def test_run_refuses_a_test_that_cannot_be_collected_rather_than_count_it_killed(tmp_path, tests):
+    """A missing file, or a parametrised id cut at a space (an id copied from a log), fails to collect: the mutant
+    would count as killed by a test that never ran. 186 listed ids were cut so until 2026-12-02."""
+    from run import read_mutants
+
+    listed = tmp_path / "mutants.txt"
+    listed.write_text(f"recipes/optimizer.py :: import inspect :: import os :: {tests}\n")
+    with pytest.raises(SystemExit, match=r"line 1: no such test file, or a parametrised id cut short: "):
         read_mutants(listed)
 
 
