@@ -63,15 +63,21 @@ def test_a_width_one_kind_lacks_has_no_test_and_stays_out_of_the_pooled_row(tmp_
     assert "| all | 1 of 1 | 0 of 1 | 1 | - | - |" in out  # d32 alone: d64's two recalls have nothing to face
 
 
-@pytest.mark.parametrize("options, named", [
-    (["--threshold", "1"], "--threshold 1.0: an accuracy, in [0, 1)"),
-    (["--threshold", "-0.1"], "--threshold -0.1: an accuracy, in [0, 1)"),
-    (["--baseline", "ifa"], "--baseline ifa is also a --treatment variant"),
+BOTH = ["--treatment", "ifa", "--baseline", "qcattn"]
+
+
+@pytest.mark.parametrize("argv, named", [
+    ([*BOTH, "--threshold", "1"], "--threshold 1.0: an accuracy, in [0, 1)"),
+    ([*BOTH, "--threshold", "-0.1"], "--threshold -0.1: an accuracy, in [0, 1)"),
+    ([*BOTH, "--baseline", "ifa"], "--baseline ifa is also a --treatment variant"),
+    (["--baseline", "qcattn"], "the following arguments are required: --treatment"),
+    (["--treatment", "ifa"], "the following arguments are required: --baseline"),
+    (["--treatment", "ifa", "--baseline", "cattn"], "no runs of cattn in these records; they hold ifa, qcattn"),
 ])
-def test_a_threshold_outside_accuracies_or_a_baseline_among_the_treatments_is_refused(tmp_path, capsys, options, named):
+def test_a_bad_option_a_missing_flag_or_an_unknown_variant_is_named(tmp_path, capsys, argv, named):
     path = record(tmp_path / "a.json", [("ifa_d32", 0, 1.0, 0.9), ("qcattn_d32", 0, 5.0, 0.02)])
     with pytest.raises(SystemExit):
-        recall.main([str(path), "--treatment", "ifa", "--baseline", "qcattn", *options])
+        recall.main([str(path), *argv])
     assert named in capsys.readouterr().err
 
 
@@ -95,22 +101,11 @@ def test_a_recipe_not_named_variant_and_width_is_left_out_by_name(tmp_path, caps
 
 def test_a_kind_without_runs_has_no_test_statistic():
     base = [{"val_loss": 1.0, "val_acc": 0.9}]
-    assert math.isnan(recall.recall_table([], base, 0.5)["p"]) and recall.recall_table([], base, 0.5)["base"] == (1, 1)
+    table = recall.recall_table([], base, 0.5)
+    assert math.isnan(table["p"]) and table["base"] == (1, 1)
     for treated, baseline in (([], base), (base, [])):
         ranks = recall.loss_ranks(treated, baseline)
         assert ranks["pairs"] == 0 and math.isnan(ranks["below"]) and math.isnan(ranks["p"])
-
-
-@pytest.mark.parametrize("argv, named", [
-    (["--baseline", "qcattn"], "the following arguments are required: --treatment"),
-    (["--treatment", "ifa"], "the following arguments are required: --baseline"),
-    (["--treatment", "ifa", "--baseline", "cattn"], "no runs of cattn in these records; they hold ifa, qcattn"),
-])
-def test_a_missing_flag_or_variant_is_named(tmp_path, capsys, argv, named):
-    path = record(tmp_path / "a.json", [("ifa_d32", 0, 1.0, 0.9), ("qcattn_d32", 0, 5.0, 0.02)])
-    with pytest.raises(SystemExit):
-        recall.main([str(path), *argv])
-    assert named in capsys.readouterr().err
 
 
 def test_a_missing_record_or_a_run_given_twice_is_named(tmp_path, capsys):
