@@ -611,6 +611,35 @@ def test_a_decoding_step_reads_the_rotary_tables_it_is_given():
     assert not torch.allclose(logits["doctored"], logits["own"], atol=1e-3)
 
 
+def test_every_rotary_table_a_decoding_step_reads_is_made_before_it():
+    """The decoder makes each step's tables outside the (compiled) step, for every dimension a module reads — the SSD's
+    RoPE on B and C (TransXSSM's, width ``d_state``) as well as the attention heads': a table left out would be made
+    inside the step, where the compiler recomputes it per element (``rotary_tables``)."""
+    from components.generation import decoder, rotary_dims
+
+    torch.manual_seed(0)
+    model = HybridLM(61, 32, "SM AM", {"S": partial(SSD, d_state=12, head_dim=8, chunk_size=4, rope=True),
+                                       "A": partial(QCAttention, n_heads=4)})
+    model.eval()
+    assert rotary_dims(model) == [8, 12]  # the attention heads' and the SSD's d_state
+    prompt = torch.randint(1, 61, (2, 4))
+    cache = model.new_cache(2, 8)
+    with torch.no_grad():
+        logits = model(prompt, cache=cache)[:, -1]
+        step = decoder(model, cache, torch.full((2, 1), 3), 3)
+        made = []
+        hook = model.rotary.register_forward_hook(lambda module, args, out: made.append(args[1]))
+        try:
+            for i in (1, 2):
+                token = logits.argmax(-1, keepdim=True)  # [2, 1]
+                logits = step(i, token, torch.full((2, 1), 3 + i))
+        finally:
+            hook.remove()
+    assert made == []
+    with torch.no_grad():  # the steps read the tables they were given: the full forward's last logits
+        torch.testing.assert_close(logits, model(model.generate(prompt, 2))[:, -1], rtol=1e-4, atol=1e-4)
+
+
 def test_the_edges_of_the_sampling_settings_are_taken():
     """No new token is the prompt itself; ``top_p=1`` is the whole distribution; a nucleus whose mass reaches
     ``top_p`` exactly stops there (Hugging Face's rule: the smallest set of at least ``top_p``)."""
