@@ -489,6 +489,50 @@ def test_a_ctrl_c_that_an_import_swallows_still_stops_the_command(monkeypatch, c
     assert "interrupted (Ctrl+C) while starting: nothing was run" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, module, expected", [
+    (["generate", "--prompt", "x"], "recipes.generate", ["--prompt", "x"]),
+    (["eval", "--tasks", "lambada"], "recipes.evaluation.cli", ["--tasks", "lambada"]),
+    (["fit", "--config", "q.yaml"], "recipes.cli", []),  # it reads sys.argv itself, as Lightning's CLI does
+    (["generat"], "recipes.cli", []),  # (recipes.cli names the misspelt command)
+])
+def test_python_m_recipes_hands_each_command_its_own_arguments(argv, module, expected, monkeypatch):
+    """``generate`` and ``eval`` go to their own parsers without the command's name; everything else to the Lightning
+    CLI, which reads ``fit``/``validate``/``test`` itself. The SIGINT handler is put back either way."""
+    import signal
+    import types
+
+    from recipes.__main__ import run
+
+    calls = []
+    for name in ("recipes.generate", "recipes.evaluation.cli", "recipes.cli"):
+        fake = types.ModuleType(name)
+        fake.main = lambda *args, _name=name: calls.append((_name, *args))
+        monkeypatch.setitem(sys.modules, name, fake)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        run(argv)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
+    assert calls == [(module, expected)] if expected else [(module,)]
+
+
+def test_a_failing_import_without_a_ctrl_c_is_its_own_error(monkeypatch):
+    """Only a Ctrl+C makes a failed start "interrupted … nothing was run" (status 130): any other error is raised."""
+    import types
+
+    from recipes.__main__ import run
+
+    def broken(name):
+        raise RuntimeError("a broken optional dependency")
+
+    fake = types.ModuleType("recipes.generate")
+    fake.__getattr__ = broken
+    monkeypatch.setitem(sys.modules, "recipes.generate", fake)
+    with pytest.raises(RuntimeError, match="a broken optional dependency"):
+        run(["generate", "--prompt", "x"])
+
+
 def test_ctrl_c_while_python_m_recipes_imports_is_a_line_and_status_130(tmp_path):
     """A Ctrl+C in the seconds ``python -m recipes`` spends importing torch and Lightning (a sweep stopped as a run
     starts) was a traceback and status 1: the package imports nothing heavy until the command is chosen."""

@@ -528,6 +528,11 @@ def test_a_hugging_face_datasets_split_folder_and_identity(tmp_path):
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "rows.jsonl").write_text(json.dumps({"text": "from a file"}) + "\n")
     assert not HFDataset(path=str(tmp_path / "plain")).saved() and HFDataset(path=saved).saved()
+    for marker in ("dataset_info.json", "state.json", "dataset_dict.json"):  # any one of what save_to_disk writes
+        (tmp_path / marker).mkdir()
+        (tmp_path / marker / marker).write_text("{}")
+        assert HFDataset(path=str(tmp_path / marker)).saved(), marker
+    assert isinstance(HFDataset(path=saved).load(), datasets.Dataset)  # not streamed unless asked: a table, not a stream
     assert list(HFDataset(path=str(tmp_path / "plain")).documents("text")) == ["from a file"]
 
     rows = str(tmp_path / "plain" / "rows.jsonl")
@@ -536,6 +541,9 @@ def test_a_hugging_face_datasets_split_folder_and_identity(tmp_path):
     assert len(set(before)) == 3 and all(len(f) == 16 for f in before)  # (the settings differ in form)
     assert HFDataset(path="json", data_files=rows, streaming=True).fingerprint() == before[0]
     assert HFDataset(path="json", data_files=rows, split="test").fingerprint() != before[0]
+    both = [HFDataset(path="json", data_files=dict(splits)).fingerprint()  # the same files, named in either order
+            for splits in ([("train", rows), ("test", [rows])], [("test", [rows]), ("train", rows)])]
+    assert both[0] == both[1]
     (tmp_path / "plain" / "rows.jsonl").write_text(json.dumps({"text": "edited"}) + "\n")
     assert all(form.fingerprint() != old for form, old in zip(forms, before))  # the content is in the identity
     edited = HFDataset(path=saved).fingerprint()

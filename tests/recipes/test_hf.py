@@ -333,6 +333,10 @@ def test_a_byte_level_model_exported_and_imported_again_fine_tunes_on_bytes(tmp_
     cli(["fit", "--config", "quickstart.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
          "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"])
     main(["export", "--config", "quickstart.yaml", "--ckpt_path", "last", "--out", "exported"])  # as generate spells it
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
+    text = "a , b . c 's é€\n"  # (transformers 4 "cleans up" the spaces before , . 's unless told not to)
+    assert exported(text)["input_ids"] == list(text.encode()) and exported.decode(list(text.encode())) == text
+    assert json.loads((tmp_path / "exported" / "tokenizer_config.json").read_text())["clean_up_tokenization_spaces"] is False
     main(["import", "exported", "--out", "again.ckpt"])  # its tokenizer.json is bytes, with no end-of-document token
     assert yaml.safe_load((tmp_path / "again.yaml").read_text())["data"]["class_path"] == "recipes.data.TextCorpus"
     run = cli(["--config", "again.yaml"], run=False)  # (it was a 257-token corpus for the 256-row checkpoint)
@@ -367,6 +371,30 @@ def test_export_names_a_missing_or_ambiguous_checkpoint_and_trusts_the_recipes_o
         main(["export", "loose.ckpt", "--out", "x"])
     with pytest.raises(SystemExit, match="has no Hugging Face class"):
         main(["export", "--config", "mine.yaml", "--ckpt_path", "last", "--out", "x"])
+
+
+def test_an_imported_model_is_exported_again_with_its_tokenizer_before_any_corpus_is_there(tmp_path, monkeypatch):
+    """The written recipe's corpus (data/*.jsonl) need not exist: an export takes only its tokenizer file."""
+    with_tokenizer(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    main(["import", "llama", "--out", "out/llama.ckpt"])
+    main(["export", "out/llama.ckpt", "--config", "out/llama.yaml", "--out", "exported"])
+    ours, theirs = (transformers.AutoTokenizer.from_pretrained(tmp_path / f) for f in ("exported", "llama"))
+    text = "a , b . c 's é€<|endoftext|>"
+    assert ours(text)["input_ids"] == theirs(text)["input_ids"] == [*text[:-13].encode(), 256]
+    assert ours.convert_tokens_to_ids(ours.eos_token) == 2  # the folder's config.json eos_token_id (Llama's default)
+
+
+def test_the_command_line_names_a_missing_command_out_folder_or_checkpoint(tmp_path, monkeypatch, capsys):
+    for argv, message in [([], "the following arguments are required: command"),
+                          (["import", "folder"], "the following arguments are required: --out"),
+                          (["export", "a.ckpt"], "the following arguments are required: --out")]:
+        with pytest.raises(SystemExit, match="2"):
+            main(argv)
+        assert message in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)  # (a missing file, not "give --config RECIPE": that one is not in a run folder either)
+    with pytest.raises(SystemExit, match="error: gone.ckpt: no such checkpoint file"):
+        main(["export", "gone.ckpt", "--out", "x"])
 
 
 def test_import_brings_the_folders_tokenizer_and_refuses_bytes_for_a_larger_vocabulary(tmp_path):
