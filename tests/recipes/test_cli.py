@@ -892,6 +892,37 @@ def test_the_cli_hooks_say_the_threads_store_the_whole_config_and_leave_a_worker
     assert summaries == ["runs/x"] and capsys.readouterr().out == "done\n"
 
 
+def test_the_threads_are_the_requested_ones_else_the_cores_the_load_average_leaves(monkeypatch):
+    """``--threads N``; else OMP_NUM_THREADS (torch's own); else the cores no other process is busy with: one
+    thread per core on a shared CPU oversubscribes it. Fewer threads only: never more than torch would take."""
+    import torch
+
+    from recipes.run_report import choose_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        with pytest.raises(ValueError, match="--threads 0 must be >= 1"):
+            choose_threads(0)
+        assert choose_threads(1) == "torch threads: 1 (--threads)" and torch.get_num_threads() == 1
+        for load, threads in [(0.4, None), (1.4, 3), (2.6, 1), (9.0, 1)]:  # busy: round(load), at most 3 of 4 cores
+            torch.set_num_threads(4)
+            monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+            said = choose_threads(None)
+            if threads is None:  # all four free: torch's own four stay
+                assert said is None and torch.get_num_threads() == 4
+            else:
+                assert said == (f"torch threads: {threads} of 4 cores (about {min(round(load), 3)} busy with other "
+                                "processes); --threads N or OMP_NUM_THREADS=N chooses"), load
+                assert torch.get_num_threads() == threads
+        monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 0.0, 0.0))
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert choose_threads(None) is None and torch.get_num_threads() == 1  # (left as it was)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_parse_error_keeps_its_first_lines_and_a_class_offers_its_own_keywords_only_once_imported():
     from recipes.cli_errors import class_options, parse_error_message
 

@@ -154,6 +154,8 @@ def test_a_manifest_keeps_every_runs_fields_and_names_how_each_ended(tmp_path):
     write_manifest(tmp_path, "family", runs)
     family, again = read_manifest(tmp_path)
     assert family == "family" and again == runs
+    with pytest.raises(FileNotFoundError, match=r"elsewhere.sweep.json not found: give a folder a sweep wrote"):
+        read_manifest(tmp_path / "elsewhere")
     endings = {code: Run(tmp_path / "a.yaml", tmp_path / "a", code, log=tmp_path / "a.log").ending
                for code in (None, 130, 143, 1)}
     assert endings[None].startswith("NOT FINISHED (the sweep stopped before this run ended; log ")
@@ -308,6 +310,8 @@ def test_seed_statistics_over_a_fake_family_with_known_outcomes(tmp_path):
     assert f"same seed 4 has no results in {tmp_path / 'same' / 'gone'}" in out
     no_baseline = seed_table(runs)
     assert all(line.split("|")[9:14] == [" - "] * 5 for line in no_baseline.splitlines()[2:] if line.startswith("| "))
+    with pytest.raises(ValueError, match=r"--baseline 'bsae' is not one of the recipes run \(base, worse, same, lonely\)"):
+        seed_table(runs, baseline="bsae")
 
 
 def test_seeds_launch_one_run_per_seed_in_parallel_and_tabulate_them(tmp_path, monkeypatch, capsys):
