@@ -253,6 +253,30 @@ def test_the_fit_summary_says_when_no_validation_ran():
             "5 steps") in fit_summary(trainer, module)
     module.history["tokens_per_sec"] = [100.0, 300.0, 200.0]
     assert "speed      median 200 tokens/s" in fit_summary(trainer, module)
+    none = fit_summary(SimpleNamespace(**{**vars(trainer), "global_step": 0}), SimpleNamespace(history={}))
+    assert none == "\nfit finished: no step"  # no step: nothing to say of its validation or speed
+
+    tensorboard, csv = (type(name, (), {})() for name in ("TensorBoardLogger", "CSVLogger"))
+    for loggers, line in [([csv, tensorboard], "  TensorBoard tensorboard --logdir runs/x"), ([csv], "  logs       runs/x")]:
+        said = fit_summary(SimpleNamespace(**{**vars(trainer), "loggers": loggers}), module, "runs/x")
+        assert said.endswith("\n" + line), said
+
+
+def test_a_strategy_trains_in_workers_when_its_launcher_is_a_multiprocessing_one(monkeypatch, capsys):
+    """Then the summary comes from the worker of rank 0 (it holds the run); elsewhere the command prints it."""
+    import recipes.run_report as run_report
+    from recipes.run_report import FitSummaryInWorker, trains_in_workers
+
+    spawned = type("_MultiProcessingLauncher", (), {})
+    for launcher, in_workers in [(None, False), (type("_SubprocessScriptLauncher", (), {})(), False), (spawned(), True),
+                                 (type("Mine", (spawned,), {})(), True)]:
+        assert trains_in_workers(SimpleNamespace(strategy=SimpleNamespace(launcher=launcher))) == in_workers, launcher
+    assert not trains_in_workers(SimpleNamespace(strategy=SimpleNamespace()))  # (a strategy with no launcher at all)
+    monkeypatch.setattr(run_report, "fit_summary", lambda trainer, module, log_dir: f"summary of {log_dir}")
+    for launcher, rank_zero in [(None, True), (spawned(), False), (spawned(), True)]:
+        trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=launcher), is_global_zero=rank_zero, log_dir="runs/x")
+        FitSummaryInWorker().on_fit_end(trainer, None)
+    assert capsys.readouterr().out == "summary of runs/x\n"  # once: the spawned worker of rank 0
 
 
 def test_a_run_that_fails_before_its_first_step_leaves_no_empty_version_folder(tmp_path, monkeypatch, capsys):
@@ -917,6 +941,11 @@ def test_the_threads_are_the_requested_ones_else_the_cores_the_load_average_leav
                                 "processes); --threads N or OMP_NUM_THREADS=N chooses"), load
                 assert torch.get_num_threads() == threads
         monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 0.0, 0.0))
+        monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # (macOS, Windows): the CPU count, else one core
+        for count, said in [(6, "torch threads: 3 of 6 cores (about 3 busy"), (None, "torch threads: 1 of 1 cores (about 0")]:
+            torch.set_num_threads(8)
+            monkeypatch.setattr(os, "cpu_count", lambda: count)
+            assert choose_threads(None).startswith(said)
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
         assert choose_threads(None) is None and torch.get_num_threads() == 1  # (left as it was)
     finally:

@@ -538,6 +538,19 @@ def test_holm_tost_detectable_effect_and_the_best_loss_in_the_seed_table(tmp_pat
     assert "worse seed" not in out  # the others improved to their end
 
 
+def test_an_early_best_is_at_or_before_80_percent_of_the_steps_and_worse_at_the_end_by_at_least_0_005():
+    from recipes.sweep.records import scalar_series
+    from recipes.sweep.report import early_best
+
+    edge = dict(best_step=80, steps=100, best_val_loss=0.0, val_loss=0.005)  # both bounds met exactly
+    assert early_best(edge)
+    assert not early_best({**edge, "best_step": 81})  # late enough: the run was still improving near its end
+    assert not early_best({**edge, "val_loss": 0.0049})  # as good at the end, within noise
+    assert not early_best({**edge, "best_step": 81, "val_loss": 1.0}) and not early_best({**edge, "best_step": 0,
+                                                                                          "val_loss": 0.0})
+    assert scalar_series(Path("no-such-run-folder"), "val/loss") == {}  # (TensorBoard's reader would raise)
+
+
 def test_progress_names_each_running_run_with_its_step_loss_and_log(tmp_path):
     from recipes.sweep.launch import progress_lines
     from recipes.sweep.records import Run
