@@ -309,7 +309,16 @@ def test_a_shard_folder_torch_writes_passes_the_index_check_and_consolidates_to_
         load_weights(folder)
     state = load_weights(consolidate(folder))
     assert state.keys() == weights.keys() and all(torch.equal(state[k], weights[k]) for k in weights)
-    (tmp_path / "plain").mkdir()  # a folder without the run's meta.pt, index and shards
+    assert consolidate(folder) == tmp_path / "last.ckpt.consolidated"  # again (the run trained on): its own, replaced
+    other = tmp_path / "other.ckpt"
+    torch.save({"state_dict": {}}, other)  # another run's checkpoint: kept unless --force
+    with pytest.raises(FileExistsError, match=r"other.ckpt already exists: .* \(it is not a consolidation of this folder\)"):
+        consolidate(folder, other)
+    assert load_weights(consolidate(folder, other, overwrite=True)).keys() == weights.keys()
+    with pytest.raises(IsADirectoryError, match=r"--out .*plain is a folder: name the file to write"):
+        (tmp_path / "plain").mkdir()
+        consolidate(folder, tmp_path / "plain")
+    # a folder without the run's meta.pt, index and shards
     with pytest.raises(CheckpointError, match=r"plain is not a sharded checkpoint \(a folder with meta.pt, .metadata "
                                               r"and the .distcp shards a ModelParallelStrategy run writes\)"):
         consolidate(tmp_path / "plain")

@@ -939,3 +939,12 @@ def test_a_cloze_over_held_out_documents_asks_for_each_sentences_last_word(tmp_p
     text.write_text("data:\n  class_path: recipes.data.TextCorpus\n")
     with pytest.raises(SystemExit, match="TextCorpus has no documents to build a cloze from"):
         make_task(["cloze", "--config", str(text), "--out", str(tmp_path / "t")])
+
+
+def test_python_m_recipes_evaluation_tasks_is_the_command():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "recipes.evaluation.tasks", "cloze", "--out", "x"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "the following arguments are required: --config" in done.stderr, done.stderr
