@@ -288,6 +288,29 @@ def test_a_sharded_checkpoint_whose_index_names_code_is_refused_before_torch_unp
         load_checkpoint(folder)
 
 
+def test_consolidate_reads_what_the_shards_assemble_to_as_data_too(tmp_path, monkeypatch):
+    """Defence in depth: the file torch's ``dcp_to_torch_save`` assembles from the shards is read with
+    ``weights_only`` as every other checkpoint is, so an object that reached it (a shard's byte item) never runs."""
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint.format_utils as format_utils
+
+    from recipes.checkpoints import consolidate
+
+    folder = tmp_path / "last.ckpt"
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save({"state_dict": {"model.w": torch.randn(3)}}, checkpoint_id=folder)
+    torch.save({"global_step": 7}, folder / "meta.pt")
+    marker = tmp_path / "RAN"
+    monkeypatch.setattr(format_utils, "dcp_to_torch_save",
+                        lambda shards, out: torch.save({"state_dict": {}, "extra": _WritesMarker(marker)}, out))
+    with pytest.raises(pickle.UnpicklingError):
+        consolidate(folder)
+    assert not marker.exists() and not (tmp_path / "last.ckpt.consolidated").exists()
+    assert not list(tmp_path.glob(".last.ckpt.consolidated.tmp-*"))  # the temporary file is removed
+
+
 def test_a_shard_folder_torch_writes_passes_the_index_check_and_consolidates_to_its_weights(tmp_path):
     """The index check refuses what a shard index never holds, so it must let through everything one does hold: the
     planner's records and the dtypes of the tensors (bf16 and fp32 here), written by torch's own distributed
