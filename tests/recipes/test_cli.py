@@ -538,7 +538,7 @@ def test_python_m_recipes_hands_each_command_its_own_arguments(argv, module, exp
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, outer)
-    assert calls == [(module, expected)] if expected else [(module,)]
+    assert calls == ([(module, expected)] if expected else [(module,)])
 
 
 def test_a_failing_import_without_a_ctrl_c_is_its_own_error(monkeypatch):

@@ -546,8 +546,8 @@ def test_an_early_best_is_at_or_before_80_percent_of_the_steps_and_worse_at_the_
     assert early_best(edge)
     assert not early_best({**edge, "best_step": 81})  # late enough: the run was still improving near its end
     assert not early_best({**edge, "val_loss": 0.0049})  # as good at the end, within noise
-    assert not early_best({**edge, "best_step": 81, "val_loss": 1.0}) and not early_best({**edge, "best_step": 0,
-                                                                                          "val_loss": 0.0})
+    assert not early_best({**edge, "best_step": 81, "val_loss": 1.0})  # much worse, but late: both are needed
+    assert not early_best({**edge, "best_step": 0, "val_loss": 0.0})  # early, but no worse
     assert scalar_series(Path("no-such-run-folder"), "val/loss") == {}  # (TensorBoard's reader would raise)
 
 
