@@ -598,6 +598,11 @@ def test_a_weight_with_no_place_on_either_side_is_refused_by_name():
     state = hf.state_dict()
     zoo = to_zoo(config, {**state, "model.rotary_emb.inv_freq": torch.ones(4)})  # (a buffer HF recomputes)
     assert to_hf(config, zoo).keys() == state.keys()
+    assert torch.equal(zoo["lm_head.weight"], state["lm_head.weight"])  # untied: its own head
+    # a tied model's file has no head: the embedding is the head, whether or not the config says tie_word_embeddings
+    untold = {k: v for k, v in config.items() if k != "tie_word_embeddings"}
+    headless = to_zoo(untold, {k: v for k, v in state.items() if k != "lm_head.weight"})
+    assert headless["lm_head.weight"] is headless["embedding.weight"]
     with pytest.raises(ValueError,
                        match=r"weights the zoo has no place for: \['model.layers.0.self_attn.q_proj.bias'\]"):
         to_zoo(config, {**state, "model.layers.0.self_attn.q_proj.bias": torch.zeros(4)})
