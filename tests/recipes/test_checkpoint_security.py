@@ -288,20 +288,27 @@ def test_a_sharded_checkpoint_whose_index_names_code_is_refused_before_torch_unp
         load_checkpoint(folder)
 
 
+def shard_folder(folder, weights: dict, meta: dict):
+    """``folder``: a sharded checkpoint as a ModelParallelStrategy run writes it (torch's distributed checkpoint of the
+    weights, on one process, and the run's ``meta.pt``)."""
+    import torch.distributed.checkpoint as dcp
+
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save({"state_dict": weights}, checkpoint_id=folder)
+    torch.save(meta, folder / "meta.pt")
+    return folder
+
+
 def test_consolidate_reads_what_the_shards_assemble_to_as_data_too(tmp_path, monkeypatch):
     """Defence in depth: the file torch's ``dcp_to_torch_save`` assembles from the shards is read with
     ``weights_only`` as every other checkpoint is, so an object that reached it (a shard's byte item) never runs."""
     import pickle
 
-    import torch.distributed.checkpoint as dcp
     import torch.distributed.checkpoint.format_utils as format_utils
 
     from recipes.checkpoints import consolidate
 
-    folder = tmp_path / "last.ckpt"
-    with pytest.warns(UserWarning, match="single process"):
-        dcp.save({"state_dict": {"model.w": torch.randn(3)}}, checkpoint_id=folder)
-    torch.save({"global_step": 7}, folder / "meta.pt")
+    folder = shard_folder(tmp_path / "last.ckpt", {"model.w": torch.randn(3)}, {"global_step": 7})
     marker = tmp_path / "RAN"
     monkeypatch.setattr(format_utils, "dcp_to_torch_save",
                         lambda shards, out: torch.save({"state_dict": {}, "extra": _WritesMarker(marker)}, out))
@@ -317,15 +324,10 @@ def test_a_shard_folder_torch_writes_passes_the_index_check_and_consolidates_to_
     checkpoint on one process."""
     import pickle
 
-    import torch.distributed.checkpoint as dcp
-
     from recipes.checkpoints import check_shard_metadata, consolidate, load_weights
 
     weights = {"model.w": torch.randn(3, 5, dtype=torch.bfloat16), "model.b": torch.randn(5)}
-    folder = tmp_path / "last.ckpt"
-    with pytest.warns(UserWarning, match="single process"):
-        dcp.save({"state_dict": weights}, checkpoint_id=folder)
-    torch.save({"global_step": 7, "hyper_parameters": {"d_model": 5}}, folder / "meta.pt")
+    folder = shard_folder(tmp_path / "last.ckpt", weights, {"global_step": 7, "hyper_parameters": {"d_model": 5}})
     check_shard_metadata(folder)
     assert load_checkpoint(folder) == {"global_step": 7, "hyper_parameters": {"d_model": 5}}
     with pytest.raises(CheckpointError, match="is a sharded checkpoint .* python -m recipes.consolidate"):

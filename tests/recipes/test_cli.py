@@ -477,13 +477,32 @@ def test_a_grown_model_starts_from_the_tensors_of_a_smaller_one_that_fit(tmp_pat
     assert "init_from_strict" not in cli.model.hparams  # (the run's checkpoints hold the weights themselves)
 
 
-def test_a_ctrl_c_that_an_import_swallows_still_stops_the_command(monkeypatch, capsys):
+def fake_module(monkeypatch, name: str, **attributes):
+    """A module ``name`` with ``attributes`` in ``sys.modules`` for the test: what ``python -m recipes`` imports."""
+    import types
+
+    fake = types.ModuleType(name)
+    for key, value in attributes.items():
+        setattr(fake, key, value)
+    monkeypatch.setitem(sys.modules, name, fake)
+
+
+@pytest.fixture
+def pythons_sigint_handler():
+    """Python's own SIGINT handler while the test runs, as in a terminal (a background job, such as CI launched with
+    ``&``, inherits SIGINT ignored); whatever was there is put back after."""
+    import signal
+
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, outer)
+
+
+def test_a_ctrl_c_that_an_import_swallows_still_stops_the_command(monkeypatch, capsys, pythons_sigint_handler):
     # A library's bare `except:` around an optional import caught the KeyboardInterrupt: the command then ran (the
     # quickstart trained on for minutes after the user's Ctrl+C).
     import os
     import signal
-    import sys
-    import types
 
     from recipes.__main__ import run
 
@@ -498,17 +517,10 @@ def test_a_ctrl_c_that_an_import_swallows_still_stops_the_command(monkeypatch, c
             pass
         return lambda argv: ran.append(argv)
 
-    fake = types.ModuleType("recipes.generate")
-    fake.__getattr__ = swallowing_getattr
-    monkeypatch.setitem(sys.modules, "recipes.generate", fake)
-    # Python's own handler, as in a terminal (a background job, such as CI launched with `&`, inherits SIGINT ignored)
-    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(SystemExit) as stopped:
-            run(["generate", "--prompt", "x"])
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
-    finally:
-        signal.signal(signal.SIGINT, outer)
+    fake_module(monkeypatch, "recipes.generate", __getattr__=swallowing_getattr)
+    with pytest.raises(SystemExit) as stopped:
+        run(["generate", "--prompt", "x"])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     assert stopped.value.code == 130 and ran == []
     assert "interrupted (Ctrl+C) while starting: nothing was run" in capsys.readouterr().err
 
@@ -519,40 +531,30 @@ def test_a_ctrl_c_that_an_import_swallows_still_stops_the_command(monkeypatch, c
     (["fit", "--config", "q.yaml"], "recipes.cli", []),  # it reads sys.argv itself, as Lightning's CLI does
     (["generat"], "recipes.cli", []),  # (recipes.cli names the misspelt command)
 ])
-def test_python_m_recipes_hands_each_command_its_own_arguments(argv, module, expected, monkeypatch):
+def test_python_m_recipes_hands_each_command_its_own_arguments(argv, module, expected, monkeypatch,
+                                                               pythons_sigint_handler):
     """``generate`` and ``eval`` go to their own parsers without the command's name; everything else to the Lightning
     CLI, which reads ``fit``/``validate``/``test`` itself. The SIGINT handler is put back either way."""
     import signal
-    import types
 
     from recipes.__main__ import run
 
     calls = []
     for name in ("recipes.generate", "recipes.evaluation.cli", "recipes.cli"):
-        fake = types.ModuleType(name)
-        fake.main = lambda *args, _name=name: calls.append((_name, *args))
-        monkeypatch.setitem(sys.modules, name, fake)
-    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        run(argv)
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    finally:
-        signal.signal(signal.SIGINT, outer)
+        fake_module(monkeypatch, name, main=lambda *args, _name=name: calls.append((_name, *args)))
+    run(argv)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert calls == ([(module, expected)] if expected else [(module,)])
 
 
 def test_a_failing_import_without_a_ctrl_c_is_its_own_error(monkeypatch):
     """Only a Ctrl+C makes a failed start "interrupted … nothing was run" (status 130): any other error is raised."""
-    import types
-
     from recipes.__main__ import run
 
     def broken(name):
         raise RuntimeError("a broken optional dependency")
 
-    fake = types.ModuleType("recipes.generate")
-    fake.__getattr__ = broken
-    monkeypatch.setitem(sys.modules, "recipes.generate", fake)
+    fake_module(monkeypatch, "recipes.generate", __getattr__=broken)
     with pytest.raises(RuntimeError, match="a broken optional dependency"):
         run(["generate", "--prompt", "x"])
 
