@@ -123,7 +123,6 @@ class ZooLM(TemplateLM):
         for row, x in enumerate(inputs):
             if self.padding_side == "right":
                 ids[row, :len(x)] = torch.tensor(x)
-                padding[row, len(x):] = True
             else:
                 ids[row, width - len(x):] = torch.tensor(x)
                 padding[row, :width - len(x)] = True

@@ -72,6 +72,26 @@ def test_loglikelihood_is_the_models_own_log_softmax(batch_size, padding_side, r
         assert greedy == want_greedy
 
 
+def test_choices_share_their_context_while_the_whole_fits_the_model(monkeypatch):
+    """The input is the context and continuation but the last token, so a whole of ``max_length + 1`` tokens fits and
+    its choices are scored from one pass over their context; one token longer, the input is cut from the left and each
+    choice is scored plainly — and every score is the model's own either way."""
+    import recipes.evaluation.harness as harness
+
+    model, shared_calls = tiny(), []
+    real = harness.score_shared
+    monkeypatch.setattr(harness, "score_shared", lambda *a: shared_calls.append(a) or real(*a))
+    lm = ZooLM(model, BYTES, max_length=16)
+    for context, shared in (("c" * 14, True), ("c" * 15, False)):  # with a choice of 3 tokens: 17 or 18 in all
+        shared_calls.clear()
+        got = lm._loglikelihood_tokens([(None, BYTES.encode(context), BYTES.encode(choice)) for choice in (" ab", " cd")],
+                                       disable_tqdm=True)
+        assert len(shared_calls) == shared, context
+        for choice, (score, greedy) in zip((" ab", " cd"), got):
+            want, want_greedy = written_out(model, context, choice, 16)
+            assert score == pytest.approx(want, abs=2e-4) and greedy == want_greedy
+
+
 def test_is_greedy_when_the_continuation_is_the_argmax():
     model = tiny()
     prompt = BYTES.encode("Some text and ")
@@ -811,6 +831,39 @@ def test_a_familys_suite_results_tabulate_per_mode_and_length_against_the_baseli
     failed = [Run(tmp_path / "a.yaml", tmp_path / "nowhere", returncode=1, log=None, seed=0)]
     assert report(failed, tmp_path / "logs", "family", "length", None, []) == \
         f"no finished run to evaluate in {tmp_path / 'logs'}"
+
+
+def test_a_familys_figure_draws_each_recipe_and_mode_over_the_lengths(monkeypatch, tmp_path):
+    """The length suite's figure: a line per recipe and mode through the means over seeds (the NTK ones dashed), the
+    loss on the y axis; a passkey suite's is of accuracy."""
+    from contextlib import contextmanager
+
+    import recipes.evaluation.family as family
+
+    drawn, real = [], family.png_figure
+
+    @contextmanager
+    def keeping(path, **kwargs):  # the real figure, its axes kept to be read
+        with real(path, **kwargs) as (figure, axes):
+            drawn.append(axes)
+            yield figure, axes
+
+    monkeypatch.setattr(family, "png_figure", keeping)
+
+    def length(plain, ntk):
+        return {"suite": "length", "rows": [{"mode": mode, "length": n, "loss": loss} for mode, losses in
+                                            (("plain", plain), ("ntk", ntk)) for n, loss in zip((64, 128), losses)]}
+
+    family.plot({("a", 0): length((2.0, 3.0), (2.5, 2.6)), ("a", 1): length((2.2, 3.4), (2.5, 2.8))},
+                tmp_path / "length.png", "length")
+    handles, labels = drawn[-1].get_legend_handles_labels()
+    lines = {label: handle.lines[0] for handle, label in zip(handles, labels)}
+    assert {label: line.get_linestyle() for label, line in lines.items()} == {"a (ntk)": "--", "a (plain)": "-"}
+    assert list(lines["a (plain)"].get_ydata()) == pytest.approx([2.1, 3.2])
+    assert list(lines["a (ntk)"].get_xdata()) == [64, 128] and drawn[-1].get_ylabel() == "validation loss"
+    passkey = {"suite": "passkey", "cells": [{"length": 64, "depth": 0.5, "accuracy": 1.0}]}
+    family.plot({("a", 0): passkey}, tmp_path / "passkey.png", "passkey")
+    assert drawn[-1].get_ylabel() == "accuracy" and (tmp_path / "passkey.png").stat().st_size > 0
 
 
 def test_a_sweeps_task_results_are_named_by_their_tasks():
