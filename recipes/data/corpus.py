@@ -491,8 +491,8 @@ class TokenizedCorpus(ResumableDataModule):
             self._train_bpe(building / "tokenizer.json")  # (its special tokens: the end of document)
             tokenizer = self._load_tokenizer(building / "tokenizer.json")
         end = tokenizer.token_to_id(self.end_of_document_token)
-        # ids stay below the tokenizer's size (a file's vocab_size may pad past it: not stored, not in the key)
-        vocab = tokenizer.get_vocab_size() if self.tokenizer_path else max(tokenizer.get_vocab_size(), self.vocab_size)
+        # ids stay below the tokenizer's size (vocab_size may pad past it: not stored, not in the key)
+        vocab = tokenizer.get_vocab_size()
         dtype = "uint16" if vocab <= 2**16 else "uint32"
         counts = {"train": [0, 0], "val": [0, 0]}  # documents, tokens
         seen_domains: dict[str, int] = {}

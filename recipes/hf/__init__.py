@@ -188,13 +188,10 @@ def hf_architecture(model: HybridLM):
 def shard_size(text: str | int) -> int:
     """Bytes from ``2GB``, ``500MB``, ``1000000`` or an int; a size under one byte is refused (every tensor would be
     a shard of its own)."""
-    if isinstance(text, int):
-        size = text
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?B)?\s*", str(text).upper())
-        if not match:
-            raise ValueError(f"max_shard_size {text!r} is not a size such as 2GB, 500MB or 1000000")
-        size = int(float(match.group(1)) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, None: 1}[match.group(2)])
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?B)?\s*", str(text).upper())
+    if not match:
+        raise ValueError(f"max_shard_size {text!r} is not a size such as 2GB, 500MB or 1000000")
+    size = int(float(match.group(1)) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, None: 1}[match.group(2)])
     if size < 1:
         raise ValueError(f"max_shard_size {text!r} is under one byte: give a size such as 2GB or 500MB")
     return size

@@ -330,15 +330,21 @@ def to_zoo(config: dict, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     """Hugging Face weight names and layouts → the zoo's state dict (every HF tensor must find its place)."""
     adapter = ADAPTERS[config["architectures"][0]]
     hf = dict(hf)
+
+    def take(name: str) -> torch.Tensor:
+        if name not in hf:
+            raise ValueError(f"the folder's weights lack {name!r}, which a {adapter.name} of its config has")
+        return hf.pop(name)
+
     out = {}
     for i in range(config["num_hidden_layers"]):
         for ours, theirs in adapter.layer_pairs(config, i):
-            out[ours] = torch.cat([hf.pop(name) for name in theirs]) if len(theirs) > 1 else hf.pop(theirs[0])
+            out[ours] = torch.cat([take(name) for name in theirs]) if len(theirs) > 1 else take(theirs[0])
         if adapter is Mamba2:
-            z, xbc, dt = hf.pop(f"backbone.layers.{i}.mixer.in_proj.weight").split(Mamba2.in_proj_split(config))
+            z, xbc, dt = take(f"backbone.layers.{i}.mixer.in_proj.weight").split(Mamba2.in_proj_split(config))
             out[f"blocks.{i}.sequence_mixer.in_proj.weight"] = torch.cat([xbc, dt, z])
     for ours, (theirs,) in adapter.ends:
-        out[ours] = hf.pop(theirs)
+        out[ours] = take(theirs)
     head = hf.pop("lm_head.weight", None)
     out["lm_head.weight"] = out["embedding.weight"] if config.get("tie_word_embeddings") or head is None else head
     leftover = [k for k in hf if not k.endswith("rotary_emb.inv_freq")]

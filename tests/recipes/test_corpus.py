@@ -79,6 +79,9 @@ def test_too_few_documents_for_a_validation_split_names_the_way_out(tmp_path):
     with pytest.raises(ValueError, match="use more text, a larger val_fraction or a shorter seq_len") as info:
         corpus(tmp_path, write(tmp_path, "jsonl"), seq_len=4000).setup()
     assert "txt_separator" not in str(info.value)
+    (tmp_path / "ten").mkdir()  # as many documents as val_every: one of them validates, and it is too short
+    with pytest.raises(ValueError, match=r"the val split has \d+ tokens \(1 document\), .*use more text"):
+        corpus(tmp_path / "ten", write(tmp_path / "ten", "jsonl", DOCUMENTS[:10]), seq_len=100).setup()
 
 
 @pytest.mark.parametrize("separator", ["<DOC>", "\n<DOC>\n"])
@@ -159,6 +162,13 @@ def test_a_vocabulary_past_65536_is_stored_in_uint32(tmp_path):
     tokens = np.fromfile(data.cache / "train.bin", dtype="uint32")
     assert tokens.max() == data.meta["end_of_document"] == 70_001 and (tokens > 65_535).sum() > 100
     assert documents_of(data, "train")[0].split() == documents[0].split()
+    (tmp_path / "edge").mkdir()  # 65,536 tokens in all: ids up to 65,535, which uint16 holds
+    word_level(tmp_path / "edge.json", words[:65_534])
+    edge = corpus(tmp_path / "edge", write(tmp_path / "edge", "jsonl", [" ".join(words[i:65_534:997]) for i in range(30)]),
+                  tokenizer=str(tmp_path / "edge.json"))
+    edge.setup()
+    assert edge.vocab_size == 65_536 and edge.meta["dtype"] == "uint16"
+    assert np.fromfile(edge.cache / "train.bin", dtype="uint16").max() == edge.meta["end_of_document"] == 65_535
 
 
 def test_with_no_paths_it_tokenizes_the_pydoc_topics(tmp_path):
@@ -317,7 +327,9 @@ def test_packed_windows_open_a_document_at_each_end_of_document_and_the_model_ke
 def test_a_damaged_cache_is_named_and_rebuilt(tmp_path, capsys, damage, problem):
     paths = write(tmp_path, "jsonl")
     first = corpus(tmp_path, paths)
+    assert first.cache_problem() == "it does not exist"  # (built, not rebuilt: no word of damage)
     first.setup()
+    assert "is damaged (" not in capsys.readouterr().err
     tokens = {split: np.fromfile(first.cache / f"{split}.bin", dtype=first.meta["dtype"]) for split in ("train", "val")}
     damage(first.cache)
     again = corpus(tmp_path, paths)

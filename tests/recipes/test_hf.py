@@ -206,12 +206,18 @@ def test_recipe_and_fine_tuning_checkpoint(tmp_path, capsys):
     ids = torch.randint(0, 257, (1, 7))
     torch.testing.assert_close(lm.model(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)
     config = yaml.safe_load((tmp_path / "out" / "llama.yaml").read_text())
+    assert list(config) == ["seed_everything", "model", "data", "trainer"]  # in the order a reader looks for them
+    assert config["trainer"]["logger"]["init_args"] == {"save_dir": "runs", "name": "finetune/llama",
+                                                        "default_hp_metric": False}
     assert config["model"]["init_from"] == "llama.ckpt"  # relative to the recipe, which then works from any folder
     assert config["data"]["class_path"] == "recipes.data.TokenizedCorpus"  # the folder's tokenizer comes along
     model_args = {k: v for k, v in config["model"].items() if k != "lr"}
     started = LanguageModel(**{**model_args, "init_from": str(tmp_path / "out" / "llama.ckpt")})
     assert "init_from: loaded 17 tensors from" in capsys.readouterr().out
     torch.testing.assert_close(started.model(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)
+    deeper = tmp_path / "new" / "modèle" / "llama.ckpt"  # its folders made; its path written as it is, not escaped
+    main([str(tmp_path / "llama"), "--out", str(deeper)])
+    assert f"tokenizer: {deeper.parent.resolve() / 'llama.tokenizer.json'}\n" in deeper.with_suffix(".yaml").read_text()
 
 
 def test_a_written_recipe_finds_its_checkpoint_from_any_folder(tmp_path, monkeypatch, capsys):
@@ -450,6 +456,20 @@ def test_export_into_a_folder_with_files_is_refused_and_forced_leaves_no_stale_s
     export(zoo, tmp_path / "exported", data=TextCorpus(), overwrite=True)  # one file now: the shards must go
     assert not list((tmp_path / "exported").glob("model-*")) and (tmp_path / "exported" / "notes.txt").exists()
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    assert json.loads((tmp_path / "exported" / "generation_config.json").read_text()) == {
+        "_from_model_config": True, "bos_token_id": config["eos_token_id"], "eos_token_id": config["eos_token_id"],
+        "pad_token_id": config["pad_token_id"]}
+    (tmp_path / "made").mkdir()
+    export(zoo, tmp_path / "made", data=TextCorpus())  # a folder made beforehand, empty: no --force needed
+    export(zoo, tmp_path / "new" / "deeper", data=TextCorpus())  # its folders made
+    assert (tmp_path / "made" / "config.json").is_file() and (tmp_path / "new" / "deeper" / "config.json").is_file()
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(FileExistsError, match="file is a file: the export writes a folder"):
+        export(zoo, tmp_path / "file")
+    with pytest.raises(TypeError, match="export: OrderedDict is not a HybridLM, a LanguageModel or a checkpoint path"):
+        export(zoo.state_dict(), tmp_path / "weights")
+    assert not (tmp_path / "weights").exists()
     ids = torch.randint(0, VOCAB, (1, T))
     with torch.no_grad():
         assert relative_error(zoo(ids), theirs(ids).logits) <= 1e-5
@@ -588,6 +608,12 @@ def test_export_names_what_keeps_a_model_from_each_hugging_face_class():
     assert stretched["rope_scaling"] == {"rope_type": "dynamic", "factor": 2.0}
     assert stretched["max_position_embeddings"] == 64
     assert "rope_scaling" not in Llama.config(model())
+    # export's refusal names the class the model comes closest to: one whose difference is not the pattern
+    from recipes.hf import hf_architecture
+
+    with pytest.raises(ValueError, match=r"this model \(pattern 'AM×2'\) has no Hugging Face class: as "
+                                         r"LlamaForCausalLM, its attention has no RoPE or has a QK-norm"):
+        hf_architecture(model(a={"qk_norm": True}))
 
 
 def test_a_weight_with_no_place_on_either_side_is_refused_by_name():
@@ -603,6 +629,13 @@ def test_a_weight_with_no_place_on_either_side_is_refused_by_name():
     untold = {k: v for k, v in config.items() if k != "tie_word_embeddings"}
     headless = to_zoo(untold, {k: v for k, v in state.items() if k != "lm_head.weight"})
     assert headless["lm_head.weight"] is headless["embedding.weight"]
+    with pytest.raises(ValueError, match=r"the folder's weights lack 'model.norm.weight', which a LlamaForCausalLM of "
+                                         r"its config has"):
+        to_zoo(config, {k: v for k, v in state.items() if k != "model.norm.weight"})
+    mamba2 = build("mamba2")
+    mamba2_config = {**mamba2.config.to_dict(), "architectures": ["Mamba2ForCausalLM"]}
+    with pytest.raises(ValueError, match=r"lack 'backbone.layers.1.mixer.in_proj.weight', which a Mamba2ForCausalLM"):
+        to_zoo(mamba2_config, {k: v for k, v in mamba2.state_dict().items() if k != "backbone.layers.1.mixer.in_proj.weight"})
     with pytest.raises(ValueError,
                        match=r"weights the zoo has no place for: \['model.layers.0.self_attn.q_proj.bias'\]"):
         to_zoo(config, {**state, "model.layers.0.self_attn.q_proj.bias": torch.zeros(4)})
@@ -769,6 +802,9 @@ def test_unsupported_folders_are_named(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')  # hand-written: no architectures (it said None)
     with pytest.raises(ValueError, match="no architectures entry, model_type 'gpt2' is not supported"):
         from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('["LlamaForCausalLM"]')
+    with pytest.raises(ValueError, match="config.json holds a list, not a configuration object"):
+        from_pretrained(tmp_path)
 
 
 def test_routed_moe_equals_mixtrals_sparse_block_with_gradients():
@@ -796,3 +832,30 @@ def test_routed_moe_equals_mixtrals_sparse_block_with_gradients():
     assert relative_error(ours.router.centroids.weight.grad, theirs.gate.weight.grad) <= 1e-4
     assert relative_error(ours.experts.w_in.grad, theirs.experts.gate_up_proj.grad.transpose(1, 2)) <= 1e-4
     assert relative_error(ours.experts.w_out.grad, theirs.experts.down_proj.grad.transpose(1, 2)) <= 1e-4
+
+
+def test_the_weights_are_cut_into_shards_of_at_most_max_shard_size_bytes(tmp_path):
+    """A shard takes tensors while they fit (exactly full is full enough); one file where all fit, named
+    ``model.safetensors``; the index maps each tensor to its shard and gives the total. Sizes as transformers
+    writes them (``2GB``, ``500MB``, bytes), one byte the least."""
+    from safetensors.torch import load_file
+
+    from recipes.hf import shard_size, write_weights
+
+    assert shard_size(1000) == shard_size("1000") == shard_size("1KB") == 1000 and shard_size(" 1.5 mb ") == 1_500_000
+    assert shard_size("1") == shard_size("1B") == 1
+    for size in (0, "0.4B"):
+        with pytest.raises(ValueError, match=f"max_shard_size {size!r} is under one byte"):
+            shard_size(size)
+    state = {"a": torch.zeros(2), "b": torch.ones(2), "c": torch.full((4,), 2.0)}  # 8, 8 and 16 bytes
+    for size, files in ((16, ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]),
+                        (32, ["model.safetensors"])):
+        (tmp_path / str(size)).mkdir()
+        assert write_weights(state, tmp_path / str(size), size) == files
+        read = {name: tensor for file in files for name, tensor in load_file(tmp_path / str(size) / file).items()}
+        assert read.keys() == state.keys() and all(torch.equal(read[k], v) for k, v in state.items())
+    index = json.loads((tmp_path / "16" / "model.safetensors.index.json").read_text())
+    assert index == {"metadata": {"total_size": 32}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                                                    "b": "model-00001-of-00002.safetensors",
+                                                                    "c": "model-00002-of-00002.safetensors"}}
+    assert not (tmp_path / "32" / "model.safetensors.index.json").exists()
