@@ -327,7 +327,8 @@ ADAPTERS = {adapter.name: adapter for adapter in (Llama, Mamba2, Doge)}
 
 
 def to_zoo(config: dict, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Hugging Face weight names and layouts → the zoo's state dict (every HF tensor must find its place)."""
+    """Hugging Face weight names and layouts → the zoo's state dict (every HF tensor must find its place, and every
+    one the config implies must be there: either is refused by name)."""
     adapter = ADAPTERS[config["architectures"][0]]
     hf = dict(hf)
 

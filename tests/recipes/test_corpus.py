@@ -164,7 +164,8 @@ def test_a_vocabulary_past_65536_is_stored_in_uint32(tmp_path):
     assert documents_of(data, "train")[0].split() == documents[0].split()
     (tmp_path / "edge").mkdir()  # 65,536 tokens in all: ids up to 65,535, which uint16 holds
     word_level(tmp_path / "edge.json", words[:65_534])
-    edge = corpus(tmp_path / "edge", write(tmp_path / "edge", "jsonl", [" ".join(words[i:65_534:997]) for i in range(30)]),
+    edge_documents = [" ".join(words[i:65_534:997]) for i in range(30)]
+    edge = corpus(tmp_path / "edge", write(tmp_path / "edge", "jsonl", edge_documents),
                   tokenizer=str(tmp_path / "edge.json"))
     edge.setup()
     assert edge.vocab_size == 65_536 and edge.meta["dtype"] == "uint16"

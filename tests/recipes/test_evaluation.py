@@ -84,8 +84,8 @@ def test_choices_share_their_context_while_the_whole_fits_the_model(monkeypatch)
     lm = ZooLM(model, BYTES, max_length=16)
     for context, shared in (("c" * 14, True), ("c" * 15, False)):  # with a choice of 3 tokens: 17 or 18 in all
         shared_calls.clear()
-        got = lm._loglikelihood_tokens([(None, BYTES.encode(context), BYTES.encode(choice)) for choice in (" ab", " cd")],
-                                       disable_tqdm=True)
+        requests = [(None, BYTES.encode(context), BYTES.encode(choice)) for choice in (" ab", " cd")]
+        got = lm._loglikelihood_tokens(requests, disable_tqdm=True)
         assert len(shared_calls) == shared, context
         for choice, (score, greedy) in zip((" ab", " cd"), got):
             want, want_greedy = written_out(model, context, choice, 16)

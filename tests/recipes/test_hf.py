@@ -635,7 +635,8 @@ def test_a_weight_with_no_place_on_either_side_is_refused_by_name():
     mamba2 = build("mamba2")
     mamba2_config = {**mamba2.config.to_dict(), "architectures": ["Mamba2ForCausalLM"]}
     with pytest.raises(ValueError, match=r"lack 'backbone.layers.1.mixer.in_proj.weight', which a Mamba2ForCausalLM"):
-        to_zoo(mamba2_config, {k: v for k, v in mamba2.state_dict().items() if k != "backbone.layers.1.mixer.in_proj.weight"})
+        to_zoo(mamba2_config, {k: v for k, v in mamba2.state_dict().items()
+                               if k != "backbone.layers.1.mixer.in_proj.weight"})
     with pytest.raises(ValueError,
                        match=r"weights the zoo has no place for: \['model.layers.0.self_attn.q_proj.bias'\]"):
         to_zoo(config, {**state, "model.layers.0.self_attn.q_proj.bias": torch.zeros(4)})

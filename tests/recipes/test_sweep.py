@@ -1360,3 +1360,25 @@ def test_a_family_file_with_an_unknown_key_and_a_sweep_whose_folder_is_gone_are_
     with pytest.raises(ValueError, match="a sweep's record holds its runs' numbers, not the runs; give the log folder "
                                          "of a sweep whose run folders are on this machine"):
         resume(logs, progress_every=0)
+
+
+def test_a_resume_hands_its_launcher_settings_to_the_sweep_it_goes_on_with(tmp_path, monkeypatch):
+    """``--resume``: the jobs, threads, progress interval and launcher settings reach ``resume`` — ``--slurm``'s
+    items as submitit's keywords (digits as ints), none given as None (the sweep's own record decides)."""
+    import recipes.sweep.cli as cli
+
+    handed = []
+
+    def resumed(*args, **kwargs):
+        handed.append((args, kwargs))
+        raise SystemExit("resumed")
+
+    monkeypatch.setattr(cli, "resume", resumed)
+    with pytest.raises(SystemExit, match="resumed"):
+        main(["--resume", str(tmp_path), "--jobs", "3", "--threads", "2", "--progress", "5", "--launcher", "slurm",
+              "--submitit-cluster", "local", "--devices-per-run", "2", "--slurm", "slurm_partition=gpu", "timeout_min=60"])
+    with pytest.raises(SystemExit, match="resumed"):
+        main(["--resume", str(tmp_path)])
+    assert handed[0] == ((tmp_path, 3, 2, 5.0), dict(launcher="slurm", devices_per_run=2, submitit_cluster="local",
+                                                      slurm={"slurm_partition": "gpu", "timeout_min": 60}))
+    assert handed[1][1]["slurm"] is None and handed[1][1]["launcher"] is None

@@ -199,7 +199,8 @@ def test_a_candidate_is_timed_only_when_its_results_match_the_current_tiles(monk
     assert answered == [{"tiles": "candidate"}] and kernels.launch_config is own
     assert error == 0.125 / 4 and measured == [6.0, 10.0, 7.0, None] and called == ["fwd", "both"]
     assert tile_search.trial(kernels, {}, off_by(0.0, 1.0), want, [], 1) == (0.05, [])  # 5% exactly: still right
-    for first, second, named in [(0.0, 1.25, "wrong: relative error 0.0625"), (0.25, 0.0, "wrong: relative error 0.0625"),
+    for first, second, named in [(0.0, 1.25, "wrong: relative error 0.0625"),
+                                 (0.25, 0.0, "wrong: relative error 0.0625"),
                                  (float("nan"), 0.0, "wrong: relative error nan")]:
         assert tile_search.trial(kernels, {}, off_by(first, second), want, [lambda: 1 / 0], 1) == named
         assert kernels.launch_config is own
