@@ -18,6 +18,11 @@ from recipes.benchmarks import attention_tiles, ssd_tiles
 dry_run = pytest.mark.skipif(torch.cuda.is_available(), reason="a dry run under the interpreter: CPU machines only")
 
 
+# the SSD search at tiny shapes under the interpreter (each test adds its length and sections)
+SSD_DRY_RUN = ["--device", "cpu", "--batch", "1", "--heads", "2", "--head-dim", "16", "--state", "16", "--chunk", "16",
+               "--repeats", "1"]
+
+
 def table_rows(out: str, title: str) -> list[list[str]]:
     """The cells of the rows of the table under the heading that starts with ``### title``."""
     section = out.split(f"### {title}", 1)[1].split("###", 1)[0]
@@ -54,8 +59,7 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
     tiles_seen, tiles = [], ssd_triton._tiles
     monkeypatch.setattr(ssd_triton, "_tiles", lambda blk, kernel: tiles_seen.append((kernel, tiles(blk, kernel)))
                         or tiles_seen[-1][1])
-    ssd_tiles.main(["--device", "cpu", "--length", "21", "--batch", "1", "--heads", "2", "--head-dim", "16",
-                    "--state", "16", "--chunk", "16", "--repeats", "1"])
+    ssd_tiles.main([*SSD_DRY_RUN, "--length", "21"])
     out = capsys.readouterr().out
     shared, log_decay = table_rows(out, "rows, warps"), table_rows(out, "pair_rows")
     assert [row[:3] for row in shared] == [["32", "4", "1"], ["24", "4", "1"]]
@@ -96,8 +100,7 @@ def test_the_ssd_search_times_and_checks_its_candidates(monkeypatch, capsys):
 
 @dry_run
 def test_the_ssd_search_times_only_the_sections_asked_for(capsys):
-    ssd_tiles.main(["--device", "cpu", "--length", "20", "--batch", "1", "--heads", "2", "--head-dim", "16",
-                    "--state", "16", "--chunk", "16", "--repeats", "1", "--sections", "scores"])
+    ssd_tiles.main([*SSD_DRY_RUN, "--length", "20", "--sections", "scores"])
     out = capsys.readouterr().out
     assert "### shared_scores" in out and "### rows" not in out and "### pair_rows" not in out
 
@@ -120,8 +123,7 @@ def test_the_ssd_search_puts_each_sections_winner_together(monkeypatch, capsys):
     monkeypatch.setattr(ssd_tiles, "median_ms", lambda fn, repeats: (fn(), 9.0)[1])
     monkeypatch.setattr(ssd_tiles, "Y", [(32, 16, 4, 1, 16), (16, 16, 4, 1, None)])
     monkeypatch.setattr(ssd_tiles, "DX", [(16, 32, 4, 1)])
-    ssd_tiles.main(["--device", "cpu", "--length", "21", "--batch", "1", "--heads", "2", "--head-dim", "16",
-                    "--state", "16", "--chunk", "16", "--repeats", "1", "--sections", "y", "dx"])
+    ssd_tiles.main([*SSD_DRY_RUN, "--length", "21", "--sections", "y", "dx"])
     out = capsys.readouterr().out
     # y's candidates read 1.0 and 3.0 ms fwd+bwd, the first wins; dx's one reads 1.0 (the cycle 5, 1, 2, 3 again)
     entries = re.search(r"launch_config entries: (\{.*\})", out).group(1)
@@ -140,8 +142,7 @@ def test_the_ssd_search_puts_nothing_together_when_nothing_won(monkeypatch, caps
     monkeypatch.setattr(tile_search, "median_ms", lambda fn, repeats: (fn(), 10.0)[1])
     monkeypatch.setattr(ssd_tiles, "median_ms", lambda fn, repeats: (fn(), 9.0)[1])
     monkeypatch.setattr(ssd_tiles, "DX", [(16, 32, 4, 1)])
-    ssd_tiles.main(["--device", "cpu", "--length", "20", "--batch", "1", "--heads", "2", "--head-dim", "16",
-                    "--state", "16", "--chunk", "16", "--repeats", "1", "--sections", "dx"])
+    ssd_tiles.main([*SSD_DRY_RUN, "--length", "20", "--sections", "dx"])
     out = capsys.readouterr().out
     assert "nothing to put together" in out and "launch_config entries" not in out
 
@@ -290,8 +291,7 @@ def test_where_the_profiler_times_the_kernels_their_gpu_time_picks_the_winners(m
     monkeypatch.setattr(ssd_tiles, "kernel_us", kernel_us)
     monkeypatch.setattr(ssd_tiles, "Y", [(32, 16, 4, 1, 16), (16, 32, 4, 1, None)])
     winners = tmp_path / "gpu" / "ssd_winners.json"
-    ssd_tiles.main(["--device", "cpu", "--length", "21", "--batch", "1", "--heads", "2", "--head-dim", "16",
-                    "--state", "16", "--chunk", "16", "--repeats", "1", "--sections", "y", "order", "keep",
+    ssd_tiles.main([*SSD_DRY_RUN, "--length", "21", "--sections", "y", "order", "keep",
                     "--write-winners", str(winners)])
     out = capsys.readouterr().out
     assert "current _chunk_scan: 900 µs of GPU time per fwd+bwd\n" in out
@@ -323,8 +323,7 @@ def test_where_the_profiler_times_the_kernels_their_gpu_time_picks_the_winners(m
     monkeypatch.setattr(ssd_tiles, "kernel_us", lambda fn, names, repeats: {
         name: 100.0 if ssd_triton._tiles(ssd_triton.launch_config(16, 16, False, torch.float32, 90), "y")["order"]
         == "chunks" else 200.0 for name in names})
-    ssd_tiles.main(["--device", "cpu", "--length", "21", "--batch", "1", "--heads", "2", "--head-dim", "16",
-                    "--state", "16", "--chunk", "16", "--repeats", "1", "--sections", "order",
+    ssd_tiles.main([*SSD_DRY_RUN, "--length", "21", "--sections", "order",
                     "--write-winners", str(winners)])
     out = capsys.readouterr().out
     assert "each kernel its fastest order" not in out and "nothing to put together" in out
