@@ -30,7 +30,7 @@ def test_the_command_tokenizes_twice_to_the_same_tokens_and_compares_the_loaders
 
 
 def test_training_rates_are_tokens_of_a_step_over_its_median(monkeypatch, tmp_path):
-    paths = bench.generate(tmp_path / "corpus", 1, "jsonl")
+    paths = bench.generate(tmp_path / "new" / "corpus", 1, "jsonl")  # folders made as needed
     cache = bench.tokenize_child(paths, str(tmp_path / "cache"), None, 300, "jsonl")["cache"]
     steps = []
 
@@ -41,8 +41,13 @@ def test_training_rates_are_tokens_of_a_step_over_its_median(monkeypatch, tmp_pa
         return {"memory-mapped": [0.5, 2.0, 1.0], "in memory": [4.0, 0.25, 2.0]}
 
     monkeypatch.setattr(bench, "interleaved_seconds", interleaved_seconds)
+    loaders, DataLoader = [], bench.torch.utils.data.DataLoader
+    monkeypatch.setattr(bench.torch.utils.data, "DataLoader", lambda ds, **kwargs: loaders.append(kwargs) or
+                        DataLoader(ds, **kwargs))
     rates = bench.train_rates(bench.Path(cache), 300, 3)
     assert rates == {"memory-mapped": 16 * 256 / 1.0, "in memory": 16 * 256 / 2.0} and steps == [3]
+    # windows in random order, as training reads them: in order, the memory map would read ahead and look fast
+    assert loaders == [{"batch_size": 16, "shuffle": True, "drop_last": True}] * 2
 
 
 def test_a_tokenization_is_a_child_process_whose_last_line_is_its_result(monkeypatch):

@@ -53,3 +53,28 @@ def test_the_score_column_is_the_largest_difference_of_each_model_from_hfs(capsy
     table = rows(capsys.readouterr().out)
     assert float(table["zoo (shared context)"][3].strip(" |")) < 1e-4
     assert float(table["zoo (no sharing)"][3].strip(" |")) == pytest.approx(0.5, abs=1e-3)
+
+
+def test_the_stop_strings_are_three_characters_of_a_continuation_and_never_empty():
+    """A continuation that ends before the point drawn gives no stop string: an empty one would match everywhere
+    (and ``str.split("")`` raises) — the end-of-text string is kept either way."""
+    import torch
+
+    class Bytes:
+        encode = staticmethod(lambda text: list(text.encode()))
+        decode = staticmethod(lambda ids: bytes(ids).decode(errors="replace"))
+
+    class Continues:
+        def __init__(self, text: bytes):
+            self.text = text
+
+        def generate(self, ids, budget):
+            return torch.cat([ids, torch.tensor([list(self.text[:budget])])], 1)  # [1, T + len]
+
+    short = evaluation.generation_requests(Continues(b"ab"), Bytes(), 8, 24, "<eot>")
+    assert len(short) == 8 and all(request.args[1]["until"] == ["<eot>"] for request in short)
+    letters = bytes(range(65, 65 + 48))  # 48 distinct characters: each stop string says where it was taken
+    until = evaluation.generation_requests(Continues(letters), Bytes(), 8, 24, "<eot>")[0].args[1]["until"]
+    stops = [stop for stop in until if stop != "<eot>"]
+    assert "<eot>" in until and 1 <= len(stops) <= 2  # every fourth of 8 contexts, maybe drawing the same point
+    assert all(len(stop) == 3 and 4 <= letters.decode().index(stop) < 40 for stop in stops)

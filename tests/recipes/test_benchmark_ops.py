@@ -27,6 +27,7 @@ def test_profiled_rows_are_nothing_without_the_option_and_a_headed_table_per_cas
     lines = list(ops.profiled_rows([case, ("another", lambda: w * 2, [w])], 7, 3))
     assert [line for line in lines if line.startswith("####")] == [
         "#### a product, T=7: the 3 costliest kernels", "#### another, T=7: the 3 costliest kernels"]
+    assert lines[-2:] == ["```", ""]  # a blank line ends the last table before the next rows
 
 
 def test_the_tile_searchs_winners_reach_the_ssd_kernels_through_ssd_config(tmp_path, monkeypatch, capsys):
@@ -42,7 +43,7 @@ def test_the_tile_searchs_winners_reach_the_ssd_kernels_through_ssd_config(tmp_p
     path = tmp_path / "winners.json"
     ssd_tiles.write_winners(str(path), winners)
     ops.main(["--device", "cpu", "--ops", "ssd", "--lengths", "16", "--repeats", "1", "--ssd-config", str(path)])
-    assert "SSD launch_config entries from" in capsys.readouterr().out
+    assert f"SSD launch_config entries from {path}, over its own: {winners}" in capsys.readouterr().out
     chosen = ssd_triton.launch_config(64, 128, True, torch.bfloat16, 90)
     assert chosen == {**own, "group_order": "blocks", "y": {**own["y"], "order": "blocks"}}  # y's tiles kept
     assert ssd_triton._tiles(chosen, "dx") == ssd_triton._tiles(own, "dx")
@@ -71,3 +72,180 @@ def test_the_ssd_and_attention_rates_count_their_own_flops(monkeypatch):
     flops = 4 * 16 * 40 * 40 * 64 / 2
     assert rows == [f"| SDPA, no bias | 40 | 0.50 | {flops / 0.5e-3 / 1e12:.3g} | 2.00 | "
                     f"{3.5 * flops / 2e-3 / 1e12:.3g} | - |"]
+
+
+def test_every_row_times_its_forward_then_its_forward_and_backward_to_every_input(monkeypatch):
+    """With the Triton rows on (each routed here to the reference, its backend recorded): each row is measured
+    forward alone, then forward+backward with a gradient reaching every input it lists; SDPA's rows compute causal
+    attention without and with the bias; the SSD's kernels-alone row turns the finite checks off and only it."""
+    from kernels.attention import attention as attention_op
+    from kernels.retrieval import expert_mix as expert_mix_op
+    from kernels.ssd import ssd_scan as ssd_scan_op
+
+    backends, measured, inputs = [], [], []
+
+    def routed(op):
+        def call(*args, backend, **kwargs):
+            backends.append((op.__name__, backend, kwargs.get("check_finite", True)))
+            return op(*args, backend="reference", **kwargs)
+        return call
+
+    def measure(fn, ins, backward, repeats):
+        ops.step(fn, ins, backward)
+        measured.append((backward, [t.grad is not None for t in ins], fn().detach()))
+        inputs.append(ins)
+        return 1.0, float("nan")
+
+    for name, op in (("attention", attention_op), ("ssd_scan", ssd_scan_op), ("expert_mix", expert_mix_op)):
+        monkeypatch.setattr(ops, name, routed(op))
+    monkeypatch.setattr(ops, "measure", measure)
+
+    lines = list(ops.bench_attention([24], "cpu", torch.float32, 1, True, B=1))
+    assert [line.split(" | ")[0] for line in lines if line.startswith("| ") and " 24 " in line] == [
+        "| SDPA, no bias", "| SDPA, dense float bias mask", "| reference (bias)", "| triton flash (bias)"]
+    assert lines[-1] == "flash-dmattn not installed: its row is skipped"
+    assert [backward for backward, _, _ in measured] == [False, True] * 4
+    assert all(all(grads) == backward for backward, grads, _ in measured)  # cleared, then every input's
+    sdpa, masked, reference, triton = (out for backward, _, out in measured if not backward)
+    assert torch.equal(reference, triton)
+    torch.testing.assert_close(masked.transpose(1, 2), reference, rtol=1e-5, atol=1e-5)
+    q, k, v = inputs[0]
+    torch.testing.assert_close(sdpa.transpose(1, 2), attention_op(q, k, v, backend="reference"), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(sdpa, masked)  # the bias counts
+    assert [b for _, b, _ in backends[:2]] == ["reference", "reference"] and "triton" in [b for _, b, _ in backends]
+
+    measured.clear()
+    backends.clear()
+    list(ops.bench_ssd([40], "cpu", torch.float32, 1, True, B=1))
+    assert [backward for backward, _, _ in measured] == [False, True] * 3
+    assert all(all(grads) == backward for backward, grads, _ in measured)
+    assert sorted(set(backends)) == [("ssd_scan", "reference", True), ("ssd_scan", "triton", False),
+                                     ("ssd_scan", "triton", True)]
+    reference, with_checks, without = (out for backward, _, out in measured if not backward)
+    torch.testing.assert_close(with_checks, reference)
+    torch.testing.assert_close(without, reference)
+
+    measured.clear()
+    backends.clear()
+    list(ops.bench_retrieval("cpu", torch.float32, 1, True, tokens=8))
+    assert [backward for backward, _, _ in measured] == [False, True] * 2
+    assert all(all(grads) == backward for backward, grads, _ in measured)
+    assert [b for _, b, _ in dict.fromkeys(backends)] == ["reference", "triton"]
+
+
+def test_a_decoding_step_row_names_its_route_window_speed_and_largest_difference(monkeypatch):
+    """One query against the cache with the bias, causal, the first sixteenth of the keys padded, each window, finite
+    checks off; ``× auto`` the ratio of the times; the difference column the largest over the output."""
+    seen = []
+
+    def attention(q, k, v, **kwargs):
+        seen.append({"k": k, "v": v, **kwargs})
+        out = torch.zeros_like(q)
+        if kwargs["backend"] == "triton":
+            out[0, 0, 3, 5] = 0.5  # one element off
+        return out
+
+    monkeypatch.setattr(ops, "attention", attention)
+
+    def measure(fn, ins, backward, repeats):
+        assert not backward  # a step decodes: nothing to differentiate
+        fn()
+        return 0.5 if seen[-1]["backend"] == "triton" else 2.0, float("nan")
+
+    monkeypatch.setattr(ops, "measure", measure)
+    lines = list(ops.bench_decode([32], "cpu", torch.float32, 1, True, [1]))
+    gbs = (2 * 32 * 16 * 128 + 16 * 32) * 4 / 1e9
+    assert [line for line in lines if line.startswith("| auto") or line.startswith("| triton")] == [
+        f"| auto (SDPA) | 1 | 32 | - | 2.000 | {gbs / 2e-3:.0f} | 1.00× | 0.0e+00 |",
+        f"| triton forced | 1 | 32 | - | 0.500 | {gbs / 0.5e-3:.0f} | 4.00× | 5.0e-01 |",
+        f"| auto (SDPA) | 1 | 32 | 8 | 2.000 | {gbs / 2e-3:.0f} | 1.00× | 0.0e+00 |",
+        f"| triton forced | 1 | 32 | 8 | 0.500 | {gbs / 0.5e-3:.0f} | 4.00× | 5.0e-01 |"]
+    call = seen[0]
+    assert {key: call[key] for key in ("backend", "causal", "keep_window", "check_finite")} == {
+        "backend": "auto", "causal": True, "keep_window": None, "check_finite": False}
+    assert call["key_padding_mask"].tolist() == [[True] * 2 + [False] * 30] and call["bias"].shape == (1, 16, 32)
+    assert call["k"].shape == (1, 32, 16, 128) and torch.equal(call["k"][:, :, 0], call["k"][:, :, 3])  # GQA 4:1
+    assert not torch.equal(call["k"][:, :, 0], call["k"][:, :, 4])
+    assert {c["keep_window"] for c in seen} == {None, 8} and {c["backend"] for c in seen} == {"auto", "triton"}
+
+
+def test_the_sizes_follow_the_device(monkeypatch, capsys):
+    """On a CPU: T 512 … 2048, batch 1, fp32, no Triton rows (said so), 1,024 retrieval tokens; on a GPU: T 1024 …
+    8192, batch 4, bf16, Triton rows, 4,096 tokens; the decoding step at batch 1 and twice the batch."""
+    calls = {}
+
+    def recorder(name):
+        def bench(*args, **kwargs):
+            calls[name] = (args, kwargs)
+            yield f"{name} ran"
+        return bench
+
+    for name in ("bench_attention", "bench_ssd", "bench_retrieval", "bench_decode"):
+        monkeypatch.setattr(ops, name, recorder(name))
+    ops.main(["--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "No CUDA: Triton rows are skipped" in out and out.count(" ran\n") == 4 and "float32" in out
+    assert calls["bench_attention"] == (([512, 1024, 2048], "cpu", torch.float32, 10, False, 1, 64, 0), {})
+    assert calls["bench_ssd"] == (([512, 1024, 2048], "cpu", torch.float32, 10, False, 1, 0), {})
+    assert calls["bench_retrieval"] == (("cpu", torch.float32, 10, False), {"tokens": 1024})
+    assert calls["bench_decode"] == (([512, 1024, 2048], "cpu", torch.float32, 10, False, [1, 2]), {})
+
+    monkeypatch.setattr(ops, "device", str)  # the option's check of CUDA's presence, off
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "a GPU")
+    ops.main(["--device", "cuda", "--ops", "attention", "retrieval", "decode"])
+    out = capsys.readouterr().out
+    assert out.startswith("device: a GPU") and "No CUDA" not in out and "bfloat16" in out
+    assert calls["bench_attention"] == (([1024, 2048, 4096, 8192], "cuda", torch.bfloat16, 10, True, 4, 64, 0), {})
+    assert calls["bench_retrieval"] == (("cuda", torch.bfloat16, 10, True), {"tokens": 4096})
+    assert calls["bench_decode"][0][-1] == [1, 8]
+    ops.main(["--device", "cuda", "--ops", "decode", "--batch", "3", "--lengths", "5"])
+    assert calls["bench_decode"][0][0] == [5] and calls["bench_decode"][0][-1] == [1, 6]
+
+
+def test_the_public_baselines_get_the_rows_inputs_when_installed(monkeypatch):
+    """mamba_ssm's ``mamba_chunk_scan_combined`` gets the SSD row's own tensors at its chunk (the comparison the GPU
+    goal is judged by) and flash-dmattn the bias as a broadcast ``[B, H, T, S]`` view, causal; each is then a row,
+    and the note says which ran. Stand-ins for both packages, computing with the references."""
+    import importlib.util
+    import sys
+    import types
+
+    from kernels.attention import attention as attention_op
+    from kernels.ssd import ssd_scan as ssd_scan_op
+
+    calls = {}
+
+    def chunk_scan(x, dt, A, B, C, chunk_size):
+        calls["mamba"] = (x, dt, A, B, C, chunk_size)
+        return ssd_scan_op(x, dt, A, B, C, chunk_size=chunk_size, backend="reference")
+
+    def dmattn(q, k, v, attn_bias, is_causal):
+        calls["dmattn"] = (attn_bias, is_causal)
+        return attention_op(q, k, v, bias=attn_bias[:, :, 0], causal=is_causal, backend="reference")
+
+    combined = types.ModuleType("mamba_ssm.ops.triton.ssd_combined")
+    combined.mamba_chunk_scan_combined = chunk_scan
+    flash = types.ModuleType("flash_dmattn")
+    flash.flash_dmattn_func_auto = lambda: dmattn
+    monkeypatch.setitem(sys.modules, "mamba_ssm.ops.triton.ssd_combined", combined)
+    monkeypatch.setitem(sys.modules, "flash_dmattn", flash)
+    installed = {"mamba_ssm", "flash_dmattn"}
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else find_spec(name, *a))
+    # the Triton rows (on with a GPU, as the baselines are) routed to the reference
+    monkeypatch.setattr(ops, "attention", lambda *args, backend, **kwargs: attention_op(*args, backend="reference", **kwargs))
+    monkeypatch.setattr(ops, "ssd_scan", lambda *args, backend, **kwargs: ssd_scan_op(*args, backend="reference", **kwargs))
+    monkeypatch.setattr(ops, "measure", lambda fn, ins, backward, repeats: (ops.step(fn, ins, backward), (1.0, 0.0))[1])
+
+    lines = list(ops.bench_ssd([40], "cpu", torch.float32, 1, True, B=2))
+    assert any(line.startswith("| mamba_ssm mamba_chunk_scan_combined | 40 | 1.00 |") for line in lines)
+    x, dt, A, B, C, chunk = calls["mamba"]
+    assert (x.shape, dt.shape, A.shape, B.shape, C.shape, chunk) == ((2, 40, 32, 64), (2, 40, 32), (32,),
+                                                                     (2, 40, 1, 128), (2, 40, 1, 128), 256)
+    assert x.grad is not None and ops.MAMBA_MISSING not in lines
+
+    lines = list(ops.bench_attention([24], "cpu", torch.float32, 1, True, B=2))
+    assert any(line.startswith("| flash-dmattn (bias) | 24 | 1.00 |") for line in lines)
+    bias, causal = calls["dmattn"]
+    assert causal is True and bias.shape == (2, 16, 24, 24) and bias.stride(2) == 0  # a view, not a copy
+    assert lines[-1].startswith("flash-dmattn: flash_dmattn_func_auto()")
