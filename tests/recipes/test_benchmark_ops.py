@@ -231,10 +231,13 @@ def test_the_public_baselines_get_the_rows_inputs_when_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_dmattn", flash)
     installed = {"mamba_ssm", "flash_dmattn"}
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name in installed else find_spec(name, *a))
     # the Triton rows (on with a GPU, as the baselines are) routed to the reference
-    monkeypatch.setattr(ops, "attention", lambda *args, backend, **kwargs: attention_op(*args, backend="reference", **kwargs))
-    monkeypatch.setattr(ops, "ssd_scan", lambda *args, backend, **kwargs: ssd_scan_op(*args, backend="reference", **kwargs))
+    monkeypatch.setattr(ops, "attention",
+                        lambda *args, backend, **kwargs: attention_op(*args, backend="reference", **kwargs))
+    monkeypatch.setattr(ops, "ssd_scan",
+                        lambda *args, backend, **kwargs: ssd_scan_op(*args, backend="reference", **kwargs))
     monkeypatch.setattr(ops, "measure", lambda fn, ins, backward, repeats: (ops.step(fn, ins, backward), (1.0, 0.0))[1])
 
     lines = list(ops.bench_ssd([40], "cpu", torch.float32, 1, True, B=2))
