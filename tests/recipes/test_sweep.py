@@ -1382,3 +1382,44 @@ def test_a_resume_hands_its_launcher_settings_to_the_sweep_it_goes_on_with(tmp_p
     assert handed[0] == ((tmp_path, 3, 2, 5.0), dict(launcher="slurm", devices_per_run=2, submitit_cluster="local",
                                                       slurm={"slurm_partition": "gpu", "timeout_min": 60}))
     assert handed[1][1]["slurm"] is None and handed[1][1]["launcher"] is None
+
+
+def test_the_pre_check_builds_a_recipes_model_at_its_datas_vocabulary(monkeypatch):
+    """``model_build_error`` builds the model at the vocabulary the data's settings name (a padded one first), else
+    bytes': the check sees the model the run would build."""
+    import recipes
+    from recipes.sweep.cli import model_build_error, parse_recipe
+
+    sizes = []
+    monkeypatch.setattr(recipes, "LanguageModel", lambda **options: sizes.append(options["vocab_size"]))
+    configs = Path(recipes.__file__).parent / "configs"
+    for args, size in ((["--config", str(configs / "quickstart_bpe.yaml")], 2048),
+                       (["--config", str(configs / "quickstart_bpe.yaml"), "--data.init_args.tokenizer", "t.json",
+                         "--data.init_args.padded_vocab_size", "4096"], 4096),
+                       (["--config", str(configs / "quickstart.yaml")], 256)):
+        assert model_build_error(parse_recipe(args).config) is None
+        assert sizes.pop() == size, args
+
+
+def test_a_set_without_an_equals_sign_is_named_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.yaml").write_text(TINY.format(name="a", width=16, mlp="components.MLP"))
+    monkeypatch.setattr("recipes.sweep.cli.check_recipes", lambda *args: pytest.fail("a recipe was parsed"))
+    for item in ("model.d_model", "model.d_model 32"):
+        with pytest.raises(SystemExit, match=f"error: --set takes KEY=VALUE; got '{item}'"):
+            main([str(tmp_path), "--set", "model.lr=0.01", item])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_sweep_with_one_unseeded_run_among_seeded_ones_gets_the_seed_table(tmp_path, capsys):
+    """An unseeded sweep extended by seeds (or read together with a seeded one): any seed makes it the seed table,
+    the unseeded run one of its recipe's runs."""
+    from recipes.sweep.records import write_manifest
+
+    runs = fake_family(tmp_path)
+    runs[0].seed = None
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_manifest(logs, "fake", runs)
+    main(["--from", str(logs)])
+    assert "| a | 3 of 3 | 1,234 | 1,000 | 3.5000 ± 0.5000 |" in capsys.readouterr().out
