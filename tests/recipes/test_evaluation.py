@@ -1001,3 +1001,31 @@ def test_python_m_recipes_evaluation_tasks_is_the_command():
     done = subprocess.run([sys.executable, "-m", "recipes.evaluation.tasks", "cloze", "--out", "x"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and "the following arguments are required: --config" in done.stderr, done.stderr
+
+
+def test_the_length_figure_draws_each_mode_over_its_buckets_and_marks_the_training_length(tmp_path, monkeypatch):
+    """Plain rows solid, NTK rows dashed, each bucket at its middle position; a grey line at the training length."""
+    from contextlib import contextmanager
+
+    import recipes.evaluation.suites as suites
+
+    drawn, real = [], suites.png_figure
+
+    @contextmanager
+    def keeping(path, **kwargs):  # the real figure, its axes kept to be read
+        with real(path, **kwargs) as (figure, axes):
+            drawn.append(axes)
+            yield figure, axes
+
+    monkeypatch.setattr(suites, "png_figure", keeping)
+    rows = [{"mode": mode, "length": 96, "buckets": buckets} for mode, buckets in (("plain", [2.0, 3.0, 4.0]),
+                                                                                  ("ntk", [2.0, 2.5, 2.6]))]
+    suites.plot({"suite": "length", "trained": 32, "bucket": 32, "rows": rows}, tmp_path / "length.png")
+    axes = drawn[-1]
+    lines = {line.get_label(): line for line in axes.get_lines()}
+    assert lines["plain, length 96"].get_linestyle() == "-" and lines["ntk, length 96"].get_linestyle() == "--"
+    assert list(lines["ntk, length 96"].get_xdata()) == [16, 48, 80]
+    assert list(lines["plain, length 96"].get_ydata()) == [2.0, 3.0, 4.0]
+    marks = [line for label, line in lines.items() if label not in ("plain, length 96", "ntk, length 96")]
+    assert [list(line.get_xdata()) for line in marks] == [[32, 32]]
+    assert (tmp_path / "length.png").read_bytes()[:4] == b"\x89PNG"
