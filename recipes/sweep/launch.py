@@ -430,7 +430,8 @@ def submit(runs: list[Run], command_of, logs: Path, family: str, parallel: int, 
             run.returncode = int(job.result())
         except Exception as error:  # noqa: BLE001 - a job that died is a failed run, named in the table
             run.returncode = -1
+            reason = str(error).splitlines()[-1] if str(error) else repr(error)  # (an empty message: the class)
             with open(run.log, "a") as log:
-                log.write(f"\nsubmitit: the job failed: {str(error).splitlines()[-1] if str(error) else error!r}\n")
+                log.write(f"\nsubmitit: the job failed: {reason}\n")
     write_manifest(logs, family, runs if manifest is None else manifest)
     return runs

@@ -1423,3 +1423,59 @@ def test_a_sweep_with_one_unseeded_run_among_seeded_ones_gets_the_seed_table(tmp
     write_manifest(logs, "fake", runs)
     main(["--from", str(logs)])
     assert "| a | 3 of 3 | 1,234 | 1,000 | 3.5000 ± 0.5000 |" in capsys.readouterr().out
+
+
+def test_a_folder_without_recipes_is_named_and_a_family_file_is_not_a_recipe(tmp_path):
+    from recipes.sweep.launch import recipe_files
+
+    (tmp_path / "_family.yaml").write_text("baseline: a\n")
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(FileNotFoundError, match=f"recipe folder {str(tmp_path)!r} holds no .yaml recipes"):
+        recipe_files(str(tmp_path))
+    (tmp_path / "b.yaml").write_text("")
+    (tmp_path / "a.yaml").write_text("")
+    assert recipe_files(str(tmp_path)) == [tmp_path / "a.yaml", tmp_path / "b.yaml"]
+
+
+def test_a_job_array_is_waited_for_to_its_last_job_and_each_jobs_code_is_its_runs(tmp_path, monkeypatch, capsys):
+    """``submit`` waits until every job is done (a result asked of an unfinished job would block, here fail), printing
+    progress while some still run; a job that died is a failed run with the reason in its log."""
+    import contextlib
+
+    from recipes.sweep import launch
+    from recipes.sweep.records import Run
+
+    class Job:
+        def __init__(self, polls: int, code):
+            self.polls, self.code = polls, code
+
+        def done(self) -> bool:
+            self.polls -= 1
+            return self.polls < 0
+
+        def result(self):
+            assert self.polls < 0, "a result asked before its job was done"
+            if isinstance(self.code, Exception):
+                raise self.code
+            return self.code
+
+    jobs = iter([Job(0, 0), Job(4, 1), Job(0, RuntimeError("Traceback …\nMemoryError: out of memory")),
+                 Job(0, MemoryError())])
+
+    class Executor:
+        cluster = "local"
+        batch = staticmethod(contextlib.nullcontext)
+
+        def submit(self, job):
+            return next(jobs)
+
+    monkeypatch.setattr(launch, "submitit_executor", lambda *args, **kwargs: Executor())
+    monkeypatch.setattr(launch.time, "sleep", lambda seconds: None)
+    runs = [Run(tmp_path / f"{name}.yaml", tmp_path / name, returncode=None, log=tmp_path / f"{name}.log")
+            for name in "abcd"]
+    (tmp_path / "logs").mkdir()
+    launch.submit(runs, lambda run: ["true"], tmp_path / "logs", "fam", 3, 1, 1, "local", {}, progress_every=1e-9)
+    assert [run.returncode for run in runs] == [0, 1, -1, -1]
+    assert (tmp_path / "c.log").read_text() == "\nsubmitit: the job failed: MemoryError: out of memory\n"  # its last line
+    assert (tmp_path / "d.log").read_text() == "\nsubmitit: the job failed: MemoryError()\n"  # no message: its class
+    assert any(line.startswith("[sweep ") and ", 1 running," in line for line in capsys.readouterr().out.splitlines())
