@@ -283,9 +283,8 @@ class LanguageModel(L.LightningModule):
         return ce, logits, targets
 
     def _check_labels(self, labels: torch.Tensor) -> None:
-        """Labels are token ids or -100 (no loss); an on-device assert in training, so no host sync."""
-        if not labels.numel():
-            return
+        """Labels are token ids or -100 (no loss); an on-device assert in training, so no host sync (an empty batch
+        passes: ``all`` of nothing is true)."""
         vocab = self.model.vocab_size
         ok = ((labels == IGNORE_INDEX) | ((labels >= 0) & (labels < vocab))).all()
         rule = f"LanguageModel: labels must be token ids in [0, vocab_size={vocab}) or {IGNORE_INDEX} (no loss)"

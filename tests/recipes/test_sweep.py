@@ -1476,6 +1476,7 @@ def test_a_job_array_is_waited_for_to_its_last_job_and_each_jobs_code_is_its_run
     (tmp_path / "logs").mkdir()
     launch.submit(runs, lambda run: ["true"], tmp_path / "logs", "fam", 3, 1, 1, "local", {}, progress_every=1e-9)
     assert [run.returncode for run in runs] == [0, 1, -1, -1]
-    assert (tmp_path / "c.log").read_text() == "\nsubmitit: the job failed: MemoryError: out of memory\n"  # its last line
+    # a message's last line, unquoted
+    assert (tmp_path / "c.log").read_text() == "\nsubmitit: the job failed: MemoryError: out of memory\n"
     assert (tmp_path / "d.log").read_text() == "\nsubmitit: the job failed: MemoryError()\n"  # no message: its class
     assert any(line.startswith("[sweep ") and ", 1 running," in line for line in capsys.readouterr().out.splitlines())
