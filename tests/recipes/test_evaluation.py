@@ -833,22 +833,28 @@ def test_a_familys_suite_results_tabulate_per_mode_and_length_against_the_baseli
         f"no finished run to evaluate in {tmp_path / 'logs'}"
 
 
-def test_a_familys_figure_draws_each_recipe_and_mode_over_the_lengths(monkeypatch, tmp_path):
-    """The length suite's figure: a line per recipe and mode through the means over seeds (the NTK ones dashed), the
-    loss on the y axis; a passkey suite's is of accuracy."""
+def kept_axes(monkeypatch, module) -> list:
+    """``module.png_figure`` made to keep each figure's axes, to be read: the list they are appended to."""
     from contextlib import contextmanager
 
-    import recipes.evaluation.family as family
-
-    drawn, real = [], family.png_figure
+    drawn, real = [], module.png_figure
 
     @contextmanager
-    def keeping(path, **kwargs):  # the real figure, its axes kept to be read
+    def keeping(path, **kwargs):  # the real figure (drawn and saved), its axes kept
         with real(path, **kwargs) as (figure, axes):
             drawn.append(axes)
             yield figure, axes
 
-    monkeypatch.setattr(family, "png_figure", keeping)
+    monkeypatch.setattr(module, "png_figure", keeping)
+    return drawn
+
+
+def test_a_familys_figure_draws_each_recipe_and_mode_over_the_lengths(monkeypatch, tmp_path):
+    """The length suite's figure: a line per recipe and mode through the means over seeds (the NTK ones dashed), the
+    loss on the y axis; a passkey suite's is of accuracy."""
+    import recipes.evaluation.family as family
+
+    drawn = kept_axes(monkeypatch, family)
 
     def length(plain, ntk):
         return {"suite": "length", "rows": [{"mode": mode, "length": n, "loss": loss} for mode, losses in
@@ -1005,19 +1011,9 @@ def test_python_m_recipes_evaluation_tasks_is_the_command():
 
 def test_the_length_figure_draws_each_mode_over_its_buckets_and_marks_the_training_length(tmp_path, monkeypatch):
     """Plain rows solid, NTK rows dashed, each bucket at its middle position; a grey line at the training length."""
-    from contextlib import contextmanager
-
     import recipes.evaluation.suites as suites
 
-    drawn, real = [], suites.png_figure
-
-    @contextmanager
-    def keeping(path, **kwargs):  # the real figure, its axes kept to be read
-        with real(path, **kwargs) as (figure, axes):
-            drawn.append(axes)
-            yield figure, axes
-
-    monkeypatch.setattr(suites, "png_figure", keeping)
+    drawn = kept_axes(monkeypatch, suites)
     rows = [{"mode": mode, "length": 96, "buckets": buckets} for mode, buckets in (("plain", [2.0, 3.0, 4.0]),
                                                                                   ("ntk", [2.0, 2.5, 2.6]))]
     suites.plot({"suite": "length", "trained": 32, "bucket": 32, "rows": rows}, tmp_path / "length.png")
