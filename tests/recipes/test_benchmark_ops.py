@@ -74,6 +74,15 @@ def test_the_ssd_and_attention_rates_count_their_own_flops(monkeypatch):
                     f"{3.5 * flops / 2e-3 / 1e12:.3g} | - |"]
 
 
+def to_reference(op, backends: list):
+    """``op`` with whatever backend a row asks for run on its plain-torch reference; ``(name, backend asked,
+    check_finite)`` of each call appended to ``backends``."""
+    def call(*args, backend, **kwargs):
+        backends.append((op.__name__, backend, kwargs.get("check_finite", True)))
+        return op(*args, backend="reference", **kwargs)
+    return call
+
+
 def test_every_row_times_its_forward_then_its_forward_and_backward_to_every_input(monkeypatch):
     """With the Triton rows on (each routed here to the reference, its backend recorded): each row is measured
     forward alone, then forward+backward with a gradient reaching every input it lists; SDPA's rows compute causal
@@ -83,13 +92,6 @@ def test_every_row_times_its_forward_then_its_forward_and_backward_to_every_inpu
     from kernels.ssd import ssd_scan as ssd_scan_op
 
     backends, measured, inputs = [], [], []
-
-    def routed(op):
-        def call(*args, backend, **kwargs):
-            backends.append((op.__name__, backend, kwargs.get("check_finite", True)))
-            return op(*args, backend="reference", **kwargs)
-        return call
-
     def measure(fn, ins, backward, repeats):
         ops.step(fn, ins, backward)
         measured.append((backward, [t.grad is not None for t in ins], fn().detach()))
@@ -97,7 +99,7 @@ def test_every_row_times_its_forward_then_its_forward_and_backward_to_every_inpu
         return 1.0, float("nan")
 
     for name, op in (("attention", attention_op), ("ssd_scan", ssd_scan_op), ("expert_mix", expert_mix_op)):
-        monkeypatch.setattr(ops, name, routed(op))
+        monkeypatch.setattr(ops, name, to_reference(op, backends))
     monkeypatch.setattr(ops, "measure", measure)
 
     lines = list(ops.bench_attention([24], "cpu", torch.float32, 1, True, B=1))
@@ -234,10 +236,8 @@ def test_the_public_baselines_get_the_rows_inputs_when_installed(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name in installed else find_spec(name, *a))
     # the Triton rows (on with a GPU, as the baselines are) routed to the reference
-    monkeypatch.setattr(ops, "attention",
-                        lambda *args, backend, **kwargs: attention_op(*args, backend="reference", **kwargs))
-    monkeypatch.setattr(ops, "ssd_scan",
-                        lambda *args, backend, **kwargs: ssd_scan_op(*args, backend="reference", **kwargs))
+    monkeypatch.setattr(ops, "attention", to_reference(attention_op, []))
+    monkeypatch.setattr(ops, "ssd_scan", to_reference(ssd_scan_op, []))
     monkeypatch.setattr(ops, "measure", lambda fn, ins, backward, repeats: (ops.step(fn, ins, backward), (1.0, 0.0))[1])
 
     lines = list(ops.bench_ssd([40], "cpu", torch.float32, 1, True, B=2))
