@@ -199,7 +199,9 @@ class HybridLM(nn.Module):
 
     def _init_weights(self, std: float) -> None:
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
+            # a meta tensor holds no values to draw: skipped, as drawing them costs about a millisecond a tensor (the
+            # paper-size recipes are built on meta to check and size them)
+            if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.is_meta:
                 nn.init.normal_(module.weight, mean=0.0, std=std)
 
     def hidden_states(

@@ -44,17 +44,30 @@ class SizeTarget:
 
 def solve_width(count: Callable[[int], int], target: int, *, multiple_of: int = 8, limit: int = 1 << 20) -> int:
     """The multiple of ``multiple_of`` whose ``count(width)`` is closest to ``target`` (``count`` must grow
-    with the width). Raises if even the smallest width overshoots the target."""
+    with the width). Raises if even the smallest width overshoots the target.
+
+    The search starts where the line through the counts at the two smallest widths meets the target — the
+    answer itself where the count grows linearly with the width, as a model's with its FFN or experts' width
+    does — then gallops out from there to a bracket and bisects it, so a model is built a handful of times
+    rather than twice per bit of the width."""
+    count = functools.cache(count)  # a model built once per width
     if count(multiple_of) > target:
         smaller = f"; multiple_of={multiple_of} makes {multiple_of} the smallest width tried: 1 tries every width" \
             if multiple_of > 1 and count(1) <= target else ""
         raise ValueError(f"target of {target:,} parameters is below the smallest model ({count(multiple_of):,} "
                          f"parameters at width {multiple_of}){smaller}")
-    low, high = 1, 2  # in units of multiple_of; invariant count(low·m) ≤ target
-    while count(high * multiple_of) <= target:
-        low, high = high, 2 * high
-        if high * multiple_of > limit:
+    # in units of multiple_of from here; the bracket's invariant: count(low·m) ≤ target < count(high·m)
+    slope = count(2 * multiple_of) - count(multiple_of)
+    guess = 1 + (target - count(multiple_of)) // slope if slope > 0 else 1
+    top = max(1, limit // multiple_of)
+    low = high = max(1, min(guess, top))
+    step = 1
+    while count(low * multiple_of) > target:  # the line overshoots: step down (width 1·m fits, so this ends)
+        high, low, step = low, max(1, low - step), 2 * step
+    while count(high * multiple_of) <= target:  # or it falls short: step up, as far as the limit
+        if high == top:
             raise ValueError(f"target of {target:,} parameters needs a width above {limit:,}")
+        low, high, step = high, min(high + step, top), 2 * step
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if count(mid * multiple_of) <= target else (low, mid)
@@ -88,6 +101,7 @@ def sized_mixers(
     def with_width(width: int) -> dict[str, MixerFactory]:
         return {**bindings, **{letter: functools.partial(bindings[letter], **{target.arg: width}) for letter in target.letters}}
 
+    @functools.cache  # the search asks for some widths twice (its bracket's ends); each is built once
     def count(width: int) -> int:
         with torch.device("meta"):
             return count_parameters(HybridLM(vocab_size, d_model, pattern, with_width(width), **model_kwargs))

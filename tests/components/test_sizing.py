@@ -28,6 +28,28 @@ def test_solve_width_finds_the_closest_multiple():
         solve_width(count, 1_000_000, multiple_of=8, limit=1024)
 
 
+@pytest.mark.parametrize("count", [
+    lambda w: 1000 + 30 * w,  # a model's count in its FFN's width: the line through two widths finds it at once
+    lambda w: 500 + w * w,  # grows faster than the line: the guess overshoots and the search steps down
+    lambda w: 5000 + 400 * int(w ** 0.5),  # slower, and flat between squares: the largest width under the target
+    lambda w: 7 + 3 * (w // 24),  # flat over 24 widths, steps of 3
+], ids=["linear", "quadratic", "square root, flat runs", "steps"])
+def test_solve_width_is_the_scans_answer_and_builds_a_linear_model_a_handful_of_times(count):
+    """The search's answer is the scan's: of the largest multiple whose count is within the target and the next one,
+    the nearer (the smaller on a tie) — over targets across the range, several multiples and a limit."""
+    for multiple_of in (1, 8, 24):
+        for target in range(count(multiple_of), count(400 * multiple_of), max(1, count(400 * multiple_of) // 97)):
+            widths = [n * multiple_of for n in range(1, 401)]
+            low = max(w for w in widths if count(w) <= target)
+            want = min((low, low + multiple_of), key=lambda w: abs(count(w) - target))
+            assert solve_width(count, target, multiple_of=multiple_of) == want, (multiple_of, target)
+    built = []
+    solve_width(lambda w: built.append(w) or count(w), count(8 * 123) + 5, multiple_of=8)
+    assert len(built) == len(set(built)) <= 26  # a width is counted once; galloping: a few per bit of the distance
+    if count(2) - count(1) == count(3) - count(2) == 30:  # linear: the two smallest widths, the answer, the next
+        assert sorted(built) == [8, 16, 8 * 123, 8 * 124]
+
+
 @pytest.mark.parametrize("pattern", ["AM AM", "AR AM", "AR AR"])
 def test_sized_models_land_on_the_target(pattern):
     bindings = {"R": partial(RoutedMoE, n_experts=4, top_k=2), "M": MLP}
