@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     add_device_option(parser)
     args = parser.parse_args(argv)
     cuda, dtype, device = device_of(args)
+    warmup = 1 if cuda else 0  # a dry run under the interpreter: nothing compiled to warm, times that mean nothing
     choose = attention_triton.launch_config
     B, T, H = args.batch, args.length, args.heads
     print(f"# {device}, torch {torch.__version__}; B {B}, T {T}, H {H}, causal, a per-key bias, {dtype}; "
@@ -84,14 +85,14 @@ def main(argv: list[str] | None = None) -> None:
             attention(q, k, v, bias=bias, backend=backend).float().sum().backward()
 
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-        sdpa_fwd = median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True), args.repeats)
+        sdpa_fwd = median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True), args.repeats, warmup)
         sdpa_both = median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True).float().sum().backward(),
-                              args.repeats)
+                              args.repeats, warmup)
         print(f"\n## D = {D}: SDPA without a bias {sdpa_fwd:.2f} ms forward, {sdpa_both:.2f} fwd+bwd; the reference's "
-              f"SDPA route {median_ms(lambda: forward('reference'), args.repeats):.2f} / "
-              f"{median_ms(lambda: both('reference'), args.repeats):.2f}")
+              f"SDPA route {median_ms(lambda: forward('reference'), args.repeats, warmup):.2f} / "
+              f"{median_ms(lambda: both('reference'), args.repeats, warmup):.2f}")
         want = results(q, k, v, bias)
-        base = {"forward": median_ms(forward, args.repeats), "backward": median_ms(both, args.repeats)}
+        base = {"forward": median_ms(forward, args.repeats, warmup), "backward": median_ms(both, args.repeats, warmup)}
         for part, candidates in CANDIDATES.items():
             timed = "forward" if part == "forward" else "backward"
             now = current[part]
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
             for tiles in candidates:
                 cells = " | ".join(map(str, tiles))
                 outcome = trial(attention_triton, with_tiles(current, part, tiles), lambda: results(q, k, v, bias), want,
-                                [forward if part == "forward" else both], args.repeats)
+                                [forward if part == "forward" else both], args.repeats, warmup=warmup)
                 if isinstance(outcome, str):
                     print(f"| {cells} | {outcome} | | | |", flush=True)
                     continue

@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     add_device_option(parser)
     args = parser.parse_args(argv)
     cuda, dtype, device = device_of(args)
+    warmup = 1 if cuda else 0  # a dry run under the interpreter: nothing compiled to warm, times that mean nothing
     choose = ssd_triton.launch_config
     B, T, H, P, N, L = args.batch, args.length, args.heads, args.head_dim, args.state, args.chunk
     torch.manual_seed(0)
@@ -136,8 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
         theirs = lambda: mamba_chunk_scan_combined(*inputs, chunk_size=L)  # noqa: E731
-        mamba_ms = median_ms(lambda: both(theirs), args.repeats)
-        print(f"mamba_chunk_scan_combined: {median_ms(lambda: forward(theirs), args.repeats):.2f} ms forward, "
+        mamba_ms = median_ms(lambda: both(theirs), args.repeats, warmup)
+        print(f"mamba_chunk_scan_combined: {median_ms(lambda: forward(theirs), args.repeats, warmup):.2f} ms forward, "
               f"{mamba_ms:.2f} fwd+bwd")
     else:
         mamba_ms = None
@@ -145,14 +146,14 @@ def main(argv: list[str] | None = None) -> None:
     major, minor = torch.cuda.get_device_capability() if cuda else (9, 0)
     current = choose(P, N, cuda, dtype, 10 * major + minor)
     want = results(inputs, L)
-    base = (median_ms(lambda: forward(ours), args.repeats), median_ms(lambda: both(ours), args.repeats))
+    base = (median_ms(lambda: forward(ours), args.repeats, warmup), median_ms(lambda: both(ours), args.repeats, warmup))
     print(f"current: rows {current['rows']}, {current['warps']} warps, {current['stages']} stages, pairs "
           f"{current['pair_rows']}×{current['pair_cols']}: {base[0]:.2f} ms forward, {base[1]:.2f} fwd+bwd")
     # what mamba_ssm's row compares with, and what each candidate is timed as: the kernels alone, without ssd_scan's
     # passes that take out non-finite inputs and put their reach back (the SSD layer keeps them; they do not depend
     # on the tiles, and would only add their noise to every row)
     bare = lambda: ssd_scan(*inputs, chunk_size=L, backend="triton", check_finite=False)  # noqa: E731
-    base = (median_ms(lambda: forward(bare), args.repeats), median_ms(lambda: both(bare), args.repeats))
+    base = (median_ms(lambda: forward(bare), args.repeats, warmup), median_ms(lambda: both(bare), args.repeats, warmup))
     print(f"current, check_finite=False: {base[0]:.2f} ms forward, {base[1]:.2f} fwd+bwd")
     own = lambda kernel, keys: lambda values: {kernel: dict(zip(keys, values))}  # noqa: E731  a kernel's own tiles
     sections = {"rows": ("rows, warps, stages (every kernel)", ("rows", "warps", "stages"), SHARED),
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def run(config: dict, gauges=()):  # one candidate: checked against the current tiles, then timed
         return trial(ssd_triton, config, lambda: results(inputs, L), want, [lambda: forward(bare), lambda: both(bare)],
-                     args.repeats, gauges)
+                     args.repeats, gauges, warmup=warmup)
 
     for name in args.sections:
         title, keys, candidates = sections[name]

@@ -47,9 +47,10 @@ def kernel_us(fn: Callable[[], object], names: tuple[str, ...], repeats: int) ->
 
 def trial(kernels: ModuleType, config: dict, results: Callable[[], list[torch.Tensor]], want: list[torch.Tensor],
           timed: list[Callable[[], object]], repeats: int,
-          gauges: tuple[Callable[[], float | None], ...] = ()) -> tuple[float, list[float | None]] | str:
+          gauges: tuple[Callable[[], float | None], ...] = (), warmup: int = 1) -> tuple[float, list[float | None]] | str:
     """With ``kernels.launch_config`` answering ``config``: ``(largest error of results() against want, relative to
-    each result's largest value; the median ms of each of timed, then what each of gauges returns)``, or why not —
+    each result's largest value; the median ms of each of timed after ``warmup`` calls, then what each of gauges
+    returns)``, or why not —
     ``"wrong: …"`` (over 5%, or not finite), ``"failed: …"`` (the candidate does not fit this GPU: shared memory,
     registers, a tile Triton refuses)."""
     original = kernels.launch_config
@@ -58,7 +59,7 @@ def trial(kernels: ModuleType, config: dict, results: Callable[[], list[torch.Te
         error = max((got - w).abs().max().item() / max(w.abs().max().item(), 1e-6) for got, w in zip(results(), want))
         if not math.isfinite(error) or error > 0.05:
             return f"wrong: relative error {error:.3g}"
-        return error, [*(median_ms(fn, repeats) for fn in timed), *(gauge() for gauge in gauges)]
+        return error, [*(median_ms(fn, repeats, warmup) for fn in timed), *(gauge() for gauge in gauges)]
     except Exception as failure:  # named in the table; the search goes on
         return f"failed: {type(failure).__name__}: {str(failure).splitlines()[0][:100]}"
     finally:

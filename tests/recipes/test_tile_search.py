@@ -119,8 +119,8 @@ def test_the_ssd_search_puts_each_sections_winner_together(monkeypatch, capsys):
     from recipes.benchmarks import tile_search
 
     timings = iter([5.0, 1.0, 2.0, 3.0] * 100)  # per candidate: forward, fwd+bwd (the current tiles': ssd_tiles' own)
-    monkeypatch.setattr(tile_search, "median_ms", lambda fn, repeats: (fn(), next(timings))[1])
-    monkeypatch.setattr(ssd_tiles, "median_ms", lambda fn, repeats: (fn(), 9.0)[1])
+    monkeypatch.setattr(tile_search, "median_ms", lambda fn, repeats, warmup: (fn(), next(timings))[1])
+    monkeypatch.setattr(ssd_tiles, "median_ms", lambda fn, repeats, warmup: (fn(), 9.0)[1])
     monkeypatch.setattr(ssd_tiles, "Y", [(32, 16, 4, 1, 16), (16, 16, 4, 1, None)])
     monkeypatch.setattr(ssd_tiles, "DX", [(16, 32, 4, 1)])
     ssd_tiles.main([*SSD_DRY_RUN, "--length", "21", "--sections", "y", "dx"])
@@ -139,8 +139,8 @@ def test_the_ssd_search_puts_each_sections_winner_together(monkeypatch, capsys):
 def test_the_ssd_search_puts_nothing_together_when_nothing_won(monkeypatch, capsys):
     from recipes.benchmarks import tile_search
 
-    monkeypatch.setattr(tile_search, "median_ms", lambda fn, repeats: (fn(), 10.0)[1])
-    monkeypatch.setattr(ssd_tiles, "median_ms", lambda fn, repeats: (fn(), 9.0)[1])
+    monkeypatch.setattr(tile_search, "median_ms", lambda fn, repeats, warmup: (fn(), 10.0)[1])
+    monkeypatch.setattr(ssd_tiles, "median_ms", lambda fn, repeats, warmup: (fn(), 9.0)[1])
     monkeypatch.setattr(ssd_tiles, "DX", [(16, 32, 4, 1)])
     ssd_tiles.main([*SSD_DRY_RUN, "--length", "20", "--sections", "dx"])
     out = capsys.readouterr().out
@@ -192,13 +192,14 @@ def test_a_candidate_is_timed_only_when_its_results_match_the_current_tiles(monk
         return results
 
     timings = iter([3.0, 5.0])
-    monkeypatch.setattr(tile_search, "median_ms", lambda fn, repeats: (fn(), next(timings) * repeats)[1])
+    monkeypatch.setattr(tile_search, "median_ms",
+                        lambda fn, repeats, warmup: (fn(), next(timings) * repeats + warmup)[1])
     called = []
     error, measured = tile_search.trial(kernels, {"tiles": "candidate"}, off_by(0.125, 0.5), want,
                                         [lambda: called.append("fwd"), lambda: called.append("both")], 2,
-                                        (lambda: 7.0, lambda: None))
+                                        (lambda: 7.0, lambda: None), warmup=3)
     assert answered == [{"tiles": "candidate"}] and kernels.launch_config is own
-    assert error == 0.125 / 4 and measured == [6.0, 10.0, 7.0, None] and called == ["fwd", "both"]
+    assert error == 0.125 / 4 and measured == [9.0, 13.0, 7.0, None] and called == ["fwd", "both"]
     assert tile_search.trial(kernels, {}, off_by(0.0, 1.0), want, [], 1) == (0.05, [])  # 5% exactly: still right
     for first, second, named in [(0.0, 1.25, "wrong: relative error 0.0625"),
                                  (0.25, 0.0, "wrong: relative error 0.0625"),
@@ -280,14 +281,14 @@ def test_where_the_profiler_times_the_kernels_their_gpu_time_picks_the_winners(m
     monkeypatch.setattr(ssd_tiles, "ssd_scan", lambda *args, **kwargs: (
         finite_checked.append(kwargs.get("check_finite", True)), scan(*args, **kwargs))[1])
 
-    def wall_ms(fn, repeats):
+    def wall_ms(fn, repeats, warmup):
         finite_checked.clear()
         fn()
-        assert finite_checked == [False]
+        assert finite_checked == [False] and warmup == 0  # a dry run: nothing compiled to warm up
         return next(walls)
 
     monkeypatch.setattr(tile_search, "median_ms", wall_ms)
-    monkeypatch.setattr(ssd_tiles, "median_ms", lambda fn, repeats: (fn(), 9.0)[1])
+    monkeypatch.setattr(ssd_tiles, "median_ms", lambda fn, repeats, warmup: (fn(), 9.0)[1])
     monkeypatch.setattr(ssd_tiles, "kernel_us", kernel_us)
     monkeypatch.setattr(ssd_tiles, "Y", [(32, 16, 4, 1, 16), (16, 32, 4, 1, None)])
     winners = tmp_path / "gpu" / "ssd_winners.json"
@@ -382,13 +383,14 @@ def test_the_attention_search_times_each_kernel_through_its_own_pass(monkeypatch
                                                                                               backend=backend))[1])
     monkeypatch.setattr(attention_tiles.F, "scaled_dot_product_attention", lambda *args, **kwargs: (
         seen.append(("sdpa", kwargs.get("is_causal"))), real_sdpa(*args, **kwargs))[1])
-    timed, baselines = [], iter([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    timed, warmups, baselines = [], [], iter([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
 
     def recorded(ms):
-        def median_ms(fn, repeats):
+        def median_ms(fn, repeats, warmup):
             seen.clear()
             fn()
             timed.append(list(seen))
+            warmups.append(warmup)
             return ms() if callable(ms) else ms
         return median_ms
 
@@ -400,6 +402,7 @@ def test_the_attention_search_times_each_kernel_through_its_own_pass(monkeypatch
                           "--repeats", "1"])
     out = capsys.readouterr().out
     assert timed[0][0] == ("sdpa", True) and timed[1][0] == ("sdpa", True)  # (the reference's route follows)
+    assert warmups == [0] * len(timed)  # a dry run: nothing compiled to warm up
     assert timed[2][0] == ("reference", False, True) and timed[3][0] == ("reference", True, True)
     assert timed[4:] == [[("triton", False, True)], [("triton", True, True)], [("triton", False, True)],
                          [("triton", True, True)], [("triton", True, True)]]
