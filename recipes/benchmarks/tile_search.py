@@ -47,7 +47,8 @@ def kernel_us(fn: Callable[[], object], names: tuple[str, ...], repeats: int) ->
 
 def trial(kernels: ModuleType, config: dict, results: Callable[[], list[torch.Tensor]], want: list[torch.Tensor],
           timed: list[Callable[[], object]], repeats: int,
-          gauges: tuple[Callable[[], float | None], ...] = (), warmup: int = 1) -> tuple[float, list[float | None]] | str:
+          gauges: tuple[Callable[[], float | None], ...] = (),
+          warmup: int = 1) -> tuple[float, list[float | None]] | str:
     """With ``kernels.launch_config`` answering ``config``: ``(largest error of results() against want, relative to
     each result's largest value; the median ms of each of timed after ``warmup`` calls, then what each of gauges
     returns)``, or why not —

@@ -88,15 +88,38 @@ def harness_module():
     return harness
 
 
-def check_tasks(names: list[str], include_paths: list[str], own_tasks: Path):
-    """The harness's TaskManager with the zoo's own tasks (the YAMLs in ``own_tasks``) and ``include_paths``;
-    unknown names refused by name."""
+_SHARED: list[tuple[Path, dict]] = []  # inside shared_task_index(): (the zoo's task folder, {include paths: manager})
+
+
+@contextlib.contextmanager
+def shared_task_index():
+    """Evaluations inside the block share the zoo's task folder and one TaskManager per ``--include_path`` list: the
+    harness indexes its ~14K task YAMLs for each TaskManager (about 8 s on 2 cores), which a sweep scoring N runs
+    would pay N times. (An include folder must not change inside the block.)"""
+    from recipes.evaluation.tasks import task_folder
+
+    with task_folder() as own_tasks:
+        _SHARED.append((own_tasks, {}))
+        try:
+            yield
+        finally:
+            _SHARED.pop()
+
+
+def check_tasks(names: list[str], include_paths: list[str], own_tasks: Path, managers: dict | None = None):
+    """The harness's TaskManager with the zoo's own tasks (the YAMLs in ``own_tasks``) and ``include_paths`` — the
+    one in ``managers`` for these paths where there is one, else a new one, kept there; unknown names refused by
+    name."""
     from lm_eval.tasks import TaskManager
 
     for folder in include_paths:
         if not Path(folder).is_dir():
             raise FileNotFoundError(f"--include_path {folder}: no such folder")
-    manager = TaskManager(include_path=[str(own_tasks), *include_paths])
+    managers = {} if managers is None else managers
+    key = tuple(include_paths)
+    if key not in managers:
+        managers[key] = TaskManager(include_path=[str(own_tasks), *include_paths])
+    manager = managers[key]
     known = set(manager.all_tasks)
     unknown = [name for name in names if name not in known]
     if unknown:
@@ -122,8 +145,9 @@ def run_harness(model, data, args) -> tuple[dict, str]:
     from recipes.evaluation.tasks import task_folder
 
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
-    with task_folder() as own_tasks, without_harness_bookkeeping():
-        manager = check_tasks(names, args.include_path, own_tasks)
+    own_tasks, managers = _SHARED[-1] if _SHARED else (None, None)
+    with (contextlib.nullcontext(own_tasks) if _SHARED else task_folder()) as own_tasks, without_harness_bookkeeping():
+        manager = check_tasks(names, args.include_path, own_tasks, managers)
         lm = harness.ZooLM(model, text_tokenizer(data, "--tasks"), **given(batch_size=args.batch_size))
         results = simple_evaluate(model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
                                   task_manager=manager, log_samples=args.log_samples, bootstrap_iters=0,

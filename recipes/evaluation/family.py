@@ -8,6 +8,7 @@ recipe, mode and length (or metric and task) the mean ± std over seeds, the dif
 with Welch's p and Holm's adjustment over the family's comparisons at that length (task), and a figure.
 """
 
+import contextlib
 import json
 import math
 import statistics
@@ -21,26 +22,28 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
     """``{(recipe, seed): result}`` for every finished run, computing the missing ones. ``suite`` is a suite's
     name, or ``"tasks"`` with ``extra`` naming them (``--tasks T1,T2 --include_path DIR``): then the result is
     the harness's ``{"results": …}``."""
-    from recipes.evaluation.cli import main as evaluate
+    from recipes.evaluation.cli import main as evaluate, shared_task_index
     from recipes.evaluation.suites import result_paths
 
     tasks = suite == "tasks"
     folder = Path(logs) / result_name(suite, extra)
     folder.mkdir(parents=True, exist_ok=True)
     results = {}
-    for run in runs:
-        if run.failed:
-            continue
-        checkpoint = Path(run.folder) / "checkpoints" / "last.ckpt"
-        out = folder / f"{run.config.stem}_seed{run.seed}"
-        written = result_paths(out)[0]
-        stale = written.is_file() and evaluated_step(written) not in (None, trained_step(checkpoint))
-        if not written.is_file() or stale:  # a run trained on since its result was written is evaluated again
-            print(f"evaluating {run.config.stem} seed {run.seed}: {suite}" + " (trained on since)" * stale, flush=True)
-            # (--force: the sweep's own folder, whose JSON is missing or stale; its table or figure may be left)
-            evaluate(["--config", str(run.config), "--ckpt_path", str(checkpoint),
-                      *([] if tasks else ["--suite", suite, "--extrapolate"]), "--out", str(out), "--force", *extra])
-        results[run.config.stem, run.seed] = json.loads(written.read_text())["harness" if tasks else "suite"]
+    with shared_task_index() if tasks else contextlib.nullcontext():  # the harness's task index built once
+        for run in runs:
+            if run.failed:
+                continue
+            checkpoint = Path(run.folder) / "checkpoints" / "last.ckpt"
+            out = folder / f"{run.config.stem}_seed{run.seed}"
+            written = result_paths(out)[0]
+            stale = written.is_file() and evaluated_step(written) not in (None, trained_step(checkpoint))
+            if not written.is_file() or stale:  # a run trained on since its result was written is evaluated again
+                print(f"evaluating {run.config.stem} seed {run.seed}: {suite}" + " (trained on since)" * stale,
+                      flush=True)
+                # (--force: the sweep's own folder, whose JSON is missing or stale; its table or figure may be left)
+                evaluate(["--config", str(run.config), "--ckpt_path", str(checkpoint),
+                          *([] if tasks else ["--suite", suite, "--extrapolate"]), "--out", str(out), "--force", *extra])
+            results[run.config.stem, run.seed] = json.loads(written.read_text())["harness" if tasks else "suite"]
     return results
 
 

@@ -883,17 +883,31 @@ def test_a_sweeps_task_results_are_named_by_their_tasks():
             tasks_named(extra)
 
 
-def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path, trained_quickstart, capsys):
+def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path, trained_quickstart, capsys,
+                                                                      monkeypatch):
     """``python -m recipes.sweep --from LOGS --tasks T``: every run's score lands in the family's table. Recipe
     b's weights are all zero, so every choice's log-likelihood is −(its bytes)·log 256 and the harness
-    picks the shortest choice (the first among equals): its accuracy is known without the model."""
+    picks the shortest choice (the first among equals): its accuracy is known without the model. The harness's
+    task index (its ~14K YAMLs, ~8 s) is built once for the sweep's evaluations."""
     import shutil
+
+    import lm_eval.tasks
+
+    indexed = []
+
+    class CountedTaskManager(lm_eval.tasks.TaskManager):
+        def __init__(self, *args, **kwargs):
+            indexed.append(kwargs["include_path"])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", CountedTaskManager)
 
     from recipes.checkpoints import load_checkpoint
     from recipes.cli import resolve_config
     from recipes.sweep.cli import main as sweep
     from recipes.sweep.records import Run, write_manifest
     from recipes.evaluation.tasks import DATA
+    from recipes.evaluation.cli import _SHARED as shared_index_entries
 
     run = next((trained_quickstart / "runs" / "quickstart").iterdir())
     family = tmp_path / "family"
@@ -916,6 +930,7 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     write_manifest(logs, "family", runs)
     sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite-args", "--limit 8", "--baseline", "a"])
 
+    assert len(indexed) == 1 and all(Path(p).name.startswith("zoo-tasks-") for p in indexed[0])  # four evaluations
     scores = {(r, s): json.loads((logs / "tasks_zoo_cloze" / f"{r}_seed{s}.json").read_text())
               ["harness"]["results"]["zoo_cloze"]["acc,none"] for r in "ab" for s in (0, 1)}
     items = [json.loads(line) for line in (DATA / "zoo_cloze.jsonl").read_text().splitlines()[:8]]
@@ -938,6 +953,8 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite-args", "--limit 8", "--baseline", "a"])
     evaluated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("evaluating ")]
     assert evaluated == ["evaluating a seed 0: tasks (trained on since)"]  # the others' results are still theirs
+    assert len(indexed) == 2 and not Path(indexed[1][0]).exists()  # the sweep's task folder, removed after it
+    assert not shared_index_entries()  # and no longer offered to a later evaluation
     again = json.loads((logs / "tasks_zoo_cloze" / "a_seed0.json").read_text())
     assert again["step"] == checkpoint["global_step"]
     assert again["harness"]["results"]["zoo_cloze"]["acc,none"] == scores["b", 0]
