@@ -954,7 +954,7 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     evaluated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("evaluating ")]
     assert evaluated == ["evaluating a seed 0: tasks (trained on since)"]  # the others' results are still theirs
     assert len(indexed) == 2 and not Path(indexed[1][0]).exists()  # the sweep's task folder, removed after it
-    assert not shared_index_entries()  # and no longer offered to a later evaluation
+    assert not shared_index_entries  # and no longer offered to a later evaluation
     again = json.loads((logs / "tasks_zoo_cloze" / "a_seed0.json").read_text())
     assert again["step"] == checkpoint["global_step"]
     assert again["harness"]["results"]["zoo_cloze"]["acc,none"] == scores["b", 0]
