@@ -142,11 +142,10 @@ def run_harness(model, data, args) -> tuple[dict, str]:
     from lm_eval import simple_evaluate
     from lm_eval.utils import make_table
 
-    from recipes.evaluation.tasks import task_folder
-
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
-    own_tasks, managers = _SHARED[-1] if _SHARED else (None, None)
-    with (contextlib.nullcontext(own_tasks) if _SHARED else task_folder()) as own_tasks, without_harness_bookkeeping():
+    # alone, an index of its own (a sweep's evaluations share the sweep's)
+    with contextlib.nullcontext() if _SHARED else shared_task_index(), without_harness_bookkeeping():
+        own_tasks, managers = _SHARED[-1]
         manager = check_tasks(names, args.include_path, own_tasks, managers)
         lm = harness.ZooLM(model, text_tokenizer(data, "--tasks"), **given(batch_size=args.batch_size))
         results = simple_evaluate(model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
