@@ -1174,6 +1174,46 @@ def test_a_schedulers_sigterm_stops_a_sweep_as_ctrl_c_does_and_the_handler_befor
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_run_whose_process_starts_while_the_sweep_stops_is_passed_its_one_signal(tmp_path, monkeypatch):
+    """The race between a stop and a run's start: the sweep stops after the run's process exists but before the sweep
+    knows it (the stop's SIGINT goes to the processes it knows). The run is then passed its one SIGINT as it is
+    registered, not left to train on alone past the sweep's end."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import recipes.sweep.launch as sweep
+
+    family = echo_family(tmp_path, monkeypatch)
+    (family / "b.yaml").write_text(TINY.format(name="b", width=16, mlp="components.MLP"))
+    ready = tmp_path / "ready"  # the run's SIGINT handler is in place (one sent before would stop its Python starting)
+    marks_ready = f"open({str(ready)!r}, 'w').close()\nif os.environ"
+    (tmp_path / "stub.py").write_text(STOPPABLE.replace("if os.environ", marks_ready, 1))
+    monkeypatch.setenv("STUB_STOP_PARENT", "0")
+    stopped, real_popen, real_print = threading.Event(), sweep.subprocess.Popen, print
+
+    def told(*args, **kwargs):
+        real_print(*args, **kwargs)
+        stopped.set() if str(args[0]).startswith("\nsweep: stopping") else None
+
+    def popen(*args, **kwargs):  # the process is started, then the sweep is stopped before this call returns
+        process = real_popen(*args, **kwargs)
+        end = time.time() + 10
+        while not ready.exists() and time.time() < end:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stopped.wait(10), "the sweep did not stop"
+        return process
+
+    monkeypatch.setattr(sweep, "print", told, raising=False)
+    monkeypatch.setattr(sweep.subprocess, "Popen", popen)
+    with pytest.raises(sweep.SweepInterrupted) as info:
+        sweep.launch(sorted(family.glob("*.yaml")), [], jobs=1, family="family", progress_every=0)
+    assert [run.returncode for run in info.value.runs] == [130, None]  # a stopped by its one SIGINT; b never started
+    assert info.value.runs[0].log.read_text().splitlines()[-1] == "signals 1"
+
+
 def test_a_sweep_says_what_it_runs_each_runs_ending_and_its_progress_while_they_run(tmp_path, monkeypatch, capsys):
     """The lines a sweep prints on this machine: what runs, how many at a time with how many threads; the progress
     table every ``progress_every`` seconds while runs go on; each run's ending. Each run has the threads it was
