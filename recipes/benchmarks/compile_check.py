@@ -125,7 +125,7 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
              f32("DT", "LAM", "QK", "OUT")),
         Case("ssd _group_pair_grads", ssd._group_pair_grads, dict(BLOCK=cfg["group_block"], BLOCK_P=P, DOT=dot,
              **group_order),
-             dict(group_warps, num_warps=cfg["group_pair_warps"] or cfg["group_warps"]),
+             dict(num_warps=cfg["group_pair_warps"] or cfg["group_warps"]),  # (Triton's default stages, as launched)
              ("X", "DY"), f32("DT", "LAM", "OUT")),
         Case("ssd _group_bc_grads (dC)", ssd._group_bc_grads, dict(SOURCE_ROWS=False, BLOCK_L=group_rows,
              BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=group_n,
@@ -266,6 +266,14 @@ def narrow_bases(case: Case, ttir: str) -> list[str]:
     return sorted({name for name, width in found if name in args and width != "i64"})
 
 
+def failure_reason(error: Exception) -> str:
+    """One line for a table cell: the error's class, and for a Triton ``CompilationError`` (``at L:C:``, the kernel's
+    source, a caret, the cause) the place and the cause, which is its last line, not its first."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    where = f" {lines[0].rstrip(':')}" if len(lines) > 1 else ""
+    return f"{type(error).__name__}{where}: {lines[-1][:200] if lines else ''}".replace("|", "/")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.compile_check",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -313,8 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 compiled = compile_case(case, dtype, args.arch, args.aligned)
             except Exception as error:  # report every kernel, then fail
                 failures += 1
-                print(f"| {case.name} | {shape} | {dtype} | {launch} | FAILED: {type(error).__name__}: "
-                      f"{str(error).splitlines()[0][:200]} | | | | |")
+                print(f"| {case.name} | {shape} | {dtype} | {launch} | FAILED: {failure_reason(error)} | | | | |")
                 continue
             seconds = time.perf_counter() - start
             usage = resource_usage(compiled.asm["cubin"])

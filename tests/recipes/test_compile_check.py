@@ -111,3 +111,174 @@ def test_the_largest_sizes_fit_a_consumer_gpu_as_launched(dtype, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith(("| ssd", "| attention"))]
     assert len(rows) == 16 + 16 and not any("TOO MUCH" in row for row in rows)
+
+
+TOY_KERNELS = '''import sys
+
+import triton
+import triton.language as tl
+
+import recipes.benchmarks.compile_check as check
+
+
+@triton.jit
+def wide(X, OUT, stride, BLOCK: tl.constexpr):  # each program's base in 64 bits
+    row = tl.program_id(0).to(tl.int64) * stride
+    tl.store(OUT + row + tl.arange(0, BLOCK), tl.load(X + row + tl.arange(0, BLOCK)))
+
+
+@triton.jit
+def narrow(X, OUT, stride, BLOCK: tl.constexpr):  # in 32 bits: past 2^31 elements it wraps
+    row = tl.program_id(0) * stride
+    tl.store(OUT + row + tl.arange(0, BLOCK), tl.load(X + row + tl.arange(0, BLOCK)))
+
+
+@triton.jit
+def tiled(A, B, OUT, BLOCK: tl.constexpr):  # a dot: its tiles staged in shared memory
+    offs = tl.arange(0, BLOCK)
+    a = tl.load(A + offs[:, None] * BLOCK + offs[None, :])
+    b = tl.load(B + offs[:, None] * BLOCK + offs[None, :])
+    tl.store(OUT + offs[:, None] * BLOCK + offs[None, :], tl.dot(a, b))
+
+
+CASES = {"wide": check.Case("toy wide", wide, dict(BLOCK=128), {"num_warps": 4}, ("X", "OUT")),
+         "narrow": check.Case("toy narrow", narrow, dict(BLOCK=128), {"num_warps": 4}, ("X", "OUT")),
+         "tiled": check.Case("toy tiled", tiled, dict(BLOCK=64), {"num_warps": 2}, ("A", "B"), {"OUT": "*fp32"}),
+         "broken": check.Case("toy broken", tiled, dict(BLOCK=8), {"num_warps": 4}, ("A", "B"), {"OUT": "*fp32"})}
+limit, *names = sys.argv[1:]
+check.shape_cases = lambda *args, **kwargs: ((CASES[name], "toy") for name in names)
+check.SHARED_LIMIT_KIB[90] = int(limit)
+sys.exit(check.main(["--arch", "90"]))
+'''
+
+
+def test_a_kernel_that_fails_to_compile_overflows_shared_memory_or_offsets_in_32_bits_fails_the_check(tmp_path):
+    """The check's three failures, each on a toy kernel built to show it (the bundled kernels show none, so the tests
+    above never see a failing row): a ``tl.dot`` on 8-wide tiles does not compile (its row names the cause, the last
+    line of Triton's message, not its first, ``at 5:58:``); a dot's 16 KiB of staged tiles exceed a limit set to 8;
+    a program base ``program_id * stride`` in 32 bits is named. Exit 1 with the count; the clean kernel alone: 0."""
+    (tmp_path / "toy_kernels.py").write_text(TOY_KERNELS)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]))
+
+    def check(limit: int, *names: str) -> tuple[int, dict[str, list[str]], str]:
+        result = subprocess.run([sys.executable, str(tmp_path / "toy_kernels.py"), str(limit), *names],
+                                capture_output=True, text=True, env=env, timeout=300)
+        rows = [[c.strip() for c in line.split("|")[1:-1]] for line in result.stdout.splitlines()
+                if line.startswith("| toy")]
+        return result.returncode, {cells[0].removeprefix("toy "): cells for cells in rows}, result.stderr
+
+    code, rows, err = check(8, "wide", "narrow", "tiled", "broken")
+    assert code == 1 and "\n3 kernel(s) failed to compile, need more shared memory than sm_90 has" in err, err
+    assert list(rows) == ["wide", "narrow", "tiled", "broken"]
+    assert rows["wide"][6:8] == ["0", "none"] and int(rows["wide"][4]) > 0  # registers read from the cubin
+    assert rows["narrow"][7] == "OUT, X: NARROW"
+    assert rows["tiled"][6] == "16 > 8: TOO MUCH" and rows["tiled"][7] == "none"
+    assert rows["broken"][4].startswith("FAILED: CompilationError at ") and rows["broken"][4].endswith("K >= 16")
+    code, rows, err = check(16, "wide", "tiled")  # at the limit: fits
+    assert code == 0 and err == "" and rows["tiled"][6] == "16", (rows, err)
+
+
+def test_an_ssd_shape_that_is_not_p_by_n_is_named(monkeypatch, capsys):
+    from recipes.benchmarks import compile_check
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    for shapes in (["64"], ["64x128", "64x128x2"], ["64xN"]):
+        with pytest.raises(SystemExit) as info:
+            compile_check.main(["--ssd-shapes", *shapes])
+        assert info.value.code == 2
+        assert f"--ssd-shapes takes PxN pairs such as 64x128; got {shapes}" in capsys.readouterr().err
+
+
+def test_each_op_and_shape_is_asked_for_once():
+    """``shape_cases``: the SSD's kernels at each (P, N), the retrieval kernels once, attention's at each head dim;
+    ``only`` one op; ``ssd_documents_only`` each SSD kernel that has a documents variant in it alone."""
+    from recipes.benchmarks.compile_check import shape_cases
+
+    every = [(case.name, shape) for case, shape in shape_cases("bf16", [64, 128], [(64, 128), (128, 128)])]
+    assert len(every) == len(set(every)) == 2 * 30 + 2 + 2 * 16
+    assert [shape for _, shape in every] == (["P=64 N=128"] * 30 + ["d=512"] * 2 + ["P=128 N=128"] * 30
+                                             + ["D=64"] * 16 + ["D=128"] * 16)
+    assert {name for name, _ in every if name.startswith("retrieval")} == {"retrieval _mix_forward",
+                                                                           "retrieval _mix_backward"}
+    documents = [case.name for case, _ in shape_cases("fp32", [64], [(64, 128)], only="ssd", ssd_documents_only=True)]
+    assert len(documents) == 16 and "ssd _chunk_scan (y), documents" in documents
+    assert "ssd _chunk_scan (y)" not in documents and {"ssd _state_dots", "ssd _group_scores"} <= set(documents)
+    for only in ("attention", "retrieval"):
+        assert {case.name.split()[0] for case, _ in shape_cases("bf16", [64], [(64, 128)], only=only)} == {only}
+
+
+@pytest.mark.parametrize("table", ["fp32", "bf16"])
+def test_every_variant_compiled_is_one_the_wrappers_launch(table, monkeypatch):
+    """The check builds each kernel's launch itself — its switches (``TRANS_STATE``, ``HAS_ROW_DOTS``, ``HAS_DOCS`` …),
+    tiles and warps, from each op's ``launch_config`` on CUDA — and a variant the wrappers never launch would be checked
+    in place of one they do. Here the wrappers run forward and backward under the interpreter with CUDA's launch
+    settings for ``table`` (sm_90) forced on, at the check's shapes (SSD P 32, N 64 here; head dim 32, GQA 4:1 for
+    the decoding step; width 512 for the retrieval mix), over the options that set the switches (documents, D, an initial
+    state, per-group scores on and off; attention's bias, padding, window and documents), each kernel's launches
+    recorded: every case the check compiles must be one of them, its constexprs, warps and stages all equal."""
+    pytest.importorskip("triton")
+    import torch
+
+    from kernels.attention import attention, decode
+    from kernels.attention import triton as attention_triton
+    from kernels.retrieval import expert_mix
+    from kernels.ssd import ssd_scan
+    from kernels.ssd import triton as ssd_triton
+    from recipes.benchmarks.compile_check import cases
+
+    compiled = cases(table, head_dim=32, ssd_shape=(32, 64))  # (the kernels' tables take the same branch as at 64, 128)
+    launched: dict[int, list[dict]] = {}
+    for kernel in {id(case.kernel): case.kernel for case in compiled}.values():
+        def spy(*args, grid, warmup, _run=kernel.run, _key=id(kernel), **kwargs):  # (the launch's own two apart)
+            launched.setdefault(_key, []).append({"num_warps": 4, "num_stages": 3, **kwargs})  # (Triton's defaults)
+            return _run(*args, grid=grid, warmup=warmup, **kwargs)
+
+        monkeypatch.setattr(kernel, "run", spy)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[table]
+    ssd_config, attention_config, decode_config = (ssd_triton.launch_config, attention_triton.launch_config,
+                                                   decode.decode_config)
+    monkeypatch.setattr(attention_triton, "launch_config", lambda head_dim, cuda, _dtype, dot, arch: attention_config(
+        head_dim, True, dtype, dot, 90))
+    monkeypatch.setattr(decode, "decode_config", lambda head_dim, group, cuda, _dtype: decode_config(
+        head_dim, group, True, dtype))
+
+    torch.manual_seed(0)
+    T, H, P, G, N = 40, 2, 32, 1, 64
+    for shared in (False, True):  # (on by default in bf16 on Hopper, off in fp32)
+        monkeypatch.setattr(ssd_triton, "launch_config", lambda P, N, cuda, _dtype, arch, _s=shared: {
+            **ssd_config(P, N, True, dtype, 90), "shared_scores": _s})
+        for docs, with_state in ((False, True), (True, False)):
+            x, B, C = torch.randn(1, T, H, P), torch.randn(1, T, G, N), torch.randn(1, T, G, N)
+            dt, D, h0 = torch.rand(1, T, H) + 0.1, torch.randn(H), torch.randn(1, H, P, N)
+            leaves = [t.requires_grad_() for t in (x, B, C, dt, D, h0)]
+            starts = torch.zeros(1, T, dtype=torch.bool)
+            starts[0, [0, 13, 29]] = True
+            y = ssd_scan(x, dt, -torch.rand(H) - 0.5, B, C, chunk_size=64, D=D, initial_state=h0 if with_state else None,
+                         document_starts=starts if docs else None, backend="triton")
+            torch.autograd.grad(y.square().sum(), leaves, allow_unused=True)
+    S, heads, kv_heads, head_dim = 20, 4, 1, 32
+    for bias, pad, window, docs in ((True, True, True, False), (True, True, False, True), (False, True, True, False),
+                                    (True, False, False, False)):
+        q = torch.randn(1, S, heads, head_dim, requires_grad=True)
+        k, v = (torch.randn(1, S, kv_heads, head_dim, requires_grad=True) for _ in range(2))
+        b = torch.randn(1, heads, S, requires_grad=True) if bias else None
+        kwargs = dict(bias=b, key_padding_mask=torch.arange(S)[None] < S - 3 if pad else None,
+                      keep_window=5 if window else None, document_ids=(torch.arange(S)[None] // 7) if docs else None)
+        out = attention(q, k, v, backend="triton", **kwargs)
+        torch.autograd.grad(out.square().sum(), [t for t in (q, k, v, b) if t is not None])
+        with torch.no_grad():  # one query: the decoding step's kernel (which takes no documents)
+            attention(q[:, -1:], k, v, backend="triton", causal=False, **{**kwargs, "document_ids": None})
+    M, mix_heads, top, rows, width = 3, 2, 3, 20, 512  # the retrieval mixer's gather-and-mix
+    x, down, up = (torch.randn(n, width, requires_grad=True) for n in (M, rows, rows))
+    weights = torch.rand(M, mix_heads, top, requires_grad=True)
+    y = expert_mix(x, torch.randint(0, rows, (M, mix_heads, top)), weights, down, up, act="silu", backend="triton")
+    torch.autograd.grad(y.square().sum(), [x, weights, down, up])
+
+    def as_launched(case) -> bool:
+        wanted = {**case.constexprs, **case.options}
+        return any(all(k in kw and kw[k] == v for k, v in wanted.items()) for kw in launched.get(id(case.kernel), []))
+
+    missing = [f"{case.name}: {case.constexprs} {case.options}" for case in compiled if not as_launched(case)]
+    assert not missing, "compiled, never launched:\n" + "\n".join(missing)
