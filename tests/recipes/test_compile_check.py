@@ -209,16 +209,21 @@ def test_each_op_and_shape_is_asked_for_once():
         assert {case.name.split()[0] for case, _ in shape_cases("bf16", [64], [(64, 128)], only=only)} == {only}
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # (fp16's masked scores)
 @pytest.mark.parametrize("table", ["fp32", "bf16"])
 def test_every_variant_compiled_is_one_the_wrappers_launch(table, monkeypatch):
     """The check builds each kernel's launch itself — its switches (``TRANS_STATE``, ``HAS_ROW_DOTS``, ``HAS_DOCS`` …),
-    tiles and warps, from each op's ``launch_config`` on CUDA — and a variant the wrappers never launch would be checked
-    in place of one they do. Here the wrappers run forward and backward under the interpreter with CUDA's launch
-    settings for ``table`` (sm_90) forced on, at the check's shapes (SSD P 32, N 64 here; head dim 32, GQA 4:1 for
-    the decoding step; width 512 for the retrieval mix), over the options that set the switches (documents, D, an initial
-    state, per-group scores on and off; attention's bias, padding, window and documents), each kernel's launches
-    recorded: every case the check compiles must be one of them, its constexprs, warps and stages all equal."""
+    tiles, warps and pointer types, from each op's ``launch_config`` on CUDA — and a variant the wrappers never launch
+    would be checked in place of one they do. Here the wrappers run forward and backward under the interpreter with
+    CUDA's launch settings for ``table`` (sm_90) forced on (the bf16 table on fp16 inputs: the interpreter has no
+    bf16), at the check's shapes (SSD P 32, N 64 here; head dim 32, GQA 4:1 for the decoding step; width 512 for the
+    retrieval mix), over the options that set the switches (documents, D, an initial state, per-group scores on and
+    off; attention's bias, padding, window and documents), each kernel's launches recorded. Every case the check
+    compiles must be one of them — constexprs, warps and stages equal, each tensor argument typed as launched (the
+    inputs' dtype or the fp32/int one named; a placeholder, a tensor passed again, aside) — and no two cases alike."""
     pytest.importorskip("triton")
+    import inspect
+
     import torch
 
     from kernels.attention import attention, decode
@@ -229,56 +234,108 @@ def test_every_variant_compiled_is_one_the_wrappers_launch(table, monkeypatch):
     from recipes.benchmarks.compile_check import cases
 
     compiled = cases(table, head_dim=32, ssd_shape=(32, 64))  # (the kernels' tables take the same branch as at 64, 128)
-    launched: dict[int, list[dict]] = {}
+    variants = {(id(case.kernel), frozenset({**case.constexprs, **case.options}.items())) for case in compiled}
+    assert len(variants) == len(compiled), "two cases compile the same variant"
+    launched: dict[int, list[tuple[dict, dict]]] = {}
     for kernel in {id(case.kernel): case.kernel for case in compiled}.values():
-        def spy(*args, grid, warmup, _run=kernel.run, _key=id(kernel), **kwargs):  # (the launch's own two apart)
-            launched.setdefault(_key, []).append({"num_warps": 4, "num_stages": 3, **kwargs})  # (Triton's defaults)
+        def spy(*args, grid, warmup, _run=kernel.run, _key=id(kernel),
+                _names=list(inspect.signature(kernel.fn).parameters), **kwargs):  # (the launch's own two apart)
+            seen, dtypes = set(), {}
+            for name, arg in zip(_names, args):
+                if isinstance(arg, torch.Tensor):
+                    if id(arg) not in seen:
+                        dtypes[name] = arg.dtype
+                    seen.add(id(arg))
+            launched.setdefault(_key, []).append(({"num_warps": 4, "num_stages": 3, **kwargs}, dtypes))  # (defaults)
             return _run(*args, grid=grid, warmup=warmup, **kwargs)
 
         monkeypatch.setattr(kernel, "run", spy)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[table]
+    dtype, inputs = {"fp32": (torch.float32, torch.float32), "bf16": (torch.bfloat16, torch.float16)}[table]
     ssd_config, attention_config, decode_config = (ssd_triton.launch_config, attention_triton.launch_config,
                                                    decode.decode_config)
     monkeypatch.setattr(attention_triton, "launch_config", lambda head_dim, cuda, _dtype, dot, arch: attention_config(
         head_dim, True, dtype, dot, 90))
     monkeypatch.setattr(decode, "decode_config", lambda head_dim, group, cuda, _dtype: decode_config(
         head_dim, group, True, dtype))
+    randn = lambda *shape: torch.randn(*shape, dtype=inputs)  # noqa: E731
 
     torch.manual_seed(0)
-    T, H, P, G, N = 40, 2, 32, 1, 64
+    T, H, P, G, N = 40, 4, 32, 1, 64  # (shared scores pay where G·L fp32 fit in H·P of x's: 64 · 4 <= 128 · 2)
     for shared in (False, True):  # (on by default in bf16 on Hopper, off in fp32)
         monkeypatch.setattr(ssd_triton, "launch_config", lambda P, N, cuda, _dtype, arch, _s=shared: {
             **ssd_config(P, N, True, dtype, 90), "shared_scores": _s})
         for docs, with_state in ((False, True), (True, False)):
-            x, B, C = torch.randn(1, T, H, P), torch.randn(1, T, G, N), torch.randn(1, T, G, N)
-            dt, D, h0 = torch.rand(1, T, H) + 0.1, torch.randn(H), torch.randn(1, H, P, N)
+            x, B, C = randn(1, T, H, P), randn(1, T, G, N), randn(1, T, G, N)
+            dt, D, h0 = torch.rand(1, T, H) + 0.1, torch.randn(H), torch.randn(1, H, P, N)  # (fp32, as a model's)
             leaves = [t.requires_grad_() for t in (x, B, C, dt, D, h0)]
             starts = torch.zeros(1, T, dtype=torch.bool)
             starts[0, [0, 13, 29]] = True
-            y = ssd_scan(x, dt, -torch.rand(H) - 0.5, B, C, chunk_size=64, D=D, initial_state=h0 if with_state else None,
-                         document_starts=starts if docs else None, backend="triton")
-            torch.autograd.grad(y.square().sum(), leaves, allow_unused=True)
+            y = ssd_scan(x, dt, -torch.rand(H) - 0.5, B, C, chunk_size=64, D=D,
+                         initial_state=h0 if with_state else None, document_starts=starts if docs else None,
+                         backend="triton", check_finite=False)
+            torch.autograd.grad(y.float().square().sum(), leaves, allow_unused=True)
     S, heads, kv_heads, head_dim = 20, 4, 1, 32
     for bias, pad, window, docs in ((True, True, True, False), (True, True, False, True), (False, True, True, False),
                                     (True, False, False, False)):
-        q = torch.randn(1, S, heads, head_dim, requires_grad=True)
-        k, v = (torch.randn(1, S, kv_heads, head_dim, requires_grad=True) for _ in range(2))
-        b = torch.randn(1, heads, S, requires_grad=True) if bias else None
+        q = randn(1, S, heads, head_dim).requires_grad_()
+        k, v = (randn(1, S, kv_heads, head_dim).requires_grad_() for _ in range(2))
+        b = randn(1, heads, S).requires_grad_() if bias else None
         kwargs = dict(bias=b, key_padding_mask=torch.arange(S)[None] < S - 3 if pad else None,
                       keep_window=5 if window else None, document_ids=(torch.arange(S)[None] // 7) if docs else None)
         out = attention(q, k, v, backend="triton", **kwargs)
-        torch.autograd.grad(out.square().sum(), [t for t in (q, k, v, b) if t is not None])
+        torch.autograd.grad(out.float().square().sum(), [t for t in (q, k, v, b) if t is not None])
         with torch.no_grad():  # one query: the decoding step's kernel (which takes no documents)
             attention(q[:, -1:], k, v, backend="triton", causal=False, **{**kwargs, "document_ids": None})
     M, mix_heads, top, rows, width = 3, 2, 3, 20, 512  # the retrieval mixer's gather-and-mix
-    x, down, up = (torch.randn(n, width, requires_grad=True) for n in (M, rows, rows))
-    weights = torch.rand(M, mix_heads, top, requires_grad=True)
+    x, down, up = (randn(n, width).requires_grad_() for n in (M, rows, rows))
+    weights = torch.rand(M, mix_heads, top, dtype=inputs, requires_grad=True)
     y = expert_mix(x, torch.randint(0, rows, (M, mix_heads, top)), weights, down, up, act="silu", backend="triton")
-    torch.autograd.grad(y.square().sum(), [x, weights, down, up])
+    torch.autograd.grad(y.float().square().sum(), [x, weights, down, up])
+
+    pointers = {"*fp32": torch.float32, "*i32": torch.int32, "*i8": torch.int8, "*i64": torch.int64}
 
     def as_launched(case) -> bool:
         wanted = {**case.constexprs, **case.options}
-        return any(all(k in kw and kw[k] == v for k, v in wanted.items()) for kw in launched.get(id(case.kernel), []))
+        typed = {**{name: pointers.get(t) for name, t in case.types.items()}, **{name: inputs for name in case.data}}
+        return any(all(k in kw and kw[k] == v for k, v in wanted.items())
+                   and all(typed.get(name) == launched_dtype for name, launched_dtype in dtypes.items())
+                   for kw, dtypes in launched.get(id(case.kernel), []))
 
-    missing = [f"{case.name}: {case.constexprs} {case.options}" for case in compiled if not as_launched(case)]
+    missing = [f"{case.name}: {case.constexprs} {case.options} {case.data} {case.types}" for case in compiled
+               if not as_launched(case)]
     assert not missing, "compiled, never launched:\n" + "\n".join(missing)
+
+
+def test_a_failures_reason_fits_one_table_cell():
+    from recipes.benchmarks.compile_check import failure_reason
+
+    assert failure_reason(ValueError("no tile fits")) == "ValueError: no tile fits"
+    assert failure_reason(RuntimeError("")) == "RuntimeError: "
+    located = RuntimeError("at 3:4:\n    a = tl.dot(x, y)\n        ^\nshapes a|b differ\n")
+    assert failure_reason(located) == "RuntimeError at 3:4: shapes a/b differ"  # (a "|" would split the row)
+
+
+def test_tf32_sets_torchs_precision_that_the_cases_dots_follow(monkeypatch):
+    """``--tf32`` compiles the fp32 tiles as a run after ``torch.set_float32_matmul_precision('high')`` launches them
+    (it is set before the interpreter's refusal, which keeps this test from compiling)."""
+    import torch
+
+    from recipes.benchmarks import compile_check
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    before = torch.get_float32_matmul_precision()
+    try:
+        assert {case.constexprs.get("DOT") for case in compile_check.cases("fp32")} == {"ieee", None}
+        assert compile_check.main(["--tf32"]) == 2
+        assert torch.get_float32_matmul_precision() == "high"
+        assert {case.constexprs.get("DOT") for case in compile_check.cases("fp32")} == {"tf32", None}
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_without_triton_s_cuobjdump_the_resources_are_unknown_not_an_error(tmp_path, monkeypatch):
+    triton = pytest.importorskip("triton")
+    from recipes.benchmarks.compile_check import resource_usage
+
+    monkeypatch.setattr(triton, "__file__", str(tmp_path / "triton" / "__init__.py"))  # no backends/nvidia/bin there
+    assert resource_usage(b"\x7fELF") == {}
