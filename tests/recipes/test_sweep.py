@@ -1195,7 +1195,8 @@ def test_a_run_whose_process_starts_while_the_sweep_stops_is_passed_its_one_sign
 
     def told(*args, **kwargs):
         real_print(*args, **kwargs)
-        stopped.set() if str(args[0]).startswith("\nsweep: stopping") else None
+        if str(args[0]).startswith("\nsweep: stopping"):
+            stopped.set()
 
     def popen(*args, **kwargs):  # the process is started, then the sweep is stopped before this call returns
         process = real_popen(*args, **kwargs)
