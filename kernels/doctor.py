@@ -5,7 +5,8 @@
     python -m kernels.doctor --no-timing
 
 For each kernel (``attention``, its decoding step, ``ssd_scan``, ``expert_mix``) and dtype it runs the Triton
-kernel and the plain-torch reference on the same inputs, and compares both with the reference in float64: the
+kernel and the plain-torch reference on the same inputs — activations in that dtype, what a model makes from fp32
+parameters in fp32, as mixed precision launches them (``KEPT_FP32``) — and compares both with the reference in float64: the
 output and the gradient of every floating input (the decoding step: its output; it has no backward). A kernel passes when its error is at most ``FACTOR`` × the
 reference's own error in that dtype, plus a floor (flash-attention's rule: a kernel may round differently,
 not worse). TF32 is taken where torch's fp32 matmuls take it (:func:`kernels._backend.dot_precision`), so the
@@ -34,6 +35,15 @@ import torch
 
 FACTOR = 2.5  # kernel error ≤ FACTOR × reference error in the same dtype + FLOOR[dtype]
 FLOOR = {torch.float32: 1e-5, torch.float16: 1e-4, torch.bfloat16: 1e-3}
+# The inputs a model makes from fp32 parameters: under mixed precision (bf16-mixed) they reach the kernels in fp32
+# whatever the activations' dtype — the SSD's Δ (its bias), A and D, attention's key bias, the experts' rows.
+KEPT_FP32 = {"ssd_scan": {"dt", "A", "D"}, "attention": {"bias"}, "expert_mix": {"down", "up"}}
+
+
+def as_a_model_launches(op: str, inputs: dict, dtype: torch.dtype) -> dict:
+    """``inputs`` in ``dtype``, those of :data:`KEPT_FP32` in fp32 (non-floating ones as they are)."""
+    return {k: v.to(torch.float32 if k in KEPT_FP32.get(op, ()) else dtype)
+            if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
 
 
 @dataclass
@@ -61,11 +71,10 @@ def _results(fn: Callable, inputs: dict, seed: int = 1) -> list[torch.Tensor]:
 
 
 def check(op: str, shape: str, fn: Callable[..., torch.Tensor], inputs: dict, dtype: torch.dtype) -> Check:
-    """``fn(backend=…, **inputs)`` by the Triton kernel in ``dtype`` against the reference in ``dtype``, both
-    measured against the reference in float64 on the same (rounded) inputs."""
-    cast = lambda t, d: t.to(d) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
-    rounded = {k: cast(v, dtype) for k, v in inputs.items()}
-    exact = {k: cast(v, torch.float64) for k, v in rounded.items()}
+    """``fn(backend=…, **inputs)`` by the Triton kernel in ``dtype`` (as a model launches it: :data:`KEPT_FP32`) against
+    the reference on the same inputs, both measured against the reference in float64 on those (rounded) inputs."""
+    rounded = as_a_model_launches(op, inputs, dtype)
+    exact = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in rounded.items()}
     names = ["out", *[k for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]]
     want = _results(lambda **a: fn(backend="reference", **a), exact)
     got = _results(lambda **a: fn(backend="triton", **a), rounded)
@@ -186,7 +195,7 @@ def timings(all_cases, dtype: torch.dtype) -> list[tuple[str, str, str, float]]:
     for op, shape, fn, inputs in all_cases:
         if shape.startswith("decode"):  # forward only: python -m recipes.benchmarks.ops --ops decode times it
             continue
-        rounded = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+        rounded = as_a_model_launches(op, inputs, dtype)
         for backend in ("triton", "reference"):
             rows.append((op, shape, backend, median_ms(forward_backward(lambda **a: fn(backend=backend, **a), rounded))))
         if op == "attention":  # torch's SDPA without the bias and padding: the floor a fused kernel sets

@@ -50,7 +50,9 @@ def expert_mix_reference(
         CUDA, whose ``embedding_bag`` has no backward for the mixing weights there).
     """
     rows = torch.nn.functional.embedding(experts, down)  # [M, H, k, d]; its backward is a sorted scatter, not index_put
-    inner = torch.einsum("mhkd,md->mhk", rows, x)  # [M, H, k]
+    # mixed precision gives fp32 rows (parameters) and half activations: the product in the wider of the two
+    wide = torch.promote_types(rows.dtype, x.dtype)
+    inner = torch.einsum("mhkd,md->mhk", rows.to(wide), x.to(wide))  # [M, H, k]
     coef = weights * act(inner)  # [M, H, k]
     # CUDA has no bf16 backward for embedding_bag's per_sample_weights (torch 2.11): there the rows are gathered
     return mix_rows(experts, up, coef, gather=up.is_cuda and up.dtype == torch.bfloat16 and torch.is_grad_enabled())

@@ -7,8 +7,10 @@ The interpreter that runs the kernels on CPU in the tests checks their logic but
 GPU code, so it misses what only the compiler sees: a ``tl.dot`` shape or dtype it rejects, a
 construct it cannot lower, a tile that needs too much shared memory. This compiles each kernel, at
 the launch configuration its wrapper uses on CUDA and the benchmark's shapes, with Triton's bundled
-``ptxas``, and prints registers per thread, spilled bytes (stack) and shared memory per program.
-Spills are what the tile and warp choices in each ``launch_config`` were picked to avoid; how fast
+``ptxas``, and the pointer types a model launches under mixed precision (``bf16-mixed``, the GPU recipes'):
+activations in ``--dtypes``, what a parameter makes in fp32 — the SSD's Δ, the retrieval experts' rows (attention
+rounds its key bias to the activations' dtype). It prints registers per thread, spilled bytes (stack) and shared
+memory per program. Spills are what the tile and warp choices in each ``launch_config`` were picked to avoid; how fast
 the kernels run still needs a GPU (``python -m recipes.benchmarks.ops``). It also reads the compiled
 TTIR for pointer arguments offset in 32 bits (column "32-bit bases"): offsets from a (batch, chunk,
 head) base pass 2^31 on long batches. Exits 1 if a kernel fails to compile, needs more shared memory
@@ -156,6 +158,7 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     # documents in place of the window (the two never meet: the host refuses documents with a window),
     # then a window without a bias (a sliding window: its loops start at the oldest kept key's block), then a bias alone.
     configs = attention.launch_config(head_dim, cuda=True, dtype=torch_dtype, dot=dot, arch=arch)
+    # (the key bias in the activations' dtype: the wrapper rounds a model's fp32 one as the reference does)
     types = {"PAD": "*i8", "DOC": "*i32", "WIN_J": "*i32", "scale": "fp32", **f32("WIN_B", "LSE", "DELTA", "DBIAS")}
     data = ("Q", "K", "V", "BIAS", "O", "DO", "DQ", "DK", "DV")
     for label, window, bias, pad in (("", True, True, True), (", documents", False, True, True),
@@ -181,8 +184,9 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     # Gather-and-mix at d_model 512 (the benchmark's width).
     cfg = retrieval.launch_config(512)
     warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
-    types = {"e_ptr": "*i64", **f32("dw_ptr", "ddown_ptr", "dup_ptr")}
-    data = ("x_ptr", "w_ptr", "down_ptr", "up_ptr", "y_ptr", "dy_ptr", "dx_ptr")
+    # the experts' rows are parameters, fp32 under mixed precision; the routing weights are cast to the activations'
+    types = {"e_ptr": "*i64", **f32("down_ptr", "up_ptr", "dw_ptr", "ddown_ptr", "dup_ptr")}
+    data = ("x_ptr", "w_ptr", "y_ptr", "dy_ptr", "dx_ptr")
     for kernel in (retrieval._mix_forward, retrieval._mix_backward):
         out.append(Case(f"retrieval {kernel.__name__}", kernel, dict(ACT=0, **cfg), warps, data, types))
     return out

@@ -51,7 +51,7 @@ def ssd_case(T: int, device: str, dtype: torch.dtype, check_finite: bool, seed: 
     B, H, P, N, L = (4, 32, 64, 128, 256) if cuda else (2, 8, 64, 64, 64)
     g = torch.Generator(device).manual_seed(seed)
     x = torch.randn(B, T, H, P, device=device, dtype=dtype, generator=g, requires_grad=True)
-    dt = F.softplus(torch.randn(B, T, H, device=device, generator=g) - 3).to(dtype).requires_grad_()
+    dt = F.softplus(torch.randn(B, T, H, device=device, generator=g) - 3).requires_grad_()  # fp32, as a model's
     A = -torch.exp(torch.rand(H, device=device, generator=g))
     Bm, Cm = (torch.randn(B, T, 1, N, device=device, dtype=dtype, generator=g, requires_grad=True) for _ in range(2))
     return _fwd_bwd(lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, check_finite=check_finite), [x, dt, Bm, Cm])
@@ -62,7 +62,7 @@ def attention_case(T: int, device: str, dtype: torch.dtype, check_finite: bool, 
     B, H, D = (4, 16, 64) if device == "cuda" else (1, 8, 64)
     g = torch.Generator(device).manual_seed(seed)
     q, k, v = (torch.randn(B, T, H, D, device=device, dtype=dtype, generator=g, requires_grad=True) for _ in range(3))
-    bias = torch.randn(B, H, T, device=device, dtype=dtype, generator=g, requires_grad=True)
+    bias = torch.randn(B, H, T, device=device, generator=g, requires_grad=True)  # fp32, as a model's
     return _fwd_bwd(lambda: attention(q, k, v, bias=bias, check_finite=check_finite), [q, k, v, bias])
 
 

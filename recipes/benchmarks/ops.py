@@ -14,7 +14,9 @@ convention, and 3 × for the SSD, whose backward makes twice its forward's), and
 P=64, N=128, chunk 256``; attention ``B=4, H=16, D=64, causal`` (``--head-dim``); CDMoE retrieval
 ``n_experts=65536, top_k=16, heads=4``; a decoding step's attention (``decode``: one query against ``T`` cached keys,
 GQA 4:1, D 128, batch 1 and 2 × ``--batch``). Sizes follow the device: on a GPU, T = 1024 … 8192 and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alone is ``B·H·T²`` floats:
-16 GiB at GPU sizes). ``python -m recipes.benchmarks.ops_cpu`` is the CPU benchmark with peak memory.
+16 GiB at GPU sizes). The inputs' dtypes are those a model launches under mixed precision (``bf16-mixed``):
+activations in the benchmark's dtype, what a model makes from fp32 parameters in fp32 (the SSD's Δ, attention's
+key bias, the retrieval experts' rows). ``python -m recipes.benchmarks.ops_cpu`` is the CPU benchmark with peak memory.
 """
 
 import argparse
@@ -94,14 +96,14 @@ def bench_attention(lengths, device, dtype, repeats, use_triton, B: int, D: int 
     yield from [f"Attention, B={B}, H={H}, D={D}, causal, {dtype}:", "", HEADER]
     for T in lengths:
         q, k, v = (torch.randn(B, T, H, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-        bias = torch.randn(B, H, T, device=device, dtype=dtype, requires_grad=True)
+        bias = torch.randn(B, H, T, device=device, requires_grad=True)  # fp32, as a model's (made from fp32 parameters)
         flops = 4 * B * H * T * T * D / 2  # causal: half the scores
         dense_mask = torch.triu(torch.full((T, T), float("-inf"), device=device, dtype=dtype), 1)
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         cases = {
             "SDPA, no bias": (lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True), [q, k, v]),
             "SDPA, dense float bias mask": (
-                lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense_mask + bias[:, :, None, :]),
+                lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense_mask + bias.to(dtype)[:, :, None, :]),
                 [q, k, v, bias]),
             "reference (bias)": (lambda: attention(q, k, v, bias=bias, backend="reference"), [q, k, v, bias]),
         }
@@ -113,7 +115,7 @@ def bench_attention(lengths, device, dtype, repeats, use_triton, B: int, D: int 
 
             dmattn = flash_dmattn_func_auto()  # its best backend: CUDA, else Triton, else Flex
             # its bias is [B, H, T|1, S]; the per-key bias broadcast over queries, as a view
-            dm_bias = lambda: bias[:, :, None, :].expand(B, H, T, T)  # noqa: E731
+            dm_bias = lambda: bias.to(dtype)[:, :, None, :].expand(B, H, T, T)  # noqa: E731
             cases["flash-dmattn (bias)"] = (lambda: dmattn(q, k, v, attn_bias=dm_bias(), is_causal=True), [q, k, v, bias])
             note = "flash-dmattn: flash_dmattn_func_auto(), bias passed as a broadcast [B, H, T, S] view"
         profiled = []
@@ -143,7 +145,7 @@ def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int, profile: int 
     have_mamba = importlib.util.find_spec("mamba_ssm") is not None
     for T in lengths:
         x = torch.randn(B, T, H, P, device=device, dtype=dtype, requires_grad=True)
-        dt = F.softplus(torch.randn(B, T, H, device=device) - 3).to(dtype).requires_grad_()
+        dt = F.softplus(torch.randn(B, T, H, device=device) - 3).requires_grad_()  # fp32, as a model's (Δ's bias is)
         A = (-torch.exp(torch.rand(H, device=device))).requires_grad_()
         Bm, Cm = (torch.randn(B, T, 1, N, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
         ins = [x, dt, A, Bm, Cm]
@@ -177,10 +179,10 @@ def bench_decode(lengths, device, dtype, repeats, use_triton, batches: list[int]
             q = torch.randn(B, 1, H, D, device=device, dtype=dtype)
             k, v = (torch.randn(B, S, H_kv, D, device=device, dtype=dtype).repeat_interleave(H // H_kv, dim=2)
                     for _ in range(2))  # [B, S, H, D]: the cache as the step reads it
-            bias = torch.randn(B, H, S, device=device, dtype=dtype)
+            bias = torch.randn(B, H, S, device=device)  # fp32, as a model's
             padding = torch.zeros(B, S, dtype=torch.bool, device=device)
             padding[:, : S // 16] = True  # a left-padded prompt
-            read = (2 * k.numel() + bias.numel()) * k.element_size()
+            read = 2 * k.numel() * k.element_size() + bias.numel() * bias.element_size()
             for window in (None, S // 4):
                 routes = {"auto (SDPA)": "auto"} | ({"triton forced": "triton"} if use_triton else {})
                 times, outputs = {}, {}
@@ -199,7 +201,7 @@ def bench_decode(lengths, device, dtype, repeats, use_triton, batches: list[int]
 def bench_retrieval(device, dtype, repeats, use_triton, tokens: int) -> Iterator[str]:
     N, H, k, d = 65536, 4, 16, 512
     x = torch.randn(tokens, d, device=device, dtype=dtype, requires_grad=True)
-    down, up = (torch.randn(N, d, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+    down, up = (torch.randn(N, d, device=device, requires_grad=True) for _ in range(2))  # parameters: fp32, as a model's
     weights = torch.rand(tokens, H, k, device=device, dtype=dtype, requires_grad=True)
     experts = torch.randint(0, N, (tokens, H, k), device=device)
     yield from [f"CDMoE gather-and-mix, {tokens} tokens, d={d}, n_experts={N}, heads={H}, top_k={k}, {dtype}:", "", HEADER]

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     B, T, H, P, N, L = args.batch, args.length, args.heads, args.head_dim, args.state, args.chunk
     torch.manual_seed(0)
     x = torch.randn(B, T, H, P, device=args.device, dtype=dtype)
-    dt = F.softplus(torch.randn(B, T, H, device=args.device) - 3).to(dtype)
+    dt = F.softplus(torch.randn(B, T, H, device=args.device) - 3)  # fp32, as a model's (Δ's bias is an fp32 parameter)
     A = -torch.exp(torch.rand(H, device=args.device))
     Bm, Cm = (torch.randn(B, T, 1, N, device=args.device, dtype=dtype) for _ in range(2))
     inputs = [t.requires_grad_() for t in (x, dt, A, Bm, Cm)]

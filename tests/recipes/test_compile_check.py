@@ -209,33 +209,14 @@ def test_each_op_and_shape_is_asked_for_once():
         assert {case.name.split()[0] for case, _ in shape_cases("bf16", [64], [(64, 128)], only=only)} == {only}
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # (fp16's masked scores)
-@pytest.mark.parametrize("table", ["fp32", "bf16"])
-def test_every_variant_compiled_is_one_the_wrappers_launch(table, monkeypatch):
-    """The check builds each kernel's launch itself — its switches (``TRANS_STATE``, ``HAS_ROW_DOTS``, ``HAS_DOCS`` …),
-    tiles, warps and pointer types, from each op's ``launch_config`` on CUDA — and a variant the wrappers never launch
-    would be checked in place of one they do. Here the wrappers run forward and backward under the interpreter with
-    CUDA's launch settings for ``table`` (sm_90) forced on (the bf16 table on fp16 inputs: the interpreter has no
-    bf16), at the check's shapes (SSD P 32, N 64 here; head dim 32, GQA 4:1 for the decoding step; width 512 for the
-    retrieval mix), over the options that set the switches (documents, D, an initial state, per-group scores on and
-    off; attention's bias, padding, window and documents), each kernel's launches recorded. Every case the check
-    compiles must be one of them — constexprs, warps and stages equal, each tensor argument typed as launched (the
-    inputs' dtype or the fp32/int one named; a placeholder, a tensor passed again, aside) — and no two cases alike."""
-    pytest.importorskip("triton")
+def record_launches(monkeypatch, compiled) -> dict[int, list[tuple[dict, dict]]]:
+    """Spy on the launches of each kernel the ``compiled`` cases name: ``{id(kernel): [(keyword arguments, with
+    Triton's default warps and stages, {argument: dtype} of each tensor passed — a tensor passed again under another
+    name once)]}``."""
     import inspect
 
     import torch
 
-    from kernels.attention import attention, decode
-    from kernels.attention import triton as attention_triton
-    from kernels.retrieval import expert_mix
-    from kernels.ssd import ssd_scan
-    from kernels.ssd import triton as ssd_triton
-    from recipes.benchmarks.compile_check import cases
-
-    compiled = cases(table, head_dim=32, ssd_shape=(32, 64))  # (the kernels' tables take the same branch as at 64, 128)
-    variants = {(id(case.kernel), frozenset({**case.constexprs, **case.options}.items())) for case in compiled}
-    assert len(variants) == len(compiled), "two cases compile the same variant"
     launched: dict[int, list[tuple[dict, dict]]] = {}
     for kernel in {id(case.kernel): case.kernel for case in compiled}.values():
         def spy(*args, grid, warmup, _run=kernel.run, _key=id(kernel),
@@ -250,13 +231,67 @@ def test_every_variant_compiled_is_one_the_wrappers_launch(table, monkeypatch):
             return _run(*args, grid=grid, warmup=warmup, **kwargs)
 
         monkeypatch.setattr(kernel, "run", spy)
-    dtype, inputs = {"fp32": (torch.float32, torch.float32), "bf16": (torch.bfloat16, torch.float16)}[table]
-    ssd_config, attention_config, decode_config = (ssd_triton.launch_config, attention_triton.launch_config,
-                                                   decode.decode_config)
+    return launched
+
+
+def force_cuda_tables(monkeypatch, dtype, ssd: bool = True) -> None:
+    """The wrappers' launch tables as on CUDA sm_90 for ``dtype``, whatever the inputs' device and dtype (the SSD's
+    too, unless ``ssd`` is False)."""
+    from kernels.attention import decode
+    from kernels.attention import triton as attention_triton
+    from kernels.ssd import triton as ssd_triton
+
+    attention_config, decode_config, ssd_config = (attention_triton.launch_config, decode.decode_config,
+                                                   ssd_triton.launch_config)
     monkeypatch.setattr(attention_triton, "launch_config", lambda head_dim, cuda, _dtype, dot, arch: attention_config(
         head_dim, True, dtype, dot, 90))
     monkeypatch.setattr(decode, "decode_config", lambda head_dim, group, cuda, _dtype: decode_config(
         head_dim, group, True, dtype))
+    if ssd:
+        monkeypatch.setattr(ssd_triton, "launch_config", lambda P, N, cuda, _dtype, arch: ssd_config(P, N, True, dtype, 90))
+
+
+def is_launch(case, kwargs: dict, dtypes: dict, inputs, switches: bool = True) -> bool:
+    """Whether ``case`` compiles the variant of a launch (:func:`record_launches`): constexprs, warps and stages
+    equal (the on/off switches aside unless ``switches``), each tensor typed as launched — ``inputs`` (the data's
+    dtype) or the fp32/int type the case names."""
+    import torch
+
+    pointers = {"*fp32": torch.float32, "*i32": torch.int32, "*i8": torch.int8, "*i64": torch.int64}
+    wanted = {k: v for k, v in {**case.constexprs, **case.options}.items() if switches or not isinstance(v, bool)}
+    typed = {**{name: pointers.get(t) for name, t in case.types.items()}, **{name: inputs for name in case.data}}
+    return (all(k in kwargs and kwargs[k] == v for k, v in wanted.items())
+            and all(typed.get(name) == launched for name, launched in dtypes.items()))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # (fp16's masked scores)
+@pytest.mark.parametrize("table", ["fp32", "bf16"])
+def test_every_variant_compiled_is_one_the_wrappers_launch(table, monkeypatch):
+    """The check builds each kernel's launch itself — its switches (``TRANS_STATE``, ``HAS_ROW_DOTS``, ``HAS_DOCS`` …),
+    tiles, warps and pointer types, from each op's ``launch_config`` on CUDA — and a variant the wrappers never launch
+    would be checked in place of one they do. Here the wrappers run forward and backward under the interpreter with
+    CUDA's launch settings for ``table`` (sm_90) forced on (the bf16 table on fp16 inputs: the interpreter has no
+    bf16), at the check's shapes (SSD P 32, N 64 here; head dim 32, GQA 4:1 for the decoding step; width 512 for the
+    retrieval mix), over the options that set the switches (documents, D, an initial state, per-group scores on and
+    off; attention's bias, padding, window and documents), each kernel's launches recorded. Every case the check
+    compiles must be one of them — constexprs, warps and stages equal, each tensor argument typed as launched (the
+    inputs' dtype or the fp32/int one named; a placeholder, a tensor passed again, aside) — and no two cases alike."""
+    pytest.importorskip("triton")
+    import torch
+
+    from kernels.attention import attention
+    from kernels.retrieval import expert_mix
+    from kernels.ssd import ssd_scan
+    from kernels.ssd import triton as ssd_triton
+    from recipes.benchmarks.compile_check import cases
+
+    compiled = cases(table, head_dim=32, ssd_shape=(32, 64))  # (the kernels' tables take the same branch as at 64, 128)
+    variants = {(id(case.kernel), frozenset({**case.constexprs, **case.options}.items())) for case in compiled}
+    assert len(variants) == len(compiled), "two cases compile the same variant"
+    launched = record_launches(monkeypatch, compiled)
+    dtype, inputs = {"fp32": (torch.float32, torch.float32), "bf16": (torch.bfloat16, torch.float16)}[table]
+    ssd_config = ssd_triton.launch_config
+    force_cuda_tables(monkeypatch, dtype, ssd=False)
     randn = lambda *shape: torch.randn(*shape, dtype=inputs)  # noqa: E731
 
     torch.manual_seed(0)
@@ -279,7 +314,7 @@ def test_every_variant_compiled_is_one_the_wrappers_launch(table, monkeypatch):
                                     (True, False, False, False)):
         q = randn(1, S, heads, head_dim).requires_grad_()
         k, v = (randn(1, S, kv_heads, head_dim).requires_grad_() for _ in range(2))
-        b = randn(1, heads, S).requires_grad_() if bias else None
+        b = torch.randn(1, heads, S).requires_grad_() if bias else None  # (fp32, as a model's key bias)
         kwargs = dict(bias=b, key_padding_mask=torch.arange(S)[None] < S - 3 if pad else None,
                       keep_window=5 if window else None, document_ids=(torch.arange(S)[None] // 7) if docs else None)
         out = attention(q, k, v, backend="triton", **kwargs)
@@ -287,23 +322,58 @@ def test_every_variant_compiled_is_one_the_wrappers_launch(table, monkeypatch):
         with torch.no_grad():  # one query: the decoding step's kernel (which takes no documents)
             attention(q[:, -1:], k, v, backend="triton", causal=False, **{**kwargs, "document_ids": None})
     M, mix_heads, top, rows, width = 3, 2, 3, 20, 512  # the retrieval mixer's gather-and-mix
-    x, down, up = (randn(n, width).requires_grad_() for n in (M, rows, rows))
+    x = randn(M, width).requires_grad_()
+    down, up = (torch.randn(rows, width).requires_grad_() for _ in range(2))  # (fp32: a model's parameters)
     weights = torch.rand(M, mix_heads, top, dtype=inputs, requires_grad=True)
     y = expert_mix(x, torch.randint(0, rows, (M, mix_heads, top)), weights, down, up, act="silu", backend="triton")
     torch.autograd.grad(y.float().square().sum(), [x, weights, down, up])
 
-    pointers = {"*fp32": torch.float32, "*i32": torch.int32, "*i8": torch.int8, "*i64": torch.int64}
-
-    def as_launched(case) -> bool:
-        wanted = {**case.constexprs, **case.options}
-        typed = {**{name: pointers.get(t) for name, t in case.types.items()}, **{name: inputs for name in case.data}}
-        return any(all(k in kw and kw[k] == v for k, v in wanted.items())
-                   and all(typed.get(name) == launched_dtype for name, launched_dtype in dtypes.items())
-                   for kw, dtypes in launched.get(id(case.kernel), []))
-
     missing = [f"{case.name}: {case.constexprs} {case.options} {case.data} {case.types}" for case in compiled
-               if not as_launched(case)]
+               if not any(is_launch(case, kwargs, dtypes, inputs) for kwargs, dtypes in launched.get(id(case.kernel), []))]
     assert not missing, "compiled, never launched:\n" + "\n".join(missing)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # (fp16's masked scores)
+def test_every_launch_a_model_makes_under_mixed_precision_is_a_variant_compiled(monkeypatch):
+    """The other way round, from the models: under mixed precision (``bf16-mixed``, the GPU recipes' precision), the
+    activations reach the kernels in bf16 but what a parameter makes stays fp32 — the SSD's Δ (its bias is fp32), the
+    key biases (from fp32 ``A``), the retrieval experts' rows — and a variant compiled with those pointers in bf16 is
+    one no run launches. A hybrid (the SSD at P 32, N 64; Doge's attention with a key window and its exp-content bias,
+    GQA 4:1; plain attention) trains a step and decodes two tokens, and CDMoE at width 512 mixes forward and back,
+    under fp16 autocast (the interpreter has no bf16) with CUDA's sm_90 launch tables for bf16 forced on. Every
+    kernel launch must be a variant the check compiles: tiles, warps, stages and pointer types equal. The on/off
+    switches aside: the check compiles the variants with every option on (and the other way round is the test above)."""
+    pytest.importorskip("triton")
+    from functools import partial
+
+    import torch
+
+    from components import CDMoE, SSD, HybridLM, InnerFuncAttention, QCAttention
+    from recipes.benchmarks.compile_check import cases
+
+    compiled = cases("bf16", head_dim=32, ssd_shape=(32, 64))
+    launched = record_launches(monkeypatch, compiled)
+    force_cuda_tables(monkeypatch, torch.bfloat16)
+    torch.manual_seed(0)
+    mixers = {"S": partial(SSD, head_dim=32, d_state=64, chunk_size=64, backend="triton"),
+              "I": partial(InnerFuncAttention, n_heads=4, n_kv_heads=1, inner="linear", mask="content_exp",
+                           keep_window=8, backend="triton"),
+              "A": partial(QCAttention, n_heads=4, n_kv_heads=1, backend="triton")}
+    model = HybridLM(64, 128, "SM IM AM", mixers)
+    moe = CDMoE(512, n_experts=64, n_heads=2, top_k=4, backend="triton")
+    ids = torch.randint(0, 64, (1, 21))
+    with torch.autocast("cpu", dtype=torch.float16):
+        model(ids).float().logsumexp(-1).sum().backward()
+        model.eval()
+        with torch.no_grad():
+            model.generate(ids[:, :11], max_new_tokens=2)
+        moe(torch.randn(1, 9, 512)).float().square().sum().backward()
+    kernels = {id(case.kernel): case.kernel.fn.__name__ for case in compiled}
+    assert launched.keys() == kernels.keys(), "the models launch every kernel the check compiles"
+    missing = [f"{kernels[key]}: {kwargs} {dtypes}" for key, launches in launched.items() for kwargs, dtypes in launches
+               if not any(is_launch(case, kwargs, dtypes, torch.float16, switches=False)
+                          for case in compiled if id(case.kernel) == key)]
+    assert not missing, "launched by a model, not compiled:\n" + "\n".join(missing)
 
 
 def test_a_failures_reason_fits_one_table_cell():
