@@ -195,3 +195,40 @@ def test_without_a_gpu_the_doctor_says_it_times_nothing(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "backend 'auto' here: attention → triton, ssd_scan → reference" in out
     assert "(attention: torch's fused SDPA instead for one query, for no bias" in out
+
+
+def test_the_doctor_gives_each_op_the_dtypes_a_model_gives_it_under_mixed_precision(monkeypatch):
+    """The doctor checks each kernel at the dtypes a model calls it with under mixed precision: activations in the
+    half dtype, what a model makes from fp32 parameters in fp32 (``KEPT_FP32``). A hybrid with each op (the SSD with
+    D; Doge's attention with its bias; CDMoE) runs forward and back under fp16 autocast, every call of the three ops
+    recorded with its floating arguments' dtypes: those in fp32 are each op's ``KEPT_FP32``, the others fp16."""
+    import inspect
+    from functools import partial
+
+    import components.context
+    import components.sequence.ssd
+    import components.state.cdmoe
+    from components import CDMoE, SSD, HybridLM, InnerFuncAttention
+
+    calls: dict[str, list[dict]] = {}
+    for module, name in ((components.sequence.ssd, "ssd_scan"), (components.context, "attention"),
+                         (components.state.cdmoe, "expert_mix")):
+        def recording(*args, _fn=getattr(module, name), _name=name, **kwargs):
+            bound = inspect.signature(_fn).bind(*args, **kwargs).arguments
+            calls.setdefault(_name, []).append({k: v.dtype for k, v in bound.items()
+                                                if isinstance(v, torch.Tensor) and v.is_floating_point()})
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recording)
+    torch.manual_seed(0)
+    mixers = {"S": partial(SSD, head_dim=8, d_state=8, chunk_size=8, d_skip=True, backend="reference"),
+              "I": partial(InnerFuncAttention, n_heads=2, mask="content_exp", backend="reference"),
+              "E": partial(CDMoE, n_experts=16, n_heads=2, top_k=2, key_dim=8, backend="reference")}
+    model = HybridLM(32, 16, "SE IE", mixers)
+    with torch.autocast("cpu", dtype=torch.float16):
+        model(torch.randint(0, 32, (2, 11))).float().logsumexp(-1).sum().backward()
+    assert calls.keys() == doctor.KEPT_FP32.keys()
+    for op, seen in calls.items():
+        for dtypes in seen:
+            assert {k for k, d in dtypes.items() if d == torch.float32} == doctor.KEPT_FP32[op], (op, dtypes)
+            assert {d for k, d in dtypes.items() if k not in doctor.KEPT_FP32[op]} == {torch.float16}, (op, dtypes)
