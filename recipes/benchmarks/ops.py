@@ -11,7 +11,7 @@ meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs for at
 convention, and 3 × for the SSD, whose backward makes twice its forward's), and peak memory above the inputs
 (CUDA only). Optional baselines are used when installed and named when missing: mamba_ssm's
 ``mamba_chunk_scan_combined`` (SSD) and flash-dmattn (attention with a dynamic mask). Shapes: SSD ``B=4, H=32,
-P=64, N=128, chunk 256``; attention ``B=4, H=16, D=64, causal`` (``--head-dim``); CDMoE retrieval
+P=64, N=128, chunk 256`` with the ``D`` skip (Mamba-2's layer passes it); attention ``B=4, H=16, D=64, causal`` (``--head-dim``); CDMoE retrieval
 ``n_experts=65536, top_k=16, heads=4``; a decoding step's attention (``decode``: one query against ``T`` cached keys,
 GQA 4:1, D 128, batch 1 and 2 × ``--batch``). Sizes follow the device: on a GPU, T = 1024 … 8192 and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alone is ``B·H·T²`` floats:
 16 GiB at GPU sizes). The inputs' dtypes are those a model launches under mixed precision (``bf16-mixed``):
@@ -141,24 +141,26 @@ def profiled_rows(cases: list[tuple[str, object, list[torch.Tensor]]], T: int, r
 
 def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int, profile: int = 0) -> Iterator[str]:
     H, P, N, L = 32, 64, 128, 256
-    yield from [f"SSD, B={B}, H={H}, P={P}, N={N}, chunk {L}, {dtype}:", "", HEADER]
+    yield from [f"SSD, B={B}, H={H}, P={P}, N={N}, chunk {L}, with D, {dtype}:", "", HEADER]
     have_mamba = importlib.util.find_spec("mamba_ssm") is not None
     for T in lengths:
         x = torch.randn(B, T, H, P, device=device, dtype=dtype, requires_grad=True)
         dt = F.softplus(torch.randn(B, T, H, device=device) - 3).requires_grad_()  # fp32, as a model's (Δ's bias is)
         A = (-torch.exp(torch.rand(H, device=device))).requires_grad_()
         Bm, Cm = (torch.randn(B, T, 1, N, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
-        ins = [x, dt, A, Bm, Cm]
-        cases = {"reference (chunked torch)": lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, backend="reference")}
+        D = torch.randn(H, device=device, requires_grad=True)  # the skip, as Mamba-2's layer passes it (fp32)
+        ins = [x, dt, A, Bm, Cm, D]
+        cases = {"reference (chunked torch)": lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, D=D, backend="reference")}
         if use_triton:
-            cases["triton"] = lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, backend="triton")
+            cases["triton"] = lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, D=D, backend="triton")
             # the kernels alone, as mamba_ssm's row: without the passes that take out non-finite inputs
-            cases["triton, check_finite=False"] = lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, backend="triton",
+            cases["triton, check_finite=False"] = lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, D=D, backend="triton",
                                                                    check_finite=False)
         if have_mamba:
             from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
-            cases["mamba_ssm mamba_chunk_scan_combined"] = lambda: mamba_chunk_scan_combined(x, dt, A, Bm, Cm, chunk_size=L)
+            cases["mamba_ssm mamba_chunk_scan_combined"] = lambda: mamba_chunk_scan_combined(x, dt, A, Bm, Cm, chunk_size=L,
+                                                                                             D=D)
         for name, fn in cases.items():
             yield row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats),
                       ssd_flops(B, T, H, P, N, L), passes=3)

@@ -80,9 +80,10 @@ KERNELS = {"y": ("_chunk_scan",), "dx": ("_chunk_scan_reverse",), "pairs": ("_lo
 
 
 def results(inputs: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
-    """The kernel's output and the gradients of x, dt, A, B and C for a fixed random ``dy``."""
+    """The kernel's output and the gradients of x, dt, A, B, C and D (``inputs`` in that order) for a fixed random
+    ``dy``."""
     leaves = [t.detach().requires_grad_() for t in inputs]
-    y = ssd_scan(*leaves, chunk_size=chunk, backend="triton")
+    y = ssd_scan(*leaves[:5], chunk_size=chunk, D=leaves[5], backend="triton")
     dy = torch.randn(y.shape, generator=torch.Generator(y.device).manual_seed(1), device=y.device, dtype=y.dtype)
     return [y.detach().float(), *(g.float() for g in torch.autograd.grad(y, leaves, dy))]
 
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     dt = F.softplus(torch.randn(B, T, H, device=args.device) - 3)  # fp32, as a model's (Δ's bias is an fp32 parameter)
     A = -torch.exp(torch.rand(H, device=args.device))
     Bm, Cm = (torch.randn(B, T, 1, N, device=args.device, dtype=dtype) for _ in range(2))
-    inputs = [t.requires_grad_() for t in (x, dt, A, Bm, Cm)]
+    D = torch.randn(H, device=args.device)  # the skip, as Mamba-2's layer passes it (fp32: a parameter)
+    inputs = [t.requires_grad_() for t in (x, dt, A, Bm, Cm, D)]
 
     def forward(fn):
         with torch.no_grad():
@@ -130,13 +132,13 @@ def main(argv: list[str] | None = None) -> None:
             t.grad = None
         fn().float().sum().backward()
 
-    ours = lambda: ssd_scan(*inputs, chunk_size=L, backend="triton")  # noqa: E731
+    ours = lambda: ssd_scan(*inputs[:5], chunk_size=L, D=D, backend="triton")  # noqa: E731
     print(f"# {device}, torch {torch.__version__}; B {B}, T {T}, H {H}, P {P}, N {N}, chunk {L}, {dtype}; "
           f"median of {args.repeats}")
     if cuda and not args.no_mamba and importlib.util.find_spec("mamba_ssm") is not None:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
-        theirs = lambda: mamba_chunk_scan_combined(*inputs, chunk_size=L)  # noqa: E731
+        theirs = lambda: mamba_chunk_scan_combined(*inputs[:5], chunk_size=L, D=D)  # noqa: E731
         mamba_ms = median_ms(lambda: both(theirs), args.repeats, warmup)
         print(f"mamba_chunk_scan_combined: {median_ms(lambda: forward(theirs), args.repeats, warmup):.2f} ms forward, "
               f"{mamba_ms:.2f} fwd+bwd")
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     # what mamba_ssm's row compares with, and what each candidate is timed as: the kernels alone, without ssd_scan's
     # passes that take out non-finite inputs and put their reach back (the SSD layer keeps them; they do not depend
     # on the tiles, and would only add their noise to every row)
-    bare = lambda: ssd_scan(*inputs, chunk_size=L, backend="triton", check_finite=False)  # noqa: E731
+    bare = lambda: ssd_scan(*inputs[:5], chunk_size=L, D=D, backend="triton", check_finite=False)  # noqa: E731
     base = (median_ms(lambda: forward(bare), args.repeats, warmup), median_ms(lambda: both(bare), args.repeats, warmup))
     print(f"current, check_finite=False: {base[0]:.2f} ms forward, {base[1]:.2f} fwd+bwd")
     own = lambda kernel, keys: lambda values: {kernel: dict(zip(keys, values))}  # noqa: E731  a kernel's own tiles

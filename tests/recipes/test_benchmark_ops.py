@@ -217,9 +217,9 @@ def test_the_public_baselines_get_the_rows_inputs_when_installed(monkeypatch):
 
     calls = {}
 
-    def chunk_scan(x, dt, A, B, C, chunk_size):
-        calls["mamba"] = (x, dt, A, B, C, chunk_size)
-        return ssd_scan_op(x, dt, A, B, C, chunk_size=chunk_size, backend="reference")
+    def chunk_scan(x, dt, A, B, C, chunk_size, D):
+        calls["mamba"] = (x, dt, A, B, C, chunk_size, D)
+        return ssd_scan_op(x, dt, A, B, C, chunk_size=chunk_size, D=D, backend="reference")
 
     def dmattn(q, k, v, attn_bias, is_causal):
         calls["dmattn"] = (attn_bias, is_causal)
@@ -242,10 +242,10 @@ def test_the_public_baselines_get_the_rows_inputs_when_installed(monkeypatch):
 
     lines = list(ops.bench_ssd([40], "cpu", torch.float32, 1, True, B=2))
     assert any(line.startswith("| mamba_ssm mamba_chunk_scan_combined | 40 | 1.00 |") for line in lines)
-    x, dt, A, B, C, chunk = calls["mamba"]
-    assert (x.shape, dt.shape, A.shape, B.shape, C.shape, chunk) == ((2, 40, 32, 64), (2, 40, 32), (32,),
-                                                                     (2, 40, 1, 128), (2, 40, 1, 128), 256)
-    assert x.grad is not None and ops.MAMBA_MISSING not in lines
+    x, dt, A, B, C, chunk, D = calls["mamba"]
+    assert (x.shape, dt.shape, A.shape, B.shape, C.shape, chunk, D.shape) == ((2, 40, 32, 64), (2, 40, 32), (32,),
+                                                                              (2, 40, 1, 128), (2, 40, 1, 128), 256, (32,))
+    assert x.grad is not None and D.grad is not None and ops.MAMBA_MISSING not in lines
 
     lines = list(ops.bench_attention([24], "cpu", torch.float32, 1, True, B=2))
     assert any(line.startswith("| flash-dmattn (bias) | 24 | 1.00 |") for line in lines)
