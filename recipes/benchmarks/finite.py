@@ -45,8 +45,8 @@ def _fwd_bwd(fn, leaves: list[torch.Tensor]):
 
 
 def ssd_case(T: int, device: str, dtype: torch.dtype, check_finite: bool, seed: int = 0):
-    """``ssd_scan`` at ops' GPU shape (B 4, H 32, P 64, N 128, chunk 256) on CUDA; B 2, H 8, P 64, N 64, chunk 64 on
-    a CPU (a small model's layer)."""
+    """``ssd_scan`` with ``D`` at ops' GPU shape (B 4, H 32, P 64, N 128, chunk 256) on CUDA; B 2, H 8, P 64, N 64,
+    chunk 64 on a CPU (a small model's layer)."""
     cuda = device == "cuda"
     B, H, P, N, L = (4, 32, 64, 128, 256) if cuda else (2, 8, 64, 64, 64)
     g = torch.Generator(device).manual_seed(seed)
@@ -54,7 +54,8 @@ def ssd_case(T: int, device: str, dtype: torch.dtype, check_finite: bool, seed: 
     dt = F.softplus(torch.randn(B, T, H, device=device, generator=g) - 3).requires_grad_()  # fp32, as a model's
     A = -torch.exp(torch.rand(H, device=device, generator=g))
     Bm, Cm = (torch.randn(B, T, 1, N, device=device, dtype=dtype, generator=g, requires_grad=True) for _ in range(2))
-    return _fwd_bwd(lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, check_finite=check_finite), [x, dt, Bm, Cm])
+    D = torch.randn(H, device=device, generator=g, requires_grad=True)  # the skip, as Mamba-2's layer passes it
+    return _fwd_bwd(lambda: ssd_scan(x, dt, A, Bm, Cm, chunk_size=L, D=D, check_finite=check_finite), [x, dt, Bm, Cm, D])
 
 
 def attention_case(T: int, device: str, dtype: torch.dtype, check_finite: bool, seed: int = 0):
