@@ -232,3 +232,16 @@ def test_the_doctor_gives_each_op_the_dtypes_a_model_gives_it_under_mixed_precis
         for dtypes in seen:
             assert {k for k, d in dtypes.items() if d == torch.float32} == doctor.KEPT_FP32[op], (op, dtypes)
             assert {d for k, d in dtypes.items() if k not in doctor.KEPT_FP32[op]} == {torch.float16}, (op, dtypes)
+
+    # and the doctor's check hands the kernel (and the references) those dtypes
+    for op, shape, fn, inputs in doctor.cases(False, "cpu"):
+        given = []
+
+        def spy(backend, _fn=fn, **a):
+            if not any(v.dtype == torch.float64 for v in a.values()):  # (the float64 reference aside)
+                given.append({k: v.dtype for k, v in a.items() if v.is_floating_point()})
+            return _fn(backend=backend, **a)
+
+        doctor.check(op, shape, spy, inputs, torch.float16)
+        kept = doctor.KEPT_FP32[op] & inputs.keys()
+        assert len(given) == 2 and all({k for k, d in dtypes.items() if d == torch.float32} == kept for dtypes in given), op
