@@ -6,8 +6,9 @@
 
 For each kernel (``attention``, its decoding step, ``ssd_scan``, ``expert_mix``) and dtype it runs the Triton
 kernel and the plain-torch reference on the same inputs — activations in that dtype, what a model makes from fp32
-parameters in fp32, as mixed precision launches them (``KEPT_FP32``) — and compares both with the reference in float64: the
-output and the gradient of every floating input (the decoding step: its output; it has no backward). A kernel passes when its error is at most ``FACTOR`` × the
+parameters in fp32, as mixed precision launches them (``KEPT_FP32``) — and compares both with the reference in
+float64: the output and the gradient of every floating input (the decoding step: its output; it has no backward).
+A kernel passes when its error is at most ``FACTOR`` × the
 reference's own error in that dtype, plus a floor (flash-attention's rule: a kernel may round differently,
 not worse). TF32 is taken where torch's fp32 matmuls take it (:func:`kernels._backend.dot_precision`), so the
 reference rounds the same way and the rule holds either way.

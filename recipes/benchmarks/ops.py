@@ -11,8 +11,8 @@ meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs for at
 convention, and 3 × for the SSD, whose backward makes twice its forward's), and peak memory above the inputs
 (CUDA only). Optional baselines are used when installed and named when missing: mamba_ssm's
 ``mamba_chunk_scan_combined`` (SSD) and flash-dmattn (attention with a dynamic mask). Shapes: SSD ``B=4, H=32,
-P=64, N=128, chunk 256`` with the ``D`` skip (Mamba-2's layer passes it); attention ``B=4, H=16, D=64, causal`` (``--head-dim``); CDMoE retrieval
-``n_experts=65536, top_k=16, heads=4``; a decoding step's attention (``decode``: one query against ``T`` cached keys,
+P=64, N=128, chunk 256`` with the ``D`` skip (Mamba-2's layer passes it); attention ``B=4, H=16, D=64, causal``
+(``--head-dim``); CDMoE retrieval ``n_experts=65536, top_k=16, heads=4``; a decoding step's attention (``decode``: one query against ``T`` cached keys,
 GQA 4:1, D 128, batch 1 and 2 × ``--batch``). Sizes follow the device: on a GPU, T = 1024 … 8192 and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alone is ``B·H·T²`` floats:
 16 GiB at GPU sizes). The inputs' dtypes are those a model launches under mixed precision (``bf16-mixed``):
 activations in the benchmark's dtype, what a model makes from fp32 parameters in fp32 (the SSD's Δ, attention's
