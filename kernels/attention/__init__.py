@@ -30,7 +30,8 @@ def attention(
     Args:
         q: ``[B, T, H, D]`` queries.
         k, v: ``[B, S, H_kv, D]`` keys and values; ``H`` must be a multiple of ``H_kv`` (GQA).
-        bias: ``[B, H, S]`` added to every query's score for key ``j`` (one value per head and key).
+        bias: ``[B, H, S]`` added to every query's score for key ``j`` (one value per head and key), rounded to
+            ``q``'s dtype first (its gradient comes back in the bias's own dtype).
         causal: query ``i`` sees keys ``j <= S - T + i`` (bottom-right aligned, so decoding works).
         key_padding_mask: ``[B, S]`` bool, True where the key is padding (never attended to).
         keep_window: keep, per query, only the ``keep_window`` allowed keys with the largest bias
@@ -53,6 +54,11 @@ def attention(
     _check_arguments(q, k, v, bias, key_padding_mask, keep_window)
     if document_ids is not None:
         _check_documents(document_ids, q, k)
+    # The bias in the activations' dtype, for every backend: the window's selection and the scores see the same values
+    # whichever runs. Under mixed precision a model's bias is fp32 (made from fp32 parameters); read in fp32 by the
+    # Triton kernels, the forward took 255 registers and spilled 688-824 bytes a thread at head dim 128 on sm_90 (225
+    # and none in bf16), the decoding step 16 (compile_check, 2026-12-03). (fp16 holds no bias above 65504: use bf16.)
+    bias = bias.to(q.dtype) if bias is not None else None
     # Non-finite keys, values or biases are taken out and their reach put back as NaN (kernels/_finite.py):
     # inside the kernels a masked key is multiplied by a zero probability, and 0 · NaN would reach every query.
     reach = None

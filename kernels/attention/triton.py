@@ -220,10 +220,6 @@ def attention_triton(q, k, v, *, bias=None, causal=True, key_padding_mask=None, 
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     _check_index_range(q, k, v)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
-    # The bias in the activations' dtype, rounded as the reference rounds it. Under mixed precision a model's bias is
-    # fp32 (made from fp32 parameters); read in fp32, the forward took 255 registers and spilled 688-824 bytes a thread
-    # at head dim 128 on sm_90 (225 and none in bf16), and the decoding step spilled 16 (compile_check, 2026-12-03).
-    bias = bias.to(q.dtype) if bias is not None else None
     if q.shape[1] == 1 and document_ids is None and not needs_grad:  # a decoding step: the keys split across programs
         from kernels.attention.decode import attention_decode_triton
 

@@ -183,3 +183,19 @@ def test_ssd_fp16_with_hoppers_switches(docs, monkeypatch):
     assert_rule(run("triton"), run("reference"), inputs, factor=2.5)
     assert any(s is not None for s in scores)  # the fp16 calls' (their fp32 references take no kernel)
     assert {out.dtype for out, _ in states} == {HALF} and {final.dtype for _, final in states} == {torch.float32}
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_an_fp32_bias_beside_fp16_activations_is_rounded_first_the_window_included(backend):
+    """Mixed precision gives attention an fp32 bias (made from fp32 parameters) beside half activations. Every
+    backend rounds it to the activations' dtype first, so the key window ranks the values the scores add: here odd
+    keys lead by 2^-12 in fp32, a lead fp16 rounds away, and with it the window keeps the most recent keys, not the
+    most recent odd ones — on either backend, exactly as if the bias had come in fp16."""
+    torch.manual_seed(0)
+    T, D = 12, 16
+    q, k, v = (torch.randn(1, T, 1, D, device=DEVICE).half() for _ in range(3))
+    bias = 1.0 + (torch.arange(T, device=DEVICE) % 2).float().view(1, 1, T) * 2.0**-12  # [1, 1, T]
+    assert bias.half().unique().numel() == 1 and bias.unique().numel() == 2
+    run = lambda b, be=backend: attention(q, k, v, bias=b, keep_window=2, backend=be)  # noqa: E731
+    torch.testing.assert_close(run(bias), run(bias.half()), rtol=0, atol=0)
+    torch.testing.assert_close(run(bias).float(), run(bias.half(), "reference").float(), rtol=2e-3, atol=2e-3)
