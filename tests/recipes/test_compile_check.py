@@ -339,7 +339,8 @@ def test_every_launch_a_model_makes_under_mixed_precision_is_a_variant_compiled(
     activations reach the kernels in bf16 but what a parameter makes stays fp32 — the SSD's Δ (its bias is fp32), the
     key biases (from fp32 ``A``), the retrieval experts' rows — and a variant compiled with those pointers in bf16 is
     one no run launches. A hybrid (the SSD at P 32, N 64; Doge's attention with a key window and its exp-content bias,
-    GQA 4:1; plain attention) trains a step and decodes two tokens, and CDMoE at width 512 mixes forward and back,
+    GQA 4:1; plain attention) trains a step, with left padding too, and decodes two tokens; the SSD and plain attention
+    train on a row of two packed documents; and CDMoE at width 512 mixes forward and back,
     under fp16 autocast (the interpreter has no bf16) with CUDA's sm_90 launch tables for bf16 forced on. Every
     kernel launch must be a variant the check compiles: tiles, warps, stages and pointer types equal. The on/off
     switches aside: the check compiles the variants with every option on (and the other way round is the test above)."""
@@ -355,21 +356,29 @@ def test_every_launch_a_model_makes_under_mixed_precision_is_a_variant_compiled(
     launched = record_launches(monkeypatch, compiled)
     force_cuda_tables(monkeypatch, torch.bfloat16)
     torch.manual_seed(0)
-    mixers = {"S": partial(SSD, head_dim=32, d_state=64, chunk_size=64, backend="triton"),
+    mixers = {"S": partial(SSD, head_dim=32, d_state=64, chunk_size=64, d_skip=True, backend="triton"),
               "I": partial(InnerFuncAttention, n_heads=4, n_kv_heads=1, inner="linear", mask="content_exp",
                            keep_window=8, backend="triton"),
               "A": partial(QCAttention, n_heads=4, n_kv_heads=1, backend="triton")}
     model = HybridLM(64, 128, "SM IM AM", mixers)
     moe = CDMoE(512, n_experts=64, n_heads=2, top_k=4, backend="triton")
     ids = torch.randint(0, 64, (1, 21))
+    packed = HybridLM(64, 128, "SM AM", {name: mixers[name] for name in "SA"})  # (documents take no key window)
+    documents = (torch.arange(21) >= 8).long()[None]  # two documents in the row
+    padding = torch.arange(21)[None] < 4  # left padding
     with torch.autocast("cpu", dtype=torch.float16):
         model(ids).float().logsumexp(-1).sum().backward()
+        model(ids, padding_mask=padding).float().logsumexp(-1).sum().backward()
+        packed(ids, document_ids=documents).float().logsumexp(-1).sum().backward()
         model.eval()
         with torch.no_grad():
             model.generate(ids[:, :11], max_new_tokens=2)
         moe(torch.randn(1, 9, 512)).float().square().sum().backward()
     kernels = {id(case.kernel): case.kernel.fn.__name__ for case in compiled}
     assert launched.keys() == kernels.keys(), "the models launch every kernel the check compiles"
+    named = ("HAS_DOCS", "HAS_PAD", "HAS_WINDOW", "HAS_BIAS")  # each switch seen on and off; the SSD's D on
+    assert {(name, value) for name in named for value in (True, False)} | {("HAS_D", True)} <= {
+        (name, value) for launches in launched.values() for kwargs, _ in launches for name, value in kwargs.items()}
     missing = [f"{kernels[key]}: {kwargs} {dtypes}" for key, launches in launched.items() for kwargs, dtypes in launches
                if not any(is_launch(case, kwargs, dtypes, torch.float16, switches=False)
                           for case in compiled if id(case.kernel) == key)]
