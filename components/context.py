@@ -81,6 +81,9 @@ class Context:
             return attention(q, heads(k, v.shape[2]), v, bias=bias, causal=True, key_padding_mask=self.padding_mask,
                              keep_window=keep_window, document_ids=self.document_ids, backend=backend)
         T, H = q.shape[1], q.shape[2]
+        # rounded as attention() rounds it, before the finite pass and the cache: each entry once, not the whole
+        # cached bias at every step
+        bias = bias.to(q.dtype) if bias is not None else None
         state = self.cache.state(owner)
         reach = None  # [B, T, H]: True where a non-finite key, value or bias reaches the output
         if "nonfinite" in state or not self._known_finite(k, v, bias):
