@@ -44,7 +44,7 @@ def check_mixer_input(owner: str, x, d_model: int, weight, *, sequence: bool) ->
     (state mixers), in the parameters' dtype unless autocast decides the dtypes."""
     import torch
 
-    from kernels._backend import autocast_dtype
+    from zoo_kernels._backend import autocast_dtype
 
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{owner}: the input must be a tensor; got {type(x).__name__}")

@@ -7,8 +7,8 @@ import torch
 
 from components.cache import InferenceCache
 from components.rotary import RotaryEmbedding
-from kernels._finite import poison, seen_so_far, split_finite
-from kernels.attention import attention, document_runs
+from zoo_kernels._finite import poison, seen_so_far, split_finite
+from zoo_kernels.attention import attention, document_runs
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Context:
         document_ids: ``[B, T]`` integers, for packed documents: no mixer lets a token see another
             document (attention keeps to the document, the SSD's state and conv restart at its start);
             None: each row is one sequence. A document is a run of equal ids; they are stored renumbered
-            0, 1, … per run (:func:`kernels.attention.document_runs`), so an id that comes back after
+            0, 1, … per run (:func:`zoo_kernels.attention.document_runs`), so an id that comes back after
             another is a new document for every mixer.
     """
 
@@ -68,7 +68,7 @@ class Context:
         over every cached one too (this call's are appended to the cache first). Keys with fewer heads than
         the values are repeated to the values' heads (InnerFuncAttention); the kernel repeats both to ``H``.
 
-        Decoding keeps the non-finite bookkeeping of :func:`kernels.attention.attention` per token instead of
+        Decoding keeps the non-finite bookkeeping of :func:`zoo_kernels.attention.attention` per token instead of
         per step: each entry is cleaned once, as it enters the cache, and the cache remembers which heads of
         each sequence have met a non-finite key, value or bias — so a step costs ``O(T)`` checks, not ``O(S)``.
         On a CPU, a call whose entries are all finite, in a cache that has met none, skips that bookkeeping (about a

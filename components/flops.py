@@ -34,7 +34,7 @@ def attention_flops_per_token(seq_len: int, n_heads: int, head_dim: int) -> int:
 
 
 def ssd_flops_per_token(seq_len: int, chunk: int, heads: int, groups: int, head_dim: int, d_state: int) -> float:
-    """The chunked SSD's products (kernels/ssd/README.md): inside each chunk ``C·Bᵀ`` (per group) and its
+    """The chunked SSD's products (zoo_kernels/ssd/README.md): inside each chunk ``C·Bᵀ`` (per group) and its
     product with ``x``, each chunk's state, the recurrence over chunk states, and each position's read-out."""
     chunks = -(-seq_len // chunk)
     padded = chunks * chunk

@@ -13,7 +13,7 @@ from torch.overrides import TorchFunctionMode
 from components.cache import InferenceCache
 from components._checks import check_flags
 from components.context import Context
-from kernels._backend import autocast_dtype
+from zoo_kernels._backend import autocast_dtype
 
 STATIC_CAPACITY = 64
 """A compiled step's cache capacity is rounded up to a multiple of this, so that prompts of nearby lengths

@@ -22,7 +22,7 @@ from components.bindings import MixerFactory
 from components.flops import forward_flops_per_token
 from components.model import HybridLM, count_active_parameters, count_parameters
 from components.sizing import SizeTarget, describe_size, sized_mixers
-from kernels.linear_cross_entropy import IGNORE_INDEX, linear_cross_entropy
+from zoo_kernels.linear_cross_entropy import IGNORE_INDEX, linear_cross_entropy
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, consolidate_hint, is_sharded_checkpoint,
                                  load_checkpoint, load_weights)
 from recipes.data.corpus import tokenizer_problem
@@ -70,7 +70,7 @@ class LanguageModel(L.LightningModule):
     no host sync); ``"labelled"`` gathers the labelled positions first, which saves memory when few
     carry a label and the vocabulary is large (MQAR), at the price of one host sync per step.
     Evaluation always gathers. The training loss never writes the logits whole: the head and the
-    cross-entropy run together, a chunk of rows at a time (:mod:`kernels.linear_cross_entropy`).
+    cross-entropy run together, a chunk of rows at a time (:mod:`zoo_kernels.linear_cross_entropy`).
     Model arguments are those of ``HybridLM`` (``vocab_size`` is normally linked from the data module
     by the CLI).
 
@@ -252,7 +252,7 @@ class LanguageModel(L.LightningModule):
     def training_loss(self, batch: dict) -> torch.Tensor:
         """The mean cross-entropy over the labelled positions, computed as ``loss_positions`` says.
 
-        The head and the loss go together through :func:`kernels.linear_cross_entropy`, which never writes
+        The head and the loss go together through :func:`zoo_kernels.linear_cross_entropy`, which never writes
         the ``[B, T, V]`` logits — except under FSDP2, which gathers the head's weight only around the head's
         own ``forward``, or with a head that is not a bias-free ``nn.Linear``: those take the plain form."""
         labels = batch["labels"]  # [B, T]

@@ -15,7 +15,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 # Without a GPU the Triton kernels run in Triton's interpreter, which must be chosen before triton is first
 # imported (it decides then how triton.language's own functions run): here, before any test module imports
-# anything that might import it (tests/kernels/conftest.py says the same, for runs of that folder alone).
+# anything that might import it (tests/zoo_kernels/conftest.py says the same, for runs of that folder alone).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

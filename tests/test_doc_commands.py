@@ -25,7 +25,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # The scripts too: a stale flag in the GPU suite costs a lent GPU's time.
 SCRIPTS = [ROOT / ".ci" / "run", *sorted((ROOT / "recipes").rglob("*.sh"))]
 # And each module's docstring, which its --help prints.
-MODULES = sorted(path for package in ("recipes", "kernels", "components") for path in (ROOT / package).rglob("*.py"))
+MODULES = sorted(path for package in ("recipes", "zoo_kernels", "components") for path in (ROOT / package).rglob("*.py"))
 LIGHTNING = SUBCOMMANDS  # `python -m recipes SUB`: LightningCLI (jsonargparse)
 # Recipe names the docs use for the reader's own file, not a bundled one.
 PLACEHOLDER_CONFIGS = {"my_recipe.yaml", "my.yaml", "mine.yaml", "model.yaml", "C.yaml", "NAME.yaml", "FILE.yaml",
@@ -63,7 +63,7 @@ def shown_commands() -> list[tuple[str, list[str]]]:
 
 
 COMMANDS = [(where, tokens) for where, tokens in shown_commands()
-            if tokens and tokens[0].split(".")[0] in ("recipes", "kernels")]
+            if tokens and tokens[0].split(".")[0] in ("recipes", "zoo_kernels")]
 
 
 class _Parser(Exception):
@@ -135,7 +135,7 @@ def flags_of(tokens: list[str]) -> list[str]:
 
 def test_the_docs_show_commands_of_every_kind():
     modules = {tokens[0] for _, tokens in COMMANDS}
-    assert {"recipes", "recipes.sweep", "recipes.benchmarks.models", "kernels.doctor"} <= modules
+    assert {"recipes", "recipes.sweep", "recipes.benchmarks.models", "zoo_kernels.doctor"} <= modules
     assert len(COMMANDS) > 150
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import components
-import kernels.attention
-import kernels.retrieval
-import kernels.ssd
+import zoo_kernels.attention
+import zoo_kernels.retrieval
+import zoo_kernels.ssd
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "kernels").glob("*/README.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "zoo_kernels").glob("*/README.md"))]
 
 
 def public_callables(*modules) -> dict:
@@ -23,7 +23,7 @@ def public_callables(*modules) -> dict:
             if callable(value) and not name.startswith("_")}
 
 
-NAMESPACE = public_callables(components, kernels.attention, kernels.retrieval, kernels.ssd)
+NAMESPACE = public_callables(components, zoo_kernels.attention, zoo_kernels.retrieval, zoo_kernels.ssd)
 CALL = re.compile(r"\b(\w+)\(([^()]*(?:\([^()]*\)[^()]*)*)\)", flags=re.S)  # (one level of nested parentheses)
 
 

@@ -8,7 +8,7 @@ from components.context import Context
 from components.flops import attention_flops_per_token
 from components.norm import RMSNorm
 from components.rotary import apply_rotary
-from kernels._backend import check_backend
+from zoo_kernels._backend import check_backend
 
 
 class QueryKeyPositions(nn.Module):

@@ -24,7 +24,7 @@ from components.context import Context
 from components.flops import attention_flops_per_token
 from components.sequence.attention import QueryKeyPositions
 from components.sequence.ssd import SSD
-from kernels._backend import check_backend
+from zoo_kernels._backend import check_backend
 
 
 class LinearValue(nn.Linear):

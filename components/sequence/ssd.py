@@ -14,8 +14,8 @@ from components._checks import check_choice, check_divisible, check_flags, check
 from components.context import Context
 from components.norm import GroupedRMSNorm, at_least_fp32
 from components.rotary import apply_rotary
-from kernels._backend import check_backend
-from kernels.ssd import REFERENCE_CHUNK, ssd_scan, ssd_step
+from zoo_kernels._backend import check_backend
+from zoo_kernels.ssd import REFERENCE_CHUNK, ssd_scan, ssd_step
 
 # ``positions`` (one string) named the sources before they were separate options: what each meant.
 POSITIONS = {"rope": {"conv": False, "rope": True}, "decay": {"conv": False, "rope": False},

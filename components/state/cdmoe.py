@@ -9,8 +9,8 @@ from components._checks import check_choice, check_flags, check_mixer_input, che
 from components.state.mlp import ACTIVATIONS, MLP
 from components.norm import at_least_fp32
 from components.state.router import ForwardRecords, assignment_load, token_mean, valid_tokens
-from kernels._backend import check_backend
-from kernels.retrieval import expert_mix, product_key_topk
+from zoo_kernels._backend import check_backend
+from zoo_kernels.retrieval import expert_mix, product_key_topk
 
 CROSS_DOMAIN = ("sequential", "parallel")
 
@@ -26,7 +26,7 @@ class CDMoE(ForwardRecords, nn.Module):
         y    = φ(x) + Σ_heads Σ_k w · act(⟨r, down_e⟩) · up_e
 
     The product keys find the best of ``N = n_a·n_b`` experts at a cost in ``n_a + n_b``
-    (:func:`kernels.retrieval.product_key_topk`); ``N`` need not be a square (Cheems: 3072 = 48 × 64).
+    (:func:`zoo_kernels.retrieval.product_key_topk`); ``N`` need not be a square (Cheems: 3072 = 48 × 64).
     The half scores come either from a query and two key tables per head (``key_dim`` set: ``q = r W_q``
     split in two halves of ``key_dim/2``, scored against ``[n_a]`` and ``[n_b]`` keys), or from one
     linear map of ``r`` to ``n_heads·(n_a + n_b)`` scores (``key_dim=None``, the released Doge models'

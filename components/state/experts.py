@@ -5,7 +5,7 @@ A bank maps routed tokens, sorted by expert, to the experts' outputs:
 ``ends [E]`` (int32) where each expert's rows end, and ``shared [R, ...]`` their rows of the state a
 cross-domain transform computed once per token (None when the MoE has no such transform). The
 :class:`~components.state.moe.MoE` engine sorts the assignments once and calls the bank once; every
-expert matmul is one :func:`kernels.grouped_matmul.grouped_matmul` over all experts, which reads
+expert matmul is one :func:`zoo_kernels.grouped_matmul.grouped_matmul` over all experts, which reads
 the group sizes on the device (no host sync, no Python loop over experts).
 
 Initialisation follows ``nn.Linear``'s default, ``U(±1/√fan_in)`` per expert.
@@ -18,7 +18,7 @@ from torch import nn
 
 from components._checks import check_choice, check_positive
 from components.state.mlp import ACTIVATIONS, GATES
-from kernels.grouped_matmul import grouped_matmul
+from zoo_kernels.grouped_matmul import grouped_matmul
 
 
 def _linear_init(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:

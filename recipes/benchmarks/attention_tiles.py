@@ -1,5 +1,5 @@
 """Tile search for the bias-attention kernels on this GPU: which tiles, warps and pipeline stages each of the
-three kernels (forward, dQ, dK/dV) should take — the evidence behind ``kernels.attention.triton.launch_config``.
+three kernels (forward, dQ, dK/dV) should take — the evidence behind ``zoo_kernels.attention.triton.launch_config``.
 
     python -m recipes.benchmarks.attention_tiles                          # D 64 and 128, T 4096, B 4, H 16, bf16
     python -m recipes.benchmarks.attention_tiles --head-dims 128 --length 8192
@@ -18,8 +18,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import attention
-from kernels.attention import triton as attention_triton
+from zoo_kernels.attention import attention
+from zoo_kernels.attention import triton as attention_triton
 from recipes.argtypes import positive_int
 from recipes.benchmarks.tile_search import add_device_option, device_of, trial
 from recipes.benchmarks.timing import median_ms

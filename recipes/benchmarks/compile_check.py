@@ -56,13 +56,13 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     ``head_dim`` and the SSD at ``ssd_shape = (P, N)``."""
     import torch
 
-    from kernels.attention import decode
-    from kernels.attention import triton as attention
-    from kernels.retrieval import triton as retrieval
-    from kernels.ssd import triton as ssd
+    from zoo_kernels.attention import decode
+    from zoo_kernels.attention import triton as attention
+    from zoo_kernels.retrieval import triton as retrieval
+    from zoo_kernels.ssd import triton as ssd
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    from kernels._backend import dot_precision
+    from zoo_kernels._backend import dot_precision
 
     dot = dot_precision()  # as the wrappers choose: torch's fp32 matmul precision
     out = []

@@ -1,5 +1,5 @@
 """What the non-finite bookkeeping costs: ``ssd_scan`` and ``attention`` forward+backward with their finite passes
-(the default, ``check_finite=True``: non-finite inputs taken out, their reach put back as NaN; kernels/_finite.py)
+(the default, ``check_finite=True``: non-finite inputs taken out, their reach put back as NaN; zoo_kernels/_finite.py)
 against the same call without them, in interleaved rounds so that a machine slowing down mid-run slows both alike.
 
     python -m recipes.benchmarks.finite                       # CPU: the plain-torch paths at training sizes
@@ -19,9 +19,9 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from kernels._finite import split_finite
-from kernels.attention import attention
-from kernels.ssd import ssd_scan
+from zoo_kernels._finite import split_finite
+from zoo_kernels.attention import attention
+from zoo_kernels.ssd import ssd_scan
 from recipes.argtypes import device, positive_int
 from recipes.benchmarks.timing import interleaved_seconds
 

@@ -59,7 +59,7 @@ case "$phase" in
         # for the backward, the per-group dC/dB kernels' N split — with mamba_ssm's row (its autotuning: about 80 s)
         # in the same process, so the winners' "together" line is the ratio the goal asks for; the winners' entries go
         # to OUT/ssd_winners.json where together they beat the current tiles
-        step kernel_tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 -rf tests/kernels
+        step kernel_tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 -rf tests/zoo_kernels
         step ssd_tiles16k 200 python3 -m recipes.benchmarks.ssd_tiles --length 16384 --sections order group_order keep \
             group --write-winners "$out/ssd_winners.json"
         # the SSD against mamba_ssm's mamba_chunk_scan_combined at 4K and 16K — on those winners where there are any
@@ -74,7 +74,7 @@ case "$phase" in
         step ssd_tiles 150 python3 -m recipes.benchmarks.ssd_tiles --length 4096 --sections rows y dx pair_tiles group \
             order group_order --no-mamba
         # with mamba_ssm on PYTHONPATH its timing row autotunes first: the doctor ran past 60 s on an H200 (2026-11-27)
-        step doctor 120 python3 -m kernels.doctor
+        step doctor 120 python3 -m zoo_kernels.doctor
         # one step each: a table prints when its op is done (the attention's search ran on 2026-11-26, docs/kernels.md)
         step ops_attention 45 python3 -m recipes.benchmarks.ops --ops attention --lengths 2048 4096 8192 16384 --repeats 5
         ;;

@@ -5,7 +5,7 @@
 
 Each config's model (as ``python -m recipes fit --config`` builds it) trains on one random batch of the recipe's
 shape (its ``batch_size`` × ``seq_len``): forward, ``LanguageModel.training_loss``, backward, AdamW. The two loss
-forms (:func:`kernels.linear_cross_entropy.linear_cross_entropy` and its written-out reference) alternate step by
+forms (:func:`zoo_kernels.linear_cross_entropy.linear_cross_entropy` and its written-out reference) alternate step by
 step in one process; the table gives the median step of each and their ratio (docs/performance.md).
 """
 
@@ -15,7 +15,7 @@ import warnings
 
 import torch
 
-from kernels.linear_cross_entropy import (
+from zoo_kernels.linear_cross_entropy import (
     linear_cross_entropy,
     linear_cross_entropy_reference,
 )

@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from recipes.argtypes import bounded, device, positive_int
 from recipes.benchmarks.mamba_ssm_triton import MAMBA_MISSING
 from recipes.benchmarks.timing import median_ms
-from kernels.attention import attention
-from kernels.retrieval import expert_mix
-from kernels.ssd import ssd_scan
+from zoo_kernels.attention import attention
+from zoo_kernels.retrieval import expert_mix
+from zoo_kernels.ssd import ssd_scan
 from recipes.benchmarks.ssd import ssd_flops
 
 
@@ -197,7 +197,7 @@ def bench_decode(lengths, device, dtype, repeats, use_triton, batches: list[int]
                     yield (f"| {name} | {B} | {S} | {window or '-'} | {ms:.3f} | {read / (ms * 1e-3) / 1e9:.0f} | "
                            f"{times['auto (SDPA)'] / ms:.2f}× | {error:.1e} |")
     yield from ["", "`auto` sends one query to the reference (torch's SDPA); `triton forced` is the split-K decoding "
-                    "kernel (kernels/attention/decode.py). Where it wins, auto should take it (docs/kernels.md)."]
+                    "kernel (zoo_kernels/attention/decode.py). Where it wins, auto should take it (docs/kernels.md)."]
 
 
 def bench_retrieval(device, dtype, repeats, use_triton, tokens: int) -> Iterator[str]:
@@ -216,11 +216,11 @@ def bench_retrieval(device, dtype, repeats, use_triton, tokens: int) -> Iterator
 
 def ssd_config_over(path: str) -> dict:
     """The ``launch_config`` entries in the JSON file ``path`` (``ssd_tiles --write-winners`` writes one), laid over the
-    SSD kernels' own choice (a kernel's entry key by key, ``kernels.ssd.triton.with_entries``) for the rest of this
+    SSD kernels' own choice (a kernel's entry key by key, ``zoo_kernels.ssd.triton.with_entries``) for the rest of this
     process — the tile search's winners timed in the same lease, before
-    they are written into ``kernels.ssd.triton.launch_config``. Returns the entries; a missing file, a file that is
+    they are written into ``zoo_kernels.ssd.triton.launch_config``. Returns the entries; a missing file, a file that is
     not a JSON object, or a key ``launch_config`` does not have is an error that names it."""
-    from kernels.ssd import triton as ssd_triton
+    from zoo_kernels.ssd import triton as ssd_triton
 
     try:
         with open(path) as f:

@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from kernels.attention.reference import attention_masked, attention_reference
-from kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
-from kernels.linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_reference
-from kernels.retrieval.reference import expert_mix_reference
-from kernels.ssd.reference import segment_sum, ssd_chunked
+from zoo_kernels.attention.reference import attention_masked, attention_reference
+from zoo_kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
+from zoo_kernels.linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_reference
+from zoo_kernels.retrieval.reference import expert_mix_reference
+from zoo_kernels.ssd.reference import segment_sum, ssd_chunked
 from recipes.argtypes import positive_int
 from recipes.benchmarks.timing import interleaved_seconds, peak_growth_mib
 

@@ -13,8 +13,8 @@ import torch
 from components.flops import ssd_flops_per_token
 from recipes.argtypes import bounded, positive_int
 from recipes.benchmarks.timing import median_ms
-from kernels.attention import attention
-from kernels.ssd import ssd_recurrent, ssd_scan
+from zoo_kernels.attention import attention
+from zoo_kernels.ssd import ssd_recurrent, ssd_scan
 
 
 def matmul_gflops(repeats: int, size: int = 2048) -> float:

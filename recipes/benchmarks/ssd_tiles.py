@@ -1,5 +1,5 @@
 """Tile search for the SSD's Triton kernels on this GPU: which rows per tile, warps and pipeline stages they should
-take, and the log-decay gradient's pair blocks — the evidence for ``kernels.ssd.triton.launch_config``.
+take, and the log-decay gradient's pair blocks — the evidence for ``zoo_kernels.ssd.triton.launch_config``.
 
     python -m recipes.benchmarks.ssd_tiles                          # B 4, T 4096, H 32, P 64, N 128, chunk 256, bf16
     python -m recipes.benchmarks.ssd_tiles --chunk 64 --length 8192
@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernels.ssd import ssd_scan
-from kernels.ssd import triton as ssd_triton
+from zoo_kernels.ssd import ssd_scan
+from zoo_kernels.ssd import triton as ssd_triton
 from recipes.argtypes import positive_int
 from recipes.benchmarks.mamba_ssm_triton import MAMBA_MISSING
 from recipes.benchmarks.tile_search import add_device_option, device_of, kernel_us, trial
@@ -249,7 +249,7 @@ def per_kernel_orders(current: dict, now_each: dict[str, float],
     """The ``order`` section's candidates taken apart by kernel: each per-head scan kernel's fastest order among the
     current one (``now_each``, each kernel's µs now) and those ``timed`` (``((order,), each kernel's µs)``), as
     (their µs summed, the launch_config entries that give each kernel its order, such as ``{"y": {"order": "blocks"}}``,
-    laid over a configuration key by key by ``kernels.ssd.triton.with_entries``), or None where every kernel is
+    laid over a configuration key by key by ``zoo_kernels.ssd.triton.with_entries``), or None where every kernel is
     fastest as it is — so the winners' "together" takes ``y`` on one order and ``dx`` on another where that is what
     the profiler says, rather than the one order best for the three summed."""
     change, total = {}, 0.0

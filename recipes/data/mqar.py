@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from kernels.linear_cross_entropy import IGNORE_INDEX
+from zoo_kernels.linear_cross_entropy import IGNORE_INDEX
 from recipes.data.order import ResumableDataModule
 
 TEST_MODULUS = 16

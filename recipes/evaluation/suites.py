@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels.linear_cross_entropy import IGNORE_INDEX
+from zoo_kernels.linear_cross_entropy import IGNORE_INDEX
 from recipes.figures import png_figure
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "

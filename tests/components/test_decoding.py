@@ -18,7 +18,7 @@ from components import SSD, Context, Expresser, HybridLM, InnerFuncAttention, QC
 from components.cache import InferenceCache
 from components.generation import DecodingUnsupported, restricted_logits
 from components.catalogue import SEQUENCE_MIXERS
-from kernels._finite import split_finite
+from zoo_kernels._finite import split_finite
 
 MIXERS = {name: partial(factory, 32) for name, factory in SEQUENCE_MIXERS.items()}  # components/catalogue.py
 

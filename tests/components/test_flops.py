@@ -9,7 +9,7 @@ import torch
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-import kernels.grouped_matmul
+import zoo_kernels.grouped_matmul
 from components import SSD, Context, HybridLM, QCAttention, RoutedMoE
 from components.catalogue import SEQUENCE_MIXERS, STATE_MIXERS
 from components.flops import forward_flops_per_token
@@ -33,7 +33,7 @@ def counted(module, x, sequence: bool) -> int:
 def unpadded_grouped_matmul(monkeypatch):
     """The fused grouped matmul pads K and N to 16 bytes (work the model does not ask for); the loop of
     matmuls does exactly the model's products."""
-    monkeypatch.setattr(kernels.grouped_matmul, "fused_available", lambda x: False)
+    monkeypatch.setattr(zoo_kernels.grouped_matmul, "fused_available", lambda x: False)
 
 
 @pytest.mark.parametrize("name", [*SEQUENCE_MIXERS, *STATE_MIXERS])
@@ -50,7 +50,7 @@ def test_every_mixer_counts_the_products_its_reference_runs(name, unpadded_group
     want -= sum(2 * m.kernel_size[0] * m.out_channels for m in convs) * B * T
     allowed = {want}
     if name.startswith("IFA"):
-        # A per-key bias rides SDPA as one more head channel (kernels/attention/sdpa.py): 4·B·H·T² more.
+        # A per-key bias rides SDPA as one more head channel (zoo_kernels/attention/sdpa.py): 4·B·H·T² more.
         allowed.add(want + 4 * B * mixer.n_heads * T * T)
     if name.startswith("CDMoE"):
         # The experts' output rows are mixed by embedding_bag, which the counter does not see: 2·H·k·d per token.
@@ -70,7 +70,7 @@ def test_a_hybrid_model_counts_as_its_blocks_and_head(unpadded_grouped_matmul):
 
 
 def test_an_ssd_with_a_long_chunk_counts_the_chunks_the_plain_torch_scan_runs():
-    """Chunks of 256 (Mamba-2's) run as chunks of 64 in plain torch (kernels.ssd.REFERENCE_CHUNK): the count
+    """Chunks of 256 (Mamba-2's) run as chunks of 64 in plain torch (zoo_kernels.ssd.REFERENCE_CHUNK): the count
     follows, and is what torch's counter sees at a length of 150 (three chunks of 64, not one of 256)."""
     torch.manual_seed(0)
     ssd = SSD(32, head_dim=8, d_state=8, chunk_size=256)

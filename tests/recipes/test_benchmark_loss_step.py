@@ -1,7 +1,7 @@
 """``python -m recipes.benchmarks.loss_step``: a row per config, both loss forms timed, and the training loss
 left as it was found (the benchmark swaps the form ``LanguageModel.training_loss`` calls)."""
 
-from kernels.linear_cross_entropy import linear_cross_entropy
+from zoo_kernels.linear_cross_entropy import linear_cross_entropy
 from recipes import module
 from recipes.benchmarks import loss_step
 

@@ -34,7 +34,7 @@ def test_the_tile_searchs_winners_reach_the_ssd_kernels_through_ssd_config(tmp_p
     """``ssd_tiles --write-winners`` writes the winners' ``launch_config`` entries; ``ops --ssd-config`` lays them over
     the SSD kernels' own choice for the process (so one lease times them against mamba_ssm before they are written
     into the code). No winners: the file is not left behind from an earlier run. A bad file is named."""
-    from kernels.ssd import triton as ssd_triton
+    from zoo_kernels.ssd import triton as ssd_triton
     from recipes.benchmarks import ssd_tiles
 
     monkeypatch.setattr(ssd_triton, "launch_config", ssd_triton.launch_config)  # put back after the test
@@ -87,9 +87,9 @@ def test_every_row_times_its_forward_then_its_forward_and_backward_to_every_inpu
     """With the Triton rows on (each routed here to the reference, its backend recorded): each row is measured
     forward alone, then forward+backward with a gradient reaching every input it lists; SDPA's rows compute causal
     attention without and with the bias; the SSD's kernels-alone row turns the finite checks off and only it."""
-    from kernels.attention import attention as attention_op
-    from kernels.retrieval import expert_mix as expert_mix_op
-    from kernels.ssd import ssd_scan as ssd_scan_op
+    from zoo_kernels.attention import attention as attention_op
+    from zoo_kernels.retrieval import expert_mix as expert_mix_op
+    from zoo_kernels.ssd import ssd_scan as ssd_scan_op
 
     backends, measured, inputs = [], [], []
     def measure(fn, ins, backward, repeats):
@@ -212,8 +212,8 @@ def test_the_public_baselines_get_the_rows_inputs_when_installed(monkeypatch):
     import sys
     import types
 
-    from kernels.attention import attention as attention_op
-    from kernels.ssd import ssd_scan as ssd_scan_op
+    from zoo_kernels.attention import attention as attention_op
+    from zoo_kernels.ssd import ssd_scan as ssd_scan_op
 
     calls = {}
 

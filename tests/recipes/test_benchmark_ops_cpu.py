@@ -69,7 +69,7 @@ def test_the_sparse_case_gives_the_tables_sparse_gradients_and_the_dense_one_den
 def test_the_attention_cases_without_bias_or_padding_are_what_they_say():
     """SDPA's row is causal attention without a bias (the fused reference's math with no bias), and the padded row
     hides the first quarter of the keys of its one sequence (so it differs from the unpadded row)."""
-    from kernels.attention.reference import attention_reference
+    from zoo_kernels.attention.reference import attention_reference
 
     q, k, v, bias, padding = tensors = cpu_bench.inputs("attention SDPA, no bias", 40)
     sdpa = cpu_bench.run("attention SDPA, no bias", tensors).transpose(1, 2)  # [B, T, H, D]

@@ -6,7 +6,7 @@ once it runs long."""
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
-from kernels.ssd import ssd_scan
+from zoo_kernels.ssd import ssd_scan
 from recipes.benchmarks import ssd as bench
 
 

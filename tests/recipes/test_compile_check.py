@@ -237,9 +237,9 @@ def record_launches(monkeypatch, compiled) -> dict[int, list[tuple[dict, dict]]]
 def force_cuda_tables(monkeypatch, dtype, ssd: bool = True) -> None:
     """The wrappers' launch tables as on CUDA sm_90 for ``dtype``, whatever the inputs' device and dtype (the SSD's
     too, unless ``ssd`` is False)."""
-    from kernels.attention import decode
-    from kernels.attention import triton as attention_triton
-    from kernels.ssd import triton as ssd_triton
+    from zoo_kernels.attention import decode
+    from zoo_kernels.attention import triton as attention_triton
+    from zoo_kernels.ssd import triton as ssd_triton
 
     attention_config, decode_config, ssd_config = (attention_triton.launch_config, decode.decode_config,
                                                    ssd_triton.launch_config)
@@ -279,10 +279,10 @@ def test_every_variant_compiled_is_one_the_wrappers_launch(table, monkeypatch):
     pytest.importorskip("triton")
     import torch
 
-    from kernels.attention import attention
-    from kernels.retrieval import expert_mix
-    from kernels.ssd import ssd_scan
-    from kernels.ssd import triton as ssd_triton
+    from zoo_kernels.attention import attention
+    from zoo_kernels.retrieval import expert_mix
+    from zoo_kernels.ssd import ssd_scan
+    from zoo_kernels.ssd import triton as ssd_triton
     from recipes.benchmarks.compile_check import cases
 
     compiled = cases(table, head_dim=32, ssd_shape=(32, 64))  # (the kernels' tables take the same branch as at 64, 128)

@@ -9,8 +9,8 @@ import re
 import pytest
 import torch
 
-from kernels.attention import triton as attention_triton
-from kernels.ssd import triton as ssd_triton
+from zoo_kernels.attention import triton as attention_triton
+from zoo_kernels.ssd import triton as ssd_triton
 from recipes.benchmarks import attention_tiles, ssd_tiles
 
 

@@ -2,8 +2,8 @@
 split (nan_to_num's masking backward) and poison (masked_fill) patched in for the "old" call. A record of that
 measurement, kept beside its figures:  python docs/results/cpu/finite_passes_ab.py"""
 import statistics, torch
-import kernels.ssd as S, kernels.attention as At
-import kernels._finite as F
+import zoo_kernels.ssd as S, zoo_kernels.attention as At
+import zoo_kernels._finite as F
 from recipes.benchmarks.finite import ssd_case, attention_case
 from recipes.benchmarks.timing import interleaved_seconds
 def old_split(x, dims):

@@ -16,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.ssd import triton as ssd
+from zoo_kernels.ssd import triton as ssd
 from recipes.benchmarks import compile_check, ssd_tiles
 
 CASES = {"y": "ssd _chunk_scan (y, shared scores)", "dx": "ssd _chunk_scan_reverse (dx, shared scores)",

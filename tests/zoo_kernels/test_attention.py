@@ -1,0 +1,233 @@
+"""``zoo_kernels.attention`` against a direct softmax written independently here."""
+
+import math
+
+import pytest
+import torch
+
+from zoo_kernels.attention import attention
+
+
+def direct_attention(q, k, v, bias=None, causal=True, key_padding_mask=None, keep_window=None):
+    """Loop-level oracle: per (b, h, i), list the allowed keys, softmax over them."""
+    B, T, H, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        for h in range(H):
+            g = h // (H // Hkv)
+            for i in range(T):
+                keys = [j for j in range(S) if (not causal or j <= S - T + i)
+                        and (key_padding_mask is None or not key_padding_mask[b, j])]
+                if keep_window is not None:
+                    by_rank = sorted(keys, key=lambda j: (-(0.0 if bias is None else float(bias[b, h, j].detach())), -j))
+                    keys = sorted(by_rank[:keep_window])
+                if not keys:
+                    continue
+                idx = torch.tensor(keys)
+                scores = k[b, idx, g] @ q[b, i, h] / math.sqrt(D)  # [n]
+                if bias is not None:
+                    scores = scores + bias[b, h, idx]
+                out[b, i, h] = torch.softmax(scores, 0) @ v[b, idx, g]
+    return out
+
+
+def make(B=2, T=9, S=None, H=4, Hkv=2, D=8, bias=True, dtype=torch.float64):
+    S = T if S is None else S
+    q = torch.randn(B, T, H, D, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, S, Hkv, D, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, S, Hkv, D, dtype=dtype, requires_grad=True)
+    b = (torch.randn(B, H, S, dtype=dtype) * 2).requires_grad_() if bias else None
+    return q, k, v, b
+
+
+def grads(out, tensors):
+    torch.manual_seed(1)
+    weight = torch.randn(out.shape, dtype=out.dtype)  # not randn_like: it copies strides
+    return torch.autograd.grad((out * weight).sum(), [t for t in tensors if t is not None])
+
+
+CASES = {
+    "plain causal": dict(),
+    "bias": dict(bias=True),
+    "non-causal with bias": dict(causal=False, bias=True),
+    "gqa 4:1": dict(Hkv=1, bias=True),
+    "padding": dict(pad=True, bias=True),
+    "window 3": dict(keep_window=3, bias=True),
+    "window without bias": dict(keep_window=4),
+    "decode-style T<S": dict(T=3, S=10, bias=True),
+    # each of the reference's paths (SDPA as it is, the one-query mask, the fused bias, the written-out mask) once
+    "non-causal": dict(causal=False),
+    "decode-style T<S without bias": dict(T=3, S=10),
+    "one query": dict(T=1, S=10),
+    "one query with bias": dict(T=1, S=10, bias=True),
+    "one query, window 4": dict(T=1, S=10, keep_window=4, bias=True),
+    "window as wide as the keys": dict(keep_window=9, bias=True),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_direct_softmax_outputs_and_gradients(name):
+    case = dict(CASES[name])
+    pad, keep_window, causal = case.pop("pad", False), case.pop("keep_window", None), case.pop("causal", True)
+    case.setdefault("bias", False)
+    q, k, v, bias = make(**case)
+    mask = None
+    if pad:
+        mask = torch.zeros(q.shape[0], k.shape[1], dtype=torch.bool)
+        mask[0, :2] = True  # left padding in the first sequence
+        mask[1, -3:] = True  # right padding in the second
+    kwargs = dict(bias=bias, causal=causal, key_padding_mask=mask, keep_window=keep_window)
+    got = attention(q, k, v, backend="reference", **kwargs)
+    want = direct_attention(q, k, v, **kwargs)
+    if pad:
+        # Query rows with no allowed key are defined as zero; the oracle leaves them zero too.
+        assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want)
+    for g_got, g_want in zip(grads(got, (q, k, v, bias)), grads(want, (q, k, v, bias))):
+        torch.testing.assert_close(g_got, g_want)
+
+
+def test_bias_gradient_is_nonzero_and_padded_keys_get_no_attention():
+    q, k, v, bias = make(B=1, T=6, H=2, Hkv=2)
+    mask = torch.tensor([[False, True, False, False, True, False]])
+    out = attention(q, k, v, bias=bias, key_padding_mask=mask)
+    (g_bias,) = torch.autograd.grad(out.sum() + (out**2).sum(), bias)
+    assert g_bias[0, :, [0, 2, 3, 5]].abs().min() > 0
+    # A padded key's value never reaches any output: its v gradient is exactly zero.
+    (g_v,) = torch.autograd.grad(attention(q, k, v, bias=bias, key_padding_mask=mask).sum(), v)
+    assert g_v[0, [1, 4]].abs().max() == 0
+    assert g_v[0, [0, 2]].abs().min() > 0
+
+
+def test_keep_window_bias_picks_the_largest_bias_keys():
+    # With one huge bias on key 0, a window of 1 makes every query read exactly v[0].
+    q, k, v, _ = make(B=1, T=5, H=1, Hkv=1, bias=False)
+    bias = torch.zeros(1, 1, 5, dtype=torch.float64)
+    bias[0, 0, 0] = 5.0
+    out = attention(q, k, v, bias=bias, keep_window=1)
+    torch.testing.assert_close(out[0, :, 0], v[0, 0, 0].expand(5, -1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(keep_window=0), "keep_window=0 must be an integer >= 1"),
+        (dict(bias=torch.zeros(2, 3, 9)), "bias must be [B, H, S]"),
+        (dict(key_padding_mask=torch.zeros(2, 9)), "key_padding_mask must be bool"),
+        (dict(backend="cuda"), "backend='cuda' is not one of"),
+    ],
+)
+def test_bad_arguments_name_the_problem(kwargs, words):
+    q, k, v, _ = make(bias=False)
+    with pytest.raises(ValueError) as info:
+        attention(q, k, v, **kwargs)
+    assert words in str(info.value)
+
+
+def test_each_tensor_of_the_wrong_shape_is_named_alone():
+    """One argument wrong at a time (the others right), so every check is needed: q, k, v [B, T, H, D] with k and v
+    alike and of q's batch and head dim; the key padding [B, S]; document ids [B, T], integers, self-attention."""
+    q, k, v, _ = make(bias=False)  # q [2, 9, 4, 8], k and v [2, 9, 2, 8]
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    cases = [
+        (dict(q=q[0]), r"q, k, v must be \[B, T, H, D\]; got q\(9, 4, 8\) k\(2, 9, 2, 8\)"),
+        (dict(k=k[0], v=v[0]), r"q, k, v must be \[B, T, H, D\]; got q\(2, 9, 4, 8\) k\(9, 2, 8\)"),
+        (dict(v=v[0]), r"q, k, v must be \[B, T, H, D\]; .* v\(9, 2, 8\)"),
+        (dict(v=v[:, :5]), r"k\(2, 9, 2, 8\) and v\(2, 5, 2, 8\) must have the same shape"),
+        (dict(k=k[:1], v=v[:1]), r"k\(1, 9, 2, 8\) does not match q\(2, 9, 4, 8\) in batch or head dim"),
+        (dict(k=k[..., :4], v=v[..., :4]), r"k\(2, 9, 2, 4\) does not match q\(2, 9, 4, 8\) in batch or head dim"),
+        (dict(key_padding_mask=torch.zeros(2, 8, dtype=torch.bool)), r"key_padding_mask must be \[B, S\] = \(2, 9\)"),
+        (dict(document_ids=ids[:, :8]), r"document_ids must be \[B, T\] = \(2, 9\) with as many keys as queries"),
+        (dict(document_ids=ids, k=k[:, :8], v=v[:, :8]), r"document_ids .* as many keys as queries; got \(2, 9\) and 8 keys"),
+        (dict(document_ids=ids.bool()), r"document_ids must be integers; got torch.bool"),
+        (dict(document_ids=ids.float()), r"document_ids must be integers; got torch.float32"),
+    ]
+    for change, message in cases:
+        args = {"q": q, "k": k, "v": v, **change}
+        with pytest.raises(ValueError, match=rf"attention: {message}"):
+            attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def test_heads_not_a_multiple_of_kv_heads():
+    q, k, v, _ = make(H=3, Hkv=2, bias=False)
+    with pytest.raises(ValueError, match="H=3 are not a multiple of key/value heads H_kv=2"):
+        attention(q, k, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_and_padding_never_materialise_a_query_by_key_tensor(dtype, largest_tensor):
+    B, T, H, Hkv, D = 2, 384, 2, 1, 16
+    q, k, v, bias = (t.detach().to(dtype).requires_grad_() for t in make(B=B, T=T, H=H, Hkv=Hkv, D=D))
+    padding = torch.zeros(B, T, dtype=torch.bool)
+    padding[1, :50] = True
+    with largest_tensor() as record:
+        out = attention(q, k, v, bias=bias, key_padding_mask=padding, backend="reference")
+        out.float().pow(2).sum().backward()
+    assert record.largest < T * T, f"a tensor of {record.largest:,} elements (T·S = {T * T:,}) was built"
+    assert bias.grad is not None and torch.isfinite(bias.grad).all()
+    with largest_tensor() as record:  # a window as wide as the keys cuts none: no mask either
+        attention(q, k, v, bias=bias, key_padding_mask=padding, keep_window=T, backend="reference")
+    assert record.largest < T * T, f"a tensor of {record.largest:,} elements (T·S = {T * T:,}) was built"
+    # The check can fail: a key window that cuts keys takes the written-out mask.
+    with largest_tensor() as record:
+        attention(q, k, v, bias=bias, key_padding_mask=padding, keep_window=8, backend="reference")
+    assert record.largest >= B * H * T * T
+
+
+@pytest.mark.parametrize("case", ["bias", "padding only", "bias and padding, gqa", "non-causal", "one query (decoding)"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_bias_path_equals_the_written_out_mask(case, dtype):
+    from zoo_kernels.attention.reference import attention_masked
+    from zoo_kernels.attention.sdpa import attention_bias_sdpa
+
+    T, S = (1, 37) if case == "one query (decoding)" else (37, 37)
+    q, k, v, bias = make(B=3, T=T, S=S, H=4, Hkv=1 if "gqa" in case else 4, D=16, bias=case != "padding only",
+                         dtype=torch.float32)
+    padding = None
+    if "padding" in case or case == "one query (decoding)":
+        padding = torch.zeros(3, S, dtype=torch.bool)
+        padding[0, :5], padding[1, -4:] = True, True  # left, right
+        padding[2, :] = True  # a sequence with nothing to attend to: zeros, no NaN
+    causal = case != "non-causal"
+    heads = [t.detach().repeat_interleave(q.shape[2] // t.shape[2], dim=2).transpose(1, 2).to(dtype).requires_grad_()
+             for t in (q, k, v)]  # [B, H, T|S, D]
+    b = None if bias is None else bias.detach().to(dtype).requires_grad_()
+    kw = dict(bias=b, causal=causal, key_padding_mask=padding, scale=0.25)
+    got = attention_bias_sdpa(*heads, **kw)
+    got_grads = grads(got, (*heads, b))
+    want = attention_masked(*heads, keep_window=None, **kw)
+    want_grads = grads(want, (*heads, b))
+    assert all(torch.isfinite(g).all() for g in got_grads)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        for g_got, g_want in zip(got_grads, want_grads):
+            torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-5)
+        return
+    # bf16: the two paths round differently, and how depends on the CPU's kernels (with AMX, SDPA's bf16 is not
+    # the plain matmuls'), so each is held to the float64 truth of the same bf16 inputs, by flash-attention's rule:
+    # the fused path's error at most twice the written-out path's, plus one bf16 step (2^-7) of the largest true
+    # value. (On an AMX machine the fused bias gradient of "bias" is 0.061 off where the written-out one is 0.022:
+    # 2 bf16 steps at its largest value, 7.8; a wrong term would be off by O(1).)
+    leaves = [None if t is None else t.detach().double().requires_grad_() for t in (*heads, b)]
+    exact = attention_masked(*leaves[:3], keep_window=None, **{**kw, "bias": leaves[3]})
+    torch.manual_seed(1)
+    weight = torch.randn(exact.shape, dtype=torch.bfloat16).double()  # grads()'s weight, in float64
+    exact_grads = torch.autograd.grad((exact * weight).sum(), [t for t in leaves if t is not None])
+    for name, g, w, e in zip(["out", "q", "k", "v", "bias"], (got, *got_grads), (want, *want_grads), (exact, *exact_grads)):
+        err, err_masked = (g.double() - e).abs().max().item(), (w.double() - e).abs().max().item()
+        assert err <= 2 * err_masked + 2 ** -7 * e.abs().max().item(), f"{name}: fused {err:.3g}, written-out {err_masked:.3g}"
+
+
+def test_without_triton_auto_runs_the_reference_and_triton_is_named(monkeypatch):
+    """Triton is an extra (CUDA builds of torch bring it): without it, auto falls back with a warning on CUDA."""
+    import types
+
+    from zoo_kernels import _backend
+
+    monkeypatch.setattr(_backend, "triton_installed", lambda: False)
+    cuda = types.SimpleNamespace(is_cuda=True, dtype=torch.float32)
+    with pytest.warns(UserWarning, match=r"triton is not installed, so the plain-torch reference runs on CUDA"):
+        assert _backend.resolve_backend("auto", cuda, op="attention", has_triton=True) == "reference"
+    with pytest.raises(ImportError, match=r"backend='triton' needs the triton package: pip install \"hybrid-zoo\[gpu\]\""):
+        _backend.resolve_backend("triton", cuda, op="attention", has_triton=True)

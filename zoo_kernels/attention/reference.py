@@ -1,0 +1,136 @@
+"""Plain-torch attention with an additive per-key bias: the default on CPU, and the tests' oracle.
+
+Three paths, by what the call needs:
+- nothing to mask beyond causality: torch's SDPA as it is;
+- a per-key bias and/or key padding: the bias rides in an extra head dimension through the fused SDPA
+  (:mod:`zoo_kernels.attention.sdpa`), ``O(T)`` memory;
+- a ``keep_window`` that can cut keys (``S > w``), a causal ``T < S`` with several queries, or fp16:
+  the ``[B, H, T, S]`` additive mask written out (:func:`attention_masked`), quadratic memory, the most
+  readable form of the math. The math is in README.md beside this file.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from zoo_kernels.attention.sdpa import attention_bias_sdpa, supports
+
+
+def allowed_keys(
+    T: int,
+    S: int,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """Boolean ``[B or 1, 1, T, S]``: may query i look at key j (before any window)?
+
+    Causal alignment is bottom-right: query i sits at key position ``S - T + i``, so a decoding step
+    (``T=1``) sees every cached key.
+    """
+    allowed = torch.ones(1, 1, T, S, dtype=torch.bool, device=device)
+    if causal:
+        q_pos = torch.arange(T, device=device)[:, None] + (S - T)  # [T, 1]
+        k_pos = torch.arange(S, device=device)[None, :]  # [1, S]
+        allowed = allowed & (k_pos <= q_pos)
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask[:, None, None, :]  # [B, 1, 1, S]
+    return allowed
+
+
+def document_runs(document_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` ids → ``[B, T]`` run numbers 0, 1, … (non-decreasing): a new number wherever the id
+    changes, so ``[7, 7, 3, 7]`` is three documents, not two."""
+    changes = document_ids[:, 1:] != document_ids[:, :-1]  # [B, T-1]
+    return torch.cat([torch.zeros_like(document_ids[:, :1]), changes.cumsum(1).to(document_ids.dtype)], dim=1)
+
+
+def select_window(allowed: torch.Tensor, bias: torch.Tensor | None, keep_window: int) -> torch.Tensor:
+    """Keep, per query, at most ``keep_window`` allowed keys: those with the largest bias, ties going to
+    the most recent key. No gradient flows through the selection.
+
+    allowed: ``[B|1, 1|H, T, S]`` bool; bias: ``[B, H, S]`` or None → ``[B|1, H|1, T, S]`` bool.
+    """
+    S = allowed.shape[-1]
+    score = torch.zeros(allowed.shape, device=allowed.device)  # [B|1, 1|H, T, S]
+    if bias is not None:
+        score = score + bias.detach()[:, :, None, :]  # [B, H, T, S]
+    # A stable sort on the bias of keys laid out newest-first gives exactly "largest bias, then most
+    # recent" — recency is the tie-break.
+    score = score.masked_fill(~allowed, float("-inf")).flip(-1)  # newest key first
+    order = torch.sort(score, dim=-1, descending=True, stable=True).indices  # [.., T, S]
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(S, device=order.device).expand_as(order))
+    keep = (rank < keep_window).flip(-1)  # back to oldest-first key order
+    return allowed & keep
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    causal: bool = True,
+    key_padding_mask: torch.Tensor | None = None,
+    keep_window: int | None = None,
+    scale: float | None = None,
+    document_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q ``[B,T,H,D]``, k/v ``[B,S,Hkv,D]``, bias ``[B,H,S]``, document_ids ``[B,T]`` (``S == T``) →
+    ``[B,T,H,D]`` (arguments pre-checked).
+
+    A query with no allowed key (all its keys padded) returns zeros rather than NaN.
+    """
+    B, T, H, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    # Grouped-query attention: query head h reads kv head h // (H / Hkv).
+    if Hkv != H:
+        k = k.repeat_interleave(H // Hkv, dim=2)  # [B, S, H, D]
+        v = v.repeat_interleave(H // Hkv, dim=2)  # [B, S, H, D]
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T|S, D]
+
+    if keep_window is not None and keep_window >= S:
+        keep_window = None  # every query already has at most S ≥ w allowed keys: the window cuts nothing
+    if document_ids is not None:  # packed documents: a block-diagonal mask, written out
+        runs = document_runs(document_ids)  # [B, T] a new number wherever the id changes
+        return attention_masked(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
+                                keep_window=keep_window, scale=scale, document_ids=runs).transpose(1, 2)
+    if bias is None and key_padding_mask is None and keep_window is None:
+        # Nothing to materialise. torch's causal flag aligns top-left, so only for T == S; a single
+        # query (a decoding step) sits after every key, so it needs no causal mask at all.
+        if not causal or T == S or T == 1:
+            # `True if … else False`: compiled with dynamic shapes, `T > 1` is a SymBool, which SDPA rejects
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True if causal and T > 1 else False,
+                                                 scale=scale)
+            return out.transpose(1, 2)  # [B, T, H, D]
+    if T == 1 and keep_window is None:
+        # One query (a decoding step): its [B, H, 1, S] mask costs O(S), less than the bias column's copy of every key.
+        return attention_masked(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
+                                keep_window=None, scale=scale).transpose(1, 2)  # [B, 1, H, D]
+    if keep_window is None and supports(q, T, S, causal):
+        out = attention_bias_sdpa(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask, scale=scale)
+        return out.transpose(1, 2)  # [B, T, H, D]
+    return attention_masked(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
+                            keep_window=keep_window, scale=scale).transpose(1, 2)  # [B, T, H, D]
+
+
+def attention_masked(q, k, v, *, bias, causal, key_padding_mask, keep_window, scale, document_ids=None) -> torch.Tensor:
+    """The math with the ``[B, H, T, S]`` mask written out: ``q [B,H,T,D]``, ``k, v [B,H,S,D]`` →
+    ``[B,H,T,D]``; ``document_ids [B, T]`` (``S == T``) keeps each query within its document."""
+    T, S = q.shape[2], k.shape[2]
+    allowed = allowed_keys(T, S, causal=causal, key_padding_mask=key_padding_mask, device=q.device)
+    if document_ids is not None:
+        allowed = allowed & (document_ids[:, None, :, None] == document_ids[:, None, None, :])  # [B, 1, T, S]
+    if keep_window is not None:
+        allowed = select_window(allowed, bias, keep_window)
+    empty = ~allowed.any(-1, keepdim=True)  # [B|1, H|1, T, 1] queries with nothing to attend to
+    allowed = allowed | empty  # avoid NaN from an all -inf row; zeroed below
+    mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
+    if bias is not None:
+        mask = mask + bias[:, :, None, :].to(q.dtype)  # [B, H, T, S]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, T, D]
+    return out.masked_fill(empty, 0.0)
