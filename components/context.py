@@ -8,7 +8,7 @@ import torch
 from components.cache import InferenceCache
 from components.rotary import RotaryEmbedding
 from zoo_kernels._finite import poison, seen_so_far, split_finite
-from zoo_kernels.attention import attention, document_runs
+from zoo_kernels.attention import attention, document_runs, round_bias
 
 
 @dataclass
@@ -83,7 +83,7 @@ class Context:
         T, H = q.shape[1], q.shape[2]
         # rounded as attention() rounds it, before the finite pass and the cache: each entry once, not the whole
         # cached bias at every step
-        bias = bias.to(q.dtype) if bias is not None else None
+        bias = round_bias(bias, q.dtype)
         state = self.cache.state(owner)
         reach = None  # [B, T, H]: True where a non-finite key, value or bias reaches the output
         if "nonfinite" in state or not self._known_finite(k, v, bias):

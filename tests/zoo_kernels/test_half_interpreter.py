@@ -199,3 +199,49 @@ def test_an_fp32_bias_beside_fp16_activations_is_rounded_first_the_window_includ
     run = lambda b, be=backend: attention(q, k, v, bias=b, keep_window=2, backend=be)  # noqa: E731
     torch.testing.assert_close(run(bias), run(bias.half()), rtol=0, atol=0)
     torch.testing.assert_close(run(bias).float(), run(bias.half(), "reference").float(), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_an_fp32_bias_beyond_fp16s_range_is_clamped_into_it_not_rounded_to_infinity(backend):
+    """A soft mask of -1e6 and a lead of 1e5 in an fp32 bias beside fp16 activations: cast alone they round to ∓inf,
+    which attention takes for non-finite inputs (NaN for every query that sees them). Clamped to ±65504 they mean what
+    they mean in fp32 — the masked key gets no weight, the leading one all of it from where it is seen — in the full
+    forward and in decoding's cache; the gradient is the clamped bias's, and an infinite entry stays infinite."""
+    from components.cache import InferenceCache
+    from components.context import Context
+
+    torch.manual_seed(0)
+    T, D = 9, 16
+    q, k, v = (torch.randn(1, T, 1, D, device=DEVICE) for _ in range(3))
+    bias = torch.randn(1, 1, T, device=DEVICE)  # [B, H, S]
+    bias[..., 3], bias[..., 6] = -1e6, 1e5
+    assert not bias.half().isfinite().all()
+    want = attention(q, k, v, bias=bias, backend="reference")  # fp32
+    half = lambda t: t.half()  # noqa: E731
+    got = attention(*map(half, (q, k, v)), bias=bias, backend=backend)
+    assert got.isfinite().all()
+    torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(got[:, 6:].float(), v[:, 6:7].half().float().expand(-1, T - 6, -1, -1), rtol=0,
+                               atol=1e-3)
+    # The gradient: the clamped bias's, straight through. 2e5 at key 7 ties with 1e5 once both are clamped, so both
+    # keys take weight and gradient from query 7 on (a clamp without the straight-through would give them none).
+    tied = bias.clone()
+    tied[..., 7] = 2e5
+    leaf, clamped = tied.clone().requires_grad_(), tied.clamp(-65504, 65504).requires_grad_()
+    (grad,), (grad_clamped,) = (torch.autograd.grad(attention(*map(half, (q, k, v)), bias=b, backend=backend)
+                                                    .float().square().sum(), b) for b in (leaf, clamped))
+    assert grad.isfinite().all() and (grad[..., 6:8] != 0).all()
+    torch.testing.assert_close(grad, grad_clamped, rtol=0, atol=0)
+
+    cache, owner, steps = InferenceCache(1, T, device=DEVICE), torch.nn.Identity(), []
+    for t in range(T):
+        cache.begin(1, None)
+        context = Context(position_ids=torch.full((1, 1), t, device=DEVICE), cache=cache)
+        steps.append(context.attend(owner, *(half(x[:, t:t + 1]) for x in (q, k, v)), bias=bias[..., t:t + 1],
+                                    backend=backend))
+        cache.end(1)
+    torch.testing.assert_close(torch.cat(steps, dim=1).float(), want, rtol=2e-3, atol=2e-3)
+
+    bias[..., 5] = float("inf")  # a non-finite input, as in fp32: NaN from where it is seen
+    nan = attention(*map(half, (q, k, v)), bias=bias, backend=backend).isnan()
+    assert torch.equal(nan, attention(q, k, v, bias=bias, backend="reference").isnan()) and nan[:, 5:].all()

@@ -8,7 +8,7 @@ from zoo_kernels._finite import any_in_document, poison, seen_so_far, split_fini
 from zoo_kernels.attention.reference import attention_reference, document_runs
 from zoo_kernels.attention.sdpa import supports as sdpa_supports
 
-__all__ = ["attention", "attention_reference", "document_runs"]
+__all__ = ["attention", "attention_reference", "document_runs", "round_bias"]
 
 
 def attention(
@@ -31,7 +31,8 @@ def attention(
         q: ``[B, T, H, D]`` queries.
         k, v: ``[B, S, H_kv, D]`` keys and values; ``H`` must be a multiple of ``H_kv`` (GQA).
         bias: ``[B, H, S]`` added to every query's score for key ``j`` (one value per head and key), rounded to
-            ``q``'s dtype first (its gradient comes back in the bias's own dtype).
+            ``q``'s dtype first, finite entries beyond its range clamped into it (:func:`round_bias`; the gradient
+            comes back in the bias's own dtype).
         causal: query ``i`` sees keys ``j <= S - T + i`` (bottom-right aligned, so decoding works).
         key_padding_mask: ``[B, S]`` bool, True where the key is padding (never attended to).
         keep_window: keep, per query, only the ``keep_window`` allowed keys with the largest bias
@@ -57,8 +58,8 @@ def attention(
     # The bias in the activations' dtype, for every backend: the window's selection and the scores see the same values
     # whichever runs. Under mixed precision a model's bias is fp32 (made from fp32 parameters); read in fp32 by the
     # Triton kernels, the forward took 255 registers and spilled 688-824 bytes a thread at head dim 128 on sm_90 (225
-    # and none in bf16), the decoding step 16 (compile_check, 2026-12-03). (fp16 holds no bias above 65504: use bf16.)
-    bias = bias.to(q.dtype) if bias is not None else None
+    # and none in bf16), the decoding step 16 (compile_check, 2026-12-03).
+    bias = round_bias(bias, q.dtype)
     # Non-finite keys, values or biases are taken out and their reach put back as NaN (zoo_kernels/_finite.py):
     # inside the kernels a masked key is multiplied by a zero probability, and 0 · NaN would reach every query.
     reach = None
@@ -77,6 +78,21 @@ def attention(
         y = attention_reference(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
                                 keep_window=keep_window, scale=scale, document_ids=document_ids)
     return y if reach is None else poison(y, reach)
+
+
+def round_bias(bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``bias`` (any shape) in ``dtype``, its finite entries clamped into ``dtype``'s range first, with the gradient
+    of the unclamped values (straight through). Cast alone, an fp32 bias beyond fp16's 65504 — a large negative bias
+    written as a soft mask, say — would round to ±inf, which :func:`attention` takes for a non-finite input (NaN for
+    every query that sees it); clamped, it keeps its meaning: beyond ±65504 no other score competes with it. ``inf``
+    and NaN are kept as they are. ``None`` stays ``None``."""
+    if bias is None or bias.dtype == dtype:
+        return bias
+    limit = torch.finfo(dtype).max
+    if bias.dtype.is_floating_point and torch.finfo(bias.dtype).max > limit:
+        clamped = bias + (bias.clamp(-limit, limit) - bias).detach()  # NaN where bias is ±inf: not taken below
+        bias = torch.where(bias.isfinite(), clamped, bias)
+    return bias.to(dtype)
 
 
 def _torch_sdpa_is_faster(q, k, bias, key_padding_mask, keep_window, document_ids, causal) -> bool:
