@@ -62,19 +62,27 @@ def assert_causal():
     return check_causal
 
 
+def triton_interpreter():
+    """``triton.runtime.interpreter`` where the kernels run in it (``TRITON_INTERPRET=1``, triton installed), else None."""
+    if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None:
+        from triton.runtime import interpreter
+
+        return interpreter
+    return None
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _interpreter_patches_the_language_once():
     """Triton's interpreter patches the ``triton.language`` modules a kernel's globals name for each launch, restoring
     them after, and again at every call of a ``@triton.jit`` helper inside the kernel (``inspect.getmembers`` over
     the modules, ~0.25 ms; 35K times, a sixth of the time, in one SSD kernel test). A helper whose modules the launch
     has patched already is not patched again; one naming another (``tl.core`` in ``tl.standard``) still is."""
-    interpreter = None
-    if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None:
-        import triton.language as tl
-        from triton.runtime import interpreter
+    interpreter = triton_interpreter()
     if interpreter is None or not hasattr(interpreter, "_patch_lang"):
         yield
         return
+    import triton.language as tl
+
     original, patched = interpreter._patch_lang, set()  # the ids of the modules this launch has patched
 
     def patch_lang(fn):
@@ -106,10 +114,7 @@ def _interpreter_builds_no_overflow_check_it_would_not_run():
     unless the options' ``debug`` is on. On a GPU that is compile time, once; the interpreter runs the front end at
     every program of every launch, so it is a third of the time of an SSD kernel test (30 of 81 s under cProfile).
     With ``debug`` off, as here, nothing it builds is ever checked: turning it off changes no result."""
-    interpreter = None
-    if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None:
-        from triton.runtime import interpreter
-    builder = getattr(interpreter, "interpreter_builder", None)
+    builder = getattr(triton_interpreter(), "interpreter_builder", None)
     options = getattr(builder, "options", None)
     if options is None or options.debug or not getattr(options, "sanitize_overflow", False):
         yield
