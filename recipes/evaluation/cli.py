@@ -93,9 +93,9 @@ _SHARED: list[tuple[Path, dict]] = []  # inside shared_task_index(): (the zoo's 
 
 @contextlib.contextmanager
 def shared_task_index():
-    """Evaluations inside the block share the zoo's task folder and one TaskManager per ``--include_path`` list: the
-    harness indexes its ~14K task YAMLs for each TaskManager (about 8 s on 2 cores), which a sweep scoring N runs
-    would pay N times. (An include folder must not change inside the block.)"""
+    """Evaluations inside the block share the zoo's task folder and one TaskManager per ``--include_path`` list (and
+    per index, ``check_tasks``): a TaskManager with the harness's ~14K task YAMLs takes about 10 s on 2 cores to
+    build, which a sweep scoring N runs would pay N times. (An include folder must not change inside the block.)"""
     from recipes.evaluation.tasks import task_folder
 
     with task_folder() as own_tasks:
@@ -107,27 +107,37 @@ def shared_task_index():
 
 
 def check_tasks(names: list[str], include_paths: list[str], own_tasks: Path, managers: dict | None = None):
-    """The harness's TaskManager with the zoo's own tasks (the YAMLs in ``own_tasks``) and ``include_paths`` — the
-    one in ``managers`` for these paths where there is one, else a new one, kept there; unknown names refused by
-    name."""
+    """The harness's TaskManager for ``names``, with the zoo's own tasks (the YAMLs in ``own_tasks``) and
+    ``include_paths``. Where every name is a task of those folders, the manager indexes them alone; else it indexes the
+    harness's own ~14K task YAMLs as well (about 10 s on 2 cores), for a hub task, a group, a tag, or the close matches
+    of an unknown name. A folder's task is the one run under its name either way, as in lm-eval 0.4.13 (0.4.5 ran its
+    own task of that name with the full index). The manager for these paths and that choice is the one in
+    ``managers`` where there is one, else a new one, kept there; unknown names are refused by name."""
     from lm_eval.tasks import TaskManager
 
     for folder in include_paths:
         if not Path(folder).is_dir():
             raise FileNotFoundError(f"--include_path {folder}: no such folder")
     managers = {} if managers is None else managers
-    key = tuple(include_paths)
-    if key not in managers:
-        managers[key] = TaskManager(include_path=[str(own_tasks), *include_paths])
-    manager = managers[key]
-    known = set(manager.all_tasks)
+
+    def manager(with_harness_tasks: bool):
+        key = (tuple(include_paths), with_harness_tasks)
+        if key not in managers:
+            managers[key] = TaskManager(include_path=[str(own_tasks), *include_paths],
+                                        include_defaults=with_harness_tasks)
+        return managers[key]
+
+    if set(names) <= set(manager(False).all_subtasks):  # tasks alone: a group or tag may reach the harness's own
+        return manager(False)
+    everything = manager(True)
+    known = set(everything.all_tasks)
     unknown = [name for name in names if name not in known]
     if unknown:
         hints = {name: close_matches([name], known, n=3) for name in unknown}
         raise ValueError("unknown task(s): " + "; ".join(f"{n!r} (close: {', '.join(h) or 'none'})" for n, h in hints.items())
                          + ". Hub tasks need the harness's task list (python -m lm_eval --tasks list); local ones an "
                          "--include_path folder of YAMLs")
-    return manager
+    return everything
 
 
 def text_tokenizer(data, what: str):

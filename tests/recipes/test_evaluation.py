@@ -281,8 +281,40 @@ def run_task(model, tmp_path, name: str, items: list[dict]) -> float:
 
     folder = write_task(tmp_path / name, name, items)
     results = simple_evaluate(model=ZooLM(model, BYTES, batch_size=4), tasks=[name], log_samples=False, bootstrap_iters=0,
-                              task_manager=TaskManager(include_path=str(folder)))
+                              task_manager=TaskManager(include_path=str(folder), include_defaults=False))
     return results["results"][name]["acc,none"]
+
+
+def test_tasks_of_the_zoos_folders_alone_skip_the_harnesss_index_and_any_other_name_takes_it(tmp_path, monkeypatch):
+    """The harness's own ~14K task YAMLs take ~10 s to index: where every name is a task of the zoo's folder or of an
+    --include_path, the TaskManager indexes those folders alone (and is kept for the next evaluation); a group (whose
+    members may be the harness's), a hub task's name or an unknown one needs the whole index."""
+    import lm_eval.tasks
+
+    from recipes.evaluation.cli import check_tasks
+    from recipes.evaluation.tasks import task_folder, write_task
+
+    asked = []
+
+    class Recorded(lm_eval.tasks.TaskManager):
+        def __init__(self, *args, include_defaults=True, **kwargs):
+            asked.append(include_defaults)  # the folders alone stand in for the whole index (its 10 s are not this test's)
+            super().__init__(*args, include_defaults=False, **kwargs)
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Recorded)
+    mine = write_task(tmp_path / "mine", "mine", [{"context": "a", "choices": [" b", " c"], "answer": 0}])
+    (mine / "my_group.yaml").write_text("group: my_group\ntask:\n  - mine\n")
+    managers = {}
+    with task_folder() as own:
+        manager = check_tasks(["zoo_cloze", "mine"], [str(mine)], own, managers)
+        assert asked == [False] and {"zoo_cloze", "zoo_passkey", "mine"} <= set(manager.all_subtasks)
+        assert check_tasks(["zoo_passkey"], [str(mine)], own, managers) is manager and asked == [False]  # kept
+        whole = check_tasks(["my_group"], [str(mine)], own, managers)
+        assert asked == [False, True] and whole is not manager and "my_group" in whole.all_groups
+        assert check_tasks(["mine", "my_group"], [str(mine)], own, managers) is whole and asked == [False, True]
+        with pytest.raises(ValueError, match=r"unknown task\(s\): 'no_such_task'"):  # named against the whole index
+            check_tasks(["mine", "no_such_task"], [str(mine)], own, managers)
+        assert asked == [False, True]
 
 
 def test_a_task_whose_answer_is_the_models_own_choice_scores_one_and_its_mirror_zero(tmp_path):
@@ -888,7 +920,8 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     """``python -m recipes.sweep --from LOGS --tasks T``: every run's score lands in the family's table. Recipe
     b's weights are all zero, so every choice's log-likelihood is −(its bytes)·log 256 and the harness
     picks the shortest choice (the first among equals): its accuracy is known without the model. The harness's
-    task index (its ~14K YAMLs, ~8 s) is built once for the sweep's evaluations."""
+    task index (of the zoo's own folder alone: zoo_cloze is one of its tasks) is built once for the sweep's
+    evaluations."""
     import shutil
 
     import lm_eval.tasks
@@ -897,7 +930,7 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
 
     class CountedTaskManager(lm_eval.tasks.TaskManager):
         def __init__(self, *args, **kwargs):
-            indexed.append(kwargs["include_path"])
+            indexed.append((kwargs["include_path"], kwargs["include_defaults"]))
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", CountedTaskManager)
@@ -930,7 +963,8 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     write_manifest(logs, "family", runs)
     sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite-args", "--limit 8", "--baseline", "a"])
 
-    assert len(indexed) == 1 and all(Path(p).name.startswith("zoo-tasks-") for p in indexed[0])  # four evaluations
+    assert len(indexed) == 1 and all(Path(p).name.startswith("zoo-tasks-") for p in indexed[0][0])  # four evaluations
+    assert indexed[0][1] is False  # without the harness's own tasks
     scores = {(r, s): json.loads((logs / "tasks_zoo_cloze" / f"{r}_seed{s}.json").read_text())
               ["harness"]["results"]["zoo_cloze"]["acc,none"] for r in "ab" for s in (0, 1)}
     items = [json.loads(line) for line in (DATA / "zoo_cloze.jsonl").read_text().splitlines()[:8]]
@@ -953,7 +987,7 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite-args", "--limit 8", "--baseline", "a"])
     evaluated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("evaluating ")]
     assert evaluated == ["evaluating a seed 0: tasks (trained on since)"]  # the others' results are still theirs
-    assert len(indexed) == 2 and not Path(indexed[1][0]).exists()  # the sweep's task folder, removed after it
+    assert len(indexed) == 2 and not Path(indexed[1][0][0]).exists()  # the sweep's task folder, removed after it
     assert not shared_index_entries  # and no longer offered to a later evaluation
     again = json.loads((logs / "tasks_zoo_cloze" / "a_seed0.json").read_text())
     assert again["step"] == checkpoint["global_step"]
