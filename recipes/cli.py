@@ -29,19 +29,19 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from recipes.argtypes import close_matches, did_you_mean
+from recipes.argtypes import did_you_mean
 from recipes.cli_errors import LIGHTNING_OPTIMIZER, UNION_HEADER, near_misses, parse_error_message, short_epoch_message
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_paths, consolidate_hint,
                                  is_sharded_checkpoint, load_checkpoint, not_a_checkpoint_folder)
 from components.bindings import import_class, upgrade_specs
 from recipes.module import LanguageModel, language_model_arguments
 from recipes.optimizer import recorded_form
+from recipes.recipe_files import read_config, resolve_config
 from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, trains_in_workers
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback,
                               TrainingInterrupted, ValidateFinalStep, averaged_weights_note, check_averaging_unsharded,
                               NAMED_CHECKPOINTS, default_progress_bar, newest_checkpoint)
 
-CONFIG_DIR = Path(__file__).parent / "configs"
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")  # loggers whose folders are <save_dir>/<name>/<version>/
 DESCRIPTION = ("Train, validate and test the zoo's models (Lightning's CLI; a recipe is a --config file, bundled ones "
                "by name). Also: `python -m recipes generate --help` (continue a prompt), `python -m recipes eval "
@@ -49,50 +49,6 @@ DESCRIPTION = ("Train, validate and test the zoo's models (Lightning's CLI; a re
 # Lightning's ``predict`` is left out: a language model's predictions are ``generate`` (a continuation) or ``eval``
 SUBCOMMANDS = ("fit", "validate", "test")
 COMMANDS = (*SUBCOMMANDS, "generate", "eval")  # those of ``python -m recipes`` (recipes/__main__.py)
-
-
-def bundled_configs() -> list[str]:
-    return sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*.yaml") if not p.name.startswith("_"))
-
-
-def resolve_config(value: str) -> str:
-    """An existing path stays; otherwise ``NAME.yaml`` resolves to the bundled ``recipes/configs/NAME.yaml``."""
-    if Path(value).is_file():
-        return value
-    bundled = CONFIG_DIR / value
-    if bundled.is_file():
-        return str(bundled)
-    raise FileNotFoundError(f"config file {value!r} not found: it is not a path to a file, nor a bundled config "
-                            f"({bundled_hint(value)})")
-
-
-def bundled_hint(value: str) -> str:
-    """The bundled recipes a missing ``--config`` may have meant (same file name, or a near spelling), else the
-    top-level ones and the folders of the rest (a list of 150 names helps nobody)."""
-    names = bundled_configs()
-    wanted = value if value.endswith(".yaml") else value + ".yaml"
-    meant = ([wanted] if wanted in names else [name for name in names if Path(name).name == Path(wanted).name]
-             or close_matches([wanted], names, n=3, cutoff=0.75))
-    if meant:
-        return f"did you mean {', '.join(meant)}?"
-    folders = sorted({name.split("/")[0] + "/" for name in names if "/" in name})
-    return (f"bundled: {', '.join(name for name in names if '/' not in name)}, and {len(names)} in all under "
-            f"{', '.join(folders)}: ls {CONFIG_DIR}")
-
-
-def read_config(path: str) -> dict:
-    """A recipe file's mapping, or a ``ValueError`` that names the file when it is empty, not YAML, or not a
-    mapping of sections."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as error:
-        raise ValueError(f"config file {path} is not valid YAML: {str(error).splitlines()[0]}") from None
-    if data is None:
-        raise ValueError(f"config file {path} is empty; a recipe is a mapping of sections (model:, data:, trainer:)")
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {path} holds a {type(data).__name__}; a recipe is a mapping of sections "
-                         "(model:, data:, trainer:)")
-    return data
 
 
 def check_bindings(configs: list[tuple[str, dict]]) -> None:

@@ -7,17 +7,13 @@ from pathlib import Path
 import yaml
 from jsonargparse import dict_to_namespace
 
-from recipes.cli import newest_checkpoint, read_config, resolve_config, run_logger
+from recipes.cli import newest_checkpoint, run_logger
+from recipes.recipe_files import read_config, resolve_config, sweep_root
 from recipes.training import NAMED_CHECKPOINTS
 
 
 def load_recipe(path: str) -> dict:
     return read_config(resolve_config(path))
-
-
-def sweep_root(config: Path) -> Path:
-    """Where ``recipes.sweep`` puts the runs of a recipe that names no logger: ``runs/<its folder>/<its name>``."""
-    return Path("runs") / config.parent.name / config.stem
 
 
 def checkpoint_path(recipe: dict, ckpt_path: str, config: str | None = None) -> str:

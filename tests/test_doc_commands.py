@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes.cli import SUBCOMMANDS, bundled_configs
+from recipes.cli import SUBCOMMANDS
+from recipes.recipe_files import bundled_configs
 from recipes.cli import main as lightning_main
 from recipes.sweep.launch import recipe_files
 

@@ -43,3 +43,16 @@ def test_dependencies_point_one_way(package):
     wrong = {str(path.relative_to(ROOT)): sorted(imported_packages(path) & above)
              for path in sorted((ROOT / package).rglob("*.py"))}
     assert not {path: names for path, names in wrong.items() if names}, f"{package} imports from {sorted(above)}"
+
+
+def test_the_tools_that_read_recipes_and_runs_without_training_start_without_torch_or_lightning():
+    """``python -m recipes.sweep`` (its --help, its refusals, ``--from LOGS`` tables), ``recipes.sweep.grid`` and
+    ``recipes.transfer`` read YAML and run records: importing Lightning (and torch, and with it torchmetrics and,
+    where installed, transformers) took them 10 s before their first line."""
+    import subprocess
+    import sys
+
+    code = ("import sys, recipes.sweep.cli, recipes.sweep.grid, recipes.transfer, recipes.recipe_files; "
+            "print(sorted(m for m in ('torch', 'lightning', 'recipes.cli', 'recipes.module') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

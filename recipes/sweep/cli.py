@@ -86,7 +86,8 @@ def check_vs_key(key: str) -> None:
 def note_erased_differences(configs: list[Path], settings: list[str]) -> None:
     """Say when a ``--set KEY=VALUE`` replaces a setting the family's recipes differ in (a grid's axis, say): every
     run then takes the one value, and the comparison the family was written for is gone from the table."""
-    from recipes.cli import dotted_get, read_config
+    from recipes.cli import dotted_get
+    from recipes.recipe_files import read_config
 
     def setting(recipe: dict, key: str):
         try:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from recipes.cli import read_config, resolve_config
+from recipes.recipe_files import read_config, resolve_config
 
 
 def parse_axis(text: str) -> tuple[str, list]:

@@ -17,10 +17,9 @@ from pathlib import Path
 import yaml
 
 from recipes.argtypes import did_you_mean
-from recipes.cli import CONFIG_DIR
+from recipes.recipe_files import CONFIG_DIR, sweep_root
 from recipes.launchers import (RecipeJob, device_groups, gpu_arguments, python_command, submitit_executor,
                                visible_gpus)
-from recipes.runs import sweep_root
 from recipes.sweep.records import Run, read_manifest, scalar_series, stored_numbers, write_manifest, write_record
 
 

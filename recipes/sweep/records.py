@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from recipes.cli import CONFIG_DIR
+from recipes.recipe_files import CONFIG_DIR
 
 
 @dataclass

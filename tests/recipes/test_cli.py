@@ -10,7 +10,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from recipes.cli import main, resolve_config
+from recipes.cli import main
+from recipes.recipe_files import resolve_config
 from recipes.cli_errors import near_misses
 
 TINY_FIT = [
@@ -598,7 +599,7 @@ def test_lightnings_barebones_mode_is_refused_at_once_with_what_measures_speed(t
 
 
 def test_a_config_is_a_path_or_a_bundled_name_and_a_missing_one_names_what_it_may_have_meant(tmp_path, monkeypatch):
-    from recipes.cli import CONFIG_DIR, bundled_hint
+    from recipes.recipe_files import CONFIG_DIR, bundled_hint
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "quickstart.yaml").write_text("model: {}\n")
@@ -621,7 +622,7 @@ def test_a_config_is_a_path_or_a_bundled_name_and_a_missing_one_names_what_it_ma
     ("- a\n- b\n", "holds a list; a recipe is a mapping of sections"),
 ])
 def test_a_recipe_file_that_is_not_a_mapping_of_sections_is_named(tmp_path, text, problem):
-    from recipes.cli import read_config
+    from recipes.recipe_files import read_config
 
     path = tmp_path / "recipe.yaml"
     path.write_text(text)
@@ -630,7 +631,8 @@ def test_a_recipe_file_that_is_not_a_mapping_of_sections_is_named(tmp_path, text
 
 
 def test_every_config_argument_is_resolved_and_a_letter_is_bound_in_its_file_or_an_earlier_one(tmp_path):
-    from recipes.cli import CONFIG_DIR, resolve_config_args
+    from recipes.cli import resolve_config_args
+    from recipes.recipe_files import CONFIG_DIR
 
     base, tweak = tmp_path / "base.yaml", tmp_path / "tweak.yaml"
     base.write_text("model:\n  mixers:\n    A: {class_path: components.QCAttention}\n    S: components.SSD\n")

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from recipes import LanguageModel
-from recipes.cli import CONFIG_DIR, bundled_configs, main
+from recipes.cli import main
+from recipes.recipe_files import CONFIG_DIR, bundled_configs
 from recipes.corpora import write_sample
 
 QUICK = ["--trainer.enable_progress_bar", "false", "--data.init_args.batch_size", "2",

@@ -936,7 +936,7 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", CountedTaskManager)
 
     from recipes.checkpoints import load_checkpoint
-    from recipes.cli import resolve_config
+    from recipes.recipe_files import resolve_config
     from recipes.sweep.cli import main as sweep
     from recipes.sweep.records import Run, write_manifest
     from recipes.evaluation.tasks import DATA

@@ -556,7 +556,7 @@ def test_export_brings_a_corpus_tokenizer_that_encodes_as_the_data_module(tmp_pa
 def test_export_refuses_what_transformers_cannot_express_by_name(tmp_path, recipe, reason):
     import yaml
 
-    from recipes.cli import CONFIG_DIR
+    from recipes.recipe_files import CONFIG_DIR
     from recipes.hf import export
     from recipes.module import LanguageModel
 

@@ -164,7 +164,7 @@ def test_a_manifest_keeps_every_runs_fields_and_names_how_each_ended(tmp_path):
 
 
 def test_a_record_names_bundled_recipes_relatively_and_is_read_where_a_finished_runs_folder_is_gone(tmp_path):
-    from recipes.cli import CONFIG_DIR
+    from recipes.recipe_files import CONFIG_DIR
     from recipes.sweep.records import Run, read_manifest, run_hparams, write_manifest, write_record
 
     stored = {"result": {"val_loss": 1.0}, "curves": {"val/loss": [[1, 1.0]]}, "hparams": {"lr": 0.5}}
