@@ -40,7 +40,8 @@ from recipes.recipe_files import read_config, resolve_config
 from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, trains_in_workers
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback,
                               TrainingInterrupted, ValidateFinalStep, averaged_weights_note, check_averaging_unsharded,
-                              NAMED_CHECKPOINTS, default_progress_bar, newest_checkpoint)
+                              NAMED_CHECKPOINTS, checkpoint_folder, checkpoints_problem, default_progress_bar,
+                              newest_checkpoint)
 
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")  # loggers whose folders are <save_dir>/<name>/<version>/
 DESCRIPTION = ("Train, validate and test the zoo's models (Lightning's CLI; a recipe is a --config file, bundled ones "
@@ -426,7 +427,13 @@ class HybridCLI(LightningCLI):
             print(message, flush=True)
 
     def before_fit(self) -> None:
-        """The resolved configuration as text in TensorBoard, beside the curves it produced."""
+        """Refuse a folder that holds another run's checkpoints (before the logger writes there); then the resolved
+        configuration as text in TensorBoard, beside the curves it produced."""
+        if any(isinstance(c, CheckpointPolicy) for c in self.trainer.callbacks):
+            problem = checkpoints_problem(checkpoint_folder(self.trainer), self.config["fit"].get("ckpt_path"),
+                                          logged=bool(self.trainer.loggers))
+            if problem:
+                raise ValueError(problem)
         config = self._parser("fit").dump(self.config["fit"], skip_none=False, skip_link_targets=False)
         for logger in self.trainer.loggers:
             if hasattr(logger.experiment, "add_text"):

@@ -61,13 +61,22 @@ written to its temporary file, not yet renamed)."""
 class StepProgressBar(RichProgressBar):
     """Lightning's rich progress bar without the "Epoch 0/-2" it shows when ``max_steps`` ends training: a
     step-limited run has ``max_epochs`` -1, which that bar prints as a total of -2 (fixed in Lightning after
-    2.6.6). With no epoch limit the description is the epoch alone; otherwise it is Lightning's own."""
+    2.6.6). With no epoch limit the description is the epoch alone; otherwise it is Lightning's own. The run's
+    version shows as ``v_num: 3``, not ``3.000``."""
 
     def _get_train_description(self, current_epoch: int) -> str:
         max_epochs = self.trainer.max_epochs
         if max_epochs is not None and max_epochs < 0:
             return f"Epoch {current_epoch}".ljust(len(self.validation_description))
         return super()._get_train_description(current_epoch)
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
+        """Lightning's, with the run's version as text: the rich bar formats every number as a float, so
+        ``version_3`` showed as ``v_num: 3.000``."""
+        metrics = super().get_metrics(trainer, pl_module)
+        if isinstance(metrics.get("v_num"), int):
+            metrics["v_num"] = str(metrics["v_num"])
+        return metrics
 
 
 def step_ended(trainer: L.Trainer, batch_idx: int) -> bool:
@@ -162,7 +171,8 @@ class RunConfigCallback(SaveConfigCallback):
     """Saves the resolved configuration as ``config.yaml`` in the run's folder, replacing only a file that a run
     wrote there before (a resumed run's own). Without a logger that folder is the working one, where a user's own
     ``config.yaml`` — perhaps the very recipe this run reads — may be: that is refused with a ``ValueError`` that
-    names the file, before training starts, rather than overwritten with the resolved dump (its comments lost)."""
+    names the file, before training starts, rather than overwritten with the resolved dump (its comments lost).
+    (A folder that holds another run's checkpoints is refused before this, by :func:`checkpoints_problem`.)"""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self.already_saved:
@@ -217,6 +227,28 @@ def own_file_problem(path: Path, inputs) -> str | None:
     return (f"{path} {what}; the run saves its resolved configuration in its folder ({path.parent}: the working "
             "folder when the trainer has no logger) and will not overwrite it. Rename the file, or give "
             "--trainer.default_root_dir FOLDER, or let the run log (drop --trainer.logger false)")
+
+
+RUN_CHECKPOINTS = ("last.ckpt", "best.ckpt", "swa.ckpt")
+
+
+def checkpoint_folder(trainer: L.Trainer) -> Path:
+    """Where :class:`CheckpointPolicy` writes: ``<log dir>/checkpoints``, the working folder's without a logger."""
+    return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints"
+
+
+def checkpoints_problem(folder: Path, resumed_from, *, logged: bool = True) -> str | None:
+    """Why a ``fit`` must not write its checkpoints into ``folder``, or None: the folder holds a run's
+    checkpoints and this fit does not resume from one of them (``resumed_from``, its ``--ckpt_path``), so it
+    would replace them — an earlier run's work — with its own. ``logged``: whether the run has a logger (the
+    advice differs: without one the folder is the working one)."""
+    found = [name for name in RUN_CHECKPOINTS if (folder / name).exists()]
+    if not found or (resumed_from and _resolved(resumed_from).parent == folder.resolve()):
+        return None
+    elsewhere = ("--trainer.default_root_dir FOLDER, or let the run log (drop --trainer.logger false)" if not logged
+                 else "a logger version of its own")
+    return (f"{folder} holds {', '.join(found)} of an earlier run, which this run would overwrite; resume that run "
+            f"with --ckpt_path {folder / found[0]}, or give this one another folder: {elsewhere}")
 
 
 def _resolved(given) -> Path:
@@ -414,8 +446,7 @@ class CheckpointPolicy(Checkpoint):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        dirpath = Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints"
-        self.dirpath = Path(trainer.strategy.broadcast(str(dirpath)))
+        self.dirpath = Path(trainer.strategy.broadcast(str(checkpoint_folder(trainer))))
         if trainer.is_global_zero:
             for path in remove_orphans(self.dirpath, ".*.ckpt.tmp-*"):
                 log.info("removed %s, left by an interrupted checkpoint write", path)

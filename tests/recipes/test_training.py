@@ -451,6 +451,18 @@ def test_the_progress_bar_names_no_negative_epoch_total_when_steps_end_training(
     assert bar._get_train_description(3).strip() == description
 
 
+def test_the_progress_bar_shows_the_runs_version_as_a_number_not_a_float():
+    from lightning.pytorch.callbacks.progress.rich_progress import MetricsTextColumn
+
+    for version, shown in ((3, "3"), ("sweep_x", "ep_x")):  # (Lightning shows a name's last four characters)
+        trainer = SimpleNamespace(loggers=[SimpleNamespace(version=version)], progress_bar_metrics={"train/loss": 1.5})
+        metrics = StepProgressBar().get_metrics(trainer, None)
+        assert metrics == {"v_num": shown, "train/loss": 1.5}
+        column = MetricsTextColumn(trainer, style="", text_delimiter=" ", metrics_format=".3f")
+        column._metrics = metrics
+        assert list(column._generate_metrics_texts()) == [f"v_num: {shown}", "train/loss: 1.500"]
+
+
 def test_a_run_gets_the_step_progress_bar_unless_it_names_one_or_turns_the_bar_off(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert isinstance(main(["--config", "quickstart.yaml"], run=False).trainer.progress_bar_callback, StepProgressBar)
@@ -878,6 +890,33 @@ def test_only_a_folder_of_this_processs_own_start_files_counts_as_written_by_it(
     assert not folder("hparams.yaml", "config.yaml")  # none of its events: someone else's (a resumed run's) folder
     assert not folder(ours, f"events.out.tfevents.1.host.{os.getpid() + 1}.0")
     assert not folder(ours, "checkpoints/") and not folder(ours, "last.ckpt") and not folder(ours, "hparams.yaml/")
+
+
+def test_a_new_fit_never_writes_over_another_runs_checkpoints(tmp_path, monkeypatch):
+    """A run's checkpoints are replaced only by a fit that resumes from one of them (``--ckpt_path``, absolute or
+    relative, a sharded folder too); any other fit into that folder is refused, with advice for the run's case."""
+    from recipes.training import checkpoints_problem
+
+    folder = tmp_path / "checkpoints"
+    assert checkpoints_problem(folder, None) is None  # no folder yet
+    folder.mkdir()
+    (folder / "other.ckpt").write_text("")  # a file of the user's: this run writes no such name
+    assert checkpoints_problem(folder, None) is None
+    (folder / "swa.ckpt").write_text("")
+    assert checkpoints_problem(folder, None, logged=False) == (
+        f"{folder} holds swa.ckpt of an earlier run, which this run would overwrite; resume that run with "
+        f"--ckpt_path {folder / 'swa.ckpt'}, or give this one another folder: --trainer.default_root_dir FOLDER, or "
+        "let the run log (drop --trainer.logger false)")
+    (folder / "last.ckpt").mkdir()  # a sharded checkpoint is a folder
+    (folder / "best.ckpt").write_text("")
+    assert checkpoints_problem(folder, None).endswith(f"--ckpt_path {folder / 'last.ckpt'}, or give this one another "
+                                                      "folder: a logger version of its own")
+    assert "holds last.ckpt, best.ckpt, swa.ckpt of an earlier run" in checkpoints_problem(folder, None)
+    elsewhere = tmp_path / "runs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert checkpoints_problem(folder, str(elsewhere)) is not None  # resumes another run: this one's would be lost
+    assert checkpoints_problem(folder, folder / "last.ckpt") is None
+    monkeypatch.chdir(tmp_path)
+    assert checkpoints_problem(folder, "checkpoints/best.ckpt") is None
 
 
 def test_the_run_writes_its_config_over_an_earlier_runs_only(tmp_path):
