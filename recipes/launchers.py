@@ -3,9 +3,12 @@ submitit (``slurm``). Each run is the same ``python -m recipes fit`` command whi
 family's table does not depend on the launcher (docs/training.md, "Sweeps on GPUs and clusters")."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from recipes.recipe_files import RUN_CHECKPOINTS
 
 LAUNCHERS = ("local", "gpus", "slurm")
 
@@ -35,11 +38,23 @@ def gpu_arguments(group: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def resume_arguments(command: list[str], folder: Path) -> list[str]:
-    """``command`` continued from its own run's ``last.ckpt`` when one was written (a requeued job), else as it was."""
-    last = folder / "checkpoints" / "last.ckpt"
-    if not last.exists() or "--ckpt_path" in command:
+    """``command`` continued from its own run's ``last.ckpt`` when one was written (a requeued job, a resumed sweep),
+    else as it was: from the start. Starting again, the run's folder is cleared of the checkpoints an earlier
+    attempt left without a ``last.ckpt`` (a ``best.ckpt`` written before a process killed outright could write
+    one): they are this run's own, its restart with the same seed writes them again, and a fresh ``fit`` refuses
+    to write over a folder's checkpoints."""
+    checkpoints = folder / "checkpoints"
+    if "--ckpt_path" in command:
         return command
-    return [*command, "--ckpt_path", str(last)]
+    if (checkpoints / "last.ckpt").exists():
+        return [*command, "--ckpt_path", str(checkpoints / "last.ckpt")]
+    for name in RUN_CHECKPOINTS:
+        stale = checkpoints / name
+        if stale.is_dir():  # (a sharded checkpoint)
+            shutil.rmtree(stale)
+        elif stale.exists():
+            stale.unlink()
+    return command
 
 
 class RecipeJob:

@@ -10,6 +10,8 @@ import yaml
 from recipes.argtypes import close_matches
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+# what a run writes into its folder's checkpoints/ (recipes.training.CheckpointPolicy)
+RUN_CHECKPOINTS = ("last.ckpt", "best.ckpt", "swa.ckpt")
 
 
 def bundled_configs() -> list[str]:

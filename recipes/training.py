@@ -25,6 +25,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from recipes.checkpoints import is_sharded_checkpoint, load_checkpoint
+from recipes.recipe_files import RUN_CHECKPOINTS
 
 log = logging.getLogger(__name__)
 
@@ -227,9 +228,6 @@ def own_file_problem(path: Path, inputs) -> str | None:
     return (f"{path} {what}; the run saves its resolved configuration in its folder ({path.parent}: the working "
             "folder when the trainer has no logger) and will not overwrite it. Rename the file, or give "
             "--trainer.default_root_dir FOLDER, or let the run log (drop --trainer.logger false)")
-
-
-RUN_CHECKPOINTS = ("last.ckpt", "best.ckpt", "swa.ckpt")
 
 
 def checkpoint_folder(trainer: L.Trainer) -> Path:

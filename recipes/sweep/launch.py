@@ -18,8 +18,8 @@ import yaml
 
 from recipes.argtypes import did_you_mean
 from recipes.recipe_files import CONFIG_DIR, sweep_root
-from recipes.launchers import (RecipeJob, device_groups, gpu_arguments, python_command, submitit_executor,
-                               visible_gpus)
+from recipes.launchers import (RecipeJob, device_groups, gpu_arguments, python_command, resume_arguments,
+                               submitit_executor, visible_gpus)
 from recipes.sweep.records import Run, read_manifest, scalar_series, stored_numbers, write_manifest, write_record
 
 
@@ -266,8 +266,7 @@ def _resume(logs: Path, settings: dict, jobs: int, threads: int | None, progress
     found = device_groups(visible_gpus(), how["devices_per_run"]) if how["launcher"] == "gpus" else None
 
     def command_of(run: Run) -> list[str]:
-        last = Path(run.folder) / "checkpoints" / "last.ckpt"
-        return [*python_command(), *run.args, *(["--ckpt_path", str(last)] if last.is_file() else [])]
+        return resume_arguments([*python_command(), *run.args], Path(run.folder))
 
     with sweep_lock(logs) as held:
         for run in pending:

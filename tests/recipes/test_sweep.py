@@ -822,15 +822,26 @@ def test_first_seed_adds_later_seeds_to_an_earlier_sweep(tmp_path, monkeypatch):
 
 
 def test_a_requeued_job_resumes_from_its_own_last_checkpoint(tmp_path):
+    """A requeued job, or a resumed sweep's run, continues from its run's ``last.ckpt``; without one it starts again,
+    and the checkpoints its killed attempt left (which a fresh fit would refuse to write over) are removed."""
     pytest.importorskip("submitit")
     from recipes.launchers import RecipeJob, resume_arguments
 
     folder = tmp_path / "run"
     command = ["python", "-m", "recipes", "fit", "--config", "x.yaml"]
     assert resume_arguments(command, folder) == command  # nothing written yet: start from scratch
-    (folder / "checkpoints").mkdir(parents=True)
-    (folder / "checkpoints" / "last.ckpt").write_bytes(b"")
-    assert resume_arguments(command, folder)[-2:] == ["--ckpt_path", str(folder / "checkpoints" / "last.ckpt")]
+    checkpoints = folder / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "best.ckpt").write_bytes(b"")  # a first attempt killed before its first last.ckpt
+    (checkpoints / "swa.ckpt").mkdir()  # (sharded)
+    (checkpoints / "mine.ckpt").write_bytes(b"")
+    assert resume_arguments(command, folder) == command  # from scratch again, its own stale checkpoints removed
+    assert [path.name for path in checkpoints.iterdir()] == ["mine.ckpt"]
+    (checkpoints / "best.ckpt").write_bytes(b"")
+    (checkpoints / "last.ckpt").mkdir()  # a sharded last checkpoint resumes too
+    assert resume_arguments(command, folder)[-2:] == ["--ckpt_path", str(checkpoints / "last.ckpt")]
+    assert (checkpoints / "best.ckpt").exists()
+    assert resume_arguments([*command, "--ckpt_path", "x"], folder) == [*command, "--ckpt_path", "x"]
     again = RecipeJob(command, {}, tmp_path / "log", folder, tmp_path).checkpoint()
     assert isinstance(again.function, RecipeJob) and again.function.command == command
 
