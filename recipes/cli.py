@@ -4,7 +4,8 @@ On top of LightningCLI (docs/training.md):
 - ``--config NAME.yaml`` also finds the bundled recipes (``recipes/configs/``) from any folder;
 - every ``fit`` writes checkpoints by :class:`recipes.training.CheckpointPolicy`, configured under
   ``checkpoint:`` (``--checkpoint.every_n_steps 50``), atomically;
-- ``--ckpt_path last`` is the newest ``last.ckpt`` of the recipe's runs (an error when there is none),
+- ``--ckpt_path last`` is the newest ``last.ckpt`` of the recipe's runs (an error when there is none; without a
+  logger, the one in the working folder's ``checkpoints/``),
   and ``fit`` from a run's checkpoint continues that run: same log folder, same TensorBoard curves;
 - gradients are clipped at norm 1.0 unless the recipe says otherwise;
 - the progress bar shows no negative epoch total when ``max_steps`` ends the run (StepProgressBar);
@@ -390,9 +391,16 @@ class HybridCLI(LightningCLI):
             return
         logger, root = run_logger(config.trainer)
         if ckpt_path in NAMED_CHECKPOINTS:
-            found = newest_checkpoint(root, f"{ckpt_path}.ckpt") if root is not None else None
+            name = f"{ckpt_path}.ckpt"
+            if root is not None:
+                found, where = newest_checkpoint(root, name), f"under {root}/*/checkpoints/"
+            elif config.trainer.get("logger") is False:  # such a run writes into <default_root_dir>/checkpoints/
+                folder = Path(config.trainer.get("default_root_dir") or ".") / "checkpoints"
+                found = folder / name if (folder / name).is_file() or is_sharded_checkpoint(folder / name) else None
+                where = f"in {folder}/ (where a run without a logger writes them)"
+            else:
+                found, where = None, "(this trainer writes no run folders)"
             if found is None:
-                where = f"under {root}/*/checkpoints/" if root is not None else "(this trainer writes no run folders)"
                 sys.exit(f"error: --ckpt_path {ckpt_path}: no {ckpt_path}.ckpt {where}; train first, or pass the "
                          "path of a checkpoint file")
             config.ckpt_path = ckpt_path = str(found)

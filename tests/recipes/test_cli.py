@@ -191,6 +191,10 @@ def test_a_run_without_a_logger_never_overwrites_a_users_config_yaml(tmp_path, m
         assert recipe.read_text().startswith("# my notes\n")
 
     recipe.unlink()
+    with pytest.raises(SystemExit) as info:  # --ckpt_path last looks where such a run writes
+        main(["fit", "--config", "quickstart.yaml", *short, "--ckpt_path", "last"])
+    assert info.value.code == (f"error: --ckpt_path last: no last.ckpt in {Path('checkpoints')}/ (where a run without a "
+                               "logger writes them); train first, or pass the path of a checkpoint file")
     main(["fit", "--config", "quickstart.yaml", *short])
     out = capsys.readouterr().out
     assert "fit finished: 2 steps" in out and "tensorboard" not in out.lower() and "\n  logs " not in out
@@ -204,8 +208,10 @@ def test_a_run_without_a_logger_never_overwrites_a_users_config_yaml(tmp_path, m
                                "folder: --trainer.default_root_dir FOLDER, or let the run log (drop --trainer.logger false)")
     assert recipe.read_text() == written and last.read_bytes() == checkpoint
     main(["fit", "--config", "quickstart.yaml", *short[:-8], "--trainer.max_steps", "3", *short[-6:],
-          "--ckpt_path", str(last)])  # resumed, the run replaces its own file
-    assert "fit finished: 3 steps (1 in this run" in capsys.readouterr().out and "max_steps: 3" in recipe.read_text()
+          "--ckpt_path", "last"])  # resumed, the run replaces its own file
+    out = capsys.readouterr().out
+    assert f"resuming from {Path('checkpoints/last.ckpt')}" in out and "fit finished: 3 steps (1 in this run" in out
+    assert "max_steps: 3" in recipe.read_text()
     written = recipe.read_text()
     with pytest.raises(SystemExit) as info:  # a run's file read back as the recipe is the recipe: kept
         main(["fit", "--config", "config.yaml", *short, "--ckpt_path", str(last)])
