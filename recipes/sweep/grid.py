@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         written = write_grid(source, axes, settings, Path(args.out), command)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"error: {error}")
-    print(f"{len(written)} recipes in {args.out}/: {', '.join(p.stem for p in written)}")
+    print(f"{len(written)} recipe{'s' if len(written) != 1 else ''} in {args.out}/: {', '.join(p.stem for p in written)}")
     last, values = axes[-1]
     plotted = last.startswith("model.") and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     print(f"run them: python -m recipes.sweep {args.out} --seeds 3 --jobs 2"
