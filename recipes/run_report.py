@@ -78,7 +78,8 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
     lines += averaging_lines(trainer.callbacks)
     policy = next((c for c in trainer.callbacks if isinstance(c, CheckpointPolicy)), None)
     if policy is not None and policy.dirpath is not None:  # the files there (none under fast_dev_run, for one)
-        this_run = {"last.ckpt": True, "best.ckpt": bool(policy.best_path), "swa.ckpt": bool(policy.average_path)}
+        this_run = {"last.ckpt": not trainer.fast_dev_run, "best.ckpt": bool(policy.best_path),
+                    "swa.ckpt": bool(policy.average_path)}
         written = [name for name, ours in this_run.items() if ours and (Path(policy.dirpath) / name).exists()]
         lines.append(f"  checkpoints {policy.dirpath}/ ({', '.join(written)})" if written else "  checkpoints none written")
     tensorboard = any(type(logger).__name__ == "TensorBoardLogger" for logger in trainer.loggers)

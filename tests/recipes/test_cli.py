@@ -267,6 +267,10 @@ def test_the_summary_claims_only_the_checkpoints_written(tmp_path, monkeypatch, 
     main([*TINY_FIT[:-6], "--trainer.fast_dev_run", "true"])
     out = capsys.readouterr().out
     assert "fit finished: 1 step\n" in out and "checkpoints none written" in out and not list(tmp_path.rglob("*.ckpt"))
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"an earlier run's")  # where a run without a logger writes
+    main([*TINY_FIT[:-6], "--trainer.fast_dev_run", "true", "--trainer.logger", "false"])
+    assert "checkpoints none written" in capsys.readouterr().out
 
 
 def test_the_fit_summary_says_when_no_validation_ran():
@@ -939,7 +943,7 @@ def test_the_cli_hooks_say_the_threads_store_the_whole_config_and_leave_a_worker
     logger = SimpleNamespace(experiment=SimpleNamespace(add_text=lambda tag, text, step: texts.append((tag, step, text))))
     HybridCLI.before_fit(SimpleNamespace(_parser=lambda name: parsed.parser, config={"fit": parsed.config},
                                          trainer=SimpleNamespace(loggers=[logger, SimpleNamespace(experiment=None)],
-                                                                 global_step=5, callbacks=[])))
+                                                                 global_step=5, callbacks=[], fast_dev_run=False)))
     [(tag, step, text)] = texts
     assert (tag, step) == ("config", 5) and text.startswith("```yaml\n") and text.endswith("\n```")
     assert "  init_from: null\n" in text and "  d_model: " in text  # every setting, the unset ones too
