@@ -245,8 +245,9 @@ def checkpoints_problem(folder: Path, resumed_from, *, logged: bool = True) -> s
         return None
     elsewhere = ("--trainer.default_root_dir FOLDER, or let the run log (drop --trainer.logger false)" if not logged
                  else "a logger version of its own")
-    return (f"{folder} holds {', '.join(found)} of an earlier run, which this run would overwrite; resume that run "
-            f"with --ckpt_path {folder / found[0]}, or give this one another folder: {elsewhere}")
+    resume = f"resume that run with --ckpt_path {folder / 'last.ckpt'}, or " if "last.ckpt" in found else ""
+    return (f"{folder} holds {', '.join(found)} of an earlier run, which this run would overwrite; {resume}give this "
+            f"one another folder: {elsewhere}")
 
 
 def _resolved(given) -> Path:

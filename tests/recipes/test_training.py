@@ -904,9 +904,8 @@ def test_a_new_fit_never_writes_over_another_runs_checkpoints(tmp_path, monkeypa
     assert checkpoints_problem(folder, None) is None
     (folder / "swa.ckpt").write_text("")
     assert checkpoints_problem(folder, None, logged=False) == (
-        f"{folder} holds swa.ckpt of an earlier run, which this run would overwrite; resume that run with "
-        f"--ckpt_path {folder / 'swa.ckpt'}, or give this one another folder: --trainer.default_root_dir FOLDER, or "
-        "let the run log (drop --trainer.logger false)")
+        f"{folder} holds swa.ckpt of an earlier run, which this run would overwrite; give this one another folder: "
+        "--trainer.default_root_dir FOLDER, or let the run log (drop --trainer.logger false)")  # (no last.ckpt to resume)
     (folder / "last.ckpt").mkdir()  # a sharded checkpoint is a folder
     (folder / "best.ckpt").write_text("")
     assert checkpoints_problem(folder, None).endswith(f"--ckpt_path {folder / 'last.ckpt'}, or give this one another "
