@@ -437,7 +437,7 @@ class HybridCLI(LightningCLI):
     def before_fit(self) -> None:
         """Refuse a folder that holds another run's checkpoints (before the logger writes there); then the resolved
         configuration as text in TensorBoard, beside the curves it produced."""
-        if not self.trainer.fast_dev_run and any(isinstance(c, CheckpointPolicy) for c in self.trainer.callbacks):
+        if not self.trainer.fast_dev_run:  # (without checkpointing, it would still replace the run's config.yaml)
             problem = checkpoints_problem(checkpoint_folder(self.trainer), self.config["fit"].get("ckpt_path"),
                                           logged=bool(self.trainer.loggers))
             if problem:

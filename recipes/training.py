@@ -246,8 +246,8 @@ def checkpoints_problem(folder: Path, resumed_from, *, logged: bool = True) -> s
     elsewhere = ("--trainer.default_root_dir FOLDER, or let the run log (drop --trainer.logger false)" if not logged
                  else "a logger version of its own")
     resume = f"resume that run with --ckpt_path {folder / 'last.ckpt'}, or " if "last.ckpt" in found else ""
-    return (f"{folder} holds {', '.join(found)} of an earlier run, which this run would overwrite; {resume}give this "
-            f"one another folder: {elsewhere}")
+    return (f"{folder} holds {', '.join(found)} of an earlier run, whose files this run would overwrite; {resume}"
+            f"give this one another folder: {elsewhere}")
 
 
 def _resolved(given) -> Path:

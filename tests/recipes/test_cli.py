@@ -203,8 +203,8 @@ def test_a_run_without_a_logger_never_overwrites_a_users_config_yaml(tmp_path, m
     written, checkpoint = recipe.read_text(), last.read_bytes()
     with pytest.raises(SystemExit) as info:  # a new run here would replace that run's checkpoints and file
         main(["fit", "--config", "quickstart.yaml", *short])
-    assert info.value.code == (f"error: {last.parent} holds last.ckpt, best.ckpt of an earlier run, which this run "
-                               f"would overwrite; resume that run with --ckpt_path {last}, or give this one another "
+    assert info.value.code == (f"error: {last.parent} holds last.ckpt, best.ckpt of an earlier run, whose files this "
+                               f"run would overwrite; resume that run with --ckpt_path {last}, or give this one another "
                                "folder: --trainer.default_root_dir FOLDER, or let the run log (drop --trainer.logger false)")
     assert recipe.read_text() == written and last.read_bytes() == checkpoint
     main(["fit", "--config", "quickstart.yaml", *short[:-8], "--trainer.max_steps", "3", *short[-6:],
@@ -220,7 +220,8 @@ def test_a_run_without_a_logger_never_overwrites_a_users_config_yaml(tmp_path, m
 
 def test_a_logger_version_given_twice_is_refused_before_the_second_run_writes_into_the_first(tmp_path, monkeypatch):
     """A fixed version (``--trainer.logger.init_args.version``) names the same folder for two runs: the second is
-    refused before it writes anything there — checkpoints, config.yaml, or a TensorBoard events file."""
+    refused before it writes anything there — checkpoints, config.yaml, or a TensorBoard events file — with
+    checkpointing or without."""
     monkeypatch.chdir(tmp_path)
     run = [*TINY_FIT[:-6], "--trainer.max_steps", "2", "--trainer.limit_val_batches", "2",
            "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.version", "mine"]
@@ -228,11 +229,12 @@ def test_a_logger_version_given_twice_is_refused_before_the_second_run_writes_in
     folder = tmp_path / "runs" / "quickstart" / "mine"
     before = {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()}
     assert {path.name for path in before} >= {"last.ckpt", "best.ckpt", "config.yaml"}
-    with pytest.raises(SystemExit) as info:
-        main(run)
-    assert info.value.code.startswith(f"error: {Path('runs/quickstart/mine/checkpoints')} holds last.ckpt, best.ckpt "
-                                      "of an earlier run") and info.value.code.endswith("a logger version of its own")
-    assert {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()} == before
+    for again in (run, [*run, "--trainer.enable_checkpointing", "false"]):  # (which would replace its config.yaml)
+        with pytest.raises(SystemExit) as info:
+            main(again)
+        assert info.value.code.startswith(f"error: {Path('runs/quickstart/mine/checkpoints')} holds last.ckpt, "
+                                          "best.ckpt of an earlier run") and info.value.code.endswith("a logger version of its own")
+        assert {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()} == before
 
 
 def test_a_csv_logger_run_logs_its_metrics(tmp_path, monkeypatch, capsys):
@@ -943,7 +945,8 @@ def test_the_cli_hooks_say_the_threads_store_the_whole_config_and_leave_a_worker
     logger = SimpleNamespace(experiment=SimpleNamespace(add_text=lambda tag, text, step: texts.append((tag, step, text))))
     HybridCLI.before_fit(SimpleNamespace(_parser=lambda name: parsed.parser, config={"fit": parsed.config},
                                          trainer=SimpleNamespace(loggers=[logger, SimpleNamespace(experiment=None)],
-                                                                 global_step=5, callbacks=[], fast_dev_run=False)))
+                                                                 global_step=5, fast_dev_run=False,
+                                                                 log_dir=str(tmp_path))))
     [(tag, step, text)] = texts
     assert (tag, step) == ("config", 5) and text.startswith("```yaml\n") and text.endswith("\n```")
     assert "  init_from: null\n" in text and "  d_model: " in text  # every setting, the unset ones too

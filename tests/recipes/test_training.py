@@ -904,7 +904,7 @@ def test_a_new_fit_never_writes_over_another_runs_checkpoints(tmp_path, monkeypa
     assert checkpoints_problem(folder, None) is None
     (folder / "swa.ckpt").write_text("")
     assert checkpoints_problem(folder, None, logged=False) == (
-        f"{folder} holds swa.ckpt of an earlier run, which this run would overwrite; give this one another folder: "
+        f"{folder} holds swa.ckpt of an earlier run, whose files this run would overwrite; give this one another folder: "
         "--trainer.default_root_dir FOLDER, or let the run log (drop --trainer.logger false)")  # (no last.ckpt to resume)
     (folder / "last.ckpt").mkdir()  # a sharded checkpoint is a folder
     (folder / "best.ckpt").write_text("")
