@@ -45,6 +45,11 @@ def is_sharded_checkpoint(path: str | Path) -> bool:
     return path.is_dir() and (path / SHARDED_META).is_file() and (path / ".metadata").is_file()
 
 
+def is_checkpoint(path: str | Path) -> bool:
+    """A checkpoint file, or a sharded checkpoint's folder: what ``--ckpt_path`` may name."""
+    return Path(path).is_file() or is_sharded_checkpoint(path)
+
+
 # What a sharded checkpoint's ``.metadata`` may name. torch's distributed checkpoint reads that file with plain
 # pickle (on resume and on consolidation), so it is checked first, by a pickle reader that builds nothing.
 SHARD_METADATA_CLASSES = {

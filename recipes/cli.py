@@ -33,7 +33,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from recipes.argtypes import did_you_mean
 from recipes.cli_errors import LIGHTNING_OPTIMIZER, UNION_HEADER, near_misses, parse_error_message, short_epoch_message
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_paths, consolidate_hint,
-                                 is_sharded_checkpoint, load_checkpoint, not_a_checkpoint_folder)
+                                 is_checkpoint, is_sharded_checkpoint, load_checkpoint, not_a_checkpoint_folder)
 from components.bindings import import_class, upgrade_specs
 from recipes.module import LanguageModel, language_model_arguments
 from recipes.optimizer import recorded_form
@@ -396,7 +396,7 @@ class HybridCLI(LightningCLI):
                 found, where = newest_checkpoint(root, name), f"under {root}/*/checkpoints/"
             elif config.trainer.get("logger") is False:  # such a run writes into <default_root_dir>/checkpoints/
                 folder = Path(config.trainer.get("default_root_dir") or ".") / "checkpoints"
-                found = folder / name if (folder / name).is_file() or is_sharded_checkpoint(folder / name) else None
+                found = folder / name if is_checkpoint(folder / name) else None
                 where = f"in {folder}/ (where a run without a logger writes them)"
             else:
                 found, where = None, "(this trainer writes no run folders)"
@@ -410,7 +410,7 @@ class HybridCLI(LightningCLI):
             sys.exit(f"error: --ckpt_path {ckpt_path}: {consolidate_hint(path)}")
         if path.is_dir() and not is_sharded_checkpoint(path):
             sys.exit(f"error: --ckpt_path {not_a_checkpoint_folder(ckpt_path)}")
-        if not (path.is_file() or is_sharded_checkpoint(path)):
+        if not is_checkpoint(path):
             sys.exit(f"error: --ckpt_path {ckpt_path}: no such checkpoint file")
         in_run = (root is not None and path.parent.name == "checkpoints"
                   and path.parent.parent.parent.resolve() == root.resolve())

@@ -24,7 +24,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from recipes.checkpoints import is_sharded_checkpoint, load_checkpoint
+from recipes.checkpoints import is_checkpoint, load_checkpoint
 from recipes.recipe_files import RUN_CHECKPOINTS
 
 log = logging.getLogger(__name__)
@@ -663,5 +663,5 @@ def set_rng_states(states: dict) -> None:
 
 def newest_checkpoint(root: Path, name: str = "last.ckpt") -> Path | None:
     """The most recently written ``<root>/<version>/checkpoints/<name>``, or None."""
-    candidates = [p for p in root.glob(f"*/checkpoints/{name}") if p.is_file() or is_sharded_checkpoint(p)]
+    candidates = [p for p in root.glob(f"*/checkpoints/{name}") if is_checkpoint(p)]
     return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
