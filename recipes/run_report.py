@@ -12,14 +12,48 @@ import lightning as L
 from recipes.training import CheckpointPolicy, averages_weights, stochastic_average_taken
 
 
+def busy_cores(cpus: set[int], window: float = 0.3, stat: str = "/proc/stat") -> float | None:
+    """How many of ``cpus`` other processes keep busy: the share of their time not idle over the next ``window``
+    seconds (Linux's per-CPU counters in ``stat``), less this process's own. None where there are no such counters.
+
+    Not the load average: that one-minute mean still counts, a minute later, a run that has just ended, so a run
+    started after it took half the cores of an idle machine."""
+
+    def not_idle_and_all() -> tuple[int, int]:  # clock ticks over ``cpus``: (not idle, all), since boot
+        busy = total = 0
+        with open(stat) as lines:
+            for line in lines:
+                name, *fields = line.split()
+                if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
+                    continue
+                ticks = [int(field) for field in fields[:8]]  # user nice system idle iowait irq softirq steal
+                busy, total = busy + sum(ticks) - ticks[3] - ticks[4], total + sum(ticks)
+        return busy, total
+
+    try:
+        busy, total = not_idle_and_all()
+        own = time.process_time()
+        time.sleep(window)
+        busy_after, total_after = not_idle_and_all()
+        own, tick = time.process_time() - own, os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    if total_after <= total:
+        return None
+    seconds = (total_after - total) / len(cpus) / tick  # the window, in the counters' own clock
+    return max(0.0, len(cpus) * (busy_after - busy) / (total_after - total) - own / seconds)
+
+
 def choose_threads(requested: int | None) -> str | None:
     """Set torch's threads: ``requested``, else OMP_NUM_THREADS (torch reads it), else the cores no other
-    process is busy with (the one-minute load average): on a shared CPU torch's default, one thread per core,
-    oversubscribes it (docs/training.md: ablate_moe took 140 s a step so, 11 s with one thread). Returns what
-    to tell the user, or None when nothing changed."""
+    process is busy with (``busy_cores``, else the one-minute load average where the CPU has no counters to
+    read): on a shared CPU torch's default, one thread per core, oversubscribes it (docs/training.md:
+    ablate_moe took 140 s a step so, 11 s with one thread). Returns what to tell the user, or None when nothing
+    changed."""
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cores = len(cpus)
     if requested is not None:
         if requested < 1:
             raise ValueError(f"--threads {requested} must be >= 1")
@@ -27,7 +61,13 @@ def choose_threads(requested: int | None) -> str | None:
         return f"torch threads: {requested} (--threads)"
     if os.environ.get("OMP_NUM_THREADS"):
         return None
-    busy = min(round(os.getloadavg()[0]), cores - 1) if hasattr(os, "getloadavg") else 0
+    if cores > 1 and 1 < torch.get_num_threads():
+        measured = busy_cores(cpus)
+        if measured is None:
+            measured = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    else:
+        measured = 0.0  # nothing to take away
+    busy = min(round(measured), cores - 1)
     threads = max(1, cores - busy)
     if threads >= torch.get_num_threads():
         return None

@@ -960,31 +960,36 @@ def test_the_cli_hooks_say_the_threads_store_the_whole_config_and_leave_a_worker
     assert summaries == ["runs/x"] and capsys.readouterr().out == "done\n"
 
 
-def test_the_threads_are_the_requested_ones_else_the_cores_the_load_average_leaves(monkeypatch):
-    """``--threads N``; else OMP_NUM_THREADS (torch's own); else the cores no other process is busy with: one
-    thread per core on a shared CPU oversubscribes it. Fewer threads only: never more than torch would take."""
+def test_the_threads_are_the_requested_ones_else_the_cores_other_processes_leave(monkeypatch):
+    """``--threads N``; else OMP_NUM_THREADS (torch's own); else the cores no other process is busy with (measured
+    now; the load average only where there is nothing to measure): one thread per core on a shared CPU
+    oversubscribes it. Fewer threads only: never more than torch would take."""
     import torch
 
+    import recipes.run_report as run_report
     from recipes.run_report import choose_threads
 
     before = torch.get_num_threads()
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 3.0, 3.0))  # not read while there is a measurement
     try:
         with pytest.raises(ValueError, match="--threads 0 must be >= 1"):
             choose_threads(0)
         assert choose_threads(1) == "torch threads: 1 (--threads)" and torch.get_num_threads() == 1
-        for load, threads in [(0.4, None), (1.4, 3), (2.6, 1), (9.0, 1)]:  # busy: round(load), at most 3 of 4 cores
+        for busy, threads in [(0.4, None), (1.4, 3), (2.6, 1), (9.0, 1)]:  # round(busy), at most 3 of 4 cores
             torch.set_num_threads(4)
-            monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+            monkeypatch.setattr(run_report, "busy_cores", lambda cpus: busy if cpus == {0, 1, 2, 3} else None)
             said = choose_threads(None)
             if threads is None:  # all four free: torch's own four stay
                 assert said is None and torch.get_num_threads() == 4
             else:
-                assert said == (f"torch threads: {threads} of 4 cores (about {min(round(load), 3)} busy with other "
-                                "processes); --threads N or OMP_NUM_THREADS=N chooses"), load
+                assert said == (f"torch threads: {threads} of 4 cores (about {min(round(busy), 3)} busy with other "
+                                "processes); --threads N or OMP_NUM_THREADS=N chooses"), busy
                 assert torch.get_num_threads() == threads
-        monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 0.0, 0.0))
+        monkeypatch.setattr(run_report, "busy_cores", lambda cpus: None)  # no counters: the load average
+        torch.set_num_threads(4)
+        assert choose_threads(None).startswith("torch threads: 1 of 4 cores (about 3 busy")
         monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # (macOS, Windows): the CPU count, else one core
         for count, said in [(6, "torch threads: 3 of 6 cores (about 3 busy"), (None, "torch threads: 1 of 1 cores (about 0")]:
             torch.set_num_threads(8)
@@ -995,6 +1000,43 @@ def test_the_threads_are_the_requested_ones_else_the_cores_the_load_average_leav
         assert choose_threads(None) is None and torch.get_num_threads() == 8
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_busy_cores_are_the_not_idle_share_of_this_processes_cpus_over_the_window(tmp_path, monkeypatch):
+    """Counted from the per-CPU lines of /proc/stat over the window, on this process's CPUs only (the machine-wide
+    line and other CPUs left out), idle and iowait as idle; and measured for real, a spinning process is seen."""
+    import subprocess
+    import time
+
+    from recipes.run_report import busy_cores
+
+    stat = tmp_path / "stat"
+    line = "cpu{} {} 0 {} {} {} 0 0 0 0 0\n"  # user nice system idle iowait ...
+    first = "cpu  999 0 0 0 0 0 0 0 0 0\n" + line.format(0, 100, 10, 500, 5) + line.format(1, 50, 0, 900, 0)
+    # over the window: cpu0 60 not idle of 100 ticks, cpu1 10 of 100; cpu2 (not ours) all busy
+    after = ("cpu  0 0 0 0 0 0 0 0 0 0\n" + line.format(0, 150, 20, 535, 10) + line.format(1, 60, 0, 990, 0)
+             + line.format(2, 10**6, 0, 0, 0))
+    stat.write_text(first)
+    monkeypatch.setattr(time, "sleep", lambda seconds: stat.write_text(after))
+    assert busy_cores({0, 1}, stat=str(stat)) == pytest.approx(2 * 70 / 200, abs=0.01)
+    stat.write_text(first)
+    assert busy_cores({1}, stat=str(stat)) == pytest.approx(0.1, abs=0.01)
+    stat.write_text(first)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # no tick passed: nothing to say
+    assert busy_cores({0, 1}, stat=str(stat)) is None
+    assert busy_cores({0}, stat=str(tmp_path / "absent")) is None
+    monkeypatch.undo()
+
+    if not Path("/proc/stat").exists():
+        return
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.5)
+        # (it shares the cores with the suite's other worker, so it gets at least half of one)
+        assert busy_cores(os.sched_getaffinity(0), window=0.5) >= 0.4
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def test_a_parse_error_keeps_its_first_lines_and_a_class_offers_its_own_keywords_only_once_imported():
