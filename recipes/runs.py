@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 from jsonargparse import dict_to_namespace
 
+from recipes.checkpoints import is_checkpoint
 from recipes.cli import newest_checkpoint, run_logger
 from recipes.recipe_files import read_config, resolve_config, sweep_root
 from recipes.training import NAMED_CHECKPOINTS
@@ -22,14 +23,26 @@ def checkpoint_path(recipe: dict, ckpt_path: str, config: str | None = None) -> 
     folder."""
     if ckpt_path not in NAMED_CHECKPOINTS:
         return ckpt_path
-    logger, root = run_logger(dict_to_namespace(recipe.get("trainer") or {}))
+    trainer = recipe.get("trainer") or {}
+    name = f"{ckpt_path}.ckpt"
+    if trainer.get("logger") is False:  # as fit resolves it: such a run writes into <default_root_dir>/checkpoints/
+        folder = Path(trainer.get("default_root_dir") or ".") / "checkpoints"
+        if is_checkpoint(folder / name):
+            return str(folder / name)
+        raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no {name} in {folder}/ (where a run without a logger "
+                                "writes them); train first")
+    logger, root = run_logger(dict_to_namespace(trainer))
     roots = [root] if root is not None else []
     if config is not None and logger is None and root is not None:  # Lightning's default logger: fit's runs
         roots.append(sweep_root(Path(resolve_config(config))))
-    found = [c for c in (newest_checkpoint(r, f"{ckpt_path}.ckpt") for r in roots) if c is not None]
+    found = [c for c in (newest_checkpoint(r, name) for r in roots) if c is not None]
     if not found:
         where = " or ".join(f"{r}/*/checkpoints/" for r in roots) or "no run folder (the recipe logs nothing)"
-        raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no {ckpt_path}.ckpt under {where}; train first")
+        loose = Path("checkpoints") / name
+        # (a run without a logger wrote it, of whichever recipe: named by path only, not taken as this recipe's)
+        advice = (f"{loose}, of a run without a logger, is here: pass its path, --ckpt_path {loose}"
+                  if is_checkpoint(loose) else "train first")
+        raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no {name} under {where}; {advice}")
     return str(max(found, key=lambda c: c.stat().st_mtime))
 
 

@@ -42,8 +42,33 @@ def test_a_named_checkpoint_is_the_newest_under_the_loggers_folder_and_a_file_is
     assert checkpoint_path(recipe, "best") == str(best)
     with pytest.raises(FileNotFoundError, match=rf"--ckpt_path swa: no swa.ckpt under {logs / 'x'}/\*/checkpoints/"):
         checkpoint_path(recipe, "swa")
-    with pytest.raises(FileNotFoundError, match=r"no last.ckpt under no run folder \(the recipe logs nothing\)"):
-        checkpoint_path({"trainer": {"logger": False}}, "last")
+
+
+def test_a_recipe_without_a_logger_finds_its_checkpoints_where_fit_writes_them_and_a_loose_one_is_named(
+        tmp_path, monkeypatch):
+    """A recipe with ``logger: false`` trains into ``<default_root_dir or .>/checkpoints/``, and ``generate``/``eval``
+    look there as ``fit --ckpt_path last`` does; a recipe that logs is not handed such a loose checkpoint (it may be
+    another recipe's), but the error names it."""
+    monkeypatch.chdir(tmp_path)
+    quiet = {"trainer": {"logger": False}}
+    with pytest.raises(FileNotFoundError, match=r"^--ckpt_path last: no last.ckpt in checkpoints/ \(where a run "
+                                                r"without a logger writes them\); train first$"):
+        checkpoint_path(quiet, "last")
+    loose = written(tmp_path / "checkpoints" / "last.ckpt", 1_000)
+    assert Path(checkpoint_path(quiet, "last")).resolve() == loose
+    written(tmp_path / "elsewhere" / "checkpoints" / "best.ckpt", 1_000)
+    assert checkpoint_path({"trainer": {"logger": False, "default_root_dir": "elsewhere"}}, "best") == str(
+        Path("elsewhere/checkpoints/best.ckpt"))
+    with pytest.raises(FileNotFoundError, match=r"no last.ckpt in elsewhere/checkpoints/"):
+        checkpoint_path({"trainer": {"logger": False, "default_root_dir": "elsewhere"}}, "last")
+
+    named = {"trainer": {"logger": {"class_path": TENSORBOARD, "init_args": {"save_dir": "tb", "name": "n"}}}}
+    with pytest.raises(FileNotFoundError, match=r"^--ckpt_path last: no last.ckpt under tb/n/\*/checkpoints/; "
+                                                r"checkpoints/last.ckpt, of a run without a logger, is here: pass its "
+                                                r"path, --ckpt_path checkpoints/last.ckpt$"):
+        checkpoint_path(named, "last")
+    with pytest.raises(FileNotFoundError, match=r"no best.ckpt under tb/n/\*/checkpoints/; train first$"):
+        checkpoint_path(named, "best")
 
 
 def test_a_recipe_on_lightnings_default_logger_finds_its_runs_in_lightning_logs_and_its_sweeps_folder(
