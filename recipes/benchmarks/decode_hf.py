@@ -85,7 +85,7 @@ def first_departure(model, out: torch.Tensor, prompt_length: int) -> str | None:
 
 @torch.no_grad()
 def run(kind: str, batch: int, args) -> list[dict]:
-    import transformers  # noqa: F401 - the dev extra, named in the error if missing
+    import transformers  # the dev extra, named in the error if missing
 
     from recipes.hf import from_pretrained
 
@@ -94,6 +94,7 @@ def run(kind: str, batch: int, args) -> list[dict]:
     else:
         hf = hf_model(kind, args.width, args.layers, args.vocab)
         with tempfile.TemporaryDirectory(prefix=f"decode-{kind}-") as folder:
+            transformers.utils.logging.disable_progress_bar()  # (its bar for the shards it writes, amid the table)
             hf.save_pretrained(folder)
             zoo = from_pretrained(folder).eval()
         hf = hf.to(args.device, DTYPES[args.dtype])
