@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from recipes.argtypes import device, positive_int
 from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_recipe, trusted_classes,
                           with_run_data)
 
@@ -59,9 +60,17 @@ def main(argv: list[str] | None = None) -> str:
                         help="packages whose classes the checkpoint may name (the recipe's own are trusted)")
     parser.add_argument("--compile", action="store_true",
                         help="each step through torch.compile from a fixed-shape cache (pays off past ~100 tokens)")
+    parser.add_argument("--device", type=device, default="cpu",
+                        help="cpu (default), cuda, cuda:N, mps (a seed samples otherwise on another device)")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch's CPU threads (default: the cores other processes leave free, as for fit)")
     args = parser.parse_args(argv)
     from recipes.module import LanguageModel
+    from recipes.run_report import choose_threads
 
+    said = choose_threads(args.threads)
+    if said:  # (stdout is the text: this goes beside it)
+        print(said, file=sys.stderr, flush=True)
     try:
         recipe = load_recipe(args.config)
         path = checkpoint_path(recipe, args.ckpt_path, args.config)
@@ -69,19 +78,20 @@ def main(argv: list[str] | None = None) -> str:
         # recipe file's, and the recipe file's would turn the prompt into the wrong tokens without a word
         data = tokenizer(with_run_data(recipe, Path(path)))
         check_tokenizer(data, path)
-        lm = LanguageModel.load_from_checkpoint(path, map_location="cpu", allow_classes=trusted_classes(recipe, args))
+        lm = LanguageModel.load_from_checkpoint(path, map_location=args.device,
+                                                allow_classes=trusted_classes(recipe, args))
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
-    prompt = torch.tensor([data.encode(args.prompt)])  # [1, T]
+    prompt = torch.tensor([data.encode(args.prompt)], device=args.device)  # [1, T]
     stop = data.encode(args.stop) if args.stop else []
 
     def stop_text_found(new: torch.Tensor) -> torch.Tensor:  # [1, n] -> [1]: a longer stop ends generation too
-        return torch.tensor([args.stop in finished_text(data.decode(new[0].tolist()))])
+        return torch.tensor([args.stop in finished_text(data.decode(new[0].tolist()))], device=new.device)
 
     try:
         out = lm.model.eval().generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                        top_p=args.top_p, stop_token=stop[0] if len(stop) == 1 else None,
-                                       generator=torch.Generator().manual_seed(args.seed), compile=args.compile,
+                                       generator=torch.Generator(args.device).manual_seed(args.seed), compile=args.compile,
                                        stop_when=stop_text_found if len(stop) > 1 else None)
     except ValueError as error:  # a bad sampling setting or length, named by generate
         sys.exit(f"error: {error}")

@@ -79,7 +79,8 @@ case "$phase" in
         step ops_attention 45 python3 -m recipes.benchmarks.ops --ops attention --lengths 2048 4096 8192 16384 --repeats 5
         ;;
     models)
-        step gpu_decoding 60 python3 -m pytest -q -p no:cacheprovider -n 0 tests/components/test_gpu_decoding.py
+        step gpu_decoding 60 python3 -m pytest -q -p no:cacheprovider -n 0 tests/components/test_gpu_decoding.py \
+            tests/recipes/test_generate.py -k 'gpu or cuda'
         step decode 130 python3 -m recipes.benchmarks.decode_hf --batches 1 8 --rounds 3
         # a fresh process per row (import, CUDA, kernels' compilation): 15-25 s each before its steps
         step models 110 python3 -m recipes.benchmarks.models --models llama hf-llama hybrid --lengths 4096 --trials 1 \

@@ -54,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gen_kwargs", type=generation_settings, default=None,
                    help="--tasks: settings over every generation task's own, e.g. max_gen_toks=32,temperature=0")
     p.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda, cuda:N, mps")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch's CPU threads (default: the cores other processes leave free, as for fit)")
     return p
 
 
@@ -278,6 +280,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     if args.log_samples and not (args.tasks and args.out):
         sys.exit("error: --log_samples writes the examples of --tasks beside --out FILE (FILE.samples.jsonl): name both")
+    from recipes.run_report import choose_threads
+
+    said = choose_threads(args.threads)
+    if said:  # (beside the tables, which a user may pipe)
+        print(said, file=sys.stderr, flush=True)
     try:
         written = result_paths(args.out) if args.out else []
         samples = [samples_path(written[0])] if args.log_samples else []
@@ -327,5 +334,5 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"wrote {written[0]}")
     folder = log_scalars(path, scalars, step)
     if folder is not None:
-        print(f"TensorBoard: {len(scalars)} scalars under eval/ in {folder} (step {step})")
+        print(f"TensorBoard: {len(scalars)} scalar{'s' * (len(scalars) != 1)} under eval/ in {folder} (step {step})")
     return output

@@ -726,6 +726,23 @@ def test_eval_refuses_impossible_harness_settings_when_parsing(extra, message, c
     assert info.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_eval_takes_the_threads_given_and_says_so_on_stderr(tmp_path, monkeypatch, capsys):
+    """``--threads N`` (else the cores other processes leave free, as for ``fit``), set before the model loads."""
+    from recipes.evaluation.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(SystemExit, match="no-such.ckpt"):
+            main(["--config", "quickstart.yaml", "--ckpt_path", "no-such.ckpt", "--suite", "length", "--threads", "1"])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    said = capsys.readouterr()
+    assert said.err == "torch threads: 1 (--threads)\n" and said.out == ""
+
+
 @pytest.mark.parametrize("given", [["--config", "quickstart.yaml"], ["--ckpt_path", "last"]])
 def test_eval_needs_both_the_recipe_and_the_checkpoint(given, capsys):
     from recipes.evaluation.cli import main

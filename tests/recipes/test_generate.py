@@ -95,6 +95,43 @@ def test_generate_without_a_checkpoint_is_a_named_error(tmp_path, monkeypatch):
         main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "x"])
 
 
+def test_generate_takes_the_threads_given_and_says_so_beside_the_text(tmp_path, monkeypatch, capsys):
+    """``--threads N`` (else the cores other processes leave free, as for ``fit``), said on stderr: stdout is the
+    text alone; ``--device`` is checked before anything loads."""
+    monkeypatch.chdir(tmp_path)
+    cli(["fit", *TINY, "--trainer.max_steps", "2"])
+    capsys.readouterr()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        text = main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "ab", "--max_new_tokens", "3",
+                     "--threads", "1", "--device", "cpu"])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    said = capsys.readouterr()
+    assert said.out == text + "\n" and said.err == "torch threads: 1 (--threads)\n"
+    with pytest.raises(SystemExit):
+        main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "ab", "--threads", "0"])
+    assert "argument --threads: 0 must be >= 1" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "ab", "--device", "cuda"])
+        assert "argument --device: cuda: CUDA is not available here" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_generate_on_cuda_continues_as_on_the_cpu(tmp_path, monkeypatch):
+    """``--device cuda``: the model, the prompt and the sampling generator on the GPU; greedy text as on the CPU
+    (a tiny fp32 model: the argmax does not turn on the devices' rounding), a seeded draw repeatable there."""
+    monkeypatch.chdir(tmp_path)
+    cli(["fit", *TINY, "--trainer.max_steps", "5"])
+    common = ["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "def ", "--max_new_tokens", "16"]
+    assert main([*common, "--device", "cuda"]) == main([*common, "--device", "cpu"])
+    sampled = [*common, "--device", "cuda", "--temperature", "1.0", "--seed", "4", "--stop", "e"]
+    assert main(sampled) == main(sampled)
+
+
 def test_bytes_round_trip():
     assert TextCorpus.decode(TextCorpus.encode("naïve ✓")) == "naïve ✓"
 
