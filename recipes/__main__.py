@@ -1,3 +1,4 @@
+import os
 import signal
 import sys
 
@@ -41,7 +42,14 @@ def run(argv: list[str]) -> None:
     if interrupts:  # a Ctrl+C seen, whatever became of its KeyboardInterrupt
         print("interrupted (Ctrl+C) while starting: nothing was run", file=sys.stderr, flush=True)
         sys.exit(130)
-    command()
+    try:
+        command()
+    except KeyboardInterrupt:  # generate, eval (fit and the rest say their own): one line, not torch's traceback
+        if os.environ.get("HYBRID_ZOO_DEBUG"):
+            raise
+        print(f"interrupted (Ctrl+C): {argv[0]} stopped; what it wrote before, it said above", file=sys.stderr,
+              flush=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

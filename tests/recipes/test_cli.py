@@ -587,6 +587,25 @@ def test_python_m_recipes_hands_each_command_its_own_arguments(argv, module, exp
     assert calls == ([(module, expected)] if expected else [(module,)])
 
 
+@pytest.mark.parametrize("command, module", [("generate", "recipes.generate"), ("eval", "recipes.evaluation.cli")])
+def test_a_ctrl_c_while_generate_or_eval_runs_is_one_line_and_status_130(command, module, monkeypatch, capsys,
+                                                                        pythons_sigint_handler):
+    """A Ctrl+C in the middle of a long evaluation printed torch's traceback and exited with status 1."""
+    from recipes.__main__ import run
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    fake_module(monkeypatch, module, main=interrupted)
+    with pytest.raises(SystemExit) as stopped:
+        run([command, "--prompt", "x"])
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == f"interrupted (Ctrl+C): {command} stopped; what it wrote before, it said above\n"
+    monkeypatch.setenv("HYBRID_ZOO_DEBUG", "1")  # the traceback, on request
+    with pytest.raises(KeyboardInterrupt):
+        run([command, "--prompt", "x"])
+
+
 def test_a_failing_import_without_a_ctrl_c_is_its_own_error(monkeypatch):
     """Only a Ctrl+C makes a failed start "interrupted … nothing was run" (status 130): any other error is raised."""
     from recipes.__main__ import run
