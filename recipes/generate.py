@@ -13,15 +13,16 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from recipes.argtypes import device, positive_int
-from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_recipe, trusted_classes,
-                          with_run_data)
+
+# (torch, Lightning and the run's tools are imported once the arguments are read: `--help` and a mistyped flag answer
+# at once, not after 8 s of imports)
 
 
 def tokenizer(recipe: dict):
     """The recipe's data module, which must offer ``encode(text) -> ids`` and ``decode(ids) -> text``."""
+    from recipes.runs import data_module
+
     data = data_module(recipe, text_only=True)
     if not (hasattr(data, "encode") and hasattr(data, "decode")):
         raise ValueError(f"the recipe's data module {type(data).__name__} has no text tokenizer (encode/decode), and "
@@ -65,8 +66,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch's CPU threads (default: the cores other processes leave free, as for fit)")
     args = parser.parse_args(argv)
+    import torch
+
     from recipes.module import LanguageModel
     from recipes.run_report import choose_threads
+    from recipes.runs import check_tokenizer, checkpoint_path, load_recipe, trusted_classes, with_run_data
 
     said = choose_threads(args.threads)
     if said:  # (stdout is the text: this goes beside it)
@@ -91,8 +95,8 @@ def main(argv: list[str] | None = None) -> str:
     try:
         out = lm.model.eval().generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                        top_p=args.top_p, stop_token=stop[0] if len(stop) == 1 else None,
-                                       generator=torch.Generator(args.device).manual_seed(args.seed), compile=args.compile,
-                                       stop_when=stop_text_found if len(stop) > 1 else None)
+                                       generator=torch.Generator(args.device).manual_seed(args.seed),
+                                       compile=args.compile, stop_when=stop_text_found if len(stop) > 1 else None)
     except ValueError as error:  # a bad sampling setting or length, named by generate
         sys.exit(f"error: {error}")
     text = cut_after(data.decode(out[0].tolist()), args.stop, start=len(data.decode(prompt[0].tolist())))

@@ -46,13 +46,15 @@ def test_dependencies_point_one_way(package):
 
 
 def test_the_tools_that_read_recipes_and_runs_without_training_start_without_torch_or_lightning():
-    """``python -m recipes.sweep``, ``recipes.sweep.grid`` and ``recipes.transfer`` import torch and Lightning only
-    where they build or train a model: their --help and argument errors came after 10 s of importing Lightning (and
-    with it torchmetrics and, where installed, transformers), now in a fraction of a second."""
+    """``python -m recipes.sweep``, ``recipes.sweep.grid``, ``recipes.transfer`` and ``python -m recipes generate`` and
+    ``eval`` import torch and Lightning only where they build or train a model: their --help and argument errors came
+    after 8-10 s of importing Lightning (and with it torchmetrics and, where installed, transformers), now in a fraction
+    of a second."""
     import subprocess
     import sys
 
-    code = ("import sys, recipes.sweep.cli, recipes.sweep.grid, recipes.transfer, recipes.recipe_files; "
+    code = ("import sys, recipes.sweep.cli, recipes.sweep.grid, recipes.transfer, recipes.recipe_files, "
+            "recipes.generate, recipes.evaluation.cli; "
             "print(sorted(m for m in ('torch', 'lightning', 'recipes.cli', 'recipes.module') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

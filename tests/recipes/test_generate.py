@@ -202,8 +202,9 @@ def test_a_data_module_that_encodes_but_cannot_decode_is_no_tokenizer(monkeypatc
     import types
 
     import recipes.generate as generate
+    import recipes.runs
 
-    monkeypatch.setattr(generate, "data_module", lambda recipe, text_only: types.SimpleNamespace(encode=list))
+    monkeypatch.setattr(recipes.runs, "data_module", lambda recipe, text_only: types.SimpleNamespace(encode=list))
     with pytest.raises(ValueError, match="the recipe's data module SimpleNamespace has no text tokenizer"):
         generate.tokenizer({})
 
