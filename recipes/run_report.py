@@ -61,12 +61,12 @@ def choose_threads(requested: int | None) -> str | None:
         return f"torch threads: {requested} (--threads)"
     if os.environ.get("OMP_NUM_THREADS"):
         return None
-    if cores > 1 and 1 < torch.get_num_threads():
+    if cores > 1 and torch.get_num_threads() > 1:  # (else there is nothing to take away)
         measured = busy_cores(cpus)
         if measured is None:
             measured = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     else:
-        measured = 0.0  # nothing to take away
+        measured = 0.0
     busy = min(round(measured), cores - 1)
     threads = max(1, cores - busy)
     if threads >= torch.get_num_threads():

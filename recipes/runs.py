@@ -20,7 +20,8 @@ def load_recipe(path: str) -> dict:
 def checkpoint_path(recipe: dict, ckpt_path: str, config: str | None = None) -> str:
     """A checkpoint file, or the newest ``last``/``best``/``swa`` of the recipe's runs: under its logger's folder,
     and for a recipe (file ``config``) that names no logger, under Lightning's ``lightning_logs/`` and the sweep's
-    folder."""
+    folder; for a recipe with ``logger: false``, the one in ``<default_root_dir or .>/checkpoints/``, as ``fit``
+    finds it."""
     if ckpt_path not in NAMED_CHECKPOINTS:
         return ckpt_path
     trainer = recipe.get("trainer") or {}
