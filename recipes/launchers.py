@@ -78,15 +78,27 @@ class RecipeJob:
         return submitit.helpers.DelayedSubmission(RecipeJob(self.command, self.env, self.log, self.folder, self.cwd))
 
 
-def submitit_executor(folder: Path, *, cluster: str | None, devices_per_run: int, parallel: int, slurm: dict):
-    """A submitit executor for the sweep's job array: ``cluster`` None lets submitit find SLURM ("local" runs
-    the jobs as local processes, for tests); ``slurm`` holds more ``update_parameters`` keywords
-    (``slurm_partition``, ``timeout_min``, ``cpus_per_task``…)."""
+def check_slurm(cluster: str | None):
+    """submitit (the module), where ``--launcher slurm`` can submit: an ImportError without it, and a ValueError
+    where ``cluster`` is None (SLURM) and SLURM is not there — submitit would take its local executor and run the
+    whole array on this machine, a login node say, with no word but the executor's name."""
     try:
         import submitit
     except ImportError:
         raise ImportError('--launcher slurm needs submitit: pip install "hybrid-zoo[slurm]" (or submitit)') from None
-    executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
+    if cluster is None and not submitit.SlurmExecutor.affinity() > 0:
+        raise ValueError("--launcher slurm: SLURM is not available here (submitit finds no srun on the PATH); run the "
+                         "sweep where SLURM is, or --launcher local, or --submitit-cluster local to run the array as "
+                         "local processes")
+    return submitit
+
+
+def submitit_executor(folder: Path, *, cluster: str | None, devices_per_run: int, parallel: int, slurm: dict):
+    """A submitit executor for the sweep's job array: ``cluster`` None is SLURM, which must be there ("local" runs
+    the jobs as local processes, for tests); ``slurm`` holds more ``update_parameters`` keywords
+    (``slurm_partition``, ``timeout_min``, ``cpus_per_task``…)."""
+    submitit = check_slurm(cluster)
+    executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster or "slurm")
     parameters = {"timeout_min": 24 * 60, "slurm_array_parallelism": parallel, **slurm}
     if executor.cluster == "slurm":
         parameters.setdefault("gpus_per_node", devices_per_run)

@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
             family, runs = resume(Path(args.resume), args.jobs, args.threads, args.progress, launcher=args.launcher,
                                   devices_per_run=args.devices_per_run, submitit_cluster=args.submitit_cluster,
                                   slurm=slurm_parameters(parser, args.slurm) or None)
-        except (FileNotFoundError, ValueError) as error:
+        except (FileNotFoundError, ValueError, ImportError) as error:
             sys.exit(f"error: {error}")
         except SweepInterrupted as stopped:
             stop_here(stopped)
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> None:
             logs, runs = launch(configs, overrides, args.seeds, args.jobs, family, args.progress, args.threads,
                                 args.launcher or "local", args.devices_per_run or 1, args.submitit_cluster,
                                 slurm_parameters(parser, args.slurm), args.first_seed, init_from)
-        except ValueError as error:  # a launcher that cannot run here (no GPU for --launcher gpus), named
+        except (ValueError, ImportError) as error:  # a launcher that cannot run here (no GPU, no SLURM), named
             sys.exit(f"error: {error}")
         except SweepInterrupted as stopped:
             stop_here(stopped)

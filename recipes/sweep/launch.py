@@ -18,8 +18,8 @@ import yaml
 
 from recipes.argtypes import did_you_mean
 from recipes.recipe_files import CONFIG_DIR, sweep_root
-from recipes.launchers import (RecipeJob, device_groups, gpu_arguments, python_command, resume_arguments,
-                               submitit_executor, visible_gpus)
+from recipes.launchers import (RecipeJob, check_slurm, device_groups, gpu_arguments, python_command,
+                               resume_arguments, submitit_executor, visible_gpus)
 from recipes.sweep.records import Run, read_manifest, scalar_series, stored_numbers, write_manifest, write_record
 
 
@@ -157,6 +157,8 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
     checkpoints; :func:`resume` goes on from there."""
     # (checked before the log folder exists: a sweep that cannot start leaves nothing behind)
     found = device_groups(visible_gpus(), devices_per_run) if launcher == "gpus" else []
+    if launcher == "slurm":
+        check_slurm(submitit_cluster)
     logs = new_log_folder(Path("runs") / "sweep-logs", time.strftime("%Y%m%d-%H%M%S"))
     stamp = logs.name
     runs = []

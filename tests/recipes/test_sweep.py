@@ -632,6 +632,40 @@ def test_a_slurm_job_array_asks_for_each_runs_gpus_and_one_task_per_gpu(tmp_path
     assert python_command() == [sys.executable, "-m", "recipes", "fit"]
 
 
+def test_a_slurm_sweep_where_there_is_no_slurm_is_refused_before_it_writes_anything(tmp_path, monkeypatch):
+    """Without SLURM (no ``srun`` on the PATH) submitit took its local executor: ``--launcher slurm`` ran the whole
+    array on this machine — on a login node, say — saying only "(local, 1 at a time)". Now refused by name, before the
+    sweep's folder exists; ``--submitit-cluster local`` still runs it locally, and without submitit the error is one
+    line too."""
+    import sys
+
+    pytest.importorskip("submitit")
+    from recipes.launchers import check_slurm
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # (no srun, whatever machine runs the test)
+    family = tmp_path / "family"
+    family.mkdir()
+    (family / "a.yaml").write_text(TINY.format(name="a", width=16, mlp="components.MLP"))
+    message = (r"^error: --launcher slurm: SLURM is not available here \(submitit finds no srun on the PATH\); run "
+               r"the sweep where SLURM is, or --launcher local, or --submitit-cluster local to run the array as local "
+               r"processes$")
+    with pytest.raises(SystemExit, match=message):
+        main([str(family), "--launcher", "slurm", "--progress", "0"])
+    assert not (tmp_path / "runs").exists()  # no sweep folder, no run
+    assert check_slurm("local").__name__ == "submitit"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert check_slurm(None).__name__ == "submitit"
+    monkeypatch.setitem(sys.modules, "submitit", None)  # not installed
+    with pytest.raises(SystemExit, match=r'^error: --launcher slurm needs submitit: pip install "hybrid-zoo\[slurm\]"'):
+        main([str(family), "--launcher", "slurm", "--progress", "0"])
+    assert not (tmp_path / "runs").exists()
+
+
 def test_gpus_launcher_gives_each_concurrent_run_its_own_device(tmp_path, monkeypatch, capsys):
     """Four runs on two visible 'GPUs': never two runs on one device at a time (the fit is a stub that records
     its CUDA_VISIBLE_DEVICES and the time it held it)."""
