@@ -33,6 +33,9 @@ def device(text: str) -> str:
         where = torch.device(text)
     except RuntimeError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (cpu, cuda, cuda:N, mps)") from None
+    if where.type not in ("cpu", "cuda", "mps"):  # (meta holds no weights: torch's error came from deep in the load)
+        raise argparse.ArgumentTypeError(f"{text}: a device of type {where.type!r} is not one this runs on "
+                                         "(cpu, cuda, cuda:N, mps)")
     if where.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:

@@ -112,6 +112,10 @@ def test_a_device_index_past_the_visible_gpus_and_mps_where_there_is_none_are_na
         else:
             with pytest.raises(argparse.ArgumentTypeError, match="mps: MPS is not available here"):
                 device("mps")
+    for other in ("meta", "xpu", "hpu"):  # torch's devices that run nothing of this zoo (meta holds no weights)
+        with pytest.raises(argparse.ArgumentTypeError, match=rf"^{other}: a device of type '{other}' is not one this "
+                                                             r"runs on \(cpu, cuda, cuda:N, mps\)$"):
+            device(other)
 
 
 def test_bounded_takes_its_floor_and_did_you_mean_names_each_close_word_once():
