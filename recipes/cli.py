@@ -42,7 +42,7 @@ from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, 
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback,
                               TrainingInterrupted, ValidateFinalStep, averaged_weights_note, check_averaging_unsharded,
                               NAMED_CHECKPOINTS, checkpoint_folder, checkpoints_problem, default_progress_bar,
-                              newest_checkpoint)
+                              loggerless_checkpoint, newest_checkpoint)
 
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")  # loggers whose folders are <save_dir>/<name>/<version>/
 DESCRIPTION = ("Train, validate and test the zoo's models (Lightning's CLI; a recipe is a --config file, bundled ones "
@@ -395,8 +395,7 @@ class HybridCLI(LightningCLI):
             if root is not None:
                 found, where = newest_checkpoint(root, name), f"under {root}/*/checkpoints/"
             elif config.trainer.get("logger") is False:  # such a run writes into <default_root_dir>/checkpoints/
-                folder = Path(config.trainer.get("default_root_dir") or ".") / "checkpoints"
-                found = folder / name if is_checkpoint(folder / name) else None
+                folder, found = loggerless_checkpoint(config.trainer.get("default_root_dir"), name)
                 where = f"in {folder}/ (where a run without a logger writes them)"
             else:
                 found, where = None, "(this trainer writes no run folders)"

@@ -7,10 +7,9 @@ from pathlib import Path
 import yaml
 from jsonargparse import dict_to_namespace
 
-from recipes.checkpoints import is_checkpoint
 from recipes.cli import newest_checkpoint, run_logger
 from recipes.recipe_files import read_config, resolve_config, sweep_root
-from recipes.training import NAMED_CHECKPOINTS
+from recipes.training import NAMED_CHECKPOINTS, loggerless_checkpoint
 
 
 def load_recipe(path: str) -> dict:
@@ -27,9 +26,9 @@ def checkpoint_path(recipe: dict, ckpt_path: str, config: str | None = None) -> 
     trainer = recipe.get("trainer") or {}
     name = f"{ckpt_path}.ckpt"
     if trainer.get("logger") is False:  # as fit resolves it: such a run writes into <default_root_dir>/checkpoints/
-        folder = Path(trainer.get("default_root_dir") or ".") / "checkpoints"
-        if is_checkpoint(folder / name):
-            return str(folder / name)
+        folder, found = loggerless_checkpoint(trainer.get("default_root_dir"), name)
+        if found is not None:
+            return str(found)
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no {name} in {folder}/ (where a run without a logger "
                                 "writes them); train first")
     logger, root = run_logger(dict_to_namespace(trainer))
@@ -39,10 +38,10 @@ def checkpoint_path(recipe: dict, ckpt_path: str, config: str | None = None) -> 
     found = [c for c in (newest_checkpoint(r, name) for r in roots) if c is not None]
     if not found:
         where = " or ".join(f"{r}/*/checkpoints/" for r in roots) or "no run folder (the recipe logs nothing)"
-        loose = Path("checkpoints") / name
+        _, loose = loggerless_checkpoint(None, name)
         # (a run without a logger wrote it, of whichever recipe: named by path only, not taken as this recipe's)
         advice = (f"{loose}, of a run without a logger, is here: pass its path, --ckpt_path {loose}"
-                  if is_checkpoint(loose) else "train first")
+                  if loose is not None else "train first")
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no {name} under {where}; {advice}")
     return str(max(found, key=lambda c: c.stat().st_mtime))
 

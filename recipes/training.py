@@ -230,6 +230,13 @@ def own_file_problem(path: Path, inputs) -> str | None:
             "--trainer.default_root_dir FOLDER, or let the run log (drop --trainer.logger false)")
 
 
+def loggerless_checkpoint(default_root_dir: str | None, name: str) -> tuple[Path, Path | None]:
+    """Where a run without a logger writes its checkpoints, ``<default_root_dir or .>/checkpoints``, and the
+    checkpoint ``name`` there (a file or a sharded folder), or None: what ``--ckpt_path last`` finds for such a run."""
+    folder = Path(default_root_dir or ".") / "checkpoints"
+    return folder, (folder / name if is_checkpoint(folder / name) else None)
+
+
 def checkpoint_folder(trainer: L.Trainer) -> Path:
     """Where :class:`CheckpointPolicy` writes: ``<log dir>/checkpoints``, the working folder's without a logger."""
     return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints"
