@@ -3,6 +3,10 @@
     python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "def " --max_new_tokens 200
     python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "The " --temperature 0.8 --top_p 0.95 --seed 1
     python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "def " --max_new_tokens 500 --compile
+    python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "def " --prompt "class " --prompt_file p.txt
+
+Several prompts (``--prompt`` and ``--prompt_file`` repeat, in the order given; ``-`` reads stdin) decode as one
+left-padded batch, each continuation printed under a ``==> prompt N <==`` line.
 
 The data module the run trained with (its ``config.yaml``, else the recipe's) says how text becomes tokens and
 back (``encode``/``decode``: bytes for ``TextCorpus``); ``--ckpt_path`` is a file, or ``last``/``best``/``swa`` of the
@@ -44,12 +48,40 @@ def cut_after(text: str, stop: str | None, start: int = 0) -> str:
     return text if end < 0 else text[:end + len(stop)]
 
 
+def prompt_file(path: str) -> str:
+    """An argparse type: the text of the file at ``path`` (``-``: stdin), read whole, as the prompt it holds (a
+    trailing newline is part of it)."""
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise argparse.ArgumentTypeError(f"no such file: {path}") from None
+    except (IsADirectoryError, UnicodeDecodeError) as error:
+        raise argparse.ArgumentTypeError(f"{path}: not a UTF-8 text file ({type(error).__name__})") from None
+
+
+def left_padded(rows: list[list[int]], device: str = "cpu"):
+    """Token id lists of any lengths → ``(ids [B, T], padding_mask [B, T] or None)`` on ``device``, left-padded with
+    id 0 (masked: the model never reads it) to the longest, as ``HybridLM.generate`` takes prompts of different
+    lengths."""
+    import torch
+
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(row)) + row for row in rows], device=device)  # [B, T]
+    mask = torch.tensor([[True] * (width - len(row)) + [False] * len(row) for row in rows], device=device)  # [B, T]
+    return ids, (mask if mask.any() else None)  # (True = padding)
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m recipes generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="the recipe the checkpoint was trained with")
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best / swa")
-    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--prompt", dest="prompts", action="append", metavar="TEXT",
+                        help="the text to continue; repeat it (or --prompt_file) for several, decoded as one batch")
+    parser.add_argument("--prompt_file", dest="prompts", action="append", type=prompt_file, metavar="PATH",
+                        help="a file whose whole text is one prompt (- : stdin)")
     parser.add_argument("--max_new_tokens", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     parser.add_argument("--top_k", type=int, default=None)
@@ -66,6 +98,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch's CPU threads (default: the cores other processes leave free, as for fit)")
     args = parser.parse_args(argv)
+    if not args.prompts:
+        parser.error("one of the arguments --prompt --prompt_file is required")
+    if args.stop == "":
+        parser.error("argument --stop: an empty text (it would end every continuation before its first token)")
     import torch
 
     from recipes.module import LanguageModel
@@ -86,19 +122,26 @@ def main(argv: list[str] | None = None) -> str:
                                                 allow_classes=trusted_classes(recipe, args))
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
-    prompt = torch.tensor([data.encode(args.prompt)], device=args.device)  # [1, T]
+    encoded = [data.encode(text) for text in args.prompts]
+    if not all(encoded):  # (generate's own error would not say which)
+        sys.exit(f"error: prompt {[len(ids) for ids in encoded].index(0) + 1} is empty; give at least one token")
+    prompt, padding = left_padded(encoded, args.device)  # [B, T], [B, T] or None
     stop = data.encode(args.stop) if args.stop else []
 
-    def stop_text_found(new: torch.Tensor) -> torch.Tensor:  # [1, n] -> [1]: a longer stop ends generation too
-        return torch.tensor([args.stop in finished_text(data.decode(new[0].tolist()))], device=new.device)
+    def stop_text_found(new: torch.Tensor) -> torch.Tensor:  # [B, n] -> [B]: a longer stop ends generation too
+        return torch.tensor([args.stop in finished_text(data.decode(row)) for row in new.tolist()], device=new.device)
 
     try:
         out = lm.model.eval().generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                        top_p=args.top_p, stop_token=stop[0] if len(stop) == 1 else None,
+                                       padding_mask=padding,
                                        generator=torch.Generator(args.device).manual_seed(args.seed),
                                        compile=args.compile, stop_when=stop_text_found if len(stop) > 1 else None)
     except ValueError as error:  # a bad sampling setting or length, named by generate
         sys.exit(f"error: {error}")
-    text = cut_after(data.decode(out[0].tolist()), args.stop, start=len(data.decode(prompt[0].tolist())))
-    print(text)
-    return text
+    texts = [cut_after(data.decode(row[prompt.shape[1] - len(ids):]), args.stop, start=len(data.decode(ids)))
+             for row, ids in zip(out.tolist(), encoded)]  # (each row without its left padding)
+    printed = texts[0] if len(texts) == 1 else "\n\n".join(f"==> prompt {n} <==\n{text}"
+                                                            for n, text in enumerate(texts, 1))
+    print(printed)
+    return printed

@@ -223,4 +223,48 @@ def test_each_required_flag_is_named_when_missing(missing, capsys):
     flags = {"--config": "quickstart.yaml", "--ckpt_path": "last", "--prompt": "x"}
     with pytest.raises(SystemExit):
         main([part for flag, value in flags.items() if flag != missing for part in (flag, value)])
-    assert f"the following arguments are required: {missing}" in capsys.readouterr().err
+    said = ("one of the arguments --prompt --prompt_file is required" if missing == "--prompt"
+            else f"the following arguments are required: {missing}")
+    assert said in capsys.readouterr().err
+
+
+def test_several_prompts_decode_as_one_batch_each_as_it_would_alone(tmp_path, monkeypatch, capsys):
+    """``--prompt`` and ``--prompt_file`` repeat, in the order given: the prompts go through ``generate`` as one
+    left-padded batch, and each greedy continuation is the one that prompt gets alone (a 2-step model: its greedy
+    text still varies with the prompt), printed under ``==> prompt N <==``."""
+    import io
+
+    monkeypatch.chdir(tmp_path)
+    cli(["fit", *TINY, "--trainer.max_steps", "2"])
+    (tmp_path / "p.txt").write_text("import os\n")
+    common = ["--config", "quickstart.yaml", "--ckpt_path", "last", "--max_new_tokens", "10"]
+    alone = [main([*common, "--prompt", text]) for text in ("def é", "import os\n", "x")]
+    assert len(set(alone)) == 3 and all(len(text) > 8 for text in alone)
+    monkeypatch.setattr("sys.stdin", io.StringIO("x"))
+    batches = []
+    generate = HybridLM.generate
+    monkeypatch.setattr(HybridLM, "generate", lambda self, ids, *a, **k: batches.append(
+        (ids.shape, k["padding_mask"].sum(1).tolist())) or generate(self, ids, *a, **k))
+    capsys.readouterr()
+    printed = main([*common, "--prompt", "def é", "--prompt_file", "p.txt", "--prompt_file", "-"])
+    assert printed == "\n\n".join(f"==> prompt {n} <==\n{text}" for n, text in enumerate(alone, 1))
+    assert capsys.readouterr().out == printed + "\n"
+    assert batches == [((3, 10), [4, 0, 9])]  # one call; "def é" is 6 bytes, "import os\n" 10, "x" 1
+    # a stop per prompt: each continuation cut after its own first stop
+    stopped = main([*common, "--prompt", "def é", "--prompt", "x", "--stop", alone[2][3:5]])
+    assert stopped.split("\n\n")[1] == "==> prompt 2 <==\n" + alone[2][:5]
+
+
+def test_a_bad_prompt_or_stop_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.txt").write_text("")
+    common = ["--config", "quickstart.yaml", "--ckpt_path", "last"]
+    for argv, said in [(["--prompt_file", "nowhere.txt"], "argument --prompt_file: no such file: nowhere.txt"),
+                       (["--prompt_file", "."], "argument --prompt_file: .: not a UTF-8 text file (IsADirectoryError)"),
+                       (["--prompt", "x", "--stop", ""], "argument --stop: an empty text")]:
+        with pytest.raises(SystemExit):
+            main([*common, *argv])
+        assert said in capsys.readouterr().err, argv
+    cli(["fit", *TINY, "--trainer.max_steps", "1"])
+    with pytest.raises(SystemExit, match="error: prompt 2 is empty; give at least one token"):
+        main([*common, "--prompt", "x", "--prompt_file", "empty.txt"])
