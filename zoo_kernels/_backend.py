@@ -44,9 +44,10 @@ def refused_kernels() -> dict[str, str]:
     return dict(_REFUSED)
 
 
-def check_backend(backend: str) -> None:
+def check_backend(backend: str, owner: str) -> None:
+    """Refuse a ``backend`` that is not one of :data:`BACKENDS`, naming ``owner`` (the module or op given it)."""
     if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+        raise ValueError(f"{owner}: backend={backend!r} is not one of {BACKENDS}")
 
 
 def triton_installed() -> bool:
@@ -59,7 +60,7 @@ def resolve_backend(backend: str, tensor: torch.Tensor, *, op: str, has_triton: 
     """Pick the concrete backend for ``op``. ``auto`` takes Triton on CUDA tensors of a kernel dtype
     (fp16, bf16, fp32) when the op has a Triton kernel and Triton is installed, the plain-torch
     reference otherwise (float64 included: the kernels compute in fp32)."""
-    check_backend(backend)
+    check_backend(backend, op)
     if backend == "triton" and tensor.dtype not in KERNEL_DTYPES:
         raise ValueError(f"{op}: the Triton kernel takes fp16, bf16 or fp32 and accumulates in fp32; got {tensor.dtype}: "
                          "use backend='reference' (or 'auto', which sends it there)")

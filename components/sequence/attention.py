@@ -66,7 +66,7 @@ class QCAttention(nn.Module):
         check_positive("QCAttention", d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads)
         check_divisible("QCAttention", "d_model", d_model, "n_heads", n_heads)
         check_divisible("QCAttention", "n_heads", n_heads, "n_kv_heads", n_kv_heads)
-        check_backend(backend)
+        check_backend(backend, "QCAttention")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
         self.positions = QueryKeyPositions("QCAttention", self.head_dim, rope=rope, qk_norm=qk_norm, norm_eps=norm_eps)
         self.d_model, self.backend = d_model, backend

@@ -271,7 +271,7 @@ class InnerFuncAttention(nn.Module):
                 f"InnerFuncAttention: {sorted(moved)} are options of the value or mask part now; write "
                 f"inner={hint['inner']!r}, mask={hint['mask']!r}"))
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        check_backend(backend)
+        check_backend(backend, "InnerFuncAttention")
         check_positive("InnerFuncAttention", d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads)
         check_divisible("InnerFuncAttention", "d_model", d_model, "n_heads", n_heads)
         check_divisible("InnerFuncAttention", "n_heads", n_heads, "n_kv_heads", n_kv_heads)

@@ -110,7 +110,7 @@ class SSD(nn.Module):
             raise TypeError(f"SSD: unexpected argument(s) {sorted(moved)}" if set(moved) != {"positions"} else (
                 f"SSD: positions={moved['positions']!r} is now two options: write "
                 + ", ".join(f"{k}={v}" for k, v in upgrade_init_args(moved).items())))
-        check_backend(backend)
+        check_backend(backend, "SSD")
         check_positive("SSD", d_model=d_model, d_state=d_state, n_groups=n_groups, expand=expand,
                        chunk_size=chunk_size, conv_kernel=conv_kernel)
         check_flags("SSD", conv=conv, rope=rope, gate=gate, recompute=recompute,

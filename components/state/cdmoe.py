@@ -70,7 +70,7 @@ class CDMoE(ForwardRecords, nn.Module):
         check_choice("CDMoE", "act", act, ACTIVATIONS)
         check_choice("CDMoE", "cross_domain", cross_domain, CROSS_DOMAIN)
         check_flags("CDMoE", balance_loss=balance_loss)
-        check_backend(backend)
+        check_backend(backend, "CDMoE")
         if n_keys is None:
             root = math.isqrt(n_experts)
             if root * root != n_experts:

@@ -45,7 +45,7 @@ def test_relative_positions_only():
         (dict(d_model=32, n_heads=4, n_kv_heads=3), "n_heads=4 is not divisible by n_kv_heads=3"),
         (dict(d_model=12, n_heads=4), "head_dim = d_model / n_heads = 3 must be even"),
         (dict(d_model=32, n_heads=0), "n_heads=0 must be a positive integer"),
-        (dict(d_model=32, backend="flash"), "backend='flash' is not one of"),
+        (dict(d_model=32, backend="flash"), "QCAttention: backend='flash' is not one of"),
     ],
 )
 def test_bad_configuration_names_the_problem(kwargs, words):

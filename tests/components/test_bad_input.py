@@ -249,6 +249,15 @@ def test_constructor_arguments_out_of_range_are_named():
     assert InnerFuncAttention(16, n_heads=2, keep_window=1)(x).shape == x.shape  # a window of one key is a window
 
 
+@pytest.mark.parametrize("name", ["SSD", "QCAttention", "InnerFuncAttention", "CDMoE"])
+def test_an_unknown_backend_is_refused_by_the_module_given_it(name):
+    """In a pattern of many blocks, ``backend='cuda'`` alone did not say which binding held it."""
+    import components
+
+    with pytest.raises(ValueError, match=rf"^{name}: backend='cuda' is not one of \('auto', 'reference', 'triton'\)$"):
+        getattr(components, name)(16, backend="cuda")
+
+
 def test_init_std_draws_every_linear_and_embedding_weight_and_keeps_the_padding_row_zero():
     torch.manual_seed(0)
     model = HybridLM(300, 64, "AM", padding_idx=7, init_std=0.5)

@@ -115,7 +115,7 @@ def test_keep_window_bias_picks_the_largest_bias_keys():
         (dict(keep_window=0), "keep_window=0 must be an integer >= 1"),
         (dict(bias=torch.zeros(2, 3, 9)), "bias must be [B, H, S]"),
         (dict(key_padding_mask=torch.zeros(2, 9)), "key_padding_mask must be bool"),
-        (dict(backend="cuda"), "backend='cuda' is not one of"),
+        (dict(backend="cuda"), "attention: backend='cuda' is not one of"),
     ],
 )
 def test_bad_arguments_name_the_problem(kwargs, words):

@@ -137,7 +137,7 @@ def test_decay_forgets_and_zero_dt_keeps():
         (dict(D=torch.zeros(4, 8)), "D must be [H]"),
         (dict(initial_state=torch.zeros(2, 4, 8, 8)), "initial_state must be [B, H, P, N]"),
         (dict(chunk_size=0), "chunk_size=0 must be a positive integer"),
-        (dict(backend="cuda"), "backend='cuda' is not one of"),
+        (dict(backend="cuda"), "ssd_scan: backend='cuda' is not one of"),
     ],
 )
 def test_bad_arguments_name_the_problem(change, words):

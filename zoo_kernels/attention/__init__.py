@@ -51,7 +51,7 @@ def attention(
     Returns:
         ``[B, T, H, D]``. A query with no allowed key returns zeros.
     """
-    check_backend(backend)
+    check_backend(backend, "attention")
     _check_arguments(q, k, v, bias, key_padding_mask, keep_window)
     if document_ids is not None:
         _check_documents(document_ids, q, k)

@@ -34,7 +34,7 @@ def expert_mix(
     Returns:
         ``[M, d]`` in ``x``'s dtype.
     """
-    check_backend(backend)
+    check_backend(backend, "expert_mix")
     if act not in ACTIVATIONS:
         raise ValueError(f"expert_mix: act={act!r} is not one of {tuple(ACTIVATIONS)}")
     if x.dim() != 2 or down.dim() != 2 or down.shape != up.shape or down.shape[1] != x.shape[1]:

@@ -56,7 +56,7 @@ def ssd_scan(
     Returns:
         ``y [B, T, H, P]``, or ``(y, final_state [B, H, P, N])`` with ``return_final_state``.
     """
-    check_backend(backend)
+    check_backend(backend, "ssd_scan")
     _check_arguments(x, dt, A, B, C, chunk_size, D, initial_state)
     if document_starts is not None:
         if tuple(document_starts.shape) != tuple(x.shape[:2]) or document_starts.dtype != torch.bool:
