@@ -23,18 +23,6 @@ from recipes.argtypes import device, positive_int
 # at once, not after 8 s of imports)
 
 
-def tokenizer(recipe: dict):
-    """The recipe's data module, which must offer ``encode(text) -> ids`` and ``decode(ids) -> text``."""
-    from recipes.runs import data_module
-
-    data = data_module(recipe, text_only=True)
-    if not (hasattr(data, "encode") and hasattr(data, "decode")):
-        raise ValueError(f"the recipe's data module {type(data).__name__} has no text tokenizer (encode/decode), and "
-                         "generate continues a text prompt; a synthetic task's model is scored by its suite (`python "
-                         "-m recipes eval --suite mqar`), or from Python with HybridLM.generate on token ids")
-    return data
-
-
 def finished_text(text: str) -> str:
     """``text`` without the replacement characters that the bytes of an unfinished multi-byte character decode to at
     its end: the next tokens may finish it into another character, so a stop string must not be looked for there."""
@@ -104,22 +92,17 @@ def main(argv: list[str] | None = None) -> str:
         parser.error("argument --stop: an empty text (it would end every continuation before its first token)")
     import torch
 
-    from recipes.module import LanguageModel
     from recipes.run_report import choose_threads
-    from recipes.runs import check_tokenizer, checkpoint_path, load_recipe, trusted_classes, with_run_data
+    from recipes.runs import load_run, text_tokenizer
 
     said = choose_threads(args.threads)
     if said:  # (stdout is the text: this goes beside it)
         print(said, file=sys.stderr, flush=True)
     try:
-        recipe = load_recipe(args.config)
-        path = checkpoint_path(recipe, args.ckpt_path, args.config)
-        # the run's own data settings (its config.yaml): a --data.paths given to fit means another BPE than the
-        # recipe file's, and the recipe file's would turn the prompt into the wrong tokens without a word
-        data = tokenizer(with_run_data(recipe, Path(path)))
-        check_tokenizer(data, path)
-        lm = LanguageModel.load_from_checkpoint(path, map_location=args.device,
-                                                allow_classes=trusted_classes(recipe, args))
+        # (the run's own data settings, from its config.yaml: a --data.paths given to fit means another BPE than the
+        # recipe file's, which would turn the prompt into the wrong tokens without a word)
+        run = load_run(args.config, args.ckpt_path, device=args.device, allow_classes=args.allow_classes)
+        data = text_tokenizer(run.data, "generate")
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
     encoded = [data.encode(text) for text in args.prompts]
@@ -132,11 +115,10 @@ def main(argv: list[str] | None = None) -> str:
         return torch.tensor([args.stop in finished_text(data.decode(row)) for row in new.tolist()], device=new.device)
 
     try:
-        out = lm.model.eval().generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                       top_p=args.top_p, stop_token=stop[0] if len(stop) == 1 else None,
-                                       padding_mask=padding,
-                                       generator=torch.Generator(args.device).manual_seed(args.seed),
-                                       compile=args.compile, stop_when=stop_text_found if len(stop) > 1 else None)
+        out = run.lm.model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                    top_p=args.top_p, stop_token=stop[0] if len(stop) == 1 else None,
+                                    padding_mask=padding, generator=torch.Generator(args.device).manual_seed(args.seed),
+                                    compile=args.compile, stop_when=stop_text_found if len(stop) > 1 else None)
     except ValueError as error:  # a bad sampling setting or length, named by generate
         sys.exit(f"error: {error}")
     texts = [cut_after(data.decode(row[prompt.shape[1] - len(ids):]), args.stop, start=len(data.decode(ids)))

@@ -3,6 +3,7 @@ checkpoint (``last``/``best``/``swa`` resolved as ``fit`` does), its run folder,
 
 import importlib
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import yaml
 from jsonargparse import dict_to_namespace
@@ -46,12 +47,12 @@ def checkpoint_path(recipe: dict, ckpt_path: str, config: str | None = None) -> 
     return str(max(found, key=lambda c: c.stat().st_mtime))
 
 
-def trusted_classes(recipe: dict, args) -> list[str]:
+def trusted_classes(recipe: dict, allow_classes=()) -> list[str]:
     """The classes a checkpoint read for this recipe may name: the recipe's own model bindings (the recipe is yours,
-    as for ``fit``/``validate``) and ``--allow_classes``."""
+    as for ``fit``/``validate``) and ``allow_classes`` (``--allow_classes``)."""
     from recipes.checkpoints import class_paths
 
-    return [*args.allow_classes, *class_paths(recipe.get("model") or {})]
+    return [*allow_classes, *class_paths(recipe.get("model") or {})]
 
 
 def check_tokenizer(data, checkpoint: str | Path) -> None:
@@ -98,3 +99,50 @@ def data_module(recipe: dict, *, text_only: bool = False):
     if text_only and issubclass(cls, TokenizedCorpus) and init_args.get("tokenizer"):
         init_args = {k: v for k, v in init_args.items() if k not in ("paths", "dataset", "domains")}
     return cls(**init_args)
+
+
+class Run(NamedTuple):
+    """A trained run, as :func:`load_run` reads it."""
+    lm: Any  # the LanguageModel, in eval mode on the device asked for; its HybridLM is ``lm.model``
+    data: Any  # the data module it trained with: ``encode(text) -> ids``, ``decode(ids) -> text`` for text
+    checkpoint: Path  # the file read
+    recipe: dict  # the recipe, with the run's own data section (its config.yaml) when the run kept one
+
+
+def load_run(config: str, ckpt_path: str = "last", *, device: str = "cpu", allow_classes: list[str] = (),
+             text_only: bool = True) -> Run:
+    """A recipe's checkpoint with the tokenizer it trained with, as ``generate`` and ``eval`` read it:
+
+        run = load_run("quickstart.yaml", "last")
+        ids = run.lm.model.generate(torch.tensor([run.data.encode("def ")]), 50)  # [1, 4 + 50]
+        print(run.data.decode(ids[0].tolist()))
+
+    ``config``: the recipe (a file, or a bundled name); ``ckpt_path``: a checkpoint file, or ``last``/``best``/``swa``
+    (the newest of the recipe's runs, as for ``fit``); ``device``: where the weights go (``map_location``);
+    ``allow_classes``: packages the checkpoint may name beyond the zoo's and the recipe's bindings; ``text_only``:
+    the data module is used only to tokenize (a ``TokenizedCorpus`` with a tokenizer file is then built without
+    its corpus; ``False`` when its data will be read). The data comes from the run's ``config.yaml`` when its folder
+    kept one (a ``fit --data.paths mine.jsonl`` run's BPE is the one trained on ``mine.jsonl``), and a checkpoint
+    trained on text another tokenizer made is refused (``ValueError``). A missing checkpoint is a
+    ``FileNotFoundError`` that says where it was looked for.
+    """
+    from recipes.module import LanguageModel
+
+    recipe = load_recipe(config)
+    path = Path(checkpoint_path(recipe, ckpt_path, config))
+    recipe = with_run_data(recipe, path)
+    data = data_module(recipe, text_only=text_only)
+    check_tokenizer(data, path)
+    lm = LanguageModel.load_from_checkpoint(str(path), map_location=device,
+                                            allow_classes=trusted_classes(recipe, allow_classes))
+    return Run(lm.eval(), data, path, recipe)
+
+
+def text_tokenizer(data, what: str):
+    """``data`` when it turns text into tokens and back (``encode``/``decode``), else a ``ValueError`` saying that
+    ``what`` (``generate``, ``--tasks``, …) needs text."""
+    if not (hasattr(data, "encode") and hasattr(data, "decode")):
+        raise ValueError(f"{what} needs text, and the recipe's data module {type(data).__name__} has no text tokenizer "
+                         "(encode/decode): a synthetic task's model is scored by its suite (`python -m recipes eval "
+                         "--suite mqar`), or from Python with HybridLM.generate on token ids")
+    return data

@@ -142,24 +142,19 @@ def check_tasks(names: list[str], include_paths: list[str], own_tasks: Path, man
     return everything
 
 
-def text_tokenizer(data, what: str):
-    if not (hasattr(data, "encode") and hasattr(data, "decode")):
-        raise ValueError(f"{what} needs text, and the recipe's data module {type(data).__name__} has no text tokenizer "
-                         "(encode/decode): evaluate a checkpoint of a text recipe")
-    return data
-
-
 def run_harness(model, data, args) -> tuple[dict, str]:
     harness = harness_module()
     from lm_eval import simple_evaluate
     from lm_eval.utils import make_table
+
+    from recipes import runs
 
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
     # alone, an index of its own (a sweep's evaluations share the sweep's)
     with contextlib.nullcontext() if _SHARED else shared_task_index(), without_harness_bookkeeping():
         own_tasks, managers = _SHARED[-1]
         manager = check_tasks(names, args.include_path, own_tasks, managers)
-        lm = harness.ZooLM(model, text_tokenizer(data, "--tasks"), **given(batch_size=args.batch_size))
+        lm = harness.ZooLM(model, runs.text_tokenizer(data, "--tasks"), **given(batch_size=args.batch_size))
         results = simple_evaluate(model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
                                   task_manager=manager, log_samples=args.log_samples, bootstrap_iters=0,
                                   gen_kwargs=args.gen_kwargs)
@@ -183,6 +178,7 @@ def without_harness_bookkeeping():
 
 
 def run_suite(model, data, recipe: dict, args) -> dict:
+    from recipes import runs
     from recipes.evaluation import suites
 
     init = (recipe.get("data") or {}).get("init_args") or {}
@@ -215,7 +211,7 @@ def run_suite(model, data, recipe: dict, args) -> dict:
             raise ValueError(f"--suite length needs a text corpus with a validation split; this is {type(data).__name__}")
         return suites.length_suite(model, data.validation_tokens(), trained, **given(windows=args.windows),
                                    extrapolate=args.extrapolate, **lengths(suites.LENGTH_MULTIPLES, trained))
-    encode = text_tokenizer(data, "--suite passkey").encode
+    encode = runs.text_tokenizer(data, "--suite passkey").encode
     answer = len(encode(" 99999"))  # (a key's tokens follow the context of each length)
     return suites.passkey_suite(model, encode, trained, **given(trials=args.trials), extrapolate=args.extrapolate,
                                 **lengths(suites.PASSKEY_MULTIPLES, trained, answer))
@@ -271,12 +267,10 @@ def main(argv: list[str] | None = None) -> dict:
     if unused:
         sys.exit(f"error: this evaluation would not use {', '.join(unused)}: leave it out, or run what reads it")
     from recipes.checkpoints import load_checkpoint
-    from recipes.module import LanguageModel
     from recipes.training import averaged_weights, averaged_weights_note
     from recipes.evaluation.suites import result_paths
     from recipes.outputs import refuse_overwrite
-    from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_recipe, trusted_classes,
-                              with_run_data)
+    from recipes.runs import load_run
 
     if args.log_samples and not (args.tasks and args.out):
         sys.exit("error: --log_samples writes the examples of --tasks beside --out FILE (FILE.samples.jsonl): name both")
@@ -290,14 +284,10 @@ def main(argv: list[str] | None = None) -> dict:
         samples = [samples_path(written[0])] if args.log_samples else []
         if not args.force:  # before the evaluation, which may take long
             refuse_overwrite((written if args.suite else written[:1]) + samples, lost="an earlier evaluation's results")
-        recipe = load_recipe(args.config)
-        path = Path(checkpoint_path(recipe, args.ckpt_path, args.config))
-        recipe = with_run_data(recipe, path)
-        data = data_module(recipe, text_only=not args.suite)  # a suite reads the validation text
-        check_tokenizer(data, path)
-        lm = LanguageModel.load_from_checkpoint(str(path), map_location=args.device,
-                                                allow_classes=trusted_classes(recipe, args))
-        model = lm.model.to(args.device).eval()
+        # (a suite reads the validation text: the data module is built whole)
+        run = load_run(args.config, args.ckpt_path, device=args.device, allow_classes=args.allow_classes,
+                       text_only=not args.suite)
+        model, data, path, recipe = run.lm.model, run.data, run.checkpoint, run.recipe
         record = load_checkpoint(path, mmap=True)
         step = int(record.get("global_step", 0))
         output: dict = {"checkpoint": str(path), "step": step}

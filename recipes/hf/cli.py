@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
         checkpoint = export_checkpoint(args.checkpoint, recipe, args.config)
         data = export_data(checkpoint, recipe, args.config)
         # the recipe's own bindings are trusted, as generate and eval trust them
-        export(checkpoint, args.out, data=data, allow_classes=trusted_classes(recipe, args),
+        export(checkpoint, args.out, data=data, allow_classes=trusted_classes(recipe, args.allow_classes),
                max_shard_size=args.max_shard_size, overwrite=args.force)
     except (FileNotFoundError, FileExistsError, ValueError, TypeError) as error:
         sys.exit(f"error: {error}")

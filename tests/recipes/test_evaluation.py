@@ -654,7 +654,8 @@ def test_a_suite_the_recipes_data_cannot_feed_is_refused_by_name():
     from types import SimpleNamespace
 
     from recipes.data.mqar import MQAR
-    from recipes.evaluation.cli import run_suite, text_tokenizer
+    from recipes.evaluation.cli import run_suite
+    from recipes.runs import text_tokenizer
 
     model = tiny(max_seq_len=64)
     args = SimpleNamespace(suite="mqar", multiples=[1], extrapolate=False, windows=None, trials=None)
@@ -777,7 +778,7 @@ def test_a_recipe_without_text_and_a_missing_harness_are_named(tmp_path, monkeyp
     with pytest.raises(SystemExit, match=r"--tasks needs EleutherAI's lm-evaluation-harness .*pip install -e \"\.\[eval\]\""):
         main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--tasks", "zoo_cloze"])
     monkeypatch.undo()
-    from recipes.evaluation.cli import text_tokenizer
+    from recipes.runs import text_tokenizer
     from recipes.data import MQAR
 
     with pytest.raises(ValueError, match="the recipe's data module MQAR has no text tokenizer"):

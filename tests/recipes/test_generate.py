@@ -189,24 +189,31 @@ def test_a_recipes_own_mixer_is_trusted_and_one_without_decoding_state_generates
     assert "| plain | 32 |" in capsys.readouterr().out
 
 
-def test_generate_for_a_synthetic_task_points_to_its_suite():
-    from recipes.generate import tokenizer
+def test_generate_for_a_synthetic_task_points_to_its_suite(monkeypatch):
+    from recipes.runs import data_module, text_tokenizer
 
     recipe = {"data": {"class_path": "recipes.data.MQAR", "init_args": {"seq_len": 16, "num_pairs": 2, "vocab_size": 64}}}
-    with pytest.raises(ValueError, match=r"MQAR has no text tokenizer .*generate continues a text prompt; a synthetic "
-                                         r"task's model is scored by its suite \(`python -m recipes eval --suite mqar`\)"):
-        tokenizer(recipe)
+    with pytest.raises(ValueError, match=r"generate needs text, and the recipe's data module MQAR has no text tokenizer "
+                                         r"\(encode/decode\): a synthetic task's model is scored by its suite "
+                                         r"\(`python -m recipes eval --suite mqar`\)"):
+        text_tokenizer(data_module(recipe, text_only=True), "generate")
+    import recipes.runs  # and the command says so, one line, before any prompt is encoded
+
+    run = recipes.runs.Run(None, data_module(recipe, text_only=True), None, recipe)
+    monkeypatch.setattr(recipes.runs, "load_run", lambda *args, **kwargs: run)
+    with pytest.raises(SystemExit, match="error: generate needs text, and the recipe's data module MQAR"):
+        main(["--config", "mqar/qcattn.yaml", "--ckpt_path", "last", "--prompt", "ab"])
 
 
-def test_a_data_module_that_encodes_but_cannot_decode_is_no_tokenizer(monkeypatch):
+def test_a_data_module_that_encodes_but_cannot_decode_is_no_tokenizer():
     import types
 
-    import recipes.generate as generate
-    import recipes.runs
+    from recipes.runs import text_tokenizer
 
-    monkeypatch.setattr(recipes.runs, "data_module", lambda recipe, text_only: types.SimpleNamespace(encode=list))
     with pytest.raises(ValueError, match="the recipe's data module SimpleNamespace has no text tokenizer"):
-        generate.tokenizer({})
+        text_tokenizer(types.SimpleNamespace(encode=list), "generate")
+    decodes = types.SimpleNamespace(encode=list, decode=list)
+    assert text_tokenizer(decodes, "generate") is decodes
 
 
 def test_the_continuation_is_cut_after_the_first_stop_at_or_after_the_prompt():

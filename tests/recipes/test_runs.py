@@ -10,7 +10,7 @@ import torch
 import yaml
 
 import recipes.data.corpus as corpus_module
-from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_recipe, run_folder, sweep_root,
+from recipes.runs import (check_tokenizer, checkpoint_path, data_module, load_recipe, load_run, run_folder, sweep_root,
                           trusted_classes, with_run_data)
 
 TENSORBOARD = "lightning.pytorch.loggers.TensorBoardLogger"
@@ -93,9 +93,9 @@ def test_a_recipe_on_lightnings_default_logger_finds_its_runs_in_lightning_logs_
 
 def test_the_classes_a_checkpoint_may_name_are_the_recipes_model_bindings_and_the_allowed_ones():
     recipe = {"model": {"mixers": {"A": {"class_path": "components.QCAttention"}, "M": {"class_path": "my.MLP"}}}}
-    args = SimpleNamespace(allow_classes=["extra.Thing"])
-    assert trusted_classes(recipe, args) == ["extra.Thing", "components.QCAttention", "my.MLP"]
-    assert trusted_classes({"model": None}, args) == ["extra.Thing"]
+    assert trusted_classes(recipe, ["extra.Thing"]) == ["extra.Thing", "components.QCAttention", "my.MLP"]
+    assert trusted_classes({"model": None}, ["extra.Thing"]) == ["extra.Thing"]
+    assert trusted_classes(recipe) == ["components.QCAttention", "my.MLP"]
 
 
 def test_a_checkpoint_of_another_tokenizer_is_refused_by_name(tmp_path):
@@ -150,3 +150,26 @@ def test_a_data_module_is_built_from_the_recipe_and_for_text_only_without_its_co
     for data in (None, {}, {"class_path": "recipes.data.corpus.tokenizer_problem"}):
         with pytest.raises(ValueError, match="the recipe's data section names no data module class"):
             data_module({"data": data})
+
+
+def test_load_run_reads_a_recipes_checkpoint_with_the_data_its_run_trained_with(tmp_path, monkeypatch):
+    """The Python form of what ``generate`` and ``eval`` read: the newest ``last.ckpt`` of the recipe's runs, in eval
+    mode, and the data section of the run's config.yaml (here a training length the recipe file does not have)."""
+    from recipes.cli import main as cli
+    from recipes.data import TextCorpus
+
+    monkeypatch.chdir(tmp_path)
+    cli(["fit", "--config", "quickstart.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
+         "--data.init_args.seq_len", "24", "--data.init_args.batch_size", "4", "--trainer.max_steps", "2",
+         "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"])
+    run = load_run("quickstart.yaml")
+    assert run.checkpoint == Path("runs/quickstart/version_0/checkpoints/last.ckpt")  # (as fit resolves last)
+    assert not run.lm.training and run.lm.model.d_model == 32
+    assert isinstance(run.data, TextCorpus) and run.data.seq_len == 24 and run.recipe["data"]["init_args"]["seq_len"] == 24
+    saved = torch.load(run.checkpoint, weights_only=True)["state_dict"]
+    for name, tensor in run.lm.state_dict().items():
+        assert torch.equal(tensor, saved[name]), name
+    ids = run.lm.model.generate(torch.tensor([run.data.encode("ab")]), 3)
+    assert run.data.decode(ids[0].tolist()).startswith("ab") and ids.shape == (1, 5)
+    with pytest.raises(FileNotFoundError, match="--ckpt_path best: no best.ckpt under runs/quickstart"):
+        load_run("quickstart.yaml", "best")  # (no validation: no best)
