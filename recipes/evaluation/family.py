@@ -105,8 +105,9 @@ def table(results: dict, baseline: str | None) -> str:
     first = next(iter(results.values()))
     metric = "value" if is_harness(first) else "loss" if first["suite"] == "length" else "accuracy"
     mode_name, column = ("metric", "task") if is_harness(first) else ("mode", "length")
-    rows = [f"| recipe | {mode_name} | {column} | runs | {metric}, mean ± std | Δ vs {baseline or '-'} | p (Welch) | p (Holm, per {column}) |",
-            "|---|---|---|---|---|---|---|---|"]
+    versus_heads = f" Δ vs {baseline} | p (Welch) | p (Holm, per {column}) |" if baseline else ""  # (else only dashes)
+    rows = [f"| recipe | {mode_name} | {column} | runs | {metric}, mean ± std |{versus_heads}",
+            "|---" * (5 + 3 * bool(baseline)) + "|"]
     for mode, length in keys:
         compared = [r for r in by_recipe if baseline and r != baseline and (mode, length) in by_recipe[r]
                     and (mode, length) in by_recipe.get(baseline, {})]
@@ -123,7 +124,9 @@ def table(results: dict, baseline: str | None) -> str:
                          f"{'< 2 runs' if math.isnan(adjusted[recipe]) else f'{adjusted[recipe]:.3g}'}"
             else:
                 versus = "(baseline) | - | -" if recipe == baseline else "- | - | -"
-            rows.append(f"| {recipe} | {mode} | {length} | {s.n} | {s.mean:.4f} ± {0 if math.isnan(s.std) else s.std:.4f} | {versus} |")
+            versus = f" {versus} |" if baseline else ""
+            rows.append(f"| {recipe} | {mode} | {length} | {s.n} | {s.mean:.4f} ± {0 if math.isnan(s.std) else s.std:.4f} |"
+                        + versus)
     return "\n".join(rows)
 
 

@@ -101,11 +101,12 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
     compared = [name for name in results if baseline is not None and name != baseline]
     welch_p = {name: welch(loss(name), loss(baseline))[1] for name in compared}
     holm_p = dict(zip(compared, holm([welch_p[name] for name in compared])))
+    # (the five comparison columns only against a baseline: without one they held nothing but dashes)
+    versus_heads = ("" if baseline is None else f"Δ loss vs {baseline} | p (Welch) | p (Holm) | detectable Δ (80%) | "
+                    f"TOST p{f' (±{margin})' if margin is not None else ''} | ")
     rows = ["| recipe | runs | params | active | val loss, mean ± std | 95% interval | val acc, mean ± std | "
-            "train tok/s | "
-            f"Δ loss vs {baseline or '-'} | p (Welch) | p (Holm) | detectable Δ (80%) | "
-            f"TOST p{f' (±{margin})' if margin is not None else ''} | best val loss (step) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            f"train tok/s | {versus_heads}best val loss (step) |",
+            "|---" * (9 + 5 * (baseline is not None)) + "|"]
     fmt = lambda p: "< 2 runs" if math.isnan(p) else f"{p:.3g}"  # noqa: E731
     for name, finished in results.items():
         s = summarize(loss(name))
@@ -115,9 +116,9 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
         best = (f"{statistics.fmean(bests):.4f} ({statistics.median(r['best_step'] for r in finished):.0f})"
                 if bests else "-")
         if baseline is None:
-            versus = "- | - | - | - | -"
+            versus = ""
         elif name == baseline:
-            versus = "(baseline) | - | - | - | -"
+            versus = "(baseline) | - | - | - | - | "
         else:
             diff = welch(loss(name), loss(baseline))[0]
             b = summarize(loss(baseline))
@@ -125,14 +126,14 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
             equivalence = "-" if margin is None else fmt(tost(loss(name), loss(baseline), margin))
             # NaN p: fewer than two finished runs on a side, so no test; say so rather than print "nan".
             versus = (f"{'-' if math.isnan(diff) else f'{diff:+.4f}'} | {fmt(welch_p[name])} | {fmt(holm_p[name])} | "
-                      f"{'-' if math.isnan(mde) else f'{mde:.4f}'} | {equivalence}")
+                      f"{'-' if math.isnan(mde) else f'{mde:.4f}'} | {equivalence} | ")
         interval = f"[{s.low:.4f}, {s.high:.4f}]" if s.n > 1 else "-"
         if finished and not speeds:
             quiet.append(name)
         sizes = f"{counts(finished, 'params')} | {counts(finished, 'active')}"
         rows.append(f"| {name} | {s.n} of {launched[name]} | {sizes} | {s} | {interval} | "
                     f"{acc} | {speed(statistics.median(speeds) if speeds else math.nan)} | "
-                    f"{versus} | {best} |")
+                    f"{versus}{best} |")
     return with_notes(rows, notes, quiet)
 
 

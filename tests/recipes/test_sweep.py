@@ -308,8 +308,11 @@ def test_seed_statistics_over_a_fake_family_with_known_outcomes(tmp_path):
     assert rows["lonely"][3:5] == ["2.5000", "-"]  # one run: its value, no spread and no interval (not "± nan")
     assert "same seed 3 FAILED (exit 1; log same_seed3.log)" in out
     assert f"same seed 4 has no results in {tmp_path / 'same' / 'gone'}" in out
-    no_baseline = seed_table(runs)
-    assert all(line.split("|")[9:14] == [" - "] * 5 for line in no_baseline.splitlines()[2:] if line.startswith("| "))
+    no_baseline = seed_table(runs).splitlines()  # no comparison columns, which held only dashes
+    assert no_baseline[0].split(" | ")[8:] == ["best val loss (step) |"] and no_baseline[1] == "|---" * 9 + "|"
+    cells = {line.split("|")[1].strip(): line.split("|")[1:-1] for line in out.splitlines()[2:] if line.startswith("| ")}
+    alone = {line.split("|")[1].strip(): line.split("|")[1:-1] for line in no_baseline[2:] if line.startswith("| ")}
+    assert alone.keys() == cells.keys() and all(alone[k] == cells[k][:8] + cells[k][13:] for k in cells)
     with pytest.raises(ValueError, match=r"--baseline 'bsae' is not one of the recipes run \(base, worse, same, lonely\)"):
         seed_table(runs, baseline="bsae")
 
