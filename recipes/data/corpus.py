@@ -1,8 +1,8 @@
 """``TokenizedCorpus``: language modelling on local corpora, tokenized once into a memory-mapped cache.
 
-Documents come from ``.txt`` files (a file is one document, or split on ``txt_separator``), ``.jsonl``
-files (one JSON object per line, the document in ``text_field``) and ``.parquet`` files (the column
-``column``; needs ``pyarrow``). The tokenizer is a ``tokenizers`` JSON file, or, when none is given, a
+Documents come from plain-text files (``.txt``, and ``.text``, ``.md``, ``.markdown``, ``.rst``, ``.tex`` read the
+same way; a file is one document, or split on ``txt_separator``), ``.jsonl`` files (one JSON object per line, the
+document in ``text_field``) and ``.parquet`` files (the column ``column``; needs ``pyarrow``). The tokenizer is a ``tokenizers`` JSON file, or, when none is given, a
 byte-level BPE of ``vocab_size`` tokens trained on the training documents and saved in the cache.
 
 The cache is a directory ``cache_dir/<key>/`` holding ``train.bin`` and ``val.bin`` (the token ids,
@@ -38,7 +38,8 @@ from recipes.data.hf_datasets import HFDataset
 from recipes.data.order import ResumableDataModule
 
 END_OF_DOCUMENT = "<|endoftext|>"
-FORMATS = (".txt", ".jsonl", ".parquet")
+PLAIN_TEXT = (".txt", ".text", ".md", ".markdown", ".rst", ".tex")  # read as .txt: the whole file is text
+FORMATS = (*PLAIN_TEXT, ".jsonl", ".parquet")
 PIECE_BYTES = 1 << 20  # a .txt document is read and encoded in pieces of about this size
 BATCH_PIECES = 256  # pieces encoded together (the tokenizer parallelises a batch)
 CACHE_VERSION = 2  # 2: keyed by the sources' content, with a fingerprint that is verified on use
@@ -71,7 +72,8 @@ def corpus_files(paths: str | list[str]) -> list[Path]:
             if not path.is_file():
                 raise FileNotFoundError(f"TokenizedCorpus: {str(path)!r} is not a file{unprepared_hint(path)}")
             if path.suffix not in FORMATS:
-                raise ValueError(f"TokenizedCorpus: {str(path)!r} has suffix {path.suffix!r}; supported: {', '.join(FORMATS)}")
+                raise ValueError(f"TokenizedCorpus: {str(path)!r} has suffix {path.suffix!r}; supported: .jsonl, .parquet "
+                                 f"and the plain text of {', '.join(PLAIN_TEXT)} (name another text file .txt)")
             files.append(path)
     return files
 
@@ -101,7 +103,7 @@ def document_pieces(files: list[Path], text_field: str, column: str, txt_separat
 def _file_pieces(path: Path, text_field: str, column: str, txt_separator: str | None, domains: list[str] | None,
                  domain_field: str, seen: dict[str, int] | None) -> Iterator[tuple[str, bool]]:
     """The pieces of one file (see :func:`document_pieces`)."""
-    if path.suffix == ".txt":
+    if path.suffix in PLAIN_TEXT:
         yield from _txt_pieces(path, txt_separator)
     elif path.suffix == ".jsonl":
         with open(path, encoding="utf-8") as lines:
@@ -240,7 +242,8 @@ class TokenizedCorpus(ResumableDataModule):
     end-of-document token marks them, and with ``packed`` the model also keeps the documents apart.
 
     Args:
-        paths: files or glob patterns of ``.txt``, ``.jsonl``, ``.parquet`` files; default None, the
+        paths: files or glob patterns of ``.txt`` (or ``.md``, ``.rst``, …: :data:`PLAIN_TEXT`), ``.jsonl``,
+            ``.parquet`` files; default None, the
             ``pydoc_data`` topics.
         dataset: instead of ``paths``, a Hugging Face ``datasets`` dataset (:class:`recipes.data.HFDataset`: a
             ``save_to_disk`` folder, or ``load_dataset`` on local files or a hub name, streaming or not); its
@@ -254,7 +257,7 @@ class TokenizedCorpus(ResumableDataModule):
             that lacks it.
         text_field: the ``.jsonl`` field holding the text (default ``"text"``).
         column: the ``.parquet`` column holding the text (default ``"text"``).
-        txt_separator: splits ``.txt`` files into documents; default None, one document per file.
+        txt_separator: splits plain-text files into documents; default None, one document per file.
         cache_dir: where token caches live (default ``$HYBRID_ZOO_CACHE/corpora``, the variable's default
             ``~/.cache/hybrid-zoo``).
         seq_len: tokens per window (default 256).
@@ -557,7 +560,7 @@ class TokenizedCorpus(ResumableDataModule):
         documents = sum(self.meta["documents"].values())
         if documents >= self.val_every:
             return "use more text, a larger val_fraction or a shorter seq_len"
-        whole_files = [f.name for f in self.files or [] if f.suffix == ".txt"] if self.txt_separator is None else []
+        whole_files = [f.name for f in self.files or [] if f.suffix in PLAIN_TEXT] if self.txt_separator is None else []
         split = (f"split {', '.join(whole_files[:3])} into documents with txt_separator (for example a blank line, "
                  "--data.init_args.txt_separator $'\\n\\n'), " if whole_files else "")
         return (f"validation takes every {self.val_every}th document and the corpus has {documents}: {split}give "

@@ -68,6 +68,22 @@ def test_text_to_cache_to_tokens_round_trips_and_splits_by_documents(tmp_path, f
     assert torch.equal(window["input_ids"][1:], window["labels"][:-1]) and window["input_ids"].dtype == torch.int64
 
 
+def test_markdown_restructuredtext_and_latex_files_are_read_as_plain_text(tmp_path):
+    """A folder of notes (``docs/*.md``) was refused for its suffix: each plain-text suffix now gives the documents,
+    and the tokens, that the same text in a ``.txt`` file gives."""
+    for suffix in corpus_module.PLAIN_TEXT:
+        folder = tmp_path / suffix.lstrip(".")
+        folder.mkdir()
+        (folder / f"all{suffix}").write_text("<DOC>".join(DOCUMENTS), encoding="utf-8")
+        data = corpus(folder, str(folder / f"all{suffix}"), txt_separator="<DOC>")
+        data.setup()
+        assert documents_of(data, "val") == DOCUMENTS[9::10], suffix
+        assert documents_of(data, "train") == [d for i, d in enumerate(DOCUMENTS) if i % 10 != 9], suffix
+    assert set(corpus_module.PLAIN_TEXT) == {".txt", ".text", ".md", ".markdown", ".rst", ".tex"}
+    with pytest.raises(ValueError, match="the corpus has 1: split all.md into documents with txt_separator"):
+        corpus(tmp_path / "md", str(tmp_path / "md" / "all.md")).setup()  # one file, one document, as for .txt
+
+
 def test_too_few_documents_for_a_validation_split_names_the_way_out(tmp_path):
     """One .txt file is one document, so it has no validation text whatever val_fraction says: the error says to
     split it (txt_separator), which then gives a corpus that trains; a corpus of many documents keeps the old hint."""
@@ -205,7 +221,8 @@ def test_the_training_order_resumes_exactly(tmp_path):
      "english.jsonl' is not a file: prepare it with python -m recipes.corpora prepare english --out "),
     (lambda p: TokenizedCorpus(str(p / "nothing*.jsonl")), "matches no file"),
     (lambda p: TokenizedCorpus(str(p)), "' is a folder; name its files with a glob, such as '"),
-    (lambda p: (p / "a.csv").write_text("x") and TokenizedCorpus(str(p / "a.csv")), "supported: .txt, .jsonl, .parquet"),
+    (lambda p: (p / "a.csv").write_text("x") and TokenizedCorpus(str(p / "a.csv")),
+     "has suffix '.csv'; supported: .jsonl, .parquet and the plain text of .txt, .text, .md, .markdown, .rst, .tex"),
     (lambda p: TokenizedCorpus(tokenizer=str(p / "none.json")), "tokenizer='"),
     (lambda p: TokenizedCorpus(vocab_size=100), "vocab_size=100"),
     (lambda p: TokenizedCorpus(val_fraction=1.5), "val_fraction=1.5"),
