@@ -5,6 +5,8 @@
 import argparse
 import difflib
 import math
+import sys
+from pathlib import Path
 
 
 def bounded(kind, low, *, above: bool = False):
@@ -46,6 +48,28 @@ def device(text: str) -> str:
     elif where.type == "mps" and not torch.backends.mps.is_available():
         raise argparse.ArgumentTypeError(f"{text}: MPS is not available here")
     return where.type if where.type == "cpu" else str(where)  # (torch.load's map_location refuses "cpu:0")
+
+
+def text_file(path: str) -> str:
+    """An argparse type: the whole text of the UTF-8 file at ``path`` (``-``: stdin), read when the arguments are
+    parsed, so a missing file is argparse's one-line error before anything loads."""
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise argparse.ArgumentTypeError(f"no such file: {path}") from None
+    except (IsADirectoryError, UnicodeDecodeError) as error:
+        raise argparse.ArgumentTypeError(f"{path}: not a UTF-8 text file ({type(error).__name__})") from None
+
+
+def text_path(path: str) -> str:
+    """An argparse type: ``path``, once it reads as a UTF-8 text file (:func:`text_file`, without stdin), for a
+    command that reads it later."""
+    if path == "-":
+        raise argparse.ArgumentTypeError("a file is read here, not stdin")
+    text_file(path)
+    return path
 
 
 def close_matches(words, known, *, n: int = 1, cutoff: float = 0.6) -> list[str]:

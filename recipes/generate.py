@@ -15,9 +15,8 @@ recipe's runs, as for ``fit``.
 
 import argparse
 import sys
-from pathlib import Path
 
-from recipes.argtypes import device, positive_int
+from recipes.argtypes import device, positive_int, text_file
 
 # (torch, Lightning and the run's tools are imported once the arguments are read: `--help` and a mistyped flag answer
 # at once, not after 8 s of imports)
@@ -34,19 +33,6 @@ def cut_after(text: str, stop: str | None, start: int = 0) -> str:
     several tokens is found in the decoded text, and a one-token stop's filled positions after it are dropped."""
     end = text.find(stop, start) if stop else -1
     return text if end < 0 else text[:end + len(stop)]
-
-
-def prompt_file(path: str) -> str:
-    """An argparse type: the text of the file at ``path`` (``-``: stdin), read whole, as the prompt it holds (a
-    trailing newline is part of it)."""
-    if path == "-":
-        return sys.stdin.read()
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise argparse.ArgumentTypeError(f"no such file: {path}") from None
-    except (IsADirectoryError, UnicodeDecodeError) as error:
-        raise argparse.ArgumentTypeError(f"{path}: not a UTF-8 text file ({type(error).__name__})") from None
 
 
 def left_padded(rows: list[list[int]], device: str = "cpu"):
@@ -68,7 +54,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best / swa")
     parser.add_argument("--prompt", dest="prompts", action="append", metavar="TEXT",
                         help="the text to continue; repeat it (or --prompt_file) for several, decoded as one batch")
-    parser.add_argument("--prompt_file", dest="prompts", action="append", type=prompt_file, metavar="PATH",
+    parser.add_argument("--prompt_file", dest="prompts", action="append", type=text_file, metavar="PATH",
                         help="a file whose whole text is one prompt (- : stdin)")
     parser.add_argument("--max_new_tokens", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")

@@ -2,8 +2,9 @@
 
 Documents come from plain-text files (``.txt``, and ``.text``, ``.md``, ``.markdown``, ``.rst``, ``.tex`` read the
 same way; a file is one document, or split on ``txt_separator``), ``.jsonl`` files (one JSON object per line, the
-document in ``text_field``) and ``.parquet`` files (the column ``column``; needs ``pyarrow``). The tokenizer is a ``tokenizers`` JSON file, or, when none is given, a
-byte-level BPE of ``vocab_size`` tokens trained on the training documents and saved in the cache.
+document in ``text_field``) and ``.parquet`` files (the column ``column``; needs ``pyarrow``). The tokenizer is
+a ``tokenizers`` JSON file, or, when none is given, a byte-level BPE of ``vocab_size`` tokens trained on the training
+documents and saved in the cache.
 
 The cache is a directory ``cache_dir/<key>/`` holding ``train.bin`` and ``val.bin`` (the token ids,
 ``uint16`` when the vocabulary fits, else ``uint32``, an end-of-document token after each document),

@@ -4,6 +4,7 @@ built-in long-context suites (docs/evaluation.md).
     python -m recipes eval --config quickstart.yaml --ckpt_path last --tasks zoo_cloze,zoo_passkey
     python -m recipes eval --config my.yaml --ckpt_path best --tasks hellaswag,arc_easy --num_fewshot 0 --limit 200
     python -m recipes eval --config quickstart.yaml --ckpt_path last --suite length --extrapolate
+    python -m recipes eval --config quickstart.yaml --ckpt_path last --suite length --multiples 1 --text notes.md
     python -m recipes eval --config quickstart.yaml --ckpt_path last --suite passkey --extrapolate
     python -m recipes eval --config mqar/qcattn.yaml --ckpt_path last --suite mqar --extrapolate
 
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 from unittest import mock
 
-from recipes.argtypes import bounded, close_matches, device, positive_int
+from recipes.argtypes import bounded, close_matches, device, positive_int, text_path
 
 
 SUITES = ("length", "passkey", "mqar")
@@ -44,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--multiples", type=float, nargs="+", action="extend", default=None,
                    help="lengths as multiples of the training length (length: 1 2 4 8 16; passkey: 0.5 1 2 4; mqar: 1 2 4 8)")
     p.add_argument("--windows", type=int, default=None, help="length suite: windows per length (default 8)")
+    p.add_argument("--text", type=text_path, default=None, metavar="FILE",
+                   help="length suite: the windows from this UTF-8 file, tokenized as the run's text, instead of the "
+                        "validation split")
     p.add_argument("--trials", type=int, default=None, help="passkey suite: keys per cell (default 8)")
     p.add_argument("--out", default=None, help="where to write the JSON (and a suite's .md and .png); files already "
                                                "there are refused unless --force")
@@ -178,6 +182,8 @@ def without_harness_bookkeeping():
 
 
 def run_suite(model, data, recipe: dict, args) -> dict:
+    import torch
+
     from recipes import runs
     from recipes.evaluation import suites
 
@@ -206,9 +212,16 @@ def run_suite(model, data, recipe: dict, args) -> dict:
     trained = int(init.get("seq_len", getattr(data, "seq_len", 0)) or 0)
     if trained < 1:
         raise ValueError("the recipe's data has no seq_len: the training length the suite is relative to")
+    if args.suite == "length" and args.text is not None:  # your text, read as the run reads text
+        text = Path(args.text).read_text(encoding="utf-8")
+        tokens = torch.tensor(runs.text_tokenizer(data, "--text").encode(text), dtype=torch.long)  # [n]
+        result = suites.length_suite(model, tokens, trained, **given(windows=args.windows), source=args.text,
+                                     extrapolate=args.extrapolate, **lengths(suites.LENGTH_MULTIPLES, trained))
+        return {**result, "text": args.text}
     if args.suite == "length":
         if not hasattr(data, "validation_tokens"):
-            raise ValueError(f"--suite length needs a text corpus with a validation split; this is {type(data).__name__}")
+            raise ValueError(f"--suite length needs a text corpus with a validation split (or --text FILE); this is "
+                             f"{type(data).__name__}")
         return suites.length_suite(model, data.validation_tokens(), trained, **given(windows=args.windows),
                                    extrapolate=args.extrapolate, **lengths(suites.LENGTH_MULTIPLES, trained))
     encode = runs.text_tokenizer(data, "--suite passkey").encode
@@ -250,6 +263,7 @@ def unused_options(args: argparse.Namespace) -> list[str]:
     """The options given that nothing this evaluation runs would read, each with what reads it: ignored, they would
     leave a user believing a number was measured as they asked."""
     applies = [("--windows", args.windows, "--suite length", args.suite == "length"),
+               ("--text", args.text, "--suite length", args.suite == "length"),
                ("--trials", args.trials, "--suite passkey", args.suite == "passkey"),
                ("--multiples", args.multiples, "a --suite", args.suite),
                ("--extrapolate", args.extrapolate, "a --suite", args.suite),
@@ -286,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
             refuse_overwrite((written if args.suite else written[:1]) + samples, lost="an earlier evaluation's results")
         # (a suite reads the validation text: the data module is built whole)
         run = load_run(args.config, args.ckpt_path, device=args.device, allow_classes=args.allow_classes,
-                       text_only=not args.suite)
+                       text_only=not args.suite or args.text is not None)
         model, data, path, recipe = run.lm.model, run.data, run.checkpoint, run.recipe
         record = load_checkpoint(path, mmap=True)
         step = int(record.get("global_step", 0))

@@ -132,16 +132,16 @@ LENGTH_MULTIPLES, PASSKEY_MULTIPLES, MQAR_MULTIPLES = (1, 2, 4, 8, 16), (0.5, 1,
 
 @torch.no_grad()
 def length_suite(model, tokens: torch.Tensor, trained: int, multiples=LENGTH_MULTIPLES, windows: int = 8,
-                 extrapolate: bool = True) -> dict:
+                 extrapolate: bool = True, source: str = "the validation split") -> dict:
     """Per mode and evaluation length ``m · trained``: the mean next-token loss of ``windows`` windows of the
-    validation stream ``tokens [n]`` (evenly spaced, the same windows read to each length), overall and per
-    bucket of ``trained`` positions."""
+    token stream ``tokens [n]`` (the validation split, or ``source``'s text; evenly spaced, the same windows read to
+    each length), overall and per bucket of ``trained`` positions."""
     multiples = check_settings("length", multiples, whole=True, windows=windows)
     model.eval()
     device = model.embedding.weight.device
     longest = max(multiples) * trained
     if len(tokens) < longest + 1:
-        raise ValueError(f"the validation split has {len(tokens)} tokens; length {longest} needs {longest + 1}")
+        raise ValueError(f"{source} has {len(tokens)} tokens; length {longest} needs {longest + 1}")
     # the same text at every length: each length reads the first tokens of the same evenly spaced windows, so
     # a change with the length is the context's doing, not the text's
     starts = np.linspace(0, len(tokens) - longest - 1, num=windows).astype(int)

@@ -418,6 +418,40 @@ def test_the_eval_command_writes_the_harness_json_and_tensorboard_scalars(tmp_pa
     assert "harness" not in json.loads((tmp_path / "eval" / "result.json").read_text())
 
 
+def test_the_length_suite_reads_a_file_of_your_own_with_the_runs_tokenizer(tmp_path, monkeypatch, capsys):
+    """``--text FILE``: the windows come from that file, tokenized as the run's text, not from the validation split;
+    the loss equals the suite's on those tokens, and the result names the file."""
+    from recipes.cli import main as fit
+    from recipes.evaluation.cli import main
+    from recipes.runs import load_run
+
+    monkeypatch.chdir(tmp_path)
+    fit(["fit", "--config", "quickstart.yaml", "--model.d_model", "16", "--model.pattern", "AM",
+         "--model.mixers.A.init_args.n_heads", "2", "--data.init_args.seq_len", "32", "--trainer.max_steps", "2",
+         "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"])
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog, {i * i} times.\n" for i in range(40))
+    (tmp_path / "mine.md").write_text(text, encoding="utf-8")
+    common = ["--config", "quickstart.yaml", "--ckpt_path", "last", "--suite", "length", "--multiples", "1", "2"]
+    out = main([*common, "--windows", "3", "--text", "mine.md"])
+    model = load_run("quickstart.yaml").lm.model
+    expected = length_suite(model, torch.tensor(TextCorpus.encode(text)), 32, multiples=(1, 2), windows=3,
+                            extrapolate=False)  # (as the command without --extrapolate)
+    assert out["suite"]["text"] == "mine.md" and out["suite"]["rows"] == expected["rows"]
+    validation = main([*common, "--windows", "3"])["suite"]  # (the same command without it: the validation split)
+    assert "text" not in validation and validation["rows"][0]["loss"] != expected["rows"][0]["loss"]
+    (tmp_path / "short.txt").write_text("forty bytes of text, which is too short", encoding="utf-8")
+    with pytest.raises(SystemExit, match="error: short.txt has 39 tokens; length 64 needs 65"):
+        main([*common, "--text", "short.txt"])
+    capsys.readouterr()
+    for argv, said in [(["--text", "nowhere.txt"], "argument --text: no such file: nowhere.txt"),
+                       (["--text", "-"], "argument --text: a file is read here, not stdin")]:
+        with pytest.raises(SystemExit):
+            main([*common, *argv])
+        assert said in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"would not use --text \(it goes with --suite length\)"):
+        main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--suite", "passkey", "--text", "mine.md"])
+
+
 @pytest.mark.parametrize("out", ["ratio_0.5_seed0", "ratio_0.5_seed0.json", "ratio_0.5_seed0.md"])
 def test_an_eval_out_keeps_its_name_and_takes_the_result_suffixes(out):
     """``ratio_0.5_seed0`` was cut to ``ratio_0.json`` (``with_suffix``): two recipes' results in one file."""
@@ -440,7 +474,7 @@ def test_the_default_lengths_past_max_seq_len_are_left_out_with_a_note(capsys):
     data = SimpleNamespace(validation_tokens=lambda: torch.randint(0, 256, (2100,)), seq_len=128,
                            encode=TextCorpus.encode, decode=TextCorpus.decode)
     recipe = {"data": {"init_args": {"seq_len": 128}}}
-    args = SimpleNamespace(suite="length", multiples=None, extrapolate=False, windows=2, trials=1)
+    args = SimpleNamespace(suite="length", multiples=None, extrapolate=False, windows=2, trials=1, text=None)
     result = run_suite(model, data, recipe, args)
     assert [row["length"] for row in result["rows"]] == [128, 256, 512]
     assert ("note: lengths 1024, 2048 left out, past the model's max_seq_len=512; --extrapolate evaluates past it"
@@ -658,7 +692,7 @@ def test_a_suite_the_recipes_data_cannot_feed_is_refused_by_name():
     from recipes.runs import text_tokenizer
 
     model = tiny(max_seq_len=64)
-    args = SimpleNamespace(suite="mqar", multiples=[1], extrapolate=False, windows=None, trials=None)
+    args = SimpleNamespace(suite="mqar", multiples=[1], extrapolate=False, windows=None, trials=None, text=None)
     with pytest.raises(ValueError, match="--suite mqar needs an MQAR recipe; this one's data module is TextCorpus"):
         run_suite(model, TextCorpus(seq_len=16), {}, args)
     mqar = MQAR(vocab_size=64, seq_len=16, num_pairs=2)
@@ -667,7 +701,7 @@ def test_a_suite_the_recipes_data_cannot_feed_is_refused_by_name():
         with pytest.raises(ValueError, match="the recipe's data has no seq_len: the training length"):
             run_suite(model, SimpleNamespace(), {"data": {"init_args": {}}}, SimpleNamespace(**{**vars(args), "suite": suite}))
     recipe = {"data": {"init_args": {"seq_len": 16}}}
-    with pytest.raises(ValueError, match="--suite length needs a text corpus with a validation split; this is MQAR"):
+    with pytest.raises(ValueError, match=r"--suite length needs a text corpus with a validation split \(or --text FILE\); this is MQAR"):
         run_suite(model, mqar, recipe, SimpleNamespace(**{**vars(args), "suite": "length"}))
     with pytest.raises(ValueError, match="--suite passkey needs text, and the recipe's data module MQAR has no text"):
         run_suite(model, mqar, recipe, SimpleNamespace(**{**vars(args), "suite": "passkey"}))
