@@ -259,6 +259,16 @@ def given(**options) -> dict:
     return {name: value for name, value in options.items() if value is not None}
 
 
+SCORE_SETTINGS = ("tasks", "include_path", "num_fewshot", "limit", "gen_kwargs", "suite", "extrapolate", "multiples",
+                  "windows", "trials", "text")  # (not the batch, device or threads: they change no score)
+
+
+def score_settings(args: argparse.Namespace) -> dict:
+    """The options an evaluation's scores depend on, as its ``--out`` JSON records them (``settings``): a sweep's
+    stored result is reused only for the same ones."""
+    return json.loads(json.dumps({name: getattr(args, name) for name in SCORE_SETTINGS}, default=str))
+
+
 def unused_options(args: argparse.Namespace) -> list[str]:
     """The options given that nothing this evaluation runs would read, each with what reads it: ignored, they would
     leave a user believing a number was measured as they asked."""
@@ -304,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict:
         model, data, path, recipe = run.lm.model, run.data, run.checkpoint, run.recipe
         record = load_checkpoint(path, mmap=True)
         step = int(record.get("global_step", 0))
-        output: dict = {"checkpoint": str(path), "step": step}
+        output: dict = {"checkpoint": str(path), "step": step, "settings": score_settings(args)}
         averaging = averaged_weights(record)
         if averaging:  # (said: a comparison with another run's trained weights is not like for like)
             output["weights"] = f"{averaging} average"

@@ -22,7 +22,7 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
     """``{(recipe, seed): result}`` for every finished run, computing the missing ones. ``suite`` is a suite's
     name, or ``"tasks"`` with ``extra`` naming them (``--tasks T1,T2 --include_path DIR``): then the result is
     the harness's ``{"results": …}``."""
-    from recipes.evaluation.cli import main as evaluate, shared_task_index
+    from recipes.evaluation.cli import main as evaluate, parser, score_settings, shared_task_index
     from recipes.evaluation.suites import result_paths
 
     tasks = suite == "tasks"
@@ -36,21 +36,35 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
             checkpoint = Path(run.folder) / "checkpoints" / "last.ckpt"
             out = folder / f"{run.config.stem}_seed{run.seed}"
             written = result_paths(out)[0]
-            stale = written.is_file() and evaluated_step(written) not in (None, trained_step(checkpoint))
-            if not written.is_file() or stale:  # a run trained on since its result was written is evaluated again
-                print(f"evaluating {run.config.stem} seed {run.seed}: {suite}" + " (trained on since)" * stale,
-                      flush=True)
+            argv = ["--config", str(run.config), "--ckpt_path", str(checkpoint),
+                    *([] if tasks else ["--suite", suite, "--extrapolate"]), "--out", str(out), "--force", *extra]
+            # a stored result is reused only if it scored this checkpoint's step with these settings (a result of
+            # `--multiples 1 2` was returned for `--multiples 1 2 4 8`, a `--limit 8` one for `--limit 100`)
+            if not written.is_file():
+                why = ""
+            elif stale_step(written, checkpoint):
+                why = " (trained on since)"
+            elif stored(written, "settings") not in (None, score_settings(parser().parse_args(argv))):
+                why = " (other settings)"
+            else:
+                why = None  # the stored result stands
+            if why is not None:
+                print(f"evaluating {run.config.stem} seed {run.seed}: {suite}{why}", flush=True)
                 # (--force: the sweep's own folder, whose JSON is missing or stale; its table or figure may be left)
-                evaluate(["--config", str(run.config), "--ckpt_path", str(checkpoint),
-                          *([] if tasks else ["--suite", suite, "--extrapolate"]), "--out", str(out), "--force", *extra])
+                evaluate(argv)
             results[run.config.stem, run.seed] = json.loads(written.read_text())["harness" if tasks else "suite"]
     return results
 
 
-def evaluated_step(result: Path) -> int | None:
-    """The training step of the checkpoint an ``eval --out`` JSON scored (None in results written before it was
-    kept)."""
-    return json.loads(result.read_text()).get("step")
+def stored(result: Path, key: str):
+    """What an ``eval --out`` JSON keeps under ``key`` — ``step`` (the training step of the checkpoint it scored),
+    ``settings`` (the options its scores depend on) —, or None in results written before it was kept."""
+    return json.loads(result.read_text()).get(key)
+
+
+def stale_step(result: Path, checkpoint: Path) -> bool:
+    """Whether the run has trained on since ``result`` scored its checkpoint."""
+    return stored(result, "step") not in (None, trained_step(checkpoint))
 
 
 def trained_step(checkpoint: Path) -> int:

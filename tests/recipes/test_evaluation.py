@@ -1045,6 +1045,14 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     again = json.loads((logs / "tasks_zoo_cloze" / "a_seed0.json").read_text())
     assert again["step"] == checkpoint["global_step"]
     assert again["harness"]["results"]["zoo_cloze"]["acc,none"] == scores["b", 0]
+    # other settings: every result is scored again, not the stored one of 8 examples returned for 4
+    sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite-args", "--limit 4", "--baseline", "a"])
+    evaluated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("evaluating ")]
+    assert evaluated == [f"evaluating {r} seed {s}: tasks (other settings)" for r in "ab" for s in (0, 1)]
+    again = json.loads((logs / "tasks_zoo_cloze" / "a_seed0.json").read_text())
+    assert again["settings"]["limit"] == 4 and again["harness"]["n-samples"]["zoo_cloze"]["effective"] == 4
+    sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite-args", "--limit 4", "--baseline", "a"])
+    assert "evaluating " not in capsys.readouterr().out  # the same settings: the stored results stand
     with pytest.raises(SystemExit, match="--suite or --tasks, one at a time"):
         sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite", "length"])
 
