@@ -147,11 +147,18 @@ def task_folder() -> Iterator[Path]:
         yield folder
 
 
-def write_task(folder: Path, name: str, items: list[dict]) -> Path:
-    """A multiple-choice task of one's own (``context``, ``choices``, ``answer``) in ``folder``: its data and YAML."""
+def write_task(folder: Path, name: str, items: list[dict], *, overwrite: bool = True) -> Path:
+    """A multiple-choice task of one's own (``context``, ``choices``, ``answer``) in ``folder``: its data and YAML.
+    Without ``overwrite``, a task of that name there with other questions is refused (``FileExistsError``): scores
+    stored under the name would no longer be of the questions it holds."""
     folder.mkdir(parents=True, exist_ok=True)
     data = folder / f"{name}.jsonl"
-    data.write_text("".join(json.dumps(item) + "\n" for item in items))
+    text = "".join(json.dumps(item) + "\n" for item in items)
+    if not overwrite and data.is_file() and data.read_text() != text:
+        raise FileExistsError(f"{data} holds other questions of a task {name!r} (another corpus, count, seed or "
+                              "context length): --force replaces it (scores stored under its name would no longer be "
+                              "of its questions), or choose another --name or --out")
+    data.write_text(text)
     (folder / f"{name}.yaml").write_text(YAML.format(name=name, data=json.dumps(str(data.resolve()))))
     return folder
 
@@ -172,6 +179,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--count", type=positive_int, default=500, help="questions (default 500)")
     parser.add_argument("--seed", type=bounded(int, 0), default=0)
     parser.add_argument("--context-chars", type=bounded(int, 0), default=600, help="document text before the sentence (default 600)")
+    parser.add_argument("--force", action="store_true", help="replace a task of that name in --out with other questions")
     args = parser.parse_args(argv)
     from recipes.runs import data_module, load_recipe
 
@@ -186,7 +194,10 @@ def main(argv: list[str] | None = None) -> Path:
     name = args.name or (f"{Path(files[0]).stem}_cloze" if files else "corpus_cloze")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         sys.exit(f"error: --name {name!r}: a task name is letters, digits and underscores")
-    folder = write_task(Path(args.out), name, items)
+    try:
+        folder = write_task(Path(args.out), name, items, overwrite=args.force)
+    except FileExistsError as error:
+        sys.exit(f"error: {error}")
     print(f"wrote {len(items)} questions from the held-out documents: task {name!r} in {folder} "
           f"(python -m recipes eval ... --tasks {name} --include_path {folder})")
     return folder

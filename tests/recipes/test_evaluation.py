@@ -1098,6 +1098,13 @@ def test_a_cloze_over_held_out_documents_asks_for_each_sentences_last_word(tmp_p
     written = [json.loads(line) for line in (folder / "c_cloze.jsonl").read_text().splitlines()]
     assert len(written) == 10 and all(any(i["context"] in d for d in documents[3::4]) for i in written)
     assert "task: c_cloze" in (folder / "c_cloze.yaml").read_text()
+    again = ["cloze", "--config", str(recipe), "--out", str(tmp_path / "tasks")]
+    assert make_task(again) == folder  # the same questions again: nothing lost
+    with pytest.raises(SystemExit, match=r"c_cloze.jsonl holds other questions of a task 'c_cloze' .*--force replaces"):
+        make_task([*again, "--count", "4"])  # scores stored under the name were of the ten
+    assert len((folder / "c_cloze.jsonl").read_text().splitlines()) == 10
+    make_task([*again, "--count", "4", "--force"])
+    assert len((folder / "c_cloze.jsonl").read_text().splitlines()) == 4
     with pytest.raises(SystemExit):
         make_task(["cloze", "--out", "x"])
     assert "the following arguments are required: --config" in capsys.readouterr().err
