@@ -16,6 +16,7 @@ in the checkpoint's run folder.
 
 import argparse
 import contextlib
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -264,9 +265,12 @@ SCORE_SETTINGS = ("tasks", "include_path", "num_fewshot", "limit", "gen_kwargs",
 
 
 def score_settings(args: argparse.Namespace) -> dict:
-    """The options an evaluation's scores depend on, as its ``--out`` JSON records them (``settings``): a sweep's
-    stored result is reused only for the same ones."""
-    return json.loads(json.dumps({name: getattr(args, name) for name in SCORE_SETTINGS}, default=str))
+    """The options an evaluation's scores depend on, as its ``--out`` JSON records them (``settings``; for ``--text``,
+    the file's content hash beside its name): a sweep's stored result is reused only for the same ones."""
+    settings = {name: getattr(args, name) for name in SCORE_SETTINGS}
+    if args.text is not None:
+        settings["text"] = f"{args.text} (sha256 {hashlib.sha256(Path(args.text).read_bytes()).hexdigest()[:16]})"
+    return json.loads(json.dumps(settings, default=str))
 
 
 def unused_options(args: argparse.Namespace) -> list[str]:

@@ -437,6 +437,9 @@ def test_the_length_suite_reads_a_file_of_your_own_with_the_runs_tokenizer(tmp_p
     expected = length_suite(model, torch.tensor(TextCorpus.encode(text)), 32, multiples=(1, 2), windows=3,
                             extrapolate=False)  # (as the command without --extrapolate)
     assert out["suite"]["text"] == "mine.md" and out["suite"]["rows"] == expected["rows"]
+    import hashlib  # (what a sweep's stored result is matched on: the file's content, not its name alone)
+
+    assert out["settings"]["text"] == f"mine.md (sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]})"
     validation = main([*common, "--windows", "3"])["suite"]  # (the same command without it: the validation split)
     assert "text" not in validation and validation["rows"][0]["loss"] != expected["rows"][0]["loss"]
     (tmp_path / "short.txt").write_text("forty bytes of text, which is too short", encoding="utf-8")
