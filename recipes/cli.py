@@ -451,6 +451,12 @@ class HybridCLI(LightningCLI):
         self._say_if_averaged("validate")
 
     def before_test(self) -> None:
+        data = self.datamodule
+        if data is not None and type(data).test_dataloader is L.LightningDataModule.test_dataloader:
+            # (Lightning's own words: "`test_dataloader` must be implemented to be used with the Lightning Trainer")
+            raise ValueError(f"{type(data).__name__} has no test split (its documents are split into training and "
+                             "validation alone): python -m recipes validate scores the held-out validation text, and "
+                             "python -m recipes eval --suite length --text FILE a file of your own")
         self._say_if_untrained("test")
         self._say_if_averaged("test")
 

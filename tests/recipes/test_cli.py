@@ -385,6 +385,10 @@ def test_a_corpus_shorter_than_the_validation_interval_gets_the_flags_that_fix_i
     main([*args, "--trainer.check_val_every_n_epoch", "null"])
     out = capsys.readouterr().out
     assert "fit finished: 60 steps" in out and "val/loss   last" in out and "(step 60)" in out  # across epochs
+    # its documents are split into training and validation alone: `test` says so and what scores instead (it was
+    # Lightning's "`test_dataloader` must be implemented to be used with the Lightning Trainer")
+    with pytest.raises(SystemExit, match=r"^error: TokenizedCorpus has no test split .*python -m recipes validate "):
+        main(["test", *args[1:]])
 
 
 def test_resuming_another_recipes_run_says_it_continues_that_model(tmp_path, monkeypatch, capsys):
