@@ -110,7 +110,7 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
     elif steps > first:  # speed is measured over whole logging windows, the first of which opens at the first step
         every = getattr(trainer, "log_every_n_steps", None)
         timing.append(f"tokens/s not measured: no logging window (--trainer.log_every_n_steps {every}) closed in "
-                      f"these {steps - first} step{'s' * (steps - first != 1)}")
+                      + (f"these {steps - first} steps" if steps - first != 1 else "this one step"))
     if started is not None:
         timing.append(f"wall time {time.perf_counter() - started:,.0f} s")
     if timing:

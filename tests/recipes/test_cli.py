@@ -291,6 +291,8 @@ def test_the_fit_summary_says_when_no_validation_ran():
     trainer.log_every_n_steps = 10  # a run shorter than a logging window: its speed is said to be unmeasured
     assert ("speed      tokens/s not measured: no logging window (--trainer.log_every_n_steps 10) closed in these "
             "5 steps") in fit_summary(trainer, module)
+    one = SimpleNamespace(**{**vars(trainer), "global_step": 1})  # (Lightning's fast_dev_run: "in these 1 step")
+    assert "closed in this one step" in fit_summary(one, SimpleNamespace(history={}))
     module.history["tokens_per_sec"] = [100.0, 300.0, 200.0]
     assert "speed      median 200 tokens/s" in fit_summary(trainer, module)
     none = fit_summary(SimpleNamespace(**{**vars(trainer), "global_step": 0}), SimpleNamespace(history={}))
