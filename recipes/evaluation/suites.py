@@ -18,12 +18,21 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from zoo_kernels.linear_cross_entropy import IGNORE_INDEX
 from recipes.figures import png_figure
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 QUESTION = " What is the pass key? The pass key is"
+
+
+
+
+def progress(suite: str, total: int) -> tqdm:
+    """A bar on stderr over a suite's ``total`` forward passes, gone when done; none where stderr is no terminal
+    (a pipe, a log, a test), which gets the table alone."""
+    return tqdm(total=total, desc=f"{suite} suite", unit="pass", leave=False, disable=None)
 
 
 # ---- scoring shared with the harness adapter ------------------------------------------------------
@@ -145,18 +154,22 @@ def length_suite(model, tokens: torch.Tensor, trained: int, multiples=LENGTH_MUL
     # the same text at every length: each length reads the first tokens of the same evenly spaced windows, so
     # a change with the length is the context's doing, not the text's
     starts = np.linspace(0, len(tokens) - longest - 1, num=windows).astype(int)
+    # up to the training length the two modes are the same model; without extrapolate, the model as built
+    # (max_seq_len at least this length, so its RoPE is plain)
+    cells = [(multiple, mode) for multiple in multiples
+             for mode in (MODES if extrapolate and multiple * trained > trained else MODES[:1])]
     rows = []
-    for multiple in multiples:
-        length = multiple * trained
-        check_length(model, length, extrapolate)
-        batch = torch.stack([tokens[s:s + length + 1] for s in starts]).to(device)  # [w, length + 1]
-        # up to the training length the two modes are the same model; without extrapolate, the model as built
-        # (max_seq_len at least this length, so its RoPE is plain)
-        for mode in MODES if extrapolate and length > trained else MODES[:1]:
+    with progress("length", len(cells) * len(starts)) as bar:
+        for multiple, mode in cells:
+            length = multiple * trained
+            check_length(model, length, extrapolate)
+            batch = torch.stack([tokens[s:s + length + 1] for s in starts]).to(device)  # [w, length + 1]
+            losses = []  # one window at a time bounds the memory
             with position_mode(model, mode, trained) if extrapolate else contextlib.nullcontext():
-                losses = torch.stack([F.cross_entropy(model(row[None, :-1])[0].float(), row[1:], reduction="none")
-                                      for row in batch])  # [w, length]: one window at a time bounds the memory
-            per_position = losses.mean(0)  # [length]
+                for row in batch:
+                    losses.append(F.cross_entropy(model(row[None, :-1])[0].float(), row[1:], reduction="none"))
+                    bar.update()
+            per_position = torch.stack(losses).mean(0)  # [w, length] -> [length]
             buckets = per_position.view(multiple, trained).mean(1).tolist()
             rows.append({"mode": mode, "length": length, "multiple": multiple, "loss": float(per_position.mean()),
                          "buckets": buckets, "windows": len(starts)})
@@ -183,20 +196,22 @@ def passkey_suite(model, encode, trained: int, multiples=PASSKEY_MULTIPLES, dept
     model.eval()
     rng = np.random.default_rng(seed)
     cells = []
-    for multiple in multiples:
-        length = int(multiple * trained)
-        for depth in depths:
-            correct = 0
-            for _ in range(trials):
-                keys = rng.choice(np.arange(10_000, 100_000), size=choices, replace=False).tolist()
-                context, answer = passkey_prompt(encode, keys[0], length, depth)
-                check_length(model, len(context) + len(answer), extrapolate)
-                candidates = [answer] + [encode(f" {k}") for k in keys[1:]]
-                mode = position_mode(model, "ntk", trained) if extrapolate else contextlib.nullcontext()
-                with mode:
-                    scores = [s for s, _ in score_continuations(model, context, candidates)]
-                correct += int(np.argmax(scores) == 0)
-            cells.append({"length": length, "depth": depth, "accuracy": correct / trials, "trials": trials})
+    with progress("passkey", len(multiples) * len(depths) * trials) as bar:
+        for multiple in multiples:
+            length = int(multiple * trained)
+            for depth in depths:
+                correct = 0
+                for _ in range(trials):
+                    keys = rng.choice(np.arange(10_000, 100_000), size=choices, replace=False).tolist()
+                    context, answer = passkey_prompt(encode, keys[0], length, depth)
+                    check_length(model, len(context) + len(answer), extrapolate)
+                    candidates = [answer] + [encode(f" {k}") for k in keys[1:]]
+                    mode = position_mode(model, "ntk", trained) if extrapolate else contextlib.nullcontext()
+                    with mode:
+                        scores = [s for s, _ in score_continuations(model, context, candidates)]
+                    correct += int(np.argmax(scores) == 0)
+                    bar.update()
+                cells.append({"length": length, "depth": depth, "accuracy": correct / trials, "trials": trials})
     return {"suite": "passkey", "trained": trained, "chance": 1 / choices, "cells": cells}
 
 
@@ -210,19 +225,21 @@ def mqar_suite(model, task: dict, multiples=MQAR_MULTIPLES, examples: int = 64, 
     model.eval()
     device = model.embedding.weight.device
     rows = []
-    for multiple in multiples:
-        length = multiple * task["seq_len"]
-        check_length(model, length, extrapolate)
-        split = MQARSplit("test", examples, seed, **{**task, "seq_len": length})
-        correct = total = 0
-        for i in range(examples):
-            item = split[i]
-            with position_mode(model, "ntk", task["seq_len"]) if extrapolate else contextlib.nullcontext():
-                logits = model(item["input_ids"][None].to(device))[0]  # [length, V]
-            keep = item["labels"] != IGNORE_INDEX
-            correct += int((logits[keep.to(device)].argmax(-1).cpu() == item["labels"][keep]).sum())
-            total += int(keep.sum())
-        rows.append({"length": length, "multiple": multiple, "accuracy": correct / max(total, 1), "queries": total})
+    with progress("mqar", len(multiples) * examples) as bar:
+        for multiple in multiples:
+            length = multiple * task["seq_len"]
+            check_length(model, length, extrapolate)
+            split = MQARSplit("test", examples, seed, **{**task, "seq_len": length})
+            correct = total = 0
+            for i in range(examples):
+                item = split[i]
+                with position_mode(model, "ntk", task["seq_len"]) if extrapolate else contextlib.nullcontext():
+                    logits = model(item["input_ids"][None].to(device))[0]  # [length, V]
+                keep = item["labels"] != IGNORE_INDEX
+                correct += int((logits[keep.to(device)].argmax(-1).cpu() == item["labels"][keep]).sum())
+                total += int(keep.sum())
+                bar.update()
+            rows.append({"length": length, "multiple": multiple, "accuracy": correct / max(total, 1), "queries": total})
     return {"suite": "mqar", "trained": task["seq_len"], "num_pairs": task["num_pairs"],
             "chance": 2 / task["vocab_size"], "rows": rows}
 

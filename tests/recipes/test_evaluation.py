@@ -512,6 +512,39 @@ def test_eval_errors_are_named(tmp_path, monkeypatch, extra, message, trained_qu
     assert message in str(info.value.code)
 
 
+def test_each_suite_shows_a_bar_over_its_forward_passes_where_stderr_is_a_terminal(monkeypatch):
+    """A suite over a large model ran for minutes without a word: each now drives one bar (tqdm, hidden off a
+    terminal) whose total is the forward passes it makes, every one counted."""
+    from recipes.evaluation import suites
+
+    bars = []
+
+    class Bar:
+        def __init__(self, *, total, desc, disable, **kwargs):
+            self.total, self.desc, self.disable, self.n = total, desc, disable, 0
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n=1):
+            self.n += n
+
+    monkeypatch.setattr(suites, "tqdm", Bar)
+    model = tiny(max_seq_len=32)
+    suites.length_suite(model, TextCorpus(seq_len=8).validation_tokens()[:600], trained=16, multiples=(1, 2),
+                        windows=3)  # 1x plain, 2x plain and ntk: 3 cells of 3 windows
+    suites.passkey_suite(tiny(max_seq_len=256), BYTES.encode, trained=64, multiples=(1, 2), depths=(0.5,), trials=2)
+    task = {"vocab_size": 64, "seq_len": 16, "num_pairs": 2, "power_a": 0.01}
+    suites.mqar_suite(model, task, multiples=(1, 2), examples=3, extrapolate=False)
+    assert [(b.desc, b.total, b.n) for b in bars] == [("length suite", 9, 9), ("passkey suite", 4, 4),
+                                                       ("mqar suite", 6, 6)]
+    assert all(b.disable is None for b in bars)  # (tqdm's: off where stderr is no terminal)
+
+
 def test_the_mqar_suite_takes_whole_multiples_and_a_positive_number_of_examples():
     from recipes.evaluation.suites import mqar_suite
 
