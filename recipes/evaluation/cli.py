@@ -269,8 +269,19 @@ def score_settings(args: argparse.Namespace) -> dict:
     the file's content hash beside its name): a sweep's stored result is reused only for the same ones."""
     settings = {name: getattr(args, name) for name in SCORE_SETTINGS}
     if args.text is not None:
-        settings["text"] = f"{args.text} (sha256 {hashlib.sha256(Path(args.text).read_bytes()).hexdigest()[:16]})"
+        settings["text"] = f"{args.text} (sha256 {content_hash([Path(args.text)])})"
+    # a task folder's YAMLs and data, not only its path: a task made again with other questions is another task
+    settings["include_path"] = [f"{folder} (sha256 {content_hash(sorted(f for f in Path(folder).rglob('*') if f.is_file()))})"
+                                for folder in args.include_path]
     return json.loads(json.dumps(settings, default=str))
+
+
+def content_hash(files: list[Path]) -> str:
+    """16 hex digits of the SHA-256 of ``files``' names and bytes, in order."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def unused_options(args: argparse.Namespace) -> list[str]:

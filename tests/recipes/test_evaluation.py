@@ -437,9 +437,12 @@ def test_the_length_suite_reads_a_file_of_your_own_with_the_runs_tokenizer(tmp_p
     expected = length_suite(model, torch.tensor(TextCorpus.encode(text)), 32, multiples=(1, 2), windows=3,
                             extrapolate=False)  # (as the command without --extrapolate)
     assert out["suite"]["text"] == "mine.md" and out["suite"]["rows"] == expected["rows"]
-    import hashlib  # (what a sweep's stored result is matched on: the file's content, not its name alone)
+    from recipes.evaluation.cli import parser, score_settings  # what a sweep's stored result is matched on: the
+    # file's content, not its name alone
 
-    assert out["settings"]["text"] == f"mine.md (sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]})"
+    assert re.fullmatch(r"mine\.md \(sha256 [0-9a-f]{16}\)", out["settings"]["text"])
+    (tmp_path / "mine.md").write_text(text + "one more line\n", encoding="utf-8")
+    assert score_settings(parser().parse_args([*common, "--text", "mine.md"]))["text"] != out["settings"]["text"]
     validation = main([*common, "--windows", "3"])["suite"]  # (the same command without it: the validation split)
     assert "text" not in validation and validation["rows"][0]["loss"] != expected["rows"][0]["loss"]
     (tmp_path / "short.txt").write_text("forty bytes of text, which is too short", encoding="utf-8")
@@ -991,6 +994,24 @@ def test_a_familys_figure_draws_each_recipe_and_mode_over_the_lengths(monkeypatc
     passkey = {"suite": "passkey", "cells": [{"length": 64, "depth": 0.5, "accuracy": 1.0}]}
     family.plot({("a", 0): passkey}, tmp_path / "passkey.png", "passkey")
     assert drawn[-1].get_ylabel() == "accuracy" and (tmp_path / "passkey.png").stat().st_size > 0
+
+
+def test_the_settings_a_stored_result_is_matched_on_hold_a_task_folders_content(tmp_path):
+    """A task made again with other questions under the same name and folder is another task: the folder's files are
+    hashed into the settings, so a sweep scores its runs again."""
+    from recipes.evaluation.cli import parser, score_settings
+
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "mine.jsonl").write_text('{"context": "a", "choices": [" b", " c"], "answer": 0}\n')
+    argv = ["--config", "quickstart.yaml", "--ckpt_path", "last", "--tasks", "mine", "--include_path",
+            str(tmp_path / "tasks"), "--limit", "8"]
+    first = score_settings(parser().parse_args(argv))
+    assert first == score_settings(parser().parse_args(argv))  # the same files: the same settings
+    assert first["limit"] == 8 and first["tasks"] == "mine" and first["suite"] is None
+    assert re.fullmatch(rf"{re.escape(str(tmp_path / 'tasks'))} \(sha256 [0-9a-f]{{16}}\)", first["include_path"][0])
+    (tmp_path / "tasks" / "mine.jsonl").write_text('{"context": "a", "choices": [" b", " c"], "answer": 1}\n')
+    assert score_settings(parser().parse_args(argv))["include_path"] != first["include_path"]
+    assert "batch_size" not in first and "device" not in first  # (they change no score)
 
 
 def test_a_sweeps_task_results_are_named_by_their_tasks():
