@@ -68,7 +68,7 @@ from recipes.launchers import LAUNCHERS
 from recipes.sweep.launch import (SweepInterrupted, family_settings, launch, logger_root, newest_run, recipe_files,
                                   recipe_logger, resume, seed_list, starting_checkpoints)
 from recipes.sweep.report import report
-from recipes.sweep.records import Run, read_manifest, write_record
+from recipes.sweep.records import Run, pooling_problem, read_manifest, write_record
 
 
 def check_vs_key(key: str) -> None:
@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> None:
             if Path(folder).is_dir() and not (Path(folder) / "record.json").is_file() and all(
                     run.failed or (Path(run.folder) / "hparams.yaml").is_file() for run in found):
                 write_record(Path(folder), name, found)
+        problem = pooling_problem([(folder, found) for folder, (_, found) in zip(args.from_logs, sweeps)])
+        if problem:
+            sys.exit(f"error: {problem}")
         family, runs = sweeps[0][0], [run for _, found in sweeps for run in found]
         if args.folder is not None and args.resume is None and Path(args.folder).name != family:
             sys.exit(f"error: --from reads a sweep of {family}, not of {args.folder}: name its own family, or none")

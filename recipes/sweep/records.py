@@ -181,6 +181,51 @@ def finished_result(run: Run) -> tuple[dict | None, str]:
         return None, f"has no results in {run.folder} ({error})"
 
 
+def recipe_file(config: Path) -> str:
+    """A run's recipe file as sweeps can be compared on it: relative to the bundled configs where it lies in a
+    ``recipes/configs/`` folder (a record kept on another machine names it absolutely), else its resolved path."""
+    parts = Path(config).parts
+    for i in range(len(parts) - 1):
+        if parts[i:i + 2] == ("recipes", "configs"):
+            return "/".join(parts[i + 2:])
+    return str(Path(config).resolve())
+
+
+def pooling_problem(sweeps: list[tuple[str, list[Run]]]) -> str | None:
+    """Why the runs of several sweeps (``(folder, runs)`` each) cannot be pooled into one table, else None: a recipe
+    name that stands for two recipe files (``positions/ssd_rope`` and ``english/positions/ssd_rope``: other
+    experiments, counted as seeds of one), for fine-tuned runs in one sweep and runs from scratch in another (a
+    transfer family's stages and its control), or a seed of a recipe that finished in two of them (counted twice).
+    A seed that failed or stopped in one sweep and finished in another (run again) is pooled once."""
+    if len(sweeps) < 2:
+        return None
+    files: dict[str, dict[str, str]] = {}
+    starts: dict[str, dict[bool, str]] = {}
+    places: dict[tuple[str, int | None], list[tuple[str, Run]]] = {}
+    for folder, runs in sweeps:
+        for run in runs:
+            name = run.config.stem
+            files.setdefault(name, {}).setdefault(recipe_file(run.config), folder)
+            starts.setdefault(name, {}).setdefault(run.init_from is not None, folder)
+            places.setdefault((name, run.seed), []).append((folder, run))
+    for name, where in files.items():
+        if len(where) > 1:
+            (first, one), (second, other) = list(where.items())[:2]
+            return (f"--from: {name} is {first} in {one} and {second} in {other}: other recipes under one name, whose "
+                    "runs would count as seeds of one; give sweeps of one family")
+    for name, where in starts.items():
+        if len(where) > 1:
+            return (f"--from: {name}'s runs start from a checkpoint (--init-from) in {where[True]} and from scratch in "
+                    f"{where[False]}: a fine-tuning and its control are two rows, not seeds of one; give one of them")
+    for (name, seed), found in places.items():
+        finished = [folder for folder, run in found if finished_result(run)[0] is not None]
+        if len(finished) > 1:
+            seed_name = f" seed {seed}" if seed is not None else ""
+            return (f"--from: {name}{seed_name} finished in {' and in '.join(finished)}: pooled, it would count twice; "
+                    "leave one of them out (new seeds: recipes.sweep --first-seed)")
+    return None
+
+
 def run_curve(run: Run, tag: str = "val/loss") -> dict[int, float]:
     """``{step: value}`` of ``tag`` from the run's folder, or from its record (which keeps ``val/loss``)."""
     if run.stored is not None:

@@ -392,6 +392,21 @@ def fake_family(tmp_path) -> list:
     return runs
 
 
+def test_pooled_records_name_their_recipes_relative_to_the_bundled_configs():
+    """A record written on another machine names a bundled recipe by its absolute path there: the same recipe file
+    as this machine's, which pooling must not take for another family's."""
+    from recipes.sweep.records import Run, pooling_problem, recipe_file
+
+    there = Path("/work/sweep-tree/recipes/configs/english/attention/ssd_ifa.yaml")
+    here = Path("/home/me/hybrid-zoo/recipes/configs/english/attention/ssd_ifa.yaml")
+    assert recipe_file(there) == recipe_file(here) == "english/attention/ssd_ifa.yaml"
+    assert recipe_file(Path("/tmp/mine/a.yaml")) == "/tmp/mine/a.yaml"
+    sweeps = [("one", [Run(there, Path("r0"), returncode=1, seed=0)]), ("two", [Run(here, Path("r1"), seed=1)])]
+    assert pooling_problem(sweeps) is None
+    other = [("two", [Run(Path("/home/me/hybrid-zoo/recipes/configs/attention/ssd_ifa.yaml"), Path("r1"), seed=1)])]
+    assert "other recipes under one name" in pooling_problem(sweeps[:1] + other)
+
+
 def test_validation_curves_are_averaged_over_the_seeds_at_the_steps_all_of_them_have(tmp_path):
     from recipes.sweep.report import plot_curves, val_curves
     from recipes.sweep.records import Run
@@ -435,9 +450,36 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
     assert f"has no results in {partly[1].folder}" in out and "| a | 1 of 3 |" in out and "| b | 3 of 3 |" in out
     with pytest.raises(SystemExit, match="sweep.json not found"):
         main(["--from", str(tmp_path)])
-    # Two sweeps read together: one table of both (here the same runs twice, so every cell doubles).
-    main(["--from", str(logs), str(logs)])
-    assert "| a | 4 of 6 | 1,234 | 1,000 | 3.5000 ± 0.5774 |" in capsys.readouterr().out
+    # Two sweeps read together: one table of both, the second's seeds added to the first's.
+    from recipes.sweep.records import Run
+
+    write_run(tmp_path / "a" / "s3", {10: 4.0, 20: 4.5}, [1.0])
+    more = tmp_path / "more"
+    more.mkdir()
+    write_manifest(more, "fake", [Run(tmp_path / "a.yaml", tmp_path / "a" / "s3", seed=3)])
+    main(["--from", str(logs), str(more)])
+    assert "| a | 3 of 4 | 1,234 | 1,000 | 3.8333 ± 0.7638 |" in capsys.readouterr().out
+    again = tmp_path / "again"  # the seed the first sweep stopped in, run to its end by another: pooled once
+    again.mkdir()
+    write_manifest(again, "fake", [Run(tmp_path / "a.yaml", tmp_path / "a" / "s1", seed=1)])
+    main(["--from", str(logs), str(again)])
+    assert "| a | 3 of 4 | 1,234 | 1,000 | 3.5000 ± 0.5000 |" in capsys.readouterr().out
+    # What pooling would count wrong is refused (the same sweep twice doubled every cell without a word): a seed
+    # finished in both, a recipe name of two files (another family's), fine-tuned runs beside runs from scratch.
+    with pytest.raises(SystemExit, match=r"--from: a seed 0 finished in .*logs and in .*logs: pooled, it would count "
+                                         r"twice"):
+        main(["--from", str(logs), str(logs)])
+    (tmp_path / "english").mkdir()
+    for name, run in (("other", Run(tmp_path / "english" / "a.yaml", tmp_path / "a" / "s3", seed=7)),
+                      ("tuned", Run(tmp_path / "a.yaml", tmp_path / "a" / "s3", seed=7, init_from=tmp_path / "x.ckpt"))):
+        (tmp_path / name).mkdir()
+        write_manifest(tmp_path / name, "fake", [run])
+    with pytest.raises(SystemExit, match=r"--from: a is .*/a.yaml in .*logs and .*/english/a.yaml in .*other: other "
+                                         r"recipes under one name"):
+        main(["--from", str(logs), str(tmp_path / "other")])
+    with pytest.raises(SystemExit, match=r"--from: a's runs start from a checkpoint \(--init-from\) in .*tuned and "
+                                         r"from scratch in .*logs"):
+        main(["--from", str(logs), str(tmp_path / "tuned")])
     # --only: the table of those recipes' runs alone (it was the whole sweep's, without a word).
     main(["--from", str(logs), "--only", "b"])
     out = capsys.readouterr().out
