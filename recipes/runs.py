@@ -101,7 +101,7 @@ def data_module(recipe: dict, *, text_only: bool = False):
     return cls(**init_args)
 
 
-class Run(NamedTuple):
+class LoadedRun(NamedTuple):
     """A trained run, as :func:`load_run` reads it."""
     lm: Any  # the LanguageModel, in eval mode on the device asked for; its HybridLM is ``lm.model``
     data: Any  # the data module it trained with: ``encode(text) -> ids``, ``decode(ids) -> text`` for text
@@ -110,7 +110,7 @@ class Run(NamedTuple):
 
 
 def load_run(config: str, ckpt_path: str = "last", *, device: str = "cpu", allow_classes: list[str] = (),
-             text_only: bool = True) -> Run:
+             text_only: bool = True) -> LoadedRun:
     """A recipe's checkpoint with the tokenizer it trained with, as ``generate`` and ``eval`` read it:
 
         run = load_run("quickstart.yaml", "last")
@@ -135,7 +135,7 @@ def load_run(config: str, ckpt_path: str = "last", *, device: str = "cpu", allow
     check_tokenizer(data, path)
     lm = LanguageModel.load_from_checkpoint(str(path), map_location=device,
                                             allow_classes=trusted_classes(recipe, allow_classes))
-    return Run(lm.eval(), data, path, recipe)
+    return LoadedRun(lm.eval(), data, path, recipe)
 
 
 def text_tokenizer(data, what: str):

@@ -199,7 +199,7 @@ def test_generate_for_a_synthetic_task_points_to_its_suite(monkeypatch):
         text_tokenizer(data_module(recipe, text_only=True), "generate")
     import recipes.runs  # and the command says so, one line, before any prompt is encoded
 
-    run = recipes.runs.Run(None, data_module(recipe, text_only=True), None, recipe)
+    run = recipes.runs.LoadedRun(None, data_module(recipe, text_only=True), None, recipe)
     monkeypatch.setattr(recipes.runs, "load_run", lambda *args, **kwargs: run)
     with pytest.raises(SystemExit, match="error: generate needs text, and the recipe's data module MQAR"):
         main(["--config", "mqar/qcattn.yaml", "--ckpt_path", "last", "--prompt", "ab"])
