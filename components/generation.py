@@ -192,6 +192,19 @@ def recomputing_step(model, out: torch.Tensor, prompt_length: int, positions: to
 
 
 @torch.no_grad()
+def left_padded(rows: list[list[int]], device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists of any lengths → ``(ids [B, T], padding_mask [B, T])`` on ``device``, left-padded with id 0 (the
+    mask, True at the padding, keeps the model from reading it) to the longest: prompts of different lengths as
+    :func:`generate` takes them (give it ``padding_mask=None`` when ``padding_mask.any()`` is False)."""
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)  # [B, T]
+    padding = torch.zeros(len(rows), width, dtype=torch.bool, device=device)  # [B, T]
+    for row, tokens in enumerate(rows):
+        ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
+        padding[row, :width - len(tokens)] = True
+    return ids, padding
+
+
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, stop_token: int | None = None,
              padding_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,

@@ -35,18 +35,6 @@ def cut_after(text: str, stop: str | None, start: int = 0) -> str:
     return text if end < 0 else text[:end + len(stop)]
 
 
-def left_padded(rows: list[list[int]], device: str = "cpu"):
-    """Token id lists of any lengths → ``(ids [B, T], padding_mask [B, T] or None)`` on ``device``, left-padded with
-    id 0 (masked: the model never reads it) to the longest, as ``HybridLM.generate`` takes prompts of different
-    lengths."""
-    import torch
-
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(row)) + row for row in rows], device=device)  # [B, T]
-    mask = torch.tensor([[True] * (width - len(row)) + [False] * len(row) for row in rows], device=device)  # [B, T]
-    return ids, (mask if mask.any() else None)  # (True = padding)
-
-
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m recipes generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -78,6 +66,7 @@ def main(argv: list[str] | None = None) -> str:
         parser.error("argument --stop: an empty text (it would end every continuation before its first token)")
     import torch
 
+    from components.generation import left_padded
     from recipes.run_report import choose_threads
     from recipes.runs import load_run, text_tokenizer
 
@@ -94,7 +83,7 @@ def main(argv: list[str] | None = None) -> str:
     encoded = [data.encode(text) for text in args.prompts]
     if not all(encoded):  # (generate's own error would not say which)
         sys.exit(f"error: prompt {[len(ids) for ids in encoded].index(0) + 1} is empty; give at least one token")
-    prompt, padding = left_padded(encoded, args.device)  # [B, T], [B, T] or None
+    prompt, padding = left_padded(encoded, args.device)  # [B, T], [B, T]
     stop = data.encode(args.stop) if args.stop else []
 
     def stop_text_found(new: torch.Tensor) -> torch.Tensor:  # [B, n] -> [B]: a longer stop ends generation too
@@ -103,7 +92,8 @@ def main(argv: list[str] | None = None) -> str:
     try:
         out = run.lm.model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                     top_p=args.top_p, stop_token=stop[0] if len(stop) == 1 else None,
-                                    padding_mask=padding, generator=torch.Generator(args.device).manual_seed(args.seed),
+                                    padding_mask=padding if bool(padding.any()) else None,
+                                    generator=torch.Generator(args.device).manual_seed(args.seed),
                                     compile=args.compile, stop_when=stop_text_found if len(stop) > 1 else None)
     except ValueError as error:  # a bad sampling setting or length, named by generate
         sys.exit(f"error: {error}")

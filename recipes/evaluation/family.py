@@ -28,6 +28,9 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
     tasks = suite == "tasks"
     folder = Path(logs) / result_name(suite, extra)
     folder.mkdir(parents=True, exist_ok=True)
+    flags = [*([] if tasks else ["--suite", suite, "--extrapolate"]), *extra]
+    # what a stored result must have been scored with (the same for every run: read, and its files hashed, once)
+    wanted = score_settings(parser().parse_args(["--config", "-", "--ckpt_path", "-", *flags]))
     results = {}
     with shared_task_index() if tasks else contextlib.nullcontext():  # the harness's task index built once
         for run in runs:
@@ -36,15 +39,14 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
             checkpoint = Path(run.folder) / "checkpoints" / "last.ckpt"
             out = folder / f"{run.config.stem}_seed{run.seed}"
             written = result_paths(out)[0]
-            argv = ["--config", str(run.config), "--ckpt_path", str(checkpoint),
-                    *([] if tasks else ["--suite", suite, "--extrapolate"]), "--out", str(out), "--force", *extra]
+            argv = ["--config", str(run.config), "--ckpt_path", str(checkpoint), "--out", str(out), "--force", *flags]
             # a stored result is reused only if it scored this checkpoint's step with these settings (a result of
             # `--multiples 1 2` was returned for `--multiples 1 2 4 8`, a `--limit 8` one for `--limit 100`)
             if not written.is_file():
                 why = ""
             elif stale_step(written, checkpoint):
                 why = " (trained on since)"
-            elif stored(written, "settings") not in (None, score_settings(parser().parse_args(argv))):
+            elif stored(written, "settings") not in (None, wanted):
                 why = " (other settings)"
             else:
                 why = None  # the stored result stands

@@ -20,6 +20,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
+from components.generation import left_padded
 from recipes.evaluation.suites import score, score_shared
 from recipes.generate import finished_text
 
@@ -194,11 +195,7 @@ class ZooLM(TemplateLM):
         """``model.generate`` from each prompt (token lists, left-padded into one batch), each continuation decoded
         and cut at the first of its stop strings; generation ends once every continuation holds one."""
         width = max(len(p) for p in prompts)
-        ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)  # [b, width]
-        padding = torch.zeros(len(prompts), width, dtype=torch.bool, device=self.device)  # [b, width]
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            padding[row, :width - len(prompt)] = True
+        ids, padding = left_padded(prompts, self.device)  # [b, width], [b, width]
         ended = [False] * len(prompts)
 
         def stopped(new: torch.Tensor) -> torch.Tensor:  # [b, n] -> [b]

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from components.generation import left_padded
 from zoo_kernels.linear_cross_entropy import IGNORE_INDEX
 from recipes.figures import png_figure
 
@@ -47,11 +48,7 @@ def score_shared(model, contexts: list[list[int]], continuations: list[list[list
     device = model.embedding.weight.device
     width = max(len(c) for c in contexts)
     longest = max(len(k) for choices in continuations for k in choices)
-    ids = torch.zeros(len(contexts), width, dtype=torch.long, device=device)
-    padding = torch.zeros(len(contexts), width, dtype=torch.bool, device=device)
-    for row, context in enumerate(contexts):
-        ids[row, width - len(context):] = torch.tensor(context)
-        padding[row, :width - len(context)] = True
+    ids, padding = left_padded(contexts, device)  # [b, width], [b, width]
     positions = (~padding).long().cumsum(dim=1).sub(1).clamp_min(0)  # [b, width]
     cache = model.new_cache(len(contexts), width + longest)
     last = model(ids, position_ids=positions, padding_mask=padding if bool(padding.any()) else None,
