@@ -191,7 +191,6 @@ def recomputing_step(model, out: torch.Tensor, prompt_length: int, positions: to
     return one_step
 
 
-@torch.no_grad()
 def left_padded(rows: list[list[int]], device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Token id lists of any lengths → ``(ids [B, T], padding_mask [B, T])`` on ``device``, left-padded with id 0 (the
     mask, True at the padding, keeps the model from reading it) to the longest: prompts of different lengths as
@@ -205,6 +204,7 @@ def left_padded(rows: list[list[int]], device: torch.device | str = "cpu") -> tu
     return ids, padding
 
 
+@torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, stop_token: int | None = None,
              padding_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
