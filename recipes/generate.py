@@ -6,7 +6,8 @@
     python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "def " --prompt "class " --prompt_file p.txt
 
 Several prompts (``--prompt`` and ``--prompt_file`` repeat, in the order given; ``-`` reads stdin) decode as one
-left-padded batch, each continuation printed under a ``==> prompt N <==`` line.
+left-padded batch, each continuation printed under a ``==> prompt N <==`` line. One prompt's continuation is
+printed as its tokens come (``--no_stream``: once it is whole, which spares a GPU a wait for each token).
 
 The data module the run trained with (its ``config.yaml``, else the recipe's) says how text becomes tokens and
 back (``encode``/``decode``: bytes for ``TextCorpus``); ``--ckpt_path`` is a file, or ``last``/``best``/``swa`` of the
@@ -35,6 +36,45 @@ def cut_after(text: str, stop: str | None, start: int = 0) -> str:
     return text if end < 0 else text[:end + len(stop)]
 
 
+class TextStream:
+    """Writes one prompt and its continuation to ``out`` as the tokens come: at each step the text decoded so far,
+    less an unfinished character at its end (:func:`finished_text`) and cut after the stop text (:func:`cut_after`),
+    is written past what already was. So the written text is always a beginning of the text :func:`main` returns;
+    where a tokenizer decodes a longer sequence into text that does not begin with a shorter one's (a merge across
+    tokens), the writing waits until it does, and :meth:`finish` writes the rest.
+
+    Args:
+        decode: token ids -> text, the data module's.
+        prompt: the prompt's ids.
+        stop: the stop text (``--stop``) or None.
+        out: where to write (default ``sys.stdout``).
+    """
+
+    def __init__(self, decode, prompt: list[int], stop: str | None, out=None):
+        self.decode, self.prompt, self.stop, self.out = decode, prompt, stop, out or sys.stdout
+        self.start = len(decode(prompt))  # (a stop inside the prompt does not count)
+        self.written = ""
+
+    def write(self, text: str) -> None:
+        if text.startswith(self.written) and len(text) > len(self.written):
+            self.out.write(text[len(self.written):])
+            self.out.flush()
+            self.written = text
+
+    def update(self, new: list[int]) -> None:
+        """The continuation's ids so far."""
+        self.write(cut_after(finished_text(self.decode(self.prompt + new)), self.stop, start=self.start))
+
+    def finish(self, text: str) -> None:
+        """The whole text, as :func:`main` prints it: what is not written yet, and the end of the line."""
+        if not text.startswith(self.written):  # (a tokenizer whose decoding changed text already written)
+            self.out.write("\n[the text as decoded at the end:]\n")
+            self.written = ""
+        self.write(text)
+        self.out.write("\n")
+        self.out.flush()
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m recipes generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,6 +95,8 @@ def main(argv: list[str] | None = None) -> str:
                         help="packages whose classes the checkpoint may name (the recipe's own are trusted)")
     parser.add_argument("--compile", action="store_true",
                         help="each step through torch.compile from a fixed-shape cache (pays off past ~100 tokens)")
+    parser.add_argument("--no_stream", dest="stream", action="store_false",
+                        help="print one prompt's text once it is whole, not as its tokens come")
     parser.add_argument("--device", type=device, default="cpu",
                         help="cpu (default), cuda, cuda:N, mps (a seed samples otherwise on another device)")
     parser.add_argument("--threads", type=positive_int, default=None,
@@ -89,17 +131,27 @@ def main(argv: list[str] | None = None) -> str:
     def stop_text_found(new: torch.Tensor) -> torch.Tensor:  # [B, n] -> [B]: a longer stop ends generation too
         return torch.tensor([args.stop in finished_text(data.decode(row)) for row in new.tolist()], device=new.device)
 
+    stream = TextStream(data.decode, encoded[0], args.stop) if args.stream and len(encoded) == 1 else None
+
+    def streamed(new: torch.Tensor) -> torch.Tensor:  # [1, n] -> [1]: writes the text so far; stops at a longer stop
+        stream.update(new[0].tolist())
+        return stop_text_found(new) if len(stop) > 1 else torch.zeros(1, dtype=torch.bool, device=new.device)
+
     try:
         out = run.lm.model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                     top_p=args.top_p, stop_token=stop[0] if len(stop) == 1 else None,
                                     padding_mask=padding if bool(padding.any()) else None,
                                     generator=torch.Generator(args.device).manual_seed(args.seed),
-                                    compile=args.compile, stop_when=stop_text_found if len(stop) > 1 else None)
+                                    compile=args.compile,
+                                    stop_when=streamed if stream else stop_text_found if len(stop) > 1 else None)
     except ValueError as error:  # a bad sampling setting or length, named by generate
         sys.exit(f"error: {error}")
     texts = [cut_after(data.decode(row[prompt.shape[1] - len(ids):]), args.stop, start=len(data.decode(ids)))
              for row, ids in zip(out.tolist(), encoded)]  # (each row without its left padding)
     printed = texts[0] if len(texts) == 1 else "\n\n".join(f"==> prompt {n} <==\n{text}"
                                                             for n, text in enumerate(texts, 1))
-    print(printed)
+    if stream:
+        stream.finish(printed)
+    else:
+        print(printed)
     return printed

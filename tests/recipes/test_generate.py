@@ -44,7 +44,8 @@ def test_generate_prints_the_prompt_and_its_greedy_continuation(tmp_path, monkey
     monkeypatch.setattr(HybridLM, "generate", lambda *a, **k: widths.append(generate(*a, **k).shape[1]) or
                         generate(*a, **k))
     main([*base, "--stop", text[first:first + 2]])
-    assert len(widths) == 1 and widths[0] < 1 + 24  # (characters here are not bytes: the sample holds invalid ones)
+    main([*base, "--stop", text[first:first + 2], "--no_stream"])
+    assert len(widths) == 2 and widths[0] == widths[1] < 1 + 24  # (characters here are not bytes: the sample holds invalid ones)
     with pytest.raises(SystemExit, match=r"error: generate: top_p=2.0 must lie in \(0, 1\]"):
         main([*base, "--top_p", "2"])  # (a traceback before)
 
@@ -275,3 +276,54 @@ def test_a_bad_prompt_or_stop_is_named(tmp_path, monkeypatch, capsys):
     cli(["fit", *TINY, "--trainer.max_steps", "1"])
     with pytest.raises(SystemExit, match="error: prompt 2 is empty; give at least one token"):
         main([*common, "--prompt", "x", "--prompt_file", "empty.txt"])
+
+
+def test_one_prompts_text_is_written_as_its_tokens_come_and_ends_as_printed_whole(tmp_path, monkeypatch):
+    """One prompt streams: the text is written in pieces during generation, never a character the next tokens may
+    finish into another nor past the stop text, and the pieces add up to what ``--no_stream`` prints at the end."""
+    import io
+
+    monkeypatch.chdir(tmp_path)
+    cli(["fit", *TINY, "--trainer.max_steps", "2"])
+    base = ["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "a", "--max_new_tokens", "24",
+            "--temperature", "1.0", "--seed", "3"]
+
+    class Pieces(io.StringIO):
+        def write(self, text):
+            pieces.append((text, steps[0]))
+            return super().write(text)
+
+    steps = [0]  # generate's step when a piece was written
+    generate = HybridLM.generate
+    monkeypatch.setattr(HybridLM, "generate", lambda self, ids, n, **k: generate(self, ids, n, **{
+        **k, "stop_when": (lambda new: steps.__setitem__(0, new.shape[1]) or k["stop_when"](new))
+        if k["stop_when"] else None}))
+    whole = main([*base, "--no_stream"])
+    first = next(k for k in range(2, len(whole)) if whole[k].isascii() and whole[k] not in whole[1:k])
+    for stop in ([], ["--stop", whole[first]], ["--stop", whole[first:first + 2]]):
+        expected = main([*base, "--no_stream", *stop])
+        pieces = []
+        monkeypatch.setattr("sys.stdout", Pieces())
+        text = main([*base, *stop])
+        assert text == expected, stop
+        assert "".join(piece for piece, _ in pieces) == text + "\n"
+        written_at = [step for _, step in pieces]  # (this model's sampled bytes are often unfinished characters)
+        assert written_at[0] == 1 and written_at[-1] == steps[0] and len(set(written_at)) >= (2 if stop else 6), pieces
+        assert not any("\ufffd" in piece for piece, _ in pieces[:-1]) or "\ufffd" in text
+
+    from recipes.generate import TextStream
+
+    out = io.StringIO()  # bytes: "é" is two tokens; the first alone decodes to a replacement character
+    stream = TextStream(TextCorpus.decode, TextCorpus.encode("é!x"), stop="é!", out=out)  # (the prompt's stop: none)
+    written = []
+    for new in ([], TextCorpus.encode("é")[:1], TextCorpus.encode("é"), TextCorpus.encode("é!é!z")):
+        stream.update(new)
+        written.append(out.getvalue())
+    assert written == ["é!x", "é!x", "é!xé", "é!xé!"]
+    stream.finish("é!xé!")
+    assert out.getvalue() == "é!xé!\n"
+    merged = TextStream(lambda ids: "".join(map(str, ids)) if len(ids) < 3 else "rewritten", [1], None, out=io.StringIO())
+    merged.update([2])
+    merged.update([2, 3])  # a tokenizer that decodes the longer sequence to other text: nothing written over "12"
+    merged.finish("rewritten")
+    assert merged.out.getvalue() == "12\n[the text as decoded at the end:]\nrewritten\n"
