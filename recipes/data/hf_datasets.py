@@ -14,6 +14,7 @@ The documents go into the same token cache as files do, with the same resumable 
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,11 +39,7 @@ class HFDataset:
                                     or (folder / "dataset_dict.json").is_file())
 
     def load(self):
-        try:
-            import datasets
-        except ImportError:
-            raise ImportError('TokenizedCorpus: a `dataset` source needs the datasets package: pip install '
-                              '"hybrid-zoo[datasets]" (or pip install datasets)') from None
+        datasets = _datasets()
         if self.saved():
             loaded = datasets.load_from_disk(str(Path(self.path).expanduser()))
             if isinstance(loaded, datasets.DatasetDict):
@@ -50,7 +47,7 @@ class HFDataset:
                     raise ValueError(f"TokenizedCorpus: {self.path} has splits {sorted(loaded)}, not {self.split!r}")
                 loaded = loaded[self.split]
             return loaded.to_iterable_dataset() if self.streaming else loaded
-        return datasets.load_dataset(self.path, self.name, data_files=self.data_files, split=self.split,
+        return datasets.load_dataset(self.path, self.name, data_files=self.expanded_data_files(), split=self.split,
                                      revision=self.revision, streaming=self.streaming)
 
     def documents(self, text_field: str) -> Iterator[str]:
@@ -61,6 +58,19 @@ class HFDataset:
                                  f"(its fields: {sorted(row) if isinstance(row, dict) else type(row).__name__})")
             yield text
 
+    def expanded_data_files(self) -> str | list[str] | dict | None:
+        """``data_files`` with ``~`` expanded in each pattern (``datasets`` would look for a folder named ``~``)."""
+        expand = lambda files: [expand(f) for f in files] if isinstance(files, (list, tuple)) else (  # noqa: E731
+            {split: expand(f) for split, f in files.items()} if isinstance(files, dict)
+            else str(Path(files).expanduser()) if isinstance(files, str) and "://" not in files else files)
+        return expand(self.data_files)
+
+    def patterns(self) -> list[str]:
+        """Every pattern ``data_files`` names (of every split), ``~`` expanded."""
+        files = self.expanded_data_files()
+        return [f for v in (files.values() if isinstance(files, dict) else [files])
+                for f in ([v] if isinstance(v, str) else v or [])]
+
     def identity(self) -> list:
         """What the tokens depend on: the files' content for a saved folder or local data files, else the name,
         configuration, split and revision (pin ``revision`` for a hub dataset that may change)."""
@@ -68,12 +78,7 @@ class HFDataset:
         if self.saved():
             files = sorted(p for p in Path(self.path).expanduser().rglob("*") if p.is_file())
         elif self.data_files is not None:
-            import glob
-
-            patterns = self.data_files if isinstance(self.data_files, (list, tuple)) else \
-                [f for v in self.data_files.values() for f in ([v] if isinstance(v, str) else v)] \
-                if isinstance(self.data_files, dict) else [self.data_files]
-            files = sorted(Path(f) for pattern in patterns for f in glob.glob(str(Path(pattern).expanduser())))
+            files = sorted({Path(f) for pattern in self.patterns() for f in matched_files(pattern)})
         from recipes.data.corpus import file_hash
 
         settings = {k: v for k, v in asdict(self).items() if k != "streaming"}  # streaming reads the same rows
@@ -82,3 +87,30 @@ class HFDataset:
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(self.identity()).encode()).hexdigest()[:16]
+
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError('TokenizedCorpus: a `dataset` source needs the datasets package: pip install '
+                          '"hybrid-zoo[datasets]" (or pip install datasets)') from None
+    return datasets
+
+
+def matched_files(pattern: str) -> list[str]:
+    """The local files ``datasets.load_dataset`` reads for one ``data_files`` pattern, matched by ``datasets``' own
+    resolver (its ``**`` takes files at any depth, the folder itself included, where Python's ``glob`` takes one
+    level: the tokens' identity missed the files an edit then changed); none for a remote one (``hf://``, ``https://``:
+    its settings are its identity). A pattern that matches nothing is named, a folder with the patterns that read it."""
+    if "://" in pattern:
+        return []
+    resolve_pattern = _datasets().data_files.resolve_pattern
+
+    try:
+        return resolve_pattern(pattern, base_path=os.getcwd())
+    except FileNotFoundError:
+        folder = Path(pattern).is_dir()
+        hint = (f": it is a folder; name its files, e.g. '{Path(pattern) / '*.jsonl'}' (or '{Path(pattern) / '**'}' "
+                "for every file under it)" if folder else "")
+        raise FileNotFoundError(f"TokenizedCorpus: dataset data_files {pattern!r} matches no file{hint}") from None

@@ -3,6 +3,7 @@ the split by documents, the token width, and the errors that name the problem.""
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -579,6 +580,38 @@ def test_a_hugging_face_datasets_split_folder_and_identity(tmp_path):
     edited = HFDataset(path=saved).fingerprint()
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["other"]})}).save_to_disk(saved)
     assert HFDataset(path=saved).fingerprint() != edited
+
+
+def test_data_files_are_matched_as_datasets_matches_them_for_the_tokens_identity(tmp_path, monkeypatch):
+    """The token cache's key hashes the files ``load_dataset`` reads: ``books/**/*.jsonl`` takes ``books/``'s own
+    files too (Python's ``glob`` took only the subfolders', so an edit of ``books/a.jsonl`` reused the stale tokens);
+    the files are those of Hugging Face's own builder; a folder or a pattern that matches nothing is named; ``~`` is
+    the home folder, for the load as for the key."""
+    import datasets
+
+    from recipes.data import HFDataset
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "books" / "sub").mkdir(parents=True)
+    for name in ("books/a.jsonl", "books/b.jsonl", "books/sub/c.jsonl"):
+        (tmp_path / name).write_text(json.dumps({"text": f"the text of {name}"}) + "\n")
+    source = HFDataset(path="json", data_files="books/**/*.jsonl")
+    builder = datasets.load_dataset_builder("json", data_files="books/**/*.jsonl")
+    assert [Path(f) for f, _, _ in source.identity()[1]] == sorted(Path(f) for f in builder.config.data_files["train"])
+    assert len(source.identity()[1]) == 3
+    before = source.fingerprint()
+    (tmp_path / "books" / "a.jsonl").write_text(json.dumps({"text": "edited"}) + "\n")
+    assert source.fingerprint() != before
+    with pytest.raises(FileNotFoundError, match=r"data_files 'books' matches no file: it is a folder; name its files, "
+                                                r"e.g. 'books/\*.jsonl'"):
+        HFDataset(path="json", data_files="books").fingerprint()
+    with pytest.raises(FileNotFoundError, match=r"data_files 'books/\*.txt' matches no file$"):
+        HFDataset(path="json", data_files={"train": ["books/a.jsonl"], "test": "books/*.txt"}).fingerprint()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    home = HFDataset(path="json", data_files={"train": "~/books/*.jsonl"})
+    assert home.patterns() == [str(tmp_path / "books" / "*.jsonl")] and len(home.identity()[1]) == 2
+    assert sorted(home.documents("text")) == ["edited", "the text of books/b.jsonl"]
+    assert HFDataset(path="json", data_files="hf://datasets/x/y/*.jsonl").identity()[1] == []  # (remote: its name)
 
 
 def test_a_missing_datasets_package_is_named(tmp_path, monkeypatch):
