@@ -271,9 +271,46 @@ def score_settings(args: argparse.Namespace) -> dict:
     if args.text is not None:
         settings["text"] = f"{args.text} (sha256 {content_hash([Path(args.text)])})"
     # a task folder's YAMLs and data, not only its path: a task made again with other questions is another task
-    settings["include_path"] = [f"{folder} (sha256 {content_hash(sorted(f for f in Path(folder).rglob('*') if f.is_file()))})"
+    settings["include_path"] = [f"{folder} (sha256 {content_hash(task_files(Path(folder)))})"
                                 for folder in args.include_path]
     return json.loads(json.dumps(settings, default=str))
+
+
+def task_files(folder: Path) -> list[Path]:
+    """The files a task folder's scores depend on: its own, then the local data files its YAMLs read from elsewhere
+    (``dataset_kwargs.data_files``, matched as ``datasets`` matches them, against the working folder as lm-eval
+    resolves them; or a local ``dataset_path``): a task whose questions lie outside the folder is another task
+    when they change, too."""
+    import yaml
+
+    from recipes.data.hf_datasets import matched_files
+
+    class Lenient(yaml.SafeLoader):  # (lm-eval's tags, such as !function, name code: read as nothing)
+        pass
+
+    Lenient.add_multi_constructor("", lambda loader, suffix, node: None)
+    own = sorted(f for f in folder.rglob("*") if f.is_file())
+    data = set()
+    for path in own:
+        if path.suffix not in (".yaml", ".yml"):
+            continue
+        try:
+            task = yaml.load(path.read_text(), Loader=Lenient)
+        except (yaml.YAMLError, UnicodeDecodeError):
+            continue  # (lm-eval names a broken YAML itself)
+        if not isinstance(task, dict):
+            continue
+        files = (task.get("dataset_kwargs") or {}).get("data_files") if isinstance(task.get("dataset_kwargs"), dict) else None
+        patterns = [f for v in (files.values() if isinstance(files, dict) else [files])
+                    for f in ([v] if isinstance(v, str) else v if isinstance(v, list) else [])]
+        for pattern in patterns:
+            with contextlib.suppress(FileNotFoundError):  # (lm-eval names data that is not there)
+                data.update(Path(f).resolve() for f in matched_files(str(Path(pattern).expanduser())))
+        local = Path(str(task.get("dataset_path", ""))).expanduser()
+        if task.get("dataset_path") and local.exists():
+            data.update(f.resolve() for f in ([local] if local.is_file() else local.rglob("*")) if f.is_file())
+    inside = {f.resolve() for f in own}
+    return own + sorted(data - inside)
 
 
 def content_hash(files: list[Path]) -> str:

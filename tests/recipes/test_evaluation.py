@@ -996,7 +996,7 @@ def test_a_familys_figure_draws_each_recipe_and_mode_over_the_lengths(monkeypatc
     assert drawn[-1].get_ylabel() == "accuracy" and (tmp_path / "passkey.png").stat().st_size > 0
 
 
-def test_the_settings_a_stored_result_is_matched_on_hold_a_task_folders_content(tmp_path):
+def test_the_settings_a_stored_result_is_matched_on_hold_a_task_folders_content(tmp_path, monkeypatch):
     """A task made again with other questions under the same name and folder is another task: the folder's files are
     hashed into the settings, so a sweep scores its runs again."""
     from recipes.evaluation.cli import parser, score_settings
@@ -1012,6 +1012,27 @@ def test_the_settings_a_stored_result_is_matched_on_hold_a_task_folders_content(
     (tmp_path / "tasks" / "mine.jsonl").write_text('{"context": "a", "choices": [" b", " c"], "answer": 1}\n')
     assert score_settings(parser().parse_args(argv))["include_path"] != first["include_path"]
     assert "batch_size" not in first and "device" not in first  # (they change no score)
+
+    # questions outside the folder, named by its YAMLs (data_files matched as datasets matches them, relative to the
+    # working folder, as lm-eval reads them; a local dataset_path): changed, they too make another task
+    (tmp_path / "elsewhere" / "more").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "more" / "q.jsonl").write_text('{"context": "x", "choices": [" y"], "answer": 0}\n')
+    (tmp_path / "local.jsonl").write_text('{"context": "x", "choices": [" y"], "answer": 0}\n')
+    (tmp_path / "tasks" / "outside.yaml").write_text(
+        "task: outside\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: [elsewhere/**/*.jsonl]\n"
+        "process_docs: !function utils.process\ntest_split: test\n")
+    (tmp_path / "tasks" / "path.yaml").write_text(f"task: path\ndataset_path: {tmp_path / 'local.jsonl'}\n")
+    (tmp_path / "tasks" / "broken.yaml").write_text("task: [unclosed\n")  # (lm-eval names it; not the settings)
+    monkeypatch.chdir(tmp_path)
+    from recipes.evaluation.cli import task_files
+
+    assert task_files(tmp_path / "tasks")[-2:] == [tmp_path / "elsewhere" / "more" / "q.jsonl", tmp_path / "local.jsonl"]
+    before = score_settings(parser().parse_args(argv))["include_path"]
+    for edited in ("elsewhere/more/q.jsonl", "local.jsonl"):
+        (tmp_path / edited).write_text('{"context": "x", "choices": [" z"], "answer": 0}\n')
+        after = score_settings(parser().parse_args(argv))["include_path"]
+        assert after != before, edited
+        before = after
 
 
 def test_a_sweeps_task_results_are_named_by_their_tasks():
