@@ -58,6 +58,7 @@ is only run that way, from a sweep of that folder, or with ``--init-from none``:
 """
 
 import argparse
+import json
 import sys
 import time
 import warnings
@@ -135,6 +136,51 @@ def model_build_error(config) -> str | None:
     except Exception as error:  # (any: a user's mixer raises its own)
         return f"{type(error).__name__}: {error}"
     return None
+
+
+RUN_ONLY = ("config", "ckpt_path", "weights_only", "trainer.logger.init_args.version", "trainer.enable_progress_bar")
+"""Keys of a run's ``config.yaml`` that say how it was launched, not what it computed."""
+
+
+def departures(config: Path, run: Path) -> dict[str, tuple]:
+    """``{key: (the recipe's value, the run's)}`` where the run in folder ``run`` was fit with other settings than
+    its recipe file now resolves to (``--set``, a flag given to ``fit``, an edit of the file since); empty where the
+    run kept no ``config.yaml`` or the recipe no longer parses (nothing to compare)."""
+    import yaml
+
+    from recipes.sweep.records import flat_settings
+
+    try:
+        ran = flat_settings(yaml.safe_load((run / "config.yaml").read_text()))
+        recipe = parse_recipe(["--config", str(config)]).config
+    except (OSError, yaml.YAMLError, SystemExit):
+        return {}
+    recipe = flat_settings(recipe.get("fit", recipe).as_dict())
+    absent = "(not set)"
+    return {key: (recipe.get(key, absent), ran.get(key, absent)) for key in sorted(set(recipe) | set(ran))
+            if key not in RUN_ONLY and recipe.get(key, absent) != ran.get(key, absent)}
+
+
+def departure_note(runs: list) -> str | None:
+    """One note naming the settings the tabulated runs (``--table-only``: each recipe's newest) were fit with that
+    their recipe files do not hold, which runs, and the recipes' values: a debugging run with another learning
+    rate, or a sweep's ``--set``, would otherwise stand in the table as the recipe."""
+    found: dict[str, dict[str, tuple]] = {}  # {key: {recipe: (its value, the run's)}}
+    for run in runs:
+        for key, values in departures(run.config, Path(run.folder)).items():
+            found.setdefault(key, {})[run.config.stem] = values
+    if not found:
+        return None
+    parts = []
+    for key, where in found.items():
+        by_value: dict[str, list[str]] = {}
+        for name, (_, value) in where.items():
+            by_value.setdefault(json.dumps(value), []).append(name)
+        recipes = sorted({json.dumps(recipe_value) for recipe_value, _ in where.values()})
+        ran = "; ".join(f"{value} in {', '.join(names)}" for value, names in by_value.items())
+        parts.append(f"{key}: {ran} (recipe{'s' if len(where) > 1 else ''}: {', '.join(recipes)})")
+    return ("the newest runs tabulated were fit with settings their recipe files do not hold — where the runs differ in "
+            "one, the table compares it too: " + "; ".join(parts))
 
 
 def check_recipes(configs: list[Path], overrides: list[str], settings: list[str]) -> None:
@@ -376,7 +422,8 @@ def main(argv: list[str] | None = None) -> None:
         except SweepInterrupted as stopped:
             stop_here(stopped)
         write_record(logs, family, runs)
-    print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin))
+    notes = [note] if args.table_only and (note := departure_note(runs)) else []
+    print(report(runs, logs, family, bool(args.seeds), args.baseline, args.vs, args.metric, args.margin, notes))
     roots = {logger_root(run.config).parent for run in runs}
     written = "table and figures" if args.table_only else ("table, figures and record.json (the runs' numbers, to keep "
                                                            "with the results)")

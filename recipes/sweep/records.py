@@ -217,6 +217,17 @@ def pooling_problem(sweeps: list[tuple[str, list[Run]]]) -> str | None:
         if len(where) > 1:
             return (f"--from: {name}'s runs start from a checkpoint (--init-from) in {where[True]} and from scratch in "
                     f"{where[False]}: a fine-tuning and its control are two rows, not seeds of one; give one of them")
+    settings: dict[str, tuple[str, dict]] = {}  # {recipe name: (the first sweep, its run's settings)}
+    for folder, runs in sweeps:
+        for run in runs:
+            mine = run_settings(run)
+            first = settings.setdefault(run.config.stem, (folder, mine))
+            differ = [key for key in sorted(set(first[1]) & set(mine)) if first[1][key] != mine[key]]
+            if differ and first[0] != folder:
+                key, more = differ[0], f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+                return (f"--from: {run.config.stem}'s runs differ in {key}{more}: {first[1][key]} in {first[0]}, "
+                        f"{mine[key]} in {folder}: runs of other settings would count as seeds of one; give sweeps "
+                        "run alike (or tabulate each alone)")
     for (name, seed), found in places.items():
         finished = [folder for folder, run in found if finished_result(run)[0] is not None]
         if len(finished) > 1:
@@ -224,6 +235,33 @@ def pooling_problem(sweeps: list[tuple[str, list[Run]]]) -> str | None:
             return (f"--from: {name}{seed_name} finished in {' and in '.join(finished)}: pooled, it would count twice; "
                     "leave one of them out (new seeds: recipes.sweep --first-seed)")
     return None
+
+
+def flat_settings(tree, prefix: str = "") -> dict:
+    """``{dotted key: value}`` of a nested config, its values as JSON has them (tuples as lists, paths as text)."""
+    if isinstance(tree, dict):
+        return {key: value for k, v in tree.items() for key, value in flat_settings(v, f"{prefix}{k}.").items()}
+    return {prefix[:-1]: json.loads(json.dumps(tree, default=str))}
+
+
+SAME_RESULT = {"compile", "checkpoint_blocks", "peak_flops", "sample_tokens", "backend", "recompute"}
+"""Model settings that change how a run computes, not what (compilation, recomputation, a kernel's backend, what it
+logs): runs that differ in them pool as seeds of one recipe."""
+
+
+def run_settings(run: Run) -> dict:
+    """A finished run's model settings (its hparams, dotted) and its step count, as sweeps are compared on them before
+    their runs are pooled (empty for a run with no results)."""
+    result, _ = finished_result(run)
+    try:
+        hparams = run_hparams(run) if result is not None else None
+    except (OSError, KeyError, TypeError):
+        hparams = None
+    if not isinstance(hparams, dict):  # (no results, or no hparams: nothing to compare)
+        return dict()
+    found = {key: value for key, value in flat_settings(hparams).items()
+             if key.rsplit(".", 1)[-1] not in SAME_RESULT and "/" not in key}  # ("mixers/S": the same, as text)
+    return {**found, "steps": result.get("steps")}
 
 
 def run_curve(run: Run, tag: str = "val/loss") -> dict[int, float]:

@@ -210,10 +210,13 @@ def plot_vs(lines: dict, path: Path, key: str, metric: str, title: str) -> None:
 
 
 def report(runs: list[Run], logs: Path, family: str, seeds: bool, baseline: str | None,
-           vs: str | None, metric: str, margin: float | None = None) -> str:
-    """The table (printed and written to ``logs/table.md``) and the figures beside it. A ``vs`` figure that cannot
-    be drawn (a key the runs do not record, or not a number) is a note under the table, not the table lost."""
+           vs: str | None, metric: str, margin: float | None = None, notes: list[str] = ()) -> str:
+    """The table (printed and written to ``logs/table.md``), ``notes`` under it, and the figures beside it. A ``vs``
+    figure that cannot be drawn (a key the runs do not record, or not a number) is a note under the table, not the
+    table lost."""
     text = seed_table(runs, baseline, margin) if seeds else table(runs)
+    if notes:  # (a blank line after the table's last row; none after its own notes)
+        text += ("\n" if text.endswith("|") else "") + "".join(f"\n- {note}" for note in notes)
     logs.mkdir(parents=True, exist_ok=True)
     curves = val_curves(runs)
     if curves:

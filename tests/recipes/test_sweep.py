@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import shutil
 from functools import partial
 from pathlib import Path
@@ -247,6 +248,35 @@ def test_table_only_leaves_out_a_recipe_never_run_and_names_it(tmp_path, monkeyp
     assert f"not run yet, so not in the table: a, c (python -m recipes.sweep {family} --only a c runs them)" in err
 
 
+def test_table_only_names_the_settings_its_runs_were_fit_with_that_their_recipes_do_not_hold(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """``--table-only`` tabulates each recipe's newest run: a debugging ``fit`` with another learning rate, or a sweep's
+    ``--set``, stood in the table as the recipe without a word. A note under the table names each such setting, the
+    runs fit with it and the recipes' values; runs fit as their recipes say get none."""
+    from recipes.cli import main as cli
+
+    monkeypatch.chdir(tmp_path)
+    family = tmp_path / "family"
+    family.mkdir()
+    for name in ("a", "b"):
+        (family / f"{name}.yaml").write_text(TINY.format(name=name, width=16, mlp="components.MLP"))
+    quiet = ["--trainer.enable_progress_bar", "false"]  # (the sweep's own runs set it too: it computes nothing)
+    cli(["fit", "--config", str(family / "a.yaml"), *quiet])
+    main([str(family), "--table-only"])
+    assert "| a |" in (out := capsys.readouterr().out) and "fit with settings" not in out
+    cli(["fit", "--config", str(family / "b.yaml"), "--trainer.max_steps", "2", *quiet])
+    cli(["fit", "--config", str(family / "a.yaml"), "--model.lr", "0.05", "--trainer.max_steps", "2", *quiet])
+    capsys.readouterr()
+    main([str(family), "--table-only"])
+    out = capsys.readouterr().out
+    note = ("- the newest runs tabulated were fit with settings their recipe files do not hold — where the runs differ "
+            "in one, the table compares it too: model.lr: 0.05 in a (recipe: 0.001); trainer.max_steps: 2 in a, b "
+            "(recipes: 4)")
+    assert note in out.splitlines(), out
+    written = re.search(r"table and figures: (\S+)/ ", out)[1]
+    assert note in (tmp_path / written / "table.md").read_text().splitlines()
+
+
 def test_a_vs_figure_that_cannot_be_drawn_is_a_note_under_the_table_not_the_table_lost(tmp_path):
     from recipes.sweep.records import Run
     from recipes.sweep.report import report
@@ -480,6 +510,28 @@ def test_from_an_earlier_sweep_retabulates_exactly_its_runs(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"--from: a's runs start from a checkpoint \(--init-from\) in .*tuned and "
                                          r"from scratch in .*logs"):
         main(["--from", str(logs), str(tmp_path / "tuned")])
+    # runs of one recipe with other settings (a sweep's --set model.lr=…, a shorter debugging sweep) are not seeds of
+    # one; settings that change how a run computes, not what, are (compile, a kernel's backend)
+    for name, curve, extra, message in (
+            ("wider", {10: 4.0, 20: 4.5}, "", r"--from: a's runs differ in d_model: 64 in .*logs, 32 in .*wider: runs "
+                                              r"of other settings would count as seeds of one"),
+            ("shorter", {10: 4.0}, "", r"--from: a's runs differ in steps: 21 in .*logs, 11 in .*shorter"),
+            ("compiled", {10: 4.0, 20: 4.5}, "compile: true\nmixers: {S: {init_args: {backend: torch}}}\n", None)):
+        write_run(tmp_path / "a" / name, curve, [1.0], d_model=32 if name == "wider" else 64)
+        with open(tmp_path / "a" / name / "hparams.yaml", "a") as f:
+            f.write(extra)
+        (tmp_path / name).mkdir()
+        write_manifest(tmp_path / name, "fake", [Run(tmp_path / "a.yaml", tmp_path / "a" / name, seed=5)])
+        if message:
+            with pytest.raises(SystemExit, match=message):
+                main(["--from", str(logs), str(tmp_path / name)])
+        else:
+            main(["--from", str(logs), str(tmp_path / name)])
+            assert "| a | 3 of 4 |" in capsys.readouterr().out
+    from recipes.sweep.records import run_settings
+
+    assert run_settings(Run(tmp_path / "a.yaml", tmp_path / "a" / "compiled")) == {
+        "pattern": "AM", "n_params": 1234, "n_active_params": 1000, "d_model": 64, "steps": 21}
     # --only: the table of those recipes' runs alone (it was the whole sweep's, without a word).
     main(["--from", str(logs), "--only", "b"])
     out = capsys.readouterr().out
@@ -856,7 +908,7 @@ def test_a_seeded_sweep_of_a_family_compares_with_its_declared_baseline_within_i
     (family / "b.yaml").write_text(TINY.format(name="b", width=16, mlp="components.MLP"))
     (family / "_family.yaml").write_text("baseline: b\nequivalence_margin: 0.05\n")
     asked = []
-    monkeypatch.setattr(cli, "report", lambda runs, logs, family, seeded, baseline, vs, metric, margin: asked.append(
+    monkeypatch.setattr(cli, "report", lambda runs, logs, family, seeded, baseline, vs, metric, margin, notes: asked.append(
         ([(run.config.stem, run.seed) for run in runs], seeded, baseline, margin)) or "table")
     main([str(family), "--seeds", "2", "--progress", "0"])
     assert asked.pop() == ([("a", 0), ("a", 1), ("b", 0), ("b", 1)], True, "b", 0.05)
