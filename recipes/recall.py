@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scipy import stats as scipy_stats
 
-from recipes.sweep.records import read_record
+from recipes.sweep.records import pooling_problem, read_record
 
 RECIPE = re.compile(r"(?P<variant>.+)_d(?P<width>\d+)$")
 
@@ -90,8 +90,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"no such record: {', '.join(missing)}")
     try:
         runs, left_out = read_runs(args.records)
+        # (what pooling sweeps' tables refuse: runs of one recipe under other settings, other recipe files, ...)
+        problem = pooling_problem([(path.name, read_record(path)[1]) for path in args.records])
     except ValueError as error:
         parser.error(str(error))
+    if problem:
+        parser.error(problem.removeprefix("--from: "))
     variants = sorted({r["variant"] for r in runs})
     unknown = [v for v in [*args.treatment, args.baseline] if v not in variants]
     if unknown:

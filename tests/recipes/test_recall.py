@@ -125,3 +125,17 @@ def test_the_module_runs_as_a_command(tmp_path):
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert "| d32 | 1 of 1 | 0 of 1 | 1 | 1 of 1 | 1 |" in done.stdout
+
+
+def test_records_of_one_recipe_under_other_settings_are_not_pooled(tmp_path, capsys):
+    """The checks a sweep's pooled table makes: runs of ``ifa_d32`` with another learning rate are not its seeds."""
+    first = record(tmp_path / "a.json", [("ifa_d32", 0, 1.0, 0.9), ("qcattn_d32", 0, 5.0, 0.02)])
+    other = record(tmp_path / "b.json", [("ifa_d32", 1, 1.1, 0.9)])
+    for path, lr in ((first, 0.002), (other, 0.01)):
+        kept = json.loads(path.read_text())
+        for run in kept["runs"]:
+            run["stored"].update(hparams={"lr": lr, "compile": lr == 0.01}, result={**run["stored"]["result"], "steps": 9})
+        path.write_text(json.dumps(kept))
+    with pytest.raises(SystemExit):
+        recall.main([str(first), str(other), "--treatment", "ifa", "--baseline", "qcattn"])
+    assert "error: ifa_d32's runs differ in lr: 0.002 in a.json, 0.01 in b.json" in capsys.readouterr().err
