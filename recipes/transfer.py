@@ -29,7 +29,7 @@ from pathlib import Path
 from recipes.figures import png_figure
 from recipes.stats import detectable_effect, holm, summarize, welch
 from recipes.sweep.launch import family_settings
-from recipes.sweep.records import Run, finished_result, read_manifest
+from recipes.sweep.records import Run, finished_result, pooling_problem, read_manifest
 from recipes.sweep.report import val_curves
 
 STAGES = ("pretrain", "finetune", "control")
@@ -180,6 +180,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         stages = {stage: stage_runs(getattr(args, stage)) for stage in STAGES}
         losses, notes = join(stages)
+        for stage in STAGES:  # a stage's sweeps pool as seeds: not runs of one model under other settings
+            problem = pooling_problem([(str(source), read_manifest(source)[1]) for source in getattr(args, stage)])
+            if problem:
+                raise ValueError(f"--{stage}: {problem.removeprefix('--from: ')}")
         if args.only:
             unknown = sorted(set(args.only) - set(losses))
             if unknown:

@@ -137,6 +137,18 @@ def test_a_stage_given_twice_an_unknown_baseline_and_a_missing_record_are_refuse
     with pytest.raises(SystemExit, match="nowhere.json"):
         main(["--pretrain", str(tmp_path / "nowhere.json"), "--finetune", paths["finetune"],
               "--control", paths["control"]])
+    # a stage's sweeps pool as seeds, checked as a pooled sweep table checks them: not one model under other settings
+    control = json.loads(open(paths["control"]).read())
+    for run in control["runs"]:
+        run.get("stored", {}).get("hparams", {}).update(lr=0.002)
+    open(paths["control"], "w").write(json.dumps(control))
+    more = dict(control, runs=[dict(control["runs"][0], seed=3, stored={**control["runs"][0]["stored"],
+                                                                        "hparams": {"lr": 0.01}})])
+    (tmp_path / "more.json").write_text(json.dumps(more))
+    with pytest.raises(SystemExit, match=r"error: --control: jamba's runs differ in lr: 0.002 in .*control.json, 0.01 in "
+                                         r".*more.json"):
+        main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"],
+              str(tmp_path / "more.json")])
 
 
 def test_the_curves_on_the_held_out_domain_average_each_stage_over_its_finished_runs(tmp_path):
