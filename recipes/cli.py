@@ -16,6 +16,7 @@ On top of LightningCLI (docs/training.md):
 """
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -118,6 +119,41 @@ def say_if_another_model(path, recipe_model, hparams: dict) -> None:
               "not this recipe's: drop --ckpt_path to train this recipe's model (--model.init_from FILE starts it from "
               "a checkpoint's weights where the shapes agree)",
               file=sys.stderr, flush=True)
+
+
+TRAINING_SETTINGS = ("lr", "betas", "eps", "weight_decay", "optimizer", "schedule", "warmup_fraction", "decay_fraction",
+                     "final_lr_fraction", "aux_loss_coef")
+"""Model arguments that steer the training, not the model's shapes: what a recipe edited during a run would change."""
+
+
+def say_if_the_recipe_changed(path, recipe_model, hparams: dict, lr_found: bool = False) -> None:
+    """A ``fit --ckpt_path`` of this recipe's own run goes on with the training settings the checkpoint records (the
+    optimiser's, the schedule's, :data:`TRAINING_SETTINGS`): a recipe file edited since — a learning rate, a weight
+    decay — does not change the run (a flag that would is refused: :meth:`HybridCLI._check_flags_agree`). Say which
+    of the recipe's values are set aside, on stderr. (A width given by flag when the run began and not repeated is the
+    run's, and no news: the model's shapes are not compared. ``lr_found``: a learning-rate finder's rate replaced the
+    recipe's in the checkpoint.)"""
+    recipe, recorded = {}, {}
+    for side, source in ((recipe, plain(recipe_model)), (recorded, hparams)):
+        side.update({key: plain(source[key]) for key in TRAINING_SETTINGS if key in source})
+        if side.get("optimizer") is not None:
+            with contextlib.suppress(ValueError):
+                side["optimizer"] = recorded_form(side["optimizer"])
+    mine, theirs = flat_model(recipe), flat_model(recorded)
+    changed = [f"model.{key} {mine[key]!r} (the checkpoint's {theirs[key]!r})" for key in sorted(mine.keys() & theirs.keys())
+               if not (key == "lr" and lr_found) and differs(mine[key], theirs[key])]
+    if changed:
+        print(f"note: the recipe says {'; '.join(changed)}: fit resumes {path} with the checkpoint's, as its run was "
+              "trained (a recipe edited since the run began does not change it; start a new run, or --model.init_from "
+              "the checkpoint, to train with the recipe's)", file=sys.stderr, flush=True)
+
+
+def flat_model(tree, prefix: str = "") -> dict:
+    """``{dotted key: value}`` of model settings (namespaces as mappings): ``optimizer.init_args.momentum``."""
+    tree = plain(tree)
+    if isinstance(tree, dict) and tree:
+        return {key: value for k, v in tree.items() for key, value in flat_model(v, f"{prefix}{k}.").items()}
+    return {prefix[:-1]: tree}
 
 
 def run_logger(trainer_config):
@@ -349,6 +385,8 @@ class HybridCLI(LightningCLI):
         self._check_flags_agree(path, config.model, hparams, lr_found=finder)
         if subcommand == "fit" and not getattr(self, "_ckpt_in_run", True):
             say_if_another_model(path, config.model, hparams)
+        elif subcommand == "fit":
+            say_if_the_recipe_changed(path, config.model, hparams, lr_found=finder)
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
     def _check_flags_agree(self, path, model_config, hparams: dict, lr_found: bool = False) -> None:

@@ -413,6 +413,30 @@ def test_resuming_another_recipes_run_says_it_continues_that_model(tmp_path, mon
             in capsys.readouterr().err)
 
 
+def test_resuming_after_the_recipe_was_edited_names_the_training_settings_it_sets_aside(tmp_path, monkeypatch, capsys):
+    """A resumed run goes on with the checkpoint's learning rate and weight decay: a recipe file edited since the run
+    began (the flags that would are refused) was set aside without a word. A note names each training setting set
+    aside; a width the run began with by flag and the resume does not repeat is the run's, and no news."""
+    from recipes.recipe_files import CONFIG_DIR
+
+    monkeypatch.chdir(tmp_path)
+    text = (CONFIG_DIR / "quickstart.yaml").read_text().replace("name: quickstart", "name: mine")
+    (tmp_path / "mine.yaml").write_text(text)
+    quiet = ["--config", "mine.yaml", "--trainer.enable_progress_bar", "false", "--data.init_args.seq_len", "32"]
+    main(["fit", *quiet, "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2", "--trainer.max_steps", "2"])
+    main(["fit", *quiet, "--trainer.max_steps", "3", "--ckpt_path", "last"])
+    assert "the recipe says" not in capsys.readouterr().err
+    (tmp_path / "mine.yaml").write_text(text.replace("lr: 2.0e-3", "lr: 0.05").replace("weight_decay: 0.1",
+                                                                                         "weight_decay: 0.2"))
+    main(["fit", *quiet, "--trainer.max_steps", "4", "--ckpt_path", "last"])
+    checkpoint = "runs/mine/version_0/checkpoints/last.ckpt"
+    assert ("note: the recipe says model.lr 0.05 (the checkpoint's 0.002); model.weight_decay 0.2 (the checkpoint's "
+            f"0.1): fit resumes {checkpoint} with the checkpoint's" in capsys.readouterr().err)
+    trained = torch.load(checkpoint, weights_only=True)
+    assert trained["hyper_parameters"]["lr"] == 0.002 and trained["global_step"] == 4  # (as the note says)
+    assert {group["weight_decay"] for group in trained["optimizer_states"][0]["param_groups"]} <= {0.0, 0.1}
+
+
 def test_predict_is_refused_with_the_commands_that_predict(capsys):
     """Lightning's ``predict`` needs a forward that yields predictions (a traceback before): named instead."""
     with pytest.raises(SystemExit) as info:

@@ -244,6 +244,7 @@ def test_a_learning_rate_finder_sets_the_peak_of_the_schedule_and_its_steps_stay
     err = capsys.readouterr().err
     assert "LearningRateFinder not run again: the run goes on with the learning rate" in err
     assert "--model.lr 0.05 is the rate the learning-rate finder replaced" in err  # (not refused as a contradiction)
+    assert "the recipe says" not in err  # (nor named as a recipe's edit set aside)
     _, resumed = last_checkpoint(tmp_path)
     assert resumed["global_step"] == 6 and resumed["hyper_parameters"]["lr"] == found
     assert resumed["lr_schedulers"][0]["base_lrs"] == [found, found]
