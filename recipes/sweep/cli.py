@@ -36,8 +36,9 @@ gone — on another machine, or from the copy kept with the results (``docs/resu
 quoted in docs/results.md).
 
 ``--vs KEY`` adds ``<metric>_vs_<KEY>.png``: the
-final ``--metric`` (default ``val_acc``) against a model hyper-parameter such as ``d_model``, one line
-per recipe name without its last ``_`` part (``ssd_T64_d16``, ``ssd_T64_d32`` → line ``ssd_T64``).
+final ``--metric`` (default ``val_acc``) against a model hyper-parameter such as ``d_model``, or a data or trainer
+setting of the runs' ``config.yaml`` such as ``data.init_args.seq_len``, one line per recipe name without its last
+``_`` part (``ssd_T64_d16``, ``ssd_T64_d32`` → line ``ssd_T64``; a grid's ``lr0.002``, ``lr0.006`` → one line).
 
 Ctrl+C (or SIGTERM) stops the sweep: no run starts, each running run gets one SIGINT (it writes its ``last.ckpt``
 and stops), and the sweep says what finished; ``--resume runs/sweep-logs/<time>`` runs the rest again as they were
@@ -72,15 +73,30 @@ from recipes.sweep.report import report
 from recipes.sweep.records import Run, pooling_problem, read_manifest, write_record
 
 
-def check_vs_key(key: str) -> None:
+def check_vs_key(key: str, config: Path | None = None) -> None:
     """Before any run starts: ``--vs``'s key is one a run records (an argument of the model, its sizes, or a dotted
-    key under one, such as ``mixers.A.init_args.n_heads``), not a typo found when the sweep is over."""
+    key under one, such as ``mixers.A.init_args.n_heads``; or a data or trainer setting such as
+    ``data.init_args.seq_len``, looked up in recipe ``config`` as its run will parse it), not a typo found when the
+    sweep is over."""
     from recipes.module import hyperparameter_keys
+    from recipes.sweep.records import CONFIG_SECTIONS
 
-    known = hyperparameter_keys()
     top = key.split(".")[0]
+    if top in CONFIG_SECTIONS:
+        if config is not None:
+            from recipes.cli import dotted_get
+
+            parsed = parse_recipe(["--config", str(config)]).config
+            try:
+                dotted_get(parsed.get("fit", parsed), key)
+            except KeyError:
+                sys.exit(f"error: --vs {key}: not a setting of {config.name} (its run's config.yaml would not hold it; "
+                         f"e.g. data.init_args.seq_len)")
+        return
+    known = hyperparameter_keys()
     if top not in known:
-        hint = did_you_mean([top], known) or "e.g. d_model, lr, n_params (a run's hparams.yaml lists them)"
+        hint = did_you_mean([top], known) or ("e.g. d_model, lr, n_params (a run's hparams.yaml lists them), or a data "
+                                              "or trainer setting such as data.init_args.seq_len")
         sys.exit(f"error: --vs {key}: not a hyper-parameter a run records; {hint}")
 
 
@@ -244,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--margin", type=bounded(float, 0, above=True), default=None,
                         help="with --seeds: the equivalence margin in nats for the TOST column (default: the family's)")
     parser.add_argument("--vs", default=None, metavar="KEY",
-                        help="also plot the final --metric against this hyper-parameter (e.g. d_model)")
+                        help="also plot the final --metric against this hyper-parameter (e.g. d_model) or data or "
+                             "trainer setting (e.g. data.init_args.seq_len)")
     parser.add_argument("--suite", choices=["length", "passkey", "mqar"], default=None,
                         help="with --from: run this long-context suite on every finished run's last.ckpt and tabulate "
                              "it over seeds (docs/evaluation.md)")
@@ -352,12 +369,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.set and args.table_only:  # (the table would not be of runs with these settings)
         sys.exit(f"error: --set {' '.join(args.set)} configures new runs; --table-only launches none and tabulates the "
                  "latest runs as they were run")
-    if args.vs is not None and not args.table_only:
-        check_vs_key(args.vs)
     try:
         configs = recipe_files(args.folder)
     except FileNotFoundError as error:
         sys.exit(f"error: {error}")
+    if args.vs is not None and not args.table_only:
+        check_vs_key(args.vs, configs[0])
     try:
         settings = family_settings(configs[0].parent)
         for config in configs:  # a recipe that logs nothing would run and then have nothing to tabulate

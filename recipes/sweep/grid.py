@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {error}")
     print(f"{len(written)} recipe{'s' if len(written) != 1 else ''} in {args.out}/: {', '.join(p.stem for p in written)}")
     last, values = axes[-1]
-    plotted = last.startswith("model.") and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    plotted = (last.split(".")[0] in ("model", "data", "trainer")  # (what a run records: recipes.sweep --vs)
+               and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values))
     print(f"run them: python -m recipes.sweep {args.out} --seeds 3 --jobs 2"
           + (f" --vs {last.removeprefix('model.')}" if plotted else ""))
 

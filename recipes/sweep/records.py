@@ -117,10 +117,14 @@ def stored_numbers(run: Run) -> dict | None:
     if run.failed:
         return None
     try:
-        return {"result": run_result(run), "curves": {"val/loss": sorted(run_curve(run).items())},
-                "hparams": run_hparams(run)}
+        stored = {"result": run_result(run), "curves": {"val/loss": sorted(run_curve(run).items())},
+                  "hparams": run_hparams(run)}
     except (FileNotFoundError, KeyError):
         return None
+    config = Path(run.folder) / "config.yaml"
+    if config.is_file():  # (its data and trainer settings: --vs data.init_args.seq_len reads them)
+        stored["config"] = {k: v for k, v in (yaml.safe_load(config.read_text()) or {}).items() if k in CONFIG_SECTIONS}
+    return stored
 
 
 def read_record(path: Path) -> tuple[str, list[Run]]:
@@ -289,11 +293,28 @@ def scalar_series(run: Path, tag: str) -> dict[int, float]:
     return {e.step: e.value for e in events.Scalars(tag)} if tag in events.Tags()["scalars"] else {}
 
 
+CONFIG_SECTIONS = ("data", "trainer")
+"""The parts of a run's ``config.yaml`` that ``--vs`` reads besides its model's hyper-parameters."""
+
+
 def hparam(run: Run, key: str):
-    """A (dotted) key of a run's hyper-parameters (its ``hparams.yaml``), e.g. ``d_model``."""
-    value = run_hparams(run)
+    """A (dotted) key of a run's hyper-parameters (its ``hparams.yaml``), e.g. ``d_model``, or of its data or trainer
+    settings (its ``config.yaml``), e.g. ``data.init_args.seq_len``."""
+    if key.split(".")[0] in CONFIG_SECTIONS:
+        where = "config.yaml"
+        if run.stored is not None:
+            value = run.stored.get("config")
+            if value is None:
+                raise ValueError(f"{key!r}: the record of {run.folder} keeps no config.yaml (written before records "
+                                 "kept the runs' data and trainer settings)")
+        else:
+            path = Path(run.folder) / "config.yaml"
+            value = yaml.safe_load(path.read_text()) if path.is_file() else None
+    else:
+        where, value = "hparams.yaml", run_hparams(run)
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
-            raise ValueError(f"hyper-parameter {key!r} is not in {run.folder}/hparams.yaml")
+            raise ValueError(f"{'setting' if where == 'config.yaml' else 'hyper-parameter'} {key!r} is not in "
+                             f"{run.folder}/{where}")
         value = value[part]
     return value

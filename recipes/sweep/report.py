@@ -3,11 +3,12 @@ protocol (:func:`seed_table`: Welch, Holm, the detectable difference, TOST, the 
 (mean ± std over seeds) and a final metric against a hyper-parameter."""
 
 import math
+import re
 import statistics
 from pathlib import Path
 
 from recipes.figures import png_figure
-from recipes.sweep.records import Run, finished_result, hparam, run_curve, run_result
+from recipes.sweep.records import CONFIG_SECTIONS, Run, finished_result, hparam, run_curve, run_result
 
 
 def speed(tokens_per_sec: float) -> str:
@@ -175,19 +176,31 @@ def plot_curves(curves: dict, path: Path, title: str) -> None:
         axes.legend(fontsize=8)
 
 
+def vs_line(name: str, key: str) -> str:
+    """The line of a ``--vs key`` figure a recipe's point joins: its name less the part that names ``key``'s value as
+    ``recipes.sweep.grid`` writes it (``optimizer-SGD_lr0.02`` → ``optimizer-SGD``; a one-axis grid's ``lr0.02`` → one
+    line, ``lr``), else less its last ``_`` part (``ssd_T64_d16`` → ``ssd_T64``)."""
+    label = key.rsplit(".", 1)[-1].replace("_", "")
+    head, _, last = name.rpartition("_")
+    if re.fullmatch(rf"{re.escape(label)}[-+.]?\d.*", last):
+        return head or key.rsplit(".", 1)[-1]
+    return head or name
+
+
 def metric_vs(runs: list[Run], key: str, metric: str = "val_acc") -> dict[str, list[tuple[float, float, float, int]]]:
-    """Per line (a recipe's name without its last ``_`` part), the points ``(x, mean, std, n)`` of the
+    """Per line (:func:`vs_line`: a recipe's name without its last ``_`` part), the points ``(x, mean, std, n)`` of the
     final ``metric`` over the finished runs of each recipe, ``x`` its hyper-parameter ``key``, sorted by x."""
     values: dict[tuple[str, float], list[float]] = {}
     for run in runs:
         if run.failed:
             continue
-        line = run.config.stem.rsplit("_", 1)[0]
+        line = vs_line(run.config.stem, key)
         value = run_result(run)[metric]
         if not math.isnan(value):
             x = hparam(run, key)
             if isinstance(x, bool) or not isinstance(x, (int, float)):
-                raise ValueError(f"hyper-parameter {key!r} is {x!r} in {run.folder}/hparams.yaml, not a number")
+                what = "setting" if key.split(".")[0] in CONFIG_SECTIONS else "hyper-parameter"
+                raise ValueError(f"{what} {key!r} is {x!r} in {run.folder}, not a number")
             values.setdefault((line, float(x)), []).append(value)
     lines: dict[str, list] = {}
     for (line, x), v in sorted(values.items(), key=lambda item: (item[0][0], item[0][1])):

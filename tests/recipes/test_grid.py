@@ -44,6 +44,8 @@ def test_the_printed_sweep_command_plots_a_numeric_last_axis_only(tmp_path, caps
     assert capsys.readouterr().out.splitlines()[-1].endswith("--jobs 2")
     main(["quickstart.yaml", "--vary", "model.init_std=[0.02, null]", "--out", str(tmp_path / "mixed")])
     assert capsys.readouterr().out.splitlines()[-1].endswith("--jobs 2")  # one value not a number: no axis to plot on
+    main(["quickstart.yaml", "--vary", "data.init_args.seq_len=[64, 128]", "--out", str(tmp_path / "lengths")])
+    assert capsys.readouterr().out.splitlines()[-1].endswith("--jobs 2 --vs data.init_args.seq_len")  # (its config.yaml)
 
 
 def test_a_relative_init_from_stays_the_source_recipes(tmp_path):

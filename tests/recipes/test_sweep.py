@@ -292,6 +292,36 @@ def test_a_vs_figure_that_cannot_be_drawn_is_a_note_under_the_table_not_the_tabl
         assert text in (tmp_path / "logs" / "table.md").read_text()
 
 
+def test_vs_draws_a_data_setting_from_each_runs_config_and_a_one_axis_grid_as_one_line(tmp_path):
+    """``--vs data.init_args.seq_len`` reads each run's ``config.yaml`` (its record keeps the data and trainer parts),
+    where it read the model's hyper-parameters alone; a one-axis grid's recipes (``seqlen16``, ``seqlen32``, or
+    ``lr0.002``, ``lr0.006``) are points of one line, where each was a line of one point."""
+    import yaml
+
+    from recipes.sweep.records import Run, read_record, write_record
+    from recipes.sweep.report import metric_vs, vs_line
+
+    runs = []
+    for name, length, acc in (("seqlen16", 16, 0.25), ("seqlen32", 32, 0.5)):
+        write_run(tmp_path / name, {9: 3.0}, [1.0], acc=acc)
+        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(
+            {"model": {"d_model": 64}, "data": {"init_args": {"seq_len": length}}, "trainer": {"max_steps": 10}}))
+        runs.append(Run(tmp_path / f"{name}.yaml", tmp_path / name))
+    assert metric_vs(runs, "data.init_args.seq_len") == {"seq_len": [(16.0, 0.25, 0.0, 1), (32.0, 0.5, 0.0, 1)]}
+    write_record(tmp_path, "grid", runs)
+    _, kept = read_record(tmp_path / "record.json")
+    assert kept[0].stored["config"] == {"data": {"init_args": {"seq_len": 16}}, "trainer": {"max_steps": 10}}
+    assert metric_vs(kept, "data.init_args.seq_len") == metric_vs(runs, "data.init_args.seq_len")
+    with pytest.raises(ValueError, match=r"setting 'data.init_args.seq_ln' is not in .*seqlen16/config.yaml"):
+        metric_vs(runs, "data.init_args.seq_ln")
+    del kept[0].stored["config"]  # a record from before they kept it
+    with pytest.raises(ValueError, match=r"'data.init_args.seq_len': the record of .*seqlen16 keeps no config.yaml"):
+        metric_vs(kept, "data.init_args.seq_len")
+    assert [vs_line(name, "lr") for name in ("lr0.002", "lr1e-05", "optimizer-SGD_lr0.01", "ssd_T64_d16")] == [
+        "lr", "lr", "optimizer-SGD", "ssd_T64"]
+    assert vs_line("ssd_T64_d16", "d_model") == "ssd_T64" and vs_line("dense", "d_model") == "dense"
+
+
 def test_a_mistyped_vs_key_stops_a_sweep_before_it_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     family = tmp_path / "family"
@@ -299,6 +329,8 @@ def test_a_mistyped_vs_key_stops_a_sweep_before_it_runs(tmp_path, monkeypatch):
     (family / "a.yaml").write_text(TINY.format(name="a", width=16, mlp="components.MLP"))
     with pytest.raises(SystemExit, match="--vs d_modle: not a hyper-parameter a run records; did you mean d_model?"):
         main([str(family), "--vs", "d_modle"])
+    with pytest.raises(SystemExit, match=r"--vs data.init_args.seq_ln: not a setting of a.yaml"):
+        main([str(family), "--vs", "data.init_args.seq_ln"])
     assert not (tmp_path / "runs").exists()
 
 
