@@ -3,6 +3,7 @@ the sweep's ``sweep.json`` (its runs and how each ended) and ``record.json`` (ea
 sweep can be tabulated again where its run folders are not), and the reading of a run's figures, curves and
 hyper-parameters — from its TensorBoard files, or from a record."""
 
+import contextlib
 import json
 import math
 import signal
@@ -254,8 +255,8 @@ logs): runs that differ in them pool as seeds of one recipe."""
 
 
 def run_settings(run: Run) -> dict:
-    """A finished run's model settings (its hparams, dotted) and its step count, as sweeps are compared on them before
-    their runs are pooled (empty for a run with no results)."""
+    """A finished run's model settings (its hparams, dotted), its data's :data:`POOLED_DATA` and its step count, as
+    sweeps are compared on them before their runs are pooled (empty for a run with no results)."""
     result, _ = finished_result(run)
     try:
         hparams = run_hparams(run) if result is not None else None
@@ -265,7 +266,15 @@ def run_settings(run: Run) -> dict:
         return dict()
     found = {key: value for key, value in flat_settings(hparams).items()
              if key.rsplit(".", 1)[-1] not in SAME_RESULT and "/" not in key}  # ("mixers/S": the same, as text)
+    for key in POOLED_DATA:  # (where the run's config is at hand: a record from before kept none)
+        with contextlib.suppress(ValueError, OSError):
+            found[key] = hparam(run, key)
     return {**found, "steps": result.get("steps")}
+
+
+POOLED_DATA = ("data.class_path", "data.init_args.seq_len", "data.init_args.batch_size")
+"""The data settings runs pooled as seeds of one recipe must share (the rest — a cache folder, loader workers, a
+corpus path written otherwise on another machine — change no result, or cannot be compared across machines)."""
 
 
 def run_curve(run: Run, tag: str = "val/loss") -> dict[int, float]:

@@ -322,6 +322,31 @@ def test_vs_draws_a_data_setting_from_each_runs_config_and_a_one_axis_grid_as_on
     assert vs_line("ssd_T64_d16", "d_model") == "ssd_T64" and vs_line("dense", "d_model") == "dense"
 
 
+def test_runs_of_other_data_settings_are_not_pooled_as_seeds(tmp_path):
+    """Two sweeps of one recipe at another ``seq_len`` or batch size (a ``--set data.init_args.batch_size=8``) are
+    other experiments; a loader's workers or a cache folder change no result. Records from before they kept the
+    runs' ``config.yaml`` compare on what they hold."""
+    import yaml
+
+    from recipes.sweep.records import Run, pooling_problem
+
+    def run(name, seed, **data):
+        write_run(tmp_path / name, {9: 3.0}, [1.0])
+        settings = {"seq_len": 32, "batch_size": 16, "num_workers": 0, **data}
+        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(
+            {"data": {"class_path": "recipes.data.TextCorpus", "init_args": settings}}))
+        return Run(tmp_path / "a.yaml", tmp_path / name, seed=seed)
+
+    base = ("one", [run("s0", 0)])
+    assert pooling_problem([base, ("two", [run("s1", 1, num_workers=2)])]) is None
+    assert "a's runs differ in data.init_args.batch_size: 16 in one, 8 in two" in pooling_problem(
+        [base, ("two", [run("s2", 2, batch_size=8)])])
+    assert "differ in data.init_args.seq_len" in pooling_problem([base, ("two", [run("s3", 3, seq_len=64)])])
+    old = run("s4b", 4, seq_len=64)
+    (tmp_path / "s4b" / "config.yaml").unlink()  # (no config: compared on its model settings and steps alone)
+    assert pooling_problem([base, ("two", [old])]) is None
+
+
 def test_a_mistyped_vs_key_stops_a_sweep_before_it_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     family = tmp_path / "family"
