@@ -140,7 +140,8 @@ def say_if_the_recipe_changed(path, recipe_model, hparams: dict, lr_found: bool 
             with contextlib.suppress(ValueError):
                 side["optimizer"] = recorded_form(side["optimizer"])
     mine, theirs = flat_model(recipe), flat_model(recorded)
-    changed = [f"model.{key} {mine[key]!r} (the checkpoint's {theirs[key]!r})" for key in sorted(mine.keys() & theirs.keys())
+    changed = [f"model.{key} {mine[key]!r} (the checkpoint's {theirs[key]!r})"
+               for key in sorted(mine.keys() & theirs.keys())
                if not (key == "lr" and lr_found) and differs(mine[key], theirs[key])]
     if changed:
         print(f"note: the recipe says {'; '.join(changed)}: fit resumes {path} with the checkpoint's, as its run was "

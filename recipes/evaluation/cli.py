@@ -300,7 +300,8 @@ def task_files(folder: Path) -> list[Path]:
             continue  # (lm-eval names a broken YAML itself)
         if not isinstance(task, dict):
             continue
-        files = (task.get("dataset_kwargs") or {}).get("data_files") if isinstance(task.get("dataset_kwargs"), dict) else None
+        kwargs = task.get("dataset_kwargs")
+        files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
         patterns = [f for v in (files.values() if isinstance(files, dict) else [files])
                     for f in ([v] if isinstance(v, str) else v if isinstance(v, list) else [])]
         for pattern in patterns:

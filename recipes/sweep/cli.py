@@ -195,8 +195,8 @@ def departure_note(runs: list) -> str | None:
         recipes = sorted({json.dumps(recipe_value) for recipe_value, _ in where.values()})
         ran = "; ".join(f"{value} in {', '.join(names)}" for value, names in by_value.items())
         parts.append(f"{key}: {ran} (recipe{'s' if len(where) > 1 else ''}: {', '.join(recipes)})")
-    return ("the newest runs tabulated were fit with settings their recipe files do not hold — where the runs differ in "
-            "one, the table compares it too: " + "; ".join(parts))
+    return ("the newest runs tabulated were fit with settings their recipe files do not hold — where the runs "
+            "differ in one, the table compares it too: " + "; ".join(parts))
 
 
 def check_recipes(configs: list[Path], overrides: list[str], settings: list[str]) -> None:

@@ -177,9 +177,9 @@ def plot_curves(curves: dict, path: Path, title: str) -> None:
 
 
 def vs_line(name: str, key: str) -> str:
-    """The line of a ``--vs key`` figure a recipe's point joins: its name less the part that names ``key``'s value as
-    ``recipes.sweep.grid`` writes it (``optimizer-SGD_lr0.02`` → ``optimizer-SGD``; a one-axis grid's ``lr0.02`` → one
-    line, ``lr``), else less its last ``_`` part (``ssd_T64_d16`` → ``ssd_T64``)."""
+    """The line of a ``--vs key`` figure a recipe's point joins: its name less the part that names ``key``'s value
+    as ``recipes.sweep.grid`` writes it (``optimizer-SGD_lr0.02`` → ``optimizer-SGD``; a one-axis grid's ``lr0.02``
+    → one line, ``lr``), else less its last ``_`` part (``ssd_T64_d16`` → ``ssd_T64``)."""
     label = key.rsplit(".", 1)[-1].replace("_", "")
     head, _, last = name.rpartition("_")
     if re.fullmatch(rf"{re.escape(label)}[-+.]?\d.*", last):
