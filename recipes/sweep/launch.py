@@ -4,6 +4,7 @@ and record rewritten as each run ends, and the progress reported while they run.
 
 import concurrent.futures
 import contextlib
+import hashlib
 import json
 import os
 import queue
@@ -176,7 +177,8 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
             runs.append(run)
     write_manifest(logs, family, runs)
     how = dict(launcher=launcher, devices_per_run=devices_per_run, submitit_cluster=submitit_cluster, slurm=slurm or {},
-               cwd=str(Path.cwd()))  # (the runs' paths, logs and logger folders are relative to it)
+               cwd=str(Path.cwd()),  # (the runs' paths, logs and logger folders are relative to it)
+               recipes={str(Path(config).resolve()): recipe_hash(config) for config in configs})  # (for a resume)
     (logs / "launcher.json").write_text(json.dumps(how, indent=1))  # (a resume launches as the sweep did)
     command_of = lambda run: [*python_command(), *run.args]  # noqa: E731
     with sweep_lock(logs) as held:
@@ -243,22 +245,46 @@ def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every
     logs = Path(logs).resolve()
     recorded = json.loads((logs / "launcher.json").read_text()) if (logs / "launcher.json").is_file() else {}
     home = recorded.pop("cwd", None)
+    recipes = recorded.pop("recipes", {})
     if home is not None and not Path(home).is_dir():
         raise FileNotFoundError(f"{logs}: the sweep was launched from {home}, which is gone; its runs' paths are "
                                 "relative to it")
     with contextlib.chdir(home) if home is not None else contextlib.nullcontext():
         given = dict(launcher=launcher, devices_per_run=devices_per_run, submitit_cluster=submitit_cluster, slurm=slurm)
         return _resume(logs, {**recorded, **{key: value for key, value in given.items() if value is not None}}, jobs,
-                       threads, progress_every)
+                       threads, progress_every, recipes)
 
 
-def _resume(logs: Path, settings: dict, jobs: int, threads: int | None, progress_every: float) -> tuple[str, list[Run]]:
+def recipe_hash(config: Path) -> str:
+    """16 hex digits of the SHA-256 of a recipe file's bytes."""
+    return hashlib.sha256(Path(config).read_bytes()).hexdigest()[:16]
+
+
+def edited_recipes(runs: list[Run], recipes: dict[str, str]) -> list[str]:
+    """The names of ``runs``' recipe files whose bytes are not those the sweep began with (``recipes``: path → hash,
+    as its ``launcher.json`` records them): its runs left would train another recipe than its finished ones did."""
+    edited = set()
+    for run in runs:
+        path = Path(run.config).resolve()
+        recorded = recipes.get(str(path))
+        if recorded is not None and (not path.is_file() or recipe_hash(path) != recorded):
+            edited.add(path.name)
+    return sorted(edited)
+
+
+def _resume(logs: Path, settings: dict, jobs: int, threads: int | None, progress_every: float,
+            recipes: dict[str, str] | None = None) -> tuple[str, list[Run]]:
     family, runs = read_manifest(logs)
     if any(run.stored is not None for run in runs):
         raise ValueError(f"{logs}: a sweep's record holds its runs' numbers, not the runs; give the log folder of a "
                          "sweep whose run folders are on this machine")
     how = {"launcher": "local", "devices_per_run": 1, "submitit_cluster": None, "slurm": {}, **settings}
     pending = [run for run in runs if run.returncode != 0]
+    edited = edited_recipes(pending, recipes or {})
+    if edited:
+        raise ValueError(f"{logs}: {', '.join(edited)} changed since the sweep began (or is gone): its runs left would "
+                         "train another recipe than the sweep's other runs did; put it back as it was, or start a new "
+                         "sweep of the edited family")
     unrecorded = [run.config.stem for run in pending if run.args is None]
     if unrecorded:
         raise ValueError(f"{logs}: the runs {', '.join(unrecorded)} were launched before a sweep recorded its runs' "

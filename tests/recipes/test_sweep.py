@@ -989,6 +989,14 @@ def test_a_resumed_sweep_whose_run_fails_again_ends_in_an_error_naming_it(tmp_pa
     assert str(info.value.code) == "error: 1 of 1 runs failed: a"
     assert "| a |" in capsys.readouterr().out  # (the table first)
     (tmp_path / "stub.py").write_text("print('trained')\n")
+    # a recipe edited since the sweep began: the runs left would train another recipe than its finished ones did
+    recipe = family / "a.yaml"
+    text = recipe.read_text()
+    recipe.write_text(text.replace("max_steps: 4", "max_steps: 5"))
+    with pytest.raises(SystemExit, match=r"a.yaml changed since the sweep began \(or is gone\): its runs left would "
+                                         r"train another recipe .* put it back as it was"):
+        main(["--resume", str(logs), "--progress", "0"])
+    recipe.write_text(text)
     main(["--resume", str(logs), "--progress", "0"])  # (it ends without an error now)
     assert (logs / "a.log").read_text().splitlines()[-1] == "trained"
 
