@@ -78,7 +78,9 @@ class HFDataset:
         if self.saved():
             files = sorted(p for p in Path(self.path).expanduser().rglob("*") if p.is_file())
         elif self.data_files is not None:
-            files = sorted({Path(f) for pattern in self.patterns() for f in matched_files(pattern)})
+            base = Path(self.path).expanduser()  # (a local folder's data_files are relative to it, as datasets reads)
+            files = sorted({Path(f) for pattern in self.patterns()
+                            for f in matched_files(pattern, str(base) if base.is_dir() else None)})
         from recipes.data.corpus import file_hash
 
         settings = {k: v for k, v in asdict(self).items() if k != "streaming"}  # streaming reads the same rows
@@ -98,19 +100,20 @@ def _datasets():
     return datasets
 
 
-def matched_files(pattern: str) -> list[str]:
+def matched_files(pattern: str, base: str | None = None) -> list[str]:
     """The local files ``datasets.load_dataset`` reads for one ``data_files`` pattern, matched by ``datasets``' own
     resolver (its ``**`` takes files at any depth, the folder itself included, where Python's ``glob`` takes one
     level: the tokens' identity missed the files an edit then changed); none for a remote one (``hf://``, ``https://``:
-    its settings are its identity). A pattern that matches nothing is named, a folder with the patterns that read it."""
+    its settings are its identity). Relative to ``base``, a local dataset folder (default: the working folder). A
+    pattern that matches nothing is named, a folder with the patterns that read it."""
     if "://" in pattern:
         return []
     resolve_pattern = _datasets().data_files.resolve_pattern
 
     try:
-        return resolve_pattern(pattern, base_path=os.getcwd())
+        return resolve_pattern(pattern, base_path=base or os.getcwd())
     except FileNotFoundError:
-        folder = Path(pattern).is_dir()
+        folder = (Path(base or ".") / pattern).is_dir()
         hint = (f": it is a folder; name its files, e.g. '{Path(pattern) / '*.jsonl'}' (or '{Path(pattern) / '**'}' "
                 "for every file under it)" if folder else "")
         raise FileNotFoundError(f"TokenizedCorpus: dataset data_files {pattern!r} matches no file{hint}") from None

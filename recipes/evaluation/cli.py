@@ -304,10 +304,11 @@ def task_files(folder: Path) -> list[Path]:
         files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
         patterns = [f for v in (files.values() if isinstance(files, dict) else [files])
                     for f in ([v] if isinstance(v, str) else v if isinstance(v, list) else [])]
-        for pattern in patterns:
-            with contextlib.suppress(FileNotFoundError):  # (lm-eval names data that is not there)
-                data.update(Path(f).resolve() for f in matched_files(str(Path(pattern).expanduser())))
         local = Path(str(task.get("dataset_path", ""))).expanduser()
+        for pattern in patterns:  # (relative to a local dataset folder, as datasets reads them, else the working one)
+            with contextlib.suppress(FileNotFoundError):  # (lm-eval names data that is not there)
+                found = matched_files(str(Path(pattern).expanduser()), str(local) if local.is_dir() else None)
+                data.update(Path(f).resolve() for f in found)
         if task.get("dataset_path") and local.exists():
             data.update(f.resolve() for f in ([local] if local.is_file() else local.rglob("*")) if f.is_file())
     inside = {f.resolve() for f in own}

@@ -612,6 +612,9 @@ def test_data_files_are_matched_as_datasets_matches_them_for_the_tokens_identity
     assert home.patterns() == [str(tmp_path / "books" / "*.jsonl")] and len(home.identity()[1]) == 2
     assert sorted(home.documents("text")) == ["edited", "the text of books/b.jsonl"]
     assert HFDataset(path="json", data_files="hf://datasets/x/y/*.jsonl").identity()[1] == []  # (remote: its name)
+    local = HFDataset(path=str(tmp_path / "books"), data_files="*.jsonl")  # (a folder's data_files are relative to it)
+    assert [Path(f).name for f, _, _ in local.identity()[1]] == ["a.jsonl", "b.jsonl"]
+    assert sorted(local.documents("text")) == ["edited", "the text of books/b.jsonl"]
 
 
 def test_a_missing_datasets_package_is_named(tmp_path, monkeypatch):
