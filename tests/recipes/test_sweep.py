@@ -851,8 +851,9 @@ def test_gpus_launcher_gives_each_concurrent_run_its_own_device(tmp_path, monkey
     # progress_every=0 prints no progress table: CI once lost a worker to a zero-wait loop that printed one
     # table after another for the whole sweep
     assert "[sweep " not in out
-    assert json.loads((logs / "launcher.json").read_text()) == dict(launcher="gpus", devices_per_run=1,
-                                                                     submitit_cluster=None, slurm={}, cwd=str(tmp_path))
+    recipes = {str((family / "a.yaml").resolve()): sweep.recipe_hash(family / "a.yaml")}  # (a resume checks them)
+    assert json.loads((logs / "launcher.json").read_text()) == dict(
+        launcher="gpus", devices_per_run=1, submitit_cluster=None, slurm={}, cwd=str(tmp_path), recipes=recipes)
     # a resume runs where the sweep ran (on the GPUs, given the same flags) unless told otherwise
     for run in runs:
         run.folder.mkdir(parents=True)  # (as a run leaves it; else the sweep's record.json would stand for the runs)
@@ -925,7 +926,8 @@ def test_a_sweep_launched_as_a_job_array_submits_its_runs_and_records_how(tmp_pa
     assert [run.returncode for run in runs] == [0, 0] and (logs / "submitit").is_dir()
     assert [run.log.read_text().split()[-1] for run in runs] == ["0", "1"]  # (each ran with its own --seed_everything)
     assert json.loads((logs / "launcher.json").read_text()) == dict(
-        launcher="slurm", devices_per_run=1, submitit_cluster="local", slurm={}, cwd=str(tmp_path))
+        launcher="slurm", devices_per_run=1, submitit_cluster="local", slurm={}, cwd=str(tmp_path),
+        recipes={str((family / "a.yaml").resolve()): sweep.recipe_hash(family / "a.yaml")})
 
 
 def test_a_held_sweep_lock_refuses_a_second_writer_naming_the_runs_recorded_as_running(tmp_path):
