@@ -38,7 +38,7 @@ from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_p
 from components.bindings import import_class, upgrade_specs
 from recipes.module import LanguageModel, language_model_arguments
 from recipes.optimizer import recorded_form
-from recipes.recipe_files import read_config, resolve_config
+from recipes.recipe_files import flat_settings, read_config, resolve_config
 from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, trains_in_workers
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback,
                               TrainingInterrupted, ValidateFinalStep, averaged_weights_note, check_averaging_unsharded,
@@ -139,7 +139,7 @@ def say_if_the_recipe_changed(path, recipe_model, hparams: dict, lr_found: bool 
         if side.get("optimizer") is not None:
             with contextlib.suppress(ValueError):
                 side["optimizer"] = recorded_form(side["optimizer"])
-    mine, theirs = flat_model(recipe), flat_model(recorded)
+    mine, theirs = flat_settings(recipe), flat_settings(recorded)
     changed = [f"model.{key} {mine[key]!r} (the checkpoint's {theirs[key]!r})"
                for key in sorted(mine.keys() & theirs.keys())
                if not (key == "lr" and lr_found) and differs(mine[key], theirs[key])]
@@ -147,14 +147,6 @@ def say_if_the_recipe_changed(path, recipe_model, hparams: dict, lr_found: bool 
         print(f"note: the recipe says {'; '.join(changed)}: fit resumes {path} with the checkpoint's, as its run was "
               "trained (a recipe edited since the run began does not change it; start a new run, or --model.init_from "
               "the checkpoint, to train with the recipe's)", file=sys.stderr, flush=True)
-
-
-def flat_model(tree, prefix: str = "") -> dict:
-    """``{dotted key: value}`` of model settings (namespaces as mappings): ``optimizer.init_args.momentum``."""
-    tree = plain(tree)
-    if isinstance(tree, dict) and tree:
-        return {key: value for k, v in tree.items() for key, value in flat_model(v, f"{prefix}{k}.").items()}
-    return {prefix[:-1]: tree}
 
 
 def run_logger(trainer_config):

@@ -3,6 +3,7 @@ as a recipe's mapping, and where a sweep puts the runs of a recipe that names no
 or Lightning: the tools that read recipes and runs without training (``recipes.sweep``'s tables, its grid,
 ``recipes.transfer``) start in a second, not ten."""
 
+import json
 from pathlib import Path
 
 import yaml
@@ -61,3 +62,10 @@ def read_config(path: str) -> dict:
 def sweep_root(config: Path) -> Path:
     """Where ``recipes.sweep`` puts the runs of a recipe that names no logger: ``runs/<its folder>/<its name>``."""
     return Path("runs") / config.parent.name / config.stem
+
+
+def flat_settings(tree, prefix: str = "") -> dict:
+    """``{dotted key: value}`` of a nested config, its values as JSON has them (tuples as lists, paths as text)."""
+    if isinstance(tree, dict):
+        return {key: value for k, v in tree.items() for key, value in flat_settings(v, f"{prefix}{k}.").items()}
+    return {prefix[:-1]: json.loads(json.dumps(tree, default=str))}

@@ -71,6 +71,13 @@ class HFDataset:
         return [f for v in (files.values() if isinstance(files, dict) else [files])
                 for f in ([v] if isinstance(v, str) else v or [])]
 
+    def data_file_paths(self) -> list[Path]:
+        """The local files ``data_files`` names, matched as ``datasets`` matches them (:func:`matched_files`),
+        relative to a local dataset folder ``path`` as ``datasets`` reads them, else to the working folder."""
+        base = Path(self.path).expanduser()
+        return sorted({Path(f) for pattern in self.patterns()
+                       for f in matched_files(pattern, str(base) if base.is_dir() else None)})
+
     def identity(self) -> list:
         """What the tokens depend on: the files' content for a saved folder or local data files, else the name,
         configuration, split and revision (pin ``revision`` for a hub dataset that may change)."""
@@ -78,9 +85,7 @@ class HFDataset:
         if self.saved():
             files = sorted(p for p in Path(self.path).expanduser().rglob("*") if p.is_file())
         elif self.data_files is not None:
-            base = Path(self.path).expanduser()  # (a local folder's data_files are relative to it, as datasets reads)
-            files = sorted({Path(f) for pattern in self.patterns()
-                            for f in matched_files(pattern, str(base) if base.is_dir() else None)})
+            files = self.data_file_paths()
         from recipes.data.corpus import file_hash
 
         settings = {k: v for k, v in asdict(self).items() if k != "streaming"}  # streaming reads the same rows

@@ -283,7 +283,7 @@ def task_files(folder: Path) -> list[Path]:
     when they change, too."""
     import yaml
 
-    from recipes.data.hf_datasets import matched_files
+    from recipes.data.hf_datasets import HFDataset
 
     class Lenient(yaml.SafeLoader):  # (lm-eval's tags, such as !function, name code: read as nothing)
         pass
@@ -302,13 +302,11 @@ def task_files(folder: Path) -> list[Path]:
             continue
         kwargs = task.get("dataset_kwargs")
         files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
-        patterns = [f for v in (files.values() if isinstance(files, dict) else [files])
-                    for f in ([v] if isinstance(v, str) else v if isinstance(v, list) else [])]
-        local = Path(str(task.get("dataset_path", ""))).expanduser()
-        for pattern in patterns:  # (relative to a local dataset folder, as datasets reads them, else the working one)
-            with contextlib.suppress(FileNotFoundError):  # (lm-eval names data that is not there)
-                found = matched_files(str(Path(pattern).expanduser()), str(local) if local.is_dir() else None)
+        if files is not None:  # (matched as the load matches them: relative to a local dataset folder, else here)
+            with contextlib.suppress(FileNotFoundError, TypeError):  # (lm-eval names data that is not there)
+                found = HFDataset(str(task.get("dataset_path", "")), data_files=files).data_file_paths()
                 data.update(Path(f).resolve() for f in found)
+        local = Path(str(task.get("dataset_path", ""))).expanduser()
         if task.get("dataset_path") and local.exists():
             data.update(f.resolve() for f in ([local] if local.is_file() else local.rglob("*")) if f.is_file())
     inside = {f.resolve() for f in own}

@@ -164,7 +164,7 @@ def departures(config: Path, run: Path) -> dict[str, tuple]:
     run kept no ``config.yaml`` or the recipe no longer parses (nothing to compare)."""
     import yaml
 
-    from recipes.sweep.records import flat_settings
+    from recipes.recipe_files import flat_settings
 
     try:
         ran = flat_settings(yaml.safe_load((run / "config.yaml").read_text()))

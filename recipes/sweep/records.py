@@ -3,7 +3,6 @@ the sweep's ``sweep.json`` (its runs and how each ended) and ``record.json`` (ea
 sweep can be tabulated again where its run folders are not), and the reading of a run's figures, curves and
 hyper-parameters — from its TensorBoard files, or from a record."""
 
-import contextlib
 import json
 import math
 import signal
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from recipes.recipe_files import CONFIG_DIR
+from recipes.recipe_files import CONFIG_DIR, flat_settings
 
 
 @dataclass
@@ -222,10 +221,11 @@ def pooling_problem(sweeps: list[tuple[str, list[Run]]]) -> str | None:
         if len(where) > 1:
             return (f"--from: {name}'s runs start from a checkpoint (--init-from) in {where[True]} and from scratch in "
                     f"{where[False]}: a fine-tuning and its control are two rows, not seeds of one; give one of them")
+    results = {id(run): finished_result(run)[0] for _, runs in sweeps for run in runs}  # (read once: the events)
     settings: dict[str, tuple[str, dict]] = {}  # {recipe name: (the first sweep, its run's settings)}
     for folder, runs in sweeps:
         for run in runs:
-            mine = run_settings(run)
+            mine = settings_of(run, results[id(run)])
             first = settings.setdefault(run.config.stem, (folder, mine))
             differ = [key for key in sorted(set(first[1]) & set(mine)) if first[1][key] != mine[key]]
             if differ and first[0] != folder:
@@ -234,19 +234,12 @@ def pooling_problem(sweeps: list[tuple[str, list[Run]]]) -> str | None:
                         f"{mine[key]} in {folder}: runs of other settings would count as seeds of one; give sweeps "
                         "run alike (or tabulate each alone)")
     for (name, seed), found in places.items():
-        finished = [folder for folder, run in found if finished_result(run)[0] is not None]
+        finished = [folder for folder, run in found if results[id(run)] is not None]
         if len(finished) > 1:
             seed_name = f" seed {seed}" if seed is not None else ""
             return (f"--from: {name}{seed_name} finished in {' and in '.join(finished)}: pooled, it would count twice; "
                     "leave one of them out (new seeds: recipes.sweep --first-seed)")
     return None
-
-
-def flat_settings(tree, prefix: str = "") -> dict:
-    """``{dotted key: value}`` of a nested config, its values as JSON has them (tuples as lists, paths as text)."""
-    if isinstance(tree, dict):
-        return {key: value for k, v in tree.items() for key, value in flat_settings(v, f"{prefix}{k}.").items()}
-    return {prefix[:-1]: json.loads(json.dumps(tree, default=str))}
 
 
 SAME_RESULT = {"compile", "checkpoint_blocks", "peak_flops", "sample_tokens", "backend", "recompute"}
@@ -257,7 +250,11 @@ logs): runs that differ in them pool as seeds of one recipe."""
 def run_settings(run: Run) -> dict:
     """A finished run's model settings (its hparams, dotted), its data's :data:`POOLED_DATA` and its step count, as
     sweeps are compared on them before their runs are pooled (empty for a run with no results)."""
-    result, _ = finished_result(run)
+    return settings_of(run, finished_result(run)[0])
+
+
+def settings_of(run: Run, result: dict | None) -> dict:
+    """:func:`run_settings` of a run whose :func:`finished_result` figures (``result``, None: none) are read."""
     try:
         hparams = run_hparams(run) if result is not None else None
     except (OSError, KeyError, TypeError):
@@ -266,9 +263,8 @@ def run_settings(run: Run) -> dict:
         return dict()
     found = {key: value for key, value in flat_settings(hparams).items()
              if key.rsplit(".", 1)[-1] not in SAME_RESULT and "/" not in key}  # ("mixers/S": the same, as text)
-    for key in POOLED_DATA:  # (where the run's config is at hand: a record from before kept none)
-        with contextlib.suppress(ValueError, OSError):
-            found[key] = hparam(run, key)
+    config = flat_settings(run_config(run) or {})  # (a record from before kept none: compared without them)
+    found.update({key: config[key] for key in POOLED_DATA if key in config})
     return {**found, "steps": result.get("steps")}
 
 
@@ -306,19 +302,23 @@ CONFIG_SECTIONS = ("data", "trainer")
 """The parts of a run's ``config.yaml`` that ``--vs`` reads besides its model's hyper-parameters."""
 
 
+def run_config(run: Run) -> dict | None:
+    """A run's ``config.yaml`` — from its record, which keeps its data and trainer parts, or from its folder —, or
+    None where neither holds one."""
+    if run.stored is not None:
+        return run.stored.get("config")
+    path = Path(run.folder) / "config.yaml"
+    return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+
 def hparam(run: Run, key: str):
     """A (dotted) key of a run's hyper-parameters (its ``hparams.yaml``), e.g. ``d_model``, or of its data or trainer
     settings (its ``config.yaml``), e.g. ``data.init_args.seq_len``."""
     if key.split(".")[0] in CONFIG_SECTIONS:
-        where = "config.yaml"
-        if run.stored is not None:
-            value = run.stored.get("config")
-            if value is None:
-                raise ValueError(f"{key!r}: the record of {run.folder} keeps no config.yaml (written before records "
-                                 "kept the runs' data and trainer settings)")
-        else:
-            path = Path(run.folder) / "config.yaml"
-            value = yaml.safe_load(path.read_text()) if path.is_file() else None
+        where, value = "config.yaml", run_config(run)
+        if value is None and run.stored is not None:
+            raise ValueError(f"{key!r}: the record of {run.folder} keeps no config.yaml (written before records "
+                             "kept the runs' data and trainer settings)")
     else:
         where, value = "hparams.yaml", run_hparams(run)
     for part in key.split("."):
