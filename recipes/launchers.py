@@ -2,6 +2,7 @@
 submitit (``slurm``). Each run is the same ``python -m recipes fit`` command whichever launcher starts it, so a
 family's table does not depend on the launcher (docs/training.md, "Sweeps on GPUs and clusters")."""
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -11,6 +12,25 @@ from pathlib import Path
 from recipes.recipe_files import RUN_CHECKPOINTS
 
 LAUNCHERS = ("local", "gpus", "slurm")
+RECIPE_EDITED = 75  # a run's exit status where its recipe changed before it started (sysexits' EX_TEMPFAIL)
+
+
+def recipe_hash(config: Path) -> str:
+    """16 hex digits of the SHA-256 of a recipe file's bytes."""
+    return hashlib.sha256(Path(config).read_bytes()).hexdigest()[:16]
+
+
+def recipe_edit(config: Path, recorded: str | None, logs: Path) -> str | None:
+    """Why a run of ``config`` must not start now, or None: its bytes are not those the sweep began with
+    (``recorded``, their :func:`recipe_hash`; None: not recorded). A run started hours into a sweep (a slot freed
+    locally, a job array's task scheduled, a job requeued) reads its recipe then, and an edit meant for the next
+    experiment would make it train another recipe than the sweep's other runs did, and be tabulated as theirs."""
+    path = Path(config)
+    if recorded is None or (path.is_file() and recipe_hash(path) == recorded):
+        return None
+    return (f"sweep: {path.name} changed since the sweep began (or is gone), so this run did not start: it would train "
+            "another recipe than the sweep's other runs did; put the recipe back as it was and resume the sweep "
+            f"(python -m recipes.sweep --resume {logs}), or start a new sweep of the edited family")
 
 
 def device_groups(visible: list[str], per_run: int) -> list[list[str]]:
@@ -61,12 +81,21 @@ class RecipeJob:
     """One run as a submitit job: ``python -m recipes fit …`` in a child process, its output in the run's log.
 
     On preemption or timeout submitit calls :meth:`checkpoint`, which requeues the same command continued from
-    the run's ``last.ckpt`` (the recipes write it when SIGTERM arrives, and every ``checkpoint.every_n_steps``)."""
+    the run's ``last.ckpt`` (the recipes write it when SIGTERM arrives, and every ``checkpoint.every_n_steps``).
+    ``recipe``: the run's recipe file and its hash at the sweep's launch; a job that finds the file edited since
+    does not run (exit :data:`RECIPE_EDITED`, the reason in its log)."""
 
-    def __init__(self, command: list[str], env: dict[str, str], log: Path, folder: Path, cwd: Path):
+    def __init__(self, command: list[str], env: dict[str, str], log: Path, folder: Path, cwd: Path,
+                 recipe: tuple[str, str | None] | None = None):
         self.command, self.env, self.log, self.folder, self.cwd = command, env, Path(log), Path(folder), Path(cwd)
+        self.recipe = recipe
 
     def __call__(self) -> int:
+        edit = None if self.recipe is None else recipe_edit(self.cwd / self.recipe[0], self.recipe[1], self.log.parent)
+        if edit is not None:
+            with open(self.log, "a") as log:
+                log.write(f"\n{edit}\n")
+            return RECIPE_EDITED
         command = resume_arguments(self.command, self.folder)
         with open(self.log, "a") as log:
             return subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
@@ -75,7 +104,8 @@ class RecipeJob:
     def checkpoint(self):
         import submitit
 
-        return submitit.helpers.DelayedSubmission(RecipeJob(self.command, self.env, self.log, self.folder, self.cwd))
+        return submitit.helpers.DelayedSubmission(RecipeJob(self.command, self.env, self.log, self.folder, self.cwd,
+                                                            self.recipe))
 
 
 def check_slurm(cluster: str | None):

@@ -66,7 +66,7 @@ import warnings
 from pathlib import Path
 
 from recipes.argtypes import bounded, did_you_mean, positive_int
-from recipes.launchers import LAUNCHERS
+from recipes.launchers import LAUNCHERS, RECIPE_EDITED
 from recipes.sweep.launch import (SweepInterrupted, family_settings, launch, logger_root, newest_run, recipe_files,
                                   recipe_logger, resume, seed_list, starting_checkpoints)
 from recipes.sweep.report import report
@@ -473,8 +473,11 @@ def slurm_parameters(parser: argparse.ArgumentParser, items: list[str]) -> dict:
 
 def exit_if_failed(runs: list) -> None:
     failed = [run.config.stem for run in runs if run.failed]
+    unstarted = sorted({run.config.name for run in runs if run.returncode == RECIPE_EDITED})
     if failed:
-        sys.exit(f"error: {len(failed)} of {len(runs)} runs failed: {', '.join(failed)}")
+        why = (f"; {', '.join(unstarted)} changed since the sweep began, so its runs left did not start: put it back "
+               "as it was and --resume the sweep" if unstarted else "")
+        sys.exit(f"error: {len(failed)} of {len(runs)} runs failed: {', '.join(failed)}{why}")
 
 
 def stop_here(stopped: SweepInterrupted) -> None:

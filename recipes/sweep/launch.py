@@ -4,7 +4,6 @@ and record rewritten as each run ends, and the progress reported while they run.
 
 import concurrent.futures
 import contextlib
-import hashlib
 import json
 import os
 import queue
@@ -19,8 +18,8 @@ import yaml
 
 from recipes.argtypes import did_you_mean
 from recipes.recipe_files import CONFIG_DIR, sweep_root
-from recipes.launchers import (RecipeJob, check_slurm, device_groups, gpu_arguments, python_command,
-                               resume_arguments, submitit_executor, visible_gpus)
+from recipes.launchers import (RECIPE_EDITED, RecipeJob, check_slurm, device_groups, gpu_arguments, python_command,
+                               recipe_edit, recipe_hash, resume_arguments, submitit_executor, visible_gpus)
 from recipes.sweep.records import Run, read_manifest, scalar_series, stored_numbers, write_manifest, write_record
 
 
@@ -176,17 +175,18 @@ def launch(configs: list[Path], overrides: list[str], seeds: int | None = None, 
                         *overrides]
             runs.append(run)
     write_manifest(logs, family, runs)
+    recipes = {str(Path(config).resolve()): recipe_hash(config) for config in configs}  # (each run checks its own)
     how = dict(launcher=launcher, devices_per_run=devices_per_run, submitit_cluster=submitit_cluster, slurm=slurm or {},
                cwd=str(Path.cwd()),  # (the runs' paths, logs and logger folders are relative to it)
-               recipes={str(Path(config).resolve()): recipe_hash(config) for config in configs})  # (for a resume)
+               recipes=recipes)
     (logs / "launcher.json").write_text(json.dumps(how, indent=1))  # (a resume launches as the sweep did)
     command_of = lambda run: [*python_command(), *run.args]  # noqa: E731
     with sweep_lock(logs) as held:
         if launcher == "slurm":
             return logs, submit(runs, command_of, logs, family, jobs, share_of_cores(threads, jobs), devices_per_run,
-                                submitit_cluster, slurm or {}, progress_every)
+                                submitit_cluster, slurm or {}, progress_every, recipes=recipes)
         run_here(runs, command_of, logs, family, jobs, threads, found if launcher == "gpus" else None, progress_every,
-                 held=held)
+                 held=held, recipes=recipes)
     return logs, runs
 
 
@@ -255,11 +255,6 @@ def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every
                        threads, progress_every, recipes)
 
 
-def recipe_hash(config: Path) -> str:
-    """16 hex digits of the SHA-256 of a recipe file's bytes."""
-    return hashlib.sha256(Path(config).read_bytes()).hexdigest()[:16]
-
-
 def edited_recipes(runs: list[Run], recipes: dict[str, str]) -> list[str]:
     """The names of ``runs``' recipe files whose bytes are not those the sweep began with (``recipes``: path → hash,
     as its ``launcher.json`` records them): its runs left would train another recipe than its finished ones did."""
@@ -302,9 +297,11 @@ def _resume(logs: Path, settings: dict, jobs: int, threads: int | None, progress
         write_manifest(logs, family, runs)
         if how["launcher"] == "slurm":  # (a job appends its own --ckpt_path, as on a requeue)
             submit(pending, command_of, logs, family, jobs, share_of_cores(threads, jobs),
-                   how["devices_per_run"], how["submitit_cluster"], how["slurm"], progress_every, manifest=runs)
+                   how["devices_per_run"], how["submitit_cluster"], how["slurm"], progress_every, manifest=runs,
+                   recipes=recipes)
         else:
-            run_here(runs, command_of, logs, family, jobs, threads, found, progress_every, only=pending, held=held)
+            run_here(runs, command_of, logs, family, jobs, threads, found, progress_every, only=pending, held=held,
+                     recipes=recipes)
     return family, runs
 
 
@@ -315,10 +312,11 @@ def share_of_cores(threads: int | None, jobs: int) -> int:
 
 def run_here(runs: list[Run], command_of, logs: Path, family: str, jobs: int, threads: int | None,
              gpu_groups: list[list[str]] | None, progress_every: float, only: list[Run] | None = None,
-             held=None) -> None:
+             held=None, recipes: dict[str, str] | None = None) -> None:
     """Run ``only`` (default: all of ``runs``) on this machine, ``jobs`` at a time (one per GPU group with
     ``gpu_groups``), rewriting the manifest and record of all ``runs`` as each ends; each run's process shares
-    ``held``, the sweep's lock file (:func:`sweep_lock`)."""
+    ``held``, the sweep's lock file (:func:`sweep_lock`). A run whose recipe is not as ``recipes`` (path → hash at
+    the sweep's launch) records it does not start (:func:`recipes.launchers.recipe_edit`)."""
     todo = runs if only is None else only
     lock = threading.Lock()
     groups: queue.Queue | None = None
@@ -338,6 +336,20 @@ def run_here(runs: list[Run], command_of, logs: Path, family: str, jobs: int, th
                 snapshot = set(running)
             print("\n".join(progress_lines(runs, snapshot, logs)), flush=True)
 
+    def start_and_wait(run: Run, index: int, command: list[str], env: dict[str, str]) -> int:
+        with open(run.log, "w" if only is None else "a") as log:  # (a resumed run's log grows)
+            # In a session of its own, so a terminal's Ctrl+C reaches the sweep alone, which passes exactly one
+            # on (a run stops at once, without writing its checkpoint, on a second).
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True, pass_fds=() if held is None else (held.fileno(),))
+            with lock:
+                processes[index] = process
+                run.pid = process.pid
+                write_manifest(logs, family, runs)  # (named by a resume while it runs on past a killed sweep)
+                if stopping.is_set():  # the sweep was stopped while this run started
+                    process.send_signal(signal.SIGINT)
+            return process.wait()
+
     def one(run: Run) -> None:
         if stopping.is_set():
             return  # stopped before this run began: it stays unstarted (returncode None)
@@ -349,21 +361,16 @@ def run_here(runs: list[Run], command_of, logs: Path, family: str, jobs: int, th
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         group = groups.get() if groups is not None else None
         try:
-            if group is not None:
-                gpu_env, flags = gpu_arguments(group)
-                env, command = {**env, **gpu_env}, [*command, *flags]
-            with open(run.log, "w" if only is None else "a") as log:  # (a resumed run's log grows)
-                # In a session of its own, so a terminal's Ctrl+C reaches the sweep alone, which passes exactly one
-                # on (a run stops at once, without writing its checkpoint, on a second).
-                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                           start_new_session=True, pass_fds=() if held is None else (held.fileno(),))
-                with lock:
-                    processes[index] = process
-                    run.pid = process.pid
-                    write_manifest(logs, family, runs)  # (named by a resume while it runs on past a killed sweep)
-                    if stopping.is_set():  # the sweep was stopped while this run started
-                        process.send_signal(signal.SIGINT)
-                returncode = process.wait()
+            edit = recipe_edit(*recipe_of(run, recipes or {}), logs)  # (read now: the run reads it now)
+            if edit is not None:
+                with open(run.log, "w" if only is None else "a") as log:
+                    log.write(f"{edit}\n")
+                returncode = RECIPE_EDITED
+            else:
+                if group is not None:
+                    gpu_env, flags = gpu_arguments(group)
+                    env, command = {**env, **gpu_env}, [*command, *flags]
+                returncode = start_and_wait(run, index, command, env)
         finally:
             if group is not None:
                 groups.put(group)
@@ -419,6 +426,12 @@ def run_here(runs: list[Run], command_of, logs: Path, family: str, jobs: int, th
         raise SweepInterrupted(logs, family, runs)
 
 
+def recipe_of(run: Run, recipes: dict[str, str]) -> tuple[str, str | None]:
+    """A run's recipe file (absolute) and its hash at the sweep's launch (None: not recorded)."""
+    config = str(Path(run.config).resolve())
+    return config, recipes.get(config)
+
+
 class SweepInterrupted(Exception):
     """The sweep was stopped (Ctrl+C, SIGTERM): its ``logs`` folder, ``family`` and ``runs`` as they ended, the
     unstarted with returncode None; its manifest and record hold the same."""
@@ -433,15 +446,19 @@ def _interrupt(signum, frame) -> None:
 
 
 def submit(runs: list[Run], command_of, logs: Path, family: str, parallel: int, threads: int, devices_per_run: int,
-           cluster: str | None, slurm: dict, progress_every: float, manifest: list[Run] | None = None) -> list[Run]:
+           cluster: str | None, slurm: dict, progress_every: float, manifest: list[Run] | None = None,
+           recipes: dict[str, str] | None = None) -> list[Run]:
     """The runs as one submitit job array (SLURM, or local processes with ``cluster="local"``); waits for every
     job, then the sweep tabulates exactly these runs as any other (``--from`` on its folder later works too).
-    ``manifest``: all the sweep's runs, of which ``runs`` are some (a resume), recorded as they end (default ``runs``)."""
+    ``manifest``: all the sweep's runs, of which ``runs`` are some (a resume), recorded as they end (default ``runs``).
+    ``recipes`` (path → hash at the sweep's launch): a job whose recipe is edited by the time it starts, or is
+    requeued, does not run (:class:`recipes.launchers.RecipeJob`)."""
     executor = submitit_executor(logs / "submitit", cluster=cluster, devices_per_run=devices_per_run,
                                  parallel=parallel, slurm=slurm)
     env = {"OMP_NUM_THREADS": str(threads)}
     with executor.batch():
-        submitted = [executor.submit(RecipeJob(command_of(run), env, run.log, run.folder, Path.cwd())) for run in runs]
+        submitted = [executor.submit(RecipeJob(command_of(run), env, run.log, run.folder, Path.cwd(),
+                                               recipe_of(run, recipes or {}))) for run in runs]
     print(f"sweep: {len(runs)} runs submitted as a job array ({executor.cluster}, {parallel} at a time); logs in "
           f"{logs}/, submitit's in {logs / 'submitit'}/", flush=True)
     reported = time.monotonic()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from recipes.launchers import RECIPE_EDITED
 from recipes.recipe_files import CONFIG_DIR, flat_settings
 
 
@@ -41,6 +42,8 @@ class Run:
         if self.returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM):
             return (f"INTERRUPTED (stopped by a signal, after writing its last.ckpt unless a second one came; "
                     f"log {self.log})")
+        if self.returncode == RECIPE_EDITED:
+            return f"NOT STARTED (its recipe changed since the sweep began; log {self.log})"
         return f"FAILED (exit {self.returncode}; log {self.log})"
 
 

@@ -12,6 +12,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from components import HybridLM, QCAttention, count_parameters
 from recipes.sweep.cli import main
+from recipes.sweep.records import read_manifest
 
 TINY = """seed_everything: 0
 model:
@@ -1065,6 +1066,64 @@ def test_a_job_runs_its_command_in_its_folder_with_its_environment_and_appends_t
     assert lines[0] == "earlier output" and lines.count("to stderr") == 2
     assert lines[1] == f"{tmp_path / 'cwd'} seven True []"
     assert lines[3] == f"{tmp_path / 'cwd'} seven True ['--ckpt_path', '{folder / 'checkpoints' / 'last.ckpt'}']"
+
+
+def test_a_run_whose_recipe_was_edited_while_the_sweep_ran_does_not_start(tmp_path, monkeypatch, capsys):
+    """A run that starts after an edit of its recipe (a later seed, its slot freed an hour in) would train the edited
+    recipe and be tabulated as a seed of the first: it does not start, says why in its log and the sweep's error,
+    and the recipe put back, a resume runs it."""
+    import recipes.sweep.launch as sweep
+
+    family = echo_family(tmp_path, monkeypatch)
+    recipe = family / "a.yaml"
+    text = recipe.read_text()
+    # the first run edits its recipe as it runs, as a researcher preparing the next experiment would
+    (tmp_path / "stub.py").write_text(
+        "import pathlib, sys\nprint(' '.join(sys.argv[1:]))\n"
+        "pathlib.Path('runs/fake/a', sys.argv[sys.argv.index('--trainer.logger.init_args.version') + 1]).mkdir(parents=True)\n"
+        "if sys.argv[sys.argv.index('--seed_everything') + 1] == '0':\n"
+        "    path = pathlib.Path('family/a.yaml'); path.write_text(path.read_text().replace('max_steps: 4', 'max_steps: 9'))\n")
+    with pytest.raises(SystemExit) as info:
+        main([str(family), "--seeds", "2", "--progress", "0"])
+    assert str(info.value.code) == ("error: 1 of 2 runs failed: a; a.yaml changed since the sweep began, so its runs "
+                                    "left did not start: put it back as it was and --resume the sweep")
+    logs = sorted((tmp_path / "runs" / "sweep-logs").iterdir())[-1]
+    _, runs = read_manifest(logs)
+    assert [run.returncode for run in runs] == [0, 75]
+    assert runs[1].ending.startswith("NOT STARTED (its recipe changed since the sweep began")
+    assert (logs / "a_seed1.log").read_text() == (
+        "sweep: a.yaml changed since the sweep began (or is gone), so this run did not start: it would train another "
+        f"recipe than the sweep's other runs did; put the recipe back as it was and resume the sweep (python -m "
+        f"recipes.sweep --resume runs/sweep-logs/{logs.name}), or start a new sweep of the edited family\n")
+    assert "NOT STARTED" in capsys.readouterr().out  # (in the table's notes)
+    recipe.write_text(text)
+    main(["--resume", str(logs), "--progress", "0"])
+    _, runs = read_manifest(logs)
+    assert [run.returncode for run in runs] == [0, 0]
+    assert (logs / "a_seed1.log").read_text().splitlines()[-1].endswith("--seed_everything 1")
+
+
+def test_a_slurm_job_whose_recipe_was_edited_since_the_launch_does_not_run(tmp_path):
+    """A job array's task scheduled hours after the launch, or a job requeued after preemption, reads its recipe
+    then: edited since, it does not run (exit 75, the reason in its log) and a requeue carries the launch's hash."""
+    pytest.importorskip("submitit")
+    import sys
+
+    from recipes.launchers import RecipeJob, recipe_hash
+
+    recipe, log = tmp_path / "a.yaml", tmp_path / "a.log"
+    recipe.write_text("model: {}\n")
+    job = RecipeJob([sys.executable, "-c", "print('trained')"], {}, log, tmp_path / "run", tmp_path,
+                    ("a.yaml", recipe_hash(recipe)))
+    assert job() == 0 and log.read_text() == "trained\n"
+    recipe.write_text("model: {lr: 0.1}\n")
+    again = job.checkpoint().function
+    assert again.recipe == job.recipe
+    assert again() == 75
+    assert log.read_text().splitlines()[-1].startswith("sweep: a.yaml changed since the sweep began (or is gone), so "
+                                                        "this run did not start")
+    recipe.unlink()
+    assert again() == 75
 
 
 def test_starting_checkpoints_take_each_pairs_first_finished_run_and_name_every_gap_in_one_error(tmp_path):
