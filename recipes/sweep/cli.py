@@ -42,7 +42,8 @@ setting of the runs' ``config.yaml`` such as ``data.init_args.seq_len``, one lin
 
 Ctrl+C (or SIGTERM) stops the sweep: no run starts, each running run gets one SIGINT (it writes its ``last.ckpt``
 and stops), and the sweep says what finished; ``--resume runs/sweep-logs/<time>`` runs the rest again as they were
-launched, each stopped run from its ``last.ckpt``, then tabulates the whole sweep.
+launched, each stopped run from its ``last.ckpt``, then tabulates the whole sweep. A run reads its recipe file when
+it starts: one edited after the sweep began does not start (``NOT STARTED`` in the table; put it back, then resume).
 
 ``--launcher gpus`` runs one recipe per visible GPU (or group of ``--devices-per-run``) at a time;
 ``--launcher slurm`` submits the runs as a submitit job array, requeued from their ``last.ckpt`` on
