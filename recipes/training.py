@@ -25,6 +25,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from recipes.checkpoints import is_checkpoint, load_checkpoint
+from recipes.code_version import CODE_FILE, record_code
 from recipes.recipe_files import RUN_CHECKPOINTS
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,14 @@ class RunConfigCallback(SaveConfigCallback):
                 raise ValueError(problem)
         super().setup(trainer, pl_module, stage)
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The code this run trains with, into its folder's ``code.json`` (:mod:`recipes.code_version`): after a
+        resume's restore, so a resumed run on changed code says from which step. Without a logger there is no run
+        folder to write it in."""
+        folder = trainer.log_dir if trainer.loggers else None  # (collective under DDP: every process asks)
+        if folder is not None and trainer.is_global_zero:
+            record_code(Path(folder), trainer.global_step)
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """A run that fails before its first step (its data, a refused configuration, the first forward) leaves
         no empty ``version_N`` behind: Lightning creates the folder and its events file before anything is
@@ -199,12 +208,13 @@ class RunConfigCallback(SaveConfigCallback):
 def written_by_this_process_only(folder: Path) -> bool:
     """Whether ``folder`` holds only what this process wrote while starting a run: TensorBoard events files
     with this process's id in their name (at least one: the folder is this run's, not a resumed one's), and
-    its ``hparams.yaml`` and ``config.yaml``. A checkpoint, another process's events, any other file: no."""
+    its ``hparams.yaml``, ``config.yaml`` and ``code.json``. A checkpoint, another process's events, any other file:
+    no."""
     pid, ours = os.getpid(), False
     for entry in folder.iterdir():
         if entry.is_file() and entry.name.startswith("events.out.tfevents.") and f".{pid}." in entry.name:
             ours = True
-        elif not (entry.is_file() and entry.name in ("hparams.yaml", "config.yaml")):
+        elif not (entry.is_file() and entry.name in ("hparams.yaml", "config.yaml", CODE_FILE)):
             return False
     return ours
 

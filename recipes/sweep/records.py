@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from recipes.code_version import code_label, read_code
 from recipes.launchers import RECIPE_EDITED
 from recipes.recipe_files import CONFIG_DIR, flat_settings
 
@@ -127,7 +128,50 @@ def stored_numbers(run: Run) -> dict | None:
     config = Path(run.folder) / "config.yaml"
     if config.is_file():  # (its data and trainer settings: --vs data.init_args.seq_len reads them)
         stored["config"] = {k: v for k, v in (yaml.safe_load(config.read_text()) or {}).items() if k in CONFIG_SECTIONS}
+    code = read_code(Path(run.folder))
+    if code is not None:
+        stored["code"] = code
     return stored
+
+
+def run_code(run: Run) -> list[dict] | None:
+    """The code a run trained with (:mod:`recipes.code_version`), from its record or its folder; None where it
+    recorded none."""
+    return run.stored.get("code") if run.stored is not None else read_code(Path(run.folder))
+
+
+def code_note(runs: list[Run]) -> str | None:
+    """A note where a table's runs come from more than one version of the code (another commit, uncommitted edits,
+    another torch), naming which runs ran which; None where they all ran one (or none recorded its code)."""
+    versions: dict[str, dict[str, list[int | None]]] = {}  # {label: {recipe: its seeds}}
+    for run in runs:
+        if run.failed:  # (not in the cells)
+            continue
+        code = run_code(run)
+        label = code_label(code) if code else "not recorded (runs from before 2026-12-04 did not record their code)"
+        versions.setdefault(label, {}).setdefault(run.config.stem, []).append(run.seed)
+    if len(versions) < 2:
+        return None
+    return (f"the runs come from {len(versions)} versions of the code (a commit, +edits: uncommitted changes by hash, "
+            "the torch that ran them), which may not compute the same: "
+            + "; ".join(f"{label}: {', '.join(seeds_named(name, seeds) for name, seeds in recipes.items())}"
+                        for label, recipes in versions.items()))
+
+
+def seeds_named(name: str, seeds: list[int | None]) -> str:
+    """``a seeds 0-4, 7`` (runs of recipe ``a``, consecutive seeds as a range); ``a`` for one unseeded run."""
+    known = sorted({seed for seed in seeds if seed is not None})
+    spans: list[list[int]] = []
+    for seed in known:
+        if spans and seed == spans[-1][1] + 1:
+            spans[-1][1] = seed
+        else:
+            spans.append([seed, seed])
+    parts = [f"{low}" if low == high else f"{low}-{high}" for low, high in spans]
+    parts += ["unseeded"] * (None in seeds)
+    if not known:
+        return name if len(seeds) == 1 else f"{name} ({len(seeds)} runs)"
+    return f"{name} seed{'s' * (len(known) > 1 or None in seeds)} {', '.join(parts)}"
 
 
 def read_record(path: Path) -> tuple[str, list[Run]]:

@@ -342,7 +342,7 @@ def test_only_a_folder_of_this_process_own_start_up_files_counts_as_empty(tmp_pa
     from recipes.training import written_by_this_process_only
 
     ours, theirs = f"events.out.tfevents.1795834267.host.{os.getpid()}.0", "events.out.tfevents.1795834267.host.1.0"
-    for files, empty in (([ours, "hparams.yaml", "config.yaml"], True), ([ours], True), (["hparams.yaml"], False),
+    for files, empty in (([ours, "hparams.yaml", "config.yaml", "code.json"], True), ([ours], True), (["hparams.yaml"], False),
                          ([ours, theirs], False), ([ours, "checkpoints/last.ckpt"], False), ([ours, "notes.txt"], False)):
         folder = tmp_path / str(len(list(tmp_path.iterdir())))
         for name in files:

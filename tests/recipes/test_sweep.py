@@ -1072,8 +1072,6 @@ def test_a_run_whose_recipe_was_edited_while_the_sweep_ran_does_not_start(tmp_pa
     """A run that starts after an edit of its recipe (a later seed, its slot freed an hour in) would train the edited
     recipe and be tabulated as a seed of the first: it does not start, says why in its log and the sweep's error,
     and the recipe put back, a resume runs it."""
-    import recipes.sweep.launch as sweep
-
     family = echo_family(tmp_path, monkeypatch)
     recipe = family / "a.yaml"
     text = recipe.read_text()
@@ -1101,6 +1099,31 @@ def test_a_run_whose_recipe_was_edited_while_the_sweep_ran_does_not_start(tmp_pa
     _, runs = read_manifest(logs)
     assert [run.returncode for run in runs] == [0, 0]
     assert (logs / "a_seed1.log").read_text().splitlines()[-1].endswith("--seed_everything 1")
+
+
+def test_a_sweeps_table_says_when_its_runs_ran_different_code(tmp_path, monkeypatch, capsys):
+    """A run started after the code changed beneath the sweep (a ``git pull`` an hour in) is named under the table
+    with the version it ran; runs that all ran one version get no note."""
+    import sys
+
+    import recipes.sweep.launch as sweep
+
+    family = echo_family(tmp_path, monkeypatch)
+    (tmp_path / "stub.py").write_text(
+        "import json, pathlib, sys\n"
+        "folder = pathlib.Path('runs/fake/a', sys.argv[sys.argv.index('--trainer.logger.init_args.version') + 1])\n"
+        "folder.mkdir(parents=True)\n"
+        "seed = sys.argv[sys.argv.index('--seed_everything') + 1]\n"
+        "commit = ('a' if seed == '0' else sys.argv[1]) * 40  # (seed 1's code: the stub's first argument)\n"
+        "(folder / 'code.json').write_text(json.dumps([{'step': 0, 'commit': commit, 'edits': None, 'torch': '2.13'}]))\n")
+    for code in ("a", "b"):
+        monkeypatch.setattr(sweep, "python_command", lambda: [sys.executable, str(tmp_path / "stub.py"), code])
+        main([str(family), "--seeds", "2", "--progress", "0"])
+        if code == "a":
+            assert "- the runs come from" not in capsys.readouterr().out
+    assert ("- the runs come from 2 versions of the code (a commit, +edits: uncommitted changes by hash, the torch that "
+            "ran them), which may not compute the same: aaaaaaa, torch 2.13: a seed 0; bbbbbbb, torch 2.13: a seed 1"
+            ) in capsys.readouterr().out
 
 
 def test_a_slurm_job_whose_recipe_was_edited_since_the_launch_does_not_run(tmp_path):

@@ -1,0 +1,121 @@
+"""Which code a run ran (recipes.code_version): the commit and a hash of uncommitted edits, recorded by every fit,
+kept by a sweep's record, and named under a table whose runs ran different code."""
+
+import json
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from recipes.code_version import code_label, code_version, read_code, record_code
+from recipes.sweep.records import Run, code_note, seeds_named, stored_numbers
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_training import TEXT, fit_here  # noqa: E402
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def checkout(root: Path) -> Path:
+    """A git checkout laid out as this project is (recipes/, components/, recipes/configs/, docs/), committed."""
+    for name, text in (("recipes/__init__.py", ""), ("components/mixer.py", "WIDTH = 1\n"),
+                       ("recipes/configs/a.yaml", "model: {}\n"), ("docs/notes.md", "notes\n")):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    git(root, "init", "-q")
+    git(root, "add", ".")
+    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    return root
+
+
+def test_the_code_version_is_the_commit_and_a_hash_of_the_uncommitted_code_edits(tmp_path):
+    root = checkout(tmp_path / "repo")
+    clean = code_version(root)
+    assert clean["commit"] == git(root, "rev-parse", "HEAD") and clean["edits"] is None
+    assert clean["torch"] == metadata.version("torch") and clean["python"] == ".".join(map(str, sys.version_info[:3]))
+    (root / "components/mixer.py").write_text("WIDTH = 2\n")
+    first = code_version(root)["edits"]
+    (root / "components/mixer.py").write_text("WIDTH = 3\n")
+    second = code_version(root)["edits"]
+    assert len(first) == 16 and first != second and code_version(root)["commit"] == clean["commit"]
+    (root / "components/mixer.py").write_text("WIDTH = 1\n")
+    assert code_version(root)["edits"] is None  # put back: the commit's code again
+    (root / "docs/notes.md").write_text("more notes\n")
+    (root / "recipes/configs/a.yaml").write_text("model: {d_model: 8}\n")  # (a recipe: the run's settings, not code)
+    (root / "recipes/configs/b.yaml").write_text("model: {}\n")
+    assert code_version(root)["edits"] is None
+    (root / "components/new_mixer.py").write_text("A = 1\n")  # a new, untracked module is code too
+    added = code_version(root)["edits"]
+    (root / "components/new_mixer.py").write_text("A = 2\n")
+    assert added is not None and code_version(root)["edits"] not in (None, added)
+    plain = tmp_path / "plain"  # not a checkout (an installed copy)
+    (plain / "recipes").mkdir(parents=True)
+    assert (code_version(plain)["commit"], code_version(plain)["edits"]) == (None, None)
+    other = tmp_path / "repo" / "site"  # inside someone's checkout, untracked there: not its commit
+    (other / "recipes").mkdir(parents=True)
+    (other / "recipes/__init__.py").write_text("")
+    assert code_version(other)["commit"] is None
+
+
+def test_a_label_names_the_commit_the_edits_and_torch_and_each_part_of_a_resumed_run():
+    base = {"commit": "1a2b3c4d5e6f", "edits": None, "torch": "2.13.0", "python": "3.11.7"}
+    assert code_label([{"step": 0, **base}]) == "1a2b3c4, torch 2.13.0"
+    edited = {**base, "edits": "9f8e7d6c5b4a3210"}
+    assert code_label([{"step": 0, **edited}]) == "1a2b3c4+edits 9f8e7d6c, torch 2.13.0"
+    assert code_label([{"step": 0, **base}, {"step": 40, **edited}]) == (
+        "1a2b3c4, torch 2.13.0 (from step 0) then 1a2b3c4+edits 9f8e7d6c, torch 2.13.0 (from step 40)")
+    assert code_label([{"step": 0, **base, "commit": None}]) == "no git checkout, torch 2.13.0"
+
+
+def test_a_fit_records_its_code_and_a_resume_on_other_code_adds_an_entry_from_its_step(tmp_path, monkeypatch):
+    import recipes.code_version as code
+
+    quiet = ["--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "2", "--trainer.log_every_n_steps",
+             "1", "--trainer.val_check_interval", "2"]
+    fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "2")
+    folder = tmp_path / "runs" / "quickstart" / "version_0"
+    now = code_version()
+    assert read_code(folder) == [{"step": 0, **now}]
+    fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "4", "--ckpt_path", "last")  # the same code: no entry
+    assert read_code(folder) == [{"step": 0, **now}]
+    monkeypatch.setattr(code, "code_version", lambda root=None: {**now, "commit": "f" * 40, "edits": None})
+    fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "6", "--ckpt_path", "last")
+    entries = read_code(folder)
+    assert entries == [{"step": 0, **now}, {"step": 4, **now, "commit": "f" * 40, "edits": None}]
+    assert stored_numbers(Run(Path("quickstart.yaml"), folder))["code"] == entries  # (a sweep's record keeps it)
+
+
+def test_record_code_appends_only_what_differs_from_the_last_entry(tmp_path):
+    one, two = {"commit": "a" * 40, "edits": None}, {"commit": "b" * 40, "edits": None}
+    assert record_code(tmp_path, 0, one) == [{"step": 0, **one}]
+    assert record_code(tmp_path, 5, one) == [{"step": 0, **one}]
+    assert record_code(tmp_path, 9, two) == [{"step": 0, **one}, {"step": 9, **two}]
+    assert record_code(tmp_path, 12, one)[-1] == {"step": 12, **one}  # (back to the first: its own entry)
+    assert json.loads((tmp_path / "code.json").read_text()) == read_code(tmp_path)
+
+
+def test_a_table_of_runs_from_several_versions_of_the_code_says_which_ran_which(tmp_path):
+    def run(name: str, seed, code, returncode: int = 0) -> Run:
+        stored = {"result": {}} if code is None else {"result": {}, "code": code}
+        return Run(Path(f"{name}.yaml"), tmp_path / f"{name}{seed}", returncode, seed=seed, stored=stored)
+
+    old = [{"step": 0, "commit": "1a2b3c4d", "edits": None, "torch": "2.12.0"}]
+    new = [{"step": 0, "commit": "5e6f7a8b", "edits": "0123456789abcdef", "torch": "2.13.0"}]
+    same = [run("a", 0, old), run("a", 1, old), run("b", 0, old)]
+    assert code_note(same) is None
+    assert code_note(same + [run("b", 1, new, returncode=1)]) is None  # (a failed run is not in the cells)
+    note = code_note(same + [run("a", 2, new), run("a", 3, new), run("b", 7, None)])
+    assert note == ("the runs come from 3 versions of the code (a commit, +edits: uncommitted changes by hash, the "
+                    "torch that ran them), which may not compute the same: 1a2b3c4, torch 2.12.0: a seeds 0-1, b seed 0; "
+                    "5e6f7a8+edits 01234567, torch 2.13.0: a seeds 2-3; not recorded (runs from before 2026-12-04 did "
+                    "not record their code): b seed 7")
+
+
+@pytest.mark.parametrize("seeds, named", [([0, 1, 2, 4], "a seeds 0-2, 4"), ([3], "a seed 3"), ([None], "a"),
+                                          ([None, None], "a (2 runs)"), ([5, None], "a seeds 5, unseeded")])
+def test_seeds_are_named_in_ranges(seeds, named):
+    assert seeds_named("a", seeds) == named
