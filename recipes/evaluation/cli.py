@@ -23,6 +23,7 @@ from pathlib import Path
 from unittest import mock
 
 from recipes.argtypes import bounded, close_matches, device, positive_int, text_path
+from recipes.code_version import code_version
 
 
 SUITES = ("length", "passkey", "mqar")
@@ -366,7 +367,8 @@ def main(argv: list[str] | None = None) -> dict:
         model, data, path, recipe = run.lm.model, run.data, run.checkpoint, run.recipe
         record = load_checkpoint(path, mmap=True)
         step = int(record.get("global_step", 0))
-        output: dict = {"checkpoint": str(path), "step": step, "settings": score_settings(args)}
+        output: dict = {"checkpoint": str(path), "step": step, "settings": score_settings(args),
+                        "code": code_version()}  # (a sweep that reuses these scores says where its code differs)
         averaging = averaged_weights(record)
         if averaging:  # (said: a comparison with another run's trained weights is not like for like)
             output["weights"] = f"{averaging} average"

@@ -22,6 +22,7 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
     """``{(recipe, seed): result}`` for every finished run, computing the missing ones. ``suite`` is a suite's
     name, or ``"tasks"`` with ``extra`` naming them (``--tasks T1,T2 --include_path DIR``): then the result is
     the harness's ``{"results": …}``."""
+    from recipes.code_version import code_label, code_version
     from recipes.evaluation.cli import main as evaluate, parser, score_settings, shared_task_index
     from recipes.evaluation.suites import result_paths
 
@@ -31,7 +32,7 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
     flags = [*([] if tasks else ["--suite", suite, "--extrapolate"]), *extra]
     # what a stored result must have been scored with (the same for every run: read, and its files hashed, once)
     wanted = score_settings(parser().parse_args(["--config", "-", "--ckpt_path", "-", *flags]))
-    results = {}
+    results, now, other_code = {}, code_version(), {}  # (other_code: {its label: the runs whose scores it computed})
     with shared_task_index() if tasks else contextlib.nullcontext():  # the harness's task index built once
         for run in runs:
             if run.failed:
@@ -50,11 +51,18 @@ def evaluate_runs(runs, logs: Path, suite: str, extra: list[str]) -> dict[tuple[
                 why = " (other settings)"
             else:
                 why = None  # the stored result stands
+                code = stored(written, "code")
+                if code is not None and code != now:
+                    other_code.setdefault(code_label([code]), []).append(f"{run.config.stem} seed {run.seed}")
             if why is not None:
                 print(f"evaluating {run.config.stem} seed {run.seed}: {suite}{why}", flush=True)
                 # (--force: the sweep's own folder, whose JSON is missing or stale; its table or figure may be left)
                 evaluate(argv)
             results[run.config.stem, run.seed] = json.loads(written.read_text())["harness" if tasks else "suite"]
+    if other_code:  # (kept, not redone: most commits change no score, and a family's evaluation takes long)
+        print(f"note: stored scores reused from other code than this ({code_label([now])}): "
+              + "; ".join(f"{label}: {', '.join(names)}" for label, names in other_code.items())
+              + f"; delete {folder}/ to score them again with this code", flush=True)
     return results
 
 

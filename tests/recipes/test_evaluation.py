@@ -1130,7 +1130,20 @@ def test_a_sweeps_runs_are_scored_on_a_task_with_statistics_over_seeds(tmp_path,
     again = json.loads((logs / "tasks_zoo_cloze" / "a_seed0.json").read_text())
     assert again["settings"]["limit"] == 4 and again["harness"]["n-samples"]["zoo_cloze"]["effective"] == 4
     sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite-args", "--limit 4", "--baseline", "a"])
-    assert "evaluating " not in capsys.readouterr().out  # the same settings: the stored results stand
+    out = capsys.readouterr().out
+    assert "evaluating " not in out and "note: stored scores" not in out  # the same settings: the stored results stand
+    # scored by other code (a commit since): the scores stand, and a note says which, and how to score them again
+    from recipes.code_version import code_label, code_version
+
+    assert again["code"] == code_version()
+    written = logs / "tasks_zoo_cloze" / "b_seed1.json"
+    older = {**again["code"], "commit": "1" * 40, "edits": None}
+    written.write_text(json.dumps({**json.loads(written.read_text()), "code": older}))
+    sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite-args", "--limit 4", "--baseline", "a"])
+    out = capsys.readouterr().out
+    assert "evaluating " not in out
+    assert (f"note: stored scores reused from other code than this ({code_label([code_version()])}): 1111111, torch "
+            f"{older['torch']}: b seed 1; delete {logs / 'tasks_zoo_cloze'}/ to score them again with this code") in out
     with pytest.raises(SystemExit, match="--suite or --tasks, one at a time"):
         sweep(["--from", str(logs), "--tasks", "zoo_cloze", "--suite", "length"])
 
