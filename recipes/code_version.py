@@ -12,8 +12,7 @@ from pathlib import Path
 
 CODE_FILE = "code.json"
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # (the folder that holds recipes/, components/, zoo_kernels/)
-SOURCES = ("components", "recipes", "zoo_kernels")
-SETTINGS = ":(exclude)recipes/configs"  # (a recipe is a run's settings, compared as such, not its code)
+SOURCES = tuple(f"{folder}/*.py" for folder in ("components", "recipes", "zoo_kernels"))  # (git's * spans folders)
 LIBRARIES = ("torch", "lightning", "triton")
 
 
@@ -24,17 +23,17 @@ def git(root: Path, *args: str) -> subprocess.CompletedProcess:
 def code_version(root: Path = SOURCE_ROOT) -> dict:
     """``{"commit", "edits", "python", "torch", "lightning", "triton"}``: the git commit the code in ``root`` is
     checked out at (None where it is not a git checkout of this project: an installed copy, or no git), and 16 hex
-    digits of the SHA-256 of its uncommitted changes to the code (tracked files' diff against the commit and the
-    untracked files, under components/, recipes/ and zoo_kernels/ but for the recipe files; None: no change); a
-    library that is not installed is None."""
+    digits of the SHA-256 of its uncommitted changes to the code (the Python files under components/, recipes/ and
+    zoo_kernels/: the tracked ones' diff against the commit, and the untracked ones; recipes, notes and data are not
+    code; None: no change); a library that is not installed is None."""
     commit = edits = None
     try:
         ours = git(root, "ls-files", "--error-unmatch", "--", "recipes/__init__.py").returncode == 0
         head = git(root, "rev-parse", "HEAD") if ours else None
         if head is not None and head.returncode == 0:
             commit = head.stdout.decode().strip()
-            changed = git(root, "diff", "HEAD", "--no-ext-diff", "--binary", "--", *SOURCES, SETTINGS).stdout
-            untracked = git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", *SOURCES, SETTINGS).stdout
+            changed = git(root, "diff", "HEAD", "--no-ext-diff", "--binary", "--", *SOURCES).stdout
+            untracked = git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", *SOURCES).stdout
             if changed or untracked:
                 digest = hashlib.sha256(changed)
                 for name in sorted(filter(None, untracked.split(b"\0"))):

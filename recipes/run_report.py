@@ -9,6 +9,7 @@ from pathlib import Path
 
 import lightning as L
 
+from recipes.code_version import code_label, read_code
 from recipes.training import CheckpointPolicy, averages_weights, stochastic_average_taken
 
 
@@ -122,6 +123,9 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
                     "swa.ckpt": bool(policy.average_path)}
         written = [name for name, ours in this_run.items() if ours and (Path(policy.dirpath) / name).exists()]
         lines.append(f"  checkpoints {policy.dirpath}/ ({', '.join(written)})" if written else "  checkpoints none written")
+    code = read_code(Path(log_dir)) if log_dir and trainer.loggers else None
+    if code:  # (which code trained it, recipes.code_version: the first thing to ask of a result that surprises)
+        lines.append(f"  code       {code_label(code[-1:])}")
     tensorboard = any(type(logger).__name__ == "TensorBoardLogger" for logger in trainer.loggers)
     if log_dir and trainer.loggers:  # (without a logger, log_dir is only the folder the checkpoints went to)
         lines.append(f"  TensorBoard tensorboard --logdir {log_dir}" if tensorboard else f"  logs       {log_dir}")

@@ -23,7 +23,8 @@ def git(root: Path, *args: str) -> str:
 def checkout(root: Path) -> Path:
     """A git checkout laid out as this project is (recipes/, components/, recipes/configs/, docs/), committed."""
     for name, text in (("recipes/__init__.py", ""), ("components/mixer.py", "WIDTH = 1\n"),
-                       ("recipes/configs/a.yaml", "model: {}\n"), ("docs/notes.md", "notes\n")):
+                       ("recipes/configs/a.yaml", "model: {}\n"), ("docs/notes.md", "notes\n"),
+                       ("zoo_kernels/ssd/README.md", "math\n")):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     git(root, "init", "-q")
@@ -47,7 +48,13 @@ def test_the_code_version_is_the_commit_and_a_hash_of_the_uncommitted_code_edits
     (root / "docs/notes.md").write_text("more notes\n")
     (root / "recipes/configs/a.yaml").write_text("model: {d_model: 8}\n")  # (a recipe: the run's settings, not code)
     (root / "recipes/configs/b.yaml").write_text("model: {}\n")
+    (root / "zoo_kernels/ssd/README.md").write_text("more math\n")  # (an op's notes)
+    (root / "components/words.txt").write_text("a list\n")
     assert code_version(root)["edits"] is None
+    (root / "zoo_kernels/ssd/triton.py").write_text("KERNEL = 1\n")  # (nested: a new op's kernel)
+    nested = code_version(root)["edits"]
+    (root / "zoo_kernels/ssd/triton.py").unlink()
+    assert nested is not None and code_version(root)["edits"] is None
     (root / "components/new_mixer.py").write_text("A = 1\n")  # a new, untracked module is code too
     added = code_version(root)["edits"]
     (root / "components/new_mixer.py").write_text("A = 2\n")
@@ -71,7 +78,7 @@ def test_a_label_names_the_commit_the_edits_and_torch_and_each_part_of_a_resumed
     assert code_label([{"step": 0, **base, "commit": None}]) == "no git checkout, torch 2.13.0"
 
 
-def test_a_fit_records_its_code_and_a_resume_on_other_code_adds_an_entry_from_its_step(tmp_path, monkeypatch):
+def test_a_fit_records_its_code_and_a_resume_on_other_code_adds_an_entry_from_its_step(tmp_path, monkeypatch, capsys):
     import recipes.code_version as code
 
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "2", "--trainer.log_every_n_steps",
@@ -80,12 +87,14 @@ def test_a_fit_records_its_code_and_a_resume_on_other_code_adds_an_entry_from_it
     folder = tmp_path / "runs" / "quickstart" / "version_0"
     now = code_version()
     assert read_code(folder) == [{"step": 0, **now}]
+    assert f"\n  code       {code_label([now])}\n" in capsys.readouterr().out  # (in the summary the run ends with)
     fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "4", "--ckpt_path", "last")  # the same code: no entry
     assert read_code(folder) == [{"step": 0, **now}]
     monkeypatch.setattr(code, "code_version", lambda root=None: {**now, "commit": "f" * 40, "edits": None})
     fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "6", "--ckpt_path", "last")
     entries = read_code(folder)
     assert entries == [{"step": 0, **now}, {"step": 4, **now, "commit": "f" * 40, "edits": None}]
+    assert "\n  code       ffffff" in capsys.readouterr().out  # (the code that trained the last steps)
     assert stored_numbers(Run(Path("quickstart.yaml"), folder))["code"] == entries  # (a sweep's record keeps it)
 
 
