@@ -315,8 +315,9 @@ def run_here(runs: list[Run], command_of, logs: Path, family: str, jobs: int, th
              held=None, recipes: dict[str, str] | None = None) -> None:
     """Run ``only`` (default: all of ``runs``) on this machine, ``jobs`` at a time (one per GPU group with
     ``gpu_groups``), rewriting the manifest and record of all ``runs`` as each ends; each run's process shares
-    ``held``, the sweep's lock file (:func:`sweep_lock`). A run whose recipe is not as ``recipes`` (path → hash at
-    the sweep's launch) records it does not start (:func:`recipes.launchers.recipe_edit`)."""
+    ``held``, the sweep's lock file (:func:`sweep_lock`). A run whose recipe file is no longer as ``recipes`` (path →
+    hash) recorded it at the launch does not start: it ends with exit status ``RECIPE_EDITED``, the reason in its log
+    (:func:`recipes.launchers.recipe_edit`)."""
     todo = runs if only is None else only
     lock = threading.Lock()
     groups: queue.Queue | None = None
