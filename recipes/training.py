@@ -191,7 +191,13 @@ class RunConfigCallback(SaveConfigCallback):
         folder to write it in."""
         folder = trainer.log_dir if trainer.loggers else None  # (collective under DDP: every process asks)
         if folder is not None and trainer.is_global_zero:
-            record_code(Path(folder), trainer.global_step)
+            self.code = record_code(Path(folder), trainer.global_step)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """A checkpoint carries its run's ``code.json`` entries under ``"code"``: a file copied away from its run
+        folder still says which code trained it."""
+        if getattr(self, "code", None):
+            checkpoint["code"] = self.code
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """A run that fails before its first step (its data, a refused configuration, the first forward) leaves

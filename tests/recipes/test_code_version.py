@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from recipes.checkpoints import load_checkpoint
 from recipes.code_version import code_label, code_version, read_code, record_code
 from recipes.sweep.records import Run, code_note, seeds_named, stored_numbers
 
@@ -96,6 +97,7 @@ def test_a_fit_records_its_code_and_a_resume_on_other_code_adds_an_entry_from_it
     assert entries == [{"step": 0, **now}, {"step": 4, **now, "commit": "f" * 40, "edits": None}]
     assert "\n  code       ffffff" in capsys.readouterr().out  # (the code that trained the last steps)
     assert stored_numbers(Run(Path("quickstart.yaml"), folder))["code"] == entries  # (a sweep's record keeps it)
+    assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["code"] == entries  # (and each checkpoint)
 
 
 def test_record_code_appends_only_what_differs_from_the_last_entry(tmp_path):
