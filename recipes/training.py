@@ -25,7 +25,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from recipes.checkpoints import is_checkpoint, load_checkpoint
-from recipes.code_version import CODE_FILE, record_code
+from recipes.code_version import CODE_FILE, code_version, record_code
 from recipes.recipe_files import RUN_CHECKPOINTS
 
 log = logging.getLogger(__name__)
@@ -186,12 +186,14 @@ class RunConfigCallback(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """The code this run trains with, into its folder's ``code.json`` (:mod:`recipes.code_version`): after a
-        resume's restore, so a resumed run on changed code says from which step. Without a logger there is no run
-        folder to write it in."""
+        """The code this run trains with, and its data's fingerprint, into its folder's ``code.json``
+        (:mod:`recipes.code_version`): after a resume's restore, so a resumed run on changed code says from which
+        step. Without a logger there is no run folder to write it in."""
         folder = trainer.log_dir if trainer.loggers else None  # (collective under DDP: every process asks)
         if folder is not None and trainer.is_global_zero:
-            self.code = record_code(Path(folder), trainer.global_step)
+            fingerprint = getattr(trainer.datamodule, "data_fingerprint", None)  # (a data module of the user's: none)
+            version = {**code_version(), "data": fingerprint() if callable(fingerprint) else None}
+            self.code = record_code(Path(folder), trainer.global_step, version)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         """A checkpoint carries its run's ``code.json`` entries under ``"code"``: a file copied away from its run

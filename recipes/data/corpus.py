@@ -597,6 +597,10 @@ class TokenizedCorpus(ResumableDataModule):
         self.setup()
         return torch.from_numpy(np.fromfile(self.cache / "val.bin", dtype=self.meta["dtype"]).astype(np.int64))
 
+    def data_fingerprint(self) -> str:
+        """The token cache's key: the sources' content, the tokenizer and the options that make the tokens."""
+        return self.cache.name
+
     def tokenizer_fingerprint(self) -> str:
         """The hash of the tokenizer the tokens are made with (its JSON's :func:`file_hash`): a checkpoint records it,
         so that a resumed run, ``generate`` and ``eval`` can tell text that would become other tokens

@@ -18,7 +18,9 @@ fixed subset. The order is the :class:`ResumableLoader`'s, so a resumed run cont
 is every corpus's validation split.
 """
 
+import hashlib
 import inspect
+import json
 from collections.abc import Mapping
 
 import numpy as np
@@ -127,6 +129,11 @@ class MixedCorpus(ResumableDataModule):
 
     def tokenizer_fingerprint(self) -> str:
         return self.corpora[0].tokenizer_fingerprint()  # (one tokenizer for all: setup checks)
+
+    def data_fingerprint(self) -> str:
+        """A hash of the corpora's own, in order (their weights are settings)."""
+        keys = [corpus.data_fingerprint() for corpus in self.corpora]
+        return hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:16]
 
     @property
     def tokenizer_path(self) -> str | None:

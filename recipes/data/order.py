@@ -108,6 +108,12 @@ class ResumableDataModule(L.LightningDataModule):
     num_workers: int = 0
     order_seed: int = 0
 
+    def data_fingerprint(self) -> str | None:
+        """A hash of the content the batches are cut from (after :meth:`setup`), which the run records beside its code
+        (``code.json``): runs of one recipe pooled as seeds must have read the same text, wherever its files lie and
+        whatever Python's bundled text was. None here: data that the settings alone make (MQAR)."""
+        return None
+
     def train_loader(self, dataset: Dataset) -> DataLoader:
         """A :class:`ResumableLoader`; under ``--trainer.overfit_batches`` a plain one in the data's own order, the
         same first batches every epoch (Lightning rebuilds the loader with a sequential sampler there, which only

@@ -1,5 +1,6 @@
 """``TextCorpus``: byte-level language modelling on a text that ships with Python, or a local file."""
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -102,6 +103,7 @@ class TextCorpus(ResumableDataModule):
         if self.splits:
             return
         text = read_text(self.path) if self.path else default_text()
+        self._fingerprint = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]  # (pydoc_data's differs by Python)
         data = torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8)  # [n_bytes]
         n = len(data)
         n_val, n_test = int(n * self.val_fraction), int(n * self.test_fraction)
@@ -116,6 +118,11 @@ class TextCorpus(ResumableDataModule):
                     f"TextCorpus: the {name} split has {len(split)} bytes, fewer than seq_len + 1 = {self.seq_len + 1}; "
                     "use a longer text, a larger fraction or a shorter seq_len"
                 )
+
+    def data_fingerprint(self) -> str:
+        """16 hex digits of the SHA-256 of the text's UTF-8 bytes."""
+        self.setup()
+        return self._fingerprint
 
     def validation_tokens(self) -> torch.Tensor:
         """The validation split as one token stream ``[n]`` (int64), for evaluation suites."""

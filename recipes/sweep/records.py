@@ -295,8 +295,9 @@ logs): runs that differ in them pool as seeds of one recipe."""
 
 
 def run_settings(run: Run) -> dict:
-    """A finished run's model settings (its hparams, dotted), its data's :data:`POOLED_DATA` and its step count, as
-    sweeps are compared on them before their runs are pooled (empty for a run with no results)."""
+    """A finished run's model settings (its hparams, dotted), its data's :data:`POOLED_DATA` and content hash (where
+    its ``code.json`` has one) and its step count, as sweeps are compared on them before their runs are pooled (empty
+    for a run with no results)."""
     return settings_of(run, finished_result(run)[0])
 
 
@@ -312,6 +313,9 @@ def settings_of(run: Run, result: dict | None) -> dict:
              if key.rsplit(".", 1)[-1] not in SAME_RESULT and "/" not in key}  # ("mixers/S": the same, as text)
     config = flat_settings(run_config(run) or {})  # (a record from before kept none: compared without them)
     found.update({key: config[key] for key in POOLED_DATA if key in config})
+    code = run_code(run)  # (the text's own hash: a corpus re-made, or Python's bundled text of another version)
+    if code and code[-1].get("data"):
+        found["the data's content hash"] = code[-1]["data"]
     return {**found, "steps": result.get("steps")}
 
 

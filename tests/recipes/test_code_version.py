@@ -80,18 +80,20 @@ def test_a_label_names_the_commit_the_edits_and_torch_and_each_part_of_a_resumed
 
 
 def test_a_fit_records_its_code_and_a_resume_on_other_code_adds_an_entry_from_its_step(tmp_path, monkeypatch, capsys):
-    import recipes.code_version as code
+    import recipes.training as training
+    from recipes.data.text import TextCorpus
 
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "2", "--trainer.log_every_n_steps",
              "1", "--trainer.val_check_interval", "2"]
     fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "2")
     folder = tmp_path / "runs" / "quickstart" / "version_0"
-    now = code_version()
+    now = {**code_version(), "data": TextCorpus(seq_len=32, batch_size=8).data_fingerprint()}  # (and what it read)
     assert read_code(folder) == [{"step": 0, **now}]
     assert f"\n  code       {code_label([now])}\n" in capsys.readouterr().out  # (in the summary the run ends with)
     fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "4", "--ckpt_path", "last")  # the same code: no entry
     assert read_code(folder) == [{"step": 0, **now}]
-    monkeypatch.setattr(code, "code_version", lambda root=None: {**now, "commit": "f" * 40, "edits": None})
+    other = {key: value for key, value in now.items() if key != "data"}
+    monkeypatch.setattr(training, "code_version", lambda root=None: {**other, "commit": "f" * 40, "edits": None})
     fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "6", "--ckpt_path", "last")
     entries = read_code(folder)
     assert entries == [{"step": 0, **now}, {"step": 4, **now, "commit": "f" * 40, "edits": None}]

@@ -732,3 +732,35 @@ def test_the_validation_loader_gives_the_validation_windows_in_order(tmp_path):
     batches = list(data.val_dataloader())
     assert sum(len(b["input_ids"]) for b in batches) == len(val) > 2
     assert torch.equal(torch.cat([b["input_ids"] for b in batches]), torch.stack([val[i]["input_ids"] for i in range(len(val))]))
+
+
+def test_each_data_modules_fingerprint_is_the_content_its_batches_are_cut_from(tmp_path):
+    """What a run records beside its code (``code.json``'s ``data``), so that runs pooled as seeds read the same text:
+    the text's hash, the token cache's key, a mixture's of its corpora in order; none for MQAR, made from settings."""
+    import hashlib
+
+    from recipes.data import MQAR, MixedCorpus, TextCorpus
+    from recipes.data.text import default_text
+
+    assert TextCorpus(seq_len=8, batch_size=2).data_fingerprint() == hashlib.sha256(
+        default_text().encode()).hexdigest()[:16]
+    (tmp_path / "a.txt").write_text("some text " * 50)
+    first = TextCorpus(path=str(tmp_path / "a.txt"), seq_len=8, batch_size=2).data_fingerprint()
+    (tmp_path / "a.txt").write_text("other text " * 50)
+    assert TextCorpus(path=str(tmp_path / "a.txt"), seq_len=8, batch_size=2).data_fingerprint() != first
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    small, large = write(tmp_path / "one", "jsonl", DOCUMENTS[:20]), write(tmp_path / "two", "jsonl", DOCUMENTS)
+    data = corpus(tmp_path, small)
+    data.setup()
+    assert data.data_fingerprint() == data.cache.name
+    before = data.data_fingerprint()
+    write(tmp_path / "one", "jsonl", DOCUMENTS[1:21])  # the corpus made again, other documents at the same path
+    assert corpus(tmp_path, small).data_fingerprint() != before
+    options = dict(vocab_size=320, val_fraction=0.2, cache_dir=str(tmp_path / "cache"), text_field="body")
+    mixed = MixedCorpus([{"paths": small, **options}, {"paths": large, **options}], [1, 1], seq_len=8, batch_size=2)
+    swapped = MixedCorpus([{"paths": large, **options}, {"paths": small, **options}], [1, 1], seq_len=8, batch_size=2)
+    assert mixed.data_fingerprint() != swapped.data_fingerprint()
+    assert mixed.data_fingerprint() == MixedCorpus([{"paths": small, **options}, {"paths": large, **options}], [3, 1],
+                                                   seq_len=8, batch_size=2).data_fingerprint()  # (weights: settings)
+    assert MQAR(seq_len=16, batch_size=2).data_fingerprint() is None

@@ -346,6 +346,17 @@ def test_runs_of_other_data_settings_are_not_pooled_as_seeds(tmp_path):
     old = run("s4b", 4, seq_len=64)
     (tmp_path / "s4b" / "config.yaml").unlink()  # (no config: compared on its model settings and steps alone)
     assert pooling_problem([base, ("two", [old])]) is None
+    # the same settings over other text (a corpus made again, Python's bundled text of another version): the data's
+    # content hash in code.json tells them apart; a run that recorded none is compared without it
+    for name, data in (("s0", "1a2b"), ("s5", "1a2b"), ("s6", "9f9f")):
+        if name != "s0":
+            run(name, int(name[1:]))
+        (tmp_path / name / "code.json").write_text(json.dumps([{"step": 0, "commit": None, "data": data}]))
+    same, other = Run(tmp_path / "a.yaml", tmp_path / "s5", seed=5), Run(tmp_path / "a.yaml", tmp_path / "s6", seed=6)
+    assert pooling_problem([base, ("two", [same])]) is None
+    assert "a's runs differ in the data's content hash: 1a2b in one, 9f9f in two" in pooling_problem(
+        [base, ("two", [other])])
+    assert pooling_problem([base, ("two", [run("s7", 7)])]) is None
 
 
 def test_a_mistyped_vs_key_stops_a_sweep_before_it_runs(tmp_path, monkeypatch):
