@@ -158,6 +158,23 @@ def code_note(runs: list[Run]) -> str | None:
                         for label, recipes in versions.items()))
 
 
+def data_note(runs: list[Run]) -> str | None:
+    """A note where runs of one recipe in a table read other data (their ``code.json``'s content hashes differ: a
+    corpus made again while the sweep ran, or on another Python), naming which read which; None where each recipe's
+    runs read one (runs that recorded no hash are not compared)."""
+    recipes: dict[str, dict[str, list[int | None]]] = {}  # {recipe: {data hash: its seeds}}
+    for run in runs:
+        code = None if run.failed else run_code(run)
+        if code and code[-1].get("data"):
+            recipes.setdefault(run.config.stem, {}).setdefault(code[-1]["data"], []).append(run.seed)
+    mixed = {name: hashes for name, hashes in recipes.items() if len(hashes) > 1}
+    if not mixed:
+        return None
+    return ("runs of one recipe read other data (the data's content hash differs), so they are not seeds of one "
+            "experiment: " + "; ".join(", ".join(f"{seeds_named(name, seeds)} read {data[:8]}" for data, seeds in
+                                                 hashes.items()) for name, hashes in mixed.items()))
+
+
 def seeds_named(name: str, seeds: list[int | None]) -> str:
     """``a seeds 0-4, 7`` (runs of recipe ``a``, consecutive seeds as a range); ``a`` for one unseeded run."""
     known = sorted({seed for seed in seeds if seed is not None})

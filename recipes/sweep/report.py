@@ -8,7 +8,8 @@ import statistics
 from pathlib import Path
 
 from recipes.figures import png_figure
-from recipes.sweep.records import CONFIG_SECTIONS, Run, code_note, finished_result, hparam, run_curve, run_result
+from recipes.sweep.records import (CONFIG_SECTIONS, Run, code_note, data_note, finished_result, hparam, run_curve,
+                                   run_result)
 
 
 def speed(tokens_per_sec: float) -> str:
@@ -224,12 +225,13 @@ def plot_vs(lines: dict, path: Path, key: str, metric: str, title: str) -> None:
 
 def report(runs: list[Run], logs: Path, family: str, seeds: bool, baseline: str | None,
            vs: str | None, metric: str, margin: float | None = None, notes: list[str] = ()) -> str:
-    """The table (printed and written to ``logs/table.md``), ``notes`` under it (and one where its runs come from
-    more than one version of the code, :func:`~recipes.sweep.records.code_note`), and the figures beside it. A ``vs``
+    """The table (printed and written to ``logs/table.md``), ``notes`` under it (and one where a recipe's runs read
+    other data, or the runs come from more than one version of the code: :func:`~recipes.sweep.records.data_note`,
+    :func:`~recipes.sweep.records.code_note`), and the figures beside it. A ``vs``
     figure that cannot be drawn (a key the runs do not record, or not a number) is a note under the table, not the
     table lost."""
     text = seed_table(runs, baseline, margin) if seeds else table(runs)
-    notes = [*notes, *filter(None, [code_note(runs)])]
+    notes = [*notes, *filter(None, [data_note(runs), code_note(runs)])]
     if notes:  # (a blank line after the table's last row; none after its own notes)
         text += ("\n" if text.endswith("|") else "") + "".join(f"\n- {note}" for note in notes)
     logs.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import pytest
 
 from recipes.checkpoints import load_checkpoint
 from recipes.code_version import code_label, code_version, read_code, record_code
-from recipes.sweep.records import Run, code_note, seeds_named, stored_numbers
+from recipes.sweep.records import Run, code_note, data_note, seeds_named, stored_numbers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_training import TEXT, fit_here  # noqa: E402
@@ -126,6 +126,21 @@ def test_a_table_of_runs_from_several_versions_of_the_code_says_which_ran_which(
                     "torch that ran them), which may not compute the same: 1a2b3c4, torch 2.12.0: a seeds 0-1, b seed 0; "
                     "5e6f7a8+edits 01234567, torch 2.13.0: a seeds 2-3; not recorded (runs from before 2026-12-04 did "
                     "not record their code): b seed 7")
+
+
+def test_a_table_whose_runs_of_one_recipe_read_other_data_says_which_read_which(tmp_path):
+    """A corpus made again while a sweep ran: its later seeds read other tokens than its first, under one recipe."""
+    def run(name: str, seed: int, data: str | None, returncode: int = 0) -> Run:
+        code = [{"step": 0, "commit": "1a2b3c4d", "edits": None, "torch": "2.13.0", "data": data}]
+        return Run(Path(f"{name}.yaml"), tmp_path / f"{name}{seed}", returncode, seed=seed,
+                   stored={"result": {}, "code": code})
+
+    alike = [run("a", 0, "aaaa1111bbbb2222"), run("a", 1, "aaaa1111bbbb2222"), run("b", 0, "cccc3333dddd4444")]
+    assert data_note(alike) is None  # (two recipes over two corpora: that is the comparison)
+    assert data_note(alike + [run("a", 2, None), run("a", 3, "ffff", returncode=1)]) is None  # (none, or failed)
+    assert data_note(alike + [run("a", 2, "eeee5555ffff6666"), run("a", 3, "eeee5555ffff6666")]) == (
+        "runs of one recipe read other data (the data's content hash differs), so they are not seeds of one "
+        "experiment: a seeds 0-1 read aaaa1111, a seeds 2-3 read eeee5555")
 
 
 @pytest.mark.parametrize("seeds, named", [([0, 1, 2, 4], "a seeds 0-2, 4"), ([3], "a seed 3"), ([None], "a"),

@@ -1126,15 +1126,21 @@ def test_a_sweeps_table_says_when_its_runs_ran_different_code(tmp_path, monkeypa
         "folder.mkdir(parents=True)\n"
         "seed = sys.argv[sys.argv.index('--seed_everything') + 1]\n"
         "commit = ('a' if seed == '0' else sys.argv[1]) * 40  # (seed 1's code: the stub's first argument)\n"
-        "(folder / 'code.json').write_text(json.dumps([{'step': 0, 'commit': commit, 'edits': None, 'torch': '2.13'}]))\n")
+        "data = ('d' if seed == '0' or sys.argv[1] == 'a' else 'e') * 16  # (and the corpus made again)\n"
+        "(folder / 'code.json').write_text(json.dumps([{'step': 0, 'commit': commit, 'edits': None, 'torch': '2.13', "
+        "'data': data}]))\n")
     for code in ("a", "b"):
         monkeypatch.setattr(sweep, "python_command", lambda: [sys.executable, str(tmp_path / "stub.py"), code])
         main([str(family), "--seeds", "2", "--progress", "0"])
         if code == "a":
-            assert "- the runs come from" not in capsys.readouterr().out
+            out = capsys.readouterr().out
+            assert "- the runs come from" not in out and "other data" not in out
+    out = capsys.readouterr().out
     assert ("- the runs come from 2 versions of the code (a commit, +edits: uncommitted changes by hash, the torch that "
             "ran them), which may not compute the same: aaaaaaa, torch 2.13: a seed 0; bbbbbbb, torch 2.13: a seed 1"
-            ) in capsys.readouterr().out
+            ) in out
+    assert "- runs of one recipe read other data (the data's content hash differs), so they are not seeds of one " \
+           "experiment: a seed 0 read dddddddd, a seed 1 read eeeeeeee" in out
 
 
 def test_a_slurm_job_whose_recipe_was_edited_since_the_launch_does_not_run(tmp_path):
