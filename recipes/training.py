@@ -185,10 +185,12 @@ class RunConfigCallback(SaveConfigCallback):
                 raise ValueError(problem)
         super().setup(trainer, pl_module, stage)
 
+    code: list[dict] | None = None
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The code this run trains with, and its data's fingerprint, into its folder's ``code.json``
         (:mod:`recipes.code_version`): after a resume's restore, so a resumed run on changed code says from which
-        step. Without a logger there is no run folder to write it in."""
+        step. Without a logger there is no run folder to write it in (and :attr:`code`, the entries, stays None)."""
         folder = trainer.log_dir if trainer.loggers else None  # (collective under DDP: every process asks)
         if folder is not None and trainer.is_global_zero:
             fingerprint = getattr(trainer.datamodule, "data_fingerprint", None)  # (a data module of the user's: none)
@@ -198,7 +200,7 @@ class RunConfigCallback(SaveConfigCallback):
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         """A checkpoint carries its run's ``code.json`` entries under ``"code"``: a file copied away from its run
         folder still says which code trained it."""
-        if getattr(self, "code", None):
+        if self.code:
             checkpoint["code"] = self.code
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
@@ -556,6 +558,9 @@ class CheckpointPolicy(Checkpoint):
         # Lightning's save_checkpoint, with the average for the weights and the mark added
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)
         checkpoint["state_dict"], checkpoint[AVERAGE_ONLY] = average, type(averages[0]).__name__
+        code = next((c.code for c in trainer.callbacks if isinstance(c, RunConfigCallback) and c.code), None)
+        if code:  # (a weights-only dump calls no callback's on_save_checkpoint)
+            checkpoint["code"] = code
         path = str(self.dirpath / "swa.ckpt")
         trainer.strategy.save_checkpoint(checkpoint, path)
         trainer.strategy.barrier("swa.ckpt")

@@ -2,6 +2,7 @@
 run stops without spoiling its checkpoint, signals save before exiting, DDP equals one process."""
 
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -595,6 +596,7 @@ def test_stochastic_weight_averaging_leaves_last_ckpt_the_trained_weights_and_wr
     assert swa["state_dict"].keys() == last["state_dict"].keys() and swa["global_step"] == 6
     assert all(torch.equal(swa["state_dict"][k], v) for k, v in state["average_model_state"].items())
     assert set(swa) == set(last) - {"callbacks", "optimizer_states", "lr_schedulers"} | {"weights_average"}
+    assert swa["code"] == last["code"] == json.loads((tmp_path / "runs/quickstart/version_0/code.json").read_text())
 
     average = str(folder / "swa.ckpt")
     with pytest.raises(SystemExit, match=r"holds StochasticWeightAveraging's average alone, written at the end of its "
