@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scipy import stats as scipy_stats
 
-from recipes.sweep.records import pooling_problem, read_record
+from recipes.sweep.records import code_note, data_note, pooling_problem, read_record
 
 RECIPE = re.compile(r"(?P<variant>.+)_d(?P<width>\d+)$")
 
@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"| all | {rec['treated'][0]} of {rec['treated'][1]} | {rec['base'][0]} of {rec['base'][1]} | {p} | - | - |")
     for line in left_out:
         print(f"left out: {line}")
+    pooled = [run for path in args.records for run in read_record(path)[1]]
+    for note in filter(None, [data_note(pooled), code_note(pooled)]):  # (as under a sweep's table)
+        print(f"note: {note}")
 
 
 if __name__ == "__main__":

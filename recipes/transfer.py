@@ -29,7 +29,7 @@ from pathlib import Path
 from recipes.figures import png_figure
 from recipes.stats import detectable_effect, holm, summarize, welch
 from recipes.sweep.launch import family_settings
-from recipes.sweep.records import Run, finished_result, pooling_problem, read_manifest
+from recipes.sweep.records import Run, code_note, data_note, finished_result, pooling_problem, read_manifest
 from recipes.sweep.report import val_curves
 
 STAGES = ("pretrain", "finetune", "control")
@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
                 raise ValueError(f"--only names {unknown}, not models of these sweeps ({', '.join(losses)})")
             losses = {name: cells for name, cells in losses.items() if name in args.only}
             notes = [line for line in notes if line.split()[1] in args.only]
+        # (each stage's runs of a model read one corpus; the stages read two, by design: data compared per stage)
+        notes += [f"{stage}: {note}" for stage in STAGES if (note := data_note(stages[stage]))]
+        notes += [note for note in [code_note([run for stage in STAGES for run in stages[stage]])] if note]
         baseline = args.baseline
         if baseline is None and stages["finetune"]:
             default = family_settings(Path(stages["finetune"][0].config).parent).get("baseline")

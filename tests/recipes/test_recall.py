@@ -139,3 +139,26 @@ def test_records_of_one_recipe_under_other_settings_are_not_pooled(tmp_path, cap
     with pytest.raises(SystemExit):
         recall.main([str(first), str(other), "--treatment", "ifa", "--baseline", "qcattn"])
     assert "error: ifa_d32's runs differ in lr: 0.002 in a.json, 0.01 in b.json" in capsys.readouterr().err
+
+
+def test_pooled_records_that_ran_other_code_or_read_other_data_are_named_under_the_table(tmp_path, capsys):
+    """Seeds added later on other code pool, with a note; a corpus made again while a sweep ran is named too (across
+    records, other data is refused, as in test_records_of_one_recipe_under_other_settings_are_not_pooled)."""
+    first = record(tmp_path / "a.json", [("ifa_d32", 0, 1.0, 0.9), ("ifa_d32", 2, 1.2, 0.9), ("qcattn_d32", 0, 5.0, 0.02)])
+    other = record(tmp_path / "b.json", [("ifa_d32", 1, 1.1, 0.9), ("qcattn_d32", 1, 5.1, 0.02)])
+    recall.main([str(first), str(other), "--treatment", "ifa", "--baseline", "qcattn"])
+    assert "note:" not in capsys.readouterr().out  # (neither recorded its code: nothing to compare)
+    for path, commit in ((first, "1" * 40), (other, "2" * 40)):
+        kept = json.loads(path.read_text())
+        for run in kept["runs"]:
+            data = ("b" if run["seed"] == 2 else "a") * 16  # (seed 2 read the corpus made again)
+            run["stored"]["code"] = [{"step": 0, "commit": commit, "edits": None, "torch": "2.13", "data": data}]
+        path.write_text(json.dumps(kept))
+    recall.main([str(first), str(other), "--treatment", "ifa", "--baseline", "qcattn"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert notes == [
+        "note: runs of one recipe read other data (the data's content hash differs), so they are not seeds of one "
+        "experiment: ifa_d32 seeds 0-1 read aaaaaaaa, ifa_d32 seed 2 read bbbbbbbb",
+        "note: the runs come from 2 versions of the code (a commit, +edits: uncommitted changes by hash, the torch that "
+        "ran them), which may not compute the same: 1111111, torch 2.13: ifa_d32 seeds 0, 2, qcattn_d32 seed 0; "
+        "2222222, torch 2.13: ifa_d32 seed 1, qcattn_d32 seed 1"]

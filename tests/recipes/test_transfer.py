@@ -167,3 +167,28 @@ def test_the_curves_on_the_held_out_domain_average_each_stage_over_its_finished_
     main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"],
           "--plot", str(tmp_path / "curves.png")])
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stages_that_ran_other_code_or_a_stages_runs_that_read_other_data_are_named(tmp_path, capsys):
+    """Pre-training last week and fine-tuning today ran other code: a note says which; the stages read two corpora by
+    design, so data is compared within a stage (a fine-tuning seed that read its corpus made again: named)."""
+    paths = write_records(tmp_path, {name: seeds[:2] for name, seeds in LOSSES.items()})
+    for stage, path in paths.items():
+        kept = json.loads(open(path).read())
+        for run in kept["runs"]:
+            data = {"pretrain": "p" * 16, "finetune": "f" * 16, "control": "f" * 16}[stage]
+            if stage == "finetune" and run["seed"] == 1 and run["config"].endswith("/jamba.yaml"):
+                data = "e" * 16
+            commit = ("1" if stage == "pretrain" else "2") * 40
+            if run.get("stored"):
+                run["stored"]["code"] = [{"step": 0, "commit": commit, "edits": None, "torch": "2.13", "data": data}]
+        open(path, "w").write(json.dumps(kept))
+    main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"]])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("- ")]
+    assert notes == [
+        "- finetune: runs of one recipe read other data (the data's content hash differs), so they are not seeds of "
+        "one experiment: jamba seed 0 read ffffffff, jamba seed 1 read eeeeeeee",
+        "- the runs come from 2 versions of the code (a commit, +edits: uncommitted changes by hash, the torch that ran "
+        "them), which may not compute the same: 1111111, torch 2.13: jamba seeds 0-1, otce_attention seeds 0-1, "
+        "otce_expresser seeds 0-1; 2222222, torch 2.13: jamba seeds 0-1, otce_attention seeds 0-1, otce_expresser "
+        "seeds 0-1"]
