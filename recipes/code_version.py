@@ -87,3 +87,17 @@ def code_label(entries: list[dict]) -> str:
     if len(entries) == 1:
         return one(entries[0])
     return " then ".join(f"{one(entry)} (from step {entry.get('step')})" for entry in entries)
+
+
+def resume_note(before: dict, now: dict) -> str | None:
+    """What a resumed run changes at step ``now["step"]``: the entries' values that differ (commit, edits, data,
+    library versions), each ``old → new``; None where nothing does."""
+    def short(key: str, value) -> str:
+        return str(value)[:8] if key in ("commit", "edits", "data") and value else str(value)
+
+    changed = [f"{key} {short(key, before.get(key))} → {short(key, now.get(key))}"
+               for key in ("commit", "edits", "data", "python", *LIBRARIES) if before.get(key) != now.get(key)]
+    if not changed:
+        return None
+    return (f"note: this run resumes at step {now.get('step')} on other code or data than it trained on until then: "
+            f"{'; '.join(changed)} (its code.json keeps both: its result is not that of one version)")

@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from recipes.checkpoints import is_checkpoint, load_checkpoint
-from recipes.code_version import CODE_FILE, code_version, record_code
+from recipes.code_version import CODE_FILE, code_version, read_code, record_code, resume_note
 from recipes.recipe_files import RUN_CHECKPOINTS
 
 log = logging.getLogger(__name__)
@@ -195,7 +196,11 @@ class RunConfigCallback(SaveConfigCallback):
         if folder is not None and trainer.is_global_zero:
             fingerprint = getattr(trainer.datamodule, "data_fingerprint", None)  # (a data module of the user's: none)
             version = {**code_version(), "data": fingerprint() if callable(fingerprint) else None}
+            before = read_code(Path(folder)) or []
             self.code = record_code(Path(folder), trainer.global_step, version)
+            change = resume_note(before[-1], self.code[-1]) if before else None  # (None: resumed on the same)
+            if change:  # (a requeue after the code was pulled, a corpus made again: said, not only recorded)
+                print(change, file=sys.stderr, flush=True)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         """A checkpoint carries its run's ``code.json`` entries under ``"code"``: a file copied away from its run

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from recipes.checkpoints import load_checkpoint
-from recipes.code_version import code_label, code_version, read_code, record_code
+from recipes.code_version import code_label, code_version, read_code, record_code, resume_note
 from recipes.sweep.records import Run, code_note, data_note, seeds_named, stored_numbers
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -92,14 +92,29 @@ def test_a_fit_records_its_code_and_a_resume_on_other_code_adds_an_entry_from_it
     assert f"\n  code       {code_label([now])}\n" in capsys.readouterr().out  # (in the summary the run ends with)
     fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "4", "--ckpt_path", "last")  # the same code: no entry
     assert read_code(folder) == [{"step": 0, **now}]
+    assert "on other code or data" not in capsys.readouterr().err
     other = {key: value for key, value in now.items() if key != "data"}
     monkeypatch.setattr(training, "code_version", lambda root=None: {**other, "commit": "f" * 40, "edits": None})
     fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "6", "--ckpt_path", "last")
     entries = read_code(folder)
     assert entries == [{"step": 0, **now}, {"step": 4, **now, "commit": "f" * 40, "edits": None}]
-    assert "\n  code       ffffff" in capsys.readouterr().out  # (the code that trained the last steps)
+    said = capsys.readouterr()
+    assert "\n  code       ffffff" in said.out  # (the code that trained the last steps)
+    assert (f"note: this run resumes at step 4 on other code or data than it trained on until then: commit "
+            f"{str(now['commit'])[:8]} → ffffffff") in said.err
     assert stored_numbers(Run(Path("quickstart.yaml"), folder))["code"] == entries  # (a sweep's record keeps it)
     assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["code"] == entries  # (and each checkpoint)
+
+
+def test_a_resume_note_names_each_value_that_changed():
+    before = {"step": 0, "commit": "1a2b3c4d5e", "edits": None, "data": "aaaa1111bbbb", "python": "3.11.7",
+              "torch": "2.12.0", "lightning": "2.6.6", "triton": None}
+    assert resume_note(before, {**before, "step": 40}) is None
+    assert resume_note(before, {**before, "step": 40, "edits": "9f8e7d6c5b4a", "data": "cccc2222dddd",
+                                "torch": "2.13.0"}) == (
+        "note: this run resumes at step 40 on other code or data than it trained on until then: edits None → 9f8e7d6c; "
+        "data aaaa1111 → cccc2222; torch 2.12.0 → 2.13.0 (its code.json keeps both: its result is not that of one "
+        "version)")
 
 
 def test_record_code_appends_only_what_differs_from_the_last_entry(tmp_path):
