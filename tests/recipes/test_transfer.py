@@ -3,6 +3,7 @@ does not hold. (The end-to-end run over real sweeps is in test_sweep.py's fine-t
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 from scipy import stats as scipy_stats
@@ -174,7 +175,7 @@ def test_stages_that_ran_other_code_or_a_stages_runs_that_read_other_data_are_na
     design, so data is compared within a stage (a fine-tuning seed that read its corpus made again: named)."""
     paths = write_records(tmp_path, {name: seeds[:2] for name, seeds in LOSSES.items()})
     for stage, path in paths.items():
-        kept = json.loads(open(path).read())
+        kept = json.loads(Path(path).read_text())
         for run in kept["runs"]:
             data = {"pretrain": "p" * 16, "finetune": "f" * 16, "control": "f" * 16}[stage]
             if stage == "finetune" and run["seed"] == 1 and run["config"].endswith("/jamba.yaml"):
@@ -182,7 +183,7 @@ def test_stages_that_ran_other_code_or_a_stages_runs_that_read_other_data_are_na
             commit = ("1" if stage == "pretrain" else "2") * 40
             if run.get("stored"):
                 run["stored"]["code"] = [{"step": 0, "commit": commit, "edits": None, "torch": "2.13", "data": data}]
-        open(path, "w").write(json.dumps(kept))
+        Path(path).write_text(json.dumps(kept))
     main(["--pretrain", paths["pretrain"], "--finetune", paths["finetune"], "--control", paths["control"]])
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("- ")]
     assert notes == [
