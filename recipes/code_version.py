@@ -1,6 +1,6 @@
 """Which code a run ran: its git commit, a hash of the uncommitted edits, and the versions of the libraries that
-compute. Each fit appends it to its run folder's ``code.json`` (a resumed run a new entry where the code changed),
-a sweep's record keeps it, and a table whose runs come from more than one version says so under it: runs of one
+compute. Each fit appends it, with its data's fingerprint, to its run folder's ``code.json`` (a resumed run a new
+entry where either changed; ``recipes.training.RunConfigCallback``), a sweep's record keeps it, and a table whose runs come from more than one version says so under it: runs of one
 recipe made a week apart, or a sweep whose later runs started after a ``git pull``, may not compute the same."""
 
 import hashlib
