@@ -20,13 +20,20 @@ def recipe_hash(config: Path) -> str:
     return hashlib.sha256(Path(config).read_bytes()).hexdigest()[:16]
 
 
-def recipe_edit(config: Path, recorded: str | None, logs: Path) -> str | None:
-    """Why a run of ``config`` must not start now, or None: its bytes are not those the sweep began with
-    (``recorded``, their :func:`recipe_hash`; None: not recorded). A run started hours into a sweep (a slot freed
-    locally, a job array's task scheduled, a job requeued) reads its recipe then, and an edit meant for the next
-    experiment would make it train another recipe than the sweep's other runs did, and be tabulated as theirs."""
+def recipe_changed(config: Path, recorded: str | None) -> bool:
+    """Whether a recipe file's bytes are no longer those the sweep began with (``recorded``, their
+    :func:`recipe_hash`; None: not recorded, nothing to compare), or the file is gone."""
     path = Path(config)
-    if recorded is None or (path.is_file() and recipe_hash(path) == recorded):
+    return recorded is not None and (not path.is_file() or recipe_hash(path) != recorded)
+
+
+def recipe_edit(config: Path, recorded: str | None, logs: Path) -> str | None:
+    """Why a run of ``config`` must not start now, or None: :func:`recipe_changed`. A run started hours into a sweep
+    (a slot freed locally, a job array's task scheduled, a job requeued) reads its recipe then, and an edit meant for
+    the next experiment would make it train another recipe than the sweep's other runs did, and be tabulated as
+    theirs."""
+    path = Path(config)
+    if not recipe_changed(path, recorded):
         return None
     return (f"sweep: {path.name} changed since the sweep began (or is gone), so this run did not start: it would train "
             "another recipe than the sweep's other runs did; put the recipe back as it was and resume the sweep "

@@ -19,7 +19,8 @@ import yaml
 from recipes.argtypes import did_you_mean
 from recipes.recipe_files import CONFIG_DIR, sweep_root
 from recipes.launchers import (RECIPE_EDITED, RecipeJob, check_slurm, device_groups, gpu_arguments, python_command,
-                               recipe_edit, recipe_hash, resume_arguments, submitit_executor, visible_gpus)
+                               recipe_changed, recipe_edit, recipe_hash, resume_arguments, submitit_executor,
+                               visible_gpus)
 from recipes.sweep.records import Run, read_manifest, scalar_series, stored_numbers, write_manifest, write_record
 
 
@@ -258,13 +259,7 @@ def resume(logs: Path, jobs: int = 1, threads: int | None = None, progress_every
 def edited_recipes(runs: list[Run], recipes: dict[str, str]) -> list[str]:
     """The names of ``runs``' recipe files whose bytes are not those the sweep began with (``recipes``: path → hash,
     as its ``launcher.json`` records them): its runs left would train another recipe than its finished ones did."""
-    edited = set()
-    for run in runs:
-        path = Path(run.config).resolve()
-        recorded = recipes.get(str(path))
-        if recorded is not None and (not path.is_file() or recipe_hash(path) != recorded):
-            edited.add(path.name)
-    return sorted(edited)
+    return sorted({Path(run.config).name for run in runs if recipe_changed(*recipe_of(run, recipes))})
 
 
 def _resume(logs: Path, settings: dict, jobs: int, threads: int | None, progress_every: float,
