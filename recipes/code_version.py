@@ -70,9 +70,18 @@ def record_code(folder: Path, step: int, version: dict | None = None) -> list[di
 
 
 def read_code(folder: Path) -> list[dict] | None:
-    """The entries of ``folder/code.json``, or None where the run recorded none (a run from before runs did)."""
+    """The entries of ``folder/code.json``, or None where the run recorded none (a run from before runs did); a file
+    that is not such a list is a ValueError naming it."""
     path = Path(folder) / CODE_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        entries = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not a run's code record ({error})") from None
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise ValueError(f"{path}: not a run's code record (a list of entries, one per code a run trained with)")
+    return entries
 
 
 def code_label(entries: list[dict]) -> str:

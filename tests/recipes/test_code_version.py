@@ -162,3 +162,13 @@ def test_a_table_whose_runs_of_one_recipe_read_other_data_says_which_read_which(
                                           ([None, None], "a (2 runs)"), ([5, None], "a seeds 5, unseeded")])
 def test_seeds_are_named_in_ranges(seeds, named):
     assert seeds_named("a", seeds) == named
+
+
+def test_a_code_record_that_is_not_one_is_named():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        for text in ("{not json", '{"commit": "1a2b"}', "[1, 2]"):
+            (Path(folder) / "code.json").write_text(text)
+            with pytest.raises(ValueError, match=f"{folder}/code.json: not a run's code record"):
+                read_code(Path(folder))
