@@ -277,11 +277,12 @@ def ssd_tiles_here(cuda: bool) -> str:
     major, minor = torch.cuda.get_device_capability() if cuda else (0, 0)
     dtype = torch.bfloat16 if cuda else torch.float32
     c = launch_config(64, 128, cuda, dtype, 10 * major + minor)
+    own_orders = "".join(f"{kernel}: {c[kernel]['order']}, " for kernel in ("y", "dx", "pairs") if "order" in c[kernel])
     return (f"SSD tiles here (P 64, N 128, {str(dtype).removeprefix('torch.')}): {c['rows']} rows, {c['warps']} warps, "
             f"{c['stages']} stages; per-group C·Bᵀ, dB, dC (shared_scores): {'on' if c['shared_scores'] else 'off'}; "
             f"states in the inputs' dtype (narrow_states): {'on' if c['narrow_states'] else 'off'}; "
             f"forward's states kept (keep_states): {'on' if c['keep_states'] else 'off'}; grid order: {c['order']} "
-            f"(per-group kernels: {c['group_order']})")
+            f"({own_orders}per-group kernels: {c['group_order']})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -364,13 +364,13 @@ def test_the_custom_ops_shape_functions_and_autograd_pass_torchs_opcheck(keep_wi
 
     torch.manual_seed(0)
     B, T, H, D = 1, 5, 2, 16
-    q, k, v = (torch.randn(B, T, H, D, requires_grad=True) for _ in range(3))
-    b = torch.randn(B, H, T, requires_grad=True) if bias else None
+    q, k, v = (torch.randn(B, T, H, D, device=DEVICE, requires_grad=True) for _ in range(3))
+    b = torch.randn(B, H, T, device=DEVICE, requires_grad=True) if bias else None
     forward = (q, k, v, b, None, None, True, D ** -0.5, keep_window)
     assert set(torch.library.opcheck(torch.ops.hybrid_zoo.bias_attention.default, forward).values()) == {"SUCCESS"}
     o, lse, win_b, win_j = torch.ops.hybrid_zoo.bias_attention(*(t.detach() if torch.is_tensor(t) else t for t in forward))
     assert win_b.shape == ((B, H, T) if keep_window else (0,))
-    backward = (torch.randn(B, T, H, D), q.detach(), k.detach(), v.detach(), None if b is None else b.detach(), None, None,
+    backward = (torch.randn(B, T, H, D, device=DEVICE), q.detach(), k.detach(), v.detach(), None if b is None else b.detach(), None, None,
                 o, lse, win_b, win_j, True, D ** -0.5, keep_window)
     assert set(torch.library.opcheck(torch.ops.hybrid_zoo.bias_attention_backward.default, backward).values()) == {
         "SUCCESS"}
@@ -425,10 +425,10 @@ def test_the_sliding_windows_row_search_ends_at_the_first_row_past_the_key():
     it; an end too early would drop its gradient, one too late only costs work."""
     thresholds = [-1, -1, 0, 2, 2, 3, 5, 5, 8]  # never decreasing along the rows, as a window's are
     T = len(thresholds)
-    win_j = torch.tensor(thresholds + [-7] * 4, dtype=torch.int32)  # the next head's rows: never to be read
+    win_j = torch.tensor(thresholds + [-7] * 4, dtype=torch.int32, device=DEVICE)  # the next head's rows: never read
     probe = _last_row_keeping_probe()
     for lo in (0, 3, T):
-        out = torch.full((T + 2,), -99, dtype=torch.int32)
+        out = torch.full((T + 2,), -99, dtype=torch.int32, device=DEVICE)
         probe[(T + 2, 1)](win_j, out, lo, T)
         want = [next((r for r in range(lo, T) if thresholds[r] > key), T) for key in range(-1, T + 1)]
         assert out.tolist() == want, lo

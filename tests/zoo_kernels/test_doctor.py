@@ -36,7 +36,7 @@ def test_the_doctor_names_the_ssd_switches_a_hopper_takes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     line = doctor.ssd_tiles_here(cuda=True)
     assert "64 rows, 4 warps, 2 stages" in line and "(shared_scores): on" in line and "(narrow_states): on" in line
-    assert "grid order: heads (per-group kernels: chunks)" in line
+    assert "(keep_states): on" in line and "grid order: heads (y: blocks, dx: blocks, per-group kernels: blocks)" in line
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
     assert "(shared_scores): off" in doctor.ssd_tiles_here(cuda=True)
 
@@ -184,6 +184,7 @@ def test_the_backward_is_in_what_is_timed():
 
 
 def test_without_a_gpu_the_doctor_says_it_times_nothing(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # on a GPU machine too
     monkeypatch.setattr(doctor, "cases", lambda cuda, device: [("mul", "8", lambda backend, x: x * 2,
                                                                 {"x": torch.randn(8)})])
     assert doctor.main([]) == 0
@@ -234,7 +235,8 @@ def test_the_doctor_gives_each_op_the_dtypes_a_model_gives_it_under_mixed_precis
             assert {d for k, d in dtypes.items() if k not in doctor.KEPT_FP32[op]} == {torch.float16}, (op, dtypes)
 
     # and the doctor's check hands the kernel (and the references) those dtypes
-    for op, shape, fn, inputs in doctor.cases(False, "cpu"):
+    cuda = torch.cuda.is_available()  # the interpreter's tiny cases without a GPU (CPU tensors), else the GPU's
+    for op, shape, fn, inputs in doctor.cases(cuda, "cuda" if cuda else "cpu"):
         given = []
 
         def spy(backend, _fn=fn, **a):

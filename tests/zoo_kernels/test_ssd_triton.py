@@ -167,8 +167,9 @@ def test_a_fullgraph_compile_through_the_kernel_equals_eager():
 
 
 def test_the_backward_keeps_no_chunk_states_from_the_forward():
-    """The entering states ``[b, nc+1, h, P, N]`` fp32 (4× a bf16 x's bytes at P 64, N 128) are computed again in
-    the backward, not kept: what the forward saves is its inputs and Λ ``[b, h, nc·L]``."""
+    """In fp32 (``keep_states`` off: it is on only on Hopper in bf16/fp16) the entering states ``[b, nc+1, h, P, N]``
+    fp32 (4× a bf16 x's bytes at P 64, N 128) are computed again in the backward, not kept: what the forward saves
+    is its inputs and Λ ``[b, h, nc·L]``."""
     torch.manual_seed(0)
     B, T, H, P, G, N, L = 2, 45, 4, 8, 2, 16, 16
     x = torch.randn(B, T, H, P, device=DEVICE, requires_grad=True)
@@ -477,11 +478,13 @@ def test_shared_scores_per_group_with_two_groups(docs, monkeypatch):
 @pytest.mark.parametrize("P, N, dtype, arch, want", [
     # Hopper, bf16/fp16, states up to 64 × 128: the H200 tile search's winners and both switches on
     (64, 128, torch.bfloat16, 90, dict(rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True,
-                                       order="heads", group_order="chunks", group_warps=4, group_rows=32, group_block=64,
-                                       scores_block=64, scores_warps=4, pair_rows=64, pair_cols=16, keep_states=False,
-                                       y=dict(rows=64, cols=32, warps=4, stages=2), dx=dict(rows=32, cols=32, warps=4, stages=2),
+                                       order="heads", group_order="blocks", group_warps=4, group_rows=64, group_block=64,
+                                       group_n=64, group_pair_warps=None, scores_block=64, scores_warps=4, pair_rows=64,
+                                       pair_cols=16, keep_states=True,
+                                       y=dict(rows=64, cols=32, warps=4, stages=2, order="blocks"),
+                                       dx=dict(rows=32, cols=32, warps=4, stages=2, order="blocks"),
                                        pairs=dict(rows=32, cols=16, warps=1, stages=3))),
-    (16, 16, torch.float16, 100, dict(rows=64, warps=4, shared_scores=True, order="heads", P=16, N=16)),
+    (16, 16, torch.float16, 100, dict(rows=64, warps=4, shared_scores=True, order="heads", P=16, N=16, group_n=16)),
     # a larger state on Hopper, or before Hopper: 32 rows, 8 warps, no switches, the shared tiles
     (64, 256, torch.bfloat16, 90, dict(rows=32, warps=8, stages=2, shared_scores=False, narrow_states=False,
                                        order="chunks", group_rows=16, group_block=32, group_warps=8, y={}, dx={}, pairs={})),

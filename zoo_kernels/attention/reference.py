@@ -13,6 +13,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from zoo_kernels.attention.sdpa import attention_bias_sdpa, supports
 
@@ -132,5 +133,12 @@ def attention_masked(q, k, v, *, bias, causal, key_padding_mask, keep_window, sc
     mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
     if bias is not None:
         mask = mask + bias[:, :, None, :].to(q.dtype)  # [B, H, T, S]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, T, D]
+    if q.is_cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, mask)):
+        # The fused kernels CUDA takes for a float mask fail in their backward at shapes tests use: an illegal memory
+        # access at T 9 in fp16 with the mask's gradient, "LSE is not correctly aligned" for one query (torch 2.11,
+        # H200). The mask is [T, S] already, so the math backend's scores cost no more than it.
+        with sdpa_kernel(SDPBackend.MATH):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, T, D]
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, T, D]
     return out.masked_fill(empty, 0.0)

@@ -37,25 +37,23 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
       16 above (the largest without a spill on sm_90 with fp32 states: 64 rows spilled 80-730 bytes at 64 × 128, 32
       rows 56-184 at the larger states), and ``group_block`` × ``group_block`` blocks of the pairs' gradients, 64 and 32
       (64 spilled 64 bytes at P 128); fp32 takes the smaller ones. ``group_n`` splits the state's ``N`` over the dC/dB
-      programs (each makes that many columns and its share of the row dots, summed after; all of ``N`` by default) and
-      ``group_pair_warps`` gives ``_group_pair_grads`` warps of its own (None: ``group_warps``): both untimed, for the
-      tile search's ``group`` section (at 64 columns the dC/dB kernel on 4 warps spills 16-64 bytes on sm_90, not about
-      450-520).
+      programs (each makes that many columns and its share of the row dots, summed after; all of ``N`` by default, 64
+      on Hopper, below) and ``group_pair_warps`` gives ``_group_pair_grads`` warps of its own (None: ``group_warps``).
     - ``narrow_states``: the chunks' entering states and their gradients kept in the inputs' dtype, as mamba_ssm keeps
       its states (the kernels that read them multiply them in that dtype already, so ``y`` and every gradient but the
       carry's share of ``dA`` and ``d dt`` are the same; the recurrence over chunks and the final state stay fp32),
       halving the bytes of the largest reads. With bf16 states the per-group kernels spill 8 bytes at 64 × 128 and
       160-184 at the larger states (so those keep fp32 states).
-    - ``keep_states`` (off everywhere: untimed): the backward takes the forward's entering states instead of running
-      the forward's ``_chunk_state`` and ``_decayed_scan`` again (0.37 ms of GPU time at T 16K on the H200), where
-      they take no more bytes than ``x`` (:func:`_keeps_states`; with narrow states at chunk 256 and N 128, half).
+    - ``keep_states`` (on where the other two are): the backward takes the forward's entering states instead of
+      running the forward's ``_chunk_state`` and ``_decayed_scan`` again, where they take no more bytes than ``x``
+      (:func:`_keeps_states`; with narrow states at chunk 256 and N 128, half): those two kernels' GPU time in a
+      forward and backward went from 980 to 647 µs at T 16K on an H200 (2026-12-04), 1.05× the whole op.
 
-    Untimed too, for the tile search's ``order`` and ``group_order`` sections: ``order="blocks"`` and
-    ``group_order="blocks"`` (:data:`ORDERS`) launch each chunk's blocks of rows together, as mamba_ssm's grids do,
-    so that they read the chunk's state and rows from L2. An estimate, not a measurement: the per-group ``dC``/``dB``
-    kernels read every head's state per block of rows, at 16K (B 4, 32 heads, bf16 states: 134 MB, 2.7 H200 L2s)
-    about 1.07 GB from DRAM in the order they launch in now (a wave of programs holds one block of every chunk), and
-    134 MB with the blocks innermost.
+    ``order="blocks"`` and ``group_order="blocks"`` (:data:`ORDERS`) launch each chunk's blocks of rows together, as
+    mamba_ssm's grids do, so that they read the chunk's state and rows from L2 (the per-group ``dC``/``dB`` kernels
+    read every head's state per block of rows: at 16K, B 4, 32 heads, bf16 states, 134 MB, 2.7 H200 L2s). On Hopper
+    the ``y`` and ``dx`` kernels take ``"blocks"`` in their entries, the pairs ``"heads"``, the per-group kernels
+    ``"blocks"`` (1,746 → 1,522 µs at 16K).
 
     Timed on an H200 (2026-11-27, B 4, H 32, P 64, N 128, chunk 256, bf16, ``check_finite=False``, each switch against
     the configuration without it in one process, ``ssd_tiles --sections``): ``shared_scores`` 1.03× at T 16K and
@@ -71,8 +69,12 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     16-byte aligned, 208-248 registers and no spill, ``compile_check --aligned``; the variant unaligned strides get
     spills 344-504 bytes a thread there, against 0-8 on 8 warps); with the heads innermost, the bare forward and
     backward went from 9.02 to 8.30 ms at 16K in the first round and 8.39 to 7.41 in the second, each in one process,
-    and ``ops`` measured 7.36 against mamba_ssm's 6.80 (0.92×) and 3.25 against 4.56 at 4K. Elsewhere the entries are
-    empty and the kernels take the shared tiles."""
+    and ``ops`` measured 7.36 against mamba_ssm's 6.80 (0.92×) and 3.25 against 4.56 at 4K. Then (2026-12-04, H200,
+    with ``D`` and Δ in fp32 as a Mamba-2 layer launches them) ``keep_states``, the blocks-innermost orders and the
+    per-group kernels on 64 rows × 64 of ``N``'s columns (``group_n``; 1,684 → 1,629 µs; no spill aligned, 168-200
+    bytes in the unaligned variant, ``compile_check``), each its section's fastest:
+    together 7.23 → 6.61 ms (1.09×; mamba_ssm 6.88 in that process), and ``ops`` 6.71 against 6.65 at 16K, 2.55
+    against 3.60 at 4K. Elsewhere the entries are empty and the kernels take the shared tiles."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False,
                  keep_states=False, order="chunks", group_order="chunks", y={}, dx={}, pairs={})
@@ -88,10 +90,13 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
         return dict(tiles, rows=16, pair_rows=16, pair_cols=16, group_rows=16, group_block=16, group_warps=4, warps=4,
                     stages=1)
     if not fp32 and arch >= 90 and small:
-        # the kernels' own tiles and the heads innermost: each section's fastest at T 16K on an H200 (2026-11-27)
-        return dict(tiles, rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True, order="heads",
-                    group_warps=4, y=dict(rows=64, cols=32, warps=4, stages=2),
-                    dx=dict(rows=32, cols=32, warps=4, stages=2), pairs=dict(rows=32, cols=16, warps=1, stages=3))
+        # the kernels' own tiles and the heads innermost (the pairs) or each head's blocks innermost (y, dx): each
+        # section's fastest at T 16K on an H200 (2026-11-27, 2026-12-04)
+        return dict(tiles, rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True, keep_states=True,
+                    order="heads", group_order="blocks", group_rows=64, group_warps=4, group_n=min(64, tiles["N"]),
+                    y=dict(rows=64, cols=32, warps=4, stages=2, order="blocks"),
+                    dx=dict(rows=32, cols=32, warps=4, stages=2, order="blocks"),
+                    pairs=dict(rows=32, cols=16, warps=1, stages=3))
     if fp32:  # 64-row pair blocks needed 100 KiB at N 256 as launched: over a consumer GPU's 99
         return dict(tiles, rows=32, warps=8, stages=2, pair_rows=32)
     return dict(tiles, rows=32, warps=8, stages=2)
