@@ -47,18 +47,20 @@ def split_finite(x: torch.Tensor, dims: int) -> tuple[torch.Tensor, torch.Tensor
     if not dims:
         return clean, bad
     bad = bad.flatten(-dims)  # [..., n]
-    if bad.shape[-1] % 8 == 0 and bad.is_contiguous() and not _under_torch_func(bad):
+    if bad.shape[-1] % 8 == 0 and bad.is_contiguous() and not _traced(bad):
         # eight flags to a 64-bit word: the same bytes, an eighth of the elements to reduce (an SSD input [1, 4096, 32,
         # 64]: 15.2 → 2.4 ms on one CPU thread; on a GPU the boolean any was half the finite passes' time at T 16384)
         return clean, bad.view(torch.int64).any(-1)
     return clean, bad.any(-1)
 
 
-def _under_torch_func(t: torch.Tensor) -> bool:
-    """Whether ``t`` is wrapped by torch.func's transforms (vmap, grad), where ``split_finite`` takes no dtype view:
-    torch 2.11 has no vmap rule for one (2.13 has). Not asked while torch.compile traces, which cannot call the check
-    and needs none: a compiled graph views as eager does."""
-    return not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(t)
+def _traced(t: torch.Tensor) -> bool:
+    """Whether ``t`` is traced by torch.compile or wrapped by torch.func's transforms (vmap, grad), where
+    ``split_finite`` takes no dtype view. Compiled, Inductor fuses the comparison into the ``any`` (no flags are
+    written to be read back), and on CUDA it cannot lower a bool tensor's dtype view at all (torch 2.11: ``torch.iinfo``
+    of ``torch.bool`` in its lowering; a compiled generation failed on an H200, 2026-12-04). Under torch.func, torch
+    2.11 has no vmap rule for one (2.13 has). The compile check comes first: torch.compile cannot trace the other."""
+    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
 def run_starts(starts: torch.Tensor) -> torch.Tensor:

@@ -118,6 +118,25 @@ def test_under_vmap_split_finite_takes_no_dtype_view(monkeypatch):
     assert torch.equal(split_finite(x, 2)[1], bad)  # outside vmap the word view is taken, as before
 
 
+def test_a_compiled_split_finite_takes_no_dtype_view():
+    """Inductor cannot lower a bool tensor's ``view(torch.int64)`` for CUDA (torch 2.11: a compiled generation failed on
+    an H200, 2026-12-04), and compiled the word view buys nothing: the graph torch.compile traces reduces the flags
+    themselves, with eager's answer."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(3, 5, 16)
+    x[1, 2, 3] = float("nan")
+    clean, bad = torch.compile(lambda e: split_finite(e, 1), backend=backend, fullgraph=True)(x)
+    views = [node for gm in graphs for node in gm.graph.nodes
+             if node.target == "view" and any(isinstance(a, torch.dtype) for a in node.args)]
+    assert graphs and not views, views
+    assert torch.equal(bad, split_finite(x, 1)[1]) and torch.equal(clean, x.nan_to_num(0.0, 0.0, 0.0))
+
+
 def _old_split(x, dims):
     """The split as it was: ``nan_to_num``'s autograd, which multiplies the gradient by ``isfinite(x)``."""
     clean, bad = split_finite(x.detach(), dims)

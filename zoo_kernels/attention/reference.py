@@ -133,10 +133,11 @@ def attention_masked(q, k, v, *, bias, causal, key_padding_mask, keep_window, sc
     mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
     if bias is not None:
         mask = mask + bias[:, :, None, :].to(q.dtype)  # [B, H, T, S]
-    if q.is_cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, mask)):
-        # The fused kernels CUDA takes for a float mask fail in their backward at shapes tests use: an illegal memory
-        # access at T 9 in fp16 with the mask's gradient, "LSE is not correctly aligned" for one query (torch 2.11,
-        # H200). The mask is [T, S] already, so the math backend's scores cost no more than it.
+    if q.is_cuda and torch.is_grad_enabled() and mask.requires_grad and not any(t.requires_grad for t in (q, k, v)):
+        # Only the mask (the bias) wants a gradient: torch's memory-efficient kernel, which CUDA takes for a float mask,
+        # then keeps no log-sum-exp fit for its backward — "LSE is not correctly aligned (strideH)" for one query, an
+        # illegal memory access at T 9 in fp16 (torch 2.11, H200, 2026-12-04). The mask is [T, S] already, so the
+        # math backend's scores cost no more than it.
         with sdpa_kernel(SDPBackend.MATH):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, T, D]
     else:
