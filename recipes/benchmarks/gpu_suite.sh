@@ -13,7 +13,10 @@
 #   bash recipes/benchmarks/gpu_suite.sh OUT_DIR lengths   # training steps at T 2K, 8K, 16K (4K is in models; 300 s), for a later lease
 #
 # mamba_ssm's rows need its Triton files first on PYTHONPATH: `python -m recipes.benchmarks.mamba_ssm_triton` writes
-# them to .gpu_extra/ (then `PYTHONPATH=$PWD/.gpu_extra bash recipes/benchmarks/gpu_suite.sh OUT kernels`).
+# them to .gpu_extra/ (then `PYTHONPATH=$PWD/.gpu_extra bash recipes/benchmarks/gpu_suite.sh OUT kernels`). The zoo's
+# command line needs jsonargparse[signatures], which this workplace's GPU image lacks (the `models` phase's CUDA
+# `generate` test failed on it, 2026-12-04): pure Python, it travels in the same folder, `pip install --no-deps
+# --target .gpu_extra jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0` (6 MB).
 # Run from the repository root of a source checkout; nothing is installed (the zoo is put on PYTHONPATH, so a
 # machine with torch, triton, lightning, transformers and pytest runs it as it is). Each step's whole output goes to
 # OUT_DIR/<step>.log and its last lines to the terminal; OUT_DIR/summary.txt names the machine and lists every
