@@ -4,8 +4,8 @@
 # fit one fifteen-minute lease of an H100 or H200 when the machine starts in under a minute, as it did on 2026-11-27),
 # each step under its own time limit so a slow step costs only itself, and at most eight files written per phase:
 #
-#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels   # kernel tests on CUDA, the SSD's untimed candidates at
-#                                                          # 16K against mamba_ssm, the SSD against mamba_ssm with
+#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR kernels   # kernel tests on CUDA, the SSD's tile search at 16K
+#                                                          # against mamba_ssm, the SSD against mamba_ssm with
 #                                                          # per-kernel profiles, its tile search at 4K, the doctor,
 #                                                          # attention ops
 #   bash recipes/benchmarks/gpu_suite.sh OUT_DIR models    # CUDA-graph decoding test, decoding against HF, training steps, T=1, CDMoE,
@@ -57,13 +57,13 @@ cat "$out/summary.txt"
 case "$phase" in
     kernels)
         # first what decides the SSD's launch_config at 16K, so a lease cut short still answers it: the CUDA tests
-        # (test_gpu_precision.py among them; 355 tests in about a minute on 8 workers, an H200, 2026-11-27), then the
-        # untimed candidates — the programs' grid orders (each chunk's blocks innermost), the forward's states kept
-        # for the backward, the per-group dC/dB kernels' N split — with mamba_ssm's row (its autotuning: about 80 s)
-        # in the same process, so the winners' "together" line is the ratio the goal asks for; the winners' entries go
-        # to OUT/ssd_winners.json where together they beat the current tiles
+        # (test_gpu_precision.py among them; 443 tests in 68 s on 8 workers, an H200, 2026-12-04), then a second round
+        # of the kernels' own tiles on the grid orders and the per-group kernels' tiles the last lease took (its first
+        # round: 2026-11-27) — with mamba_ssm's row (its autotuning: about 80 s) in the same process, so the winners'
+        # "together" line is the ratio the goal asks for; the winners' entries go to OUT/ssd_winners.json where
+        # together they beat the current tiles
         step kernel_tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 -rf tests/zoo_kernels
-        step ssd_tiles16k 200 python3 -m recipes.benchmarks.ssd_tiles --length 16384 --sections order group_order keep \
+        step ssd_tiles16k 200 python3 -m recipes.benchmarks.ssd_tiles --length 16384 --sections y dx pair_tiles \
             group --write-winners "$out/ssd_winners.json"
         # the SSD against mamba_ssm's mamba_chunk_scan_combined at 4K and 16K — on those winners where there are any
         # (the log's first lines say which), else the current tiles — each row's 12 costliest kernels forward and
@@ -72,8 +72,7 @@ case "$phase" in
         [ -f "$out/ssd_winners.json" ] && winners=(--ssd-config "$out/ssd_winners.json")
         step ops_ssd 150 python3 -m recipes.benchmarks.ops --ops ssd --lengths 4096 16384 --repeats 10 --profile 12 \
             ${winners[@]+"${winners[@]}"}
-        # the SSD's tile search at 4K, where the tiles chosen at 16K on 2026-11-27 have not been searched (at 16K: 39
-        # candidates in 56 s on an H200)
+        # the SSD's tile search at 4K (44 s on an H200, 2026-12-04: nothing there beat the tiles chosen at 16K)
         step ssd_tiles 150 python3 -m recipes.benchmarks.ssd_tiles --length 4096 --sections rows y dx pair_tiles group \
             order group_order --no-mamba
         # with mamba_ssm on PYTHONPATH its timing row autotunes first: the doctor ran past 60 s on an H200 (2026-11-27)

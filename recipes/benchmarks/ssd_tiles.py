@@ -51,12 +51,13 @@ SHARED = [(64, 4, 3), (64, 4, 2), (64, 8, 3), (128, 4, 2), (128, 8, 2), (64, 8, 
 LOG_DECAY = [(64, 16), (32, 32), (64, 32), (128, 16), (32, 16), (128, 32)]
 # (group_rows, group_warps, group_block, group_n, group_pair_warps) for the per-group backward kernels that
 # shared_scores runs: the dC/dB kernel's rows, warps and the state's columns a program makes (N split over programs),
-# the pairs' gradient blocks and that kernel's warps. The first search at 16K (H200, 2026-11-27) took 32 rows on 4
-# warps over all 128 columns (both kernels on 4 warps); compiled for sm_90 the dC/dB kernel spills about 450-520
-# bytes a thread there, 16-64 with 64 columns a program, none on 8 warps with 64 columns, and _group_pair_grads 344
-# on 4 warps and none on 8 (compile_check, bf16, P 64, N 128)
-GROUP = [(32, 4, 64, 64, 4), (64, 4, 64, 64, 4), (64, 8, 64, 64, 4), (32, 8, 64, 64, 4), (32, 4, 64, 128, 8),
-         (32, 4, 64, 64, 8), (64, 8, 64, 64, 8), (64, 4, 64, 32, 4)]
+# the pairs' gradient blocks and that kernel's warps. The second search at 16K (H200, 2026-12-04) took 64 rows on 4
+# warps over 64 of 128 columns, 64-row pair blocks on 4 warps (8 warps lost everywhere); these are its neighbours.
+# Compiled for sm_90 (bf16, P 64, N 128, aligned; compile_check with each patched in): no spill but 112 bytes with all
+# 128 columns on 64 rows; 32-row pair blocks take _group_pair_grads from 212 registers to 87 (and from a 352-byte
+# spill to none unaligned); 128-column pair blocks spilled 816 bytes, 2 warps for the pairs 40 (both left out)
+GROUP = [(64, 4, 32, 64, 4), (64, 4, 32, 32, 4), (128, 8, 64, 64, 4), (128, 8, 32, 64, 4), (64, 4, 64, 128, 4),
+         (32, 4, 64, 32, 4)]
 # the y and d(dt·x) kernels' tiles of their own (launch_config's "y" and "dx" entries): (rows, cols: the column block of
 # the in-chunk loop, warps, stages[, p_block: the head dim's columns a y program makes, None: all]). The first search
 # (T 16K, H200, 2026-11-27: docs/kernels.md) took y 64 × 32 on 4 warps, 3 stages, and dx 32 × 64 on 4 warps, 2 stages,

@@ -151,7 +151,9 @@ def test_the_order_section_gives_each_scan_kernel_its_fastest_order():
     """Taken apart by kernel (the profiler's time of each): ``y`` fastest with the blocks innermost, ``dx`` as it is,
     the pair kernel with the chunks innermost — the entries give each its own order, and the sum is of the three
     fastest; where every kernel is fastest as it is, nothing changes."""
-    hopper = ssd_triton.launch_config(64, 128, True, torch.bfloat16, 90)  # the heads innermost
+    live = ssd_triton.launch_config(64, 128, True, torch.bfloat16, 90)
+    hopper = {**live, "order": "heads", **{kernel: {key: value for key, value in live[kernel].items() if key != "order"}
+                                           for kernel in ("y", "dx", "pairs")}}  # every kernel on the heads innermost
     now = {"_chunk_scan": 900.0, "_chunk_scan_reverse": 1000.0, "_log_decay_pairs": 950.0}
     timed = [(("chunks",), {"_chunk_scan": 1000.0, "_chunk_scan_reverse": 1100.0, "_log_decay_pairs": 900.0}),
              (("blocks",), {"_chunk_scan": 800.0, "_chunk_scan_reverse": 1050.0, "_log_decay_pairs": 960.0})]
