@@ -128,7 +128,10 @@ def stored_numbers(run: Run) -> dict | None:
     config = Path(run.folder) / "config.yaml"
     if config.is_file():  # (its data and trainer settings: --vs data.init_args.seq_len reads them)
         stored["config"] = {k: v for k, v in (yaml.safe_load(config.read_text()) or {}).items() if k in CONFIG_SECTIONS}
-    code = read_code(Path(run.folder))
+    try:
+        code = read_code(Path(run.folder))
+    except ValueError:  # a damaged code.json keeps no code in the record (the table from the folders names it)
+        code = None
     if code is not None:
         stored["code"] = code
     return stored
@@ -136,8 +139,17 @@ def stored_numbers(run: Run) -> dict | None:
 
 def run_code(run: Run) -> list[dict] | None:
     """The code a run trained with (:mod:`recipes.code_version`), from its record or its folder; None where it
-    recorded none."""
+    recorded none. A ``code.json`` that cannot be read is a ValueError naming it."""
     return run.stored.get("code") if run.stored is not None else read_code(Path(run.folder))
+
+
+def readable_code(run: Run) -> list[dict] | None:
+    """:func:`run_code`, or None where the run's ``code.json`` cannot be read: one damaged file does not stop a table
+    (:func:`code_note` names it) or a pooling check."""
+    try:
+        return run_code(run)
+    except ValueError:
+        return None
 
 
 def code_note(runs: list[Run]) -> str | None:
@@ -147,8 +159,12 @@ def code_note(runs: list[Run]) -> str | None:
     for run in runs:
         if run.failed:  # (not in the cells)
             continue
-        code = run_code(run)
-        label = code_label(code) if code else "not recorded (runs from before 2026-12-04 did not record their code)"
+        try:
+            code = run_code(run)
+        except ValueError as error:  # a damaged code.json: said under the table, which it does not stop
+            label = f"unreadable ({error})"
+        else:
+            label = code_label(code) if code else "not recorded (runs from before 2026-12-04 did not record their code)"
         versions.setdefault(label, {}).setdefault(run.config.stem, []).append(run.seed)
     if len(versions) < 2:
         return None
@@ -164,7 +180,7 @@ def data_note(runs: list[Run]) -> str | None:
     runs read one (runs that recorded no hash are not compared)."""
     recipes: dict[str, dict[str, list[int | None]]] = {}  # {recipe: {data hash: its seeds}}
     for run in runs:
-        code = None if run.failed else run_code(run)
+        code = None if run.failed else readable_code(run)
         if code and code[-1].get("data"):
             recipes.setdefault(run.config.stem, {}).setdefault(code[-1]["data"], []).append(run.seed)
     mixed = {name: hashes for name, hashes in recipes.items() if len(hashes) > 1}
@@ -330,7 +346,7 @@ def settings_of(run: Run, result: dict | None) -> dict:
              if key.rsplit(".", 1)[-1] not in SAME_RESULT and "/" not in key}  # ("mixers/S": the same, as text)
     config = flat_settings(run_config(run) or {})  # (a record from before kept none: compared without them)
     found.update({key: config[key] for key in POOLED_DATA if key in config})
-    code = run_code(run)  # (the text's own hash: a corpus re-made, or Python's bundled text of another version)
+    code = readable_code(run)  # (the text's own hash: a corpus re-made, or Python's bundled text of another version)
     if code and code[-1].get("data"):
         found["the data's content hash"] = code[-1]["data"]
     return {**found, "steps": result.get("steps")}

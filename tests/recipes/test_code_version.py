@@ -11,6 +11,7 @@ import pytest
 
 from recipes.checkpoints import load_checkpoint
 from recipes.code_version import code_label, code_version, read_code, record_code, resume_note
+from recipes.sweep import records
 from recipes.sweep.records import Run, code_note, data_note, seeds_named, stored_numbers
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -104,6 +105,9 @@ def test_a_fit_records_its_code_and_a_resume_on_other_code_adds_an_entry_from_it
             f"{str(now['commit'])[:8]} → ffffffff") in said.err
     assert stored_numbers(Run(Path("quickstart.yaml"), folder))["code"] == entries  # (a sweep's record keeps it)
     assert load_checkpoint(folder / "checkpoints" / "last.ckpt")["code"] == entries  # (and each checkpoint)
+    (folder / "code.json").write_text("{not json")  # damaged: a resume says which file, rather than drop its history
+    with pytest.raises(SystemExit, match="^error: runs/quickstart/version_0/code.json: not a run's code record"):
+        fit_here(tmp_path, *TEXT, *quiet, "--trainer.max_steps", "8", "--ckpt_path", "last")
 
 
 def test_a_resume_note_names_each_value_that_changed():
@@ -156,6 +160,32 @@ def test_a_table_whose_runs_of_one_recipe_read_other_data_says_which_read_which(
     assert data_note(alike + [run("a", 2, "eeee5555ffff6666"), run("a", 3, "eeee5555ffff6666")]) == (
         "runs of one recipe read other data (the data's content hash differs), so they are not seeds of one "
         "experiment: a seeds 0-1 read aaaa1111, a seeds 2-3 read eeee5555")
+
+
+def test_a_damaged_code_record_is_named_under_the_table_and_stops_nothing(tmp_path, monkeypatch):
+    """A run folder whose ``code.json`` cannot be read (a disk that filled mid-write, a hand edit): the table's code
+    note names it as unreadable, the data note and the pooling check pass it by, its record keeps no code."""
+    def run(name: str, seed: int, text: str) -> Run:
+        folder = tmp_path / f"{name}{seed}"
+        folder.mkdir()
+        (folder / "code.json").write_text(text)
+        return Run(Path(f"{name}.yaml"), folder, 0, seed=seed)
+
+    good = json.dumps([{"step": 0, "commit": "1a2b3c4d", "edits": None, "torch": "2.13.0", "data": "aaaa1111"}])
+    runs = [run("a", 0, good), run("a", 1, good), run("a", 2, "[{\"step\": 0, \"commit")]
+    assert code_note(runs[:2]) is None
+    note = code_note(runs)  # (the JSON error's own words are the json module's)
+    assert note.startswith(
+        "the runs come from 2 versions of the code (a commit, +edits: uncommitted changes by hash, the torch that ran "
+        "them), which may not compute the same: 1a2b3c4, torch 2.13.0: a seeds 0-1; unreadable "
+        f"({tmp_path}/a2/code.json: not a run's code record (Unterminated string") and note.endswith(")): a seed 2")
+    assert data_note(runs) is None
+    monkeypatch.setattr(records, "run_hparams", lambda run: {"d_model": 8})
+    monkeypatch.setattr(records, "run_result", lambda run: {"val_loss": 1.0})
+    monkeypatch.setattr(records, "run_curve", lambda run: {10: 1.0})
+    assert records.settings_of(runs[0], {"steps": 10})["the data's content hash"] == "aaaa1111"
+    assert records.settings_of(runs[2], {"steps": 10}) == {"d_model": 8, "steps": 10}  # (pooled without a hash)
+    assert stored_numbers(runs[0])["code"] == json.loads(good) and "code" not in stored_numbers(runs[2])
 
 
 @pytest.mark.parametrize("seeds, named", [([0, 1, 2, 4], "a seeds 0-2, 4"), ([3], "a seed 3"), ([None], "a"),
