@@ -231,3 +231,37 @@ def test_without_triton_auto_runs_the_reference_and_triton_is_named(monkeypatch)
         assert _backend.resolve_backend("auto", cuda, op="attention", has_triton=True) == "reference"
     with pytest.raises(ImportError, match=r"backend='triton' needs the triton package: pip install \"hybrid-zoo\[gpu\]\""):
         _backend.resolve_backend("triton", cuda, op="attention", has_triton=True)
+
+
+def test_a_bias_alone_wanting_a_gradient_takes_the_math_backend_where_the_fused_one_fails(monkeypatch):
+    """On CUDA, torch's memory-efficient kernel fails the backward of a float mask that alone wants a gradient ("LSE is
+    not correctly aligned" for one query, an illegal memory access at T 9 in fp16: an H200, 2026-12-04). The check
+    holds there only; where it holds, the masked reference runs SDPA's math backend, with the same output and
+    gradients (here on the CPU, the check patched on)."""
+    from types import SimpleNamespace
+
+    import zoo_kernels.attention.reference as reference
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # (stand-ins: the check reads a device and requires_grad)
+    t = lambda device, grad: SimpleNamespace(device=device, requires_grad=grad)  # noqa: E731
+    assert reference.fused_backward_fails(t(cuda, False), t(cuda, False), t(cuda, False), t(cuda, True))
+    assert not reference.fused_backward_fails(t(cpu, False), t(cpu, False), t(cpu, False), t(cpu, True))
+    for wanted in range(3):  # q, k or v wants one too: the kernel keeps its log-sum-exp
+        assert not reference.fused_backward_fails(*(t(cuda, i == wanted) for i in range(3)), t(cuda, True))
+    assert not reference.fused_backward_fails(t(cuda, False), t(cuda, False), t(cuda, False), t(cuda, False))
+    with torch.no_grad():
+        assert not reference.fused_backward_fails(t(cuda, False), t(cuda, False), t(cuda, False), t(cuda, True))
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 1, 2, 16), torch.randn(1, 9, 2, 16), torch.randn(1, 9, 2, 16)  # one query, 9 keys
+    bias = torch.randn(1, 2, 9, requires_grad=True)
+    want = attention(q, k, v, bias=bias, backend="reference")
+    (want_grad,) = torch.autograd.grad(want.square().sum(), bias)
+    entered, real = [], reference.sdpa_kernel
+    monkeypatch.setattr(reference, "fused_backward_fails", lambda *a: True)
+    monkeypatch.setattr(reference, "sdpa_kernel", lambda backends: entered.append(backends) or real(backends))
+    got = attention(q, k, v, bias=bias, backend="reference")
+    (grad,) = torch.autograd.grad(got.square().sum(), bias)
+    assert entered == [reference.SDPBackend.MATH]
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-5, atol=1e-6)

@@ -119,6 +119,15 @@ def attention_reference(
                             keep_window=keep_window, scale=scale).transpose(1, 2)  # [B, T, H, D]
 
 
+def fused_backward_fails(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether torch's fused SDPA would fail this masked call's backward: on CUDA, with only the float mask (the bias)
+    wanting a gradient, the memory-efficient kernel CUDA takes for a float mask keeps no log-sum-exp fit for its
+    backward — "LSE is not correctly aligned (strideH)" for one query, an illegal memory access at T 9 in fp16
+    (torch 2.11, H200, 2026-12-04)."""
+    return (q.device.type == "cuda" and torch.is_grad_enabled() and mask.requires_grad
+            and not any(t.requires_grad for t in (q, k, v)))
+
+
 def attention_masked(q, k, v, *, bias, causal, key_padding_mask, keep_window, scale, document_ids=None) -> torch.Tensor:
     """The math with the ``[B, H, T, S]`` mask written out: ``q [B,H,T,D]``, ``k, v [B,H,S,D]`` →
     ``[B,H,T,D]``; ``document_ids [B, T]`` (``S == T``) keeps each query within its document."""
@@ -133,12 +142,8 @@ def attention_masked(q, k, v, *, bias, causal, key_padding_mask, keep_window, sc
     mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
     if bias is not None:
         mask = mask + bias[:, :, None, :].to(q.dtype)  # [B, H, T, S]
-    if q.is_cuda and torch.is_grad_enabled() and mask.requires_grad and not any(t.requires_grad for t in (q, k, v)):
-        # Only the mask (the bias) wants a gradient: torch's memory-efficient kernel, which CUDA takes for a float mask,
-        # then keeps no log-sum-exp fit for its backward — "LSE is not correctly aligned (strideH)" for one query, an
-        # illegal memory access at T 9 in fp16 (torch 2.11, H200, 2026-12-04). The mask is [T, S] already, so the
-        # math backend's scores cost no more than it.
-        with sdpa_kernel(SDPBackend.MATH):
+    if fused_backward_fails(q, k, v, mask):
+        with sdpa_kernel(SDPBackend.MATH):  # the mask is [T, S] already: the math backend's scores cost no more
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, T, D]
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, T, D]
