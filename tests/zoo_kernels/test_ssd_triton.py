@@ -192,6 +192,23 @@ def test_the_backward_keeps_no_chunk_states_from_the_forward():
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
 
 
+def test_the_log_decays_reach_the_kernels_contiguous_whatever_layout_a_cumsum_returns(monkeypatch):
+    """The kernels index Λ ``[b, h, nc·L]`` as contiguous. torch's cumsum returns a contiguous tensor here; one that
+    kept its input's permuted strides (``empty_like``'s rule for dense inputs) would still view to ``[b, h, nc·L]`` and
+    be read wrong without a word. With such a cumsum the scan still matches the float64 recurrence."""
+    real = torch.cumsum
+
+    def strided_cumsum(t, dim, **kwargs):
+        out = real(t, dim, **kwargs)
+        if t.dim() != 4 or t.is_contiguous():
+            return out
+        kept = torch.empty_strided(t.shape, t.stride(), dtype=out.dtype, device=out.device)  # the input's layout
+        return kept.copy_(out)
+
+    monkeypatch.setattr(torch, "cumsum", strided_cumsum)
+    assert_matches_recurrence(make(2, 37, 4, 8, 2, 16, True, True), 16, None)
+
+
 @pytest.mark.parametrize("docs", [False, True])
 def test_views_of_one_projection_are_read_in_place(docs):
     """x, B, C and dt split from one projection (as the SSD layer makes them) go to the kernels through their

@@ -107,8 +107,10 @@ def _chunk_log_decays(dt: torch.Tensor, A: torch.Tensor, L: int) -> torch.Tensor
     batch, T, H = dt.shape
     a = dt.float() * A.float()  # [b, T, h]
     a = F.pad(a, (0, 0, 0, (-T) % L)).transpose(1, 2).reshape(batch, H, -1, L)  # [b, h, nc, L]
-    # along the innermost dimension: over an outer one (h innermost) a GPU's cumsum took 53 µs at T 16K, H 32 (H200)
-    return torch.cumsum(a, dim=-1).view(batch, H, -1)  # [b, h, nc·L]
+    # along the innermost dimension: over an outer one (h innermost) a GPU's cumsum took 53 µs at T 16K, H 32 (H200).
+    # Contiguous, as the kernels index it: a sum that kept its input's permuted strides would still view to
+    # [b, h, nc·L], and be read wrong without a word (a no-op where torch's cumsum returns a contiguous tensor, as now)
+    return torch.cumsum(a, dim=-1).contiguous().view(batch, H, -1)  # [b, h, nc·L]
 
 
 def _chunk_state_call(X, dt, BM, lam, seg, T, L, forward: bool, blk: dict) -> torch.Tensor:
