@@ -370,8 +370,8 @@ def test_the_custom_ops_shape_functions_and_autograd_pass_torchs_opcheck(keep_wi
     assert set(torch.library.opcheck(torch.ops.hybrid_zoo.bias_attention.default, forward).values()) == {"SUCCESS"}
     o, lse, win_b, win_j = torch.ops.hybrid_zoo.bias_attention(*(t.detach() if torch.is_tensor(t) else t for t in forward))
     assert win_b.shape == ((B, H, T) if keep_window else (0,))
-    backward = (torch.randn(B, T, H, D, device=DEVICE), q.detach(), k.detach(), v.detach(), None if b is None else b.detach(), None, None,
-                o, lse, win_b, win_j, True, D ** -0.5, keep_window)
+    backward = (torch.randn(B, T, H, D, device=DEVICE), q.detach(), k.detach(), v.detach(),
+                None if b is None else b.detach(), None, None, o, lse, win_b, win_j, True, D ** -0.5, keep_window)
     assert set(torch.library.opcheck(torch.ops.hybrid_zoo.bias_attention_backward.default, backward).values()) == {
         "SUCCESS"}
 

@@ -452,7 +452,8 @@ def test_per_group_bc_grads_with_the_state_split_over_programs(docs, N, monkeypa
 
     config, given = ssd_triton.launch_config, []
     own = dict(shared_scores=True, group_n=16, group_pair_warps=2)
-    monkeypatch.setattr(ssd_triton, "launch_config", lambda *a, **k: given.append({**config(*a, **k), **own}) or given[-1])
+    monkeypatch.setattr(ssd_triton, "launch_config",
+                        lambda *a, **k: given.append({**config(*a, **k), **own}) or given[-1])
     launches = []  # (kernel, grid, warps)
 
     def watched(name):
@@ -496,9 +497,9 @@ def test_shared_scores_per_group_with_two_groups(docs, monkeypatch):
 @pytest.mark.parametrize("P, N, dtype, arch, want", [
     # Hopper, bf16/fp16, states up to 64 × 128: the H200 tile search's winners and both switches on
     (64, 128, torch.bfloat16, 90, dict(rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True,
-                                       order="heads", group_order="blocks", group_warps=4, group_rows=64, group_block=64,
-                                       group_n=64, group_pair_warps=None, scores_block=64, scores_warps=4, pair_rows=64,
-                                       pair_cols=16, keep_states=True,
+                                       order="heads", group_order="blocks", group_warps=4, group_rows=64,
+                                       group_block=64, group_n=64, group_pair_warps=None, scores_block=64,
+                                       scores_warps=4, pair_rows=64, pair_cols=16, keep_states=True,
                                        y=dict(rows=64, cols=32, warps=4, stages=2, order="blocks"),
                                        dx=dict(rows=32, cols=32, warps=4, stages=2, order="blocks"),
                                        pairs=dict(rows=32, cols=16, warps=1, stages=3))),
