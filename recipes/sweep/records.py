@@ -128,10 +128,7 @@ def stored_numbers(run: Run) -> dict | None:
     config = Path(run.folder) / "config.yaml"
     if config.is_file():  # (its data and trainer settings: --vs data.init_args.seq_len reads them)
         stored["config"] = {k: v for k, v in (yaml.safe_load(config.read_text()) or {}).items() if k in CONFIG_SECTIONS}
-    try:
-        code = read_code(Path(run.folder))
-    except ValueError:  # a damaged code.json keeps no code in the record (the table from the folders names it)
-        code = None
+    code = readable_code(run)  # (a damaged code.json keeps none: the table from the folders names it)
     if code is not None:
         stored["code"] = code
     return stored

@@ -9,6 +9,7 @@ Three paths, by what the call needs:
   readable form of the math. The math is in README.md beside this file.
 """
 
+import contextlib
 import math
 
 import torch
@@ -142,9 +143,7 @@ def attention_masked(q, k, v, *, bias, causal, key_padding_mask, keep_window, sc
     mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
     if bias is not None:
         mask = mask + bias[:, :, None, :].to(q.dtype)  # [B, H, T, S]
-    if fused_backward_fails(q, k, v, mask):
-        with sdpa_kernel(SDPBackend.MATH):  # the mask is [T, S] already: the math backend's scores cost no more
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, T, D]
-    else:
+    # the mask is [T, S] already: the math backend's scores cost no more
+    with sdpa_kernel(SDPBackend.MATH) if fused_backward_fails(q, k, v, mask) else contextlib.nullcontext():
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, T, D]
     return out.masked_fill(empty, 0.0)
