@@ -94,66 +94,78 @@ def test_a_model_under_fp16_autocast_trains_through_the_kernels_as_through_the_r
     """Autocast needs nothing from the ops (no custom_fwd/custom_bwd): under it the projections hand the kernels
     half q/k/v, x, B and C beside fp32 dt, A, key biases and expert rows, which they take; the ops' backward runs
     Triton alone, which autocast does not touch. A hybrid with SSD, QCAttention, CDMoE and Cheems' InnerFuncAttention, its
-    loss and every parameter's gradient under fp16 autocast: the kernels' error against the fp32 model is at
-    most twice that of the same model on the plain-torch references under the same autocast (+ the floor below)."""
+    loss and every parameter's gradient under fp16 autocast, over five seeds: the kernels' error against the fp32
+    model, relative to the true value's largest entry and the worst of the seeds, is at most twice that of the same
+    model on the plain-torch references under the same autocast (+ the floor below).
+
+    Why five seeds: a parameter of a few entries (``A_log``, ``dt_bias``, Doge's ``A``: one per head) gives the
+    references' error as the largest of four draws, which can land low by luck. Seed by seed, the ratio reached 4.4 on
+    a CPU (``A_log`` at seed 1: 2.0e-7 against 4.3e-8) and 2.2 on an H200 (seed 0); over any five consecutive seeds of
+    sixteen on a CPU at most 1.7 (``sequence_norm.weight``)."""
+    import contextlib
     from functools import partial
 
     from components import MLP, SSD, CDMoE, HybridLM, InnerFuncAttention, QCAttention
 
-    def model(backend):
-        torch.manual_seed(0)
+    def model(backend, seed):
+        torch.manual_seed(seed)
         return HybridLM(97, 64, "SM AC IM", {
             "C": partial(CDMoE, n_experts=64, n_heads=2, top_k=4, key_dim=8, backend=backend),
             "S": partial(SSD, head_dim=16, d_state=16, chunk_size=16, rope=True, backend=backend), "M": MLP,
             "A": partial(QCAttention, n_heads=4, backend=backend),
             "I": partial(InnerFuncAttention, n_heads=4, mask="cheems", backend=backend)}, max_seq_len=64).to(DEVICE)
 
-    tokens = torch.randint(0, 97, (2, 37), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     import components.state.cdmoe as cdmoe
 
     routes = []  # the experts CDMoE retrieved in each run: a top-k that flips moves a row's gradient to another row
     topk = cdmoe.product_key_topk
     monkeypatch.setattr(cdmoe, "product_key_topk", lambda *a: (lambda out: routes.append(out[1]) or out)(topk(*a)))
 
-    def loss_and_grads(net, autocast: bool):
+    def loss_and_grads(net, tokens, autocast: bool):
         with torch.autocast(DEVICE, dtype=HALF, enabled=autocast):
             logits = net(tokens[:, :-1])
             loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
         grads = torch.autograd.grad(loss, list(net.parameters()))
         return [loss.detach().float(), *(g.float() for g in grads)]
 
-    exact = loss_and_grads(model("reference"), autocast=False)
-    with torch.profiler.profile() as profile:
-        kernel = loss_and_grads(model("triton"), True)
-    ran = {event.name for event in profile.events() if event.name.startswith("hybrid_zoo::")}
-    assert ran == {f"hybrid_zoo::{op}{part}" for op in ("ssd_scan", "bias_attention", "expert_mix") for part in ("", "_backward")}
-    torch_half = loss_and_grads(model("reference"), True)
-    assert len(routes) == 3, f"CDMoE routed {len(routes)} times in three forwards"
-    exact_route, kernel_route, half_route = (r.sort(-1).values for r in routes)  # [M, H, k] each
-    # A near-tie in the top-k flips under any rounding (on a CPU both half runs flip 2 of 144 heads, the same
-    # ones): the flipped expert's row gains one token's term in one run and not in the other. Those rows are
-    # compared by neither run; the rest of up and down, and every other gradient, are.
-    moved = torch.zeros(64, dtype=torch.bool, device=DEVICE)
-    for route in (kernel_route, half_route):
-        differs = (route != exact_route).any(-1)  # [M, H]
-        moved[route[differs].flatten()] = True
-        moved[exact_route[differs].flatten()] = True
-    flipped = [int((r != exact_route).any(-1).sum()) for r in (kernel_route, half_route)]
-    assert max(flipped) <= 6, f"{flipped} of {exact_route[..., 0].numel()} CDMoE heads routed unlike the fp32 model"
-    names = ["loss", *(name for name, _ in model("reference").named_parameters())]
-    over = []
-    for name, got, base, want in zip(names, kernel, torch_half, exact):
-        if name.endswith(("state_mixer.up", "state_mixer.down")):  # [n_experts, d] rows
-            got, base, want = got[~moved], base[~moved], want[~moved]
-        # The floor: a hundredth of an fp16 step (2^-10) at the largest true value. The loss is one number, so the
-        # references' error on it is a single draw that can cancel: on an AMX CPU 1.7e-5 against the kernels' 3.9e-5
-        # on a loss of 4.7, whose fp16 step is 4e-3; on the gradients (largest values ~0.01) it is ~1e-7.
-        err, err_torch = (got - want).abs().max().item(), (base - want).abs().max().item()
-        floor = 2 ** -10 / 100 * want.abs().max().item()
-        if err > 2 * err_torch + floor:
-            over.append(f"{name}: kernels under autocast {err:.3g} > 2 × references' {err_torch:.3g}")
-    assert not over, "; ".join(over) + f" (heads flipped in the kernels' run, the references': {flipped}; " \
-                                       f"expert rows left out: {int(moved.sum())})"
+    names = ["loss", *(name for name, _ in model("reference", 0).named_parameters())]
+    worst = {name: [0.0, 0.0] for name in names}  # the kernels' and the references' relative errors, worst seed
+    for seed in range(5):
+        tokens = torch.randint(0, 97, (2, 37), generator=torch.Generator().manual_seed(3 + seed)).to(DEVICE)
+        routes.clear()
+        exact = loss_and_grads(model("reference", seed), tokens, autocast=False)
+        with torch.profiler.profile() if seed == 0 else contextlib.nullcontext() as profile:
+            kernel = loss_and_grads(model("triton", seed), tokens, True)
+        if seed == 0:
+            ran = {event.name for event in profile.events() if event.name.startswith("hybrid_zoo::")}
+            assert ran == {f"hybrid_zoo::{op}{part}" for op in ("ssd_scan", "bias_attention", "expert_mix")
+                           for part in ("", "_backward")}
+        torch_half = loss_and_grads(model("reference", seed), tokens, True)
+        assert len(routes) == 3, f"CDMoE routed {len(routes)} times in three forwards"
+        exact_route, kernel_route, half_route = (r.sort(-1).values for r in routes)  # [M, H, k] each
+        # A near-tie in the top-k flips under any rounding (on a CPU both half runs flip 2 of 144 heads, the same
+        # ones): the flipped expert's row gains one token's term in one run and not in the other. Those rows are
+        # compared by neither run; the rest of up and down, and every other gradient, are.
+        moved = torch.zeros(64, dtype=torch.bool, device=DEVICE)
+        for route in (kernel_route, half_route):
+            differs = (route != exact_route).any(-1)  # [M, H]
+            moved[route[differs].flatten()] = True
+            moved[exact_route[differs].flatten()] = True
+        flipped = [int((r != exact_route).any(-1).sum()) for r in (kernel_route, half_route)]
+        assert max(flipped) <= 6, f"seed {seed}: {flipped} of {exact_route[..., 0].numel()} CDMoE heads routed unlike the fp32 model"
+        for name, got, base, want in zip(names, kernel, torch_half, exact):
+            if name.endswith(("state_mixer.up", "state_mixer.down")):  # [n_experts, d] rows
+                got, base, want = got[~moved], base[~moved], want[~moved]
+            scale = want.abs().max().item()
+            for k, err in enumerate(((got - want).abs().max().item(), (base - want).abs().max().item())):
+                worst[name][k] = max(worst[name][k], err / scale)
+    # The floor: a hundredth of an fp16 step (2^-10) at the largest true value. The loss is one number, so the
+    # references' error on it is a single draw that can cancel: on an AMX CPU 1.7e-5 against the kernels' 3.9e-5
+    # on a loss of 4.7, whose fp16 step is 4e-3.
+    floor = 2 ** -10 / 100
+    over = [f"{name}: kernels under autocast {err:.3g} > 2 × references' {err_torch:.3g}"
+            for name, (err, err_torch) in worst.items() if err > 2 * err_torch + floor]
+    assert not over, "; ".join(over) + " (relative to each value's largest entry, the worst of five seeds)"
 
 
 @pytest.mark.parametrize("docs", [False, True])

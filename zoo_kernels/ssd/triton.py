@@ -280,7 +280,10 @@ def _group_bc_grads_call(x, dy, B, C, dt, lam, seg, states, d_states, read, shar
     (batch, _, H, P), (G, N) = x.shape, B.shape[2:]
     n_chunks, Tp, seg_arg = lam.shape[-1] // L, lam.shape[-1], lam if seg is None else seg
     block = min(blk["group_block"], max(16, triton.next_power_of_2(L)))
-    pairs = torch.empty(batch, n_chunks, G, L, L, dtype=torch.float32, device=x.device)  # blocks above: never read
+    # stored in the dtype _group_bc_grads multiplies them in (B's and C's), which rounds them there anyway: the same
+    # numbers in half the bytes at bf16 (fp32 where B and C differ)
+    pair_dtype = B.dtype if B.dtype == C.dtype else torch.float32
+    pairs = torch.empty(batch, n_chunks, G, L, L, dtype=pair_dtype, device=x.device)  # blocks above: never read
     _group_pair_grads[_grid(batch * n_chunks, triton.cdiv(L, block) ** 2, G, blk["group_order"])](
         x, dy, dt, lam, seg_arg, pairs, T, L, Tp, n_chunks, H, G, P, *x.stride()[:3], *dy.stride()[:3], *dt.stride()[:2],
         HAS_DOCS=seg is not None, BLOCK=block, BLOCK_P=blk["P"], DOT=blk["dot"], GROUP_ORDER=blk["group_order"],

@@ -245,12 +245,12 @@ def _group_pair_grads(X, DY, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, G, P, sx_
                       sdt_b, sdt_t,
                       HAS_DOCS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, DOT: tl.constexpr,
                       GROUP_ORDER: tl.constexpr):
-    """``OUT[b, c, g, l, m] = Σ_{h in g} (dy_l·x_m) exp(Λ_l − Λ_m) dt_m`` fp32 for the pairs ``m ≤ l`` of one document
-    in chunk ``c`` (0 elsewhere in the blocks on and below the diagonal; the blocks above are never written): what the
-    group's in-chunk products ``C_l·B_m`` receive, summed over the heads that share them, so that ``dC_l`` takes
-    ``Σ_m OUT_lm B_m`` and ``dB_m`` takes ``Σ_l OUT_lm C_l`` once per group rather than once per head (mamba_ssm's
-    ``dCB``). The program loops over the group's heads. Grid: row blocks × column blocks per chunk and group, in
-    GROUP_ORDER (:func:`_chunk_head_block`)."""
+    """``OUT[b, c, g, l, m] = Σ_{h in g} (dy_l·x_m) exp(Λ_l − Λ_m) dt_m`` (summed in fp32, stored in OUT's dtype) for the
+    pairs ``m ≤ l`` of one document in chunk ``c`` (0 elsewhere in the blocks on and below the diagonal; the blocks
+    above are never written): what the group's in-chunk products ``C_l·B_m`` receive, summed over the heads that share
+    them, so that ``dC_l`` takes ``Σ_m OUT_lm B_m`` and ``dB_m`` takes ``Σ_l OUT_lm C_l`` once per group rather than
+    once per head (mamba_ssm's ``dCB``). The program loops over the group's heads. Grid: row blocks × column blocks per
+    chunk and group, in GROUP_ORDER (:func:`_chunk_head_block`)."""
     b, c, g, i, j = _pair_block(n_chunks, G, L, BLOCK, GROUP_ORDER)
     if j <= i:
         offs_p = tl.arange(0, BLOCK_P)
@@ -274,7 +274,7 @@ def _group_pair_grads(X, DY, DT, LAM, SEG, OUT, T, L, Tp, n_chunks, H, G, P, sx_
             lam_m = tl.load(lam_ptr + offs_m, mask=offs_m < L, other=0.0)
             decay = tl.exp(tl.where(causal, lam_l[:, None] - lam_m[None, :], float("-inf")))
             acc += tl.dot(dy, tl.trans(x.to(dy.dtype)), input_precision=DOT) * decay * dt_m[None, :]
-        tl.store(_group_score_tile(OUT, b, c, n_chunks, g, G, L, offs_l, offs_m), acc,
+        tl.store(_group_score_tile(OUT, b, c, n_chunks, g, G, L, offs_l, offs_m), acc.to(OUT.dtype.element_ty),
                  mask=(offs_l < L)[:, None] & (offs_m < L)[None, :])
 
 
