@@ -498,7 +498,7 @@ def test_shared_scores_per_group_with_two_groups(docs, monkeypatch):
     # Hopper, bf16/fp16, states up to 64 × 128: the H200 tile search's winners and both switches on
     (64, 128, torch.bfloat16, 90, dict(rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True,
                                        order="heads", group_order="blocks", group_warps=4, group_rows=64,
-                                       group_block=64, group_n=64, group_pair_warps=None, scores_block=64,
+                                       group_block=64, group_n=128, group_pair_warps=None, scores_block=64,
                                        scores_warps=4, pair_rows=64, pair_cols=16, keep_states=True,
                                        y=dict(rows=64, cols=32, warps=4, stages=2, order="blocks"),
                                        dx=dict(rows=32, cols=32, warps=4, stages=2, order="blocks"),

@@ -93,7 +93,7 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
         # the kernels' own tiles and the heads innermost (the pairs) or each head's blocks innermost (y, dx): each
         # section's fastest at T 16K on an H200 (2026-11-27, 2026-12-04)
         return dict(tiles, rows=64, warps=4, stages=2, shared_scores=True, narrow_states=True, keep_states=True,
-                    order="heads", group_order="blocks", group_rows=64, group_warps=4, group_n=min(64, tiles["N"]),
+                    order="heads", group_order="blocks", group_rows=64, group_warps=4,
                     y=dict(rows=64, cols=32, warps=4, stages=2, order="blocks"),
                     dx=dict(rows=32, cols=32, warps=4, stages=2, order="blocks"),
                     pairs=dict(rows=32, cols=16, warps=1, stages=3))
