@@ -57,11 +57,11 @@ cat "$out/summary.txt"
 case "$phase" in
     kernels)
         # first what decides the SSD's launch_config at 16K, so a lease cut short still answers it: the CUDA tests
-        # (test_gpu_precision.py among them; 443 tests in 68 s on 8 workers, an H200, 2026-12-04), then a second round
-        # of the kernels' own tiles on the grid orders and the per-group kernels' tiles the last lease took (its first
-        # round: 2026-11-27) — with mamba_ssm's row (its autotuning: about 80 s) in the same process, so the winners'
-        # "together" line is the ratio the goal asks for; the winners' entries go to OUT/ssd_winners.json where
-        # together they beat the current tiles
+        # (test_gpu_precision.py among them; 446 tests in 60 s on 8 workers, an H200, 2026-12-04), then the kernels'
+        # own tiles around the current ones (three rounds so far: 2026-11-27 and twice on 2026-12-04; the last put the
+        # per-group kernels on all of N) — with mamba_ssm's row (its autotuning: about 80 s) in the same process, so
+        # the winners' "together" line is the ratio the goal asks for; the winners' entries go to
+        # OUT/ssd_winners.json where together they beat the current tiles
         step kernel_tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 -rf tests/zoo_kernels
         step ssd_tiles16k 200 python3 -m recipes.benchmarks.ssd_tiles --length 16384 --sections y dx pair_tiles \
             group --write-winners "$out/ssd_winners.json"

@@ -51,13 +51,14 @@ SHARED = [(64, 4, 3), (64, 4, 2), (64, 8, 3), (128, 4, 2), (128, 8, 2), (64, 8, 
 LOG_DECAY = [(64, 16), (32, 32), (64, 32), (128, 16), (32, 16), (128, 32)]
 # (group_rows, group_warps, group_block, group_n, group_pair_warps) for the per-group backward kernels that
 # shared_scores runs: the dC/dB kernel's rows, warps and the state's columns a program makes (N split over programs),
-# the pairs' gradient blocks and that kernel's warps. The second search at 16K (H200, 2026-12-04) took 64 rows on 4
-# warps over 64 of 128 columns, 64-row pair blocks on 4 warps (8 warps lost everywhere); these are its neighbours.
-# Compiled for sm_90 (bf16, P 64, N 128, aligned; compile_check with each patched in): no spill but 112 bytes with all
-# 128 columns on 64 rows; 32-row pair blocks take _group_pair_grads from 212 registers to 87 (and from a 352-byte
-# spill to none unaligned); 128-column pair blocks spilled 816 bytes, 2 warps for the pairs 40 (both left out)
-GROUP = [(64, 4, 32, 64, 4), (64, 4, 32, 32, 4), (128, 8, 64, 64, 4), (128, 8, 32, 64, 4), (64, 4, 64, 128, 4),
-         (32, 4, 64, 32, 4)]
+# the pairs' gradient blocks and that kernel's warps. The third search at 16K (H200, 2026-12-04, the day's second
+# lease) took 64 rows on 4 warps over all of N's 128 columns (1,419 -> 1,042 µs; the N split of the search before,
+# which had timed 64 rows only split, is the last entry); these are its neighbours. Compiled for sm_90 (bf16, P 64,
+# N 128; compile_check with each patched in), aligned: no spill on 8 warps (201-234 registers) nor at 32 rows, 216
+# bytes at 128 rows on 8 warps, 112 in the dB kernel as launch_config has it; 32-row pair blocks take
+# _group_pair_grads to 87 registers, 8 warps there to 146
+GROUP = [(64, 8, 64, 128, 4), (64, 4, 32, 128, 4), (64, 4, 64, 128, 8), (128, 8, 64, 128, 4), (32, 4, 32, 128, 4),
+         (64, 4, 64, 64, 4)]
 # the y and d(dt·x) kernels' tiles of their own (launch_config's "y" and "dx" entries): (rows, cols: the column block of
 # the in-chunk loop, warps, stages[, p_block: the head dim's columns a y program makes, None: all]). The first search
 # (T 16K, H200, 2026-11-27: docs/kernels.md) took y 64 × 32 on 4 warps, 3 stages, and dx 32 × 64 on 4 warps, 2 stages,

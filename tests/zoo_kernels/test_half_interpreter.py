@@ -101,7 +101,7 @@ def test_a_model_under_fp16_autocast_trains_through_the_kernels_as_through_the_r
     Why five seeds: a parameter of a few entries (``A_log``, ``dt_bias``, Doge's ``A``: one per head) gives the
     references' error as the largest of four draws, which can land low by luck. Seed by seed, the ratio reached 4.4 on
     a CPU (``A_log`` at seed 1: 2.0e-7 against 4.3e-8) and 2.2 on an H200 (seed 0); over any five consecutive seeds of
-    sixteen on a CPU at most 1.7 (``sequence_norm.weight``).
+    sixteen on a CPU at most 1.9 (Doge's ``A``), over these five 1.36 (docs/testing.md).
 
     Why the half runs take the fp32 run's experts: a near-tie in CDMoE's top-k flips under any rounding, and a
     flipped expert changes the function, so every gradient after it (on an H200 the two half runs flipped different

@@ -37,8 +37,9 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
       16 above (the largest without a spill on sm_90 with fp32 states: 64 rows spilled 80-730 bytes at 64 × 128, 32
       rows 56-184 at the larger states), and ``group_block`` × ``group_block`` blocks of the pairs' gradients, 64 and 32
       (64 spilled 64 bytes at P 128); fp32 takes the smaller ones. ``group_n`` splits the state's ``N`` over the dC/dB
-      programs (each makes that many columns and its share of the row dots, summed after; all of ``N`` by default, 64
-      on Hopper, below) and ``group_pair_warps`` gives ``_group_pair_grads`` warps of its own (None: ``group_warps``).
+      programs (each makes that many columns and its share of the row dots, summed after; all of ``N`` by default: the
+      split lost on Hopper at 64 rows, below) and ``group_pair_warps`` gives ``_group_pair_grads`` warps of its own
+      (None: ``group_warps``).
     - ``narrow_states``: the chunks' entering states and their gradients kept in the inputs' dtype, as mamba_ssm keeps
       its states (the kernels that read them multiply them in that dtype already, so ``y`` and every gradient but the
       carry's share of ``dA`` and ``d dt`` are the same; the recurrence over chunks and the final state stay fp32),
@@ -71,10 +72,12 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     backward went from 9.02 to 8.30 ms at 16K in the first round and 8.39 to 7.41 in the second, each in one process,
     and ``ops`` measured 7.36 against mamba_ssm's 6.80 (0.92×) and 3.25 against 4.56 at 4K. Then (2026-12-04, H200,
     with ``D`` and Δ in fp32 as a Mamba-2 layer launches them) ``keep_states``, the blocks-innermost orders and the
-    per-group kernels on 64 rows × 64 of ``N``'s columns (``group_n``; 1,684 → 1,629 µs; no spill aligned, 168-200
-    bytes in the unaligned variant, ``compile_check``), each its section's fastest:
-    together 7.23 → 6.61 ms (1.09×; mamba_ssm 6.88 in that process), and ``ops`` 6.71 against 6.65 at 16K, 2.55
-    against 3.60 at 4K. Elsewhere the entries are empty and the kernels take the shared tiles."""
+    per-group kernels on 64 rows (1,684 → 1,629 µs with ``N`` split over two programs; the day's second search, with
+    all of ``N``'s 128 columns a program, 1,419 → 1,042: aligned, the ``dB`` kernel spills 112 bytes a thread and the
+    unaligned variant 904-1,024, against none and 168-200 split, ``compile_check``), each its section's fastest:
+    together 7.23 → 6.61 → 6.10 ms (mamba_ssm 6.53 in that process: 1.07×), and ``ops`` 6.09 against 6.18 at 16K
+    (GPU time 5.72 against 5.87 ms), 2.33 against 3.11 at 4K. Elsewhere the entries are empty and the kernels take the
+    shared tiles."""
     pow2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     tiles = dict(P=pow2(P), N=pow2(N), pair_rows=64, pair_cols=16, shared_scores=False, narrow_states=False,
                  keep_states=False, order="chunks", group_order="chunks", y={}, dx={}, pairs={})
