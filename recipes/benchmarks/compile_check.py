@@ -128,15 +128,15 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
         Case("ssd _group_pair_grads", ssd._group_pair_grads, dict(BLOCK=cfg["group_block"], BLOCK_P=P, DOT=dot,
              **group_order),
              dict(num_warps=cfg["group_pair_warps"] or cfg["group_warps"]),  # (Triton's default stages, as launched)
-             ("X", "DY"), f32("DT", "LAM", "OUT")),
+             ("X", "DY", "OUT"), f32("DT", "LAM")),  # the pairs' gradients in B's and C's dtype
         Case("ssd _group_bc_grads (dC)", ssd._group_bc_grads, dict(SOURCE_ROWS=False, BLOCK_L=group_rows,
              BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=group_n,
-             N_BLOCKS=-(-N // group_n), DOT=dot, **group_order), group_warps, ("Q", "W", "R", "OUT"),
-             f32("STATES", "DT", "LAM", "PAIRS", "ROW_DOTS")),
+             N_BLOCKS=-(-N // group_n), DOT=dot, **group_order), group_warps, ("Q", "W", "R", "OUT", "PAIRS"),
+             f32("STATES", "DT", "LAM", "ROW_DOTS")),
         Case("ssd _group_bc_grads (dB)", ssd._group_bc_grads, dict(SOURCE_ROWS=True, BLOCK_L=group_rows,
              BLOCK_M=group_rows, BLOCK_P=P, BLOCK_N=group_n,
-             N_BLOCKS=-(-N // group_n), DOT=dot, **group_order), group_warps, ("Q", "W", "R", "OUT"),
-             f32("STATES", "DT", "LAM", "PAIRS", "ROW_DOTS")),
+             N_BLOCKS=-(-N // group_n), DOT=dot, **group_order), group_warps, ("Q", "W", "R", "OUT", "PAIRS"),
+             f32("STATES", "DT", "LAM", "ROW_DOTS")),
     ]
     if cfg["narrow_states"]:  # the chunks' states (the scan's OUT, the readers' STATES/DSTATES) in the inputs' dtype
         for case in ssd_cases:

@@ -54,9 +54,9 @@ LOG_DECAY = [(64, 16), (32, 32), (64, 32), (128, 16), (32, 16), (128, 32)]
 # the pairs' gradient blocks and that kernel's warps. The third search at 16K (H200, 2026-12-04, the day's second
 # lease) took 64 rows on 4 warps over all of N's 128 columns (1,419 -> 1,042 µs; the N split of the search before,
 # which had timed 64 rows only split, is the last entry); these are its neighbours. Compiled for sm_90 (bf16, P 64,
-# N 128; compile_check with each patched in), aligned: no spill on 8 warps (201-234 registers) nor at 32 rows, 216
-# bytes at 128 rows on 8 warps, 112 in the dB kernel as launch_config has it; 32-row pair blocks take
-# _group_pair_grads to 87 registers, 8 warps there to 146
+# N 128; compile_check with each patched in, the pairs' gradients then fp32), aligned: no spill on 8 warps (201-234
+# registers) nor at 32 rows, 216 bytes at 128 rows on 8 warps, 112 in the dB kernel as launch_config has it (none
+# with them in bf16, as launched since); 32-row pair blocks take _group_pair_grads to 87 registers, 8 warps to 146
 GROUP = [(64, 8, 64, 128, 4), (64, 4, 32, 128, 4), (64, 4, 64, 128, 8), (128, 8, 64, 128, 4), (32, 4, 32, 128, 4),
          (64, 4, 64, 64, 4)]
 # the y and d(dt·x) kernels' tiles of their own (launch_config's "y" and "dx" entries): (rows, cols: the column block of

@@ -73,8 +73,9 @@ def launch_config(P: int, N: int, cuda: bool, dtype: torch.dtype = torch.bfloat1
     and ``ops`` measured 7.36 against mamba_ssm's 6.80 (0.92×) and 3.25 against 4.56 at 4K. Then (2026-12-04, H200,
     with ``D`` and Δ in fp32 as a Mamba-2 layer launches them) ``keep_states``, the blocks-innermost orders and the
     per-group kernels on 64 rows (1,684 → 1,629 µs with ``N`` split over two programs; the day's second search, with
-    all of ``N``'s 128 columns a program, 1,419 → 1,042: aligned, the ``dB`` kernel spills 112 bytes a thread and the
-    unaligned variant 904-1,024, against none and 168-200 split, ``compile_check``), each its section's fastest:
+    all of ``N``'s 128 columns a program, 1,419 → 1,042: aligned, no spill with the pairs' gradients in bf16 (112
+    bytes in ``dB`` with them fp32); the unaligned variant 888-1,024 bytes, 168-200 split; ``compile_check``), each
+    its section's fastest:
     together 7.23 → 6.61 → 6.10 ms (mamba_ssm 6.53 in that process: 1.07×), and ``ops`` 6.09 against 6.18 at 16K
     (GPU time 5.72 against 5.87 ms), 2.33 against 3.11 at 4K. Elsewhere the entries are empty and the kernels take the
     shared tiles."""
