@@ -129,8 +129,12 @@ def test_a_model_under_fp16_autocast_trains_through_the_kernels_as_through_the_r
         scores, experts = topk(scores_a, scores_b, k)  # [M, H, k] each
         picked.append(experts)
         if forced:  # the fp32 run's experts, scored by this run: expert e = i·n_b + j
-            experts, n_b = forced[0], scores_b.shape[-1]
+            own, (experts, n_b) = scores, (forced[0], scores_b.shape[-1])
             scores = scores_a.gather(-1, experts // n_b) + scores_b.gather(-1, experts % n_b)
+            # where this run picked the same experts, the scores it hands on are its own top-k's, bit for bit (a
+            # wrong scoring would change both half runs alike, and the rule compares them with each other)
+            same = (experts.sort(-1).values == picked[-1].sort(-1).values).all(-1)  # [M, H]
+            assert same.float().mean() > 0.9 and torch.equal(scores.sort(-1).values[same], own.sort(-1).values[same])
         return scores, experts
 
     monkeypatch.setattr(cdmoe, "product_key_topk", routed)
