@@ -7,7 +7,7 @@ import torch
 
 from components.cache import InferenceCache
 from components.rotary import RotaryEmbedding
-from zoo_kernels._finite import poison, seen_so_far, split_finite
+from zoo_kernels._finite import seen_so_far, split_finite
 from zoo_kernels.attention import attention, document_runs, round_bias
 
 
@@ -69,52 +69,60 @@ class Context:
         the values are repeated to the values' heads (InnerFuncAttention); the kernel repeats both to ``H``.
 
         Decoding keeps the non-finite bookkeeping of :func:`zoo_kernels.attention.attention` per token instead of
-        per step: each entry is cleaned once, as it enters the cache, and the cache remembers which heads of
-        each sequence have met a non-finite key, value or bias — so a step costs ``O(T)`` checks, not ``O(S)``.
-        On a CPU, a call whose entries are all finite, in a cache that has met none, skips that bookkeeping (about a
-        dozen small ops a layer, a tenth of an eager Llama step at batch 1): one sum says so.
+        per step, with the cache's record of which heads of each sequence have met a non-finite key, value or bias
+        (``nonfinite``, ``[B, H]``: 0, or NaN for such a head), so a step costs ``O(T)`` checks, not ``O(S)``.
+        A call of several tokens (the prompt) or with a padding mask cleans each entry as it enters the cache
+        (:meth:`_exact_entries`). A one-token step without padding stores its entries as they are (:func:`_step`):
+        a head that met one is NaN from then on whatever its cached entries hold, and every other head's are finite.
+        On a CPU, a call whose entries are all finite, in a cache that has met none, skips that bookkeeping (a few
+        small ops a layer, several percent of an eager step at batch 1): one sum says so.
         Returns ``[B, T, H, Dh]``."""
-        def heads(t: torch.Tensor, n: int) -> torch.Tensor:  # [B, ·, h, ·] → [B, ·, n, ·], each head repeated n / h times
-            return t if t.shape[2] == n else t.repeat_interleave(n // t.shape[2], dim=2)
-
         if self.cache is None:
-            return attention(q, heads(k, v.shape[2]), v, bias=bias, causal=True, key_padding_mask=self.padding_mask,
+            return attention(q, _heads(k, v.shape[2]), v, bias=bias, causal=True, key_padding_mask=self.padding_mask,
                              keep_window=keep_window, document_ids=self.document_ids, backend=backend)
-        T, H = q.shape[1], q.shape[2]
+        T = q.shape[1]
         # rounded as attention() rounds it, before the finite pass and the cache: each entry once, not the whole
         # cached bias at every step
         bias = round_bias(bias, q.dtype)
         state = self.cache.state(owner)
-        reach = None  # [B, T, H]: True where a non-finite key, value or bias reaches the output
+        flag = None  # [B, T, H]: 0, or NaN where a non-finite entry reaches the output
         if "nonfinite" in state or not self._known_finite(k, v, bias):
-            (k, bad_k), (v, bad_v) = split_finite(k, 1), split_finite(v, 1)  # bad: [B, T, heads]
-            bad = heads(bad_k, H) | heads(bad_v, H)  # [B, T, H]
-            if bias is not None:
-                bias, bad_bias = split_finite(bias, 0)
-                bad = bad | bad_bias.transpose(1, 2)
-            if self.padding_mask is not None:
-                bad = bad & ~self.padding_mask[:, :, None]  # a padded key is never attended to
-            reach = seen_so_far(bad)  # [B, T, H]
-            if "nonfinite" in state:
-                reach = reach | state["nonfinite"][:, None]  # heads that met one in an earlier call
-            # [B, H] (= reach[:, -1], with the same strides after every call)
-            self.cache.keep(owner, "nonfinite", reach.any(dim=1), T)
+            entries = _step if T == 1 and self.padding_mask is None else self._exact_entries
+            k, v, bias, flag = entries(state, q, k, v, bias)
+            self.cache.keep(owner, "nonfinite", flag[:, -1].contiguous(), T)  # [B, H], the same strides each call
         k, v = self.cache.append(owner, "k", k), self.cache.append(owner, "v", v)  # [B, S, ·, Dh]
         bias = self.cache.append(owner, "bias", bias, dim=2) if bias is not None else None  # [B, H, S]
-        y = attention(q, heads(k, v.shape[2]), v, bias=bias, causal=True, key_padding_mask=self.cache.key_padding(T),
+        y = attention(q, _heads(k, v.shape[2]), v, bias=bias, causal=True, key_padding_mask=self.cache.key_padding(T),
                       keep_window=keep_window, backend=backend, check_finite=False)
-        return y if reach is None else poison(y, reach)
+        return y if flag is None else y + flag[..., None].to(y.dtype)  # y + NaN is NaN whatever y is; y + 0 is y
 
     def _known_finite(self, *tensors: torch.Tensor | None) -> bool:
         """True when every entry of ``tensors`` is known finite without a cost on the device: on a CPU, by one
         reduction each (a sum is finite only if every entry is; an overflowing sum says False, which only takes
-        the exact path). Always False on an accelerator, where reading the answer would stall the host, in a
+        the flagging path). Always False on an accelerator, where reading the answer would stall the host, in a
         compiled region, and with a fixed-shape cache (a compiled step's cache keeps the same entries at every step)."""
         tensors = [t for t in tensors if t is not None]
         if self.cache.static or torch.compiler.is_compiling() or any(t.device.type != "cpu" for t in tensors):
             return False
         total = sum(t.sum(dtype=torch.float32) for t in tensors)  # 0-dim; NaN or inf if any entry is
         return math.isfinite(total.item())
+
+    def _exact_entries(self, state: dict, q, k, v, bias):
+        """This call's entries with the non-finite ones set to 0, and ``[B, T, H]``: NaN at a query that a
+        non-finite key, value or bias reaches (one of this call's, unless padded, or one the cache met before)."""
+        H = q.shape[2]
+        (k, bad_k), (v, bad_v) = split_finite(k, 1), split_finite(v, 1)  # bad: [B, T, heads]
+        bad = _heads(bad_k, H) | _heads(bad_v, H)  # [B, T, H]
+        if bias is not None:
+            bias, bad_bias = split_finite(bias, 0)
+            bad = bad | bad_bias.transpose(1, 2)
+        if self.padding_mask is not None:
+            bad = bad & ~self.padding_mask[:, :, None]  # a padded key is never attended to
+        reach = seen_so_far(bad)  # [B, T, H]
+        if "nonfinite" in state:
+            reach = reach | state["nonfinite"].isnan()[:, None]  # heads that met one in an earlier call
+        flag = torch.where(reach, float("nan"), 0.0).to(q.dtype)  # [B, T, H]
+        return k, v, bias, flag
 
     def zero_padding(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, T, ...]`` with the padded positions set to 0 — whatever they held, NaN or inf
@@ -138,3 +146,25 @@ class Context:
         if dim not in self._tables:
             self._tables[dim] = self.rotary(self.position_ids, dim)
         return self._tables[dim]
+
+
+def _heads(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``[B, ·, h, ·] → [B, ·, n, ·]``, each head repeated ``n / h`` times."""
+    return t if t.shape[2] == n else t.repeat_interleave(n // t.shape[2], dim=2)
+
+
+def _step(state: dict, q, k, v, bias):
+    """A one-token step's entries as they are, and ``[B, 1, H]``: NaN for a head whose key, value or bias is
+    non-finite now or was before, 0 for the others — in four ops a layer (five with a bias) and no host sync: an
+    eager GPU step is its launches. ``0 · x`` is 0 for a finite ``x`` and NaN for NaN or ±inf, and a sum of zeros
+    stays 0, so no finite entries can overflow the flag (``add(…, alpha=0)`` adds ``0 · x``)."""
+    B, H, Hv, Hk = q.shape[0], q.shape[2], v.shape[2], k.shape[2]
+    zeros = (k * 0)[:, :, :, None].add(v.view(B, 1, Hk, Hv // Hk, -1), alpha=0)  # [B, 1, Hk, Hv / Hk, Dh]: by value head
+    earlier = state.get("nonfinite")  # [B, H]
+    if earlier is None:
+        earlier = q.new_zeros(B, H)
+    flag = earlier.view(B, 1, Hv, H // Hv) + zeros.sum(-1).view(B, 1, Hv, 1).to(q.dtype)  # [B, 1, Hv, H / Hv]
+    flag = flag.view(B, 1, H)
+    if bias is not None:  # [B, H, 1]
+        flag = flag.add(bias.transpose(1, 2), alpha=0)
+    return k, v, bias, flag

@@ -172,23 +172,27 @@ def test_a_cache_refuses_a_bad_size_copy_count_or_row():
 
 @pytest.mark.parametrize("name", MIXERS)
 @pytest.mark.parametrize("prefill", [5, 8])
-def test_a_nonfinite_input_reaches_the_same_outputs_when_decoding(name, prefill):
-    """A cache cleans each key once, as it enters, and remembers which heads met a NaN or inf: the steps after
-    it must be NaN exactly where the full forward is, before and after the prefill boundary, and padding
-    that holds NaN must reach nothing."""
+@pytest.mark.parametrize("steps", ["padded", "plain", "static"])
+def test_a_nonfinite_input_reaches_the_same_outputs_when_decoding(name, prefill, steps):
+    """A prompt's keys are cleaned as they enter the cache, a step's are stored as they are; the cache remembers
+    which heads met a NaN or inf: the outputs from then on must be NaN exactly where the full forward's are,
+    before and after the prefill boundary, and padding that holds NaN must reach nothing. With padding, every call
+    takes the cleaning path; without it (plain, and the fixed-shape steps of a compiled decoder), each step takes
+    the one-token path."""
     torch.manual_seed(0)
     mixer = MIXERS[name]()
     randomize(mixer)
-    mask, positions = padded(3, 13)
+    mask, positions = padded(3, 13) if steps == "padded" else (None, torch.arange(13).expand(3, 13))
     x = torch.randn(3, 13, 32)
     x[0, 6, 3] = float("nan")  # row 0: inside the prefill of 8, after that of 5
     x[1, 10, 0] = float("inf")  # row 1: a decoding step
-    x[2, 2, :] = float("nan")  # row 2: padding (6 padded positions), never seen
+    x[2, 2, :] = float("nan")  # row 2: padding (6 padded positions), never seen; unpadded, inside every prefill
     full = mixer(x, Context(position_ids=positions, padding_mask=mask))
-    got = in_pieces(mixer, x, positions, mask, prefill)
-    valid = ~mask
+    got = in_pieces(mixer, x, positions, mask, prefill, static=steps == "static")
+    valid = ~mask if mask is not None else torch.ones(3, 13, dtype=torch.bool)
     assert torch.equal(got.isnan()[valid], full.isnan()[valid])
-    assert full.isnan()[0, 6:].any() and not full.isnan()[2][valid[2]].any()  # the case is what it claims
+    assert full.isnan()[0, 6:].any() and full.isnan()[1, 10:].any()  # the case is what it claims
+    assert full.isnan()[2, 2:].any() == (mask is None) and not full.isnan()[:, :2].any()
     finite = valid[..., None] & ~full.isnan()
     assert torch.allclose(got[finite], full[finite], atol=1e-5, rtol=1e-4)
 
@@ -262,39 +266,80 @@ def test_greedy_generate_equals_the_argmax_loop_over_full_forwards(build):
     assert torch.equal(out, ids)
 
 
-def test_a_finite_step_on_a_cpu_skips_the_nonfinite_bookkeeping_until_a_head_meets_one(monkeypatch):
-    """On a CPU, attention's decoding call takes entries out (``split_finite``) only once a non-finite key, value or
-    bias has entered its cache: one sum tells it. A fixed-shape (compiled) cache always keeps the bookkeeping, and
-    finite entries whose sum overflows take the exact path too — with the full forward's outputs either way."""
+@pytest.mark.parametrize("where", ["cpu", "accelerator", "fixed-shape"])
+def test_the_bookkeeping_each_decoding_call_takes(monkeypatch, where):
+    """Attention's decoding calls take non-finite entries out (``split_finite``) only for a call of several tokens or
+    with padding, and flag heads (``_step``) at a one-token step. On a CPU, a finite call in a cache that has met no
+    non-finite entry skips both (one sum tells it) until a NaN enters; an accelerator's cache (no sum: it would
+    stall the host) and a fixed-shape (compiled) one always keep them. The full forward's outputs every time."""
     import components.context as context_module
 
-    calls = []
+    calls, steps = [], []
     monkeypatch.setattr(context_module, "split_finite", lambda x, dims: calls.append(dims) or split_finite(x, dims))
+    monkeypatch.setattr(context_module, "_step", lambda *a, step=context_module._step: steps.append(1) or step(*a))
+    if where == "accelerator":
+        monkeypatch.setattr(Context, "_known_finite", lambda self, *tensors: False)
     torch.manual_seed(0)
     mixer = InnerFuncAttention(32, n_heads=4, mask="content_exp")  # keys, values and a per-key bias
     randomize(mixer)
     x = torch.randn(2, 9, 32)
     positions = torch.arange(9).expand(2, 9)
+    static = where == "fixed-shape"
     full = mixer(x, Context(position_ids=positions))
     calls.clear()
-    torch.testing.assert_close(in_pieces(mixer, x, positions, None, 4), full, atol=1e-5, rtol=1e-4)
-    assert calls == []  # all finite: no bookkeeping at the prefill or at any step
-    in_pieces(mixer, x, positions, None, 4, static=True)
-    assert len(calls) == 6 * 3  # a fixed-shape cache: keys, values and bias at the prefill and each of 5 steps
-    calls.clear()
-    x[1, 6, 0] = float("nan")  # a step's input: the bookkeeping from there on, the NaN reaching what it reaches
-    got, full = in_pieces(mixer, x, positions, None, 4), mixer(x, Context(position_ids=positions))
-    assert len(calls) == 3 * 3 and torch.equal(got.isnan(), full.isnan()) and full.isnan()[1, 6:].all()
+    torch.testing.assert_close(in_pieces(mixer, x, positions, None, 4, static=static), full, atol=1e-5, rtol=1e-4)
+    kept = where != "cpu"
+    assert (calls, len(steps)) == (([1, 1, 0], 5) if kept else ([], 0))  # keys, values, bias at the prefill of 4
+    calls.clear(), steps.clear()
+    x[1, 6, 0] = float("nan")  # a step's input: the NaN reaching what it reaches
+    got, full = in_pieces(mixer, x, positions, None, 4, static=static), mixer(x, Context(position_ids=positions))
+    assert (calls, len(steps)) == (([1, 1, 0], 5) if kept else ([], 3))  # on a CPU, flags from the NaN's step on
+    assert torch.equal(got.isnan(), full.isnan()) and full.isnan()[1, 6:].all()
     assert not got.isnan()[0].any() and torch.allclose(got[0], full[0], atol=1e-5, rtol=1e-4)
 
 
-def test_finite_entries_whose_sum_overflows_take_the_exact_path():
+def test_finite_entries_whose_sum_overflows_take_the_flagging_path():
     cache = InferenceCache(1, 4)
     context = Context(position_ids=torch.zeros(1, 1, dtype=torch.long), cache=cache)
     big = torch.full((1, 1, 2, 4), 3e38)
     assert not context._known_finite(big, None) and context._known_finite(big / 1e30, None)
     assert not context._known_finite(torch.tensor([1.0, float("inf"), -float("inf")]), None)
     assert not Context(position_ids=torch.zeros(1, 1, dtype=torch.long), cache=InferenceCache(1, 4, static=True))._known_finite(big / 1e30)
+
+
+def step_flags(k, v, bias=None, earlier=None):
+    """``Context``'s one-token flags for ``q [B, 1, H, 4]`` (H from the bias or the values): ``[B, 1, H]``."""
+    from components.context import _step
+
+    H = bias.shape[1] if bias is not None else v.shape[2]
+    q = torch.zeros(k.shape[0], 1, H, 4, dtype=k.dtype, device=k.device)
+    return _step({} if earlier is None else {"nonfinite": earlier}, q, k, v, bias)[3].cpu()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_steps_flag_is_nan_exactly_at_the_heads_a_nonfinite_entry_reaches(device, dtype):
+    """Keys of 1 head repeated to 2 value heads, each repeated to 2 query heads; finite entries whose sum
+    overflows (3e38 · 4) are not flagged, and each of NaN, inf and -inf is, in the key, the value or the bias
+    (on a GPU too: the flag is ``0 · x`` summed, which a kernel that skipped zero factors would get wrong)."""
+    new = partial(torch.full, dtype=dtype, device=device)
+    big, v, zero_bias = new((1, 1, 1, 4), 3e38), new((1, 1, 2, 4), -3e38), new((1, 4, 1), 0.0)
+    assert torch.equal(step_flags(big, v), torch.zeros(1, 1, 2, dtype=dtype))
+    assert torch.equal(step_flags(big, v, new((1, 4, 1), 3e38)), torch.zeros(1, 1, 4, dtype=dtype))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        k = big.clone()
+        k[0, 0, 0, 2] = bad
+        assert step_flags(k, v).isnan().tolist() == [[[True, True]]]  # the one key head reaches both value heads
+        w = v.clone()
+        w[0, 0, 1, 3] = bad
+        assert step_flags(big, w, zero_bias).isnan().tolist() == [[[False, False, True, True]]]
+        bias = zero_bias.clone()
+        bias[0, 2] = bad
+        assert step_flags(big, v, bias).isnan().tolist() == [[[False, False, True, False]]]
+    earlier = new((1, 4), 0.0)
+    earlier[0, 1] = float("nan")  # a head that met one in an earlier call stays NaN
+    assert step_flags(big, v, zero_bias, earlier).isnan().tolist() == [[[False, True, False, False]]]
 
 
 def test_a_generation_past_max_seq_len_is_refused_before_any_work():
