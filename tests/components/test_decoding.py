@@ -171,7 +171,7 @@ def test_a_cache_refuses_a_bad_size_copy_count_or_row():
 
 
 @pytest.mark.parametrize("name", MIXERS)
-@pytest.mark.parametrize("prefill", [5, 8])
+@pytest.mark.parametrize("prefill", [1, 5, 8])
 @pytest.mark.parametrize("steps", ["padded", "plain", "static"])
 def test_a_nonfinite_input_reaches_the_same_outputs_when_decoding(name, prefill, steps):
     """A prompt's keys are cleaned as they enter the cache, a step's are stored as they are; the cache remembers
@@ -186,7 +186,7 @@ def test_a_nonfinite_input_reaches_the_same_outputs_when_decoding(name, prefill,
     x = torch.randn(3, 13, 32)
     x[0, 6, 3] = float("nan")  # row 0: inside the prefill of 8, after that of 5
     x[1, 10, 0] = float("inf")  # row 1: a decoding step
-    x[2, 2, :] = float("nan")  # row 2: padding (6 padded positions), never seen; unpadded, inside every prefill
+    x[2, 2, :] = float("nan")  # row 2: padding (6 padded positions), never seen (a one-token call with prefill 1)
     full = mixer(x, Context(position_ids=positions, padding_mask=mask))
     got = in_pieces(mixer, x, positions, mask, prefill, static=steps == "static")
     valid = ~mask if mask is not None else torch.ones(3, 13, dtype=torch.bool)
@@ -305,6 +305,25 @@ def test_finite_entries_whose_sum_overflows_take_the_flagging_path():
     assert not context._known_finite(big, None) and context._known_finite(big / 1e30, None)
     assert not context._known_finite(torch.tensor([1.0, float("inf"), -float("inf")]), None)
     assert not Context(position_ids=torch.zeros(1, 1, dtype=torch.long), cache=InferenceCache(1, 4, static=True))._known_finite(big / 1e30)
+
+
+def test_a_padded_one_token_call_cleans_its_entries():
+    """A one-token call with padding takes the cleaning path: a padded key that holds NaN is never attended to, so it
+    must leave no flag behind (the mixers zero their padded inputs first; a caller of ``Context.attend`` may not)."""
+    from zoo_kernels.attention import attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, 2, 1, 4).unbind(0)  # each [B 2, T 2, H 1, Dh 4]
+    k[1, 0, 0, 1] = float("nan")  # row 1's first token: padding
+    pad = torch.tensor([[False, False], [True, False]])
+    owner, cache, outs = torch.nn.Module(), InferenceCache(2, 2), []
+    for t, mask in enumerate([pad[:, :1], None]):  # a padded first token, then a step as generate makes it
+        cache.begin(1, mask)
+        context = Context(position_ids=torch.zeros(2, 1, dtype=torch.long), padding_mask=mask, cache=cache)
+        outs.append(context.attend(owner, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1]))
+        cache.end(1)
+    got, full = torch.cat(outs, dim=1), attention(q, k, v, causal=True, key_padding_mask=pad)
+    assert not full[1, 1].isnan().any() and torch.allclose(got[~pad], full[~pad], atol=1e-6)
 
 
 def step_flags(k, v, bias=None, earlier=None):
