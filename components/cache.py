@@ -90,13 +90,13 @@ class InferenceCache:
         return every entry so far: ``[..., seen + T, ...]``. The buffer is allocated at the first call."""
         state = self.layers.setdefault(owner, {})
         T = new.shape[dim]
-        if self.fixed_step(T) and name in state:  # at the tensor cursor; every entry, later ones masked
-            return state[name].index_copy_(dim, self.cursor.view(1), new)
         if name not in state:
             shape = list(new.shape)
             shape[dim] = self.capacity
             state[name] = new.new_zeros(shape)
         buffer = state[name]
+        if self.fixed_step(T):  # at the tensor cursor; every entry, later ones masked (a one-token prompt's too)
+            return buffer.index_copy_(dim, self.cursor.view(1), new)
         buffer.narrow(dim, self.seen, T).copy_(new)
         return buffer.narrow(dim, 0, self.seen + T)
 
