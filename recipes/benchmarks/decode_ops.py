@@ -1,44 +1,42 @@
 """``python -m recipes.benchmarks.decode_ops``: what one eager decoding step asks of its host — the ops torch
-dispatches for it and its time — the zoo's against Hugging Face's on the same weights (docs/decoding.md).
+dispatches for it, the host syncs among them and its time — the zoo's against Hugging Face's on the same weights
+(docs/decoding.md).
 
     python -m recipes.benchmarks.decode_ops                               # llama, mamba2, hybrid; width 64, 8 layers
     python -m recipes.benchmarks.decode_ops --models llama --width 256 --rounds 15
 
 An eager step on a GPU is its host's work: each op is dispatched and launched from Python, and the GPU waits
-for the next. This machine needs no GPU to count them: the ops a step dispatches are counted at torch's dispatcher
-(a ``TorchDispatchMode``; views, allocations and other ops that launch no kernel left out) as those of a generation
-of 5 new tokens less those of one of 4. The zoo runs in two forms: ``zoo, CPU`` as it runs here (a call of
-attention whose entries one sum shows finite skips the non-finite bookkeeping) and ``zoo, accelerator`` as it runs
-on a GPU (no such sum, which would stall the host: every step keeps the bookkeeping, here forced). The hybrid
-(TransXSSM's ``SM×7 AM``) has no Hugging Face form.
+for the next; a sync (a tensor's value read on the host) makes the host wait for the GPU as well. This machine
+needs no GPU to count them: the ops a step dispatches are counted at torch's dispatcher (a ``TorchDispatchMode``;
+views, allocations and other ops that launch no kernel left out, syncs counted apart) as those of a generation of
+5 new tokens less those of one of 4. The zoo's step takes the same path on every device. The hybrid (TransXSSM's
+``SM×7 AM``) has no Hugging Face form.
 
-``step ms`` is each form's step on this machine's CPU, from the median times of generations of ``--new-tokens``
+``step ms`` is each model's step on this machine's CPU, from the median times of generations of ``--new-tokens``
 tokens and of one token in interleaved rounds (a narrow model makes it the host's time: each op's work is tiny),
-and ``× HF`` Hugging Face's step over it (for the hybrid: the CPU form's). Every form's tokens are checked against
-the zoo model's full forward (``argmax``, as in ``recipes.benchmarks.decode_hf``). Needs the dev extras.
+and ``× HF`` Hugging Face's step over the zoo's. Every generation's tokens are checked against the zoo model's
+full forward (``argmax``, as in ``recipes.benchmarks.decode_hf``). Needs the dev extras.
 """
-
 import argparse
 import collections
 import statistics
 import tempfile
 from collections.abc import Callable
-from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from components import Context
 from recipes.argtypes import positive_int
 from recipes.benchmarks.decode_hf import first_departure, hf_model, zoo_hybrid
 from recipes.benchmarks.timing import interleaved_seconds
 
-# ops that launch no kernel: views and metadata, allocations without a fill, the host's own scalar reads
+# ops that launch no kernel: views and metadata, allocations without a fill
 LAUNCH_NOTHING = frozenset({
     "view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose", "unsqueeze", "squeeze", "expand", "select",
     "slice", "as_strided", "permute", "detach", "alias", "split", "split_with_sizes", "unbind", "chunk", "narrow",
     "unflatten", "flatten", "view_as", "movedim", "diagonal", "lift_fresh", "empty", "empty_like", "new_empty",
-    "empty_strided", "is_nonzero", "_local_scalar_dense", "sym_size", "sym_stride", "promote_types", "result_type"})
+    "empty_strided", "sym_size", "sym_stride", "promote_types", "result_type"})
+SYNCS = frozenset({"_local_scalar_dense", "is_nonzero", "equal"})  # a value read back: .item(), bool(t), torch.equal
 
 
 class OpCount(TorchDispatchMode):
@@ -56,7 +54,7 @@ class OpCount(TorchDispatchMode):
 
 
 def step_ops(generate: Callable[[int], object]) -> collections.Counter:
-    """The ops of one decoding step: those of ``generate(5)`` (5 new tokens) less those of ``generate(4)``."""
+    """The ops of one decoding step by name: those of ``generate(5)`` (5 new tokens) less those of ``generate(4)``."""
     with OpCount() as four:
         generate(4)
     with OpCount() as five:
@@ -65,18 +63,10 @@ def step_ops(generate: Callable[[int], object]) -> collections.Counter:
     return +five.ops  # (positive counts only)
 
 
-def as_on_an_accelerator(fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` with attention's CPU-only check off: the bookkeeping of every step, as on a GPU."""
-    def run():
-        with mock.patch.object(Context, "_known_finite", lambda self, *tensors: False):
-            return fn()
-    return run
-
-
 @torch.no_grad()
 def run(kind: str, args) -> list[dict]:
-    """Rows of the table for one model: each form's ops a step (``ops``; ``kinds``: a Counter by name), step ms,
-    × HF (None where the step is within the timer's noise), argmax."""
+    """Rows of the table for one model: each form's ops a step (``ops``, syncs apart; ``kinds``: a Counter by name),
+    host syncs a step, step ms, × HF (None where the step is within the timer's noise), argmax."""
     import transformers  # the dev extra, named in the error if missing
 
     from recipes.hf import from_pretrained
@@ -96,18 +86,18 @@ def run(kind: str, args) -> list[dict]:
     if hf is not None:
         common = {"do_sample": False, "pad_token_id": 0, "attention_mask": torch.ones_like(prompt)}
         forms["hf"] = lambda n: hf.generate(prompt, max_new_tokens=n, **common)
-    forms["zoo, CPU"] = lambda n: zoo.generate(prompt, n)
-    forms["zoo, accelerator"] = lambda n: as_on_an_accelerator(lambda: zoo.generate(prompt, n))()
+    forms["zoo"] = lambda n: zoo.generate(prompt, n)
     ops = {name: step_ops(generate) for name, generate in forms.items()}
     n = args.new_tokens
     cases = {f"{name} {length}": (lambda g=generate, m=length: g(m)) for name, generate in forms.items() for length in (1, n)}
     times = {case: statistics.median(t) for case, t in interleaved_seconds(cases, args.rounds).items()}
     step_ms = {name: 1e3 * (times[f"{name} {n}"] - times[f"{name} 1"]) / max(n - 1, 1) for name in forms}
-    base = step_ms["hf" if hf is not None else "zoo, CPU"]
+    base = step_ms["hf" if hf is not None else "zoo"]
     rows = []
     for name, generate in forms.items():
         departs = first_departure(zoo, generate(n), args.prompt)
-        rows.append({"model": kind, "form": name, "ops": sum(ops[name].values()), "kinds": ops[name],
+        syncs = sum(ops[name][sync] for sync in SYNCS)
+        rows.append({"model": kind, "form": name, "ops": sum(ops[name].values()) - syncs, "syncs": syncs, "kinds": ops[name],
                      "step_ms": step_ms[name], "ratio": base / step_ms[name] if step_ms[name] > 0 else None,
                      "argmax": departs or "ok"})
     return rows
@@ -130,14 +120,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"torch {torch.__version__}, CPU, {args.threads} thread(s), fp32; {args.layers} layers × {args.width}, batch "
           f"{args.batch}, prompt {args.prompt}; step ms from {args.new_tokens} new tokens, median of {args.rounds} "
           f"interleaved rounds\n", flush=True)
-    print("| model | form | ops a step | commonest | step ms | × HF | argmax |\n|---|---|---|---|---|---|---|", flush=True)
+    print("| model | form | ops a step | syncs a step | commonest | step ms | × HF | argmax |\n"
+          "|---|---|---|---|---|---|---|---|", flush=True)
     rows = []
     for kind in args.models:
         for r in run(kind, args):
             kinds = ", ".join(f"{name} {count}" for name, count in r["kinds"].most_common(6))
             ratio = f"{r['ratio']:.2f}×" if r["ratio"] is not None else "noise"
-            print(f"| {r['model']} | {r['form']} | {r['ops']} | {kinds} | {r['step_ms']:.3f} | {ratio} | {r['argmax']} |",
-                  flush=True)
+            print(f"| {r['model']} | {r['form']} | {r['ops']} | {r['syncs']} | {kinds} | {r['step_ms']:.3f} | {ratio} | "
+                  f"{r['argmax']} |", flush=True)
             rows.append(r)
     return rows
 

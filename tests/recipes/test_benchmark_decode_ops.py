@@ -1,5 +1,5 @@
 """``python -m recipes.benchmarks.decode_ops`` at a tiny size: its op counter, and what it shows of a step — the
-accelerator's form keeps attention's bookkeeping at one op a layer beyond the CPU's, without the cleaning ops."""
+zoo's attention keeps its non-finite bookkeeping without cleaning ops and without reading anything back."""
 
 import pytest
 import torch
@@ -14,20 +14,21 @@ def test_the_counter_counts_launching_ops_by_name_and_leaves_views_out():
     with decode_ops.OpCount() as count:
         y = (x.view(6, 4).t() * 2 + 1).sum(0)
         torch.empty(3)
-    assert dict(count.ops) == {"mul": 1, "add": 1, "sum": 1} and y.shape == (6,)
+        bool(y.max() > 0)
+    assert dict(count.ops) == {"mul": 1, "add": 1, "sum": 1, "max": 1, "gt": 1, "_local_scalar_dense": 1}
+    assert decode_ops.SYNCS & set(count.ops) == {"_local_scalar_dense"}
     assert decode_ops.step_ops(lambda n: [torch.ones(1) * 2 for _ in range(n)]) == {"ones": 1, "mul": 1}  # 5 less 4
 
 
-def test_the_table_counts_each_forms_step_and_checks_its_tokens(capsys):
+def test_the_table_counts_each_models_step_and_checks_its_tokens(capsys):
     rows = decode_ops.main(["--models", "llama", "hybrid", "--width", "64", "--layers", "2", "--vocab", "61",
                             "--prompt", "5", "--new-tokens", "4", "--rounds", "1"])
     out = capsys.readouterr().out
     forms = {(r["model"], r["form"]): r for r in rows}
-    assert set(forms) == {("llama", "hf"), ("llama", "zoo, CPU"), ("llama", "zoo, accelerator"),
-                          ("hybrid", "zoo, CPU"), ("hybrid", "zoo, accelerator")}
-    assert all(r["argmax"] == "ok" for r in rows) and out.count("| ok |") == 5
-    for model, attention_layers in (("llama", 2), ("hybrid", 1)):  # the hybrid of 2 layers: "SM AM"
-        cpu, accelerator = forms[model, "zoo, CPU"], forms[model, "zoo, accelerator"]
-        assert 0 < accelerator["ops"] - cpu["ops"] <= attention_layers  # a sum less, a flag and its add more a layer
-        assert not {"nan_to_num", "any", "where"} & set(accelerator["kinds"])  # no cleaning at a step
-    assert forms["llama", "hf"]["ops"] > 0 and forms["llama", "hf"]["ratio"] in (None, 1.0)
+    assert set(forms) == {("llama", "hf"), ("llama", "zoo"), ("hybrid", "zoo")}
+    assert all(r["argmax"] == "ok" for r in rows) and out.count("| ok |") == 3
+    for model in ("llama", "hybrid"):
+        zoo = forms[model, "zoo"]
+        assert zoo["syncs"] == 0 and zoo["ops"] > 0  # nothing read back: an eager GPU step never waits on the GPU
+        assert not {"nan_to_num", "any", "where"} & set(zoo["kinds"])  # a step flags heads, it cleans nothing
+    assert forms["llama", "hf"]["ops"] > 0 and forms["hybrid", "zoo"]["ratio"] in (None, 1.0)
