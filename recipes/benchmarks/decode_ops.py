@@ -4,6 +4,7 @@ dispatches for it, the host syncs among them and its time — the zoo's against 
 
     python -m recipes.benchmarks.decode_ops                               # llama, mamba2, hybrid; width 64, 8 layers
     python -m recipes.benchmarks.decode_ops --models llama --width 256 --rounds 15
+    python -m recipes.benchmarks.decode_ops --models llama --device cuda --dtype bf16 --rounds 5   # what a GPU launches
 
 An eager step on a GPU is its host's work: each op is dispatched and launched from Python, and the GPU waits
 for the next; a sync (a tensor's value read on the host) makes the host wait for the GPU as well. This machine
@@ -14,7 +15,7 @@ whose entries one sum, read back, shows finite skips the non-finite bookkeeping)
 runs on a GPU (no such sum: every step keeps the bookkeeping, here forced). The hybrid (TransXSSM's ``SM×7 AM``)
 has no Hugging Face form.
 
-``step ms`` is each form's step on this machine's CPU, from the median times of generations of ``--new-tokens``
+``step ms`` is each form's step (on ``--device``: this machine's CPU unless told), from the median times of generations of ``--new-tokens``
 tokens and of one token in interleaved rounds (a narrow model makes it the host's time: each op's work is tiny),
 and ``× HF`` Hugging Face's step over it (for the hybrid: the CPU form's). Every generation's tokens are checked
 against the zoo model's full forward (``argmax``, as in ``recipes.benchmarks.decode_hf``). Needs the dev extras.
@@ -31,8 +32,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from components import Context
-from recipes.argtypes import positive_int
-from recipes.benchmarks.decode_hf import first_departure, hf_model, zoo_hybrid
+from recipes.argtypes import device, positive_int
+from recipes.benchmarks.decode_hf import DTYPES, first_departure, hf_model, zoo_hybrid
 from recipes.benchmarks.timing import interleaved_seconds
 
 # ops that launch no kernel: views and metadata, allocations without a fill
@@ -93,8 +94,10 @@ def run(kind: str, args) -> list[dict]:
             hf.save_pretrained(folder)
             zoo = from_pretrained(folder).eval()
         hf.generation_config.eos_token_id = None  # (as in decode_hf: every row runs its n tokens)
+        hf = hf.to(args.device, DTYPES[args.dtype])
+    zoo = zoo.to(args.device, DTYPES[args.dtype])
     torch.manual_seed(1)
-    prompt = torch.randint(0, args.vocab, (args.batch, args.prompt))
+    prompt = torch.randint(0, args.vocab, (args.batch, args.prompt)).to(args.device)
     forms: dict[str, Callable[[int], object]] = {}
     if hf is not None:
         common = {"do_sample": False, "pad_token_id": 0, "attention_mask": torch.ones_like(prompt)}
@@ -129,9 +132,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--new-tokens", type=positive_int, default=64)
     parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--device", type=device, default="cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weights and activations")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, CPU, {args.threads} thread(s), fp32; {args.layers} layers × {args.width}, batch "
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {args.threads} thread(s)"
+    print(f"torch {torch.__version__}, {where}, {args.dtype}; {args.layers} layers × {args.width}, batch "
           f"{args.batch}, prompt {args.prompt}; step ms from {args.new_tokens} new tokens, median of {args.rounds} "
           f"interleaved rounds\n", flush=True)
     print("| model | form | ops a step | syncs a step | commonest | step ms | × HF | argmax |\n"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU measurement the docs wait for (docs/performance.md "On a GPU", docs/kernels.md "GPU targets"), in three
-# phases (step limits summing to 765, 420 and 450 s; the steps have taken half their limits or less, so the first two
+# phases (step limits summing to 765, 420 and 510 s; the steps have taken half their limits or less, so the first two
 # fit one fifteen-minute lease of an H100 or H200 when the machine starts in under a minute, as it did on 2026-11-27),
 # each step under its own time limit so a slow step costs only itself, and at most eight files written per phase:
 #
@@ -10,8 +10,9 @@
 #                                                          # attention ops
 #   bash recipes/benchmarks/gpu_suite.sh OUT_DIR models    # CUDA-graph decoding test, decoding against HF, training steps, T=1, CDMoE,
 #                                                          # the finite passes' cost
-#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR lengths   # training steps at T 2K, 8K, 16K (4K is in models) and the SSD
-#                                                          # against mamba_ssm at 2K and 8K (450 s; the next lease first)
+#   bash recipes/benchmarks/gpu_suite.sh OUT_DIR lengths   # training steps at T 2K, 8K, 16K (4K is in models), the SSD
+#                                                          # against mamba_ssm at 2K and 8K, the eager decoding step's
+#                                                          # launches (510 s; the next lease first)
 #
 # mamba_ssm's rows need its Triton files first on PYTHONPATH: `python -m recipes.benchmarks.mamba_ssm_triton` writes
 # them to .gpu_extra/ (then `PYTHONPATH=$PWD/.gpu_extra bash recipes/benchmarks/gpu_suite.sh OUT kernels`). The zoo's
@@ -102,6 +103,10 @@ case "$phase" in
             --trials 1
         # the SSD against mamba_ssm at the two lengths the kernels phase leaves out (its autotuning: about 80 s)
         step ops_ssd_lengths 150 python3 -m recipes.benchmarks.ops --ops ssd --lengths 2048 8192 --repeats 10
+        # the eager decoding step's launches and host time against HF's, after its bookkeeping went from 13 ops a layer
+        # to 5 (2026-12-04, counted on a CPU: 387 -> 323 a step; the eager step was 0.68x HF's on the H200)
+        step decode_ops 60 python3 -m recipes.benchmarks.decode_ops --models llama --width 256 --device cuda \
+            --dtype bf16 --rounds 5
         ;;
     *)
         echo "unknown phase '$phase': kernels, models or lengths" >&2
