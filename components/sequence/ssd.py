@@ -166,13 +166,13 @@ class SSD(nn.Module):
         cached = context.cache.state(self) if context.cache is not None else None  # decoding: conv window, state
         if self.conv is not None:
             xbc = F.silu(self._causal_conv(xbc, context.cache, context.document_ids))  # [b, T, d_xbc]
-        xs, B, C = xbc.split([self.d_inner, G * N, G * N], dim=-1)
+        xs, BC = xbc.split([self.d_inner, 2 * G * N], dim=-1)
         xs = xs.view(batch, T, H, P)  # [b, T, H, P]
-        B = B.view(batch, T, G, N)  # [b, T, G, N]
-        C = C.view(batch, T, G, N)  # [b, T, G, N]
-        if self.rope:
+        BC = BC.view(batch, T, 2 * G, N)  # [b, T, 2G, N]: B's groups, then C's
+        if self.rope:  # B and C side by side: one rotation's ops for both (half an eager decoding step's launches)
             cos, sin = context.rotary_tables(N)  # [b, T, N]
-            B, C = apply_rotary(B, cos, sin), apply_rotary(C, cos, sin)
+            BC = apply_rotary(BC, cos, sin)
+        B, C = BC.split(G, dim=2)  # [b, T, G, N] each
         dt = F.softplus(dt + self.dt_bias)  # [b, T, H]
         if context.padding_mask is not None:  # and no decay: dt = 0 (x = 0 already leaves xbc and the conv window 0)
             dt = dt.masked_fill(context.padding_mask[..., None], 0.0)
