@@ -155,8 +155,8 @@ def _heads(t: torch.Tensor, n: int) -> torch.Tensor:
 
 def _step(state: dict, q, k, v, bias):
     """A one-token step's entries as they are, and ``[B, 1, H]``: NaN for a head whose key, value or bias is
-    non-finite now or was before, 0 for the others — in four ops a layer (five with a bias) and no host sync: an
-    eager GPU step is its launches. ``0 · x`` is 0 for a finite ``x`` and NaN for NaN or ±inf, and a sum of zeros
+    non-finite now or was before, 0 for the others — in four ops (five with a bias; the output's ``+ flag`` one more)
+    and no host sync: an eager GPU step is its launches. ``0 · x`` is 0 for a finite ``x`` and NaN for NaN or ±inf, and a sum of zeros
     stays 0, so no finite entries can overflow the flag (``add(…, alpha=0)`` adds ``0 · x``)."""
     B, H, Hv, Hk = q.shape[0], q.shape[2], v.shape[2], k.shape[2]
     zeros = (k * 0)[:, :, :, None].add(v.view(B, 1, Hk, Hv // Hk, -1), alpha=0)  # [B, 1, Hk, Hv / Hk, Dh]: by value head

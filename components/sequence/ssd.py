@@ -169,7 +169,7 @@ class SSD(nn.Module):
         xs, BC = xbc.split([self.d_inner, 2 * G * N], dim=-1)
         xs = xs.view(batch, T, H, P)  # [b, T, H, P]
         BC = BC.view(batch, T, 2 * G, N)  # [b, T, 2G, N]: B's groups, then C's
-        if self.rope:  # B and C side by side: one rotation's ops for both (half an eager decoding step's launches)
+        if self.rope:  # B and C side by side: one rotation's ops for both, not two (a decoding step's launches)
             cos, sin = context.rotary_tables(N)  # [b, T, N]
             BC = apply_rotary(BC, cos, sin)
         B, C = BC.split(G, dim=2)  # [b, T, G, N] each
