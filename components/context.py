@@ -91,7 +91,8 @@ class Context:
             k, v, bias, flag = entries(state, q, k, v, bias)
             self.cache.keep(owner, "nonfinite", flag[:, -1].contiguous(), T)  # [B, H], the same strides each call
         # kept head-major ([B, heads, capacity, Dh]) and handed on as [B, S, heads, Dh] views: each head's keys are
-        # contiguous rows, as attention reads them (over time-major ones a CPU step's SDPA took 10% longer, the step 6-9%)
+        # contiguous rows, as attention reads them (over time-major ones a CPU step's SDPA took 10% longer, the
+        # step 6-9%)
         k = self.cache.append(owner, "k", k.transpose(1, 2), dim=2).transpose(1, 2)  # [B, S, Hk, Dh]
         v = self.cache.append(owner, "v", v.transpose(1, 2), dim=2).transpose(1, 2)  # [B, S, Hv, Dh]
         bias = self.cache.append(owner, "bias", bias, dim=2) if bias is not None else None  # [B, H, S]
@@ -159,10 +160,10 @@ def _heads(t: torch.Tensor, n: int) -> torch.Tensor:
 def _step(state: dict, q, k, v, bias):
     """A one-token step's entries as they are, and ``[B, 1, H]``: NaN for a head whose key, value or bias is
     non-finite now or was before, 0 for the others — in four ops (five with a bias; the output's ``+ flag`` one more)
-    and no host sync: an eager GPU step is its launches. ``0 · x`` is 0 for a finite ``x`` and NaN for NaN or ±inf, and a sum of zeros
-    stays 0, so no finite entries can overflow the flag (``add(…, alpha=0)`` adds ``0 · x``)."""
+    and no host sync: an eager GPU step is its launches. ``0 · x`` is 0 for a finite ``x`` and NaN for NaN or ±inf,
+    and a sum of zeros stays 0, so no finite entries can overflow the flag (``add(…, alpha=0)`` adds ``0 · x``)."""
     B, H, Hv, Hk = q.shape[0], q.shape[2], v.shape[2], k.shape[2]
-    zeros = (k * 0)[:, :, :, None].add(v.view(B, 1, Hk, Hv // Hk, -1), alpha=0)  # [B, 1, Hk, Hv / Hk, Dh]: by value head
+    zeros = (k * 0)[:, :, :, None].add(v.view(B, 1, Hk, Hv // Hk, -1), alpha=0)  # [B, 1, Hk, Hv / Hk, Dh]
     earlier = state.get("nonfinite")  # [B, H]
     if earlier is None:
         earlier = q.new_zeros(B, H)

@@ -10,15 +10,16 @@ An eager step on a GPU is its host's work: each op is dispatched and launched fr
 for the next; a sync (a tensor's value read on the host) makes the host wait for the GPU as well. This machine
 needs no GPU to count them: the ops a step dispatches are counted at torch's dispatcher (a ``TorchDispatchMode``;
 views, allocations and other ops that launch no kernel left out, syncs counted apart) as those of a generation of
-5 new tokens less those of one of 4. The zoo runs in two forms: ``zoo, CPU`` as it runs here (a call of attention
-whose entries one sum, read back, shows finite skips the non-finite bookkeeping) and ``zoo, accelerator`` as it
-runs on a GPU (no such sum: every step keeps the bookkeeping, here forced). The hybrid (TransXSSM's ``SM×7 AM``)
-has no Hugging Face form.
+5 new tokens less those of one of 4. On a CPU the zoo runs in two forms: ``zoo, CPU`` as it runs there (a call of
+attention whose entries one sum, read back, shows finite skips the non-finite bookkeeping) and ``zoo, accelerator``
+as it runs on a GPU (no such sum: every step keeps the bookkeeping, here forced); on a GPU it runs as ``zoo``. The
+hybrid (TransXSSM's ``SM×7 AM``) has no Hugging Face form.
 
-``step ms`` is each form's step (on ``--device``: this machine's CPU unless told), from the median times of generations of ``--new-tokens``
-tokens and of one token in interleaved rounds (a narrow model makes it the host's time: each op's work is tiny),
-and ``× HF`` Hugging Face's step over it (for the hybrid: the CPU form's). Every generation's tokens are checked
-against the zoo model's full forward (``argmax``, as in ``recipes.benchmarks.decode_hf``). Needs the dev extras.
+``step ms`` is each form's step on ``--device`` (this machine's CPU unless told), from the median times of
+generations of ``--new-tokens`` tokens and of one token in interleaved rounds (a narrow model makes it the host's
+time: each op's work is tiny), and ``× HF`` Hugging Face's step over it (for the hybrid: the first zoo form's).
+Every generation's tokens are checked against the zoo model's full forward (``argmax``, as in
+``recipes.benchmarks.decode_hf``). Needs the dev extras.
 """
 
 import argparse
@@ -77,6 +78,15 @@ def as_on_an_accelerator(fn: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
+def zoo_forms(zoo, prompt: torch.Tensor, device: str) -> dict[str, Callable[[int], object]]:
+    """The zoo's generations of ``n`` new tokens to count and time: on a CPU as it runs there and as it runs on an
+    accelerator; elsewhere as it runs (the CPU's shortcut is off there already)."""
+    if device != "cpu":
+        return {"zoo": lambda n: zoo.generate(prompt, n)}
+    return {"zoo, CPU": lambda n: zoo.generate(prompt, n),
+            "zoo, accelerator": lambda n: as_on_an_accelerator(lambda: zoo.generate(prompt, n))()}
+
+
 @torch.no_grad()
 def run(kind: str, args) -> list[dict]:
     """Rows of the table for one model: each form's ops a step (``ops``, syncs apart; ``kinds``: a Counter by name),
@@ -102,28 +112,29 @@ def run(kind: str, args) -> list[dict]:
     if hf is not None:
         common = {"do_sample": False, "pad_token_id": 0, "attention_mask": torch.ones_like(prompt)}
         forms["hf"] = lambda n: hf.generate(prompt, max_new_tokens=n, **common)
-    forms["zoo, CPU"] = lambda n: zoo.generate(prompt, n)
-    forms["zoo, accelerator"] = lambda n: as_on_an_accelerator(lambda: zoo.generate(prompt, n))()
+    forms.update(zoo_forms(zoo, prompt, args.device))
     ops = {name: step_ops(generate) for name, generate in forms.items()}
     n = args.new_tokens
-    cases = {f"{name} {length}": (lambda g=generate, m=length: g(m)) for name, generate in forms.items() for length in (1, n)}
+    cases = {f"{name} {length}": (lambda g=generate, m=length: g(m))
+             for name, generate in forms.items() for length in (1, n)}
     times = {case: statistics.median(t) for case, t in interleaved_seconds(cases, args.rounds).items()}
     step_ms = {name: 1e3 * (times[f"{name} {n}"] - times[f"{name} 1"]) / max(n - 1, 1) for name in forms}
-    base = step_ms["hf" if hf is not None else "zoo, CPU"]
+    base = step_ms["hf" if hf is not None else next(name for name in forms if name.startswith("zoo"))]
     rows = []
     for name, generate in forms.items():
         departs = first_departure(zoo, generate(n), args.prompt)
         syncs = sum(ops[name][sync] for sync in SYNCS)
-        rows.append({"model": kind, "form": name, "ops": sum(ops[name].values()) - syncs, "syncs": syncs, "kinds": ops[name],
-                     "step_ms": step_ms[name], "ratio": base / step_ms[name] if step_ms[name] > 0 else None,
-                     "argmax": departs or "ok"})
+        rows.append({"model": kind, "form": name, "ops": sum(ops[name].values()) - syncs, "syncs": syncs,
+                     "kinds": ops[name], "step_ms": step_ms[name],
+                     "ratio": base / step_ms[name] if step_ms[name] > 0 else None, "argmax": departs or "ok"})
     return rows
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.decode_ops",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["llama", "mamba2", "hybrid"], choices=["llama", "mamba2", "hybrid"])
+    models = ["llama", "mamba2", "hybrid"]
+    parser.add_argument("--models", nargs="+", default=models, choices=models)
     parser.add_argument("--batch", type=positive_int, default=1)
     parser.add_argument("--width", type=positive_int, default=64, help="narrow: the step's time is the host's")
     parser.add_argument("--layers", type=positive_int, default=8)
@@ -147,8 +158,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for r in run(kind, args):
             kinds = ", ".join(f"{name} {count}" for name, count in r["kinds"].most_common(6))
             ratio = f"{r['ratio']:.2f}×" if r["ratio"] is not None else "noise"
-            print(f"| {r['model']} | {r['form']} | {r['ops']} | {r['syncs']} | {kinds} | {r['step_ms']:.3f} | {ratio} | "
-                  f"{r['argmax']} |", flush=True)
+            print(f"| {r['model']} | {r['form']} | {r['ops']} | {r['syncs']} | {kinds} | {r['step_ms']:.3f} | {ratio} "
+                  f"| {r['argmax']} |", flush=True)
             rows.append(r)
     return rows
 

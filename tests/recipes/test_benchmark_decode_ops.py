@@ -36,3 +36,8 @@ def test_the_table_counts_each_forms_step_and_checks_its_tokens(capsys):
         assert accelerator["ops"] - cpu["ops"] == attention_layers
         assert not {"nan_to_num", "any", "where"} & set(accelerator["kinds"])
     assert forms["llama", "hf"]["ops"] > 0 and forms["hybrid", "zoo, CPU"]["ratio"] in (None, 1.0)
+
+
+def test_a_gpu_counts_the_zoo_as_it_runs_there():
+    assert list(decode_ops.zoo_forms(None, None, "cuda")) == ["zoo"]  # no shortcut to force off there
+    assert list(decode_ops.zoo_forms(None, None, "cpu")) == ["zoo, CPU", "zoo, accelerator"]
