@@ -70,21 +70,24 @@ def step_ops(generate: Callable[[int], object]) -> collections.Counter:
     return +five.ops  # (positive counts only)
 
 
-def as_on_an_accelerator(fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` with attention's CPU-only check off: the bookkeeping of every step, as on a GPU."""
-    def run():
-        with mock.patch.object(Context, "_known_finite", lambda self, *tensors: False):
-            return fn()
-    return run
+def as_on_an_accelerator():
+    """A context in which attention's CPU-only check is off: the bookkeeping of every step, as on a GPU."""
+    return mock.patch.object(Context, "_known_finite", lambda self, *tensors: False)
 
 
 def zoo_forms(zoo, prompt: torch.Tensor, device: str) -> dict[str, Callable[[int], object]]:
     """The zoo's generations of ``n`` new tokens to count and time: on a CPU as it runs there and as it runs on an
     accelerator; elsewhere as it runs (the CPU's shortcut is off there already)."""
+    def as_it_runs(n: int):
+        return zoo.generate(prompt, n)
+
+    def as_on_a_gpu(n: int):
+        with as_on_an_accelerator():
+            return zoo.generate(prompt, n)
+
     if device != "cpu":
-        return {"zoo": lambda n: zoo.generate(prompt, n)}
-    return {"zoo, CPU": lambda n: zoo.generate(prompt, n),
-            "zoo, accelerator": lambda n: as_on_an_accelerator(lambda: zoo.generate(prompt, n))()}
+        return {"zoo": as_it_runs}
+    return {"zoo, CPU": as_it_runs, "zoo, accelerator": as_on_a_gpu}
 
 
 @torch.no_grad()
