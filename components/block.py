@@ -18,6 +18,7 @@ class WholeBlock(nn.Module):
     no norm and no residual around it (:class:`components.HybridLM`)."""
 
     token: str = ""  # the pattern token it was placed by (set by the model)
+    mixer_slot = "sequence"  # a pattern places it where a sequence mixer goes (its token's first letter)
 
 
 def block_mixers(block: nn.Module) -> tuple[nn.Module | None, nn.Module | None]:
@@ -49,6 +50,16 @@ def _check_call(mixer: nn.Module, slot: str, token: str) -> None:
         raise ValueError(
             f"block {token!r}: {slot} mixer {type(mixer).__name__}.forward{signature} cannot be called as a "
             f"{slot} mixer ({error}); write {wanted} (docs/architecture.md, 'The mixer contract')") from None
+
+
+def _check_slot(mixer: nn.Module, slot: str, token: str) -> None:
+    """Refuse a mixer that declares the other slot (``mixer_slot``, as every zoo mixer does). Both kinds map
+    ``[B, T, d]`` to ``[B, T, d]``, and an attention's ``forward(x, context=None)`` can even be called as a state
+    mixer: it would run, on a default context — with no padding, no documents and no decoding cache."""
+    declared = getattr(mixer, "mixer_slot", None)
+    if declared is not None and declared != slot:
+        raise ValueError(f"block {token!r}: {type(mixer).__name__} is a {declared} mixer, not a {slot} mixer "
+                         "(a block is a sequence mixer, then a state mixer)")
 
 
 class Block(nn.Module):
@@ -87,6 +98,7 @@ class Block(nn.Module):
                 raise ValueError(f"block {token!r}: {type(mixer).__name__} is a whole block, not a {slot} mixer; "
                                  "bind it to a letter and give it a token of its own ('O-')")
             if mixer is not None:
+                _check_slot(mixer, slot, token)
                 _check_call(mixer, slot, token)
         self.token = token
         has_norm = sequence_mixer is not None

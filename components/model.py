@@ -17,8 +17,8 @@ from components.generation import generate
 from components.norm import RMSNorm
 from components.pattern import PatternError, parse_tokens
 from components.rotary import RotaryEmbedding
-from components.sequence import SSD, InnerFuncAttention, QCAttention, TokenShift
-from components.state import MLP, CDMoE, CohesiveMoE, ExpansiveMoE, MoE, RoutedMoE, SharedExpertMoE
+from components.sequence import SSD, InnerFuncAttention, QCAttention
+from components.state import MLP, CDMoE, CohesiveMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
 
 DEFAULT_MIXERS: dict[str, MixerFactory] = {
     "A": QCAttention,
@@ -44,16 +44,10 @@ def bound_mixers(mixers: Mapping[str, MixerFactory | Mapping] | None) -> dict[st
 
 
 def mixer_kind(factory) -> str | None:
-    """``"sequence"`` or ``"state"`` for a factory of one of the zoo's mixers (a class or a ``partial`` of one),
-    else None."""
+    """``"sequence"`` or ``"state"``: the slot that the class behind ``factory`` (a class or a ``partial`` of one)
+    declares as ``mixer_slot``, as every zoo mixer does; None for a class that declares none, or a function."""
     cls = factory.func if isinstance(factory, functools.partial) else factory
-    if not isinstance(cls, type):
-        return None
-    if issubclass(cls, (SSD, QCAttention, InnerFuncAttention, TokenShift, WholeBlock)):
-        return "sequence"
-    if issubclass(cls, (MLP, MoE, CDMoE)):
-        return "state"
-    return None
+    return getattr(cls, "mixer_slot", None) if isinstance(cls, type) else None
 
 
 def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
@@ -161,11 +155,22 @@ class HybridLM(nn.Module):
                           stacklevel=3)
 
     def _check_bound(self, tokens) -> None:
+        """Every letter bound, and bound to a mixer of its slot's kind where the class says which (``mixer_slot``)."""
         for t in tokens:
-            for letter, column in ((t.seq, t.column), (t.state, t.column + 1)):
-                if letter is not None and letter not in self.bindings:
+            for letter, column, slot in ((t.seq, t.column, "sequence"), (t.state, t.column + 1, "state")):
+                if letter is None:
+                    continue
+                if letter not in self.bindings:
                     bound = ", ".join(sorted(self.bindings))
                     raise PatternError(self.pattern, column, f"letter {letter!r} is not bound (bound: {bound})")
+                kind = mixer_kind(self.bindings[letter])
+                if kind is not None and kind != slot:
+                    factory = self.bindings[letter]
+                    name = (factory.func if isinstance(factory, functools.partial) else factory).__name__
+                    place, alone = ("first", f"-{letter}") if slot == "sequence" else ("second", f"{letter}-")
+                    raise PatternError(self.pattern, column, f"letter {letter!r} binds {name}, a {kind} mixer, in the "
+                                       f"{place} place of {str(t)!r}, a {slot} mixer's (a token is a sequence mixer, "
+                                       f"then a state mixer; {alone!r} is a {kind} mixer alone)")
 
     def _place(self, token, d_model: int, norm_eps: float, residual_scale: bool) -> nn.Module:
         """The block of one pattern token: a :class:`Block` around its mixers, or the whole block its letter binds."""

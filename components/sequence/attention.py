@@ -59,6 +59,8 @@ class QCAttention(nn.Module):
         backend: attention kernel, ``auto`` | ``reference`` | ``triton``.
     """
 
+    mixer_slot = "sequence"  # the block slot it fills; a pattern placing it in the other is refused
+
     def __init__(self, d_model: int, *, n_heads: int = 8, n_kv_heads: int | None = None, rope: bool = True,
                  qk_norm: bool = False, norm_eps: float = 1e-6, backend: str = "auto"):
         super().__init__()

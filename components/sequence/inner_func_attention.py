@@ -246,6 +246,8 @@ class InnerFuncAttention(nn.Module):
     (:func:`upgrade_init_args`), and a call that gives them is refused with the form to use.
     """
 
+    mixer_slot = "sequence"  # the block slot it fills; a pattern placing it in the other is refused
+
     upgrade_init_args = staticmethod(upgrade_init_args)
 
     def __init__(

@@ -85,6 +85,8 @@ class SSD(nn.Module):
     log-uniform in ``[1e-3, 1e-1]``; ``D = 1``.
     """
 
+    mixer_slot = "sequence"  # the block slot it fills; a pattern placing it in the other is refused
+
     def __init__(
         self,
         d_model: int,

@@ -22,6 +22,8 @@ class TokenShift(nn.Module):
         mix: initial ``μ`` (every channel; default 0.5).
     """
 
+    mixer_slot = "sequence"  # the block slot it fills; a pattern placing it in the other is refused
+
     def __init__(self, d_model: int, *, mix: float = 0.5):
         super().__init__()
         check_positive("TokenShift", d_model=d_model)

@@ -61,6 +61,8 @@ class CDMoE(ForwardRecords, nn.Module):
         backend: the gather-and-mix kernel, ``auto`` | ``reference`` | ``triton``.
     """
 
+    mixer_slot = "state"  # the block slot it fills; a pattern placing it in the other is refused
+
     def __init__(self, d_model: int, *, n_experts: int = 1024, n_keys: list[int] | None = None, n_heads: int = 4,
                  top_k: int = 8, d_ff: int | None = None, key_dim: int | None = 64, shared_mlp: str = "plain",
                  act: str = "silu", cross_domain: str = "sequential", balance_loss: bool = False,

@@ -45,6 +45,8 @@ class MLP(nn.Module):
         act: ``silu`` | ``gelu`` | ``relu`` for the gated and plain forms (default ``silu``).
     """
 
+    mixer_slot = "state"  # the block slot it fills; a pattern placing it in the other is refused
+
     def __init__(self, d_model: int, *, d_ff: int | None = None, activation: str = "swiglu", act: str = "silu"):
         super().__init__()
         check_choice("MLP", "activation", activation, FORMS)

@@ -51,6 +51,8 @@ class MoE(ForwardRecords, nn.Module):
         cross_domain: a module computing, once per token, the shared state the experts read, or None.
     """
 
+    mixer_slot = "state"  # the block slot it fills; a pattern placing it in the other is refused
+
     def __init__(self, router: TopKRouter, experts: nn.Module, *, shared_expert: nn.Module | None = None,
                  cross_domain: nn.Module | None = None):
         super().__init__()

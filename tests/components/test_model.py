@@ -8,6 +8,9 @@ from torch import nn
 
 from components import (MLP, SSD, HybridLM, QCAttention, RMSNorm, RotaryEmbedding, TokenShift, count_active_parameters,
                         count_parameters)
+from components.block import Block
+from components.catalogue import SEQUENCE_MIXERS, STATE_MIXERS, WHOLE_BLOCKS
+from components.pattern import PatternError
 
 TINY = dict(vocab_size=50, d_model=32, mixers={"A": functools.partial(QCAttention, n_heads=4)})
 
@@ -104,6 +107,41 @@ def test_a_mixer_whose_forward_cannot_take_its_slots_arguments_is_named_at_build
         HybridLM(pattern="-K", vocab_size=10, d_model=8, mixers={"K": NeedsContext})
     # What the contract allows builds and runs: a state mixer with only x, a sequence mixer with (x, context).
     model = HybridLM(pattern="CK", vocab_size=10, d_model=8, mixers={"K": NoContext, "C": NeedsContext})
+    assert model(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, 10)
+
+
+@pytest.mark.parametrize("name", [*SEQUENCE_MIXERS, *STATE_MIXERS])
+def test_a_zoo_mixer_in_the_other_kinds_place_is_refused_at_build(name):
+    # Both kinds map [B, T, d] to [B, T, d], and an attention's forward(x, context=None) can be called as a state
+    # mixer: 'AA' used to build and train, its second attention on a default context (no padding, no documents, no
+    # decoding cache: a silent wrong answer); 'X-' failed at the first batch inside the MoE's padding check.
+    sequence = name in SEQUENCE_MIXERS
+    factory = SEQUENCE_MIXERS[name] if sequence else STATE_MIXERS[name]
+    kind, other = ("sequence", "state") if sequence else ("state", "sequence")
+    pattern = "AM -K" if sequence else "AM K-"  # alone in the other place (a whole block's token is 'K-')
+    column = 5 if sequence else 4
+    with pytest.raises(PatternError, match=f"column {column}: letter 'K' binds .*, a {kind} mixer, in the "
+                                           f"{'second' if sequence else 'first'} place of .*, a {other} mixer's") as info:
+        HybridLM(pattern=pattern, vocab_size=10, d_model=32, mixers={"K": factory})
+    assert info.value.column == column
+    # in its own place it builds; a Block given it directly refuses it by name as well
+    HybridLM(pattern="K-" if name in WHOLE_BLOCKS else ("KM" if sequence else "AK"), vocab_size=10, d_model=32,
+             mixers={"K": factory})
+    if name not in WHOLE_BLOCKS:
+        slots = (None, factory(32)) if sequence else (factory(32), None)
+        with pytest.raises(ValueError, match=f"block 'T': .* is a {kind} mixer, not a {other} mixer"):
+            Block(32, *slots, token="T")
+
+
+def test_a_mixer_that_declares_no_kind_goes_in_either_place():
+    class Identity(nn.Module):  # a user's module without mixer_slot: the call-signature check alone applies
+        def __init__(self, d_model):
+            super().__init__()
+
+        def forward(self, x, context=None):
+            return x
+
+    model = HybridLM(pattern="KK AK", vocab_size=10, d_model=8, mixers={"K": Identity, "A": TINY["mixers"]["A"]})
     assert model(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, 10)
 
 
