@@ -31,7 +31,7 @@ def parse_axis(text: str) -> tuple[str, list]:
     key, sep, values = text.partition("=")
     if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
         raise ValueError(f"--vary {text!r}: write KEY=[V1, V2, ...] with a dotted key of the recipe (model.lr)")
-    parsed = yaml.safe_load(values)
+    parsed = read_yaml("--vary", text, values)
     if not isinstance(parsed, list) or not parsed:
         raise ValueError(f"--vary {text!r}: the values are a YAML list of one or more, [V1, V2, ...]")
     return key, [yaml_number(value) for value in parsed]
@@ -49,7 +49,17 @@ def parse_setting(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise ValueError(f"--set {text!r}: write KEY=VALUE")
-    return key, yaml_number(yaml.safe_load(value))
+    return key, yaml_number(read_yaml("--set", text, value))
+
+
+def read_yaml(flag: str, text: str, value: str):
+    """``value`` read as YAML, or a ValueError naming the flag's argument and where the YAML broke."""
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at column {mark.column + 1} of {value!r}" if mark is not None else ""
+        raise ValueError(f"{flag} {text!r}: not YAML{where}: {getattr(error, 'problem', None) or error}") from None
 
 
 def value_label(value) -> str:

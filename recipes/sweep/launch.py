@@ -5,6 +5,7 @@ and record rewritten as each run ends, and the progress reported while they run.
 import concurrent.futures
 import contextlib
 import json
+import math
 import os
 import queue
 import signal
@@ -39,15 +40,38 @@ def recipe_files(folder: str) -> list[Path]:
 
 def family_settings(folder: Path) -> dict:
     """What a family declares in ``_family.yaml`` beside its recipes: ``baseline`` (the recipe the others are
-    compared with) and ``equivalence_margin`` (nats; closeness claims are tested as equivalence within it)."""
+    compared with), ``equivalence_margin`` (nats; closeness claims are tested as equivalence within it),
+    ``starts_from`` (the family whose runs it fine-tunes) and ``claims`` (the papers' claims it tests, as text).
+    Each is checked here, naming the file: a misspelt baseline would otherwise leave the table without its
+    comparison, and say nothing."""
     path = Path(folder) / "_family.yaml"
     if not path.is_file():
         return {}
-    settings = yaml.safe_load(path.read_text()) or {}
+    try:
+        settings = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    settings = {} if settings is None else settings
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path} holds a {type(settings).__name__}; write a mapping (baseline: NAME, ...)")
     unknown = set(settings) - {"baseline", "equivalence_margin", "claims", "starts_from"}
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)} (known: baseline, equivalence_margin, claims, "
                          "starts_from)")
+    baseline = settings.get("baseline")
+    recipes = sorted(f.stem for f in Path(folder).glob("*.yaml") if not f.name.startswith("_"))
+    if baseline is not None and recipes and baseline not in recipes:  # (a record's runs may outlive their files)
+        hint = did_you_mean([str(baseline)], recipes, n=1) or f"the recipes: {', '.join(recipes)}"
+        raise ValueError(f"{path}: baseline {baseline!r} is not a recipe of the folder ({hint})")
+    margin = settings.get("equivalence_margin")
+    if margin is not None and not (isinstance(margin, (int, float)) and not isinstance(margin, bool)
+                                   and 0 < margin < math.inf):
+        raise ValueError(f"{path}: equivalence_margin {margin!r} must be a positive number of nats (0.01, say)")
+    if not isinstance(settings.get("starts_from", ""), str):
+        raise ValueError(f"{path}: starts_from {settings['starts_from']!r} must be a recipe folder's name")
+    claims = settings.get("claims", [])
+    if not (isinstance(claims, list) and all(isinstance(claim, str) for claim in claims)):
+        raise ValueError(f"{path}: claims must be a list of sentences (- \"...\")")
     return settings
 
 

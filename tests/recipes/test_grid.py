@@ -66,6 +66,8 @@ def test_a_relative_init_from_stays_the_source_recipes(tmp_path):
     ("model.lr=[]", r"the values are a YAML list of one or more"),
     ("model lr=[1]", r"write KEY=\[V1, V2, ...\] with a dotted key"),
     ("model.lr=[0.1, 0.10]", r"two combinations are both named 'lr0.1'"),
+    ("model.lr=[0.002,", r"--vary 'model.lr=\[0.002,': not YAML at column 8 of '\[0.002,': expected the node content"),
+    ("model.lr=[a: b", r"not YAML at column 6 of '\[a: b'"),  # (was a traceback from inside PyYAML)
     ("model.d_model.width=[1]", r"model.d_model.width: 'd_model' holds 128 in the recipe, not a mapping"),
     ("data.init_args.batch_size=[two]", r"batch_size"),
     ("model.d_model=[32, 30]", r"dmodel30.yaml: its model does not build: ValueError: QCAttention: d_model=30 is not "
@@ -171,6 +173,8 @@ def test_a_setting_without_a_key_or_an_equals_sign_is_named(text):
     with pytest.raises(ValueError, match=rf"--set '{re.escape(text)}': write KEY=VALUE"):
         parse_setting(text)
     assert parse_setting("model.lr=1e-3") == ("model.lr", 0.001) and parse_setting("a=") == ("a", None)
+    with pytest.raises(ValueError, match=r"--set 'model.mixers=\{A: 1': not YAML at column 6"):
+        parse_setting("model.mixers={A: 1")
 
 
 def test_a_dotted_key_makes_its_mappings_and_a_grid_goes_where_it_is_told(tmp_path):

@@ -1676,6 +1676,38 @@ def test_two_sweeps_started_in_the_same_second_keep_their_own_logs_and_runs(tmp_
     assert json.loads((first / "sweep.json").read_text())["runs"][0]["folder"] == str(first_runs[0].folder.resolve())
 
 
+@pytest.mark.parametrize("text, message", [
+    ("baseline: aa\n", r"baseline 'aa' is not a recipe of the folder \(did you mean a\?\)"),
+    ("baseline: zz\n", r"baseline 'zz' is not a recipe of the folder \(the recipes: a, b\)"),
+    ("baseline: _family\n", r"baseline '_family' is not a recipe of the folder"),
+    ("baseline: [a\n", r"is not valid YAML: while parsing a flow sequence"),
+    ("- baseline\n", r"holds a list; write a mapping \(baseline: NAME, ...\)"),
+    ("equivalence_margin: small\n", r"equivalence_margin 'small' must be a positive number of nats"),
+    ("equivalence_margin: -0.01\n", r"equivalence_margin -0.01 must be a positive number of nats"),
+    ("equivalence_margin: .nan\n", r"equivalence_margin nan must be a positive number of nats"),
+    ("equivalence_margin: 0\n", r"equivalence_margin 0 must be a positive number of nats"),
+    ("equivalence_margin: .inf\n", r"equivalence_margin inf must be a positive number of nats"),
+    ("claims: [1, 2]\n", r"claims must be a list of sentences"),
+    ("starts_from: [pre]\n", r"starts_from \['pre'\] must be a recipe folder's name"),
+    ("claims: one claim\n", r"claims must be a list of sentences"),
+])
+def test_a_family_file_that_says_something_unusable_is_named(tmp_path, text, message):
+    """A baseline misspelt in ``_family.yaml`` left the seeded table without its comparison, silently (the baseline
+    was taken only when it named one of the recipes, so that ``--only`` may leave it out); a broken file was a
+    traceback from inside PyYAML; a margin of text failed only after every run had finished."""
+    from recipes.sweep.launch import family_settings
+
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.yaml").write_text("")
+    (tmp_path / "_family.yaml").write_text(text)
+    with pytest.raises(ValueError, match=f"{re.escape(str(tmp_path / '_family.yaml'))}:? .*{message}"):
+        family_settings(tmp_path)
+    (tmp_path / "_family.yaml").write_text("baseline: b\nequivalence_margin: 1\nclaims: [x]\nstarts_from: pre\n")
+    assert family_settings(tmp_path) == {"baseline": "b", "equivalence_margin": 1, "claims": ["x"], "starts_from": "pre"}
+    (tmp_path / "_family.yaml").write_text("# nothing declared yet\n")
+    assert family_settings(tmp_path) == {}
+
+
 def test_a_family_file_with_an_unknown_key_and_a_sweep_whose_folder_is_gone_are_named(tmp_path):
     """A misspelt ``_family.yaml`` key (``baselne``) would leave the family without its baseline; a sweep resumed after
     the folder it was launched from is gone would look for its runs' relative paths elsewhere."""
