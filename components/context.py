@@ -145,6 +145,18 @@ class Context:
         position_ids = torch.arange(T, device=x.device).expand(B, T)  # [B, T]
         return cls(position_ids=position_ids, rotary=rotary or RotaryEmbedding())
 
+    @classmethod
+    def for_input(cls, owner: str, x: torch.Tensor, context: "Context | None") -> "Context":
+        """``context`` for a mixer ``owner``'s input ``x [B, T, d]``, or :meth:`default` when None. A context made
+        for another batch or length is refused by name: it would fail as a shape error deep inside the mixer,
+        or be read at the wrong positions."""
+        if context is None:
+            return cls.default(x)
+        if context.position_ids.shape != x.shape[:2]:
+            raise ValueError(f"{owner}: the context is for [B, T] = {tuple(context.position_ids.shape)}, the input is "
+                             f"{tuple(x.shape)}: make the Context from this input's positions")
+        return context
+
     def rotary_tables(self, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` each ``[B, T, dim]`` for this context's positions, shared across layers."""
         if dim not in self._tables:

@@ -78,7 +78,7 @@ class QCAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         check_mixer_input(type(self).__name__, x, self.d_model, self.q_proj.weight, sequence=True)
-        context = context or Context.default(x)
+        context = Context.for_input(type(self).__name__, x, context)
         x = context.zero_padding(x)
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # [B, T, H, Dh]

@@ -52,7 +52,7 @@ class Expresser(WholeBlock):
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         check_mixer_input("Expresser", x, self.d_model, self.dense.weight, sequence=True)
-        context = context or Context.default(x)
+        context = Context.for_input("Expresser", x, context)
         x = context.zero_padding(x)  # before its own norms: a NaN at a padded position must not reach a gradient
         h = x + self.attention(self.attention_norm(x), context)
         h = h + self.mlp(self.mlp_norm(h))

@@ -154,7 +154,7 @@ class SSD(nn.Module):
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         check_mixer_input(type(self).__name__, x, self.d_model, self.in_proj.weight, sequence=True)
-        context = context or Context.default(x)
+        context = Context.for_input(type(self).__name__, x, context)
         if self.recompute and torch.is_grad_enabled() and context.cache is None:
             return checkpoint(self._mix, x, context, use_reentrant=False)
         return self._mix(x, context)

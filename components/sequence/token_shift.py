@@ -34,7 +34,7 @@ class TokenShift(nn.Module):
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         check_mixer_input(type(self).__name__, x, self.d_model, self.out_proj.weight, sequence=True)
-        context = context if context is not None else Context.default(x)
+        context = Context.for_input(type(self).__name__, x, context)
         x = context.zero_padding(x)  # a padded position passes 0 on, whatever it held
         cached = context.cache.state(self) if context.cache is not None else None
         before = cached.get("last") if cached is not None else None  # [B, 1, d]: decoding

@@ -1,6 +1,7 @@
 """Bad input gets a named error, empty input works, and padding never reaches a valid position — not
 even when what sits at the padded positions is NaN or inf."""
 
+import re
 import warnings
 from functools import partial
 
@@ -34,6 +35,21 @@ def test_wrong_width_dtype_or_rank_is_named(name):
         x = torch.randn(2, 3, 4, 32)
         torch.testing.assert_close(mixer(x), mixer(x.reshape(6, 4, 32)).reshape(2, 3, 4, 32))
         torch.testing.assert_close(mixer(x[0, 0]), mixer(x[:1, :1]).reshape(4, 32))
+
+
+@pytest.mark.parametrize("name", SEQUENCE)
+def test_a_context_made_for_another_input_is_named(name):
+    # A context of another length or batch was a shape error from inside torch (SSD, attention), or was read at
+    # the wrong positions without a word (TokenShift, which reads only the padding).
+    mixer = SEQUENCE[name]()
+    owner = type(mixer).__name__
+    x = torch.randn(2, 7, 32)
+    for other in ((2, 5), (2, 9), (3, 7)):
+        context = Context.default(torch.randn(*other, 32))
+        with pytest.raises(ValueError, match=rf"{owner}: the context is for \[B, T\] = {re.escape(str(other))}, the input is "
+                                             r"\(2, 7, 32\): make the Context from this input's positions"):
+            mixer(x, context)
+    torch.testing.assert_close(mixer(x, Context.default(x)), mixer(x))
 
 
 @pytest.mark.parametrize("name", ALL)
