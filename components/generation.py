@@ -222,6 +222,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
     B, T = input_ids.shape
     if T == 0:
         raise ValueError("generate: the prompt is empty; give at least one token per sequence")
+    if B == 0:  # (the cache would refuse a batch of 0, naming itself)
+        raise ValueError("generate: no prompts (input_ids is a batch of 0); give at least one")
     if padding_mask is not None and not (isinstance(padding_mask, torch.Tensor) and padding_mask.dtype == torch.bool
                                          and padding_mask.shape == input_ids.shape):  # the positions are made from it
         got = (f"{padding_mask.dtype} {tuple(padding_mask.shape)}" if isinstance(padding_mask, torch.Tensor)

@@ -660,6 +660,8 @@ def test_a_stop_an_empty_prompt_or_a_right_padded_row_is_named_and_generation_is
         model.generate(prompt, 3, stop_when="eos")
     with pytest.raises(ValueError, match="generate: the prompt is empty; give at least one token per sequence"):
         model.generate(prompt[:, :0], 3)
+    with pytest.raises(ValueError, match=r"generate: no prompts \(input_ids is a batch of 0\); give at least one"):
+        model.generate(prompt[:0], 3)
     with pytest.raises(ValueError, match="prompts must be left-padded"):  # one row of two padded on the right
         model.generate(prompt, 2, padding_mask=torch.tensor([[False, False, False, True], [False] * 4]))
     assert model not in generation._compiled_steps  # (compile is asked for, never the default)
