@@ -60,6 +60,14 @@ class MoE(ForwardRecords, nn.Module):
         if missing:  # an MLP or a Linear passed as the bank would fail at the first forward, inside dispatch
             raise ValueError(f"MoE: experts={type(experts).__name__} is not an expert bank (it lacks "
                              f"{', '.join(missing)}); give one of components.state.experts, such as MLPExperts")
+        missing = [name for name in ("n_experts", "top_k", "centroids") if not hasattr(router, name)]
+        if missing:  # an MLP passed as the router would fail at the first forward
+            raise ValueError(f"MoE: router={type(router).__name__} is not a router (it lacks {', '.join(missing)}); "
+                             "give a TopKRouter, or a class with those and forward(x) -> Routing")
+        for name, part in (("shared_expert", shared_expert), ("cross_domain", cross_domain)):
+            if getattr(part, "mixer_slot", None) == "sequence":  # it sees tokens one by one, never a sequence
+                raise ValueError(f"MoE: {name}={type(part).__name__} is a sequence mixer; the parts of a MoE work "
+                                 "token by token (an MLP, say)")
         if router.n_experts != experts.n_experts:
             raise ValueError(f"MoE: the router has {router.n_experts} experts, the bank {experts.n_experts}")
         self.router, self.experts = router, experts

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components import CohesiveMoE, ComposedMoE, ExpansiveMoE, HybridLM, MoE, RoutedMoE, SharedExpertMoE, TopKRouter
+from components import (MLP, SSD, CohesiveMoE, ComposedMoE, ExpansiveMoE, HybridLM, MoE, QCAttention, RoutedMoE,
+                        SharedExpertMoE, TopKRouter)
 from components.catalogue import STATE_MIXERS
 from components.state import switch_balancing_loss
 from components.state.experts import MLPExperts
@@ -168,6 +169,13 @@ def test_every_token_is_computed_dropless():
         (lambda: MoE(TopKRouter(8, 4, 2), torch.nn.Linear(8, 8)),
          r"experts=Linear is not an expert bank \(it lacks n_experts, params_per_expert\)"),
         (lambda: MoE(TopKRouter(8, 4, 2), MLPExperts(8, n_experts=3, d_ff=8)), "the router has 4 experts, the bank 3"),
+        # (each of these failed only at the first forward: an AttributeError, or QCAttention's shape check)
+        (lambda: MoE(MLP(8), MLPExperts(8, n_experts=4, d_ff=8)),
+         r"router=MLP is not a router \(it lacks n_experts, top_k, centroids\)"),
+        (lambda: MoE(TopKRouter(8, 4, 2), MLPExperts(8, n_experts=4, d_ff=8), shared_expert=QCAttention(8, n_heads=2)),
+         r"shared_expert=QCAttention is a sequence mixer; the parts of a MoE work token by token"),
+        (lambda: MoE(TopKRouter(8, 4, 2), MLPExperts(8, n_experts=4, d_ff=8), cross_domain=SSD(8, head_dim=4)),
+         r"cross_domain=SSD is a sequence mixer"),
     ],
 )
 def test_bad_arguments_name_the_problem(build, message):
