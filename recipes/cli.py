@@ -108,17 +108,23 @@ def resolve_config_args(args: list[str]) -> list[str]:
     return out
 
 
-def say_if_another_model(path, recipe_model, hparams: dict) -> None:
-    """A ``fit --ckpt_path`` from outside this recipe's runs continues the checkpoint's model, whatever the recipe
-    says (the checkpoint is a run to resume). When the two differ in pattern or width that is likely not what was
-    meant — starting this recipe's model from those weights is ``--model.init_from`` — so say so, on stderr."""
+def say_if_another_model(path, recipe_model, hparams: dict, subcommand: str = "fit") -> None:
+    """A ``--ckpt_path`` from outside this recipe's runs is the checkpoint's model, whatever the recipe says: ``fit``
+    resumes it (the checkpoint is a run to resume), ``validate`` and ``test`` score it on the recipe's data. When
+    the two differ in pattern or width that may not be what was meant — starting this recipe's model from those
+    weights is ``--model.init_from`` — so say so, on stderr."""
     differing = [f"{key} {plain(recipe_model.get(key))!r} here, {hparams[key]!r} there" for key in ("pattern", "d_model")
                  if key in hparams and differs(recipe_model.get(key), hparams[key])]
-    if differing:
+    if not differing:
+        return
+    if subcommand == "fit":
         print(f"note: --ckpt_path {path} is another recipe's run ({'; '.join(differing)}): fit resumes that model, "
               "not this recipe's: drop --ckpt_path to train this recipe's model (--model.init_from FILE starts it from "
               "a checkpoint's weights where the shapes agree)",
               file=sys.stderr, flush=True)
+    else:
+        print(f"note: --ckpt_path {path} is another recipe's run ({'; '.join(differing)}): {subcommand} scores that "
+              "model, on this recipe's data", file=sys.stderr, flush=True)
 
 
 TRAINING_SETTINGS = ("lr", "betas", "eps", "weight_decay", "optimizer", "schedule", "warmup_fraction", "decay_fraction",
@@ -376,8 +382,8 @@ class HybridCLI(LightningCLI):
             hparams["mixers"] = upgrade_specs(hparams["mixers"])
         finder = subcommand == "fit" and names_a_learning_rate_finder(config.trainer)
         self._check_flags_agree(path, config.model, hparams, lr_found=finder)
-        if subcommand == "fit" and not getattr(self, "_ckpt_in_run", True):
-            say_if_another_model(path, config.model, hparams)
+        if not getattr(self, "_ckpt_in_run", True):
+            say_if_another_model(path, config.model, hparams, subcommand)
         elif subcommand == "fit":
             say_if_the_recipe_changed(path, config.model, hparams, lr_found=finder)
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)

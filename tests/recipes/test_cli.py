@@ -411,6 +411,12 @@ def test_resuming_another_recipes_run_says_it_continues_that_model(tmp_path, mon
           "--ckpt_path", ckpt, *quiet])
     assert (f"note: --ckpt_path {ckpt} is another recipe's run (d_model 128 here, 32 there): fit resumes that model"
             in capsys.readouterr().err)
+    main(["validate", "--config", "quickstart.yaml", "--trainer.logger.init_args.name", "elsewhere",
+          "--trainer.limit_val_batches", "2", "--ckpt_path", ckpt, *quiet])
+    assert (f"note: --ckpt_path {ckpt} is another recipe's run (d_model 128 here, 32 there): validate scores that "
+            "model, on this recipe's data" in capsys.readouterr().err)
+    main(["validate", "--config", "quickstart.yaml", "--trainer.limit_val_batches", "2", "--ckpt_path", "last", *quiet])
+    assert "another recipe's run" not in capsys.readouterr().err  # its own run: quiet
 
 
 def test_resuming_after_the_recipe_was_edited_names_the_training_settings_it_sets_aside(tmp_path, monkeypatch, capsys):
@@ -807,6 +813,10 @@ def test_resuming_another_recipes_run_is_said_only_where_its_pattern_or_width_di
         "note: --ckpt_path x.ckpt is another recipe's run (pattern 'AM×2' here, 'SM' there; d_model 64 here, 32 there): "
         "fit resumes that model, not this recipe's: drop --ckpt_path to train this recipe's model (--model.init_from "
         "FILE starts it from a checkpoint's weights where the shapes agree)\n")
+    # validate and test score the checkpoint's model too: a checkpoint of another recipe said nothing there
+    say_if_another_model("x.ckpt", {"pattern": "AM×2", "d_model": 64}, {"pattern": "SM", "d_model": 64}, "validate")
+    assert capsys.readouterr().err == ("note: --ckpt_path x.ckpt is another recipe's run (pattern 'AM×2' here, 'SM' "
+                                       "there): validate scores that model, on this recipe's data\n")
 
 
 def test_a_relative_init_from_in_a_recipe_file_is_relative_to_that_file(tmp_path, monkeypatch):
