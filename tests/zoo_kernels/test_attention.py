@@ -125,6 +125,14 @@ def test_bad_arguments_name_the_problem(kwargs, words):
     assert words in str(info.value)
 
 
+def test_without_causality_fewer_keys_than_queries_is_cross_attention():
+    # (causal attention refuses S < T by name: its first queries would see no key)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 5, 2, 4), torch.randn(1, 3, 2, 4), torch.randn(1, 3, 2, 4)
+    expected = torch.softmax(torch.einsum("bthd,bshd->bhts", q, k) / 2, dim=-1)  # [b, h, t, s]; scale 1/sqrt(4)
+    torch.testing.assert_close(attention(q, k, v, causal=False), torch.einsum("bhts,bshd->bthd", expected, v))
+
+
 def test_each_tensor_of_the_wrong_shape_is_named_alone():
     """One argument wrong at a time (the others right), so every check is needed: q, k, v [B, T, H, D] with k and v
     alike and of q's batch and head dim; the key padding [B, S]; document ids [B, T], integers, self-attention."""
@@ -139,7 +147,9 @@ def test_each_tensor_of_the_wrong_shape_is_named_alone():
         (dict(k=k[..., :4], v=v[..., :4]), r"k\(2, 9, 2, 4\) does not match q\(2, 9, 4, 8\) in batch or head dim"),
         (dict(key_padding_mask=torch.zeros(2, 8, dtype=torch.bool)), r"key_padding_mask must be \[B, S\] = \(2, 9\)"),
         (dict(document_ids=ids[:, :8]), r"document_ids must be \[B, T\] = \(2, 9\) with as many keys as queries"),
-        (dict(document_ids=ids, k=k[:, :8], v=v[:, :8]), r"document_ids .* as many keys as queries; got \(2, 9\) and 8 keys"),
+        (dict(document_ids=ids[:, :8], q=q[:, :8]), r"document_ids .* as many keys as queries; got \(2, 8\) and 9 keys"),
+        (dict(k=k[:, :8], v=v[:, :8]), r"causal attention needs at least as many keys as queries .*; got T=9 queries and "
+                                       r"S=8 keys"),  # (was a shape error from inside torch)
         (dict(document_ids=ids.bool()), r"document_ids must be integers; got torch.bool"),
         (dict(document_ids=ids.float()), r"document_ids must be integers; got torch.float32"),
     ]

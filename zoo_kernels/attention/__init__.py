@@ -33,7 +33,7 @@ def attention(
         bias: ``[B, H, S]`` added to every query's score for key ``j`` (one value per head and key), rounded to
             ``q``'s dtype first, finite entries beyond its range clamped into it (:func:`round_bias`; the gradient
             comes back in the bias's own dtype).
-        causal: query ``i`` sees keys ``j <= S - T + i`` (bottom-right aligned, so decoding works).
+        causal: query ``i`` sees keys ``j <= S - T + i`` (bottom-right aligned, so decoding works); needs ``S >= T``.
         key_padding_mask: ``[B, S]`` bool, True where the key is padding (never attended to).
         keep_window: keep, per query, only the ``keep_window`` allowed keys with the largest bias
             (ties to the most recent); the selection carries no gradient, the bias does.
@@ -52,7 +52,7 @@ def attention(
         ``[B, T, H, D]``. A query with no allowed key returns zeros.
     """
     check_backend(backend, "attention")
-    _check_arguments(q, k, v, bias, key_padding_mask, keep_window)
+    _check_arguments(q, k, v, bias, key_padding_mask, keep_window, causal)
     if document_ids is not None:
         _check_documents(document_ids, q, k)
     # The bias in the activations' dtype, for every backend: the window's selection and the scores see the same values
@@ -142,7 +142,7 @@ def _check_documents(document_ids, q, k) -> None:
         raise ValueError(f"attention: document_ids must be integers; got {document_ids.dtype}")
 
 
-def _check_arguments(q, k, v, bias, key_padding_mask, keep_window) -> None:
+def _check_arguments(q, k, v, bias, key_padding_mask, keep_window, causal) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"attention: q, k, v must be [B, T, H, D]; got q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}"
@@ -157,6 +157,9 @@ def _check_arguments(q, k, v, bias, key_padding_mask, keep_window) -> None:
     S, Hkv = k.shape[1], k.shape[2]
     if H % Hkv != 0:
         raise ValueError(f"attention: query heads H={H} are not a multiple of key/value heads H_kv={Hkv}")
+    if causal and S < T:  # bottom-right aligned, the first T - S queries would have no key
+        raise ValueError(f"attention: causal attention needs at least as many keys as queries (the queries are the last "
+                         f"T of the S keys' positions); got T={T} queries and S={S} keys")
     if bias is not None and tuple(bias.shape) != (B, H, S):
         raise ValueError(f"attention: bias must be [B, H, S] = {(B, H, S)}; got {tuple(bias.shape)}")
     if key_padding_mask is not None:
