@@ -1,6 +1,7 @@
 """The chunked SSD against the token-by-token recurrence (the oracle), outputs and every gradient."""
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -145,6 +146,27 @@ def test_bad_arguments_name_the_problem(change, words):
     with pytest.raises(ValueError) as info:
         ssd_scan(**inputs)
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize("change, got", [
+    (dict(x_t=torch.zeros(3, 4, 8)), "x_t(3, 4, 8)"),
+    (dict(dt_t=torch.zeros(2, 3)), "dt_t(2, 3)"),
+    (dict(A=torch.zeros(3)), "A(3,)"),
+    (dict(B_t=torch.zeros(2, 2, 8)), "B_t(2, 2, 8)"),
+    (dict(B_t=torch.zeros(2, 3, 16), C_t=torch.zeros(2, 3, 16)), "B_t(2, 3, 16)"),  # 3 groups for 4 heads
+    (dict(C_t=torch.zeros(2, 16)), "C_t(2, 16)"),
+    (dict(D=torch.zeros(4, 1)), "D(4, 1)"),
+    (dict(state=torch.zeros(2, 4, 8)), "state(2, 4, 8)"),
+])
+def test_a_step_names_its_argument_of_the_wrong_shape(change, got):
+    # (each was a shape error from inside an einsum, or none: a dt_t of [2, 1] broadcast over the heads)
+    step = dict(state=torch.zeros(2, 4, 8, 16), x_t=torch.randn(2, 4, 8), dt_t=torch.rand(2, 4), A=-torch.rand(4),
+                B_t=torch.randn(2, 2, 16), C_t=torch.randn(2, 2, 16), D=torch.ones(4))
+    y, state = ssd_step(**step)
+    assert y.shape == (2, 4, 8) and state.shape == (2, 4, 8, 16)
+    with pytest.raises(ValueError, match=r"ssd_step: state \[b, h, p, n\] = .* wants x_t \[b, h, p\], dt_t \[b, h\], "
+                                         rf"A \[h\], B_t and C_t \[b, g, n\] .*; got {re.escape(got)}$"):
+        ssd_step(**{**step, **change})
 
 
 def test_a_chunk_of_one_token_is_the_recurrence():

@@ -110,10 +110,11 @@ def ssd_step(
     """One token of the recurrence, for decoding.
 
     Args: ``state [b,h,p,n]``, ``x_t [b,h,p]``, ``dt_t [b,h]``, ``A [h]``, ``B_t, C_t [b,g,n]``,
-    ``D [h]`` or None. Returns ``(y_t [b,h,p]`` in ``x_t``'s dtype, ``new state [b,h,p,n]`` in ``state``'s dtype).
+    ``D [h]`` or None (a shape that disagrees with the state's is named: ``ValueError``). Returns ``(y_t [b,h,p]`` in ``x_t``'s dtype, ``new state [b,h,p,n]`` in ``state``'s dtype).
     The step computes in the state's dtype: a half-precision model's cache holds the fp32 state the chunked scan
     hands over after the prefill, and keeps it in fp32 as the scan does.
     """
+    _check_step(state, x_t, dt_t, A, B_t, C_t, D)
     H, G, dtype = x_t.shape[1], B_t.shape[1], state.dtype
     B_t = repeat(B_t.to(dtype), "b g n -> b (g r) n", r=H // G)  # [b, h, n]
     C_t = repeat(C_t.to(dtype), "b g n -> b (g r) n", r=H // G)  # [b, h, n]
@@ -124,6 +125,26 @@ def ssd_step(
     if D is not None:
         y_t = y_t + x_t.to(dtype) * D.to(dtype)[:, None]
     return y_t.to(x_t.dtype), state
+
+
+def _check_step(state, x_t, dt_t, A, B_t, C_t, D) -> None:
+    """Name a step's argument whose shape disagrees with the state's (a shape error from inside an einsum, else)."""
+    if state.dim() == 4 and B_t.dim() == 3:  # the common case in one comparison: a decoding step pays it per layer
+        (b, h, p, n), g = state.shape, B_t.shape[1]
+        if ((x_t.shape, dt_t.shape, A.shape, B_t.shape, C_t.shape) == ((b, h, p), (b, h), (h,), (b, g, n), (b, g, n))
+                and g and not h % g and (D is None or D.shape == (h,))):
+            return
+    b, h, p, n = state.shape if state.dim() == 4 else (None,) * 4
+    g = B_t.shape[1] if B_t.dim() == 3 else None
+    wrong = [f"{name}{tuple(t.shape)}" for name, t, shape in (
+        ("state", state, (b, h, p, n)), ("x_t", x_t, (b, h, p)), ("dt_t", dt_t, (b, h)), ("A", A, (h,)),
+        ("B_t", B_t, (b, g, n)), ("C_t", C_t, (b, g, n)), ("D", D, (h,))) if t is not None and t.shape != shape]
+    if state.dim() != 4:
+        wrong = [f"state{tuple(state.shape)}"]
+    if wrong or not g or h % g:
+        raise ValueError(f"ssd_step: state [b, h, p, n] = {tuple(state.shape)} wants x_t [b, h, p], dt_t [b, h], "
+                         f"A [h], B_t and C_t [b, g, n] with g dividing h, D [h] or None; got "
+                         f"{', '.join(wrong) or f'B_t{tuple(B_t.shape)}'}")
 
 
 def ssd_recurrent(
