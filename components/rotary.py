@@ -20,6 +20,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x [B, T, H, d]`` by tables ``cos, sin [B, T, d]`` (broadcast over heads)."""
+    if cos.shape != (x.shape[0], x.shape[1], x.shape[-1]) or sin.shape != cos.shape:
+        raise ValueError(f"apply_rotary: x [B, T, H, d] = {tuple(x.shape)} needs cos and sin [B, T, d]; got "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, T, 1, d]
     y = x * cos + rotate_half(x) * sin
     return y if y.dtype == x.dtype else y.to(x.dtype)

@@ -112,4 +112,10 @@ def test_rotary_edges_refusals_and_dtype():
     x = torch.randn(1, 3, 2, 8, dtype=torch.bfloat16)
     cos, sin = RotaryEmbedding()(torch.arange(3)[None], 8)  # fp32 tables
     assert apply_rotary(x, cos, sin).dtype == torch.bfloat16  # the input's dtype back
+    for bad in (x[..., :6], x[:, :2]):  # tables of another dimension or length: a shape error inside the rotation
+        with pytest.raises(ValueError, match=rf"apply_rotary: x \[B, T, H, d\] = \({', '.join(map(str, bad.shape))}\) "
+                                             r"needs cos and sin \[B, T, d\]; got \(1, 3, 8\) and \(1, 3, 8\)"):
+            apply_rotary(bad, cos, sin)
+    with pytest.raises(ValueError, match=r"got \(1, 3, 8\) and \(1, 3, 4\)"):
+        apply_rotary(x, cos, sin[..., :4])
     assert repr(RotaryEmbedding(64, base=500.0)) == "RotaryEmbedding(max_position=64, base=500.0, scaling_factor=1.0)"

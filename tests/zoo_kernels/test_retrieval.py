@@ -57,6 +57,17 @@ def test_expert_mix_rejects_mismatched_shapes():
         expert_mix(x, ids.float(), weights, rows, rows)
 
 
+def test_product_key_topk_names_halves_that_disagree_and_a_k_out_of_range():
+    # (a k past n_a was torch's "selected index k out of range"; halves of two batches a shape error in the sums)
+    a, b = torch.randn(2, 3, 8), torch.randn(2, 3, 6)
+    assert [t.shape for t in product_key_topk(a, b, 6)] == [(2, 3, 6)] * 2  # k up to the smaller half
+    for k in (0, 7, 2.0):
+        with pytest.raises(ValueError, match=rf"product_key_topk: k={k!r} must be an integer in \[1, min\(n_a, n_b\) = 6\]"):
+            product_key_topk(a, b, k)
+    with pytest.raises(ValueError, match=r"must agree on \[...\]; got \(2, 3, 8\) and \(2, 4, 6\)"):
+        product_key_topk(a, torch.randn(2, 4, 6), 2)
+
+
 def test_gathering_the_up_rows_mixes_as_embedding_bag_does(monkeypatch):
     """bf16 on CUDA mixes ``up``'s rows by a gather (embedding_bag has no bf16 backward for its weights there):
     the same values and gradients as embedding_bag, repeated ids included — and no embedding_bag."""

@@ -18,7 +18,12 @@ def product_key_topk(scores_a: torch.Tensor, scores_b: torch.Tensor, k: int) -> 
     Returns:
         ``scores [..., k]`` best first and ``experts [..., k]``, expert ``e = i·n_b + j``.
     """
-    n_b = scores_b.shape[-1]
+    n_a, n_b = scores_a.shape[-1], scores_b.shape[-1]
+    if scores_a.shape[:-1] != scores_b.shape[:-1]:
+        raise ValueError(f"product_key_topk: scores_a [..., n_a] and scores_b [..., n_b] must agree on [...]; got "
+                         f"{tuple(scores_a.shape)} and {tuple(scores_b.shape)}")
+    if not (isinstance(k, int) and 1 <= k <= min(n_a, n_b)):
+        raise ValueError(f"product_key_topk: k={k!r} must be an integer in [1, min(n_a, n_b) = {min(n_a, n_b)}]")
     top_a, idx_a = scores_a.topk(k, dim=-1)  # [..., k]
     top_b, idx_b = scores_b.topk(k, dim=-1)  # [..., k]
     sums = top_a.unsqueeze(-1) + top_b.unsqueeze(-2)  # [..., k, k]
