@@ -82,6 +82,31 @@ def test_mixer_with_the_wrong_output_shape_is_named():
         model(torch.zeros(1, 3, dtype=torch.long))
 
 
+def test_mixer_with_the_wrong_output_dtype_is_named():
+    # A float64 output turned the residual stream float64, and the next mixer's input check named that mixer.
+    class Widen(nn.Module):
+        def __init__(self, d_model, dtype=torch.float64):
+            super().__init__()
+            self.proj, self.dtype = nn.Linear(d_model, d_model), dtype
+
+        def forward(self, x, context=None):
+            return self.proj(x).to(self.dtype)
+
+    model = HybridLM(pattern="KM", vocab_size=10, d_model=8, mixers={"K": Widen})
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    message = (r"block 'KM': sequence mixer Widen returned torch.float64 for a torch.float32 input; mixers return their "
+               r"input's dtype \(or torch.autocast's\)")
+    with pytest.raises(ValueError, match=message):
+        model(ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match=message):
+        model(ids)
+    model = HybridLM(pattern="KM", vocab_size=10, d_model=8, mixers={"K": functools.partial(Widen, dtype=torch.bfloat16)})
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's dtype, as its matrix products give
+        assert model(ids).shape == (1, 3, 10)
+    with pytest.raises(ValueError, match="returned torch.bfloat16 for a torch.float32 input"):
+        model(ids)
+
+
 def test_a_mixer_whose_forward_cannot_take_its_slots_arguments_is_named_at_build():
     class NoContext(nn.Module):  # zoology's form: forward(x), no context
         def __init__(self, d_model):
