@@ -43,11 +43,16 @@ def bound_mixers(mixers: Mapping[str, MixerFactory | Mapping] | None) -> dict[st
     return {letter: binding_factory(letter, b) for letter, b in {**DEFAULT_MIXERS, **(mixers or {})}.items()}
 
 
-def mixer_kind(factory) -> str | None:
-    """``"sequence"`` or ``"state"``: the slot that the class behind ``factory`` (a class or a ``partial`` of one)
-    declares as ``mixer_slot``, as every zoo mixer does; None for a class that declares none, or a function."""
+def factory_class(factory) -> type | None:
+    """The class behind a binding's factory (a class or a ``partial`` of one); None for a function."""
     cls = factory.func if isinstance(factory, functools.partial) else factory
-    return getattr(cls, "mixer_slot", None) if isinstance(cls, type) else None
+    return cls if isinstance(cls, type) else None
+
+
+def mixer_kind(factory) -> str | None:
+    """``"sequence"`` or ``"state"``: the slot that the class behind ``factory`` declares as ``mixer_slot``, as every
+    zoo mixer does; None for a class that declares none, or a function."""
+    return getattr(factory_class(factory), "mixer_slot", None)
 
 
 def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
@@ -165,8 +170,7 @@ class HybridLM(nn.Module):
                     raise PatternError(self.pattern, column, f"letter {letter!r} is not bound (bound: {bound})")
                 kind = mixer_kind(self.bindings[letter])
                 if kind is not None and kind != slot:
-                    factory = self.bindings[letter]
-                    name = (factory.func if isinstance(factory, functools.partial) else factory).__name__
+                    name = factory_class(self.bindings[letter]).__name__
                     place, alone = ("first", f"-{letter}") if slot == "sequence" else ("second", f"{letter}-")
                     raise PatternError(self.pattern, column, f"letter {letter!r} binds {name}, a {kind} mixer, in the "
                                        f"{place} place of {str(t)!r}, a {slot} mixer's (a token is a sequence mixer, "
