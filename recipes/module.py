@@ -414,14 +414,25 @@ class LanguageModel(L.LightningModule):
         if not fitting:
             raise ValueError(f"LanguageModel: init_from={path!r}: no tensor of the checkpoint fits this model (by name "
                              f"and shape): shapes {unfit[:3]}, missing {missing[:4]}, unexpected {unexpected[:4]}")
-        self.model.load_state_dict(fitting, strict=strict)
+        # A model that ties its head to its embedding holds one tensor under both names: an untied checkpoint's two
+        # would both be copied into it, and the head's, copied last, would silently become the embedding.
+        untied = (getattr(self.model, "tie_embeddings", False) and {"embedding.weight", "lm_head.weight"} <= fitting.keys()
+                  and not torch.equal(fitting["embedding.weight"], fitting["lm_head.weight"]))
+        if untied and strict:
+            raise ValueError(f"LanguageModel: init_from={path!r} has an embedding and a head of their own, and this model "
+                             "ties them (tie_embeddings=True), so one of the two would be lost: --model.tie_embeddings "
+                             "false keeps both, --model.init_from_strict false takes the embedding for both")
+        if untied:
+            del fitting["lm_head.weight"]
+        self.model.load_state_dict(fitting, strict=strict and not untied)
         self._init_from = (path, load_checkpoint(path, mmap=True).get("tokenizer"))  # compared with the data in setup
         if len(fitting) == len(mine) and not unexpected:
             print(f"init_from: loaded {len(fitting)} tensors from {path}", flush=True)
             return
-        kept = sorted(mine.keys() - fitting.keys())
+        kept = sorted(mine.keys() - fitting.keys() - ({"lm_head.weight"} if untied else set()))
         print(f"init_from: loaded {len(fitting)} of the model's {len(mine)} tensors from {path}; initialised afresh: "
-              f"{_names(kept)}; in the checkpoint but not loaded: {_names(sorted(model_state.keys() - fitting.keys()))}",
+              f"{_names(kept)}; in the checkpoint but not loaded: {_names(sorted(model_state.keys() - fitting.keys()))}"
+              + (" (this model ties its head to its embedding: the head is the checkpoint's embedding)" if untied else ""),
               flush=True)
 
     def configure_model(self) -> None:

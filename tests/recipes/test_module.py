@@ -704,6 +704,30 @@ def test_init_from_a_checkpoint_that_fits_loads_every_tensor_and_says_so_in_a_li
                                        "afresh: none; in the checkpoint but not loaded: extra.weight\n")
 
 
+def test_init_from_an_untied_checkpoint_into_a_tied_model_is_refused_or_takes_the_embedding(tmp_path, capsys):
+    # Both names held one tensor in the tied model: the untied checkpoint's head, copied last, became its embedding.
+    torch.manual_seed(0)
+    source = LanguageModel(16, "AM", vocab_size=20)
+    path = tmp_path / "untied.ckpt"
+    torch.save({"state_dict": source.state_dict()}, path)
+    with pytest.raises(ValueError, match=r"has an embedding and a head of their own, and this model ties them "
+                                         r"\(tie_embeddings=True\), so one of the two would be lost"):
+        LanguageModel(16, "AM", vocab_size=20, tie_embeddings=True, init_from=str(path))
+    capsys.readouterr()
+    tied = LanguageModel(16, "AM", vocab_size=20, tie_embeddings=True, init_from=str(path), init_from_strict=False)
+    assert tied.model.lm_head.weight is tied.model.embedding.weight
+    assert torch.equal(tied.model.embedding.weight, source.model.embedding.weight)
+    n = len(tied.model.state_dict())
+    assert capsys.readouterr().out == (
+        f"init_from: loaded {n - 1} of the model's {n} tensors from {path}; initialised afresh: none; in the checkpoint "
+        "but not loaded: lm_head.weight (this model ties its head to its embedding: the head is the checkpoint's "
+        "embedding)\n")
+    torch.save({"state_dict": tied.state_dict()}, path)  # a tied checkpoint into a tied model, or an untied one: as is
+    for tie in (True, False):
+        again = LanguageModel(16, "AM", vocab_size=20, tie_embeddings=tie, init_from=str(path))
+        assert torch.equal(again.model.lm_head.weight, source.model.embedding.weight)
+
+
 def test_a_sharded_checkpoint_given_to_load_from_checkpoint_says_how_to_make_one_file_of_it(tmp_path):
     from recipes.checkpoints import CheckpointError
 
