@@ -190,6 +190,34 @@ def test_paper_mqar_recipes_share_the_task_at_each_length(built, length):
     assert next(iter(recipes.values())).datamodule.train.task["seq_len"] == length
 
 
+def test_a_recipe_on_the_bundled_text_validates_within_an_epoch_or_counts_steps_across_them():
+    """Lightning refuses a ``val_check_interval`` longer than an epoch unless ``check_val_every_n_epoch`` is null. The
+    other tests here run the recipes at batch 2, whose epochs are 8× longer: ``quickstart_bpe.yaml`` (61 batches of 16
+    on Python 3.11's pydoc topics, validating every 100) failed at its first command, the README's."""
+    from recipes import data as modules
+    from recipes.recipe_files import read_config
+
+    batches, checked = {}, 0
+    for name in bundled_configs():
+        recipe = read_config(CONFIG_DIR / name)
+        data, trainer = recipe.get("data") or {}, recipe.get("trainer") or {}
+        args, cls = data.get("init_args") or {}, str(data.get("class_path", "")).rsplit(".", 1)[-1]
+        if cls not in ("TextCorpus", "TokenizedCorpus") or {"path", "paths", "dataset"} & args.keys():
+            continue  # (a corpus of the user's, such as data/english/: its length is not known here)
+        interval = trainer.get("val_check_interval")
+        if not isinstance(interval, int) or trainer.get("check_val_every_n_epoch", 1) is None:
+            continue
+        key = (cls, repr(sorted(args.items())))
+        if key not in batches:
+            module = getattr(modules, cls)(**args)
+            module.prepare_data()
+            module.setup("fit")
+            batches[key] = len(module.train_dataloader())
+        assert interval <= batches[key], f"{name}: val_check_interval {interval} > {batches[key]} batches an epoch"
+        checked += 1
+    assert checked >= 40
+
+
 @pytest.mark.parametrize("name", REPRESENTATIVES)
 def test_recipe_trains_checkpoints_and_reloads(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
