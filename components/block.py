@@ -128,15 +128,17 @@ class Block(nn.Module):
         return x if scale is None else scale * x
 
     def _checked(self, y: torch.Tensor, x: torch.Tensor, slot: str) -> torch.Tensor:
-        mixer = getattr(self, f"{slot}_mixer")
         if y.shape != x.shape:
             raise ValueError(
-                f"block {self.token!r}: {slot} mixer {type(mixer).__name__} returned shape {tuple(y.shape)}; "
+                f"block {self.token!r}: {slot} mixer {self._mixer_name(slot)} returned shape {tuple(y.shape)}; "
                 f"mixers must map [B, T, d_model] = {tuple(x.shape)} to the same shape"
             )
         # A mixer returns its input's dtype, or autocast's: another would change the residual stream's, and the next
         # mixer's input check would name that mixer instead of this one.
         if y.dtype != x.dtype and y.dtype != autocast_dtype(x.device.type):
-            raise ValueError(f"block {self.token!r}: {slot} mixer {type(mixer).__name__} returned {y.dtype} for a "
+            raise ValueError(f"block {self.token!r}: {slot} mixer {self._mixer_name(slot)} returned {y.dtype} for a "
                              f"{x.dtype} input; mixers return their input's dtype (or torch.autocast's)")
         return y
+
+    def _mixer_name(self, slot: str) -> str:
+        return type(getattr(self, f"{slot}_mixer")).__name__

@@ -32,10 +32,15 @@ def recipe_files(folder: str) -> list[Path]:
         families = {str(p.parent.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*.yaml")} - {"."}
         hint = did_you_mean([folder], families, n=3) or f"bundled folders: {', '.join(bundled)}"
         raise FileNotFoundError(f"recipe folder {folder!r} not found ({hint})")
-    files = sorted(f for f in path.glob("*.yaml") if not f.name.startswith("_"))  # _family.yaml is not a recipe
+    files = family_recipes(path)
     if not files:
         raise FileNotFoundError(f"recipe folder {str(path)!r} holds no .yaml recipes")
     return files
+
+
+def family_recipes(folder: Path) -> list[Path]:
+    """The recipes of a family's folder, by name (``_family.yaml`` is not one)."""
+    return sorted(f for f in Path(folder).glob("*.yaml") if not f.name.startswith("_"))
 
 
 def family_settings(folder: Path) -> dict:
@@ -59,7 +64,7 @@ def family_settings(folder: Path) -> dict:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)} (known: baseline, equivalence_margin, claims, "
                          "starts_from)")
     baseline = settings.get("baseline")
-    recipes = sorted(f.stem for f in Path(folder).glob("*.yaml") if not f.name.startswith("_"))
+    recipes = [f.stem for f in family_recipes(folder)]
     if baseline is not None and recipes and baseline not in recipes:  # (a record's runs may outlive their files)
         hint = did_you_mean([str(baseline)], recipes, n=1) or f"the recipes: {', '.join(recipes)}"
         raise ValueError(f"{path}: baseline {baseline!r} is not a recipe of the folder ({hint})")

@@ -110,7 +110,8 @@ def ssd_step(
     """One token of the recurrence, for decoding.
 
     Args: ``state [b,h,p,n]``, ``x_t [b,h,p]``, ``dt_t [b,h]``, ``A [h]``, ``B_t, C_t [b,g,n]``,
-    ``D [h]`` or None (a shape that disagrees with the state's is named: ``ValueError``). Returns ``(y_t [b,h,p]`` in ``x_t``'s dtype, ``new state [b,h,p,n]`` in ``state``'s dtype).
+    ``D [h]`` or None (a shape that disagrees with the state's is named: ``ValueError``). Returns ``(y_t [b,h,p]`` in
+    ``x_t``'s dtype, ``new state [b,h,p,n]`` in ``state``'s dtype).
     The step computes in the state's dtype: a half-precision model's cache holds the fp32 state the chunked scan
     hands over after the prefill, and keeps it in fp32 as the scan does.
     """
@@ -134,13 +135,13 @@ def _check_step(state, x_t, dt_t, A, B_t, C_t, D) -> None:
         if ((x_t.shape, dt_t.shape, A.shape, B_t.shape, C_t.shape) == ((b, h, p), (b, h), (h,), (b, g, n), (b, g, n))
                 and g and not h % g and (D is None or D.shape == (h,))):
             return
-    b, h, p, n = state.shape if state.dim() == 4 else (None,) * 4
-    g = B_t.shape[1] if B_t.dim() == 3 else None
-    wrong = [f"{name}{tuple(t.shape)}" for name, t, shape in (
-        ("state", state, (b, h, p, n)), ("x_t", x_t, (b, h, p)), ("dt_t", dt_t, (b, h)), ("A", A, (h,)),
-        ("B_t", B_t, (b, g, n)), ("C_t", C_t, (b, g, n)), ("D", D, (h,))) if t is not None and t.shape != shape]
     if state.dim() != 4:
         wrong = [f"state{tuple(state.shape)}"]
+    else:
+        (b, h, p, n), g = state.shape, B_t.shape[1] if B_t.dim() == 3 else None
+        wrong = [f"{name}{tuple(t.shape)}" for name, t, shape in (
+            ("x_t", x_t, (b, h, p)), ("dt_t", dt_t, (b, h)), ("A", A, (h,)), ("B_t", B_t, (b, g, n)),
+            ("C_t", C_t, (b, g, n)), ("D", D, (h,))) if t is not None and t.shape != shape]
     if wrong or not g or h % g:
         raise ValueError(f"ssd_step: state [b, h, p, n] = {tuple(state.shape)} wants x_t [b, h, p], dt_t [b, h], "
                          f"A [h], B_t and C_t [b, g, n] with g dividing h, D [h] or None; got "
