@@ -671,3 +671,13 @@ def main(args: list[str] | None = None, *, run: bool = True, parse_only: bool = 
         sys.exit(130)
     finally:
         release_process_group()
+
+
+def parse_recipe(args: list[str]) -> HybridCLI:
+    """``args`` (``--config FILE``, repeatable, and overrides) parsed as ``fit`` parses them; nothing built. For the
+    tools that read a recipe without training it (``recipes.sweep``, ``generate``'s several ``--config``)."""
+    import warnings
+
+    with warnings.catch_warnings():  # Lightning's note that sys.argv (the calling tool's own) is not what it parses
+        warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python")
+        return main(args, run=False, parse_only=True)

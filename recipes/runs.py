@@ -2,6 +2,7 @@
 checkpoint (``last``/``best``/``swa`` resolved as ``fit`` does), its run folder, and the data module it trained on."""
 
 import importlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -13,15 +14,27 @@ from recipes.recipe_files import read_config, resolve_config, sweep_root
 from recipes.training import NAMED_CHECKPOINTS, loggerless_checkpoint
 
 
-def load_recipe(path: str) -> dict:
-    return read_config(resolve_config(path))
+def load_recipe(config: str | Sequence[str]) -> dict:
+    """A recipe's mapping: one file (or bundled name) as it is written; several, as ``fit --config A --config B``
+    merges them (by fit's own parser: a later file's settings override an earlier one's, and the result holds every
+    default, as a run's ``config.yaml`` does). Before, a tool given several ``--config`` read the last alone: its
+    checkpoint was looked for under another recipe's runs, or its model read without the first file's bindings."""
+    paths = [config] if isinstance(config, str) else list(config)
+    if len(paths) == 1:
+        return read_config(resolve_config(paths[0]))
+    from recipes.cli import parse_recipe
+
+    cli = parse_recipe([arg for path in paths for arg in ("--config", path)])
+    return yaml.safe_load(cli.parser.dump(cli.config))
 
 
-def checkpoint_path(recipe: dict, ckpt_path: str, config: str | None = None) -> str:
+def checkpoint_path(recipe: dict, ckpt_path: str, config: str | Sequence[str] | None = None) -> str:
     """A checkpoint file, or the newest ``last``/``best``/``swa`` of the recipe's runs: under its logger's folder,
     and for a recipe (file ``config``) that names no logger, under Lightning's ``lightning_logs/`` and the sweep's
-    folder; for a recipe with ``logger: false``, the one in ``<default_root_dir or .>/checkpoints/``, as ``fit``
-    finds it."""
+    folder (a sweep runs one file: several ``config`` have none); for a recipe with ``logger: false``, the one in
+    ``<default_root_dir or .>/checkpoints/``, as ``fit`` finds it."""
+    if config is not None and not isinstance(config, str):
+        config = config[0] if len(config) == 1 else None
     if ckpt_path not in NAMED_CHECKPOINTS:
         return ckpt_path
     trainer = recipe.get("trainer") or {}
@@ -109,7 +122,7 @@ class LoadedRun(NamedTuple):
     recipe: dict  # the recipe, with the run's own data section (its config.yaml) when the run kept one
 
 
-def load_run(config: str, ckpt_path: str = "last", *, device: str = "cpu", allow_classes: list[str] = (),
+def load_run(config: str | Sequence[str], ckpt_path: str = "last", *, device: str = "cpu", allow_classes: list[str] = (),
              text_only: bool = True) -> LoadedRun:
     """A recipe's checkpoint with the tokenizer it trained with, as ``generate`` and ``eval`` read it:
 
@@ -117,7 +130,8 @@ def load_run(config: str, ckpt_path: str = "last", *, device: str = "cpu", allow
         ids = run.lm.model.generate(torch.tensor([run.data.encode("def ")]), 50)  # [1, 4 + 50]
         print(run.data.decode(ids[0].tolist()))
 
-    ``config``: the recipe (a file, or a bundled name); ``ckpt_path``: a checkpoint file, or ``last``/``best``/``swa``
+    ``config``: the recipe (a file, or a bundled name; a list of them merged as ``fit`` merges several
+    ``--config``); ``ckpt_path``: a checkpoint file, or ``last``/``best``/``swa``
     (the newest of the recipe's runs, as for ``fit``); ``device``: where the weights go (``map_location``);
     ``allow_classes``: packages the checkpoint may name beyond the zoo's and the recipe's bindings; ``text_only``:
     the data module is used only to tokenize (a ``TokenizedCorpus`` with a tokenizer file is then built without

@@ -32,7 +32,8 @@ SUITES = ("length", "passkey", "mqar")
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m recipes eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="the recipe the checkpoint was trained with")
+    p.add_argument("--config", required=True, action="append",
+                   help="the recipe the checkpoint was trained with (repeat it as for fit: the files merge as fit merged them)")
     p.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best / swa of the recipe's runs")
     p.add_argument("--allow_classes", nargs="*", action="extend", default=[],
                    help="packages whose classes the checkpoint may name")

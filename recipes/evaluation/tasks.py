@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> Path:
 
     parser = argparse.ArgumentParser(prog="python -m recipes.evaluation.tasks", description=main.__doc__)
     parser.add_argument("kind", choices=["cloze"])
-    parser.add_argument("--config", required=True, help="a recipe whose data module has documents (TokenizedCorpus)")
+    parser.add_argument("--config", required=True, action="append",
+                        help="a recipe whose data module has documents (TokenizedCorpus); repeat it as for fit")
     parser.add_argument("--out", required=True, help="the folder to write the task's YAML and data into")
     parser.add_argument("--name", default=None, help="the task's name (default: <corpus>_cloze)")
     parser.add_argument("--count", type=positive_int, default=500, help="questions (default 500)")

@@ -21,8 +21,9 @@ def main(argv: list[str] | None = None) -> None:
                       "import wrote), or last / best: the newest of --config's runs")
     save.add_argument("--ckpt_path", default=None, help="the checkpoint, as generate and eval spell it")
     save.add_argument("--out", required=True, help="the folder to write")
-    save.add_argument("--config", default=None,
-                      help="the recipe the checkpoint was trained with, for its tokenizer (default: the run's config.yaml)")
+    save.add_argument("--config", default=None, action="append",
+                      help="the recipe the checkpoint was trained with, for its tokenizer (default: the run's config.yaml); "
+                      "repeat it as for fit")
     save.add_argument("--max_shard_size", default="2GB", help="shard the weights past this size (default 2GB)")
     save.add_argument("--force", action="store_true", help="write into a folder that holds files (the model's are replaced)")
     save.add_argument("--allow_classes", nargs="*", action="extend", default=[],
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {error}")
 
 
-def export_checkpoint(checkpoint: str, recipe: dict, config: str | None) -> str:
+def export_checkpoint(checkpoint: str, recipe: dict, config: list[str] | None) -> str:
     """The checkpoint file: ``last``/``best``/``swa`` is the newest of the recipe's runs, as for ``generate``."""
     from recipes.runs import checkpoint_path
     from recipes.training import NAMED_CHECKPOINTS
@@ -63,7 +64,7 @@ def export_checkpoint(checkpoint: str, recipe: dict, config: str | None) -> str:
     return checkpoint_path(recipe, checkpoint, config)
 
 
-def export_data(checkpoint: str, recipe: dict, config: str | None):
+def export_data(checkpoint: str, recipe: dict, config: list[str] | None):
     """The data module whose tokenizer goes with the export: the recipe's (``--config``) with the run's own data
     settings when its ``config.yaml`` is beside the checkpoint."""
     from recipes.runs import data_module, run_folder, with_run_data

@@ -87,6 +87,8 @@ def check_vs_key(key: str, config: Path | None = None) -> None:
         if config is not None:
             from recipes.cli import dotted_get
 
+            from recipes.cli import parse_recipe
+
             parsed = parse_recipe(["--config", str(config)]).config
             try:
                 dotted_get(parsed.get("fit", parsed), key)
@@ -123,15 +125,6 @@ def note_erased_differences(configs: list[Path], settings: list[str]) -> None:
                   "so the runs no longer differ in it", file=sys.stderr)
 
 
-def parse_recipe(args: list[str]):
-    """``args`` (``--config FILE`` and overrides) parsed as a sweep's ``fit`` run parses them; nothing built."""
-    from recipes.cli import main
-
-    with warnings.catch_warnings():  # Lightning's note that sys.argv (the sweep's own) is not what it parses
-        warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python")
-        return main(args, run=False, parse_only=True)
-
-
 def model_build_error(config) -> str | None:
     """The error building the model of a recipe's parsed ``config`` (:func:`parse_recipe`'s) raises, on the ``meta``
     device (no memory, no data read, no checkpoint loaded; the vocabulary the data's settings name, else bytes'), or
@@ -165,6 +158,7 @@ def departures(config: Path, run: Path) -> dict[str, tuple]:
     run kept no ``config.yaml`` or the recipe no longer parses (nothing to compare)."""
     import yaml
 
+    from recipes.cli import parse_recipe
     from recipes.recipe_files import flat_settings
 
     try:
@@ -206,6 +200,8 @@ def check_recipes(configs: list[Path], overrides: list[str], settings: list[str]
     the heads do not divide failed every run of the sweep, each named only in its log. A recipe whose model does
     not build on ``meta`` even without the overrides is left to its runs (a mixer of a user's may need real
     tensors to initialise)."""
+    from recipes.cli import parse_recipe
+
     for config in configs:
         try:
             parsed = parse_recipe(["--config", str(config), *overrides])

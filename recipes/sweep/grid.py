@@ -138,7 +138,8 @@ def grid_recipes(source: str, axes: list[tuple[str, list]], settings: list[tuple
 def check_recipe(path: Path, source: str) -> None:
     """``path`` parsed as the sweep's ``python -m recipes fit --config path`` parses it, and its model built on the
     ``meta`` device where ``source``'s builds there (:func:`recipes.sweep.cli.model_build_error`)."""
-    from recipes.sweep.cli import model_build_error, parse_recipe
+    from recipes.cli import parse_recipe
+    from recipes.sweep.cli import model_build_error
 
     try:
         parsed = parse_recipe(["--config", str(path)])

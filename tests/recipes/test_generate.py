@@ -190,6 +190,42 @@ def test_a_recipes_own_mixer_is_trusted_and_one_without_decoding_state_generates
     assert "| plain | 32 |" in capsys.readouterr().out
 
 
+def test_a_run_fit_from_several_configs_is_read_from_the_same_several(tmp_path, monkeypatch, capsys):
+    """``fit --config quickstart.yaml --config mine.yaml`` merges the files; generate, eval and ``hf export`` given the
+    same two merged them too. They read the last alone: its checkpoint was looked for under ``runs/mine`` (where the
+    run is not: its logger is quickstart's), and a model read without the first file's settings."""
+    from recipes.evaluation.cli import main as evaluate
+    from recipes.hf.cli import main as hf
+    from recipes.runs import load_recipe
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "ownmix.py").write_text(OWN_MIXER)
+    (tmp_path / "mine.yaml").write_text(
+        "model:\n  d_model: 32\n  pattern: 'CM AM'\n  mixers:\n    C: {class_path: ownmix.CausalConv}\n"
+        "    A: {class_path: components.QCAttention, init_args: {n_heads: 2}}\n"
+        "data:\n  init_args: {seq_len: 32, batch_size: 4}\ntrainer:\n  max_steps: 3\n  limit_val_batches: 0\n"
+        "  enable_progress_bar: false\n")
+    configs = ["--config", "quickstart.yaml", "--config", "mine.yaml"]
+    cli(["fit", *configs])
+    [checkpoint] = tmp_path.glob("runs/quickstart/version_0/checkpoints/last.ckpt")
+    recipe = load_recipe(["quickstart.yaml", "mine.yaml"])
+    assert recipe["model"]["pattern"] == "CM AM" and recipe["model"]["lr"] == load_recipe("quickstart.yaml")["model"]["lr"]
+    assert recipe["trainer"]["max_steps"] == 3 and recipe["data"]["init_args"]["seq_len"] == 32
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="keeps no decoding state"):
+        text = main([*configs, "--ckpt_path", "last", "--prompt", "ab", "--max_new_tokens", "4"])
+    model = LanguageModel.load_from_checkpoint(checkpoint, allow_classes=["ownmix"]).model
+    with pytest.warns(UserWarning, match="keeps no decoding state"):
+        assert text == TextCorpus.decode(model.generate(torch.tensor([TextCorpus.encode("ab")]), 4)[0].tolist())
+    evaluate([*configs, "--ckpt_path", "last", "--suite", "length", "--multiples", "1", "--windows", "2"])
+    assert "| plain | 32 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"pattern 'CM AM'\) has no Hugging Face class"):  # (read: the export's own refusal)
+        hf(["export", *configs, "--ckpt_path", "last", "--out", str(tmp_path / "hf")])
+    with pytest.raises(SystemExit, match=r"no last.ckpt under lightning_logs/\*/checkpoints/ or runs/mine/"):
+        main(["--config", "mine.yaml", "--ckpt_path", "last", "--prompt", "ab"])  # (the second file alone names no run)
+
+
 def test_generate_for_a_synthetic_task_points_to_its_suite(monkeypatch):
     from recipes.runs import data_module, text_tokenizer
 

@@ -1769,7 +1769,8 @@ def test_the_pre_check_builds_a_recipes_model_at_its_datas_vocabulary(monkeypatc
     """``model_build_error`` builds the model at the vocabulary the data's settings name (a padded one first), else
     bytes': the check sees the model the run would build."""
     import recipes
-    from recipes.sweep.cli import model_build_error, parse_recipe
+    from recipes.cli import parse_recipe
+    from recipes.sweep.cli import model_build_error
 
     sizes = []
     monkeypatch.setattr(recipes, "LanguageModel", lambda **options: sizes.append(options["vocab_size"]))
