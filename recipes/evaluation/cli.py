@@ -42,6 +42,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--num_fewshot", type=bounded(int, 0), default=None)
     p.add_argument("--limit", type=bounded(float, 0, above=True), default=None, help="examples per task (a fraction if < 1)")
     p.add_argument("--batch_size", type=positive_int, default=None, help="--tasks: requests scored at once (default 8)")
+    p.add_argument("--bootstrap_iters", type=bounded(int, 0), default=1000,
+                   help="--tasks: resamples for a bootstrapped metric's standard error (default 1000; 0: no standard "
+                        "errors at all, not even a mean's closed-form one)")
     p.add_argument("--suite", choices=SUITES, default=None)
     p.add_argument("--extrapolate", action="store_true",
                    help="evaluate past the model's max_seq_len (plain RoPE and the NTK stretch)")
@@ -163,7 +166,8 @@ def run_harness(model, data, args) -> tuple[dict, str]:
         manager = check_tasks(names, args.include_path, own_tasks, managers)
         lm = harness.ZooLM(model, runs.text_tokenizer(data, "--tasks"), **given(batch_size=args.batch_size))
         results = simple_evaluate(model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
-                                  task_manager=manager, log_samples=args.log_samples, bootstrap_iters=0,
+                                  task_manager=manager, log_samples=args.log_samples,
+                                  bootstrap_iters=args.bootstrap_iters,
                                   gen_kwargs=args.gen_kwargs)
     return results, make_table(results)
 
@@ -262,8 +266,8 @@ def given(**options) -> dict:
     return {name: value for name, value in options.items() if value is not None}
 
 
-SCORE_SETTINGS = ("tasks", "include_path", "num_fewshot", "limit", "gen_kwargs", "suite", "extrapolate", "multiples",
-                  "windows", "trials", "text")  # (not the batch, device or threads: they change no score)
+SCORE_SETTINGS = ("tasks", "include_path", "num_fewshot", "limit", "gen_kwargs", "bootstrap_iters", "suite", "extrapolate",
+                  "multiples", "windows", "trials", "text")  # (not the batch, device or threads: they change no score)
 
 
 def score_settings(args: argparse.Namespace) -> dict:

@@ -396,6 +396,9 @@ def test_the_eval_command_writes_the_harness_json_and_tensorboard_scalars(tmp_pa
     written = json.loads((tmp_path / "eval" / "result.json").read_text())
     assert set(written["harness"]["results"]) == {"zoo_cloze", "zoo_passkey"}
     assert written["harness"]["configs"]["zoo_cloze"]["output_type"] == "multiple_choice"
+    for task in ("zoo_cloze", "zoo_passkey"):  # each accuracy's closed-form standard error (bootstrap_iters=0: none)
+        scores = written["harness"]["results"][task]
+        assert scores["acc_stderr,none"] == pytest.approx((scores["acc,none"] * (1 - scores["acc,none"]) / 5) ** 0.5)
     assert written["suite"]["trained"] == 32  # the run's own length (from its config.yaml), not the recipe file's 128
     assert out["suite"]["rows"][0]["length"] == 32
     run = next((tmp_path / "runs" / "quickstart").iterdir())
@@ -786,6 +789,7 @@ def test_eval_refuses_an_option_nothing_it_runs_would_read(extra, message):
 @pytest.mark.parametrize("extra, message", [
     (["--tasks", "zoo_cloze", "--limit", "0"], "argument --limit: 0 must be a finite number > 0"),  # the harness: "did not find any docs!"
     (["--tasks", "zoo_cloze", "--num_fewshot", "-1"], "argument --num_fewshot: -1 must be >= 0"),  # ran as 0 before
+    (["--tasks", "zoo_cloze", "--bootstrap_iters", "-1"], "argument --bootstrap_iters: -1 must be >= 0"),
     (["--tasks", "zoo_cloze", "--limit", "x"], "argument --limit: invalid float value: 'x'"),
     (["--tasks", "zoo_passkey", "--gen_kwargs", "max_gen_toks:5"], "argument --gen_kwargs: 'max_gen_toks:5' is not "
                                                                   "key=value[,key=value...]"),
