@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--allow_classes", nargs="*", action="extend", default=[],
                         help="packages whose classes the checkpoint may name (the recipe's own are trusted)")
+    parser.add_argument("--extrapolate", action="store_true",
+                        help="continue past the model's max_seq_len, RoPE's base NTK-stretched as the model stretches it "
+                             "(keys cached before keep the stretch they were rotated with: docs/decoding.md)")
     parser.add_argument("--compile", action="store_true",
                         help="each step through torch.compile from a fixed-shape cache (pays off past ~100 tokens)")
     parser.add_argument("--no_stream", dest="stream", action="store_false",
@@ -123,6 +126,8 @@ def main(argv: list[str] | None = None) -> str:
         data = text_tokenizer(run.data, "generate")
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
+    if args.extrapolate:  # (it changes no weight: validate's --model.extrapolate true, for one command)
+        run.lm.model.extrapolate = True
     encoded = [data.encode(text) for text in args.prompts]
     if not all(encoded):  # (generate's own error would not say which)
         sys.exit(f"error: prompt {[len(ids) for ids in encoded].index(0) + 1} is empty; give at least one token")

@@ -312,6 +312,11 @@ def test_a_bad_prompt_or_stop_is_named(tmp_path, monkeypatch, capsys):
     cli(["fit", *TINY, "--trainer.max_steps", "1"])
     with pytest.raises(SystemExit, match="error: prompt 2 is empty; give at least one token"):
         main([*common, "--prompt", "x", "--prompt_file", "empty.txt"])
+    # past the model's max_seq_len (512): refused before any work, pointing to --extrapolate, which takes it there
+    with pytest.raises(SystemExit, match=r"520 positions, past max_seq_len=512; .* the generate command's --extrapolate"):
+        main([*common, "--prompt", "x", "--max_new_tokens", "520", "--no_stream"])
+    text = main([*common, "--prompt", "x", "--max_new_tokens", "520", "--no_stream", "--extrapolate"])
+    assert text.startswith("x") and len(text.encode("utf-8", "surrogateescape")) >= 400  # (bytes: a few invalid)
 
 
 def test_one_prompts_text_is_written_as_its_tokens_come_and_ends_as_printed_whole(tmp_path, monkeypatch):
