@@ -379,12 +379,15 @@ def test_export_names_a_missing_or_ambiguous_checkpoint_and_trusts_the_recipes_o
         main(["export", "--config", "mine.yaml", "--ckpt_path", "last", "--out", "x"])
 
 
-def test_an_imported_model_is_exported_again_with_its_tokenizer_before_any_corpus_is_there(tmp_path, monkeypatch):
-    """The written recipe's corpus (data/*.jsonl) need not exist: an export takes only its tokenizer file."""
+def test_an_imported_model_is_exported_again_with_its_tokenizer_before_any_corpus_is_there(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """The written recipe's corpus (data/*.jsonl) need not exist: an export takes only its tokenizer file, and says
+    so (it said "the corpus's BPE", as if one had been trained)."""
     with_tokenizer(tmp_path)
     monkeypatch.chdir(tmp_path)
     main(["import", "llama", "--out", "out/llama.ckpt"])
     main(["export", "out/llama.ckpt", "--config", "out/llama.yaml", "--out", "exported"])
+    assert f"tokenizer: the recipe's file {tmp_path.resolve() / 'out' / 'llama.tokenizer.json'}" in capsys.readouterr().out
     ours, theirs = (transformers.AutoTokenizer.from_pretrained(tmp_path / f) for f in ("exported", "llama"))
     text = "a , b . c 's é€<|endoftext|>"
     assert ours(text)["input_ids"] == theirs(text)["input_ids"] == [*text[:-13].encode(), 256]
