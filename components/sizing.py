@@ -21,13 +21,14 @@ class SizeTarget:
 
     Attributes:
         params: the target total parameter count.
-        letters: the letters whose mixers take the solved width (default ``["M"]``).
+        letters: the letters whose mixers take the solved width (default ``["M"]``); a string is its characters
+            (``"MR"`` and ``"M, R"`` are ``["M", "R"]``).
         arg: the keyword the width is passed as (default ``d_ff``).
         multiple_of: the width is a multiple of this (default 8).
     """
 
     params: int
-    letters: list[str] = field(default_factory=lambda: ["M"])
+    letters: list[str] | str = field(default_factory=lambda: ["M"])  # (str: the command line's `letters: MR`)
     arg: str = "d_ff"
     multiple_of: int = 8
 
@@ -36,8 +37,8 @@ class SizeTarget:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"size_to: {name}={value!r} must be a positive integer")
-        if isinstance(self.letters, str):  # `letters: MR` in YAML: each character a letter
-            self.letters = list(self.letters)
+        if isinstance(self.letters, str):  # `letters: MR` in YAML: each character a letter (`M, R` too)
+            self.letters = [letter for letter in self.letters if not letter.isspace() and letter != ","]
         if not self.letters or not all(isinstance(letter, str) and len(letter) == 1 for letter in self.letters):
             raise ValueError(f"size_to: letters={self.letters!r} must be a non-empty list of pattern letters, e.g. [M, R]")
 

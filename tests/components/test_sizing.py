@@ -83,7 +83,7 @@ def test_sizing_errors_name_the_problem():
                          ({"params": 10_000.0}, "params=10000.0 must be a positive integer")]:
         with pytest.raises(ValueError, match=f"size_to: {problem}"):
             SizeTarget(**bad)
-    assert SizeTarget(10_000, "MR").letters == ["M", "R"] and SizeTarget(1, multiple_of=1).params == 1
+    assert SizeTarget(10_000, "MR").letters == SizeTarget(10_000, "M, R").letters == ["M", "R"] and SizeTarget(1, multiple_of=1).params == 1
 
 
 class PassingMLP(MLP):

@@ -213,6 +213,18 @@ def test_a_size_to_width_the_recipes_mixer_does_not_take_is_named_from_the_comma
               "{params: 100000, letters: [A], arg: d_ff}"])
 
 
+def test_size_to_letters_as_one_string_pass_the_command_lines_parser(tmp_path, monkeypatch):
+    """``letters: MR`` (the form SizeTarget reads as its characters) was refused by the parser before SizeTarget saw
+    it: "Expected a <class 'list'>. Got value: MR"."""
+    from recipes.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cli = main(["--config", "quickstart.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
+                "--model.pattern", "AM AR", "--model.size_to", "{params: 100000, letters: MR, multiple_of: 2}"], run=False)
+    assert cli.model.hparams["size_to"]["letters"] == ["M", "R"]
+    assert abs(cli.model.sizes["n_params"] - 100_000) < 2_000
+
+
 @pytest.mark.parametrize("positions", ["all", "labelled"])
 def test_a_batch_with_every_label_ignored_has_loss_zero_not_nan(positions):
     lm = LanguageModel(16, "AM", vocab_size=20, loss_positions=positions)
