@@ -276,6 +276,56 @@ def without_tuners(callbacks: list) -> list:
     return [c for c in callbacks if c not in tuners]
 
 
+def dropped_bindings(command_line: list[str], mixers, pattern) -> str | None:
+    """A note when a letter of ``pattern`` was bound by a recipe file or flag on ``command_line`` and a later mapping
+    given whole (another ``--config``'s ``model.mixers``, a ``--model.mixers '{…}'``) replaced ``model.mixers``
+    without it, so that ``mixers`` (the parsed result) leaves it to the zoo's default with default arguments.
+    jsonargparse replaces a mapping given whole: ``--model.mixers '{T: …}'`` beside quickstart.yaml dropped its
+    ``A: {n_heads: 4}`` and built 8 heads, without a word. ``None`` when nothing the pattern uses was lost."""
+    from components.model import DEFAULT_MIXERS
+    from components.pattern import PatternError, parse_tokens
+
+    try:
+        used = {letter for token in parse_tokens(pattern) for letter in (token.seq, token.state) if letter}
+    except (PatternError, TypeError):  # (the model's own check names a bad pattern)
+        return None
+    lost, bound = {}, {}  # letter -> (where it was bound, what replaced the mapping); letter -> where bound
+    for i, arg in enumerate(command_line):
+        name, equals, value = arg.partition("=")
+        if not equals and i + 1 < len(command_line):
+            value = command_line[i + 1]
+        if name in ("--config", "-c"):
+            model = read_config(value).get("model") if Path(value).is_file() else None
+            whole, where = (model or {}).get("mixers") if isinstance(model, dict) else None, Path(value).name
+        elif name == "--model.mixers":
+            whole, where = yaml.safe_load(value) if value else None, "--model.mixers"
+        elif name.startswith("--model.mixers.") and len(name.split(".")) >= 3:
+            letter = name.split(".")[2]
+            bound[letter] = name
+            lost.pop(letter, None)
+            continue
+        else:
+            continue
+        if not isinstance(whole, dict):
+            continue
+        for letter, source in bound.items():
+            if letter not in whole:
+                lost[letter] = (source, where)
+        bound = {**{letter: source for letter, source in bound.items() if letter in whole},
+                 **{letter: where for letter in whole}}
+        for letter in whole:
+            lost.pop(letter, None)
+    lost = {letter: how for letter, how in lost.items() if letter in used and letter not in (mixers or {})}
+    if not lost:
+        return None
+    said = "; ".join(f"{letter}, bound by {source}, dropped by {where}: "
+                     + (f"now the default {DEFAULT_MIXERS[letter].__name__} with default arguments"
+                        if letter in DEFAULT_MIXERS else "now unbound") for letter, (source, where) in sorted(lost.items()))
+    return (f"note: model.mixers given whole replaces the mapping before it, and the pattern's letters lost their "
+            f"bindings: {said}. To add or change one letter and keep the others, give it alone "
+            "(--model.mixers.T '{class_path: components.TokenShift}'), or repeat in the later mapping the letters to keep")
+
+
 def mixers_help() -> str:
     return (", a mapping letter → {class_path, init_args}; the zoo's components: " + ", ".join(zoo_mixers())
             + " (any nn.Module class taking d_model works)")
@@ -469,6 +519,10 @@ class HybridCLI(LightningCLI):
         message = choose_threads(config.get("threads"))
         if message:
             print(message, flush=True)
+        if not config.get("ckpt_path"):  # (a checkpoint's model is its own: its mixers are the recorded ones)
+            dropped = dropped_bindings(self._command_line, config.model.get("mixers"), config.model.get("pattern"))
+            if dropped:
+                print(dropped, file=sys.stderr, flush=True)
 
     def before_fit(self) -> None:
         """Refuse a folder that holds another run's checkpoints (before the logger writes there); then the resolved

@@ -1106,3 +1106,44 @@ def test_a_parse_error_keeps_its_first_lines_and_a_class_offers_its_own_keywords
     assert class_options("lightning.pytorch.loggers.CSVLogger")[:3] == ["save_dir", "name", "version"]
     assert class_options("os.path") == []  # a module, not a class
     assert class_options("not_imported_anywhere.Model") == []  # nothing is imported to find out
+
+
+def test_a_mapping_of_mixers_given_whole_names_the_letters_it_dropped(tmp_path, monkeypatch, capsys):
+    """jsonargparse replaces a mapping given whole: ``--model.mixers '{T: …}'`` beside quickstart.yaml (the
+    architecture walkthrough's own command) dropped its ``A: {n_heads: 4}``, and the run built 8 heads without a
+    word. The run keeps jsonargparse's rule and says which of the pattern's letters lost their binding, and how."""
+    from recipes.cli import dropped_bindings
+    from recipes.recipe_files import resolve_config
+
+    monkeypatch.chdir(tmp_path)
+    quick = resolve_config("quickstart.yaml")  # mixers A (QCAttention, 4 heads) and M (MLP, swiglu)
+    (tmp_path / "mine.yaml").write_text("model:\n  mixers:\n    A: {class_path: components.QCAttention}\n")
+    whole = ["--config", quick, "--model.mixers", "{T: {class_path: components.TokenShift}}"]
+    note = dropped_bindings(whole, {"T": {}}, "TM AM")
+    assert note.startswith("note: model.mixers given whole replaces the mapping before it")
+    assert ("A, bound by quickstart.yaml, dropped by --model.mixers: now the default QCAttention with default "
+            "arguments; M, bound by quickstart.yaml, dropped by --model.mixers: now the default MLP") in note
+    alone = dropped_bindings(whole, {"T": {}}, "T- A-")
+    assert "A, bound" in alone and "M, bound" not in alone  # (a dropped letter the pattern does not use changed nothing)
+    assert dropped_bindings(["--config", quick, "--config", "mine.yaml"], {"A": {}}, "AM") == dropped_bindings(
+        ["-c", quick, "-c=mine.yaml"], {"A": {}}, "AM")
+    assert "M, bound by quickstart.yaml, dropped by mine.yaml" in dropped_bindings(["-c", quick, "-c=mine.yaml"],
+                                                                                   {"A": {}}, "AM")
+    for kept in ([*whole, "--model.mixers.A", "{class_path: components.QCAttention}", "--model.mixers.M={}"],  # bound again
+                 ["--config", quick, "--model.mixers.T", "{class_path: components.TokenShift}"],  # one letter alone
+                 ["--config", quick, "--model.mixers", "{A: {}, M: {}, T: {}}"]):  # the letters repeated
+        assert dropped_bindings(kept, {"A": {}, "M": {}, "T": {}}, "TM AM") is None, kept
+    assert dropped_bindings(whole, {"T": {}}, "TM A(") is None  # (a bad pattern is the model's to name)
+    assert dropped_bindings(["--model.mixers.Q", "{}", "--model.mixers", "{T: {}}"], {"T": {}}, "QM") == (
+        "note: model.mixers given whole replaces the mapping before it, and the pattern's letters lost their bindings: "
+        "Q, bound by --model.mixers.Q, dropped by --model.mixers: now unbound. To add or change one letter and keep "
+        "the others, give it alone (--model.mixers.T '{class_path: components.TokenShift}'), or repeat in the later "
+        "mapping the letters to keep")
+
+    cli = main(["--config", "quickstart.yaml", "--model.d_model", "32", "--model.pattern", "TM AM",
+                "--model.mixers", "{T: {class_path: components.TokenShift}}"], run=False)
+    assert "A, bound by quickstart.yaml, dropped by --model.mixers" in capsys.readouterr().err
+    assert cli.model.model.blocks[1].sequence_mixer.n_heads == 8  # jsonargparse's rule stands: the default's heads
+    main(["--config", "quickstart.yaml", "--model.d_model", "32", "--model.pattern", "TM AM",
+          "--model.mixers.T", "{class_path: components.TokenShift}"], run=False)
+    assert "note: model.mixers" not in capsys.readouterr().err
