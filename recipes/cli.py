@@ -300,9 +300,7 @@ def dropped_bindings(command_line: list[str], mixers, pattern) -> str | None:
         elif name == "--model.mixers":
             whole, where = yaml.safe_load(value) if value else None, "--model.mixers"
         elif name.startswith("--model.mixers.") and len(name.split(".")) >= 3:
-            letter = name.split(".")[2]
-            bound[letter] = name
-            lost.pop(letter, None)
+            bound[name.split(".")[2]] = name
             continue
         else:
             continue
@@ -311,10 +309,8 @@ def dropped_bindings(command_line: list[str], mixers, pattern) -> str | None:
         for letter, source in bound.items():
             if letter not in whole:
                 lost[letter] = (source, where)
-        bound = {**{letter: source for letter, source in bound.items() if letter in whole},
-                 **{letter: where for letter in whole}}
-        for letter in whole:
-            lost.pop(letter, None)
+        bound = dict.fromkeys(whole, where)
+    # (a letter bound again after, alone or in a later mapping, is in the parsed result)
     lost = {letter: how for letter, how in lost.items() if letter in used and letter not in (mixers or {})}
     if not lost:
         return None

@@ -1126,9 +1126,11 @@ def test_a_mapping_of_mixers_given_whole_names_the_letters_it_dropped(tmp_path, 
     alone = dropped_bindings(whole, {"T": {}}, "T- A-")
     assert "A, bound" in alone and "M, bound" not in alone  # (a dropped letter the pattern does not use changed nothing)
     assert dropped_bindings(["--config", quick, "--config", "mine.yaml"], {"A": {}}, "AM") == dropped_bindings(
-        ["-c", quick, "-c=mine.yaml"], {"A": {}}, "AM")
+        [f"-c={quick}", "-c", "mine.yaml"], {"A": {}}, "AM")
     assert "M, bound by quickstart.yaml, dropped by mine.yaml" in dropped_bindings(["-c", quick, "-c=mine.yaml"],
                                                                                    {"A": {}}, "AM")
+    assert "M, bound by quickstart.yaml, dropped by mine.yaml:" in dropped_bindings(  # (by the first that dropped it)
+        ["-c", quick, "-c", "mine.yaml", "--model.mixers", "{A: {}, T: {}}"], {"A": {}, "T": {}}, "AM TM")
     for kept in ([*whole, "--model.mixers.A", "{class_path: components.QCAttention}", "--model.mixers.M={}"],  # bound again
                  ["--config", quick, "--model.mixers.T", "{class_path: components.TokenShift}"],  # one letter alone
                  ["--config", quick, "--model.mixers", "{A: {}, M: {}, T: {}}"]):  # the letters repeated
