@@ -324,7 +324,8 @@ def dropped_bindings(command_line: list[str], mixers, pattern) -> str | None:
 
 def mixers_help() -> str:
     return (", a mapping letter → {class_path, init_args}; the zoo's components: " + ", ".join(zoo_mixers())
-            + " (any nn.Module class taking d_model works)")
+            + " (any nn.Module class taking d_model works). One letter alone keeps the recipe's others: "
+            "--model.mixers.T '{class_path: components.TokenShift}'; a mapping given whole replaces them")
 
 
 class HybridCLI(LightningCLI):

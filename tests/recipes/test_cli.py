@@ -146,6 +146,7 @@ def test_fit_help_lists_the_zoos_mixers_not_every_module(capsys):
     text = capsys.readouterr().out
     assert "components.SSD" in text and "components.CDMoE" in text
     assert "torch.nn.Identity" not in text and len(text.splitlines()) < 800  # 1,112 lines when it listed them
+    assert "One letter alone keeps the recipe's others: --model.mixers.T" in " ".join(text.split())
 
 
 def test_a_run_is_comparable_in_tensorboard_and_ends_with_a_summary(tmp_path, monkeypatch, capsys):
