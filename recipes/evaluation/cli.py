@@ -152,7 +152,8 @@ def check_tasks(names: list[str], include_paths: list[str], own_tasks: Path, man
     return everything
 
 
-def run_harness(model, data, args) -> tuple[dict, str]:
+def run_harness(model, data, args) -> tuple[dict, str, str | None]:
+    """lm-eval's results, its table, and a note when requests were longer than the model takes (cut from the left)."""
     harness = harness_module()
     from lm_eval import simple_evaluate
     from lm_eval.utils import make_table
@@ -169,7 +170,12 @@ def run_harness(model, data, args) -> tuple[dict, str]:
                                   task_manager=manager, log_samples=args.log_samples,
                                   bootstrap_iters=args.bootstrap_iters,
                                   gen_kwargs=args.gen_kwargs)
-    return results, make_table(results)
+    note = None
+    if lm.requests_cut:
+        note = (f"note: {lm.requests_cut} of {lm.requests_seen} requests were longer than the model's "
+                f"max_seq_len={lm.max_length} and were cut from the left, as lm-eval's Hugging Face model cuts them: "
+                "where the answer depends on what was cut (a passkey's key), the score is chance's")
+    return results, make_table(results), note
 
 
 @contextlib.contextmanager
@@ -380,10 +386,13 @@ def main(argv: list[str] | None = None) -> dict:
             print(averaged_weights_note(record, path), file=sys.stderr, flush=True)
         scalars = {}
         if args.tasks:
-            results, text = run_harness(model, data, args)
+            results, text, cut = run_harness(model, data, args)
             print(text)
             output["harness"] = {key: results.get(key) for key in ("results", "configs", "versions", "n-shot",
                                                                   "higher_is_better", "n-samples") if key in results}
+            if cut:
+                print(cut, file=sys.stderr, flush=True)
+                output["harness"]["note"] = cut
             scalars.update(harness_scalars(results))
             if samples:
                 print(f"wrote {samples[0]} ({write_samples(results.get('samples') or {}, samples[0])} examples)")

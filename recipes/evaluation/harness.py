@@ -55,6 +55,9 @@ class ZooLM(TemplateLM):
         self.batch_size, self.reuse_context, self.padding_side = batch_size, reuse_context, padding_side
         self.max_length = max_length or model.max_seq_len
         self.max_gen_toks = max_gen_toks
+        # requests scored or generated, and those of them cut from the left to max_length (the command says so:
+        # a passkey cut off its key scores chance, and nothing else would tell)
+        self.requests_seen, self.requests_cut = 0, 0
         if prefix_token is None:
             end = getattr(tokenizer, "end_of_document", None)
             prefix_token = end if isinstance(end, int) else tokenizer.encode("\n")[0]
@@ -82,7 +85,10 @@ class ZooLM(TemplateLM):
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         groups: dict[tuple[int, ...], list[int]] = {}
         plain = []
-        for i, (_, context, continuation) in enumerate(requests):
+        for i, (key, context, continuation) in enumerate(requests):
+            if key is not None:  # (a rolling window, key None, fits by construction)
+                self.requests_seen += 1
+                self.requests_cut += len(context) + len(continuation) > self.max_length + 1
             if not continuation:
                 results[i] = (0.0, True)
             elif self.reuse_context and len(context) + len(continuation) <= self.max_length + 1 and context:
@@ -171,7 +177,10 @@ class ZooLM(TemplateLM):
             until = kwargs.pop("until", None) or [self.tok_decode([self.eot_token_id])]
             until = [until] if isinstance(until, str) else list(until)
             budget = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
-            jobs.append(((self.tok_encode(context) or [self.prefix_token_id])[-max(self.max_length - budget, 1):],
+            tokens = self.tok_encode(context) or [self.prefix_token_id]
+            self.requests_seen += 1
+            self.requests_cut += len(tokens) > max(self.max_length - budget, 1)
+            jobs.append((tokens[-max(self.max_length - budget, 1):],
                          until, budget, sampling(kwargs)))  # (the context cut from the left, as lm-eval's HF model does)
         order = sorted(range(len(jobs)), key=lambda i: (repr(jobs[i][3]), jobs[i][2], -len(jobs[i][0])))
         out: list[str | None] = [None] * len(jobs)

@@ -70,6 +70,7 @@ def test_loglikelihood_is_the_models_own_log_softmax(batch_size, padding_side, r
         want, want_greedy = written_out(model, context, continuation, 48)
         assert score == pytest.approx(want, abs=2e-4), (context, continuation)
         assert greedy == want_greedy
+    assert (lm.requests_seen, lm.requests_cut) == (len(PAIRS), 1)  # the 90 x's: what the command's note counts
 
 
 def test_choices_share_their_context_while_the_whole_fits_the_model(monkeypatch):
@@ -197,6 +198,11 @@ def test_generate_until_is_generate_cut_at_the_first_stop_string():
     assert got == full.split(stop)[0] and len(got) <= 5
     [whole] = lm.generate_until([request("generate_until", prompt, {"until": ["zzz"], "max_gen_toks": 20})])
     assert whole == full
+    assert (lm.requests_seen, lm.requests_cut) == (2, 0)
+    # a context longer than the model takes beside its budget is cut from the left, and counted
+    lm.generate_until([request("generate_until", prompt, {"until": ["zzz"], "max_gen_toks": lm.max_length - 15})])
+    lm.generate_until([request("generate_until", prompt, {"until": ["zzz"], "max_gen_toks": lm.max_length - 16})])
+    assert (lm.requests_seen, lm.requests_cut) == (4, 1)
 
 
 @pytest.mark.parametrize("pattern", ["SM AM", "AM"])
@@ -1239,3 +1245,18 @@ def test_the_length_figure_draws_each_mode_over_its_buckets_and_marks_the_traini
     marks = [line for label, line in lines.items() if label not in ("plain, length 96", "ntk, length 96")]
     assert [list(line.get_xdata()) for line in marks] == [[32, 32]]
     assert (tmp_path / "length.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_requests_longer_than_the_model_takes_are_counted_in_a_note(tmp_path, monkeypatch):
+    """lm-eval's inputs longer than ``max_seq_len`` are cut from the left, as its Hugging Face model cuts them; a
+    passkey cut off its key then scores chance, and the command said nothing. The note counts them."""
+    from recipes.evaluation.cli import parser, run_harness
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # (where the zoo's task YAMLs are written)
+    args = parser().parse_args(["--config", "-", "--ckpt_path", "-", "--tasks", "zoo_cloze", "--limit", "3"])
+    results, _, note = run_harness(tiny(max_seq_len=16), BYTES, args)
+    assert results["results"]["zoo_cloze"]["acc,none"] is not None
+    assert note == ("note: 12 of 12 requests were longer than the model's max_seq_len=16 and were cut from the left, "
+                    "as lm-eval's Hugging Face model cuts them: where the answer depends on what was cut (a passkey's "
+                    "key), the score is chance's")
+    assert run_harness(tiny(max_seq_len=4096), BYTES, args)[2] is None  # (every cloze context fits)
