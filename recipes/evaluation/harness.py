@@ -177,6 +177,10 @@ class ZooLM(TemplateLM):
             until = kwargs.pop("until", None) or [self.tok_decode([self.eot_token_id])]
             until = [until] if isinstance(until, str) else list(until)
             budget = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+            if budget > self.max_length and not self.model.extrapolate:  # (no context fits beside it)
+                raise ValueError(f"generate_until: a budget of {budget} new tokens (max_gen_toks) is more than the "
+                                 f"model's max_seq_len={self.max_length} takes after any context; give a smaller one "
+                                 "(the eval command's --gen_kwargs max_gen_toks=N)")
             tokens = self.tok_encode(context) or [self.prefix_token_id]
             self.requests_seen += 1
             self.requests_cut += len(tokens) > max(self.max_length - budget, 1)

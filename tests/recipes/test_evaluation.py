@@ -203,6 +203,13 @@ def test_generate_until_is_generate_cut_at_the_first_stop_string():
     lm.generate_until([request("generate_until", prompt, {"until": ["zzz"], "max_gen_toks": lm.max_length - 15})])
     lm.generate_until([request("generate_until", prompt, {"until": ["zzz"], "max_gen_toks": lm.max_length - 16})])
     assert (lm.requests_seen, lm.requests_cut) == (4, 1)
+    # a budget no context fits beside: named with the flag that lowers it (it was generate's own refusal, which
+    # pointed to the generate command's --extrapolate)
+    with pytest.raises(ValueError, match=r"a budget of 65 new tokens \(max_gen_toks\) is more than the model's "
+                                         r"max_seq_len=64 .* --gen_kwargs max_gen_toks=N"):
+        lm.generate_until([request("generate_until", prompt, {"until": ["zzz"], "max_gen_toks": 65})])
+    [alone] = lm.generate_until([request("generate_until", prompt, {"until": ["zzz"], "max_gen_toks": 64})])
+    assert alone  # (the budget of max_seq_len itself fits after the context's last token)
 
 
 @pytest.mark.parametrize("pattern", ["SM AM", "AM"])
