@@ -237,9 +237,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
     if not model.extrapolate and T + max_new_tokens - 1 > model.max_seq_len:  # the steps skip the model's checks
         raise ValueError(f"generate: a prompt of {T} tokens and {max_new_tokens} new ones (the last one not fed back) "
                          f"take {T + max_new_tokens - 1} positions, past max_seq_len={model.max_seq_len}; "
-                         f"{'shorten the prompt' if T > model.max_seq_len else 'generate fewer tokens'}, or let the model "
-                         "extrapolate (model.extrapolate = True: RoPE's base NTK-stretched past it; the generate "
-                         "command's --extrapolate)")
+                         f"{'shorten the prompt' if T > model.max_seq_len else 'generate fewer tokens'}, or let the "
+                         "model extrapolate (model.extrapolate = True: RoPE's base NTK-stretched past it; the "
+                         "generate command's --extrapolate)")
     capacity = T + max(max_new_tokens, 1)
     if compile:
         capacity = -(-capacity // STATIC_CAPACITY) * STATIC_CAPACITY

@@ -316,10 +316,12 @@ def dropped_bindings(command_line: list[str], mixers, pattern) -> str | None:
         return None
     said = "; ".join(f"{letter}, bound by {source}, dropped by {where}: "
                      + (f"now the default {DEFAULT_MIXERS[letter].__name__} with default arguments"
-                        if letter in DEFAULT_MIXERS else "now unbound") for letter, (source, where) in sorted(lost.items()))
+                        if letter in DEFAULT_MIXERS else "now unbound")
+                     for letter, (source, where) in sorted(lost.items()))
     return (f"note: model.mixers given whole replaces the mapping before it, and the pattern's letters lost their "
             f"bindings: {said}. To add or change one letter and keep the others, give it alone "
-            "(--model.mixers.T '{class_path: components.TokenShift}'), or repeat in the later mapping the letters to keep")
+            "(--model.mixers.T '{class_path: components.TokenShift}'), or repeat in the later mapping the letters "
+            "to keep")
 
 
 def mixers_help() -> str:

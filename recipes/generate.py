@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m recipes generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, action="append",
-                        help="the recipe the checkpoint was trained with (repeat it as for fit: the files merge as fit merged them)")
+                        help="the recipe the checkpoint was trained with (repeat it as for fit: the files merge as "
+                             "fit merged them)")
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best / swa")
     parser.add_argument("--prompt", dest="prompts", action="append", metavar="TEXT",
                         help="the text to continue; repeat it (or --prompt_file) for several, decoded as one batch")

@@ -33,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m recipes eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, action="append",
-                   help="the recipe the checkpoint was trained with (repeat it as for fit: the files merge as fit merged them)")
+                   help="the recipe the checkpoint was trained with (repeat it as for fit: the files merge as fit "
+                        "merged them)")
     p.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best / swa of the recipe's runs")
     p.add_argument("--allow_classes", nargs="*", action="extend", default=[],
                    help="packages whose classes the checkpoint may name")
@@ -272,8 +273,8 @@ def given(**options) -> dict:
     return {name: value for name, value in options.items() if value is not None}
 
 
-SCORE_SETTINGS = ("tasks", "include_path", "num_fewshot", "limit", "gen_kwargs", "bootstrap_iters", "suite", "extrapolate",
-                  "multiples", "windows", "trials", "text")  # (not the batch, device or threads: they change no score)
+SCORE_SETTINGS = ("tasks", "include_path", "num_fewshot", "limit", "gen_kwargs", "bootstrap_iters", "suite",
+                  "extrapolate", "multiples", "windows", "trials", "text")  # (not the batch, device or threads)
 
 
 def score_settings(args: argparse.Namespace) -> dict:

@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     save.add_argument("--ckpt_path", default=None, help="the checkpoint, as generate and eval spell it")
     save.add_argument("--out", required=True, help="the folder to write")
     save.add_argument("--config", default=None, action="append",
-                      help="the recipe the checkpoint was trained with, for its tokenizer (default: the run's config.yaml); "
-                      "repeat it as for fit")
+                      help="the recipe the checkpoint was trained with, for its tokenizer (default: the run's "
+                      "config.yaml); repeat it as for fit")
     save.add_argument("--max_shard_size", default="2GB", help="shard the weights past this size (default 2GB)")
     save.add_argument("--force", action="store_true", help="write into a folder that holds files (the model's are replaced)")
     save.add_argument("--allow_classes", nargs="*", action="extend", default=[],

@@ -995,8 +995,9 @@ def test_the_cli_hooks_say_the_threads_store_the_whole_config_and_leave_a_worker
     said = iter(["threads: 2 of 2 cores (OMP_NUM_THREADS)", None])
     monkeypatch.setattr(cli_module, "choose_threads", lambda threads: next(said))
     for _ in range(2):
-        HybridCLI.before_instantiate_classes(SimpleNamespace(config=Namespace(subcommand="fit",
-                                                                              fit=Namespace(threads=2))))
+        HybridCLI.before_instantiate_classes(SimpleNamespace(
+            config=Namespace(subcommand="fit", fit=Namespace(threads=2, model=Namespace(mixers=None, pattern="AM"))),
+            _command_line=["--config", "quickstart.yaml"]))
     assert capsys.readouterr().out == "threads: 2 of 2 cores (OMP_NUM_THREADS)\n"
 
     monkeypatch.chdir(tmp_path)

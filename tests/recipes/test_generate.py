@@ -221,7 +221,8 @@ def test_a_run_fit_from_several_configs_is_read_from_the_same_several(tmp_path, 
         assert text == TextCorpus.decode(model.generate(torch.tensor([TextCorpus.encode("ab")]), 4)[0].tolist())
     evaluate([*configs, "--ckpt_path", "last", "--suite", "length", "--multiples", "1", "--windows", "2"])
     assert "| plain | 32 |" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match=r"pattern 'CM AM'\) has no Hugging Face class"):  # (read: the export's own refusal)
+    # (read: the export's own refusal)
+    with pytest.raises(SystemExit, match=r"pattern 'CM AM'\) has no Hugging Face class"):
         hf(["export", *configs, "--ckpt_path", "last", "--out", str(tmp_path / "hf")])
     with pytest.raises(SystemExit, match=r"no last.ckpt under lightning_logs/\*/checkpoints/ or runs/mine/"):
         main(["--config", "mine.yaml", "--ckpt_path", "last", "--prompt", "ab"])  # (the second file alone names no run)
