@@ -32,7 +32,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from recipes.argtypes import did_you_mean
-from recipes.cli_errors import LIGHTNING_OPTIMIZER, UNION_HEADER, near_misses, parse_error_message, short_epoch_message
+from recipes.cli_errors import (LIGHTNING_OPTIMIZER, UNION_HEADER, mixer_misses, near_misses, parse_error_message,
+                                short_epoch_message)
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_paths, consolidate_hint,
                                  is_checkpoint, is_sharded_checkpoint, load_checkpoint, not_a_checkpoint_folder)
 from components.bindings import import_class, upgrade_specs
@@ -362,7 +363,8 @@ class HybridCLI(LightningCLI):
             parsers = getattr(self, "_subcommand_parsers", {})  # (none with run=False)
             options = [o for a in (parsers.get(subcommand) or parser)._actions for o in a.option_strings]
             message = parse_error_message(error)
-            raise argparse.ArgumentError(None, message + near_misses(message, options)) from error
+            hint = near_misses(message, options) or mixer_misses(message, error)
+            raise argparse.ArgumentError(None, message + hint) from error
         subcommand = self.config.get("subcommand")
         self._resolve_init_from(self.config[subcommand] if subcommand is not None else self.config)
         if subcommand is not None:

@@ -1,6 +1,7 @@
 """What a configuration mistake prints: jsonargparse's and Lightning's errors turned into one line in the command
 line's terms, with the near misses of a misspelt option (docs/training.md, "Bad input")."""
 
+import ast
 import inspect
 import re
 import sys
@@ -97,3 +98,27 @@ def near_misses(message: str, options: list[str]) -> str:
         unknown, known = [found.group(1)], class_options(owner.group(1) or owner.group(2))
     hint = did_you_mean(unknown, known, cutoff=0.8)
     return f" ({hint})" if hint else ""
+
+
+def mixer_misses(message: str, error: BaseException) -> str:
+    """`` (model.mixers.A, components.QCAttention: did you mean n_heads?)`` for a recipe file's misspelt mixer
+    argument, whose error names neither the letter nor the class (``Parser key "model.mixers": Option 'n_head' is not
+    accepted``; the same flag on the command line gets them from :func:`near_misses`): the letters whose
+    ``init_args`` hold the option, read from the value jsonargparse quotes in its error. Empty when the error is
+    another, or its value cannot be read back."""
+    found = re.search(r"Parser key \"model\.mixers\": Option '(\w+)' is not accepted", message)
+    given = re.search(r"^\s*Given value: (\{.*\})\s*$", str(error), flags=re.M)
+    if found is None or given is None:
+        return ""
+    try:
+        mixers = ast.literal_eval(given.group(1))
+    except (ValueError, SyntaxError):
+        return ""
+    said = []
+    for letter, spec in mixers.items() if isinstance(mixers, dict) else ():
+        if isinstance(spec, dict) and found.group(1) in (spec.get("init_args") or {}):
+            takes = [name for name in class_options(str(spec.get("class_path"))) if name != "d_model"]  # (the model's)
+            hint = did_you_mean([found.group(1)], takes, cutoff=0.8)
+            said.append(f"model.mixers.{letter}, {spec.get('class_path')}: "
+                        + (hint or f"it takes {', '.join(takes) or 'no argument but d_model'}"))
+    return f" ({'; '.join(said)})" if said else ""

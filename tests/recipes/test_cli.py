@@ -109,6 +109,27 @@ def test_a_mistyped_key_in_a_config_file_names_the_key_it_is_close_to(tmp_path, 
     assert re.search(r"every_n_step' \(did you mean (checkpoint\.)?every_n_steps\?\)", str(info.value.code))
 
 
+@pytest.mark.parametrize("mixers, meant", [
+    ("A: {class_path: components.QCAttention, init_args: {n_head: 2}}",
+     "(model.mixers.A, components.QCAttention: did you mean n_heads?)"),
+    ("S: {class_path: components.SSD, init_args: {dstate: 16}}", "(model.mixers.S, components.SSD: did you mean d_state?)"),
+    ("A: {class_path: components.QCAttention, init_args: {zzz: 2}}",  # nothing close: what it takes
+     "(model.mixers.A, components.QCAttention: it takes n_heads, n_kv_heads, rope, qk_norm, norm_eps, backend)"),
+])
+def test_a_mistyped_mixer_argument_in_a_config_file_names_the_letter_the_class_and_the_near_miss(
+        mixers, meant, tmp_path, monkeypatch):
+    """In a file, jsonargparse's error names neither the letter nor the class (``Parser key "model.mixers": Option
+    'n_head' is not accepted.``); the same flag on the command line had both and the near miss."""
+    monkeypatch.chdir(tmp_path)
+    right = "S: {class_path: components.SSD}" if mixers.startswith("A") else "A: {class_path: components.QCAttention}"
+    (tmp_path / "typo.yaml").write_text(f"model:\n  pattern: 'SM AM'\n  mixers:\n    {mixers}\n    {right}\n")
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", "quickstart.yaml", "--config", "typo.yaml"])
+    message = str(info.value.code)
+    assert message.startswith("error: ") and message.count("\n") == 0 and meant in message, message
+    assert message.count("model.mixers.") == 1  # (the letter whose arguments hold it, not its neighbour)
+
+
 def test_a_mistyped_key_of_a_section_is_matched_within_that_section():
     # jsonargparse's other wording of an unknown config key: the section, then the key within it
     message = "Group 'trainer' does not accept option 'max_stepz'"
