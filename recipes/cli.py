@@ -41,7 +41,7 @@ from recipes.module import LanguageModel, language_model_arguments
 from recipes.optimizer import recorded_form
 from recipes.recipe_files import flat_settings, read_config, resolve_config
 from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, trains_in_workers
-from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback,
+from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback, RunFolderLock,
                               TrainingInterrupted, ValidateFinalStep, averaged_weights_note, check_averaging_unsharded,
                               NAMED_CHECKPOINTS, checkpoint_folder, checkpoints_problem, default_progress_bar,
                               loggerless_checkpoint, newest_checkpoint)
@@ -181,6 +181,7 @@ HOW_NOT_WHAT = ("compile", "loss_positions", "sample_tokens")
 # Model arguments that change no weight: a checkpoint's value holds unless the command line gives one, which is taken
 # with a note (the lengths a checkpoint is validated or generated at; activation checkpointing; the MFU's peak).
 OVERRIDABLE = ("max_seq_len", "extrapolate", "checkpoint_blocks", "peak_flops")
+RUN_LOCKS: list[RunFolderLock] = []  # the run folders this process's fit holds (released when its command ends)
 
 
 def explicit_model_flags(args: list[str]) -> list[str]:
@@ -533,6 +534,8 @@ class HybridCLI(LightningCLI):
                                           logged=bool(self.trainer.loggers))
             if problem:
                 raise ValueError(problem)
+            if self.trainer.is_global_zero:  # (the other ranks write into the folder rank zero holds)
+                RUN_LOCKS.append(RunFolderLock(checkpoint_folder(self.trainer)).hold())
         config = self._parser("fit").dump(self.config["fit"], skip_none=False, skip_link_targets=False)
         for logger in self.trainer.loggers:
             if hasattr(logger.experiment, "add_text"):
@@ -725,6 +728,8 @@ def main(args: list[str] | None = None, *, run: bool = True, parse_only: bool = 
         print("interrupted (Ctrl+C) outside training: no checkpoint was due", file=sys.stderr, flush=True)
         sys.exit(130)
     finally:
+        while RUN_LOCKS:  # (however the command ended: the next fit in this process may write the same folder)
+            RUN_LOCKS.pop().release()
         release_process_group()
 
 

@@ -223,12 +223,14 @@ class RunConfigCallback(SaveConfigCallback):
 def written_by_this_process_only(folder: Path) -> bool:
     """Whether ``folder`` holds only what this process wrote while starting a run: TensorBoard events files
     with this process's id in their name (at least one: the folder is this run's, not a resumed one's), and
-    its ``hparams.yaml``, ``config.yaml`` and ``code.json``. A checkpoint, another process's events, any other file:
-    no."""
+    its ``hparams.yaml``, ``config.yaml`` and ``code.json``, and a ``checkpoints`` folder that holds only the fit's
+    lock (:class:`RunFolderLock`). A checkpoint, another process's events, any other file: no."""
     pid, ours = os.getpid(), False
     for entry in folder.iterdir():
         if entry.is_file() and entry.name.startswith("events.out.tfevents.") and f".{pid}." in entry.name:
             ours = True
+        elif entry.is_dir() and entry.name == "checkpoints" and {p.name for p in entry.iterdir()} <= {RUN_LOCK}:
+            continue
         elif not (entry.is_file() and entry.name in ("hparams.yaml", "config.yaml", CODE_FILE)):
             return False
     return ours
@@ -280,6 +282,61 @@ def checkpoints_problem(folder: Path, resumed_from, *, logged: bool = True) -> s
     resume = f"resume that run with --ckpt_path {folder / 'last.ckpt'}, or " if "last.ckpt" in found else ""
     return (f"{folder} holds {', '.join(found)} of an earlier run, whose files this run would overwrite; {resume}"
             f"give this one another folder: {elsewhere}")
+
+
+RUN_LOCK = ".fit.lock"  # in a run's checkpoints folder while a fit writes it (recipes.training.hold_run_folder)
+
+
+class RunFolderLock:
+    """An exclusive ``flock`` on ``<folder>/.fit.lock``, held while a fit writes ``folder`` (its checkpoints; with
+    the logger's files beside): a second ``fit`` into the same folder — a ``--ckpt_path last`` of a run still going in
+    another terminal, two runs without a logger in one working folder — is refused by name instead of writing the same
+    checkpoints and curves. The kernel releases a ``flock`` when its process ends, however it ends, so a run killed
+    outright leaves no stale lock. On a file system without locks it warns and guards nothing.
+
+    :meth:`release` removes the file (a run killed outright leaves it, unlocked: the next fit takes it) and what
+    :meth:`hold` created if the run wrote nothing there (a fit refused before its first step leaves no empty version
+    folder behind)."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.file, self.created = Path(folder), None, []
+
+    def hold(self) -> "RunFolderLock":
+        import fcntl
+
+        self.created = [p for p in (self.folder.parent, self.folder) if not p.exists()]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        held = open(self.folder / RUN_LOCK, "a+")
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.seek(0)
+            who = held.read().strip() or "another process"
+            held.close()
+            raise ValueError(f"{self.folder}: a fit is writing this run now ({who}); a second would write the same "
+                             "checkpoints and curves. Let it end, or stop it (Ctrl+C, or kill -INT on its process: it "
+                             "writes last.ckpt), then resume with --ckpt_path last") from None
+        except OSError as error:  # (ENOLCK, EOPNOTSUPP: no locks on this file system; a run must not fail for it)
+            held.close()
+            print(f"note: {self.folder / RUN_LOCK} cannot be locked on this file system ({error.strerror}): nothing "
+                  "stops a second fit from writing this run at the same time", file=sys.stderr, flush=True)
+            return self
+        held.seek(0)
+        held.truncate()
+        held.write(f"process {os.getpid()}: python -m recipes {' '.join(sys.argv[1:])}\n")
+        held.flush()
+        self.file = held
+        return self
+
+    def release(self) -> None:
+        if self.file is None:
+            return
+        (self.folder / RUN_LOCK).unlink(missing_ok=True)  # (while held: the run has stopped writing by now)
+        self.file.close()
+        self.file = None
+        for folder in reversed(self.created):  # (the checkpoints folder, then the version folder above it)
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
 
 
 def _resolved(given) -> Path:

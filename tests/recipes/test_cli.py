@@ -1027,7 +1027,7 @@ def test_the_cli_hooks_say_the_threads_store_the_whole_config_and_leave_a_worker
     logger = SimpleNamespace(experiment=SimpleNamespace(add_text=lambda tag, text, step: texts.append((tag, step, text))))
     HybridCLI.before_fit(SimpleNamespace(_parser=lambda name: parsed.parser, config={"fit": parsed.config},
                                          trainer=SimpleNamespace(loggers=[logger, SimpleNamespace(experiment=None)],
-                                                                 global_step=5, fast_dev_run=False,
+                                                                 global_step=5, fast_dev_run=False, is_global_zero=False,
                                                                  log_dir=str(tmp_path))))
     [(tag, step, text)] = texts
     assert (tag, step) == ("config", 5) and text.startswith("```yaml\n") and text.endswith("\n```")

@@ -891,7 +891,9 @@ def test_only_a_folder_of_this_processs_own_start_files_counts_as_written_by_it(
     assert folder(ours) and folder(ours, "hparams.yaml", "config.yaml")
     assert not folder("hparams.yaml", "config.yaml")  # none of its events: someone else's (a resumed run's) folder
     assert not folder(ours, f"events.out.tfevents.1.host.{os.getpid() + 1}.0")
-    assert not folder(ours, "checkpoints/") and not folder(ours, "last.ckpt") and not folder(ours, "hparams.yaml/")
+    assert not folder(ours, "checkpoints/", "checkpoints/last.ckpt") and not folder(ours, "last.ckpt")
+    assert not folder(ours, "hparams.yaml/")
+    assert folder(ours, "checkpoints/", "checkpoints/.fit.lock")  # the fit's own lock, which it held while it ran
 
 
 def test_a_new_fit_never_writes_over_another_runs_checkpoints(tmp_path, monkeypatch):
@@ -1213,3 +1215,77 @@ def test_a_divergence_names_the_last_finite_checkpoint_from_the_first_process(ca
         said.append([record.getMessage() for record in caplog.records])
     assert said == [[], [], ["last finite checkpoint: none was written in this run"],
                     ["last finite checkpoint: c/last.ckpt (step 4), not overwritten"]]
+
+
+def test_a_run_folder_is_held_by_one_fit_at_a_time_and_left_as_found(tmp_path):
+    """``RunFolderLock``: a second holder of the same folder (another fit, or this process again) is refused, naming
+    the first; released, the lock file goes, and so do the folders it made where nothing else was written."""
+    import fcntl
+
+    from recipes.training import RUN_LOCK, RunFolderLock
+
+    folder = tmp_path / "version_0" / "checkpoints"
+    first = RunFolderLock(folder).hold()
+    assert f"process {os.getpid()}: python -m recipes" in (folder / RUN_LOCK).read_text()
+    with pytest.raises(ValueError, match=rf"{folder}: a fit is writing this run now \(process {os.getpid()}: python -m "
+                                         r"recipes.*\); a second would write the same checkpoints and curves"):
+        RunFolderLock(folder).hold()
+    with open(folder / RUN_LOCK) as probe, pytest.raises(BlockingIOError):  # (held for real, not only said)
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    first.release()
+    assert not (tmp_path / "version_0").exists()  # nothing written: the folders it made are gone too
+    first.release()  # (twice is once)
+
+    (tmp_path / "version_1").mkdir()
+    second = RunFolderLock(tmp_path / "version_1" / "checkpoints").hold()
+    (tmp_path / "version_1" / "checkpoints" / "last.ckpt").write_text("")
+    second.release()
+    assert sorted(p.name for p in (tmp_path / "version_1" / "checkpoints").iterdir()) == ["last.ckpt"]
+    third = RunFolderLock(tmp_path / "version_1" / "checkpoints").hold()  # (free again)
+    third.release()
+    assert (tmp_path / "version_1").is_dir()  # (it was there before: never removed)
+    (tmp_path / "version_2" / "checkpoints").mkdir(parents=True)  # empty, and not the lock's to remove
+    RunFolderLock(tmp_path / "version_2" / "checkpoints").hold().release()
+    assert (tmp_path / "version_2" / "checkpoints").is_dir()
+
+
+
+def test_a_run_folder_on_a_file_system_without_locks_is_written_unguarded_with_a_note(tmp_path, monkeypatch, capsys):
+    import errno
+    import fcntl
+
+    from recipes.training import RUN_LOCK, RunFolderLock
+
+    def no_locks(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    held = RunFolderLock(tmp_path / "checkpoints").hold()  # (a run must not fail for want of a lock)
+    assert held.file is None and f"{tmp_path / 'checkpoints' / RUN_LOCK} cannot be locked on this file system (No " \
+        "locks available): nothing stops a second fit" in capsys.readouterr().err
+    held.release()
+
+
+def test_a_fit_into_a_run_another_fit_is_writing_is_refused_before_it_writes(tmp_path, monkeypatch):
+    """``fit --ckpt_path last`` of a run still going (in another terminal) wrote the same checkpoints and a second
+    events file beside the first: two curves in one run, and whichever process wrote last.ckpt last won."""
+    from recipes.cli import main
+    from recipes.training import RUN_LOCK, RunFolderLock
+
+    monkeypatch.chdir(tmp_path)
+    tiny = ["fit", "--config", "quickstart.yaml", "--model.d_model", "16", "--model.mixers.A.init_args.n_heads", "2",
+            "--data.init_args.seq_len", "16", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar",
+            "false"]
+    main([*tiny, "--trainer.max_steps", "2"])
+    run = tmp_path / "runs" / "quickstart" / "version_0"
+    assert not (run / "checkpoints" / RUN_LOCK).exists()  # released when the command ended
+    before = sorted(p.name for p in run.iterdir())
+    going = RunFolderLock(run / "checkpoints").hold()  # the run, still training elsewhere
+    try:
+        with pytest.raises(SystemExit, match=r"version_0/checkpoints: a fit is writing this run now \(process \d+: "):
+            main([*tiny, "--trainer.max_steps", "4", "--ckpt_path", "last"])
+        assert sorted(p.name for p in run.iterdir()) == before  # (no events file of its own)
+    finally:
+        going.release()
+    main([*tiny, "--trainer.max_steps", "4", "--ckpt_path", "last"])  # once it has ended, the resume goes on
+    assert len(list(run.glob("events.out.tfevents.*"))) == 2 and not (run / "checkpoints" / RUN_LOCK).exists()
