@@ -526,6 +526,17 @@ class HybridCLI(LightningCLI):
             if dropped:
                 print(dropped, file=sys.stderr, flush=True)
 
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        data = self.datamodule
+        if data is not None and getattr(data, "vocab_size", None) is None:
+            # jsonargparse skips a link whose source lacks the attribute, without a word: the model was built at
+            # its default vocabulary, and a recipe cannot set model.vocab_size itself (a link's target)
+            raise ValueError(f"the data module {type(data).__name__} has no vocab_size: the model's vocabulary is "
+                             "taken from it (data.vocab_size is linked to model.vocab_size, which a recipe cannot set), "
+                             f"so give {type(data).__name__} a vocab_size attribute or property, the number of token ids "
+                             "it yields (docs/data.md)")
+
     def before_fit(self) -> None:
         """Refuse a folder that holds another run's checkpoints (before the logger writes there); then the resolved
         configuration as text in TensorBoard, beside the curves it produced."""

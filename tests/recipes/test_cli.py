@@ -1172,3 +1172,19 @@ def test_a_mapping_of_mixers_given_whole_names_the_letters_it_dropped(tmp_path, 
     main(["--config", "quickstart.yaml", "--model.d_model", "32", "--model.pattern", "TM AM",
           "--model.mixers.T", "{class_path: components.TokenShift}"], run=False)
     assert "note: model.mixers" not in capsys.readouterr().err
+
+
+def test_a_data_module_of_ones_own_without_a_vocabulary_is_refused_by_name(tmp_path, monkeypatch):
+    """jsonargparse skips a link whose source lacks the attribute without a word: a data module with no
+    ``vocab_size`` built the model at the default 256, which a recipe cannot change (``model.vocab_size`` is the
+    link's target), and ids past it were refused at the first batch with no word of why."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "mydata.py").write_text(
+        "import lightning as L\n\n\nclass NoVocabulary(L.LightningDataModule):\n    pass\n\n\n"
+        "class WithVocabulary(L.LightningDataModule):\n    vocab_size = 1000\n")
+    base = ["--config", "quickstart.yaml", "--model.d_model", "16", "--model.mixers.A.init_args.n_heads", "2"]
+    with pytest.raises(SystemExit, match="error: the data module NoVocabulary has no vocab_size: the model's vocabulary is "
+                                         r"taken from it .* give NoVocabulary a vocab_size attribute or property"):
+        main([*base, "--data", "mydata.NoVocabulary"], run=False)
+    assert main([*base, "--data", "mydata.WithVocabulary"], run=False).model.model.vocab_size == 1000
