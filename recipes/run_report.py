@@ -100,9 +100,13 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
             last_step, last = accuracy[-1]
             lines.append(f"  val/acc    last {last:.4f} (step {last_step})   best {best:.4f} (step {best_step})")
     elif steps > first and trainer.limit_val_batches:  # the last step validates, unless its epoch may not
-        lines.append(f"  val/loss   none: no validation ran in these steps (check_val_every_n_epoch "
-                     f"{trainer.check_val_every_n_epoch} skips this epoch's; --trainer.check_val_every_n_epoch 1, or "
-                     "null with --trainer.val_check_interval N: every N steps)")
+        data = getattr(trainer, "datamodule", None)
+        if data is not None and type(data).val_dataloader is L.LightningDataModule.val_dataloader:
+            lines.append(f"  val/loss   none: the data module {type(data).__name__} has no val_dataloader")
+        else:
+            lines.append(f"  val/loss   none: no validation ran in these steps (check_val_every_n_epoch "
+                         f"{trainer.check_val_every_n_epoch} skips this epoch's; --trainer.check_val_every_n_epoch 1, "
+                         "or null with --trainer.val_check_interval N: every N steps)")
     speeds = history.get("tokens_per_sec") or []
     started = history.get("started")
     timing = []

@@ -298,6 +298,8 @@ def test_the_summary_claims_only_the_checkpoints_written(tmp_path, monkeypatch, 
 
 
 def test_the_fit_summary_says_when_no_validation_ran():
+    import lightning as L
+
     from recipes.run_report import fit_summary
 
     trainer = SimpleNamespace(global_step=5, max_steps=5, limit_val_batches=2, val_check_interval=200, callbacks=[],
@@ -310,6 +312,12 @@ def test_the_fit_summary_says_when_no_validation_ran():
     assert "val/acc    last 0.2500 (step 5)   best 0.5000 (step 3)" in fit_summary(trainer, module)
     assert "none" not in fit_summary(SimpleNamespace(**{**vars(trainer), "limit_val_batches": 0}),
                                      SimpleNamespace(history={}))
+
+    class TrainOnly(L.LightningDataModule):  # (the check above blamed the epoch setting for what the data lacks)
+        pass
+
+    text = fit_summary(SimpleNamespace(**vars(trainer), datamodule=TrainOnly()), SimpleNamespace(history={"val": []}))
+    assert "val/loss   none: the data module TrainOnly has no val_dataloader\n" in text
     trainer.log_every_n_steps = 10  # a run shorter than a logging window: its speed is said to be unmeasured
     assert ("speed      tokens/s not measured: no logging window (--trainer.log_every_n_steps 10) closed in these "
             "5 steps") in fit_summary(trainer, module)
