@@ -553,6 +553,11 @@ class HybridCLI(LightningCLI):
                 logger.experiment.add_text("config", "```yaml\n" + config + "\n```", self.trainer.global_step)
 
     def before_validate(self) -> None:
+        data = self.datamodule
+        if data is not None and type(data).val_dataloader is L.LightningDataModule.val_dataloader:
+            # (Lightning's own words: "`val_dataloader` must be implemented to be used with the Lightning Trainer")
+            raise ValueError(f"{type(data).__name__} has no val_dataloader, the split validate scores: give it one "
+                             "(docs/data.md: a data module of your own)")
         self._say_if_untrained("validate")
         self._say_if_averaged("validate")
 

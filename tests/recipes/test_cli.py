@@ -1196,3 +1196,7 @@ def test_a_data_module_of_ones_own_without_a_vocabulary_is_refused_by_name(tmp_p
                                          r"taken from it .* give NoVocabulary a vocab_size attribute or property"):
         main([*base, "--data", "mydata.NoVocabulary"], run=False)
     assert main([*base, "--data", "mydata.WithVocabulary"], run=False).model.model.vocab_size == 1000
+    # without a validation split, validate names what is missing (it was Lightning's "`val_dataloader` must be
+    # implemented to be used with the Lightning Trainer")
+    with pytest.raises(SystemExit, match=r"^error: WithVocabulary has no val_dataloader, the split validate scores"):
+        main(["validate", *base, "--data", "mydata.WithVocabulary", "--trainer.logger", "false"])
