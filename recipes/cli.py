@@ -545,7 +545,8 @@ class HybridCLI(LightningCLI):
                                           logged=bool(self.trainer.loggers))
             if problem:
                 raise ValueError(problem)
-            if self.trainer.is_global_zero:  # (the other ranks write into the folder rank zero holds)
+            remote = "://" in str(self.trainer.log_dir or self.trainer.default_root_dir)  # (no flock on s3://)
+            if self.trainer.is_global_zero and not remote:  # (the other ranks write into the folder rank zero holds)
                 RUN_LOCKS.append(RunFolderLock(checkpoint_folder(self.trainer)).hold())
         config = self._parser("fit").dump(self.config["fit"], skip_none=False, skip_link_targets=False)
         for logger in self.trainer.loggers:

@@ -1040,6 +1040,14 @@ def test_the_cli_hooks_say_the_threads_store_the_whole_config_and_leave_a_worker
     [(tag, step, text)] = texts
     assert (tag, step) == ("config", 5) and text.startswith("```yaml\n") and text.endswith("\n```")
     assert "  init_from: null\n" in text and "  d_model: " in text  # every setting, the unset ones too
+    # rank zero holds its run folder (recipes.training.RunFolderLock), but not a remote one: no local "s3:" folder
+    for log_dir, held in ((f"s3://bucket/{tmp_path.name}", False), (str(tmp_path / "local"), True)):
+        HybridCLI.before_fit(SimpleNamespace(_parser=lambda name: parsed.parser, config={"fit": parsed.config},
+                                             trainer=SimpleNamespace(loggers=[], global_step=0, fast_dev_run=False,
+                                                                     is_global_zero=True, log_dir=log_dir)))
+        assert len(cli_module.RUN_LOCKS) == held and not (tmp_path / "s3:").exists()
+        while cli_module.RUN_LOCKS:
+            cli_module.RUN_LOCKS.pop().release()
 
     summaries = []
     monkeypatch.setattr(cli_module, "fit_summary", lambda trainer, model, log_dir: summaries.append(log_dir) or "done")
