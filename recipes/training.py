@@ -284,7 +284,7 @@ def checkpoints_problem(folder: Path, resumed_from, *, logged: bool = True) -> s
             f"give this one another folder: {elsewhere}")
 
 
-RUN_LOCK = ".fit.lock"  # in a run's checkpoints folder while a fit writes it (recipes.training.hold_run_folder)
+RUN_LOCK = ".fit.lock"  # in a run's checkpoints folder while a fit writes it (RunFolderLock)
 
 
 class RunFolderLock:
