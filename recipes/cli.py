@@ -40,7 +40,7 @@ from components.bindings import import_class, upgrade_specs
 from recipes.module import LanguageModel, language_model_arguments
 from recipes.optimizer import recorded_form
 from recipes.recipe_files import flat_settings, read_config, resolve_config
-from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, trains_in_workers
+from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, lacks_loader, trains_in_workers
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback, RunFolderLock,
                               TrainingInterrupted, ValidateFinalStep, averaged_weights_note, check_averaging_unsharded,
                               NAMED_CHECKPOINTS, checkpoint_folder, checkpoints_problem, default_progress_bar,
@@ -555,7 +555,7 @@ class HybridCLI(LightningCLI):
 
     def before_validate(self) -> None:
         data = self.datamodule
-        if data is not None and type(data).val_dataloader is L.LightningDataModule.val_dataloader:
+        if lacks_loader(data, "val_dataloader"):
             # (Lightning's own words: "`val_dataloader` must be implemented to be used with the Lightning Trainer")
             raise ValueError(f"{type(data).__name__} has no val_dataloader, the split validate scores: give it one "
                              "(docs/data.md: a data module of your own)")
@@ -564,7 +564,7 @@ class HybridCLI(LightningCLI):
 
     def before_test(self) -> None:
         data = self.datamodule
-        if data is not None and type(data).test_dataloader is L.LightningDataModule.test_dataloader:
+        if lacks_loader(data, "test_dataloader"):
             # (Lightning's own words: "`test_dataloader` must be implemented to be used with the Lightning Trainer")
             raise ValueError(f"{type(data).__name__} has no test split (its documents are split into training and "
                              "validation alone): python -m recipes validate scores the held-out validation text, and "

@@ -77,6 +77,12 @@ def choose_threads(requested: int | None) -> str | None:
             "--threads N or OMP_NUM_THREADS=N chooses")
 
 
+def lacks_loader(data, name: str) -> bool:
+    """Whether the data module ``data`` (None: no module) leaves Lightning's ``name`` (``val_dataloader``,
+    ``test_dataloader``) unimplemented: Lightning would say only "`name` must be implemented"."""
+    return data is not None and getattr(type(data), name) is getattr(L.LightningDataModule, name)
+
+
 def fit_summary(trainer, module, log_dir: str | None = None) -> str:
     """Best and last validation loss with their steps, speed, time, and where the run's files are."""
     history = getattr(module, "history", {}) or {}
@@ -101,7 +107,7 @@ def fit_summary(trainer, module, log_dir: str | None = None) -> str:
             lines.append(f"  val/acc    last {last:.4f} (step {last_step})   best {best:.4f} (step {best_step})")
     elif steps > first and trainer.limit_val_batches:  # the last step validates, unless its epoch may not
         data = getattr(trainer, "datamodule", None)
-        if data is not None and type(data).val_dataloader is L.LightningDataModule.val_dataloader:
+        if lacks_loader(data, "val_dataloader"):
             lines.append(f"  val/loss   none: the data module {type(data).__name__} has no val_dataloader")
         else:
             lines.append(f"  val/loss   none: no validation ran in these steps (check_val_every_n_epoch "

@@ -43,7 +43,8 @@ def write_tokenizer(data, out: Path, vocab_size: int) -> str:
     out = Path(out)
     if hasattr(data, "write_tokenizer_file"):  # TokenizedCorpus: its own tokenizer file
         data.write_tokenizer_file(out / "tokenizer.json")
-        kind = f"the recipe's file {data.tokenizer_path}" if data.tokenizer_path else "the BPE trained on the corpus"
+        file = getattr(data, "tokenizer_path", None)  # (a data module of one's own may write one without it)
+        kind = f"the recipe's file {file}" if file else "the BPE trained on the corpus"
         eos = data.end_of_document_token
     elif hasattr(data, "encode") and data.encode("é") == list("é".encode()):  # bytes
         byte_tokenizer(vocab_size).save(str(out / "tokenizer.json"))

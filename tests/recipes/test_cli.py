@@ -318,6 +318,13 @@ def test_the_fit_summary_says_when_no_validation_ran():
 
     text = fit_summary(SimpleNamespace(**vars(trainer), datamodule=TrainOnly()), SimpleNamespace(history={"val": []}))
     assert "val/loss   none: the data module TrainOnly has no val_dataloader\n" in text
+
+    class WithValidation(TrainOnly):
+        def val_dataloader(self):
+            return []
+
+    text = fit_summary(SimpleNamespace(**vars(trainer), datamodule=WithValidation()), SimpleNamespace(history={"val": []}))
+    assert "val/loss   none: no validation ran in these steps (check_val_every_n_epoch 3" in text
     trainer.log_every_n_steps = 10  # a run shorter than a logging window: its speed is said to be unmeasured
     assert ("speed      tokens/s not measured: no logging window (--trainer.log_every_n_steps 10) closed in these "
             "5 steps") in fit_summary(trainer, module)
