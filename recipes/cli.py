@@ -278,6 +278,20 @@ def without_tuners(callbacks: list) -> list:
     return [c for c in callbacks if c not in tuners]
 
 
+def options_given(line: list[str]):
+    """``(name, value)`` for each option of a command line, in order: ``--name=value``, or ``--name value`` (the next
+    argument; None for an option last on the line)."""
+    for i, arg in enumerate(line):
+        name, equals, value = arg.partition("=")
+        yield name, value if equals else (line[i + 1] if i + 1 < len(line) else None)
+
+
+def recipe_model(path: str) -> dict:
+    """The ``model:`` mapping of a ``--config`` file ({} where it has none, or the path is not a file)."""
+    model = read_config(path).get("model") if Path(path).is_file() else None
+    return model if isinstance(model, dict) else {}
+
+
 def dropped_bindings(command_line: list[str], mixers, pattern) -> str | None:
     """A note when a letter of ``pattern`` was bound by a recipe file or flag on ``command_line`` and a later mapping
     given whole (another ``--config``'s ``model.mixers``, a ``--model.mixers '{…}'``) replaced ``model.mixers``
@@ -292,13 +306,9 @@ def dropped_bindings(command_line: list[str], mixers, pattern) -> str | None:
     except (PatternError, TypeError):  # (the model's own check names a bad pattern)
         return None
     lost, bound = {}, {}  # letter -> (where it was bound, what replaced the mapping); letter -> where bound
-    for i, arg in enumerate(command_line):
-        name, equals, value = arg.partition("=")
-        if not equals and i + 1 < len(command_line):
-            value = command_line[i + 1]
-        if name in ("--config", "-c"):
-            model = read_config(value).get("model") if Path(value).is_file() else None
-            whole, where = (model or {}).get("mixers") if isinstance(model, dict) else None, Path(value).name
+    for name, value in options_given(command_line):
+        if name in ("--config", "-c") and value is not None:
+            whole, where = recipe_model(value).get("mixers"), Path(value).name
         elif name == "--model.mixers":
             whole, where = yaml.safe_load(value) if value else None, "--model.mixers"
         elif name.startswith("--model.mixers.") and len(name.split(".")) >= 3:
@@ -391,16 +401,12 @@ class HybridCLI(LightningCLI):
         on the command line gave the value, as in jsonargparse."""
         if not config.model.get("init_from"):
             return
-        line, source = self._command_line, None  # (recipe file, its init_from), or None: the flag gave the value
-        for i, arg in enumerate(line):
-            name, equals, value = arg.partition("=")
+        source = None  # (recipe file, its init_from), or None: the flag gave the value
+        for name, value in options_given(self._command_line):
             if name == "--model.init_from":
                 source = None
-            elif name in ("--config", "-c") and (equals or i + 1 < len(line)):
-                path = value if equals else line[i + 1]
-                model = (read_config(path).get("model") or {}) if Path(path).is_file() else {}
-                if isinstance(model, dict) and "init_from" in model:
-                    source = (path, model["init_from"])
+            elif name in ("--config", "-c") and value is not None and "init_from" in (model := recipe_model(value)):
+                source = (value, model["init_from"])
         if source is not None and source[1] == config.model.init_from and not Path(source[1]).is_absolute():
             config.model.init_from = str(Path(source[0]).parent / source[1])
 
