@@ -4,8 +4,9 @@ On top of LightningCLI (docs/training.md):
 - ``--config NAME.yaml`` also finds the bundled recipes (``recipes/configs/``) from any folder;
 - every ``fit`` writes checkpoints by :class:`recipes.training.CheckpointPolicy`, configured under
   ``checkpoint:`` (``--checkpoint.every_n_steps 50``), atomically;
-- ``--ckpt_path last`` is the newest ``last.ckpt`` of the recipe's runs (an error when there is none; without a
-  logger, the one in the working folder's ``checkpoints/``),
+- ``--ckpt_path last`` is the newest ``last.ckpt`` of the recipe's runs, of its model where another recipe's runs share
+  the folder (:func:`recipe_checkpoint`; an error when there is none; without a logger, the one in the working
+  folder's ``checkpoints/``),
   and ``fit`` from a run's checkpoint continues that run: same log folder, same TensorBoard curves;
 - gradients are clipped at norm 1.0 unless the recipe says otherwise;
 - the progress bar shows no negative epoch total when ``max_steps`` ends the run (StepProgressBar);
@@ -44,7 +45,7 @@ from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, 
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback, RunFolderLock,
                               TrainingInterrupted, ValidateFinalStep, averaged_weights_note, check_averaging_unsharded,
                               NAMED_CHECKPOINTS, checkpoint_folder, checkpoints_problem, default_progress_bar,
-                              loggerless_checkpoint, newest_checkpoint)
+                              loggerless_checkpoint, run_checkpoints)
 
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")  # loggers whose folders are <save_dir>/<name>/<version>/
 DESCRIPTION = ("Train, validate and test the zoo's models (Lightning's CLI; a recipe is a --config file, bundled ones "
@@ -109,13 +110,81 @@ def resolve_config_args(args: list[str]) -> list[str]:
     return out
 
 
+def mixer_name(spec) -> str | None:
+    """The class name a binding names (``components.MLP`` → ``MLP``): a recipe and a checkpoint may spell the same
+    class's module path differently (a package's re-export)."""
+    path = spec if isinstance(spec, str) else spec.get("class_path") if isinstance(spec, dict) else None
+    return path.rsplit(".", 1)[-1] if isinstance(path, str) else None
+
+
+def model_differences(recipe_model, hparams: dict) -> list[str]:
+    """What makes the model a checkpoint records (``hparams``) another than the recipe's: the pattern, the width, the
+    size target, and for each letter both bind, the mixer's class and each argument the recipe states. An argument
+    the recipe leaves None (a default) and the width ``size_to`` solves are not compared; ``[]``: the same model as
+    far as the recipe says."""
+    mine = plain(recipe_model) or {}
+    found = [f"{key} {plain(mine.get(key))!r} here, {hparams[key]!r} there" for key in ("pattern", "d_model")
+             if key in hparams and differs(mine.get(key), hparams[key])]
+    solved = hparams.get("size_to") or {}
+    target = (plain(mine.get("size_to")) or {}).get("params")
+    if "size_to" in hparams and target != solved.get("params"):
+        found.append(f"size_to.params {target!r} here, {solved.get('params')!r} there")
+    recorded = hparams.get("mixers") or {}
+    for letter, spec in sorted((plain(mine.get("mixers")) or {}).items()):
+        theirs = recorded.get(letter)
+        if theirs is None:  # (a letter the recorded pattern does not use: the pattern's difference says so)
+            continue
+        if mixer_name(spec) != mixer_name(theirs):
+            found.append(f"{letter} {mixer_name(spec)} here, {mixer_name(theirs)} there")
+            continue
+        stated = {key: value for key, value in ((spec.get("init_args") if isinstance(spec, dict) else None) or {}).items()
+                  if value is not None and not (letter in solved.get("letters", ()) and key == solved.get("arg"))}
+        args = theirs.get("init_args") or {}
+        found += [f"{letter}.{key} {plain(stated[key])!r} here, {args[key]!r} there"
+                  for key in sorted(stated.keys() & args.keys()) if differs(stated[key], args[key])]
+    return found
+
+
+def recorded_model(path) -> dict:
+    """The model hyper-parameters the checkpoint at ``path`` records (``{}`` when it records none or cannot be
+    read: the command that uses it says why)."""
+    try:
+        return load_checkpoint(path, mmap=True).get("hyper_parameters") or {}
+    except (CheckpointError, OSError):
+        return {}
+
+
+def recipe_checkpoint(roots: list[Path], ckpt_path: str, recipe_model) -> tuple[Path | None, str | None]:
+    """``--ckpt_path last`` (``best``, ``swa``): the newest such checkpoint under the ``roots`` (``<root>/<version>/
+    checkpoints/``) whose model is the recipe's (:func:`model_differences`), with a note when a newer one of another
+    model was passed over: a recipe layered on another (``--config quickstart.yaml --config mine.yaml``) logs into
+    the same folder, and "the newest" alone would be whichever ran last. When none is the recipe's model, the newest,
+    with a note that says how it differs (a width given by flag when the run began and not repeated). ``(None,
+    None)`` when there is none."""
+    name = f"{ckpt_path}.ckpt"
+    candidates = run_checkpoints(roots, name)
+    if not candidates:
+        return None, None
+    newest = model_differences(recipe_model, recorded_model(candidates[0]))
+    if not newest:
+        return candidates[0], None
+    for rank, path in enumerate(candidates[1:], 1):
+        if not model_differences(recipe_model, recorded_model(path)):
+            others = "a newer" if rank == 1 else f"{rank} newer"
+            return path, (f"note: --ckpt_path {ckpt_path} is {path}, the newest {name} of this recipe's model: {others} "
+                          f"{name} in the same folder is another model's, {candidates[0]} ({'; '.join(newest)}); "
+                          "pass its path to use it")
+    return candidates[0], (f"note: --ckpt_path {ckpt_path}: no {name} there is of the model this recipe states; the "
+                           f"newest, {candidates[0]}, is taken, with the model it records ({'; '.join(newest)}: a "
+                           "width given by flag when the run began, or another recipe's run in the same folder)")
+
+
 def say_if_another_model(path, recipe_model, hparams: dict, subcommand: str = "fit") -> None:
     """A ``--ckpt_path`` from outside this recipe's runs is the checkpoint's model, whatever the recipe says: ``fit``
     resumes it (the checkpoint is a run to resume), ``validate`` and ``test`` score it on the recipe's data. When
-    the two differ in pattern or width that may not be what was meant — starting this recipe's model from those
-    weights is ``--model.init_from`` — so say so, on stderr."""
-    differing = [f"{key} {plain(recipe_model.get(key))!r} here, {hparams[key]!r} there" for key in ("pattern", "d_model")
-                 if key in hparams and differs(recipe_model.get(key), hparams[key])]
+    the two differ (:func:`model_differences`) that may not be what was meant — starting this recipe's model from
+    those weights is ``--model.init_from`` — so say so, on stderr."""
+    differing = model_differences(recipe_model, hparams)
     if not differing:
         return
     if subcommand == "fit":
@@ -487,8 +556,9 @@ class HybridCLI(LightningCLI):
         logger, root = run_logger(config.trainer)
         if ckpt_path in NAMED_CHECKPOINTS:
             name = f"{ckpt_path}.ckpt"
+            note = None
             if root is not None:
-                found, where = newest_checkpoint(root, name), f"under {root}/*/checkpoints/"
+                (found, note), where = recipe_checkpoint([root], ckpt_path, config.model), f"under {root}/*/checkpoints/"
             elif config.trainer.get("logger") is False:  # such a run writes into <default_root_dir>/checkpoints/
                 folder, found = loggerless_checkpoint(config.trainer.get("default_root_dir"), name)
                 where = f"in {folder}/ (where a run without a logger writes them)"
@@ -499,6 +569,8 @@ class HybridCLI(LightningCLI):
                          "path of a checkpoint file")
             config.ckpt_path = ckpt_path = str(found)
             print(f"resuming from {found}" if subcommand == "fit" else f"checkpoint: {found}", flush=True)
+            if note:
+                print(note, file=sys.stderr, flush=True)
         path = Path(ckpt_path)
         if is_sharded_checkpoint(path) and subcommand != "fit":
             sys.exit(f"error: --ckpt_path {ckpt_path}: {consolidate_hint(path)}")

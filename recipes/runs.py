@@ -2,6 +2,7 @@
 checkpoint (``last``/``best``/``swa`` resolved as ``fit`` does), its run folder, and the data module it trained on."""
 
 import importlib
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -9,7 +10,7 @@ from typing import Any, NamedTuple
 import yaml
 from jsonargparse import dict_to_namespace
 
-from recipes.cli import newest_checkpoint, run_logger
+from recipes.cli import recipe_checkpoint, run_logger
 from recipes.recipe_files import read_config, resolve_config, sweep_root
 from recipes.training import NAMED_CHECKPOINTS, loggerless_checkpoint
 
@@ -29,7 +30,9 @@ def load_recipe(config: str | Sequence[str]) -> dict:
 
 
 def checkpoint_path(recipe: dict, ckpt_path: str, config: str | Sequence[str] | None = None) -> str:
-    """A checkpoint file, or the newest ``last``/``best``/``swa`` of the recipe's runs: under its logger's folder,
+    """A checkpoint file, or the newest ``last``/``best``/``swa`` of the recipe's runs (of its model, when another
+    recipe's runs share the folder: :func:`recipes.cli.recipe_checkpoint`, whose note goes to stderr): under its
+    logger's folder,
     and for a recipe (file ``config``) that names no logger, under Lightning's ``lightning_logs/`` and the sweep's
     folder (a sweep runs one file: several ``config`` have none); for a recipe with ``logger: false``, the one in
     ``<default_root_dir or .>/checkpoints/``, as ``fit`` finds it."""
@@ -49,15 +52,17 @@ def checkpoint_path(recipe: dict, ckpt_path: str, config: str | Sequence[str] | 
     roots = [root] if root is not None else []
     if config is not None and logger is None and root is not None:  # Lightning's default logger: fit's runs
         roots.append(sweep_root(Path(resolve_config(config))))
-    found = [c for c in (newest_checkpoint(r, name) for r in roots) if c is not None]
-    if not found:
+    found, note = recipe_checkpoint(roots, ckpt_path, recipe.get("model"))
+    if found is None:
         where = " or ".join(f"{r}/*/checkpoints/" for r in roots) or "no run folder (the recipe logs nothing)"
         _, loose = loggerless_checkpoint(None, name)
         # (a run without a logger wrote it, of whichever recipe: named by path only, not taken as this recipe's)
         advice = (f"{loose}, of a run without a logger, is here: pass its path, --ckpt_path {loose}"
                   if loose is not None else "train first")
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no {name} under {where}; {advice}")
-    return str(max(found, key=lambda c: c.stat().st_mtime))
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    return str(found)
 
 
 def trusted_classes(recipe: dict, allow_classes=()) -> list[str]:

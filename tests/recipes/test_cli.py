@@ -433,7 +433,8 @@ def test_a_corpus_shorter_than_the_validation_interval_gets_the_flags_that_fix_i
 def test_resuming_another_recipes_run_says_it_continues_that_model(tmp_path, monkeypatch, capsys):
     """``fit --ckpt_path`` resumes the checkpoint's model whatever the recipe says; from outside the recipe's own
     runs, with another pattern or width, that is likely a mistake for ``init_from``: a note says so. Resuming the
-    recipe's own run (a width given by flag when it started) stays quiet."""
+    recipe's own run (a width given by flag when it started) is not called another recipe's, but ``last`` says that
+    no run in the folder has the model the recipe states and which it took."""
     monkeypatch.chdir(tmp_path)
     quiet = ["--trainer.enable_progress_bar", "false", "--data.init_args.seq_len", "32"]
     main(["fit", "--config", "quickstart.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
@@ -441,19 +442,23 @@ def test_resuming_another_recipes_run_says_it_continues_that_model(tmp_path, mon
     capsys.readouterr()
     main(["fit", "--config", "quickstart.yaml", "--trainer.max_steps", "3", "--ckpt_path", "last", *quiet])
     quiet_resume = capsys.readouterr().err
-    assert "another recipe's run" not in quiet_resume
+    assert "another recipe's run (" not in quiet_resume
+    assert ("note: --ckpt_path last: no last.ckpt there is of the model this recipe states; the newest, "
+            f"{Path('runs/quickstart/version_0/checkpoints/last.ckpt')}, is taken, with the model it records (d_model "
+            "128 here, 32 there; A.n_heads 4 here, 2 there: a width given by flag" in quiet_resume)
     assert "learning-rate schedule" not in quiet_resume  # 2 steps resumed for 3: both plans end at the final rate
     ckpt = "runs/quickstart/version_0/checkpoints/last.ckpt"
     main(["fit", "--config", "quickstart.yaml", "--trainer.logger.init_args.name", "elsewhere", "--trainer.max_steps", "4",
           "--ckpt_path", ckpt, *quiet])
-    assert (f"note: --ckpt_path {ckpt} is another recipe's run (d_model 128 here, 32 there): fit resumes that model"
+    assert (f"note: --ckpt_path {ckpt} is another recipe's run (d_model 128 here, 32 there; A.n_heads 4 here, 2 there): "
+            "fit resumes that model"
             in capsys.readouterr().err)
     main(["validate", "--config", "quickstart.yaml", "--trainer.logger.init_args.name", "elsewhere",
           "--trainer.limit_val_batches", "2", "--ckpt_path", ckpt, *quiet])
-    assert (f"note: --ckpt_path {ckpt} is another recipe's run (d_model 128 here, 32 there): validate scores that "
-            "model, on this recipe's data" in capsys.readouterr().err)
+    assert (f"note: --ckpt_path {ckpt} is another recipe's run (d_model 128 here, 32 there; A.n_heads 4 here, 2 there): "
+            "validate scores that model, on this recipe's data" in capsys.readouterr().err)
     main(["validate", "--config", "quickstart.yaml", "--trainer.limit_val_batches", "2", "--ckpt_path", "last", *quiet])
-    assert "another recipe's run" not in capsys.readouterr().err  # its own run: quiet
+    assert "another recipe's run (" not in capsys.readouterr().err  # its own run
 
 
 def test_resuming_after_the_recipe_was_edited_names_the_training_settings_it_sets_aside(tmp_path, monkeypatch, capsys):
@@ -972,6 +977,83 @@ def test_a_named_checkpoint_is_found_and_a_run_s_own_is_logged_into_that_run(tmp
     (shards / SHARDED_META).write_bytes(b""), (shards / ".metadata").write_bytes(b"")
     with pytest.raises(SystemExit, match=f"error: --ckpt_path {shards}: "):
         resolve("validate", str(shards))
+
+
+def test_a_named_checkpoint_is_of_the_recipes_model_when_another_recipe_logs_into_the_same_folder(
+        tmp_path, monkeypatch, capsys):
+    """``fit --config quickstart.yaml --config mine.yaml`` logs under quickstart's logger name: ``last`` of
+    quickstart alone used to be whichever of the two ran last, and a fit resumed, a validate scored or a generate
+    continued the other model without a word. It is the newest of this recipe's model, and the newer one passed over
+    is named; where none is, the newest, and how it differs."""
+    import copy
+    import os
+
+    from recipes.cli import HybridCLI
+
+    monkeypatch.chdir(tmp_path)
+    parsed = main(["--config", "quickstart.yaml"], run=False, parse_only=True).config
+    hparams = {"pattern": "AMx4", "d_model": 128, "mixers": {"A": {"class_path": "components.QCAttention",
+                                                                   "init_args": {"n_heads": 4}}}}
+
+    def run(version, mtime, **changes):
+        folder = tmp_path / "runs" / "quickstart" / f"version_{version}" / "checkpoints"
+        folder.mkdir(parents=True)
+        torch.save({"state_dict": {}, "hyper_parameters": {**hparams, **changes}}, folder / "last.ckpt")
+        os.utime(folder / "last.ckpt", (mtime, mtime))
+        return str(Path("runs/quickstart") / f"version_{version}" / "checkpoints" / "last.ckpt")
+
+    def resolve(subcommand="fit"):
+        config = copy.deepcopy(parsed)
+        config.ckpt_path = "last"
+        HybridCLI._resolve_checkpoint(SimpleNamespace(), subcommand, config)
+        return config.ckpt_path, capsys.readouterr().err
+
+    own = run(0, 1_000)
+    assert resolve() == (own, "")
+    layered = run(1, 2_000, d_model=64)
+    assert resolve() == (own, f"note: --ckpt_path last is {own}, the newest last.ckpt of this recipe's model: a newer "
+                              f"last.ckpt in the same folder is another model's, {layered} (d_model 128 here, 64 there); "
+                              "pass its path to use it\n")
+    run(2, 3_000, mixers={"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 8}}})
+    path, note = resolve("validate")
+    assert path == own and "2 newer last.ckpt" in note and "(A.n_heads 4 here, 8 there)" in note
+    run(3, 4_000)
+    assert resolve() == (str(Path("runs/quickstart/version_3/checkpoints/last.ckpt")), "")
+    monkeypatch.setattr(parsed.model, "d_model", 32)  # (a width no run has: the newest, and how it differs)
+    path, note = resolve()
+    assert path.endswith("version_3/checkpoints/last.ckpt") and note == (
+        f"note: --ckpt_path last: no last.ckpt there is of the model this recipe states; the newest, {path}, is taken, "
+        "with the model it records (d_model 32 here, 128 there: a width given by flag when the run began, or another "
+        "recipe's run in the same folder)\n")
+
+
+def test_a_models_differences_are_in_what_the_recipe_states():
+    """The pattern in either spelling, the width, the size target, each mixer's class by name (a re-export's module
+    path is the same class) and each argument the recipe states; not one it leaves None, nor the width size_to
+    solves, nor a letter the checkpoint's pattern does not use."""
+    from recipes.cli import model_differences
+
+    qc = {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "n_kv_heads": None}}
+    mlp = {"class_path": "components.MLP", "init_args": {"d_ff": None, "activation": "swiglu"}}
+    recorded = {"pattern": "AMx2", "d_model": 64, "size_to": {"params": 9000, "letters": ["M"], "arg": "d_ff"},
+                "mixers": {"A": {"class_path": "components.attention.QCAttention",
+                                 "init_args": {"n_heads": 4, "n_kv_heads": 2}},
+                           "M": {"class_path": "components.MLP", "init_args": {"d_ff": 344, "activation": "swiglu"}}}}
+    recipe = {"pattern": "AM×2", "d_model": 64, "size_to": {"params": 9000, "letters": "M"},
+              "mixers": {"A": qc, "M": {**mlp, "init_args": {"d_ff": 128, "activation": "swiglu"}},
+                         "S": {"class_path": "components.SSD"}}}
+    assert model_differences(recipe, recorded) == []
+    assert model_differences({**recipe, "size_to": {"params": 8000}}, recorded) == [
+        "size_to.params 8000 here, 9000 there"]
+    assert model_differences({**recipe, "size_to": None}, recorded) == ["size_to.params None here, 9000 there"]
+    assert model_differences({**recipe, "pattern": "SM"}, recorded) == ["pattern 'SM' here, 'AMx2' there"]
+    assert model_differences({**recipe, "d_model": 32}, recorded) == ["d_model 32 here, 64 there"]
+    assert model_differences({**recipe, "size_to": None}, {**recorded, "size_to": None}) == [
+        "M.d_ff 128 here, 344 there"]  # (a width no size target solved)
+    assert model_differences({**recipe, "mixers": {"A": {**qc, "init_args": {"n_heads": 2}}}}, recorded) == [
+        "A.n_heads 2 here, 4 there"]
+    assert model_differences({**recipe, "mixers": {"A": "components.SlidingWindowAttention"}}, recorded) == [
+        "A SlidingWindowAttention here, QCAttention there"]
 
 
 def test_lightnings_cloud_logger_advert_is_dropped_once_however_many_commands_run():

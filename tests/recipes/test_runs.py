@@ -44,6 +44,25 @@ def test_a_named_checkpoint_is_the_newest_under_the_loggers_folder_and_a_file_is
         checkpoint_path(recipe, "swa")
 
 
+def test_a_named_checkpoint_is_of_the_recipes_model_and_a_newer_one_of_another_is_named(tmp_path, capsys):
+    """``generate``/``eval``/``hf export`` of ``quickstart.yaml`` after a ``--config quickstart.yaml --config
+    mine.yaml`` run (same logger folder, another width) used that run's model without a word."""
+    logs = tmp_path / "logs"
+    recipe = {"model": {"d_model": 128},
+              "trainer": {"logger": {"class_path": TENSORBOARD, "init_args": {"save_dir": str(logs), "name": "x"}}}}
+    own, other = (logs / "x" / f"version_{v}" / "checkpoints" / "last.ckpt" for v in (0, 1))
+    for path, width, mtime in ((own, 128, 1_000), (other, 64, 2_000)):
+        path.parent.mkdir(parents=True)
+        torch.save({"state_dict": {}, "hyper_parameters": {"d_model": width}}, path)
+        os.utime(path, (mtime, mtime))
+    assert checkpoint_path(recipe, "last") == str(own)
+    assert capsys.readouterr().err == (f"note: --ckpt_path last is {own}, the newest last.ckpt of this recipe's model: a "
+                                       f"newer last.ckpt in the same folder is another model's, {other} (d_model 128 "
+                                       "here, 64 there); pass its path to use it\n")
+    assert checkpoint_path({**recipe, "model": {"d_model": 64}}, "last") == str(other)
+    assert capsys.readouterr().err == ""
+
+
 def test_a_recipe_without_a_logger_finds_its_checkpoints_where_fit_writes_them_and_a_loose_one_is_named(
         tmp_path, monkeypatch):
     """A recipe with ``logger: false`` trains into ``<default_root_dir or .>/checkpoints/``, and ``generate``/``eval``
