@@ -18,6 +18,7 @@ On top of LightningCLI (docs/training.md):
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -120,8 +121,8 @@ def mixer_name(spec) -> str | None:
 def model_differences(recipe_model, hparams: dict) -> list[str]:
     """What makes the model a checkpoint records (``hparams``) another than the recipe's: the pattern, the width, the
     size target, and for each letter both bind, the mixer's class and each argument the recipe states. An argument
-    the recipe leaves None (a default) and the width ``size_to`` solves are not compared; ``[]``: the same model as
-    far as the recipe says."""
+    the recipe leaves None (a default), the width ``size_to`` solves and the kernel settings (:data:`MIXER_HOW`) are
+    not compared; ``[]``: the same model as far as the recipe says."""
     mine = plain(recipe_model) or {}
     found = [f"{key} {plain(mine.get(key))!r} here, {hparams[key]!r} there" for key in ("pattern", "d_model")
              if key in hparams and differs(mine.get(key), hparams[key])]
@@ -138,7 +139,8 @@ def model_differences(recipe_model, hparams: dict) -> list[str]:
             found.append(f"{letter} {mixer_name(spec)} here, {mixer_name(theirs)} there")
             continue
         stated = {key: value for key, value in ((spec.get("init_args") if isinstance(spec, dict) else None) or {}).items()
-                  if value is not None and not (letter in solved.get("letters", ()) and key == solved.get("arg"))}
+                  if value is not None and key not in MIXER_HOW
+                  and not (letter in solved.get("letters", ()) and key == solved.get("arg"))}
         args = theirs.get("init_args") or {}
         found += [f"{letter}.{key} {plain(stated[key])!r} here, {args[key]!r} there"
                   for key in sorted(stated.keys() & args.keys()) if differs(stated[key], args[key])]
@@ -250,6 +252,10 @@ HOW_NOT_WHAT = ("compile", "loss_positions", "sample_tokens")
 # Model arguments that change no weight: a checkpoint's value holds unless the command line gives one, which is taken
 # with a note (the lengths a checkpoint is validated or generated at; activation checkpointing; the MFU's peak).
 OVERRIDABLE = ("max_seq_len", "extrapolate", "checkpoint_blocks", "peak_flops")
+# A mixer's arguments that choose how it computes, not what (the kernel; the SSD's chunk length, which the chunked
+# form's result does not depend on): overridable as the above (``--model.mixers.A.init_args.backend reference``, to
+# check a GPU run's kernels against the reference), and not what makes a checkpoint another model's.
+MIXER_HOW = ("backend", "chunk_size")
 RUN_LOCKS: list[RunFolderLock] = []  # the run folders this process's fit holds (released when its command ends)
 
 
@@ -536,10 +542,11 @@ class HybridCLI(LightningCLI):
                 print(f"note: --model.lr {plain(given)!r} is the rate the learning-rate finder replaced: the run goes "
                       f"on at the checkpoint's {recorded!r}, the finder's", file=sys.stderr, flush=True)
                 continue
-            if key in OVERRIDABLE:
+            if key in OVERRIDABLE or (key.startswith("mixers.") and key.rsplit(".", 1)[-1] in MIXER_HOW):
                 print(f"note: --model.{key} {plain(given)!r} over the checkpoint's {recorded!r} (it changes no weight)",
                       file=sys.stderr, flush=True)
-                hparams[key] = given
+                *parents, last = key.split(".")
+                functools.reduce(dict.__getitem__, parents, hparams)[last] = plain(given)
             else:
                 conflicts.append(f"--model.{key} {plain(given)!r} (the checkpoint has {plain(recorded)!r})")
         if conflicts:

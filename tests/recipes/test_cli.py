@@ -897,6 +897,8 @@ def test_a_resumed_runs_model_flags_are_checked_against_its_checkpoint_one_by_on
     """``_check_flags_agree`` on its own: a flag that agrees passes silently, one that changes no weight is taken with
     a note, the rate a learning-rate finder replaced gives way to the checkpoint's, any other difference is refused,
     every one named in one error; the settings of how (not what) to run are not compared."""
+    import copy
+
     from recipes.cli import HybridCLI
 
     def check(args, given, recorded, lr_found=False):
@@ -921,6 +923,20 @@ def test_a_resumed_runs_model_flags_are_checked_against_its_checkpoint_one_by_on
               {"lr": 0.5, "d_model": 64, "mixers": {"A": {"n_heads": 4}}}, dict(hparams))
     with pytest.raises(ValueError, match=r"--model.d_model 32 \(the checkpoint has 64\)"):
         check(["--model.d_model", "32"], {"d_model": 32}, dict(hparams), lr_found=True)
+    # a mixer's kernel and the SSD's chunk length change how, not what: taken (a GPU run checked on the reference)
+    mixers = {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "backend": "triton"}},
+              "S": {"class_path": "components.SSD", "init_args": {"chunk_size": 64, "backend": "auto"}}}
+    taken = check(["--model.mixers.A.init_args.backend", "reference", "--model.mixers.S.init_args.chunk_size=16"],
+                  {"mixers": {"A": {"init_args": {"backend": "reference"}}, "S": {"init_args": {"chunk_size": 16}}}},
+                  {**hparams, "mixers": copy.deepcopy(mixers)})["mixers"]
+    assert taken["A"]["init_args"] == {"n_heads": 2, "backend": "reference"}
+    assert taken["S"]["init_args"] == {"chunk_size": 16, "backend": "auto"}
+    assert capsys.readouterr().err == (
+        "note: --model.mixers.A.init_args.backend 'reference' over the checkpoint's 'triton' (it changes no weight)\n"
+        "note: --model.mixers.S.init_args.chunk_size 16 over the checkpoint's 64 (it changes no weight)\n")
+    with pytest.raises(ValueError, match=r"--model.mixers.A.init_args.n_heads 4 \(the checkpoint has 2\)"):
+        check(["--model.mixers.A.init_args.n_heads", "4"], {"mixers": {"A": {"init_args": {"n_heads": 4}}}},
+              {**hparams, "mixers": copy.deepcopy(mixers)})
 
 
 def test_a_named_checkpoint_is_found_and_a_run_s_own_is_logged_into_that_run(tmp_path, monkeypatch, capsys):
@@ -1030,7 +1046,7 @@ def test_a_named_checkpoint_is_of_the_recipes_model_when_another_recipe_logs_int
 def test_a_models_differences_are_in_what_the_recipe_states():
     """The pattern in either spelling, the width, the size target, each mixer's class by name (a re-export's module
     path is the same class) and each argument the recipe states; not one it leaves None, nor the width size_to
-    solves, nor a letter the checkpoint's pattern does not use."""
+    solves, nor a kernel setting, nor a letter the checkpoint's pattern does not use."""
     from recipes.cli import model_differences
 
     qc = {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "n_kv_heads": None}}
@@ -1052,6 +1068,11 @@ def test_a_models_differences_are_in_what_the_recipe_states():
         "M.d_ff 128 here, 344 there"]  # (a width no size target solved)
     assert model_differences({**recipe, "mixers": {"A": {**qc, "init_args": {"n_heads": 2}}}}, recorded) == [
         "A.n_heads 2 here, 4 there"]
+    kernels = {"A": {**qc, "init_args": {"n_heads": 4, "backend": "reference"}},
+               "M": {**mlp, "init_args": {"chunk_size": 16}}}  # (how, not what: MIXER_HOW)
+    assert model_differences({**recipe, "mixers": kernels}, {**recorded, "mixers": {
+        "A": {**recorded["mixers"]["A"], "init_args": {"n_heads": 4, "backend": "auto"}},
+        "M": {**recorded["mixers"]["M"], "init_args": {"chunk_size": 64}}}}) == []
     assert model_differences({**recipe, "mixers": {"A": "components.SlidingWindowAttention"}}, recorded) == [
         "A SlidingWindowAttention here, QCAttention there"]
 

@@ -98,6 +98,18 @@ def test_how_a_checkpoint_is_run_is_the_command_lines_not_the_checkpoints(traine
     assert torch.load(trained, weights_only=True)["hyper_parameters"]["sample_tokens"] != 7
 
 
+def test_a_checkpoint_is_validated_on_another_kernel_and_chunk_length_by_flag(trained, tmp_path, monkeypatch, capsys):
+    """A GPU run's checkpoint checked on the plain-torch reference: ``--model.mixers.A.init_args.backend reference``
+    was refused as contradicting the checkpoint ("a checkpoint's model is the one it was trained as"), though a
+    kernel changes no weight. It is taken, with a note, and the model validated is built with it."""
+    monkeypatch.chdir(tmp_path)
+    cli = main(["validate", *TINY, "--ckpt_path", str(trained), "--model.mixers.A.init_args.backend", "reference"])
+    assert "note: --model.mixers.A.init_args.backend 'reference' over the checkpoint's 'auto'" in capsys.readouterr().err
+    attention = cli.model.model.blocks[0].sequence_mixer
+    assert type(attention).__name__ == "QCAttention" and attention.backend == "reference"
+    assert cli.model.hparams.mixers["A"]["init_args"]["backend"] == "reference"
+
+
 def test_a_checkpoint_is_validated_past_its_length_with_a_flag_that_changes_no_weight(trained, tmp_path, monkeypatch,
                                                                                      capsys):
     # "exceeds max_seq_len=… build the model with a larger max_seq_len, or with extrapolate=True" — and both flags
