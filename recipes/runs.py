@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import yaml
 from jsonargparse import dict_to_namespace
 
-from recipes.cli import recipe_checkpoint, run_logger
+from recipes.cli import recipe_checkpoint, recorded_model, run_logger
 from recipes.recipe_files import read_config, resolve_config, sweep_root
 from recipes.training import NAMED_CHECKPOINTS, loggerless_checkpoint
 
@@ -152,9 +152,28 @@ def load_run(config: str | Sequence[str], ckpt_path: str = "last", *, device: st
     recipe = with_run_data(recipe, path)
     data = data_module(recipe, text_only=text_only)
     check_tokenizer(data, path)
+    overrides, note = kernels_for(device, recorded_model(path))
+    if note:
+        print(note, file=sys.stderr, flush=True)
     lm = LanguageModel.load_from_checkpoint(str(path), map_location=device,
-                                            allow_classes=trusted_classes(recipe, allow_classes))
+                                            allow_classes=trusted_classes(recipe, allow_classes), **overrides)
     return LoadedRun(lm.eval(), data, path, recipe)
+
+
+def kernels_for(device: str, hparams: dict) -> tuple[dict, str | None]:
+    """``load_from_checkpoint``'s overrides for a checkpoint whose mixers were built with ``backend='triton'`` (a GPU
+    run's explicit choice) read onto a device without CUDA, where the kernel cannot run: those mixers are built with
+    ``auto`` (the plain-torch reference there: the same math), with a note. ``({}, None)`` otherwise."""
+    mixers = hparams.get("mixers") or {}
+    pinned = sorted(letter for letter, spec in mixers.items() if (spec.get("init_args") or {}).get("backend") == "triton")
+    if not pinned or str(device).startswith("cuda"):
+        return {}, None
+    rebuilt = {letter: {**spec, "init_args": {**spec["init_args"], "backend": "auto"}} if letter in pinned else spec
+               for letter, spec in mixers.items()}
+    return {"mixers": rebuilt}, (f"note: the checkpoint's {', '.join(pinned)} {'was' if len(pinned) == 1 else 'were'} "
+                                 f"built with backend='triton', which needs CUDA: on {device} "
+                                 f"{'it runs' if len(pinned) == 1 else 'they run'} the plain-torch reference "
+                                 "(backend='auto'; the same math)")
 
 
 def text_tokenizer(data, what: str):

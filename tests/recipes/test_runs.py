@@ -174,7 +174,7 @@ def test_a_data_module_is_built_from_the_recipe_and_for_text_only_without_its_co
             data_module({"data": data})
 
 
-def test_load_run_reads_a_recipes_checkpoint_with_the_data_its_run_trained_with(tmp_path, monkeypatch):
+def test_load_run_reads_a_recipes_checkpoint_with_the_data_its_run_trained_with(tmp_path, monkeypatch, capsys):
     """The Python form of what ``generate`` and ``eval`` read: the newest ``last.ckpt`` of the recipe's runs, in eval
     mode, and the data section of the run's config.yaml (here a training length the recipe file does not have)."""
     from recipes.cli import main as cli
@@ -195,3 +195,32 @@ def test_load_run_reads_a_recipes_checkpoint_with_the_data_its_run_trained_with(
     assert run.data.decode(ids[0].tolist()).startswith("ab") and ids.shape == (1, 5)
     with pytest.raises(FileNotFoundError, match="--ckpt_path best: no best.ckpt under runs/quickstart"):
         load_run("quickstart.yaml", "best")  # (no validation: no best)
+
+    # a GPU run that chose the Triton kernel by name: generate and eval on a CPU failed in the kernel's words
+    checkpoint = torch.load(run.checkpoint, weights_only=True)
+    checkpoint["hyper_parameters"]["mixers"]["A"]["init_args"]["backend"] = "triton"
+    torch.save(checkpoint, tmp_path / "gpu.ckpt")
+    capsys.readouterr()
+    moved = load_run("quickstart.yaml", str(tmp_path / "gpu.ckpt"))
+    assert capsys.readouterr().err == ("note: the checkpoint's A was built with backend='triton', which needs CUDA: on "
+                                       "cpu it runs the plain-torch reference (backend='auto'; the same math)\n")
+    assert moved.lm.model.blocks[0].sequence_mixer.backend == "auto"
+    assert torch.equal(moved.lm.model.generate(torch.tensor([run.data.encode("ab")]), 3), ids)
+
+
+def test_a_checkpoints_triton_kernels_give_way_to_the_reference_off_cuda_only():
+    from recipes.runs import kernels_for
+
+    mixers = {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "backend": "triton"}},
+              "S": {"class_path": "components.SSD", "init_args": {"backend": "triton"}},
+              "M": {"class_path": "components.MLP", "init_args": {}}}
+    assert kernels_for("cuda:1", {"mixers": mixers}) == ({}, None)
+    overrides, note = kernels_for("mps", {"mixers": mixers})
+    assert overrides["mixers"]["A"] == {"class_path": "components.QCAttention",
+                                        "init_args": {"n_heads": 2, "backend": "auto"}}
+    assert overrides["mixers"]["S"]["init_args"] == {"backend": "auto"} and overrides["mixers"]["M"] == mixers["M"]
+    assert mixers["A"]["init_args"]["backend"] == "triton"  # (the checkpoint's own record is left as it is)
+    assert note == ("note: the checkpoint's A, S were built with backend='triton', which needs CUDA: on mps they run "
+                    "the plain-torch reference (backend='auto'; the same math)")
+    assert kernels_for("cpu", {"mixers": {"A": {**mixers["A"], "init_args": {"backend": "auto"}}}}) == ({}, None)
+    assert kernels_for("cpu", {}) == ({}, None)
