@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import yaml
 from jsonargparse import dict_to_namespace
 
-from recipes.cli import recipe_checkpoint, recorded_model, run_logger
+from recipes.ckpt_path import recipe_checkpoint, recorded_model, run_logger
 from recipes.recipe_files import read_config, resolve_config, sweep_root
 from recipes.training import NAMED_CHECKPOINTS, loggerless_checkpoint
 
@@ -31,7 +31,7 @@ def load_recipe(config: str | Sequence[str]) -> dict:
 
 def checkpoint_path(recipe: dict, ckpt_path: str, config: str | Sequence[str] | None = None) -> str:
     """A checkpoint file, or the newest ``last``/``best``/``swa`` of the recipe's runs (of its model, when another
-    recipe's runs share the folder: :func:`recipes.cli.recipe_checkpoint`, whose note goes to stderr): under its
+    recipe's runs share the folder: :func:`recipes.ckpt_path.recipe_checkpoint`, whose note goes to stderr): under its
     logger's folder,
     and for a recipe (file ``config``) that names no logger, under Lightning's ``lightning_logs/`` and the sweep's
     folder (a sweep runs one file: several ``config`` have none); for a recipe with ``logger: false``, the one in

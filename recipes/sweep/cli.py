@@ -85,7 +85,7 @@ def check_vs_key(key: str, config: Path | None = None) -> None:
     top = key.split(".")[0]
     if top in CONFIG_SECTIONS:
         if config is not None:
-            from recipes.cli import dotted_get
+            from recipes.ckpt_path import dotted_get
 
             from recipes.cli import parse_recipe
 
@@ -106,7 +106,7 @@ def check_vs_key(key: str, config: Path | None = None) -> None:
 def note_erased_differences(configs: list[Path], settings: list[str]) -> None:
     """Say when a ``--set KEY=VALUE`` replaces a setting the family's recipes differ in (a grid's axis, say): every
     run then takes the one value, and the comparison the family was written for is gone from the table."""
-    from recipes.cli import dotted_get
+    from recipes.ckpt_path import dotted_get
     from recipes.recipe_files import read_config
 
     def setting(recipe: dict, key: str):

@@ -785,7 +785,7 @@ def test_every_config_argument_is_resolved_and_a_letter_is_bound_in_its_file_or_
 def test_a_run_loggers_folder_is_its_save_dir_and_name_and_loggers_without_version_folders_have_none():
     from types import SimpleNamespace as NS
 
-    from recipes.cli import run_logger
+    from recipes.ckpt_path import run_logger
 
     tensorboard = NS(class_path="lightning.pytorch.loggers.TensorBoardLogger", init_args=NS(save_dir="runs", name="a"))
     assert run_logger({"logger": tensorboard}) == (tensorboard, Path("runs/a"))
@@ -801,7 +801,7 @@ def test_a_run_loggers_folder_is_its_save_dir_and_name_and_loggers_without_versi
 def test_what_the_command_line_sets_and_whether_a_setting_contradicts_a_recorded_one():
     from types import SimpleNamespace as NS
 
-    from recipes.cli import differs, dotted_get, explicit_model_flags, plain
+    from recipes.ckpt_path import differs, dotted_get, explicit_model_flags, plain
 
     assert explicit_model_flags(["fit", "--model.d_model", "64", "--model.mixers.A.init_args.n_heads=2",
                                  "--trainer.max_steps", "3", "--modelx"]) == ["d_model", "mixers.A.init_args.n_heads"]
@@ -823,7 +823,8 @@ def test_what_the_command_line_sets_and_whether_a_setting_contradicts_a_recorded
 def test_a_run_folders_version_is_its_number_a_limit_of_one_batch_is_refused_and_a_run_name_stays_inside():
     from types import SimpleNamespace as NS
 
-    from recipes.cli import check_limit_flags, check_run_name, names_a_learning_rate_finder, run_version
+    from recipes.ckpt_path import run_version
+    from recipes.cli import check_limit_flags, check_run_name, names_a_learning_rate_finder
 
     assert run_version("version_3") == 3 and run_version("sweep_20260101") == "sweep_20260101"
     assert run_version("version_3a") == "version_3a"
@@ -846,7 +847,7 @@ def test_a_run_folders_version_is_its_number_a_limit_of_one_batch_is_refused_and
 
 
 def test_resuming_another_recipes_run_is_said_only_where_its_pattern_or_width_differ(capsys):
-    from recipes.cli import say_if_another_model
+    from recipes.ckpt_path import say_if_another_model
 
     say_if_another_model("x.ckpt", {"pattern": "AM×2", "d_model": 64}, {"pattern": "AMx2", "d_model": 64, "lr": 1})
     assert capsys.readouterr().err == ""
@@ -1047,7 +1048,7 @@ def test_a_models_differences_are_in_what_the_recipe_states():
     """The pattern in either spelling, the width, the size target, each mixer's class by name (a re-export's module
     path is the same class) and each argument the recipe states; not one it leaves None, nor the width size_to
     solves, nor a kernel setting, nor a letter the checkpoint's pattern does not use."""
-    from recipes.cli import model_differences
+    from recipes.ckpt_path import model_differences
 
     qc = {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "n_kv_heads": None}}
     mlp = {"class_path": "components.MLP", "init_args": {"d_ff": None, "activation": "swiglu"}}

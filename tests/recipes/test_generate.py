@@ -111,7 +111,9 @@ def test_generate_takes_the_threads_given_and_says_so_beside_the_text(tmp_path, 
     finally:
         torch.set_num_threads(before)
     said = capsys.readouterr()
-    assert said.out == text + "\n" and said.err == "torch threads: 1 (--threads)\n"
+    threads, *notes = said.err.splitlines()  # (the notes: the run's width is TINY's flag, not the recipe's)
+    assert said.out == text + "\n" and threads == "torch threads: 1 (--threads)"
+    assert [note[:70] for note in notes] == ["note: --ckpt_path last: no last.ckpt there is of the model this recipe"]
     with pytest.raises(SystemExit):
         main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--prompt", "ab", "--threads", "0"])
     assert "argument --threads: 0 must be >= 1" in capsys.readouterr().err
