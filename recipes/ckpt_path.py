@@ -79,22 +79,23 @@ def model_differences(recipe_model, hparams: dict) -> list[str]:
     mine = plain(recipe_model) or {}
     found = [f"{key} {plain(mine.get(key))!r} here, {hparams[key]!r} there" for key in ("pattern", "d_model")
              if key in hparams and differs(mine.get(key), hparams[key])]
-    solved = hparams.get("size_to") or {}
+    solved = hparams.get("size_to") if isinstance(hparams.get("size_to"), dict) else {}  # (a crafted file may hold
+    solved_letters = solved.get("letters") if isinstance(solved.get("letters"), (list, str)) else ()  # anything)
     target = (plain(mine.get("size_to")) or {}).get("params")
     if "size_to" in hparams and target != solved.get("params"):
         found.append(f"size_to.params {target!r} here, {solved.get('params')!r} there")
-    recorded = hparams.get("mixers") or {}
+    recorded = hparams.get("mixers") if isinstance(hparams.get("mixers"), dict) else {}
     for letter, spec in sorted((plain(mine.get("mixers")) or {}).items()):
         theirs = recorded.get(letter)
-        if theirs is None:  # (a letter the recorded pattern does not use: the pattern's difference says so)
-            continue
+        if not isinstance(theirs, dict):  # (a letter the recorded pattern does not use: the pattern's difference says
+            continue  # so; or no spec, which the trust check refuses by name)
         if mixer_name(spec) != mixer_name(theirs):
             found.append(f"{letter} {mixer_name(spec)} here, {mixer_name(theirs)} there")
             continue
         stated = {key: value for key, value in ((spec.get("init_args") if isinstance(spec, dict) else None) or {}).items()
                   if value is not None and key not in MIXER_HOW
-                  and not (letter in solved.get("letters", ()) and key == solved.get("arg"))}
-        args = theirs.get("init_args") or {}
+                  and not (letter in solved_letters and key == solved.get("arg"))}
+        args = theirs.get("init_args") if isinstance(theirs.get("init_args"), dict) else {}
         found += [f"{letter}.{key} {plain(stated[key])!r} here, {args[key]!r} there"
                   for key in sorted(stated.keys() & args.keys()) if differs(stated[key], args[key])]
     return found
@@ -104,9 +105,10 @@ def recorded_model(path) -> dict:
     """The model hyper-parameters the checkpoint at ``path`` records (``{}`` when it records none or cannot be
     read: the command that uses it says why)."""
     try:
-        return load_checkpoint(path, mmap=True).get("hyper_parameters") or {}
+        hparams = load_checkpoint(path, mmap=True).get("hyper_parameters")
     except (CheckpointError, OSError):
         return {}
+    return hparams if isinstance(hparams, dict) else {}
 
 
 def recipe_checkpoint(roots: list[Path], ckpt_path: str, recipe_model) -> tuple[Path | None, str | None]:

@@ -164,8 +164,10 @@ def kernels_for(device: str, hparams: dict) -> tuple[dict, str | None]:
     """``load_from_checkpoint``'s overrides for a checkpoint whose mixers were built with ``backend='triton'`` (a GPU
     run's explicit choice) read onto a device without CUDA, where the kernel cannot run: those mixers are built with
     ``auto`` (the plain-torch reference there: the same math), with a note. ``({}, None)`` otherwise."""
-    mixers = hparams.get("mixers") or {}
-    pinned = sorted(letter for letter, spec in mixers.items() if (spec.get("init_args") or {}).get("backend") == "triton")
+    mixers = hparams.get("mixers") if isinstance(hparams.get("mixers"), dict) else {}
+    # (only a well-formed spec: anything else is the trust check's to refuse, in load_from_checkpoint, by name)
+    pinned = sorted(letter for letter, spec in mixers.items() if isinstance(spec, dict)
+                    and isinstance(spec.get("init_args"), dict) and spec["init_args"].get("backend") == "triton")
     if not pinned or str(device).startswith("cuda"):
         return {}, None
     rebuilt = {letter: {**spec, "init_args": {**spec["init_args"], "backend": "auto"}} if letter in pinned else spec

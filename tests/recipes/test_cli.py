@@ -1074,6 +1074,10 @@ def test_a_models_differences_are_in_what_the_recipe_states():
     assert model_differences({**recipe, "mixers": kernels}, {**recorded, "mixers": {
         "A": {**recorded["mixers"]["A"], "init_args": {"n_heads": 4, "backend": "auto"}},
         "M": {**recorded["mixers"]["M"], "init_args": {"chunk_size": 64}}}}) == []
+    # a crafted checkpoint's record of any shape is compared, not crashed on (its trust check refuses it by name)
+    assert model_differences(recipe, {"mixers": "x", "size_to": "y"}) == ["size_to.params 9000 here, None there"]
+    assert model_differences(recipe, {**recorded, "size_to": {"params": 9000, "letters": 3}, "mixers": {
+        "A": "components.QCAttention", "M": {"class_path": "components.MLP", "init_args": [1]}}}) == []
     assert model_differences({**recipe, "mixers": {"A": "components.SlidingWindowAttention"}}, recorded) == [
         "A SlidingWindowAttention here, QCAttention there"]
 
