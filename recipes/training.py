@@ -757,8 +757,3 @@ def run_checkpoints(roots: list[Path], name: str = "last.ckpt") -> list[Path]:
     """Every ``<root>/<version>/checkpoints/<name>`` of the ``roots``, the most recently written first."""
     candidates = [p for root in roots for p in root.glob(f"*/checkpoints/{name}") if is_checkpoint(p)]
     return sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True)
-
-
-def newest_checkpoint(root: Path, name: str = "last.ckpt") -> Path | None:
-    """The most recently written ``<root>/<version>/checkpoints/<name>``, or None."""
-    return next(iter(run_checkpoints([root], name)), None)

@@ -1029,19 +1029,22 @@ def test_a_checkpoint_says_whose_average_its_weights_are_and_a_resume_needs_the_
             check_averaging_unsharded([swa], strategy)
 
 
-def test_the_newest_checkpoint_of_a_name_is_the_last_written(tmp_path):
-    from recipes.training import newest_checkpoint
+def test_the_checkpoints_of_a_name_come_newest_first_across_roots(tmp_path):
+    from recipes.training import run_checkpoints
 
-    assert newest_checkpoint(tmp_path) is None
-    for version, mtime in (("version_0", 300), ("version_1", 100), ("version_2", 200)):
-        (tmp_path / version / "checkpoints").mkdir(parents=True)
-        (tmp_path / version / "checkpoints" / "last.ckpt").write_bytes(b"")
-        os.utime(tmp_path / version / "checkpoints" / "last.ckpt", (mtime, mtime))
-    (tmp_path / "version_1" / "checkpoints" / "best.ckpt").write_bytes(b"")
-    (tmp_path / "version_3" / "checkpoints" / "last.ckpt").mkdir(parents=True)  # a folder that is no checkpoint
-    assert newest_checkpoint(tmp_path) == tmp_path / "version_0" / "checkpoints" / "last.ckpt"
-    assert newest_checkpoint(tmp_path, "best.ckpt") == tmp_path / "version_1" / "checkpoints" / "best.ckpt"
-    assert newest_checkpoint(tmp_path, "swa.ckpt") is None
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert run_checkpoints([first, second]) == []
+    for root, version, mtime in ((first, "version_0", 300), (first, "version_1", 100), (second, "version_0", 200)):
+        (root / version / "checkpoints").mkdir(parents=True)
+        (root / version / "checkpoints" / "last.ckpt").write_bytes(b"")
+        os.utime(root / version / "checkpoints" / "last.ckpt", (mtime, mtime))
+    (first / "version_1" / "checkpoints" / "best.ckpt").write_bytes(b"")
+    (first / "version_3" / "checkpoints" / "last.ckpt").mkdir(parents=True)  # a folder that is no checkpoint
+    assert run_checkpoints([first, second]) == [first / "version_0" / "checkpoints" / "last.ckpt",
+                                                second / "version_0" / "checkpoints" / "last.ckpt",
+                                                first / "version_1" / "checkpoints" / "last.ckpt"]
+    assert run_checkpoints([first, second], "best.ckpt") == [first / "version_1" / "checkpoints" / "best.ckpt"]
+    assert run_checkpoints([first, second], "swa.ckpt") == []
 
 
 def test_every_random_number_generator_is_restored():
