@@ -50,11 +50,28 @@ def device(text: str) -> str:
     return where.type if where.type == "cpu" else str(where)  # (torch.load's map_location refuses "cpu:0")
 
 
+def utf8_text(text: str) -> str:
+    """An argparse type: ``text`` once it is UTF-8. Python hands on bytes that no UTF-8 text has (a Latin-1 shell, a
+    binary pipe) as lone surrogates, which every tokenizer's encode refused with a traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        byte = text[error.start].encode("utf-8", "surrogateescape")
+        raise argparse.ArgumentTypeError(f"not UTF-8 text: byte 0x{byte.hex()} at character {error.start} "
+                                         "(give the text in UTF-8)") from None
+    return text
+
+
 def text_file(path: str) -> str:
     """An argparse type: the whole text of the UTF-8 file at ``path`` (``-``: stdin), read when the arguments are
     parsed, so a missing file is argparse's one-line error before anything loads."""
     if path == "-":
-        return sys.stdin.read()
+        try:
+            return utf8_text(sys.stdin.read())  # (stdin decodes by the locale: strict, or bytes kept as surrogates)
+        except UnicodeDecodeError as error:
+            raise argparse.ArgumentTypeError(f"stdin: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        except argparse.ArgumentTypeError as error:
+            raise argparse.ArgumentTypeError(f"stdin: {error}") from None
     try:
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:

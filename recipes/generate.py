@@ -17,7 +17,7 @@ recipe's runs, as for ``fit``.
 import argparse
 import sys
 
-from recipes.argtypes import device, positive_int, text_file
+from recipes.argtypes import device, positive_int, text_file, utf8_text
 
 # (torch, Lightning and the run's tools are imported once the arguments are read: `--help` and a mistyped flag answer
 # at once, not after 8 s of imports)
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> str:
                         help="the recipe the checkpoint was trained with (repeat it as for fit: the files merge as "
                              "fit merged them)")
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint file, or last / best / swa")
-    parser.add_argument("--prompt", dest="prompts", action="append", metavar="TEXT",
+    parser.add_argument("--prompt", dest="prompts", action="append", type=utf8_text, metavar="TEXT",
                         help="the text to continue; repeat it (or --prompt_file) for several, decoded as one batch")
     parser.add_argument("--prompt_file", dest="prompts", action="append", type=text_file, metavar="PATH",
                         help="a file whose whole text is one prompt (- : stdin)")
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     parser.add_argument("--top_k", type=int, default=None)
     parser.add_argument("--top_p", type=float, default=None)
-    parser.add_argument("--stop", default=None,
+    parser.add_argument("--stop", type=utf8_text, default=None,
                         help="end the continuation, and generation, after the first occurrence of this text")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--allow_classes", nargs="*", action="extend", default=[],

@@ -304,15 +304,29 @@ def test_several_prompts_decode_as_one_batch_each_as_it_would_alone(tmp_path, mo
 
 
 def test_a_bad_prompt_or_stop_is_named(tmp_path, monkeypatch, capsys):
+    import io
+
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.txt").write_text("")
     common = ["--config", "quickstart.yaml", "--ckpt_path", "last"]
     for argv, said in [(["--prompt_file", "nowhere.txt"], "argument --prompt_file: no such file: nowhere.txt"),
                        (["--prompt_file", "."], "argument --prompt_file: .: not a UTF-8 text file (IsADirectoryError)"),
-                       (["--prompt", "x", "--stop", ""], "argument --stop: an empty text")]:
+                       (["--prompt", "x", "--stop", ""], "argument --stop: an empty text"),
+                       # bytes no UTF-8 text has, as Python hands them on from a Latin-1 shell (a traceback before)
+                       (["--prompt", "ab\udcff"], "argument --prompt: not UTF-8 text: byte 0xff at character 2"),
+                       (["--prompt", "x", "--stop", "\udce9t\udce9"], "argument --stop: not UTF-8 text: byte 0xe9 at "
+                                                                        "character 0"),
+                       (["--prompt_file", "-"], "argument --prompt_file: stdin: not UTF-8 text: byte 0xfe at character 1")]:
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a\xfe"), encoding="utf-8",
+                                                          errors="surrogateescape"))  # (a C locale's stdin)
         with pytest.raises(SystemExit):
             main([*common, *argv])
         assert said in capsys.readouterr().err, argv
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a\xfe"), encoding="utf-8"))  # (a UTF-8 locale's)
+    with pytest.raises(SystemExit):
+        main([*common, "--prompt_file", "-"])
+    assert ("argument --prompt_file: stdin: not UTF-8 text (invalid start byte at byte 1)"
+            in capsys.readouterr().err)
     cli(["fit", *TINY, "--trainer.max_steps", "1"])
     with pytest.raises(SystemExit, match="error: prompt 2 is empty; give at least one token"):
         main([*common, "--prompt", "x", "--prompt_file", "empty.txt"])
