@@ -208,7 +208,10 @@ def read_record(path: Path) -> tuple[str, list[Run]]:
     """The family and runs of a sweep's ``record.json`` (:func:`write_record`), each finished run with its
     stored numbers. A file that is not such a record is refused, named, with what is wrong."""
     try:
-        record = json.loads(Path(path).read_text())
+        try:
+            record = json.loads(Path(path).read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:  # (a checkpoint or log given by mistake)
+            raise ValueError(f"not a sweep record, nor a sweep's log folder: not JSON text ({error})") from None
         if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
             raise ValueError(f"not a sweep record of format {RECORD_FORMAT}")
         runs = [Run(CONFIG_DIR / r["config"], Path(r["folder"]), r["returncode"], r["log"] and Path(r["log"]),

@@ -1297,7 +1297,8 @@ def test_a_record_tabulates_and_plots_the_sweep_without_its_run_folders(tmp_path
 
 
 @pytest.mark.parametrize("text, problem", [
-    ("{not json", "Expecting property name"),
+    ("{not json", r"not a sweep record, nor a sweep's log folder: not JSON text \(Expecting property name"),
+    (b"PK\x03\x04\xff", "not a sweep record, nor a sweep's log folder: not JSON text \\('utf-8' codec"),  # a checkpoint
     ('{"family": "fake", "runs": []}', "not a sweep record of format 1"),
     ('{"family": "fake", "format": 1, "runs": [{"config": "a.yaml", "folder": "x", "returncode": 0}]}', "'log'"),
     ('{"family": "fake", "format": 1}', "'runs'"),
@@ -1306,9 +1307,12 @@ def test_a_record_tabulates_and_plots_the_sweep_without_its_run_folders(tmp_path
 def test_a_file_that_is_not_a_sweep_record_is_refused_by_name(tmp_path, text, problem):
     path = tmp_path / "record.json"
     if text is not None:  # None: a record that is not there
-        path.write_text(text)
+        path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
     with pytest.raises(SystemExit, match=f"error: {path}: .*{problem}"):
         main(["--from", str(path)])
+    if isinstance(text, bytes):  # --resume reads what it is given as --from does
+        with pytest.raises(SystemExit, match=f"error: {path}: .*{problem}"):
+            main(["--resume", str(path)])
 
 
 @pytest.fixture
