@@ -90,15 +90,38 @@ def run_folder(checkpoint: Path) -> Path | None:
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
 
 
-def with_run_data(recipe: dict, checkpoint: Path) -> dict:
+TRUSTED_DATA = ("recipes.data",)
+"""Where a run folder's ``config.yaml`` may take its data module from without the user's say-so: the zoo's own."""
+
+
+def with_run_data(recipe: dict, checkpoint: Path, allow_classes: Sequence[str] = ()) -> dict:
     """The recipe with the ``data`` section the checkpoint's run was trained with, when its run folder kept the
-    resolved ``config.yaml`` (command-line overrides included: the training length is the run's, not the file's)."""
+    resolved ``config.yaml`` (command-line overrides included: the training length is the run's, not the file's).
+
+    A run folder may come from someone else, and its data section is built: importing a class runs its module, and
+    ``subprocess.Popen`` with ``{args: ..., shell: true}`` is a class too. So every ``class_path`` in it must be the
+    zoo's (``recipes.data``), one the recipe's own data section names, or under ``allow_classes``; any other is
+    refused (:class:`recipes.checkpoints.CheckpointError`) before anything is imported."""
+    from recipes.checkpoints import DOTTED, CheckpointError, class_paths, trusted
+
     folder = run_folder(checkpoint)
     config = folder / "config.yaml" if folder is not None else None
     if config is None or not config.is_file():
         return recipe
     data = (yaml.safe_load(config.read_text()) or {}).get("data")
-    return {**recipe, "data": data} if isinstance(data, dict) and data.get("class_path") else recipe
+    if not (isinstance(data, dict) and data.get("class_path")):
+        return recipe
+    own = class_paths(recipe.get("data"))  # (the recipe is the user's)
+    named = class_paths(data) if isinstance(data["class_path"], str) else [repr(data["class_path"])]
+    refused = [path for path in named if path not in own
+               and not (DOTTED.fullmatch(path) and trusted(path, (*TRUSTED_DATA, *allow_classes)))]
+    if refused:
+        allowed = ", ".join((*TRUSTED_DATA, *own, *allow_classes))
+        raise CheckpointError(f"{config}: refused before importing anything: its data section names "
+                              f"{', '.join(refused)}. A run folder's data module may be one of {allowed} only. If you "
+                              "trust this run folder and the code it names, allow it: --allow_classes PACKAGE (CLI) "
+                              "or allow_classes=['PACKAGE'] (load_run)")
+    return {**recipe, "data": data}
 
 
 def data_module(recipe: dict, *, text_only: bool = False):
@@ -149,7 +172,7 @@ def load_run(config: str | Sequence[str], ckpt_path: str = "last", *, device: st
 
     recipe = load_recipe(config)
     path = Path(checkpoint_path(recipe, ckpt_path, config))
-    recipe = with_run_data(recipe, path)
+    recipe = with_run_data(recipe, path, allow_classes)
     data = data_module(recipe, text_only=text_only)
     check_tokenizer(data, path)
     overrides, note = kernels_for(device, recorded_model(path))

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
 
         recipe = load_recipe(args.config) if args.config else {}
         checkpoint = export_checkpoint(args.checkpoint, recipe, args.config)
-        data = export_data(checkpoint, recipe, args.config)
+        data = export_data(checkpoint, recipe, args.config, args.allow_classes)
         # the recipe's own bindings are trusted, as generate and eval trust them
         export(checkpoint, args.out, data=data, allow_classes=trusted_classes(recipe, args.allow_classes),
                max_shard_size=args.max_shard_size, overwrite=args.force)
@@ -64,9 +64,10 @@ def export_checkpoint(checkpoint: str, recipe: dict, config: list[str] | None) -
     return checkpoint_path(recipe, checkpoint, config)
 
 
-def export_data(checkpoint: str, recipe: dict, config: list[str] | None):
+def export_data(checkpoint: str, recipe: dict, config: list[str] | None, allow_classes: list[str] = ()):
     """The data module whose tokenizer goes with the export: the recipe's (``--config``) with the run's own data
-    settings when its ``config.yaml`` is beside the checkpoint."""
+    settings when its ``config.yaml`` is beside the checkpoint (its classes trusted as
+    :func:`recipes.runs.with_run_data` says)."""
     from recipes.runs import data_module, run_folder, with_run_data
 
     if not Path(checkpoint).exists():  # before asking for the recipe that goes with it
@@ -75,4 +76,4 @@ def export_data(checkpoint: str, recipe: dict, config: list[str] | None):
     if config is None and (folder is None or not (folder / "config.yaml").is_file()):
         raise ValueError(f"{checkpoint} is not in a run folder with a config.yaml: give --config RECIPE, whose data "
                          "module's tokenizer goes with the model")
-    return data_module(with_run_data(recipe, Path(checkpoint)), text_only=True)  # its tokenizer is all it takes
+    return data_module(with_run_data(recipe, Path(checkpoint), allow_classes), text_only=True)  # its tokenizer is all it takes

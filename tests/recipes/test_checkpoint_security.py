@@ -4,6 +4,7 @@ loading it unsafely). The module planted here writes a marker file when imported
 checked, not assumed."""
 
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,6 +108,96 @@ def test_a_crafted_checkpoint_imports_nothing_by_any_load_path(trained, tmp_path
     assert "refused before importing anything" in message and "crafted.ckpt" in message
     assert not (tmp_path / "IMPORTED").exists(), "the checkpoint's module was imported"
     assert "evilmod" not in sys.modules
+
+
+RUN_DATA_ATTACKS = {  # what a shared run folder's config.yaml may say under data:
+    "module": {"class_path": "evilmod.Evil", "init_args": {}},  # importing it runs its code
+    "shell": {"class_path": "subprocess.Popen", "init_args": {"args": "touch POPEN_RAN", "shell": True}},  # a class
+    "nested": {"class_path": "recipes.data.TextCorpus", "init_args": {"path": {"class_path": "evilmod.Evil"}}},
+    "not-a-string": {"class_path": ["evilmod", "Evil"]},
+}
+RUN_LOADERS = ["generate", "eval", "hf export", "load_run"]
+
+
+def shared_run(trained, folder, data: dict) -> str:
+    """``trained``'s checkpoint in a run folder of its own whose ``config.yaml`` says ``data``, beside ``evilmod.py``:
+    a run folder someone else wrote."""
+    import shutil
+
+    import yaml
+
+    (folder / "shared" / "version_0" / "checkpoints").mkdir(parents=True)
+    (folder / "evilmod.py").write_text(EVIL)
+    path = folder / "shared" / "version_0" / "checkpoints" / "last.ckpt"
+    shutil.copy(trained, path)
+    (folder / "shared" / "version_0" / "config.yaml").write_text(yaml.safe_dump({"data": data}))
+    return str(path)
+
+
+def load_run_folder(loader: str, path: str, *extra: str) -> None:
+    from recipes.evaluation.cli import main as evaluate
+    from recipes.hf.cli import main as hf
+    from recipes.runs import load_run
+
+    if loader == "generate":
+        generate(["--config", "quickstart.yaml", "--ckpt_path", path, "--prompt", "a", "--max_new_tokens", "2", *extra])
+    elif loader == "eval":
+        evaluate(["--config", "quickstart.yaml", "--ckpt_path", path, "--suite", "length", *extra])
+    elif loader == "hf export":  # (no --config: the run folder's config.yaml is all it reads)
+        hf(["export", path, "--out", str(Path(path).parents[3] / "exported"), *extra])
+    else:
+        load_run("quickstart.yaml", path, allow_classes=[e for e in extra if e != "--allow_classes"])
+
+
+@pytest.mark.parametrize("attack", RUN_DATA_ATTACKS)
+@pytest.mark.parametrize("loader", RUN_LOADERS)
+def test_a_shared_run_folders_config_imports_and_runs_nothing(trained, tmp_path, monkeypatch, attack, loader):
+    """``generate``, ``eval``, ``hf export`` and ``load_run`` build the data module a checkpoint's run folder records in
+    its ``config.yaml`` (its tokenizer is the run's). That file travels with a shared run as the checkpoint does, and
+    before 2026-12-05 its ``data.class_path`` was imported and called unchecked: ``subprocess.Popen`` with
+    ``shell: true`` ran a command. Now it is held to the checkpoint's rule: the zoo's data modules, the recipe's own, or
+    ``--allow_classes``."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # evilmod is importable, as a module in the working folder is
+    path = shared_run(trained, tmp_path, RUN_DATA_ATTACKS[attack])
+    with pytest.raises((CheckpointError, SystemExit)) as caught:
+        load_run_folder(loader, path)
+    message = str(caught.value)
+    assert "refused before importing anything: its data section names" in message, message
+    assert str(tmp_path / "shared" / "version_0" / "config.yaml") in message and "--allow_classes" in message
+    assert not (tmp_path / "IMPORTED").exists() and not (tmp_path / "POPEN_RAN").exists(), "the run folder's code ran"
+    assert "evilmod" not in sys.modules
+
+
+@pytest.mark.parametrize("loader", RUN_LOADERS)
+def test_a_run_folders_data_module_of_the_zoo_the_recipe_or_the_allow_list_is_built(trained, tmp_path, monkeypatch,
+                                                                                     capsys, loader):
+    """The other side: the zoo's data module, one the recipe names, and one on ``--allow_classes`` are built."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "mydata.py").write_text("from pathlib import Path\nPath(__file__).with_name('MINE').write_text('ran')\n"
+                                        "from recipes.data import TextCorpus\nclass MyText(TextCorpus):\n    pass\n")
+    mine = {"class_path": "mydata.MyText", "init_args": {"seq_len": 16}}
+    try:
+        load_run_folder(loader, shared_run(trained, tmp_path, {**mine, "class_path": "recipes.data.TextCorpus"}))
+        assert not (tmp_path / "MINE").exists()
+        path = shared_run(trained, tmp_path / "again", mine)
+        with pytest.raises((CheckpointError, SystemExit), match="its data section names mydata.MyText"):
+            load_run_folder(loader, path)
+        assert not (tmp_path / "MINE").exists()
+        load_run_folder(loader, path, "--allow_classes", "mydata")
+        assert (tmp_path / "MINE").read_text() == "ran"
+    finally:
+        sys.modules.pop("mydata", None)
+    if loader == "generate":  # a recipe whose own data section names the class trusts it, as fit does
+        (tmp_path / "MINE").unlink()
+        (tmp_path / "mine.yaml").write_text("data:\n  class_path: mydata.MyText\n")
+        try:
+            generate(["--config", "quickstart.yaml", "--config", "mine.yaml", "--ckpt_path", path, "--prompt", "a",
+                      "--max_new_tokens", "2"])
+        finally:
+            sys.modules.pop("mydata", None)
+        assert (tmp_path / "MINE").read_text() == "ran"
 
 
 @pytest.mark.filterwarnings("ignore:Found keys that are")  # the crafted class's weights differ by design
