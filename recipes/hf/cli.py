@@ -76,4 +76,4 @@ def export_data(checkpoint: str, recipe: dict, config: list[str] | None, allow_c
     if config is None and (folder is None or not (folder / "config.yaml").is_file()):
         raise ValueError(f"{checkpoint} is not in a run folder with a config.yaml: give --config RECIPE, whose data "
                          "module's tokenizer goes with the model")
-    return data_module(with_run_data(recipe, Path(checkpoint), allow_classes), text_only=True)  # its tokenizer is all it takes
+    return data_module(with_run_data(recipe, Path(checkpoint), allow_classes), text_only=True)  # (its tokenizer only)
