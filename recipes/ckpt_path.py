@@ -79,8 +79,9 @@ def model_differences(recipe_model, hparams: dict) -> list[str]:
     mine = plain(recipe_model) or {}
     found = [f"{key} {plain(mine.get(key))!r} here, {hparams[key]!r} there" for key in ("pattern", "d_model")
              if key in hparams and differs(mine.get(key), hparams[key])]
-    solved = hparams.get("size_to") if isinstance(hparams.get("size_to"), dict) else {}  # (a crafted file may hold
-    solved_letters = solved.get("letters") if isinstance(solved.get("letters"), (list, str)) else ()  # anything)
+    # (a crafted file may hold anything where a mapping or a list is expected: read only what has the right shape)
+    solved = hparams.get("size_to") if isinstance(hparams.get("size_to"), dict) else {}
+    solved_letters = solved.get("letters") if isinstance(solved.get("letters"), (list, str)) else ()
     target = (plain(mine.get("size_to")) or {}).get("params")
     if "size_to" in hparams and target != solved.get("params"):
         found.append(f"size_to.params {target!r} here, {solved.get('params')!r} there")
