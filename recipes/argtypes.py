@@ -67,13 +67,14 @@ def text_file(path: str) -> str:
     parsed, so a missing file is argparse's one-line error before anything loads."""
     if path == "-":
         try:
-            return utf8_text(sys.stdin.read())  # (stdin decodes by the locale: strict, or bytes kept as surrogates)
+            # (stdin decodes by the locale: strict, or bytes kept as surrogates; a byte-order mark is not the text's)
+            return utf8_text(sys.stdin.read()).removeprefix("\ufeff")
         except UnicodeDecodeError as error:
             raise argparse.ArgumentTypeError(f"stdin: not UTF-8 text ({error.reason} at byte {error.start})") from None
         except argparse.ArgumentTypeError as error:
             raise argparse.ArgumentTypeError(f"stdin: {error}") from None
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8-sig")  # (-sig: a leading byte-order mark is not the text's)
     except FileNotFoundError:
         raise argparse.ArgumentTypeError(f"no such file: {path}") from None
     except (IsADirectoryError, UnicodeDecodeError) as error:

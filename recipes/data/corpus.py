@@ -59,8 +59,9 @@ def unprepared_hint(path: Path) -> str:
 
 def corpus_files(paths: str | list[str]) -> list[Path]:
     """The files named by ``paths`` (files or glob patterns), sorted within each pattern; each must exist,
-    match something and have a supported suffix."""
-    files = []
+    match something and have a supported suffix. A file named twice (overlapping globs, ``a.txt`` and ``./a.txt``) is
+    read once, with a note: twice, its documents would fall on both sides of the split, validation text trained on."""
+    files, named = [], {}
     for pattern in [paths] if isinstance(paths, str) else paths:
         matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True)) if glob.has_magic(pattern) else [pattern]
         if not matches:
@@ -75,8 +76,21 @@ def corpus_files(paths: str | list[str]) -> list[Path]:
             if path.suffix not in FORMATS:
                 raise ValueError(f"TokenizedCorpus: {str(path)!r} has suffix {path.suffix!r}; supported: .jsonl, .parquet "
                                  f"and the plain text of {', '.join(PLAIN_TEXT)} (name another text file .txt)")
-            files.append(path)
+            named.setdefault(path.resolve(), []).append(pattern)
+            if len(named[path.resolve()]) == 1:
+                files.append(path)
+    note_files_named_twice(named, "paths")
     return files
+
+
+def note_files_named_twice(named: dict[Path, list[str]], key: str) -> None:
+    """Say which files (``named``: each with the patterns of ``key`` that matched it) are read once though named
+    more than once."""
+    twice = {path: patterns for path, patterns in named.items() if len(patterns) > 1}
+    if twice:
+        print(f"note: TokenizedCorpus reads each file once; named more than once by {key}: "
+              + "; ".join(f"{path} (by {', '.join(map(repr, patterns))})" for path, patterns in twice.items())
+              + ". To weight a source, give it its own corpus in recipes.data.MixedCorpus", file=sys.stderr)
 
 
 def _parquet_module():
@@ -107,7 +121,7 @@ def _file_pieces(path: Path, text_field: str, column: str, txt_separator: str | 
     if path.suffix in PLAIN_TEXT:
         yield from _txt_pieces(path, txt_separator)
     elif path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as lines:
+        with open(path, encoding="utf-8-sig") as lines:  # (-sig: without the byte-order mark Windows tools write)
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
@@ -151,7 +165,7 @@ def _txt_pieces(path: Path, separator: str | None) -> Iterator[tuple[str, bool]]
     """A ``.txt`` file as pieces of at most about PIECE_BYTES, cut at line ends; with a separator, each
     occurrence ends a document (the separator itself is dropped)."""
     buffer = ""
-    with open(path, encoding="utf-8", newline="") as text:
+    with open(path, encoding="utf-8-sig", newline="") as text:  # (-sig: a leading byte-order mark is no text)
         for line in text:
             buffer += line
             if separator is not None:

@@ -47,7 +47,7 @@ class HFDataset:
                     raise ValueError(f"TokenizedCorpus: {self.path} has splits {sorted(loaded)}, not {self.split!r}")
                 loaded = loaded[self.split]
             return loaded.to_iterable_dataset() if self.streaming else loaded
-        return datasets.load_dataset(self.path, self.name, data_files=self.expanded_data_files(), split=self.split,
+        return datasets.load_dataset(self.path, self.name, data_files=self.data_files_once(), split=self.split,
                                      revision=self.revision, streaming=self.streaming)
 
     def documents(self, text_field: str) -> Iterator[str]:
@@ -64,6 +64,31 @@ class HFDataset:
             {split: expand(f) for split, f in files.items()} if isinstance(files, dict)
             else str(Path(files).expanduser()) if isinstance(files, str) and "://" not in files else files)
         return expand(self.data_files)
+
+    def data_files_once(self) -> str | list[str] | dict | None:
+        """:meth:`expanded_data_files`, each split's local files listed once where its patterns name one twice
+        (overlapping globs, one file by two names), with a note: ``datasets`` reads such a file as often as named, so
+        its rows fell on both sides of the every-n-th split, validation text trained on. Unchanged otherwise."""
+        from recipes.data.corpus import note_files_named_twice
+
+        base = Path(self.path).expanduser()
+        base = str(base) if base.is_dir() else None
+
+        def once(patterns):
+            listed = [patterns] if isinstance(patterns, str) else patterns
+            if not isinstance(listed, (list, tuple)) or any("://" in pattern for pattern in listed):
+                return patterns  # (none, or remote files: read as given)
+            named = {}
+            for pattern in listed:
+                for file in matched_files(pattern, base):
+                    named.setdefault(Path(file).resolve(), []).append(pattern)
+            if all(len(found) == 1 for found in named.values()):
+                return patterns
+            note_files_named_twice(named, "data_files")
+            return [str(file) for file in named]
+
+        files = self.expanded_data_files()
+        return {split: once(f) for split, f in files.items()} if isinstance(files, dict) else once(files)
 
     def patterns(self) -> list[str]:
         """Every pattern ``data_files`` names (of every split), ``~`` expanded."""

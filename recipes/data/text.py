@@ -37,15 +37,16 @@ class Windows(Dataset):
 
 
 def read_text(path: str) -> str:
-    """The UTF-8 text of ``path``; an empty or undecodable file is refused with its name."""
+    """The UTF-8 text of ``path`` (without a leading byte-order mark); an empty or undecodable file is refused with its
+    name."""
     data = Path(path).read_bytes()
     if not data.strip():
         raise ValueError(f"TextCorpus: {path} is empty")
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:  # (its offsets count from after a byte-order mark)
         raise ValueError(
-            f"TextCorpus: {path} is not UTF-8 text (byte {error.start}: {data[error.start:error.start + 4]!r}); "
+            f"TextCorpus: {path} is not UTF-8 text (byte {error.start}: {error.object[error.start:error.start + 4]!r}); "
             "convert it, e.g. iconv -f latin1 -t utf-8"
         ) from None
 

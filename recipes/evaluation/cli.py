@@ -227,7 +227,7 @@ def run_suite(model, data, recipe: dict, args) -> dict:
     if trained < 1:
         raise ValueError("the recipe's data has no seq_len: the training length the suite is relative to")
     if args.suite == "length" and args.text is not None:  # your text, read as the run reads text
-        text = Path(args.text).read_text(encoding="utf-8")
+        text = Path(args.text).read_text(encoding="utf-8-sig")  # (-sig: a leading byte-order mark is no text)
         tokens = torch.tensor(runs.text_tokenizer(data, "--text").encode(text), dtype=torch.long)  # [n]
         result = suites.length_suite(model, tokens, trained, **given(windows=args.windows), source=args.text,
                                      extrapolate=args.extrapolate, **lengths(suites.LENGTH_MULTIPLES, trained))

@@ -125,3 +125,16 @@ def test_bounded_takes_its_floor_and_did_you_mean_names_each_close_word_once():
     assert close_matches(["lenght", "lentgh"], ["length", "depth"]) == ["length"]  # (one suggestion, not two)
     assert did_you_mean(["lenght"], ["length", "depth"]) == "did you mean length?"
     assert did_you_mean(["zzz"], ["length"]) == ""
+
+
+def test_a_text_file_or_stdin_is_read_without_its_byte_order_mark(tmp_path, monkeypatch):
+    """A prompt or evaluation text saved by a Windows tool starts with a byte-order mark: not part of the text (the
+    model was prompted with an invisible character before)."""
+    import io
+
+    from recipes.argtypes import text_file
+
+    (tmp_path / "p.txt").write_bytes(b"\xef\xbb\xbfdef f():\n")
+    assert text_file(str(tmp_path / "p.txt")) == "def f():\n"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbfx\xef\xbb\xbf"), encoding="utf-8"))
+    assert text_file("-") == "x\ufeff"  # (only a leading one is a mark; later, it is a character of the text)

@@ -406,6 +406,34 @@ def test_jsonl_blank_lines_domains_and_text_fields_are_read_or_named(tmp_path):
         corpus(tmp_path, str(tmp_path / "number.jsonl")).setup()
 
 
+def test_a_file_named_twice_is_read_once_so_no_document_is_on_both_sides_of_the_split(tmp_path, capsys):
+    """Overlapping globs, or one file by two names, read it once with a note: twice, its documents fell on both sides
+    of the every-n-th split (37 documents, every 10th: the second copy's are shifted), validation text trained on."""
+    paths = write(tmp_path, "jsonl", DOCUMENTS[:37])
+    data = corpus(tmp_path, [paths, str(tmp_path / "*.jsonl"), str(tmp_path / "." / "all.jsonl")])
+    data.setup()
+    train, val = documents_of(data, "train"), documents_of(data, "val")
+    assert not set(train) & set(val) and sorted(train + val) == sorted(DOCUMENTS[:37])
+    assert f"all.jsonl (by {paths!r}, {str(tmp_path / '*.jsonl')!r}, " in capsys.readouterr().err
+    corpus(tmp_path, paths)
+    assert "note" not in capsys.readouterr().err  # (named once: no note)
+
+
+def test_a_byte_order_mark_opening_a_file_is_not_text(tmp_path):
+    """A UTF-8 byte-order mark (Windows tools write one) is read past: a ``.jsonl`` file's first line was refused as
+    not JSON, and a ``.txt`` file's mark was trained on as a character of its document."""
+    (tmp_path / "marked.jsonl").write_text("\ufeff" + "".join(json.dumps({"body": d}) + "\n" for d in DOCUMENTS),
+                                           encoding="utf-8")
+    data = corpus(tmp_path, str(tmp_path / "marked.jsonl"))
+    data.setup()
+    assert sorted(documents_of(data, "train") + documents_of(data, "val")) == sorted(DOCUMENTS)
+    for i, document in enumerate(DOCUMENTS):
+        (tmp_path / f"m{i:03d}.txt").write_text("\ufeff" + document, encoding="utf-8")
+    data = corpus(tmp_path, str(tmp_path / "m*.txt"), cache_dir=str(tmp_path / "txt"))
+    data.setup()
+    assert sorted(documents_of(data, "train") + documents_of(data, "val")) == sorted(DOCUMENTS)
+
+
 def test_a_double_star_pattern_reaches_nested_folders(tmp_path):
     for folder in ("a", "a/b", "a/b/c"):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
@@ -539,6 +567,28 @@ def test_a_hugging_face_dataset_gives_the_same_tokens_as_its_files(tmp_path):
         TokenizedCorpus(dataset=HFDataset(path=str(tmp_path / "saved")), cache_dir=str(tmp_path / "c2")).setup()
     with pytest.raises(ValueError, match="give paths or a dataset, not both"):
         TokenizedCorpus(paths, dataset=HFDataset(path="json"))
+
+
+def test_a_datasets_file_named_twice_is_read_once_as_paths_read_it(tmp_path, capsys):
+    """``data_files`` that name one file twice (overlapping globs, two names; in a list or a split's entry, streamed
+    or not) give the tokens of the file read once, with a note: ``datasets`` read it twice, validation text trained
+    on (37 documents: the copies split apart)."""
+    pytest.importorskip("datasets")
+    from recipes.data import HFDataset
+
+    paths = write(tmp_path, "jsonl", DOCUMENTS[:37])
+    reference = corpus(tmp_path, paths)
+    reference.setup()
+    twice = [paths, str(tmp_path / "*.jsonl"), str(tmp_path / "." / "all.jsonl")]
+    for n, source in enumerate((HFDataset(path="json", data_files=twice), HFDataset(path="json", data_files={
+            "train": twice}), HFDataset(path="json", data_files=twice, streaming=True))):
+        capsys.readouterr()
+        data = corpus(tmp_path, None, dataset=source, cache_dir=str(tmp_path / f"c{n}"))
+        data.setup()
+        for split in ("train", "val"):
+            assert documents_of(data, split) == documents_of(reference, split), source
+        assert f"by data_files: {tmp_path / 'all.jsonl'} (by {paths!r}, " in capsys.readouterr().err
+    assert HFDataset(path="json", data_files=[paths]).data_files_once() == [paths]  # named once: as given
 
 
 def test_a_hugging_face_datasets_split_folder_and_identity(tmp_path):

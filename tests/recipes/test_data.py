@@ -52,6 +52,19 @@ def test_empty_or_non_utf8_text_file_is_named(tmp_path):
         TextCorpus(str(latin)).setup()
 
 
+def test_a_byte_order_mark_is_not_text_and_an_error_past_it_names_the_byte(tmp_path):
+    """A UTF-8 file that starts with a byte-order mark (Windows tools write one) is read without it: its three bytes
+    were trained on as text. A bad byte after one is still named with the bytes there."""
+    marked, bad = tmp_path / "marked.txt", tmp_path / "bad.txt"
+    marked.write_bytes(b"\xef\xbb\xbf" + b"abcdefghij" * 100)
+    data = TextCorpus(str(marked), seq_len=8, batch_size=2)
+    data.setup()
+    assert bytes(data.splits["train"][:10].tolist()) == b"abcdefghij"
+    bad.write_bytes(b"\xef\xbb\xbfab\xffcd" * 50)
+    with pytest.raises(ValueError, match=r"bad.txt is not UTF-8 text \(byte 2: b'\\xffcd\\xef'\)"):
+        TextCorpus(str(bad)).setup()
+
+
 def test_local_text_file(tmp_path):
     path = tmp_path / "tiny.txt"
     path.write_text("abcdefghij" * 100)
