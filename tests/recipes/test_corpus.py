@@ -410,7 +410,8 @@ def test_a_file_named_twice_is_read_once_so_no_document_is_on_both_sides_of_the_
     """Overlapping globs, or one file by two names, read it once with a note: twice, its documents fell on both sides
     of the every-n-th split (37 documents, every 10th: the second copy's are shifted), validation text trained on."""
     paths = write(tmp_path, "jsonl", DOCUMENTS[:37])
-    data = corpus(tmp_path, [paths, str(tmp_path / "*.jsonl"), str(tmp_path / "." / "all.jsonl")])
+    (tmp_path / "sub").mkdir()
+    data = corpus(tmp_path, [paths, str(tmp_path / "*.jsonl"), str(tmp_path / "sub" / ".." / "all.jsonl")])
     data.setup()
     train, val = documents_of(data, "train"), documents_of(data, "val")
     assert not set(train) & set(val) and sorted(train + val) == sorted(DOCUMENTS[:37])
@@ -579,7 +580,8 @@ def test_a_datasets_file_named_twice_is_read_once_as_paths_read_it(tmp_path, cap
     paths = write(tmp_path, "jsonl", DOCUMENTS[:37])
     reference = corpus(tmp_path, paths)
     reference.setup()
-    twice = [paths, str(tmp_path / "*.jsonl"), str(tmp_path / "." / "all.jsonl")]
+    (tmp_path / "sub").mkdir()
+    twice = [paths, str(tmp_path / "*.jsonl"), str(tmp_path / "sub" / ".." / "all.jsonl")]
     for n, source in enumerate((HFDataset(path="json", data_files=twice), HFDataset(path="json", data_files={
             "train": twice}), HFDataset(path="json", data_files=twice, streaming=True))):
         capsys.readouterr()
