@@ -479,10 +479,33 @@ class TokenizedCorpus(ResumableDataModule):
                     return f"{split}.bin has {size:,} bytes where meta.json records {meta['tokens'][split] * itemsize:,}"
             if file_hash(self.cache / "tokenizer.json") != meta["tokenizer_hash"]:
                 return "tokenizer.json is not the tokenizer the tokens were made with"
+            if not meta.get("ends_only_between_documents"):
+                return self._ends_problem(meta)
         except FileNotFoundError as error:
             return f"{Path(error.filename).name} is missing"
         except (KeyError, TypeError) as error:
             return f"meta.json lacks {error}"
+        return None
+
+    def _ends_problem(self, meta: dict) -> str | None:
+        """For a cache made before 2026-12-05, when a document's own end-of-document text was made that token (a false
+        document boundary): what is wrong where its end-of-document tokens outnumber its documents; a sound one is
+        marked in its ``meta.json``, so as to be counted once."""
+        for split in ("train", "val"):
+            path, step = self.cache / f"{split}.bin", 1 << 24  # (counted a slice at a time: memory stays bounded)
+            tokens = np.memmap(path, dtype=meta["dtype"], mode="r") if path.stat().st_size else np.empty(0)  # [n]
+            ends = sum(int(np.count_nonzero(tokens[i:i + step] == meta["end_of_document"]))
+                       for i in range(0, len(tokens), step))
+            if ends != meta["documents"][split]:
+                return (f"{split}.bin holds {ends:,} end-of-document tokens for {meta['documents'][split]:,} documents: "
+                        f"a document's own {self.end_of_document_token!r} text was made that token, as caches made "
+                        "before 2026-12-05 did")
+        marked = self.cache / f"meta.json.{os.getpid()}"
+        try:
+            marked.write_text(json.dumps({**meta, "ends_only_between_documents": True}, indent=1))
+            marked.replace(self.cache / "meta.json")
+        except OSError:  # (a cache folder this user cannot write: counted again next time)
+            marked.unlink(missing_ok=True)
         return None
 
     def prepare_data(self) -> None:
@@ -509,6 +532,9 @@ class TokenizedCorpus(ResumableDataModule):
             self._train_bpe(building / "tokenizer.json")  # (its special tokens: the end of document)
             tokenizer = self._load_tokenizer(building / "tokenizer.json")
         end = tokenizer.token_to_id(self.end_of_document_token)
+        # A document's text is text: an "<|endoftext|>" it writes (a page about tokenizers) is its characters, not the
+        # end of a document, which only the loop below puts, after each one (nanoGPT's encode_ordinary).
+        tokenizer.encode_special_tokens = True
         # ids stay below the tokenizer's size (vocab_size may pad past it: not stored, not in the key)
         vocab = tokenizer.get_vocab_size()
         dtype = "uint16" if vocab <= 2**16 else "uint32"
@@ -541,7 +567,7 @@ class TokenizedCorpus(ResumableDataModule):
                 "tokenizer_hash": file_hash(building / "tokenizer.json"),
                 "documents": {k: v[0] for k, v in counts.items()}, "tokens": {k: v[1] for k, v in counts.items()},
                 "files": _identity(self.files) if self.files else self.dataset.identity() if self.dataset else "pydoc_data",
-                "version": CACHE_VERSION}
+                "version": CACHE_VERSION, "ends_only_between_documents": True}
         if self.domains is not None:
             meta["domains"] = seen_domains
         (building / "meta.json").write_text(json.dumps(meta, indent=1))

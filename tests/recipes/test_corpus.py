@@ -360,6 +360,38 @@ def test_a_damaged_cache_is_named_and_rebuilt(tmp_path, capsys, damage, problem)
         assert np.array_equal(np.fromfile(again.cache / f"{split}.bin", dtype=again.meta["dtype"]), expected)
 
 
+def test_a_documents_own_end_of_document_text_is_text_and_an_old_cache_that_made_it_the_token_is_rebuilt(tmp_path,
+                                                                                                         capsys):
+    """A document that writes ``<|endoftext|>`` (a page about tokenizers) keeps it as text: it was made the token, a
+    false document boundary inside it (packed windows cut it in two; the model learned to end documents there). A cache
+    made so, before 2026-12-05, holds more end-of-document tokens than documents: named and rebuilt; a sound cache of
+    that time is counted once and marked, not rebuilt."""
+    documents = [*DOCUMENTS[:19], "A tokenizer ends documents with <|endoftext|> as GPT-2's does.", *DOCUMENTS[19:]]
+    data = corpus(tmp_path, write(tmp_path, "jsonl", documents))
+    data.setup()
+    assert sorted(documents_of(data, "train") + documents_of(data, "val")) == sorted(documents)  # (val: document 19)
+    assert data.encode("<|endoftext|>") == [data.meta["end_of_document"]]  # (a prompt's is the token, as HF reads it)
+    meta = json.loads((data.cache / "meta.json").read_text())
+    del meta["ends_only_between_documents"]  # a cache made before it was recorded ...
+    (data.cache / "meta.json").write_text(json.dumps(meta))
+    built = (data.cache / "train.bin").stat().st_mtime_ns
+    sound = corpus(tmp_path, write(tmp_path, "jsonl", documents))
+    assert sound.cache_problem() is None and json.loads((data.cache / "meta.json").read_text())[
+        "ends_only_between_documents"]  # ... counted, found sound, marked
+    val = np.fromfile(data.cache / "val.bin", dtype=meta["dtype"])
+    expected = val.copy()
+    val[3] = meta["end_of_document"]  # ... and one whose document's text became the token
+    val.tofile(data.cache / "val.bin")
+    (data.cache / "meta.json").write_text(json.dumps(meta))
+    again = corpus(tmp_path, write(tmp_path, "jsonl", documents))
+    said = "val.bin holds 5 end-of-document tokens for 4 documents: a document's own '<|endoftext|>' text was made"
+    assert said in again.cache_problem()
+    again.setup()
+    assert said in capsys.readouterr().err
+    assert np.array_equal(np.fromfile(again.cache / "val.bin", dtype=meta["dtype"]), expected)
+    assert built != (again.cache / "train.bin").stat().st_mtime_ns  # (rebuilt)
+
+
 def test_a_corpus_edited_in_place_with_its_timestamp_restored_is_a_new_cache(tmp_path):
     import os
 
