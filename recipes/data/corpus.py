@@ -62,7 +62,11 @@ def corpus_files(paths: str | list[str]) -> list[Path]:
     match something and have a supported suffix. A file named twice (overlapping globs, ``a.txt`` and ``./a.txt``) is
     read once, with a note: twice, its documents would fall on both sides of the split, validation text trained on."""
     files, named = [], {}
-    for pattern in [paths] if isinstance(paths, str) else paths:
+    patterns = [paths] if isinstance(paths, str) else paths
+    if not patterns or "" in patterns:
+        raise ValueError(f"TokenizedCorpus: paths={paths!r} names no file; give files or glob patterns (or no paths: "
+                         "the pydoc topics)")
+    for pattern in patterns:
         matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True)) if glob.has_magic(pattern) else [pattern]
         if not matches:
             raise FileNotFoundError(f"TokenizedCorpus: the pattern {pattern!r} matches no file")

@@ -20,6 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
+FILE_READERS = {"json": ".jsonl", "csv": ".csv", "text": ".txt", "parquet": ".parquet", "arrow": ".arrow"}
+"""``datasets``' builders that read local files, with the suffix of their files."""
+
+
 @dataclass
 class HFDataset:
     """Which dataset: ``path`` is a ``save_to_disk`` folder, or the first argument of ``datasets.load_dataset``
@@ -32,6 +36,13 @@ class HFDataset:
     split: str = "train"
     revision: str | None = None
     streaming: bool = False
+
+    def __post_init__(self):
+        suffix = FILE_READERS.get(self.path)
+        if suffix is not None and self.data_files is None and not self.saved():
+            raise ValueError(f"TokenizedCorpus: dataset path {self.path!r} is datasets' reader of {suffix} files; name "
+                             f"them in data_files, e.g. {{path: {self.path}, data_files: \"books/*{suffix}\"}} (without "
+                             "them, datasets reads the working folder's files)")
 
     def saved(self) -> bool:
         folder = Path(self.path).expanduser()

@@ -244,6 +244,10 @@ def test_the_training_order_resumes_exactly(tmp_path):
     (lambda p: TokenizedCorpus(seq_len=0), "seq_len=0 and batch_size=16 must be >= 1"),
     (lambda p: TokenizedCorpus(batch_size=0), "seq_len=256 and batch_size=0 must be >= 1"),
     (lambda p: TokenizedCorpus(txt_separator=""), "txt_separator must not be empty (None: one document per file)"),
+    # (an empty list was a corpus of 0 documents, an empty pattern the working folder)
+    (lambda p: TokenizedCorpus([]), "paths=[] names no file; give files or glob patterns (or no paths: the pydoc"),
+    (lambda p: TokenizedCorpus(""), "paths='' names no file"),
+    (lambda p: TokenizedCorpus([str(p), ""]), "names no file"),
 ])
 def test_bad_arguments_are_named(tmp_path, make, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message.replace(".", r"\.").replace("(", r"\(")
@@ -599,7 +603,12 @@ def test_a_hugging_face_dataset_gives_the_same_tokens_as_its_files(tmp_path):
     with pytest.raises(ValueError, match=r"row 0: no string field 'text'"):
         TokenizedCorpus(dataset=HFDataset(path=str(tmp_path / "saved")), cache_dir=str(tmp_path / "c2")).setup()
     with pytest.raises(ValueError, match="give paths or a dataset, not both"):
-        TokenizedCorpus(paths, dataset=HFDataset(path="json"))
+        TokenizedCorpus(paths, dataset=HFDataset(path="json", data_files=paths))
+    # a file reader without its files: it read the working folder's, and failed in datasets' words
+    with pytest.raises(ValueError, match=r"dataset path 'json' is datasets' reader of .jsonl files; name them in "
+                                         r"data_files, e.g. \{path: json, data_files: \"books/\*.jsonl\"\}"):
+        HFDataset(path="json")
+    assert HFDataset(path="json", data_files=paths).data_files == paths
 
 
 def test_a_datasets_file_named_twice_is_read_once_as_paths_read_it(tmp_path, capsys):
