@@ -20,8 +20,10 @@ is every corpus's validation split.
 
 import hashlib
 import inspect
+import itertools
 import json
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
@@ -51,6 +53,44 @@ class MixtureWindows(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return self.sources[self.source[i]][int(self.window[i])]
+
+
+def sources(corpus: TokenizedCorpus) -> set[str]:
+    """What ``corpus`` reads its documents from: its files, resolved (a dataset's local data files too), else the
+    dataset's name and patterns, or the pydoc topics."""
+    dataset = corpus.dataset
+    if corpus.files is not None:
+        return {str(path.resolve()) for path in corpus.files}
+    if dataset is None:
+        return {"the pydoc topics"}
+    if dataset.saved():
+        return {str(Path(dataset.path).expanduser().resolve())}
+    try:
+        files = dataset.data_file_paths() if dataset.data_files is not None else []
+    except FileNotFoundError:  # (not here: generate and eval read only the tokenizer file)
+        files = []
+    return {str(path.resolve()) for path in files} or {f"the dataset {dataset.path!r} {dataset.patterns()}"}
+
+
+def documents_shared(corpora: list[TokenizedCorpus]) -> str | None:
+    """What is wrong where two of ``corpora`` read the same documents (a file, and a domain of it both select): each
+    corpus numbers its own documents for its every-n-th validation split, so a document one of them validates on, the
+    other trains on."""
+    for (i, first), (j, second) in itertools.combinations(enumerate(corpora), 2):
+        files = sorted(sources(first) & sources(second))
+        if first.domains is None or second.domains is None:
+            domains = first.domains or second.domains  # (None: every domain)
+        else:
+            domains = sorted(set(first.domains) & set(second.domains)) or None
+            if domains is None:
+                continue  # disjoint domains of one file: no document in both
+        if files:
+            which = f"the documents of domains {domains}" if domains else "every document"
+            return (f"MixedCorpus: corpora[{i}] and corpora[{j}] both read {which} of {files[0]}"
+                    f"{f' (and {len(files) - 1} more)' if len(files) > 1 else ''}: each corpus splits its own "
+                    "documents for validation, so a document one validates on, the other trains on. Give each corpus "
+                    "its own files, or disjoint domains of one file (the weights set each one's share)")
+    return None
 
 
 class MixedCorpus(ResumableDataModule):
@@ -84,6 +124,9 @@ class MixedCorpus(ResumableDataModule):
             if corpus.seq_len != seq_len:
                 raise ValueError(f"MixedCorpus: corpora[{i}] was built with seq_len={corpus.seq_len}, the mixture's "
                                  f"is {seq_len}: every corpus's windows are the mixture's length")
+        shared = documents_shared(self.corpora)
+        if shared is not None:
+            raise ValueError(shared)
         ends = [corpus.end_of_document_token for corpus in self.corpora]
         if len(set(ends)) > 1:  # one corpus's documents would end in a token the others' never do
             named = ", ".join(f"corpora[{i}]: {end!r}" for i, end in enumerate(ends))

@@ -819,6 +819,37 @@ def test_a_mixture_takes_its_proportions_and_resumes_exactly(tmp_path):
     assert padded.vocab_size == 64 > padded.corpora[0].vocab_size  # the largest: every corpus's ids have a row
 
 
+def test_a_mixture_whose_corpora_share_documents_is_refused_and_one_of_disjoint_domains_is_built(tmp_path):
+    """Two corpora that read the same documents (one file, all of it in one, a domain of it in the other, or the same
+    file under two names) each number them apart for the every-n-th validation split: shown here, a document one
+    validates on is one the other trains on. Refused by name; disjoint domains of one file are the way to weight them."""
+    from recipes.data import MixedCorpus
+
+    rows = [{"body": document, "domain": "even" if i % 2 == 0 else "odd"} for i, document in enumerate(DOCUMENTS)]
+    (tmp_path / "all.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "sub").mkdir()
+    common = dict(text_field="body", vocab_size=300, val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    whole = {"paths": str(tmp_path / "all.jsonl"), **common}
+    even = {**whole, "domains": ["even"]}
+    built = [TokenizedCorpus(**whole, seq_len=8), TokenizedCorpus(**even, seq_len=8)]
+    for data in built:
+        data.setup()
+    assert set(documents_of(built[1], "val")) & set(documents_of(built[0], "train"))  # the leak the refusal stops
+    for corpora, said in [([whole, even], r"corpora\[0\] and corpora\[1\] both read the documents of domains "
+                                         r"\['even'\] of .*all.jsonl: each corpus splits its own documents"),
+                          ([even, {**even, "domains": ["odd", "even"]}, whole], r"domains \['even'\]"),
+                          ([{**whole, "paths": str(tmp_path / "sub" / ".." / "all.jsonl")}, whole],
+                           r"both read every document of .*all.jsonl: .* Give each corpus its own files, or disjoint "
+                           r"domains of one file")]:
+        with pytest.raises(ValueError, match=said):
+            MixedCorpus(corpora, [1] * len(corpora), seq_len=8)
+    mixed = MixedCorpus([even, {**whole, "domains": ["odd"]}], [3, 1], seq_len=8)
+    mixed.setup()
+    validated = [set(documents_of(corpus, "val")) for corpus in mixed.corpora]
+    trained = [set(documents_of(corpus, "train")) for corpus in mixed.corpora]
+    assert not (validated[0] & trained[1]) and not (validated[1] & trained[0]) and all(validated)
+
+
 def test_the_validation_loader_gives_the_validation_windows_in_order(tmp_path):
     data = corpus(tmp_path, write(tmp_path, "jsonl"))
     val = data.windows("val")
