@@ -344,6 +344,9 @@ class TokenizedCorpus(ResumableDataModule):
             raise ValueError(f"TokenizedCorpus: seq_len={seq_len} and batch_size={batch_size} must be >= 1")
         if not 0 < val_fraction < 1:
             raise ValueError(f"TokenizedCorpus: val_fraction={val_fraction} must lie in (0, 1)")
+        if val_fraction > 0.5:  # (it was taken as 0.5 without a word)
+            raise ValueError(f"TokenizedCorpus: val_fraction={val_fraction}: validation takes every n-th whole "
+                             "document, at most every 2nd (0.5)")
         if txt_separator == "":
             raise ValueError("TokenizedCorpus: txt_separator must not be empty (None: one document per file)")
         self.tokenizer_path, self.text_field, self.column, self.txt_separator = tokenizer, text_field, column, txt_separator

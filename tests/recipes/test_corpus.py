@@ -228,6 +228,8 @@ def test_the_training_order_resumes_exactly(tmp_path):
     (lambda p: TokenizedCorpus(vocab_size=100), "vocab_size=100"),
     (lambda p: TokenizedCorpus(val_fraction=1.5), "val_fraction=1.5"),
     (lambda p: TokenizedCorpus(val_fraction=0), "val_fraction=0 must lie in (0, 1)"),  # no validation text at all
+    (lambda p: TokenizedCorpus(val_fraction=0.7), "val_fraction=0.7: validation takes every n-th whole document, at "
+                                                  "most every 2nd (0.5)"),  # (taken as 0.5 before)
     (lambda p: TokenizedCorpus(str(p / "notes.jsonl")), "notes.jsonl' is not a file$"),  # no hint: not a bundled corpus
     (lambda p: TokenizedCorpus(str(p / "english.txt")), "english.txt' is not a file$"),
     (lambda p: TokenizedCorpus(domains="even"), "domains='even' must be a non-empty list of names"),
@@ -262,6 +264,7 @@ def test_the_smallest_settings_each_check_allows_are_taken(tmp_path):
     data = TokenizedCorpus(seq_len=1, batch_size=1, vocab_size=257, cache_dir=str(tmp_path))
     assert (data.seq_len, data.vocab_size, data.order_seed, data.packed) == (1, 257, 123, False)
     assert TokenizedCorpus(seed=7, cache_dir=str(tmp_path)).order_seed == 7
+    assert TokenizedCorpus(val_fraction=0.5, cache_dir=str(tmp_path)).val_every == 2  # (the most validation there is)
 
 
 def test_bad_files_are_named_with_their_line_or_column(tmp_path, monkeypatch):
