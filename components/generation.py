@@ -125,7 +125,10 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | 
     whose probability reaches ``top_p`` (nucleus), in that order."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = restricted_logits(logits.float() / temperature, top_k=top_k, top_p=top_p)
+    logits = logits.float()  # [B, V]
+    # Shifted so that the best is 0 before dividing: a tiny temperature sends the rest to -inf (greedy, in the limit)
+    # rather than the best to inf, whose softmax was NaN (torch.multinomial's error); the softmax is shift-invariant.
+    logits = restricted_logits((logits - logits.amax(dim=-1, keepdim=True)) / temperature, top_k=top_k, top_p=top_p)
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
 
 

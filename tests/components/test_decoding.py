@@ -759,6 +759,10 @@ def test_the_edges_of_the_sampling_settings_are_taken():
     logits = torch.tensor([[math.log(2.0), 0.0, 0.0]])  # probabilities 0.5, 0.25, 0.25: exact in binary
     assert restricted_logits(logits, top_p=0.5).isfinite().tolist() == [[True, False, False]]
     assert restricted_logits(logits, top_p=0.5001).isfinite().tolist() == [[True, True, False]]
+    # a temperature so small that a logit over it overflows float32 is greedy, as the limit is (it was a NaN softmax,
+    # torch.multinomial's "probability tensor contains either inf, nan or element < 0")
+    for tiny in (1e-30, 1e-45):
+        assert torch.equal(model.generate(prompt, 5, temperature=tiny), model.generate(prompt, 5))
 
 
 def test_top_k_and_top_p_keep_exactly_their_tokens():
