@@ -323,6 +323,11 @@ class HybridLM(nn.Module):
             )
         if cache is not None and cache.batch != input_ids.shape[0]:
             raise ValueError(f"HybridLM: the cache holds {cache.batch} sequences; input_ids has {input_ids.shape[0]}")
+        if cache is not None and cache.layers and not set(cache.layers) <= set(self.modules()):
+            # (its states are keyed by the mixers that wrote them: this model's would find none, and decode its
+            # tokens as if nothing came before them, at positions after the cached ones)
+            raise ValueError("HybridLM: the cache holds the decoding state of another model's mixers; make this "
+                             "model's own with model.new_cache(batch, capacity)")
         if input_ids.numel():
             low, high = torch.aminmax(input_ids)  # one pass
             rule = f"HybridLM: token ids must lie in [0, vocab_size={self.vocab_size})"

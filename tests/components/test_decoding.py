@@ -616,6 +616,22 @@ def test_sampling_options():
     assert repr(cache) == f"InferenceCache(batch=2, capacity=300, seen=4, layers={len(cache.layers)}, static=False, device=cpu)"
 
 
+def test_a_cache_another_model_filled_is_refused_even_with_the_same_weights():
+    """A cache's states are keyed by the mixers that wrote them: another model (a reload of the same weights, say)
+    found none of its own, and decoded the next token as if nothing came before it, at position 6."""
+    model, reloaded = tiny_hybrid(), tiny_hybrid()
+    reloaded.load_state_dict(model.state_dict())
+    ids = torch.randint(1, 61, (2, 7))
+    cache = model.new_cache(2, 7)
+    model(ids[:, :6], cache=cache)
+    with pytest.raises(ValueError, match=r"the cache holds the decoding state of another model's mixers; make this "
+                                         r"model's own with model.new_cache\(batch, capacity\)"):
+        reloaded(ids[:, 6:], cache=cache)
+    assert cache.seen == 6  # (refused before it took the token)
+    assert relative(model(ids[:, 6:], cache=cache)[:, 0], reloaded(ids)[:, 6]) < 1e-5  # its own model goes on
+    assert reloaded(ids[:, :1], cache=reloaded.new_cache(2, 3)).shape == (2, 1, 61)
+
+
 def test_positions_continue_after_the_cached_tokens_by_default():
     model = tiny_hybrid()
     ids = torch.randint(1, 61, (2, 9))
