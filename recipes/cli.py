@@ -36,8 +36,8 @@ from recipes.argtypes import did_you_mean
 from recipes.ckpt_path import (HOW_NOT_WHAT, MIXER_HOW, OVERRIDABLE, differs, dotted_get, explicit_model_flags, plain,
                                recipe_checkpoint, run_logger, run_version, say_if_another_model,
                                say_if_the_recipe_changed)
-from recipes.cli_errors import (LIGHTNING_OPTIMIZER, UNION_HEADER, mixer_misses, near_misses, parse_error_message,
-                                short_epoch_message)
+from recipes.cli_errors import (LIGHTNING_OPTIMIZER, UNION_HEADER, class_misses, mixer_misses, near_misses,
+                                parse_error_message, short_epoch_message)
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, class_paths, consolidate_hint,
                                  is_checkpoint, is_sharded_checkpoint, load_checkpoint, not_a_checkpoint_folder)
 from components.bindings import import_class, upgrade_specs
@@ -264,7 +264,7 @@ class HybridCLI(LightningCLI):
             parsers = getattr(self, "_subcommand_parsers", {})  # (none with run=False)
             options = [o for a in (parsers.get(subcommand) or parser)._actions for o in a.option_strings]
             message = parse_error_message(error)
-            hint = near_misses(message, options) or mixer_misses(message, error)
+            hint = near_misses(message, options) or mixer_misses(message, error) or class_misses(message)
             raise argparse.ArgumentError(None, message + hint) from error
         subcommand = self.config.get("subcommand")
         self._resolve_init_from(self.config[subcommand] if subcommand is not None else self.config)

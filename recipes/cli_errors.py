@@ -100,6 +100,18 @@ def near_misses(message: str, options: list[str]) -> str:
     return f" ({hint})" if hint else ""
 
 
+def class_misses(message: str) -> str:
+    """`` (did you mean QCAttention?)`` for a class path whose module lacks the name (``components.QCAtention``): the
+    module's classes close to it. Nothing is imported here; jsonargparse imported the module to look in it."""
+    found = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
+    module = sys.modules.get(found.group(1)) if found else None
+    if module is None:
+        return ""
+    classes = [name for name, value in vars(module).items() if inspect.isclass(value) and not name.startswith("_")]
+    hint = did_you_mean([found.group(2)], classes)
+    return "" if not hint else f" ({hint})"
+
+
 def mixer_misses(message: str, error: BaseException) -> str:
     """`` (model.mixers.A, components.QCAttention: did you mean n_heads?)`` for a recipe file's misspelt mixer
     argument, whose error names neither the letter nor the class (``Parser key "model.mixers": Option 'n_head' is not

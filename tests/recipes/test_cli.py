@@ -90,6 +90,10 @@ def test_a_near_miss_of_a_bundled_config_is_suggested(given, meant, tmp_path, mo
     (["--trainer.max_stepz", "2"], "(did you mean --trainer.max_steps?)"),             # a parser option
     (["--data.init_args.batch_sizee", "2"], "(did you mean batch_size?)"),             # the data class's argument
     (["--model.mixers.A.init_args.n_headz", "2"], "(did you mean n_heads?)"),         # a mixer class's argument
+    # a class path whose module lacks the name: the module's class close to it (only jsonargparse's words before)
+    (["--model.mixers.A.class_path", "components.QCAtention"], "no attribute 'QCAtention'. (for components.QCAtention) "
+                                                                "(did you mean QCAttention?)"),
+    (["--data.class_path", "recipes.data.TextCorpuss"], "'TextCorpuss' (did you mean TextCorpus?)"),
 ])
 def test_a_mistyped_option_names_the_option_it_is_close_to(flags, meant, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
