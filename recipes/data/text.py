@@ -44,9 +44,10 @@ def read_text(path: str) -> str:
         raise ValueError(f"TextCorpus: {path} is empty")
     try:
         return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:  # (its offsets count from after a byte-order mark)
+    except UnicodeDecodeError as error:
+        at = error.start + len(data) - len(error.object)  # (the codec's offsets count from after a byte-order mark)
         raise ValueError(
-            f"TextCorpus: {path} is not UTF-8 text (byte {error.start}: {error.object[error.start:error.start + 4]!r}); "
+            f"TextCorpus: {path} is not UTF-8 text (byte {at}: {data[at:at + 4]!r}); "
             "convert it, e.g. iconv -f latin1 -t utf-8"
         ) from None
 

@@ -61,7 +61,7 @@ def test_a_byte_order_mark_is_not_text_and_an_error_past_it_names_the_byte(tmp_p
     data.setup()
     assert bytes(data.splits["train"][:10].tolist()) == b"abcdefghij"
     bad.write_bytes(b"\xef\xbb\xbfab\xffcd" * 50)
-    with pytest.raises(ValueError, match=r"bad.txt is not UTF-8 text \(byte 2: b'\\xffcd\\xef'\)"):
+    with pytest.raises(ValueError, match=r"bad.txt is not UTF-8 text \(byte 5: b'\\xffcd\\xef'\)"):  # (of the file)
         TextCorpus(str(bad)).setup()
 
 
