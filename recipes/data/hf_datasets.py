@@ -82,8 +82,7 @@ class HFDataset:
         its rows fell on both sides of the every-n-th split, validation text trained on. Unchanged otherwise."""
         from recipes.data.corpus import note_files_named_twice
 
-        base = Path(self.path).expanduser()
-        base = str(base) if base.is_dir() else None
+        base = self.files_base()
 
         def once(patterns):
             listed = [patterns] if isinstance(patterns, str) else patterns
@@ -110,9 +109,13 @@ class HFDataset:
     def data_file_paths(self) -> list[Path]:
         """The local files ``data_files`` names, matched as ``datasets`` matches them (:func:`matched_files`),
         relative to a local dataset folder ``path`` as ``datasets`` reads them, else to the working folder."""
+        return sorted({Path(f) for pattern in self.patterns() for f in matched_files(pattern, self.files_base())})
+
+    def files_base(self) -> str | None:
+        """What ``data_files`` are relative to: a local dataset folder ``path``, as ``datasets`` reads them (None: the
+        working folder)."""
         base = Path(self.path).expanduser()
-        return sorted({Path(f) for pattern in self.patterns()
-                       for f in matched_files(pattern, str(base) if base.is_dir() else None)})
+        return str(base) if base.is_dir() else None
 
     def identity(self) -> list:
         """What the tokens depend on: the files' content for a saved folder or local data files, else the name,

@@ -78,18 +78,19 @@ def documents_shared(corpora: list[TokenizedCorpus]) -> str | None:
     other trains on."""
     for (i, first), (j, second) in itertools.combinations(enumerate(corpora), 2):
         files = sorted(sources(first) & sources(second))
+        if not files:
+            continue
         if first.domains is None or second.domains is None:
             domains = first.domains or second.domains  # (None: every domain)
         else:
-            domains = sorted(set(first.domains) & set(second.domains)) or None
-            if domains is None:
+            domains = sorted(set(first.domains) & set(second.domains))
+            if not domains:
                 continue  # disjoint domains of one file: no document in both
-        if files:
-            which = f"the documents of domains {domains}" if domains else "every document"
-            return (f"MixedCorpus: corpora[{i}] and corpora[{j}] both read {which} of {files[0]}"
-                    f"{f' (and {len(files) - 1} more)' if len(files) > 1 else ''}: each corpus splits its own "
-                    "documents for validation, so a document one validates on, the other trains on. Give each corpus "
-                    "its own files, or disjoint domains of one file (the weights set each one's share)")
+        which = f"the documents of domains {domains}" if domains else "every document"
+        return (f"MixedCorpus: corpora[{i}] and corpora[{j}] both read {which} of {files[0]}"
+                f"{f' (and {len(files) - 1} more)' if len(files) > 1 else ''}: each corpus splits its own "
+                "documents for validation, so a document one validates on, the other trains on. Give each corpus "
+                "its own files, or disjoint domains of one file (the weights set each one's share)")
     return None
 
 
