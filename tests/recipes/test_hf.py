@@ -154,6 +154,36 @@ def decode_one_token_at_a_time(hf, ids: torch.Tensor) -> torch.Tensor:
     return torch.stack(steps, dim=1)
 
 
+def test_doges_kept_window_equals_hugging_face_once_the_sequence_is_longer_than_the_window(tmp_path):
+    # keep_window_size=6 < T: each query keeps its 6 keys of largest bias, with and without left padding. The first
+    # layer's bias is a function of the token alone, so a token that repeats ties with itself, and Hugging Face's
+    # `topk` breaks ties as its kernel happens to (the zoo keeps the most recent key, docs/architectures.md): each
+    # row's tokens are distinct here, so no tie decides.
+    torch.manual_seed(0)
+    config = transformers.DogeConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, intermediate_size=48,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                     keep_window_size=6)
+    hf = transformers.DogeForCausalLM(config)
+    hf.config._attn_implementation = "eager"
+    randomize(hf)
+    hf.eval().save_pretrained(tmp_path / "doge")
+    zoo = from_pretrained(tmp_path / "doge").eval()
+    ids = torch.stack([torch.randperm(VOCAB)[:T] for _ in range(3)])  # [3, T], no token twice in a row
+    mask = torch.ones(3, T, dtype=torch.long)
+    mask[1, :5], mask[2, :11] = 0, 0  # row 2: 8 real tokens, more than the window
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    valid = mask.bool()
+    with torch.no_grad():
+        assert relative_error(zoo(ids), hf(ids).logits) <= 1e-5
+        want = hf(ids, attention_mask=mask, position_ids=positions).logits
+        got = zoo(ids, padding_mask=mask == 0, position_ids=positions)
+        assert relative_error(got[valid], want[valid]) <= 1e-5
+        # The window cuts: every key kept is another model.
+        for block in zoo.blocks:
+            block.sequence_mixer.keep_window = None
+        assert relative_error(zoo(ids), hf(ids).logits) > 1e-3
+
+
 def test_doge_moe_equals_hugging_face_decoding_one_token_at_a_time(tmp_path):
     # Hugging Face's DogeCDMoE reshapes its router logits across tokens in a full forward (its own
     # comment says so); one token at a time it computes the per-token math, which the zoo implements.
