@@ -233,6 +233,9 @@ class Doge:
             return f"its InnerFuncAttention is inner={a.inner!r}, mask={a.mask!r}; {why}"
         if block.sequence_residual is None:
             return "its blocks do not scale their residuals, which Doge does"
+        if a.positions.q_norm.eps != model.norm.eps:
+            return (f"its attention's QK-norm has eps {a.positions.q_norm.eps} and its other norms {model.norm.eps}; a "
+                    "DogeForCausalLM has one rms_norm_eps for all of them")
         if type(m).__name__ == "MLP" and (m.activation != "swiglu" or m.act_name != "silu"):
             return f"its MLP is {m.activation} with {m.act_name}; Doge's is SwiGLU with SiLU"
         if type(m).__name__ == "CDMoE":
@@ -311,6 +314,9 @@ class Mamba2:
                     f"D={s.D is not None}; {why}")
         if model.blocks[0].sequence_residual is not None:
             return "its blocks scale their residuals, which Mamba-2 does not"
+        if s.gate_norm.eps != model.norm.eps:
+            return (f"its SSD's gate norm has eps {s.gate_norm.eps} and its other norms {model.norm.eps}; a Mamba2ForCausalLM "
+                    "has one layer_norm_epsilon for all of them")
         return None
 
     @staticmethod

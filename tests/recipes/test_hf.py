@@ -629,7 +629,10 @@ def test_export_names_what_keeps_a_model_from_each_hugging_face_class():
              (Mamba2, model("S-×2", s={"d_skip": False}), "its SSD has conv=True, rope=False, gate=True, D=False"),
              (Mamba2, model("S-×2", s={"rope": True}), "its SSD has conv=True, rope=True"),
              (Mamba2, model("S-×2", s={"gate": False}), "gate=False"),
-             (Mamba2, model("S-×2", residual_scale=True), "its blocks scale their residuals, which Mamba-2 does not")]
+             (Mamba2, model("S-×2", residual_scale=True), "its blocks scale their residuals, which Mamba-2 does not"),
+             # Hugging Face's gate norm reads layer_norm_epsilon: an export would have changed this one without a word
+             (Mamba2, model("S-×2", s={"norm_eps": 1e-5}), "its SSD's gate norm has eps 1e-05 and its other norms 1e-06; "
+                                                          "a Mamba2ForCausalLM has one layer_norm_epsilon")]
     for adapter, built, reason in cases:
         assert reason in (adapter.mismatch(built) or ""), (adapter.name, reason)
     letters = HybridLM(32, 16, "AM", {"A": {"class_path": "components.InnerFuncAttention", "init_args": {"n_heads": 2}},
@@ -709,6 +712,9 @@ def test_doges_mismatches_and_the_config_values_an_import_refuses_by_name():
     assert "its InnerFuncAttention is inner='retrieval'" in changed(dense, "I", inner="retrieval")
     assert "its InnerFuncAttention is" in changed(dense, "I", qk_norm=False)
     assert "its InnerFuncAttention is" in changed(dense, "I", rope=False)
+    # Hugging Face's QK-norm reads rms_norm_eps: an export would have changed this one without a word
+    assert ("its attention's QK-norm has eps 1e-05 and its other norms 1e-06; a DogeForCausalLM has one rms_norm_eps"
+            in changed(dense, "I", norm_eps=1e-5))
     assert changed(dense, residual_scale=False) == "its blocks do not scale their residuals, which Doge does"
     assert "its MLP is swiglu with gelu; Doge's is SwiGLU with SiLU" in changed(dense, "M", act="gelu")
     assert "its MLP is gelu with silu" in changed(dense, "M", activation="gelu")
