@@ -146,8 +146,8 @@ class Llama:
             return f"its 'A'/'M' letters are {type(a).__name__}/{type(m).__name__}; {why}"
         if not a.positions.rope or a.positions.q_norm is not None:
             return "its attention has no RoPE or has a QK-norm, which Llama has not"
-        if m.activation != "swiglu" or m.act_name != "silu":
-            return f"its MLP is {m.activation} with {m.act_name}; Llama's is SwiGLU with SiLU"
+        if m.activation != "swiglu":  # (its act is the config's hidden_act: SiLU, GELU or ReLU, as transformers reads them)
+            return f"its MLP is {m.activation} with {m.act_name}; Llama's is SwiGLU"
         if block.sequence_residual is not None:
             return "its blocks scale their residuals, which Llama does not"
         return None
@@ -158,7 +158,7 @@ class Llama:
         a, m = block.sequence_mixer, block.state_mixer
         return {**common_config(model, Llama.name, Llama.model_type), "intermediate_size": m.d_ff,
                 "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim,
-                "hidden_act": "silu", "rms_norm_eps": model.norm.eps, "attention_bias": False, "mlp_bias": False}
+                "hidden_act": m.act_name, "rms_norm_eps": model.norm.eps, "attention_bias": False, "mlp_bias": False}
 
 
 def attention_shape(c: dict) -> tuple[int, int, int]:
@@ -236,8 +236,8 @@ class Doge:
         if a.positions.q_norm.eps != model.norm.eps:
             return (f"its attention's QK-norm has eps {a.positions.q_norm.eps} and its other norms {model.norm.eps}; a "
                     "DogeForCausalLM has one rms_norm_eps for all of them")
-        if type(m).__name__ == "MLP" and (m.activation != "swiglu" or m.act_name != "silu"):
-            return f"its MLP is {m.activation} with {m.act_name}; Doge's is SwiGLU with SiLU"
+        if type(m).__name__ == "MLP" and m.activation != "swiglu":
+            return f"its MLP is {m.activation} with {m.act_name}; Doge's is SwiGLU"
         if type(m).__name__ == "CDMoE":
             e = effective(m)
             if (m.n_heads != 1 or e.get("cross_domain") != "parallel" or m.shared.activation != "swiglu"
@@ -253,7 +253,8 @@ class Doge:
         a, m = block.sequence_mixer, block.state_mixer
         moe = type(m).__name__ == "CDMoE"
         config = {**common_config(model, Doge.name, Doge.model_type), "num_attention_heads": a.n_heads,
-                  "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim, "hidden_act": "silu",
+                  "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim,
+                  "hidden_act": m.act_name,  # (the MLP's act; CDMoE's, which its experts and cross-domain MLP share)
                   "rms_norm_eps": model.norm.eps, "keep_window_size": a.keep_window or model.max_seq_len,
                   "is_moe": moe, "intermediate_size": (m.shared if moe else m).d_ff, "attention_bias": False,
                   "mlp_bias": False, "sliding_window": None}

@@ -28,9 +28,9 @@ def randomize(model: torch.nn.Module) -> None:
                 p.uniform_(-1.0, 1.0)
 
 
-def build(kind: str):
+def build(kind: str, **settings):
     torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, tie_word_embeddings=False)
+    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, tie_word_embeddings=False, **settings)
     if kind == "llama":
         config = transformers.LlamaConfig(**common, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
                                           max_position_embeddings=64, rms_norm_eps=1e-5)
@@ -543,6 +543,25 @@ def test_export_loads_in_transformers_with_equal_logits_and_greedy_ids(tmp_path,
     assert tokenizer.decode(TextCorpus.encode(spaced)) == spaced
 
 
+@pytest.mark.parametrize("kind, act", [("llama", "gelu"), ("doge", "relu"), ("doge-moe", "gelu")])
+def test_a_swiglu_with_another_activation_exports_as_the_hidden_act_it_is(tmp_path, kind, act):
+    # transformers' Llama and Doge read hidden_act in their MLP (and Doge's CDMoE, in its experts too); the import
+    # honours it, and the export wrote "silu" whatever the model's was (a GELU CDMoE 4e-2 away, without a word).
+    from recipes.hf import export
+
+    hf = build(kind, hidden_act=act)
+    hf.save_pretrained(tmp_path / "hf")
+    zoo = from_pretrained(tmp_path / "hf").eval()
+    export(zoo, tmp_path / "exported")
+    assert json.loads((tmp_path / "exported" / "config.json").read_text())["hidden_act"] == act
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    theirs.config._attn_implementation = "eager"
+    ids = torch.randint(0, VOCAB, (1, T))
+    with torch.no_grad():
+        logits = decode_one_token_at_a_time(theirs, ids) if kind == "doge-moe" else theirs(ids).logits
+        assert relative_error(zoo(ids), logits) <= 1e-5
+
+
 def test_a_byte_tokenizer_for_a_larger_vocabulary_names_the_unused_ids_and_mqar_has_none_to_export(tmp_path, capsys):
     from components import HybridLM
     from recipes.data.mqar import MQAR
@@ -620,8 +639,7 @@ def test_export_names_what_keeps_a_model_from_each_hugging_face_class():
     cases = [(Llama, model("AMSM"), "its pattern has blocks ['AM', 'SM']; a LlamaForCausalLM is QCAttention"),
              (Llama, model(a={"qk_norm": True}), "its attention has no RoPE or has a QK-norm"),
              (Llama, model(a={"rope": False}), "its attention has no RoPE or has a QK-norm"),
-             (Llama, model(m={"activation": "gelu"}), "its MLP is gelu with silu; Llama's is SwiGLU with SiLU"),
-             (Llama, model(m={"act": "gelu"}), "its MLP is swiglu with gelu"),
+             (Llama, model(m={"activation": "gelu"}), "its MLP is gelu with silu; Llama's is SwiGLU"),
              (Llama, model(residual_scale=True), "its blocks scale their residuals, which Llama does not"),
              (Mamba2, model("S-SM"), "its pattern has blocks ['S-', 'SM']"),
              (Mamba2, model("S-×2", s={"conv": False, "d_skip": True}),
@@ -716,7 +734,8 @@ def test_doges_mismatches_and_the_config_values_an_import_refuses_by_name():
     assert ("its attention's QK-norm has eps 1e-05 and its other norms 1e-06; a DogeForCausalLM has one rms_norm_eps"
             in changed(dense, "I", norm_eps=1e-5))
     assert changed(dense, residual_scale=False) == "its blocks do not scale their residuals, which Doge does"
-    assert "its MLP is swiglu with gelu; Doge's is SwiGLU with SiLU" in changed(dense, "M", act="gelu")
+    assert "its MLP is gelu with silu; Doge's is SwiGLU" in changed(dense, "M", activation="gelu")
+    assert changed(dense, "M", act="gelu") == ""  # (exported as hidden_act: gelu)
     assert "its MLP is gelu with silu" in changed(dense, "M", activation="gelu")
     for settings in ({"n_heads": 2}, {"cross_domain": "sequential"}, {"key_dim": 8}):
         assert "its CDMoE is not Doge's" in changed(moe, "E", **settings), settings
