@@ -169,6 +169,11 @@ def attention_shape(c: dict) -> tuple[int, int, int]:
     return heads, kv_heads, head_dim
 
 
+EVERY_KEY = 2 ** 31 - 1
+"""Doge's ``keep_window_size`` for a model that keeps every key (``keep_window=None``) at any length: Hugging Face
+windows a longer sequence than ``keep_window_size`` keys, and a model that extrapolates has no longest one."""
+
+
 class Doge:
     name, model_type = "DogeForCausalLM", "doge"
     honoured = Llama.honoured | {"keep_window_size", "is_moe", "num_experts", "num_experts_per_tok"}
@@ -177,8 +182,10 @@ class Doge:
     def recipe(c: dict) -> dict:
         base, ntk, dynamic = rope_settings(c)
         heads, kv_heads, _ = attention_shape(c)
+        window = c.get("keep_window_size")
         attention = spec("components.InnerFuncAttention", n_heads=heads, n_kv_heads=kv_heads, inner="linear",
-                         mask="content_exp", keep_window=c.get("keep_window_size"), qk_norm=True, norm_eps=c["rms_norm_eps"])
+                         mask="content_exp", keep_window=None if window == EVERY_KEY else window, qk_norm=True,
+                         norm_eps=c["rms_norm_eps"])
         mixers = {"I": attention}
         if c.get("is_moe"):
             n = c["num_experts"]
@@ -255,7 +262,9 @@ class Doge:
         config = {**common_config(model, Doge.name, Doge.model_type), "num_attention_heads": a.n_heads,
                   "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim,
                   "hidden_act": m.act_name,  # (the MLP's act; CDMoE's, which its experts and cross-domain MLP share)
-                  "rms_norm_eps": model.norm.eps, "keep_window_size": a.keep_window or model.max_seq_len,
+                  "rms_norm_eps": model.norm.eps,
+                  # every key kept: a window of the whole length, or of any length where the model extrapolates
+                  "keep_window_size": a.keep_window or (EVERY_KEY if model.extrapolate else model.max_seq_len),
                   "is_moe": moe, "intermediate_size": (m.shared if moe else m).d_ff, "attention_bias": False,
                   "mlp_bias": False, "sliding_window": None}
         if moe:

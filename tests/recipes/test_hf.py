@@ -184,6 +184,28 @@ def test_doges_kept_window_equals_hugging_face_once_the_sequence_is_longer_than_
         assert relative_error(zoo(ids), hf(ids).logits) > 1e-3
 
 
+def test_an_exported_doge_that_keeps_every_key_keeps_them_past_its_length_in_transformers(tmp_path):
+    # A Doge that extrapolates (dynamic NTK) and keeps every key was exported with keep_window_size = max_seq_len,
+    # and transformers windowed every longer sequence: 0.18 (relative) away from the zoo at 1.5 times the length.
+    from components import HybridLM
+    from recipes.hf import export
+
+    torch.manual_seed(0)
+    recipe = hf_recipe({"architectures": ["DogeForCausalLM"], "vocab_size": VOCAB, "hidden_size": 32,
+                        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                        "intermediate_size": 48, "rms_norm_eps": 1e-6, "max_position_embeddings": 16,
+                        "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
+    recipe["mixers"]["I"]["init_args"]["keep_window"] = None
+    zoo = HybridLM(**recipe).eval()
+    randomize(zoo)
+    export(zoo, tmp_path / "exported")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    theirs.config._attn_implementation = "eager"
+    ids = torch.stack([torch.randperm(VOCAB)[:24] for _ in range(2)])  # [2, 24]: past max_seq_len = 16
+    with torch.no_grad():
+        assert relative_error(zoo(ids), theirs(ids).logits) <= 1e-5
+
+
 def test_doge_moe_equals_hugging_face_decoding_one_token_at_a_time(tmp_path):
     # Hugging Face's DogeCDMoE reshapes its router logits across tokens in a full forward (its own
     # comment says so); one token at a time it computes the per-token math, which the zoo implements.
@@ -703,7 +725,7 @@ def test_doges_mismatches_and_the_config_values_an_import_refuses_by_name():
     import copy
 
     from components import HybridLM
-    from recipes.hf.architectures import Doge, Llama, Mamba2
+    from recipes.hf.architectures import EVERY_KEY, Doge, Llama, Mamba2
 
     c = {"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
          "intermediate_size": 32, "num_hidden_layers": 2, "vocab_size": 32, "max_position_embeddings": 64,
@@ -714,6 +736,9 @@ def test_doges_mismatches_and_the_config_values_an_import_refuses_by_name():
     unwindowed = copy.deepcopy(dense)
     unwindowed["mixers"]["I"]["init_args"]["keep_window"] = None  # every key kept: a window of the whole length
     assert Doge.config(HybridLM(**unwindowed))["keep_window_size"] == 64
+    # ... and of any length where the model extrapolates (a window of 64 cut its longer sequences in transformers)
+    endless = Doge.config(HybridLM(**{**unwindowed, "extrapolate": True}))["keep_window_size"]
+    assert endless == EVERY_KEY and Doge.recipe({**c, "keep_window_size": endless})["mixers"]["I"]["init_args"]["keep_window"] is None
 
     def changed(recipe, letter=None, **settings):
         recipe = copy.deepcopy(recipe)
