@@ -48,7 +48,7 @@ class CDMoE(ForwardRecords, nn.Module):
         n_experts: ``N`` (default 1024).
         n_keys: ``[n_a, n_b]`` with ``n_a·n_b = N`` (default None: ``N`` must be a square, ``n_a = n_b = √N``).
         n_heads: retrieval heads (default 4).
-        top_k: experts per head (default 8; at most ``min(n_a, n_b)``).
+        top_k: experts per head (default 8; at most ``N``).
         d_ff: cross-domain MLP width (default: :func:`components.state.mlp.default_d_ff`, ``4·d_model``
             for the plain form).
         key_dim: query/key width per head, even (default 64); None scores with one linear map.
@@ -84,8 +84,8 @@ class CDMoE(ForwardRecords, nn.Module):
         if len(n_keys) != 2 or n_keys[0] * n_keys[1] != n_experts:
             raise ValueError(f"CDMoE: n_keys={list(n_keys)} must be two numbers whose product is n_experts={n_experts}")
         check_positive("CDMoE", n_a=n_keys[0], n_b=n_keys[1])
-        if top_k > min(n_keys):
-            raise ValueError(f"CDMoE: top_k={top_k} exceeds min(n_keys)={min(n_keys)}, the candidates per key half")
+        if top_k > n_experts:
+            raise ValueError(f"CDMoE: top_k={top_k} exceeds n_experts={n_experts}")
         if key_dim is not None and (not isinstance(key_dim, int) or key_dim < 2 or key_dim % 2):
             raise ValueError(f"CDMoE: key_dim={key_dim} must be an even integer of at least 2 (it splits in two halves), "
                              "or None")

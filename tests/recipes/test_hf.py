@@ -30,7 +30,8 @@ def randomize(model: torch.nn.Module) -> None:
 
 def build(kind: str, **settings):
     torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, tie_word_embeddings=False, **settings)
+    common = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, **settings}
+    common.setdefault("tie_word_embeddings", kind in ("doge", "doge-moe"))
     if kind == "llama":
         config = transformers.LlamaConfig(**common, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
                                           max_position_embeddings=64, rms_norm_eps=1e-5)
@@ -40,10 +41,10 @@ def build(kind: str, **settings):
                                            chunk_size=8, conv_kernel=4)
         model = transformers.Mamba2ForCausalLM(config)
     else:
-        config = transformers.DogeConfig(**{**common, "tie_word_embeddings": True}, intermediate_size=48,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                         keep_window_size=64, is_moe=kind == "doge-moe", num_experts=16,
-                                         num_experts_per_tok=3)
+        config = transformers.DogeConfig(**{"tie_word_embeddings": True, "num_experts_per_tok": 3, **common},
+                                         intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=64, keep_window_size=64, is_moe=kind == "doge-moe",
+                                         num_experts=16)
         model = transformers.DogeForCausalLM(config)
     model.config._attn_implementation = "eager"
     randomize(model)
@@ -206,10 +207,13 @@ def test_an_exported_doge_that_keeps_every_key_keeps_them_past_its_length_in_tra
         assert relative_error(zoo(ids), theirs(ids).logits) <= 1e-5
 
 
-def test_doge_moe_equals_hugging_face_decoding_one_token_at_a_time(tmp_path):
+@pytest.mark.parametrize("per_token", [3, 6])  # 6 of 16 experts: more than each key half's 4 (was refused)
+def test_doge_moe_equals_hugging_face_decoding_one_token_at_a_time(tmp_path, per_token):
     # Hugging Face's DogeCDMoE reshapes its router logits across tokens in a full forward (its own
     # comment says so); one token at a time it computes the per-token math, which the zoo implements.
-    hf, zoo = saved(tmp_path, "doge-moe")
+    hf = build("doge-moe", num_experts_per_tok=per_token)
+    hf.save_pretrained(tmp_path / "doge-moe")
+    zoo = from_pretrained(tmp_path / "doge-moe").eval()
     ids = torch.randint(0, VOCAB, (1, T))
     got = zoo(ids)
     with torch.no_grad():

@@ -6,7 +6,9 @@ from zoo_kernels.retrieval import expert_mix, product_key_topk
 
 
 @pytest.mark.parametrize("n_heads, n_a, n_b, k", [(1, 8, 8, 1), (2, 16, 16, 4), (4, 32, 32, 8), (3, 11, 11, 11),
-                                                  (2, 6, 16, 5), (1, 48, 64, 8)])
+                                                  (2, 6, 16, 5), (1, 48, 64, 8),
+                                                  # k past a half (Hugging Face's Doge-MoE allows it), and every pair
+                                                  (2, 4, 4, 6), (2, 3, 5, 4), (1, 3, 5, 11), (2, 4, 4, 16)])
 def test_product_key_topk_equals_brute_force_over_all_pairs(n_heads, n_a, n_b, k):
     a, b = torch.randn(5, n_heads, n_a), torch.randn(5, n_heads, n_b)
     scores, experts = product_key_topk(a, b, k)
@@ -60,9 +62,9 @@ def test_expert_mix_rejects_mismatched_shapes():
 def test_product_key_topk_names_halves_that_disagree_and_a_k_out_of_range():
     # (a k past n_a was torch's "selected index k out of range"; halves of two batches a shape error in the sums)
     a, b = torch.randn(2, 3, 8), torch.randn(2, 3, 6)
-    assert [t.shape for t in product_key_topk(a, b, 6)] == [(2, 3, 6)] * 2  # k up to the smaller half
-    for k in (0, 7, 2.0):
-        with pytest.raises(ValueError, match=rf"product_key_topk: k={k!r} must be an integer in \[1, min\(n_a, n_b\) = 6\]"):
+    assert [t.shape for t in product_key_topk(a, b, 48)] == [(2, 3, 48)] * 2  # k up to every pair
+    for k in (0, 49, 2.0):
+        with pytest.raises(ValueError, match=rf"product_key_topk: k={k!r} must be an integer in \[1, n_a·n_b = 48\]"):
             product_key_topk(a, b, k)
     with pytest.raises(ValueError, match=r"must agree on \[...\]; got \(2, 3, 8\) and \(2, 4, 6\)"):
         product_key_topk(a, torch.randn(2, 4, 6), 2)

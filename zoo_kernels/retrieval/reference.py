@@ -6,14 +6,15 @@ import torch
 
 
 def product_key_topk(scores_a: torch.Tensor, scores_b: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of the ``n_a·n_b`` sums ``scores_a[i] + scores_b[j]``, computed from ``k²`` candidates.
+    """Top-k of the ``n_a·n_b`` sums ``scores_a[i] + scores_b[j]``, computed from ``k_a·k_b`` candidates.
 
-    The best ``k`` sums only ever combine one of the best ``k`` of ``a`` with one of the best ``k`` of
-    ``b``, so the search costs ``O(n_a + n_b + k²)`` per row instead of ``O(n_a·n_b)``.
+    The best ``k`` sums only ever combine one of the best ``k_a = min(k, n_a)`` of ``a`` with one of the best
+    ``k_b = min(k, n_b)`` of ``b`` (a pair whose ``i`` has ``k`` better ones is beaten by those ``k`` with the same
+    ``j``), so the search costs ``O(n_a + n_b + k_a·k_b)`` per row instead of ``O(n_a·n_b)``.
 
     Args:
         scores_a: ``[..., n_a]``, scores_b: ``[..., n_b]``, the scores of the two halves of each query.
-        k: how many experts to return (``≤ min(n_a, n_b)``).
+        k: how many experts to return (``≤ n_a·n_b``).
 
     Returns:
         ``scores [..., k]`` best first and ``experts [..., k]``, expert ``e = i·n_b + j``.
@@ -22,13 +23,14 @@ def product_key_topk(scores_a: torch.Tensor, scores_b: torch.Tensor, k: int) -> 
     if scores_a.shape[:-1] != scores_b.shape[:-1]:
         raise ValueError(f"product_key_topk: scores_a [..., n_a] and scores_b [..., n_b] must agree on [...]; got "
                          f"{tuple(scores_a.shape)} and {tuple(scores_b.shape)}")
-    if not (isinstance(k, int) and 1 <= k <= min(n_a, n_b)):
-        raise ValueError(f"product_key_topk: k={k!r} must be an integer in [1, min(n_a, n_b) = {min(n_a, n_b)}]")
-    top_a, idx_a = scores_a.topk(k, dim=-1)  # [..., k]
-    top_b, idx_b = scores_b.topk(k, dim=-1)  # [..., k]
-    sums = top_a.unsqueeze(-1) + top_b.unsqueeze(-2)  # [..., k, k]
-    scores, flat = sums.flatten(-2).topk(k, dim=-1)  # [..., k], flat = a_slot·k + b_slot
-    experts = idx_a.gather(-1, flat // k) * n_b + idx_b.gather(-1, flat % k)  # [..., k]
+    if not (isinstance(k, int) and 1 <= k <= n_a * n_b):
+        raise ValueError(f"product_key_topk: k={k!r} must be an integer in [1, n_a·n_b = {n_a * n_b}]")
+    k_a, k_b = min(k, n_a), min(k, n_b)
+    top_a, idx_a = scores_a.topk(k_a, dim=-1)  # [..., k_a]
+    top_b, idx_b = scores_b.topk(k_b, dim=-1)  # [..., k_b]
+    sums = top_a.unsqueeze(-1) + top_b.unsqueeze(-2)  # [..., k_a, k_b]
+    scores, flat = sums.flatten(-2).topk(k, dim=-1)  # [..., k], flat = a_slot·k_b + b_slot
+    experts = idx_a.gather(-1, flat // k_b) * n_b + idx_b.gather(-1, flat % k_b)  # [..., k]
     return scores, experts
 
 
