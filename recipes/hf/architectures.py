@@ -176,7 +176,8 @@ windows a longer sequence than ``keep_window_size`` keys, and a model that extra
 
 class Doge:
     name, model_type = "DogeForCausalLM", "doge"
-    honoured = Llama.honoured | {"keep_window_size", "is_moe", "num_experts", "num_experts_per_tok"}
+    # (norm_topk_prob: dividing the top-k's softmax by its sum, 1, which changes nothing)
+    honoured = Llama.honoured | {"keep_window_size", "is_moe", "num_experts", "num_experts_per_tok", "norm_topk_prob"}
 
     @staticmethod
     def recipe(c: dict) -> dict:
