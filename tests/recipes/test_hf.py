@@ -926,6 +926,43 @@ def test_routed_moe_equals_mixtrals_sparse_block_with_gradients():
     assert relative_error(ours.experts.w_out.grad, theirs.experts.down_proj.grad.transpose(1, 2)) <= 1e-4
 
 
+def test_shared_expert_moe_equals_deepseek_v2s_moe_with_gradients():
+    # DeepSeekMoE's shared-expert isolation as transformers has it: a softmax over every expert, its top-k taken as
+    # the gates without renormalising, and the shared experts one MLP n_shared times as wide, added on every token.
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
+
+    from components import SharedExpertMoE
+
+    torch.manual_seed(0)
+    config = transformers.DeepseekV2Config(hidden_size=16, moe_intermediate_size=12, n_routed_experts=5,
+                                           num_experts_per_tok=2, n_shared_experts=2, routed_scaling_factor=1.0,
+                                           topk_method="greedy", num_attention_heads=2, num_key_value_heads=2)
+    theirs = DeepseekV2Moe(config)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_(0, 0.3)
+    ours = SharedExpertMoE(16, n_experts=5, top_k=2, n_shared=2, d_ff=12)
+    shared = theirs.shared_experts
+    with torch.no_grad():
+        ours.router.centroids.weight.copy_(theirs.gate.weight)
+        ours.experts.w_in.copy_(theirs.experts.gate_up_proj.transpose(1, 2))  # [E, d, gate | up]
+        ours.experts.w_out.copy_(theirs.experts.down_proj.transpose(1, 2))  # [E, d_ff, d]
+        ours.shared_expert.in_proj.weight.copy_(torch.cat([shared.gate_proj.weight, shared.up_proj.weight]))
+        ours.shared_expert.out_proj.weight.copy_(shared.down_proj.weight)
+    x = torch.randn(2, 9, 16)
+    want, got = theirs(x), ours(x)
+    assert relative_error(got, want) <= 1e-5
+    g = torch.randn_like(want)
+    (want * g).sum().backward()
+    (got * g).sum().backward()
+    assert relative_error(ours.router.centroids.weight.grad, theirs.gate.weight.grad) <= 1e-4
+    assert relative_error(ours.experts.w_in.grad, theirs.experts.gate_up_proj.grad.transpose(1, 2)) <= 1e-4
+    assert relative_error(ours.experts.w_out.grad, theirs.experts.down_proj.grad.transpose(1, 2)) <= 1e-4
+    shared_grad = torch.cat([shared.gate_proj.weight.grad, shared.up_proj.weight.grad])
+    assert relative_error(ours.shared_expert.in_proj.weight.grad, shared_grad) <= 1e-4
+    assert relative_error(ours.shared_expert.out_proj.weight.grad, shared.down_proj.weight.grad) <= 1e-4
+
+
 def test_the_weights_are_cut_into_shards_of_at_most_max_shard_size_bytes(tmp_path):
     """A shard takes tensors while they fit (exactly full is full enough); one file where all fit, named
     ``model.safetensors``; the index maps each tensor to its shard and gives the total. Sizes as transformers
