@@ -963,6 +963,93 @@ def test_shared_expert_moe_equals_deepseek_v2s_moe_with_gradients():
     assert relative_error(ours.shared_expert.out_proj.weight.grad, shared.down_proj.weight.grad) <= 1e-4
 
 
+def granite_as_zoo(hf: dict[str, torch.Tensor], moe: bool) -> dict[str, torch.Tensor]:
+    """A GraniteMoeHybrid's tensors (weights or their gradients) by the names of the zoo's ``S? A? S? A?``."""
+    zoo = {"embedding.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"],
+           "lm_head.weight": hf["lm_head.weight"]}
+    for i in range(4):
+        h, b = f"model.layers.{i}", f"blocks.{i}"
+        zoo[f"{b}.sequence_norm.weight"] = hf[f"{h}.input_layernorm.weight"]
+        zoo[f"{b}.state_norm.weight"] = hf[f"{h}.post_attention_layernorm.weight"]
+        s = f"{b}.sequence_mixer"
+        if i % 2 == 0:  # Mamba-2: the zoo's in_proj rows are [xBC | dt | z], Hugging Face's [z | xBC | dt]
+            m = f"{h}.mamba"
+            for ours, theirs in (("conv.weight", "conv1d.weight"), ("conv.bias", "conv1d.bias"), ("dt_bias", "dt_bias"),
+                                 ("A_log", "A_log"), ("D", "D"), ("gate_norm.weight", "norm.weight"),
+                                 ("out_proj.weight", "out_proj.weight")):
+                zoo[f"{s}.{ours}"] = hf[f"{m}.{theirs}"]
+            z, xbc, dt = hf[f"{m}.in_proj.weight"].split([64, 64 + 2 * 2 * 16, 8])
+            zoo[f"{s}.in_proj.weight"] = torch.cat([xbc, dt, z])
+        else:
+            a = f"{h}.self_attn"
+            zoo[f"{s}.q_proj.weight"] = hf[f"{a}.q_proj.weight"]
+            zoo[f"{s}.kv_proj.weight"] = torch.cat([hf[f"{a}.k_proj.weight"], hf[f"{a}.v_proj.weight"]])
+            zoo[f"{s}.out_proj.weight"] = hf[f"{a}.o_proj.weight"]
+        t = f"{b}.state_mixer"
+        shared = f"{t}.shared_expert" if moe else t  # Granite's shared MLP: [gate | up] rows, as the zoo's MLP
+        zoo[f"{shared}.in_proj.weight"] = hf[f"{h}.shared_mlp.input_linear.weight"]
+        zoo[f"{shared}.out_proj.weight"] = hf[f"{h}.shared_mlp.output_linear.weight"]
+        if moe:
+            e = f"{h}.block_sparse_moe"
+            zoo[f"{t}.router.centroids.weight"] = hf[f"{e}.router.weight"]
+            zoo[f"{t}.experts.w_in"] = hf[f"{e}.experts.gate_up_proj"].transpose(1, 2)  # [E, d, gate | up]
+            zoo[f"{t}.experts.w_out"] = hf[f"{e}.experts.down_proj"].transpose(1, 2)  # [E, d_ff, d]
+    return zoo
+
+
+def granite_and_zoo(moe: bool, rope: bool):
+    """A tiny random GraniteMoeHybrid (Mamba-2, attention, Mamba-2, attention) and the zoo's model of its weights."""
+    from components import HybridLM
+
+    torch.manual_seed(0)
+    config = transformers.GraniteMoeHybridConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=24, shared_intermediate_size=24, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4 if moe else 0, num_experts_per_tok=2,
+        layer_types=["mamba", "attention", "mamba", "attention"], mamba_n_heads=8, mamba_d_state=16, mamba_n_groups=2,
+        mamba_chunk_size=8, mamba_expand=2, position_embedding_type="rope" if rope else "nope",
+        attention_multiplier=8 ** -0.5, max_position_embeddings=64, rms_norm_eps=1e-5)
+    theirs = transformers.GraniteMoeHybridForCausalLM(config)
+    theirs.config._attn_implementation = "eager"
+    randomize(theirs)
+    state = "E" if moe else "M"
+    mixers = {"S": {"class_path": "components.SSD", "init_args": {"n_heads": 8, "d_state": 16, "n_groups": 2, "expand": 2,
+                                                                  "chunk_size": 8, "conv": True, "rope": False, "gate": True,
+                                                                  "norm_eps": 1e-5}},
+              "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "n_kv_heads": 2, "rope": rope}},
+              state: ({"class_path": "components.SharedExpertMoE",
+                       "init_args": {"n_experts": 4, "top_k": 2, "n_shared": 1, "d_ff": 24, "normalize": True}} if moe
+                      else {"class_path": "components.MLP", "init_args": {"d_ff": 24}})}
+    ours = HybridLM(64, 32, f"S{state} A{state} S{state} A{state}", mixers, max_seq_len=64, norm_eps=1e-5)
+    weights = granite_as_zoo(dict(theirs.named_parameters()), moe)
+    ours.load_state_dict({name: tensor.detach().clone() for name, tensor in weights.items()})
+    return theirs.eval(), ours.eval()
+
+
+@pytest.mark.parametrize("moe, rope", [(False, True), (True, False)])  # (Granite 4.0 itself: no RoPE)
+def test_a_hybrid_of_ssd_and_attention_equals_granite_4s_hybrid_with_gradients(moe, rope):
+    """An independent check of the hybrid itself: transformers' GraniteMoeHybrid (IBM's Granite 4.0) is Mamba-2 and
+    attention layers in one stack, each with a SwiGLU MLP or a top-k MoE plus a shared MLP. With its multipliers at 1
+    (the attention's at 1/√head_dim) it is the zoo's ``SM AM SM AM`` (``SE AE …`` with ``SharedExpertMoE``,
+    normalised gates) on copied weights: logits, a left-padded batch, and every gradient."""
+    theirs, ours = granite_and_zoo(moe, rope)
+    ids = torch.randint(0, 64, (2, T))
+    assert relative_error(ours(ids), theirs(ids).logits) <= 1e-5
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, :6] = 0
+    want = theirs(ids, attention_mask=mask).logits
+    got = ours(ids, padding_mask=mask == 0)
+    valid = mask.bool()
+    assert relative_error(got[valid], want[valid]) <= 1e-5
+    target = torch.randn_like(want)
+    (want[valid] * target[valid]).sum().backward()
+    (got[valid] * target[valid]).sum().backward()
+    theirs_grads = granite_as_zoo({name: p.grad for name, p in theirs.named_parameters()}, moe)
+    ours_params = dict(ours.named_parameters())
+    assert theirs_grads.keys() == ours_params.keys()
+    for name, grad in theirs_grads.items():
+        assert relative_error(ours_params[name].grad, grad) <= 1e-4, name
+
+
 def test_the_weights_are_cut_into_shards_of_at_most_max_shard_size_bytes(tmp_path):
     """A shard takes tensors while they fit (exactly full is full enough); one file where all fit, named
     ``model.safetensors``; the index maps each tensor to its shard and gives the total. Sizes as transformers
