@@ -9,8 +9,9 @@
     python -m recipes.hf import path/to/folder --out doge.ckpt   # writes doge.ckpt and doge.yaml (also: recipes.hf FOLDER --out …)
     python -m recipes.hf export runs/…/last.ckpt --out llama-hf  # config.json, safetensors, generation config, tokenizer
 
-Supported both ways: ``LlamaForCausalLM`` (pattern ``AM×L``), ``Mamba2ForCausalLM`` (``S-×L``) and
-``DogeForCausalLM`` (``IM×L`` dense, ``IE×L`` with CDMoE); anything else is refused by name, saying which
+Supported both ways: ``LlamaForCausalLM`` (pattern ``AM×L``), ``Mamba2ForCausalLM`` (``S-×L``),
+``DogeForCausalLM`` (``IM×L`` dense, ``IE×L`` with CDMoE) and ``GraniteMoeHybridForCausalLM`` (the hybrid: SSD and
+attention blocks, with MLPs or with ``SharedExpertMoE``, ``SM SM AM``…); anything else is refused by name, saying which
 part Hugging Face cannot express. docs/architectures.md lists the mapping of every weight.
 """
 

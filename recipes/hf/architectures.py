@@ -11,6 +11,9 @@ import math
 
 import torch
 
+from components.state.mlp import ACTIVATIONS
+from components.state.moe import MoE
+
 # Fields that say nothing about the computation (bookkeeping, token ids, initialisation, cache use).
 BOOKKEEPING = {
     "transformers_version", "architectures", "output_hidden_states", "return_dict", "dtype", "torch_dtype",
@@ -98,6 +101,33 @@ def common_config(model, architecture: str, model_type: str) -> dict:
     return config
 
 
+def mamba_in_proj(zoo_name: str, hf_name: str, z: int, xbc: int, dt: int) -> tuple:
+    """Mamba-2's fused input projection, Hugging Face's rows ``[z | xBC | dt]``, the zoo's ``[xBC | dt | z]``:
+    ``(zoo name, HF name, HF → zoo, zoo → HF)``."""
+    def to_zoo(w: torch.Tensor) -> torch.Tensor:
+        z_rows, xbc_rows, dt_rows = w.split([z, xbc, dt])
+        return torch.cat([xbc_rows, dt_rows, z_rows])
+
+    def to_hf(w: torch.Tensor) -> torch.Tensor:
+        xbc_rows, dt_rows, z_rows = w.split([xbc, dt, z])
+        return torch.cat([z_rows, xbc_rows, dt_rows])
+
+    return zoo_name, hf_name, to_zoo, to_hf
+
+
+def transposed(zoo_name: str, hf_name: str) -> tuple:
+    """A stacked experts' tensor stored ``[E, out, in]`` by Hugging Face and ``[E, in, out]`` by the zoo."""
+    def swap(w: torch.Tensor) -> torch.Tensor:
+        return w.transpose(1, 2).contiguous()  # (safetensors writes contiguous tensors only)
+
+    return zoo_name, hf_name, swap, swap
+
+
+def nothing_reshaped(c: dict, i: int) -> list[tuple]:
+    """The weights of layer ``i`` that need more than a rename and a concatenation: none."""
+    return []
+
+
 def only(model, token: str, why: str) -> str | None:
     tokens = [block.token for block in model.blocks]
     if any(t != token for t in tokens):
@@ -133,6 +163,7 @@ class Llama:
                 (f"{ours}.state_mixer.out_proj.weight", [f"{hf}.mlp.down_proj.weight"])]
 
     ends = [("embedding.weight", ["model.embed_tokens.weight"]), ("norm.weight", ["model.norm.weight"])]
+    reshaped = staticmethod(nothing_reshaped)
 
     @staticmethod
     def mismatch(model) -> str | None:
@@ -224,7 +255,7 @@ class Doge:
                       (f"{s}.up", [f"{hf}.mlp.up_embed.weight"])]
         return pairs
 
-    ends = Llama.ends
+    ends, reshaped = Llama.ends, staticmethod(nothing_reshaped)
 
     @staticmethod
     def mismatch(model) -> str | None:
@@ -312,6 +343,11 @@ class Mamba2:
         return [d_inner, d_inner + 2 * c["n_groups"] * c["state_size"], c["num_heads"]]
 
     @staticmethod
+    def reshaped(c: dict, i: int) -> list[tuple]:
+        return [mamba_in_proj(f"blocks.{i}.sequence_mixer.in_proj.weight", f"backbone.layers.{i}.mixer.in_proj.weight",
+                              *Mamba2.in_proj_split(c))]
+
+    @staticmethod
     def mismatch(model) -> str | None:
         why = "a Mamba2ForCausalLM is an SSD with Mamba-2's conv, D and gate in every block, and no state mixer ('S-')"
         reason = only(model, "S-", why)
@@ -340,7 +376,203 @@ class Mamba2:
                 "hidden_act": "silu"}
 
 
-ADAPTERS = {adapter.name: adapter for adapter in (Llama, Mamba2, Doge)}
+GRANITE_LAYERS = {"mamba": "S", "linear_attention": "S", "attention": "A", "full_attention": "A"}
+
+
+def granite_letters(c: dict) -> list[str]:
+    """Each layer's sequence mixer from ``layer_types`` (Hugging Face's default: every layer Mamba-2)."""
+    types = c.get("layer_types") or ["mamba"] * c["num_hidden_layers"]
+    unknown = sorted({str(t) for t in types} - set(GRANITE_LAYERS))
+    if unknown or len(types) != c["num_hidden_layers"]:
+        raise ValueError(f"layer_types={types!r}: num_hidden_layers={c['num_hidden_layers']} of "
+                         f"{', '.join(GRANITE_LAYERS)} expected")
+    return [GRANITE_LAYERS[t] for t in types]
+
+
+def act_name(function) -> str:
+    """The name of one of the zoo's activations (an expert bank keeps the function)."""
+    return next(name for name, f in ACTIVATIONS.items() if f is function)
+
+
+class GraniteHybrid:
+    """IBM's Granite 4.0 hybrid: Mamba-2 (``S``) and attention (``A``, RoPE or none) layers in one stack, each with
+    a SwiGLU MLP (``M``) or a top-k MoE beside a shared SwiGLU MLP (``E``: ``SharedExpertMoE``, gates the softmax of
+    the top-k logits). Its multipliers must be 1, the attention's 1/√head_dim: the zoo's scaling."""
+
+    name, model_type = "GraniteMoeHybridForCausalLM", "granitemoehybrid"
+    honoured = {"vocab_size", "hidden_size", "intermediate_size", "shared_intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "hidden_act", "max_position_embeddings", "rms_norm_eps",
+                "rope_theta", "rope_parameters", "rope_scaling", "tie_word_embeddings", "pad_token_id",
+                "embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier",
+                "num_local_experts", "num_experts_per_tok", "position_embedding_type", "layer_types", "mamba_n_heads",
+                "mamba_n_groups", "mamba_d_state", "mamba_d_head", "mamba_d_conv", "mamba_expand", "mamba_chunk_size",
+                "mamba_conv_bias", "mamba_proj_bias", "time_step_limit"}
+    ends = Llama.ends
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        letters = granite_letters(c)
+        heads, kv_heads, head_dim = attention_shape(c)
+        problems = [f"{key}={c[key]!r} (the zoo computes only 1)"
+                    for key in ("embedding_multiplier", "logits_scaling", "residual_multiplier") if number(c.get(key, 1)) != 1]
+        if "A" in letters and not math.isclose(number(c.get("attention_multiplier", 1)), head_dim ** -0.5, rel_tol=1e-6):
+            problems.append(f"attention_multiplier={c.get('attention_multiplier', 1)!r} (the zoo scales the scores by "
+                            f"1/√head_dim = {head_dim ** -0.5:.6g})")
+        if not c.get("mamba_conv_bias", True) or c.get("mamba_proj_bias"):
+            problems.append(f"mamba_conv_bias={c.get('mamba_conv_bias')!r}, mamba_proj_bias={c.get('mamba_proj_bias')!r} "
+                            "(the zoo's conv has a bias, its projections none)")
+        if tuple(number(v) for v in c.get("time_step_limit", (0.0, math.inf))) != (0.0, math.inf):
+            problems.append(f"time_step_limit={c['time_step_limit']} (the zoo does not clamp Δ)")
+        experts, shared, width = c.get("num_local_experts") or 0, c["shared_intermediate_size"], c["intermediate_size"]
+        if experts and (shared <= 0 or shared % width):
+            problems.append(f"shared_intermediate_size={shared} (the zoo's shared expert is a positive multiple of "
+                            f"intermediate_size={width})")
+        position = c.get("position_embedding_type") or "nope"
+        if position not in ("rope", "nope"):
+            problems.append(f"position_embedding_type={position!r} (rope or nope)")
+        if problems:
+            raise ValueError(f"fields the zoo would not honour: {'; '.join(problems)}. Importing would give a model "
+                             "that computes something else, so it is refused")
+        d_inner = c.get("mamba_expand", 2) * c["hidden_size"]
+        if "S" in letters and c["mamba_n_heads"] * c["mamba_d_head"] != d_inner:
+            raise ValueError(f"mamba_n_heads·mamba_d_head = {c['mamba_n_heads'] * c['mamba_d_head']} != "
+                             f"mamba_expand·hidden_size = {d_inner}")
+        act = c.get("hidden_act", "silu")
+        mixers = {"S": spec("components.SSD", n_heads=c["mamba_n_heads"], d_state=c["mamba_d_state"],
+                            n_groups=c["mamba_n_groups"], expand=int(c.get("mamba_expand", 2)),
+                            chunk_size=c.get("mamba_chunk_size", 256), conv=True, rope=False, gate=True,
+                            conv_kernel=c.get("mamba_d_conv", 4), norm_eps=c["rms_norm_eps"]),
+                  "A": spec("components.QCAttention", n_heads=heads, n_kv_heads=kv_heads, rope=position == "rope")}
+        if experts:
+            state = "E"
+            mixers["E"] = spec("components.SharedExpertMoE", n_experts=experts, top_k=c["num_experts_per_tok"],
+                               n_shared=shared // width, d_ff=width, act=act, normalize=True)
+        else:
+            state = "M"
+            mixers["M"] = spec("components.MLP", d_ff=shared, activation="swiglu", act=act)
+        mixers = {letter: mixers[letter] for letter in sorted(set(letters)) + [state]}
+        rotary = position == "rope" and "A" in letters
+        base, ntk, dynamic = rope_settings(c) if rotary else (10000.0, 1.0, False)
+        # without RoPE (NoPE attention, Mamba-2) nothing limits the length: the recipe accepts any
+        return {**common_recipe(c, base, ntk, dynamic, extrapolate=not rotary), "norm_eps": c["rms_norm_eps"],
+                "pattern": " ".join(letter + state for letter in letters), "mixers": mixers}
+
+    @staticmethod
+    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
+        hf, ours = f"model.layers.{i}", f"blocks.{i}"
+        s, t = f"{ours}.sequence_mixer", f"{ours}.state_mixer"
+        pairs = [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
+                 (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"])]
+        if granite_letters(c)[i] == "S":
+            m = f"{hf}.mamba"
+            pairs += [(f"{s}.conv.weight", [f"{m}.conv1d.weight"]), (f"{s}.conv.bias", [f"{m}.conv1d.bias"]),
+                      (f"{s}.dt_bias", [f"{m}.dt_bias"]), (f"{s}.A_log", [f"{m}.A_log"]), (f"{s}.D", [f"{m}.D"]),
+                      (f"{s}.gate_norm.weight", [f"{m}.norm.weight"]), (f"{s}.out_proj.weight", [f"{m}.out_proj.weight"])]
+        else:
+            a = f"{hf}.self_attn"
+            pairs += [(f"{s}.q_proj.weight", [f"{a}.q_proj.weight"]),
+                      (f"{s}.kv_proj.weight", [f"{a}.k_proj.weight", f"{a}.v_proj.weight"]),
+                      (f"{s}.out_proj.weight", [f"{a}.o_proj.weight"])]
+        moe = bool(c.get("num_local_experts"))
+        mlp = f"{t}.shared_expert" if moe else t  # Granite's shared MLP: input_linear rows [gate | up], as the zoo's
+        pairs += [(f"{mlp}.in_proj.weight", [f"{hf}.shared_mlp.input_linear.weight"]),
+                  (f"{mlp}.out_proj.weight", [f"{hf}.shared_mlp.output_linear.weight"])]
+        if moe:
+            pairs.append((f"{t}.router.centroids.weight", [f"{hf}.block_sparse_moe.router.layer.weight"]))
+        return pairs
+
+    @staticmethod
+    def reshaped(c: dict, i: int) -> list[tuple]:
+        hf, t = f"model.layers.{i}", f"blocks.{i}.state_mixer"
+        out = []
+        if granite_letters(c)[i] == "S":
+            d_inner = c.get("mamba_expand", 2) * c["hidden_size"]
+            out.append(mamba_in_proj(f"blocks.{i}.sequence_mixer.in_proj.weight", f"{hf}.mamba.in_proj.weight", d_inner,
+                                     d_inner + 2 * c["mamba_n_groups"] * c["mamba_d_state"], c["mamba_n_heads"]))
+        if c.get("num_local_experts"):
+            # (the names of the files transformers writes and reads; its modules call them experts.gate_up_proj, ...)
+            out += [transposed(f"{t}.experts.w_in", f"{hf}.block_sparse_moe.input_linear.weight"),  # [E, d, gate | up]
+                    transposed(f"{t}.experts.w_out", f"{hf}.block_sparse_moe.output_linear.weight")]  # [E, d_ff, d]
+        return out
+
+    @staticmethod
+    def mismatch(model) -> str | None:
+        why = ("a GraniteMoeHybridForCausalLM is SSD or attention blocks, each with a SwiGLU MLP or each with a routed "
+               "MoE beside a shared SwiGLU MLP ('SM', 'AM'; 'SE', 'AE' with SharedExpertMoE)")
+        blocks = list(model.blocks)
+        if any(getattr(b, "sequence_mixer", None) is None or getattr(b, "state_mixer", None) is None for b in blocks):
+            return f"its pattern has blocks {sorted({b.token for b in blocks})}; {why}"
+        sequence = {type(b.sequence_mixer).__name__ for b in blocks} - {"SSD", "QCAttention"}
+        if sequence:
+            return f"its sequence mixers include {sorted(sequence)}; {why}"
+        if any(b.sequence_residual is not None for b in blocks):
+            return "its blocks scale their residuals, which Granite does not"
+        ssds = [b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "SSD"]
+        if any(s.conv is None or s.rope or s.gate_norm is None or s.D is None for s in ssds):
+            return "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"
+        if any(s.gate_norm.eps != model.norm.eps for s in ssds):
+            return (f"its SSDs' gate norms have another eps than its other norms ({model.norm.eps}); Granite has one "
+                    "rms_norm_eps")
+        if len({(s.n_heads, s.d_inner, s.d_state, s.n_groups, s.conv.kernel_size[0]) for s in ssds}) > 1:
+            return "its SSDs differ in heads, width, state, groups or conv; Granite has one Mamba-2 configuration"
+        attentions = [b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "QCAttention"]
+        if any(a.positions.q_norm is not None for a in attentions):
+            return "its attention has a QK-norm, which Granite's has not"
+        if len({(a.n_heads, a.n_kv_heads, a.positions.rope) for a in attentions}) > 1:
+            return "its attentions differ in heads or RoPE; Granite has one attention configuration"
+        states = [b.state_mixer for b in blocks]
+        if all(type(m).__name__ == "MLP" for m in states):
+            if any(m.activation != "swiglu" for m in states) or len({(m.d_ff, m.act_name) for m in states}) > 1:
+                return "its MLPs are not all one SwiGLU MLP; Granite's blocks share one"
+            return None
+        if not all(isinstance(m, MoE) for m in states):
+            return f"its state mixers are {sorted({type(m).__name__ for m in states})}; {why}"
+        shapes = set()
+        for m in states:
+            experts, shared = m.experts, m.shared_expert
+            if (type(experts).__name__ != "MLPExperts" or experts.activation != "swiglu" or m.cross_domain is not None
+                    or not getattr(m.router, "normalize", False) or type(m.router).__name__ != "TopKRouter"
+                    or shared is None or type(shared).__name__ != "MLP" or shared.activation != "swiglu"
+                    or shared.act_name != act_name(experts.act) or shared.d_ff % experts.d_ff):
+                return ("its MoE is not Granite's (a TopKRouter with normalised gates, SwiGLU experts, a shared SwiGLU MLP "
+                        "of the same activation, a multiple of their width, no cross-domain part)")
+            shapes.add((m.router.n_experts, m.router.top_k, experts.d_ff, shared.d_ff, shared.act_name))
+        if len(shapes) > 1:
+            return "its MoEs differ; Granite's blocks share one configuration"
+        return None
+
+    @staticmethod
+    def config(model) -> dict:
+        blocks = list(model.blocks)
+        kinds = ["mamba" if type(b.sequence_mixer).__name__ == "SSD" else "attention" for b in blocks]
+        config = {**common_config(model, GraniteHybrid.name, GraniteHybrid.model_type), "layer_types": kinds,
+                  "rms_norm_eps": model.norm.eps, "embedding_multiplier": 1.0, "logits_scaling": 1.0,
+                  "residual_multiplier": 1.0, "attention_bias": False, "mamba_conv_bias": True, "mamba_proj_bias": False,
+                  "time_step_limit": [0.0, float("inf")], "position_embedding_type": "nope",
+                  "num_attention_heads": 1, "num_key_value_heads": 1, "attention_multiplier": model.d_model ** -0.5,
+                  "mamba_n_heads": 1, "mamba_d_head": 2 * model.d_model, "mamba_expand": 2}  # (unused kinds: valid values)
+        attention = next((b.sequence_mixer for b in blocks if kinds[blocks.index(b)] == "attention"), None)
+        if attention is not None:
+            config.update(num_attention_heads=attention.n_heads, num_key_value_heads=attention.n_kv_heads,
+                          attention_multiplier=attention.head_dim ** -0.5,
+                          position_embedding_type="rope" if attention.positions.rope else "nope")
+        ssd = next((b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "SSD"), None)
+        if ssd is not None:
+            config.update(mamba_n_heads=ssd.n_heads, mamba_d_head=ssd.head_dim, mamba_expand=ssd.d_inner // ssd.d_model,
+                          mamba_d_state=ssd.d_state, mamba_n_groups=ssd.n_groups, mamba_chunk_size=ssd.chunk_size,
+                          mamba_d_conv=ssd.conv.kernel_size[0])
+        state = blocks[0].state_mixer
+        if type(state).__name__ == "MLP":
+            config.update(intermediate_size=state.d_ff, shared_intermediate_size=state.d_ff, num_local_experts=0,
+                          hidden_act=state.act_name)
+        else:
+            config.update(intermediate_size=state.experts.d_ff, shared_intermediate_size=state.shared_expert.d_ff,
+                          num_local_experts=state.router.n_experts, num_experts_per_tok=state.router.top_k,
+                          hidden_act=state.shared_expert.act_name)
+        return config
+
+
+ADAPTERS = {adapter.name: adapter for adapter in (Llama, Mamba2, Doge, GraniteHybrid)}
 
 
 def to_zoo(config: dict, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -358,9 +590,8 @@ def to_zoo(config: dict, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     for i in range(config["num_hidden_layers"]):
         for ours, theirs in adapter.layer_pairs(config, i):
             out[ours] = torch.cat([take(name) for name in theirs]) if len(theirs) > 1 else take(theirs[0])
-        if adapter is Mamba2:
-            z, xbc, dt = take(f"backbone.layers.{i}.mixer.in_proj.weight").split(Mamba2.in_proj_split(config))
-            out[f"blocks.{i}.sequence_mixer.in_proj.weight"] = torch.cat([xbc, dt, z])
+        for ours, theirs, forward, _ in adapter.reshaped(config, i):
+            out[ours] = forward(take(theirs))
     for ours, (theirs,) in adapter.ends:
         out[ours] = take(theirs)
     head = hf.pop("lm_head.weight", None)
@@ -381,10 +612,8 @@ def to_hf(config: dict, zoo: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
             tensor = zoo.pop(ours)
             # several HF tensors are equal parts of one zoo tensor: gate | up, k | v
             out.update(zip(theirs, tensor.chunk(len(theirs)) if len(theirs) > 1 else [tensor]))
-        if adapter is Mamba2:
-            z_size, xbc_size, dt_size = Mamba2.in_proj_split(config)
-            xbc, dt, z = zoo.pop(f"blocks.{i}.sequence_mixer.in_proj.weight").split([xbc_size, dt_size, z_size])
-            out[f"backbone.layers.{i}.mixer.in_proj.weight"] = torch.cat([z, xbc, dt])
+        for ours, theirs, _, backward in adapter.reshaped(config, i):
+            out[theirs] = backward(zoo.pop(ours))
     for ours, (theirs,) in adapter.ends:
         out[theirs] = zoo.pop(ours)
     head = zoo.pop("lm_head.weight")

@@ -1003,7 +1003,7 @@ def granite_and_zoo(moe: bool, rope: bool):
 
     torch.manual_seed(0)
     config = transformers.GraniteMoeHybridConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=24, shared_intermediate_size=24, num_hidden_layers=4,
+        vocab_size=64, hidden_size=32, intermediate_size=12, shared_intermediate_size=24, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4 if moe else 0, num_experts_per_tok=2,
         layer_types=["mamba", "attention", "mamba", "attention"], mamba_n_heads=8, mamba_d_state=16, mamba_n_groups=2,
         mamba_chunk_size=8, mamba_expand=2, position_embedding_type="rope" if rope else "nope",
@@ -1017,7 +1017,7 @@ def granite_and_zoo(moe: bool, rope: bool):
                                                                   "norm_eps": 1e-5}},
               "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "n_kv_heads": 2, "rope": rope}},
               state: ({"class_path": "components.SharedExpertMoE",
-                       "init_args": {"n_experts": 4, "top_k": 2, "n_shared": 1, "d_ff": 24, "normalize": True}} if moe
+                       "init_args": {"n_experts": 4, "top_k": 2, "n_shared": 2, "d_ff": 12, "normalize": True}} if moe
                       else {"class_path": "components.MLP", "init_args": {"d_ff": 24}})}
     ours = HybridLM(64, 32, f"S{state} A{state} S{state} A{state}", mixers, max_seq_len=64, norm_eps=1e-5)
     weights = granite_as_zoo(dict(theirs.named_parameters()), moe)
@@ -1048,6 +1048,97 @@ def test_a_hybrid_of_ssd_and_attention_equals_granite_4s_hybrid_with_gradients(m
     assert theirs_grads.keys() == ours_params.keys()
     for name, grad in theirs_grads.items():
         assert relative_error(ours_params[name].grad, grad) <= 1e-4, name
+
+
+@pytest.mark.parametrize("moe, rope", [(False, True), (True, False)])
+def test_a_granite_hybrid_imports_and_exports_both_ways(tmp_path, moe, rope):
+    """``GraniteMoeHybridForCausalLM`` is the fourth adapter: a saved Granite hybrid imports equal to transformers'
+    (its MoE weights under the names its files use), exports back to a folder transformers loads with equal logits,
+    and imports again bit for bit."""
+    from recipes.hf import export, hf_recipe
+
+    theirs, _ = granite_and_zoo(moe, rope)
+    theirs.save_pretrained(tmp_path / "granite")
+    recipe = hf_recipe(tmp_path / "granite")
+    assert recipe["pattern"] == ("SE AE SE AE" if moe else "SM AM SM AM")
+    assert recipe["extrapolate"] is not rope  # (no positions anywhere without RoPE: any length)
+    zoo = from_pretrained(tmp_path / "granite").eval()
+    ids = torch.randint(0, 64, (2, T))
+    with torch.no_grad():
+        assert relative_error(zoo(ids), theirs(ids).logits) <= 1e-5
+    export(zoo, tmp_path / "exported")
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    again.config._attn_implementation = "eager"
+    with torch.no_grad():
+        assert relative_error(zoo(ids), again(ids).logits) <= 1e-5
+    for (name, a), b in zip(zoo.state_dict().items(), from_pretrained(tmp_path / "exported").state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_what_keeps_a_model_from_granite_and_the_granite_fields_an_import_refuses_are_named():
+    from components import HybridLM
+    from recipes.hf import hf_architecture
+    from recipes.hf.architectures import GraniteHybrid
+
+    ssd = {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8, "conv": True, "rope": False,
+                                                          "gate": True}}
+    attention = {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "rope": False}}
+    mlp = {"class_path": "components.MLP", "init_args": {"d_ff": 24}}
+    moe = {"class_path": "components.SharedExpertMoE", "init_args": {"n_experts": 4, "top_k": 2, "d_ff": 8,
+                                                                     "normalize": True}}
+
+    def model(pattern="SM SM AM", **mixers):
+        letters = set(pattern) - {" ", "-"}
+        bound = {"S": ssd, "A": attention, "M": mlp, "E": moe, **mixers}
+        return HybridLM(32, 16, pattern, {k: v for k, v in bound.items() if k in letters})
+
+    def changed(spec, **init_args):
+        return {"class_path": spec["class_path"], "init_args": {**spec["init_args"], **init_args}}
+
+    assert GraniteHybrid.mismatch(model()) is None and GraniteHybrid.mismatch(model("SE AE SE")) is None
+    assert hf_architecture(model("SM×2")) is GraniteHybrid  # (Mamba-2 has no MLPs: "S-")
+    cases = [(model("SM S- AM"), "its pattern has blocks ['AM', 'S-', 'SM']"),
+             (model("SM AE"), "its state mixers are ['MLP', 'SharedExpertMoE']"),
+             (model(S=changed(ssd, rope=True)), "its SSDs are not all Mamba-2's"),
+             (model(S=changed(ssd, norm_eps=1e-5)), "its SSDs' gate norms have another eps"),
+             (model("SM TM AM", T=changed(ssd, d_state=16)), "its SSDs differ"),
+             (model(A=changed(attention, qk_norm=True)), "its attention has a QK-norm"),
+             (model("SM AM BM", B=changed(attention, rope=True)), "its attentions differ"),
+             (model(M=changed(mlp, activation="gelu")), "its MLPs are not all one SwiGLU MLP"),
+             (model("SE AE", E=changed(moe, normalize=False)), "its MoE is not Granite's"),
+             (model("SE AE", E={"class_path": "components.RoutedMoE", "init_args": {"n_experts": 4, "normalize": True}}),
+              "its MoE is not Granite's"),
+             (HybridLM(32, 16, "SM AM", {"S": ssd, "A": attention, "M": mlp}, residual_scale=True),
+              "its blocks scale their residuals")]
+    for built, reason in cases:
+        assert reason in (GraniteHybrid.mismatch(built) or ""), reason
+    written = GraniteHybrid.config(model("SE AE SE"))
+    assert written["layer_types"] == ["mamba", "attention", "mamba"] and written["num_local_experts"] == 4
+    assert written["position_embedding_type"] == "nope" and written["attention_multiplier"] == 8 ** -0.5
+
+    c = {"architectures": [GraniteHybrid.name], "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 2,
+         "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 8, "shared_intermediate_size": 24,
+         "rms_norm_eps": 1e-6, "layer_types": ["mamba", "attention"], "mamba_n_heads": 4, "mamba_d_head": 8,
+         "mamba_d_state": 8, "mamba_n_groups": 1, "mamba_expand": 2, "attention_multiplier": 8 ** -0.5,
+         "num_experts_per_tok": 2}
+    assert hf_recipe(c)["pattern"] == "SM AM" and hf_recipe({**c, "num_local_experts": 4})["pattern"] == "SE AE"
+    for field, value, message in [("embedding_multiplier", 12.0, "embedding_multiplier=12.0 (the zoo computes only 1)"),
+                                  ("residual_multiplier", 0.22, "residual_multiplier=0.22"),
+                                  ("logits_scaling", 8.0, "logits_scaling=8.0"),
+                                  ("attention_multiplier", 0.0078125, "attention_multiplier=0.0078125 (the zoo scales "
+                                                                      "the scores by 1/√head_dim = 0.353553)"),
+                                  ("mamba_proj_bias", True, "mamba_proj_bias=True"),
+                                  ("time_step_limit", [0.0, 1.0], "time_step_limit=[0.0, 1.0]"),
+                                  ("position_embedding_type", "alibi", "position_embedding_type='alibi'"),
+                                  ("shared_intermediate_size", 20, "shared_intermediate_size=20 (the zoo's shared expert "
+                                                                   "is a positive multiple of intermediate_size=8)")]:
+        settings = {**c, field: value, **({"num_local_experts": 4} if field == "shared_intermediate_size" else {})}
+        with pytest.raises(ValueError, match=re.escape(message)):
+            hf_recipe(settings)
+    with pytest.raises(ValueError, match=r"layer_types=\['mamba', 'moe'\]: num_hidden_layers=2 of mamba, "):
+        hf_recipe({**c, "layer_types": ["mamba", "moe"]})
+    with pytest.raises(ValueError, match=r"mamba_n_heads·mamba_d_head = 24 != mamba_expand·hidden_size = 32"):
+        hf_recipe({**c, "mamba_n_heads": 3})
 
 
 def test_the_weights_are_cut_into_shards_of_at_most_max_shard_size_bytes(tmp_path):
