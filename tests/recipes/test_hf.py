@@ -19,13 +19,19 @@ VOCAB, T = 97, 19
 
 def randomize(model: torch.nn.Module) -> None:
     """Move the parameters Hugging Face initialises to constants (norm gains, residual scales, Doge's A,
-    Mamba's D) away from them, so a weight mapped to the wrong place cannot hide."""
+    Mamba's D) away from them, so a weight mapped to the wrong place cannot hide; and give Mamba-2's step a size
+    at which its state matters (at the initial Δ of 0.001-0.1 the skip D·x outweighed it so that a decoding state
+    halved at every step stayed within 1e-5 of Hugging Face's logits)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("norm.weight", "layernorm.weight", "_residual", "norm_f.weight", ".D")):
                 p.uniform_(0.5, 1.5)
             elif name.endswith(".A"):
                 p.uniform_(-1.0, 1.0)
+            elif name.endswith("dt_bias"):
+                p.uniform_(0.0, 1.0)  # Δ = softplus: 0.7-1.3
+            elif name.endswith("A_log"):
+                p.uniform_(-2.0, 0.0)  # a = -exp: decays exp(Δ·a) of 0.3-0.9 a step
 
 
 def build(kind: str, **settings):
@@ -1011,6 +1017,10 @@ def granite_and_zoo(moe: bool, rope: bool):
     theirs = transformers.GraniteMoeHybridForCausalLM(config)
     theirs.config._attn_implementation = "eager"
     randomize(theirs)
+    with torch.no_grad():  # weights of std 0.2, not 0.02: each mixer then moves the residual stream (and a bug shows)
+        for p in theirs.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
     state = "E" if moe else "M"
     mixers = {"S": {"class_path": "components.SSD", "init_args": {"n_heads": 8, "d_state": 16, "n_groups": 2, "expand": 2,
                                                                   "chunk_size": 8, "conv": True, "rope": False, "gate": True,
@@ -1030,7 +1040,7 @@ def test_a_hybrid_of_ssd_and_attention_equals_granite_4s_hybrid_with_gradients(m
     """An independent check of the hybrid itself: transformers' GraniteMoeHybrid (IBM's Granite 4.0) is Mamba-2 and
     attention layers in one stack, each with a SwiGLU MLP or a top-k MoE plus a shared MLP. With its multipliers at 1
     (the attention's at 1/√head_dim) it is the zoo's ``SM AM SM AM`` (``SE AE …`` with ``SharedExpertMoE``,
-    normalised gates) on copied weights: logits, a left-padded batch, and every gradient."""
+    normalised gates) on copied weights: logits, a left-padded batch, every gradient, and greedy decoding."""
     theirs, ours = granite_and_zoo(moe, rope)
     ids = torch.randint(0, 64, (2, T))
     assert relative_error(ours(ids), theirs(ids).logits) <= 1e-5
@@ -1048,6 +1058,17 @@ def test_a_hybrid_of_ssd_and_attention_equals_granite_4s_hybrid_with_gradients(m
     assert theirs_grads.keys() == ours_params.keys()
     for name, grad in theirs_grads.items():
         assert relative_error(ours_params[name].grad, grad) <= 1e-4, name
+    # Decoding the hybrid (SSD states and key/value caches side by side), one token at a time: the logits equal
+    # transformers' with its hybrid cache, and greedy ids of a left-padded batch its generate's.
+    with torch.no_grad():
+        want = decode_one_token_at_a_time(theirs, ids[:1])
+        cache = ours.new_cache(1, T)
+        got = torch.stack([ours(ids[:1, t:t + 1], position_ids=torch.tensor([[t]]), cache=cache)[:, -1]
+                           for t in range(T)], dim=1)
+    assert relative_error(got, want) <= 1e-5
+    prompts = ids[:, :9].masked_fill(mask[:, :9] == 0, 0)
+    greedy = theirs.generate(prompts, attention_mask=mask[:, :9], max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert ours.generate(prompts, 8, padding_mask=mask[:, :9] == 0).tolist() == greedy.tolist()
 
 
 @pytest.mark.parametrize("moe, rope", [(False, True), (True, False)])
