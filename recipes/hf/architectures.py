@@ -412,7 +412,7 @@ class GraniteHybrid:
     @staticmethod
     def recipe(c: dict) -> dict:
         letters = granite_letters(c)
-        heads, kv_heads, head_dim = attention_shape(c)
+        heads, kv_heads, head_dim = attention_shape(c) if "A" in letters else (0, 0, 0)  # (no attention: unused)
         problems = [f"{key}={c[key]!r} (the zoo computes only 1)"
                     for key in ("embedding_multiplier", "logits_scaling", "residual_multiplier") if number(c.get(key, 1)) != 1]
         if "A" in letters and not math.isclose(number(c.get("attention_multiplier", 1)), head_dim ** -0.5, rel_tol=1e-6):
@@ -438,11 +438,14 @@ class GraniteHybrid:
             raise ValueError(f"mamba_n_heads·mamba_d_head = {c['mamba_n_heads'] * c['mamba_d_head']} != "
                              f"mamba_expand·hidden_size = {d_inner}")
         act = c.get("hidden_act", "silu")
-        mixers = {"S": spec("components.SSD", n_heads=c["mamba_n_heads"], d_state=c["mamba_d_state"],
-                            n_groups=c["mamba_n_groups"], expand=int(c.get("mamba_expand", 2)),
-                            chunk_size=c.get("mamba_chunk_size", 256), conv=True, rope=False, gate=True,
-                            conv_kernel=c.get("mamba_d_conv", 4), norm_eps=c["rms_norm_eps"]),
-                  "A": spec("components.QCAttention", n_heads=heads, n_kv_heads=kv_heads, rope=position == "rope")}
+        mixers = {}  # (only the kinds of layer there are: a config without Mamba-2 layers need not give its sizes)
+        if "S" in letters:
+            mixers["S"] = spec("components.SSD", n_heads=c["mamba_n_heads"], d_state=c["mamba_d_state"],
+                               n_groups=c["mamba_n_groups"], expand=int(c.get("mamba_expand", 2)),
+                               chunk_size=c.get("mamba_chunk_size", 256), conv=True, rope=False, gate=True,
+                               conv_kernel=c.get("mamba_d_conv", 4), norm_eps=c["rms_norm_eps"])
+        if "A" in letters:
+            mixers["A"] = spec("components.QCAttention", n_heads=heads, n_kv_heads=kv_heads, rope=position == "rope")
         if experts:
             state = "E"
             mixers["E"] = spec("components.SharedExpertMoE", n_experts=experts, top_k=c["num_experts_per_tok"],
@@ -450,7 +453,6 @@ class GraniteHybrid:
         else:
             state = "M"
             mixers["M"] = spec("components.MLP", d_ff=shared, activation="swiglu", act=act)
-        mixers = {letter: mixers[letter] for letter in sorted(set(letters)) + [state]}
         rotary = position == "rope" and "A" in letters
         base, ntk, dynamic = rope_settings(c) if rotary else (10000.0, 1.0, False)
         # without RoPE (NoPE attention, Mamba-2) nothing limits the length: the recipe accepts any
@@ -516,6 +518,9 @@ class GraniteHybrid:
         if len({(s.n_heads, s.d_inner, s.d_state, s.n_groups, s.conv.kernel_size[0]) for s in ssds}) > 1:
             return "its SSDs differ in heads, width, state, groups or conv; Granite has one Mamba-2 configuration"
         attentions = [b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "QCAttention"]
+        if not attentions:  # (an import of such a folder works: the zoo runs it)
+            return ("it has no attention block, and transformers' GraniteMoeHybrid fails without one (its cache asks an "
+                    "attention layer for the mask sizes; transformers 5.25)")
         if any(a.positions.q_norm is not None for a in attentions):
             return "its attention has a QK-norm, which Granite's has not"
         if len({(a.n_heads, a.n_kv_heads, a.positions.rope) for a in attentions}) > 1:
@@ -545,17 +550,14 @@ class GraniteHybrid:
     def config(model) -> dict:
         blocks = list(model.blocks)
         kinds = ["mamba" if type(b.sequence_mixer).__name__ == "SSD" else "attention" for b in blocks]
+        attention = next(b.sequence_mixer for b, kind in zip(blocks, kinds) if kind == "attention")  # (mismatch: one)
         config = {**common_config(model, GraniteHybrid.name, GraniteHybrid.model_type), "layer_types": kinds,
                   "rms_norm_eps": model.norm.eps, "embedding_multiplier": 1.0, "logits_scaling": 1.0,
                   "residual_multiplier": 1.0, "attention_bias": False, "mamba_conv_bias": True, "mamba_proj_bias": False,
-                  "time_step_limit": [0.0, float("inf")], "position_embedding_type": "nope",
-                  "num_attention_heads": 1, "num_key_value_heads": 1, "attention_multiplier": model.d_model ** -0.5,
-                  "mamba_n_heads": 1, "mamba_d_head": 2 * model.d_model, "mamba_expand": 2}  # (unused kinds: valid values)
-        attention = next((b.sequence_mixer for b in blocks if kinds[blocks.index(b)] == "attention"), None)
-        if attention is not None:
-            config.update(num_attention_heads=attention.n_heads, num_key_value_heads=attention.n_kv_heads,
-                          attention_multiplier=attention.head_dim ** -0.5,
-                          position_embedding_type="rope" if attention.positions.rope else "nope")
+                  "time_step_limit": [0.0, float("inf")], "num_attention_heads": attention.n_heads,
+                  "num_key_value_heads": attention.n_kv_heads, "attention_multiplier": attention.head_dim ** -0.5,
+                  "position_embedding_type": "rope" if attention.positions.rope else "nope",
+                  "mamba_n_heads": 1, "mamba_d_head": 2 * model.d_model, "mamba_expand": 2}  # (no SSD: valid values)
         ssd = next((b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "SSD"), None)
         if ssd is not None:
             config.update(mamba_n_heads=ssd.n_heads, mamba_d_head=ssd.head_dim, mamba_expand=ssd.d_inner // ssd.d_model,

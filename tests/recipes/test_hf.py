@@ -1096,9 +1096,9 @@ def test_a_granite_hybrid_imports_and_exports_both_ways(tmp_path, moe, rope):
         assert torch.equal(a, b), name
 
 
-def test_what_keeps_a_model_from_granite_and_the_granite_fields_an_import_refuses_are_named():
+def test_what_keeps_a_model_from_granite_and_the_granite_fields_an_import_refuses_are_named(tmp_path):
     from components import HybridLM
-    from recipes.hf import hf_architecture
+    from recipes.hf import export, hf_architecture
     from recipes.hf.architectures import GraniteHybrid
 
     ssd = {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8, "conv": True, "rope": False,
@@ -1117,7 +1117,17 @@ def test_what_keeps_a_model_from_granite_and_the_granite_fields_an_import_refuse
         return {"class_path": spec["class_path"], "init_args": {**spec["init_args"], **init_args}}
 
     assert GraniteHybrid.mismatch(model()) is None and GraniteHybrid.mismatch(model("SE AE SE")) is None
-    assert hf_architecture(model("SM×2")) is GraniteHybrid  # (Mamba-2 has no MLPs: "S-")
+    assert hf_architecture(model("SM AM")) is GraniteHybrid and hf_architecture(model("AE AE")) is GraniteHybrid
+    # transformers' Granite fails without an attention layer (its cache asks one for the mask sizes), so a model of
+    # SSD blocks with MLPs (not Mamba-2's "S-") has no class
+    with pytest.raises(ValueError, match=r"as GraniteMoeHybridForCausalLM, it has no attention block, and transformers"):
+        hf_architecture(model("SM×2"))
+    attention_moe = model("AE AE").eval()  # no SSD: the config's Mamba-2 fields are placeholders, and valid
+    export(attention_moe, tmp_path / "ae")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ae").eval()
+    ids = torch.randint(0, 32, (1, 7))
+    with torch.no_grad():
+        assert relative_error(attention_moe(ids), theirs(ids).logits) <= 1e-5
     cases = [(model("SM S- AM"), "its pattern has blocks ['AM', 'S-', 'SM']"),
              (model("SM AE"), "its state mixers are ['MLP', 'SharedExpertMoE']"),
              (model(S=changed(ssd, rope=True)), "its SSDs are not all Mamba-2's"),
@@ -1143,6 +1153,11 @@ def test_what_keeps_a_model_from_granite_and_the_granite_fields_an_import_refuse
          "mamba_d_state": 8, "mamba_n_groups": 1, "mamba_expand": 2, "attention_multiplier": 8 ** -0.5,
          "num_experts_per_tok": 2}
     assert hf_recipe(c)["pattern"] == "SM AM" and hf_recipe({**c, "num_local_experts": 4})["pattern"] == "SE AE"
+    # a Granite of attention layers alone needs no Mamba-2 sizes (the import asked for mamba_d_state)
+    attention_only = {k: v for k, v in c.items() if not k.startswith("mamba_")}
+    assert hf_recipe({**attention_only, "layer_types": ["attention"] * 2})["mixers"].keys() == {"A", "M"}
+    # ... nor one of Mamba-2 layers alone attention sizes (which it does not use, and which need not fit)
+    assert hf_recipe({**c, "layer_types": ["mamba"] * 2, "num_attention_heads": 3})["pattern"] == "SM SM"
     for field, value, message in [("embedding_multiplier", 12.0, "embedding_multiplier=12.0 (the zoo computes only 1)"),
                                   ("residual_multiplier", 0.22, "residual_multiplier=0.22"),
                                   ("logits_scaling", 8.0, "logits_scaling=8.0"),
