@@ -905,68 +905,61 @@ def test_unsupported_folders_are_named(tmp_path):
         from_pretrained(tmp_path)
 
 
-def test_routed_moe_equals_mixtrals_sparse_block_with_gradients():
-    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
-
-    from components import RoutedMoE
+def moe_blocks(kind: str):
+    """transformers' Mixtral block or DeepSeek-V2 MoE (weights N(0, 0.3)) and the zoo's MoE of its weights."""
+    from components import RoutedMoE, SharedExpertMoE
 
     torch.manual_seed(0)
-    config = transformers.MixtralConfig(hidden_size=16, intermediate_size=12, num_local_experts=5, num_experts_per_tok=2)
-    theirs = MixtralSparseMoeBlock(config)
+    if kind == "mixtral":
+        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+        theirs = MixtralSparseMoeBlock(transformers.MixtralConfig(hidden_size=16, intermediate_size=12,
+                                                                  num_local_experts=5, num_experts_per_tok=2))
+        ours = RoutedMoE(16, n_experts=5, top_k=2, d_ff=12, normalize=True)
+    else:
+        # DeepSeekMoE's shared-expert isolation as transformers has it: a softmax over every expert, its top-k taken
+        # as the gates without renormalising, the shared experts one MLP n_shared times as wide, added on every token.
+        from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
+
+        theirs = DeepseekV2Moe(transformers.DeepseekV2Config(
+            hidden_size=16, moe_intermediate_size=12, n_routed_experts=5, num_experts_per_tok=2, n_shared_experts=2,
+            routed_scaling_factor=1.0, topk_method="greedy", num_attention_heads=2, num_key_value_heads=2))
+        ours = SharedExpertMoE(16, n_experts=5, top_k=2, n_shared=2, d_ff=12)
     with torch.no_grad():
         for p in theirs.parameters():
             p.normal_(0, 0.3)
-    ours = RoutedMoE(16, n_experts=5, top_k=2, d_ff=12, normalize=True)
-    with torch.no_grad():
-        ours.router.centroids.weight.copy_(theirs.gate.weight)
-        ours.experts.w_in.copy_(theirs.experts.gate_up_proj.transpose(1, 2))  # [E, d, gate | up]
-        ours.experts.w_out.copy_(theirs.experts.down_proj.transpose(1, 2))  # [E, d_ff, d]
+        for name, tensor in moe_as_zoo(theirs, lambda p: p).items():
+            ours.get_parameter(name).copy_(tensor)
+    return theirs, ours
+
+
+def moe_as_zoo(theirs, part) -> dict[str, torch.Tensor]:
+    """``part`` (a parameter's value or its gradient) of each of a transformers MoE block's weights, by the zoo's names."""
+    zoo = {"router.centroids.weight": part(theirs.gate.weight),
+           "experts.w_in": part(theirs.experts.gate_up_proj).transpose(1, 2),  # [E, d, gate | up]
+           "experts.w_out": part(theirs.experts.down_proj).transpose(1, 2)}  # [E, d_ff, d]
+    shared = getattr(theirs, "shared_experts", None)
+    if shared is not None:
+        zoo["shared_expert.in_proj.weight"] = torch.cat([part(shared.gate_proj.weight), part(shared.up_proj.weight)])
+        zoo["shared_expert.out_proj.weight"] = part(shared.down_proj.weight)
+    return zoo
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "deepseek_v2"])
+def test_the_routed_moes_equal_mixtrals_block_and_deepseek_v2s_moe_with_gradients(kind):
+    """``RoutedMoE(normalize=True)`` is Mixtral's sparse block; ``SharedExpertMoE`` is DeepSeek-V2's MoE (greedy,
+    scale 1): equal outputs on copied weights, and every gradient."""
+    theirs, ours = moe_blocks(kind)
     x = torch.randn(2, 9, 16)
     want, got = theirs(x), ours(x)
     assert relative_error(got, want) <= 1e-5
     g = torch.randn_like(want)
     (want * g).sum().backward()
     (got * g).sum().backward()
-    assert relative_error(ours.router.centroids.weight.grad, theirs.gate.weight.grad) <= 1e-4
-    assert relative_error(ours.experts.w_in.grad, theirs.experts.gate_up_proj.grad.transpose(1, 2)) <= 1e-4
-    assert relative_error(ours.experts.w_out.grad, theirs.experts.down_proj.grad.transpose(1, 2)) <= 1e-4
-
-
-def test_shared_expert_moe_equals_deepseek_v2s_moe_with_gradients():
-    # DeepSeekMoE's shared-expert isolation as transformers has it: a softmax over every expert, its top-k taken as
-    # the gates without renormalising, and the shared experts one MLP n_shared times as wide, added on every token.
-    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
-
-    from components import SharedExpertMoE
-
-    torch.manual_seed(0)
-    config = transformers.DeepseekV2Config(hidden_size=16, moe_intermediate_size=12, n_routed_experts=5,
-                                           num_experts_per_tok=2, n_shared_experts=2, routed_scaling_factor=1.0,
-                                           topk_method="greedy", num_attention_heads=2, num_key_value_heads=2)
-    theirs = DeepseekV2Moe(config)
-    with torch.no_grad():
-        for p in theirs.parameters():
-            p.normal_(0, 0.3)
-    ours = SharedExpertMoE(16, n_experts=5, top_k=2, n_shared=2, d_ff=12)
-    shared = theirs.shared_experts
-    with torch.no_grad():
-        ours.router.centroids.weight.copy_(theirs.gate.weight)
-        ours.experts.w_in.copy_(theirs.experts.gate_up_proj.transpose(1, 2))  # [E, d, gate | up]
-        ours.experts.w_out.copy_(theirs.experts.down_proj.transpose(1, 2))  # [E, d_ff, d]
-        ours.shared_expert.in_proj.weight.copy_(torch.cat([shared.gate_proj.weight, shared.up_proj.weight]))
-        ours.shared_expert.out_proj.weight.copy_(shared.down_proj.weight)
-    x = torch.randn(2, 9, 16)
-    want, got = theirs(x), ours(x)
-    assert relative_error(got, want) <= 1e-5
-    g = torch.randn_like(want)
-    (want * g).sum().backward()
-    (got * g).sum().backward()
-    assert relative_error(ours.router.centroids.weight.grad, theirs.gate.weight.grad) <= 1e-4
-    assert relative_error(ours.experts.w_in.grad, theirs.experts.gate_up_proj.grad.transpose(1, 2)) <= 1e-4
-    assert relative_error(ours.experts.w_out.grad, theirs.experts.down_proj.grad.transpose(1, 2)) <= 1e-4
-    shared_grad = torch.cat([shared.gate_proj.weight.grad, shared.up_proj.weight.grad])
-    assert relative_error(ours.shared_expert.in_proj.weight.grad, shared_grad) <= 1e-4
-    assert relative_error(ours.shared_expert.out_proj.weight.grad, shared.down_proj.weight.grad) <= 1e-4
+    grads = moe_as_zoo(theirs, lambda p: p.grad)
+    assert grads.keys() == dict(ours.named_parameters()).keys()
+    for name, grad in grads.items():
+        assert relative_error(ours.get_parameter(name).grad, grad) <= 1e-4, name
 
 
 def granite_as_zoo(hf: dict[str, torch.Tensor], moe: bool) -> dict[str, torch.Tensor]:
