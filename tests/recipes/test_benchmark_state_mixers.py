@@ -80,7 +80,7 @@ def test_the_command_prints_both_tables(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--d-model", "64"], "--d-model 64: CDMoE 1024, 4 heads×top-8 cannot match the 4-expert MoE's parameters"),
     (["--d-model", "96", "--experts", "256", "1000"], "--experts 1000: CDMoE: n_experts=1000 is not a perfect square"),
-    (["--d-model", "96", "--experts", "9"], "--experts 9: CDMoE: top_k=16 exceeds min"),
+    (["--d-model", "96", "--experts", "9"], "--experts 9: CDMoE: top_k=16 exceeds n_experts=9"),
 ])
 def test_a_size_that_cannot_be_built_is_refused_before_anything_is_timed(monkeypatch, capsys, argv, message):
     monkeypatch.setattr(state_mixers, "fwd_bwd_ms", lambda *args: pytest.fail("timed before the sizes were checked"))
