@@ -7,6 +7,7 @@ from torch import nn
 
 from components._checks import check_flags, check_positive
 from components.norm import at_least_fp32
+from zoo_kernels._backend import without_autocast
 
 
 class ForwardRecords:
@@ -109,7 +110,11 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Routing:
         """``x [M, d_model]`` → :class:`Routing` of the M tokens."""
-        probs = torch.softmax(at_least_fp32(self.centroids(x)), dim=-1)  # [M, E], fp32 (or fp64) for a stable softmax
+        # Switch Transformer's selective precision: the logits in at least fp32 even under autocast, whose bf16
+        # rounds close affinities together and sends some tokens (0.5% at E=16, top-2) elsewhere than fp32 would.
+        with without_autocast(x.device.type):
+            logits = nn.functional.linear(at_least_fp32(x), at_least_fp32(self.centroids.weight))  # [M, E]
+        probs = torch.softmax(logits, dim=-1)  # [M, E]
         gates, experts = top_k_lowest_index(probs, self.top_k)  # [M, k] each
         if self.normalize:
             gates = gates / gates.sum(dim=-1, keepdim=True)
