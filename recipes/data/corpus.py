@@ -165,6 +165,12 @@ def _file_pieces(path: Path, text_field: str, column: str, txt_separator: str | 
                 yield text, True
 
 
+def separator_begun(text: str, separator: str) -> int:
+    """The length of the longest end of ``text`` that begins ``separator`` (shorter than it): what the next lines
+    may complete."""
+    return next((n for n in range(min(len(separator) - 1, len(text)), 0, -1) if text.endswith(separator[:n])), 0)
+
+
 def _txt_pieces(path: Path, separator: str | None) -> Iterator[tuple[str, bool]]:
     """A ``.txt`` file as pieces of at most about PIECE_BYTES, cut at line ends; with a separator, each
     occurrence ends a document (the separator itself is dropped)."""
@@ -177,9 +183,9 @@ def _txt_pieces(path: Path, separator: str | None) -> Iterator[tuple[str, bool]]
                 for document in documents:
                     yield document, True
             if len(buffer) >= PIECE_BYTES:
-                # keep what could be the start of a separator that the next lines complete
-                keep = len(separator) - 1 if separator is not None else 0
-                cut = len(buffer) - keep
+                # keep what could be the start of a separator that the next lines complete (only that: holding back
+                # len(separator) - 1 characters cut the text inside a word, which then became other tokens)
+                cut = len(buffer) - (separator_begun(buffer, separator) if separator is not None else 0)
                 yield buffer[:cut], False
                 buffer = buffer[cut:]
     yield buffer, True

@@ -493,6 +493,10 @@ def test_a_long_txt_document_comes_in_pieces_cut_at_line_ends_that_join_to_it(tm
     pieces = list(corpus_module._txt_pieces(tmp_path / "sep.txt", "\n\n"))
     # the first line reaches 16: all of it goes but its last character, which the next line makes a separator
     assert pieces == [("0123456789abcde", False), ("", True), ("xy\n", True)]
+    # only a separator's possible beginning is held back: holding len(separator) - 1 characters cut the word
+    (tmp_path / "word.txt").write_text("abcdefghijklmnopqrstuvwxyz\n<DOC>\nxy\n")
+    pieces = list(corpus_module._txt_pieces(tmp_path / "word.txt", "\n<DOC>\n"))
+    assert pieces == [("abcdefghijklmnopqrstuvwxyz", False), ("", True), ("xy\n", True)]
     documents = ["line %d of a long document\n" % i * 3 for i in range(12)]
     (tmp_path / "long.txt").write_text("<DOC>".join(documents))
     data = corpus(tmp_path, str(tmp_path / "long.txt"), txt_separator="<DOC>", val_fraction=0.25)
