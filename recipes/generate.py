@@ -5,6 +5,11 @@
     python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "def " --max_new_tokens 500 --compile
     python -m recipes generate --config quickstart.yaml --ckpt_path last --prompt "def " --prompt "class " --prompt_file p.txt
 
+A model trained on documents (a BPE corpus: each document ends with its end-of-document token, which so also opens
+the next, or begins with the ``start_of_document_token`` of a model imported from Hugging Face) reads each prompt as
+a document's beginning: the prompt follows that token, and a continuation ends where the model ends its document (``--mid_document`` reads the prompt as a document's middle; ``--past_document_end`` goes
+on into the next one). An empty prompt then asks for a whole new document. A byte corpus has no such token.
+
 Several prompts (``--prompt`` and ``--prompt_file`` repeat, in the order given; ``-`` reads stdin) decode as one
 left-padded batch, each continuation printed under a ``==> prompt N <==`` line. One prompt's continuation is
 printed as its tokens come (``--no_stream``: once it is whole, which spares a GPU a wait for each token).
@@ -27,6 +32,11 @@ def finished_text(text: str) -> str:
     """``text`` without the replacement characters that the bytes of an unfinished multi-byte character decode to at
     its end: the next tokens may finish it into another character, so a stop string must not be looked for there."""
     return text.rstrip("\ufffd")
+
+
+def before_end(ids: list[int], end: int | None) -> list[int]:
+    """``ids`` up to (without) the first ``end`` token: a continuation ends with its document. (None: all of them.)"""
+    return ids[:ids.index(end)] if end is not None and end in ids else ids
 
 
 def cut_after(text: str, stop: str | None, start: int = 0) -> str:
@@ -92,6 +102,12 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--top_p", type=float, default=None)
     parser.add_argument("--stop", type=utf8_text, default=None,
                         help="end the continuation, and generation, after the first occurrence of this text")
+    parser.add_argument("--mid_document", action="store_true",
+                        help="the prompt continues a document already begun: no end-of-document token before it (by "
+                             "default there is one, as before every document the model trained on)")
+    parser.add_argument("--past_document_end", action="store_true",
+                        help="go on past the end-of-document token the model writes, into another document (by "
+                             "default the continuation ends there)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--allow_classes", nargs="*", action="extend", default=[],
                         help="packages whose classes the checkpoint may name (the recipe's own are trusted)")
@@ -129,20 +145,30 @@ def main(argv: list[str] | None = None) -> str:
         sys.exit(f"error: {error}")
     if args.extrapolate:  # (it changes no weight: validate's --model.extrapolate true, for one command)
         run.lm.model.extrapolate = True
+    end = getattr(data, "end_of_document", None)  # (a byte corpus has none)
+    start = getattr(data, "start_of_document", end)  # (a beginning-of-sequence token, or the end of the one before)
+    start = [start] if isinstance(start, int) and not args.mid_document else []
+    end = end if isinstance(end, int) and not args.past_document_end else None
     encoded = [data.encode(text) for text in args.prompts]
-    if not all(encoded):  # (generate's own error would not say which)
+    if not start and not all(encoded):  # (generate's own error would not say which)
         sys.exit(f"error: prompt {[len(ids) for ids in encoded].index(0) + 1} is empty; give at least one token")
-    prompt, padding = left_padded(encoded, args.device)  # [B, T], [B, T]
+    prompt, padding = left_padded([start + ids for ids in encoded], args.device)  # [B, T], [B, T]
     stop = data.encode(args.stop) if args.stop else []
 
-    def stop_text_found(new: torch.Tensor) -> torch.Tensor:  # [B, n] -> [B]: a longer stop ends generation too
-        return torch.tensor([args.stop in finished_text(data.decode(row)) for row in new.tolist()], device=new.device)
+    def ended(new: torch.Tensor) -> torch.Tensor:  # [B, n] -> [B]: the document's end, or a longer stop, ends generation
+        done = torch.zeros(new.shape[0], dtype=torch.bool, device=new.device)
+        if end is not None:
+            done |= (new == end).any(dim=1)
+        if len(stop) > 1:
+            done |= torch.tensor([args.stop in finished_text(data.decode(before_end(row, end))) for row in new.tolist()],
+                                 device=new.device)
+        return done
 
     stream = TextStream(data.decode, encoded[0], args.stop) if args.stream and len(encoded) == 1 else None
 
-    def streamed(new: torch.Tensor) -> torch.Tensor:  # [1, n] -> [1]: writes the text so far; stops at a longer stop
-        stream.update(new[0].tolist())
-        return stop_text_found(new) if len(stop) > 1 else torch.zeros(1, dtype=torch.bool, device=new.device)
+    def streamed(new: torch.Tensor) -> torch.Tensor:  # [1, n] -> [1]: writes the text so far
+        stream.update(before_end(new[0].tolist(), end))
+        return ended(new)
 
     try:
         out = run.lm.model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -150,11 +176,18 @@ def main(argv: list[str] | None = None) -> str:
                                     padding_mask=padding if bool(padding.any()) else None,
                                     generator=torch.Generator(args.device).manual_seed(args.seed),
                                     compile=args.compile,
-                                    stop_when=streamed if stream else stop_text_found if len(stop) > 1 else None)
+                                    stop_when=streamed if stream else ended if end is not None or len(stop) > 1 else None)
     except ValueError as error:  # a bad sampling setting or length, named by generate
         sys.exit(f"error: {error}")
-    texts = [cut_after(data.decode(row[prompt.shape[1] - len(ids):]), args.stop, start=len(data.decode(ids)))
-             for row, ids in zip(out.tolist(), encoded)]  # (each row without its left padding)
+    texts = []
+    for n, (row, ids) in enumerate(zip(out.tolist(), encoded), 1):
+        new = row[prompt.shape[1]:]  # (the row without its left padding and its start: ids + new)
+        kept = before_end(new, end)
+        whole = data.decode(ids + kept)
+        texts.append(cut_after(whole, args.stop, start=len(data.decode(ids))))
+        if len(kept) < len(new) and texts[-1] == whole:  # (said beside the text: a short one is not cut off)
+            print(f"(prompt {n}: the model ended the document after {len(kept)} new tokens; --past_document_end goes "
+                  "on)", file=sys.stderr, flush=True)
     printed = texts[0] if len(texts) == 1 else "\n\n".join(f"==> prompt {n} <==\n{text}"
                                                             for n, text in enumerate(texts, 1))
     if stream:

@@ -280,6 +280,10 @@ class TokenizedCorpus(ResumableDataModule):
         end_of_document_token: the special token that ends each document (default ``<|endoftext|>``; a model
             imported from Hugging Face ends them with its own end-of-sequence token); added to a tokenizer file
             that lacks it.
+        start_of_document_token: a token put before each document, as a Hugging Face model's beginning-of-sequence
+            token (``<s>``) was before each of its training documents; the tokenizer file must have it (default
+            None: none, the end of the document before opening each one, as GPT-2's ``<|endoftext|>`` does).
+            ``generate`` puts it (or else the end-of-document token) before a prompt.
         text_field: the ``.jsonl`` field holding the text (default ``"text"``).
         column: the ``.parquet`` column holding the text (default ``"text"``).
         txt_separator: splits plain-text files into documents; default None, one document per file.
@@ -308,6 +312,7 @@ class TokenizedCorpus(ResumableDataModule):
         vocab_size: int = 8192,
         padded_vocab_size: int | None = None,
         end_of_document_token: str = END_OF_DOCUMENT,
+        start_of_document_token: str | None = None,
         text_field: str = "text",
         column: str = "text",
         txt_separator: str | None = None,
@@ -341,6 +346,18 @@ class TokenizedCorpus(ResumableDataModule):
         if not isinstance(end_of_document_token, str) or not end_of_document_token:
             raise ValueError(f"TokenizedCorpus: end_of_document_token={end_of_document_token!r} must be a token's text")
         self.end_of_document_token = end_of_document_token
+        if start_of_document_token is not None:
+            if not isinstance(start_of_document_token, str) or not start_of_document_token:
+                raise ValueError(f"TokenizedCorpus: start_of_document_token={start_of_document_token!r} must be a "
+                                 "token's text, or None")
+            if start_of_document_token == end_of_document_token:
+                raise ValueError(f"TokenizedCorpus: start_of_document_token={start_of_document_token!r} is the end of "
+                                 "document token, which already comes before every document; leave it None")
+            if tokenizer is None or self._load_tokenizer(tokenizer).token_to_id(start_of_document_token) is None:
+                where = f"the tokenizer file {tokenizer}" if tokenizer else "a BPE trained on the corpus (no tokenizer file)"
+                raise ValueError(f"TokenizedCorpus: start_of_document_token={start_of_document_token!r} is not a token "
+                                 f"of {where}; it takes a token the tokenizer file has, as a model's <s>")
+        self.start_of_document_token = start_of_document_token
         if tokenizer is None and not (isinstance(vocab_size, int) and 257 <= vocab_size <= 2**32):
             raise ValueError(f"TokenizedCorpus: vocab_size={vocab_size!r} must be an integer >= 257 (bytes + end of document)")
         if padded_vocab_size is not None and tokenizer is None:
@@ -414,6 +431,8 @@ class TokenizedCorpus(ResumableDataModule):
         what = [CACHE_VERSION, source, tokenizer, self.text_field, self.column, self.txt_separator, self.val_every]
         if self.end_of_document_token != END_OF_DOCUMENT:  # (the default's caches keep their keys)
             what.append(self.end_of_document_token)
+        if self.start_of_document_token is not None:
+            what.append(["start", self.start_of_document_token])
         if self.domains is not None:
             what += [self.domains, self.domain_field]
         return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
@@ -545,6 +564,7 @@ class TokenizedCorpus(ResumableDataModule):
             self._train_bpe(building / "tokenizer.json")  # (its special tokens: the end of document)
             tokenizer = self._load_tokenizer(building / "tokenizer.json")
         end = tokenizer.token_to_id(self.end_of_document_token)
+        start = [] if self.start_of_document_token is None else [tokenizer.token_to_id(self.start_of_document_token)]
         # A document's text is text: an "<|endoftext|>" it writes (a page about tokenizers) is its characters, not the
         # end of a document, which only the loop below puts, after each one (nanoGPT's encode_ordinary).
         tokenizer.encode_special_tokens = True
@@ -557,13 +577,13 @@ class TokenizedCorpus(ResumableDataModule):
         with open(building / "train.bin", "wb") as train, open(building / "val.bin", "wb") as val, \
                 tqdm(total=total, unit="B", unit_scale=True, desc=f"tokenizing into {self.cache}") as progress:
             out = {"train": train, "val": val}
-            batch: list[tuple[str, bool, str]] = []
-            document = 0
+            batch: list[tuple[str, bool, str, bool]] = []
+            document, begins = 0, True
 
             def flush():
-                encodings = tokenizer.encode_batch([text for text, _, _ in batch], add_special_tokens=False)
-                for (text, ends, split), encoding in zip(batch, encodings):
-                    ids = encoding.ids + ([end] if ends else [])
+                encodings = tokenizer.encode_batch([text for text, *_ in batch], add_special_tokens=False)
+                for (text, ends, split, first), encoding in zip(batch, encodings):
+                    ids = (start if first else []) + encoding.ids + ([end] if ends else [])
                     np.asarray(ids, dtype=dtype).tofile(out[split])
                     counts[split][0] += ends
                     counts[split][1] += len(ids)
@@ -571,8 +591,9 @@ class TokenizedCorpus(ResumableDataModule):
                 batch.clear()
 
             for text, ends in self._pieces(seen_domains):
-                batch.append((text, ends, self.split_of(document)))
+                batch.append((text, ends, self.split_of(document), begins))  # (a document may come in several pieces)
                 document += ends
+                begins = ends
                 if len(batch) >= BATCH_PIECES:
                     flush()
             flush()
@@ -639,11 +660,19 @@ class TokenizedCorpus(ResumableDataModule):
 
     @property
     def end_of_document(self) -> int:
-        """The end-of-document token's id (it also opens every document: what an empty context is)."""
+        """The end-of-document token's id."""
         if self._file_only:
             return int(self.tokenizer.token_to_id(self.end_of_document_token))
         self.setup()
         return int(self.meta["end_of_document"])
+
+    @property
+    def start_of_document(self) -> int:
+        """The id of the token before every document: ``start_of_document_token``'s, else the end of the document
+        before (what an empty context is, and what a prompt follows)."""
+        if self.start_of_document_token is None:
+            return self.end_of_document
+        return int(self.tokenizer.token_to_id(self.start_of_document_token))
 
     def validation_tokens(self) -> torch.Tensor:
         """The validation split as one token stream ``[n]`` (int64; documents separated by end-of-document)."""

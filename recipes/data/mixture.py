@@ -133,6 +133,11 @@ class MixedCorpus(ResumableDataModule):
             named = ", ".join(f"corpora[{i}]: {end!r}" for i, end in enumerate(ends))
             raise ValueError(f"MixedCorpus: the corpora end their documents with different tokens ({named}); give "
                              "every corpus one end_of_document_token, so a model learns one end and generation stops at it")
+        starts = [corpus.start_of_document_token for corpus in self.corpora]
+        if len(set(starts)) > 1:
+            named = ", ".join(f"corpora[{i}]: {start!r}" for i, start in enumerate(starts))
+            raise ValueError(f"MixedCorpus: the corpora begin their documents differently ({named}); give every corpus "
+                             "one start_of_document_token (or none)")
         self.weights = [float(w) for w in weights]
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.vocab_size = max(c.vocab_size for c in self.corpora)
@@ -170,6 +175,10 @@ class MixedCorpus(ResumableDataModule):
     @property
     def end_of_document(self) -> int:
         return self.corpora[0].end_of_document
+
+    @property
+    def start_of_document(self) -> int:
+        return self.corpora[0].start_of_document
 
     def tokenizer_fingerprint(self) -> str:
         return self.corpora[0].tokenizer_fingerprint()  # (one tokenizer for all: setup checks)

@@ -32,8 +32,9 @@ class ZooLM(TemplateLM):
         model: the ``HybridLM`` (``LanguageModel.model``); put in eval mode.
         tokenizer: an object with ``encode(text) -> list[int]`` and ``decode(ids) -> str`` (a recipe's
             data module: bytes for ``TextCorpus``, the BPE for ``TokenizedCorpus``).
-        prefix_token: the token an empty context is replaced by (lm-eval uses the end-of-text token);
-            default: the tokenizer's ``end_of_document`` id if it has one, else the newline's.
+        prefix_token: the token an empty context is replaced by (lm-eval uses the beginning-of-sequence token, or
+            the end-of-text one); default: the tokenizer's ``start_of_document`` id if it has one (the end of
+            document's, unless the corpus has a start token), else the newline's.
         batch_size: sequences per forward (default 8).
         max_length: the longest input (default the model's ``max_seq_len``); longer ones are cut from
             the left, as lm-eval's Hugging Face model does.
@@ -58,10 +59,15 @@ class ZooLM(TemplateLM):
         # requests scored or generated, and those of them cut from the left to max_length (the command says so:
         # a passkey cut off its key scores chance, and nothing else would tell)
         self.requests_seen, self.requests_cut = 0, 0
-        if prefix_token is None:
-            end = getattr(tokenizer, "end_of_document", None)
-            prefix_token = end if isinstance(end, int) else tokenizer.encode("\n")[0]
+        end = getattr(tokenizer, "end_of_document", None)
+        if prefix_token is None:  # (lm-eval's: the beginning-of-sequence token if there is one, else the end of text)
+            start = getattr(tokenizer, "start_of_document", end)
+            prefix_token = start if isinstance(start, int) else tokenizer.encode("\n")[0]
         self._prefix = prefix_token
+        # the end-of-document token's text, which ends every generation as lm-eval's Hugging Face model adds its
+        # end-of-text token to each task's stop strings (a byte tokenizer has none: its newline, the empty context,
+        # is no end, and as a stop would cut every answer of several lines)
+        self._end_text = tokenizer.decode([end]) if isinstance(end, int) else None
 
     @property
     def device(self) -> torch.device:
@@ -163,7 +169,8 @@ class ZooLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy (or sampled, with ``do_sample``, a ``temperature`` and optionally ``top_k`` and ``top_p``)
-        continuation of each context, from the zoo's cache, cut at the first of the ``until`` strings. A setting
+        continuation of each context, from the zoo's cache, cut at the first of the ``until`` strings
+        (and, as lm-eval's Hugging Face model does, at the end-of-document token's text where the tokenizer has one). A setting
         the zoo's ``generate`` does not have (beam search, a repetition penalty) is refused by name, not ignored.
 
         Up to ``batch_size`` requests of the same budget and sampling are generated together, longest context
@@ -174,8 +181,11 @@ class ZooLM(TemplateLM):
         for request in requests:
             context, kwargs = request.args
             kwargs = dict(kwargs or {})
-            until = kwargs.pop("until", None) or [self.tok_decode([self.eot_token_id])]
+            until = kwargs.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
+            if self._end_text is not None and self._end_text not in until:  # (a continuation past it is the next document)
+                until.append(self._end_text)
+            until = until or [self.tok_decode([self.eot_token_id])]
             budget = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
             if budget > self.max_length and not self.model.extrapolate:  # (no context fits beside it)
                 raise ValueError(f"generate_until: a budget of {budget} new tokens (max_gen_toks) is more than the "

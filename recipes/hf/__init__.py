@@ -269,13 +269,14 @@ def export(source, out: str | Path, *, data=None, allow_classes=(), max_shard_si
     files = write_weights(state, out, shard_bytes)
     config["torch_dtype"] = config["dtype"]
     tokenizer = "none"
-    eos = None
+    eos = bos = None
     if data is not None:
         tokenizer = write_tokenizer(data, out, model.vocab_size)
         eos = getattr(data, "end_of_document", None) if hasattr(data, "meta") else None
-    config.update(bos_token_id=eos, eos_token_id=eos)
+        bos = getattr(data, "start_of_document", eos) if hasattr(data, "meta") else None
+    config.update(bos_token_id=bos, eos_token_id=eos)
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    (out / "generation_config.json").write_text(json.dumps({"_from_model_config": True, "bos_token_id": eos,
+    (out / "generation_config.json").write_text(json.dumps({"_from_model_config": True, "bos_token_id": bos,
                                                             "eos_token_id": eos, "pad_token_id": config.get("pad_token_id")},
                                                            indent=1))
     print(f"wrote {out}: {adapter.name}, {len(state)} tensors in {len(files)} file(s), tokenizer: {tokenizer}")

@@ -45,16 +45,16 @@ def write_tokenizer(data, out: Path, vocab_size: int) -> str:
         data.write_tokenizer_file(out / "tokenizer.json")
         file = getattr(data, "tokenizer_path", None)  # (a data module of one's own may write one without it)
         kind = f"the recipe's file {file}" if file else "the BPE trained on the corpus"
-        eos = data.end_of_document_token
+        eos, bos = data.end_of_document_token, getattr(data, "start_of_document_token", None)
     elif hasattr(data, "encode") and data.encode("é") == list("é".encode()):  # bytes
         byte_tokenizer(vocab_size).save(str(out / "tokenizer.json"))
-        kind, eos = "bytes", None
+        kind, eos, bos = "bytes", None, None
     else:
         raise ValueError(f"the recipe's data module {type(data).__name__} has no tokenizer to export (MQAR is not text)")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
               "model_max_length": 1_000_000_000_000}
     if eos:
-        config.update(eos_token=eos, bos_token=eos)
+        config.update(eos_token=eos, bos_token=bos or eos)  # (without its own, the end of one document opens the next)
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     return kind
 
@@ -71,30 +71,32 @@ def is_byte_tokenizer(tokenizer) -> bool:
     return tokenizer.get_vocab_size() == 256 and tokenizer.encode(text, add_special_tokens=False).ids == list(text.encode())
 
 
-def folder_eos_token(folder: Path, tokenizer) -> str | None:
-    """The end-of-sequence token of a Hugging Face folder (``tokenizer_config.json``'s ``eos_token`` when its
-    ``tokenizers.Tokenizer`` has it, else ``config.json``'s ``eos_token_id``), or None."""
+def folder_special_token(folder: Path, tokenizer, kind: str) -> str | None:
+    """The ``kind`` (``"eos"``: end, ``"bos"``: beginning) of sequence token of a Hugging Face folder
+    (``tokenizer_config.json``'s ``{kind}_token`` when its ``tokenizers.Tokenizer`` has it, else ``config.json``'s
+    ``{kind}_token_id``), or None."""
     settings = {}
     for name in ("tokenizer_config.json", "config.json"):
         try:
             settings[name] = json.loads((Path(folder) / name).read_text())
         except (OSError, ValueError):
             settings[name] = {}
-    eos = settings["tokenizer_config.json"].get("eos_token")
-    eos = eos.get("content") if isinstance(eos, dict) else eos
-    if not isinstance(eos, str) or tokenizer.token_to_id(eos) is None:
-        ids = settings["config.json"].get("eos_token_id")
+    token = settings["tokenizer_config.json"].get(f"{kind}_token")
+    token = token.get("content") if isinstance(token, dict) else token
+    if not isinstance(token, str) or tokenizer.token_to_id(token) is None:
+        ids = settings["config.json"].get(f"{kind}_token_id")
         ids = ids[0] if isinstance(ids, list) and ids else ids
-        eos = tokenizer.id_to_token(ids) if isinstance(ids, int) else None
-    return eos if isinstance(eos, str) and tokenizer.token_to_id(eos) is not None else None
+        token = tokenizer.id_to_token(ids) if isinstance(ids, int) else None
+    return token if isinstance(token, str) and tokenizer.token_to_id(token) is not None else None
 
 
 def corpus_settings(folder: Path, tokenizer, vocab_size: int) -> dict:
     """The ``TokenizedCorpus`` arguments that fit a Hugging Face folder's model to its ``tokenizers.Tokenizer``: the
-    model's end-of-sequence token ends documents (none is added to the vocabulary), and ``padded_vocab_size`` is
-    the model's where its embedding is padded past the tokenizer. A ``ValueError`` when the model has no row for the
-    tokenizer's tokens."""
-    eos = folder_eos_token(folder, tokenizer)
+    model's end-of-sequence token ends documents (none is added to the vocabulary), its beginning-of-sequence token,
+    where it has another, begins them (and prompts), and ``padded_vocab_size`` is the model's where its embedding is
+    padded past the tokenizer. A ``ValueError`` when the model has no row for the tokenizer's tokens."""
+    eos = folder_special_token(folder, tokenizer, "eos")
+    bos = folder_special_token(folder, tokenizer, "bos")
     tokens = tokenizer.get_vocab_size() + (tokenizer.token_to_id(eos or END_OF_DOCUMENT) is None)
     if tokens > vocab_size:
         added = "" if eos or tokenizer.token_to_id(END_OF_DOCUMENT) is not None else (
@@ -102,4 +104,6 @@ def corpus_settings(folder: Path, tokenizer, vocab_size: int) -> dict:
         raise ValueError(f"{folder}: the tokenizer has {tokens} tokens{added}, more than the model's {vocab_size} "
                          "embedding rows: fine-tuning would feed it ids it has no row for")
     settings = {"end_of_document_token": eos} if eos is not None and eos != END_OF_DOCUMENT else {}
+    if bos is not None and bos != (eos or END_OF_DOCUMENT):
+        settings["start_of_document_token"] = bos
     return {**settings, **({"padded_vocab_size": vocab_size} if vocab_size > tokens else {})}

@@ -5,6 +5,8 @@ and the run stopped), and the output stays within bf16 rounding of the fp32 forw
 gradients are the finite differences', so no path from input to output rounds to a narrower dtype (the rotary
 angles, a constant of the input, are fp32 as in Hugging Face's models)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -51,25 +53,31 @@ def test_a_mixer_in_float64_passes_gradcheck_on_its_output_and_auxiliary_loss(na
 
 
 def top_k_router_choice(d_model: int):
-    router = TopKRouter(d_model, n_experts=16, top_k=2)
-    return lambda x: router(x).experts  # [M, 2]
+    return TopKRouter(d_model, n_experts=16, top_k=2), lambda router, x: router(x).experts  # [M, 2]
 
 
 def cdmoe_choice(d_model: int, key_dim: int | None):
     mixer = CDMoE(d_model, n_experts=256, n_heads=2, top_k=4, key_dim=key_dim)
-    return lambda x: product_key_topk(*mixer.half_scores(x), mixer.top_k)[1]  # [M, 2, 4]
+    return mixer, lambda mixer, x: product_key_topk(*mixer.half_scores(x), mixer.top_k)[1]  # [M, 2, 4]
 
 
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
 @pytest.mark.parametrize("choice", [top_k_router_choice, lambda d: cdmoe_choice(d, 64), lambda d: cdmoe_choice(d, None)],
                          ids=["TopKRouter", "CDMoE query and keys", "CDMoE scores directly"])
-def test_routing_under_bf16_autocast_picks_the_experts_fp32_picks(choice):
-    """Switch Transformer's selective precision: the routers score in fp32 whatever autocast says. In bf16 the scores
-    of close candidates tie or swap, and 0.5% of tokens (TopKRouter, top-2 of 16) or 7.7% (CDMoE, top-4 of 256 by
-    product keys) went to other experts than the same weights pick in fp32."""
+def test_routing_in_bf16_picks_the_experts_fp32_picks(choice, precision):
+    """Switch Transformer's selective precision: the routers score in fp32 whatever autocast says, and from bf16
+    weights and inputs (``bf16-true``) too. In bf16 the scores of close candidates tie or swap, and under autocast
+    0.5% of tokens (TopKRouter, top-2 of 16) or 7.7% (CDMoE, top-4 of 256 by product keys) went to other experts than
+    the same weights pick in fp32."""
     torch.manual_seed(0)
-    pick = choice(256)
+    module, pick = choice(256)
     x = torch.randn(4096, 256)
-    full = pick(x)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        half = pick(x)
+    if precision == "bf16-true":  # the same bf16 values, scored in fp32
+        module = module.to(torch.bfloat16)
+        half = pick(module, x.bfloat16())
+        full = pick(copy.deepcopy(module).float(), x.bfloat16().float())
+    else:
+        full = pick(module, x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            half = pick(module, x)
     assert torch.equal(half, full)

@@ -531,6 +531,36 @@ def test_another_end_of_document_token_is_another_cache(tmp_path):
     assert len(set(keys.values())) == 3
 
 
+def test_a_start_of_document_token_opens_every_document_once_and_is_what_a_prompt_follows(tmp_path, monkeypatch):
+    """A model imported from Hugging Face saw its ``<s>`` before each document: fine-tuned, it sees it there too (once
+    per document, though a long one is read in pieces), and ``start_of_document`` is what ``generate`` and lm-eval's
+    empty context put first. Without one, the end of the document before opens each one."""
+    monkeypatch.setattr(corpus_module, "PIECE_BYTES", 50)  # several pieces per document
+    word_level(tmp_path / "words.json", ["<s>", "brown", "fox", "quick", "<|endoftext|>"])
+    documents = [" ".join(["quick brown fox"] * (1 + i % 9)) for i in range(30)]
+    (tmp_path / "all.txt").write_text("\n<DOC>\n".join(documents))
+    data = corpus(tmp_path, str(tmp_path / "all.txt"), tokenizer=str(tmp_path / "words.json"), txt_separator="\n<DOC>\n",
+                  start_of_document_token="<s>")
+    assert data.start_of_document == 1 and data.end_of_document == 5  # (from the file: nothing tokenized yet)
+    data.setup()
+    for split in ("train", "val"):
+        tokens = np.fromfile(data.cache / f"{split}.bin", dtype=data.meta["dtype"]).tolist()
+        opened = [tokens[0]] + [after for before, after in zip(tokens, tokens[1:]) if before == 5]
+        assert tokens.count(1) == tokens.count(5) == data.meta["documents"][split] > 1
+        assert opened == [1] * tokens.count(5) and tokens[-1] == 5  # each document opened by <s>, and only there
+        held = [d for i, d in enumerate(documents) if (i % 10 == 9) == (split == "val")]
+        assert tokens == [t for d in held for t in [1, *data.encode(d), 5]]
+    plain = corpus(tmp_path, str(tmp_path / "all.txt"), tokenizer=str(tmp_path / "words.json"), txt_separator="\n<DOC>\n")
+    assert plain.start_of_document == plain.end_of_document == 5 and plain.cache_key() != data.cache_key()
+    with pytest.raises(ValueError, match=r"start_of_document_token='<bos>' is not a token of the tokenizer file "):
+        corpus(tmp_path, str(tmp_path / "all.txt"), tokenizer=str(tmp_path / "words.json"), start_of_document_token="<bos>")
+    with pytest.raises(ValueError, match=r"start_of_document_token='<s>' is not a token of a BPE trained on the corpus"):
+        corpus(tmp_path, str(tmp_path / "all.txt"), start_of_document_token="<s>")
+    with pytest.raises(ValueError, match=r"start_of_document_token='<\|endoftext\|>' is the end of document token"):
+        corpus(tmp_path, str(tmp_path / "all.txt"), tokenizer=str(tmp_path / "words.json"),
+               start_of_document_token="<|endoftext|>")
+
+
 def test_encoding_adds_no_special_token_a_tokenizer_would_add_and_decoding_keeps_them(tmp_path):
     """A tokenizer file with a post-processor (a BOS before every text, as Llama's adds) gives the cache and
     ``encode`` the text's own tokens: the documents' boundaries are the end-of-document tokens alone. A trained
@@ -806,6 +836,9 @@ def test_a_mixture_takes_its_proportions_and_resumes_exactly(tmp_path):
     with pytest.raises(ValueError, match=r"different tokens \(corpora\[0\]: '<\|endoftext\|>', corpora\[1\]: '<eod>'\)"):
         MixedCorpus([{"paths": small, **common, "tokenizer": str(both)},
                      {"paths": large, **common, "tokenizer": str(both), "end_of_document_token": "<eod>"}], [1, 1])
+    with pytest.raises(ValueError, match=r"begin their documents differently \(corpora\[0\]: None, corpora\[1\]: '<eod>'\)"):
+        MixedCorpus([{"paths": small, **common, "tokenizer": str(both)},
+                     {"paths": large, **common, "tokenizer": str(both), "start_of_document_token": "<eod>"}], [1, 1])
     # a corpus's own setting that the mixture would override, a typo, a built corpus of another length: named
     with pytest.raises(ValueError, match=r"corpora\[1\] sets seq_len; the mixture's seq_len, batch_size and seed"):
         MixedCorpus([{"paths": small, **common}, {"paths": large, "seq_len": 16, **common}], [1, 1], seq_len=8)

@@ -212,6 +212,48 @@ def test_generate_until_is_generate_cut_at_the_first_stop_string():
     assert alone  # (the budget of max_seq_len itself fits after the context's last token)
 
 
+class BytesWithAnEnd:
+    """Bytes, with one byte id standing for the end of a document (decoded as ``<|endoftext|>``)."""
+
+    def __init__(self, end: int):
+        self.end_of_document = end
+
+    encode = staticmethod(BYTES.encode)
+
+    def decode(self, ids: list[int]) -> str:
+        pieces, piece = [], []
+        for i in ids:
+            if i == self.end_of_document:
+                pieces += [BYTES.decode(piece), "<|endoftext|>"]
+                piece = []
+            else:
+                piece.append(i)
+        return "".join(pieces + [BYTES.decode(piece)])
+
+
+def test_generate_until_also_stops_at_the_end_of_document_as_lm_evals_hugging_face_model_does():
+    """lm-eval's Hugging Face model adds its end-of-text token to every task's stop strings; the zoo's stopped there
+    only for a task without any, so a continuation ran on into the next document. A byte tokenizer has no end of
+    document: its empty context, a newline, is not made a stop."""
+    model = tiny()
+    prompt = "Once upon a time"
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([BYTES.encode(prompt)]), 20)[0, len(prompt):].tolist()
+    end = ids[1]  # a byte the greedy continuation holds (not first), standing for the end of a document
+    tokenizer = BytesWithAnEnd(end)
+    lm = ZooLM(model, tokenizer)
+    [got] = lm.generate_until([request("generate_until", prompt, {"until": ["zzz"], "max_gen_toks": 20})])
+    assert got == tokenizer.decode(ids[:ids.index(end)]) and 0 < len(got) < 10
+    assert lm.prefix_token_id == end  # the end of a document opens the next: an empty context
+    tokenizer.start_of_document = 7  # a corpus with a start-of-document token of its own (an imported Llama's <s>)
+    assert ZooLM(model, tokenizer).prefix_token_id == 7
+    # bytes: no end of document, and the newline that is their empty context is no stop
+    lines = torch.tensor([BYTES.encode(prompt) + list(b"A\nB\n")])
+    model.generate = lambda *args, **kwargs: lines
+    [plain] = ZooLM(model, BYTES).generate_until([request("generate_until", prompt, {"until": ["zzz"], "max_gen_toks": 4})])
+    assert plain == "A\nB\n"
+
+
 @pytest.mark.parametrize("pattern", ["SM AM", "AM"])
 def test_generate_until_in_batches_is_each_request_alone_and_stops_once_every_one_has_its_stop(pattern):
     """Batched (left-padded contexts of different lengths, each its own stop strings) equals each request generated

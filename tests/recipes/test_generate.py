@@ -68,8 +68,9 @@ def test_generate_reads_the_prompt_with_the_tokenizer_the_run_trained(tmp_path, 
     text = main(["--config", "quickstart_bpe.yaml", "--ckpt_path", "last", "--prompt", "the cat", "--max_new_tokens", "6"])
     corpus = TokenizedCorpus("mine.jsonl", vocab_size=300, cache_dir="cache", seq_len=32, batch_size=4)
     model = LanguageModel.load_from_checkpoint(next(tmp_path.glob("runs/**/last.ckpt"))).model
-    ids = model.generate(torch.tensor([corpus.encode("the cat")]), 6)
-    assert text == corpus.decode(ids[0].tolist())
+    end = corpus.end_of_document
+    ids = model.generate(torch.tensor([[end, *corpus.encode("the cat")]]), 6)  # (as every document began)
+    assert text == corpus.decode(ids[0, 1:].tolist()) and end not in ids[0, 1:]
 
     # The corpus grows: its BPE, trained on the files as they are now, is another, and so would the prompt's ids be.
     checkpoint = next(tmp_path.glob("runs/**/last.ckpt"))
@@ -88,6 +89,64 @@ def test_generate_reads_the_prompt_with_the_tokenizer_the_run_trained(tmp_path, 
         cli(["fit", "--config", "quickstart_bpe.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads",
              "2", *data, "--trainer.max_steps", "5", "--trainer.limit_val_batches", "0",
              "--trainer.enable_progress_bar", "false", "--model.init_from", str(checkpoint)])
+
+
+def test_a_prompt_opens_a_document_and_its_continuation_ends_with_the_document(tmp_path, monkeypatch, capsys):
+    """Every document the model trained on came after an end-of-document token: a prompt comes after one too
+    (``--mid_document``: not), and the continuation ends where the model writes the next one, which generation stops
+    at (``--past_document_end`` goes on). An empty prompt then asks for a whole document. (The model's tokens are
+    scripted here: a 3-step model writes an end of document when it likes.)"""
+    import json
+
+    import components.generation as generation
+    from components import HybridLM
+    from recipes.data import TokenizedCorpus
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps({"text": f"the cat sat on mat {i} " * 4}) + "\n" for i in range(40)))
+    data = ["--data.paths", "mine.jsonl", "--data.vocab_size", "300", "--data.cache_dir", "cache", "--data.seq_len", "16",
+            "--data.batch_size", "4"]
+    cli(["fit", "--config", "quickstart_bpe.yaml", "--model.d_model", "32", "--model.mixers.A.init_args.n_heads", "2",
+         *data, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"])
+    corpus = TokenizedCorpus("mine.jsonl", vocab_size=300, cache_dir="cache", seq_len=16, batch_size=4)
+    end, cat = corpus.end_of_document, corpus.encode("the cat")
+    script = [*corpus.encode(" sat on"), end, *corpus.encode(" mat 7")]
+    fed, sampled = [], []
+
+    def scripted(logits, **settings):  # [B, V] -> [B]: the script's next token for every row
+        sampled.append(len(sampled))
+        return torch.full((logits.shape[0],), script[min(len(sampled) - 1, len(script) - 1)], dtype=torch.long)
+
+    generate = HybridLM.generate
+
+    def recorded(model, input_ids, *args, **kwargs):
+        fed.append(input_ids.tolist())
+        sampled.clear()
+        return generate(model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(generation, "sample_next", scripted)
+    monkeypatch.setattr(HybridLM, "generate", recorded)
+    base = ["--config", "quickstart_bpe.yaml", "--ckpt_path", "last", "--max_new_tokens", "12"]
+    capsys.readouterr()
+    k = script.index(end)
+    text = main([*base, "--prompt", "the cat"])
+    out, err = capsys.readouterr()
+    assert fed[-1] == [[end, *cat]] and text == corpus.decode(cat + script[:k]) == out.rstrip("\n")
+    assert len(sampled) == k + 1  # generation stopped at the end, not at --max_new_tokens
+    assert f"(prompt 1: the model ended the document after {k} new tokens; --past_document_end goes on)" in err
+    assert main([*base, "--prompt", "the cat", "--no_stream"]) == text
+    assert main([*base, "--prompt", "the cat", "--mid_document"]) == text and fed[-1] == [cat]
+    capsys.readouterr()
+    past = main([*base, "--prompt", "the cat", "--past_document_end"])
+    assert past == corpus.decode(cat + (script + [script[-1]] * 12)[:12]) and "<|endoftext|>" in past
+    assert "ended the document" not in capsys.readouterr().err
+    assert main([*base, "--prompt", ""]) == corpus.decode(script[:k]) and fed[-1] == [[end]]  # a new document
+    with pytest.raises(SystemExit, match="error: prompt 1 is empty"):  # (nothing to continue)
+        main([*base, "--prompt", "", "--mid_document"])
+    both = main([*base, "--prompt", "the cat", "--prompt", "sat"])
+    assert both == f"==> prompt 1 <==\n{text}\n\n==> prompt 2 <==\n{corpus.decode(corpus.encode('sat') + script[:k])}"
+    sat = corpus.encode("sat")
+    assert fed[-1][0][-len(cat) - 1:] == [end, *cat] and fed[-1][1][-len(sat) - 1:] == [end, *sat]
 
 
 def test_generate_without_a_checkpoint_is_a_named_error(tmp_path, monkeypatch):

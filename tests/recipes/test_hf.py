@@ -315,11 +315,15 @@ def test_an_imported_model_generates_and_is_evaluated_before_any_corpus_is_there
     monkeypatch.chdir(tmp_path / "out")
     assert not (tmp_path / "out" / "data").exists()
     text = generate(["--config", "llama.yaml", "--ckpt_path", "llama.ckpt", "--prompt", "ab", "--max_new_tokens", "6"])
-    expected = hf.generate(torch.tensor([[97, 98]]), max_new_tokens=6, do_sample=False, eos_token_id=None,
-                           pad_token_id=0, attention_mask=torch.ones(1, 2, dtype=torch.long))[0].tolist()
-    assert len(expected) == 8
-    data = TokenizedCorpus(tokenizer=str(tmp_path / "out" / "llama.tokenizer.json"))
-    assert text == data.decode(expected)  # Hugging Face's own greedy continuation, decoded
+    # Hugging Face's own greedy continuation: after its beginning-of-sequence token (config.json's 1, which its
+    # tokenizer would add), up to its end-of-sequence token (2), which the recipe's documents end with
+    settings = yaml.safe_load((tmp_path / "out" / "llama.yaml").read_text())["data"]["init_args"]
+    data = TokenizedCorpus(tokenizer=str(tmp_path / "out" / "llama.tokenizer.json"),
+                           **{k: settings[k] for k in ("start_of_document_token", "end_of_document_token")})
+    assert (data.start_of_document, data.end_of_document) == (1, 2)
+    expected = hf.generate(torch.tensor([[1, 97, 98]]), max_new_tokens=6, do_sample=False, pad_token_id=0,
+                           attention_mask=torch.ones(1, 3, dtype=torch.long))[0, 3:].tolist()
+    assert text == data.decode([97, 98] + (expected[:expected.index(2)] if 2 in expected else expected))
     scores = evaluate(["--config", "llama.yaml", "--ckpt_path", "llama.ckpt", "--tasks", "zoo_cloze", "--limit", "4"])
     assert 0 <= scores["harness"]["results"]["zoo_cloze"]["acc,none"] <= 1
 
@@ -350,8 +354,16 @@ def test_an_imported_model_fine_tunes_with_its_own_end_of_sequence_token_and_emb
     assert run.model.model.vocab_size == model_vocab and "init_from: loaded 10 tensors" in capsys.readouterr().out
     run.datamodule.setup()
     assert run.datamodule.end_of_document == run.datamodule.meta["end_of_document"] == 257  # </s>, nothing added
+    assert run.datamodule.start_of_document == 256  # <s>: Llama's documents began with it
     tokens = np.fromfile(run.datamodule.cache / "train.bin", dtype=run.datamodule.meta["dtype"])
-    assert int(tokens.max()) == 257 and (tokens == 257).sum() == run.datamodule.meta["documents"]["train"]
+    assert int(tokens.max()) == 257 and (tokens == 257).sum() == (tokens == 256).sum() == run.datamodule.meta["documents"]["train"]
+    assert tokens[0] == 256 and tokens[-1] == 257
+    # exported again, the folder says so as it did
+    main(["export", "--config", "llama.yaml", "--ckpt_path", "llama.ckpt", "--out", "again"])
+    config = json.loads((tmp_path / "out" / "again" / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (256, 257)
+    written = json.loads((tmp_path / "out" / "again" / "tokenizer_config.json").read_text())
+    assert (written["bos_token"], written["eos_token"]) == ("<s>", "</s>")
 
 
 def test_an_import_whose_tokenizer_outgrows_the_model_is_refused(tmp_path):
@@ -375,23 +387,28 @@ def test_the_end_of_sequence_token_and_the_embedding_padding_an_import_reads_fro
     bytes only if it encodes text to its bytes."""
     from tokenizers import Tokenizer, models
 
-    from recipes.hf.tokenizer import byte_tokenizer, corpus_settings, folder_eos_token, is_byte_tokenizer
+    from recipes.hf.tokenizer import byte_tokenizer, corpus_settings, folder_special_token, is_byte_tokenizer
 
     words = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(256)}, unk_token="w0"))
     assert not is_byte_tokenizer(words) and is_byte_tokenizer(byte_tokenizer()) and not is_byte_tokenizer(byte_tokenizer(257))
     folder = tmp_path / "folder"
     folder.mkdir()
-    assert folder_eos_token(folder, words) is None and corpus_settings(folder, words, 257) == {}  # <|endoftext|> added
+    assert folder_special_token(folder, words, "eos") is None and corpus_settings(folder, words, 257) == {}  # <|endoftext|> added
     (folder / "config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
-    assert folder_eos_token(folder, words) == "w7"
+    assert folder_special_token(folder, words, "eos") == "w7"
     assert corpus_settings(folder, words, 300) == {"end_of_document_token": "w7", "padded_vocab_size": 300}
     assert corpus_settings(folder, words, 256) == {"end_of_document_token": "w7"}
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": [7, 8], "bos_token_id": 7}))  # one token: no start
+    assert corpus_settings(folder, words, 256) == {"end_of_document_token": "w7"}
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": [7, 8], "bos_token_id": 5}))
+    assert corpus_settings(folder, words, 256) == {"end_of_document_token": "w7", "start_of_document_token": "w5"}
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "w9"}}))
-    assert folder_eos_token(folder, words) == "w9"
+    assert folder_special_token(folder, words, "eos") == "w9"
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))  # a token the tokenizer lacks
-    assert folder_eos_token(folder, words) == "w7"  # config.json's, then
+    assert folder_special_token(folder, words, "eos") == "w7"  # config.json's, then
     (folder / "config.json").write_text(json.dumps({"eos_token_id": 999}))  # an id past the vocabulary: none
-    assert folder_eos_token(folder, words) is None
+    assert folder_special_token(folder, words, "eos") is None
     (folder / "config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
     with pytest.raises(ValueError, match=r"the tokenizer has 256 tokens, more than the model's 200 embedding rows"):
         (folder / "tokenizer_config.json").unlink()
