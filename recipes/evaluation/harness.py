@@ -68,6 +68,10 @@ class ZooLM(TemplateLM):
         # end-of-text token to each task's stop strings (a byte tokenizer has none: its newline, the empty context,
         # is no end, and as a stop would cut every answer of several lines)
         self._end_text = tokenizer.decode([end]) if isinstance(end, int) else None
+        # A corpus with a beginning-of-sequence token of its own (an imported Llama's <s>) begins every text with it,
+        # as the model's Hugging Face tokenizer does, and lm-eval's Hugging Face model encodes with that tokenizer
+        start = getattr(tokenizer, "start_of_document", None)
+        self._begin = [start] if isinstance(start, int) and start != end else []
 
     @property
     def device(self) -> torch.device:
@@ -78,7 +82,7 @@ class ZooLM(TemplateLM):
         return self._prefix
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        return list(self.tokenizer_.encode(string))
+        return self._begin + list(self.tokenizer_.encode(string))
 
     def tok_decode(self, tokens: list[int]) -> str:
         return self.tokenizer_.decode(list(tokens))

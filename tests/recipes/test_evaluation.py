@@ -245,8 +245,10 @@ def test_generate_until_also_stops_at_the_end_of_document_as_lm_evals_hugging_fa
     [got] = lm.generate_until([request("generate_until", prompt, {"until": ["zzz"], "max_gen_toks": 20})])
     assert got == tokenizer.decode(ids[:ids.index(end)]) and 0 < len(got) < 10
     assert lm.prefix_token_id == end  # the end of a document opens the next: an empty context
+    tokenizer.start_of_document = end  # (as a TokenizedCorpus without a start token of its own says)
+    assert ZooLM(model, tokenizer).tok_encode("ab") == BYTES.encode("ab")  # a context is its own text
     tokenizer.start_of_document = 7  # a corpus with a start-of-document token of its own (an imported Llama's <s>)
-    assert ZooLM(model, tokenizer).prefix_token_id == 7
+    assert ZooLM(model, tokenizer).prefix_token_id == 7 and ZooLM(model, tokenizer).tok_encode("ab") == [7, 97, 98]
     # bytes: no end of document, and the newline that is their empty context is no stop
     lines = torch.tensor([BYTES.encode(prompt) + list(b"A\nB\n")])
     model.generate = lambda *args, **kwargs: lines
@@ -1309,3 +1311,44 @@ def test_requests_longer_than_the_model_takes_are_counted_in_a_note(tmp_path, mo
                     "as lm-eval's Hugging Face model cuts them: where the answer depends on what was cut (a passkey's "
                     "key), the score is chance's")
     assert run_harness(tiny(max_seq_len=4096), BYTES, args)[2] is None  # (every cloze context fits)
+
+
+def test_an_imported_llama_whose_tokenizer_adds_its_bos_scores_and_generates_as_lm_evals_hugging_face_model(tmp_path):
+    """lm-eval's Hugging Face model encodes with the model's tokenizer, whose post-processor puts ``<s>`` before every
+    text (Llama's does); the zoo's adapter encoded without it, so an imported Llama was scored on text it never saw
+    without its ``<s>``: 2.5e-2 off in a log-likelihood, 5.5 in a rolling one, and another greedy answer. The import
+    makes ``<s>`` the corpus's start of document, which the adapter puts first: the same numbers, on the same
+    weights."""
+    transformers = pytest.importorskip("transformers")
+    from lm_eval.models.huggingface import HFLM
+    from tokenizers import processors
+
+    from recipes.data import TokenizedCorpus
+    from recipes.hf import from_pretrained
+    from recipes.hf.tokenizer import byte_tokenizer, corpus_settings
+
+    folder = tmp_path / "llama"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=258, hidden_size=32, num_hidden_layers=2, intermediate_size=48, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, bos_token_id=256, eos_token_id=257)).save_pretrained(folder)
+    tokenizer = byte_tokenizer()
+    tokenizer.add_special_tokens(["<s>", "</s>"])  # 256, 257
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 256)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                              "bos_token": "<s>", "eos_token": "</s>"}))
+    theirs = HFLM(pretrained=str(folder), batch_size=4, device="cpu", dtype="float32")
+    assert theirs.tok_encode("ab") == [256, 97, 98]
+    data = TokenizedCorpus(tokenizer=str(folder / "tokenizer.json"), **corpus_settings(folder, tokenizer, 258))
+    ours = ZooLM(from_pretrained(folder).eval(), data, batch_size=3)
+    assert ours.tok_encode("ab") == [256, 97, 98] and ours.prefix_token_id == 256
+    pairs = [("The cat", " sat"), ("", "hello"), ("Question: 2+2?", " 4"), ("x", "yz")]
+    want = theirs.loglikelihood([request("loglikelihood", *p) for p in pairs], disable_tqdm=True)
+    got = ours.loglikelihood([request("loglikelihood", *p) for p in pairs], disable_tqdm=True)
+    assert [s for s, _ in got] == pytest.approx([s for s, _ in want], abs=1e-4)
+    assert [g for _, g in got] == [g for _, g in want]
+    text = [request("loglikelihood_rolling", "hello world, a longer text " * 3)]
+    assert ours.loglikelihood_rolling(text) == pytest.approx(theirs.loglikelihood_rolling(text, disable_tqdm=True), abs=1e-3)
+    asks = [request("generate_until", c, {"until": ["\n\n"], "max_gen_toks": 12}) for c in ("Once", "The cat sat")]
+    assert ours.generate_until(asks) == theirs.generate_until(asks, disable_tqdm=True)
