@@ -7,8 +7,9 @@
 
 A model trained on documents (a BPE corpus: each document ends with its end-of-document token, which so also opens
 the next, or begins with the ``start_of_document_token`` of a model imported from Hugging Face) reads each prompt as
-a document's beginning: the prompt follows that token, and a continuation ends where the model ends its document (``--mid_document`` reads the prompt as a document's middle; ``--past_document_end`` goes
-on into the next one). An empty prompt then asks for a whole new document. A byte corpus has no such token.
+a document's beginning: the prompt follows that token, and a continuation ends where the model ends its document
+(``--mid_document`` reads the prompt as a document's middle; ``--past_document_end`` goes on into the next one). An
+empty prompt then asks for a whole new document. A byte corpus has no such token.
 
 Several prompts (``--prompt`` and ``--prompt_file`` repeat, in the order given; ``-`` reads stdin) decode as one
 left-padded batch, each continuation printed under a ``==> prompt N <==`` line. One prompt's continuation is

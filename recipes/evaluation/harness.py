@@ -173,9 +173,9 @@ class ZooLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy (or sampled, with ``do_sample``, a ``temperature`` and optionally ``top_k`` and ``top_p``)
-        continuation of each context, from the zoo's cache, cut at the first of the ``until`` strings
-        (and, as lm-eval's Hugging Face model does, at the end-of-document token's text where the tokenizer has one). A setting
-        the zoo's ``generate`` does not have (beam search, a repetition penalty) is refused by name, not ignored.
+        continuation of each context, from the zoo's cache, cut at the first of the ``until`` strings (and, as
+        lm-eval's Hugging Face model does, at the end-of-document token's text where the tokenizer has one). A
+        setting the zoo's ``generate`` does not have (beam search, a repetition penalty) is refused by name, not ignored.
 
         Up to ``batch_size`` requests of the same budget and sampling are generated together, longest context
         first (left-padded, with positions from each one's first real token), and generation ends once each of them
