@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> str:
 
     def ended(new: torch.Tensor) -> torch.Tensor:  # [B, n] -> [B]: the document's end, or a longer stop, ends generation
         done = torch.zeros(new.shape[0], dtype=torch.bool, device=new.device)
-        if end is not None:
-            done |= (new == end).any(dim=1)
+        if end is not None:  # (generate keeps what held at earlier steps: the newest token is enough)
+            done |= new[:, -1] == end
         if len(stop) > 1:
             done |= torch.tensor([args.stop in finished_text(data.decode(before_end(row, end))) for row in new.tolist()],
                                  device=new.device)

@@ -60,8 +60,8 @@ class ZooLM(TemplateLM):
         # a passkey cut off its key scores chance, and nothing else would tell)
         self.requests_seen, self.requests_cut = 0, 0
         end = getattr(tokenizer, "end_of_document", None)
+        start = getattr(tokenizer, "start_of_document", end)
         if prefix_token is None:  # (lm-eval's: the beginning-of-sequence token if there is one, else the end of text)
-            start = getattr(tokenizer, "start_of_document", end)
             prefix_token = start if isinstance(start, int) else tokenizer.encode("\n")[0]
         self._prefix = prefix_token
         # the end-of-document token's text, which ends every generation as lm-eval's Hugging Face model adds its
@@ -70,7 +70,6 @@ class ZooLM(TemplateLM):
         self._end_text = tokenizer.decode([end]) if isinstance(end, int) else None
         # A corpus with a beginning-of-sequence token of its own (an imported Llama's <s>) begins every text with it,
         # as the model's Hugging Face tokenizer does, and lm-eval's Hugging Face model encodes with that tokenizer
-        start = getattr(tokenizer, "start_of_document", None)
         self._begin = [start] if isinstance(start, int) and start != end else []
 
     @property
