@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from components._checks import check_divisible, check_flags, check_mixer_input, check_positive
+from components._checks import check_divisible, check_flags, check_mixer_input, check_number, check_positive
 from components.context import Context
 from components.flops import attention_flops_per_token
 from components.norm import RMSNorm
@@ -15,14 +15,24 @@ class QueryKeyPositions(nn.Module):
     """What Q and K go through before the scores, shared by QCAttention and InnerFuncAttention:
     an optional per-head RMSNorm (``qk_norm``, Doge's attention; one gain per head channel, shared by
     the heads) and then RoPE from the context's shared table (unless ``rope=False``, as Jamba's
-    attention, which has no positional encoding)."""
+    attention, which has no positional encoding) on the first ``rope_fraction`` of each head's channels
+    (GPT-NeoX's partial rotary; Bamba rotates half); the others carry no position."""
 
-    def __init__(self, owner: str, head_dim: int, *, rope: bool, qk_norm: bool, norm_eps: float):
+    def __init__(self, owner: str, head_dim: int, *, rope: bool, qk_norm: bool, norm_eps: float,
+                 rope_fraction: float = 1.0):
         super().__init__()
         check_flags(owner, rope=rope, qk_norm=qk_norm)
-        if rope and head_dim % 2 != 0:
+        check_number(owner, "rope_fraction", rope_fraction, low=0, above=True)
+        if rope_fraction > 1:
+            raise ValueError(f"{owner}: rope_fraction={rope_fraction!r} must be at most 1 (the share of a head RoPE turns)")
+        rope_dim = head_dim * rope_fraction
+        if rope and rope_fraction == 1 and head_dim % 2 != 0:
             raise ValueError(f"{owner}: head_dim = d_model / n_heads = {head_dim} must be even for RoPE")
-        self.head_dim, self.rope = head_dim, rope
+        if rope and (rope_dim != int(rope_dim) or int(rope_dim) % 2 != 0):
+            raise ValueError(f"{owner}: head_dim·rope_fraction = {head_dim}·{rope_fraction:g} = {rope_dim:g} must be an "
+                             "even whole number of channels for RoPE")
+        self.head_dim, self.rope, self.rope_fraction = head_dim, rope, rope_fraction
+        self.rope_dim = int(rope_dim)
         self.q_norm = RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
 
@@ -31,17 +41,24 @@ class QueryKeyPositions(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
-            cos, sin = context.rotary_tables(self.head_dim)  # [B, T, Dh]
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            cos, sin = context.rotary_tables(self.rope_dim)  # [B, T, rope_dim]
+            q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
         return q, k
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.rope_dim == self.head_dim:
+            return apply_rotary(x, cos, sin)
+        turned, kept = x.split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)  # [..., rope_dim], [..., rest]
+        return torch.cat((apply_rotary(turned, cos, sin), kept), dim=-1)
 
     @property
     def rotary_dim(self) -> int | None:
         """The dimension of the rotary table this module reads (None: no RoPE)."""
-        return self.head_dim if self.rope else None
+        return self.rope_dim if self.rope else None
 
     def extra_repr(self) -> str:
-        return f"rope={self.rope}, qk_norm={self.q_norm is not None}"
+        part = f", rope_fraction={self.rope_fraction:g}" if self.rope and self.rope_fraction != 1 else ""
+        return f"rope={self.rope}{part}, qk_norm={self.q_norm is not None}"
 
 
 class QCAttention(nn.Module):
@@ -56,13 +73,15 @@ class QCAttention(nn.Module):
             head dim must then be even). False: no positional encoding (Jamba).
         qk_norm: per-head RMSNorm on Q and K before RoPE (default False; Doge).
         norm_eps: that norm's epsilon (default 1e-6).
+        rope_fraction: the share of each head's channels RoPE turns, the first ones (default 1.0: all;
+            Bamba 0.5, as GPT-NeoX's partial rotary); ``head_dim · rope_fraction`` must be even.
         backend: attention kernel, ``auto`` | ``reference`` | ``triton``.
     """
 
     mixer_slot = "sequence"  # the block slot it fills; a pattern placing it in the other is refused
 
     def __init__(self, d_model: int, *, n_heads: int = 8, n_kv_heads: int | None = None, rope: bool = True,
-                 qk_norm: bool = False, norm_eps: float = 1e-6, backend: str = "auto"):
+                 qk_norm: bool = False, norm_eps: float = 1e-6, rope_fraction: float = 1.0, backend: str = "auto"):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         check_positive("QCAttention", d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads)
@@ -70,7 +89,8 @@ class QCAttention(nn.Module):
         check_divisible("QCAttention", "n_heads", n_heads, "n_kv_heads", n_kv_heads)
         check_backend(backend, "QCAttention")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
-        self.positions = QueryKeyPositions("QCAttention", self.head_dim, rope=rope, qk_norm=qk_norm, norm_eps=norm_eps)
+        self.positions = QueryKeyPositions("QCAttention", self.head_dim, rope=rope, qk_norm=qk_norm, norm_eps=norm_eps,
+                                           rope_fraction=rope_fraction)
         self.d_model, self.backend = d_model, backend
         self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=False)

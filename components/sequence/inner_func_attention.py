@@ -238,7 +238,7 @@ class InnerFuncAttention(nn.Module):
         inner: the value part (default ``linear``).
         mask: the key-bias part (default ``content``).
         keep_window: at most this many keys per query (default None: all).
-        rope, qk_norm, norm_eps: as :class:`QCAttention`.
+        rope, qk_norm, norm_eps, rope_fraction: as :class:`QCAttention`.
         backend: attention kernel, ``auto`` | ``reference`` | ``triton``.
 
     Before the parts were injected, ``n_values``, ``d_retrieval``, ``top_k``, ``ssd`` and ``max_position``
@@ -262,6 +262,7 @@ class InnerFuncAttention(nn.Module):
         rope: bool = True,
         qk_norm: bool = False,
         norm_eps: float = 1e-6,
+        rope_fraction: float = 1.0,
         backend: str = "auto",
         **moved,
     ):
@@ -281,7 +282,7 @@ class InnerFuncAttention(nn.Module):
             raise ValueError(f"InnerFuncAttention: keep_window={keep_window!r} must be an integer >= 1 (or None)")
         self.head_dim = d_model // n_heads
         self.positions = QueryKeyPositions("InnerFuncAttention", self.head_dim, rope=rope, qk_norm=qk_norm,
-                                           norm_eps=norm_eps)
+                                           norm_eps=norm_eps, rope_fraction=rope_fraction)
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.keep_window, self.backend = keep_window, backend
 

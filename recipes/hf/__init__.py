@@ -10,9 +10,10 @@
     python -m recipes.hf export runs/…/last.ckpt --out llama-hf  # config.json, safetensors, generation config, tokenizer
 
 Supported both ways: ``LlamaForCausalLM`` (pattern ``AM×L``), ``Mamba2ForCausalLM`` (``S-×L``),
-``DogeForCausalLM`` (``IM×L`` dense, ``IE×L`` with CDMoE) and ``GraniteMoeHybridForCausalLM`` (the hybrid: SSD and
-attention blocks, with MLPs or with ``SharedExpertMoE``, ``SM SM AM``…); anything else is refused by name, saying which
-part Hugging Face cannot express. docs/architectures.md lists the mapping of every weight.
+``DogeForCausalLM`` (``IM×L`` dense, ``IE×L`` with CDMoE), ``GraniteMoeHybridForCausalLM`` (the hybrid: SSD and
+attention blocks, with MLPs or with ``SharedExpertMoE``, ``SM SM AM``…) and ``BambaForCausalLM`` (SSD and attention
+blocks with MLPs, the attention's RoPE on part of each head); anything else is refused by name, saying which part
+Hugging Face cannot express. docs/architectures.md lists the mapping of every weight.
 """
 
 import json

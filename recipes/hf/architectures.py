@@ -1,4 +1,5 @@
-"""One adapter per Hugging Face architecture the zoo can be: Llama, Mamba-2, Doge (dense and CDMoE).
+"""One adapter per Hugging Face architecture the zoo can be: Llama, Mamba-2, Doge (dense and CDMoE), and the hybrids
+of Mamba-2 and attention layers, Granite 4.0 and Bamba.
 
 Each adapter knows, for its ``transformers`` class: the zoo model a ``config.json`` describes (``recipe``),
 the weights both ways (``to_zoo``, ``to_hf``), the ``config.json`` a zoo model is (``config``, for export),
@@ -23,7 +24,7 @@ BOOKKEEPING = {
     "time_step_min", "time_step_max", "time_step_floor", "rescale_prenorm_residual", "output_router_logits",
     "router_aux_loss_coef", "_attn_implementation_autoset", "num_labels", "tie_encoder_decoder", "pruned_heads",
     "cross_attention_hidden_size", "add_cross_attention", "decoder_start_token_id", "sep_token_id",
-    "_attn_implementation", "time_step_rank", "residual_in_fp32",
+    "_attn_implementation", "time_step_rank", "residual_in_fp32", "num_logits_to_keep",
 }
 # Fields the zoo has no equivalent for, with the only values it computes exactly.
 MUST_BE = {"attention_bias": (False, None), "mlp_bias": (False, None), "attention_dropout": (0, 0.0, None),
@@ -123,6 +124,27 @@ def transposed(zoo_name: str, hf_name: str) -> tuple:
     return zoo_name, hf_name, swap, swap
 
 
+def mamba2_pairs(ours: str, theirs: str) -> list[tuple[str, list[str]]]:
+    """Mamba-2's weights that only change names, from the zoo's SSD ``ours`` to Hugging Face's mixer ``theirs``
+    (Mamba-2's, Granite's and Bamba's mixers name them alike; ``in_proj`` is reordered, :func:`mamba_in_proj`)."""
+    return [(f"{ours}.conv.weight", [f"{theirs}.conv1d.weight"]), (f"{ours}.conv.bias", [f"{theirs}.conv1d.bias"]),
+            (f"{ours}.dt_bias", [f"{theirs}.dt_bias"]), (f"{ours}.A_log", [f"{theirs}.A_log"]), (f"{ours}.D", [f"{theirs}.D"]),
+            (f"{ours}.gate_norm.weight", [f"{theirs}.norm.weight"]), (f"{ours}.out_proj.weight", [f"{theirs}.out_proj.weight"])]
+
+
+def swiglu_pairs(ours: str, theirs: str) -> list[tuple[str, list[str]]]:
+    """Llama's MLP (Bamba's alike) as the zoo's SwiGLU ``MLP``: its ``in_proj`` rows are ``[gate | up]``."""
+    return [(f"{ours}.in_proj.weight", [f"{theirs}.gate_proj.weight", f"{theirs}.up_proj.weight"]),
+            (f"{ours}.out_proj.weight", [f"{theirs}.down_proj.weight"])]
+
+
+def attention_pairs(ours: str, theirs: str) -> list[tuple[str, list[str]]]:
+    """Llama's attention (Granite's and Bamba's alike) as the zoo's ``QCAttention``: keys and values in one matrix."""
+    return [(f"{ours}.q_proj.weight", [f"{theirs}.q_proj.weight"]),
+            (f"{ours}.kv_proj.weight", [f"{theirs}.k_proj.weight", f"{theirs}.v_proj.weight"]),
+            (f"{ours}.out_proj.weight", [f"{theirs}.o_proj.weight"])]
+
+
 def nothing_reshaped(c: dict, i: int) -> list[tuple]:
     """The weights of layer ``i`` that need more than a rename and a concatenation: none."""
     return []
@@ -156,11 +178,8 @@ class Llama:
         hf, ours = f"model.layers.{i}", f"blocks.{i}"
         return [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
                 (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"]),
-                (f"{ours}.sequence_mixer.q_proj.weight", [f"{hf}.self_attn.q_proj.weight"]),
-                (f"{ours}.sequence_mixer.kv_proj.weight", [f"{hf}.self_attn.k_proj.weight", f"{hf}.self_attn.v_proj.weight"]),
-                (f"{ours}.sequence_mixer.out_proj.weight", [f"{hf}.self_attn.o_proj.weight"]),
-                (f"{ours}.state_mixer.in_proj.weight", [f"{hf}.mlp.gate_proj.weight", f"{hf}.mlp.up_proj.weight"]),
-                (f"{ours}.state_mixer.out_proj.weight", [f"{hf}.mlp.down_proj.weight"])]
+                *attention_pairs(f"{ours}.sequence_mixer", f"{hf}.self_attn"),
+                *swiglu_pairs(f"{ours}.state_mixer", f"{hf}.mlp")]
 
     ends = [("embedding.weight", ["model.embed_tokens.weight"]), ("norm.weight", ["model.norm.weight"])]
     reshaped = staticmethod(nothing_reshaped)
@@ -177,6 +196,8 @@ class Llama:
             return f"its 'A'/'M' letters are {type(a).__name__}/{type(m).__name__}; {why}"
         if not a.positions.rope or a.positions.q_norm is not None:
             return "its attention has no RoPE or has a QK-norm, which Llama has not"
+        if a.positions.rope_fraction != 1:
+            return f"its attention turns {a.positions.rope_fraction:g} of each head by RoPE; Llama's turns all of it"
         if m.activation != "swiglu":  # (its act is the config's hidden_act: SiLU, GELU or ReLU, as transformers reads them)
             return f"its MLP is {m.activation} with {m.act_name}; Llama's is SwiGLU"
         if block.sequence_residual is not None:
@@ -270,6 +291,8 @@ class Doge:
         if (type(a.value).__name__ != "LinearValue" or type(a.key_bias).__name__ != "ExpContentBias" or not a.key_bias.per_kv_head
                 or a.positions.q_norm is None or not a.positions.rope):
             return f"its InnerFuncAttention is inner={a.inner!r}, mask={a.mask!r}; {why}"
+        if a.positions.rope_fraction != 1:
+            return f"its attention turns {a.positions.rope_fraction:g} of each head by RoPE; Doge's turns all of it"
         if block.sequence_residual is None:
             return "its blocks do not scale their residuals, which Doge does"
         if a.positions.q_norm.eps != model.norm.eps:
@@ -327,12 +350,9 @@ class Mamba2:
 
     @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
-        hf, m = f"backbone.layers.{i}", f"blocks.{i}.sequence_mixer"
+        hf = f"backbone.layers.{i}"
         return [(f"blocks.{i}.sequence_norm.weight", [f"{hf}.norm.weight"]),
-                (f"{m}.conv.weight", [f"{hf}.mixer.conv1d.weight"]), (f"{m}.conv.bias", [f"{hf}.mixer.conv1d.bias"]),
-                (f"{m}.dt_bias", [f"{hf}.mixer.dt_bias"]), (f"{m}.A_log", [f"{hf}.mixer.A_log"]),
-                (f"{m}.D", [f"{hf}.mixer.D"]), (f"{m}.gate_norm.weight", [f"{hf}.mixer.norm.weight"]),
-                (f"{m}.out_proj.weight", [f"{hf}.mixer.out_proj.weight"])]
+                *mamba2_pairs(f"blocks.{i}.sequence_mixer", f"{hf}.mixer")]
 
     ends = [("embedding.weight", ["backbone.embeddings.weight"]), ("norm.weight", ["backbone.norm_f.weight"])]
 
@@ -394,6 +414,92 @@ def act_name(function) -> str:
     return next(name for name, f in ACTIVATIONS.items() if f is function)
 
 
+# ---- the hybrids of Mamba-2 and attention layers (Granite 4.0, Bamba): what they share --------------------------
+
+def hybrid_mamba_problems(c: dict) -> list[str]:
+    """The Mamba-2 fields of a hybrid's config that the zoo's SSD cannot honour."""
+    problems = []
+    if not c.get("mamba_conv_bias", True) or c.get("mamba_proj_bias"):
+        problems.append(f"mamba_conv_bias={c.get('mamba_conv_bias')!r}, mamba_proj_bias={c.get('mamba_proj_bias')!r} "
+                        "(the zoo's conv has a bias, its projections none)")
+    if tuple(number(v) for v in c.get("time_step_limit", (0.0, math.inf))) != (0.0, math.inf):
+        problems.append(f"time_step_limit={c['time_step_limit']} (the zoo does not clamp Δ)")
+    return problems
+
+
+def hybrid_ssd(c: dict) -> dict:
+    """The SSD (Mamba-2's: conv, D, gate) of a hybrid's ``mamba_*`` fields."""
+    d_inner = c.get("mamba_expand", 2) * c["hidden_size"]
+    head_dim = c.get("mamba_d_head", "auto")
+    head_dim = d_inner // c["mamba_n_heads"] if head_dim == "auto" else head_dim  # (as transformers resolves it)
+    if c["mamba_n_heads"] * head_dim != d_inner:
+        raise ValueError(f"mamba_n_heads·mamba_d_head = {c['mamba_n_heads'] * head_dim} != "
+                         f"mamba_expand·hidden_size = {d_inner}")
+    return spec("components.SSD", n_heads=c["mamba_n_heads"], d_state=c["mamba_d_state"], n_groups=c["mamba_n_groups"],
+                expand=int(c.get("mamba_expand", 2)), chunk_size=c.get("mamba_chunk_size", 256), conv=True, rope=False,
+                gate=True, conv_kernel=c.get("mamba_d_conv", 4), norm_eps=c["rms_norm_eps"])
+
+
+def hybrid_reshaped(c: dict, i: int, letters: list[str]) -> list[tuple]:
+    """A hybrid's Mamba-2 layer ``i``: its ``in_proj`` reordered (:func:`mamba_in_proj`); an attention layer: nothing."""
+    if letters[i] != "S":
+        return []
+    d_inner = c.get("mamba_expand", 2) * c["hidden_size"]
+    return [mamba_in_proj(f"blocks.{i}.sequence_mixer.in_proj.weight", f"model.layers.{i}.mamba.in_proj.weight", d_inner,
+                          d_inner + 2 * c["mamba_n_groups"] * c["mamba_d_state"], c["mamba_n_heads"])]
+
+
+def hybrid_sequence_pairs(i: int, letter: str) -> list[tuple[str, list[str]]]:
+    """Layer ``i``'s sequence mixer: Mamba-2 (``S``) or Llama's attention (``A``)."""
+    ours, hf = f"blocks.{i}.sequence_mixer", f"model.layers.{i}"
+    return mamba2_pairs(ours, f"{hf}.mamba") if letter == "S" else attention_pairs(ours, f"{hf}.self_attn")
+
+
+def hybrid_mismatch(model, name: str, why: str) -> str | None:
+    """What keeps ``model``'s blocks from a hybrid of Mamba-2 and attention layers of one configuration each (the
+    state mixers are each class's own to check)."""
+    blocks = list(model.blocks)
+    if any(getattr(b, "sequence_mixer", None) is None or getattr(b, "state_mixer", None) is None for b in blocks):
+        return f"its pattern has blocks {sorted({b.token for b in blocks})}; {why}"
+    sequence = {type(b.sequence_mixer).__name__ for b in blocks} - {"SSD", "QCAttention"}
+    if sequence:
+        return f"its sequence mixers include {sorted(sequence)}; {why}"
+    if any(b.sequence_residual is not None for b in blocks):
+        return f"its blocks scale their residuals, which {name} does not"
+    ssds = [b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "SSD"]
+    if any(s.conv is None or s.rope or s.gate_norm is None or s.D is None for s in ssds):
+        return "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"
+    if any(s.gate_norm.eps != model.norm.eps for s in ssds):
+        return f"its SSDs' gate norms have another eps than its other norms ({model.norm.eps}); {name} has one rms_norm_eps"
+    if len({(s.n_heads, s.d_inner, s.d_state, s.n_groups, s.conv.kernel_size[0]) for s in ssds}) > 1:
+        return f"its SSDs differ in heads, width, state, groups or conv; {name} has one Mamba-2 configuration"
+    attentions = [b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "QCAttention"]
+    if not attentions:  # (an import of such a folder works: the zoo runs it)
+        return (f"it has no attention block, and transformers' {name} fails without one (its cache asks an attention "
+                "layer for the mask sizes; transformers 5.25)")
+    if any(a.positions.q_norm is not None for a in attentions):
+        return f"its attention has a QK-norm, which {name}'s has not"
+    if len({(a.n_heads, a.n_kv_heads, a.positions.rope, a.positions.rope_fraction) for a in attentions}) > 1:
+        return f"its attentions differ in heads or RoPE; {name} has one attention configuration"
+    return None
+
+
+def hybrid_config(model, name: str, model_type: str) -> dict:
+    """The fields a Granite or Bamba config takes from ``model``'s attention and SSD blocks (:func:`hybrid_mismatch`)."""
+    blocks = list(model.blocks)
+    attention = next(b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "QCAttention")
+    config = {**common_config(model, name, model_type), "rms_norm_eps": model.norm.eps, "attention_bias": False,
+              "mamba_conv_bias": True, "mamba_proj_bias": False, "time_step_limit": [0.0, float("inf")],
+              "num_attention_heads": attention.n_heads, "num_key_value_heads": attention.n_kv_heads,
+              "mamba_n_heads": 1, "mamba_d_head": 2 * model.d_model, "mamba_expand": 2}  # (no SSD: valid values)
+    ssd = next((b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "SSD"), None)
+    if ssd is not None:
+        config.update(mamba_n_heads=ssd.n_heads, mamba_d_head=ssd.head_dim, mamba_expand=ssd.d_inner // ssd.d_model,
+                      mamba_d_state=ssd.d_state, mamba_n_groups=ssd.n_groups, mamba_chunk_size=ssd.chunk_size,
+                      mamba_d_conv=ssd.conv.kernel_size[0])
+    return config
+
+
 class GraniteHybrid:
     """IBM's Granite 4.0 hybrid: Mamba-2 (``S``) and attention (``A``, RoPE or none) layers in one stack, each with
     a SwiGLU MLP (``M``) or a top-k MoE beside a shared SwiGLU MLP (``E``: ``SharedExpertMoE``, gates the softmax of
@@ -418,11 +524,7 @@ class GraniteHybrid:
         if "A" in letters and not math.isclose(number(c.get("attention_multiplier", 1)), head_dim ** -0.5, rel_tol=1e-6):
             problems.append(f"attention_multiplier={c.get('attention_multiplier', 1)!r} (the zoo scales the scores by "
                             f"1/√head_dim = {head_dim ** -0.5:.6g})")
-        if not c.get("mamba_conv_bias", True) or c.get("mamba_proj_bias"):
-            problems.append(f"mamba_conv_bias={c.get('mamba_conv_bias')!r}, mamba_proj_bias={c.get('mamba_proj_bias')!r} "
-                            "(the zoo's conv has a bias, its projections none)")
-        if tuple(number(v) for v in c.get("time_step_limit", (0.0, math.inf))) != (0.0, math.inf):
-            problems.append(f"time_step_limit={c['time_step_limit']} (the zoo does not clamp Δ)")
+        problems += hybrid_mamba_problems(c)
         experts, shared, width = c.get("num_local_experts") or 0, c["shared_intermediate_size"], c["intermediate_size"]
         if experts and (shared <= 0 or shared % width):
             problems.append(f"shared_intermediate_size={shared} (the zoo's shared expert is a positive multiple of "
@@ -433,17 +535,10 @@ class GraniteHybrid:
         if problems:
             raise ValueError(f"fields the zoo would not honour: {'; '.join(problems)}. Importing would give a model "
                              "that computes something else, so it is refused")
-        d_inner = c.get("mamba_expand", 2) * c["hidden_size"]
-        if "S" in letters and c["mamba_n_heads"] * c["mamba_d_head"] != d_inner:
-            raise ValueError(f"mamba_n_heads·mamba_d_head = {c['mamba_n_heads'] * c['mamba_d_head']} != "
-                             f"mamba_expand·hidden_size = {d_inner}")
         act = c.get("hidden_act", "silu")
         mixers = {}  # (only the kinds of layer there are: a config without Mamba-2 layers need not give its sizes)
         if "S" in letters:
-            mixers["S"] = spec("components.SSD", n_heads=c["mamba_n_heads"], d_state=c["mamba_d_state"],
-                               n_groups=c["mamba_n_groups"], expand=int(c.get("mamba_expand", 2)),
-                               chunk_size=c.get("mamba_chunk_size", 256), conv=True, rope=False, gate=True,
-                               conv_kernel=c.get("mamba_d_conv", 4), norm_eps=c["rms_norm_eps"])
+            mixers["S"] = hybrid_ssd(c)
         if "A" in letters:
             mixers["A"] = spec("components.QCAttention", n_heads=heads, n_kv_heads=kv_heads, rope=position == "rope")
         if experts:
@@ -462,19 +557,10 @@ class GraniteHybrid:
     @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
         hf, ours = f"model.layers.{i}", f"blocks.{i}"
-        s, t = f"{ours}.sequence_mixer", f"{ours}.state_mixer"
+        t = f"{ours}.state_mixer"
         pairs = [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
-                 (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"])]
-        if granite_letters(c)[i] == "S":
-            m = f"{hf}.mamba"
-            pairs += [(f"{s}.conv.weight", [f"{m}.conv1d.weight"]), (f"{s}.conv.bias", [f"{m}.conv1d.bias"]),
-                      (f"{s}.dt_bias", [f"{m}.dt_bias"]), (f"{s}.A_log", [f"{m}.A_log"]), (f"{s}.D", [f"{m}.D"]),
-                      (f"{s}.gate_norm.weight", [f"{m}.norm.weight"]), (f"{s}.out_proj.weight", [f"{m}.out_proj.weight"])]
-        else:
-            a = f"{hf}.self_attn"
-            pairs += [(f"{s}.q_proj.weight", [f"{a}.q_proj.weight"]),
-                      (f"{s}.kv_proj.weight", [f"{a}.k_proj.weight", f"{a}.v_proj.weight"]),
-                      (f"{s}.out_proj.weight", [f"{a}.o_proj.weight"])]
+                 (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"]),
+                 *hybrid_sequence_pairs(i, granite_letters(c)[i])]
         moe = bool(c.get("num_local_experts"))
         mlp = f"{t}.shared_expert" if moe else t  # Granite's shared MLP: input_linear rows [gate | up], as the zoo's
         pairs += [(f"{mlp}.in_proj.weight", [f"{hf}.shared_mlp.input_linear.weight"]),
@@ -486,11 +572,7 @@ class GraniteHybrid:
     @staticmethod
     def reshaped(c: dict, i: int) -> list[tuple]:
         hf, t = f"model.layers.{i}", f"blocks.{i}.state_mixer"
-        out = []
-        if granite_letters(c)[i] == "S":
-            d_inner = c.get("mamba_expand", 2) * c["hidden_size"]
-            out.append(mamba_in_proj(f"blocks.{i}.sequence_mixer.in_proj.weight", f"{hf}.mamba.in_proj.weight", d_inner,
-                                     d_inner + 2 * c["mamba_n_groups"] * c["mamba_d_state"], c["mamba_n_heads"]))
+        out = hybrid_reshaped(c, i, granite_letters(c))
         if c.get("num_local_experts"):
             # (the names of the files transformers writes and reads; its modules call them experts.gate_up_proj, ...)
             out += [transposed(f"{t}.experts.w_in", f"{hf}.block_sparse_moe.input_linear.weight"),  # [E, d, gate | up]
@@ -501,31 +583,14 @@ class GraniteHybrid:
     def mismatch(model) -> str | None:
         why = ("a GraniteMoeHybridForCausalLM is SSD or attention blocks, each with a SwiGLU MLP or each with a routed "
                "MoE beside a shared SwiGLU MLP ('SM', 'AM'; 'SE', 'AE' with SharedExpertMoE)")
-        blocks = list(model.blocks)
-        if any(getattr(b, "sequence_mixer", None) is None or getattr(b, "state_mixer", None) is None for b in blocks):
-            return f"its pattern has blocks {sorted({b.token for b in blocks})}; {why}"
-        sequence = {type(b.sequence_mixer).__name__ for b in blocks} - {"SSD", "QCAttention"}
-        if sequence:
-            return f"its sequence mixers include {sorted(sequence)}; {why}"
-        if any(b.sequence_residual is not None for b in blocks):
-            return "its blocks scale their residuals, which Granite does not"
-        ssds = [b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "SSD"]
-        if any(s.conv is None or s.rope or s.gate_norm is None or s.D is None for s in ssds):
-            return "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"
-        if any(s.gate_norm.eps != model.norm.eps for s in ssds):
-            return (f"its SSDs' gate norms have another eps than its other norms ({model.norm.eps}); Granite has one "
-                    "rms_norm_eps")
-        if len({(s.n_heads, s.d_inner, s.d_state, s.n_groups, s.conv.kernel_size[0]) for s in ssds}) > 1:
-            return "its SSDs differ in heads, width, state, groups or conv; Granite has one Mamba-2 configuration"
-        attentions = [b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "QCAttention"]
-        if not attentions:  # (an import of such a folder works: the zoo runs it)
-            return ("it has no attention block, and transformers' GraniteMoeHybrid fails without one (its cache asks an "
-                    "attention layer for the mask sizes; transformers 5.25)")
-        if any(a.positions.q_norm is not None for a in attentions):
-            return "its attention has a QK-norm, which Granite's has not"
-        if len({(a.n_heads, a.n_kv_heads, a.positions.rope) for a in attentions}) > 1:
-            return "its attentions differ in heads or RoPE; Granite has one attention configuration"
-        states = [b.state_mixer for b in blocks]
+        reason = hybrid_mismatch(model, "Granite", why)
+        if reason:
+            return reason
+        attention = next(b.sequence_mixer for b in model.blocks if type(b.sequence_mixer).__name__ == "QCAttention")
+        if attention.positions.rope and attention.positions.rope_fraction != 1:
+            return (f"its attention turns {attention.positions.rope_fraction:g} of each head by RoPE; Granite's turns all "
+                    "of it or none")
+        states = [b.state_mixer for b in model.blocks]
         if all(type(m).__name__ == "MLP" for m in states):
             if any(m.activation != "swiglu" for m in states) or len({(m.d_ff, m.act_name) for m in states}) > 1:
                 return "its MLPs are not all one SwiGLU MLP; Granite's blocks share one"
@@ -550,19 +615,11 @@ class GraniteHybrid:
     def config(model) -> dict:
         blocks = list(model.blocks)
         kinds = ["mamba" if type(b.sequence_mixer).__name__ == "SSD" else "attention" for b in blocks]
+        config = hybrid_config(model, GraniteHybrid.name, GraniteHybrid.model_type)
         attention = next(b.sequence_mixer for b, kind in zip(blocks, kinds) if kind == "attention")  # (mismatch: one)
-        config = {**common_config(model, GraniteHybrid.name, GraniteHybrid.model_type), "layer_types": kinds,
-                  "rms_norm_eps": model.norm.eps, "embedding_multiplier": 1.0, "logits_scaling": 1.0,
-                  "residual_multiplier": 1.0, "attention_bias": False, "mamba_conv_bias": True, "mamba_proj_bias": False,
-                  "time_step_limit": [0.0, float("inf")], "num_attention_heads": attention.n_heads,
-                  "num_key_value_heads": attention.n_kv_heads, "attention_multiplier": attention.head_dim ** -0.5,
-                  "position_embedding_type": "rope" if attention.positions.rope else "nope",
-                  "mamba_n_heads": 1, "mamba_d_head": 2 * model.d_model, "mamba_expand": 2}  # (no SSD: valid values)
-        ssd = next((b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "SSD"), None)
-        if ssd is not None:
-            config.update(mamba_n_heads=ssd.n_heads, mamba_d_head=ssd.head_dim, mamba_expand=ssd.d_inner // ssd.d_model,
-                          mamba_d_state=ssd.d_state, mamba_n_groups=ssd.n_groups, mamba_chunk_size=ssd.chunk_size,
-                          mamba_d_conv=ssd.conv.kernel_size[0])
+        config.update(layer_types=kinds, embedding_multiplier=1.0, logits_scaling=1.0, residual_multiplier=1.0,
+                      attention_multiplier=attention.head_dim ** -0.5,
+                      position_embedding_type="rope" if attention.positions.rope else "nope")
         state = blocks[0].state_mixer
         if type(state).__name__ == "MLP":
             config.update(intermediate_size=state.d_ff, shared_intermediate_size=state.d_ff, num_local_experts=0,
@@ -574,7 +631,114 @@ class GraniteHybrid:
         return config
 
 
-ADAPTERS = {adapter.name: adapter for adapter in (Llama, Mamba2, Doge, GraniteHybrid)}
+BAMBA_ROPE_FRACTION = 0.5
+"""The share of each attention head Bamba's RoPE turns when its config's ``rope_parameters`` do not say: transformers
+sets ``partial_rotary_factor`` 0.5 for every Bamba config, over a top-level field of that name."""
+
+
+def bamba_letters(c: dict) -> list[str]:
+    """Each layer's sequence mixer: attention (``A``) at ``attn_layer_indices``, Mamba-2 (``S``) elsewhere."""
+    layers, indices = c["num_hidden_layers"], c.get("attn_layer_indices") or []
+    if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers for i in indices):
+        raise ValueError(f"attn_layer_indices={indices!r}: layer numbers from 0 to num_hidden_layers - 1 = {layers - 1} "
+                         "expected")
+    return ["A" if i in indices else "S" for i in range(layers)]
+
+
+def bamba_rope_fraction(c: dict, head_dim: int) -> float:
+    """The share of each head Bamba's attention turns, as transformers reads it; the fields that say otherwise refused."""
+    fraction = number((c.get("rope_parameters") or {}).get("partial_rotary_factor", BAMBA_ROPE_FRACTION))
+    problems = []
+    if "partial_rotary_factor" in c and number(c["partial_rotary_factor"]) != fraction:
+        problems.append(f"partial_rotary_factor={c['partial_rotary_factor']!r} at the top level, which transformers "
+                        f"replaces by {fraction:g}")
+    if c.get("attn_rotary_emb") is not None and c["attn_rotary_emb"] != head_dim * fraction:
+        problems.append(f"attn_rotary_emb={c['attn_rotary_emb']!r} (transformers turns head_dim·partial_rotary_factor = "
+                        f"{head_dim}·{fraction:g} = {head_dim * fraction:g} channels; other readers take "
+                        "attn_rotary_emb)")
+    if problems:
+        raise ValueError(f"fields that disagree on RoPE: {'; '.join(problems)}. Either way the import would compute "
+                         "something one of them does not, so it is refused")
+    return fraction
+
+
+class Bamba:
+    """IBM's Bamba: Mamba-2 (``S``) and attention (``A``) layers in one stack, each with a SwiGLU MLP (``M``). Its
+    attention turns only part of each head by RoPE (``rope_fraction``, 0.5 unless ``rope_parameters`` say)."""
+
+    name, model_type = "BambaForCausalLM", "bamba"
+    honoured = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+                "rope_parameters", "rope_scaling", "tie_word_embeddings", "pad_token_id", "attn_layer_indices",
+                "attn_rotary_emb", "partial_rotary_factor", "mamba_n_heads", "mamba_n_groups", "mamba_d_state",
+                "mamba_d_head", "mamba_d_conv", "mamba_expand", "mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias",
+                "time_step_limit", "z_loss_coefficient"}
+    ends = [("embedding.weight", ["model.embed_tokens.weight"]), ("norm.weight", ["model.final_layernorm.weight"])]
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        letters = bamba_letters(c)
+        problems = hybrid_mamba_problems(c)
+        if number(c.get("z_loss_coefficient") or 0) != 0:
+            problems.append(f"z_loss_coefficient={c['z_loss_coefficient']!r} (the zoo's training loss has no z-loss)")
+        if problems:
+            raise ValueError(f"fields the zoo would not honour: {'; '.join(problems)}. Importing would give a model "
+                             "that computes something else, so it is refused")
+        mixers = {"M": spec("components.MLP", d_ff=c["intermediate_size"], activation="swiglu",
+                            act=c.get("hidden_act", "silu"))}
+        if "S" in letters:
+            mixers["S"] = hybrid_ssd(c)
+        base, ntk, dynamic = 10000.0, 1.0, False
+        if "A" in letters:
+            heads, kv_heads, head_dim = attention_shape(c)
+            mixers["A"] = spec("components.QCAttention", n_heads=heads, n_kv_heads=kv_heads,
+                               rope_fraction=bamba_rope_fraction(c, head_dim))
+            base, ntk, dynamic = rope_settings(c)
+        return {**common_recipe(c, base, ntk, dynamic, extrapolate="A" not in letters), "norm_eps": c["rms_norm_eps"],
+                "pattern": " ".join(letter + "M" for letter in letters), "mixers": mixers}
+
+    @staticmethod
+    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
+        hf, ours = f"model.layers.{i}", f"blocks.{i}"
+        return [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
+                (f"{ours}.state_norm.weight", [f"{hf}.pre_ff_layernorm.weight"]),
+                *hybrid_sequence_pairs(i, bamba_letters(c)[i]), *swiglu_pairs(f"{ours}.state_mixer", f"{hf}.feed_forward")]
+
+    @staticmethod
+    def reshaped(c: dict, i: int) -> list[tuple]:
+        return hybrid_reshaped(c, i, bamba_letters(c))
+
+    @staticmethod
+    def mismatch(model) -> str | None:
+        why = "a BambaForCausalLM is SSD or attention blocks, each with a SwiGLU MLP ('SM', 'AM')"
+        reason = hybrid_mismatch(model, "Bamba", why)
+        if reason:
+            return reason
+        if not next(b.sequence_mixer for b in model.blocks if type(b.sequence_mixer).__name__ == "QCAttention").positions.rope:
+            return "its attention has no RoPE, which Bamba's has"
+        states = [b.state_mixer for b in model.blocks]
+        if any(type(m).__name__ != "MLP" or m.activation != "swiglu" for m in states) or \
+                len({(m.d_ff, m.act_name) for m in states}) > 1:
+            return f"its state mixers are not all one SwiGLU MLP; {why}"
+        return None
+
+    @staticmethod
+    def config(model) -> dict:
+        blocks = list(model.blocks)
+        config = hybrid_config(model, Bamba.name, Bamba.model_type)
+        attention = next(b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "QCAttention")
+        rope = {"rope_type": "dynamic", "factor": model.rotary.scaling_factor} if config.pop("rope_scaling", None) else \
+            {"rope_type": "default"}
+        mlp = blocks[0].state_mixer
+        # (rope_parameters, not rope_theta alone: transformers would read a config without them as turning half)
+        config.update(rope_parameters={**rope, "rope_theta": config.pop("rope_theta"),
+                                       "partial_rotary_factor": attention.positions.rope_fraction},
+                      attn_layer_indices=[i for i, b in enumerate(blocks) if type(b.sequence_mixer).__name__ == "QCAttention"],
+                      intermediate_size=mlp.d_ff, hidden_act=mlp.act_name, mlp_bias=False, z_loss_coefficient=0.0)
+        return config
+
+
+ADAPTERS = {adapter.name: adapter for adapter in (Llama, Mamba2, Doge, GraniteHybrid, Bamba)}
 
 
 def to_zoo(config: dict, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

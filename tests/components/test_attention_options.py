@@ -1,5 +1,5 @@
-"""QCAttention and InnerFuncAttention options against their math written out: RoPE on or off,
-QK-norm, GQA, and the two content masks (``A·softplus(δ)`` per query head; Doge's ``exp(A·softplus(δ))``
+"""QCAttention and InnerFuncAttention options against their math written out: RoPE on or off, on all of
+each head or its first part (partial rotary), QK-norm, GQA, and the two content masks (``A·softplus(δ)`` per query head; Doge's ``exp(A·softplus(δ))``
 per key/value head)."""
 
 import math
@@ -35,26 +35,33 @@ def positions_by_hand(q, k, mixer, rope_reference, positions):
         q = torch.stack([torch.stack([rms_by_hand(q[t, h], mixer.positions.q_norm.weight, eps) for h in range(q.shape[1])]) for t in range(T)])
         k = torch.stack([torch.stack([rms_by_hand(k[t, h], mixer.positions.k_norm.weight, eps) for h in range(k.shape[1])]) for t in range(T)])
     if mixer.positions.rope:
-        q = torch.stack([torch.stack([rope_reference(q[t, h], positions[t]) for h in range(q.shape[1])]) for t in range(T)])
-        k = torch.stack([torch.stack([rope_reference(k[t, h], positions[t]) for h in range(k.shape[1])]) for t in range(T)])
+        r = mixer.positions.rope_dim  # the first r channels of a head turn, as a head of r channels; the rest stay
+
+        def turned(v, pos):
+            return torch.cat([rope_reference(v[:r], pos), v[r:]])
+
+        q = torch.stack([torch.stack([turned(q[t, h], positions[t]) for h in range(q.shape[1])]) for t in range(T)])
+        k = torch.stack([torch.stack([turned(k[t, h], positions[t]) for h in range(k.shape[1])]) for t in range(T)])
     return q, k
 
 
-@pytest.mark.parametrize("rope, qk_norm", [(True, False), (False, False), (True, True), (False, True)])
-def test_qcattention_matches_its_math_written_out(rope_reference, rope, qk_norm):
+@pytest.mark.parametrize("rope, qk_norm, fraction", [(True, False, 1.0), (False, False, 1.0), (True, True, 1.0),
+                                                     (False, True, 1.0), (True, False, 0.25), (True, True, 0.75)])
+def test_qcattention_matches_its_math_written_out(rope_reference, rope, qk_norm, fraction):
     torch.manual_seed(0)
-    mixer = QCAttention(16, n_heads=4, n_kv_heads=2, rope=rope, qk_norm=qk_norm, norm_eps=1e-5).double()
+    mixer = QCAttention(32, n_heads=4, n_kv_heads=2, rope=rope, qk_norm=qk_norm, norm_eps=1e-5,
+                        rope_fraction=fraction).double()
     if qk_norm:
         with torch.no_grad():
             mixer.positions.q_norm.weight.uniform_(0.5, 1.5), mixer.positions.k_norm.weight.uniform_(0.5, 1.5)
     T, positions = 6, [3, 4, 5, 6, 7, 8]  # not starting at 0, so the rotation shows
-    x = torch.randn(1, T, 16, dtype=torch.float64)
-    q = (x[0] @ mixer.q_proj.weight.T).view(T, 4, 4)
-    k, v = (x[0] @ mixer.kv_proj.weight.T).view(T, 2, 2, 4).unbind(1)
+    x = torch.randn(1, T, 32, dtype=torch.float64)
+    q = (x[0] @ mixer.q_proj.weight.T).view(T, 4, 8)
+    k, v = (x[0] @ mixer.kv_proj.weight.T).view(T, 2, 2, 8).unbind(1)
     q, k = positions_by_hand(q, k, mixer, rope_reference, positions)
-    want = attend_by_hand(q, k, v).reshape(T, 16) @ mixer.out_proj.weight.T
+    want = attend_by_hand(q, k, v).reshape(T, 32) @ mixer.out_proj.weight.T
     got = mixer(x, Context(position_ids=torch.tensor([positions])))
-    torch.testing.assert_close(got[0], want, rtol=1e-6, atol=1e-9)  # (RoPE tables are fp32)
+    torch.testing.assert_close(got[0], want, rtol=1e-5, atol=1e-8)  # (RoPE tables are fp32)
 
 
 def test_attention_without_rope_ignores_positions():
@@ -67,10 +74,10 @@ def test_attention_without_rope_ignores_positions():
                               QCAttention(16, n_heads=4)(x))
 
 
-@pytest.mark.parametrize("mask", ["content", "content_exp"])
-def test_content_masks_match_their_formula(rope_reference, mask):
+@pytest.mark.parametrize("mask, fraction", [("content", 1.0), ("content_exp", 1.0), ("content_exp", 0.5)])
+def test_content_masks_match_their_formula(rope_reference, mask, fraction):
     torch.manual_seed(0)
-    mixer = InnerFuncAttention(16, n_heads=4, n_kv_heads=2, mask=mask, qk_norm=True).double()
+    mixer = InnerFuncAttention(16, n_heads=4, n_kv_heads=2, mask=mask, qk_norm=True, rope_fraction=fraction).double()
     with torch.no_grad():
         mixer.key_bias.A.uniform_(-2, 2)
     T = 7
@@ -86,7 +93,7 @@ def test_content_masks_match_their_formula(rope_reference, mask):
         assert mixer.key_bias.A.shape == (2,)
     q, k = positions_by_hand(q, k, mixer, rope_reference, list(range(T)))
     want = attend_by_hand(q, k, v_flat.view(T, 2, 4), bias).reshape(T, 16) @ mixer.out_proj.weight.T
-    torch.testing.assert_close(mixer(x)[0], want, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(mixer(x)[0], want, rtol=1e-5, atol=1e-8)  # (RoPE tables are fp32)
 
 
 def test_exp_mask_starts_as_plain_attention():

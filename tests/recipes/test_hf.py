@@ -1187,6 +1187,137 @@ def test_what_keeps_a_model_from_granite_and_the_granite_fields_an_import_refuse
         hf_recipe({**c, "mamba_n_heads": 3})
 
 
+def bamba(tmp_path, **settings):
+    """A tiny random Bamba (Mamba-2, attention, Mamba-2, attention), saved: transformers' model and its folder."""
+    torch.manual_seed(0)
+    config = transformers.BambaConfig(**{
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "attn_layer_indices": [1, 3], "mamba_n_heads": 8, "mamba_d_head": 8,
+        "mamba_d_state": 16, "mamba_n_groups": 2, "mamba_chunk_size": 8, "max_position_embeddings": 64,
+        "rms_norm_eps": 1e-5, **settings})
+    theirs = transformers.BambaForCausalLM(config)
+    theirs.config._attn_implementation = "eager"
+    randomize(theirs)
+    with torch.no_grad():  # weights of std 0.2, as Granite's test: each mixer then moves the residual stream
+        for p in theirs.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    theirs.save_pretrained(tmp_path / "bamba")
+    return theirs.eval(), tmp_path / "bamba"
+
+
+@pytest.mark.parametrize("fraction", [None, 0.25, 1.0])  # (None: the config leaves it to transformers, which turns half)
+def test_bamba_imports_equal_to_transformers_with_its_partial_rope_and_exports_back(tmp_path, fraction):
+    """An independent check of partial RoPE (``rope_fraction``) in a hybrid: IBM's Bamba (Mamba-2 and attention
+    layers with SwiGLU MLPs, RoPE on the first half of each head unless its ``rope_parameters`` say otherwise) imports
+    equal to transformers' — logits, a left-padded batch, every gradient, decoding one token at a time and greedy ids —
+    and exports back to a folder transformers loads with equal logits, then imports again bit for bit."""
+    from recipes.hf import convert_weights, export, read_config
+
+    rope = {} if fraction is None else {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
+                                                           "partial_rotary_factor": fraction}}
+    theirs, folder = bamba(tmp_path, **rope)
+    ours = from_pretrained(folder).eval()
+    turned = {b.sequence_mixer.positions.rope_dim for b in ours.blocks if b.token == "AM"}
+    assert turned == {8 * (fraction or 0.5)} and ours.pattern == "SM AM SM AM"
+    ids = torch.randint(0, 64, (2, T))
+    assert relative_error(ours(ids), theirs(ids).logits) <= 1e-5
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, :6] = 0
+    want, got, valid = theirs(ids, attention_mask=mask).logits, ours(ids, padding_mask=mask == 0), mask.bool()
+    assert relative_error(got[valid], want[valid]) <= 1e-5
+    target = torch.randn_like(want)
+    (want[valid] * target[valid]).sum().backward()
+    (got[valid] * target[valid]).sum().backward()
+    theirs_grads = convert_weights(read_config(folder), {name: p.grad for name, p in theirs.named_parameters()})
+    for name, p in ours.named_parameters():
+        assert relative_error(p.grad, theirs_grads[name]) <= 1e-4, name
+    with torch.no_grad():
+        want = decode_one_token_at_a_time(theirs, ids[:1])
+        cache = ours.new_cache(1, T)
+        got = torch.stack([ours(ids[:1, t:t + 1], position_ids=torch.tensor([[t]]), cache=cache)[:, -1]
+                           for t in range(T)], dim=1)
+    assert relative_error(got, want) <= 1e-5
+    prompts = ids[:, :9].masked_fill(mask[:, :9] == 0, 0)
+    greedy = theirs.generate(prompts, attention_mask=mask[:, :9], max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert ours.generate(prompts, 8, padding_mask=mask[:, :9] == 0).tolist() == greedy.tolist()
+
+    export(ours, tmp_path / "exported")  # (a whole-head RoPE exports as Granite, which has no partial one)
+    assert read_config(tmp_path / "exported")["architectures"] == ["BambaForCausalLM" if fraction != 1.0 else
+                                                                   "GraniteMoeHybridForCausalLM"]
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    again.config._attn_implementation = "eager"
+    with torch.no_grad():
+        assert relative_error(ours(ids), again(ids).logits) <= 1e-5
+    for (name, a), b in zip(ours.state_dict().items(), from_pretrained(tmp_path / "exported").state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_partial_rope_exports_only_as_bamba_and_the_bamba_fields_an_import_refuses_are_named(tmp_path):
+    from components import HybridLM
+    from recipes.hf import hf_architecture
+    from recipes.hf.architectures import Bamba, Doge, GraniteHybrid, Llama
+
+    ssd = {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8, "conv": True, "rope": False,
+                                                          "gate": True}}
+    attention = {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "rope_fraction": 0.5}}
+    mlp = {"class_path": "components.MLP", "init_args": {"d_ff": 24}}
+
+    def model(pattern="SM AM SM", **mixers):
+        letters = set(pattern) - {" ", "-"}
+        bound = {"S": ssd, "A": attention, "M": mlp, **mixers}
+        return HybridLM(32, 16, pattern, {k: v for k, v in bound.items() if k in letters})
+
+    def changed(spec, **init_args):
+        return {"class_path": spec["class_path"], "init_args": {**spec["init_args"], **init_args}}
+
+    assert hf_architecture(model()) is Bamba and hf_architecture(model("AM AM")) is Bamba
+    whole = changed(attention, rope_fraction=1.0)
+    assert hf_architecture(model(A=whole)) is GraniteHybrid and hf_architecture(model("AM AM", A=whole)) is Llama
+    turns = "its attention turns 0.5 of each head by RoPE"
+    assert f"{turns}; Llama's turns all of it" in Llama.mismatch(model("AM AM"))
+    assert f"{turns}; Granite's turns all of it or none" in GraniteHybrid.mismatch(model())
+    doge = HybridLM(32, 16, "IM IM", {"I": {"class_path": "components.InnerFuncAttention", "init_args": {
+        "n_heads": 2, "mask": "content_exp", "qk_norm": True, "rope_fraction": 0.5}}, "M": mlp}, residual_scale=True)
+    assert f"{turns}; Doge's turns all of it" in Doge.mismatch(doge)
+    cases = [(model("SE AE", E={"class_path": "components.SharedExpertMoE", "init_args": {"n_experts": 4, "d_ff": 8}}),
+              "its state mixers are not all one SwiGLU MLP"),
+             (model(M=changed(mlp, activation="gelu")), "its state mixers are not all one SwiGLU MLP"),
+             (model("SM AM BM", B=whole), "its attentions differ in heads or RoPE; Bamba has"),
+             (model(A=changed(attention, rope=False)), "its attention has no RoPE, which Bamba's has"),
+             (model("SM×2"), "it has no attention block, and transformers' Bamba fails without one")]
+    for built, reason in cases:
+        assert reason in (Bamba.mismatch(built) or ""), reason
+
+    c = {"architectures": [Bamba.name], "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 2,
+         "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 8, "rms_norm_eps": 1e-6,
+         "attn_layer_indices": [1], "mamba_n_heads": 4, "mamba_d_head": "auto", "mamba_d_state": 8, "mamba_n_groups": 1,
+         "mamba_expand": 2, "rope_theta": 1e4}
+    recipe = hf_recipe(c)  # 4.x's form: rope_theta alone, and transformers turns half of each head
+    assert recipe["pattern"] == "SM AM" and recipe["mixers"]["A"]["init_args"]["rope_fraction"] == 0.5
+    assert recipe["mixers"]["S"]["init_args"]["n_heads"] == 4  # (mamba_d_head "auto": expand·hidden / heads = 8)
+    assert hf_recipe({**c, "attn_layer_indices": None})["pattern"] == "SM SM"
+    assert hf_recipe({**c, "attn_rotary_emb": 4, "partial_rotary_factor": 0.5})["pattern"] == "SM AM"  # (they agree)
+    for field, value, message in [
+            ("z_loss_coefficient", 1e-4, "z_loss_coefficient=0.0001 (the zoo's training loss has no z-loss)"),
+            ("mamba_proj_bias", True, "mamba_proj_bias=True"),
+            ("time_step_limit", [0.0, 1.0], "time_step_limit=[0.0, 1.0]"),
+            ("attn_rotary_emb", 8, "attn_rotary_emb=8 (transformers turns head_dim·partial_rotary_factor = 8·0.5 = 4 "
+                                   "channels; other readers take attn_rotary_emb)"),
+            ("partial_rotary_factor", 1.0, "partial_rotary_factor=1.0 at the top level, which transformers replaces "
+                                           "by 0.5"),
+            ("attn_layer_indices", [2], "attn_layer_indices=[2]: layer numbers from 0 to num_hidden_layers - 1 = 1"),
+            ("attn_layer_indices", [True], "attn_layer_indices=[True]: layer numbers"),
+            ("mamba_n_heads", 3, "mamba_n_heads·mamba_d_head = 30 != mamba_expand·hidden_size = 32")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            hf_recipe({**c, field: value})
+    with pytest.raises(ValueError, match=r"head_dim·rope_fraction = 8·0.1 = 0.8 must be an even whole number"):
+        from recipes.hf import build
+
+        build(hf_recipe({**c, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                  "partial_rotary_factor": 0.1}}))
+
+
 def test_the_weights_are_cut_into_shards_of_at_most_max_shard_size_bytes(tmp_path):
     """A shard takes tensors while they fit (exactly full is full enough); one file where all fit, named
     ``model.safetensors``; the index maps each tensor to its shard and gives the total. Sizes as transformers
