@@ -106,6 +106,7 @@ def test_a_printed_component_names_its_settings():
         QCAttention(32, n_heads=4, n_kv_heads=2, qk_norm=True):
             ["n_heads=4, n_kv_heads=2, head_dim=8", "rope=True, qk_norm=True", "(q_norm): RMSNorm(8, eps=1e-06)"],
         QCAttention(32, n_heads=2, rope=False): ["rope=False, qk_norm=False"],
+        QCAttention(32, n_heads=4, rope_fraction=0.5): ["rope=True, rope_fraction=0.5, qk_norm=False"],
         RoutedMoE(32, n_experts=4, top_k=2, d_ff=16, activation="swisig"):
             ["n_experts=4, top_k=2, normalize=False", "MLPExperts(n_experts=4, d_ff=16, activation=swisig)"],
         CohesiveMoE(32, n_experts=6, top_k=2, d_ff=16): ["CohesiveExperts(n_experts=6, d_ff=16)"],

@@ -1253,6 +1253,26 @@ def test_bamba_imports_equal_to_transformers_with_its_partial_rope_and_exports_b
         assert torch.equal(a, b), name
 
 
+def test_a_bamba_with_dynamic_ntk_runs_past_its_positions_as_transformers_and_exports_it(tmp_path):
+    """Dynamic NTK over a partial RoPE stretches the base by the turned channels (``dim/(dim−2)`` with dim the
+    quarter or half of the head that turns), as transformers' does; the export writes it in ``rope_parameters``."""
+    from recipes.hf import export, read_config
+
+    rope = {"rope_type": "dynamic", "rope_theta": 500.0, "factor": 2.0, "partial_rotary_factor": 0.5}
+    theirs, folder = bamba(tmp_path, max_position_embeddings=8, rope_parameters=rope)
+    ours = from_pretrained(folder).eval()
+    ids = torch.randint(0, 64, (1, T))  # (T = 19 > 8 positions)
+    with torch.no_grad():
+        want = theirs(ids).logits
+        assert relative_error(ours(ids), want) <= 1e-5
+        ours.rotary.scaling_factor = 1.0  # (the stretch matters here: without it the logits part)
+        assert relative_error(ours(ids), want) > 1e-3
+        ours.rotary.scaling_factor = 2.0
+    export(ours, tmp_path / "exported")
+    written = read_config(tmp_path / "exported")
+    assert written["rope_parameters"] == rope and "rope_scaling" not in written and "rope_theta" not in written
+
+
 def test_a_partial_rope_exports_only_as_bamba_and_the_bamba_fields_an_import_refuses_are_named(tmp_path):
     from components import HybridLM
     from recipes.hf import hf_architecture
@@ -1296,7 +1316,9 @@ def test_a_partial_rope_exports_only_as_bamba_and_the_bamba_fields_an_import_ref
     recipe = hf_recipe(c)  # 4.x's form: rope_theta alone, and transformers turns half of each head
     assert recipe["pattern"] == "SM AM" and recipe["mixers"]["A"]["init_args"]["rope_fraction"] == 0.5
     assert recipe["mixers"]["S"]["init_args"]["n_heads"] == 4  # (mamba_d_head "auto": expand·hidden / heads = 8)
+    assert not recipe["extrapolate"]  # (RoPE: the model's length; Mamba-2 alone: any)
     assert hf_recipe({**c, "attn_layer_indices": None})["pattern"] == "SM SM"
+    assert hf_recipe({**c, "attn_layer_indices": None})["extrapolate"]
     assert hf_recipe({**c, "attn_rotary_emb": 4, "partial_rotary_factor": 0.5})["pattern"] == "SM AM"  # (they agree)
     for field, value, message in [
             ("z_loss_coefficient", 1e-4, "z_loss_coefficient=0.0001 (the zoo's training loss has no z-loss)"),
