@@ -66,12 +66,14 @@ class QCAttention(nn.Module):
 
     Args:
         d_model: model width.
-        n_heads: query heads (default 8); ``d_model`` must be divisible by it.
+        n_heads: query heads (default 8); ``d_model`` must be divisible by it unless ``head_dim`` is given.
         n_kv_heads: key/value heads for grouped-query attention (default ``n_heads``); must divide
             ``n_heads``.
+        head_dim: each head's width (default ``d_model / n_heads``). Another value decouples the heads from
+            the width, as Qwen3's (``n_heads · head_dim`` need not be ``d_model``).
         rope: RoPE on Q and K over the head dim, from the context's shared table (default True; the
             head dim must then be even). False: no positional encoding (Jamba).
-        qk_norm: per-head RMSNorm on Q and K before RoPE (default False; Doge).
+        qk_norm: per-head RMSNorm on Q and K before RoPE (default False; Doge, Qwen3).
         norm_eps: that norm's epsilon (default 1e-6).
         rope_fraction: the share of each head's channels RoPE turns, the first ones (default 1.0: all;
             Bamba 0.5, as GPT-NeoX's partial rotary); ``head_dim · rope_fraction`` must be even.
@@ -80,21 +82,28 @@ class QCAttention(nn.Module):
 
     mixer_slot = "sequence"  # the block slot it fills; a pattern placing it in the other is refused
 
-    def __init__(self, d_model: int, *, n_heads: int = 8, n_kv_heads: int | None = None, rope: bool = True,
-                 qk_norm: bool = False, norm_eps: float = 1e-6, rope_fraction: float = 1.0, backend: str = "auto"):
+    def __init__(self, d_model: int, *, n_heads: int = 8, n_kv_heads: int | None = None, head_dim: int | None = None,
+                 rope: bool = True, qk_norm: bool = False, norm_eps: float = 1e-6, rope_fraction: float = 1.0,
+                 backend: str = "auto"):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         check_positive("QCAttention", d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads)
-        check_divisible("QCAttention", "d_model", d_model, "n_heads", n_heads)
+        if head_dim is None:
+            check_divisible("QCAttention", "d_model", d_model, "n_heads", n_heads)
+            head_dim = d_model // n_heads
+        else:
+            check_positive("QCAttention", head_dim=head_dim)
+            if rope and rope_fraction == 1 and head_dim % 2:
+                raise ValueError(f"QCAttention: head_dim={head_dim} must be even for RoPE")
         check_divisible("QCAttention", "n_heads", n_heads, "n_kv_heads", n_kv_heads)
         check_backend(backend, "QCAttention")
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
-        self.positions = QueryKeyPositions("QCAttention", self.head_dim, rope=rope, qk_norm=qk_norm, norm_eps=norm_eps,
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.positions = QueryKeyPositions("QCAttention", head_dim, rope=rope, qk_norm=qk_norm, norm_eps=norm_eps,
                                            rope_fraction=rope_fraction)
         self.d_model, self.backend = d_model, backend
-        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
-        self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=False)
-        self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * head_dim, bias=False)
+        self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         check_mixer_input(type(self).__name__, x, self.d_model, self.q_proj.weight, sequence=True)

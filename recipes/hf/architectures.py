@@ -1,5 +1,5 @@
-"""One adapter per Hugging Face architecture the zoo can be: Llama, Mamba-2, Doge (dense and CDMoE), and the hybrids
-of Mamba-2 and attention layers, Granite 4.0 and Bamba.
+"""One adapter per Hugging Face architecture the zoo can be: Llama, Qwen3, Mamba-2, Doge (dense and CDMoE), and the
+hybrids of Mamba-2 and attention layers, Granite 4.0 and Bamba.
 
 Each adapter knows, for its ``transformers`` class: the zoo model a ``config.json`` describes (``recipe``),
 the weights both ways (``to_zoo``, ``to_hf``), the ``config.json`` a zoo model is (``config``, for export),
@@ -165,12 +165,7 @@ class Llama:
 
     @staticmethod
     def recipe(c: dict) -> dict:
-        base, ntk, dynamic = rope_settings(c)
-        heads, kv_heads, head_dim = attention_shape(c)
-        mlp = spec("components.MLP", d_ff=c["intermediate_size"], activation="swiglu", act=c.get("hidden_act", "silu"))
-        return {**common_recipe(c, base, ntk, dynamic), "pattern": f"AM×{c['num_hidden_layers']}",
-                "norm_eps": c["rms_norm_eps"],
-                "mixers": {"A": spec("components.QCAttention", n_heads=heads, n_kv_heads=kv_heads), "M": mlp}}
+        return decoder_recipe(c)
 
     @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
@@ -186,39 +181,118 @@ class Llama:
 
     @staticmethod
     def mismatch(model) -> str | None:
-        why = "a LlamaForCausalLM is QCAttention + SwiGLU MLP in every block ('AM')"
-        reason = only(model, "AM", why)
-        if reason:
-            return reason
-        block = model.blocks[0]
-        a, m = block.sequence_mixer, block.state_mixer
-        if type(a).__name__ != "QCAttention" or type(m).__name__ != "MLP":
-            return f"its 'A'/'M' letters are {type(a).__name__}/{type(m).__name__}; {why}"
-        if not a.positions.rope or a.positions.q_norm is not None:
-            return "its attention has no RoPE or has a QK-norm, which Llama has not"
-        if a.positions.rope_fraction != 1:
-            return f"its attention turns {a.positions.rope_fraction:g} of each head by RoPE; Llama's turns all of it"
-        if m.activation != "swiglu":  # (its act is the config's hidden_act: SiLU, GELU or ReLU, as transformers reads them)
-            return f"its MLP is {m.activation} with {m.act_name}; Llama's is SwiGLU"
-        if block.sequence_residual is not None:
-            return "its blocks scale their residuals, which Llama does not"
-        return None
+        return decoder_mismatch(model, Llama.name, qk_norm=False)
 
     @staticmethod
     def config(model) -> dict:
-        block = model.blocks[0]
-        a, m = block.sequence_mixer, block.state_mixer
-        return {**common_config(model, Llama.name, Llama.model_type), "intermediate_size": m.d_ff,
-                "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim,
-                "hidden_act": m.act_name, "rms_norm_eps": model.norm.eps, "attention_bias": False, "mlp_bias": False}
+        return decoder_config(model, Llama.name, Llama.model_type)
 
 
-def attention_shape(c: dict) -> tuple[int, int, int]:
+def attention_shape(c: dict, *, decoupled: bool = False, head_dim: int | None = None) -> tuple[int, int, int]:
+    """``(heads, key/value heads, head_dim)``; ``head_dim`` the class's default when the config has none (else the
+    width over the heads). Heads whose widths do not add up to the model's are refused unless ``decoupled`` (the
+    class's attention is the zoo's ``QCAttention``, which takes ``head_dim``)."""
     heads, kv_heads = c["num_attention_heads"], c.get("num_key_value_heads") or c["num_attention_heads"]
-    head_dim = c.get("head_dim") or c["hidden_size"] // heads
-    if head_dim * heads != c["hidden_size"]:
+    head_dim = c.get("head_dim") or head_dim or c["hidden_size"] // heads
+    if head_dim * heads != c["hidden_size"] and not decoupled:
         raise ValueError(f"head_dim={head_dim} · heads={heads} != hidden_size={c['hidden_size']}: not supported")
     return heads, kv_heads, head_dim
+
+
+def decoder_recipe(c: dict, head_dim: int | None = None, **attention) -> dict:
+    """Llama's stack (Qwen3's with ``qk_norm``): QCAttention with RoPE and a SwiGLU MLP in every block."""
+    base, ntk, dynamic = rope_settings(c)
+    heads, kv_heads, head_dim = attention_shape(c, decoupled=True, head_dim=head_dim)
+    if head_dim * heads != c["hidden_size"]:
+        attention["head_dim"] = head_dim  # (the default otherwise: the width over the heads)
+    mlp = spec("components.MLP", d_ff=c["intermediate_size"], activation="swiglu", act=c.get("hidden_act", "silu"))
+    return {**common_recipe(c, base, ntk, dynamic), "pattern": f"AM×{c['num_hidden_layers']}",
+            "norm_eps": c["rms_norm_eps"],
+            "mixers": {"A": spec("components.QCAttention", n_heads=heads, n_kv_heads=kv_heads, **attention), "M": mlp}}
+
+
+def decoder_mismatch(model, name: str, *, qk_norm: bool) -> str | None:
+    """What keeps ``model`` from Llama's stack (``qk_norm``: Qwen3's, a QK-norm of the model's eps)."""
+    why = f"a {name} is QCAttention{' with a QK-norm' if qk_norm else ''} + SwiGLU MLP in every block ('AM')"
+    reason = only(model, "AM", why)
+    if reason:
+        return reason
+    block = model.blocks[0]
+    a, m = block.sequence_mixer, block.state_mixer
+    short = name.removesuffix("ForCausalLM")
+    if type(a).__name__ != "QCAttention" or type(m).__name__ != "MLP":
+        return f"its 'A'/'M' letters are {type(a).__name__}/{type(m).__name__}; {why}"
+    if not a.positions.rope or (a.positions.q_norm is not None) != qk_norm:
+        return (f"its attention has no RoPE or no QK-norm; {short}'s has both" if qk_norm else
+                f"its attention has no RoPE or has a QK-norm, which {short} has not")
+    if a.positions.rope_fraction != 1:
+        return f"its attention turns {a.positions.rope_fraction:g} of each head by RoPE; {short}'s turns all of it"
+    if qk_norm and a.positions.q_norm.eps != model.norm.eps:
+        return (f"its attention's QK-norm has eps {a.positions.q_norm.eps} and its other norms {model.norm.eps}; a "
+                f"{name} has one rms_norm_eps for all of them")
+    if m.activation != "swiglu":  # (its act is the config's hidden_act: SiLU, GELU or ReLU, as transformers reads them)
+        return f"its MLP is {m.activation} with {m.act_name}; {short}'s is SwiGLU"
+    if block.sequence_residual is not None:
+        return f"its blocks scale their residuals, which {short} does not"
+    return None
+
+
+def decoder_config(model, name: str, model_type: str) -> dict:
+    block = model.blocks[0]
+    a, m = block.sequence_mixer, block.state_mixer
+    return {**common_config(model, name, model_type), "intermediate_size": m.d_ff, "num_attention_heads": a.n_heads,
+            "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim, "hidden_act": m.act_name,
+            "rms_norm_eps": model.norm.eps, "attention_bias": False, "mlp_bias": False}
+
+
+QWEN3_HEAD_DIM = 128
+"""Qwen3's ``head_dim`` where its config has none: transformers' ``Qwen3Config`` default, not the width over the heads."""
+
+
+def qwen3_full_attention(c: dict) -> None:
+    """Refuse a Qwen3 whose layers attend within a window (``use_sliding_window``): the zoo's QCAttention has none."""
+    layers = c["num_hidden_layers"]
+    window = c.get("sliding_window") if c.get("use_sliding_window") else None  # (transformers drops it otherwise)
+    types = c.get("layer_types") or ["sliding_attention" if window is not None and i >= c.get("max_window_layers", 28)
+                                     else "full_attention" for i in range(layers)]
+    if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
+        raise ValueError(f"layer_types={types!r}: num_hidden_layers={layers} of full_attention, sliding_attention "
+                         "expected")
+    windowed = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
+    if windowed and window is not None and window < c.get("max_position_embeddings", math.inf):
+        raise ValueError(f"use_sliding_window with sliding_window={window}: layers {windowed} attend to the last "
+                         f"{window} keys only, and the zoo's QCAttention to every key. Importing would give a model "
+                         "that computes something else, so it is refused")
+
+
+class Qwen3:
+    """Qwen3: Llama's stack with a per-head RMSNorm on Q and K before RoPE (``qk_norm``, of the model's eps) and heads
+    whose width need not divide the model's (``head_dim``, 128 unless the config says)."""
+
+    name, model_type = "Qwen3ForCausalLM", "qwen3"
+    honoured = Llama.honoured | {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"}
+    ends, reshaped = Llama.ends, staticmethod(nothing_reshaped)
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        qwen3_full_attention(c)
+        return decoder_recipe(c, head_dim=QWEN3_HEAD_DIM, qk_norm=True, norm_eps=c["rms_norm_eps"])
+
+    @staticmethod
+    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
+        hf, ours = f"model.layers.{i}.self_attn", f"blocks.{i}.sequence_mixer.positions"
+        return [*Llama.layer_pairs(c, i), (f"{ours}.q_norm.weight", [f"{hf}.q_norm.weight"]),
+                (f"{ours}.k_norm.weight", [f"{hf}.k_norm.weight"])]
+
+    @staticmethod
+    def mismatch(model) -> str | None:
+        return decoder_mismatch(model, Qwen3.name, qk_norm=True)
+
+    @staticmethod
+    def config(model) -> dict:
+        layers = len(model.blocks)
+        return {**decoder_config(model, Qwen3.name, Qwen3.model_type), "use_sliding_window": False,
+                "sliding_window": None, "max_window_layers": layers, "layer_types": ["full_attention"] * layers}
 
 
 EVERY_KEY = 2 ** 31 - 1
@@ -479,6 +553,9 @@ def hybrid_mismatch(model, name: str, why: str) -> str | None:
                 "layer for the mask sizes; transformers 5.25)")
     if any(a.positions.q_norm is not None for a in attentions):
         return f"its attention has a QK-norm, which {name}'s has not"
+    if any(a.n_heads * a.head_dim != model.d_model for a in attentions):
+        return (f"its attention's heads are not its width over the heads (head_dim); {name}'s config has no head_dim "
+                "and derives it so")
     if len({(a.n_heads, a.n_kv_heads, a.positions.rope, a.positions.rope_fraction) for a in attentions}) > 1:
         return f"its attentions differ in heads or RoPE; {name} has one attention configuration"
     return None
@@ -738,7 +815,7 @@ class Bamba:
         return config
 
 
-ADAPTERS = {adapter.name: adapter for adapter in (Llama, Mamba2, Doge, GraniteHybrid, Bamba)}
+ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen3, Mamba2, Doge, GraniteHybrid, Bamba)}
 
 
 def to_zoo(config: dict, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -48,6 +48,8 @@ def test_relative_positions_only():
         (dict(d_model=32, n_heads=4, rope_fraction=0.125), "head_dim·rope_fraction = 8·0.125 = 1 must be an even whole"),
         (dict(d_model=32, rope_fraction=1.5), "QCAttention: rope_fraction=1.5 must be at most 1"),
         (dict(d_model=32, rope_fraction=0), "QCAttention: rope_fraction=0 must be a finite number > 0"),
+        (dict(d_model=32, n_heads=4, head_dim=7), "QCAttention: head_dim=7 must be even for RoPE"),
+        (dict(d_model=32, n_heads=4, head_dim=0), "QCAttention: head_dim=0 must be a positive integer"),
         (dict(d_model=32, n_heads=0), "n_heads=0 must be a positive integer"),
         (dict(d_model=32, backend="flash"), "QCAttention: backend='flash' is not one of"),
     ],

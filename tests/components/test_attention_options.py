@@ -45,21 +45,23 @@ def positions_by_hand(q, k, mixer, rope_reference, positions):
     return q, k
 
 
-@pytest.mark.parametrize("rope, qk_norm, fraction", [(True, False, 1.0), (False, False, 1.0), (True, True, 1.0),
-                                                     (False, True, 1.0), (True, False, 0.25), (True, True, 0.75)])
-def test_qcattention_matches_its_math_written_out(rope_reference, rope, qk_norm, fraction):
+@pytest.mark.parametrize("rope, qk_norm, fraction, head_dim", [
+    (True, False, 1.0, None), (False, False, 1.0, None), (True, True, 1.0, None), (False, True, 1.0, None),
+    (True, False, 0.25, None), (True, True, 0.75, None),
+    (True, True, 1.0, 6), (True, False, 0.5, 12)])  # (heads of 6 and 12 channels, decoupled from the width 32, as Qwen3's)
+def test_qcattention_matches_its_math_written_out(rope_reference, rope, qk_norm, fraction, head_dim):
     torch.manual_seed(0)
-    mixer = QCAttention(32, n_heads=4, n_kv_heads=2, rope=rope, qk_norm=qk_norm, norm_eps=1e-5,
+    mixer = QCAttention(32, n_heads=4, n_kv_heads=2, head_dim=head_dim, rope=rope, qk_norm=qk_norm, norm_eps=1e-5,
                         rope_fraction=fraction).double()
     if qk_norm:
         with torch.no_grad():
             mixer.positions.q_norm.weight.uniform_(0.5, 1.5), mixer.positions.k_norm.weight.uniform_(0.5, 1.5)
-    T, positions = 6, [3, 4, 5, 6, 7, 8]  # not starting at 0, so the rotation shows
+    T, positions, Dh = 6, [3, 4, 5, 6, 7, 8], head_dim or 8  # positions not starting at 0, so the rotation shows
     x = torch.randn(1, T, 32, dtype=torch.float64)
-    q = (x[0] @ mixer.q_proj.weight.T).view(T, 4, 8)
-    k, v = (x[0] @ mixer.kv_proj.weight.T).view(T, 2, 2, 8).unbind(1)
+    q = (x[0] @ mixer.q_proj.weight.T).view(T, 4, Dh)
+    k, v = (x[0] @ mixer.kv_proj.weight.T).view(T, 2, 2, Dh).unbind(1)
     q, k = positions_by_hand(q, k, mixer, rope_reference, positions)
-    want = attend_by_hand(q, k, v).reshape(T, 32) @ mixer.out_proj.weight.T
+    want = attend_by_hand(q, k, v).reshape(T, 4 * Dh) @ mixer.out_proj.weight.T
     got = mixer(x, Context(position_ids=torch.tensor([positions])))
     torch.testing.assert_close(got[0], want, rtol=1e-5, atol=1e-8)  # (RoPE tables are fp32)
 

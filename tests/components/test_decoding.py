@@ -209,6 +209,7 @@ ARCHITECTURES = {
                             "I": partial(InnerFuncAttention, n_heads=4, inner={"retrieval": {"n_values": 6}}),
                             "E": {"class_path": "components.CDMoE", "init_args": {"n_experts": 48, "n_keys": [6, 8], "top_k": 4, "key_dim": 8}}}, {}),
     "transxssm": ("SM SM AM", {"S": partial(SSD, d_state=8, head_dim=8, chunk_size=4), "A": partial(QCAttention, n_heads=4)}, {}),
+    "qwen3": ("AM×3", {"A": partial(QCAttention, n_heads=4, n_kv_heads=2, head_dim=12, qk_norm=True)}, {"tie_embeddings": True}),
     "bamba": ("SM AM SM", {"S": partial(SSD, conv=True, rope=False, gate=True, expand=2, head_dim=8, d_state=8, chunk_size=4),
                            "A": partial(QCAttention, n_heads=4, n_kv_heads=2, rope_fraction=0.5)}, {}),
     "doge": ("IE IM", {"I": partial(InnerFuncAttention, n_heads=4, n_kv_heads=2, mask="content_exp", qk_norm=True, keep_window=6),

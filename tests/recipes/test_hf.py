@@ -718,9 +718,10 @@ def test_export_names_what_keeps_a_model_from_each_hugging_face_class():
     # export's refusal names the class the model comes closest to: one whose difference is not the pattern
     from recipes.hf import hf_architecture
 
+    # (a QK-norm of the model's eps is Qwen3's; one of its own eps no class's)
     with pytest.raises(ValueError, match=r"this model \(pattern 'AM×2'\) has no Hugging Face class: as "
                                          r"LlamaForCausalLM, its attention has no RoPE or has a QK-norm"):
-        hf_architecture(model(a={"qk_norm": True}))
+        hf_architecture(model(a={"qk_norm": True, "norm_eps": 1e-5}))
 
 
 def test_a_weight_with_no_place_on_either_side_is_refused_by_name():
@@ -802,8 +803,10 @@ def test_doges_mismatches_and_the_config_values_an_import_refuses_by_name():
                               "I": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}}}
     assert "its 'I' letter is QCAttention" in changed(qc)
 
+    # InnerFuncAttention's heads are the width over the heads; QCAttention's need not be
     with pytest.raises(ValueError, match=r"head_dim=4 · heads=2 != hidden_size=16: not supported"):
-        Llama.recipe({**c, "head_dim": 4, "hidden_act": "silu"})
+        Doge.recipe({**c, "head_dim": 4})
+    assert Llama.recipe({**c, "head_dim": 4, "hidden_act": "silu"})["mixers"]["A"]["init_args"]["head_dim"] == 4
     with pytest.raises(ValueError, match=r"num_experts=12 is not a square: Doge's CDMoE uses only the first"):
         Doge.recipe({**c, "is_moe": True, "num_experts": 12, "num_experts_per_tok": 2})
     mamba = {"hidden_size": 16, "expand": 2, "num_heads": 4, "head_dim": 8, "state_size": 8, "n_groups": 1,
@@ -1206,21 +1209,14 @@ def bamba(tmp_path, **settings):
     return theirs.eval(), tmp_path / "bamba"
 
 
-@pytest.mark.parametrize("fraction", [None, 0.25, 1.0])  # (None: the config leaves it to transformers, which turns half)
-def test_bamba_imports_equal_to_transformers_with_its_partial_rope_and_exports_back(tmp_path, fraction):
-    """An independent check of partial RoPE (``rope_fraction``) in a hybrid: IBM's Bamba (Mamba-2 and attention
-    layers with SwiGLU MLPs, RoPE on the first half of each head unless its ``rope_parameters`` say otherwise) imports
-    equal to transformers' — logits, a left-padded batch, every gradient, decoding one token at a time and greedy ids —
-    and exports back to a folder transformers loads with equal logits, then imports again bit for bit."""
-    from recipes.hf import convert_weights, export, read_config
+def imports_equal_to_transformers(theirs, folder):
+    """``folder``'s import equals ``theirs`` (transformers' model saved there): logits, a left-padded batch, every
+    gradient, decoding one token at a time and greedy ids of the padded batch. Returns the imported model."""
+    from recipes.hf import convert_weights, read_config
 
-    rope = {} if fraction is None else {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
-                                                           "partial_rotary_factor": fraction}}
-    theirs, folder = bamba(tmp_path, **rope)
     ours = from_pretrained(folder).eval()
-    turned = {b.sequence_mixer.positions.rope_dim for b in ours.blocks if b.token == "AM"}
-    assert turned == {8 * (fraction or 0.5)} and ours.pattern == "SM AM SM AM"
-    ids = torch.randint(0, 64, (2, T))
+    vocab = theirs.config.vocab_size
+    ids = torch.randint(0, vocab, (2, T))
     assert relative_error(ours(ids), theirs(ids).logits) <= 1e-5
     mask = torch.ones(2, T, dtype=torch.long)
     mask[1, :6] = 0
@@ -1232,6 +1228,7 @@ def test_bamba_imports_equal_to_transformers_with_its_partial_rope_and_exports_b
     theirs_grads = convert_weights(read_config(folder), {name: p.grad for name, p in theirs.named_parameters()})
     for name, p in ours.named_parameters():
         assert relative_error(p.grad, theirs_grads[name]) <= 1e-4, name
+    ours.zero_grad()
     with torch.no_grad():
         want = decode_one_token_at_a_time(theirs, ids[:1])
         cache = ours.new_cache(1, T)
@@ -1241,16 +1238,100 @@ def test_bamba_imports_equal_to_transformers_with_its_partial_rope_and_exports_b
     prompts = ids[:, :9].masked_fill(mask[:, :9] == 0, 0)
     greedy = theirs.generate(prompts, attention_mask=mask[:, :9], max_new_tokens=8, do_sample=False, pad_token_id=0)
     assert ours.generate(prompts, 8, padding_mask=mask[:, :9] == 0).tolist() == greedy.tolist()
+    return ours
 
-    export(ours, tmp_path / "exported")  # (a whole-head RoPE exports as Granite, which has no partial one)
-    assert read_config(tmp_path / "exported")["architectures"] == ["BambaForCausalLM" if fraction != 1.0 else
-                                                                   "GraniteMoeHybridForCausalLM"]
-    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+
+def exports_to_transformers(ours, folder) -> str:
+    """``ours`` exported to ``folder`` loads in transformers with equal logits and imports again bit for bit; the
+    class it was written as."""
+    from recipes.hf import export, read_config
+
+    export(ours, folder)
+    again = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     again.config._attn_implementation = "eager"
+    ids = torch.randint(0, ours.vocab_size, (2, T))
     with torch.no_grad():
         assert relative_error(ours(ids), again(ids).logits) <= 1e-5
-    for (name, a), b in zip(ours.state_dict().items(), from_pretrained(tmp_path / "exported").state_dict().values()):
+    for (name, a), b in zip(ours.state_dict().items(), from_pretrained(folder).state_dict().values()):
         assert torch.equal(a, b), name
+    return read_config(folder)["architectures"][0]
+
+
+@pytest.mark.parametrize("fraction", [None, 0.25, 1.0])  # (None: the config leaves it to transformers, which turns half)
+def test_bamba_imports_equal_to_transformers_with_its_partial_rope_and_exports_back(tmp_path, fraction):
+    """An independent check of partial RoPE (``rope_fraction``) in a hybrid: IBM's Bamba (Mamba-2 and attention
+    layers with SwiGLU MLPs, RoPE on the first half of each head unless its ``rope_parameters`` say otherwise) imports
+    equal to transformers' — logits, a left-padded batch, every gradient, decoding one token at a time and greedy ids —
+    and exports back to a folder transformers loads with equal logits, then imports again bit for bit."""
+    rope = {} if fraction is None else {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
+                                                           "partial_rotary_factor": fraction}}
+    theirs, folder = bamba(tmp_path, **rope)
+    ours = imports_equal_to_transformers(theirs, folder)
+    turned = {b.sequence_mixer.positions.rope_dim for b in ours.blocks if b.token == "AM"}
+    assert turned == {8 * (fraction or 0.5)} and ours.pattern == "SM AM SM AM"
+    # (a whole-head RoPE exports as Granite, which has no partial one)
+    assert exports_to_transformers(ours, tmp_path / "exported") == ("BambaForCausalLM" if fraction != 1.0 else
+                                                                     "GraniteMoeHybridForCausalLM")
+
+
+@pytest.mark.parametrize("head_dim, tied", [(12, True), (None, False)])  # (None: the config's default, 128)
+def test_qwen3_imports_equal_to_transformers_with_its_qk_norm_and_wide_heads_and_exports_back(tmp_path, head_dim, tied):
+    """Qwen3 is Llama with a per-head RMSNorm on Q and K before RoPE (the zoo's ``qk_norm``) and heads whose width is
+    not the model's over the heads (``QCAttention(head_dim=…)``): 4 heads of 12 or of 128 channels in a width of 32."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      rms_norm_eps=1e-5, tie_word_embeddings=tied,
+                                      **({"head_dim": head_dim} if head_dim else {}))
+    theirs = transformers.Qwen3ForCausalLM(config)
+    theirs.config._attn_implementation = "eager"
+    randomize(theirs)
+    theirs.save_pretrained(tmp_path / "qwen3")
+    if head_dim is None:  # a config.json without head_dim: transformers reads Qwen3Config's default
+        path = tmp_path / "qwen3" / "config.json"
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "head_dim"}))
+    ours = imports_equal_to_transformers(theirs.eval(), tmp_path / "qwen3")
+    attention = ours.blocks[0].sequence_mixer
+    assert (attention.head_dim, attention.positions.q_norm.eps) == (head_dim or 128, 1e-5)
+    assert exports_to_transformers(ours, tmp_path / "exported") == "Qwen3ForCausalLM"
+
+
+def test_a_llama_with_heads_decoupled_from_its_width_imports_and_exports_and_what_qwen3_refuses(tmp_path):
+    """Llama takes ``head_dim`` too (Mistral-Nemo's 128 over a width of 5,120 and 32 heads is this case); the hybrids'
+    configs have no head_dim, so a hybrid with such heads is not exported as one. A Qwen3 whose layers attend within a
+    window is refused: the zoo's QCAttention has none."""
+    from components import HybridLM
+    from recipes.hf.architectures import Bamba, GraniteHybrid, Qwen3
+
+    hf = build("llama", head_dim=12)
+    hf.save_pretrained(tmp_path / "llama")
+    ours = imports_equal_to_transformers(hf, tmp_path / "llama")
+    assert ours.blocks[0].sequence_mixer.head_dim == 12
+    assert exports_to_transformers(ours, tmp_path / "exported") == "LlamaForCausalLM"
+    wide = HybridLM(32, 16, "SM AM", {"S": {"class_path": "components.SSD", "init_args": {
+        "head_dim": 8, "d_state": 8, "conv": True, "rope": False, "gate": True}},
+        "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "head_dim": 12}},
+        "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
+    for adapter in (GraniteHybrid, Bamba):
+        assert "its attention's heads are not its width over the heads" in adapter.mismatch(wide)
+
+    c = {"architectures": [Qwen3.name], "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 4,
+         "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 8,
+         "rms_norm_eps": 1e-6, "max_position_embeddings": 64, "sliding_window": 16, "use_sliding_window": False,
+         "max_window_layers": 2}
+    assert hf_recipe(c)["mixers"]["A"]["init_args"] == {"n_heads": 2, "n_kv_heads": 2, "qk_norm": True,
+                                                        "norm_eps": 1e-6}  # (head_dim: the width's, not written)
+    assert hf_recipe({**c, "use_sliding_window": True, "sliding_window": 64})["pattern"] == "AM×4"  # (every key)
+    with pytest.raises(ValueError, match=re.escape("use_sliding_window with sliding_window=16: layers [2, 3] attend to "
+                                                   "the last 16 keys only")):
+        hf_recipe({**c, "use_sliding_window": True})
+    with pytest.raises(ValueError, match=r"layers \[0\] attend"):
+        hf_recipe({**c, "use_sliding_window": True, "layer_types": ["sliding_attention"] + ["full_attention"] * 3})
+    with pytest.raises(ValueError, match=r"layer_types=\['full_attention'\]: num_hidden_layers=4 of full_attention"):
+        hf_recipe({**c, "layer_types": ["full_attention"]})
+    assert "its attention has no RoPE or no QK-norm; Qwen3's has both" in Qwen3.mismatch(
+        HybridLM(32, 16, "AM", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}},
+                                "M": {"class_path": "components.MLP"}}))
 
 
 def test_a_bamba_with_dynamic_ntk_runs_past_its_positions_as_transformers_and_exports_it(tmp_path):
