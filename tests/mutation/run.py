@@ -74,9 +74,31 @@ def read_mutants(path: Path = LIST) -> list[Mutant]:
             problems.append(f"line {number}: the mutated {file} is not Python ({error}); mutate the whole statement")
             continue
         mutants.append(Mutant(number, file, old, new, tests.split()))
+    if not problems and (lost := uncollected({t for m in mutants for t in m.tests})):
+        problems = [f"line {m.line}: pytest collects no {' '.join(sorted(set(m.tests) & lost))} (renamed, or its "
+                    "parameters changed)" for m in mutants if lost & set(m.tests)]
     if problems:
         raise SystemExit(f"{path} is broken:\n  " + "\n  ".join(problems))
     return mutants
+
+
+def uncollected(tests: set[str]) -> set[str]:
+    """The named tests pytest does not collect: a test function renamed, or a parametrised id that changed with its
+    parameters. Each run of such a test fails whatever the mutant, and would count as killing it."""
+    named = {t for t in tests if "::" in t}
+    if not named:
+        return set()
+    files = sorted({t.split("::")[0] for t in named})
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
+                           *files], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    found = set()
+    for node in done.stdout.splitlines():  # each id, and what names it in part: its function, class, file
+        found.add(node)
+        found.add(node.split("[")[0])
+        parts = node.split("[")[0].split("::")
+        found.update("::".join(parts[:i]) for i in range(1, len(parts)))
+    return named - found
 
 
 def syntax_error(source: str, name: str) -> str | None:

@@ -1,5 +1,6 @@
 """propose.py: the mutants it proposes for a line, and the lines it leaves alone."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -66,6 +67,22 @@ def test_run_refuses_a_test_that_cannot_be_collected_rather_than_count_it_killed
     listed = tmp_path / "mutants.txt"
     listed.write_text(f"recipes/optimizer.py :: import inspect :: import os :: {tests}\n")
     with pytest.raises(SystemExit, match=r"line 1: no such test file, or a parametrised id cut short: "):
+        read_mutants(listed)
+
+
+@pytest.mark.parametrize("tests", ["tests/recipes/test_optimizer.py::test_no_such_test",
+                                   "tests/components/test_attention.py::test_qcattention_is_causal[99]"])
+def test_run_refuses_a_test_pytest_does_not_collect_rather_than_count_it_killed(tmp_path, tests):
+    """A renamed test, or a parametrised id whose parameters changed, fails to collect as surely as a missing file:
+    nine listed ids named parameters a test no longer had until 2026-12-05."""
+    from run import read_mutants
+
+    listed = tmp_path / "mutants.txt"
+    good = "tests/components/test_attention.py::test_qcattention_is_causal[4]"
+    listed.write_text(f"recipes/optimizer.py :: import inspect :: import os :: {good}\n")
+    assert len(read_mutants(listed)) == 1
+    listed.write_text(f"recipes/optimizer.py :: import inspect :: import os :: {good} {tests}\n")
+    with pytest.raises(SystemExit, match=rf"line 1: pytest collects no {re.escape(tests)} \(renamed, or its"):
         read_mutants(listed)
 
 
