@@ -9,7 +9,8 @@
     python -m recipes.hf import path/to/folder --out doge.ckpt   # writes doge.ckpt and doge.yaml (also: recipes.hf FOLDER --out …)
     python -m recipes.hf export runs/…/last.ckpt --out llama-hf  # config.json, safetensors, generation config, tokenizer
 
-Supported both ways: ``LlamaForCausalLM`` (pattern ``AM×L``), ``Mamba2ForCausalLM`` (``S-×L``),
+Supported both ways: ``LlamaForCausalLM`` (pattern ``AM×L``), ``Qwen3ForCausalLM`` (``AM×L`` with a QK-norm),
+``Mamba2ForCausalLM`` (``S-×L``),
 ``DogeForCausalLM`` (``IM×L`` dense, ``IE×L`` with CDMoE), ``GraniteMoeHybridForCausalLM`` (the hybrid: SSD and
 attention blocks, with MLPs or with ``SharedExpertMoE``, ``SM SM AM``…) and ``BambaForCausalLM`` (SSD and attention
 blocks with MLPs, the attention's RoPE on part of each head); anything else is refused by name, saying which part
