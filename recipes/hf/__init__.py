@@ -9,8 +9,8 @@
     python -m recipes.hf import path/to/folder --out doge.ckpt   # writes doge.ckpt and doge.yaml (also: recipes.hf FOLDER --out …)
     python -m recipes.hf export runs/…/last.ckpt --out llama-hf  # config.json, safetensors, generation config, tokenizer
 
-Supported both ways: ``LlamaForCausalLM`` (pattern ``AM×L``), ``Qwen3ForCausalLM`` (``AM×L`` with a QK-norm),
-``Mamba2ForCausalLM`` (``S-×L``),
+Supported both ways: ``LlamaForCausalLM`` (pattern ``AM×L``; ``MistralForCausalLM`` imports as it), ``Qwen3ForCausalLM``
+(``AM×L`` with a QK-norm), ``Mamba2ForCausalLM`` (``S-×L``),
 ``DogeForCausalLM`` (``IM×L`` dense, ``IE×L`` with CDMoE), ``GraniteMoeHybridForCausalLM`` (the hybrid: SSD and
 attention blocks, with MLPs or with ``SharedExpertMoE``, ``SM SM AM``…) and ``BambaForCausalLM`` (SSD and attention
 blocks with MLPs, the attention's RoPE on part of each head); anything else is refused by name, saying which part
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from components.model import HybridLM
-from recipes.hf.architectures import ADAPTERS, audit, number, rope_settings, to_hf, to_zoo
+from recipes.hf.architectures import ADAPTERS, EXPORTABLE, audit, number, rope_settings, to_hf, to_zoo
 from recipes.outputs import refuse_overwrite
 
 SUPPORTED = tuple(ADAPTERS)
@@ -178,14 +178,14 @@ def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = F
 def hf_architecture(model: HybridLM):
     """The adapter of the Hugging Face class ``model`` is, or a ``ValueError`` that says why it is none."""
     reasons = {}
-    for name, adapter in ADAPTERS.items():
+    for name, adapter in EXPORTABLE.items():
         reason = adapter.mismatch(model)
         if reason is None:
             return adapter
         reasons[name] = reason
     closest = min(reasons, key=lambda name: 0 if "pattern" not in reasons[name] else 1)
     raise ValueError(f"this model (pattern {model.pattern!r}) has no Hugging Face class: as {closest}, "
-                     f"{reasons[closest]}. Exportable: {', '.join(SUPPORTED)}")
+                     f"{reasons[closest]}. Exportable: {', '.join(EXPORTABLE)}")
 
 
 def shard_size(text: str | int) -> int:

@@ -1,5 +1,5 @@
-"""One adapter per Hugging Face architecture the zoo can be: Llama, Qwen3, Mamba-2, Doge (dense and CDMoE), and the
-hybrids of Mamba-2 and attention layers, Granite 4.0 and Bamba.
+"""One adapter per Hugging Face architecture the zoo can be: Llama, Qwen3, Mistral (import), Mamba-2, Doge (dense and
+CDMoE), and the hybrids of Mamba-2 and attention layers, Granite 4.0 and Bamba.
 
 Each adapter knows, for its ``transformers`` class: the zoo model a ``config.json`` describes (``recipe``),
 the weights both ways (``to_zoo``, ``to_hf``), the ``config.json`` a zoo model is (``config``, for export),
@@ -259,10 +259,35 @@ def qwen3_full_attention(c: dict) -> None:
         raise ValueError(f"layer_types={types!r}: num_hidden_layers={layers} of full_attention, sliding_attention "
                          "expected")
     windowed = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
-    if windowed and window is not None and window < c.get("max_position_embeddings", math.inf):
-        raise ValueError(f"use_sliding_window with sliding_window={window}: layers {windowed} attend to the last "
-                         f"{window} keys only, and the zoo's QCAttention to every key. Importing would give a model "
-                         "that computes something else, so it is refused")
+    refuse_window(c, window, windowed, "use_sliding_window with ")
+
+
+def refuse_window(c: dict, window: int | None, layers: list[int], why: str = "") -> None:
+    """Refuse ``layers`` that attend to the last ``window`` keys only: the zoo's QCAttention attends to every key (a
+    window over every position is none)."""
+    if layers and window is not None and window < c.get("max_position_embeddings", math.inf):
+        raise ValueError(f"{why}sliding_window={window}: layers {layers} attend to the last {window} keys only, and "
+                         "the zoo's QCAttention to every key. Importing would give a model that computes something "
+                         "else, so it is refused")
+
+
+MISTRAL_WINDOW = 4096
+"""Mistral's ``sliding_window`` where its config has none: transformers' ``MistralConfig`` default."""
+
+
+class Mistral:
+    """Mistral: Llama's stack (its ``head_dim`` too: Mistral-Nemo's heads are 128 channels in a width of 5,120 over 32
+    heads), its attention windowed unless ``sliding_window`` is null or covers every position. Import only: the model
+    it gives exports as Llama, which computes the same."""
+
+    name, model_type = "MistralForCausalLM", "mistral"
+    honoured = Llama.honoured | {"sliding_window"}
+    ends, reshaped, layer_pairs = Llama.ends, staticmethod(nothing_reshaped), staticmethod(Llama.layer_pairs)
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        refuse_window(c, c.get("sliding_window", MISTRAL_WINDOW), list(range(c["num_hidden_layers"])))
+        return decoder_recipe(c)
 
 
 class Qwen3:
@@ -815,7 +840,9 @@ class Bamba:
         return config
 
 
-ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen3, Mamba2, Doge, GraniteHybrid, Bamba)}
+ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen3, Mistral, Mamba2, Doge, GraniteHybrid, Bamba)}
+EXPORTABLE = {name: adapter for name, adapter in ADAPTERS.items() if hasattr(adapter, "config")}
+"""The classes a zoo model is written as, in the order tried (Mistral is read only: Llama writes its models)."""
 
 
 def to_zoo(config: dict, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

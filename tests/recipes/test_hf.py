@@ -1334,6 +1334,31 @@ def test_a_llama_with_heads_decoupled_from_its_width_imports_and_exports_and_wha
                                 "M": {"class_path": "components.MLP"}}))
 
 
+def test_a_mistral_imports_as_llama_with_its_wide_heads_and_its_window_is_refused_unless_it_covers_every_key(tmp_path):
+    """Mistral is Llama's stack whose attention is windowed by ``sliding_window`` (4,096 where the config has none, as
+    transformers' default): one of null, or over every position, imports (here with Mistral-Nemo's kind of heads,
+    12 channels in a width of 32 over 4 heads) and exports as the Llama it computes; a shorter window is refused."""
+    from recipes.hf.architectures import EXPORTABLE
+
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=12, sliding_window=None,
+                                        max_position_embeddings=64, rms_norm_eps=1e-5)
+    theirs = transformers.MistralForCausalLM(config)
+    theirs.config._attn_implementation = "eager"
+    randomize(theirs)
+    theirs.save_pretrained(tmp_path / "mistral")
+    ours = imports_equal_to_transformers(theirs.eval(), tmp_path / "mistral")
+    assert exports_to_transformers(ours, tmp_path / "exported") == "LlamaForCausalLM"
+    assert "MistralForCausalLM" not in EXPORTABLE
+    c = {k: v for k, v in config.to_dict().items() if k != "sliding_window"}
+    c["architectures"] = ["MistralForCausalLM"]
+    assert hf_recipe(c)["pattern"] == "AM×2"  # (no window given: 4,096, over the 64 positions)
+    for settings in ({"sliding_window": 8}, {"max_position_embeddings": 8192}):
+        with pytest.raises(ValueError, match=r"sliding_window=(8|4096): layers \[0, 1\] attend to the last"):
+            hf_recipe({**c, **settings})
+
+
 def test_a_bamba_with_dynamic_ntk_runs_past_its_positions_as_transformers_and_exports_it(tmp_path):
     """Dynamic NTK over a partial RoPE stretches the base by the turned channels (``dim/(dim−2)`` with dim the
     quarter or half of the head that turns), as transformers' does; the export writes it in ``rope_parameters``."""
