@@ -1073,15 +1073,7 @@ def test_a_hybrid_of_ssd_and_attention_equals_granite_4s_hybrid_with_gradients(m
         assert relative_error(ours_params[name].grad, grad) <= 1e-4, name
     # Decoding the hybrid (SSD states and key/value caches side by side), one token at a time: the logits equal
     # transformers' with its hybrid cache, and greedy ids of a left-padded batch its generate's.
-    with torch.no_grad():
-        want = decode_one_token_at_a_time(theirs, ids[:1])
-        cache = ours.new_cache(1, T)
-        got = torch.stack([ours(ids[:1, t:t + 1], position_ids=torch.tensor([[t]]), cache=cache)[:, -1]
-                           for t in range(T)], dim=1)
-    assert relative_error(got, want) <= 1e-5
-    prompts = ids[:, :9].masked_fill(mask[:, :9] == 0, 0)
-    greedy = theirs.generate(prompts, attention_mask=mask[:, :9], max_new_tokens=8, do_sample=False, pad_token_id=0)
-    assert ours.generate(prompts, 8, padding_mask=mask[:, :9] == 0).tolist() == greedy.tolist()
+    decodes_as_transformers(ours, theirs, ids, mask)
 
 
 @pytest.mark.parametrize("moe, rope", [(False, True), (True, False)])
@@ -1228,17 +1220,22 @@ def imports_equal_to_transformers(theirs, folder):
     theirs_grads = convert_weights(read_config(folder), {name: p.grad for name, p in theirs.named_parameters()})
     for name, p in ours.named_parameters():
         assert relative_error(p.grad, theirs_grads[name]) <= 1e-4, name
-    ours.zero_grad()
+    decodes_as_transformers(ours, theirs, ids, mask)
+    return ours
+
+
+def decodes_as_transformers(ours, theirs, ids: torch.Tensor, mask: torch.Tensor) -> None:
+    """``ours`` decoding ``ids[:1]`` one token at a time equals ``theirs`` through its cache, and greedy ids of the
+    first 9 tokens of ``ids`` left-padded by ``mask`` (1 = a token) equal its ``generate``'s."""
     with torch.no_grad():
         want = decode_one_token_at_a_time(theirs, ids[:1])
-        cache = ours.new_cache(1, T)
+        cache = ours.new_cache(1, ids.shape[1])
         got = torch.stack([ours(ids[:1, t:t + 1], position_ids=torch.tensor([[t]]), cache=cache)[:, -1]
-                           for t in range(T)], dim=1)
+                           for t in range(ids.shape[1])], dim=1)
     assert relative_error(got, want) <= 1e-5
     prompts = ids[:, :9].masked_fill(mask[:, :9] == 0, 0)
     greedy = theirs.generate(prompts, attention_mask=mask[:, :9], max_new_tokens=8, do_sample=False, pad_token_id=0)
     assert ours.generate(prompts, 8, padding_mask=mask[:, :9] == 0).tolist() == greedy.tolist()
-    return ours
 
 
 def exports_to_transformers(ours, folder) -> str:
