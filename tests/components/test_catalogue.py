@@ -33,6 +33,7 @@ def test_each_entry_builds_the_variant_its_name_promises():
     promises = {
         "QCAttention": ["n_heads=4, n_kv_heads=2", "rope=True, qk_norm=False"],
         "QCAttention no RoPE, QK-norm": ["rope=False, qk_norm=True"],
+        "QCAttention heads of 12, half RoPE, QK-norm": ["head_dim=12", "rope=True, rope_fraction=0.5, qk_norm=True"],
         "IFA content_exp, window 5": ["mask=content_exp", "keep_window=5", "qk_norm=True"],
         "IFA retrieval, window 3": ["inner=retrieval", "keep_window=3"],
         "IFA ssd value": ["inner=ssd", "SSDValue(\n    conv=True, rope=False"],
