@@ -22,7 +22,7 @@ from components.bindings import MixerFactory
 from components.flops import forward_flops_per_token
 from components.model import HybridLM, count_active_parameters, count_parameters
 from components.sizing import SizeTarget, describe_size, sized_mixers
-from zoo_kernels.linear_cross_entropy import IGNORE_INDEX, linear_cross_entropy
+from zoo_kernels.linear_cross_entropy import IGNORE_INDEX, linear_cross_entropy_parts
 from recipes.checkpoints import (CheckpointError, check_hyperparameters, consolidate_hint, is_sharded_checkpoint,
                                  load_checkpoint, load_weights)
 from recipes.data.corpus import tokenizer_problem
@@ -103,6 +103,10 @@ class LanguageModel(L.LightningModule):
             ``wsd`` (warm-up-stable-decay: the peak until the last ``decay_fraction`` of the steps, then linear down).
         decay_fraction: ``wsd``'s decay phase, a fraction of the steps (default 0.2; 0: constant after the warm-up).
         aux_loss_coef: coefficient on the sum of the mixers' auxiliary losses (default 0.01).
+        z_loss: PaLM's z-loss: this coefficient times the mean ``logsumexp²`` of the logits at the labelled
+            positions joins the training loss (default 0; PaLM 1e-4), which keeps the softmax's normaliser near 1
+            in long or low-precision runs. ``train/loss`` stays the cross-entropy alone (comparable with
+            ``val/loss``); the mean ``logsumexp²`` is logged as ``train/z_loss``.
         loss_positions: ``all`` (default) | ``labelled``, where the training loss computes logits (above).
         compile: compile the model's forward with ``torch.compile(fullgraph=True)`` (default False):
             True for the default backend (inductor), or a backend's name (``aot_eager`` traces and
@@ -140,6 +144,7 @@ class LanguageModel(L.LightningModule):
         schedule: str = "cosine",
         decay_fraction: float | None = None,
         aux_loss_coef: float = 0.01,
+        z_loss: float = 0.0,
         loss_positions: str = "all",
         compile: bool | str = False,
         sample_tokens: int = 64,
@@ -160,6 +165,8 @@ class LanguageModel(L.LightningModule):
         if not eps > 0 or not weight_decay >= 0 or not aux_loss_coef >= 0:
             raise ValueError(f"LanguageModel: eps={eps} must be > 0, weight_decay={weight_decay} and "
                              f"aux_loss_coef={aux_loss_coef} >= 0")
+        if isinstance(z_loss, bool) or not isinstance(z_loss, (int, float)) or not 0 <= z_loss < math.inf:
+            raise ValueError(f"LanguageModel: z_loss={z_loss!r} must be a finite number >= 0 (PaLM's: 1e-4)")
         if not 0.0 <= warmup_fraction < 1.0:
             raise ValueError(f"LanguageModel: warmup_fraction={warmup_fraction} must lie in [0, 1)")
         if not 0.0 <= final_lr_fraction <= 1.0:
@@ -250,11 +257,16 @@ class LanguageModel(L.LightningModule):
         )  # [B, T, d]
 
     def training_loss(self, batch: dict) -> torch.Tensor:
-        """The mean cross-entropy over the labelled positions, computed as ``loss_positions`` says.
+        """The mean cross-entropy over the labelled positions (plus ``z_loss`` times their mean ``logsumexp²``, when
+        set), computed as ``loss_positions`` says.
 
         The head and the loss go together through :func:`zoo_kernels.linear_cross_entropy`, which never writes
         the ``[B, T, V]`` logits — except under FSDP2, which gathers the head's weight only around the head's
         own ``forward``, or with a head that is not a bias-free ``nn.Linear``: those take the plain form."""
+        return self._training_losses(batch)[0]
+
+    def _training_losses(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(:meth:`training_loss`, the mean ``logsumexp²`` of the labelled positions' logits, detached)."""
         labels = batch["labels"]  # [B, T]
         self._check_labels(labels)
         hidden = self._hidden(batch)  # [B, T, d]
@@ -262,12 +274,17 @@ class LanguageModel(L.LightningModule):
             labelled = labels != IGNORE_INDEX  # [B, T]
             hidden, labels = hidden[labelled], labels[labelled]  # [N, d], [N]: the head runs on these rows only
         hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.flatten()  # [B·T, d], [B·T]
-        head = self.model.lm_head
+        head, z_loss = self.model.lm_head, self.hparams.get("z_loss", 0.0)  # (absent from older checkpoints: 0)
         if not self._sharded and type(head) is torch.nn.Linear and head.bias is None:
-            total = linear_cross_entropy(hidden, head.weight, labels, ignore_index=IGNORE_INDEX)
+            total, squares = linear_cross_entropy_parts(hidden, head.weight, labels, ignore_index=IGNORE_INDEX,
+                                                        z_loss=z_loss)
         else:
-            total = F.cross_entropy(head(hidden).float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
-        return total / (labels != IGNORE_INDEX).sum().clamp_min(1)  # a count on the device: no host sync
+            logits = head(hidden).float()  # [B·T, V]
+            total = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+            squares = torch.where(labels != IGNORE_INDEX, logits.logsumexp(dim=-1).square(), 0.0).sum()
+            total, squares = total + z_loss * squares, squares.detach()
+        count = (labels != IGNORE_INDEX).sum().clamp_min(1)  # a count on the device: no host sync
+        return total / count, squares / count
 
     def forward_loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """→ (cross-entropy, logits ``[N, V]`` at the N labelled positions, their labels ``[N]``)."""
@@ -292,12 +309,13 @@ class LanguageModel(L.LightningModule):
                         sync=not self.training)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        ce = self.training_loss(batch)
-        loss = ce
+        loss, squares = self._training_losses(batch)
+        z_loss = self.hparams.get("z_loss", 0.0)
+        ce = loss - z_loss * squares if z_loss else loss  # (the cross-entropy alone, for the log)
         aux = self.model.auxiliary_losses()
         aux_total = torch.stack([v.float() for v in aux.values()]).sum() if aux else None
         if aux_total is not None:
-            loss = ce + self.hparams.aux_loss_coef * aux_total
+            loss = loss + self.hparams.aux_loss_coef * aux_total
         self._last_loss = loss.detach()
         # With gradient accumulation a step is several micro-batches and Lightning logs a step's last value: the
         # mean over the step's micro-batches so far is logged, so the curve is that of the step's whole batch (the
@@ -312,6 +330,8 @@ class LanguageModel(L.LightningModule):
         # Averaged over the processes under DDP, so the logged loss is that of the whole batch.
         self.log("train/loss", step_ce, prog_bar=True, sync_dist=True)
         self.log("train/ppl", torch.exp(step_ce))
+        if z_loss:
+            self.log("train/z_loss", squares)
         self._log_expert_loads()
         return loss
 

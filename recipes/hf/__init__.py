@@ -29,7 +29,7 @@ from recipes.hf.architectures import ADAPTERS, EXPORTABLE, audit, number, rope_s
 from recipes.outputs import refuse_overwrite
 
 SUPPORTED = tuple(ADAPTERS)
-__all__ = ["SUPPORTED", "convert_weights", "export", "from_pretrained", "hf_recipe", "main", "number", "read_config",
+__all__ = ["SUPPORTED", "convert_weights", "export", "from_pretrained", "hf_recipe", "hf_training", "main", "number", "read_config",
            "read_weights", "rope_settings", "write_checkpoint"]
 
 
@@ -86,6 +86,14 @@ def hf_recipe(folder_or_config: str | Path | dict) -> dict:
         return adapter.recipe(c)
     except KeyError as error:
         raise ValueError(f"{where}: the required key {error.args[0]!r} is missing ({adapter.name} needs it)") from None
+
+
+def hf_training(folder_or_config: str | Path | dict) -> dict:
+    """The ``LanguageModel`` training settings a folder's config holds beside the model (Bamba's z-loss), which a
+    fine-tuning recipe takes; ``{}`` for most."""
+    c = folder_or_config if isinstance(folder_or_config, dict) else read_config(folder_or_config)
+    training = getattr(ADAPTERS[c["architectures"][0]], "training", None)
+    return training(c) if training else {}
 
 
 def convert_weights(config: dict, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -152,7 +160,8 @@ def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = F
         raise ValueError(f"{folder}: no tokenizer.json, and the model's vocabulary ({vocab} tokens) is not bytes: a recipe "
                          "could not turn text into its tokens. Put the model's tokenizer.json in the folder")
     model = from_pretrained(folder).float()
-    lm = LanguageModel(**recipe)
+    training = hf_training(folder)
+    lm = LanguageModel(**recipe, **training)
     lm.model.load_state_dict(model.state_dict())
     import lightning
 
@@ -160,7 +169,8 @@ def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = F
                 "pytorch-lightning_version": lightning.__version__, "global_step": 0, "epoch": 0}, out)
     config = {
         "seed_everything": 0,
-        "model": {**{k: v for k, v in lm.hparams.items() if k in recipe}, "init_from": out.name, "lr": 1e-4},
+        "model": {**{k: v for k, v in lm.hparams.items() if k in recipe or k in training}, "init_from": out.name,
+                  "lr": 1e-4},
         "data": data,
         "trainer": {"max_steps": 1000, "val_check_interval": 200, "limit_val_batches": 20,
                     "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
@@ -262,6 +272,8 @@ def export(source, out: str | Path, *, data=None, allow_classes=(), max_shard_si
         raise TypeError(f"export: {type(source).__name__} is not a HybridLM, a LanguageModel or a checkpoint path")
     adapter = hf_architecture(model)
     config = adapter.config(model)
+    if "z_loss_coefficient" in config:  # (a training setting of the LanguageModel, where there is one)
+        config["z_loss_coefficient"] = float(getattr(source, "hparams", {}).get("z_loss", 0.0))
     if occupied:  # (refused above before any of it is touched; cleared only now the model is known exportable)
         for pattern in WRITTEN_BY_EXPORT:
             for stale in out.glob(pattern):

@@ -781,8 +781,6 @@ class Bamba:
     def recipe(c: dict) -> dict:
         letters = bamba_letters(c)
         problems = hybrid_mamba_problems(c)
-        if number(c.get("z_loss_coefficient") or 0) != 0:
-            problems.append(f"z_loss_coefficient={c['z_loss_coefficient']!r} (the zoo's training loss has no z-loss)")
         if problems:
             raise ValueError(f"fields the zoo would not honour: {'; '.join(problems)}. Importing would give a model "
                              "that computes something else, so it is refused")
@@ -798,6 +796,15 @@ class Bamba:
             base, ntk, dynamic = rope_settings(c)
         return {**common_recipe(c, base, ntk, dynamic, extrapolate="A" not in letters), "norm_eps": c["rms_norm_eps"],
                 "pattern": " ".join(letter + "M" for letter in letters), "mixers": mixers}
+
+    @staticmethod
+    def training(c: dict) -> dict:
+        """Its z-loss, which transformers adds to Bamba's training loss (over every position; the zoo's ``z_loss``
+        over the labelled ones)."""
+        coefficient = number(c.get("z_loss_coefficient") or 0)
+        if not 0 <= coefficient < math.inf:
+            raise ValueError(f"z_loss_coefficient={c['z_loss_coefficient']!r} must be a finite number >= 0")
+        return {"z_loss": coefficient} if coefficient else {}
 
     @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:

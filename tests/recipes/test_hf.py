@@ -1376,6 +1376,31 @@ def test_a_bamba_with_dynamic_ntk_runs_past_its_positions_as_transformers_and_ex
     assert written["rope_parameters"] == rope and "rope_scaling" not in written and "rope_theta" not in written
 
 
+def test_a_bamba_z_loss_joins_the_fine_tuning_recipe_as_transformers_adds_it_and_is_exported_back(tmp_path):
+    """Bamba's ``z_loss_coefficient`` is a training setting: the import writes it as the recipe's ``model.z_loss``, and
+    that model's training loss is transformers' (its cross-entropy plus the z-loss), but for the z-loss of the last
+    position, which has no label: transformers averages it over every position, the zoo over the labelled ones."""
+    from recipes import LanguageModel
+    from recipes.hf import export, read_config, write_checkpoint
+    from recipes.hf.tokenizer import END_OF_DOCUMENT, byte_tokenizer
+
+    theirs, folder = bamba(tmp_path, vocab_size=257, z_loss_coefficient=0.01)
+    tokenizer = byte_tokenizer()
+    tokenizer.add_special_tokens([END_OF_DOCUMENT])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    checkpoint, recipe = write_checkpoint(folder, tmp_path / "out" / "bamba.ckpt")
+    assert yaml.safe_load(recipe.read_text())["model"]["z_loss"] == 0.01
+    lm = LanguageModel.load_from_checkpoint(checkpoint)
+    ids = torch.randint(0, 257, (2, T))
+    labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], dim=1)  # the next token; none after the last
+    out = theirs(ids, labels=ids)
+    squares = out.logits.logsumexp(dim=-1).square()  # [2, T]
+    want = out.loss - 0.01 * squares.mean() + 0.01 * squares[:, :-1].mean()
+    assert relative_error(lm.training_loss({"input_ids": ids, "labels": labels}), want) <= 1e-5
+    export(lm, tmp_path / "exported")
+    assert read_config(tmp_path / "exported")["z_loss_coefficient"] == 0.01
+
+
 def test_a_partial_rope_exports_only_as_bamba_and_the_bamba_fields_an_import_refuses_are_named(tmp_path):
     from components import HybridLM
     from recipes.hf import hf_architecture
@@ -1423,8 +1448,12 @@ def test_a_partial_rope_exports_only_as_bamba_and_the_bamba_fields_an_import_ref
     assert hf_recipe({**c, "attn_layer_indices": None})["pattern"] == "SM SM"
     assert hf_recipe({**c, "attn_layer_indices": None})["extrapolate"]
     assert hf_recipe({**c, "attn_rotary_emb": 4, "partial_rotary_factor": 0.5})["pattern"] == "SM AM"  # (they agree)
+    from recipes.hf import hf_training
+
+    assert hf_training(c) == {} and hf_training({**c, "z_loss_coefficient": 1e-4}) == {"z_loss": 1e-4}
+    with pytest.raises(ValueError, match=r"z_loss_coefficient=-1 must be a finite number >= 0"):
+        hf_training({**c, "z_loss_coefficient": -1})
     for field, value, message in [
-            ("z_loss_coefficient", 1e-4, "z_loss_coefficient=0.0001 (the zoo's training loss has no z-loss)"),
             ("mamba_proj_bias", True, "mamba_proj_bias=True"),
             ("time_step_limit", [0.0, 1.0], "time_step_limit=[0.0, 1.0]"),
             ("attn_rotary_emb", 8, "attn_rotary_emb=8 (transformers turns head_dim·partial_rotary_factor = 8·0.5 = 4 "

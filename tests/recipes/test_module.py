@@ -109,11 +109,12 @@ def test_loss_only_at_labelled_positions():
     torch.testing.assert_close(ce, F.cross_entropy(full[[0, 1], [3, 5]], torch.tensor([7, 2])))
 
 
-@pytest.mark.parametrize("positions", ["all", "labelled"])
+@pytest.mark.parametrize("positions, z_loss", [("all", 0.0), ("labelled", 0.0), ("all", 0.05), ("labelled", 0.05)])
 @pytest.mark.parametrize("tied", [False, True])
-def test_the_training_loss_without_logits_equals_the_plain_head_and_cross_entropy(positions, tied):
+def test_the_training_loss_without_logits_equals_the_plain_head_and_cross_entropy(positions, tied, z_loss):
+    """... and with PaLM's z-loss, its mean ``logsumexp²`` over the labelled positions written out."""
     torch.manual_seed(0)
-    lm = LanguageModel(16, "AM SM", vocab_size=37, loss_positions=positions, tie_embeddings=tied).double()
+    lm = LanguageModel(16, "AM SM", vocab_size=37, loss_positions=positions, tie_embeddings=tied, z_loss=z_loss).double()
     ids = torch.randint(0, 37, (3, 11))
     labels = torch.randint(0, 37, (3, 11))
     labels[:, :4] = -100
@@ -122,21 +123,49 @@ def test_the_training_loss_without_logits_equals_the_plain_head_and_cross_entrop
     params = [p for p in lm.parameters() if p.requires_grad]
     got = lm.training_loss(batch)
     got_grads = torch.autograd.grad(got, params)
-    want = F.cross_entropy(lm.model(ids).flatten(0, 1), labels.flatten(), ignore_index=-100)
+    logits, kept = lm.model(ids), labels != -100
+    want = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    want = want + z_loss * torch.logsumexp(logits[kept], dim=-1).square().mean()
     want_grads = torch.autograd.grad(want, params)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
 
 
-def test_a_head_that_is_not_a_plain_linear_takes_the_written_out_logits():
+@pytest.mark.parametrize("z_loss", [0.0, 0.05])
+def test_a_head_that_is_not_a_plain_linear_takes_the_written_out_logits(z_loss):
     torch.manual_seed(0)
-    lm = LanguageModel(16, "AM", vocab_size=23)
+    lm = LanguageModel(16, "AM", vocab_size=23, z_loss=z_loss)
     head = lm.model.lm_head
     lm.model.lm_head = torch.nn.Sequential(head, torch.nn.Tanh())  # e.g. a wrapped or soft-capped head
     ids, labels = torch.randint(0, 23, (2, 9)), torch.randint(0, 23, (2, 9))
+    labels[0, :3] = -100
     got = lm.training_loss({"input_ids": ids, "labels": labels})
-    torch.testing.assert_close(got, F.cross_entropy(lm.model(ids).flatten(0, 1), labels.flatten()))
+    logits = lm.model(ids)
+    want = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    torch.testing.assert_close(got, want + z_loss * torch.logsumexp(logits[labels != -100], -1).square().mean())
+
+
+def test_the_z_loss_joins_the_objective_and_train_loss_stays_the_cross_entropy(monkeypatch):
+    """A training step returns the cross-entropy plus ``z_loss`` times the mean ``logsumexp²``; it logs the
+    cross-entropy alone as ``train/loss`` (comparable with ``val/loss`` and with a run without it) and the mean
+    ``logsumexp²`` as ``train/z_loss``."""
+    torch.manual_seed(0)
+    plain, with_z = LanguageModel(16, "AM", vocab_size=23), LanguageModel(16, "AM", vocab_size=23, z_loss=0.5)
+    with_z.load_state_dict(plain.state_dict())
+    batch = {"input_ids": torch.randint(0, 23, (2, 9)), "labels": torch.randint(0, 23, (2, 9))}
+    logged = {}
+    for lm in (plain, with_z):
+        monkeypatch.setattr(lm, "log", lambda name, value, key=id(lm), **_: logged.setdefault(key, {}).update({name: value}))
+    ce = plain.training_step(batch, 0)
+    objective = with_z.training_step(batch, 0)
+    squares = torch.logsumexp(plain.model(batch["input_ids"]), dim=-1).square().mean()
+    torch.testing.assert_close(objective, ce + 0.5 * squares)
+    torch.testing.assert_close(logged[id(with_z)]["train/loss"], ce.detach())
+    torch.testing.assert_close(logged[id(with_z)]["train/z_loss"], squares.detach())
+    assert "train/z_loss" not in logged[id(plain)]
+    with pytest.raises(ValueError, match=r"LanguageModel: z_loss=-1 must be a finite number >= 0 \(PaLM's: 1e-4\)"):
+        LanguageModel(16, "AM", vocab_size=23, z_loss=-1)
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -372,13 +401,13 @@ def test_labels_are_token_ids_in_the_vocabulary_or_the_ignore_index_at_both_edge
 def test_the_head_runs_on_every_position_or_only_the_labelled_ones_as_loss_positions_says(positions, rows, monkeypatch):
     import recipes.module
 
-    seen, fused = [], recipes.module.linear_cross_entropy
+    seen, fused = [], recipes.module.linear_cross_entropy_parts
 
     def recording(hidden, weight, labels, **kwargs):
         seen.append(tuple(hidden.shape))
         return fused(hidden, weight, labels, **kwargs)
 
-    monkeypatch.setattr(recipes.module, "linear_cross_entropy", recording)
+    monkeypatch.setattr(recipes.module, "linear_cross_entropy_parts", recording)
     lm = LanguageModel(16, "AM", vocab_size=20, loss_positions=positions)
     labels = torch.full((2, 9), -100)
     labels[0, :3], labels[1, 7:] = 4, 5  # five labelled positions

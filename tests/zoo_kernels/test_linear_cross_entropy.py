@@ -1,10 +1,12 @@
 """``zoo_kernels.linear_cross_entropy`` against the written-out logits: the loss and both gradients over chunks
-that do not divide the rows, ignored rows, every dtype the head runs in, and bad input named."""
+that do not divide the rows, ignored rows, every dtype the head runs in, with and without PaLM's z-loss, and bad
+input named."""
 
 import pytest
 import torch
 
-from zoo_kernels.linear_cross_entropy import IGNORE_INDEX, linear_cross_entropy, linear_cross_entropy_reference
+from zoo_kernels.linear_cross_entropy import (IGNORE_INDEX, linear_cross_entropy, linear_cross_entropy_parts,
+                                              linear_cross_entropy_reference)
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -22,13 +24,14 @@ def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
     return torch.allclose(a.double(), b.double(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("z_loss", [0.0, 0.1])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n, chunk_rows", [(37, 8), (37, 37), (37, 100), (1, 4), (64, 16)])
-def test_loss_and_gradients_equal_the_written_out_logits(dtype, n, chunk_rows):
+def test_loss_and_gradients_equal_the_written_out_logits(dtype, n, chunk_rows, z_loss):
     hidden, weight, labels = problem(n, dtype)
-    want = linear_cross_entropy_reference(hidden, weight, labels)
+    want = linear_cross_entropy_reference(hidden, weight, labels, z_loss=z_loss)
     want_grads = torch.autograd.grad(want, (hidden, weight))
-    got = linear_cross_entropy(hidden, weight, labels, chunk_rows=chunk_rows)
+    got = linear_cross_entropy(hidden, weight, labels, chunk_rows=chunk_rows, z_loss=z_loss)
     got_grads = torch.autograd.grad(got, (hidden, weight))
     assert got.dtype == want.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
     assert close(got, want, dtype)
@@ -88,6 +91,25 @@ def test_rows_all_ignored_give_zero_and_an_ignored_non_finite_row_does_not_leak(
     loss = linear_cross_entropy(poisoned, weight, labels, chunk_rows=5)
     dh, dw = torch.autograd.grad(loss, (poisoned, weight))
     assert torch.isfinite(loss) and torch.isfinite(dh).all() and torch.isfinite(dw).all()
+
+
+def test_the_z_loss_is_palms_and_its_part_comes_apart_for_the_log():
+    """``z_loss · Σ logsumexp²`` over the kept rows, written out here from ``torch.logsumexp`` (the reference's own
+    term is what the gradients are checked against); the parts give that sum detached, with and without a graph."""
+    hidden, weight, labels = problem(23, torch.float64)
+    kept = labels != IGNORE_INDEX
+    squares = torch.logsumexp(hidden[kept] @ weight.t(), dim=-1).square().sum()
+    ce = torch.nn.functional.cross_entropy(hidden @ weight.t(), labels, reduction="sum")
+    total, parts = linear_cross_entropy_parts(hidden, weight, labels, chunk_rows=6, z_loss=0.25)
+    assert torch.allclose(total, ce + 0.25 * squares, rtol=1e-12) and torch.allclose(parts, squares, rtol=1e-12)
+    assert total.requires_grad and not parts.requires_grad
+    with torch.no_grad():
+        total, parts = linear_cross_entropy_parts(hidden, weight, labels, chunk_rows=6, z_loss=0.25)
+    assert torch.allclose(total, ce + 0.25 * squares, rtol=1e-12) and torch.allclose(parts, squares, rtol=1e-12)
+    assert squares > 100  # (logits of 50 tokens: logsumexp about 4, a z-loss that shows)
+    for bad in (-0.1, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match=rf"linear_cross_entropy: z_loss={bad!r} must be a finite number >= 0"):
+            linear_cross_entropy(hidden, weight, labels, z_loss=bad)
 
 
 def test_bad_input_is_named():
