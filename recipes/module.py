@@ -281,8 +281,10 @@ class LanguageModel(L.LightningModule):
         else:
             logits = head(hidden).float()  # [B·T, V]
             total = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
-            squares = torch.where(labels != IGNORE_INDEX, logits.logsumexp(dim=-1).square(), 0.0).sum()
-            total, squares = total + z_loss * squares, squares.detach()
+            squares = logits.new_zeros(())
+            if z_loss:
+                squares = torch.where(labels != IGNORE_INDEX, logits.logsumexp(dim=-1).square(), 0.0).sum()
+                total, squares = total + z_loss * squares, squares.detach()
         count = (labels != IGNORE_INDEX).sum().clamp_min(1)  # a count on the device: no host sync
         return total / count, squares / count
 
