@@ -28,14 +28,16 @@ def attend_by_hand(q, k, v, bias=None):
     return out
 
 
-def positions_by_hand(q, k, mixer, rope_reference, positions):
+def positions_by_hand(q, k, mixer, rope_reference, positions, fraction=1.0):
+    """QK-norm with the mixer's gains, then RoPE by hand on the first ``fraction`` of each head (the fraction asked
+    for, not the module's record of it)."""
     T = q.shape[0]
     if mixer.positions.q_norm is not None:
         eps = mixer.positions.q_norm.eps
         q = torch.stack([torch.stack([rms_by_hand(q[t, h], mixer.positions.q_norm.weight, eps) for h in range(q.shape[1])]) for t in range(T)])
         k = torch.stack([torch.stack([rms_by_hand(k[t, h], mixer.positions.k_norm.weight, eps) for h in range(k.shape[1])]) for t in range(T)])
     if mixer.positions.rope:
-        r = mixer.positions.rope_dim  # the first r channels of a head turn, as a head of r channels; the rest stay
+        r = round(q.shape[-1] * fraction)  # the first r channels of a head turn, as a head of r channels; the rest stay
 
         def turned(v, pos):
             return torch.cat([rope_reference(v[:r], pos), v[r:]])
@@ -60,7 +62,7 @@ def test_qcattention_matches_its_math_written_out(rope_reference, rope, qk_norm,
     x = torch.randn(1, T, 32, dtype=torch.float64)
     q = (x[0] @ mixer.q_proj.weight.T).view(T, 4, Dh)
     k, v = (x[0] @ mixer.kv_proj.weight.T).view(T, 2, 2, Dh).unbind(1)
-    q, k = positions_by_hand(q, k, mixer, rope_reference, positions)
+    q, k = positions_by_hand(q, k, mixer, rope_reference, positions, fraction)
     want = attend_by_hand(q, k, v).reshape(T, 4 * Dh) @ mixer.out_proj.weight.T
     got = mixer(x, Context(position_ids=torch.tensor([positions])))
     torch.testing.assert_close(got[0], want, rtol=1e-5, atol=1e-8)  # (RoPE tables are fp32)
@@ -93,7 +95,7 @@ def test_content_masks_match_their_formula(rope_reference, mask, fraction):
     else:
         bias = torch.exp(mixer.key_bias.A * delta).T.repeat_interleave(2, dim=0)  # kv head g serves query heads 2g, 2g+1
         assert mixer.key_bias.A.shape == (2,)
-    q, k = positions_by_hand(q, k, mixer, rope_reference, list(range(T)))
+    q, k = positions_by_hand(q, k, mixer, rope_reference, list(range(T)), fraction)
     want = attend_by_hand(q, k, v_flat.view(T, 2, 4), bias).reshape(T, 16) @ mixer.out_proj.weight.T
     torch.testing.assert_close(mixer(x)[0], want, rtol=1e-5, atol=1e-8)  # (RoPE tables are fp32)
 

@@ -1263,6 +1263,10 @@ def test_bamba_imports_equal_to_transformers_with_its_partial_rope_and_exports_b
     rope = {} if fraction is None else {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
                                                            "partial_rotary_factor": fraction}}
     theirs, folder = bamba(tmp_path, **rope)
+    if fraction is None:  # a 4.x file: rope_theta alone, no partial_rotary_factor (transformers turns half)
+        path = folder / "config.json"
+        config = {k: v for k, v in json.loads(path.read_text()).items() if k != "rope_parameters"}
+        path.write_text(json.dumps({**config, "rope_theta": 10000.0}))
     ours = imports_equal_to_transformers(theirs, folder)
     turned = {b.sequence_mixer.positions.rope_dim for b in ours.blocks if b.token == "AM"}
     assert turned == {8 * (fraction or 0.5)} and ours.pattern == "SM AM SM AM"
