@@ -586,10 +586,15 @@ def hybrid_mismatch(model, name: str, why: str) -> str | None:
     return None
 
 
+def first_attention(model):
+    """A hybrid's first QCAttention (:func:`hybrid_mismatch` has checked there is one and that all are alike)."""
+    return next(b.sequence_mixer for b in model.blocks if type(b.sequence_mixer).__name__ == "QCAttention")
+
+
 def hybrid_config(model, name: str, model_type: str) -> dict:
     """The fields a Granite or Bamba config takes from ``model``'s attention and SSD blocks (:func:`hybrid_mismatch`)."""
     blocks = list(model.blocks)
-    attention = next(b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "QCAttention")
+    attention = first_attention(model)
     config = {**common_config(model, name, model_type), "rms_norm_eps": model.norm.eps, "attention_bias": False,
               "mamba_conv_bias": True, "mamba_proj_bias": False, "time_step_limit": [0.0, float("inf")],
               "num_attention_heads": attention.n_heads, "num_key_value_heads": attention.n_kv_heads,
@@ -688,7 +693,7 @@ class GraniteHybrid:
         reason = hybrid_mismatch(model, "Granite", why)
         if reason:
             return reason
-        attention = next(b.sequence_mixer for b in model.blocks if type(b.sequence_mixer).__name__ == "QCAttention")
+        attention = first_attention(model)
         if attention.positions.rope and attention.positions.rope_fraction != 1:
             return (f"its attention turns {attention.positions.rope_fraction:g} of each head by RoPE; Granite's turns all "
                     "of it or none")
@@ -823,7 +828,7 @@ class Bamba:
         reason = hybrid_mismatch(model, "Bamba", why)
         if reason:
             return reason
-        if not next(b.sequence_mixer for b in model.blocks if type(b.sequence_mixer).__name__ == "QCAttention").positions.rope:
+        if not first_attention(model).positions.rope:
             return "its attention has no RoPE, which Bamba's has"
         states = [b.state_mixer for b in model.blocks]
         if any(type(m).__name__ != "MLP" or m.activation != "swiglu" for m in states) or \
@@ -835,7 +840,7 @@ class Bamba:
     def config(model) -> dict:
         blocks = list(model.blocks)
         config = hybrid_config(model, Bamba.name, Bamba.model_type)
-        attention = next(b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "QCAttention")
+        attention = first_attention(model)
         rope = {"rope_type": "dynamic", "factor": model.rotary.scaling_factor} if config.pop("rope_scaling", None) else \
             {"rope_type": "default"}
         mlp = blocks[0].state_mixer
