@@ -15,6 +15,7 @@ SEQUENCE_MIXERS = {
     "QCAttention no RoPE, QK-norm": partial(QCAttention, n_heads=4, rope=False, qk_norm=True),
     "QCAttention heads of 12, half RoPE, QK-norm": partial(QCAttention, n_heads=4, n_kv_heads=2, head_dim=12,
                                                            rope_fraction=0.5, qk_norm=True),
+    "QCAttention, sliding window 5": partial(QCAttention, n_heads=4, n_kv_heads=2, sliding_window=5),
     "IFA content": partial(InnerFuncAttention, n_heads=4, n_kv_heads=2, mask="content"),
     "IFA content_exp, window 5": partial(InnerFuncAttention, n_heads=4, n_kv_heads=2, mask="content_exp", keep_window=5,
                                          qk_norm=True),

@@ -77,6 +77,11 @@ class QCAttention(nn.Module):
         norm_eps: that norm's epsilon (default 1e-6).
         rope_fraction: the share of each head's channels RoPE turns, the first ones (default 1.0: all;
             Bamba 0.5, as GPT-NeoX's partial rotary); ``head_dim · rope_fraction`` must be even.
+        sliding_window: each query sees only the last ``sliding_window`` keys, itself included (default None:
+            every key; Mistral, Qwen3's windowed layers). Padding takes no place in the window; for a left-padded
+            batch that is transformers' window, which counts positions. It is the attention's ``keep_window``
+            without a bias (whose ties go to the most recent keys), so every backend and the decoding cache
+            take it as they are.
         backend: attention kernel, ``auto`` | ``reference`` | ``triton``.
     """
 
@@ -84,10 +89,14 @@ class QCAttention(nn.Module):
 
     def __init__(self, d_model: int, *, n_heads: int = 8, n_kv_heads: int | None = None, head_dim: int | None = None,
                  rope: bool = True, qk_norm: bool = False, norm_eps: float = 1e-6, rope_fraction: float = 1.0,
-                 backend: str = "auto"):
+                 sliding_window: int | None = None, backend: str = "auto"):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         check_positive("QCAttention", d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads)
+        if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+                                           or sliding_window < 1):
+            raise ValueError(f"QCAttention: sliding_window={sliding_window!r} must be an integer >= 1 (or None: "
+                             "every key)")
         if head_dim is None:
             check_divisible("QCAttention", "d_model", d_model, "n_heads", n_heads)
             head_dim = d_model // n_heads
@@ -100,7 +109,7 @@ class QCAttention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.positions = QueryKeyPositions("QCAttention", head_dim, rope=rope, qk_norm=qk_norm, norm_eps=norm_eps,
                                            rope_fraction=rope_fraction)
-        self.d_model, self.backend = d_model, backend
+        self.d_model, self.sliding_window, self.backend = d_model, sliding_window, backend
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * head_dim, bias=False)
         self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
@@ -113,7 +122,7 @@ class QCAttention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # [B, T, H, Dh]
         k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_heads, self.head_dim).unbind(2)  # 2 × [B, T, Hkv, Dh]
         q, k = self.positions(q, k, context)
-        y = context.attend(self, q, k, v, backend=self.backend)  # [B, T, H, Dh]
+        y = context.attend(self, q, k, v, keep_window=self.sliding_window, backend=self.backend)  # [B, T, H, Dh]
         return self.out_proj(y.reshape(B, T, self.n_heads * self.head_dim))  # [B, T, d_model]
 
     def fused_row_blocks(self) -> dict[str, tuple[int, ...]]:
@@ -122,8 +131,9 @@ class QCAttention(nn.Module):
         return {"kv_proj.weight": (width, width)}
 
     def extra_flops_per_token(self, seq_len: int) -> int:
-        """Scores and weighted sum beyond the projections (:mod:`components.flops`)."""
-        return attention_flops_per_token(seq_len, self.n_heads, self.head_dim)
+        """Scores and weighted sum beyond the projections (:mod:`components.flops`); a window's worth of keys at most."""
+        return attention_flops_per_token(min(seq_len, self.sliding_window or seq_len), self.n_heads, self.head_dim)
 
     def extra_repr(self) -> str:
-        return f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}"
+        window = f", sliding_window={self.sliding_window}" if self.sliding_window is not None else ""
+        return f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}{window}"

@@ -15,16 +15,18 @@ def rms_by_hand(v: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
     return v / torch.sqrt((v * v).mean() + eps) * weight
 
 
-def attend_by_hand(q, k, v, bias=None):
-    """``q [T,H,D]``, ``k, v [T,Hkv,D]``, ``bias [H,T]`` → ``[T,H,D]``: causal softmax, one query at a time."""
+def attend_by_hand(q, k, v, bias=None, window=None):
+    """``q [T,H,D]``, ``k, v [T,Hkv,D]``, ``bias [H,T]`` → ``[T,H,D]``: causal softmax, one query at a time, over
+    the keys ``j`` with ``i - j < window`` (transformers' sliding window: the query and the ``window - 1`` before it)."""
     T, H, D = q.shape
     group = H // k.shape[1]
     out = torch.zeros_like(q)
     for h in range(H):
         for i in range(T):
+            first = 0 if window is None else max(0, i - window + 1)
             scores = torch.stack([q[i, h] @ k[j, h // group] / math.sqrt(D) + (bias[h, j] if bias is not None else 0)
-                                  for j in range(i + 1)])
-            out[i, h] = torch.softmax(scores, 0) @ v[: i + 1, h // group]
+                                  for j in range(first, i + 1)])
+            out[i, h] = torch.softmax(scores, 0) @ v[first: i + 1, h // group]
     return out
 
 
@@ -66,6 +68,28 @@ def test_qcattention_matches_its_math_written_out(rope_reference, rope, qk_norm,
     want = attend_by_hand(q, k, v).reshape(T, 4 * Dh) @ mixer.out_proj.weight.T
     got = mixer(x, Context(position_ids=torch.tensor([positions])))
     torch.testing.assert_close(got[0], want, rtol=1e-5, atol=1e-8)  # (RoPE tables are fp32)
+
+
+@pytest.mark.parametrize("window", [1, 3, 7, 50])
+def test_a_sliding_window_attends_to_the_last_keys_only(rope_reference, window):
+    """Each query over itself and the ``window - 1`` keys before it, at an odd length; a window of 1 is the value of
+    the token itself, one of the length or more is plain causal attention."""
+    torch.manual_seed(0)
+    mixer = QCAttention(32, n_heads=4, n_kv_heads=2, sliding_window=window).double()
+    T = 7
+    x = torch.randn(1, T, 32, dtype=torch.float64)
+    q = (x[0] @ mixer.q_proj.weight.T).view(T, 4, 8)
+    k, v = (x[0] @ mixer.kv_proj.weight.T).view(T, 2, 2, 8).unbind(1)
+    q, k = positions_by_hand(q, k, mixer, rope_reference, list(range(T)))
+    want = attend_by_hand(q, k, v, window=window).reshape(T, 32) @ mixer.out_proj.weight.T
+    torch.testing.assert_close(mixer(x)[0], want, rtol=1e-5, atol=1e-8)  # (RoPE tables are fp32)
+    assert ("sliding_window=" in repr(mixer)) and (mixer.extra_flops_per_token(T) == 4 * min(T, window) * 4 * 8)
+
+
+@pytest.mark.parametrize("window", [0, -2, 2.0, True, "4"])
+def test_a_sliding_window_must_be_a_positive_integer(window):
+    with pytest.raises(ValueError, match=f"QCAttention: sliding_window={window!r} must be an integer >= 1"):
+        QCAttention(32, n_heads=4, sliding_window=window)
 
 
 def test_attention_without_rope_ignores_positions():

@@ -109,6 +109,29 @@ def test_keep_window_bias_picks_the_largest_bias_keys():
     torch.testing.assert_close(out[0, :, 0], v[0, 0, 0].expand(5, -1))
 
 
+def test_a_window_without_bias_keeps_the_most_recent_allowed_keys():
+    """``select_window`` with no bias counts the allowed keys from the newest back; it must keep what ranking them
+    by a bias of zeros keeps (ties to the most recent), over causal masks with padding and documents; and with
+    neither, exactly transformers' sliding window ``i - j < w``."""
+    from zoo_kernels.attention.reference import allowed_keys, select_window
+
+    torch.manual_seed(0)
+    T, S = 9, 13
+    pad = torch.rand(3, S) < 0.3
+    ids = torch.randint(0, 2, (3, 1, 1, S)).cumsum(-1)  # runs of documents along the keys
+    for allowed in (allowed_keys(T, S, causal=True, key_padding_mask=pad, device="cpu"),
+                    allowed_keys(T, S, causal=True, key_padding_mask=pad, device="cpu") & (ids == ids[..., -T:].transpose(-1, -2)),
+                    allowed_keys(T, S, causal=False, key_padding_mask=pad, device="cpu")):
+        for w in (1, 2, 5, S):
+            ranked = select_window(allowed, torch.zeros(3, 1, S), w)
+            assert torch.equal(select_window(allowed, None, w), ranked)
+    i, j = torch.arange(T)[:, None] + S - T, torch.arange(S)
+    for w in (1, 4, 20):
+        band = (j <= i) & (i - j < w)
+        assert torch.equal(select_window(allowed_keys(T, S, causal=True, key_padding_mask=None, device="cpu"), None, w),
+                           band.expand(1, 1, T, S))
+
+
 @pytest.mark.parametrize(
     "kwargs, words",
     [

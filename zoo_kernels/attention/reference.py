@@ -56,6 +56,8 @@ def select_window(allowed: torch.Tensor, bias: torch.Tensor | None, keep_window:
     allowed: ``[B|1, 1|H, T, S]`` bool; bias: ``[B, H, S]`` or None → ``[B|1, H|1, T, S]`` bool.
     """
     S = allowed.shape[-1]
+    if bias is None:  # every tie: the most recent keys, those with at most keep_window allowed keys from them on
+        return allowed & (allowed.flip(-1).cumsum(-1).flip(-1) <= keep_window)
     score = torch.zeros(allowed.shape, device=allowed.device)  # [B|1, 1|H, T, S]
     if bias is not None:
         score = score + bias.detach()[:, :, None, :]  # [B, H, T, S]
