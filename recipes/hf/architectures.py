@@ -211,17 +211,42 @@ def decoder_recipe(c: dict, head_dim: int | None = None, **attention) -> dict:
             "mixers": {"A": spec("components.QCAttention", n_heads=heads, n_kv_heads=kv_heads, **attention), "M": mlp}}
 
 
-def decoder_mismatch(model, name: str, *, qk_norm: bool) -> str | None:
-    """What keeps ``model`` from Llama's stack (``qk_norm``: Qwen3's, a QK-norm of the model's eps)."""
+def layer_settings(block) -> tuple:
+    """What a decoder layer computes with, its attention's window aside: the heads, RoPE and QK-norm, and the MLP."""
+    a, m = block.sequence_mixer, block.state_mixer
+    norm = a.positions.q_norm
+    return (a.n_heads, a.n_kv_heads, a.head_dim, a.positions.rope, a.positions.rope_fraction,
+            None if norm is None else norm.eps, m.d_ff, m.activation, m.act_name)
+
+
+def decoder_mismatch(model, name: str, *, qk_norm: bool, windows: str = "none") -> str | None:
+    """What keeps ``model`` from Llama's stack (``qk_norm``: Qwen3's, a QK-norm of the model's eps). ``windows``: which
+    attention windows the class writes — ``none`` (Llama: every key), ``every layer`` (Mistral: one window, or none, for
+    every layer) or ``per layer`` (Qwen3: one window, on any of the layers; their blocks may then have two letters)."""
     why = f"a {name} is QCAttention{' with a QK-norm' if qk_norm else ''} + SwiGLU MLP in every block ('AM')"
-    reason = only(model, "AM", why)
-    if reason:
-        return reason
-    block = model.blocks[0]
+    if windows != "per layer":
+        reason = only(model, "AM", why)
+        if reason:
+            return reason
+    blocks = model.blocks
+    # (a whole block, the Expresser's, has no mixers of its own)
+    kinds = sorted({f"{type(getattr(b, 'sequence_mixer', b)).__name__}/{type(getattr(b, 'state_mixer', None)).__name__}"
+                    for b in blocks})
+    if kinds != ["QCAttention/MLP"]:
+        return (f"its 'A'/'M' letters are {kinds[0]}" if windows != "per layer" else
+                f"its pattern has blocks of {', '.join(kinds)}") + f"; {why}"
+    block = blocks[0]
     a, m = block.sequence_mixer, block.state_mixer
     short = name.removesuffix("ForCausalLM")
-    if type(a).__name__ != "QCAttention" or type(m).__name__ != "MLP":
-        return f"its 'A'/'M' letters are {type(a).__name__}/{type(m).__name__}; {why}"
+    if len({layer_settings(b) for b in blocks}) > 1:
+        return f"its blocks' attentions or MLPs differ in more than a window; {short}'s layers are alike"
+    window_sizes = {b.sequence_mixer.sliding_window for b in blocks}
+    if windows == "none" and window_sizes != {None}:
+        return f"its attention keeps to the last {max(window_sizes - {None})} keys; {short}'s attends to every key"
+    if windows == "every layer" and len(window_sizes) > 1:
+        return f"its layers keep to different windows {sorted(window_sizes, key=str)}; {short}'s have one"
+    if len(window_sizes - {None}) > 1:
+        return f"its layers keep to different windows {sorted(window_sizes - {None})}; {short} has one sliding_window"
     if not a.positions.rope or (a.positions.q_norm is not None) != qk_norm:
         return (f"its attention has no RoPE or no QK-norm; {short}'s has both" if qk_norm else
                 f"its attention has no RoPE or has a QK-norm, which {short} has not")
@@ -249,26 +274,46 @@ QWEN3_HEAD_DIM = 128
 """Qwen3's ``head_dim`` where its config has none: transformers' ``Qwen3Config`` default, not the width over the heads."""
 
 
-def qwen3_full_attention(c: dict) -> None:
-    """Refuse a Qwen3 whose layers attend within a window (``use_sliding_window``): the zoo's QCAttention has none."""
+QWEN3_WINDOW = 4096
+"""Qwen3's ``sliding_window`` where its config turns windows on (``use_sliding_window``) and gives none: transformers'
+``Qwen3Config`` default."""
+
+
+def qwen3_windowed_layers(c: dict) -> tuple[int | None, list[bool]]:
+    """``(window, whether each layer attends within it)`` of a Qwen3 config, as transformers reads them: no window
+    unless ``use_sliding_window``; the layers ``layer_types`` names ``sliding_attention``, or where it has none those
+    from ``max_window_layers`` on (28 where the config has none)."""
     layers = c["num_hidden_layers"]
-    window = c.get("sliding_window") if c.get("use_sliding_window") else None  # (transformers drops it otherwise)
+    window = c.get("sliding_window", QWEN3_WINDOW) if c.get("use_sliding_window") else None  # (dropped otherwise)
     types = c.get("layer_types") or ["sliding_attention" if window is not None and i >= c.get("max_window_layers", 28)
                                      else "full_attention" for i in range(layers)]
     if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
         raise ValueError(f"layer_types={types!r}: num_hidden_layers={layers} of full_attention, sliding_attention "
                          "expected")
-    windowed = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
-    refuse_window(c, window, windowed, "use_sliding_window with ")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding_window={window!r}: a window of at least one key expected")
+    return window, [window is not None and kind == "sliding_attention" for kind in types]
 
 
-def refuse_window(c: dict, window: int | None, layers: list[int], why: str = "") -> None:
-    """Refuse ``layers`` that attend to the last ``window`` keys only: the zoo's QCAttention attends to every key (a
-    window over every position is none)."""
-    if layers and window is not None and window < c.get("max_position_embeddings", math.inf):
-        raise ValueError(f"{why}sliding_window={window}: layers {layers} attend to the last {window} keys only, and "
-                         "the zoo's QCAttention to every key. Importing would give a model that computes something "
-                         "else, so it is refused")
+def windowed(recipe: dict, window: int | None, layers: list[bool]) -> dict:
+    """A decoder ``recipe`` (``AM`` blocks) whose ``layers`` attend to the last ``window`` keys only: every layer's
+    ``A`` windowed, or a second attention letter ``W``, the same but windowed, at those layers."""
+    if window is None or not any(layers):
+        return recipe
+    attention = recipe["mixers"]["A"]
+    window_attention = spec(attention["class_path"], **attention["init_args"], sliding_window=window)
+    if all(layers):
+        return {**recipe, "mixers": {**recipe["mixers"], "A": window_attention}}
+    return {**recipe, "pattern": " ".join("WM" if layer else "AM" for layer in layers),
+            "mixers": {**recipe["mixers"], "W": window_attention}}
+
+
+def attention_windows(model) -> tuple[int | None, list[bool]]:
+    """``(the window, whether each block's attention keeps to it)`` of a decoder whose blocks all hold a QCAttention;
+    the window of the first windowed block (:func:`decoder_mismatch` refuses two)."""
+    windows = [block.sequence_mixer.sliding_window for block in model.blocks]
+    window = next((w for w in windows if w is not None), None)
+    return window, [w is not None for w in windows]
 
 
 MISTRAL_WINDOW = 4096
@@ -277,8 +322,9 @@ MISTRAL_WINDOW = 4096
 
 class Mistral:
     """Mistral: Llama's stack (its ``head_dim`` too: Mistral-Nemo's heads are 128 channels in a width of 5,120 over 32
-    heads), its attention windowed unless ``sliding_window`` is null or covers every position. Import only: the model
-    it gives exports as Llama, which computes the same."""
+    heads) whose every layer attends to the last ``sliding_window`` keys (none where it is null). A zoo model whose
+    attention has no window exports as Llama, which computes the same; one whose every layer has the same window, as
+    Mistral."""
 
     name, model_type = "MistralForCausalLM", "mistral"
     honoured = Llama.honoured | {"sliding_window"}
@@ -286,8 +332,18 @@ class Mistral:
 
     @staticmethod
     def recipe(c: dict) -> dict:
-        refuse_window(c, c.get("sliding_window", MISTRAL_WINDOW), list(range(c["num_hidden_layers"])))
-        return decoder_recipe(c)
+        window = c.get("sliding_window", MISTRAL_WINDOW)
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"sliding_window={window!r}: a window of at least one key expected")
+        return windowed(decoder_recipe(c), window, [True] * c["num_hidden_layers"])
+
+    @staticmethod
+    def mismatch(model) -> str | None:
+        return decoder_mismatch(model, Mistral.name, qk_norm=False, windows="every layer")
+
+    @staticmethod
+    def config(model) -> dict:
+        return {**decoder_config(model, Mistral.name, Mistral.model_type), "sliding_window": attention_windows(model)[0]}
 
 
 class Qwen3:
@@ -300,8 +356,9 @@ class Qwen3:
 
     @staticmethod
     def recipe(c: dict) -> dict:
-        qwen3_full_attention(c)
-        return decoder_recipe(c, head_dim=QWEN3_HEAD_DIM, qk_norm=True, norm_eps=c["rms_norm_eps"])
+        window, layers = qwen3_windowed_layers(c)
+        return windowed(decoder_recipe(c, head_dim=QWEN3_HEAD_DIM, qk_norm=True, norm_eps=c["rms_norm_eps"]), window,
+                        layers)
 
     @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
@@ -311,13 +368,14 @@ class Qwen3:
 
     @staticmethod
     def mismatch(model) -> str | None:
-        return decoder_mismatch(model, Qwen3.name, qk_norm=True)
+        return decoder_mismatch(model, Qwen3.name, qk_norm=True, windows="per layer")
 
     @staticmethod
     def config(model) -> dict:
-        layers = len(model.blocks)
-        return {**decoder_config(model, Qwen3.name, Qwen3.model_type), "use_sliding_window": False,
-                "sliding_window": None, "max_window_layers": layers, "layer_types": ["full_attention"] * layers}
+        window, layers = attention_windows(model)
+        return {**decoder_config(model, Qwen3.name, Qwen3.model_type), "use_sliding_window": window is not None,
+                "sliding_window": window, "max_window_layers": layers.index(True) if window else len(layers),
+                "layer_types": ["sliding_attention" if layer else "full_attention" for layer in layers]}
 
 
 EVERY_KEY = 2 ** 31 - 1
@@ -578,6 +636,9 @@ def hybrid_mismatch(model, name: str, why: str) -> str | None:
                 "layer for the mask sizes; transformers 5.25)")
     if any(a.positions.q_norm is not None for a in attentions):
         return f"its attention has a QK-norm, which {name}'s has not"
+    window = next((a.sliding_window for a in attentions if a.sliding_window is not None), None)
+    if window is not None:
+        return f"its attention keeps to the last {window} keys; {name}'s attends to every key"
     if any(a.n_heads * a.head_dim != model.d_model for a in attentions):
         return (f"its attention's heads are not its width over the heads (head_dim); {name}'s config has no head_dim "
                 "and derives it so")

@@ -1297,67 +1297,131 @@ def test_qwen3_imports_equal_to_transformers_with_its_qk_norm_and_wide_heads_and
     assert exports_to_transformers(ours, tmp_path / "exported") == "Qwen3ForCausalLM"
 
 
-def test_a_llama_with_heads_decoupled_from_its_width_imports_and_exports_and_what_qwen3_refuses(tmp_path):
+def test_a_llama_with_heads_decoupled_from_its_width_imports_and_exports_and_what_the_hybrids_refuse(tmp_path):
     """Llama takes ``head_dim`` too (Mistral-Nemo's 128 over a width of 5,120 and 32 heads is this case); the hybrids'
-    configs have no head_dim, so a hybrid with such heads is not exported as one. A Qwen3 whose layers attend within a
-    window is refused: the zoo's QCAttention has none."""
+    configs have no head_dim, so a hybrid with such heads is not exported as one, nor one whose attention keeps to a
+    window."""
     from components import HybridLM
-    from recipes.hf.architectures import Bamba, GraniteHybrid, Qwen3
+    from recipes.hf.architectures import Bamba, GraniteHybrid
 
     hf = build("llama", head_dim=12)
     hf.save_pretrained(tmp_path / "llama")
     ours = imports_equal_to_transformers(hf, tmp_path / "llama")
     assert ours.blocks[0].sequence_mixer.head_dim == 12
     assert exports_to_transformers(ours, tmp_path / "exported") == "LlamaForCausalLM"
-    wide = HybridLM(32, 16, "SM AM", {"S": {"class_path": "components.SSD", "init_args": {
-        "head_dim": 8, "d_state": 8, "conv": True, "rope": False, "gate": True}},
-        "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "head_dim": 12}},
-        "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
-    for adapter in (GraniteHybrid, Bamba):
-        assert "its attention's heads are not its width over the heads" in adapter.mismatch(wide)
 
-    c = {"architectures": [Qwen3.name], "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 4,
-         "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 8,
-         "rms_norm_eps": 1e-6, "max_position_embeddings": 64, "sliding_window": 16, "use_sliding_window": False,
-         "max_window_layers": 2}
-    assert hf_recipe(c)["mixers"]["A"]["init_args"] == {"n_heads": 2, "n_kv_heads": 2, "qk_norm": True,
-                                                        "norm_eps": 1e-6}  # (head_dim: the width's, not written)
-    assert hf_recipe({**c, "use_sliding_window": True, "sliding_window": 64})["pattern"] == "AM×4"  # (every key)
-    with pytest.raises(ValueError, match=re.escape("use_sliding_window with sliding_window=16: layers [2, 3] attend to "
-                                                   "the last 16 keys only")):
-        hf_recipe({**c, "use_sliding_window": True})
-    with pytest.raises(ValueError, match=r"layers \[0\] attend"):
-        hf_recipe({**c, "use_sliding_window": True, "layer_types": ["sliding_attention"] + ["full_attention"] * 3})
+    def hybrid(**attention):
+        return HybridLM(32, 16, "SM AM", {"S": {"class_path": "components.SSD", "init_args": {
+            "head_dim": 8, "d_state": 8, "conv": True, "rope": False, "gate": True}},
+            "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, **attention}},
+            "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
+
+    for adapter in (GraniteHybrid, Bamba):
+        assert adapter.mismatch(hybrid()) is None
+        assert "its attention's heads are not its width over the heads" in adapter.mismatch(hybrid(head_dim=12))
+        assert re.fullmatch(r"its attention keeps to the last 7 keys; \w+'s attends to every key",
+                            adapter.mismatch(hybrid(sliding_window=7)))
+
+
+def qwen3_config(**settings) -> dict:
+    return {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 4,
+            "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 8,
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 64, **settings}
+
+
+def test_qwen3s_windowed_layers_are_read_as_transformers_reads_them():
+    """No window unless ``use_sliding_window`` (transformers drops ``sliding_window`` otherwise); then the layers
+    ``layer_types`` names, or where it names none those from ``max_window_layers`` on; 4,096 keys where the config
+    gives no ``sliding_window``. Windowed layers are a second letter ``W``, or the ``A`` itself where every layer is."""
+    c = qwen3_config(sliding_window=16, use_sliding_window=False, max_window_layers=2)
+    plain = {"n_heads": 2, "n_kv_heads": 2, "qk_norm": True, "norm_eps": 1e-6}  # (head_dim: the width's, not written)
+    assert hf_recipe(c)["mixers"]["A"]["init_args"] == plain and hf_recipe(c)["pattern"] == "AM×4"
+    recipe = hf_recipe({**c, "use_sliding_window": True})
+    assert recipe["pattern"] == "AM AM WM WM" and recipe["mixers"]["A"]["init_args"] == plain
+    assert recipe["mixers"]["W"]["init_args"] == {**plain, "sliding_window": 16}
+    first = hf_recipe({**c, "use_sliding_window": True, "layer_types": ["sliding_attention"] + ["full_attention"] * 3})
+    assert first["pattern"] == "WM AM AM AM"
+    every = hf_recipe({k: v for k, v in c.items() if k != "sliding_window"} | {"use_sliding_window": True,
+                                                                               "max_window_layers": 0})
+    assert every["pattern"] == "AM×4" and every["mixers"]["A"]["init_args"]["sliding_window"] == 4096
+    assert "W" not in every["mixers"]
     with pytest.raises(ValueError, match=r"layer_types=\['full_attention'\]: num_hidden_layers=4 of full_attention"):
         hf_recipe({**c, "layer_types": ["full_attention"]})
-    assert "its attention has no RoPE or no QK-norm; Qwen3's has both" in Qwen3.mismatch(
-        HybridLM(32, 16, "AM", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}},
-                                "M": {"class_path": "components.MLP"}}))
+    with pytest.raises(ValueError, match=r"sliding_window=0: a window of at least one key expected"):
+        hf_recipe({**c, "use_sliding_window": True, "sliding_window": 0})
 
 
-def test_a_mistral_imports_as_llama_with_its_wide_heads_and_its_window_is_refused_unless_it_covers_every_key(tmp_path):
-    """Mistral is Llama's stack whose attention is windowed by ``sliding_window`` (4,096 where the config has none, as
-    transformers' default): one of null, or over every position, imports (here with Mistral-Nemo's kind of heads,
-    12 channels in a width of 32 over 4 heads) and exports as the Llama it computes; a shorter window is refused."""
-    from recipes.hf.architectures import EXPORTABLE
+def test_qwen3_with_windowed_layers_equals_transformers_and_exports_back(tmp_path):
+    """A Qwen3 whose second and third layers attend to their last 5 keys (``layer_types``), over 19 tokens: equal to
+    transformers' on logits, a left-padded batch (padding takes no place in the window), every gradient, decoding one
+    token at a time past the window and greedy ids; it exports as a Qwen3 with those layer types."""
+    from recipes.hf import read_config
 
     torch.manual_seed(0)
-    config = transformers.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, head_dim=12, sliding_window=None,
-                                        max_position_embeddings=64, rms_norm_eps=1e-5)
-    theirs = transformers.MistralForCausalLM(config)
+    types = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    config = transformers.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                      max_position_embeddings=64, rms_norm_eps=1e-5, use_sliding_window=True,
+                                      sliding_window=5, layer_types=types)
+    theirs = transformers.Qwen3ForCausalLM(config)
     theirs.config._attn_implementation = "eager"
     randomize(theirs)
-    theirs.save_pretrained(tmp_path / "mistral")
-    ours = imports_equal_to_transformers(theirs.eval(), tmp_path / "mistral")
-    assert exports_to_transformers(ours, tmp_path / "exported") == "LlamaForCausalLM"
-    assert "MistralForCausalLM" not in EXPORTABLE
+    theirs.save_pretrained(tmp_path / "qwen3")
+    ours = imports_equal_to_transformers(theirs.eval(), tmp_path / "qwen3")
+    assert ours.pattern == "AM WM WM AM"
+    assert [b.sequence_mixer.sliding_window for b in ours.blocks] == [None, 5, 5, None]
+    assert exports_to_transformers(ours, tmp_path / "exported") == "Qwen3ForCausalLM"
+    written = read_config(tmp_path / "exported")
+    assert (written["layer_types"], written["sliding_window"], written["use_sliding_window"]) == (types, 5, True)
+
+
+def test_a_mistral_imports_with_its_window_and_exports_as_mistral_or_as_llama_without_one(tmp_path):
+    """Mistral is Llama's stack whose every layer attends to the last ``sliding_window`` keys (4,096 where the config
+    has none, as transformers' default; null: every key). A window of 5 over 19 tokens, with Mistral-Nemo's kind of
+    heads (12 channels in a width of 32 over 4 heads), equals transformers' Mistral and exports as one; without a
+    window it exports as the Llama it computes."""
+    from recipes.hf import read_config
+    from recipes.hf.architectures import Llama, Mistral, Qwen3
+
+    for window in (5, None):
+        torch.manual_seed(0)
+        config = transformers.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+                                            sliding_window=window, max_position_embeddings=64, rms_norm_eps=1e-5)
+        theirs = transformers.MistralForCausalLM(config)
+        theirs.config._attn_implementation = "eager"
+        randomize(theirs)
+        theirs.save_pretrained(tmp_path / f"mistral{window}")
+        ours = imports_equal_to_transformers(theirs.eval(), tmp_path / f"mistral{window}")
+        assert {b.sequence_mixer.sliding_window for b in ours.blocks} == {window}
+        written = exports_to_transformers(ours, tmp_path / f"exported{window}")
+        assert written == ("MistralForCausalLM" if window else "LlamaForCausalLM")
+        assert read_config(tmp_path / f"exported{window}").get("sliding_window") == window
+    assert Llama.mismatch(ours) is None and Mistral.mismatch(ours) is None  # (Llama is tried first)
     c = {k: v for k, v in config.to_dict().items() if k != "sliding_window"}
     c["architectures"] = ["MistralForCausalLM"]
-    assert hf_recipe(c)["pattern"] == "AM×2"  # (no window given: 4,096, over the 64 positions)
-    for settings in ({"sliding_window": 8}, {"max_position_embeddings": 8192}):
-        with pytest.raises(ValueError, match=r"sliding_window=(8|4096): layers \[0, 1\] attend to the last"):
-            hf_recipe({**c, **settings})
+    assert hf_recipe(c)["mixers"]["A"]["init_args"]["sliding_window"] == 4096  # (no window given: transformers')
+    with pytest.raises(ValueError, match=r"sliding_window=0: a window of at least one key expected"):
+        hf_recipe({**c, "sliding_window": 0})
+    from components import HybridLM
+
+    def decoder(pattern, windows, qk_norm=False):
+        return HybridLM(32, 16, pattern, {
+            **{letter: {"class_path": "components.QCAttention", "init_args": {
+                "n_heads": 2, "qk_norm": qk_norm, "sliding_window": w}} for letter, w in windows.items()},
+            "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
+
+    assert Llama.mismatch(decoder("AM×2", {"A": 7})) == "its attention keeps to the last 7 keys; Llama's attends to every key"
+    assert Mistral.mismatch(decoder("AM×2", {"A": 7})) is None
+    mixed = decoder("AM WM", {"A": None, "W": 7})
+    assert "its pattern has blocks ['AM', 'WM']" in Mistral.mismatch(mixed)
+    assert Qwen3.mismatch(decoder("AM WM", {"A": None, "W": 7}, qk_norm=True)) is None
+    assert Qwen3.mismatch(decoder("AM WM", {"A": 3, "W": 7}, qk_norm=True)) == (
+        "its layers keep to different windows [3, 7]; Qwen3 has one sliding_window")
+    unlike = HybridLM(32, 16, "AM WM", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "qk_norm": True}},
+                                        "W": {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "qk_norm": True}},
+                                        "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
+    assert Qwen3.mismatch(unlike) == "its blocks' attentions or MLPs differ in more than a window; Qwen3's layers are alike"
 
 
 def test_a_bamba_with_dynamic_ntk_runs_past_its_positions_as_transformers_and_exports_it(tmp_path):

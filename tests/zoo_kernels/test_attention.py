@@ -132,6 +132,19 @@ def test_a_window_without_bias_keeps_the_most_recent_allowed_keys():
                            band.expand(1, 1, T, S))
 
 
+def test_a_window_of_every_key_is_dropped_before_a_backend_is_chosen(monkeypatch):
+    """A ``keep_window`` of at least the keys' number cuts nothing; it reaches no backend, so that on a GPU plain
+    attention may still take torch's flash kernel."""
+    import zoo_kernels.attention as module
+
+    seen = []
+    monkeypatch.setattr(module, "attention_reference", lambda *args, keep_window, **kwargs: seen.append(keep_window))
+    q, k, v, _ = make(B=1, T=5, H=1, Hkv=1, bias=False)
+    for w in (4, 5, 6):
+        module.attention(q, k, v, keep_window=w, check_finite=False)
+    assert seen == [4, None, None]
+
+
 @pytest.mark.parametrize(
     "kwargs, words",
     [

@@ -55,6 +55,10 @@ def attention(
     _check_arguments(q, k, v, bias, key_padding_mask, keep_window, causal)
     if document_ids is not None:
         _check_documents(document_ids, q, k)
+    if keep_window is not None and keep_window >= k.shape[1]:
+        # no query has more than S allowed keys, so the window cuts none: plain attention, which on a GPU may be torch's
+        # flash kernel (a Mistral's window of 4,096 over shorter sequences)
+        keep_window = None
     # The bias in the activations' dtype, for every backend: the window's selection and the scores see the same values
     # whichever runs. Under mixed precision a model's bias is fp32 (made from fp32 parameters); read in fp32 by the
     # Triton kernels, the forward took 255 registers and spilled 688-824 bytes a thread at head dim 128 on sm_90 (225
