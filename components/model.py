@@ -301,6 +301,15 @@ class HybridLM(nn.Module):
             if isinstance(getattr(module, "aux_loss", None), torch.Tensor)
         }
 
+    def router_z_losses(self) -> dict[str, torch.Tensor]:
+        """ST-MoE's router z-loss of the last forward, by module name: every routed MoE whose router gives its logits
+        assigns the mean ``logsumexp²`` of them over its tokens to ``router_z_loss``."""
+        return {
+            name: module.router_z_loss
+            for name, module in self.named_modules()
+            if isinstance(getattr(module, "router_z_loss", None), torch.Tensor)
+        }
+
     def expert_loads(self) -> dict[str, torch.Tensor]:
         """The expert load of the last forward, by module name: every MoE assigns to ``expert_load``
         a vector ``[n_experts]`` of the fraction of routed assignments each expert took."""

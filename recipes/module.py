@@ -107,6 +107,9 @@ class LanguageModel(L.LightningModule):
             positions joins the training loss (default 0; PaLM 1e-4), which keeps the softmax's normaliser near 1
             in long or low-precision runs. ``train/loss`` stays the cross-entropy alone (comparable with
             ``val/loss``); the mean ``logsumexp²`` is logged as ``train/z_loss``.
+        router_z_loss: ST-MoE's router z-loss: this coefficient times the sum over the routed MoEs of the mean
+            ``logsumexp²`` of their router's logits joins the training loss (default 0; ST-MoE 1e-3), which keeps
+            the routers' logits small and their softmax stable; the sum is logged as ``train/router_z_loss``.
         loss_positions: ``all`` (default) | ``labelled``, where the training loss computes logits (above).
         compile: compile the model's forward with ``torch.compile(fullgraph=True)`` (default False):
             True for the default backend (inductor), or a backend's name (``aot_eager`` traces and
@@ -145,6 +148,7 @@ class LanguageModel(L.LightningModule):
         decay_fraction: float | None = None,
         aux_loss_coef: float = 0.01,
         z_loss: float = 0.0,
+        router_z_loss: float = 0.0,
         loss_positions: str = "all",
         compile: bool | str = False,
         sample_tokens: int = 64,
@@ -165,8 +169,9 @@ class LanguageModel(L.LightningModule):
         if not eps > 0 or not weight_decay >= 0 or not aux_loss_coef >= 0:
             raise ValueError(f"LanguageModel: eps={eps} must be > 0, weight_decay={weight_decay} and "
                              f"aux_loss_coef={aux_loss_coef} >= 0")
-        if isinstance(z_loss, bool) or not isinstance(z_loss, (int, float)) or not 0 <= z_loss < math.inf:
-            raise ValueError(f"LanguageModel: z_loss={z_loss!r} must be a finite number >= 0 (PaLM's: 1e-4)")
+        for name, value, paper in (("z_loss", z_loss, "PaLM's: 1e-4"), ("router_z_loss", router_z_loss, "ST-MoE's: 1e-3")):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"LanguageModel: {name}={value!r} must be a finite number >= 0 ({paper})")
         if not 0.0 <= warmup_fraction < 1.0:
             raise ValueError(f"LanguageModel: warmup_fraction={warmup_fraction} must lie in [0, 1)")
         if not 0.0 <= final_lr_fraction <= 1.0:
@@ -318,6 +323,9 @@ class LanguageModel(L.LightningModule):
         aux_total = torch.stack([v.float() for v in aux.values()]).sum() if aux else None
         if aux_total is not None:
             loss = loss + self.hparams.aux_loss_coef * aux_total
+        router_z = self._router_z_loss()
+        if router_z is not None:
+            loss = loss + self.hparams.router_z_loss * router_z
         self._last_loss = loss.detach()
         # With gradient accumulation a step is several micro-batches and Lightning logs a step's last value: the
         # mean over the step's micro-batches so far is logged, so the curve is that of the step's whole batch (the
@@ -334,8 +342,16 @@ class LanguageModel(L.LightningModule):
         self.log("train/ppl", torch.exp(step_ce))
         if z_loss:
             self.log("train/z_loss", squares)
+        if router_z is not None:
+            self.log("train/router_z_loss", router_z.detach())
         self._log_expert_loads()
         return loss
+
+    def _router_z_loss(self) -> torch.Tensor | None:
+        """The sum of the routed MoEs' router z-losses of the last forward, where ``router_z_loss`` weighs them (None
+        otherwise, or for a model without one)."""
+        losses = self.model.router_z_losses() if self.hparams.get("router_z_loss", 0.0) else {}  # (older checkpoints: 0)
+        return torch.stack([v.float() for v in losses.values()]).sum() if losses else None
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Log the gradient norm, stop on a non-finite loss or norm, then clip as the trainer asks."""

@@ -18,7 +18,8 @@ from components.bindings import binding_factory
 from components.state.experts import GATE_FORMS, CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
 from components.state.mlp import ACTIVATIONS, GATES, MLP, default_d_ff
 from components._checks import check_choice, check_flags, check_mixer_input
-from components.state.router import ForwardRecords, Routing, TopKRouter, switch_balancing_loss, valid_tokens
+from components.state.router import (ForwardRecords, Routing, TopKRouter, router_z_loss, switch_balancing_loss,
+                                     valid_tokens)
 
 
 def dispatch(experts: nn.Module, x: torch.Tensor, shared: torch.Tensor | None, routing: Routing) -> torch.Tensor:
@@ -39,9 +40,11 @@ class MoE(ForwardRecords, nn.Module):
     """The routed-MoE engine, ``[B, T, d_model] → [B, T, d_model]``.
 
     After each forward, ``aux_loss`` holds the Switch balancing loss (summed into the training loss
-    by the recipe; docs/architecture.md) and ``expert_load [E]`` the fraction of assignments each expert took.
+    by the recipe; docs/architecture.md), ``router_z_loss`` ST-MoE's router z-loss (the recipe's ``router_z_loss``
+    coefficient weighs it; None for a router whose :class:`Routing` has no logits) and ``expert_load [E]`` the
+    fraction of assignments each expert took.
     ``forward(x, padding_mask=None)``: with ``padding_mask [B, T]`` (True at padding; the block passes
-    the model's), padded tokens are zeroed and count in neither the load nor the balancing loss.
+    the model's), padded tokens are zeroed and count in neither the load nor the two losses.
 
     Args:
         router: a :class:`TopKRouter`.
@@ -73,6 +76,7 @@ class MoE(ForwardRecords, nn.Module):
         self.router, self.experts = router, experts
         self.shared_expert, self.cross_domain = shared_expert, cross_domain
         self.aux_loss: torch.Tensor | None = None
+        self.router_z_loss: torch.Tensor | None = None
         self.expert_load: torch.Tensor | None = None
 
     reads_padding_mask = True  # the block passes the model's, so padding counts in no expert's load
@@ -92,6 +96,7 @@ class MoE(ForwardRecords, nn.Module):
             y = y + self.shared_expert(flat)
         self.expert_load = routing.load(self.router.n_experts, valid)
         self.aux_loss = switch_balancing_loss(routing.probs, self.expert_load, valid)
+        self.router_z_loss = None if routing.logits is None else router_z_loss(routing.logits, valid)
         return y.view(shape)
 
     def extra_flops_per_token(self, seq_len: int) -> int:

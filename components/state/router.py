@@ -1,4 +1,4 @@
-"""Top-k routing for the routed mixtures of experts, and the Switch-style balancing loss."""
+"""Top-k routing for the routed mixtures of experts, the Switch-style balancing loss and ST-MoE's router z-loss."""
 
 from dataclasses import dataclass
 
@@ -15,7 +15,7 @@ class ForwardRecords:
     ``expert_load``): the loss holds that forward's autograd graph, which neither ``copy.deepcopy`` nor pickle can
     carry, so a copy (an EMA twin, ``torch.save`` of a whole model, Lightning's ``ddp_spawn``) starts without them."""
 
-    forward_records = ("aux_loss", "expert_load")
+    forward_records = ("aux_loss", "expert_load", "router_z_loss")
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), **dict.fromkeys(self.forward_records)}
@@ -29,11 +29,14 @@ class Routing:
         experts: ``[M, k]`` expert ids, best first; ties go to the lower id.
         gates: ``[M, k]`` the weights the experts' outputs are combined with.
         probs: ``[M, E]`` the full affinity softmax (for the balancing loss).
+        logits: ``[M, E]`` the affinities before the softmax, at least fp32 (for the router z-loss); None for a router
+            that has none.
     """
 
     experts: torch.Tensor
     gates: torch.Tensor
     probs: torch.Tensor
+    logits: torch.Tensor | None = None
 
     def load(self, n_experts: int, valid: torch.Tensor | None = None) -> torch.Tensor:
         """``[E]`` fraction of the assignments each expert received (sums to 1), counting only the
@@ -89,6 +92,12 @@ def switch_balancing_loss(probs: torch.Tensor, load: torch.Tensor, valid: torch.
     return n_experts * torch.dot(load.to(probs.dtype), token_mean(probs, valid))
 
 
+def router_z_loss(logits: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """ST-MoE's router z-loss (Zoph et al. 2022, eq. 5): the mean over the valid tokens of ``logsumexp(logits)²``,
+    ``logits [M, E]``. It pulls the router's logits towards zero, where the softmax's exponentials round least."""
+    return token_mean(torch.logsumexp(logits, dim=-1).square(), valid)
+
+
 class TopKRouter(nn.Module):
     """Affinity ``softmax_i(x · e_i)`` over ``n_experts`` learned centroids, each token to its top-k.
 
@@ -118,7 +127,7 @@ class TopKRouter(nn.Module):
         gates, experts = top_k_lowest_index(probs, self.top_k)  # [M, k] each
         if self.normalize:
             gates = gates / gates.sum(dim=-1, keepdim=True)
-        return Routing(experts=experts, gates=gates.to(x.dtype), probs=probs)
+        return Routing(experts=experts, gates=gates.to(x.dtype), probs=probs, logits=logits)
 
     def extra_repr(self) -> str:
         return f"n_experts={self.n_experts}, top_k={self.top_k}, normalize={self.normalize}"

@@ -116,6 +116,48 @@ def test_balancing_loss_equals_its_formula_on_a_hand_built_routing():
     torch.testing.assert_close(switch_balancing_loss(uniform, torch.tensor([0.5, 0.5])), torch.tensor(1.0))
 
 
+@pytest.mark.parametrize("name", MIXERS)
+def test_the_router_z_loss_is_st_moes_mean_logsumexp_squared_over_the_real_tokens(name):
+    """``router_z_loss`` after a forward: the mean over the unpadded tokens of ``logsumexp(x·Cᵀ)²``, written out from
+    the router's centroids (a padded token counts nowhere), with a gradient that reaches the centroids; on a batch
+    without padding, transformers' Switch Transformers ``router_z_loss_func`` on the same logits when it is there."""
+    torch.manual_seed(0)
+    moe = MIXERS[name](D_MODEL).double()
+    with torch.no_grad():
+        moe.router.centroids.weight.mul_(4)  # logits of a few units, so the square is not near a constant
+    x = torch.randn(2, 7, D_MODEL, dtype=torch.float64)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, :3] = True
+    moe(x, padding_mask=pad)
+    logits = x[~pad] @ moe.router.centroids.weight.T  # [M_real, E]
+    want = torch.logsumexp(logits, -1).square().mean()
+    torch.testing.assert_close(moe.router_z_loss, want)
+    (grad,) = torch.autograd.grad(moe.router_z_loss, [moe.router.centroids.weight])
+    assert grad.abs().sum() > 0
+    moe(x)
+    every = x.reshape(-1, D_MODEL) @ moe.router.centroids.weight.T
+    torch.testing.assert_close(moe.router_z_loss, torch.logsumexp(every, -1).square().mean())
+    switch = pytest.importorskip("transformers.models.switch_transformers.modeling_switch_transformers")
+    torch.testing.assert_close(moe.router_z_loss, switch.router_z_loss_func(every.view(2, 7, -1)))
+
+
+def test_a_router_without_logits_leaves_no_router_z_loss():
+    """A router of your own may give a :class:`Routing` without logits: the MoE then records no router z-loss, and a
+    model of such MoEs has none to sum."""
+
+    class NoLogits(TopKRouter):
+        def forward(self, x):
+            routing = super().forward(x)
+            return Routing(experts=routing.experts, gates=routing.gates, probs=routing.probs)
+
+    moe = MoE(NoLogits(D_MODEL, 4, 2), MLPExperts(D_MODEL, n_experts=4, d_ff=6))
+    moe(torch.randn(2, 5, D_MODEL))
+    assert moe.router_z_loss is None and moe.aux_loss is not None
+    model = HybridLM(32, D_MODEL, "-R", {"R": lambda d: MoE(NoLogits(d, 4, 2), MLPExperts(d, n_experts=4, d_ff=6))})
+    model(torch.randint(0, 32, (2, 5)))
+    assert model.router_z_losses() == {} and list(model.auxiliary_losses()) == ["blocks.0.state_mixer"]
+
+
 def test_aux_loss_and_load_are_exposed_and_the_aux_loss_trains_the_router():
     moe = RoutedMoE(8, n_experts=4, top_k=2, d_ff=8)
     moe(torch.randn(2, 9, 8))
@@ -126,6 +168,7 @@ def test_aux_loss_and_load_are_exposed_and_the_aux_loss_trains_the_router():
     model(torch.randint(0, 32, (2, 5)))
     assert sorted(model.auxiliary_losses()) == ["blocks.0.state_mixer", "blocks.1.state_mixer"]
     assert sorted(model.expert_loads()) == ["blocks.0.state_mixer", "blocks.1.state_mixer"]
+    assert sorted(model.router_z_losses()) == ["blocks.0.state_mixer", "blocks.1.state_mixer"]
 
 
 def test_active_parameters_on_a_hand_computed_case():

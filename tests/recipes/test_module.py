@@ -98,6 +98,30 @@ def test_training_loss_adds_the_auxiliary_losses_with_their_coefficient():
     torch.testing.assert_close(loss, ce + 0.5 * aux)
 
 
+def test_the_router_z_loss_joins_the_objective_with_its_coefficient_and_is_logged(monkeypatch):
+    """A training step adds ``router_z_loss`` times the sum of the routed MoEs' router z-losses to the cross-entropy
+    and the balancing losses, and logs that sum as ``train/router_z_loss``; at 0 (the default) it adds and logs
+    nothing. A negative coefficient is refused by name."""
+    moe = {"R": {"class_path": "components.RoutedMoE", "init_args": {"n_experts": 4, "top_k": 2, "d_ff": 8}}}
+    logged = {}
+    monkeypatch.setattr(LanguageModel, "log", lambda self, name, value, **kw: logged.setdefault(id(self), {}).update(
+        {name: value}))
+    batch = {"input_ids": torch.randint(0, 20, (2, 6)), "labels": torch.randint(0, 20, (2, 6))}
+    for coefficient in (0.0, 0.3):
+        torch.manual_seed(0)
+        lm = LanguageModel(16, "AR AR", moe, vocab_size=20, aux_loss_coef=0.5, router_z_loss=coefficient)
+        loss = lm.training_step(batch, 0)
+        logits = lm.model(batch["input_ids"])
+        ce = F.cross_entropy(logits.reshape(-1, 20), batch["labels"].reshape(-1))
+        aux, router_z = (sum(losses.values()) for losses in (lm.model.auxiliary_losses(), lm.model.router_z_losses()))
+        assert len(lm.model.router_z_losses()) == 2 and router_z > 0
+        torch.testing.assert_close(loss, ce + 0.5 * aux + coefficient * router_z)
+        assert ("train/router_z_loss" in logged[id(lm)]) == bool(coefficient)
+    torch.testing.assert_close(logged[id(lm)]["train/router_z_loss"], router_z.detach())
+    with pytest.raises(ValueError, match=r"LanguageModel: router_z_loss=-0.1 must be a finite number >= 0 \(ST-MoE's"):
+        LanguageModel(16, "AM", vocab_size=23, router_z_loss=-0.1)
+
+
 def test_loss_only_at_labelled_positions():
     lm = LanguageModel(16, "AM", vocab_size=20)
     ids = torch.randint(0, 20, (2, 6))
