@@ -29,6 +29,7 @@ BOOKKEEPING = {
 # Fields the zoo has no equivalent for, with the only values it computes exactly.
 MUST_BE = {"attention_bias": (False, None), "mlp_bias": (False, None), "attention_dropout": (0, 0.0, None),
            "hidden_dropout": (0, 0.0, None), "pretraining_tp": (1, None), "sliding_window": (None,),
+           "router_jitter_noise": (0.0, 0, None),
            "use_bias": (False,), "use_conv_bias": (True,), "norm_topk_prob": (False, None), "rms_norm": (True, None),
            "norm_before_gate": (False, None), "hidden_act": ("silu",), "mlp_type": (None,)}
 
@@ -212,29 +213,48 @@ def decoder_recipe(c: dict, head_dim: int | None = None, **attention) -> dict:
 
 
 def layer_settings(block) -> tuple:
-    """What a decoder layer computes with, its attention's window aside: the heads, RoPE and QK-norm, and the MLP."""
+    """What a decoder layer computes with, its attention's window aside: the heads, RoPE and QK-norm, and the MLP's or
+    the MoE's shape."""
     a, m = block.sequence_mixer, block.state_mixer
     norm = a.positions.q_norm
+    state = ((m.router.n_experts, m.router.top_k, m.experts.d_ff, m.experts.activation, act_name(m.experts.act))
+             if isinstance(m, MoE) else (m.d_ff, m.activation, m.act_name))
     return (a.n_heads, a.n_kv_heads, a.head_dim, a.positions.rope, a.positions.rope_fraction,
-            None if norm is None else norm.eps, m.d_ff, m.activation, m.act_name)
+            None if norm is None else norm.eps, state)
 
 
-def decoder_mismatch(model, name: str, *, qk_norm: bool, windows: str = "none") -> str | None:
+def mixtral_moe_mismatch(m) -> str | None:
+    """What keeps a state mixer from Mixtral's sparse block: a TopKRouter with normalised gates over SwiGLU experts."""
+    if (not isinstance(m, MoE) or type(m.router).__name__ != "TopKRouter" or not m.router.normalize
+            or type(m.experts).__name__ != "MLPExperts" or m.experts.activation != "swiglu"
+            or m.shared_expert is not None or m.cross_domain is not None):
+        return ("its MoE is not Mixtral's (a TopKRouter with normalised gates over SwiGLU experts, no shared expert, no "
+                "cross-domain part)")
+    return None
+
+
+def decoder_mismatch(model, name: str, *, qk_norm: bool, windows: str = "none", state: str = "M") -> str | None:
     """What keeps ``model`` from Llama's stack (``qk_norm``: Qwen3's, a QK-norm of the model's eps). ``windows``: which
     attention windows the class writes — ``none`` (Llama: every key), ``every layer`` (Mistral: one window, or none, for
-    every layer) or ``per layer`` (Qwen3: one window, on any of the layers; their blocks may then have two letters)."""
-    why = f"a {name} is QCAttention{' with a QK-norm' if qk_norm else ''} + SwiGLU MLP in every block ('AM')"
+    every layer) or ``per layer`` (Qwen3: one window, on any of the layers; their blocks may then have two letters).
+    ``state``: ``M``, a SwiGLU MLP in every block, or ``R``, Mixtral's routed MoE."""
+    mixer = "SwiGLU MLP" if state == "M" else "routed MoE"
+    why = f"a {name} is QCAttention{' with a QK-norm' if qk_norm else ''} + {mixer} in every block ('A{state}')"
     if windows != "per layer":
-        reason = only(model, "AM", why)
+        reason = only(model, "A" + state, why)
         if reason:
             return reason
     blocks = model.blocks
     # (a whole block, the Expresser's, has no mixers of its own)
     kinds = sorted({f"{type(getattr(b, 'sequence_mixer', b)).__name__}/{type(getattr(b, 'state_mixer', None)).__name__}"
                     for b in blocks})
-    if kinds != ["QCAttention/MLP"]:
-        return (f"its 'A'/'M' letters are {kinds[0]}" if windows != "per layer" else
+    if any(not kind.startswith("QCAttention/") for kind in kinds) or (
+            state == "M" and kinds != ["QCAttention/MLP"]) or (
+            state == "R" and not all(isinstance(b.state_mixer, MoE) for b in blocks)):
+        return (f"its 'A'/'{state}' letters are {kinds[0]}" if windows != "per layer" else
                 f"its pattern has blocks of {', '.join(kinds)}") + f"; {why}"
+    if state == "R" and (reason := mixtral_moe_mismatch(blocks[0].state_mixer)):
+        return reason
     block = blocks[0]
     a, m = block.sequence_mixer, block.state_mixer
     short = name.removesuffix("ForCausalLM")
@@ -255,7 +275,7 @@ def decoder_mismatch(model, name: str, *, qk_norm: bool, windows: str = "none") 
     if qk_norm and a.positions.q_norm.eps != model.norm.eps:
         return (f"its attention's QK-norm has eps {a.positions.q_norm.eps} and its other norms {model.norm.eps}; a "
                 f"{name} has one rms_norm_eps for all of them")
-    if m.activation != "swiglu":  # (its act is the config's hidden_act: SiLU, GELU or ReLU, as transformers reads them)
+    if state == "M" and m.activation != "swiglu":  # (its act is the config's hidden_act: SiLU, GELU or ReLU, as transformers reads them)
         return f"its MLP is {m.activation} with {m.act_name}; {short}'s is SwiGLU"
     if block.sequence_residual is not None:
         return f"its blocks scale their residuals, which {short} does not"
@@ -265,8 +285,9 @@ def decoder_mismatch(model, name: str, *, qk_norm: bool, windows: str = "none") 
 def decoder_config(model, name: str, model_type: str) -> dict:
     block = model.blocks[0]
     a, m = block.sequence_mixer, block.state_mixer
-    return {**common_config(model, name, model_type), "intermediate_size": m.d_ff, "num_attention_heads": a.n_heads,
-            "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim, "hidden_act": m.act_name,
+    d_ff, act = (m.experts.d_ff, act_name(m.experts.act)) if isinstance(m, MoE) else (m.d_ff, m.act_name)
+    return {**common_config(model, name, model_type), "intermediate_size": d_ff, "num_attention_heads": a.n_heads,
+            "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim, "hidden_act": act,
             "rms_norm_eps": model.norm.eps, "attention_bias": False, "mlp_bias": False}
 
 
@@ -344,6 +365,75 @@ class Mistral:
     @staticmethod
     def config(model) -> dict:
         return {**decoder_config(model, Mistral.name, Mistral.model_type), "sliding_window": attention_windows(model)[0]}
+
+
+def mixtral_experts(c: dict, i: int) -> list[tuple]:
+    """Mixtral's experts as its files hold them, one matrix each (``w1`` gate and ``w3`` up ``[d_ff, d]``, ``w2`` down
+    ``[d, d_ff]``), and the zoo's stacks ``experts.w_in [E, d, gate | up]`` and ``experts.w_out [E, d_ff, d]``."""
+    hf, ours = f"model.layers.{i}.block_sparse_moe.experts", f"blocks.{i}.state_mixer.experts"
+    E = c.get("num_local_experts", MIXTRAL_EXPERTS)
+
+    def w_in(*weights: torch.Tensor) -> torch.Tensor:  # w1₀, w3₀, w1₁, w3₁, … → [E, d, 2·d_ff]
+        return torch.stack([torch.cat(weights[2 * e:2 * e + 2]) for e in range(E)]).transpose(1, 2).contiguous()
+
+    def w_in_back(w: torch.Tensor) -> list[torch.Tensor]:
+        return [half.contiguous() for e in range(E) for half in w[e].T.chunk(2)]  # (safetensors: contiguous only)
+
+    def w_out(*weights: torch.Tensor) -> torch.Tensor:  # w2₀, w2₁, … → [E, d_ff, d]
+        return torch.stack([w.T for w in weights]).contiguous()
+
+    def w_out_back(w: torch.Tensor) -> list[torch.Tensor]:
+        return [w[e].T.contiguous() for e in range(E)]
+
+    return [(f"{ours}.w_in", [f"{hf}.{e}.{name}.weight" for e in range(E) for name in ("w1", "w3")], w_in, w_in_back),
+            (f"{ours}.w_out", [f"{hf}.{e}.w2.weight" for e in range(E)], w_out, w_out_back)]
+
+
+MIXTRAL_EXPERTS, MIXTRAL_TOP_K = 8, 2
+"""Mixtral's ``num_local_experts`` and ``num_experts_per_tok`` where its config has none: ``MixtralConfig``'s defaults."""
+
+
+class Mixtral:
+    """Mixtral: Mistral's stack with a routed MoE in place of the MLP (``R``: ``RoutedMoE`` with SwiGLU experts and
+    normalised gates, Mixtral's softmax over every expert renormalised over the top-k), every layer windowed by
+    ``sliding_window`` (null, every key, where the config has none: ``MixtralConfig``'s default)."""
+
+    name, model_type = "MixtralForCausalLM", "mixtral"
+    honoured = Mistral.honoured | {"num_local_experts", "num_experts_per_tok"}
+    ends = Llama.ends
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        window, layers = c.get("sliding_window"), c["num_hidden_layers"]
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"sliding_window={window!r}: a window of at least one key expected")
+        recipe = decoder_recipe(c)
+        moe = spec("components.RoutedMoE", n_experts=c.get("num_local_experts", MIXTRAL_EXPERTS),
+                   top_k=c.get("num_experts_per_tok", MIXTRAL_TOP_K), d_ff=c["intermediate_size"],
+                   act=c.get("hidden_act", "silu"), normalize=True)
+        recipe = {**recipe, "pattern": f"AR×{layers}", "mixers": {"A": recipe["mixers"]["A"], "R": moe}}
+        return windowed(recipe, window, [True] * layers)
+
+    @staticmethod
+    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
+        hf, ours = f"model.layers.{i}", f"blocks.{i}"
+        return [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
+                (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"]),
+                *attention_pairs(f"{ours}.sequence_mixer", f"{hf}.self_attn"),
+                (f"{ours}.state_mixer.router.centroids.weight", [f"{hf}.block_sparse_moe.gate.weight"])]
+
+    reshaped = staticmethod(mixtral_experts)
+
+    @staticmethod
+    def mismatch(model) -> str | None:
+        return decoder_mismatch(model, Mixtral.name, qk_norm=False, windows="every layer", state="R")
+
+    @staticmethod
+    def config(model) -> dict:
+        moe = model.blocks[0].state_mixer
+        return {**decoder_config(model, Mixtral.name, Mixtral.model_type), "sliding_window": attention_windows(model)[0],
+                "num_local_experts": moe.router.n_experts, "num_experts_per_tok": moe.router.top_k,
+                "router_jitter_noise": 0.0}
 
 
 class Qwen3:
@@ -913,9 +1003,9 @@ class Bamba:
         return config
 
 
-ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen3, Mistral, Mamba2, Doge, GraniteHybrid, Bamba)}
+ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen3, Mistral, Mixtral, Mamba2, Doge, GraniteHybrid, Bamba)}
 EXPORTABLE = {name: adapter for name, adapter in ADAPTERS.items() if hasattr(adapter, "config")}
-"""The classes a zoo model is written as, in the order tried (Mistral is read only: Llama writes its models)."""
+"""The classes a zoo model is written as, in the order tried (a Mistral without a window is written as Llama)."""
 
 
 def to_zoo(config: dict, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -933,8 +1023,8 @@ def to_zoo(config: dict, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     for i in range(config["num_hidden_layers"]):
         for ours, theirs in adapter.layer_pairs(config, i):
             out[ours] = torch.cat([take(name) for name in theirs]) if len(theirs) > 1 else take(theirs[0])
-        for ours, theirs, forward, _ in adapter.reshaped(config, i):
-            out[ours] = forward(take(theirs))
+        for ours, theirs, forward, _ in adapter.reshaped(config, i):  # (theirs: one name, or a list of them)
+            out[ours] = forward(*map(take, theirs)) if isinstance(theirs, list) else forward(take(theirs))
     for ours, (theirs,) in adapter.ends:
         out[ours] = take(theirs)
     head = hf.pop("lm_head.weight", None)
@@ -956,7 +1046,8 @@ def to_hf(config: dict, zoo: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
             # several HF tensors are equal parts of one zoo tensor: gate | up, k | v
             out.update(zip(theirs, tensor.chunk(len(theirs)) if len(theirs) > 1 else [tensor]))
         for ours, theirs, _, backward in adapter.reshaped(config, i):
-            out[theirs] = backward(zoo.pop(ours))
+            tensors = backward(zoo.pop(ours))
+            out.update(zip(theirs, tensors, strict=True) if isinstance(theirs, list) else [(theirs, tensors)])
     for ours, (theirs,) in adapter.ends:
         out[theirs] = zoo.pop(ours)
     head = zoo.pop("lm_head.weight")

@@ -842,7 +842,8 @@ def test_every_field_the_importer_pins_passes_at_its_own_values_and_is_refused_a
 
     other = {"attention_bias": True, "mlp_bias": True, "attention_dropout": 0.1, "hidden_dropout": 0.1,
              "pretraining_tp": 2, "sliding_window": 8, "use_bias": True, "use_conv_bias": False, "norm_topk_prob": True,
-             "rms_norm": False, "norm_before_gate": True, "hidden_act": "gelu", "mlp_type": "moe"}
+             "rms_norm": False, "norm_before_gate": True, "hidden_act": "gelu", "mlp_type": "moe",
+             "router_jitter_noise": 0.1}
     assert set(other) == set(MUST_BE)  # (a field pinned later gets its case here)
     positions = {"max_position_embeddings"}  # (an adapter's own field)
     for key, values in MUST_BE.items():
@@ -1201,9 +1202,10 @@ def bamba(tmp_path, **settings):
     return theirs.eval(), tmp_path / "bamba"
 
 
-def imports_equal_to_transformers(theirs, folder):
+def imports_equal_to_transformers(theirs, folder, as_files=lambda tensors: tensors):
     """``folder``'s import equals ``theirs`` (transformers' model saved there): logits, a left-padded batch, every
-    gradient, decoding one token at a time and greedy ids of the padded batch. Returns the imported model."""
+    gradient, decoding one token at a time and greedy ids of the padded batch. Returns the imported model.
+    ``as_files``: ``theirs``' gradients by its modules' names → by the names its files hold (where they differ)."""
     from recipes.hf import convert_weights, read_config
 
     ours = from_pretrained(folder).eval()
@@ -1217,7 +1219,7 @@ def imports_equal_to_transformers(theirs, folder):
     target = torch.randn_like(want)
     (want[valid] * target[valid]).sum().backward()
     (got[valid] * target[valid]).sum().backward()
-    theirs_grads = convert_weights(read_config(folder), {name: p.grad for name, p in theirs.named_parameters()})
+    theirs_grads = convert_weights(read_config(folder), as_files({name: p.grad for name, p in theirs.named_parameters()}))
     for name, p in ours.named_parameters():
         assert relative_error(p.grad, theirs_grads[name]) <= 1e-4, name
     decodes_as_transformers(ours, theirs, ids, mask)
@@ -1538,6 +1540,90 @@ def test_a_partial_rope_exports_only_as_bamba_and_the_bamba_fields_an_import_ref
 
         build(hf_recipe({**c, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                                   "partial_rotary_factor": 0.1}}))
+
+
+def mixtral_files(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Mixtral's tensors by its modules' names (``mlp.gate``, ``mlp.experts.gate_up_proj [E, 2·d_ff, d]``,
+    ``down_proj [E, d, d_ff]``) → by the names of its files (``block_sparse_moe.gate``, one ``w1`` gate, ``w3`` up and
+    ``w2`` down matrix per expert), as transformers' conversion writes them."""
+    files = {}
+    for name, tensor in tensors.items():
+        layer, _, rest = name.partition(".mlp.")
+        if not rest:
+            files[name] = tensor
+        elif rest == "gate.weight":
+            files[f"{layer}.block_sparse_moe.gate.weight"] = tensor
+        elif rest == "experts.gate_up_proj":
+            for e, (gate, up) in enumerate(t.chunk(2) for t in tensor):
+                files[f"{layer}.block_sparse_moe.experts.{e}.w1.weight"] = gate
+                files[f"{layer}.block_sparse_moe.experts.{e}.w3.weight"] = up
+        else:
+            assert rest == "experts.down_proj", name
+            for e, down in enumerate(tensor):
+                files[f"{layer}.block_sparse_moe.experts.{e}.w2.weight"] = down
+    return files
+
+
+@pytest.mark.parametrize("window", [5, None])
+def test_a_mixtral_imports_equal_to_transformers_and_exports_back(tmp_path, window):
+    """Mixtral is Mistral's stack with its MLP replaced by a routed MoE: a softmax over every expert, the top-k
+    renormalised, SwiGLU experts — the zoo's ``RoutedMoE(normalize=True)`` (letter ``R``) — here 4 experts, 2 a token,
+    with and without a sliding window of 5 over 19 tokens. Its files hold one matrix per expert, the zoo stacks
+    them. Equal to transformers' model on logits, a left-padded batch, every gradient (the router's too), decoding one
+    token at a time and greedy ids; it exports as a Mixtral that transformers loads with equal logits and that imports
+    again bit for bit."""
+    from recipes.hf import read_config
+
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=12, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                                        sliding_window=window, eos_token_id=None)  # (greedy ids: no early stop)
+    theirs = transformers.MixtralForCausalLM(config)
+    theirs.config._attn_implementation = "eager"
+    randomize(theirs)
+    with torch.no_grad():  # weights of std 0.2: each expert then moves the residual stream, and a swapped one shows
+        for p in theirs.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    theirs.save_pretrained(tmp_path / "mixtral")
+    ours = imports_equal_to_transformers(theirs.eval(), tmp_path / "mixtral", as_files=mixtral_files)
+    moe = ours.blocks[0].state_mixer
+    assert ours.pattern == "AR×2" and type(moe).__name__ == "RoutedMoE" and moe.router.normalize
+    assert {b.sequence_mixer.sliding_window for b in ours.blocks} == {window}
+    assert exports_to_transformers(ours, tmp_path / "exported") == "MixtralForCausalLM"
+    written = read_config(tmp_path / "exported")
+    assert (written["num_local_experts"], written["num_experts_per_tok"], written["sliding_window"]) == (4, 2, window)
+
+
+def test_what_keeps_a_model_from_mixtral_and_the_mixtral_fields_an_import_refuses_are_named():
+    from components import HybridLM
+    from recipes.hf.architectures import Mixtral
+
+    def model(pattern="AR×2", a=None, r=None, **mixers):
+        return HybridLM(32, 16, pattern, {
+            "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, **(a or {})}},
+            "R": {"class_path": "components.RoutedMoE", "init_args": {"n_experts": 4, "top_k": 2, "d_ff": 8,
+                                                                      "normalize": True, **(r or {})}}, **mixers})
+
+    assert Mixtral.mismatch(model()) is None and Mixtral.mismatch(model(a={"sliding_window": 6})) is None
+    moe_not_mixtrals = "its MoE is not Mixtral's (a TopKRouter with normalised gates over SwiGLU experts"
+    for built, reason in [
+            (model("AR AM", M={"class_path": "components.MLP"}), "its pattern has blocks ['AM', 'AR']"),
+            (model(r={"normalize": False}), moe_not_mixtrals),
+            (model(r={"activation": "swisig"}), moe_not_mixtrals),
+            (model("AR×2", R={"class_path": "components.SharedExpertMoE", "init_args": {"n_experts": 4, "d_ff": 8}}),
+             moe_not_mixtrals),
+            (model("AR×2", R={"class_path": "components.MLP"}), "its 'A'/'R' letters are QCAttention/MLP"),
+            (model(a={"qk_norm": True}), "its attention has no RoPE or has a QK-norm, which Mixtral has not")]:
+        assert reason in (Mixtral.mismatch(built) or ""), reason
+    c = {"architectures": ["MixtralForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 8,
+         "num_hidden_layers": 2, "num_attention_heads": 2, "rms_norm_eps": 1e-5, "max_position_embeddings": 64}
+    recipe = hf_recipe(c)  # (MixtralConfig's defaults: 8 experts, 2 a token, no window)
+    assert recipe["mixers"]["R"]["init_args"] == {"n_experts": 8, "top_k": 2, "d_ff": 8, "act": "silu", "normalize": True}
+    assert "sliding_window" not in recipe["mixers"]["A"]["init_args"]
+    with pytest.raises(ValueError, match=r"router_jitter_noise=0.1 \(the zoo computes only 0.0\)"):
+        hf_recipe({**c, "router_jitter_noise": 0.1})
 
 
 def test_the_weights_are_cut_into_shards_of_at_most_max_shard_size_bytes(tmp_path):
