@@ -1,18 +1,20 @@
-"""CPU benchmark of the plain-torch paths: attention with a per-key bias against torch's SDPA, the
-SSD reference against the textbook four-operand einsum form, the MoE experts' grouped matmul
+"""CPU benchmark of the plain-torch paths: attention with a per-key bias against torch's SDPA, a sliding window
+(by blocks of queries, and written out) against full causal attention, the SSD reference against the textbook four-operand einsum form, the MoE experts' grouped matmul
 against one matmul per expert, CDMoE's expert mix as its tables grow (dense against sparse
 table gradients), and the LM head's cross-entropy in chunks against the written-out logits; time and
 peak memory.
 
     python -m recipes.benchmarks.ops_cpu                        # T = 1024 2048 4096, fwd+bwd, 5 repeats
     python -m recipes.benchmarks.ops_cpu --lengths 1024 --repeats 3
+    python -m recipes.benchmarks.ops_cpu --ops window --lengths 1024 2048 4096 8192
 
 Times are medians of ``--repeats`` forward+backward passes, each case interleaved with its baseline
 in the same process. Peak memory is measured in a fresh process per case: the growth of its peak
 resident set (``VmHWM``, reset through ``/proc/self/clear_refs``; Linux) over what it held after
 building the inputs, so it counts every buffer the pass allocates, the saved activations included. A baseline whose
 peak is under 1 MiB (the counters' noise) gets no memory ratio ("—"). Shapes: attention ``B=1, H=8, D=64``, causal,
-bias ``[B, H, T]``, a quarter of one sequence left-padded in the padded rows; SSD ``B=1, H=8, P=64,
+bias ``[B, H, T]``, a quarter of one sequence left-padded in the padded rows; the sliding window ``WINDOW`` = 256
+keys; SSD ``B=1, H=8, P=64,
 N=64, G=1, chunk 64``; experts ``E=8, d=256, f=704`` (a SiLU MLP per expert), ``T`` rows (token ×
 top-k assignments) spread over the experts at random; CDMoE's mix ``T`` tokens, ``d=256``, 4 heads of
 16 experts each, drawn at random from a table of 1,024 (the baseline) or 65,536 experts; the loss ``T`` tokens,
@@ -42,6 +44,7 @@ H, D, P, N, CHUNK = 8, 64, 64, 64, 64
 EXPERTS, D_MODEL, D_FF = 8, 256, 704
 MIX_HEADS, MIX_TOP_K = 4, 16
 VOCAB = 4096
+WINDOW = 256
 
 
 def expert_mix_sparse_grads(x, experts, weights, down, up):
@@ -116,6 +119,11 @@ def run(case: str, tensors: tuple) -> torch.Tensor:
         return attention_reference(q, k, v, bias=bias)
     if case == "attention bias + padding (fused)":
         return attention_reference(q, k, v, bias=bias, key_padding_mask=padding)
+    if case == "sliding window (blocks)":
+        return attention_reference(q, k, v, keep_window=WINDOW)
+    if case == "sliding window (written-out mask)":
+        return attention_masked(*(t.transpose(1, 2) for t in (q, k, v)), bias=None, causal=True,
+                                key_padding_mask=None, keep_window=WINDOW, scale=D ** -0.5).transpose(1, 2)
     if case == "attention bias (written-out mask)":
         return attention_masked(*(t.transpose(1, 2) for t in (q, k, v)), bias=bias, causal=True,
                                 key_padding_mask=None, keep_window=None, scale=D ** -0.5).transpose(1, 2)  # [B, T, H, D]
@@ -147,6 +155,7 @@ PEAK_FLOOR_MIB = 1.0  # a baseline peak below this gives no memory ratio
 PAIRS = {
     "attention": ["attention SDPA, no bias", "attention bias (fused)", "attention bias + padding (fused)",
                   "attention bias (written-out mask)"],
+    "window": ["attention SDPA, no bias", "sliding window (blocks)", "sliding window (written-out mask)"],
     "ssd": ["ssd four-operand einsum", "ssd reference"],
     "moe": ["experts, one matmul per expert (loop)", "experts, grouped_mm"],
     "cdmoe": ["cdmoe mix, 1,024 experts", "cdmoe mix, 65,536 experts", "cdmoe mix, 65,536 experts, sparse grads"],

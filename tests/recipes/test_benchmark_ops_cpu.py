@@ -8,6 +8,7 @@ from recipes.benchmarks import ops_cpu as cpu_bench
 
 SAME_MATH = [
     ("attention bias (fused)", "attention bias (written-out mask)"),
+    ("sliding window (written-out mask)", "sliding window (blocks)"),
     ("ssd four-operand einsum", "ssd reference"),
     ("experts, one matmul per expert (loop)", "experts, grouped_mm"),
     ("cdmoe mix, 65,536 experts", "cdmoe mix, 65,536 experts, sparse grads"),
@@ -19,7 +20,9 @@ def output_and_grads(case: str, T: int):
     tensors = cpu_bench.inputs(case, T)  # seeded: both cases of a pair get the same tensors
     out = cpu_bench.run(case, tensors)
     out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
-    grads = [t.grad.to_dense() if t.grad.is_sparse else t.grad for t in tensors if t.is_floating_point()]
+    # (a case that leaves an input unused, the window's bias, gives it no gradient: both of its pair then do)
+    grads = [t.grad.to_dense() if t.grad.is_sparse else t.grad for t in tensors if t.is_floating_point() and
+             t.grad is not None]
     return out.detach(), grads
 
 

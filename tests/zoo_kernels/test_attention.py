@@ -63,6 +63,9 @@ CASES = {
     "one query with bias": dict(T=1, S=10, bias=True),
     "one query, window 4": dict(T=1, S=10, keep_window=4, bias=True),
     "window as wide as the keys": dict(keep_window=9, bias=True),
+    # a sliding window (no bias or padding, causal, T == S) goes by blocks of w queries: several, and a partial last one
+    "sliding window 1": dict(keep_window=1),
+    "sliding window 5 over 23, gqa 4:1": dict(T=23, Hkv=1, keep_window=5),
 }
 
 
@@ -130,6 +133,27 @@ def test_a_window_without_bias_keeps_the_most_recent_allowed_keys():
         band = (j <= i) & (i - j < w)
         assert torch.equal(select_window(allowed_keys(T, S, causal=True, key_padding_mask=None, device="cpu"), None, w),
                            band.expand(1, 1, T, S))
+
+
+@pytest.mark.parametrize("T, w", [(23, 5), (17, 1), (16, 4), (9, 8)])
+def test_a_sliding_window_goes_by_blocks_and_equals_the_written_out_mask_with_documents(monkeypatch, T, w):
+    """A window without a bias or padding, causal, over packed documents: the blocks of ``w`` queries (each against
+    its block of keys and the one before) give the written-out ``[T, T]`` mask's outputs and gradients, documents
+    that cross the blocks included, and the written-out mask is not what runs."""
+    import zoo_kernels.attention.reference as reference
+
+    torch.manual_seed(0)
+    q, k, v, _ = make(T=T, bias=False)
+    ids = torch.randint(0, 2, (2, T)).cumsum(1)  # documents of random lengths, crossing the blocks
+    written_out = reference.attention_masked
+    want = written_out(*(t.transpose(1, 2).repeat_interleave(2 if t is not q else 1, dim=1) for t in (q, k, v)),
+                       bias=None, causal=True, key_padding_mask=None, keep_window=w, scale=8 ** -0.5,
+                       document_ids=ids).transpose(1, 2)
+    monkeypatch.setattr(reference, "attention_masked", None)  # (called, it would fail)
+    got = attention(q, k, v, keep_window=w, document_ids=ids, backend="reference")
+    torch.testing.assert_close(got, want)
+    for g_got, g_want in zip(grads(got, (q, k, v)), grads(want, (q, k, v))):
+        torch.testing.assert_close(g_got, g_want)
 
 
 def test_a_window_of_every_key_is_dropped_before_a_backend_is_chosen(monkeypatch):
@@ -219,6 +243,19 @@ def test_bias_and_padding_never_materialise_a_query_by_key_tensor(dtype, largest
     with largest_tensor() as record:
         attention(q, k, v, bias=bias, key_padding_mask=padding, keep_window=8, backend="reference")
     assert record.largest >= B * H * T * T
+
+
+@pytest.mark.parametrize("documents", [False, True])
+def test_a_sliding_window_builds_nothing_larger_than_its_blocks(documents, largest_tensor):
+    """A sliding window of ``w`` (no bias or padding) over ``T`` tokens: no tensor of ``T·T`` elements, forward or
+    backward: the blocks' scores are ``T·2w`` a head, their keys and values ``2T·D`` (here each a quarter of ``T·T``
+    at most, where the written-out mask is ``H·T·T``)."""
+    B, T, H, w, D = 1, 384, 2, 16, 16
+    q, k, v, _ = make(B=B, T=T, H=H, Hkv=1, D=D, bias=False)
+    ids = torch.arange(T).div(100, rounding_mode="floor")[None] if documents else None  # documents of 100
+    with largest_tensor() as record:
+        attention(q, k, v, keep_window=w, document_ids=ids, backend="reference").pow(2).sum().backward()
+    assert record.largest <= max(B * H * T * 2 * w, B * H * 2 * T * D) < T * T // 4, f"{record.largest:,} elements"
 
 
 @pytest.mark.parametrize("case", ["bias", "padding only", "bias and padding, gqa", "non-causal", "one query (decoding)"])

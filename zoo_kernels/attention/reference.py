@@ -4,7 +4,9 @@ Three paths, by what the call needs:
 - nothing to mask beyond causality: torch's SDPA as it is;
 - a per-key bias and/or key padding: the bias rides in an extra head dimension through the fused SDPA
   (:mod:`zoo_kernels.attention.sdpa`), ``O(T)`` memory;
-- a ``keep_window`` that can cut keys (``S > w``), a causal ``T < S`` with several queries, or fp16:
+- a sliding window (a ``keep_window`` without a bias or padding, causal, ``T == S``, documents or not): a block of
+  ``w`` queries at a time against its own block of keys and the one before, ``O(T·w)`` (:func:`sliding_window_blocks`);
+- another ``keep_window`` that can cut keys (``S > w``), a causal ``T < S`` with several queries, or fp16:
   the ``[B, H, T, S]`` additive mask written out (:func:`attention_masked`), quadratic memory, the most
   readable form of the math. The math is in README.md beside this file.
 """
@@ -99,6 +101,9 @@ def attention_reference(
 
     if keep_window is not None and keep_window >= S:
         keep_window = None  # every query already has at most S ≥ w allowed keys: the window cuts nothing
+    if keep_window is not None and bias is None and key_padding_mask is None and causal and T == S:
+        runs = document_runs(document_ids) if document_ids is not None else None  # [B, T]
+        return sliding_window_blocks(q, k, v, window=keep_window, scale=scale, document_ids=runs).transpose(1, 2)
     if document_ids is not None:  # packed documents: a block-diagonal mask, written out
         runs = document_runs(document_ids)  # [B, T] a new number wherever the id changes
         return attention_masked(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
@@ -120,6 +125,42 @@ def attention_reference(
         return out.transpose(1, 2)  # [B, T, H, D]
     return attention_masked(q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
                             keep_window=keep_window, scale=scale).transpose(1, 2)  # [B, T, H, D]
+
+
+def sliding_window_blocks(q, k, v, *, window: int, scale: float, document_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention over each query's last ``window`` keys, itself included: ``q, k, v [B, H, T, D]`` (as many keys
+    as queries, the keys' heads repeated to the queries') → ``[B, H, T, D]``; ``document_ids [B, T]`` run numbers keep
+    each query within its document. The queries go in blocks of ``window``: every key a query of block ``b`` may see
+    lies in block ``b`` or ``b - 1``, so each block attends to those ``2·window`` keys under a ``[window, 2·window]``
+    band mask — ``O(T·window)`` time and memory where the written-out mask is ``O(T²)``."""
+    B, H, T, D = q.shape
+    w = window
+    n = -(-T // w)  # blocks of queries
+    tail = n * w - T  # zero rows after the last query, which no real query sees (causal)
+    q, k, v = (F.pad(t, (0, 0, 0, tail)) for t in (q, k, v))  # [B, H, n·w, D]
+
+    def blocks(t: torch.Tensor) -> torch.Tensor:  # [B, H, n·w, D] → [B·n, H, w, D]: each block a batch entry
+        return t.reshape(B, H, n, w, D).transpose(1, 2).reshape(B * n, H, w, D)
+
+    def with_previous(t: torch.Tensor) -> torch.Tensor:  # [B, H, n·w, D] → [B·n, H, 2w, D]: block b-1, then block b
+        before = F.pad(t, (0, 0, w, 0))[:, :, :n * w]  # [B, H, n·w, D] shifted by a block (zeros before the first)
+        return torch.cat([blocks(before), blocks(t)], dim=2)
+
+    i = torch.arange(w, device=q.device)[:, None]  # query i of a block sits at key w + i of its 2w keys
+    j = torch.arange(2 * w, device=q.device)[None, :]
+    allowed = (j <= i + w) & (j > i)  # [w, 2w]: causal, and fewer than w keys back
+    allowed = allowed.expand(n, w, 2 * w).clone()
+    allowed[0, :, :w] = False  # the first block has no block before it
+    if document_ids is not None:
+        runs = F.pad(document_ids, (0, tail), value=-1)  # [B, n·w]
+        runs_k = torch.cat([F.pad(runs, (w, 0), value=-2)[:, :n * w].view(B, n, w), runs.view(B, n, w)], dim=2)
+        allowed = allowed & (runs.view(B, n, w)[..., None] == runs_k[:, :, None, :])  # [B, n, w, 2w]
+    allowed = allowed.expand(B, n, w, 2 * w).reshape(B * n, 1, w, 2 * w)  # (one mask for every head)
+    # four dimensions, the blocks as batch entries: a CPU runs torch's flash kernel with the mask, whose float copy is
+    # then [B·n, 1, w, 2w], not one per head (five dimensions ran the math kernel)
+    out = F.scaled_dot_product_attention(blocks(q), with_previous(k), with_previous(v), attn_mask=allowed,
+                                         scale=scale)  # [B·n, H, w, D]
+    return out.view(B, n, H, w, D).transpose(1, 2).reshape(B, H, n * w, D)[:, :, :T]
 
 
 def fused_backward_fails(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> bool:
