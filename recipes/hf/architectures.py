@@ -311,9 +311,14 @@ def qwen3_windowed_layers(c: dict) -> tuple[int | None, list[bool]]:
     if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
         raise ValueError(f"layer_types={types!r}: num_hidden_layers={layers} of full_attention, sliding_attention "
                          "expected")
+    return checked_window(window), [window is not None and kind == "sliding_attention" for kind in types]
+
+
+def checked_window(window) -> int | None:
+    """A config's ``sliding_window``: None (every key) or a whole number of keys, at least one; else refused by name."""
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"sliding_window={window!r}: a window of at least one key expected")
-    return window, [window is not None and kind == "sliding_attention" for kind in types]
+    return window
 
 
 def windowed(recipe: dict, window: int | None, layers: list[bool]) -> dict:
@@ -353,9 +358,7 @@ class Mistral:
 
     @staticmethod
     def recipe(c: dict) -> dict:
-        window = c.get("sliding_window", MISTRAL_WINDOW)
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"sliding_window={window!r}: a window of at least one key expected")
+        window = checked_window(c.get("sliding_window", MISTRAL_WINDOW))
         return windowed(decoder_recipe(c), window, [True] * c["num_hidden_layers"])
 
     @staticmethod
@@ -404,9 +407,7 @@ class Mixtral:
 
     @staticmethod
     def recipe(c: dict) -> dict:
-        window, layers = c.get("sliding_window"), c["num_hidden_layers"]
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"sliding_window={window!r}: a window of at least one key expected")
+        window, layers = checked_window(c.get("sliding_window")), c["num_hidden_layers"]
         recipe = decoder_recipe(c)
         moe = spec("components.RoutedMoE", n_experts=c.get("num_local_experts", MIXTRAL_EXPERTS),
                    top_k=c.get("num_experts_per_tok", MIXTRAL_TOP_K), d_ff=c["intermediate_size"],

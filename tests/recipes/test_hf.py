@@ -1415,6 +1415,9 @@ def test_a_mistral_imports_with_its_window_and_exports_as_mistral_or_as_llama_wi
 
     assert Llama.mismatch(decoder("AM×2", {"A": 7})) == "its attention keeps to the last 7 keys; Llama's attends to every key"
     assert Mistral.mismatch(decoder("AM×2", {"A": 7})) is None
+    changed = decoder("AM×2", {"A": 7})
+    changed.blocks[1].sequence_mixer.sliding_window = 3  # (one letter makes one window; a layer changed after)
+    assert Mistral.mismatch(changed) == "its layers keep to different windows [3, 7]; Mistral's have one"
     mixed = decoder("AM WM", {"A": None, "W": 7})
     assert "its pattern has blocks ['AM', 'WM']" in Mistral.mismatch(mixed)
     assert Qwen3.mismatch(decoder("AM WM", {"A": None, "W": 7}, qk_norm=True)) is None
@@ -1612,11 +1615,18 @@ def test_what_keeps_a_model_from_mixtral_and_the_mixtral_fields_an_import_refuse
             (model("AR AM", M={"class_path": "components.MLP"}), "its pattern has blocks ['AM', 'AR']"),
             (model(r={"normalize": False}), moe_not_mixtrals),
             (model(r={"activation": "swisig"}), moe_not_mixtrals),
-            (model("AR×2", R={"class_path": "components.SharedExpertMoE", "init_args": {"n_experts": 4, "d_ff": 8}}),
+            (model("AR×2", R={"class_path": "components.SharedExpertMoE", "init_args": {"n_experts": 4, "d_ff": 8,
+                                                                                      "normalize": True}}),
              moe_not_mixtrals),
             (model("AR×2", R={"class_path": "components.MLP"}), "its 'A'/'R' letters are QCAttention/MLP"),
+            (model(A={"class_path": "components.InnerFuncAttention", "init_args": {"n_heads": 2}}),
+             "its 'A'/'R' letters are InnerFuncAttention/RoutedMoE"),
             (model(a={"qk_norm": True}), "its attention has no RoPE or has a QK-norm, which Mixtral has not")]:
         assert reason in (Mixtral.mismatch(built) or ""), reason
+    from recipes.hf.architectures import Llama
+
+    moe_as_m = model("AM×2", M={"class_path": "components.RoutedMoE", "init_args": {"n_experts": 4, "d_ff": 8}})
+    assert Llama.mismatch(moe_as_m).startswith("its 'A'/'M' letters are QCAttention/RoutedMoE; a LlamaForCausalLM")
     c = {"architectures": ["MixtralForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 8,
          "num_hidden_layers": 2, "num_attention_heads": 2, "rms_norm_eps": 1e-5, "max_position_embeddings": 64}
     recipe = hf_recipe(c)  # (MixtralConfig's defaults: 8 experts, 2 a token, no window)
