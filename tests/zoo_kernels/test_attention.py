@@ -135,25 +135,31 @@ def test_a_window_without_bias_keeps_the_most_recent_allowed_keys():
                            band.expand(1, 1, T, S))
 
 
-@pytest.mark.parametrize("T, w", [(23, 5), (17, 1), (16, 4), (9, 8)])
-def test_a_sliding_window_goes_by_blocks_and_equals_the_written_out_mask_with_documents(monkeypatch, T, w):
+@pytest.mark.parametrize("w, lengths", [(5, [9, 3, 11]), (1, [10, 7]), (4, [6, 10]), (8, [9])], ids=["w5", "w1", "w4", "w8"])
+def test_a_sliding_window_goes_by_blocks_and_equals_the_written_out_mask_with_documents(monkeypatch, w, lengths):
     """A window without a bias or padding, causal, over packed documents: the blocks of ``w`` queries (each against
-    its block of keys and the one before) give the written-out ``[T, T]`` mask's outputs and gradients, documents
-    that cross the blocks included, and the written-out mask is not what runs."""
+    its block of keys and the one before) give the written-out ``[T, T]`` mask's outputs and gradients, with documents
+    longer than the window that cross the blocks (the first row) and one document (the second), and the written-out
+    mask is not what runs."""
     import zoo_kernels.attention.reference as reference
 
     torch.manual_seed(0)
+    T = sum(lengths)
     q, k, v, _ = make(T=T, bias=False)
-    ids = torch.randint(0, 2, (2, T)).cumsum(1)  # documents of random lengths, crossing the blocks
+    documents = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # [T]
+    ids = torch.stack([documents, torch.zeros(T, dtype=torch.long)])
     written_out = reference.attention_masked
     want = written_out(*(t.transpose(1, 2).repeat_interleave(2 if t is not q else 1, dim=1) for t in (q, k, v)),
                        bias=None, causal=True, key_padding_mask=None, keep_window=w, scale=8 ** -0.5,
                        document_ids=ids).transpose(1, 2)
+    plain = written_out(*(t.transpose(1, 2).repeat_interleave(2 if t is not q else 1, dim=1) for t in (q, k, v)),
+                        bias=None, causal=True, key_padding_mask=None, keep_window=w, scale=8 ** -0.5).transpose(1, 2)
     monkeypatch.setattr(reference, "attention_masked", None)  # (called, it would fail)
-    got = attention(q, k, v, keep_window=w, document_ids=ids, backend="reference")
-    torch.testing.assert_close(got, want)
-    for g_got, g_want in zip(grads(got, (q, k, v)), grads(want, (q, k, v))):
-        torch.testing.assert_close(g_got, g_want)
+    for documents, expected in ((ids, want), (None, plain)):  # (without documents, only the band keeps the first block)
+        got = attention(q, k, v, keep_window=w, document_ids=documents, backend="reference")
+        torch.testing.assert_close(got, expected)
+        for g_got, g_want in zip(grads(got, (q, k, v)), grads(expected, (q, k, v))):
+            torch.testing.assert_close(g_got, g_want)
 
 
 def test_a_window_of_every_key_is_dropped_before_a_backend_is_chosen(monkeypatch):
