@@ -223,43 +223,58 @@ def layer_settings(block) -> tuple:
             None if norm is None else norm.eps, state)
 
 
-def mixtral_moe_mismatch(m) -> str | None:
-    """What keeps a state mixer from Mixtral's sparse block: a TopKRouter with normalised gates over SwiGLU experts."""
-    if (not isinstance(m, MoE) or type(m.router).__name__ != "TopKRouter" or not m.router.normalize
+def routed_moe_mismatch(m, short: str, normalized: bool | None) -> str | None:
+    """What keeps a MoE from transformers' sparse block (Mixtral's, Qwen3-MoE's): a TopKRouter over SwiGLU experts, no
+    shared expert, no cross-domain part, its top-k gates renormalised where ``normalized`` (None: either)."""
+    if (type(m.router).__name__ != "TopKRouter" or (normalized is not None and m.router.normalize != normalized)
             or type(m.experts).__name__ != "MLPExperts" or m.experts.activation != "swiglu"
             or m.shared_expert is not None or m.cross_domain is not None):
-        return ("its MoE is not Mixtral's (a TopKRouter with normalised gates over SwiGLU experts, no shared expert, no "
+        gates = {True: " with normalised gates", False: " with gates not renormalised", None: ""}[normalized]
+        return (f"its MoE is not {short}'s (a TopKRouter{gates} over SwiGLU experts, no shared expert, no "
                 "cross-domain part)")
     return None
 
 
-def decoder_mismatch(model, name: str, *, qk_norm: bool, windows: str = "none", state: str = "M") -> str | None:
+STATE_MIXERS = {"M": "SwiGLU MLP", "R": "routed MoE"}
+"""The state letters of transformers' decoders (:func:`decoder_mismatch`)."""
+
+
+def decoder_mismatch(model, name: str, *, qk_norm: bool, windows: str = "none", states: str = "M",
+                     normalized: bool | None = True) -> str | None:
     """What keeps ``model`` from Llama's stack (``qk_norm``: Qwen3's, a QK-norm of the model's eps). ``windows``: which
     attention windows the class writes — ``none`` (Llama: every key), ``every layer`` (Mistral: one window, or none, for
     every layer) or ``per layer`` (Qwen3: one window, on any of the layers; their blocks may then have two letters).
-    ``state``: ``M``, a SwiGLU MLP in every block, or ``R``, Mixtral's routed MoE."""
-    mixer = "SwiGLU MLP" if state == "M" else "routed MoE"
-    why = f"a {name} is QCAttention{' with a QK-norm' if qk_norm else ''} + {mixer} in every block ('A{state}')"
-    if windows != "per layer":
-        reason = only(model, "A" + state, why)
-        if reason:
-            return reason
+    ``states``: the state letters its blocks may have — ``M``, a SwiGLU MLP; ``R``, a routed MoE of SwiGLU experts whose
+    top-k gates are renormalised (``normalized``: Mixtral's), or not, or either (None: Qwen3-MoE's ``norm_topk_prob``)."""
+    short = name.removesuffix("ForCausalLM")
+    mixers = " or ".join(STATE_MIXERS[letter] for letter in states)
+    why = (f"a {name} is QCAttention{' with a QK-norm' if qk_norm else ''} + {mixers} in every block "
+           f"({', '.join(repr('A' + letter) for letter in states)})")
     blocks = model.blocks
+    tokens = sorted({block.token for block in blocks})
+    if windows != "per layer" and not set(tokens) <= {"A" + letter for letter in states}:
+        return f"its pattern has blocks {tokens}; {why}"
     # (a whole block, the Expresser's, has no mixers of its own)
     kinds = sorted({f"{type(getattr(b, 'sequence_mixer', b)).__name__}/{type(getattr(b, 'state_mixer', None)).__name__}"
                     for b in blocks})
-    if any(not kind.startswith("QCAttention/") for kind in kinds) or (
-            state == "M" and kinds != ["QCAttention/MLP"]) or (
-            state == "R" and not all(isinstance(b.state_mixer, MoE) for b in blocks)):
-        return (f"its 'A'/'{state}' letters are {kinds[0]}" if windows != "per layer" else
-                f"its pattern has blocks of {', '.join(kinds)}") + f"; {why}"
-    if state == "R" and (reason := mixtral_moe_mismatch(blocks[0].state_mixer)):
-        return reason
-    block = blocks[0]
-    a, m = block.sequence_mixer, block.state_mixer
-    short = name.removesuffix("ForCausalLM")
-    if len({layer_settings(b) for b in blocks}) > 1:
+    if windows == "per layer" and kinds != ["QCAttention/MLP"]:
+        return f"its pattern has blocks of {', '.join(kinds)}; {why}"
+    for block in blocks:
+        letter, a, m = block.token[1], getattr(block, "sequence_mixer", block), getattr(block, "state_mixer", None)
+        if type(a).__name__ != "QCAttention" or (type(m).__name__ != "MLP" if letter == "M" else not isinstance(m, MoE)):
+            return f"its 'A'/'{letter}' letters are {type(a).__name__}/{type(m).__name__}; {why}"
+        if letter != "M" and (reason := routed_moe_mismatch(m, short, normalized)):
+            return reason
+        if letter == "M" and m.activation != "swiglu":  # (its act is the config's hidden_act: SiLU, GELU or ReLU)
+            return f"its MLP is {m.activation} with {m.act_name}; {short}'s is SwiGLU"
+    settings = {(block.token[1], layer_settings(block)) for block in blocks}
+    if len({layer[:-1] for _, layer in settings}) > 1 or len(settings) > len({letter for letter, _ in settings}):
         return f"its blocks' attentions or MLPs differ in more than a window; {short}'s layers are alike"
+    acts = {layer[-1][-1] for _, layer in settings}
+    if len(acts) > 1:
+        return f"its MLPs and experts use different activations {sorted(acts)}; a {name} has one hidden_act"
+    block = blocks[0]
+    a = block.sequence_mixer
     window_sizes = {b.sequence_mixer.sliding_window for b in blocks}
     if windows == "none" and window_sizes != {None}:
         return f"its attention keeps to the last {max(window_sizes - {None})} keys; {short}'s attends to every key"
@@ -275,8 +290,6 @@ def decoder_mismatch(model, name: str, *, qk_norm: bool, windows: str = "none", 
     if qk_norm and a.positions.q_norm.eps != model.norm.eps:
         return (f"its attention's QK-norm has eps {a.positions.q_norm.eps} and its other norms {model.norm.eps}; a "
                 f"{name} has one rms_norm_eps for all of them")
-    if state == "M" and m.activation != "swiglu":  # (its act is the config's hidden_act: SiLU, GELU or ReLU, as transformers reads them)
-        return f"its MLP is {m.activation} with {m.act_name}; {short}'s is SwiGLU"
     if block.sequence_residual is not None:
         return f"its blocks scale their residuals, which {short} does not"
     return None
@@ -370,26 +383,30 @@ class Mistral:
         return {**decoder_config(model, Mistral.name, Mistral.model_type), "sliding_window": attention_windows(model)[0]}
 
 
-def mixtral_experts(c: dict, i: int) -> list[tuple]:
-    """Mixtral's experts as its files hold them, one matrix each (``w1`` gate and ``w3`` up ``[d_ff, d]``, ``w2`` down
-    ``[d, d_ff]``), and the zoo's stacks ``experts.w_in [E, d, gate | up]`` and ``experts.w_out [E, d_ff, d]``."""
-    hf, ours = f"model.layers.{i}.block_sparse_moe.experts", f"blocks.{i}.state_mixer.experts"
-    E = c.get("num_local_experts", MIXTRAL_EXPERTS)
-
-    def w_in(*weights: torch.Tensor) -> torch.Tensor:  # w1₀, w3₀, w1₁, w3₁, … → [E, d, 2·d_ff]
+def expert_stacks(ours: str, theirs: str, E: int, gate: str, up: str, down: str) -> list[tuple]:
+    """A bank of ``E`` SwiGLU experts as transformers' files hold it, one matrix each (``{theirs}.{e}.{gate}.weight``
+    and ``up`` ``[d_ff, d]``, ``down`` ``[d, d_ff]``: Mixtral's ``w1``, ``w3``, ``w2``; Qwen3-MoE's ``gate_proj``,
+    ``up_proj``, ``down_proj``), and the zoo's stacks ``{ours}.w_in [E, d, gate | up]`` and ``{ours}.w_out [E, d_ff, d]``."""
+    def w_in(*weights: torch.Tensor) -> torch.Tensor:  # gate₀, up₀, gate₁, up₁, … → [E, d, 2·d_ff]
         return torch.stack([torch.cat(weights[2 * e:2 * e + 2]) for e in range(E)]).transpose(1, 2).contiguous()
 
     def w_in_back(w: torch.Tensor) -> list[torch.Tensor]:
         return [half.contiguous() for e in range(E) for half in w[e].T.chunk(2)]  # (safetensors: contiguous only)
 
-    def w_out(*weights: torch.Tensor) -> torch.Tensor:  # w2₀, w2₁, … → [E, d_ff, d]
+    def w_out(*weights: torch.Tensor) -> torch.Tensor:  # down₀, down₁, … → [E, d_ff, d]
         return torch.stack([w.T for w in weights]).contiguous()
 
     def w_out_back(w: torch.Tensor) -> list[torch.Tensor]:
         return [w[e].T.contiguous() for e in range(E)]
 
-    return [(f"{ours}.w_in", [f"{hf}.{e}.{name}.weight" for e in range(E) for name in ("w1", "w3")], w_in, w_in_back),
-            (f"{ours}.w_out", [f"{hf}.{e}.w2.weight" for e in range(E)], w_out, w_out_back)]
+    return [(f"{ours}.w_in", [f"{theirs}.{e}.{name}.weight" for e in range(E) for name in (gate, up)], w_in, w_in_back),
+            (f"{ours}.w_out", [f"{theirs}.{e}.{down}.weight" for e in range(E)], w_out, w_out_back)]
+
+
+def mixtral_experts(c: dict, i: int) -> list[tuple]:
+    """Mixtral's experts: ``block_sparse_moe.experts.{e}.w1`` (gate), ``w3`` (up), ``w2`` (down)."""
+    return expert_stacks(f"blocks.{i}.state_mixer.experts", f"model.layers.{i}.block_sparse_moe.experts",
+                         c.get("num_local_experts", MIXTRAL_EXPERTS), "w1", "w3", "w2")
 
 
 MIXTRAL_EXPERTS, MIXTRAL_TOP_K = 8, 2
@@ -427,7 +444,7 @@ class Mixtral:
 
     @staticmethod
     def mismatch(model) -> str | None:
-        return decoder_mismatch(model, Mixtral.name, qk_norm=False, windows="every layer", state="R")
+        return decoder_mismatch(model, Mixtral.name, qk_norm=False, windows="every layer", states="R")
 
     @staticmethod
     def config(model) -> dict:
@@ -467,6 +484,100 @@ class Qwen3:
         return {**decoder_config(model, Qwen3.name, Qwen3.model_type), "use_sliding_window": window is not None,
                 "sliding_window": window, "max_window_layers": layers.index(True) if window else len(layers),
                 "layer_types": ["sliding_attention" if layer else "full_attention" for layer in layers]}
+
+
+QWEN3_MOE_EXPERTS, QWEN3_MOE_TOP_K, QWEN3_MOE_WIDTH = 128, 8, 768
+"""Qwen3-MoE's ``num_experts``, ``num_experts_per_tok`` and ``moe_intermediate_size`` where its config has none:
+``Qwen3MoeConfig``'s defaults."""
+
+
+def qwen3_moe_experts(c: dict) -> int:
+    """A Qwen3-MoE's expert count: ``num_experts``, or ``num_local_experts`` as transformers 5 writes it (it reads
+    either as the other, so two that disagree are refused)."""
+    counts = {c[key] for key in ("num_experts", "num_local_experts") if key in c}
+    if len(counts) > 1:
+        raise ValueError(f"num_experts={c['num_experts']} and num_local_experts={c['num_local_experts']} disagree: "
+                         "transformers reads each as the other")
+    return counts.pop() if counts else QWEN3_MOE_EXPERTS
+
+
+def qwen3_moe_layers(c: dict) -> list[bool]:
+    """Which layers of a Qwen3-MoE hold the routed MoE, as transformers decides: where it has experts, those not in
+    ``mlp_only_layers`` whose number (from 1) ``decoder_sparse_step`` divides; the others a SwiGLU MLP."""
+    step, dense = c.get("decoder_sparse_step", 1), set(c.get("mlp_only_layers") or [])
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"decoder_sparse_step={step!r}: a whole number of layers, at least 1, expected")
+    experts = qwen3_moe_experts(c)
+    return [experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(c["num_hidden_layers"])]
+
+
+class Qwen3Moe:
+    """Qwen3-MoE: Qwen3's attention (a QK-norm of the model's eps; heads of ``head_dim`` where the config gives one,
+    else the width over the heads, as transformers reads it) with a routed MoE (``R``: ``RoutedMoE``, a softmax over
+    every expert and its top-k, renormalised where ``norm_topk_prob``; SwiGLU experts of ``moe_intermediate_size``) in
+    the layers ``decoder_sparse_step`` and ``mlp_only_layers`` leave to it, a SwiGLU MLP (``M``) in the others, and
+    every layer windowed by ``sliding_window`` where ``use_sliding_window``."""
+
+    name, model_type = "Qwen3MoeForCausalLM", "qwen3_moe"
+    honoured = Llama.honoured | {"use_sliding_window", "sliding_window", "decoder_sparse_step", "moe_intermediate_size",
+                                 "num_experts_per_tok", "num_experts", "num_local_experts", "norm_topk_prob",
+                                 "mlp_only_layers"}
+    ends = Llama.ends
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        window = checked_window(c.get("sliding_window", QWEN3_WINDOW)) if c.get("use_sliding_window") else None
+        moe = qwen3_moe_layers(c)
+        base = decoder_recipe(c, qk_norm=True, norm_eps=c["rms_norm_eps"])
+        mixers = {"A": base["mixers"]["A"]}
+        if not all(moe):
+            mixers["M"] = base["mixers"]["M"]
+        if any(moe):
+            mixers["R"] = spec("components.RoutedMoE", n_experts=qwen3_moe_experts(c),
+                               top_k=c.get("num_experts_per_tok", QWEN3_MOE_TOP_K),
+                               d_ff=c.get("moe_intermediate_size", QWEN3_MOE_WIDTH), act=c.get("hidden_act", "silu"),
+                               normalize=bool(c.get("norm_topk_prob", False)))
+        letters = ["AR" if layer else "AM" for layer in moe]
+        pattern = f"{letters[0]}×{len(letters)}" if len(set(letters)) == 1 else " ".join(letters)
+        return windowed({**base, "pattern": pattern, "mixers": mixers}, window, [True] * len(moe))
+
+    @staticmethod
+    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
+        hf, ours = f"model.layers.{i}", f"blocks.{i}"
+        pairs = [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
+                 (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"]),
+                 *attention_pairs(f"{ours}.sequence_mixer", f"{hf}.self_attn"),
+                 (f"{ours}.sequence_mixer.positions.q_norm.weight", [f"{hf}.self_attn.q_norm.weight"]),
+                 (f"{ours}.sequence_mixer.positions.k_norm.weight", [f"{hf}.self_attn.k_norm.weight"])]
+        if qwen3_moe_layers(c)[i]:
+            return [*pairs, (f"{ours}.state_mixer.router.centroids.weight", [f"{hf}.mlp.gate.weight"])]
+        return [*pairs, *swiglu_pairs(f"{ours}.state_mixer", f"{hf}.mlp")]
+
+    @staticmethod
+    def reshaped(c: dict, i: int) -> list[tuple]:
+        if not qwen3_moe_layers(c)[i]:
+            return []
+        return expert_stacks(f"blocks.{i}.state_mixer.experts", f"model.layers.{i}.mlp.experts", qwen3_moe_experts(c),
+                             "gate_proj", "up_proj", "down_proj")
+
+    @staticmethod
+    def mismatch(model) -> str | None:
+        return decoder_mismatch(model, Qwen3Moe.name, qk_norm=True, windows="every layer", states="MR", normalized=None)
+
+    @staticmethod
+    def config(model) -> dict:
+        window, _ = attention_windows(model)
+        states = [block.state_mixer for block in model.blocks]
+        routed = next((m for m in states if isinstance(m, MoE)), None)
+        dense = next((m for m in states if not isinstance(m, MoE)), None)
+        return {**decoder_config(model, Qwen3Moe.name, Qwen3Moe.model_type),
+                "intermediate_size": (dense or routed.experts).d_ff, "use_sliding_window": window is not None,
+                "sliding_window": window, "decoder_sparse_step": 1,
+                "mlp_only_layers": [i for i, m in enumerate(states) if not isinstance(m, MoE)],
+                "num_experts": routed.router.n_experts if routed else 0,
+                "num_experts_per_tok": routed.router.top_k if routed else 1,
+                "moe_intermediate_size": routed.experts.d_ff if routed else dense.d_ff,
+                "norm_topk_prob": bool(routed and routed.router.normalize)}
 
 
 EVERY_KEY = 2 ** 31 - 1
@@ -1004,7 +1115,8 @@ class Bamba:
         return config
 
 
-ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen3, Mistral, Mixtral, Mamba2, Doge, GraniteHybrid, Bamba)}
+ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen3, Mistral, Mixtral, Qwen3Moe, Mamba2, Doge, GraniteHybrid,
+                                                  Bamba)}
 EXPORTABLE = {name: adapter for name, adapter in ADAPTERS.items() if hasattr(adapter, "config")}
 """The classes a zoo model is written as, in the order tried (a Mistral without a window is written as Llama)."""
 

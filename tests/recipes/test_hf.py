@@ -1545,26 +1545,33 @@ def test_a_partial_rope_exports_only_as_bamba_and_the_bamba_fields_an_import_ref
                                                   "partial_rotary_factor": 0.1}}))
 
 
-def mixtral_files(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A Mixtral's tensors by its modules' names (``mlp.gate``, ``mlp.experts.gate_up_proj [E, 2·d_ff, d]``,
-    ``down_proj [E, d, d_ff]``) → by the names of its files (``block_sparse_moe.gate``, one ``w1`` gate, ``w3`` up and
-    ``w2`` down matrix per expert), as transformers' conversion writes them."""
+def moe_files(tensors: dict[str, torch.Tensor], block: str, gate: str, up: str, down: str) -> dict[str, torch.Tensor]:
+    """A transformers MoE's tensors by its modules' names (``mlp.gate``, ``mlp.experts.gate_up_proj [E, 2·d_ff, d]``,
+    ``down_proj [E, d, d_ff]``) → by the names of its files (``{block}.gate``, one ``gate``, ``up`` and ``down`` matrix
+    per expert), as transformers' conversion writes them; the other tensors as they are."""
     files = {}
     for name, tensor in tensors.items():
         layer, _, rest = name.partition(".mlp.")
-        if not rest:
-            files[name] = tensor
-        elif rest == "gate.weight":
-            files[f"{layer}.block_sparse_moe.gate.weight"] = tensor
+        if rest == "gate.weight":
+            files[f"{layer}.{block}.gate.weight"] = tensor
         elif rest == "experts.gate_up_proj":
-            for e, (gate, up) in enumerate(t.chunk(2) for t in tensor):
-                files[f"{layer}.block_sparse_moe.experts.{e}.w1.weight"] = gate
-                files[f"{layer}.block_sparse_moe.experts.{e}.w3.weight"] = up
-        else:
-            assert rest == "experts.down_proj", name
-            for e, down in enumerate(tensor):
-                files[f"{layer}.block_sparse_moe.experts.{e}.w2.weight"] = down
+            for e, (gate_rows, up_rows) in enumerate(t.chunk(2) for t in tensor):
+                files[f"{layer}.{block}.experts.{e}.{gate}.weight"] = gate_rows
+                files[f"{layer}.{block}.experts.{e}.{up}.weight"] = up_rows
+        elif rest == "experts.down_proj":
+            for e, down_rows in enumerate(tensor):
+                files[f"{layer}.{block}.experts.{e}.{down}.weight"] = down_rows
+        else:  # (a dense MLP's, the attention's, the norms')
+            files[name] = tensor
     return files
+
+
+def mixtral_files(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return moe_files(tensors, "block_sparse_moe", "w1", "w3", "w2")
+
+
+def qwen3_moe_files(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return moe_files(tensors, "mlp", "gate_proj", "up_proj", "down_proj")
 
 
 @pytest.mark.parametrize("window", [5, None])
@@ -1634,6 +1641,75 @@ def test_what_keeps_a_model_from_mixtral_and_the_mixtral_fields_an_import_refuse
     assert "sliding_window" not in recipe["mixers"]["A"]["init_args"]
     with pytest.raises(ValueError, match=r"router_jitter_noise=0.1 \(the zoo computes only 0.0\)"):
         hf_recipe({**c, "router_jitter_noise": 0.1})
+
+
+@pytest.mark.parametrize("settings, pattern", [
+    ({"mlp_only_layers": [1], "norm_topk_prob": False}, "AR AM AR AR"),
+    ({"decoder_sparse_step": 2, "norm_topk_prob": True, "use_sliding_window": True, "sliding_window": 5}, "AM AR AM AR"),
+], ids=["dense-layer-1", "every-second-layer-normalised-window-5"])
+def test_a_qwen3_moe_imports_equal_to_transformers_and_exports_back(tmp_path, settings, pattern):
+    """Qwen3-MoE is Qwen3's attention (QK-norm) with a routed MoE — a softmax over every expert and its top-k,
+    renormalised where ``norm_topk_prob`` — in the layers ``mlp_only_layers`` and ``decoder_sparse_step`` leave to it
+    and a SwiGLU MLP in the others: the zoo's ``RoutedMoE`` (``R``) and ``MLP`` (``M``) blocks. Four layers, 4 experts
+    of 12 channels, 2 a token, the dense MLP 24: equal to transformers' model on logits, a left-padded batch, every
+    gradient, decoding one token at a time and greedy ids; it exports as a Qwen3-MoE that transformers loads with equal
+    logits and that imports again bit for bit."""
+    from recipes.hf import read_config
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=24, moe_intermediate_size=12,
+                                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                         num_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                                         rms_norm_eps=1e-5, **settings)
+    theirs = transformers.Qwen3MoeForCausalLM(config)
+    theirs.config._attn_implementation = "eager"
+    randomize(theirs)
+    with torch.no_grad():  # weights of std 0.2: each expert then moves the residual stream, and a swapped one shows
+        for p in theirs.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    theirs.save_pretrained(tmp_path / "qwen3_moe")
+    ours = imports_equal_to_transformers(theirs.eval(), tmp_path / "qwen3_moe", as_files=qwen3_moe_files)
+    assert ours.pattern == pattern
+    routed = next(b.state_mixer for b in ours.blocks if b.token == "AR")
+    assert routed.router.normalize == settings["norm_topk_prob"]
+    assert {b.sequence_mixer.sliding_window for b in ours.blocks} == {settings.get("sliding_window")}
+    assert exports_to_transformers(ours, tmp_path / "exported") == "Qwen3MoeForCausalLM"
+    written = read_config(tmp_path / "exported")
+    assert [i for i, token in enumerate(pattern.split()) if token == "AM"] == written["mlp_only_layers"]
+
+
+def test_what_keeps_a_model_from_qwen3_moe_and_the_fields_an_import_reads_are_named():
+    from components import HybridLM
+    from recipes.hf.architectures import Qwen3Moe
+
+    def model(pattern="AR AM", a=None, r=None, m=None, **mixers):
+        return HybridLM(32, 16, pattern, {
+            "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "qk_norm": True, **(a or {})}},
+            "R": {"class_path": "components.RoutedMoE", "init_args": {"n_experts": 4, "top_k": 2, "d_ff": 8, **(r or {})}},
+            "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24, **(m or {})}}, **mixers}, norm_eps=1e-6)
+
+    assert Qwen3Moe.mismatch(model()) is None and Qwen3Moe.mismatch(model(r={"normalize": True})) is None
+    for built, reason in [
+            (model(m={"act": "gelu"}), "its MLPs and experts use different activations ['gelu', 'silu']; a Qwen3MoeFor"),
+            (model(a={"qk_norm": False}), "its attention has no RoPE or no QK-norm; Qwen3Moe's has both"),
+            (model("AR AM SM", S={"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8}}),
+             "its pattern has blocks ['AM', 'AR', 'SM']; a Qwen3MoeForCausalLM is QCAttention with a QK-norm + SwiGLU "
+             "MLP or routed MoE in every block ('AM', 'AR')"),
+            (model(r={"activation": "swisig"}), "its MoE is not Qwen3Moe's (a TopKRouter over SwiGLU experts")]:
+        assert reason in (Qwen3Moe.mismatch(built) or ""), reason
+    c = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 8,
+         "num_hidden_layers": 3, "num_attention_heads": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 64}
+    recipe = hf_recipe(c)  # (Qwen3MoeConfig's defaults: 128 experts, 8 a token, 768 channels, gates as they are)
+    assert recipe["pattern"] == "AR×3" and "M" not in recipe["mixers"]
+    assert recipe["mixers"]["R"]["init_args"] == {"n_experts": 128, "top_k": 8, "d_ff": 768, "act": "silu",
+                                                  "normalize": False}
+    assert hf_recipe({**c, "num_local_experts": 6})["mixers"]["R"]["init_args"]["n_experts"] == 6  # (5.x writes it)
+    assert hf_recipe({**c, "num_experts": 0})["pattern"] == "AM×3"  # (no experts: every layer dense)
+    with pytest.raises(ValueError, match=r"num_experts=6 and num_local_experts=4 disagree"):
+        hf_recipe({**c, "num_experts": 6, "num_local_experts": 4})
+    with pytest.raises(ValueError, match=r"decoder_sparse_step=0: a whole number of layers, at least 1, expected"):
+        hf_recipe({**c, "decoder_sparse_step": 0})
 
 
 def test_the_weights_are_cut_into_shards_of_at_most_max_shard_size_bytes(tmp_path):
