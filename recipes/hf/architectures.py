@@ -259,15 +259,18 @@ def decoder_mismatch(model, name: str, *, qk_norm: bool, windows: str = "none", 
                     for b in blocks})
     if windows == "per layer" and kinds != ["QCAttention/MLP"]:
         return f"its pattern has blocks of {', '.join(kinds)}; {why}"
+    def letter_of(block) -> str:  # (per layer, the blocks are all attention and MLPs, whatever their letters)
+        return "M" if windows == "per layer" else block.token[1]
+
     for block in blocks:
-        letter, a, m = block.token[1], getattr(block, "sequence_mixer", block), getattr(block, "state_mixer", None)
+        letter, a, m = letter_of(block), getattr(block, "sequence_mixer", block), getattr(block, "state_mixer", None)
         if type(a).__name__ != "QCAttention" or (type(m).__name__ != "MLP" if letter == "M" else not isinstance(m, MoE)):
             return f"its 'A'/'{letter}' letters are {type(a).__name__}/{type(m).__name__}; {why}"
         if letter != "M" and (reason := routed_moe_mismatch(m, short, normalized)):
             return reason
         if letter == "M" and m.activation != "swiglu":  # (its act is the config's hidden_act: SiLU, GELU or ReLU)
             return f"its MLP is {m.activation} with {m.act_name}; {short}'s is SwiGLU"
-    settings = {(block.token[1], layer_settings(block)) for block in blocks}
+    settings = {(letter_of(block), layer_settings(block)) for block in blocks}
     if len({layer[:-1] for _, layer in settings}) > 1 or len(settings) > len({letter for letter, _ in settings}):
         return f"its blocks' attentions or MLPs differ in more than a window; {short}'s layers are alike"
     acts = {layer[-1][-1] for _, layer in settings}

@@ -1427,6 +1427,13 @@ def test_a_mistral_imports_with_its_window_and_exports_as_mistral_or_as_llama_wi
                                         "W": {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "qk_norm": True}},
                                         "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
     assert Qwen3.mismatch(unlike) == "its blocks' attentions or MLPs differ in more than a window; Qwen3's layers are alike"
+    wider = HybridLM(32, 16, "AM WN", {
+        **{letter: {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "qk_norm": True,
+                                                                          "sliding_window": w}}
+           for letter, w in (("A", None), ("W", 7))},
+        "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}},
+        "N": {"class_path": "components.MLP", "init_args": {"d_ff": 16}}})  # (an MLP of its own under another letter)
+    assert Qwen3.mismatch(wider) == "its blocks' attentions or MLPs differ in more than a window; Qwen3's layers are alike"
 
 
 def test_a_bamba_with_dynamic_ntk_runs_past_its_positions_as_transformers_and_exports_it(tmp_path):
