@@ -259,6 +259,7 @@ def decoder_mismatch(model, name: str, *, qk_norm: bool, windows: str = "none", 
                     for b in blocks})
     if windows == "per layer" and kinds != ["QCAttention/MLP"]:
         return f"its pattern has blocks of {', '.join(kinds)}; {why}"
+
     def letter_of(block) -> str:  # (per layer, the blocks are all attention and MLPs, whatever their letters)
         return "M" if windows == "per layer" else block.token[1]
 
