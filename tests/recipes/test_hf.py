@@ -1191,15 +1191,21 @@ def bamba(tmp_path, **settings):
         "num_key_value_heads": 2, "attn_layer_indices": [1, 3], "mamba_n_heads": 8, "mamba_d_head": 8,
         "mamba_d_state": 16, "mamba_n_groups": 2, "mamba_chunk_size": 8, "max_position_embeddings": 64,
         "rms_norm_eps": 1e-5, **settings})
-    theirs = transformers.BambaForCausalLM(config)
+    return saved_random(transformers.BambaForCausalLM, config, tmp_path / "bamba"), tmp_path / "bamba"
+
+
+def saved_random(model_class, config, folder):
+    """transformers' ``model_class`` of ``config``, eager, its matrices drawn with std 0.2 (each mixer and expert then
+    moves the residual stream, and a swapped one shows), saved to ``folder``; in eval mode."""
+    theirs = model_class(config)
     theirs.config._attn_implementation = "eager"
     randomize(theirs)
-    with torch.no_grad():  # weights of std 0.2, as Granite's test: each mixer then moves the residual stream
+    with torch.no_grad():
         for p in theirs.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.2)
-    theirs.save_pretrained(tmp_path / "bamba")
-    return theirs.eval(), tmp_path / "bamba"
+    theirs.save_pretrained(folder)
+    return theirs.eval()
 
 
 def imports_equal_to_transformers(theirs, folder, as_files=lambda tensors: tensors):
@@ -1596,15 +1602,8 @@ def test_a_mixtral_imports_equal_to_transformers_and_exports_back(tmp_path, wind
                                         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
                                         num_experts_per_tok=2, max_position_embeddings=64, rms_norm_eps=1e-5,
                                         sliding_window=window, eos_token_id=None)  # (greedy ids: no early stop)
-    theirs = transformers.MixtralForCausalLM(config)
-    theirs.config._attn_implementation = "eager"
-    randomize(theirs)
-    with torch.no_grad():  # weights of std 0.2: each expert then moves the residual stream, and a swapped one shows
-        for p in theirs.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.2)
-    theirs.save_pretrained(tmp_path / "mixtral")
-    ours = imports_equal_to_transformers(theirs.eval(), tmp_path / "mixtral", as_files=mixtral_files)
+    theirs = saved_random(transformers.MixtralForCausalLM, config, tmp_path / "mixtral")
+    ours = imports_equal_to_transformers(theirs, tmp_path / "mixtral", as_files=mixtral_files)
     moe = ours.blocks[0].state_mixer
     assert ours.pattern == "AR×2" and type(moe).__name__ == "RoutedMoE" and moe.router.normalize
     assert {b.sequence_mixer.sliding_window for b in ours.blocks} == {window}
@@ -1668,15 +1667,8 @@ def test_a_qwen3_moe_imports_equal_to_transformers_and_exports_back(tmp_path, se
                                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                                          num_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
                                          rms_norm_eps=1e-5, **settings)
-    theirs = transformers.Qwen3MoeForCausalLM(config)
-    theirs.config._attn_implementation = "eager"
-    randomize(theirs)
-    with torch.no_grad():  # weights of std 0.2: each expert then moves the residual stream, and a swapped one shows
-        for p in theirs.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.2)
-    theirs.save_pretrained(tmp_path / "qwen3_moe")
-    ours = imports_equal_to_transformers(theirs.eval(), tmp_path / "qwen3_moe", as_files=qwen3_moe_files)
+    theirs = saved_random(transformers.Qwen3MoeForCausalLM, config, tmp_path / "qwen3_moe")
+    ours = imports_equal_to_transformers(theirs, tmp_path / "qwen3_moe", as_files=qwen3_moe_files)
     assert ours.pattern == pattern
     routed = next(b.state_mixer for b in ours.blocks if b.token == "AR")
     assert routed.router.normalize == settings["norm_topk_prob"]
