@@ -1,6 +1,6 @@
 """Plain-torch attention with an additive per-key bias: the default on CPU, and the tests' oracle.
 
-Three paths, by what the call needs:
+Four paths, by what the call needs:
 - nothing to mask beyond causality: torch's SDPA as it is;
 - a per-key bias and/or key padding: the bias rides in an extra head dimension through the fused SDPA
   (:mod:`zoo_kernels.attention.sdpa`), ``O(T)`` memory;
