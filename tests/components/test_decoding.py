@@ -948,3 +948,31 @@ def test_a_compiled_cpu_step_runs_its_linears_as_row_sums_up_to_eight_rows(monke
     assert torch.equal(model.generate(prompt, 6, compile=True), eager)
     assert len(entered) == 5  # one per step after the prefill
     assert generation.takes_row_sums(model, 8) and not generation.takes_row_sums(model, 9)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_a_sliding_window_reads_only_the_keys_its_queries_can_reach_from_an_unpadded_cache(monkeypatch, pad):
+    """A windowed attention decoding without padding hands the attention only the cache's last ``w + T - 1`` keys (a
+    step's last ``w``): the keys before reach none of the call's queries, so a step costs ``O(w)``. With padding it
+    reads them all (padding takes no place in the window). Either way the outputs equal the full forward's, the prompt,
+    a chunk of 3 and the steps past the window."""
+    import components.context
+
+    torch.manual_seed(0)
+    w = 4
+    mixer = QCAttention(32, n_heads=4, n_kv_heads=2, sliding_window=w)
+    x = torch.randn(3, 13, 32)
+    mask, positions = padded() if pad else (None, torch.arange(13).expand(3, 13))
+    want = mixer(x, Context(position_ids=positions, padding_mask=mask))
+    keys, attention = [], components.context.attention
+
+    def counting(q, k, *args, **kwargs):  # the keys each call hands the attention
+        keys.append(k.shape[1])
+        return attention(q, k, *args, **kwargs)
+
+    monkeypatch.setattr(components.context, "attention", counting)
+    got = in_pieces(mixer, x, positions, mask, prefill=6, sizes=[3] + [1] * 4)
+    assert relative(got, want, None if mask is None else ~mask) < 1e-5
+    # the prompt (6 keys), a chunk of 3 (of 9 cached keys), then steps at 10 ... 13 cached keys
+    assert keys == ([6, 9, 10, 11, 12, 13] if pad else [6, w + 3 - 1, w, w, w, w])
+
