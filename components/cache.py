@@ -34,6 +34,8 @@ class InferenceCache:
             tensor, not ``seen``) and attends over the whole ``capacity``, later positions masked as
             padding — so ``torch.compile`` (and CUDA graphs) can take a step whole, once, for every step.
         cursor: with ``static``, ``seen`` as a 0-dim int64 tensor on the device.
+        prefix_padding: every padded position comes before its row's first token (left padding, as generation pads;
+            True without padding): a sliding window's last ``w`` cached keys then hold every key it keeps.
     """
 
     batch: int
@@ -45,6 +47,7 @@ class InferenceCache:
     has_padding: bool = False
     static: bool = False
     cursor: torch.Tensor | None = None
+    prefix_padding: bool = True
 
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.batch < 1:
@@ -64,7 +67,11 @@ class InferenceCache:
             raise ValueError(f"InferenceCache: {self.seen} cached + {T} new tokens exceed its capacity={self.capacity}")
         if padding_mask is not None:
             self.padding[:, self.seen:self.seen + T] = padding_mask
-            self.has_padding = self.has_padding or bool(padding_mask.any())  # one sync, at prefill
+            # one sync, at prefill: whether any position is padding, and any after a real token of its row
+            later = padding_mask[:, 1:] & ~padding_mask[:, :-1]  # [B, T - 1]
+            anywhere, after_a_token = torch.stack([padding_mask.any(), later.any()]).tolist()
+            self.has_padding = self.has_padding or anywhere
+            self.prefix_padding = self.prefix_padding and not after_a_token and not (self.seen and anywhere)
 
     def end(self, T: int) -> None:
         """Called by the model after the forward: the ``T`` tokens are now cached."""
@@ -137,7 +144,8 @@ class InferenceCache:
         pick = lambda t: t.index_select(0, rows.to(t.device)) if isinstance(t, torch.Tensor) else t  # noqa: E731
         layers = {owner: {name: pick(t) for name, t in state.items()} for owner, state in self.layers.items()}
         return InferenceCache(len(rows), self.capacity, self.device, self.seen, pick(self.padding), layers,
-                              self.has_padding, self.static, None if self.cursor is None else self.cursor.clone())
+                              self.has_padding, self.static, None if self.cursor is None else self.cursor.clone(),
+                              self.prefix_padding)
 
     def nbytes(self) -> int:
         """Bytes held by the cached tensors (buffers at full capacity)."""

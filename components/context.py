@@ -97,10 +97,14 @@ class Context:
         v = self.cache.append(owner, "v", v.transpose(1, 2), dim=2).transpose(1, 2)  # [B, S, Hv, Dh]
         bias = self.cache.append(owner, "bias", bias, dim=2) if bias is not None else None  # [B, H, S]
         padding = self.cache.key_padding(T)  # [B, S] or None
-        if keep_window is not None and bias is None and padding is None and k.shape[1] > keep_window + T - 1:
-            # a sliding window over unpadded keys: this call's first query sees back to its keep_window-th key, so the
-            # keys before the last keep_window + T - 1 reach no query (a step then costs O(w), not O(S))
-            k, v = k[:, -(keep_window + T - 1):], v[:, -(keep_window + T - 1):]  # [B, w + T - 1, H·, Dh]
+        reach = None if keep_window is None else keep_window + T - 1
+        if (reach is not None and bias is None and not self.cache.static and self.cache.prefix_padding
+                and k.shape[1] > reach):
+            # a sliding window over keys padded only before their row's first token: this call's first query sees back
+            # to its keep_window-th key, so the keys before the last keep_window + T - 1 reach no query (a step then
+            # costs O(w), not O(S))
+            k, v = k[:, -reach:], v[:, -reach:]  # [B, w + T - 1, H·, Dh]
+            padding = None if padding is None else padding[:, -reach:]
         y = attention(q, _heads(k, v.shape[2]), v, bias=bias, causal=True, key_padding_mask=padding,
                       keep_window=keep_window, backend=backend, check_finite=False)
         return y if flag is None else y + flag[..., None].to(y.dtype)  # y + NaN is NaN whatever y is; y + 0 is y

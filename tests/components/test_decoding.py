@@ -950,19 +950,27 @@ def test_a_compiled_cpu_step_runs_its_linears_as_row_sums_up_to_eight_rows(monke
     assert generation.takes_row_sums(model, 8) and not generation.takes_row_sums(model, 9)
 
 
-@pytest.mark.parametrize("pad", [False, True])
-def test_a_sliding_window_reads_only_the_keys_its_queries_can_reach_from_an_unpadded_cache(monkeypatch, pad):
-    """A windowed attention decoding without padding hands the attention only the cache's last ``w + T - 1`` keys (a
-    step's last ``w``): the keys before reach none of the call's queries, so a step costs ``O(w)``. With padding it
-    reads them all (padding takes no place in the window). Either way the outputs equal the full forward's, the prompt,
-    a chunk of 3 and the steps past the window."""
+@pytest.mark.parametrize("pad", ["none", "left", "after a token"])
+def test_a_sliding_window_reads_only_the_keys_its_queries_can_reach(monkeypatch, pad):
+    """A windowed attention decoding hands the attention only the cache's last ``w + T - 1`` keys (a step's last ``w``)
+    where the keys before reach none of the call's queries: without padding, or with padding only before each row's
+    first token (left padding, as generation pads), so a step costs ``O(w)``. Where a row has padding after a token,
+    the window reaches past it and every cached key is read. Either way the outputs equal the full forward's: the
+    prompt, a chunk of 3 and the steps past the window."""
     import components.context
 
     torch.manual_seed(0)
     w = 4
     mixer = QCAttention(32, n_heads=4, n_kv_heads=2, sliding_window=w)
     x = torch.randn(3, 13, 32)
-    mask, positions = padded() if pad else (None, torch.arange(13).expand(3, 13))
+    if pad == "none":
+        mask, positions = None, torch.arange(13).expand(3, 13)
+    elif pad == "left":
+        mask, positions = padded()
+    else:
+        mask = torch.zeros(3, 13, dtype=torch.bool)
+        mask[1, 2:4] = True  # two tokens, two padded positions, then the rest
+        positions = (torch.cumsum(~mask, dim=1) - 1).clamp_min(0)
     want = mixer(x, Context(position_ids=positions, padding_mask=mask))
     keys, attention = [], components.context.attention
 
@@ -974,5 +982,24 @@ def test_a_sliding_window_reads_only_the_keys_its_queries_can_reach_from_an_unpa
     got = in_pieces(mixer, x, positions, mask, prefill=6, sizes=[3] + [1] * 4)
     assert relative(got, want, None if mask is None else ~mask) < 1e-5
     # the prompt (6 keys), a chunk of 3 (of 9 cached keys), then steps at 10 ... 13 cached keys
-    assert keys == ([6, 9, 10, 11, 12, 13] if pad else [6, w + 3 - 1, w, w, w, w])
+    assert keys == ([6, 9, 10, 11, 12, 13] if pad == "after a token" else [6, w + 3 - 1, w, w, w, w])
 
+
+def test_the_cache_knows_whether_its_padding_comes_before_every_token_and_its_copies_keep_it():
+    """``prefix_padding``: True while every padded position precedes its row's first token (left padding); a padded
+    position after a token, in the prompt or in a later call, makes it False for good, and a selection or expansion of
+    the cache keeps it."""
+    left = InferenceCache(2, 10)
+    left.begin(4, torch.tensor([[True, True, False, False], [False] * 4]))
+    assert left.prefix_padding and left.has_padding
+    left.end(4)
+    left.begin(1, torch.tensor([[False], [False]]))
+    assert left.prefix_padding
+    left.end(1)
+    left.begin(1, torch.tensor([[False], [True]]))  # padding after the row's tokens
+    assert not left.prefix_padding
+    inside = InferenceCache(2, 10)
+    inside.begin(4, torch.tensor([[False, True, False, False], [False] * 4]))  # a token, then padding
+    assert not inside.prefix_padding
+    assert not inside.select(torch.tensor([1, 1])).prefix_padding and not inside.expand(2).prefix_padding
+    assert InferenceCache(2, 10).expand(3).prefix_padding
