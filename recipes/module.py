@@ -62,6 +62,11 @@ def check_model_options(options: Mapping) -> None:
                         f"HybridLM's options: {', '.join(known)}")
 
 
+def summed(losses: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """The fp32 sum of the mixers' losses of one kind (balancing, router z), by module name; None where there is none."""
+    return torch.stack([v.float() for v in losses.values()]).sum() if losses else None
+
+
 class LanguageModel(L.LightningModule):
     """Trains a :class:`components.HybridLM` on batches ``{"input_ids": [B,T], "labels": [B,T]}``.
 
@@ -319,8 +324,7 @@ class LanguageModel(L.LightningModule):
         loss, squares = self._training_losses(batch)
         z_loss = self.hparams.get("z_loss", 0.0)
         ce = loss - z_loss * squares if z_loss else loss  # (the cross-entropy alone, for the log)
-        aux = self.model.auxiliary_losses()
-        aux_total = torch.stack([v.float() for v in aux.values()]).sum() if aux else None
+        aux_total = summed(self.model.auxiliary_losses())
         if aux_total is not None:
             loss = loss + self.hparams.aux_loss_coef * aux_total
         router_z = self._router_z_loss()
@@ -350,8 +354,7 @@ class LanguageModel(L.LightningModule):
     def _router_z_loss(self) -> torch.Tensor | None:
         """The sum of the routed MoEs' router z-losses of the last forward, where ``router_z_loss`` weighs them (None
         otherwise, or for a model without one)."""
-        losses = self.model.router_z_losses() if self.hparams.get("router_z_loss", 0.0) else {}  # (older checkpoints: 0)
-        return torch.stack([v.float() for v in losses.values()]).sum() if losses else None
+        return summed(self.model.router_z_losses()) if self.hparams.get("router_z_loss", 0.0) else None  # (older: 0)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Log the gradient norm, stop on a non-finite loss or norm, then clip as the trainer asks."""

@@ -151,6 +151,19 @@ def nothing_reshaped(c: dict, i: int) -> list[tuple]:
     return []
 
 
+def decoder_layer_pairs(i: int, qk_norm: bool = False) -> list[tuple[str, list[str]]]:
+    """Layer ``i``'s norms and attention in transformers' decoders (Llama's, Qwen3's with ``qk_norm``, Mixtral's,
+    Qwen3-MoE's): everything but the MLP or MoE."""
+    hf, ours = f"model.layers.{i}", f"blocks.{i}"
+    pairs = [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
+             (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"]),
+             *attention_pairs(f"{ours}.sequence_mixer", f"{hf}.self_attn")]
+    if qk_norm:
+        pairs += [(f"{ours}.sequence_mixer.positions.{norm}.weight", [f"{hf}.self_attn.{norm}.weight"])
+                  for norm in ("q_norm", "k_norm")]
+    return pairs
+
+
 def only(model, token: str, why: str) -> str | None:
     tokens = [block.token for block in model.blocks]
     if any(t != token for t in tokens):
@@ -171,11 +184,7 @@ class Llama:
     @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
         """``(zoo name, HF names concatenated along dim 0)`` of layer ``i``."""
-        hf, ours = f"model.layers.{i}", f"blocks.{i}"
-        return [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
-                (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"]),
-                *attention_pairs(f"{ours}.sequence_mixer", f"{hf}.self_attn"),
-                *swiglu_pairs(f"{ours}.state_mixer", f"{hf}.mlp")]
+        return [*decoder_layer_pairs(i), *swiglu_pairs(f"blocks.{i}.state_mixer", f"model.layers.{i}.mlp")]
 
     ends = [("embedding.weight", ["model.embed_tokens.weight"]), ("norm.weight", ["model.norm.weight"])]
     reshaped = staticmethod(nothing_reshaped)
@@ -321,14 +330,19 @@ def qwen3_windowed_layers(c: dict) -> tuple[int | None, list[bool]]:
     """``(window, whether each layer attends within it)`` of a Qwen3 config, as transformers reads them: no window
     unless ``use_sliding_window``; the layers ``layer_types`` names ``sliding_attention``, or where it has none those
     from ``max_window_layers`` on (28 where the config has none)."""
-    layers = c["num_hidden_layers"]
-    window = c.get("sliding_window", QWEN3_WINDOW) if c.get("use_sliding_window") else None  # (dropped otherwise)
+    layers, window = c["num_hidden_layers"], qwen3_window(c)
     types = c.get("layer_types") or ["sliding_attention" if window is not None and i >= c.get("max_window_layers", 28)
                                      else "full_attention" for i in range(layers)]
     if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
         raise ValueError(f"layer_types={types!r}: num_hidden_layers={layers} of full_attention, sliding_attention "
                          "expected")
-    return checked_window(window), [window is not None and kind == "sliding_attention" for kind in types]
+    return window, [window is not None and kind == "sliding_attention" for kind in types]
+
+
+def qwen3_window(c: dict) -> int | None:
+    """A Qwen3's (or Qwen3-MoE's) window: ``sliding_window`` (4,096 where the config gives none) where
+    ``use_sliding_window``; else none, as transformers drops it."""
+    return checked_window(c.get("sliding_window", QWEN3_WINDOW)) if c.get("use_sliding_window") else None
 
 
 def checked_window(window) -> int | None:
@@ -438,11 +452,8 @@ class Mixtral:
 
     @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
-        hf, ours = f"model.layers.{i}", f"blocks.{i}"
-        return [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
-                (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"]),
-                *attention_pairs(f"{ours}.sequence_mixer", f"{hf}.self_attn"),
-                (f"{ours}.state_mixer.router.centroids.weight", [f"{hf}.block_sparse_moe.gate.weight"])]
+        return [*decoder_layer_pairs(i), (f"blocks.{i}.state_mixer.router.centroids.weight",
+                                          [f"model.layers.{i}.block_sparse_moe.gate.weight"])]
 
     reshaped = staticmethod(mixtral_experts)
 
@@ -474,9 +485,7 @@ class Qwen3:
 
     @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
-        hf, ours = f"model.layers.{i}.self_attn", f"blocks.{i}.sequence_mixer.positions"
-        return [*Llama.layer_pairs(c, i), (f"{ours}.q_norm.weight", [f"{hf}.q_norm.weight"]),
-                (f"{ours}.k_norm.weight", [f"{hf}.k_norm.weight"])]
+        return [*decoder_layer_pairs(i, qk_norm=True), *swiglu_pairs(f"blocks.{i}.state_mixer", f"model.layers.{i}.mlp")]
 
     @staticmethod
     def mismatch(model) -> str | None:
@@ -530,8 +539,7 @@ class Qwen3Moe:
 
     @staticmethod
     def recipe(c: dict) -> dict:
-        window = checked_window(c.get("sliding_window", QWEN3_WINDOW)) if c.get("use_sliding_window") else None
-        moe = qwen3_moe_layers(c)
+        window, moe = qwen3_window(c), qwen3_moe_layers(c)
         base = decoder_recipe(c, qk_norm=True, norm_eps=c["rms_norm_eps"])
         mixers = {"A": base["mixers"]["A"]}
         if not all(moe):
@@ -548,11 +556,7 @@ class Qwen3Moe:
     @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
         hf, ours = f"model.layers.{i}", f"blocks.{i}"
-        pairs = [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
-                 (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"]),
-                 *attention_pairs(f"{ours}.sequence_mixer", f"{hf}.self_attn"),
-                 (f"{ours}.sequence_mixer.positions.q_norm.weight", [f"{hf}.self_attn.q_norm.weight"]),
-                 (f"{ours}.sequence_mixer.positions.k_norm.weight", [f"{hf}.self_attn.k_norm.weight"])]
+        pairs = decoder_layer_pairs(i, qk_norm=True)
         if qwen3_moe_layers(c)[i]:
             return [*pairs, (f"{ours}.state_mixer.router.centroids.weight", [f"{hf}.mlp.gate.weight"])]
         return [*pairs, *swiglu_pairs(f"{ours}.state_mixer", f"{hf}.mlp")]

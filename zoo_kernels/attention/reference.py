@@ -60,9 +60,7 @@ def select_window(allowed: torch.Tensor, bias: torch.Tensor | None, keep_window:
     S = allowed.shape[-1]
     if bias is None:  # every tie: the most recent keys, those with at most keep_window allowed keys from them on
         return allowed & (allowed.flip(-1).cumsum(-1).flip(-1) <= keep_window)
-    score = torch.zeros(allowed.shape, device=allowed.device)  # [B|1, 1|H, T, S]
-    if bias is not None:
-        score = score + bias.detach()[:, :, None, :]  # [B, H, T, S]
+    score = torch.zeros(allowed.shape, device=allowed.device) + bias.detach()[:, :, None, :]  # [B, H, T, S]
     # A stable sort on the bias of keys laid out newest-first gives exactly "largest bias, then most
     # recent" — recency is the tie-break.
     score = score.masked_fill(~allowed, float("-inf")).flip(-1)  # newest key first
