@@ -8,9 +8,9 @@ from components.pattern import PatternError, parse_pattern
 from components.rotary import RotaryEmbedding, apply_rotary
 from components.sequence import SSD, Expresser, InnerFuncAttention, QCAttention, TokenShift
 from components.state import (MLP, CDMoE, CohesiveMoE, ComposedMoE, ExpansiveMoE, ForwardRecords, MoE, RoutedMoE,
-                              SharedExpertMoE, TopKRouter)
+                              SharedExpertMoE, SigmoidRouter, TopKRouter)
 
 __all__ = [
-    "Block", "CDMoE", "Expresser", "CohesiveMoE", "ComposedMoE", "Context", "ExpansiveMoE", "ForwardRecords", "MoE", "RoutedMoE", "SharedExpertMoE", "TopKRouter", "DEFAULT_MIXERS", "HybridLM", "InnerFuncAttention", "MLP", "PatternError", "QCAttention", "RMSNorm",
+    "Block", "CDMoE", "Expresser", "CohesiveMoE", "ComposedMoE", "Context", "ExpansiveMoE", "ForwardRecords", "MoE", "RoutedMoE", "SharedExpertMoE", "SigmoidRouter", "TopKRouter", "DEFAULT_MIXERS", "HybridLM", "InnerFuncAttention", "MLP", "PatternError", "QCAttention", "RMSNorm",
     "RotaryEmbedding", "SSD", "TokenShift", "WholeBlock", "apply_rotary", "count_active_parameters", "count_parameters", "parse_pattern",
 ]

@@ -51,6 +51,12 @@ STATE_MIXERS = {
         ComposedMoE, router={"class_path": "components.TopKRouter", "init_args": {"n_experts": 4, "top_k": 2}},
         experts={"class_path": "components.state.MLPExperts", "init_args": {"n_experts": 4, "d_ff": 6, "activation": "swisig"}},
         shared_expert={"class_path": "components.MLP", "init_args": {"d_ff": 10}}),
+    "ComposedMoE: sigmoid router, 2 of 3 groups, plain relu² experts": partial(
+        ComposedMoE, router={"class_path": "components.SigmoidRouter",
+                             "init_args": {"n_experts": 6, "top_k": 2, "n_groups": 3, "top_groups": 2, "scale": 2.5}},
+        experts={"class_path": "components.state.MLPExperts",
+                 "init_args": {"n_experts": 6, "d_ff": 6, "activation": "plain", "act": "relu2"}},
+        shared_expert={"class_path": "components.MLP", "init_args": {"d_ff": 10, "activation": "plain", "act": "relu2"}}),
     "CDMoE, balance loss": partial(CDMoE, n_experts=64, n_heads=2, top_k=4, key_dim=8, balance_loss=True),
     "CDMoE Doge": partial(CDMoE, n_experts=64, n_heads=1, top_k=4, key_dim=None, shared_mlp="swiglu", cross_domain="parallel"),
 }

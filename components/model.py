@@ -319,6 +319,14 @@ class HybridLM(nn.Module):
             if isinstance(getattr(module, "expert_load", None), torch.Tensor)
         }
 
+    def update_routing_balance(self) -> None:
+        """One step of every self-balancing router's bias (:class:`~components.state.router.SigmoidRouter`, DeepSeek-V3's
+        auxiliary-loss-free balancing) from the loads of the training forwards since the last: the recipe calls it after
+        each optimizer step; a loop of one's own calls it likewise."""
+        for module in self.modules():
+            if module is not self and callable(getattr(module, "update_balance", None)):
+                module.update_balance()
+
     def _check_input(self, input_ids, position_ids, padding_mask, cache=None, document_ids=None) -> None:
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(

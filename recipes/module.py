@@ -372,6 +372,11 @@ class LanguageModel(L.LightningModule):
             raise DivergenceError(self.trainer.global_step + 1, float(loss), None if scaled else float(norm))
         self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm)
 
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # Once per update, after every micro-batch's forward: DeepSeek-V3's balancing bias moves by the step's loads.
+        self.model.update_routing_balance()
+
     def _log_expert_loads(self) -> None:
         """Per MoE layer: the load's entropy over log(E) (1 = uniform, 0 = one expert takes all) and the
         busiest expert's load over the mean (1 = uniform, E = collapse), so collapse shows up."""

@@ -10,7 +10,7 @@ from components.state.mlp import ACTIVATIONS, MLP
 from components.norm import at_least_fp32
 from components.state.router import ForwardRecords, assignment_load, token_mean, valid_tokens
 from zoo_kernels._backend import check_backend, without_autocast
-from zoo_kernels.retrieval import expert_mix, product_key_topk
+from zoo_kernels.retrieval import ACTIVATIONS as RETRIEVAL_ACTIVATIONS, expert_mix, product_key_topk
 
 CROSS_DOMAIN = ("sequential", "parallel")
 
@@ -69,7 +69,7 @@ class CDMoE(ForwardRecords, nn.Module):
                  backend: str = "auto"):
         super().__init__()
         check_positive("CDMoE", d_model=d_model, n_experts=n_experts, n_heads=n_heads, top_k=top_k)
-        check_choice("CDMoE", "act", act, ACTIVATIONS)
+        check_choice("CDMoE", "act", act, RETRIEVAL_ACTIVATIONS)  # (the retrieval kernel's: no relu2)
         check_choice("CDMoE", "cross_domain", cross_domain, CROSS_DOMAIN)
         check_flags("CDMoE", balance_loss=balance_loss)
         check_backend(backend, "CDMoE")

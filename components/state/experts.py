@@ -26,29 +26,37 @@ def _linear_init(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
 
 
+EXPERT_FORMS = (*GATES, "plain")
+
+
 class MLPExperts(nn.Module):
-    """``E`` private gated MLPs: expert ``i`` is ``(act(x W_i) ⊙ gate(x V_i)) W₂ᵢ``.
+    """``E`` private MLPs: expert ``i`` is ``(act(x W_i) ⊙ gate(x V_i)) W₂ᵢ``, or ``act(x W_i) W₂ᵢ`` in the
+    ``plain`` form (two matrices, as Nemotron-H's experts).
 
     Args:
         d_model: token width.
         n_experts: ``E``.
         d_ff: hidden width of each expert.
-        activation: ``swiglu`` | ``swisig`` | ``switanh`` (the gate: identity, σ, tanh).
-        act: ``silu`` | ``gelu`` | ``relu``.
+        activation: ``swiglu`` | ``swisig`` | ``switanh`` (the gate: identity, σ, tanh) | ``plain`` (no gate).
+        act: ``silu`` | ``gelu`` | ``relu`` | ``relu2``.
     """
 
     def __init__(self, d_model: int, n_experts: int, d_ff: int, *, activation: str = "swiglu", act: str = "silu"):
         super().__init__()
         check_positive("MLPExperts", d_model=d_model, n_experts=n_experts, d_ff=d_ff)
-        check_choice("MLPExperts", "activation", activation, GATES)
+        check_choice("MLPExperts", "activation", activation, EXPERT_FORMS)
         check_choice("MLPExperts", "act", act, ACTIVATIONS)
         self.n_experts, self.d_ff, self.activation = n_experts, d_ff, activation
-        self.act, self.gate = ACTIVATIONS[act], GATES[activation]
-        self.w_in = _linear_init((n_experts, d_model, 2 * d_ff), d_model)  # [E, d, W | V]
+        self.act, self.gate = ACTIVATIONS[act], GATES.get(activation)
+        n_in = 1 if self.gate is None else 2
+        self.w_in = _linear_init((n_experts, d_model, n_in * d_ff), d_model)  # [E, d, W | V], or [E, d, W] plain
         self.w_out = _linear_init((n_experts, d_ff, d_model), d_ff)  # [E, d_ff, d]
 
     def forward(self, x: torch.Tensor, shared: torch.Tensor | None, ends: torch.Tensor) -> torch.Tensor:
-        h, v = grouped_matmul(x, self.w_in, ends).chunk(2, dim=-1)  # 2 × [R, d_ff]
+        h = grouped_matmul(x, self.w_in, ends)  # [R, d_ff] plain, [R, 2·d_ff] gated
+        if self.gate is None:
+            return grouped_matmul(self.act(h), self.w_out, ends)  # [R, d]
+        h, v = h.chunk(2, dim=-1)  # 2 × [R, d_ff]
         return grouped_matmul(self.act(h) * self.gate(v), self.w_out, ends)  # [R, d]
 
     def params_per_expert(self) -> int:

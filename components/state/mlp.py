@@ -6,7 +6,14 @@ from torch import nn
 
 from components._checks import check_choice, check_mixer_input, check_positive
 
-ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """``relu(x)²``: Primer's squared ReLU, Nemotron-H's MLP activation."""
+    return F.relu(x).square()
+
+
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu, "relu2": relu_squared}
 
 
 def _identity(v: torch.Tensor) -> torch.Tensor:
@@ -42,7 +49,7 @@ class MLP(nn.Module):
         d_model: model width.
         d_ff: hidden width (default :func:`default_d_ff`, equal parameters across forms).
         activation: one of ``swiglu``, ``swisig``, ``switanh``, ``gelu``, ``plain`` (default ``swiglu``).
-        act: ``silu`` | ``gelu`` | ``relu`` for the gated and plain forms (default ``silu``).
+        act: ``silu`` | ``gelu`` | ``relu`` | ``relu2`` (squared ReLU) for the gated and plain forms (default ``silu``).
     """
 
     mixer_slot = "state"  # the block slot it fills; a pattern placing it in the other is refused

@@ -18,8 +18,8 @@ from components.bindings import binding_factory
 from components.state.experts import GATE_FORMS, CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
 from components.state.mlp import ACTIVATIONS, GATES, MLP, default_d_ff
 from components._checks import check_choice, check_flags, check_mixer_input
-from components.state.router import (ForwardRecords, Routing, TopKRouter, router_z_loss, switch_balancing_loss,
-                                     valid_tokens)
+from components.state.router import (ForwardRecords, Routing, SigmoidRouter, TopKRouter, router_z_loss,
+                                     switch_balancing_loss, valid_tokens)
 
 
 def dispatch(experts: nn.Module, x: torch.Tensor, shared: torch.Tensor | None, routing: Routing) -> torch.Tensor:
@@ -47,7 +47,8 @@ class MoE(ForwardRecords, nn.Module):
     the model's), padded tokens are zeroed and count in neither the load nor the two losses.
 
     Args:
-        router: a :class:`TopKRouter`.
+        router: a :class:`TopKRouter`, or a :class:`SigmoidRouter` (which, in training, is handed each forward's
+            load to balance itself by).
         experts: a bank (:mod:`components.state.experts`): ``n_experts``, ``params_per_expert()``, and
             ``experts(xs, shareds)`` mapping per-expert lists of routed tokens to outputs.
         shared_expert: a module added on every token (SEI), or None.
@@ -56,7 +57,7 @@ class MoE(ForwardRecords, nn.Module):
 
     mixer_slot = "state"  # the block slot it fills; a pattern placing it in the other is refused
 
-    def __init__(self, router: TopKRouter, experts: nn.Module, *, shared_expert: nn.Module | None = None,
+    def __init__(self, router: TopKRouter | SigmoidRouter, experts: nn.Module, *, shared_expert: nn.Module | None = None,
                  cross_domain: nn.Module | None = None):
         super().__init__()
         missing = [name for name in ("n_experts", "params_per_expert") if not hasattr(experts, name)]
@@ -97,6 +98,8 @@ class MoE(ForwardRecords, nn.Module):
         self.expert_load = routing.load(self.router.n_experts, valid)
         self.aux_loss = switch_balancing_loss(routing.probs, self.expert_load, valid)
         self.router_z_loss = None if routing.logits is None else router_z_loss(routing.logits, valid)
+        if self.training and hasattr(self.router, "observe"):  # a router that balances itself (SigmoidRouter)
+            self.router.observe(self.expert_load)
         return y.view(shape)
 
     def extra_flops_per_token(self, seq_len: int) -> int:
@@ -239,7 +242,7 @@ class ComposedMoE(MoE):
 
     Args:
         d_model: model width.
-        router: the router's spec (a :class:`TopKRouter`, or a class with its ``n_experts``, ``top_k``,
+        router: the router's spec (a :class:`TopKRouter` or :class:`SigmoidRouter`, or a class with its ``n_experts``, ``top_k``,
             ``centroids`` and ``forward(x) -> Routing``).
         experts: the expert bank's spec (:mod:`components.state.experts`).
         shared_expert: an always-on module's spec, added on every token (SEI), or None.

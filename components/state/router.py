@@ -1,11 +1,13 @@
-"""Top-k routing for the routed mixtures of experts, the Switch-style balancing loss and ST-MoE's router z-loss."""
+"""Top-k routing for the routed mixtures of experts (a softmax router, and DeepSeek-V3's sigmoid router with its
+auxiliary-loss-free balancing), the Switch-style balancing loss and ST-MoE's router z-loss."""
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from components._checks import check_flags, check_positive
+from components._checks import check_flags, check_number, check_positive
 from components.norm import at_least_fp32
 from zoo_kernels._backend import without_autocast
 
@@ -131,3 +133,97 @@ class TopKRouter(nn.Module):
 
     def extra_repr(self) -> str:
         return f"n_experts={self.n_experts}, top_k={self.top_k}, normalize={self.normalize}"
+
+
+class SigmoidRouter(nn.Module):
+    """DeepSeek-V3's router: sigmoid affinities and auxiliary-loss-free balancing (Nemotron-H's MoE routes so)::
+
+        s      = σ(x · e_i)                         [M, E] affinities, each in (0, 1): experts do not compete
+        chosen = top-k of (s + b)                   b the balancing bias: it steers the choice, never the gates
+        g      = s[chosen] / Σ s[chosen] · scale    (without normalize: s[chosen] · scale)
+
+    The bias ``balance_bias [E]`` is a buffer, which no gradient reaches. In training the MoE hands the router each
+    forward's expert load (:meth:`observe`), and :meth:`update_balance`, which the recipe calls after each optimizer
+    step, moves each expert's bias by ``balance_rate`` towards the mean load: up where the expert took less than the
+    mean over the step's forwards, down where it took more (DeepSeek-V3's γ; a tie moves nothing). ``balance_rate=0``
+    keeps the bias as it is (an imported one, say).
+
+    Group-limited routing (``n_groups > 1``, DeepSeek-V3's node limit): the experts fall into ``n_groups`` equal runs;
+    a group scores the sum of its two best biased affinities, and each token chooses among the experts of its
+    ``top_groups`` best groups. Ties go to the lower index, in groups and experts alike.
+
+    :class:`Routing`'s ``probs`` are the affinities over their sum, so a balancing loss reads a distribution;
+    its ``logits`` are None: ST-MoE's z-loss is a softmax's.
+
+    Args:
+        d_model: token width.
+        n_experts: number of experts ``E``.
+        top_k: experts per token (at most the experts of ``top_groups`` groups).
+        normalize: divide the chosen affinities by their sum (default True, DeepSeek-V3's).
+        scale: the gates' factor after that (default 1.0; DeepSeek-V3's ``routed_scaling_factor`` 2.5).
+        n_groups: how many groups the experts fall into (default 1: no limit); it divides ``n_experts``.
+        top_groups: the groups a token may choose from (default 1; at most ``n_groups``).
+        balance_rate: the bias's step per optimizer step (default 1e-3, DeepSeek-V3's γ; 0: fixed).
+    """
+
+    def __init__(self, d_model: int, n_experts: int, top_k: int, *, normalize: bool = True, scale: float = 1.0,
+                 n_groups: int = 1, top_groups: int = 1, balance_rate: float = 1e-3):
+        super().__init__()
+        check_positive("SigmoidRouter", d_model=d_model, n_experts=n_experts, top_k=top_k, n_groups=n_groups,
+                       top_groups=top_groups)
+        check_flags("SigmoidRouter", normalize=normalize)
+        check_number("SigmoidRouter", "scale", scale, low=0, above=True)
+        check_number("SigmoidRouter", "balance_rate", balance_rate, low=0)
+        if n_experts % n_groups:
+            raise ValueError(f"SigmoidRouter: n_groups={n_groups} does not divide n_experts={n_experts}")
+        if top_groups > n_groups:
+            raise ValueError(f"SigmoidRouter: top_groups={top_groups} exceeds n_groups={n_groups}")
+        reachable = top_groups * (n_experts // n_groups)
+        if top_k > reachable:
+            raise ValueError(f"SigmoidRouter: top_k={top_k} exceeds the {reachable} experts a token can reach "
+                             f"(top_groups={top_groups} of n_groups={n_groups} groups of {n_experts // n_groups})")
+        self.n_experts, self.top_k, self.normalize, self.scale = n_experts, top_k, normalize, float(scale)
+        self.n_groups, self.top_groups, self.balance_rate = n_groups, top_groups, float(balance_rate)
+        self.centroids = nn.Linear(d_model, n_experts, bias=False)  # rows are the centroids e_i
+        self.register_buffer("balance_bias", torch.zeros(n_experts))  # b [E], fp32 (saved in checkpoints)
+        self.register_buffer("load_tally", torch.zeros(n_experts), persistent=False)  # Σ loads since the last update
+
+    def forward(self, x: torch.Tensor) -> Routing:
+        """``x [M, d_model]`` → :class:`Routing` of the M tokens."""
+        with without_autocast(x.device.type):  # (the affinities in fp32, as TopKRouter's)
+            logits = nn.functional.linear(at_least_fp32(x), at_least_fp32(self.centroids.weight))  # [M, E]
+        scores = torch.sigmoid(logits)  # [M, E]
+        choice = scores + self.balance_bias.float()  # [M, E]
+        if self.n_groups > 1:
+            grouped = choice.view(-1, self.n_groups, self.n_experts // self.n_groups)  # [M, G, E/G]
+            best = top_k_lowest_index(grouped, min(2, grouped.shape[-1]))[0].sum(-1)  # [M, G] a group's two best
+            kept = torch.zeros_like(best, dtype=torch.bool).scatter_(1, top_k_lowest_index(best, self.top_groups)[1], True)
+            choice = choice.masked_fill(~kept.repeat_interleave(self.n_experts // self.n_groups, dim=1), -math.inf)
+        experts = top_k_lowest_index(choice, self.top_k)[1]  # [M, k]
+        gates = scores.gather(1, experts)  # [M, k] the affinities, without the bias
+        if self.normalize:
+            gates = gates / (gates.sum(dim=-1, keepdim=True) + 1e-20)  # (the epsilon: every affinity may round to 0)
+        gates = gates * self.scale
+        probs = scores / scores.sum(dim=-1, keepdim=True)  # [M, E]
+        return Routing(experts=experts, gates=gates.to(x.dtype), probs=probs, logits=None)
+
+    @torch.no_grad()
+    def observe(self, load: torch.Tensor) -> None:
+        """Add one training forward's ``load [E]`` (each expert's share of the assignments) to the tally."""
+        self.load_tally += load.float()
+
+    @torch.no_grad()
+    def update_balance(self) -> None:
+        """One step of the balancing bias from the tally since the last (summed over the processes), then a new tally.
+        No host sync: a tally of zeros (no training forward) moves nothing."""
+        tally = self.load_tally
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(tally)  # every process takes the same step: the biases stay equal
+        if self.balance_rate:
+            self.balance_bias += self.balance_rate * torch.sign(tally.mean() - tally)
+        tally.zero_()
+
+    def extra_repr(self) -> str:
+        groups = f", n_groups={self.n_groups}, top_groups={self.top_groups}" if self.n_groups > 1 else ""
+        return (f"n_experts={self.n_experts}, top_k={self.top_k}, normalize={self.normalize}, scale={self.scale:g}"
+                f"{groups}, balance_rate={self.balance_rate:g}")

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from components import (MLP, SSD, CohesiveMoE, ComposedMoE, ExpansiveMoE, HybridLM, MoE, QCAttention, RoutedMoE,
-                        SharedExpertMoE, TopKRouter)
+                        SharedExpertMoE, SigmoidRouter, TopKRouter)
 from components.catalogue import STATE_MIXERS
 from components.state import switch_balancing_loss
 from components.state.experts import MLPExperts
@@ -26,7 +26,34 @@ def dense_gates(x, centroids, top_k, normalize):
     return gates / gates.sum(-1, keepdim=True) if normalize else gates
 
 
+def sigmoid_gates(x, router, bias=None):
+    """``[M, E]``: DeepSeek-V3's gates by brute force: each token's groups ranked by the sum of their two best biased
+    affinities, its top-k experts among the kept groups' by biased affinity, the unbiased affinities there,
+    normalised and scaled."""
+    scores = torch.sigmoid(x @ router.centroids.weight.T)  # [M, E]
+    choice = scores + (router.balance_bias if bias is None else bias)
+    E, G = router.n_experts, router.n_groups
+    size = E // G
+    gates = torch.zeros_like(scores)
+    for m in range(scores.shape[0]):
+        c = choice[m].tolist()
+        group_score = [sum(sorted(c[g * size:(g + 1) * size], reverse=True)[:2]) for g in range(G)]
+        groups = sorted(range(G), key=lambda g: (-group_score[g], g))[:router.top_groups]
+        allowed = [i for i in range(E) if i // size in groups]
+        chosen = sorted(allowed, key=lambda i: (-c[i], i))[:router.top_k]
+        gates[m, chosen] = scores[m, chosen]
+    if router.normalize:
+        gates = gates / gates.sum(-1, keepdim=True)
+    return gates * router.scale
+
+
+def relu_squared(v):
+    return F.relu(v) ** 2
+
+
 def gated_mlp(x, w_in, w_out, gate):
+    if gate == "plain":  # (the relu² form, the only plain one the catalogue has)
+        return relu_squared(x @ w_in) @ w_out
     h, v = (x @ w_in).chunk(2, dim=-1)
     return (F.silu(h) * gate(v)) @ w_out
 
@@ -34,7 +61,10 @@ def gated_mlp(x, w_in, w_out, gate):
 def oracle(moe, x):
     """Every expert on every token, ``Σ_i G[:, i] · expert_i(x)``, plus the shared parts."""
     r, bank = moe.router, moe.experts
-    G = dense_gates(x, r.centroids.weight, r.top_k, r.normalize)  # [M, E]
+    if isinstance(r, SigmoidRouter):
+        G = sigmoid_gates(x, r)  # [M, E]
+    else:
+        G = dense_gates(x, r.centroids.weight, r.top_k, r.normalize)  # [M, E]
     if isinstance(moe, CohesiveMoE):
         shared = torch.tanh(x @ moe.cross_domain.proj.weight.T)  # [M, d_ff]
         outs = [(F.silu(x @ bank.w_in[i]) * shared) @ bank.w_out[i] for i in range(bank.n_experts)]
@@ -50,10 +80,13 @@ def oracle(moe, x):
                 u = h * torch.sigmoid(h @ bank.w_gate[i])
             outs.append(gated_mlp(u, bank.private.w_in[i], bank.private.w_out[i], torch.tanh))
     else:
-        outs = [gated_mlp(x, bank.w_in[i], bank.w_out[i], GATE[bank.activation]) for i in range(bank.n_experts)]
+        outs = [gated_mlp(x, bank.w_in[i], bank.w_out[i], GATE.get(bank.activation, bank.activation))
+                for i in range(bank.n_experts)]
     y = sum(G[:, i : i + 1] * outs[i] for i in range(bank.n_experts))
     if moe.shared_expert is not None:
         mlp = moe.shared_expert
+        if mlp.activation == "plain":
+            return y + relu_squared(x @ mlp.in_proj.weight.T) @ mlp.out_proj.weight.T
         W, V = mlp.in_proj.weight.T.chunk(2, dim=1)
         y = y + (F.silu(x @ W) * GATE[mlp.activation](x @ V)) @ mlp.out_proj.weight.T
     return y
@@ -116,7 +149,7 @@ def test_balancing_loss_equals_its_formula_on_a_hand_built_routing():
     torch.testing.assert_close(switch_balancing_loss(uniform, torch.tensor([0.5, 0.5])), torch.tensor(1.0))
 
 
-@pytest.mark.parametrize("name", MIXERS)
+@pytest.mark.parametrize("name", [name for name, f in MIXERS.items() if "sigmoid router" not in name])
 def test_the_router_z_loss_is_st_moes_mean_logsumexp_squared_over_the_real_tokens(name):
     """``router_z_loss`` after a forward: the mean over the unpadded tokens of ``logsumexp(x·Cᵀ)²``, written out from
     the router's centroids (a padded token counts nowhere), with a gradient that reaches the centroids; on a batch
@@ -290,3 +323,158 @@ def test_a_composed_moe_names_the_part_at_fault(parts, message):
             "experts": {"class_path": "components.state.MLPExperts", "init_args": {"n_experts": 4, "d_ff": 4}}}
     with pytest.raises(ValueError, match=message):
         ComposedMoE(8, **(spec | parts))
+
+
+# ---- DeepSeek-V3's sigmoid router and its auxiliary-loss-free balancing ---------------------------------------------
+
+def sigmoid_moe(d_model=D_MODEL, **router):
+    """A Nemotron-H-like MoE: a SigmoidRouter, plain relu² experts."""
+    router = {"n_experts": 6, "top_k": 2, **router}
+    return MoE(SigmoidRouter(d_model, **router), MLPExperts(d_model, router["n_experts"], 6, activation="plain",
+                                                            act="relu2"))
+
+
+@pytest.mark.parametrize("router", [
+    dict(n_experts=8, top_k=2, normalize=True, scale=1.0, n_groups=1, top_groups=1),
+    dict(n_experts=8, top_k=3, normalize=False, scale=2.5, n_groups=4, top_groups=2),
+    dict(n_experts=12, top_k=4, normalize=True, scale=1.5, n_groups=3, top_groups=2),
+])
+def test_the_sigmoid_router_chooses_and_gates_as_transformers_nemotron_h_router(router):
+    """transformers' ``NemotronHTopkRouter`` (DeepSeek-V3's: sigmoid scores, a correction bias in the choice only,
+    group-limited routing) on the same centroids and bias: the same experts for every token, the same gates."""
+    nemotron = pytest.importorskip("transformers.models.nemotron_h.modeling_nemotron_h")
+    from transformers import NemotronHConfig
+
+    torch.manual_seed(0)
+    config = NemotronHConfig(hidden_size=D_MODEL, n_routed_experts=router["n_experts"],
+                             num_experts_per_tok=router["top_k"], norm_topk_prob=router["normalize"],
+                             routed_scaling_factor=router["scale"], n_group=router["n_groups"],
+                             topk_group=router["top_groups"], layers_block_type=["moe"])
+    theirs = nemotron.NemotronHTopkRouter(config)
+    ours = SigmoidRouter(D_MODEL, **router)
+    with torch.no_grad():
+        theirs.weight.normal_(0, 0.5)
+        theirs.e_score_correction_bias.normal_(0, 0.3)
+        ours.centroids.weight.copy_(theirs.weight)
+        ours.balance_bias.copy_(theirs.e_score_correction_bias)
+    x = torch.randn(40, D_MODEL)
+    _, their_gates, their_experts = theirs(x)
+    routing = ours(x)
+    order = their_experts.argsort(dim=-1)  # (transformers' top-k is unsorted; ours best first)
+    mine = routing.experts.argsort(dim=-1)
+    assert torch.equal(routing.experts.gather(1, mine), their_experts.gather(1, order))
+    torch.testing.assert_close(routing.gates.gather(1, mine), their_gates.gather(1, order))
+    assert routing.logits is None  # (no z-loss: that is a softmax's)
+    torch.testing.assert_close(routing.probs.sum(-1), torch.ones(40))
+
+
+def test_the_balancing_bias_steers_the_choice_but_never_the_gates():
+    torch.manual_seed(1)
+    router = SigmoidRouter(D_MODEL, 6, 2, normalize=False)
+    x = torch.randn(30, D_MODEL)
+    scores = torch.sigmoid(x @ router.centroids.weight.T)
+    with torch.no_grad():
+        router.balance_bias[4] = 5.0  # above any affinity's reach: every token takes expert 4 first
+    routing = router(x)
+    assert (routing.experts[:, 0] == 4).all()
+    torch.testing.assert_close(routing.gates, scores.gather(1, routing.experts))  # the affinity, not affinity + 5
+    torch.testing.assert_close(router(x).gates, sigmoid_gates(x, router).gather(1, routing.experts))
+
+
+def test_a_balance_step_moves_each_bias_by_the_rate_towards_the_mean_load_and_starts_a_new_tally():
+    router = SigmoidRouter(D_MODEL, 4, 1, balance_rate=0.01)
+    router.observe(torch.tensor([0.5, 0.2, 0.3, 0.0]))
+    router.observe(torch.tensor([0.3, 0.2, 0.2, 0.3]))  # tally [0.8, 0.4, 0.5, 0.3], mean 0.5
+    router.update_balance()
+    torch.testing.assert_close(router.balance_bias, torch.tensor([-0.01, 0.01, 0.0, 0.01]))  # (a tie moves nothing)
+    assert router.load_tally.tolist() == [0.0] * 4
+    router.update_balance()  # nothing observed since: nothing moves
+    torch.testing.assert_close(router.balance_bias, torch.tensor([-0.01, 0.01, 0.0, 0.01]))
+    fixed = SigmoidRouter(D_MODEL, 4, 1, balance_rate=0.0)
+    fixed.observe(torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    fixed.update_balance()
+    assert fixed.balance_bias.tolist() == [0.0] * 4 and fixed.load_tally.tolist() == [0.0] * 4
+
+
+def test_the_moe_hands_the_router_the_load_of_its_real_tokens_in_training_only():
+    torch.manual_seed(2)
+    moe = sigmoid_moe()
+    x = torch.randn(2, 9, D_MODEL)
+    mask = torch.zeros(2, 9, dtype=torch.bool)
+    mask[0, :3] = True  # left padding
+    moe.eval()
+    moe(x, padding_mask=mask)
+    assert moe.router.load_tally.tolist() == [0.0] * 6  # evaluation and decoding leave the balance alone
+    moe.train()
+    moe(x, padding_mask=mask)
+    torch.testing.assert_close(moe.router.load_tally, moe.expert_load)  # padding counts in neither
+    moe(x, padding_mask=mask)
+    torch.testing.assert_close(moe.router.load_tally, 2 * moe.expert_load)
+
+
+def test_balancing_alone_spreads_a_collapsed_routing_over_the_experts():
+    """No gradient at all: a router whose centroids send most tokens to two of eight experts, stepped only by its
+    bias, spreads them (DeepSeek-V3's claim for the method, at a small scale)."""
+    torch.manual_seed(3)
+    moe = sigmoid_moe(n_experts=8, top_k=2, balance_rate=0.01)
+    with torch.no_grad():
+        moe.router.centroids.weight.normal_(0, 0.1)
+        moe.router.centroids.weight[:2] += 2.0 * torch.randn(D_MODEL).sign()  # two experts close to every token
+    x = torch.randn(1, 256, D_MODEL).abs()
+
+    def busiest():
+        with torch.no_grad():
+            moe(x)
+        return moe.expert_load.max().item() * 8  # the busiest expert's load over the mean
+
+    before = busiest()
+    for _ in range(100):
+        busiest()
+        moe.router.update_balance()
+    assert before > 3.0 and busiest() < 1.5, (before, busiest())
+    bias = moe.router.balance_bias
+    assert (bias[:2] < 0).all() and (bias[2:] > 0).all()  # the crowded two pushed down, the idle six up
+
+
+def test_the_balancing_bias_is_saved_and_the_tally_is_not():
+    moe = sigmoid_moe()
+    keys = set(moe.state_dict())
+    assert "router.balance_bias" in keys and "router.load_tally" not in keys
+
+
+def test_a_model_steps_every_self_balancing_router_and_leaves_the_others():
+    model = HybridLM(20, D_MODEL, "-E -R", {"E": lambda d: sigmoid_moe(d, balance_rate=0.5),
+                                            "R": lambda d: RoutedMoE(d, n_experts=4, top_k=1, d_ff=6)})
+    model.train()
+    model(torch.randint(0, 20, (2, 7)))
+    model.update_routing_balance()
+    bias = model.blocks[0].state_mixer.router.balance_bias
+    assert set(bias.abs().tolist()) <= {0.0, 0.5} and bias.abs().sum() > 0
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: SigmoidRouter(8, 6, 2, n_groups=4), "SigmoidRouter: n_groups=4 does not divide n_experts=6"),
+    (lambda: SigmoidRouter(8, 6, 2, n_groups=3, top_groups=4), "SigmoidRouter: top_groups=4 exceeds n_groups=3"),
+    (lambda: SigmoidRouter(8, 6, 3, n_groups=3, top_groups=1),
+     r"SigmoidRouter: top_k=3 exceeds the 2 experts a token can reach \(top_groups=1 of n_groups=3 groups of 2\)"),
+    (lambda: SigmoidRouter(8, 6, 2, scale=0.0), "SigmoidRouter: scale=0.0 must be a finite number > 0"),
+    (lambda: SigmoidRouter(8, 6, 2, balance_rate=-1e-3), "SigmoidRouter: balance_rate=-0.001 must be a finite number >= 0"),
+    (lambda: SigmoidRouter(8, 6, 0), "SigmoidRouter: top_k=0"),
+    (lambda: MLPExperts(8, 4, 8, activation="gelu"), "MLPExperts: activation='gelu'"),
+])
+def test_bad_sigmoid_router_and_expert_arguments_name_the_problem(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_plain_experts_are_two_matrices_and_relu_squared_is_relu_squared():
+    torch.manual_seed(4)
+    bank = MLPExperts(D_MODEL, 3, 5, activation="plain", act="relu2")
+    assert bank.w_in.shape == (3, D_MODEL, 5) and bank.params_per_expert() == 2 * D_MODEL * 5
+    x = torch.randn(7, D_MODEL)
+    ends = torch.tensor([2, 2, 7], dtype=torch.int32)  # rows 0-1 expert 0, none expert 1, 2-6 expert 2
+    want = torch.cat([relu_squared(x[:2] @ bank.w_in[0]) @ bank.w_out[0], relu_squared(x[2:] @ bank.w_in[2]) @ bank.w_out[2]])
+    torch.testing.assert_close(bank(x, None, ends), want)
+    mlp = MLP(D_MODEL, d_ff=5, activation="plain", act="relu2")
+    torch.testing.assert_close(mlp(x), relu_squared(x @ mlp.in_proj.weight.T) @ mlp.out_proj.weight.T)
+    assert relu_squared(torch.tensor([-2.0, 3.0])).tolist() == [0.0, 9.0]

@@ -892,3 +892,34 @@ def test_the_peak_is_the_datasheets_for_the_cuda_device_name_and_the_runs_precis
             assert device_peak_flops(torch.device("cuda", 0), precision) == peak, (name, precision)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def test_a_fit_steps_the_balancing_bias_once_per_optimizer_step_after_the_steps_forwards(monkeypatch, tmp_path):
+    """DeepSeek-V3's auxiliary-loss-free balancing under Lightning: with two micro-batches a step, three steps call
+    the model's balance step three times, each after both micro-batches' forwards were tallied."""
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    moe = {"class_path": "components.ComposedMoE", "init_args": {
+        "router": {"class_path": "components.SigmoidRouter", "init_args": {"n_experts": 4, "top_k": 1, "balance_rate": 0.1}},
+        "experts": {"class_path": "components.state.MLPExperts", "init_args": {"n_experts": 4, "d_ff": 8}}}}
+    lm = LanguageModel(16, "AM -E", {"E": moe}, vocab_size=20)
+    router = lm.model.blocks[1].state_mixer.router
+    tallies = []
+    original = HybridLM.update_routing_balance
+
+    def counted(self):
+        tallies.append(router.load_tally.sum().item())  # each forward's load sums to 1
+        original(self)
+
+    monkeypatch.setattr(HybridLM, "update_routing_balance", counted)
+    torch.manual_seed(0)
+    batches = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 20, (6, 2, 9))]
+    trainer = L.Trainer(max_steps=3, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                        default_root_dir=tmp_path)
+    trainer.fit(lm, DataLoader(batches, batch_size=None))
+    assert tallies == [pytest.approx(2.0)] * 3
+    steps = router.balance_bias / 0.1  # whole steps of the rate, at most three of them, not all zero
+    torch.testing.assert_close(steps, steps.round())
+    assert steps.abs().max() <= 3 and steps.abs().sum() > 0
