@@ -9,7 +9,7 @@ from torch import nn
 import components
 from components.catalogue import SEQUENCE_MIXERS, STATE_MIXERS
 
-NOT_MIXERS = {"Block", "WholeBlock", "HybridLM", "RMSNorm", "RotaryEmbedding", "TopKRouter", "MoE"}  # parts and wholes
+NOT_MIXERS = {"Block", "WholeBlock", "HybridLM", "RMSNorm", "RotaryEmbedding", "TopKRouter", "SigmoidRouter", "MoE"}  # parts and wholes
 
 
 def test_every_exported_mixer_is_in_the_catalogue():

@@ -1736,3 +1736,169 @@ def test_the_weights_are_cut_into_shards_of_at_most_max_shard_size_bytes(tmp_pat
                                                                     "b": "model-00001-of-00002.safetensors",
                                                                     "c": "model-00002-of-00002.safetensors"}}
     assert not (tmp_path / "32" / "model.safetensors.index.json").exists()
+
+
+def nemotron_files(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Nemotron-H's tensors by its modules' names (``model.…``, ``mixer.experts.up_proj [E, d_ff, d]``,
+    ``down_proj [E, d, d_ff]``) → by the names of its files (``backbone.…``, one ``up_proj`` and ``down_proj`` matrix
+    per expert), as transformers' conversion writes them; the router's correction bias (a buffer: no gradient) as
+    zeros."""
+    files = {}
+    for name, tensor in tensors.items():
+        name = name.replace("model.", "backbone.", 1) if name.startswith("model.") else name
+        if name.endswith(("mixer.experts.up_proj", "mixer.experts.down_proj")):
+            stem, kind = name.rsplit(".", 1)
+            files.update({f"{stem}.{e}.{kind}.weight": matrix for e, matrix in enumerate(tensor)})
+        elif name.endswith("mixer.gate.weight"):
+            files[name] = tensor
+            files[name.replace(".weight", ".e_score_correction_bias")] = torch.zeros(tensor.shape[0])
+        else:
+            files[name] = tensor
+    return files
+
+
+NEMOTRON_LAYERS = ["linear_attention", "mlp", "full_attention", "moe", "linear_attention", "moe"]
+
+
+def nemotron(folder, **settings):
+    """A tiny random Nemotron-H (Mamba-2, MLP, attention, MoE, Mamba-2, MoE; 8 experts in 4 groups, 2 of them a
+    token's to choose from; scaled gates; a random correction bias), saved to ``folder``: transformers' model."""
+    torch.manual_seed(0)
+    config = transformers.NemotronHConfig(**{
+        "vocab_size": 64, "hidden_size": 32, "layers_block_type": NEMOTRON_LAYERS, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 12, "intermediate_size": 24, "mamba_num_heads": 8, "mamba_head_dim": 8,
+        "ssm_state_size": 16, "n_groups": 2, "chunk_size": 8, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 12, "moe_shared_expert_intermediate_size": 16, "n_group": 4, "topk_group": 2,
+        "routed_scaling_factor": 2.5, "max_position_embeddings": 64, "eos_token_id": None, **settings})
+    theirs = transformers.NemotronHForCausalLM(config)
+    theirs.config._attn_implementation = "eager"
+    randomize(theirs)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+        for layer in theirs.model.layers:
+            if layer.block_type == "moe":
+                layer.mixer.gate.e_score_correction_bias.normal_(0, 0.1)  # (it changes which experts are chosen)
+    theirs.save_pretrained(folder)
+    return theirs.eval()
+
+
+@pytest.mark.parametrize("settings", [{}, {"norm_topk_prob": False, "n_group": 1, "topk_group": 1,
+                                           "mlp_hidden_act": "silu", "tie_word_embeddings": True}],
+                         ids=["groups-normalised-relu2", "ungrouped-silu-tied"])
+def test_a_nemotron_h_imports_equal_to_transformers_and_exports_back(tmp_path, settings):
+    """Nemotron-H is single-mixer layers behind one norm each: Mamba-2 (``S-``), attention without positions
+    (``A-``), a plain relu² MLP (``-M``) and a MoE of DeepSeek-V3's sigmoid router (its correction bias the zoo's
+    balancing bias), plain experts and a shared plain MLP (``-E``). Equal to transformers' model on logits, a
+    left-padded batch, every gradient, decoding one token at a time and greedy ids; it exports as a Nemotron-H that
+    transformers loads with equal logits and that imports again bit for bit, the balancing bias with it."""
+    from recipes.hf import read_config
+
+    theirs = nemotron(tmp_path / "nemotron", **settings)
+    ours = imports_equal_to_transformers(theirs, tmp_path / "nemotron", as_files=nemotron_files)
+    assert ours.pattern == "S- -M A- -E S- -E"
+    router = ours.blocks[3].state_mixer.router
+    torch.testing.assert_close(router.balance_bias, theirs.model.layers[3].mixer.gate.e_score_correction_bias)
+    assert (router.n_groups, router.top_groups, router.scale) == (settings.get("n_group", 4),
+                                                                  settings.get("topk_group", 2), 2.5)
+    assert exports_to_transformers(ours, tmp_path / "exported") == "NemotronHForCausalLM"
+    written = read_config(tmp_path / "exported")
+    assert written["layers_block_type"] == NEMOTRON_LAYERS and "num_hidden_layers" not in written
+
+
+def test_an_older_nemotron_h_config_with_a_pattern_string_and_the_older_field_names_reads_as_transformers_reads_it():
+    from recipes.hf.architectures import nemotron_tokens
+
+    c = {"architectures": ["NemotronHForCausalLM"], "vocab_size": 32, "hidden_size": 16, "num_attention_heads": 2,
+         "head_dim": 8, "intermediate_size": 24, "mamba_num_heads": 4, "mamba_head_dim": 8, "mamba_n_groups": 2,
+         "ssm_state_size": 8, "mamba_d_conv": 3, "mamba_chunk_size": 16, "hybrid_override_pattern": "M-M*-",
+         "num_hidden_layers": 5, "layer_norm_epsilon": 1e-5}
+    recipe = hf_recipe(c)
+    assert recipe["pattern"] == "S- -M S- A- -M" and recipe["norm_eps"] == 1e-5
+    ssd = recipe["mixers"]["S"]["init_args"]
+    assert (ssd["n_groups"], ssd["conv_kernel"], ssd["chunk_size"], ssd["expand"]) == (2, 3, 16, 2)
+    assert recipe["mixers"]["M"]["init_args"] == {"d_ff": 24, "activation": "plain", "act": "relu2"}
+    assert nemotron_tokens({"layer_types": ["moe", "mlp"]}) == ["-E", "-M"]
+    for changes, message in [
+            ({"hybrid_override_pattern": "M-X"}, r"hybrid_override_pattern='M-X': letters \['X'\] are none of M, \*, -, E"),
+            ({"num_hidden_layers": 4}, "num_hidden_layers=4 but layers_block_type lists 5 layers"),
+            ({"mamba_head_dim": 6}, r"mamba_num_heads·mamba_head_dim = 24 is not a whole multiple of hidden_size=16"),
+            ({"time_step_limit": [0.0, 1.0]}, r"time_step_limit=\[0.0, 1.0\] \(the zoo does not clamp Δ\)"),
+            ({"mamba_conv_bias": False}, r"use_conv_bias=False, mamba_proj_bias=None \(the zoo's conv has a bias"),
+            ({"mlp_hidden_act": "gelu_new"}, r"mlp_hidden_act='gelu_new' \(the zoo's MLPs take silu, gelu, relu, relu2\)"),
+            ({"moe_latent_size": 8}, r"moe_latent_size=8 \(the zoo's experts read the model's width\)"),
+            ({"num_nextn_predict_layers": 1}, r"num_nextn_predict_layers=1 \(multi-token prediction layers\)"),
+            ({"mamba_hidden_act": "gelu"}, r"mamba_hidden_act='gelu' \(the zoo's conv is followed by SiLU\)"),
+            ({"sliding_window": 8}, r"sliding_window=8 \(the zoo computes only None\)")]:
+        with pytest.raises(ValueError, match=message):
+            hf_recipe({**c, **changes})
+    with pytest.raises(ValueError, match="layers_block_type: the config lists no layers"):
+        hf_recipe({k: v for k, v in c.items() if k != "hybrid_override_pattern"})
+
+
+def test_what_keeps_a_model_from_nemotron_h_is_named():
+    from components import HybridLM
+    from recipes.hf.architectures import NemotronH
+
+    moe = {"class_path": "components.ComposedMoE", "init_args": {
+        "router": {"class_path": "components.SigmoidRouter", "init_args": {"n_experts": 4, "top_k": 2}},
+        "experts": {"class_path": "components.state.MLPExperts", "init_args": {"n_experts": 4, "d_ff": 8,
+                                                                               "activation": "plain", "act": "relu2"}},
+        "shared_expert": {"class_path": "components.MLP", "init_args": {"d_ff": 8, "activation": "plain", "act": "relu2"}}}}
+
+    def model(pattern="S- -M A- -E", s=None, a=None, m=None, **mixers):
+        return HybridLM(32, 16, pattern, {
+            "S": {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8, "expand": 2, "conv": True,
+                                                               "rope": False, "gate": True, "norm_eps": 1e-5, **(s or {})}},
+            "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "rope": False, **(a or {})}},
+            "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24, "activation": "plain", "act": "relu2",
+                                                               **(m or {})}},
+            "E": moe, **mixers}, norm_eps=1e-5)
+
+    assert NemotronH.mismatch(model()) is None
+    softmax_moe = {"class_path": "components.SharedExpertMoE", "init_args": {"n_experts": 4, "d_ff": 8}}
+    for built, reason in [
+            (model("SM A- -M"), "its block 'SM' holds SSD and MLP; a NemotronHForCausalLM is single-mixer blocks"),
+            (model("S- -M -E"), "it has no attention block, and transformers' Nemotron-H fails without one"),
+            (model(a={"rope": True}), "its attention has RoPE, a QK-norm or a window; Nemotron-H's has none of them"),
+            (model(s={"gate": False}), "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"),
+            (model(s={"norm_eps": 1e-6}), "its SSDs' gate norms have another eps than its other norms (1e-05)"),
+            (model(m={"activation": "swiglu", "act": "silu"}), "its MLPs are ['swiglu']; Nemotron-H's are plain"),
+            (model(m={"act": "silu"}), "its MLPs and experts use ['relu2', 'silu']; Nemotron-H has one mlp_hidden_act"),
+            (model(E=softmax_moe), "its MoE is not Nemotron-H's (a SigmoidRouter, plain MLPExperts"),
+            (model("S- A- A- -M", A={"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "rope": False}},
+                   B={"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "rope": False}}),
+             None),
+            (model("A- B- -M", B={"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "rope": False}}),
+             "its attentions (heads, key/value heads, head_dim) differ: [(2, 2, 8), (4, 4, 4)]; Nemotron-H has one")]:
+        got = NemotronH.mismatch(built)
+        assert (got is None) if reason is None else reason in (got or ""), (reason, got)
+
+
+def test_a_tied_model_exports_as_a_nemotron_h_with_a_head_of_its_own_and_a_tied_config_imports_untied(tmp_path):
+    """transformers' Nemotron-H never ties its head to its embedding, whatever ``tie_word_embeddings`` says (5.25):
+    a folder that says so imports with the head its files hold, and a tied zoo model exports with its head written out
+    as a tensor of its own, to the same logits in transformers."""
+    from components import HybridLM
+    from recipes.hf import read_config
+
+    theirs = nemotron(tmp_path / "said-tied", tie_word_embeddings=True)
+    assert not torch.equal(theirs.lm_head.weight, theirs.model.embeddings.weight)
+    ours = from_pretrained(tmp_path / "said-tied")
+    assert not ours.tie_embeddings and torch.equal(ours.lm_head.weight, theirs.lm_head.weight)
+    torch.manual_seed(1)
+    tied = HybridLM(32, 16, "S- A- -M", {
+        "S": {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8, "expand": 2, "conv": True,
+                                                           "rope": False, "gate": True, "norm_eps": 1e-5}},
+        "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "rope": False}},
+        "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24, "activation": "plain", "act": "relu2"}}},
+        norm_eps=1e-5, tie_embeddings=True).eval()
+    from recipes.hf import export
+
+    export(tied, tmp_path / "exported")
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    ids = torch.randint(0, 32, (2, T))
+    with torch.no_grad():
+        assert relative_error(tied(ids), again(ids).logits) <= 1e-5
+    assert read_config(tmp_path / "exported")["tie_word_embeddings"] is False
