@@ -28,6 +28,8 @@ SEQUENCE_MIXERS = {
     "SSD decay": partial(SSD, head_dim=8, d_state=8, chunk_size=4, rope=False),
     "SSD conv+rope, gate, 2 groups": partial(SSD, head_dim=8, d_state=8, n_groups=2, chunk_size=4, conv=True, rope=True,
                                              gate=True),
+    "SSD conv, gate, d_inner 40": partial(SSD, d_inner=40, head_dim=8, d_state=8, chunk_size=4, conv=True, rope=False,
+                                          gate=True),
     "SSD conv, gate, recompute": partial(SSD, head_dim=8, d_state=8, chunk_size=4, conv=True, rope=False, gate=True, recompute=True),
     "Expresser": partial(Expresser, n_heads=4, n_kv_heads=2),
     "TokenShift": TokenShift,

@@ -58,11 +58,13 @@ class SSD(nn.Module):
 
     Args:
         d_model: model width.
-        n_heads, head_dim: give at most one; ``n_heads · head_dim = expand · d_model``. Default
+        n_heads, head_dim: give at most one; ``n_heads · head_dim = expand · d_model`` (or ``d_inner``). Default
             ``head_dim = min(64, expand · d_model)``.
         d_state: state dim ``N`` per head (default 64); even for ``rope``.
         n_groups: groups sharing B and C (default 1); must divide ``n_heads``.
         expand: inner width ``expand · d_model`` (default 1, as the papers' listings; Mamba-2 uses 2).
+        d_inner: the inner width itself, in place of ``expand`` (default None: ``expand · d_model``), for a width
+            that is no whole multiple of the model's (Nemotron-3-Nano: 4,096 in 2,688).
         chunk_size: chunk length of the scan (default 64).
         conv: the causal convolution over [X, B, C] (default False).
         rope: RoPE on B and C (default True).
@@ -96,6 +98,7 @@ class SSD(nn.Module):
         d_state: int = 64,
         n_groups: int = 1,
         expand: int = 1,
+        d_inner: int | None = None,
         chunk_size: int = 64,
         conv: bool = False,
         rope: bool = True,
@@ -117,16 +120,22 @@ class SSD(nn.Module):
                        chunk_size=chunk_size, conv_kernel=conv_kernel)
         check_flags("SSD", conv=conv, rope=rope, gate=gate, recompute=recompute,
                     **({} if d_skip is None else {"d_skip": d_skip}))
-        d_inner = expand * d_model
+        if d_inner is None:
+            d_inner, width = expand * d_model, "expand·d_model" if expand != 1 else "d_model"
+        else:
+            check_positive("SSD", d_inner=d_inner)
+            if expand != 1:
+                raise ValueError(f"SSD: give expand={expand} or d_inner={d_inner}, not both")
+            width = "d_inner"
         if n_heads is not None and head_dim is not None:
             raise ValueError(f"SSD: give n_heads={n_heads} or head_dim={head_dim}, not both")
         if n_heads is None:
             head_dim = min(64, d_inner) if head_dim is None else head_dim
             check_positive("SSD", head_dim=head_dim)
-            check_divisible("SSD", "expand·d_model", d_inner, "head_dim", head_dim)
+            check_divisible("SSD", "expand·d_model" if width == "d_model" else width, d_inner, "head_dim", head_dim)
             n_heads = d_inner // head_dim
         check_positive("SSD", n_heads=n_heads)
-        check_divisible("SSD", "expand·d_model" if expand != 1 else "d_model", d_inner, "n_heads", n_heads)
+        check_divisible("SSD", width, d_inner, "n_heads", n_heads)
         check_divisible("SSD", "n_heads", n_heads, "n_groups", n_groups)
         if rope and d_state % 2 != 0:
             raise ValueError(f"SSD: d_state={d_state} must be even for rope=True (RoPE rotates pairs)")

@@ -748,6 +748,8 @@ class Mamba2:
                     f"D={s.D is not None}; {why}")
         if model.blocks[0].sequence_residual is not None:
             return "its blocks scale their residuals, which Mamba-2 does not"
+        if s.d_inner % s.d_model:
+            return f"its SSD is d_inner={s.d_inner} wide, no whole multiple of its width; Mamba-2's config has expand"
         if s.gate_norm.eps != model.norm.eps:
             return (f"its SSD's gate norm has eps {s.gate_norm.eps} and its other norms {model.norm.eps}; a Mamba2ForCausalLM "
                     "has one layer_norm_epsilon for all of them")
@@ -840,6 +842,8 @@ def hybrid_mismatch(model, name: str, why: str) -> str | None:
         return f"its SSDs' gate norms have another eps than its other norms ({model.norm.eps}); {name} has one rms_norm_eps"
     if len({(s.n_heads, s.d_inner, s.d_state, s.n_groups, s.conv.kernel_size[0]) for s in ssds}) > 1:
         return f"its SSDs differ in heads, width, state, groups or conv; {name} has one Mamba-2 configuration"
+    if any(s.d_inner % s.d_model for s in ssds):
+        return f"its SSDs are d_inner={ssds[0].d_inner} wide, no whole multiple of its width; {name}'s config has mamba_expand"
     attentions = [b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "QCAttention"]
     if not attentions:  # (an import of such a folder works: the zoo runs it)
         return (f"it has no attention block, and transformers' {name} fails without one (its cache asks an attention "
@@ -1189,14 +1193,12 @@ def nemotron_problems(c: dict) -> list[str]:
 
 
 def nemotron_ssd(c: dict) -> dict:
-    """Nemotron-H's Mamba-2 mixer as the zoo's SSD: its width ``mamba_num_heads · mamba_head_dim`` a whole multiple of
-    the model's (the SSD's ``expand``)."""
+    """Nemotron-H's Mamba-2 mixer as the zoo's SSD, ``mamba_num_heads · mamba_head_dim`` wide (its ``expand`` where
+    that is a whole multiple of the model's width, else its ``d_inner``: transformers ignores the config's ``expand``)."""
     d_inner = c["mamba_num_heads"] * c["mamba_head_dim"]
-    if d_inner % c["hidden_size"]:
-        raise ValueError(f"mamba_num_heads·mamba_head_dim = {d_inner} is not a whole multiple of hidden_size="
-                         f"{c['hidden_size']} (the zoo's SSD is expand·d_model wide)")
+    width = {"d_inner": d_inner} if d_inner % c["hidden_size"] else {"expand": d_inner // c["hidden_size"]}
     return spec("components.SSD", n_heads=c["mamba_num_heads"], d_state=nemotron_field(c, "ssm_state_size"),
-                n_groups=nemotron_field(c, "n_groups"), expand=d_inner // c["hidden_size"],
+                n_groups=nemotron_field(c, "n_groups"), **width,
                 chunk_size=nemotron_field(c, "chunk_size"), conv=True, rope=False, gate=True,
                 conv_kernel=nemotron_field(c, "conv_kernel"), norm_eps=nemotron_field(c, "layer_norm_epsilon"))
 
@@ -1390,8 +1392,7 @@ class NemotronH:
         for kind, m in mixers:  # (mismatch has checked that each kind has one configuration)
             if kind == "linear_attention":
                 config.update(mamba_num_heads=m.n_heads, mamba_head_dim=m.head_dim, ssm_state_size=m.d_state,
-                              n_groups=m.n_groups, chunk_size=m.chunk_size, conv_kernel=m.conv.kernel_size[0],
-                              expand=m.d_inner // m.d_model)
+                              n_groups=m.n_groups, chunk_size=m.chunk_size, conv_kernel=m.conv.kernel_size[0])
             elif kind == "full_attention":
                 config.update(num_attention_heads=m.n_heads, num_key_value_heads=m.n_kv_heads, head_dim=m.head_dim)
             elif kind == "moe":

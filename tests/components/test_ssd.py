@@ -107,12 +107,24 @@ def test_s_is_bound_to_ssd_by_default():
         (dict(head_dim=5), "expand·d_model=32 is not divisible by head_dim=5"),
         (dict(n_heads=4, n_groups=3), "n_heads=4 is not divisible by n_groups=3"),
         (dict(n_heads=4, head_dim=8), "give n_heads=4 or head_dim=8, not both"),
+        (dict(d_inner=40, expand=2), "SSD: give expand=2 or d_inner=40, not both"),
+        (dict(d_inner=40, head_dim=16), "SSD: d_inner=40 is not divisible by head_dim=16"),
+        (dict(d_inner=40, n_heads=3), "SSD: d_inner=40 is not divisible by n_heads=3"),
+        (dict(d_inner=0), "SSD: d_inner=0 must be a positive integer"),
     ],
 )
 def test_bad_configuration_names_the_problem(kwargs, words):
     with pytest.raises(ValueError) as info:
         SSD(32, **kwargs)
     assert words in str(info.value)
+
+
+def test_an_inner_width_of_its_own_sizes_the_heads_and_projections():
+    """``d_inner`` in place of ``expand``: 40 channels in a width of 32 (Nemotron-3-Nano's 4,096 in 2,688, small)."""
+    ssd = SSD(32, d_inner=40, head_dim=8, d_state=4, n_groups=1, conv=True, rope=False, gate=True)
+    assert (ssd.d_inner, ssd.n_heads, ssd.head_dim) == (40, 5, 8)
+    assert ssd.in_proj.weight.shape == (2 * 40 + 2 * 4 + 5, 32) and ssd.out_proj.weight.shape == (32, 40)
+    assert SSD(32, expand=2).d_inner == SSD(32, d_inner=64).d_inner == 64
 
 
 def test_odd_d_state_is_fine_without_rope():

@@ -1785,8 +1785,8 @@ def nemotron(folder, **settings):
 
 
 @pytest.mark.parametrize("settings", [{}, {"norm_topk_prob": False, "n_group": 1, "topk_group": 1,
-                                           "mlp_hidden_act": "silu", "tie_word_embeddings": True}],
-                         ids=["groups-normalised-relu2", "ungrouped-silu-tied"])
+                                           "mlp_hidden_act": "silu", "mamba_num_heads": 6}],
+                         ids=["groups-normalised-relu2", "ungrouped-silu-mamba-width-48-of-32"])
 def test_a_nemotron_h_imports_equal_to_transformers_and_exports_back(tmp_path, settings):
     """Nemotron-H is single-mixer layers behind one norm each: Mamba-2 (``S-``), attention without positions
     (``A-``), a plain relu² MLP (``-M``) and a MoE of DeepSeek-V3's sigmoid router (its correction bias the zoo's
@@ -1798,6 +1798,7 @@ def test_a_nemotron_h_imports_equal_to_transformers_and_exports_back(tmp_path, s
     theirs = nemotron(tmp_path / "nemotron", **settings)
     ours = imports_equal_to_transformers(theirs, tmp_path / "nemotron", as_files=nemotron_files)
     assert ours.pattern == "S- -M A- -E S- -E"
+    assert ours.blocks[0].sequence_mixer.d_inner == theirs.model.layers[0].mixer.intermediate_size  # 64, or 48 of 32
     router = ours.blocks[3].state_mixer.router
     torch.testing.assert_close(router.balance_bias, theirs.model.layers[3].mixer.gate.e_score_correction_bias)
     assert (router.n_groups, router.top_groups, router.scale) == (settings.get("n_group", 4),
@@ -1820,10 +1821,11 @@ def test_an_older_nemotron_h_config_with_a_pattern_string_and_the_older_field_na
     assert (ssd["n_groups"], ssd["conv_kernel"], ssd["chunk_size"], ssd["expand"]) == (2, 3, 16, 2)
     assert recipe["mixers"]["M"]["init_args"] == {"d_ff": 24, "activation": "plain", "act": "relu2"}
     assert nemotron_tokens({"layer_types": ["moe", "mlp"]}) == ["-E", "-M"]
+    narrow = hf_recipe({**c, "mamba_head_dim": 6})["mixers"]["S"]["init_args"]  # 4·6 = 24 channels in a width of 16
+    assert narrow["d_inner"] == 24 and "expand" not in narrow
     for changes, message in [
             ({"hybrid_override_pattern": "M-X"}, r"hybrid_override_pattern='M-X': letters \['X'\] are none of M, \*, -, E"),
             ({"num_hidden_layers": 4}, "num_hidden_layers=4 but layers_block_type lists 5 layers"),
-            ({"mamba_head_dim": 6}, r"mamba_num_heads·mamba_head_dim = 24 is not a whole multiple of hidden_size=16"),
             ({"time_step_limit": [0.0, 1.0]}, r"time_step_limit=\[0.0, 1.0\] \(the zoo does not clamp Δ\)"),
             ({"mamba_conv_bias": False}, r"use_conv_bias=False, mamba_proj_bias=None \(the zoo's conv has a bias"),
             ({"mlp_hidden_act": "gelu_new"}, r"mlp_hidden_act='gelu_new' \(the zoo's MLPs take silu, gelu, relu, relu2\)"),
@@ -1902,3 +1904,24 @@ def test_a_tied_model_exports_as_a_nemotron_h_with_a_head_of_its_own_and_a_tied_
     with torch.no_grad():
         assert relative_error(tied(ids), again(ids).logits) <= 1e-5
     assert read_config(tmp_path / "exported")["tie_word_embeddings"] is False
+
+
+def test_an_ssd_whose_width_is_no_multiple_of_the_models_exports_only_as_nemotron_h():
+    """Mamba-2's, Granite's and Bamba's configs give the Mamba width as ``expand`` times the model's; Nemotron-H's as
+    heads times head width. An ``SSD(d_inner=…)`` 48 channels wide in a width of 32 is refused by the first by name."""
+    from components import HybridLM
+    from recipes.hf.architectures import Bamba, GraniteHybrid, Mamba2, NemotronH
+
+    ssd = {"class_path": "components.SSD", "init_args": {"d_inner": 48, "head_dim": 8, "d_state": 8, "conv": True,
+                                                         "rope": False, "gate": True, "norm_eps": 1e-5}}
+    attention = {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "rope": False}}
+    mlp = {"class_path": "components.MLP", "init_args": {"d_ff": 24}}
+    plain = {"class_path": "components.MLP", "init_args": {"d_ff": 24, "activation": "plain", "act": "relu2"}}
+    mamba = HybridLM(32, 32, "S-×2", {"S": ssd}, norm_eps=1e-5)
+    assert Mamba2.mismatch(mamba) == ("its SSD is d_inner=48 wide, no whole multiple of its width; Mamba-2's config "
+                                      "has expand")
+    hybrid = HybridLM(32, 32, "SM AM", {"S": ssd, "A": attention, "M": mlp}, norm_eps=1e-5)
+    for adapter, name in ((GraniteHybrid, "Granite"), (Bamba, "Bamba")):
+        assert (f"its SSDs are d_inner=48 wide, no whole multiple of its width; {name}'s config has mamba_expand"
+                in adapter.mismatch(hybrid)), adapter.mismatch(hybrid)
+    assert NemotronH.mismatch(HybridLM(32, 32, "S- A- -M", {"S": ssd, "A": attention, "M": plain}, norm_eps=1e-5)) is None
