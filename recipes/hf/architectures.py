@@ -1,5 +1,5 @@
-"""One adapter per Hugging Face architecture the zoo can be: Llama, Qwen3, Mistral (import), Mamba-2, Doge (dense and
-CDMoE), and the hybrids of Mamba-2 and attention layers, Granite 4.0 and Bamba.
+"""One adapter per Hugging Face architecture the zoo can be: Llama, Qwen3, Mistral, Mixtral, Qwen3-MoE, Mamba-2, Doge
+(dense and CDMoE), and the hybrids of Mamba-2 and attention layers, Granite 4.0, Bamba and Nemotron-H.
 
 Each adapter knows, for its ``transformers`` class: the zoo model a ``config.json`` describes (``recipe``),
 the weights both ways (``to_zoo``, ``to_hf``), the ``config.json`` a zoo model is (``config``, for export),
@@ -25,6 +25,7 @@ BOOKKEEPING = {
     "router_aux_loss_coef", "_attn_implementation_autoset", "num_labels", "tie_encoder_decoder", "pruned_heads",
     "cross_attention_hidden_size", "add_cross_attention", "decoder_start_token_id", "sep_token_id",
     "_attn_implementation", "time_step_rank", "residual_in_fp32", "num_logits_to_keep",
+    "auto_map",  # (the hub's own code for the class; the import follows transformers' class of that name)
 }
 # Fields the zoo has no equivalent for, with the only values it computes exactly.
 MUST_BE = {"attention_bias": (False, None), "mlp_bias": (False, None), "attention_dropout": (0, 0.0, None),
@@ -1171,9 +1172,21 @@ def nemotron_tokens(c: dict) -> list[str]:
     return [NEMOTRON_LAYERS[k] for k in kinds]
 
 
+def nemotron_head_dim(c: dict) -> int:
+    """The attention's head width: ``head_dim``, or the ``attention_head_dim`` of NVIDIA's own configs where there is
+    none (transformers' default, 128, would not fit their weights); two that disagree are refused."""
+    widths = {c[key] for key in ("head_dim", "attention_head_dim") if c.get(key) is not None}
+    if len(widths) > 1:
+        raise ValueError(f"head_dim={c['head_dim']} and attention_head_dim={c['attention_head_dim']} disagree")
+    return widths.pop() if widths else NEMOTRON_DEFAULTS["head_dim"]
+
+
 def nemotron_problems(c: dict) -> list[str]:
     """The fields of a Nemotron-H config the zoo cannot honour."""
     problems = []
+    eps = nemotron_field(c, "layer_norm_epsilon")
+    if c.get("rms_norm_eps", eps) != eps:  # (NVIDIA's configs carry both; transformers reads layer_norm_epsilon)
+        problems.append(f"rms_norm_eps={c['rms_norm_eps']!r} beside layer_norm_epsilon={eps!r} (one eps for every norm)")
     if c.get("mamba_proj_bias") or not nemotron_field(c, "use_conv_bias") in (True, None):
         problems.append(f"use_conv_bias={nemotron_field(c, 'use_conv_bias')!r}, mamba_proj_bias="
                         f"{c.get('mamba_proj_bias')!r} (the zoo's conv has a bias, its projections none)")
@@ -1269,7 +1282,8 @@ class NemotronH:
                 "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
                 "moe_latent_size", "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group",
                 "num_nextn_predict_layers", "expand", "n_shared_experts", "moe_shared_expert_overlap",
-                "mtp_layers_block_type", "use_mamba_kernels", "mamba_ssm_cache_dtype", *NEMOTRON_LEGACY.values()}
+                "mtp_layers_block_type", "use_mamba_kernels", "mamba_ssm_cache_dtype", "attention_head_dim",
+                "rms_norm_eps", *NEMOTRON_LEGACY.values()}
     ends = Mamba2.ends
     ties_embeddings = False  # transformers' Nemotron-H never ties its head, whatever tie_word_embeddings says (5.25)
 
@@ -1290,7 +1304,7 @@ class NemotronH:
         if "A" in kinds:
             heads = c["num_attention_heads"]
             mixers["A"] = spec("components.QCAttention", n_heads=heads, n_kv_heads=c.get("num_key_value_heads") or heads,
-                               head_dim=nemotron_field(c, "head_dim"), rope=False)
+                               head_dim=nemotron_head_dim(c), rope=False)
         if "M" in kinds:
             mixers["M"] = spec("components.MLP", d_ff=c["intermediate_size"], activation="plain",
                                act=nemotron_field(c, "mlp_hidden_act"))

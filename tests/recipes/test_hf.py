@@ -1823,6 +1823,10 @@ def test_an_older_nemotron_h_config_with_a_pattern_string_and_the_older_field_na
     assert nemotron_tokens({"layer_types": ["moe", "mlp"]}) == ["-E", "-M"]
     narrow = hf_recipe({**c, "mamba_head_dim": 6})["mixers"]["S"]["init_args"]  # 4·6 = 24 channels in a width of 16
     assert narrow["d_inner"] == 24 and "expand" not in narrow
+    nvidia = {k: v for k, v in c.items() if k != "head_dim"} | {"attention_head_dim": 12, "rms_norm_eps": 1e-5,
+                                                                "auto_map": {"AutoConfig": "configuration.NemotronHConfig"}}
+    assert hf_recipe(nvidia)["mixers"]["A"]["init_args"]["head_dim"] == 12  # (NVIDIA's own configs name it so)
+    assert hf_recipe({k: v for k, v in c.items() if k != "head_dim"})["mixers"]["A"]["init_args"]["head_dim"] == 128
     for changes, message in [
             ({"hybrid_override_pattern": "M-X"}, r"hybrid_override_pattern='M-X': letters \['X'\] are none of M, \*, -, E"),
             ({"num_hidden_layers": 4}, "num_hidden_layers=4 but layers_block_type lists 5 layers"),
@@ -1832,7 +1836,9 @@ def test_an_older_nemotron_h_config_with_a_pattern_string_and_the_older_field_na
             ({"moe_latent_size": 8}, r"moe_latent_size=8 \(the zoo's experts read the model's width\)"),
             ({"num_nextn_predict_layers": 1}, r"num_nextn_predict_layers=1 \(multi-token prediction layers\)"),
             ({"mamba_hidden_act": "gelu"}, r"mamba_hidden_act='gelu' \(the zoo's conv is followed by SiLU\)"),
-            ({"sliding_window": 8}, r"sliding_window=8 \(the zoo computes only None\)")]:
+            ({"sliding_window": 8}, r"sliding_window=8 \(the zoo computes only None\)"),
+            ({"attention_head_dim": 16}, "head_dim=8 and attention_head_dim=16 disagree"),
+            ({"rms_norm_eps": 1e-6}, r"rms_norm_eps=1e-06 beside layer_norm_epsilon=1e-05 \(one eps for every norm\)")]:
         with pytest.raises(ValueError, match=message):
             hf_recipe({**c, **changes})
     with pytest.raises(ValueError, match="layers_block_type: the config lists no layers"):
