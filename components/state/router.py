@@ -100,6 +100,15 @@ def router_z_loss(logits: torch.Tensor, valid: torch.Tensor | None = None) -> to
     return token_mean(torch.logsumexp(logits, dim=-1).square(), valid)
 
 
+def router_logits(x: torch.Tensor, centroids: nn.Linear) -> torch.Tensor:
+    """``x [M, d] · centroidsᵀ`` → ``[M, E]`` in at least fp32, even under autocast: Switch Transformer's selective
+    precision (autocast's bf16 rounds close affinities together and sent 0.5% of tokens, at E=16, top-2, elsewhere
+    than fp32 would)."""
+    bias = None if centroids.bias is None else at_least_fp32(centroids.bias)  # (a router of one's own may have one)
+    with without_autocast(x.device.type):
+        return nn.functional.linear(at_least_fp32(x), at_least_fp32(centroids.weight), bias)  # [M, E]
+
+
 class TopKRouter(nn.Module):
     """Affinity ``softmax_i(x · e_i)`` over ``n_experts`` learned centroids, each token to its top-k.
 
@@ -121,10 +130,7 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Routing:
         """``x [M, d_model]`` → :class:`Routing` of the M tokens."""
-        # Switch Transformer's selective precision: the logits in at least fp32 even under autocast, whose bf16
-        # rounds close affinities together and sends some tokens (0.5% at E=16, top-2) elsewhere than fp32 would.
-        with without_autocast(x.device.type):
-            logits = nn.functional.linear(at_least_fp32(x), at_least_fp32(self.centroids.weight))  # [M, E]
+        logits = router_logits(x, self.centroids)  # [M, E]
         probs = torch.softmax(logits, dim=-1)  # [M, E]
         gates, experts = top_k_lowest_index(probs, self.top_k)  # [M, k] each
         if self.normalize:
@@ -184,15 +190,13 @@ class SigmoidRouter(nn.Module):
                              f"(top_groups={top_groups} of n_groups={n_groups} groups of {n_experts // n_groups})")
         self.n_experts, self.top_k, self.normalize, self.scale = n_experts, top_k, normalize, float(scale)
         self.n_groups, self.top_groups, self.balance_rate = n_groups, top_groups, float(balance_rate)
-        self.centroids = nn.Linear(d_model, n_experts, bias=False)  # rows are the centroids e_i
+        self.centroids = nn.Linear(d_model, n_experts, bias=False)  # rows: the centroids e_i
         self.register_buffer("balance_bias", torch.zeros(n_experts))  # b [E], fp32 (saved in checkpoints)
         self.register_buffer("load_tally", torch.zeros(n_experts), persistent=False)  # Σ loads since the last update
 
     def forward(self, x: torch.Tensor) -> Routing:
         """``x [M, d_model]`` → :class:`Routing` of the M tokens."""
-        with without_autocast(x.device.type):  # (the affinities in fp32, as TopKRouter's)
-            logits = nn.functional.linear(at_least_fp32(x), at_least_fp32(self.centroids.weight))  # [M, E]
-        scores = torch.sigmoid(logits)  # [M, E]
+        scores = torch.sigmoid(router_logits(x, self.centroids))  # [M, E]
         choice = scores + self.balance_bias.float()  # [M, E]
         if self.n_groups > 1:
             grouped = choice.view(-1, self.n_groups, self.n_experts // self.n_groups)  # [M, G, E/G]

@@ -1236,7 +1236,7 @@ def plain_expert_stacks(ours: str, theirs: str, E: int, up: str, down: str) -> l
     """A bank of ``E`` plain experts as transformers' files hold it, one matrix each (``{theirs}.{e}.{up}.weight``
     ``[d_ff, d]``, ``down`` ``[d, d_ff]``), and the zoo's stacks ``{ours}.w_in [E, d, d_ff]``, ``w_out [E, d_ff, d]``."""
     def stacked(*weights: torch.Tensor) -> torch.Tensor:
-        return torch.stack([w.T for w in weights]).contiguous()
+        return torch.stack(weights).transpose(1, 2).contiguous()
 
     def unstacked(w: torch.Tensor) -> list[torch.Tensor]:
         return [w[e].T.contiguous() for e in range(E)]  # (safetensors: contiguous only)
@@ -1361,10 +1361,10 @@ class NemotronH:
         ssds = [m for k, m in mixers if k == "linear_attention"]
         if any(s.conv is None or s.rope or s.gate_norm is None or s.D is None for s in ssds):
             return "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"
-        if any(s.gate_norm.eps != model.norm.eps for s in ssds):
+        if {s.gate_norm.eps for s in ssds} - {model.norm.eps}:
             return f"its SSDs' gate norms have another eps than its other norms ({model.norm.eps}); Nemotron-H has one"
         attentions = [m for k, m in mixers if k == "full_attention"]
-        if not attentions:  # (an import of such a folder works: the zoo runs it)
+        if not attentions:  # (transformers' cache needs one; an import of such a folder works)
             return ("it has no attention block, and transformers' Nemotron-H fails without one (its cache asks an "
                     "attention layer for the mask sizes; transformers 5.25)")
         if any(a.positions.rope or a.positions.q_norm is not None or a.sliding_window is not None for a in attentions):
@@ -1381,7 +1381,7 @@ class NemotronH:
                 return ("its MoE is not Nemotron-H's (a SigmoidRouter, plain MLPExperts and a plain shared MLP of their "
                         "activation, no cross-domain part)")
         acts = {m.act_name for m in mlps} | {act_name(m.experts.act) for m in moes}
-        if len(acts) > 1:
+        if acts and len(acts) > 1:
             return f"its MLPs and experts use {sorted(acts)}; Nemotron-H has one mlp_hidden_act"
         return (nemotron_alike([(s.n_heads, s.d_inner, s.d_state, s.n_groups, s.chunk_size, s.conv.kernel_size[0])
                                 for s in ssds], "SSDs (heads, width, state, groups, chunk, conv)")
