@@ -47,9 +47,14 @@ def audit(config: dict, honoured: set[str], where: str) -> None:
                 problems.append(f"{key}={value!r} (the zoo computes only {MUST_BE[key][0]!r})")
         elif value not in (None, False, 0, 0.0, [], {}, ""):
             problems.append(f"{key}={value!r} (unknown to the importer)")
+    refuse_fields(problems, f"{where}: ")
+
+
+def refuse_fields(problems: list[str], where: str = "") -> None:
+    """Refuse an import whose config has ``problems`` (each a field, its value and why), naming every one."""
     if problems:
-        raise ValueError(f"{where}: fields the zoo would not honour: {'; '.join(problems)}. Importing would give a "
-                         "model that computes something else, so it is refused")
+        raise ValueError(f"{where}fields the zoo would not honour: {'; '.join(problems)}. Importing would give a model "
+                         "that computes something else, so it is refused")
 
 
 def number(value) -> float:
@@ -915,9 +920,7 @@ class GraniteHybrid:
         position = c.get("position_embedding_type") or "nope"
         if position not in ("rope", "nope"):
             problems.append(f"position_embedding_type={position!r} (rope or nope)")
-        if problems:
-            raise ValueError(f"fields the zoo would not honour: {'; '.join(problems)}. Importing would give a model "
-                             "that computes something else, so it is refused")
+        refuse_fields(problems)
         act = c.get("hidden_act", "silu")
         mixers = {}  # (only the kinds of layer there are: a config without Mamba-2 layers need not give its sizes)
         if "S" in letters:
@@ -1062,9 +1065,7 @@ class Bamba:
     def recipe(c: dict) -> dict:
         letters = bamba_letters(c)
         problems = hybrid_mamba_problems(c)
-        if problems:
-            raise ValueError(f"fields the zoo would not honour: {'; '.join(problems)}. Importing would give a model "
-                             "that computes something else, so it is refused")
+        refuse_fields(problems)
         mixers = {"M": spec("components.MLP", d_ff=c["intermediate_size"], activation="swiglu",
                             act=c.get("hidden_act", "silu"))}
         if "S" in letters:
@@ -1295,9 +1296,7 @@ class NemotronH:
     def recipe(c: dict) -> dict:
         tokens = nemotron_tokens(c)
         problems = nemotron_problems(c)
-        if problems:
-            raise ValueError(f"fields the zoo would not honour: {'; '.join(problems)}. Importing would give a model "
-                             "that computes something else, so it is refused")
+        refuse_fields(problems)
         kinds, mixers = {t.strip("-") for t in tokens}, {}
         if "S" in kinds:
             mixers["S"] = nemotron_ssd(c)

@@ -1194,9 +1194,9 @@ def bamba(tmp_path, **settings):
     return saved_random(transformers.BambaForCausalLM, config, tmp_path / "bamba"), tmp_path / "bamba"
 
 
-def saved_random(model_class, config, folder):
+def saved_random(model_class, config, folder, prepare=lambda model: None):
     """transformers' ``model_class`` of ``config``, eager, its matrices drawn with std 0.2 (each mixer and expert then
-    moves the residual stream, and a swapped one shows), saved to ``folder``; in eval mode."""
+    moves the residual stream, and a swapped one shows), then ``prepare``'d, saved to ``folder``; in eval mode."""
     theirs = model_class(config)
     theirs.config._attn_implementation = "eager"
     randomize(theirs)
@@ -1204,6 +1204,7 @@ def saved_random(model_class, config, folder):
         for p in theirs.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.2)
+        prepare(theirs)
     theirs.save_pretrained(folder)
     return theirs.eval()
 
@@ -1770,18 +1771,13 @@ def nemotron(folder, **settings):
         "ssm_state_size": 16, "n_groups": 2, "chunk_size": 8, "n_routed_experts": 8, "num_experts_per_tok": 2,
         "moe_intermediate_size": 12, "moe_shared_expert_intermediate_size": 16, "n_group": 4, "topk_group": 2,
         "routed_scaling_factor": 2.5, "max_position_embeddings": 64, "eos_token_id": None, **settings})
-    theirs = transformers.NemotronHForCausalLM(config)
-    theirs.config._attn_implementation = "eager"
-    randomize(theirs)
-    with torch.no_grad():
-        for p in theirs.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.2)
-        for layer in theirs.model.layers:
+
+    def correction_bias(model):  # (a buffer saved_random leaves at zero; it changes which experts are chosen)
+        for layer in model.model.layers:
             if layer.block_type == "moe":
-                layer.mixer.gate.e_score_correction_bias.normal_(0, 0.1)  # (it changes which experts are chosen)
-    theirs.save_pretrained(folder)
-    return theirs.eval()
+                layer.mixer.gate.e_score_correction_bias.normal_(0, 0.1)
+
+    return saved_random(transformers.NemotronHForCausalLM, config, folder, correction_bias)
 
 
 @pytest.mark.parametrize("settings", [{}, {"norm_topk_prob": False, "n_group": 1, "topk_group": 1,
