@@ -7,7 +7,6 @@ from torch import nn
 from components._checks import check_choice, check_mixer_input, check_positive
 
 
-
 def relu_squared(x: torch.Tensor) -> torch.Tensor:
     """``relu(x)²``: Primer's squared ReLU, Nemotron-H's MLP activation."""
     return F.relu(x).square()

@@ -211,6 +211,13 @@ class SigmoidRouter(nn.Module):
         probs = scores / scores.sum(dim=-1, keepdim=True)  # [M, E]
         return Routing(experts=experts, gates=gates.to(x.dtype), probs=probs, logits=None)
 
+    def _apply(self, fn, recurse=True):
+        # The bias and its tally stay fp32 whatever the model is cast to: in bf16 a step of γ = 1e-3 on a bias of 0.25
+        # would round away (bf16's spacing there is 2e-3), and balancing would stop without a word.
+        super()._apply(fn, recurse)
+        self.balance_bias, self.load_tally = self.balance_bias.float(), self.load_tally.float()
+        return self
+
     @torch.no_grad()
     def observe(self, load: torch.Tensor) -> None:
         """Add one training forward's ``load [E]`` (each expert's share of the assignments) to the tally."""

@@ -442,6 +442,21 @@ def test_the_balancing_bias_is_saved_and_the_tally_is_not():
     assert "router.balance_bias" in keys and "router.load_tally" not in keys
 
 
+def test_the_balancing_bias_stays_fp32_in_a_bf16_model_so_its_small_steps_are_not_rounded_away():
+    moe = sigmoid_moe(balance_rate=1e-3).to(torch.bfloat16)
+    router = moe.router
+    assert router.balance_bias.dtype == router.load_tally.dtype == torch.float32
+    assert router.centroids.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        router.balance_bias.fill_(0.25)
+    router.observe(torch.tensor([1.0, 0, 0, 0, 0, 0]))
+    router.update_balance()
+    assert router.balance_bias[0].item() == pytest.approx(0.249) and router.balance_bias[1].item() == pytest.approx(0.251)
+    moe.train()
+    moe(torch.randn(1, 5, D_MODEL, dtype=torch.bfloat16))  # (a bf16 forward: the bias joins fp32 scores)
+    assert router.load_tally.sum().item() == pytest.approx(1.0)
+
+
 def test_a_model_steps_every_self_balancing_router_and_leaves_the_others():
     model = HybridLM(20, D_MODEL, "-E -R", {"E": lambda d: sigmoid_moe(d, balance_rate=0.5),
                                             "R": lambda d: RoutedMoE(d, n_experts=4, top_k=1, d_ff=6)})
