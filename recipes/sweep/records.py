@@ -235,6 +235,8 @@ def read_run(run: Path) -> dict:
     hparams = yaml.safe_load((run / "hparams.yaml").read_text())
     curve = [(e.step, e.value) for e in events.Scalars("val/loss")] if "val/loss" in tags else []
     best_step, best = min(curve, key=lambda point: (point[1], point[0])) if curve else (-1, math.nan)
+    # each MoE block's last busiest-expert load over the mean (1 uniform, E collapsed), averaged over the blocks
+    loads = [last(tag) for tag in sorted(tags) if tag.startswith("moe/") and tag.endswith("/max_over_mean_load")]
     return {
         "pattern": hparams.get("pattern", "?"),
         "params": hparams.get("n_params", math.nan),
@@ -246,6 +248,7 @@ def read_run(run: Path) -> dict:
         "val_ppl": last("val/ppl"),
         "val_acc": last("val/acc"),
         "tok_s": statistics.median(speeds) if speeds else math.nan,
+        "max_load": statistics.fmean(loads) if loads else math.nan,
     }
 
 

@@ -32,16 +32,34 @@ NO_SPEED = ("logged no training speed (timed over each logging window of trainer
             "first: a shorter run has none)")
 
 
-def with_notes(rows: list[str], notes: list[str], quiet: list[str]) -> str:
-    """A table's rows, then its notes as a list, the recipes that logged no speed (``quiet``) in one of them."""
+def with_notes(rows: list[str], notes: list[str], quiet: list[str], balance: str | None = None) -> str:
+    """A table's rows, then its notes as a list, the recipes that logged no speed (``quiet``) in one of them, then
+    the experts' balance where the runs logged one (:func:`balance_line`)."""
     notes = notes + ([f"{', '.join(quiet)} {NO_SPEED}"] if quiet else [])
-    return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else []))
+    return "\n".join(rows + ([""] + [f"- {line}" for line in notes] if notes else [])
+                     + (["", balance] if balance else []))
+
+
+def balance_line(results: dict[str, list[dict]]) -> str | None:
+    """Under a table of MoE runs: per recipe, the busiest expert's load over the mean at the last logged step (1
+    uniform, ``E`` collapsed), averaged over the MoE blocks, as mean ± std over its runs; None where no run logged
+    one (a family without MoE, or records written before 2026-12-05)."""
+    cells = []
+    for name, finished in results.items():
+        loads = [r["max_load"] for r in finished if not math.isnan(r.get("max_load", math.nan))]
+        if loads:
+            spread = f" ± {statistics.stdev(loads):.2f}" if len(loads) > 1 else ""
+            cells.append(f"{name} {statistics.fmean(loads):.2f}{spread}")
+    if not cells:
+        return None
+    return ("Experts' balance (the busiest expert's load over the mean at the last logged step, 1 = uniform, "
+            "averaged over the MoE blocks): " + "; ".join(cells))
 
 
 def table(runs: list[Run]) -> str:
     rows = ["| recipe | pattern | params | active | steps | val loss | val ppl | val acc | train tok/s |",
             "|---|---|---|---|---|---|---|---|---|"]
-    notes, quiet = [], []
+    notes, quiet, finished = [], [], {}
     for run in runs:
         name = run.config.stem
         r, why = finished_result(run)
@@ -56,7 +74,8 @@ def table(runs: list[Run]) -> str:
             f"| {name} | `{r['pattern']}` | {r['params']:,} | {r['active']:,} | {r['steps']} | "
             f"{number(r['val_loss'])} | {number(r['val_ppl'], 3)} | {number(r['val_acc'], 3)} | {speed(r['tok_s'])} |"
         )
-    return with_notes(rows, notes, quiet)
+        finished.setdefault(name, []).append(r)
+    return with_notes(rows, notes, quiet, balance_line(finished))
 
 
 EARLY_BEST = (0.8, 0.005)
@@ -136,7 +155,7 @@ def seed_table(runs: list[Run], baseline: str | None = None, margin: float | Non
         rows.append(f"| {name} | {s.n} of {launched[name]} | {sizes} | {s} | {interval} | "
                     f"{acc} | {speed(statistics.median(speeds) if speeds else math.nan)} | "
                     f"{versus}{best} |")
-    return with_notes(rows, notes, quiet)
+    return with_notes(rows, notes, quiet, balance_line(results))
 
 
 def counts(finished: list[dict], key: str) -> str:

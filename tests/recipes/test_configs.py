@@ -22,7 +22,7 @@ REPRESENTATIVES = ["quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", 
                    "mqar/paper/ssd_T256.yaml", "arch/tiny/otce.yaml",
                    "expresser/otce_expresser.yaml", "mqar_grid/ssd_T64_d16.yaml", "english/positions/hybrid_rope.yaml",
                    "mqar_puzzle/shift.yaml", "english/transfer/finetune/otce_expresser.yaml",
-                   "mqar_hard/ifa_mask_d32.yaml"]
+                   "mqar_hard/ifa_mask_d32.yaml", "moe_balance/sigmoid_loss_free.yaml"]
 
 
 def test_every_family_has_a_representative():
@@ -125,6 +125,25 @@ def test_equal_parameter_families_land_on_their_total(built, folder):
     if folder.endswith("moe_placement"):  # more MoE blocks: narrower experts, fewer active parameters
         active = {name: cli.model.sizes["n_active_params"] for name, cli in recipes.items()}
         assert active["dense"] == max(active.values()) and active["all"] == min(active.values())
+
+
+def test_the_balancing_family_differs_only_in_its_router_and_how_it_is_balanced(built):
+    """Four recipes on ablate_moe's backbone and widths: a softmax router with and without Switch's loss, DeepSeek-V3's
+    sigmoid router with its bias stepped and fixed; everything else, parameters and active ones included, equal."""
+    recipes = family(built, "moe_balance")
+    assert set(recipes) == {"softmax_aux", "softmax_none", "sigmoid_loss_free", "sigmoid_none"}
+    assert len({(cli.model.sizes["n_params"], cli.model.sizes["n_active_params"]) for cli in recipes.values()}) == 1
+    assert abs(recipes["softmax_aux"].model.sizes["n_params"] - 600_000) / 600_000 < 0.01
+    balancing = {}
+    for name, cli in recipes.items():
+        routers = {(type(m.router).__name__, getattr(m.router, "balance_rate", None))
+                   for m in cli.model.model.modules() if hasattr(m, "router")}
+        (balancing[name],) = routers  # (one router configuration a recipe)
+        balancing[name] += (cli.model.hparams.aux_loss_coef,)
+    assert balancing == {"softmax_aux": ("TopKRouter", None, 0.01), "softmax_none": ("TopKRouter", None, 0.0),
+                         "sigmoid_loss_free": ("SigmoidRouter", 1e-3, 0.0), "sigmoid_none": ("SigmoidRouter", 0.0, 0.0)}
+    keys = ("model.mixers.R", "model.aux_loss_coef")
+    assert len({str(recipe_without(cli, *keys)) for cli in recipes.values()}) == 1
 
 
 def test_the_transfer_stages_share_each_model_and_split_the_domains(built):

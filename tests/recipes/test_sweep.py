@@ -128,10 +128,15 @@ def test_a_family_of_recipes_without_a_logger_gets_one_run_folder_per_recipe(tmp
 
 
 def write_run(folder, losses: dict[int, float], speeds: list[float], pattern: str = "AM", acc: float | None = None,
-              d_model: int = 64) -> None:
+              d_model: int = 64, loads: dict[int, list[float]] | None = None) -> None:
+    """A run's folder as a fit leaves it; ``loads``: MoE block → its logged busiest-expert loads over the mean."""
     folder.mkdir(parents=True)
     (folder / "hparams.yaml").write_text(f"pattern: {pattern}\nn_params: 1234\nn_active_params: 1000\nd_model: {d_model}\n")
     with SummaryWriter(str(folder)) as writer:
+        for block, values in (loads or {}).items():
+            for step, value in enumerate(values):
+                writer.add_scalar(f"moe/block{block}/max_over_mean_load", value, step)
+                writer.add_scalar(f"moe/block{block}/load_entropy", 0.5, step)  # (another MoE scalar, not read)
         for step, loss in losses.items():
             writer.add_scalar("val/loss", loss, step)
             if acc is not None:
@@ -192,6 +197,24 @@ def test_a_run_is_read_at_its_last_validation_and_median_speed(tmp_path):
     result = read_run(tmp_path / "run")
     assert result["val_loss"] == 2.5 and result["steps"] == 30  # the last validation, not the first or the best
     assert result["tok_s"] == 250.0 and result["params"] == 1234 and result["active"] == 1000
+
+
+def test_a_table_of_moe_runs_says_how_balanced_each_recipes_experts_ended(tmp_path):
+    """Under both tables: per recipe, the last busiest-expert load over the mean, averaged over the MoE blocks, as
+    mean ± std over its runs; a recipe that logged none is left out, and a family without MoE has no such line."""
+    from recipes.sweep.records import Run
+    from recipes.sweep.report import seed_table, table
+
+    write_run(tmp_path / "a0", {5: 3.0}, [], loads={1: [3.0, 1.2], 2: [2.0, 1.4]})  # last: 1.2 and 1.4, mean 1.3
+    write_run(tmp_path / "a1", {5: 3.1}, [], loads={1: [1.5], 2: [1.7]})  # mean 1.6
+    write_run(tmp_path / "dense", {5: 3.0}, [])
+    runs = [Run(tmp_path / "a.yaml", tmp_path / "a0", seed=0), Run(tmp_path / "a.yaml", tmp_path / "a1", seed=1),
+            Run(tmp_path / "dense.yaml", tmp_path / "dense", seed=0)]
+    expected = ("Experts' balance (the busiest expert's load over the mean at the last logged step, 1 = uniform, "
+                "averaged over the MoE blocks): a 1.45 ± 0.21")
+    assert seed_table(runs).splitlines()[-1] == expected
+    assert table(runs).splitlines()[-1] == expected
+    assert "Experts' balance" not in seed_table(runs[2:]) + table(runs[2:])
 
 
 def test_a_run_that_logged_no_speed_shows_a_dash_not_nan(tmp_path):
