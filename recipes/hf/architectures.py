@@ -1188,7 +1188,7 @@ def nemotron_problems(c: dict) -> list[str]:
     eps = nemotron_field(c, "layer_norm_epsilon")
     if c.get("rms_norm_eps", eps) != eps:  # (NVIDIA's configs carry both; transformers reads layer_norm_epsilon)
         problems.append(f"rms_norm_eps={c['rms_norm_eps']!r} beside layer_norm_epsilon={eps!r} (one eps for every norm)")
-    if c.get("mamba_proj_bias") or not nemotron_field(c, "use_conv_bias") in (True, None):
+    if c.get("mamba_proj_bias") or nemotron_field(c, "use_conv_bias") not in (True, None):
         problems.append(f"use_conv_bias={nemotron_field(c, 'use_conv_bias')!r}, mamba_proj_bias="
                         f"{c.get('mamba_proj_bias')!r} (the zoo's conv has a bias, its projections none)")
     limit = nemotron_field(c, "time_step_limit")
