@@ -1314,6 +1314,12 @@ class NemotronH:
                 "pattern": " ".join(tokens), "norm_eps": nemotron_field(c, "layer_norm_epsilon"), "mixers": mixers}
 
     @staticmethod
+    def training(c: dict) -> dict:
+        """No balancing loss for its MoE layers: their router balances by its bias (DeepSeek-V3's way, which
+        the zoo's ``SigmoidRouter`` keeps stepping while it fine-tunes); a recipe may add Switch's loss back."""
+        return {"aux_loss_coef": 0.0} if "-E" in nemotron_tokens(c) else {}
+
+    @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
         token, hf, ours = nemotron_tokens(c)[i], f"backbone.layers.{i}", f"blocks.{i}"
         norm = "sequence_norm" if token[1] == "-" else "state_norm"

@@ -1927,3 +1927,23 @@ def test_an_ssd_whose_width_is_no_multiple_of_the_models_exports_only_as_nemotro
         assert (f"its SSDs are d_inner=48 wide, no whole multiple of its width; {name}'s config has mamba_expand"
                 in adapter.mismatch(hybrid)), adapter.mismatch(hybrid)
     assert NemotronH.mismatch(HybridLM(32, 32, "S- A- -M", {"S": ssd, "A": attention, "M": plain}, norm_eps=1e-5)) is None
+
+
+def test_an_imported_nemotron_h_fine_tunes_its_moe_balanced_by_the_routers_bias_alone(tmp_path):
+    """The fine-tuning recipe of a Nemotron-H with MoE layers sets no balancing loss (``aux_loss_coef: 0``): its
+    routers balance by their bias, which a fine-tuning step moves; a dense one leaves the coefficient to the default."""
+    from recipes import LanguageModel
+    from recipes.hf import hf_training, write_checkpoint
+    from recipes.hf.tokenizer import END_OF_DOCUMENT, byte_tokenizer
+
+    nemotron(tmp_path / "n", vocab_size=257)
+    tokenizer = byte_tokenizer()
+    tokenizer.add_special_tokens([END_OF_DOCUMENT])
+    tokenizer.save(str(tmp_path / "n" / "tokenizer.json"))
+    checkpoint, recipe = write_checkpoint(tmp_path / "n", tmp_path / "out" / "n.ckpt")
+    assert yaml.safe_load(recipe.read_text())["model"]["aux_loss_coef"] == 0.0
+    lm = LanguageModel.load_from_checkpoint(checkpoint)
+    router = lm.model.blocks[3].state_mixer.router
+    assert router.balance_rate == 1e-3 and router.balance_bias.abs().sum() > 0  # (the folder's bias, kept)
+    dense = {"architectures": ["NemotronHForCausalLM"], "layers_block_type": ["linear_attention", "mlp"]}
+    assert hf_training(dense) == {}
