@@ -15,6 +15,7 @@ PAPER_SIZES = {  # total parameters the source names (docs/architectures.md)
     "otce": 1e9,  # OTCE Tables 6 and 8
     "cheems": 320e6,  # Wonderful Matrices v2 Table 7, Cheems-320M
     "transxssm": 320e6,  # TransXSSM Table 4, TransXSSM-320M
+    "nemotron_h": 8_100_852_736,  # Nemotron-H-8B-Base-8K, its published count (asserted exactly below)
 }
 RELEASED_DOGE = {  # SmallDoges/small-doge recipes/doge/<name>/config_full.yaml
     "doge": dict(vocab_size=32768, hidden_size=1024, intermediate_size=2048, num_hidden_layers=32,
@@ -23,7 +24,7 @@ RELEASED_DOGE = {  # SmallDoges/small-doge recipes/doge/<name>/config_full.yaml
                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True, is_moe=True,
                      num_experts=1024, num_experts_per_tok=8, max_position_embeddings=2048),
 }
-TINY = ["llama", "mamba2", "jamba", "otce", "cheems", "transxssm", "doge", "doge_moe"]
+TINY = ["llama", "mamba2", "jamba", "otce", "cheems", "transxssm", "doge", "doge_moe", "nemotron_h"]
 
 
 def build_on_meta(name: str):
@@ -35,6 +36,14 @@ def build_on_meta(name: str):
 def test_paper_size_recipe_has_the_papers_parameter_count(name):
     total = count_parameters(build_on_meta(name).model)
     assert abs(total - PAPER_SIZES[name]) <= 0.10 * PAPER_SIZES[name], f"{total:,}"
+
+
+def test_the_nemotron_h_recipe_has_nemotron_h_8bs_exact_parameter_count_and_exports_as_nemotron_h():
+    from recipes.hf import hf_architecture
+
+    model = build_on_meta("nemotron_h").model
+    assert count_parameters(model) == PAPER_SIZES["nemotron_h"]
+    assert hf_architecture(model).name == "NemotronHForCausalLM"
 
 
 @pytest.mark.parametrize("name", RELEASED_DOGE)
