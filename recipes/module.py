@@ -386,6 +386,11 @@ class LanguageModel(L.LightningModule):
             entropy = -(load * load.clamp_min(1e-12).log()).sum() / math.log(n) if n > 1 else load.new_ones(())
             self.log(f"moe/block{layer}/load_entropy", entropy)
             self.log(f"moe/block{layer}/max_over_mean_load", load.max() * n)
+        for name, module in self.model.named_modules():  # a self-balancing router: how far its bias has spread
+            bias = getattr(module, "balance_bias", None)
+            if isinstance(bias, torch.Tensor) and bias.numel() > 1:
+                layer = name.removeprefix("blocks.").replace(".state_mixer.router", "")
+                self.log(f"moe/block{layer}/balance_bias_spread", bias.max() - bias.min())
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         if batch_idx == 0 and self._sample_prompt is None:

@@ -240,6 +240,17 @@ def test_expert_load_is_logged_per_moe_layer():
     torch.testing.assert_close(logged["moe/block0/load_entropy"], entropy)
     torch.testing.assert_close(logged["moe/block0/max_over_mean_load"], load.max() * 4)
     assert "train/aux_loss" in logged
+    assert not any(name.endswith("balance_bias_spread") for name in logged)  # (a softmax router has no bias)
+    sigmoid = {"class_path": "components.ComposedMoE", "init_args": {
+        "router": {"class_path": "components.SigmoidRouter", "init_args": {"n_experts": 4, "top_k": 1}},
+        "experts": {"class_path": "components.state.MLPExperts", "init_args": {"n_experts": 4, "d_ff": 8}}}}
+    lm = LanguageModel(16, "AM -E", {"E": sigmoid}, vocab_size=20)
+    with torch.no_grad():
+        lm.model.blocks[1].state_mixer.router.balance_bias.copy_(torch.tensor([0.1, -0.2, 0.05, 0.0]))
+    logged.clear()
+    lm.log = lambda name, value, **kwargs: logged.__setitem__(name, value)
+    lm.training_step({"input_ids": torch.randint(0, 20, (2, 6)), "labels": torch.randint(0, 20, (2, 6))}, 0)
+    torch.testing.assert_close(logged["moe/block1/balance_bias_spread"], torch.tensor(0.3))
 
 
 def test_size_to_sizes_the_model_and_records_the_width():
