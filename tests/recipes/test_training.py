@@ -1292,3 +1292,45 @@ def test_a_fit_into_a_run_another_fit_is_writing_is_refused_before_it_writes(tmp
         going.release()
     main([*tiny, "--trainer.max_steps", "4", "--ckpt_path", "last"])  # once it has ended, the resume goes on
     assert len(list(run.glob("events.out.tfevents.*"))) == 2 and not (run / "checkpoints" / RUN_LOCK).exists()
+
+
+BALANCED_MOE = """
+model:
+  d_model: 32
+  pattern: "AM -E"
+  mixers:
+    A: {class_path: components.QCAttention, init_args: {n_heads: 2}}
+    M: {class_path: components.MLP, init_args: {d_ff: 64}}
+    E:
+      class_path: components.ComposedMoE
+      init_args:
+        router: {class_path: components.SigmoidRouter, init_args: {n_experts: 4, top_k: 1, balance_rate: 0.05}}
+        experts: {class_path: components.state.MLPExperts, init_args: {n_experts: 4, d_ff: 32}}
+  aux_loss_coef: 0.0
+data:
+  class_path: recipes.data.TextCorpus
+  init_args: {seq_len: 16}
+trainer:
+  max_steps: 10
+  accumulate_grad_batches: 2
+  limit_val_batches: 0
+  enable_progress_bar: false
+  logger: {class_path: lightning.pytorch.loggers.TensorBoardLogger, init_args: {save_dir: runs, name: moe}}
+"""
+
+
+def test_under_ddp_the_balancing_bias_steps_as_one_process_on_the_combined_batch(tmp_path):
+    """Two processes with two micro-batches a step: the bias takes the step one process takes on the combined batch —
+    the tallies of a step's micro-batches summed over the processes. (The tally is a buffer, and DDP broadcasts
+    buffers from rank 0 before a forward that follows a synchronised one: at a step's first micro-batch, when every
+    tally is zero; under Lightning's accumulation the others run without.) No balancing loss: the loads come from
+    the routing alone."""
+    (tmp_path / "moe.yaml").write_text(BALANCED_MOE)
+    ddp = fit(tmp_path, "--config", "moe.yaml", "--data.init_args.batch_size", "2", "--trainer.strategy", "ddp",
+              "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.logger.init_args.version", "ddp")
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    fit_here(tmp_path, "--config", "moe.yaml", "--data.init_args.batch_size", "4", "--trainer.logger.init_args.version",
+             "one")
+    bias = {version: torch.load(tmp_path / "runs" / "moe" / version / "checkpoints" / "last.ckpt", weights_only=True)
+            ["state_dict"]["model.blocks.1.state_mixer.router.balance_bias"] for version in ("ddp", "one")}
+    assert bias["one"].abs().sum() > 0 and torch.equal(bias["ddp"], bias["one"]), bias
