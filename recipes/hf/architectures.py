@@ -1,5 +1,6 @@
-"""One adapter per Hugging Face architecture the zoo can be: Llama, Qwen3, Mistral, Mixtral, Qwen3-MoE, Mamba-2, Doge
-(dense and CDMoE), and the hybrids of Mamba-2 and attention layers, Granite 4.0, Bamba and Nemotron-H.
+"""One adapter per Hugging Face architecture the zoo can be: Llama, Qwen3, Mistral, Mixtral, Qwen3-MoE, dots.llm1
+(import), Mamba-2, Doge (dense and CDMoE), and the hybrids of Mamba-2 and attention layers, Granite 4.0, Bamba and
+Nemotron-H.
 
 Each adapter knows, for its ``transformers`` class: the zoo model a ``config.json`` describes (``recipe``),
 the weights both ways (``to_zoo``, ``to_hf``), the ``config.json`` a zoo model is (``config``, for export),
@@ -592,6 +593,85 @@ class Qwen3Moe:
                 "num_experts_per_tok": routed.router.top_k if routed else 1,
                 "moe_intermediate_size": routed.experts.d_ff if routed else dense.d_ff,
                 "norm_topk_prob": bool(routed and routed.router.normalize)}
+
+
+DOTS1_WINDOW, DOTS1_WINDOW_LAYERS = 4096, 62
+"""dots.llm1's ``sliding_window`` and ``max_window_layers`` where its config gives none: ``Dots1Config``'s defaults."""
+
+
+def dots1_windowed_layers(c: dict) -> tuple[int | None, list[bool]]:
+    """``(window, whether each layer attends within it)`` of a dots.llm1 config, as transformers reads them: the layers
+    ``layer_types`` names ``sliding_attention``, or where it has none those from ``max_window_layers`` on; no window
+    where ``sliding_window`` is null."""
+    layers, window = c["num_hidden_layers"], checked_window(c.get("sliding_window", DOTS1_WINDOW))
+    types = c.get("layer_types") or ["sliding_attention" if window is not None
+                                     and i >= c.get("max_window_layers", DOTS1_WINDOW_LAYERS) else "full_attention"
+                                     for i in range(layers)]
+    if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
+        raise ValueError(f"layer_types={types!r}: num_hidden_layers={layers} of full_attention, sliding_attention "
+                         "expected")
+    return window, [window is not None and kind == "sliding_attention" for kind in types]
+
+
+def dots1_moe_layers(c: dict) -> list[bool]:
+    """Which layers of a dots.llm1 hold the MoE: those from ``first_k_dense_replace`` on (a SwiGLU MLP before)."""
+    dense = c.get("first_k_dense_replace") or 0
+    return [i >= dense for i in range(c["num_hidden_layers"])]
+
+
+class Dots1:
+    """rednote's dots.llm1 (``Dots1ForCausalLM``): Qwen3's attention (a QK-norm of the model's eps, RoPE; the layers
+    ``layer_types`` or ``max_window_layers`` name windowed, letter ``W``) with a SwiGLU MLP in its first
+    ``first_k_dense_replace`` layers (``M``) and DeepSeek-V3's MoE in the others (``E``: ``ComposedMoE`` of a
+    ``SigmoidRouter`` — group-limited, ``norm_topk_prob``, ``routed_scaling_factor``, its ``e_score_correction_bias`` the
+    router's bias — SwiGLU experts of ``moe_intermediate_size`` and one SwiGLU MLP of ``n_shared_experts`` times that
+    width). Import only."""
+
+    name, model_type = "Dots1ForCausalLM", "dots1"
+    honoured = Llama.honoured | {"moe_intermediate_size", "n_shared_experts", "n_routed_experts", "num_local_experts",
+                                 "n_group", "topk_group", "num_experts_per_tok", "first_k_dense_replace",
+                                 "norm_topk_prob", "routed_scaling_factor", "sliding_window", "max_window_layers",
+                                 "layer_types"}
+    ends = Llama.ends
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        window, windowed_layers = dots1_windowed_layers(c)
+        moe = dots1_moe_layers(c)
+        base = decoder_recipe(c, qk_norm=True, norm_eps=c["rms_norm_eps"])
+        mixers = {"A": base["mixers"]["A"]}
+        if any(windowed_layers):
+            mixers["W"] = spec(mixers["A"]["class_path"], **mixers["A"]["init_args"], sliding_window=window)
+        if not all(moe):
+            mixers["M"] = base["mixers"]["M"]
+        if any(moe):
+            experts, width, act = c["n_routed_experts"], c["moe_intermediate_size"], c.get("hidden_act", "silu")
+            router = spec("components.SigmoidRouter", n_experts=experts, top_k=c["num_experts_per_tok"],
+                          normalize=bool(c.get("norm_topk_prob")), scale=float(c.get("routed_scaling_factor", 1.0)),
+                          n_groups=c.get("n_group") or 1, top_groups=c.get("topk_group") or 1)
+            mixers["E"] = spec("components.ComposedMoE", router=router,
+                               experts=spec("components.state.MLPExperts", n_experts=experts, d_ff=width, act=act),
+                               shared_expert=spec("components.MLP", d_ff=width * c["n_shared_experts"], act=act))
+        tokens = [("W" if w else "A") + ("E" if m else "M") for w, m in zip(windowed_layers, moe)]
+        pattern = f"{tokens[0]}×{len(tokens)}" if len(set(tokens)) == 1 else " ".join(tokens)
+        return {**base, "pattern": pattern, "mixers": mixers}
+
+    @staticmethod
+    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
+        hf, t = f"model.layers.{i}.mlp", f"blocks.{i}.state_mixer"
+        pairs = decoder_layer_pairs(i, qk_norm=True)
+        if not dots1_moe_layers(c)[i]:
+            return [*pairs, *swiglu_pairs(t, hf)]
+        return [*pairs, (f"{t}.router.centroids.weight", [f"{hf}.gate.weight"]),
+                (f"{t}.router.balance_bias", [f"{hf}.gate.e_score_correction_bias"]),
+                *swiglu_pairs(f"{t}.shared_expert", f"{hf}.shared_experts")]
+
+    @staticmethod
+    def reshaped(c: dict, i: int) -> list[tuple]:
+        if not dots1_moe_layers(c)[i]:
+            return []
+        return expert_stacks(f"blocks.{i}.state_mixer.experts", f"model.layers.{i}.mlp.experts", c["n_routed_experts"],
+                             "gate_proj", "up_proj", "down_proj")
 
 
 EVERY_KEY = 2 ** 31 - 1
@@ -1426,8 +1506,8 @@ class NemotronH:
         return config
 
 
-ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen3, Mistral, Mixtral, Qwen3Moe, Mamba2, Doge, GraniteHybrid,
-                                                  Bamba, NemotronH)}
+ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen3, Mistral, Mixtral, Qwen3Moe, Dots1, Mamba2, Doge,
+                                                  GraniteHybrid, Bamba, NemotronH)}
 EXPORTABLE = {name: adapter for name, adapter in ADAPTERS.items() if hasattr(adapter, "config")}
 """The classes a zoo model is written as, in the order tried (a Mistral without a window is written as Llama)."""
 

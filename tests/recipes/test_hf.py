@@ -1947,3 +1947,44 @@ def test_an_imported_nemotron_h_fine_tunes_its_moe_balanced_by_the_routers_bias_
     assert router.balance_rate == 1e-3 and router.balance_bias.abs().sum() > 0  # (the folder's bias, kept)
     dense = {"architectures": ["NemotronHForCausalLM"], "layers_block_type": ["linear_attention", "mlp"]}
     assert hf_training(dense) == {}
+
+
+def dots1_files(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """dots.llm1's tensors as its files name them: the experts one matrix each (as Qwen3-MoE's), the router's
+    correction bias (a buffer: no gradient) as zeros."""
+    files = qwen3_moe_files(tensors)
+    for name in [n for n in files if n.endswith("mlp.gate.weight")]:
+        files[name.replace(".weight", ".e_score_correction_bias")] = torch.zeros(files[name].shape[0])
+    return files
+
+
+def test_a_dots1_imports_equal_to_transformers_with_deepseek_v3s_router(tmp_path):
+    """dots.llm1 is Qwen3's attention with DeepSeek-V3's MoE: a dense first layer, then a sigmoid router over 8 experts
+    in 4 groups (2 of them a token's to choose from), normalised gates scaled by 2, a random correction bias, SwiGLU
+    experts and a shared SwiGLU MLP of two experts' width; its last layer windowed (5 keys of 19). Equal to
+    transformers' model on logits, a left-padded batch, every gradient, decoding one token at a time and greedy ids."""
+    torch.manual_seed(0)
+    config = transformers.Dots1Config(vocab_size=64, hidden_size=32, intermediate_size=24, moe_intermediate_size=12,
+                                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                      n_shared_experts=2, n_routed_experts=8, n_group=4, topk_group=2,
+                                      num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True,
+                                      routed_scaling_factor=2.0, sliding_window=5, max_window_layers=2,
+                                      rms_norm_eps=1e-5, max_position_embeddings=64)
+
+    def correction_bias(model):
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.normal_(0, 0.1)
+
+    theirs = saved_random(transformers.Dots1ForCausalLM, config, tmp_path / "dots1", correction_bias)
+    ours = imports_equal_to_transformers(theirs, tmp_path / "dots1", as_files=dots1_files)
+    assert ours.pattern == "AM AE WE"
+    router = ours.blocks[1].state_mixer.router
+    assert (type(router).__name__, router.n_groups, router.top_groups, router.scale) == ("SigmoidRouter", 4, 2, 2.0)
+    torch.testing.assert_close(router.balance_bias, theirs.model.layers[1].mlp.gate.e_score_correction_bias)
+    assert ours.blocks[2].sequence_mixer.sliding_window == 5 and ours.blocks[1].sequence_mixer.sliding_window is None
+    c = {"architectures": ["Dots1ForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 8,
+         "moe_intermediate_size": 4, "num_hidden_layers": 2, "num_attention_heads": 2, "rms_norm_eps": 1e-6,
+         "n_routed_experts": 4, "num_experts_per_tok": 1, "n_shared_experts": 1}
+    assert hf_recipe(c)["pattern"] == "AE×2"  # (Dots1Config's defaults: no dense layer, no window below 62 layers)
+    with pytest.raises(ValueError, match="the required key 'n_shared_experts' is missing"):
+        hf_recipe({k: v for k, v in c.items() if k != "n_shared_experts"})
