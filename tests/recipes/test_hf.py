@@ -1986,5 +1986,8 @@ def test_a_dots1_imports_equal_to_transformers_with_deepseek_v3s_router(tmp_path
          "moe_intermediate_size": 4, "num_hidden_layers": 2, "num_attention_heads": 2, "rms_norm_eps": 1e-6,
          "n_routed_experts": 4, "num_experts_per_tok": 1, "n_shared_experts": 1}
     assert hf_recipe(c)["pattern"] == "AE×2"  # (Dots1Config's defaults: no dense layer, no window below 62 layers)
+    # without layer_types, as transformers reads it: windowed from max_window_layers on, unless sliding_window is null
+    assert hf_recipe({**c, "max_window_layers": 1, "sliding_window": 5})["pattern"] == "AE WE"
+    assert hf_recipe({**c, "max_window_layers": 1, "sliding_window": None})["pattern"] == "AE×2"
     with pytest.raises(ValueError, match="the required key 'n_shared_experts' is missing"):
         hf_recipe({k: v for k, v in c.items() if k != "n_shared_experts"})
