@@ -333,17 +333,25 @@ QWEN3_WINDOW = 4096
 ``Qwen3Config`` default."""
 
 
-def qwen3_windowed_layers(c: dict) -> tuple[int | None, list[bool]]:
-    """``(window, whether each layer attends within it)`` of a Qwen3 config, as transformers reads them: no window
-    unless ``use_sliding_window``; the layers ``layer_types`` names ``sliding_attention``, or where it has none those
-    from ``max_window_layers`` on (28 where the config has none)."""
-    layers, window = c["num_hidden_layers"], qwen3_window(c)
-    types = c.get("layer_types") or ["sliding_attention" if window is not None and i >= c.get("max_window_layers", 28)
+def windowed_layer_types(c: dict, window: int | None, first_windowed: int) -> list[bool]:
+    """Whether each layer attends within ``window``, as transformers reads it for Qwen3 and dots.llm1: the layers
+    ``layer_types`` names ``sliding_attention``, or where it has none those from ``first_windowed`` on; none without a
+    window."""
+    layers = c["num_hidden_layers"]
+    types = c.get("layer_types") or ["sliding_attention" if window is not None and i >= first_windowed
                                      else "full_attention" for i in range(layers)]
     if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
         raise ValueError(f"layer_types={types!r}: num_hidden_layers={layers} of full_attention, sliding_attention "
                          "expected")
-    return window, [window is not None and kind == "sliding_attention" for kind in types]
+    return [window is not None and kind == "sliding_attention" for kind in types]
+
+
+def qwen3_windowed_layers(c: dict) -> tuple[int | None, list[bool]]:
+    """``(window, whether each layer attends within it)`` of a Qwen3 config, as transformers reads them: no window
+    unless ``use_sliding_window``; the layers ``layer_types`` names ``sliding_attention``, or where it has none those
+    from ``max_window_layers`` on (28 where the config has none)."""
+    window = qwen3_window(c)
+    return window, windowed_layer_types(c, window, c.get("max_window_layers", 28))
 
 
 def qwen3_window(c: dict) -> int | None:
@@ -603,14 +611,8 @@ def dots1_windowed_layers(c: dict) -> tuple[int | None, list[bool]]:
     """``(window, whether each layer attends within it)`` of a dots.llm1 config, as transformers reads them: the layers
     ``layer_types`` names ``sliding_attention``, or where it has none those from ``max_window_layers`` on; no window
     where ``sliding_window`` is null."""
-    layers, window = c["num_hidden_layers"], checked_window(c.get("sliding_window", DOTS1_WINDOW))
-    types = c.get("layer_types") or ["sliding_attention" if window is not None
-                                     and i >= c.get("max_window_layers", DOTS1_WINDOW_LAYERS) else "full_attention"
-                                     for i in range(layers)]
-    if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
-        raise ValueError(f"layer_types={types!r}: num_hidden_layers={layers} of full_attention, sliding_attention "
-                         "expected")
-    return window, [window is not None and kind == "sliding_attention" for kind in types]
+    window = checked_window(c.get("sliding_window", DOTS1_WINDOW))
+    return window, windowed_layer_types(c, window, c.get("max_window_layers", DOTS1_WINDOW_LAYERS))
 
 
 def dots1_moe_layers(c: dict) -> list[bool]:

@@ -1354,6 +1354,8 @@ def test_qwen3s_windowed_layers_are_read_as_transformers_reads_them():
                                                                                "max_window_layers": 0})
     assert every["pattern"] == "AM×4" and every["mixers"]["A"]["init_args"]["sliding_window"] == 4096
     assert "W" not in every["mixers"]
+    deep = hf_recipe({**qwen3_config(num_hidden_layers=30), "use_sliding_window": True})  # (Qwen3Config's 28)
+    assert deep["pattern"] == " ".join(["AM"] * 28 + ["WM"] * 2)
     with pytest.raises(ValueError, match=r"layer_types=\['full_attention'\]: num_hidden_layers=4 of full_attention"):
         hf_recipe({**c, "layer_types": ["full_attention"]})
     with pytest.raises(ValueError, match=r"sliding_window=0: a window of at least one key expected"):
