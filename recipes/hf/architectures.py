@@ -367,13 +367,17 @@ def checked_window(window) -> int | None:
     return window
 
 
+def windowed_spec(attention: dict, window: int) -> dict:
+    """An attention's spec, keeping to the last ``window`` keys."""
+    return spec(attention["class_path"], **attention["init_args"], sliding_window=window)
+
+
 def windowed(recipe: dict, window: int | None, layers: list[bool]) -> dict:
     """A decoder ``recipe`` (``AM`` blocks) whose ``layers`` attend to the last ``window`` keys only: every layer's
     ``A`` windowed, or a second attention letter ``W``, the same but windowed, at those layers."""
     if window is None or not any(layers):
         return recipe
-    attention = recipe["mixers"]["A"]
-    window_attention = spec(attention["class_path"], **attention["init_args"], sliding_window=window)
+    window_attention = windowed_spec(recipe["mixers"]["A"], window)
     if all(layers):
         return {**recipe, "mixers": {**recipe["mixers"], "A": window_attention}}
     return {**recipe, "pattern": " ".join("WM" if layer else "AM" for layer in layers),
@@ -643,7 +647,7 @@ class Dots1:
         base = decoder_recipe(c, qk_norm=True, norm_eps=c["rms_norm_eps"])
         mixers = {"A": base["mixers"]["A"]}
         if any(windowed_layers):
-            mixers["W"] = spec(mixers["A"]["class_path"], **mixers["A"]["init_args"], sliding_window=window)
+            mixers["W"] = windowed_spec(mixers["A"], window)
         if not all(moe):
             mixers["M"] = base["mixers"]["M"]
         if any(moe):
@@ -912,6 +916,22 @@ def hybrid_sequence_pairs(i: int, letter: str) -> list[tuple[str, list[str]]]:
     return mamba2_pairs(ours, f"{hf}.mamba") if letter == "S" else attention_pairs(ours, f"{hf}.self_attn")
 
 
+def mamba2_ssd_problem(model, ssds: list, name: str, eps_field: str) -> str | None:
+    """What a hybrid (Granite, Bamba, Nemotron-H) asks of each of its SSDs: Mamba-2's (conv, D, the gate, no RoPE),
+    its gate norm of the model's one eps (the config's ``eps_field``)."""
+    if any(s.conv is None or s.rope or s.gate_norm is None or s.D is None for s in ssds):
+        return "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"
+    if any(s.gate_norm.eps != model.norm.eps for s in ssds):
+        return f"its SSDs' gate norms have another eps than its other norms ({model.norm.eps}); {name} has one {eps_field}"
+    return None
+
+
+def no_attention_reason(name: str) -> str:
+    """Why a hybrid without an attention block is not exported (an import of such a folder works: the zoo runs it)."""
+    return (f"it has no attention block, and transformers' {name} fails without one (its cache asks an attention layer "
+            "for the mask sizes; transformers 5.25)")
+
+
 def hybrid_mismatch(model, name: str, why: str) -> str | None:
     """What keeps ``model``'s blocks from a hybrid of Mamba-2 and attention layers of one configuration each (the
     state mixers are each class's own to check)."""
@@ -924,18 +944,16 @@ def hybrid_mismatch(model, name: str, why: str) -> str | None:
     if any(b.sequence_residual is not None for b in blocks):
         return f"its blocks scale their residuals, which {name} does not"
     ssds = [b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "SSD"]
-    if any(s.conv is None or s.rope or s.gate_norm is None or s.D is None for s in ssds):
-        return "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"
-    if any(s.gate_norm.eps != model.norm.eps for s in ssds):
-        return f"its SSDs' gate norms have another eps than its other norms ({model.norm.eps}); {name} has one rms_norm_eps"
+    reason = mamba2_ssd_problem(model, ssds, name, "rms_norm_eps")
+    if reason:
+        return reason
     if len({(s.n_heads, s.d_inner, s.d_state, s.n_groups, s.conv.kernel_size[0]) for s in ssds}) > 1:
         return f"its SSDs differ in heads, width, state, groups or conv; {name} has one Mamba-2 configuration"
     if any(s.d_inner % s.d_model for s in ssds):
         return f"its SSDs are d_inner={ssds[0].d_inner} wide, no whole multiple of its width; {name}'s config has mamba_expand"
     attentions = [b.sequence_mixer for b in blocks if type(b.sequence_mixer).__name__ == "QCAttention"]
-    if not attentions:  # (an import of such a folder works: the zoo runs it)
-        return (f"it has no attention block, and transformers' {name} fails without one (its cache asks an attention "
-                "layer for the mask sizes; transformers 5.25)")
+    if not attentions:
+        return no_attention_reason(name)
     if any(a.positions.q_norm is not None for a in attentions):
         return f"its attention has a QK-norm, which {name}'s has not"
     window = next((a.sliding_window for a in attentions if a.sliding_window is not None), None)
@@ -1446,14 +1464,12 @@ class NemotronH:
         if any(b.sequence_residual is not None or b.state_residual is not None for b in blocks):
             return "its blocks scale their residuals, which Nemotron-H does not"
         ssds = [m for k, m in mixers if k == "linear_attention"]
-        if any(s.conv is None or s.rope or s.gate_norm is None or s.D is None for s in ssds):
-            return "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"
-        if {s.gate_norm.eps for s in ssds} - {model.norm.eps}:
-            return f"its SSDs' gate norms have another eps than its other norms ({model.norm.eps}); Nemotron-H has one"
+        reason = mamba2_ssd_problem(model, ssds, "Nemotron-H", "layer_norm_epsilon")
+        if reason:
+            return reason
         attentions = [m for k, m in mixers if k == "full_attention"]
-        if not attentions:  # (transformers' cache needs one; an import of such a folder works)
-            return ("it has no attention block, and transformers' Nemotron-H fails without one (its cache asks an "
-                    "attention layer for the mask sizes; transformers 5.25)")
+        if not attentions:
+            return no_attention_reason("Nemotron-H")
         if any(a.positions.rope or a.positions.q_norm is not None or a.sliding_window is not None for a in attentions):
             return "its attention has RoPE, a QK-norm or a window; Nemotron-H's has none of them"
         mlps = [m for k, m in mixers if k == "mlp"]

@@ -1752,12 +1752,15 @@ def nemotron_files(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if name.endswith(("mixer.experts.up_proj", "mixer.experts.down_proj")):
             stem, kind = name.rsplit(".", 1)
             files.update({f"{stem}.{e}.{kind}.weight": matrix for e, matrix in enumerate(tensor)})
-        elif name.endswith("mixer.gate.weight"):
-            files[name] = tensor
-            files[name.replace(".weight", ".e_score_correction_bias")] = torch.zeros(tensor.shape[0])
         else:
             files[name] = tensor
-    return files
+    return with_correction_bias(files, "mixer.gate.weight")
+
+
+def with_correction_bias(files: dict[str, torch.Tensor], router: str) -> dict[str, torch.Tensor]:
+    """``files`` and, beside each ``router`` weight, its DeepSeek-V3 correction bias (a buffer: no gradient) as zeros."""
+    return files | {name.replace(".weight", ".e_score_correction_bias"): torch.zeros(tensor.shape[0])
+                    for name, tensor in files.items() if name.endswith(router)}
 
 
 NEMOTRON_LAYERS = ["linear_attention", "mlp", "full_attention", "moe", "linear_attention", "moe"]
@@ -1954,10 +1957,7 @@ def test_an_imported_nemotron_h_fine_tunes_its_moe_balanced_by_the_routers_bias_
 def dots1_files(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """dots.llm1's tensors as its files name them: the experts one matrix each (as Qwen3-MoE's), the router's
     correction bias (a buffer: no gradient) as zeros."""
-    files = qwen3_moe_files(tensors)
-    for name in [n for n in files if n.endswith("mlp.gate.weight")]:
-        files[name.replace(".weight", ".e_score_correction_bias")] = torch.zeros(files[name].shape[0])
-    return files
+    return with_correction_bias(qwen3_moe_files(tensors), "mlp.gate.weight")
 
 
 def test_a_dots1_imports_equal_to_transformers_with_deepseek_v3s_router(tmp_path):
