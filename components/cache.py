@@ -6,7 +6,9 @@ the next call needs:
 
 - attention (QCAttention, InnerFuncAttention, the Expresser's): keys and values after RoPE and
   QK-norm, ``[B, capacity, H_kv, Dh]``, and InnerFuncAttention's per-key mask bias ``[B, H, capacity]``,
-  written in place into buffers sized once for the whole generation;
+  written in place into buffers sized once for the whole generation; a sliding window of ``w`` keys
+  (:meth:`InferenceCache.window`) keeps only each row's last ``w`` real keys and values, ``[B, w, H_kv, Dh]``,
+  in a ring: its memory and each step's reading stay ``O(w)`` however long the generation;
 - SSD: its conv window (the last ``conv_kernel - 1`` inputs of the convolution) and its state
   ``[B, H, P, N]``: a constant size, whatever the length;
 - the model: which of the cached positions are padding, ``[B, capacity]``.
@@ -34,8 +36,8 @@ class InferenceCache:
             tensor, not ``seen``) and attends over the whole ``capacity``, later positions masked as
             padding — so ``torch.compile`` (and CUDA graphs) can take a step whole, once, for every step.
         cursor: with ``static``, ``seen`` as a 0-dim int64 tensor on the device.
-        prefix_padding: every padded position comes before its row's first token (left padding, as generation pads;
-            True without padding): a sliding window's last ``w`` cached keys then hold every key it keeps.
+        real: ``[B]`` int64, each row's tokens so far that are not padding (where a sliding window's ring writes).
+        fewest_real: a Python lower bound of ``real``'s smallest entry (known without reading the device).
     """
 
     batch: int
@@ -47,7 +49,10 @@ class InferenceCache:
     has_padding: bool = False
     static: bool = False
     cursor: torch.Tensor | None = None
-    prefix_padding: bool = True
+    real: torch.Tensor | None = None
+    fewest_real: int = 0
+    _call_padding: torch.Tensor | None = field(default=None, repr=False)  # this call's mask, from begin to end
+    _call_fewest: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.batch < 1:
@@ -56,6 +61,8 @@ class InferenceCache:
             self.padding = torch.zeros(self.batch, self.capacity, dtype=torch.bool, device=self.device)
         if self.static and self.cursor is None:
             self.cursor = torch.tensor(self.seen, dtype=torch.int64, device=self.padding.device)
+        if self.real is None:
+            self.real = (~self.padding[:, :self.seen]).sum(dim=1)  # [B] int64
 
     def __repr__(self) -> str:  # the dataclass's would print every padding flag and every layer's state
         return (f"InferenceCache(batch={self.batch}, capacity={self.capacity}, seen={self.seen}, "
@@ -65,19 +72,26 @@ class InferenceCache:
         """Called by the model before a forward over the next ``T`` tokens."""
         if self.seen + T > self.capacity:
             raise ValueError(f"InferenceCache: {self.seen} cached + {T} new tokens exceed its capacity={self.capacity}")
+        self._call_padding = padding_mask
         if padding_mask is not None:
             self.padding[:, self.seen:self.seen + T] = padding_mask
-            # one sync, at prefill: whether any position is padding, and any after a real token of its row
-            later = padding_mask[:, 1:] & ~padding_mask[:, :-1]  # [B, T - 1]
-            anywhere, after_a_token = torch.stack([padding_mask.any(), later.any()]).tolist()
-            self.has_padding = self.has_padding or anywhere
-            self.prefix_padding = self.prefix_padding and not after_a_token and not (self.seen and anywhere)
+            # one sync, at prefill: whether any position is padding, and the fewest real tokens a row brings
+            anywhere, fewest = torch.stack([padding_mask.any(), (~padding_mask).sum(dim=1).min()]).tolist()
+            self.has_padding = self.has_padding or bool(anywhere)
+            self._call_fewest = fewest
 
     def end(self, T: int) -> None:
         """Called by the model after the forward: the ``T`` tokens are now cached."""
         self.seen += T
         if self.static:
             self.cursor.add_(T)
+        if self._call_padding is None:
+            self.real.add_(T)
+            self.fewest_real += T
+        else:
+            self.real.add_((~self._call_padding).sum(dim=1))
+            self.fewest_real += self._call_fewest
+            self._call_padding = None
 
     def fixed_step(self, T: int) -> bool:
         """Whether a call of ``T`` tokens runs at fixed shapes (a static cache's one-token step)."""
@@ -107,6 +121,56 @@ class InferenceCache:
         buffer.narrow(dim, self.seen, T).copy_(new)
         return buffer.narrow(dim, 0, self.seen + T)
 
+    def window(self, owner: nn.Module, window: int, padding_mask: torch.Tensor | None,
+               **new: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
+        """A sliding window's entries: each ``new`` tensor ``[B, heads, T, Dh]`` (this call's keys, values, …) goes into
+        ``owner``'s ring of each row's last ``window`` real entries, ``[B, heads, window, Dh]``, and comes back with
+        the entries this call's queries can reach, and their padding ``[B, S]`` (True: no entry; None: none padded).
+
+        The ring keeps a row's ``g``-th real (not padded) entry at slot ``g mod window``, so padding never takes a
+        slot: it takes no place in the window either (:func:`zoo_kernels.attention.attention`), and however the rows
+        are padded the ring holds every key a window can keep. A one-token step without padding writes its entry at
+        its row's slot (a scatter at ``real``, a tensor: a compiled step's shapes and reads are the same each step) and
+        gets the whole ring, in slot order — its one query sees every entry, in whatever order — with the slots not
+        written yet as padding. Any other call (the prompt, a chunk, a padded step) gets each row's last
+        ``window - 1`` ring entries in order (none at the first call) before its own, ``S = window - 1 + T``, and then
+        leaves its last real entries in the ring."""
+        state = self.state(owner)
+        B, T = self.batch, next(iter(new.values())).shape[2]
+        for name, t in new.items():
+            if name not in state:
+                state[name] = t.new_zeros(t.shape[0], t.shape[1], window, *t.shape[3:])  # [B, heads, w, Dh]
+        slots = torch.arange(window, device=self.real.device)  # [w]
+        if T == 1 and padding_mask is None:
+            at = (self.real % window).view(B, 1, 1, 1)  # [B, 1, 1, 1]
+            for name, t in new.items():
+                state[name].scatter_(2, at.expand(t.shape), t)
+            unwritten = None if not self.static and self.fewest_real + 1 >= window else slots > self.real[:, None]
+            return {name: state[name] for name in new}, unwritten  # [B, heads, w, Dh] each, [B, w]
+        call_padding = padding_mask if padding_mask is not None else torch.zeros(B, T, dtype=torch.bool,
+                                                                                   device=self.real.device)
+        if self.seen == 0:  # nothing in the ring yet
+            entries, padding = dict(new), padding_mask
+        else:
+            earlier = self.real[:, None] - (window - 1) + slots[:-1]  # [B, w - 1]: each row's real-entry numbers
+            take = earlier.remainder(window)[:, None, :, None]  # [B, 1, w - 1, 1]
+            entries = {name: torch.cat([state[name].gather(2, take.expand(*t.shape[:2], window - 1, *t.shape[3:])), t],
+                                       dim=2) for name, t in new.items()}  # [B, heads, w - 1 + T, Dh]
+            padding = None
+            if padding_mask is not None or self.fewest_real < window - 1:
+                padding = torch.cat([earlier < 0, call_padding], dim=1)  # [B, w - 1 + T]
+        # slot j now holds the row's latest real entry numbered j mod w: from this call where that number is new
+        total = self.real + (~call_padding).sum(dim=1)  # [B]
+        latest = (total[:, None] - 1) - (total[:, None] - 1 - slots).remainder(window)  # [B, w]
+        fresh = latest >= self.real[:, None]  # [B, w]
+        order = torch.argsort(call_padding.to(torch.int8), dim=1, stable=True)  # [B, T]: real positions first, in order
+        source = order.gather(1, (latest - self.real[:, None]).clamp(0, T - 1))[:, None, :, None]  # [B, 1, w, 1]
+        for name, t in new.items():
+            ring = state[name]
+            picked = t.gather(2, source.expand(*t.shape[:2], window, *t.shape[3:]))  # [B, heads, w, Dh]
+            ring.copy_(torch.where(fresh[:, None, :, None], picked, ring))
+        return entries, padding
+
     def state(self, owner: nn.Module) -> dict:
         """``owner``'s own entries (a recurrent mixer keeps its fixed-size state here)."""
         return self.layers.setdefault(owner, {})
@@ -123,8 +187,8 @@ class InferenceCache:
         return value
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every tensor the cache holds: the padding, the cursor (static) and each mixer's entries."""
-        held = [self.padding] + ([self.cursor] if self.cursor is not None else [])
+        """Every tensor the cache holds: the padding, the real counts, the cursor (static) and each mixer's entries."""
+        held = [self.padding, self.real] + ([self.cursor] if self.cursor is not None else [])
         return held + [t for state in self.layers.values() for t in state.values() if isinstance(t, torch.Tensor)]
 
     def expand(self, copies: int) -> "InferenceCache":
@@ -143,9 +207,10 @@ class InferenceCache:
             raise ValueError(f"InferenceCache.select: rows must be a 1-D tensor of indices in [0, {self.batch})")
         pick = lambda t: t.index_select(0, rows.to(t.device)) if isinstance(t, torch.Tensor) else t  # noqa: E731
         layers = {owner: {name: pick(t) for name, t in state.items()} for owner, state in self.layers.items()}
+        # (fewest_real stays a lower bound: a selection's rows are some of these)
         return InferenceCache(len(rows), self.capacity, self.device, self.seen, pick(self.padding), layers,
                               self.has_padding, self.static, None if self.cursor is None else self.cursor.clone(),
-                              self.prefix_padding)
+                              pick(self.real), self.fewest_real)
 
     def nbytes(self) -> int:
         """Bytes held by the cached tensors (buffers at full capacity)."""

@@ -90,21 +90,19 @@ class Context:
             entries = _step if T == 1 and self.padding_mask is None else self._exact_entries
             k, v, bias, flag = entries(state, q, k, v, bias)
             self.cache.keep(owner, "nonfinite", flag[:, -1].contiguous(), T)  # [B, H], the same strides each call
-        # kept head-major ([B, heads, capacity, Dh]) and handed on as [B, S, heads, Dh] views: each head's keys are
-        # contiguous rows, as attention reads them (over time-major ones a CPU step's SDPA took 10% longer, the
-        # step 6-9%)
-        k = self.cache.append(owner, "k", k.transpose(1, 2), dim=2).transpose(1, 2)  # [B, S, Hk, Dh]
-        v = self.cache.append(owner, "v", v.transpose(1, 2), dim=2).transpose(1, 2)  # [B, S, Hv, Dh]
-        bias = self.cache.append(owner, "bias", bias, dim=2) if bias is not None else None  # [B, H, S]
-        padding = self.cache.key_padding(T)  # [B, S] or None
-        reach = None if keep_window is None else keep_window + T - 1
-        if (reach is not None and bias is None and not self.cache.static and self.cache.prefix_padding
-                and k.shape[1] > reach):
-            # a sliding window over keys padded only before their row's first token: this call's first query sees back
-            # to its keep_window-th key, so the keys before the last keep_window + T - 1 reach no query (a step then
-            # costs O(w), not O(S))
-            k, v = k[:, -reach:], v[:, -reach:]  # [B, w + T - 1, H·, Dh]
-            padding = None if padding is None else padding[:, -reach:]
+        if keep_window is not None and bias is None and keep_window < self.cache.capacity:
+            # a sliding window: a ring of each row's last keep_window keys and values (O(w) memory and reading)
+            ring, padding = self.cache.window(owner, keep_window, self.padding_mask, k=k.transpose(1, 2),
+                                              v=v.transpose(1, 2))
+            k, v = ring["k"].transpose(1, 2), ring["v"].transpose(1, 2)  # [B, S, H·, Dh]: S = w, or w - 1 + T
+        else:
+            # kept head-major ([B, heads, capacity, Dh]) and handed on as [B, S, heads, Dh] views: each head's keys
+            # are contiguous rows, as attention reads them (over time-major ones a CPU step's SDPA took 10% longer,
+            # the step 6-9%)
+            k = self.cache.append(owner, "k", k.transpose(1, 2), dim=2).transpose(1, 2)  # [B, S, Hk, Dh]
+            v = self.cache.append(owner, "v", v.transpose(1, 2), dim=2).transpose(1, 2)  # [B, S, Hv, Dh]
+            bias = self.cache.append(owner, "bias", bias, dim=2) if bias is not None else None  # [B, H, S]
+            padding = self.cache.key_padding(T)  # [B, S] or None
         y = attention(q, _heads(k, v.shape[2]), v, bias=bias, causal=True, key_padding_mask=padding,
                       keep_window=keep_window, backend=backend, check_finite=False)
         return y if flag is None else y + flag[..., None].to(y.dtype)  # y + NaN is NaN whatever y is; y + 0 is y

@@ -5,9 +5,10 @@ in one run (docs/decoding.md).
     python -m recipes.benchmarks.decode_hf --models llama --batches 1 --threads 2
     python -m recipes.benchmarks.decode_hf --device cuda --dtype bf16            # on a GPU (the default there)
     python -m recipes.benchmarks.decode_hf --models llama --batches 1 4 --products  # A/B the CPU step's row sums
+    python -m recipes.benchmarks.decode_hf --models llama mistral --window 64        # a sliding window's cache
 
-A Llama and a Mamba-2 (8 layers, width 256 unless told) are built with ``transformers`` from a seed and
-imported with :mod:`recipes.hf`; the hybrid (TransXSSM's ``SM×7 AM``) has no Hugging Face form, so only the
+A Llama, a Mistral (Llama's shapes, every layer attending to its last ``--window`` keys) and a Mamba-2 (8 layers,
+width 256 unless told) are built with ``transformers`` from a seed and imported with :mod:`recipes.hf`; the hybrid (TransXSSM's ``SM×7 AM``) has no Hugging Face form, so only the
 zoo's two modes run for it. Every mode continues the same prompts greedily by the same number of tokens:
 Hugging Face's ``generate`` with its dynamic cache and with ``cache_implementation="static"``, the zoo's
 ``generate`` eager and with ``compile=True`` (each step through ``torch.compile`` from a fixed-shape cache;
@@ -45,15 +46,20 @@ from recipes.benchmarks.timing import interleaved_seconds
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def hf_model(kind: str, width: int, layers: int, vocab: int):
+WINDOW = 64  # Mistral's sliding window here: a quarter of the default prompt, so the generation runs past it
+
+
+def hf_model(kind: str, width: int, layers: int, vocab: int, window: int = WINDOW):
     import transformers
 
     torch.manual_seed(0)
-    if kind == "llama":
-        config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=688 * width // 256,
-                                          num_hidden_layers=layers, num_attention_heads=max(width // 64, 1),
-                                          max_position_embeddings=4096, tie_word_embeddings=False)
-        return transformers.LlamaForCausalLM(config).eval()
+    if kind in ("llama", "mistral"):
+        shapes = dict(vocab_size=vocab, hidden_size=width, intermediate_size=688 * width // 256, num_hidden_layers=layers,
+                      num_attention_heads=max(width // 64, 1), num_key_value_heads=max(width // 64, 1),
+                      max_position_embeddings=4096, tie_word_embeddings=False)  # (MistralConfig's default: 8 KV heads)
+        if kind == "mistral":
+            return transformers.MistralForCausalLM(transformers.MistralConfig(**shapes, sliding_window=window)).eval()
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**shapes)).eval()
     config = transformers.Mamba2Config(vocab_size=vocab, hidden_size=width, num_hidden_layers=layers, expand=2,
                                        head_dim=64, num_heads=2 * width // 64, state_size=64, n_groups=1, chunk_size=256)
     return transformers.Mamba2ForCausalLM(config).eval()
@@ -92,7 +98,7 @@ def run(kind: str, batch: int, args) -> list[dict]:
     if kind == "hybrid":
         zoo, hf = zoo_hybrid(args.width, args.layers, args.vocab), None
     else:
-        hf = hf_model(kind, args.width, args.layers, args.vocab)
+        hf = hf_model(kind, args.width, args.layers, args.vocab, args.window)
         with tempfile.TemporaryDirectory(prefix=f"decode-{kind}-") as folder:
             transformers.utils.logging.disable_progress_bar()  # (its bar for the shards it writes, amid the table)
             hf.save_pretrained(folder)
@@ -110,7 +116,7 @@ def run(kind: str, batch: int, args) -> list[dict]:
         hf.generation_config.eos_token_id = None
         common = {"max_new_tokens": n, "do_sample": False, "pad_token_id": 0, "attention_mask": torch.ones_like(prompt)}
         modes["hf dynamic"] = lambda: hf.generate(prompt, **common)
-        if kind == "llama":  # Mamba-2 keeps a state, not a growing cache: there is no static form to ask for
+        if kind != "mamba2":  # Mamba-2 keeps a state, not a growing cache: there is no static form to ask for
             modes["hf static"] = lambda: hf.generate(prompt, cache_implementation="static", **common)
     modes["zoo eager"] = lambda: zoo.generate(prompt, n)
     modes["zoo compiled"] = lambda: zoo.generate(prompt, n, compile=True)
@@ -157,7 +163,8 @@ def step_times(median: dict[str, float], n: int) -> tuple[dict[str, float], dict
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.decode_hf",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["llama", "mamba2", "hybrid"], choices=["llama", "mamba2", "hybrid"])
+    parser.add_argument("--models", nargs="+", default=["llama", "mamba2", "hybrid"],
+                        choices=["llama", "mistral", "mamba2", "hybrid"])
     parser.add_argument("--batches", nargs="+", type=positive_int, default=[1, 8, 32])
     parser.add_argument("--width", type=positive_int, default=256)
     parser.add_argument("--layers", type=positive_int, default=8)
@@ -166,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=positive_int, default=64)
     parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--threads", type=positive_int, default=2)
+    parser.add_argument("--window", type=positive_int, default=WINDOW, help="Mistral's sliding window (default %(default)s)")
     parser.add_argument("--products", action="store_true",
                         help="also time the compiled step with its linear layers as matrix products (a copy of the model)")
     cuda = torch.cuda.is_available()

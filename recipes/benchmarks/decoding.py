@@ -1,8 +1,9 @@
 """Decoding benchmark: prefill time, per-token step time and memory against context length, for Llama,
-Mamba-2, TransXSSM and Jamba at equal width (docs/decoding.md).
+Mistral (Llama with a sliding window), Mamba-2, TransXSSM and Jamba at equal width (docs/decoding.md).
 
     python -m recipes.benchmarks.decoding                                  # CPU: contexts 1K … 16K
     python -m recipes.benchmarks.decoding --contexts 1024 4096 --d-model 512 --steps 32
+    python -m recipes.benchmarks.decoding --models llama mistral --window 1024
     python -m recipes.benchmarks.decoding --device cuda --contexts 4096 16384 65536
 
 Each (model, context) row runs in its own process, so its peak memory is its own: the prompt of
@@ -25,16 +26,20 @@ from recipes.benchmarks.timing import median_ms, resident_kib, seconds_of
 
 MODELS = {  # 8 blocks each at the same width: attention, SSD, and the two hybrid ratios of the papers
     "llama": "AM×8",
+    "mistral": "AM×8",  # every attention layer sees its last `window` keys
     "mamba2": "S-×8",
     "transxssm": "SM×7 AM",
     "jamba": "SM SR SM SR AM SR SM SR",
 }
 
 
-def build(name: str, d_model: int, vocab: int, device: str) -> HybridLM:
+WINDOW = 512  # Mistral's sliding window here (Mistral 7B's is 4,096 keys): well inside the default contexts
+
+
+def build(name: str, d_model: int, vocab: int, device: str, window: int = WINDOW) -> HybridLM:
     heads = max(d_model // 64, 1)
     mamba = name in ("mamba2", "jamba")  # Mamba-2's SSD: expanded, no rotary; TransXSSM's: rotary, not expanded
-    mixers = {"A": partial(QCAttention, n_heads=heads),
+    mixers = {"A": partial(QCAttention, n_heads=heads, sliding_window=window if name == "mistral" else None),
               "S": partial(SSD, conv=True, rope=not mamba, gate=name == "mamba2", expand=2 if mamba else 1,
                            head_dim=64, d_state=64, chunk_size=256),
               "R": partial(RoutedMoE, n_experts=4, top_k=1)}
@@ -50,8 +55,8 @@ def peak_bytes(device: str) -> int:
 
 
 @torch.no_grad()
-def one(name: str, context: int, d_model: int, vocab: int, steps: int, device: str) -> dict:
-    model = build(name, d_model, vocab, device)
+def one(name: str, context: int, d_model: int, vocab: int, steps: int, device: str, window: int = WINDOW) -> dict:
+    model = build(name, d_model, vocab, device, window)
     prompt = torch.randint(0, vocab, (1, context), device=device)
     cache = model.new_cache(1, context + steps + 2)
     model(prompt[:, :8], cache=model.new_cache(1, 8))  # warm-up
@@ -90,18 +95,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", type=positive_int, default=1024)
     parser.add_argument("--steps", type=positive_int, default=16)
     parser.add_argument("--device", type=device, default="cpu")
+    parser.add_argument("--window", type=positive_int, default=WINDOW, help="Mistral's sliding window (default %(default)s)")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "CONTEXT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(one(args.one[0], int(args.one[1]), args.d_model, args.vocab, args.steps, args.device)))
+        print(json.dumps(one(args.one[0], int(args.one[1]), args.d_model, args.vocab, args.steps, args.device,
+                             args.window)))
         return
     print(f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, d_model {args.d_model}, "
-          f"8 blocks, batch 1, {args.steps} steps\n", flush=True)
+          f"8 blocks, batch 1, {args.steps} steps, Mistral's window {args.window}\n", flush=True)
     rows, failed = [], []
     for context in args.contexts:
         for name in args.models:
             command = [sys.executable, "-m", "recipes.benchmarks.decoding", "--one", name, str(context), "--d-model",
-                       str(args.d_model), "--vocab", str(args.vocab), "--steps", str(args.steps), "--device", args.device]
+                       str(args.d_model), "--vocab", str(args.vocab), "--steps", str(args.steps), "--device", args.device,
+                       "--window", str(args.window)]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"{name} at {context}: failed\n{done.stderr[-2000:]}", file=sys.stderr)

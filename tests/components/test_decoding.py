@@ -77,7 +77,8 @@ def test_prefill_then_steps_equals_the_full_forward(name, prefill, with_padding)
 @pytest.mark.parametrize("name", MIXERS)
 def test_a_cache_continued_by_several_tokens_at_once_equals_the_full_forward(name):
     """After the prefill, pieces of several tokens (a chunked prefill, a speculative draft checked at once) as well
-    as single steps: what the full forward computes."""
+    as single steps: what the full forward computes. (The prefill is shorter than a window of 5 keys: the chunk after
+    it reaches back to ring slots not written yet.)"""
     torch.manual_seed(0)
     mixer = MIXERS[name]()
     randomize(mixer)
@@ -85,7 +86,7 @@ def test_a_cache_continued_by_several_tokens_at_once_equals_the_full_forward(nam
     positions = torch.arange(T).expand(B, T)
     x = torch.randn(B, T, 32)
     full = mixer(x, Context(position_ids=positions))
-    assert relative(in_pieces(mixer, x, positions, None, 4, sizes=[3, 1, 2, 3]), full) <= 1e-5
+    assert relative(in_pieces(mixer, x, positions, None, 2, sizes=[3, 1, 2, 3, 2]), full) <= 1e-5
 
 
 @pytest.mark.parametrize("name", MIXERS)
@@ -249,7 +250,15 @@ def position_masked():
                                       "S": partial(SSD, d_state=8, head_dim=8, chunk_size=4)}, max_seq_len=16)
 
 
-@pytest.mark.parametrize("build", [tiny_hybrid, position_masked], ids=["hybrid", "absolute positions"])
+def windowed():
+    """Mistral's kind of attention between full attention: two layers that see their last 3 keys."""
+    torch.manual_seed(0)
+    return HybridLM(61, 32, "WM AM WM", {"W": partial(QCAttention, n_heads=4, n_kv_heads=2, sliding_window=3),
+                                         "A": partial(QCAttention, n_heads=4)})
+
+
+@pytest.mark.parametrize("build", [tiny_hybrid, position_masked, windowed],
+                         ids=["hybrid", "absolute positions", "sliding windows"])
 def test_greedy_generate_equals_the_argmax_loop_over_full_forwards(build):
     model = build()
     randomize(model)
@@ -440,6 +449,34 @@ def test_compiled_generate_gives_the_eager_tokens():
     assert compiled_step(model) is step
 
 
+def test_a_sliding_windows_cache_keeps_w_entries_in_place_and_compiled_gives_the_eager_tokens():
+    """A windowed layer's cache is its ring of ``w`` keys and values per row, ``[B, H_kv, w, Dh]`` whatever the
+    capacity (a full attention layer's grows with it), written in place: a fixed-shape (static) cache's steps keep
+    every address from the prompt on and decode as the full forward, and a compiled generation of 20 tokens past
+    a window of 3, from left-padded prompts, is one graph with the eager tokens."""
+    from torch._dynamo.utils import counters
+
+    model = windowed()
+    randomize(model)
+    mask, positions = padded(3, 13, (0, 2, 4))
+    ids = torch.randint(1, 61, (3, 13)).masked_fill(mask, 0)
+    full = model(ids, position_ids=positions, padding_mask=mask)
+    cache = model.new_cache(3, 64, static=True)
+    outs = [model(ids[:, :5], position_ids=positions[:, :5], padding_mask=mask[:, :5], cache=cache)]
+    window, dense = (cache.state(model.blocks[i].sequence_mixer) for i in (0, 1))
+    assert tuple(window["k"].shape) == tuple(window["v"].shape) == (3, 2, 3, 8)
+    assert tuple(dense["k"].shape) == (3, 4, 64, 8)
+    addresses = {name: t.data_ptr() for name, t in window.items()}
+    outs += [model(ids[:, t:t + 1], position_ids=positions[:, t:t + 1], cache=cache) for t in range(5, 13)]
+    assert relative(torch.cat(outs, dim=1), full, ~mask) <= 1e-5
+    assert {name: t.data_ptr() for name, t in window.items()} == addresses
+    prompt = ids[:, :7]
+    counters.clear()
+    compiled = model.generate(prompt, 20, padding_mask=mask[:, :7], compile=True)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert torch.equal(compiled, model.generate(prompt, 20, padding_mask=mask[:, :7]))
+
+
 def test_a_compiled_generation_compiles_its_step_once_and_writes_the_cache_in_place(monkeypatch):
     """Every cache entry keeps its strides from the prompt to the steps (the SSD's conv window, the token shift's
     last input), so one compilation serves every step: the steps after the second skip torch.compile's Python
@@ -539,9 +576,10 @@ def test_ssd_cache_does_not_grow_with_the_generated_length():
             model(torch.randint(0, 61, (1, 1)), cache=cache)
         sizes[steps] = {k: tuple(v.shape) for k, v in cache.state(ssd).items()}
     assert sizes[3] == sizes[40] == {"conv": (1, 3, ssd.d_xbc), "state": (1, ssd.n_heads, ssd.head_dim, ssd.d_state)}
-    # what the decoding benchmark reports: the padding flags and, per SSD layer, its window and state (fp32)
+    # what the decoding benchmark reports: the padding flags, the row's real count (int64) and, per SSD layer, its
+    # window and state (fp32)
     per_layer = 4 * (3 * ssd.d_xbc + ssd.n_heads * ssd.head_dim * ssd.d_state)
-    assert cache.nbytes() == cache.capacity + 2 * per_layer
+    assert cache.nbytes() == cache.capacity + 8 + 2 * per_layer
 
 
 def test_stop_token_ends_each_sequence_and_fills_the_rest():
@@ -952,11 +990,10 @@ def test_a_compiled_cpu_step_runs_its_linears_as_row_sums_up_to_eight_rows(monke
 
 @pytest.mark.parametrize("pad", ["none", "left", "after a token"])
 def test_a_sliding_window_reads_only_the_keys_its_queries_can_reach(monkeypatch, pad):
-    """A windowed attention decoding hands the attention only the cache's last ``w + T - 1`` keys (a step's last ``w``)
-    where the keys before reach none of the call's queries: without padding, or with padding only before each row's
-    first token (left padding, as generation pads), so a step costs ``O(w)``. Where a row has padding after a token,
-    the window reaches past it and every cached key is read. Either way the outputs equal the full forward's: the
-    prompt, a chunk of 3 and the steps past the window."""
+    """A windowed attention decoding keeps each row's last ``w`` real keys in a ring and hands the attention only what
+    a call's queries can reach: a step the ``w`` ring entries, a call of ``T`` tokens ``w - 1 + T`` — however the rows
+    are padded (padding takes no ring slot, as it takes no place in the window), so a step costs ``O(w)``. The
+    outputs equal the full forward's: the prompt, a chunk of 3 and the steps past the window."""
     import components.context
 
     torch.manual_seed(0)
@@ -970,6 +1007,7 @@ def test_a_sliding_window_reads_only_the_keys_its_queries_can_reach(monkeypatch,
     else:
         mask = torch.zeros(3, 13, dtype=torch.bool)
         mask[1, 2:4] = True  # two tokens, two padded positions, then the rest
+        mask[2, 7:10] = True  # padding in the chunk and at the first step
         positions = (torch.cumsum(~mask, dim=1) - 1).clamp_min(0)
     want = mixer(x, Context(position_ids=positions, padding_mask=mask))
     keys, attention = [], components.context.attention
@@ -981,25 +1019,23 @@ def test_a_sliding_window_reads_only_the_keys_its_queries_can_reach(monkeypatch,
     monkeypatch.setattr(components.context, "attention", counting)
     got = in_pieces(mixer, x, positions, mask, prefill=6, sizes=[3] + [1] * 4)
     assert relative(got, want, None if mask is None else ~mask) < 1e-5
-    # the prompt (6 keys), a chunk of 3 (of 9 cached keys), then steps at 10 ... 13 cached keys
-    assert keys == ([6, 9, 10, 11, 12, 13] if pad == "after a token" else [6, w + 3 - 1, w, w, w, w])
+    assert keys == [6, w + 3 - 1, w, w, w, w]  # the prompt (6 keys), a chunk of 3, then each step's w
 
 
-def test_the_cache_knows_whether_its_padding_comes_before_every_token_and_its_copies_keep_it():
-    """``prefix_padding``: True while every padded position precedes its row's first token (left padding); a padded
-    position after a token, in the prompt or in a later call, makes it False for good, and a selection or expansion of
-    the cache keeps it."""
-    left = InferenceCache(2, 10)
-    left.begin(4, torch.tensor([[True, True, False, False], [False] * 4]))
-    assert left.prefix_padding and left.has_padding
-    left.end(4)
-    left.begin(1, torch.tensor([[False], [False]]))
-    assert left.prefix_padding
-    left.end(1)
-    left.begin(1, torch.tensor([[False], [True]]))  # padding after the row's tokens
-    assert not left.prefix_padding
-    inside = InferenceCache(2, 10)
-    inside.begin(4, torch.tensor([[False, True, False, False], [False] * 4]))  # a token, then padding
-    assert not inside.prefix_padding
-    assert not inside.select(torch.tensor([1, 1])).prefix_padding and not inside.expand(2).prefix_padding
-    assert InferenceCache(2, 10).expand(3).prefix_padding
+def test_the_cache_counts_each_rows_real_tokens_and_its_copies_keep_them():
+    """``real``: each row's tokens that are not padding, over every call (where a sliding window's ring writes);
+    ``fewest_real``: a lower bound of the smallest, known on the host. A selection or expansion keeps both."""
+    cache = InferenceCache(2, 10)
+    cache.begin(4, torch.tensor([[True, True, False, False], [False] * 4]))
+    cache.end(4)
+    assert cache.real.tolist() == [2, 4] and cache.fewest_real == 2 and cache.has_padding
+    cache.begin(1, None)
+    cache.end(1)
+    cache.begin(2, torch.tensor([[False, True], [True, True]]))  # padding after the rows' tokens
+    cache.end(2)
+    assert cache.real.tolist() == [4, 5] and cache.fewest_real == 3
+    picked = cache.select(torch.tensor([1, 1, 0]))
+    assert picked.real.tolist() == [5, 5, 4] and picked.fewest_real == 3
+    assert cache.expand(2).real.tolist() == [4, 4, 5, 5]
+    assert InferenceCache(3, 10).real.tolist() == [0, 0, 0]
+

@@ -24,6 +24,7 @@ def mixer_kinds(model) -> str:
 
 @pytest.mark.parametrize("name, kinds, expand, gate, rope", [
     ("llama", "A" * 8, None, None, None),
+    ("mistral", "A" * 8, None, None, None),
     ("mamba2", "S" * 8, 2, True, False),
     ("transxssm", "S" * 7 + "A", 1, False, True),
     ("jamba", "S SR S SR A SR S SR".replace(" ", ""), 2, False, False),
@@ -38,6 +39,7 @@ def test_each_model_is_the_pattern_and_ssd_its_name_says(name, kinds, expand, ga
         assert (ssd.head_dim, ssd.d_state, ssd.chunk_size, ssd.conv is not None) == (64, 64, 256, True)
     attention = [m for m in model.modules() if isinstance(m, QCAttention)]
     assert all(a.n_heads == D_MODEL // 64 for a in attention)
+    assert {a.sliding_window for a in attention} <= ({decoding.WINDOW} if name == "mistral" else {None})
     torch.manual_seed(1)
     rebuilt = decoding.build(name, D_MODEL, VOCAB, "cpu")  # seeded inside: the same weights for every row
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), rebuilt.state_dict().values()))
@@ -54,6 +56,18 @@ def test_a_row_inverts_its_times_and_reports_the_cache_it_decoded_from(name):
     grown = (rows[1]["cache_mib"] - rows[0]["cache_mib"]) * 2**20
     # Llama keeps K and V of each of 8 layers for every position (fp32), Mamba-2 a fixed state; both a padding flag
     assert grown == (8 * 2 * 16 * D_MODEL * 4 if name == "llama" else 0) + 16
+
+
+def test_a_sliding_windows_cache_stops_growing_at_its_window():
+    """Mistral's 8 layers keep K and V of the last ``window`` positions (the ring): from 24 to 40 cached positions
+    with a window of 20 only the padding flags grow; at a window of 64 it grows as Llama's."""
+    def grown(window):
+        rows = [decoding.one("mistral", context, D_MODEL, VOCAB, steps=3, device="cpu", window=window)
+                for context in (24, 40)]
+        return (rows[1]["cache_mib"] - rows[0]["cache_mib"]) * 2**20
+
+    assert grown(20) == 16 and grown(64) == 8 * 2 * 16 * D_MODEL * 4 + 16
+    assert decoding.build("mistral", D_MODEL, VOCAB, "cpu", window=20).blocks[3].sequence_mixer.sliding_window == 20
 
 
 def test_the_cache_holds_exactly_the_prompt_warm_up_and_timed_steps(monkeypatch):
@@ -105,6 +119,7 @@ def test_the_command_runs_each_row_in_its_own_process_and_skips_a_failed_one(mon
     assert [c[c.index("--one") + 1:c.index("--one") + 3] for c in commands] == [
         ["llama", "16"], ["mamba2", "16"], ["llama", "32"], ["mamba2", "32"]]
     assert all(c[c.index("--d-model") + 1] == "128" and c[c.index("--steps") + 1] == "5" for c in commands)
+    assert all(c[c.index("--window") + 1] == str(decoding.WINDOW) for c in commands)
     assert [line.split(" | ")[:2] for line in out.splitlines() if line.startswith("| llama")] == [
         ["| llama", "16"], ["| llama", "32"]]
     assert "mamba2" not in out.split("\n\n", 1)[1] and "mamba2 at 16: failed" in err and "out of memory" in err

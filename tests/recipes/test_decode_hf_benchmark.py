@@ -108,3 +108,16 @@ def test_a_departures_margin_is_the_full_forwards_best_logit_over_the_token_take
     logits = model(wrong[:, :-1])[0, 9 + 1 - 1]  # what predicts the changed position
     margin = float(decode_hf.first_departure(model, wrong, 9).split("margin ")[1].rstrip(")"))
     assert margin == pytest.approx(float(logits.max() - logits[wrong[0, 10]]), rel=0.06) and margin > 0
+
+
+def test_mistrals_rows_run_past_its_window_with_the_full_forwards_argmax(capsys):
+    """Mistral: Llama's shapes with every layer attending to its last ``--window`` keys; Hugging Face's dynamic and
+    static caches and the zoo's two modes, over a prompt and new tokens past a window of 3, all the full forward's
+    argmax (which the zoo model computes with the imported window)."""
+    assert decode_hf.hf_model("mistral", 64, 1, 97, window=3).config.sliding_window == 3
+    assert type(decode_hf.hf_model("llama", 64, 1, 97)).__name__ == "LlamaForCausalLM"
+    decode_hf.main(["--models", "mistral", "--batches", "2", "--width", "64", "--layers", "2", "--vocab", "97",
+                    "--prompt", "5", "--new-tokens", "4", "--rounds", "1", "--threads", "1", "--window", "3"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| mistral")]
+    assert [cells[2] for cells in rows] == ["hf dynamic", "hf static", "zoo eager", "zoo compiled"]
+    assert all(cells[7] == "ok |" for cells in rows)
