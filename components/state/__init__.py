@@ -4,9 +4,11 @@ from components.state.cdmoe import CDMoE
 from components.state.experts import CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
 from components.state.mlp import MLP
 from components.state.moe import MoE, CohesiveMoE, ComposedMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
-from components.state.router import ForwardRecords, Routing, SigmoidRouter, TopKRouter, switch_balancing_loss
+from components.state.router import (ForwardRecords, Routing, SigmoidRouter, TopKRouter, sequence_balancing_loss,
+                                     switch_balancing_loss)
 
 __all__ = [
     "CDMoE", "CohesiveExperts", "ForwardRecords", "CohesiveMoE", "ComposedMoE", "ExpansiveExperts", "ExpansiveMoE", "MLP", "MLPExperts", "MoE",
-    "RoutedMoE", "Routing", "SharedExpertMoE", "SigmoidRouter", "SharedGate", "TopKRouter", "switch_balancing_loss",
+    "RoutedMoE", "Routing", "SharedExpertMoE", "SigmoidRouter", "SharedGate", "TopKRouter", "sequence_balancing_loss",
+    "switch_balancing_loss",
 ]

@@ -19,7 +19,9 @@ from components.state.experts import GATE_FORMS, CohesiveExperts, ExpansiveExper
 from components.state.mlp import ACTIVATIONS, GATES, MLP, default_d_ff
 from components._checks import check_choice, check_flags, check_mixer_input
 from components.state.router import (ForwardRecords, Routing, SigmoidRouter, TopKRouter, router_z_loss,
-                                     switch_balancing_loss, valid_tokens)
+                                     sequence_balancing_loss, switch_balancing_loss, valid_tokens)
+
+BALANCE_SCOPES = ("batch", "sequence")  # what the balancing loss evens out: the batch's load, or each sequence's
 
 
 def dispatch(experts: nn.Module, x: torch.Tensor, shared: torch.Tensor | None, routing: Routing) -> torch.Tensor:
@@ -39,8 +41,8 @@ def dispatch(experts: nn.Module, x: torch.Tensor, shared: torch.Tensor | None, r
 class MoE(ForwardRecords, nn.Module):
     """The routed-MoE engine, ``[B, T, d_model] → [B, T, d_model]``.
 
-    After each forward, ``aux_loss`` holds the Switch balancing loss (summed into the training loss
-    by the recipe; docs/architecture.md), ``router_z_loss`` ST-MoE's router z-loss (the recipe's ``router_z_loss``
+    After each forward, ``aux_loss`` holds the balancing loss (summed into the training loss by the recipe, times its
+    ``aux_loss_coef``; docs/architecture.md): Switch's over the batch, or DeepSeek-V3's within each sequence, ``router_z_loss`` ST-MoE's router z-loss (the recipe's ``router_z_loss``
     coefficient weighs it; None for a router whose :class:`Routing` has no logits) and ``expert_load [E]`` the
     fraction of assignments each expert took.
     ``forward(x, padding_mask=None)``: with ``padding_mask [B, T]`` (True at padding; the block passes
@@ -53,13 +55,17 @@ class MoE(ForwardRecords, nn.Module):
             ``experts(xs, shareds)`` mapping per-expert lists of routed tokens to outputs.
         shared_expert: a module added on every token (SEI), or None.
         cross_domain: a module computing, once per token, the shared state the experts read, or None.
+        balance: what ``aux_loss`` evens out: ``batch`` (default; Switch Transformer's loss over every token of the
+            batch) | ``sequence`` (DeepSeek-V3's sequence-wise loss: the same within each sequence, averaged; an
+            input ``[B, T, d]`` is ``B`` sequences, any other shape one).
     """
 
     mixer_slot = "state"  # the block slot it fills; a pattern placing it in the other is refused
 
     def __init__(self, router: TopKRouter | SigmoidRouter, experts: nn.Module, *, shared_expert: nn.Module | None = None,
-                 cross_domain: nn.Module | None = None):
+                 cross_domain: nn.Module | None = None, balance: str = "batch"):
         super().__init__()
+        check_choice(type(self).__name__, "balance", balance, BALANCE_SCOPES)
         missing = [name for name in ("n_experts", "params_per_expert") if not hasattr(experts, name)]
         if missing:  # an MLP or a Linear passed as the bank would fail at the first forward, inside dispatch
             raise ValueError(f"MoE: experts={type(experts).__name__} is not an expert bank (it lacks "
@@ -75,7 +81,7 @@ class MoE(ForwardRecords, nn.Module):
         if router.n_experts != experts.n_experts:
             raise ValueError(f"MoE: the router has {router.n_experts} experts, the bank {experts.n_experts}")
         self.router, self.experts = router, experts
-        self.shared_expert, self.cross_domain = shared_expert, cross_domain
+        self.shared_expert, self.cross_domain, self.balance = shared_expert, cross_domain, balance
         self.aux_loss: torch.Tensor | None = None
         self.router_z_loss: torch.Tensor | None = None
         self.expert_load: torch.Tensor | None = None
@@ -96,7 +102,11 @@ class MoE(ForwardRecords, nn.Module):
         if self.shared_expert is not None:
             y = y + self.shared_expert(flat)
         self.expert_load = routing.load(self.router.n_experts, valid)
-        self.aux_loss = switch_balancing_loss(routing.probs, self.expert_load, valid)
+        if self.balance == "sequence":
+            sequences = shape[0] if x.dim() == 3 else 1
+            self.aux_loss = sequence_balancing_loss(routing.probs, routing.experts, sequences, valid)
+        else:
+            self.aux_loss = switch_balancing_loss(routing.probs, self.expert_load, valid)
         self.router_z_loss = None if routing.logits is None else router_z_loss(routing.logits, valid)
         if self.training and hasattr(self.router, "observe"):  # a router that balances itself (SigmoidRouter)
             self.router.observe(self.expert_load)
@@ -247,14 +257,15 @@ class ComposedMoE(MoE):
         experts: the expert bank's spec (:mod:`components.state.experts`).
         shared_expert: an always-on module's spec, added on every token (SEI), or None.
         cross_domain: the spec of a module computing the shared state the experts read, or None.
+        balance: what the balancing loss evens out, ``batch`` (default) | ``sequence`` (as :class:`MoE`).
     """
 
     def __init__(self, d_model: int, *, router: Mapping, experts: Mapping, shared_expert: Mapping | None = None,
-                 cross_domain: Mapping | None = None):
+                 cross_domain: Mapping | None = None, balance: str = "batch"):
         parts = {"router": router, "experts": experts, "shared_expert": shared_expert, "cross_domain": cross_domain}
         built = {name: None if spec is None else _built_part(name, spec, d_model) for name, spec in parts.items()}
         super().__init__(built["router"], built["experts"], shared_expert=built["shared_expert"],
-                         cross_domain=built["cross_domain"])
+                         cross_domain=built["cross_domain"], balance=balance)
 
 
 def _built_part(name: str, spec: Mapping, d_model: int) -> nn.Module:

@@ -94,6 +94,28 @@ def switch_balancing_loss(probs: torch.Tensor, load: torch.Tensor, valid: torch.
     return n_experts * torch.dot(load.to(probs.dtype), token_mean(probs, valid))
 
 
+def sequence_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, sequences: int,
+                            valid: torch.Tensor | None = None) -> torch.Tensor:
+    """DeepSeek-V3's sequence-wise balance loss (eq. 17-20, without its ``α``): :func:`switch_balancing_loss` within
+    each sequence, ``N · Σ_i f_i · P_i`` over that sequence's valid tokens, averaged over the sequences that have
+    any. ``probs [M, E]`` (normalised affinities), ``experts [M, k]`` the chosen ids, ``M = sequences · T`` tokens
+    in sequence order, ``valid [M]`` (float 0/1; None: all). It is 1 when every sequence spreads its tokens evenly,
+    where the batch-wide loss would accept sequences that each crowd one expert as long as the batch evens out."""
+    n_experts, k = probs.shape[-1], experts.shape[-1]
+    weights = torch.ones(probs.shape[0], device=probs.device) if valid is None else valid.float()  # [M]
+    weights = weights.view(sequences, -1)  # [B, T]
+    ids = experts.reshape(sequences, -1)  # [B, T·k]
+    counts = torch.zeros(sequences, n_experts, device=probs.device).scatter_add_(
+        1, ids, weights.repeat_interleave(k, dim=1))  # [B, E] assignments per sequence
+    load = counts / counts.sum(dim=1, keepdim=True).clamp_min(1.0)  # [B, E], no gradient
+    tokens = weights.sum(dim=1)  # [B]
+    mean = (probs.reshape(sequences, -1, n_experts) * weights[..., None].to(probs.dtype)).sum(dim=1) / tokens.clamp_min(
+        1.0)[:, None].to(probs.dtype)  # [B, E]
+    per_sequence = n_experts * (load.to(probs.dtype) * mean).sum(dim=-1)  # [B]
+    present = (tokens > 0).to(probs.dtype)  # [B]
+    return (per_sequence * present).sum() / present.sum().clamp_min(1.0)
+
+
 def router_z_loss(logits: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """ST-MoE's router z-loss (Zoph et al. 2022, eq. 5): the mean over the valid tokens of ``logsumexp(logits)²``,
     ``logits [M, E]``. It pulls the router's logits towards zero, where the softmax's exponentials round least."""

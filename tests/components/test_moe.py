@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from components import (MLP, SSD, CohesiveMoE, ComposedMoE, ExpansiveMoE, HybridLM, MoE, QCAttention, RoutedMoE,
                         SharedExpertMoE, SigmoidRouter, TopKRouter)
 from components.catalogue import STATE_MIXERS
-from components.state import switch_balancing_loss
+from components.state import sequence_balancing_loss, switch_balancing_loss
 from components.state.experts import MLPExperts
 from components.state.router import Routing
 
@@ -147,6 +147,72 @@ def test_balancing_loss_equals_its_formula_on_a_hand_built_routing():
     torch.testing.assert_close(switch_balancing_loss(probs, load), torch.tensor(2 * (0.75 * 0.65 + 0.25 * 0.35)))
     uniform = torch.full((4, 2), 0.5)
     torch.testing.assert_close(switch_balancing_loss(uniform, torch.tensor([0.5, 0.5])), torch.tensor(1.0))
+
+
+def test_the_sequence_wise_loss_is_switchs_loss_within_each_sequence_averaged():
+    """DeepSeek-V3's sequence-wise balance loss, against a loop over the sequences of Switch's loss on each one's real
+    tokens (a sequence of padding alone counts in no average), on values and on the gradient into the affinities;
+    one sequence gives Switch's loss itself."""
+    torch.manual_seed(0)
+    B, T, E, k = 3, 5, 4, 2
+    probs = torch.softmax(torch.randn(B * T, E, dtype=torch.float64), -1).requires_grad_()
+    experts = torch.stack([torch.randperm(E)[:k] for _ in range(B * T)])  # [M, k]
+    valid = torch.ones(B, T, dtype=torch.float64)
+    valid[1, :2] = 0
+    valid[2] = 0  # a sequence of padding
+    got = sequence_balancing_loss(probs, experts, B, valid.view(-1))
+    losses = []
+    for b in range(2):
+        rows = torch.arange(b * T, (b + 1) * T)[valid[b] > 0]
+        routing = Routing(experts=experts[rows], gates=probs[rows, :k], probs=probs[rows])
+        losses.append(switch_balancing_loss(probs[rows], routing.load(E), None))
+    want = torch.stack(losses).mean()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, probs)[0], torch.autograd.grad(want, probs)[0])
+    one = Routing(experts=experts[:T], gates=probs[:T, :k], probs=probs[:T])
+    torch.testing.assert_close(sequence_balancing_loss(probs[:T], experts[:T], 1),
+                               switch_balancing_loss(probs[:T], one.load(E)))
+
+
+def test_sequences_that_each_crowd_one_expert_pass_the_batch_loss_but_not_the_sequence_wise_one():
+    """Two sequences, each sending every token to its own expert with all the affinity: the batch's load is even,
+    so Switch's loss over the batch is 1, its least; within each sequence it is ``N = 2``, its most."""
+    probs = torch.tensor([[1.0, 0.0]] * 3 + [[0.0, 1.0]] * 3)  # [6, 2]
+    experts = torch.tensor([[0]] * 3 + [[1]] * 3)  # [6, 1]
+    batch_load = Routing(experts=experts, gates=probs[:, :1], probs=probs).load(2)
+    torch.testing.assert_close(switch_balancing_loss(probs, batch_load), torch.tensor(1.0))
+    torch.testing.assert_close(sequence_balancing_loss(probs, experts, 2), torch.tensor(2.0))
+
+
+def test_a_moe_balances_each_sequence_when_told_and_names_a_bad_scope():
+    """``balance="sequence"``: the MoE's ``aux_loss`` is the sequence-wise loss of its own routing over its input's
+    sequences, padding left out (``[B, T, d]``: ``B`` sequences; ``[M, d]``: one); the load it records stays the
+    batch's. ComposedMoE passes the choice on; a scope it does not know is refused by name."""
+    torch.manual_seed(0)
+    spec = {"router": {"class_path": "components.SigmoidRouter", "init_args": {"n_experts": 4, "top_k": 2}},
+            "experts": {"class_path": "components.state.MLPExperts", "init_args": {"n_experts": 4, "d_ff": 6}}}
+    moe = ComposedMoE(D_MODEL, **spec, balance="sequence")
+    x = torch.randn(3, 7, D_MODEL)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[2, :4] = True
+    moe(x, padding_mask=pad)
+    sequence_wise = moe.aux_loss
+    routing = moe.router(x.masked_fill(pad[..., None], 0.0).reshape(-1, D_MODEL))
+    valid = (~pad).reshape(-1).float()
+    torch.testing.assert_close(sequence_wise, sequence_balancing_loss(routing.probs, routing.experts, 3, valid))
+    torch.testing.assert_close(moe.expert_load, routing.load(4, valid))
+    moe(x[0])  # [T, d]: one sequence
+    alone = moe.router(x[0])
+    torch.testing.assert_close(moe.aux_loss, sequence_balancing_loss(alone.probs, alone.experts, 1))
+    batch = ComposedMoE(D_MODEL, **spec)
+    batch.load_state_dict(moe.state_dict())
+    batch(x, padding_mask=pad)
+    torch.testing.assert_close(batch.aux_loss, switch_balancing_loss(routing.probs, routing.load(4, valid), valid))
+    assert batch.balance == "batch" and batch.aux_loss.item() != sequence_wise.item()
+    with pytest.raises(ValueError, match=r"ComposedMoE: balance='token' is not one of \('batch', 'sequence'\)"):
+        ComposedMoE(D_MODEL, **spec, balance="token")
+    with pytest.raises(ValueError, match=r"MoE: balance='Sequence'"):
+        MoE(TopKRouter(D_MODEL, 4, 2), MLPExperts(D_MODEL, n_experts=4, d_ff=6), balance="Sequence")
 
 
 @pytest.mark.parametrize("name", [name for name, f in MIXERS.items() if "sigmoid router" not in name])

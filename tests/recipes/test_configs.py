@@ -128,20 +128,26 @@ def test_equal_parameter_families_land_on_their_total(built, folder):
 
 
 def test_the_balancing_family_differs_only_in_its_router_and_how_it_is_balanced(built):
-    """Four recipes on ablate_moe's backbone and widths: a softmax router with and without Switch's loss, DeepSeek-V3's
-    sigmoid router with its bias stepped and fixed; everything else, parameters and active ones included, equal."""
+    """Six recipes on ablate_moe's backbone and widths: a softmax router with Switch's loss over the batch, over each
+    sequence, and without it; DeepSeek-V3's sigmoid router with its bias stepped (alone, and with its sequence-wise
+    loss at α = 1e-4) and fixed; everything else, parameters and active ones included, equal."""
     recipes = family(built, "moe_balance")
-    assert set(recipes) == {"softmax_aux", "softmax_none", "sigmoid_loss_free", "sigmoid_none"}
+    assert set(recipes) == {"softmax_aux", "softmax_sequence", "softmax_none", "sigmoid_loss_free", "sigmoid_sequence",
+                            "sigmoid_none"}
     assert len({(cli.model.sizes["n_params"], cli.model.sizes["n_active_params"]) for cli in recipes.values()}) == 1
     assert abs(recipes["softmax_aux"].model.sizes["n_params"] - 600_000) / 600_000 < 0.01
     balancing = {}
     for name, cli in recipes.items():
-        routers = {(type(m.router).__name__, getattr(m.router, "balance_rate", None))
+        routers = {(type(m.router).__name__, getattr(m.router, "balance_rate", None), m.balance)
                    for m in cli.model.model.modules() if hasattr(m, "router")}
         (balancing[name],) = routers  # (one router configuration a recipe)
         balancing[name] += (cli.model.hparams.aux_loss_coef,)
-    assert balancing == {"softmax_aux": ("TopKRouter", None, 0.01), "softmax_none": ("TopKRouter", None, 0.0),
-                         "sigmoid_loss_free": ("SigmoidRouter", 1e-3, 0.0), "sigmoid_none": ("SigmoidRouter", 0.0, 0.0)}
+    assert balancing == {"softmax_aux": ("TopKRouter", None, "batch", 0.01),
+                         "softmax_sequence": ("TopKRouter", None, "sequence", 0.01),
+                         "softmax_none": ("TopKRouter", None, "batch", 0.0),
+                         "sigmoid_loss_free": ("SigmoidRouter", 1e-3, "batch", 0.0),
+                         "sigmoid_sequence": ("SigmoidRouter", 1e-3, "sequence", 1e-4),
+                         "sigmoid_none": ("SigmoidRouter", 0.0, "batch", 0.0)}
     keys = ("model.mixers.R", "model.aux_loss_coef")
     assert len({str(recipe_without(cli, *keys)) for cli in recipes.values()}) == 1
 
