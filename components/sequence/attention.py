@@ -82,6 +82,8 @@ class QCAttention(nn.Module):
             batch that is transformers' window, which counts positions. It is the attention's ``keep_window``
             without a bias (whose ties go to the most recent keys), so every backend and the decoding cache
             take it as they are.
+        qkv_bias: a learned bias on the query, key and value projections, none on the output (default False;
+            Qwen2's attention).
         backend: attention kernel, ``auto`` | ``reference`` | ``triton``.
     """
 
@@ -89,7 +91,7 @@ class QCAttention(nn.Module):
 
     def __init__(self, d_model: int, *, n_heads: int = 8, n_kv_heads: int | None = None, head_dim: int | None = None,
                  rope: bool = True, qk_norm: bool = False, norm_eps: float = 1e-6, rope_fraction: float = 1.0,
-                 sliding_window: int | None = None, backend: str = "auto"):
+                 sliding_window: int | None = None, qkv_bias: bool = False, backend: str = "auto"):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         check_positive("QCAttention", d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads)
@@ -110,8 +112,10 @@ class QCAttention(nn.Module):
         self.positions = QueryKeyPositions("QCAttention", head_dim, rope=rope, qk_norm=qk_norm, norm_eps=norm_eps,
                                            rope_fraction=rope_fraction)
         self.d_model, self.sliding_window, self.backend = d_model, sliding_window, backend
-        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
-        self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * head_dim, bias=False)
+        check_flags("QCAttention", qkv_bias=qkv_bias)
+        self.qkv_bias = qkv_bias
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=qkv_bias)
+        self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * head_dim, bias=qkv_bias)  # rows [keys | values]
         self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
@@ -136,4 +140,5 @@ class QCAttention(nn.Module):
 
     def extra_repr(self) -> str:
         window = f", sliding_window={self.sliding_window}" if self.sliding_window is not None else ""
-        return f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}{window}"
+        bias = ", qkv_bias=True" if self.qkv_bias else ""
+        return f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}{window}{bias}"

@@ -1,4 +1,4 @@
-"""One adapter per Hugging Face architecture the zoo can be: Llama, Qwen3, Mistral, Mixtral, Qwen3-MoE, dots.llm1
+"""One adapter per Hugging Face architecture the zoo can be: Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE, dots.llm1
 (import), Mamba-2, Doge (dense and CDMoE), and the hybrids of Mamba-2 and attention layers, Granite 4.0, Bamba and
 Nemotron-H.
 
@@ -158,13 +158,16 @@ def nothing_reshaped(c: dict, i: int) -> list[tuple]:
     return []
 
 
-def decoder_layer_pairs(i: int, qk_norm: bool = False) -> list[tuple[str, list[str]]]:
-    """Layer ``i``'s norms and attention in transformers' decoders (Llama's, Qwen3's with ``qk_norm``, Mixtral's,
-    Qwen3-MoE's): everything but the MLP or MoE."""
+def decoder_layer_pairs(i: int, qk_norm: bool = False, qkv_bias: bool = False) -> list[tuple[str, list[str]]]:
+    """Layer ``i``'s norms and attention in transformers' decoders (Llama's, Qwen3's with ``qk_norm``, Qwen2's with
+    ``qkv_bias``, Mixtral's, Qwen3-MoE's): everything but the MLP or MoE."""
     hf, ours = f"model.layers.{i}", f"blocks.{i}"
     pairs = [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
              (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"]),
              *attention_pairs(f"{ours}.sequence_mixer", f"{hf}.self_attn")]
+    if qkv_bias:  # (keys' and values' biases in one vector, as their weights in one matrix)
+        pairs += [(f"{ours}.sequence_mixer.q_proj.bias", [f"{hf}.self_attn.q_proj.bias"]),
+                  (f"{ours}.sequence_mixer.kv_proj.bias", [f"{hf}.self_attn.k_proj.bias", f"{hf}.self_attn.v_proj.bias"])]
     if qk_norm:
         pairs += [(f"{ours}.sequence_mixer.positions.{norm}.weight", [f"{hf}.self_attn.{norm}.weight"])
                   for norm in ("q_norm", "k_norm")]
@@ -236,7 +239,7 @@ def layer_settings(block) -> tuple:
     state = ((m.router.n_experts, m.router.top_k, m.experts.d_ff, m.experts.activation, act_name(m.experts.act))
              if isinstance(m, MoE) else (m.d_ff, m.activation, m.act_name))
     return (a.n_heads, a.n_kv_heads, a.head_dim, a.positions.rope, a.positions.rope_fraction,
-            None if norm is None else norm.eps, state)
+            None if norm is None else norm.eps, a.qkv_bias, state)
 
 
 def routed_moe_mismatch(m, short: str, normalized: bool | None) -> str | None:
@@ -256,8 +259,9 @@ STATE_MIXERS = {"M": "SwiGLU MLP", "R": "routed MoE"}
 
 
 def decoder_mismatch(model, name: str, *, qk_norm: bool, windows: str = "none", states: str = "M",
-                     normalized: bool | None = True) -> str | None:
-    """What keeps ``model`` from Llama's stack (``qk_norm``: Qwen3's, a QK-norm of the model's eps). ``windows``: which
+                     normalized: bool | None = True, qkv_bias: bool = False) -> str | None:
+    """What keeps ``model`` from Llama's stack (``qk_norm``: Qwen3's, a QK-norm of the model's eps; ``qkv_bias``:
+    Qwen2's, biases on the query, key and value projections). ``windows``: which
     attention windows the class writes — ``none`` (Llama: every key), ``every layer`` (Mistral: one window, or none, for
     every layer) or ``per layer`` (Qwen3: one window, on any of the layers; their blocks may then have two letters).
     ``states``: the state letters its blocks may have — ``M``, a SwiGLU MLP; ``R``, a routed MoE of SwiGLU experts whose
@@ -307,6 +311,9 @@ def decoder_mismatch(model, name: str, *, qk_norm: bool, windows: str = "none", 
                 f"its attention has no RoPE or has a QK-norm, which {short} has not")
     if a.positions.rope_fraction != 1:
         return f"its attention turns {a.positions.rope_fraction:g} of each head by RoPE; {short}'s turns all of it"
+    if a.qkv_bias != qkv_bias:
+        return (f"its attention has no bias on its query, key and value projections; {short}'s has" if qkv_bias else
+                f"its attention has biases on its query, key and value projections (qkv_bias); {short}'s has none")
     if qk_norm and a.positions.q_norm.eps != model.norm.eps:
         return (f"its attention's QK-norm has eps {a.positions.q_norm.eps} and its other norms {model.norm.eps}; a "
                 f"{name} has one rms_norm_eps for all of them")
@@ -516,6 +523,35 @@ class Qwen3:
         return {**decoder_config(model, Qwen3.name, Qwen3.model_type), "use_sliding_window": window is not None,
                 "sliding_window": window, "max_window_layers": layers.index(True) if window else len(layers),
                 "layer_types": ["sliding_attention" if layer else "full_attention" for layer in layers]}
+
+
+class Qwen2:
+    """Qwen2 (Qwen2.5's class too): Llama's stack with a bias on the query, key and value projections
+    (``QCAttention(qkv_bias=True)``) and Qwen3's windowed layers (``use_sliding_window``, ``max_window_layers``,
+    ``layer_types``). A zoo model exports as one only with those biases (and as Llama, Mistral or Qwen3 only without)."""
+
+    name, model_type = "Qwen2ForCausalLM", "qwen2"
+    honoured = Qwen3.honoured
+    ends, reshaped = Llama.ends, staticmethod(nothing_reshaped)
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        window, layers = qwen3_windowed_layers(c)
+        return windowed(decoder_recipe(c, qkv_bias=True), window, layers)
+
+    @staticmethod
+    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
+        return [*decoder_layer_pairs(i, qkv_bias=True), *swiglu_pairs(f"blocks.{i}.state_mixer", f"model.layers.{i}.mlp")]
+
+    @staticmethod
+    def mismatch(model) -> str | None:
+        return decoder_mismatch(model, Qwen2.name, qk_norm=False, windows="per layer", qkv_bias=True)
+
+    @staticmethod
+    def config(model) -> dict:
+        config = {**Qwen3.config(model), "architectures": [Qwen2.name], "model_type": Qwen2.model_type}
+        del config["attention_bias"]  # (Qwen2 has no such field: its biases are always there)
+        return config
 
 
 QWEN3_MOE_EXPERTS, QWEN3_MOE_TOP_K, QWEN3_MOE_WIDTH = 128, 8, 768
@@ -956,6 +992,8 @@ def hybrid_mismatch(model, name: str, why: str) -> str | None:
         return no_attention_reason(name)
     if any(a.positions.q_norm is not None for a in attentions):
         return f"its attention has a QK-norm, which {name}'s has not"
+    if any(a.qkv_bias for a in attentions):
+        return f"its attention has biases on its query, key and value projections (qkv_bias); {name}'s has none"
     window = next((a.sliding_window for a in attentions if a.sliding_window is not None), None)
     if window is not None:
         return f"its attention keeps to the last {window} keys; {name}'s attends to every key"
@@ -1470,8 +1508,9 @@ class NemotronH:
         attentions = [m for k, m in mixers if k == "full_attention"]
         if not attentions:
             return no_attention_reason("Nemotron-H")
-        if any(a.positions.rope or a.positions.q_norm is not None or a.sliding_window is not None for a in attentions):
-            return "its attention has RoPE, a QK-norm or a window; Nemotron-H's has none of them"
+        if any(a.positions.rope or a.positions.q_norm is not None or a.sliding_window is not None or a.qkv_bias
+               for a in attentions):
+            return "its attention has RoPE, a QK-norm, a window or query/key/value biases; Nemotron-H's has none of them"
         mlps = [m for k, m in mixers if k == "mlp"]
         if any(m.activation != "plain" for m in mlps):
             return f"its MLPs are {sorted({m.activation for m in mlps})}; Nemotron-H's are plain (two matrices)"
@@ -1524,7 +1563,7 @@ class NemotronH:
         return config
 
 
-ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen3, Mistral, Mixtral, Qwen3Moe, Dots1, Mamba2, Doge,
+ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3Moe, Dots1, Mamba2, Doge,
                                                   GraniteHybrid, Bamba, NemotronH)}
 EXPORTABLE = {name: adapter for name, adapter in ADAPTERS.items() if hasattr(adapter, "config")}
 """The classes a zoo model is written as, in the order tried (a Mistral without a window is written as Llama)."""

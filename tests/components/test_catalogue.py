@@ -33,7 +33,8 @@ def test_each_entry_builds_the_variant_its_name_promises():
     promises = {
         "QCAttention": ["n_heads=4, n_kv_heads=2", "rope=True, qk_norm=False"],
         "QCAttention no RoPE, QK-norm": ["rope=False, qk_norm=True"],
-        "QCAttention heads of 12, half RoPE, QK-norm": ["head_dim=12", "rope=True, rope_fraction=0.5, qk_norm=True"],
+        "QCAttention heads of 12, half RoPE, QK-norm, QKV bias": ["head_dim=12", "rope=True, rope_fraction=0.5, qk_norm=True",
+                                                                  "qkv_bias=True"],
         "IFA content_exp, window 5": ["mask=content_exp", "keep_window=5", "qk_norm=True"],
         "IFA retrieval, window 3": ["inner=retrieval", "keep_window=3"],
         "IFA ssd value": ["inner=ssd", "SSDValue(\n    conv=True, rope=False"],
@@ -55,10 +56,13 @@ def test_each_entry_builds_the_variant_its_name_promises():
 
 def test_every_linear_map_is_bias_free_and_only_the_causal_convolution_has_a_bias():
     """As in the papers' layers (and Llama's, Mamba-2's, Doge's): a bias turned on by mistake changes the parameter
-    count the fair comparisons hold equal, and the weights Hugging Face models import into."""
+    count the fair comparisons hold equal, and the weights Hugging Face models import into. The one switch that asks
+    for biases, ``QCAttention(qkv_bias=True)`` (Qwen2's), puts them on the query and key/value projections alone."""
     import torch
 
     for name, factory in {**SEQUENCE_MIXERS, **STATE_MIXERS}.items():
         biased = [n for n, m in factory(32).named_modules()
                   if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d)) and m.bias is not None]
-        assert all(n == "conv" or n.endswith(".conv") for n in biased), (name, biased)
+        asked = ["q_proj", "kv_proj"] if "QKV bias" in name else []
+        assert [n for n in biased if not (n == "conv" or n.endswith(".conv"))] == asked, (name, biased)
+    assert [n for n, p in components.QCAttention(32, n_heads=4).named_parameters() if n.endswith("bias")] == []

@@ -1386,6 +1386,75 @@ def test_qwen3_with_windowed_layers_equals_transformers_and_exports_back(tmp_pat
     assert (written["layer_types"], written["sliding_window"], written["use_sliding_window"]) == (types, 5, True)
 
 
+@pytest.mark.parametrize("windowed", [False, True])
+def test_qwen2_imports_equal_to_transformers_with_its_biases_and_exports_back(tmp_path, windowed):
+    """Qwen2 (Qwen2.5's class): Llama's stack with biases on the query, key and value projections
+    (``QCAttention(qkv_bias=True)``), and, where ``use_sliding_window``, Qwen3's windowed layers (here the middle two
+    of four, a window of 5 over 19 tokens): equal to transformers' on logits, a left-padded batch, every gradient
+    (the biases' too), decoding one token at a time and greedy ids; it exports as a Qwen2 with its layer types, and
+    imports again bit for bit. The biases are drawn at random: transformers starts them at zero, where a bias mapped
+    to the wrong place would hide."""
+    from recipes.hf import read_config
+
+    torch.manual_seed(0)
+    types = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    window = {"use_sliding_window": True, "sliding_window": 5, "layer_types": types} if windowed else {}
+    config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      rms_norm_eps=1e-5, **window)
+    theirs = transformers.Qwen2ForCausalLM(config)
+    theirs.config._attn_implementation = "eager"
+    randomize(theirs)
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if name.endswith("proj.bias"):
+                p.uniform_(-0.5, 0.5)
+    theirs.save_pretrained(tmp_path / "qwen2")
+    ours = imports_equal_to_transformers(theirs.eval(), tmp_path / "qwen2")
+    assert ours.pattern == ("AM WM WM AM" if windowed else "AM×4")
+    assert all(b.sequence_mixer.qkv_bias for b in ours.blocks)
+    assert exports_to_transformers(ours, tmp_path / "exported") == "Qwen2ForCausalLM"
+    written = read_config(tmp_path / "exported")
+    assert "attention_bias" not in written
+    assert (written["layer_types"], written["use_sliding_window"]) == (types if windowed else ["full_attention"] * 4,
+                                                                       windowed)
+
+
+def test_only_a_model_with_query_key_value_biases_is_a_qwen2_and_none_of_the_others():
+    """The biases decide between Qwen2 and Llama's other heirs both ways: a Llama-like zoo model with them is refused
+    as Llama, Mistral, Qwen3 and the hybrids by name, and one without them as Qwen2."""
+    from components import HybridLM
+    from recipes.hf.architectures import Bamba, GraniteHybrid, Llama, Mistral, Qwen2, Qwen3
+
+    def llama(**attention):
+        return HybridLM(32, 16, "AM×2", {"A": {"class_path": "components.QCAttention",
+                                               "init_args": {"n_heads": 2, **attention}},
+                                         "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
+
+    biased = llama(qkv_bias=True)
+    assert Qwen2.mismatch(biased) is None and Qwen2.mismatch(llama()) == (
+        "its attention has no bias on its query, key and value projections; Qwen2's has")
+    for adapter in (Llama, Mistral):
+        assert adapter.mismatch(biased) == ("its attention has biases on its query, key and value projections "
+                                            f"(qkv_bias); {adapter.name.removesuffix('ForCausalLM')}'s has none")
+    mixed = HybridLM(32, 16, "AM BM", {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}},
+                                       "B": {"class_path": "components.QCAttention",
+                                             "init_args": {"n_heads": 2, "qkv_bias": True}},
+                                       "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
+    assert Qwen2.mismatch(mixed) == "its blocks' attentions or MLPs differ in more than a window; Qwen2's layers are alike"
+    assert "QK-norm" in Qwen3.mismatch(biased)  # (its first difference; with one, the biases)
+    assert Qwen3.mismatch(llama(qkv_bias=True, qk_norm=True, norm_eps=1e-6)).startswith("its attention has biases")
+    hybrid = HybridLM(32, 16, "SM AM", {
+        "S": {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8, "expand": 2, "conv": True,
+                                                           "rope": False, "gate": True, "norm_eps": 1e-6}},
+        "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "qkv_bias": True}},
+        "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
+    for adapter in (GraniteHybrid, Bamba):
+        assert "(qkv_bias)" in adapter.mismatch(hybrid), adapter.name
+    with pytest.raises(ValueError, match="QCAttention: qkv_bias='yes' must be True or False"):
+        llama(qkv_bias="yes")
+
+
 def test_a_mistral_imports_with_its_window_and_exports_as_mistral_or_as_llama_without_one(tmp_path):
     """Mistral is Llama's stack whose every layer attends to the last ``sliding_window`` keys (4,096 where the config
     has none, as transformers' default; null: every key). A window of 5 over 19 tokens, with Mistral-Nemo's kind of
@@ -1870,7 +1939,9 @@ def test_what_keeps_a_model_from_nemotron_h_is_named():
     for built, reason in [
             (model("SM A- -M"), "its block 'SM' holds SSD and MLP; a NemotronHForCausalLM is single-mixer blocks"),
             (model("S- -M -E"), "it has no attention block, and transformers' Nemotron-H fails without one"),
-            (model(a={"rope": True}), "its attention has RoPE, a QK-norm or a window; Nemotron-H's has none of them"),
+            (model(a={"rope": True}), "its attention has RoPE, a QK-norm, a window or query/key/value biases; Nemotron-H's "
+                                      "has none of them"),
+            (model(a={"qkv_bias": True}), "its attention has RoPE, a QK-norm, a window or query/key/value biases"),
             (model(s={"gate": False}), "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"),
             (model(s={"norm_eps": 1e-6}), "its SSDs' gate norms have another eps than its other norms (1e-05)"),
             (model(m={"activation": "swiglu", "act": "silu"}), "its MLPs are ['swiglu']; Nemotron-H's are plain"),
