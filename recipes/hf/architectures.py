@@ -1,6 +1,6 @@
-"""One adapter per Hugging Face architecture the zoo can be: Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE, dots.llm1
-(import), Mamba-2, Doge (dense and CDMoE), and the hybrids of Mamba-2 and attention layers, Granite 4.0, Bamba and
-Nemotron-H.
+"""One adapter per Hugging Face architecture the zoo can be: Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE,
+dots.llm1 and GLM-4.5 (import), Mamba-2, Doge (dense and CDMoE), and the hybrids of Mamba-2 and attention layers,
+Granite 4.0, Bamba and Nemotron-H.
 
 Each adapter knows, for its ``transformers`` class: the zoo model a ``config.json`` describes (``recipe``),
 the weights both ways (``to_zoo``, ``to_hf``), the ``config.json`` a zoo model is (``config``, for export),
@@ -647,6 +647,35 @@ DOTS1_WINDOW, DOTS1_WINDOW_LAYERS = 4096, 62
 """dots.llm1's ``sliding_window`` and ``max_window_layers`` where its config gives none: ``Dots1Config``'s defaults."""
 
 
+def deepseek_v3_moe(c: dict, defaults: dict | None = None) -> dict:
+    """DeepSeek-V3's MoE as transformers' dots.llm1 and GLM-4.5 build it, from their config ``c`` (a field it lacks
+    taken from ``defaults``, the class's, or refused by name where there are none): ``ComposedMoE`` of a
+    ``SigmoidRouter`` (group-limited, ``norm_topk_prob``, ``routed_scaling_factor``), SwiGLU experts of
+    ``moe_intermediate_size`` and one SwiGLU MLP of ``n_shared_experts`` times that width."""
+    field = {**(defaults or {}), **c}.__getitem__
+    experts, width, act = field("n_routed_experts"), field("moe_intermediate_size"), c.get("hidden_act", "silu")
+    router = spec("components.SigmoidRouter", n_experts=experts, top_k=field("num_experts_per_tok"),
+                  normalize=bool(c.get("norm_topk_prob", (defaults or {}).get("norm_topk_prob"))),
+                  scale=float(c.get("routed_scaling_factor", 1.0)),
+                  n_groups=c.get("n_group") or 1, top_groups=c.get("topk_group") or 1)
+    return spec("components.ComposedMoE", router=router,
+                experts=spec("components.state.MLPExperts", n_experts=experts, d_ff=width, act=act),
+                shared_expert=spec("components.MLP", d_ff=width * field("n_shared_experts"), act=act))
+
+
+def deepseek_v3_moe_pairs(ours: str, theirs: str) -> list[tuple[str, list[str]]]:
+    """That MoE's router (its ``e_score_correction_bias`` the zoo router's ``balance_bias``) and shared MLP."""
+    return [(f"{ours}.router.centroids.weight", [f"{theirs}.gate.weight"]),
+            (f"{ours}.router.balance_bias", [f"{theirs}.gate.e_score_correction_bias"]),
+            *swiglu_pairs(f"{ours}.shared_expert", f"{theirs}.shared_experts")]
+
+
+def deepseek_v3_experts(c: dict, i: int, experts: int | None = None) -> list[tuple]:
+    """Layer ``i``'s experts of that MoE, one matrix each in the files (as Qwen3-MoE's)."""
+    return expert_stacks(f"blocks.{i}.state_mixer.experts", f"model.layers.{i}.mlp.experts",
+                         experts or c["n_routed_experts"], "gate_proj", "up_proj", "down_proj")
+
+
 def dots1_windowed_layers(c: dict) -> tuple[int | None, list[bool]]:
     """``(window, whether each layer attends within it)`` of a dots.llm1 config, as transformers reads them: the layers
     ``layer_types`` names ``sliding_attention``, or where it has none those from ``max_window_layers`` on; no window
@@ -687,13 +716,7 @@ class Dots1:
         if not all(moe):
             mixers["M"] = base["mixers"]["M"]
         if any(moe):
-            experts, width, act = c["n_routed_experts"], c["moe_intermediate_size"], c.get("hidden_act", "silu")
-            router = spec("components.SigmoidRouter", n_experts=experts, top_k=c["num_experts_per_tok"],
-                          normalize=bool(c.get("norm_topk_prob")), scale=float(c.get("routed_scaling_factor", 1.0)),
-                          n_groups=c.get("n_group") or 1, top_groups=c.get("topk_group") or 1)
-            mixers["E"] = spec("components.ComposedMoE", router=router,
-                               experts=spec("components.state.MLPExperts", n_experts=experts, d_ff=width, act=act),
-                               shared_expert=spec("components.MLP", d_ff=width * c["n_shared_experts"], act=act))
+            mixers["E"] = deepseek_v3_moe(c)
         tokens = [("W" if w else "A") + ("E" if m else "M") for w, m in zip(windowed_layers, moe)]
         pattern = f"{tokens[0]}×{len(tokens)}" if len(set(tokens)) == 1 else " ".join(tokens)
         return {**base, "pattern": pattern, "mixers": mixers}
@@ -704,16 +727,89 @@ class Dots1:
         pairs = decoder_layer_pairs(i, qk_norm=True)
         if not dots1_moe_layers(c)[i]:
             return [*pairs, *swiglu_pairs(t, hf)]
-        return [*pairs, (f"{t}.router.centroids.weight", [f"{hf}.gate.weight"]),
-                (f"{t}.router.balance_bias", [f"{hf}.gate.e_score_correction_bias"]),
-                *swiglu_pairs(f"{t}.shared_expert", f"{hf}.shared_experts")]
+        return [*pairs, *deepseek_v3_moe_pairs(t, hf)]
 
     @staticmethod
     def reshaped(c: dict, i: int) -> list[tuple]:
-        if not dots1_moe_layers(c)[i]:
-            return []
-        return expert_stacks(f"blocks.{i}.state_mixer.experts", f"model.layers.{i}.mlp.experts", c["n_routed_experts"],
-                             "gate_proj", "up_proj", "down_proj")
+        return deepseek_v3_experts(c, i) if dots1_moe_layers(c)[i] else []
+
+
+GLM4_MOE_DEFAULTS = {"n_routed_experts": 128, "moe_intermediate_size": 1408, "num_experts_per_tok": 8,
+                     "n_shared_experts": 1, "first_k_dense_replace": 1, "norm_topk_prob": True}
+"""GLM-4.5's MoE fields where its config has none: ``Glm4MoeConfig``'s defaults."""
+
+GLM4_MOE_ROPE_FRACTION = 0.5
+"""The share of each head GLM-4.5 turns by RoPE where its config says none: ``Glm4MoeConfig``'s default."""
+
+
+def glm4_moe_rope_fraction(c: dict) -> float:
+    """GLM-4.5's ``partial_rotary_factor``: in ``rope_parameters`` (as transformers 5 writes it) or at the top level (as
+    the hub's files do), 0.5 where neither says; two that disagree are refused by name."""
+    said = {number(value) for value in ((c.get("rope_parameters") or {}).get("partial_rotary_factor"),
+                                        c.get("partial_rotary_factor")) if value is not None}
+    if len(said) > 1:
+        raise ValueError(f"fields that disagree on RoPE: partial_rotary_factor={c['partial_rotary_factor']!r} at the "
+                         f"top level and {c['rope_parameters']['partial_rotary_factor']!r} in rope_parameters; the "
+                         "import would compute what one of them does not, so it is refused")
+    return said.pop() if said else GLM4_MOE_ROPE_FRACTION
+
+
+def glm4_moe_layers(c: dict) -> list[bool]:
+    """Which layers of a GLM-4.5 hold the MoE: those from ``first_k_dense_replace`` (1 where the config has none) on."""
+    dense = c.get("first_k_dense_replace", GLM4_MOE_DEFAULTS["first_k_dense_replace"])
+    return [i >= dense for i in range(c["num_hidden_layers"])]
+
+
+def glm4_moe_mtp_layer(c: dict, name: str) -> bool:
+    """Whether ``name`` is a weight of GLM-4.5's multi-token-prediction layers, which its files keep after the
+    ``num_hidden_layers`` (``num_nextn_predict_layers`` of them) and which the causal LM never runs (transformers drops
+    them as it loads)."""
+    layers, extra = c["num_hidden_layers"], c.get("num_nextn_predict_layers", c.get("num_mtp_layers", 0)) or 0
+    return any(name.startswith(f"model.layers.{i}.") for i in range(layers, layers + extra))
+
+
+class Glm4Moe:
+    """Zhipu's GLM-4.5 (``Glm4MoeForCausalLM``; GLM-4.5-Air's class too): Llama's attention turning only part of each
+    head by RoPE (``rope_fraction``, ``partial_rotary_factor``, 0.5 unless the config says), with biases on the query,
+    key and value projections where ``attention_bias`` (``qkv_bias``) and a QK-norm where ``use_qk_norm``; a SwiGLU
+    MLP in its first ``first_k_dense_replace`` layers (``M``) and DeepSeek-V3's MoE in the others (``E``, as
+    dots.llm1's). Its multi-token-prediction layers (``num_nextn_predict_layers``, after the others in its files) are
+    left out, as transformers leaves them. Import only."""
+
+    name, model_type = "Glm4MoeForCausalLM", "glm4_moe"
+    honoured = Llama.honoured | {"moe_intermediate_size", "n_shared_experts", "n_routed_experts", "n_group",
+                                 "topk_group", "num_experts_per_tok", "first_k_dense_replace", "norm_topk_prob",
+                                 "routed_scaling_factor", "attention_bias", "use_qk_norm", "partial_rotary_factor",
+                                 "num_nextn_predict_layers", "num_mtp_layers"}
+    ends = Llama.ends
+    unused = staticmethod(glm4_moe_mtp_layer)
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        attention = {"rope_fraction": glm4_moe_rope_fraction(c), "qkv_bias": bool(c.get("attention_bias"))}
+        if c.get("use_qk_norm"):
+            attention.update(qk_norm=True, norm_eps=c["rms_norm_eps"])
+        base = decoder_recipe(c, **attention)
+        moe = glm4_moe_layers(c)
+        mixers = {"A": base["mixers"]["A"]}
+        if not all(moe):
+            mixers["M"] = base["mixers"]["M"]
+        if any(moe):
+            mixers["E"] = deepseek_v3_moe(c, GLM4_MOE_DEFAULTS)
+        tokens = ["AE" if m else "AM" for m in moe]
+        pattern = f"{tokens[0]}×{len(tokens)}" if len(set(tokens)) == 1 else " ".join(tokens)
+        return {**base, "pattern": pattern, "mixers": mixers}
+
+    @staticmethod
+    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
+        hf, t = f"model.layers.{i}.mlp", f"blocks.{i}.state_mixer"
+        pairs = decoder_layer_pairs(i, qk_norm=bool(c.get("use_qk_norm")), qkv_bias=bool(c.get("attention_bias")))
+        return [*pairs, *(deepseek_v3_moe_pairs(t, hf) if glm4_moe_layers(c)[i] else swiglu_pairs(t, hf))]
+
+    @staticmethod
+    def reshaped(c: dict, i: int) -> list[tuple]:
+        experts = c.get("n_routed_experts", GLM4_MOE_DEFAULTS["n_routed_experts"])
+        return deepseek_v3_experts(c, i, experts) if glm4_moe_layers(c)[i] else []
 
 
 EVERY_KEY = 2 ** 31 - 1
@@ -1563,8 +1659,8 @@ class NemotronH:
         return config
 
 
-ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3Moe, Dots1, Mamba2, Doge,
-                                                  GraniteHybrid, Bamba, NemotronH)}
+ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3Moe, Dots1, Glm4Moe, Mamba2,
+                                                  Doge, GraniteHybrid, Bamba, NemotronH)}
 EXPORTABLE = {name: adapter for name, adapter in ADAPTERS.items() if hasattr(adapter, "config")}
 """The classes a zoo model is written as, in the order tried (a Mistral without a window is written as Llama)."""
 
@@ -1597,7 +1693,8 @@ def to_zoo(config: dict, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     head = hf.pop("lm_head.weight", None)
     tied = config.get("tie_word_embeddings") and getattr(adapter, "ties_embeddings", True)
     out["lm_head.weight"] = out["embedding.weight"] if tied or head is None else head
-    leftover = [k for k in hf if not k.endswith("rotary_emb.inv_freq")]
+    unused = getattr(adapter, "unused", lambda config, name: False)  # weights its class never runs (GLM-4.5's MTP)
+    leftover = [k for k in hf if not k.endswith("rotary_emb.inv_freq") and not unused(config, k)]
     if leftover:
         raise ValueError(f"weights the zoo has no place for: {leftover[:5]}{' …' if len(leftover) > 5 else ''}")
     return out

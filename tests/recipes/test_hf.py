@@ -1832,6 +1832,74 @@ def with_correction_bias(files: dict[str, torch.Tensor], router: str) -> dict[st
                     for name, tensor in files.items() if name.endswith(router)}
 
 
+@pytest.mark.parametrize("settings", [
+    {"attention_bias": True, "use_qk_norm": True, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5},
+    {"head_dim": 12, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 1 / 3},
+     "norm_topk_prob": False, "first_k_dense_replace": 0, "hidden_act": "gelu"},
+], ids=["biases, QK-norm, groups", "wide heads, a third RoPE, unnormalised"])
+def test_a_glm4_moe_imports_equal_to_transformers_with_its_partial_rope_and_deepseek_v3s_router(tmp_path, settings):
+    """GLM-4.5 (GLM-4.5-Air's class) is Llama's attention turning part of each head by RoPE (half unless its config says),
+    with biases on the query, key and value projections and a QK-norm where its config asks, and DeepSeek-V3's MoE
+    after its dense first layers (as dots.llm1's): 8 experts, 2 a token, a random correction bias, one shared expert.
+    Two configurations, against transformers' model: logits, a left-padded batch, every gradient, decoding one token
+    at a time and greedy ids. The biases are drawn at random (transformers starts them at zero)."""
+    torch.manual_seed(0)
+    config = transformers.Glm4MoeConfig(**{
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 40, "moe_intermediate_size": 12,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "n_shared_experts": 1, "rms_norm_eps": 1e-5, "max_position_embeddings": 64,
+        **settings})
+
+    def biases(model):
+        for name, p in model.named_parameters():
+            if name.endswith("proj.bias"):
+                p.uniform_(-0.5, 0.5)
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.e_score_correction_bias.normal_(0, 0.1)
+
+    theirs = saved_random(transformers.Glm4MoeForCausalLM, config, tmp_path / "glm", biases)
+    ours = imports_equal_to_transformers(theirs, tmp_path / "glm", as_files=dots1_files)
+    dense = settings.get("first_k_dense_replace", 1)
+    assert ours.pattern == ("AM AE AE" if dense else "AE×3")
+    attention, router = ours.blocks[0].sequence_mixer, ours.blocks[2].state_mixer.router
+    assert attention.positions.rope_fraction == pytest.approx(0.5 if dense else 1 / 3)
+    assert (attention.qkv_bias, attention.positions.q_norm is not None) == ((True, True) if dense else (False, False))
+    assert (router.n_groups, router.scale, router.normalize) == ((4, 2.5, True) if dense else (1, 1.0, False))
+    torch.testing.assert_close(router.balance_bias, theirs.model.layers[2].mlp.gate.e_score_correction_bias)
+
+
+def test_what_a_glm4_moe_config_says_is_read_as_transformers_reads_it():
+    """Where the config is silent, Glm4MoeConfig's defaults (a dense first layer, 128 experts of width 1,408, 8 a token,
+    normalised, one shared, half of each head turned); ``partial_rotary_factor`` at the top level (the hub's files) or
+    in ``rope_parameters``, two that disagree refused; the multi-token-prediction layer its files keep after the
+    others dropped, a weight of any other layer not."""
+    from components import HybridLM
+    from recipes.hf.architectures import to_hf, to_zoo
+
+    c = {"architectures": ["Glm4MoeForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 8,
+         "num_hidden_layers": 2, "num_attention_heads": 2, "rms_norm_eps": 1e-6, "partial_rotary_factor": 0.25,
+         "head_dim": 16}
+    recipe = hf_recipe(c)
+    assert recipe["pattern"] == "AM AE" and recipe["mixers"]["A"]["init_args"]["rope_fraction"] == 0.25
+    moe = recipe["mixers"]["E"]["init_args"]
+    assert moe["router"]["init_args"] | {"n_groups": 1} == {"n_experts": 128, "top_k": 8, "normalize": True,
+                                                            "scale": 1.0, "n_groups": 1, "top_groups": 1}
+    assert (moe["experts"]["init_args"]["d_ff"], moe["shared_expert"]["init_args"]["d_ff"]) == (1408, 1408)
+    assert hf_recipe({k: v for k, v in c.items() if k != "partial_rotary_factor"})["mixers"]["A"]["init_args"][
+        "rope_fraction"] == 0.5
+    with pytest.raises(ValueError, match=r"fields that disagree on RoPE: partial_rotary_factor=0.25 at the top level "
+                                         r"and 0.5 in rope_parameters"):
+        hf_recipe({**c, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}})
+    small = {**c, "n_routed_experts": 2, "moe_intermediate_size": 4, "num_experts_per_tok": 1,
+             "num_nextn_predict_layers": 1}
+    model = HybridLM(**hf_recipe(small))
+    files = to_hf(small, model.state_dict())  # (the files' names: the layers 0 and 1, as transformers writes them)
+    assert set(to_zoo(small, files | {"model.layers.2.eh_proj.weight": torch.zeros(1)})) == set(model.state_dict())
+    with pytest.raises(ValueError, match=r"weights the zoo has no place for: \['model.layers.3.eh_proj.weight'\]"):
+        to_zoo(small, files | {"model.layers.3.eh_proj.weight": torch.zeros(1)})
+
+
 NEMOTRON_LAYERS = ["linear_attention", "mlp", "full_attention", "moe", "linear_attention", "moe"]
 
 
