@@ -7,7 +7,7 @@ sync and a whole-graph compile, bad input). Each entry is a factory ``d_model ->
 
 from functools import partial
 
-from components.sequence import SSD, Expresser, InnerFuncAttention, QCAttention, TokenShift
+from components.sequence import SSD, Expresser, InnerFuncAttention, QCAttention, ShortConv, TokenShift
 from components.state import MLP, CDMoE, CohesiveMoE, ComposedMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
 
 SEQUENCE_MIXERS = {
@@ -33,6 +33,8 @@ SEQUENCE_MIXERS = {
     "SSD conv, gate, recompute": partial(SSD, head_dim=8, d_state=8, chunk_size=4, conv=True, rope=False, gate=True, recompute=True),
     "Expresser": partial(Expresser, n_heads=4, n_kv_heads=2),
     "TokenShift": TokenShift,
+    "ShortConv": ShortConv,
+    "ShortConv, 4 taps, biases": partial(ShortConv, kernel_size=4, bias=True),
 }
 
 WHOLE_BLOCKS = {"Expresser"}

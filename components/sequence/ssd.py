@@ -13,6 +13,7 @@ from components.flops import ssd_flops_per_token
 from components._checks import check_choice, check_divisible, check_flags, check_mixer_input, check_positive
 from components.context import Context
 from components.norm import GroupedRMSNorm, at_least_fp32
+from components.sequence.causal_conv import causal_conv
 from components.rotary import apply_rotary
 from zoo_kernels._backend import check_backend
 from zoo_kernels.ssd import REFERENCE_CHUNK, ssd_scan, ssd_step
@@ -206,37 +207,8 @@ class SSD(nn.Module):
 
     def _causal_conv(self, xbc: torch.Tensor, cache: InferenceCache | None,
                      document_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Depthwise causal conv of ``xbc [b, T, C]``: each output reads its input and the ``K - 1`` before
-        it, which are zeros before the sequence, or (decoding) the window the last call left in ``cache``; with
-        ``document_ids [b, T]``, only those of its own document."""
-        K = self.conv.kernel_size[0]
-        if xbc.shape[1] == 0:
-            return xbc
-        window = cache.state(self).get("conv") if cache is not None else None
-        if window is None:
-            window = xbc.new_zeros(xbc.shape[0], K - 1, xbc.shape[2])  # [b, K-1, C]
-        full = torch.cat([window, xbc], dim=1)  # [b, K-1+T, C]
-        if cache is not None:
-            # a copy, not a view (as the token shift's): a view would keep the prompt's whole input alive
-            cache.keep(self, "conv", full[:, full.shape[1] - (K - 1):].contiguous(), xbc.shape[1])  # [b, K-1, C]
-        if xbc.shape[1] == 1 and document_ids is None:  # a decoding step: K products per channel, a tenth of a conv
-            return (full * self.conv.weight[:, 0].t()).sum(dim=1, keepdim=True) + self.conv.bias  # [b, 1, C]
-        if document_ids is None and not full.is_cpu:
-            # torch's depthwise conv (cuDNN on a GPU), on [b, C, T] views; the taps below are untimed on a GPU
-            out = F.conv1d(full.transpose(1, 2), self.conv.weight, self.conv.bias, groups=full.shape[2])  # [b, C, T]
-            return out.transpose(1, 2)
-        # K fused multiply-adds over [b, T, C], contiguous in C: on a CPU conv1d's forward and backward (and the SiLU
-        # after it, on its transposed output) cost 1.4× these (docs/performance.md, "The SSD's causal conv")
-        T = xbc.shape[1]
-        if document_ids is not None:  # tap k reads position t - (K-1-k); it counts only within t's document
-            ids = F.pad(document_ids, (K - 1, 0), value=-1)  # [b, K-1+T]; the zeros before belong to none
-        out = self.conv.bias
-        for k in range(K):
-            tap = full[:, k:k + T]  # [b, T, C]
-            if document_ids is not None:  # selected away, not multiplied by 0: a NaN before the document stays out
-                tap = torch.where((ids[:, k:k + T] == document_ids)[..., None], tap, 0.0)
-            out = torch.addcmul(out, tap, self.conv.weight[:, 0, k])
-        return out
+        """The depthwise causal conv of ``xbc [b, T, C]`` (:func:`~components.sequence.causal_conv.causal_conv`)."""
+        return causal_conv(self, self.conv, xbc, cache, document_ids)
 
     @property
     def rotary_dim(self) -> int | None:

@@ -56,13 +56,14 @@ def test_each_entry_builds_the_variant_its_name_promises():
 
 def test_every_linear_map_is_bias_free_and_only_the_causal_convolution_has_a_bias():
     """As in the papers' layers (and Llama's, Mamba-2's, Doge's): a bias turned on by mistake changes the parameter
-    count the fair comparisons hold equal, and the weights Hugging Face models import into. The one switch that asks
-    for biases, ``QCAttention(qkv_bias=True)`` (Qwen2's), puts them on the query and key/value projections alone."""
+    count the fair comparisons hold equal, and the weights Hugging Face models import into. The switches that ask
+    for biases put them where they say: ``QCAttention(qkv_bias=True)`` (Qwen2's) on the query and key/value projections
+    alone, ``ShortConv(bias=True)`` (LFM2's ``conv_bias``) on both projections and the convolution."""
     import torch
 
     for name, factory in {**SEQUENCE_MIXERS, **STATE_MIXERS}.items():
         biased = [n for n, m in factory(32).named_modules()
                   if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d)) and m.bias is not None]
-        asked = ["q_proj", "kv_proj"] if "QKV bias" in name else []
+        asked = ["q_proj", "kv_proj"] if "QKV bias" in name else ["in_proj", "out_proj"] if "biases" in name else []
         assert [n for n in biased if not (n == "conv" or n.endswith(".conv"))] == asked, (name, biased)
     assert [n for n, p in components.QCAttention(32, n_heads=4).named_parameters() if n.endswith("bias")] == []
