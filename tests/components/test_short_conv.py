@@ -53,8 +53,8 @@ def test_short_conv_is_causal_and_reads_only_its_last_k_positions(assert_causal)
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_left_padded_sequence_equals_the_sequence_alone_whatever_the_padding_held(bias):
-    """Padding passes nothing on: not its input (NaN here), and with biases not ``bias ⊙ bias`` either, which the
-    first real tokens' taps would read."""
+    """Padding passes nothing on: not its input (NaN here), in the outputs or the gradients, and with biases not
+    ``bias ⊙ bias`` either, which the first real tokens' taps would read."""
     m = mixer(bias=bias)
     x = torch.randn(1, 6, 8, dtype=torch.float64)
     padded = torch.cat([torch.full((1, 3, 8), float("nan"), dtype=torch.float64), x], dim=1)
@@ -62,6 +62,8 @@ def test_a_left_padded_sequence_equals_the_sequence_alone_whatever_the_padding_h
     positions = (torch.cumsum(~pad, dim=1) - 1).clamp_min(0)
     got = m(padded, Context(position_ids=positions, padding_mask=pad))[:, 3:]
     torch.testing.assert_close(got, m(x))
+    got.sum().backward()  # (a NaN left in the input would reach the weights' gradients through the gates: 0 · NaN)
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
 
 
 def test_a_document_reads_nothing_of_the_one_before():
