@@ -1900,6 +1900,78 @@ def test_what_a_glm4_moe_config_says_is_read_as_transformers_reads_it():
         to_zoo(small, files | {"model.layers.3.eh_proj.weight": torch.zeros(1)})
 
 
+@pytest.mark.parametrize("settings", [{}, {"conv_bias": True, "conv_L_cache": 4, "tie_word_embeddings": False,
+                                          "block_auto_adjust_ff_dim": False}], ids=["LFM2's", "biases, 4 taps"])
+def test_an_lfm2_imports_equal_to_transformers_with_its_gated_short_convolutions_and_exports_back(tmp_path, settings):
+    """LFM2 is gated short convolutions (``ShortConv``) and attention with a QK-norm, each layer with a SwiGLU MLP whose
+    width transformers derives (two thirds of 96, rounded up to a multiple of 16: 64). An independent check of
+    ``ShortConv``: equal to transformers' model on logits, a left-padded batch, every gradient, decoding one token at a
+    time (transformers' conv cache against the zoo's window) and greedy ids; it exports as an LFM2 that transformers
+    loads with equal logits and that imports again bit for bit."""
+    torch.manual_seed(0)
+    config = transformers.Lfm2Config(vocab_size=64, hidden_size=32, intermediate_size=96, block_multiple_of=16,
+                                     num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                     layer_types=["conv", "full_attention", "conv", "conv"], max_position_embeddings=64,
+                                     pad_token_id=0, **settings)
+
+    def biases(model):  # in_proj's bias drawn for c alone: transformers passes b·h from padding on, bias ⊙ bias
+        for name, p in model.named_parameters():  # (and a gradient back to it), where the zoo passes nothing
+            if name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)
+                if name.endswith("in_proj.bias"):
+                    p[:32], p[64:] = 0.0, 0.0
+
+    theirs = saved_random(transformers.Lfm2ForCausalLM, config, tmp_path / "lfm2", biases)
+    ours = imports_equal_to_transformers(theirs, tmp_path / "lfm2")
+    assert ours.pattern == "CM AM CM CM"
+    conv = ours.blocks[0].sequence_mixer
+    assert (type(conv).__name__, conv.conv.kernel_size[0], conv.bias) == (
+        "ShortConv", settings.get("conv_L_cache", 3), settings.get("conv_bias", False))
+    assert ours.blocks[0].state_mixer.d_ff == (96 if settings else 64)
+    assert ours.tie_embeddings == (not settings)
+    assert exports_to_transformers(ours, tmp_path / "exported") == "Lfm2ForCausalLM"
+
+
+def test_what_an_lfm2_config_says_is_read_as_transformers_reads_it_and_what_keeps_a_model_from_one():
+    """The hub's files: ``block_ff_dim`` over ``intermediate_size``, ``full_attn_idxs`` for the layer types (every
+    layer attends where there are neither), the MLP's width derived with or without a multiplier, the fields that
+    repeat others honoured where equal and refused by name where not; and a zoo model that is not an LFM2, named."""
+    from components import HybridLM
+    from recipes.hf.architectures import Lfm2
+
+    hub = {"architectures": ["Lfm2ForCausalLM"], "vocab_size": 32, "hidden_size": 16, "block_dim": 16,
+           "block_ff_dim": 96, "intermediate_size": 12288, "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.0,
+           "num_hidden_layers": 3, "num_attention_heads": 2, "num_heads": 2, "num_key_value_heads": 1,
+           "full_attn_idxs": [1], "conv_dim": 16, "conv_dim_out": 16, "norm_eps": 1e-5, "block_norm_eps": 1e-5,
+           "block_use_swiglu": True, "use_pos_enc": True, "block_use_xavier_init": True, "rope_theta": 1e6}
+    recipe = hf_recipe(hub)
+    assert recipe["pattern"] == "CM AM CM" and recipe["mixers"]["M"]["init_args"]["d_ff"] == 64
+    assert recipe["tie_embeddings"] and recipe["padding_idx"] == 0  # (Lfm2Config's defaults)
+    assert not hf_recipe({**hub, "tie_word_embeddings": True, "tie_embedding": False})["tie_embeddings"]
+    assert hf_recipe({**hub, "block_ffn_dim_multiplier": None})["mixers"]["M"]["init_args"]["d_ff"] == 64 * 1
+    assert hf_recipe({**hub, "block_ff_dim": 100, "block_ffn_dim_multiplier": None})["mixers"]["M"]["init_args"][
+        "d_ff"] == 66  # (two thirds, not rounded: transformers rounds only with a multiplier)
+    assert hf_recipe({k: v for k, v in hub.items() if k != "full_attn_idxs"})["pattern"] == "AM×3"
+    with pytest.raises(ValueError, match=r"conv_dim=24 \(transformers reads hidden_size=16\); use_pos_enc=False "
+                                         r"\(the zoo computes only True\)"):
+        hf_recipe({**hub, "conv_dim": 24, "use_pos_enc": False})
+    with pytest.raises(ValueError, match=r"layer_types=\['conv', 'attention', 'conv'\]: num_hidden_layers=3 of "
+                                         r"full_attention, conv expected"):
+        hf_recipe({**hub, "layer_types": ["conv", "attention", "conv"]})
+    model = HybridLM(**hf_recipe(hub))
+    assert Lfm2.mismatch(model) is None
+    model.blocks[1].sequence_mixer.positions.q_norm.eps = 1e-6
+    assert Lfm2.mismatch(model).startswith("its attention is not LFM2's")
+    mixed = HybridLM(32, 16, "CM DM", {"C": {"class_path": "components.ShortConv", "init_args": {}},
+                                       "D": {"class_path": "components.ShortConv", "init_args": {"kernel_size": 4}},
+                                       "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
+    assert Lfm2.mismatch(mixed) == "its ShortConvs differ in taps or biases; LFM2 has one conv_L_cache and one conv_bias"
+    ssd = HybridLM(32, 16, "CM SM", {"C": {"class_path": "components.ShortConv", "init_args": {}},
+                                     "S": {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8}},
+                                     "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
+    assert Lfm2.mismatch(ssd).startswith("its blocks hold ['SSD/MLP', 'ShortConv/MLP']; an Lfm2ForCausalLM is")
+
+
 NEMOTRON_LAYERS = ["linear_attention", "mlp", "full_attention", "moe", "linear_attention", "moe"]
 
 
