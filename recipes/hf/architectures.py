@@ -935,6 +935,8 @@ class Lfm2:
             return f"its MLPs are {sorted(mlps)}; LFM2's are SwiGLU with SiLU, one width for all"
         attentions = [b.sequence_mixer for b in blocks if isinstance(b.sequence_mixer, QCAttention)]
         convs = [b.sequence_mixer for b in blocks if isinstance(b.sequence_mixer, ShortConv)]
+        if not attentions:
+            return no_attention_reason("LFM2")
         if len({(a.n_heads, a.n_kv_heads, a.head_dim) for a in attentions}) > 1:
             return "its attentions differ in heads; LFM2 has one attention configuration"
         for a in attentions:
@@ -952,9 +954,9 @@ class Lfm2:
         blocks = list(model.blocks)
         attentions = [b.sequence_mixer for b in blocks if isinstance(b.sequence_mixer, QCAttention)]
         convs = [b.sequence_mixer for b in blocks if isinstance(b.sequence_mixer, ShortConv)]
-        heads = (attentions[0].n_heads, attentions[0].n_kv_heads) if attentions else (1, 1)
         return {**common_config(model, Lfm2.name, Lfm2.model_type), "intermediate_size": blocks[0].state_mixer.d_ff,
-                "block_auto_adjust_ff_dim": False, "num_attention_heads": heads[0], "num_key_value_heads": heads[1],
+                "block_auto_adjust_ff_dim": False, "num_attention_heads": attentions[0].n_heads,
+                "num_key_value_heads": attentions[0].n_kv_heads,
                 "norm_eps": model.norm.eps, "conv_L_cache": convs[0].conv.kernel_size[0] if convs else 3,
                 "conv_bias": bool(convs and convs[0].bias),
                 "layer_types": ["full_attention" if isinstance(b.sequence_mixer, QCAttention) else "conv"

@@ -1965,6 +1965,12 @@ def test_what_an_lfm2_config_says_is_read_as_transformers_reads_it_and_what_keep
     mixed = HybridLM(32, 16, "CM DM", {"C": {"class_path": "components.ShortConv", "init_args": {}},
                                        "D": {"class_path": "components.ShortConv", "init_args": {"kernel_size": 4}},
                                        "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
+    assert Lfm2.mismatch(mixed).startswith("it has no attention block, and transformers' LFM2 fails without one")
+    mixed = HybridLM(32, 16, "CM DM AM", {"C": {"class_path": "components.ShortConv", "init_args": {}},
+                                          "D": {"class_path": "components.ShortConv", "init_args": {"kernel_size": 4}},
+                                          "A": {"class_path": "components.QCAttention",
+                                                "init_args": {"n_heads": 2, "qk_norm": True, "norm_eps": 1e-6}},
+                                          "M": {"class_path": "components.MLP", "init_args": {"d_ff": 24}}})
     assert Lfm2.mismatch(mixed) == "its ShortConvs differ in taps or biases; LFM2 has one conv_L_cache and one conv_bias"
     ssd = HybridLM(32, 16, "CM SM", {"C": {"class_path": "components.ShortConv", "init_args": {}},
                                      "S": {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8}},
