@@ -7,7 +7,7 @@ the next call needs:
 - attention (QCAttention, InnerFuncAttention, the Expresser's): keys and values after RoPE and
   QK-norm, ``[B, capacity, H_kv, Dh]``, and InnerFuncAttention's per-key mask bias ``[B, H, capacity]``,
   written in place into buffers sized once for the whole generation; a sliding window of ``w`` keys
-  (:meth:`InferenceCache.window`) keeps only each row's last ``w`` real keys and values, ``[B, w, H_kv, Dh]``,
+  (:meth:`InferenceCache.window`) keeps only each row's last ``w`` real keys and values, ``[B, H_kv, w, Dh]``,
   in a ring: its memory and each step's reading stay ``O(w)`` however long the generation;
 - SSD: its conv window (the last ``conv_kernel - 1`` inputs of the convolution) and its state
   ``[B, H, P, N]``: a constant size, whatever the length;

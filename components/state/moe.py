@@ -42,9 +42,9 @@ class MoE(ForwardRecords, nn.Module):
     """The routed-MoE engine, ``[B, T, d_model] → [B, T, d_model]``.
 
     After each forward, ``aux_loss`` holds the balancing loss (summed into the training loss by the recipe, times its
-    ``aux_loss_coef``; docs/architecture.md): Switch's over the batch, or DeepSeek-V3's within each sequence, ``router_z_loss`` ST-MoE's router z-loss (the recipe's ``router_z_loss``
-    coefficient weighs it; None for a router whose :class:`Routing` has no logits) and ``expert_load [E]`` the
-    fraction of assignments each expert took.
+    ``aux_loss_coef``; docs/architecture.md): Switch's over the batch, or DeepSeek-V3's within each sequence;
+    ``router_z_loss`` ST-MoE's router z-loss (the recipe's ``router_z_loss`` coefficient weighs it; None for a router
+    whose :class:`Routing` has no logits) and ``expert_load [E]`` the fraction of assignments each expert took.
     ``forward(x, padding_mask=None)``: with ``padding_mask [B, T]`` (True at padding; the block passes
     the model's), padded tokens are zeroed and count in neither the load nor the two losses.
 
