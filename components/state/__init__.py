@@ -2,6 +2,7 @@
 
 from components.state.cdmoe import CDMoE
 from components.state.experts import CohesiveExperts, ExpansiveExperts, MLPExperts, SharedGate
+from components.state.gated import SigmoidGated
 from components.state.mlp import MLP
 from components.state.moe import MoE, CohesiveMoE, ComposedMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
 from components.state.router import (ForwardRecords, Routing, SigmoidRouter, TopKRouter, sequence_balancing_loss,
@@ -9,6 +10,6 @@ from components.state.router import (ForwardRecords, Routing, SigmoidRouter, Top
 
 __all__ = [
     "CDMoE", "CohesiveExperts", "ForwardRecords", "CohesiveMoE", "ComposedMoE", "ExpansiveExperts", "ExpansiveMoE", "MLP", "MLPExperts", "MoE",
-    "RoutedMoE", "Routing", "SharedExpertMoE", "SigmoidRouter", "SharedGate", "TopKRouter", "sequence_balancing_loss",
+    "RoutedMoE", "Routing", "SharedExpertMoE", "SigmoidGated", "SigmoidRouter", "SharedGate", "TopKRouter", "sequence_balancing_loss",
     "switch_balancing_loss",
 ]

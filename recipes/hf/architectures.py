@@ -1,5 +1,5 @@
 """One adapter per Hugging Face architecture the zoo can be: Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE,
-dots.llm1 and GLM-4.5 (import), Mamba-2, Doge (dense and CDMoE), the hybrids of Mamba-2 and attention layers,
+Qwen2-MoE, dots.llm1 and GLM-4.5 (import), Mamba-2, Doge (dense and CDMoE), the hybrids of Mamba-2 and attention layers,
 Granite 4.0, Bamba and Nemotron-H, and LFM2's of gated short convolutions and attention.
 
 Each adapter knows, for its ``transformers`` class: the zoo model a ``config.json`` describes (``recipe``),
@@ -644,6 +644,85 @@ class Qwen3Moe:
                 "norm_topk_prob": bool(routed and routed.router.normalize)}
 
 
+QWEN2_MOE_DEFAULTS = {"num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                      "shared_expert_intermediate_size": 5632}
+"""Qwen2-MoE's expert fields where its config has none: ``Qwen2MoeConfig``'s defaults."""
+
+
+def mixed_decoder(base: dict, moe: list[bool], letter: str, moe_spec, window: int | None = None,
+                  windowed_layers: list[bool] | None = None) -> dict:
+    """A decoder ``base`` recipe (``AM`` blocks) whose ``moe`` layers hold a MoE (letter ``letter``, built by
+    ``moe_spec()`` where there are any) and whose ``windowed_layers`` attend to the last ``window`` keys (letter ``W``):
+    Qwen2-MoE's, dots.llm1's and GLM-4.5's stacks."""
+    windowed_layers = windowed_layers or [False] * len(moe)
+    mixers = {"A": base["mixers"]["A"]}
+    if any(windowed_layers):
+        mixers["W"] = windowed_spec(mixers["A"], window)
+    if not all(moe):
+        mixers["M"] = base["mixers"]["M"]
+    if any(moe):
+        mixers[letter] = moe_spec()
+    tokens = [("W" if w else "A") + (letter if m else "M") for w, m in zip(windowed_layers, moe)]
+    pattern = f"{tokens[0]}×{len(tokens)}" if len(set(tokens)) == 1 else " ".join(tokens)
+    return {**base, "pattern": pattern, "mixers": mixers}
+
+
+def qwen2_moe_windowed_layers(c: dict) -> tuple[int | None, list[bool]]:
+    """``(window, whether each layer attends within it)`` of a Qwen2-MoE config, as transformers reads them: no window
+    unless ``use_sliding_window``; the layers ``layer_types`` names ``sliding_attention``, or where it has none every
+    other layer from the first (0, 2, 4, …) before ``max_window_layers`` (28 where the config has none) — not Qwen2's
+    rule, which windows the layers from it on."""
+    window = qwen3_window(c)
+    if c.get("layer_types") is None:
+        last = c.get("max_window_layers", 28)
+        c = {**c, "layer_types": ["sliding_attention" if window is not None and i % 2 == 0 and i < last
+                                  else "full_attention" for i in range(c["num_hidden_layers"])]}
+    return window, windowed_layer_types(c, window, 0)
+
+
+class Qwen2Moe:
+    """Qwen2-MoE (Qwen1.5-MoE's and Qwen2-57B-A14B's class): Qwen2's attention (biases on the query, key and value
+    projections where ``qkv_bias``, true by default; its windowed layers as Qwen2's, letter ``W``) with a MoE in the
+    layers ``decoder_sparse_step`` and ``mlp_only_layers`` leave to it (``R``: ``ComposedMoE`` of a softmax
+    ``TopKRouter``, renormalised where ``norm_topk_prob``, SwiGLU experts of ``moe_intermediate_size``, and a shared
+    SwiGLU MLP of ``shared_expert_intermediate_size`` that each token scales by its own sigmoid gate,
+    ``SigmoidGated``) and a SwiGLU MLP in the others (``M``). Import only."""
+
+    name, model_type = "Qwen2MoeForCausalLM", "qwen2_moe"
+    honoured = Qwen3Moe.honoured | {"max_window_layers", "layer_types", "shared_expert_intermediate_size", "qkv_bias"}
+    ends = Llama.ends
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        c = {**QWEN2_MOE_DEFAULTS, **c}
+        window, windowed_layers = qwen2_moe_windowed_layers(c)
+        moe = qwen3_moe_layers(c)
+        base = decoder_recipe(c, qkv_bias=bool(c.get("qkv_bias", True)))
+        act = c.get("hidden_act", "silu")
+        shared = spec("components.MLP", d_ff=c["shared_expert_intermediate_size"], act=act)
+        return mixed_decoder(base, moe, "R", lambda: spec(
+            "components.ComposedMoE",
+            router=spec("components.TopKRouter", n_experts=c["num_experts"], top_k=c["num_experts_per_tok"],
+                        normalize=bool(c.get("norm_topk_prob", False))),
+            experts=spec("components.state.MLPExperts", n_experts=c["num_experts"], d_ff=c["moe_intermediate_size"],
+                         act=act),
+            shared_expert=spec("components.state.SigmoidGated", inner=shared)), window, windowed_layers)
+
+    @staticmethod
+    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
+        hf, t = f"model.layers.{i}.mlp", f"blocks.{i}.state_mixer"
+        pairs = decoder_layer_pairs(i, qkv_bias=bool(c.get("qkv_bias", True)))
+        if not qwen3_moe_layers({**QWEN2_MOE_DEFAULTS, **c})[i]:
+            return [*pairs, *swiglu_pairs(t, hf)]
+        return [*pairs, (f"{t}.router.centroids.weight", [f"{hf}.gate.weight"]),
+                (f"{t}.shared_expert.gate.weight", [f"{hf}.shared_expert_gate.weight"]),
+                *swiglu_pairs(f"{t}.shared_expert.inner", f"{hf}.shared_expert")]
+
+    @staticmethod
+    def reshaped(c: dict, i: int) -> list[tuple]:
+        return Qwen3Moe.reshaped({**QWEN2_MOE_DEFAULTS, **c}, i)  # (its experts' files are Qwen3-MoE's)
+
+
 DOTS1_WINDOW, DOTS1_WINDOW_LAYERS = 4096, 62
 """dots.llm1's ``sliding_window`` and ``max_window_layers`` where its config gives none: ``Dots1Config``'s defaults."""
 
@@ -711,16 +790,7 @@ class Dots1:
         window, windowed_layers = dots1_windowed_layers(c)
         moe = dots1_moe_layers(c)
         base = decoder_recipe(c, qk_norm=True, norm_eps=c["rms_norm_eps"])
-        mixers = {"A": base["mixers"]["A"]}
-        if any(windowed_layers):
-            mixers["W"] = windowed_spec(mixers["A"], window)
-        if not all(moe):
-            mixers["M"] = base["mixers"]["M"]
-        if any(moe):
-            mixers["E"] = deepseek_v3_moe(c)
-        tokens = [("W" if w else "A") + ("E" if m else "M") for w, m in zip(windowed_layers, moe)]
-        pattern = f"{tokens[0]}×{len(tokens)}" if len(set(tokens)) == 1 else " ".join(tokens)
-        return {**base, "pattern": pattern, "mixers": mixers}
+        return mixed_decoder(base, moe, "E", lambda: deepseek_v3_moe(c), window, windowed_layers)
 
     @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
@@ -790,16 +860,8 @@ class Glm4Moe:
         attention = {"rope_fraction": glm4_moe_rope_fraction(c), "qkv_bias": bool(c.get("attention_bias"))}
         if c.get("use_qk_norm"):
             attention.update(qk_norm=True, norm_eps=c["rms_norm_eps"])
-        base = decoder_recipe(c, **attention)
-        moe = glm4_moe_layers(c)
-        mixers = {"A": base["mixers"]["A"]}
-        if not all(moe):
-            mixers["M"] = base["mixers"]["M"]
-        if any(moe):
-            mixers["E"] = deepseek_v3_moe(c, GLM4_MOE_DEFAULTS)
-        tokens = ["AE" if m else "AM" for m in moe]
-        pattern = f"{tokens[0]}×{len(tokens)}" if len(set(tokens)) == 1 else " ".join(tokens)
-        return {**base, "pattern": pattern, "mixers": mixers}
+        return mixed_decoder(decoder_recipe(c, **attention), glm4_moe_layers(c), "E",
+                             lambda: deepseek_v3_moe(c, GLM4_MOE_DEFAULTS))
 
     @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
@@ -1810,8 +1872,8 @@ class NemotronH:
         return config
 
 
-ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3Moe, Dots1, Glm4Moe, Mamba2,
-                                                  Doge, GraniteHybrid, Bamba, NemotronH, Lfm2)}
+ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2Moe, Qwen3Moe, Dots1, Glm4Moe,
+                                                  Mamba2, Doge, GraniteHybrid, Bamba, NemotronH, Lfm2)}
 EXPORTABLE = {name: adapter for name, adapter in ADAPTERS.items() if hasattr(adapter, "config")}
 """The classes a zoo model is written as, in the order tried (a Mistral without a window is written as Llama)."""
 

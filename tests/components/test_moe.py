@@ -149,6 +149,22 @@ def test_balancing_loss_equals_its_formula_on_a_hand_built_routing():
     torch.testing.assert_close(switch_balancing_loss(uniform, torch.tensor([0.5, 0.5])), torch.tensor(1.0))
 
 
+def test_a_sigmoid_gated_part_scales_each_tokens_output_by_its_own_gate_and_names_a_bad_spec():
+    """``SigmoidGated`` (Qwen2-MoE's gated shared expert): ``σ(x · w) · inner(x)``, one gate per token, its inner module
+    built from a spec; anything else is refused by name."""
+    from components.state import SigmoidGated
+
+    torch.manual_seed(0)
+    gated = SigmoidGated(D_MODEL, inner={"class_path": "components.MLP", "init_args": {"d_ff": 8}})
+    x = torch.randn(2, 5, D_MODEL)
+    torch.testing.assert_close(gated(x), torch.sigmoid(x @ gated.gate.weight.T) * gated.inner(x))
+    assert gated.gate.weight.shape == (1, D_MODEL) and gated.inner.d_ff == 8
+    with pytest.raises(ValueError, match="SigmoidGated: inner='MLP' must be a spec"):
+        SigmoidGated(D_MODEL, inner="MLP")
+    with pytest.raises(ValueError, match="SigmoidGated: inner: "):
+        SigmoidGated(D_MODEL, inner={"class_path": "components.MLP", "init_args": {"width": 8}})
+
+
 def test_the_sequence_wise_loss_is_switchs_loss_within_each_sequence_averaged():
     """DeepSeek-V3's sequence-wise balance loss, against a loop over the sequences of Switch's loss on each one's real
     tokens (a sequence of padding alone counts in no average), on values and on the gradient into the affinities;

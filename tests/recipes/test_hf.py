@@ -1978,6 +1978,40 @@ def test_what_an_lfm2_config_says_is_read_as_transformers_reads_it_and_what_keep
     assert Lfm2.mismatch(ssd).startswith("its blocks hold ['SSD/MLP', 'ShortConv/MLP']; an Lfm2ForCausalLM is")
 
 
+def test_a_qwen2_moe_imports_equal_to_transformers_with_its_sigmoid_gated_shared_expert(tmp_path):
+    """Qwen2-MoE (Qwen1.5-MoE's class): Qwen2's attention with its biases, a dense first layer (``mlp_only_layers``),
+    then a softmax router over 4 experts, 2 a token, unnormalised, SwiGLU experts and a shared SwiGLU MLP that each
+    token scales by ``σ(x · w)`` (``SigmoidGated``); its first layer windowed (5 keys of 19: Qwen2-MoE windows every
+    other layer before ``max_window_layers``). Equal to transformers' model on logits, a left-padded batch, every
+    gradient (the shared gate's too), decoding one token at a time and greedy ids; the biases drawn at random. A
+    config without ``layer_types`` reads its windows as transformers does."""
+    torch.manual_seed(0)
+    config = transformers.Qwen2MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=40, moe_intermediate_size=12,
+                                         shared_expert_intermediate_size=20, num_hidden_layers=3, num_attention_heads=4,
+                                         num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0],
+                                         use_sliding_window=True, sliding_window=5, max_window_layers=2,
+                                         rms_norm_eps=1e-5, max_position_embeddings=64)
+
+    def biases(model):
+        for name, p in model.named_parameters():
+            if name.endswith("proj.bias"):
+                p.uniform_(-0.5, 0.5)
+
+    theirs = saved_random(transformers.Qwen2MoeForCausalLM, config, tmp_path / "qwen2moe", biases)
+    ours = imports_equal_to_transformers(theirs, tmp_path / "qwen2moe", as_files=qwen3_moe_files)
+    assert ours.pattern == "WM AR AR"
+    moe = ours.blocks[1].state_mixer
+    assert type(moe.shared_expert).__name__ == "SigmoidGated" and moe.shared_expert.inner.d_ff == 20
+    assert not moe.router.normalize and ours.blocks[0].sequence_mixer.qkv_bias
+    c = {"architectures": ["Qwen2MoeForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 8,
+         "num_hidden_layers": 5, "num_attention_heads": 2, "rms_norm_eps": 1e-6, "num_experts": 2}
+    assert hf_recipe({**c, "qkv_bias": False})["mixers"]["A"]["init_args"]["qkv_bias"] is False
+    assert hf_recipe(c)["mixers"]["A"]["init_args"]["qkv_bias"] is True  # (Qwen1.5-MoE's files have no qkv_bias)
+    assert hf_recipe({**c, "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 4})["pattern"] == (
+        "WR AR WR AR AR")
+    assert hf_recipe({**c, "use_sliding_window": False, "sliding_window": 0})["pattern"] == "AR×5"
+
+
 NEMOTRON_LAYERS = ["linear_attention", "mlp", "full_attention", "moe", "linear_attention", "moe"]
 
 
