@@ -1,6 +1,6 @@
 """One adapter per Hugging Face architecture the zoo can be: Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE,
-Qwen2-MoE, dots.llm1 and GLM-4.5 (import), Mamba-2, Doge (dense and CDMoE), the hybrids of Mamba-2 and attention layers,
-Granite 4.0, Bamba and Nemotron-H, and LFM2's of gated short convolutions and attention.
+Qwen2-MoE, dots.llm1 and GLM-4.5 (import), Mamba-2, Doge (dense and CDMoE), the hybrids of Mamba-2 and attention
+layers, Granite 4.0, Bamba and Nemotron-H, and LFM2's of gated short convolutions and attention.
 
 Each adapter knows, for its ``transformers`` class: the zoo model a ``config.json`` describes (``recipe``),
 the weights both ways (``to_zoo``, ``to_hf``), the ``config.json`` a zoo model is (``config``, for export),
@@ -682,7 +682,8 @@ def qwen2_moe_windowed_layers(c: dict) -> tuple[int | None, list[bool]]:
 
 class Qwen2Moe:
     """Qwen2-MoE (Qwen1.5-MoE's and Qwen2-57B-A14B's class): Qwen2's attention (biases on the query, key and value
-    projections where ``qkv_bias``, true by default; its windowed layers as Qwen2's, letter ``W``) with a MoE in the
+    projections where ``qkv_bias``, true by default; windowed layers, letter ``W``, by its own rule:
+    :func:`qwen2_moe_windowed_layers`) with a MoE in the
     layers ``decoder_sparse_step`` and ``mlp_only_layers`` leave to it (``R``: ``ComposedMoE`` of a softmax
     ``TopKRouter``, renormalised where ``norm_topk_prob``, SwiGLU experts of ``moe_intermediate_size``, and a shared
     SwiGLU MLP of ``shared_expert_intermediate_size`` that each token scales by its own sigmoid gate,
