@@ -147,11 +147,12 @@ def swiglu_pairs(ours: str, theirs: str) -> list[tuple[str, list[str]]]:
             (f"{ours}.out_proj.weight", [f"{theirs}.down_proj.weight"])]
 
 
-def attention_pairs(ours: str, theirs: str) -> list[tuple[str, list[str]]]:
-    """Llama's attention (Granite's and Bamba's alike) as the zoo's ``QCAttention``: keys and values in one matrix."""
+def attention_pairs(ours: str, theirs: str, out: str = "o_proj") -> list[tuple[str, list[str]]]:
+    """Llama's attention (Granite's and Bamba's alike; LFM2's, whose output projection is ``out_proj``) as the zoo's
+    ``QCAttention``: keys and values in one matrix."""
     return [(f"{ours}.q_proj.weight", [f"{theirs}.q_proj.weight"]),
             (f"{ours}.kv_proj.weight", [f"{theirs}.k_proj.weight", f"{theirs}.v_proj.weight"]),
-            (f"{ours}.out_proj.weight", [f"{theirs}.o_proj.weight"])]
+            (f"{ours}.out_proj.weight", [f"{theirs}.{out}.weight"])]
 
 
 def nothing_reshaped(c: dict, i: int) -> list[tuple]:
@@ -973,9 +974,7 @@ class Lfm2:
                  (f"{ours}.state_mixer.out_proj.weight", [f"{hf}.feed_forward.w2.weight"])]
         mixer = f"{ours}.sequence_mixer"
         if lfm2_attention_layers(c)[i]:
-            return [*pairs, (f"{mixer}.q_proj.weight", [f"{hf}.self_attn.q_proj.weight"]),
-                    (f"{mixer}.kv_proj.weight", [f"{hf}.self_attn.k_proj.weight", f"{hf}.self_attn.v_proj.weight"]),
-                    (f"{mixer}.out_proj.weight", [f"{hf}.self_attn.out_proj.weight"]),
+            return [*pairs, *attention_pairs(mixer, f"{hf}.self_attn", out="out_proj"),
                     (f"{mixer}.positions.q_norm.weight", [f"{hf}.self_attn.q_layernorm.weight"]),
                     (f"{mixer}.positions.k_norm.weight", [f"{hf}.self_attn.k_layernorm.weight"])]
         tensors = ["in_proj.weight", "conv.weight", "out_proj.weight"]

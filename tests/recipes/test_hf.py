@@ -19,7 +19,8 @@ VOCAB, T = 97, 19
 
 def randomize(model: torch.nn.Module) -> None:
     """Move the parameters Hugging Face initialises to constants (norm gains, residual scales, Doge's A,
-    Mamba's D) away from them, so a weight mapped to the wrong place cannot hide; and give Mamba-2's step a size
+    Mamba's D, the projections' biases, which start at zero) away from them, so a weight mapped to the wrong place
+    cannot hide; and give Mamba-2's step a size
     at which its state matters (at the initial Δ of 0.001-0.1 the skip D·x outweighed it so that a decoding state
     halved at every step stayed within 1e-5 of Hugging Face's logits)."""
     with torch.no_grad():
@@ -32,6 +33,8 @@ def randomize(model: torch.nn.Module) -> None:
                 p.uniform_(0.0, 1.0)  # Δ = softplus: 0.7-1.3
             elif name.endswith("A_log"):
                 p.uniform_(-2.0, 0.0)  # a = -exp: decays exp(Δ·a) of 0.3-0.9 a step
+            elif name.endswith("proj.bias"):
+                p.uniform_(-0.5, 0.5)
 
 
 def build(kind: str, **settings):
@@ -1405,10 +1408,6 @@ def test_qwen2_imports_equal_to_transformers_with_its_biases_and_exports_back(tm
     theirs = transformers.Qwen2ForCausalLM(config)
     theirs.config._attn_implementation = "eager"
     randomize(theirs)
-    with torch.no_grad():
-        for name, p in theirs.named_parameters():
-            if name.endswith("proj.bias"):
-                p.uniform_(-0.5, 0.5)
     theirs.save_pretrained(tmp_path / "qwen2")
     ours = imports_equal_to_transformers(theirs.eval(), tmp_path / "qwen2")
     assert ours.pattern == ("AM WM WM AM" if windowed else "AM×4")
@@ -1850,15 +1849,12 @@ def test_a_glm4_moe_imports_equal_to_transformers_with_its_partial_rope_and_deep
         "num_experts_per_tok": 2, "n_shared_experts": 1, "rms_norm_eps": 1e-5, "max_position_embeddings": 64,
         **settings})
 
-    def biases(model):
-        for name, p in model.named_parameters():
-            if name.endswith("proj.bias"):
-                p.uniform_(-0.5, 0.5)
+    def correction_bias(model):
         for layer in model.model.layers:
             if hasattr(layer.mlp, "gate"):
                 layer.mlp.gate.e_score_correction_bias.normal_(0, 0.1)
 
-    theirs = saved_random(transformers.Glm4MoeForCausalLM, config, tmp_path / "glm", biases)
+    theirs = saved_random(transformers.Glm4MoeForCausalLM, config, tmp_path / "glm", correction_bias)
     ours = imports_equal_to_transformers(theirs, tmp_path / "glm", as_files=dots1_files)
     dense = settings.get("first_k_dense_replace", 1)
     assert ours.pattern == ("AM AE AE" if dense else "AE×3")
@@ -1914,12 +1910,12 @@ def test_an_lfm2_imports_equal_to_transformers_with_its_gated_short_convolutions
                                      layer_types=["conv", "full_attention", "conv", "conv"], max_position_embeddings=64,
                                      pad_token_id=0, **settings)
 
-    def biases(model):  # in_proj's bias drawn for c alone: transformers passes b·h from padding on, bias ⊙ bias
+    def biases(model):  # in_proj's bias kept for c alone: transformers passes b·h from padding on, bias ⊙ bias
         for name, p in model.named_parameters():  # (and a gradient back to it), where the zoo passes nothing
-            if name.endswith("bias"):
+            if name.endswith("conv.bias"):
                 p.uniform_(-0.5, 0.5)
-                if name.endswith("in_proj.bias"):
-                    p[:32], p[64:] = 0.0, 0.0
+            elif name.endswith("in_proj.bias"):
+                p[:32], p[64:] = 0.0, 0.0
 
     theirs = saved_random(transformers.Lfm2ForCausalLM, config, tmp_path / "lfm2", biases)
     ours = imports_equal_to_transformers(theirs, tmp_path / "lfm2")
@@ -1992,12 +1988,7 @@ def test_a_qwen2_moe_imports_equal_to_transformers_with_its_sigmoid_gated_shared
                                          use_sliding_window=True, sliding_window=5, max_window_layers=2,
                                          rms_norm_eps=1e-5, max_position_embeddings=64)
 
-    def biases(model):
-        for name, p in model.named_parameters():
-            if name.endswith("proj.bias"):
-                p.uniform_(-0.5, 0.5)
-
-    theirs = saved_random(transformers.Qwen2MoeForCausalLM, config, tmp_path / "qwen2moe", biases)
+    theirs = saved_random(transformers.Qwen2MoeForCausalLM, config, tmp_path / "qwen2moe")
     ours = imports_equal_to_transformers(theirs, tmp_path / "qwen2moe", as_files=qwen3_moe_files)
     assert ours.pattern == "WM AR AR"
     moe = ours.blocks[1].state_mixer
