@@ -7,7 +7,7 @@ sync and a whole-graph compile, bad input). Each entry is a factory ``d_model ->
 
 from functools import partial
 
-from components.sequence import SSD, Expresser, InnerFuncAttention, QCAttention, ShortConv, TokenShift
+from components.sequence import SSD, Expresser, InnerFuncAttention, ParallelMixers, QCAttention, ShortConv, TokenShift
 from components.state import MLP, CDMoE, CohesiveMoE, ComposedMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
 
 SEQUENCE_MIXERS = {
@@ -31,10 +31,22 @@ SEQUENCE_MIXERS = {
     "SSD conv, gate, d_inner 40": partial(SSD, d_inner=40, head_dim=8, d_state=8, chunk_size=4, conv=True, rope=False,
                                           gate=True),
     "SSD conv, gate, recompute": partial(SSD, head_dim=8, d_state=8, chunk_size=4, conv=True, rope=False, gate=True, recompute=True),
+    "SSD conv, gate after its norm": partial(SSD, head_dim=8, d_state=8, n_groups=2, chunk_size=4, conv=True, rope=False,
+                                             gate=True, norm_before_gate=True),
+    "SSD conv, gate without norm": partial(SSD, head_dim=8, d_state=8, chunk_size=4, conv=True, rope=False, gate=True,
+                                           gate_rms_norm=False),
     "Expresser": partial(Expresser, n_heads=4, n_kv_heads=2),
     "TokenShift": TokenShift,
     "ShortConv": ShortConv,
     "ShortConv, 4 taps, biases": partial(ShortConv, kernel_size=4, bias=True),
+    "ParallelMixers: QCAttention + SSD (Falcon-H1)": partial(ParallelMixers, mixers=[
+        {"class_path": "components.QCAttention", "init_args": {"n_heads": 4, "n_kv_heads": 2}},
+        {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8, "chunk_size": 4, "conv": True,
+                                                       "rope": False, "gate": True, "gate_rms_norm": False}}]),
+    "ParallelMixers: windowed attention + ShortConv + SSD rope": partial(ParallelMixers, mixers=[
+        {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "sliding_window": 3}},
+        {"class_path": "components.ShortConv", "init_args": {}},
+        {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8, "chunk_size": 4}}]),
 }
 
 WHOLE_BLOCKS = {"Expresser"}

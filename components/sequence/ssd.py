@@ -57,6 +57,9 @@ class SSD(nn.Module):
 
         y ← rms_norm_g(y ⊙ silu(x W_z)) · w        RMS over each of the n_groups groups of d_inner/n_groups
 
+    and, as Falcon-H1 may have it, with ``norm_before_gate=True`` ``y ← (rms_norm_g(y) · w) ⊙ silu(x W_z)``, or with
+    ``gate_rms_norm=False`` no norm at all, ``y ← y ⊙ silu(x W_z)``.
+
     Args:
         d_model: model width.
         n_heads, head_dim: give at most one; ``n_heads · head_dim = expand · d_model`` (or ``d_inner``). Default
@@ -71,6 +74,10 @@ class SSD(nn.Module):
         rope: RoPE on B and C (default True).
         d_skip: the ``D`` skip (default None: on with a conv, off otherwise).
         gate: Mamba-2's gated, grouped RMSNorm on the output (default False, as the papers' listings).
+        gate_rms_norm: with ``gate``, the grouped RMSNorm (default True; False: the gate alone, Falcon-H1's
+            ``mamba_rms_norm: false``).
+        norm_before_gate: with ``gate`` and its norm, normalise ``y`` and then gate it (default False: Mamba-2's order,
+            gate then normalise; True: mamba_ssm's ``norm_before_gate=True``).
         norm_eps: epsilon of the gate's RMSNorm (default 1e-6; Mamba-2 uses 1e-5: the model's).
         conv_kernel: width of the causal convolution for ``conv`` (default 4).
         backend: ``auto`` | ``reference`` | ``triton`` for the scan.
@@ -105,6 +112,8 @@ class SSD(nn.Module):
         rope: bool = True,
         d_skip: bool | None = None,
         gate: bool = False,
+        gate_rms_norm: bool = True,
+        norm_before_gate: bool = False,
         norm_eps: float = 1e-6,
         conv_kernel: int = 4,
         backend: str = "auto",
@@ -119,8 +128,13 @@ class SSD(nn.Module):
         check_backend(backend, "SSD")
         check_positive("SSD", d_model=d_model, d_state=d_state, n_groups=n_groups, expand=expand,
                        chunk_size=chunk_size, conv_kernel=conv_kernel)
-        check_flags("SSD", conv=conv, rope=rope, gate=gate, recompute=recompute,
-                    **({} if d_skip is None else {"d_skip": d_skip}))
+        check_flags("SSD", conv=conv, rope=rope, gate=gate, recompute=recompute, gate_rms_norm=gate_rms_norm,
+                    norm_before_gate=norm_before_gate, **({} if d_skip is None else {"d_skip": d_skip}))
+        if not gate and (not gate_rms_norm or norm_before_gate):
+            raise ValueError(f"SSD: gate_rms_norm={gate_rms_norm} and norm_before_gate={norm_before_gate} shape the "
+                             "gate's norm: give them with gate=True")
+        if norm_before_gate and not gate_rms_norm:
+            raise ValueError("SSD: norm_before_gate=True orders a norm that gate_rms_norm=False leaves out")
         if d_inner is None:
             d_inner, width = expand * d_model, "expand·d_model" if expand != 1 else "d_model"
         else:
@@ -157,7 +171,8 @@ class SSD(nn.Module):
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
         d_skip = self.conv is not None if d_skip is None else d_skip
         self.D = nn.Parameter(torch.ones(n_heads)) if d_skip else None
-        self.gate_norm = GroupedRMSNorm(d_inner, n_groups, eps=norm_eps) if gate else None
+        self.gate, self.gate_rms_norm, self.norm_before_gate = gate, gate and gate_rms_norm, norm_before_gate
+        self.gate_norm = GroupedRMSNorm(d_inner, n_groups, eps=norm_eps) if gate and gate_rms_norm else None
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
 
     upgrade_init_args = staticmethod(upgrade_init_args)
@@ -201,8 +216,11 @@ class SSD(nn.Module):
         if cached is not None:
             context.cache.keep(self, "state", state, T)
         y = y.reshape(batch, T, self.d_inner)  # [b, T, d_inner]
-        if self.gate_norm is not None:
+        if self.gate_norm is not None and not self.norm_before_gate:
             y = self.gate_norm(y, gate=z)
+        elif self.gate:  # normalised (fp32 in, fp32 out) or not, then gated, in fp32 as the norm of Mamba-2's order
+            y32 = at_least_fp32(y) if self.gate_norm is None else self.gate_norm(at_least_fp32(y))
+            y = (y32 * F.silu(at_least_fp32(z))).to(y.dtype)
         return self.out_proj(y)
 
     def _causal_conv(self, xbc: torch.Tensor, cache: InferenceCache | None,
@@ -218,7 +236,7 @@ class SSD(nn.Module):
     def fused_row_blocks(self) -> dict[str, tuple[int, ...]]:
         """``in_proj`` fuses five projections along its rows: ``[X | B | C | Δ | z]`` (``z`` with ``gate``)."""
         G, N = self.n_groups, self.d_state
-        gate = (self.d_inner,) if self.gate_norm is not None else ()
+        gate = (self.d_inner,) if self.gate else ()
         return {"in_proj.weight": (self.d_inner, G * N, G * N, self.n_heads, *gate)}
 
     def extra_flops_per_token(self, seq_len: int) -> float:
@@ -231,5 +249,7 @@ class SSD(nn.Module):
     def extra_repr(self) -> str:
         return (f"conv={self.conv is not None}, rope={self.rope}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
                 f"d_state={self.d_state}, n_groups={self.n_groups}, chunk_size={self.chunk_size}, "
-                f"d_skip={self.D is not None}, gate={self.gate_norm is not None}"
+                f"d_skip={self.D is not None}, gate={self.gate}"
+                + (", gate_rms_norm=False" if self.gate and not self.gate_rms_norm else "")
+                + (", norm_before_gate=True" if self.norm_before_gate else "")
                 + (", recompute=True" if self.recompute else ""))

@@ -52,11 +52,11 @@ def test_every_mixer_counts_the_products_its_reference_runs(name, unpadded_group
     if name.startswith("IFA"):
         # A per-key bias rides SDPA as one more head channel (zoo_kernels/attention/sdpa.py): 4·B·H·T² more.
         allowed.add(want + 4 * B * mixer.n_heads * T * T)
-    if getattr(mixer, "sliding_window", None):
+    for windowed in [m for m in mixer.modules() if getattr(m, "sliding_window", None)]:  # (alone or in ParallelMixers)
         # The reference takes the queries in blocks of w, each against 2w keys (its block and the one before, the last
         # block padded to w rows); the count is of the window's w keys per token.
-        w, per_key = mixer.sliding_window, 4 * B * mixer.n_heads * mixer.head_dim
-        allowed = {want - per_key * T * w + per_key * -(-T // w) * w * 2 * w}
+        w, per_key = windowed.sliding_window, 4 * B * windowed.n_heads * windowed.head_dim
+        allowed = {a - per_key * T * w + per_key * -(-T // w) * w * 2 * w for a in allowed}
     if name.startswith("CDMoE"):
         # The experts' output rows are mixed by embedding_bag, which the counter does not see: 2·H·k·d per token.
         allowed = {want - 2 * mixer.n_heads * mixer.top_k * mixer.d_model * B * T}

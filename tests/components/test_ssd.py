@@ -111,6 +111,12 @@ def test_s_is_bound_to_ssd_by_default():
         (dict(d_inner=40, head_dim=16), "SSD: d_inner=40 is not divisible by head_dim=16"),
         (dict(d_inner=40, n_heads=3), "SSD: d_inner=40 is not divisible by n_heads=3"),
         (dict(d_inner=0), "SSD: d_inner=0 must be a positive integer"),
+        (dict(gate_rms_norm=False), "SSD: gate_rms_norm=False and norm_before_gate=False shape the gate's norm: give "
+                                    "them with gate=True"),
+        (dict(norm_before_gate=True), "give them with gate=True"),
+        (dict(gate=True, gate_rms_norm=False, norm_before_gate=True),
+         "SSD: norm_before_gate=True orders a norm that gate_rms_norm=False leaves out"),
+        (dict(gate=True, norm_before_gate=1), "norm_before_gate"),
     ],
 )
 def test_bad_configuration_names_the_problem(kwargs, words):
@@ -131,16 +137,22 @@ def test_odd_d_state_is_fine_without_rope():
     assert SSD(32, d_state=7, rope=False)(torch.randn(1, 5, 32)).shape == (1, 5, 32)
 
 
+GATES = {"norm after": {"gate": True}, "norm before": {"gate": True, "norm_before_gate": True},
+         "no norm": {"gate": True, "gate_rms_norm": False}, None: {}}  # the gate's forms (Mamba-2's, Falcon-H1's two)
+
+
 @pytest.mark.parametrize("positions, d_skip, gate", [
-    ("conv+rope", None, True), ("conv", False, True), ("rope", True, False), ("decay", None, True),
+    ("conv+rope", None, "norm after"), ("conv", False, "norm after"), ("rope", True, None), ("decay", None, "norm after"),
+    ("conv", None, "norm before"), ("conv", None, "no norm"),
 ])
 def test_every_variant_matches_its_math_written_out(rope_reference, positions, d_skip, gate):
     torch.manual_seed(1)
     H, P, G, N, K, T = 4, 3, 2, 6, 3, 7
     mixer = SSD(12, n_heads=H, d_state=N, n_groups=G, chunk_size=4, **POSITIONS[positions], d_skip=d_skip,
-                gate=gate, conv_kernel=K, norm_eps=1e-5)
+                **GATES[gate], conv_kernel=K, norm_eps=1e-5)
+    assert (mixer.gate_norm is not None) == (gate in ("norm after", "norm before"))
     with torch.no_grad():
-        for p in (mixer.D, mixer.gate_norm.weight if gate else None):
+        for p in (mixer.D, mixer.gate_norm.weight if mixer.gate_norm is not None else None):
             if p is not None:
                 p.uniform_(0.5, 1.5)  # not 1, so a missing D or gain shows
     x = torch.randn(1, T, 12, dtype=torch.float64)
@@ -167,9 +179,15 @@ def test_every_variant_matches_its_math_written_out(rope_reference, positions, d
             y_t.append(state[h] @ C[t, g] + (mixer.D[h] * xs[t, h] if mixer.D is not None else 0))
         ys.append(torch.cat(y_t))
     y = torch.stack(ys)  # [T, H·P]
-    if gate:
-        u = (y * z * torch.sigmoid(z)).view(T, G, -1)  # y ⊙ silu(z), then RMS per group
-        y = (u / torch.sqrt(u.pow(2).mean(-1, keepdim=True) + 1e-5)).reshape(T, -1) * mixer.gate_norm.weight
+    def rms_norm(u):  # RMS per group, then the gain
+        u = u.view(T, G, -1)
+        return (u / torch.sqrt(u.pow(2).mean(-1, keepdim=True) + 1e-5)).reshape(T, -1) * mixer.gate_norm.weight
+    if gate == "norm after":
+        y = rms_norm(y * z * torch.sigmoid(z))  # y ⊙ silu(z), then normalised
+    elif gate == "norm before":
+        y = rms_norm(y) * z * torch.sigmoid(z)
+    elif gate == "no norm":
+        y = y * z * torch.sigmoid(z)
     want = y @ mixer.out_proj.weight.T
     torch.testing.assert_close(mixer(x)[0], want, rtol=1e-6, atol=1e-9)  # (RoPE tables are fp32)
     assert (mixer.D is not None) == (d_skip if d_skip is not None else "conv" in positions)
