@@ -2235,3 +2235,122 @@ def test_a_dots1_imports_equal_to_transformers_with_deepseek_v3s_router(tmp_path
     assert hf_recipe({**c, "max_window_layers": 1, "sliding_window": None})["pattern"] == "AE×2"
     with pytest.raises(ValueError, match="the required key 'n_shared_experts' is missing"):
         hf_recipe({k: v for k, v in c.items() if k != "n_shared_experts"})
+
+
+def falcon_h1(tmp_path, **settings):
+    """A tiny random Falcon-H1 (attention and Mamba-2 side by side in each of 2 layers; its Mamba-2 48 channels wide
+    in a width of 32, ``mamba_d_ssm``), saved: transformers' model and its folder."""
+    torch.manual_seed(0)
+    config = transformers.FalconH1Config(**{
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "mamba_d_ssm": 48, "mamba_n_heads": 6, "mamba_d_state": 8,
+        "mamba_n_groups": 2, "mamba_chunk_size": 8, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, **settings})
+    return saved_random(transformers.FalconH1ForCausalLM, config, tmp_path / "falcon_h1"), tmp_path / "falcon_h1"
+
+
+FALCON_H1_GATES = {"gate alone": {}, "norm, then gate": {"mamba_rms_norm": True},
+                   "gate, then norm": {"mamba_rms_norm": True, "mamba_norm_before_gate": False}}
+
+
+@pytest.mark.parametrize("gate", FALCON_H1_GATES)
+def test_a_falcon_h1_imports_equal_to_transformers_with_attention_and_mamba2_side_by_side_and_exports_back(tmp_path, gate):
+    """An independent check of ``ParallelMixers`` and of the SSD gate's forms: TII's Falcon-H1 (attention and Mamba-2
+    reading the same normed input in every layer, their outputs summed; its Mamba-2's gate alone, after a grouped
+    RMSNorm or before one) imports equal to transformers' model — logits, a left-padded batch, every gradient, decoding
+    one token at a time (transformers' hybrid cache against the zoo's two caches) and greedy ids — and exports back to
+    a folder transformers loads with equal logits, then imports again bit for bit."""
+    theirs, folder = falcon_h1(tmp_path, **FALCON_H1_GATES[gate])
+    ours = imports_equal_to_transformers(theirs, folder)
+    assert ours.pattern == "PM×2"
+    ssd = ours.blocks[0].sequence_mixer.mixers[1]
+    assert (ssd.d_inner, ssd.n_heads, ssd.gate_norm is not None, ssd.norm_before_gate) == (
+        48, 6, gate != "gate alone", gate == "norm, then gate")
+    assert exports_to_transformers(ours, tmp_path / "exported") == "FalconH1ForCausalLM"
+
+
+FALCON_H1_MULTIPLIERS = dict(embedding_multiplier=1.7, lm_head_multiplier=0.6, key_multiplier=1.3,
+                             attention_in_multiplier=0.8, attention_out_multiplier=1.2, ssm_in_multiplier=1.1,
+                             ssm_out_multiplier=0.7, mlp_multipliers=[1.4, 0.9], ssm_multipliers=[1.5, 0.6, 1.2, 0.8, 1.3])
+
+
+def test_falcon_h1s_multipliers_are_folded_into_the_weights_they_scale_and_export_as_one(tmp_path, monkeypatch):
+    """Falcon-H1's µP multipliers (every one of them not 1, no two alike) folded into the weights on import: logits,
+    a left-padded batch, decoding and greedy ids equal transformers'; the gradients are the chain rule's — the folded
+    weight ``m·W``'s gradient times ``m`` is transformers' gradient of ``W`` — and the export, all multipliers 1,
+    loads in transformers with equal logits."""
+    from recipes.hf import convert_weights, read_config
+    from recipes.hf.architectures import FalconH1
+
+    theirs, folder = falcon_h1(tmp_path, mamba_rms_norm=True, **FALCON_H1_MULTIPLIERS)
+    ours = from_pretrained(folder).eval()
+    ids = torch.randint(0, 64, (2, T))
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, :6] = 0
+    want, got, valid = theirs(ids, attention_mask=mask).logits, ours(ids, padding_mask=mask == 0), mask.bool()
+    assert relative_error(got[valid], want[valid]) <= 1e-5
+    target = torch.randn_like(want)
+    (want[valid] * target[valid]).sum().backward()
+    (got[valid] * target[valid]).sum().backward()
+    config = read_config(folder)
+    ours_grads = FalconH1.fold(config, {name: p.grad for name, p in ours.named_parameters()})
+    monkeypatch.delattr(FalconH1, "fold")  # theirs renamed alone
+    theirs_grads = convert_weights(config, {name: p.grad for name, p in theirs.named_parameters()})
+    monkeypatch.undo()
+    for name, g in ours_grads.items():
+        assert relative_error(g, theirs_grads[name]) <= 1e-4, name
+    decodes_as_transformers(ours, theirs, ids, mask)
+    assert exports_to_transformers(ours, tmp_path / "exported") == "FalconH1ForCausalLM"
+    exported = read_config(tmp_path / "exported")
+    assert all(exported[k] == ([1.0] * len(v) if isinstance(v, list) else 1.0) for k, v in FALCON_H1_MULTIPLIERS.items())
+
+
+def test_what_a_falcon_h1_config_says_is_read_as_transformers_reads_it_and_what_keeps_a_model_from_one():
+    """Its defaults where a file is silent (an absent ``mamba_d_ssm`` is 1,024 channels, a null one ``mamba_expand ·
+    hidden_size``; a null multiplier 1), a tied head with one multiplier for both, and refused by name: the fields the
+    SSD cannot honour, a tied head with two, multipliers of the wrong count; then the zoo models that are not one."""
+    from components import HybridLM
+    from recipes.hf.architectures import FalconH1
+
+    c = {"architectures": ["FalconH1ForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 24,
+         "num_hidden_layers": 2, "num_attention_heads": 8, "mamba_n_heads": 64, "mamba_d_state": 8}
+    recipe = hf_recipe(c)
+    attention, ssd = (m["init_args"] for m in recipe["mixers"]["P"]["init_args"]["mixers"])
+    assert recipe["pattern"] == "PM×2" and (ssd["d_inner"], ssd["n_heads"], ssd["chunk_size"]) == (1024, 64, 256)
+    assert (attention["n_kv_heads"], ssd["gate_rms_norm"], ssd["norm_before_gate"]) == (8, False, False)  # (num_key_value_heads 8)
+    assert hf_recipe({**c, "mamba_d_ssm": None, "mamba_n_heads": 4})["mixers"]["P"]["init_args"]["mixers"][1][
+        "init_args"]["d_inner"] == 32
+    assert hf_recipe({**c, "embedding_multiplier": None, "mlp_multipliers": None})["pattern"] == "PM×2"
+    assert hf_recipe({**c, "tie_word_embeddings": True, "embedding_multiplier": 2.0, "lm_head_multiplier": 2.0})[
+        "tie_embeddings"]
+    for fields, message in [
+        ({"projectors_bias": True}, r"projectors_bias=True \(the zoo's SSD has no output bias\)"),
+        ({"mamba_proj_bias": True}, r"mamba_proj_bias=True \(the zoo's conv has a bias, its projections none\)"),
+        ({"time_step_limit": [0.0, 10.0]}, r"time_step_limit=\[0.0, 10.0\] \(the zoo does not clamp Δ\)"),
+        ({"tie_word_embeddings": True, "lm_head_multiplier": 0.5},
+         r"tie_word_embeddings with embedding_multiplier=1.0 ≠ lm_head_multiplier=0.5 \(one tied matrix takes one"),
+        ({"hidden_act": "gelu"}, r"hidden_act='gelu' \(the zoo computes only 'silu'\)"),
+        ({"mlp_multipliers": [1.0]}, r"mlp_multipliers=\[1.0\]: 2 multipliers expected"),
+        ({"mamba_d_head": 32}, r"mamba_n_heads·mamba_d_head = 2048 != the Mamba-2 width 1024"),
+        ({"attention_bias": True}, r"attention_bias=True \(the zoo computes only False\)"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            hf_recipe({**c, **fields})
+    small = {**c, "num_attention_heads": 2, "num_key_value_heads": 1, "mamba_d_ssm": 32, "mamba_n_heads": 4, "mamba_chunk_size": 8, "mamba_rms_norm": True}
+    model = HybridLM(**{k: v for k, v in hf_recipe(small).items() if k != "vocab_size"}, vocab_size=32)
+    assert FalconH1.mismatch(model) is None
+    model.blocks[1].sequence_mixer.mixers[1].gate_norm.eps = 1e-3
+    assert FalconH1.mismatch(model).startswith("its SSDs' gate norms have another eps than its other norms")
+    a, s = ({"class_path": "components.QCAttention", "init_args": {"n_heads": 2}},
+            {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8, "conv": True, "rope": False,
+                                                           "gate": True}})
+    mlp = {"class_path": "components.MLP", "init_args": {"d_ff": 24}}
+    swapped = HybridLM(32, 16, "PM", {"P": {"class_path": "components.ParallelMixers", "init_args": {"mixers": [s, a]}},
+                                      "M": mlp})
+    assert FalconH1.mismatch(swapped).startswith("its blocks are not all alike: a FalconH1ForCausalLM is ParallelMixers")
+    roped = HybridLM(32, 16, "PM", {"P": {"class_path": "components.ParallelMixers", "init_args": {"mixers": [
+        a, {**s, "init_args": {**s["init_args"], "rope": True}}]}}, "M": mlp})
+    assert FalconH1.mismatch(roped) == "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"
+    windowed = HybridLM(32, 16, "PM", {"P": {"class_path": "components.ParallelMixers", "init_args": {"mixers": [
+        {**a, "init_args": {"n_heads": 2, "sliding_window": 4}}, s]}}, "M": mlp})
+    assert FalconH1.mismatch(windowed).startswith("its attention is not Falcon-H1's")
+    assert FalconH1.mismatch(HybridLM(32, 16, "AM", {"A": a, "M": mlp})).startswith("its blocks are not all alike")
