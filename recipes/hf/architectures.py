@@ -1,6 +1,7 @@
 """One adapter per Hugging Face architecture the zoo can be: Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE,
 Qwen2-MoE, dots.llm1 and GLM-4.5 (import), Mamba-2, Doge (dense and CDMoE), the hybrids of Mamba-2 and attention
-layers, Granite 4.0, Bamba and Nemotron-H, and LFM2's of gated short convolutions and attention.
+layers, Granite 4.0, Bamba and Nemotron-H, Falcon-H1's of the two side by side, and LFM2's of gated short
+convolutions and attention.
 
 Each adapter knows, for its ``transformers`` class: the zoo model a ``config.json`` describes (``recipe``),
 the weights both ways (``to_zoo``, ``to_hf``), the ``config.json`` a zoo model is (``config``, for export),
