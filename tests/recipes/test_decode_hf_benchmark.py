@@ -121,3 +121,16 @@ def test_mistrals_rows_run_past_its_window_with_the_full_forwards_argmax(capsys)
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| mistral")]
     assert [cells[2] for cells in rows] == ["hf dynamic", "hf static", "zoo eager", "zoo compiled"]
     assert all(cells[7] == "ok |" for cells in rows)
+
+
+def test_falcon_h1s_rows_are_hugging_faces_dynamic_cache_and_the_zoos_two_modes_with_the_full_forwards_argmax(capsys):
+    """Falcon-H1 (attention and Mamba-2 side by side in every layer, imported as ``ParallelMixers``): transformers has
+    no static cache for its Mamba-2 state, so its dynamic cache and the zoo's two modes run, all the full forward's
+    argmax."""
+    model = decode_hf.hf_model("falcon_h1", 64, 1, 97)
+    assert (model.config.mamba_d_ssm, model.config.mamba_n_heads, model.config.num_attention_heads) == (128, 2, 1)
+    decode_hf.main(["--models", "falcon_h1", "--batches", "2", "--width", "64", "--layers", "2", "--vocab", "97",
+                    "--prompt", "5", "--new-tokens", "4", "--rounds", "1", "--threads", "1"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| falcon_h1")]
+    assert [cells[2] for cells in rows] == ["hf dynamic", "zoo eager", "zoo compiled"]
+    assert all(cells[7] == "ok |" for cells in rows)
