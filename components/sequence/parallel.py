@@ -52,6 +52,11 @@ class ParallelMixers(nn.Module):
             built.append(module)
         self.d_model, self.mixers = d_model, nn.ModuleList(built)
 
+    @property
+    def summary_name(self) -> str:
+        """What the model's summary calls it: its mixers' classes, summed (``QCAttention + SSD``)."""
+        return " + ".join(getattr(m, "summary_name", type(m).__name__) for m in self.mixers)
+
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         check_mixer_input(type(self).__name__, x, self.d_model, next(self.parameters(), x), sequence=True)
         context = Context.for_input(type(self).__name__, x, context)  # one context: the rotary tables made once

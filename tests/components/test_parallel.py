@@ -61,6 +61,7 @@ def test_a_model_of_parallel_blocks_records_plain_specs_and_rebuilds_from_them()
     torch.testing.assert_close(again(ids), model(ids))
     assert isinstance(model.blocks[0].sequence_mixer.mixers[0], QCAttention)
     assert isinstance(model.blocks[0].sequence_mixer.mixers[1], SSD)
+    assert "0  PM     QCAttention + SSD  MLP" in model.summary()  # (the summary names what is summed)
 
 
 @pytest.mark.parametrize("mixers, words", [
