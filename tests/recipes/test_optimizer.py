@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from components import MLP, SSD, QCAttention
+from components import MLP, SSD, QCAttention, ShortConv
 from recipes import LanguageModel
 from recipes.cli import main
 from recipes.module import warmup_cosine
@@ -308,10 +308,16 @@ def mixers_with_fused_weights():
              {0, 1, 2, 4}),  # [X | B | C | Δ | z]: ... or no gate z
             # through a convolution with a bias (and D·x), only the gate's zero silences
             (SSD(32, head_dim=8, d_state=8, chunk_size=4, conv=True, gate=True), {"in_proj.weight": (32, 8, 8, 4, 32)},
-             {4})]
+             {4}),
+            # Falcon-H1's gate forms: without a norm, and after one — z still fused, still the gate
+            (SSD(32, head_dim=8, d_state=8, chunk_size=4, conv=True, gate=True, gate_rms_norm=False),
+             {"in_proj.weight": (32, 8, 8, 4, 32)}, {4}),
+            (SSD(32, head_dim=8, d_state=8, chunk_size=4, conv=True, gate=True, norm_before_gate=True),
+             {"in_proj.weight": (32, 8, 8, 4, 32)}, {4}),
+            (ShortConv(32), {"in_proj.weight": (32, 32, 32)}, {0, 1, 2})]  # (c ⊙ conv(b ⊙ h)): any of the three
 
 
-@pytest.mark.parametrize("index", range(7))
+@pytest.mark.parametrize("index", range(10))
 def test_each_fused_projection_is_declared_as_the_forward_splits_it(index):
     """The layout each mixer declares (``fused_row_blocks``) is the one its forward reads: zeroing one declared
     block's rows silences the output exactly for the blocks the mixer's formula says."""
