@@ -137,20 +137,20 @@ def test_odd_d_state_is_fine_without_rope():
     assert SSD(32, d_state=7, rope=False)(torch.randn(1, 5, 32)).shape == (1, 5, 32)
 
 
-GATES = {"norm after": {"gate": True}, "norm before": {"gate": True, "norm_before_gate": True},
-         "no norm": {"gate": True, "gate_rms_norm": False}, None: {}}  # the gate's forms (Mamba-2's, Falcon-H1's two)
+GATES = {"norm_after": {"gate": True}, "norm_before": {"gate": True, "norm_before_gate": True},
+         "no_norm": {"gate": True, "gate_rms_norm": False}, None: {}}  # the gate's forms (Mamba-2's, Falcon-H1's two)
 
 
 @pytest.mark.parametrize("positions, d_skip, gate", [
-    ("conv+rope", None, "norm after"), ("conv", False, "norm after"), ("rope", True, None), ("decay", None, "norm after"),
-    ("conv", None, "norm before"), ("conv", None, "no norm"),
+    ("conv+rope", None, "norm_after"), ("conv", False, "norm_after"), ("rope", True, None), ("decay", None, "norm_after"),
+    ("conv", None, "norm_before"), ("conv", None, "no_norm"),
 ])
 def test_every_variant_matches_its_math_written_out(rope_reference, positions, d_skip, gate):
     torch.manual_seed(1)
     H, P, G, N, K, T = 4, 3, 2, 6, 3, 7
     mixer = SSD(12, n_heads=H, d_state=N, n_groups=G, chunk_size=4, **POSITIONS[positions], d_skip=d_skip,
                 **GATES[gate], conv_kernel=K, norm_eps=1e-5)
-    assert (mixer.gate_norm is not None) == (gate in ("norm after", "norm before"))
+    assert (mixer.gate_norm is not None) == (gate in ("norm_after", "norm_before"))
     with torch.no_grad():
         for p in (mixer.D, mixer.gate_norm.weight if mixer.gate_norm is not None else None):
             if p is not None:
@@ -182,11 +182,11 @@ def test_every_variant_matches_its_math_written_out(rope_reference, positions, d
     def rms_norm(u):  # RMS per group, then the gain
         u = u.view(T, G, -1)
         return (u / torch.sqrt(u.pow(2).mean(-1, keepdim=True) + 1e-5)).reshape(T, -1) * mixer.gate_norm.weight
-    if gate == "norm after":
+    if gate == "norm_after":
         y = rms_norm(y * z * torch.sigmoid(z))  # y ⊙ silu(z), then normalised
-    elif gate == "norm before":
+    elif gate == "norm_before":
         y = rms_norm(y) * z * torch.sigmoid(z)
-    elif gate == "no norm":
+    elif gate == "no_norm":
         y = y * z * torch.sigmoid(z)
     want = y @ mixer.out_proj.weight.T
     torch.testing.assert_close(mixer(x)[0], want, rtol=1e-6, atol=1e-9)  # (RoPE tables are fp32)
