@@ -1219,9 +1219,21 @@ def imports_equal_to_transformers(theirs, folder, as_files=lambda tensors: tenso
     from recipes.hf import convert_weights, read_config
 
     ours = from_pretrained(folder).eval()
-    vocab = theirs.config.vocab_size
-    ids = torch.randint(0, vocab, (2, T))
-    assert relative_error(ours(ids), theirs(ids).logits) <= 1e-5
+    ids, mask = left_padded_backward(ours, theirs)
+    with torch.no_grad():
+        assert relative_error(ours(ids), theirs(ids).logits) <= 1e-5
+    theirs_grads = convert_weights(read_config(folder), as_files({name: p.grad for name, p in theirs.named_parameters()}))
+    for name, p in ours.named_parameters():
+        assert relative_error(p.grad, theirs_grads[name]) <= 1e-4, name
+    decodes_as_transformers(ours, theirs, ids, mask)
+    return ours
+
+
+def left_padded_backward(ours, theirs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ours`` and ``theirs`` (transformers') on a random batch whose second row is left-padded by 6: equal logits at
+    the real positions; then one random linear function of those logits backpropagated through both. Returns the
+    batch's ids and mask (1 = a token)."""
+    ids = torch.randint(0, theirs.config.vocab_size, (2, T))
     mask = torch.ones(2, T, dtype=torch.long)
     mask[1, :6] = 0
     want, got, valid = theirs(ids, attention_mask=mask).logits, ours(ids, padding_mask=mask == 0), mask.bool()
@@ -1229,11 +1241,7 @@ def imports_equal_to_transformers(theirs, folder, as_files=lambda tensors: tenso
     target = torch.randn_like(want)
     (want[valid] * target[valid]).sum().backward()
     (got[valid] * target[valid]).sum().backward()
-    theirs_grads = convert_weights(read_config(folder), as_files({name: p.grad for name, p in theirs.named_parameters()}))
-    for name, p in ours.named_parameters():
-        assert relative_error(p.grad, theirs_grads[name]) <= 1e-4, name
-    decodes_as_transformers(ours, theirs, ids, mask)
-    return ours
+    return ids, mask
 
 
 def decodes_as_transformers(ours, theirs, ids: torch.Tensor, mask: torch.Tensor) -> None:
@@ -2283,14 +2291,7 @@ def test_falcon_h1s_multipliers_are_folded_into_the_weights_they_scale_and_expor
 
     theirs, folder = falcon_h1(tmp_path, mamba_rms_norm=True, **FALCON_H1_MULTIPLIERS)
     ours = from_pretrained(folder).eval()
-    ids = torch.randint(0, 64, (2, T))
-    mask = torch.ones(2, T, dtype=torch.long)
-    mask[1, :6] = 0
-    want, got, valid = theirs(ids, attention_mask=mask).logits, ours(ids, padding_mask=mask == 0), mask.bool()
-    assert relative_error(got[valid], want[valid]) <= 1e-5
-    target = torch.randn_like(want)
-    (want[valid] * target[valid]).sum().backward()
-    (got[valid] * target[valid]).sum().backward()
+    ids, mask = left_padded_backward(ours, theirs)
     config = read_config(folder)
     ours_grads = FalconH1.fold(config, {name: p.grad for name, p in ours.named_parameters()})
     monkeypatch.delattr(FalconH1, "fold")  # theirs renamed alone
