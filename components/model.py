@@ -319,6 +319,12 @@ class HybridLM(nn.Module):
             if isinstance(getattr(module, "expert_load", None), torch.Tensor)
         }
 
+    def sequence_loads(self) -> dict[str, torch.Tensor]:
+        """Each MoE's load within each sequence of the last forward, by module name: ``[B, n_experts]``, a row the
+        fraction of that sequence's assignments each expert took (0 for a sequence of padding alone)."""
+        return {name: module.sequence_load for name, module in self.named_modules()
+                if isinstance(getattr(module, "sequence_load", None), torch.Tensor)}
+
     def update_routing_balance(self) -> None:
         """One step of every self-balancing router's bias (:class:`~components.state.router.SigmoidRouter`, DeepSeek-V3's
         auxiliary-loss-free balancing) from the loads of the training forwards since the last: the recipe calls it after

@@ -379,13 +379,21 @@ class LanguageModel(L.LightningModule):
 
     def _log_expert_loads(self) -> None:
         """Per MoE layer: the load's entropy over log(E) (1 = uniform, 0 = one expert takes all) and the
-        busiest expert's load over the mean (1 = uniform, E = collapse), so collapse shows up."""
+        busiest expert's load over the mean (1 = uniform, E = collapse), so collapse shows up; and where the layer
+        keeps each sequence's load, the busiest expert's load over the mean within a sequence, averaged over the
+        sequences that have tokens (what a batch's balance can hide: sequences that each crowd another expert)."""
+        layer_of = lambda name: (name.removeprefix("blocks.").replace(".state_mixer", "")  # noqa: E731
+                                 .replace(".sequence_mixer", "-seq"))
         for name, load in self.model.expert_loads().items():
-            layer = name.removeprefix("blocks.").replace(".state_mixer", "").replace(".sequence_mixer", "-seq")
             n = load.numel()
             entropy = -(load * load.clamp_min(1e-12).log()).sum() / math.log(n) if n > 1 else load.new_ones(())
-            self.log(f"moe/block{layer}/load_entropy", entropy)
-            self.log(f"moe/block{layer}/max_over_mean_load", load.max() * n)
+            self.log(f"moe/block{layer_of(name)}/load_entropy", entropy)
+            self.log(f"moe/block{layer_of(name)}/max_over_mean_load", load.max() * n)
+        for name, loads in self.model.sequence_loads().items():  # [B, E]
+            present = loads.sum(dim=1) > 0  # [B]: a sequence of padding alone has no load
+            if present.any():
+                busiest = loads[present].max(dim=1).values * loads.shape[1]  # [b]
+                self.log(f"moe/block{layer_of(name)}/max_over_mean_load_per_sequence", busiest.mean())
         for name, module in self.model.named_modules():  # a self-balancing router: how far its bias has spread
             bias = getattr(module, "balance_bias", None)
             if isinstance(bias, torch.Tensor) and bias.numel() > 1:

@@ -19,7 +19,7 @@ from components.state.experts import GATE_FORMS, CohesiveExperts, ExpansiveExper
 from components.state.mlp import ACTIVATIONS, GATES, MLP, default_d_ff
 from components._checks import check_choice, check_flags, check_mixer_input
 from components.state.router import (ForwardRecords, Routing, SigmoidRouter, TopKRouter, router_z_loss,
-                                     sequence_balancing_loss, switch_balancing_loss, valid_tokens)
+                                     sequence_balancing_loss, sequence_loads, switch_balancing_loss, valid_tokens)
 
 BALANCE_SCOPES = ("batch", "sequence")  # what the balancing loss evens out: the batch's load, or each sequence's
 
@@ -44,7 +44,8 @@ class MoE(ForwardRecords, nn.Module):
     After each forward, ``aux_loss`` holds the balancing loss (summed into the training loss by the recipe, times its
     ``aux_loss_coef``; docs/architecture.md): Switch's over the batch, or DeepSeek-V3's within each sequence;
     ``router_z_loss`` ST-MoE's router z-loss (the recipe's ``router_z_loss`` coefficient weighs it; None for a router
-    whose :class:`Routing` has no logits) and ``expert_load [E]`` the fraction of assignments each expert took.
+    whose :class:`Routing` has no logits), ``expert_load [E]`` the fraction of assignments each expert took and
+    ``sequence_load [B, E]`` the same within each sequence (a flat ``[M, d]`` input is one sequence).
     ``forward(x, padding_mask=None)``: with ``padding_mask [B, T]`` (True at padding; the block passes
     the model's), padded tokens are zeroed and count in neither the load nor the two losses.
 
@@ -85,6 +86,7 @@ class MoE(ForwardRecords, nn.Module):
         self.aux_loss: torch.Tensor | None = None
         self.router_z_loss: torch.Tensor | None = None
         self.expert_load: torch.Tensor | None = None
+        self.sequence_load: torch.Tensor | None = None
 
     reads_padding_mask = True  # the block passes the model's, so padding counts in no expert's load
 
@@ -102,8 +104,9 @@ class MoE(ForwardRecords, nn.Module):
         if self.shared_expert is not None:
             y = y + self.shared_expert(flat)
         self.expert_load = routing.load(self.router.n_experts, valid)
+        sequences = shape[0] if x.dim() == 3 else 1
+        self.sequence_load = sequence_loads(routing.experts.detach(), self.router.n_experts, sequences, valid)
         if self.balance == "sequence":
-            sequences = shape[0] if x.dim() == 3 else 1
             self.aux_loss = sequence_balancing_loss(routing.probs, routing.experts, sequences, valid)
         else:
             self.aux_loss = switch_balancing_loss(routing.probs, self.expert_load, valid)

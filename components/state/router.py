@@ -17,7 +17,7 @@ class ForwardRecords:
     ``expert_load``): the loss holds that forward's autograd graph, which neither ``copy.deepcopy`` nor pickle can
     carry, so a copy (an EMA twin, ``torch.save`` of a whole model, Lightning's ``ddp_spawn``) starts without them."""
 
-    forward_records = ("aux_loss", "expert_load", "router_z_loss")
+    forward_records = ("aux_loss", "expert_load", "router_z_loss", "sequence_load")
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), **dict.fromkeys(self.forward_records)}
@@ -101,19 +101,29 @@ def sequence_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, sequence
     any. ``probs [M, E]`` (normalised affinities), ``experts [M, k]`` the chosen ids, ``M = sequences · T`` tokens
     in sequence order, ``valid [M]`` (float 0/1; None: all). It is 1 when every sequence spreads its tokens evenly,
     where the batch-wide loss would accept sequences that each crowd one expert as long as the batch evens out."""
-    n_experts, k = probs.shape[-1], experts.shape[-1]
+    n_experts = probs.shape[-1]
     weights = torch.ones(probs.shape[0], device=probs.device) if valid is None else valid.float()  # [M]
     weights = weights.view(sequences, -1)  # [B, T]
-    ids = experts.reshape(sequences, -1)  # [B, T·k]
-    counts = torch.zeros(sequences, n_experts, device=probs.device).scatter_add_(
-        1, ids, weights.repeat_interleave(k, dim=1))  # [B, E] assignments per sequence
-    load = counts / counts.sum(dim=1, keepdim=True).clamp_min(1.0)  # [B, E], no gradient
+    load = sequence_loads(experts, n_experts, sequences, valid)  # [B, E], no gradient
     tokens = weights.sum(dim=1)  # [B]
     mean = (probs.reshape(sequences, -1, n_experts) * weights[..., None].to(probs.dtype)).sum(dim=1) / tokens.clamp_min(
         1.0)[:, None].to(probs.dtype)  # [B, E]
     per_sequence = n_experts * (load.to(probs.dtype) * mean).sum(dim=-1)  # [B]
     present = (tokens > 0).to(probs.dtype)  # [B]
     return (per_sequence * present).sum() / present.sum().clamp_min(1.0)
+
+
+def sequence_loads(experts: torch.Tensor, n_experts: int, sequences: int,
+                   valid: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, E]``: the fraction of each sequence's assignments that each expert took (a row sums to 1; 0 for a sequence
+    of padding alone). ``experts [M, k]`` the chosen ids of ``M = sequences · T`` tokens in sequence order, ``valid
+    [M]`` (float 0/1; None: all). :func:`assignment_load` within each sequence: what the sequence-wise balance loss
+    evens out, and what a batch's load (the mean of these rows, weighted by their tokens) can hide."""
+    k = experts.shape[-1]
+    weights = torch.ones(experts.shape[0], device=experts.device) if valid is None else valid.float()  # [M]
+    counts = torch.zeros(sequences, n_experts, device=experts.device).scatter_add_(
+        1, experts.reshape(sequences, -1), weights.view(sequences, -1).repeat_interleave(k, dim=1))  # [B, E]
+    return counts / counts.sum(dim=1, keepdim=True).clamp_min(1.0)
 
 
 def router_z_loss(logits: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:

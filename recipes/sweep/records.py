@@ -237,6 +237,9 @@ def read_run(run: Path) -> dict:
     best_step, best = min(curve, key=lambda point: (point[1], point[0])) if curve else (-1, math.nan)
     # each MoE block's last busiest-expert load over the mean (1 uniform, E collapsed), averaged over the blocks
     loads = [last(tag) for tag in sorted(tags) if tag.startswith("moe/") and tag.endswith("/max_over_mean_load")]
+    # and within each sequence (logged from 2026-12-06 on), likewise
+    within = [last(tag) for tag in sorted(tags)
+              if tag.startswith("moe/") and tag.endswith("/max_over_mean_load_per_sequence")]
     return {
         "pattern": hparams.get("pattern", "?"),
         "params": hparams.get("n_params", math.nan),
@@ -249,6 +252,7 @@ def read_run(run: Path) -> dict:
         "val_acc": last("val/acc"),
         "tok_s": statistics.median(speeds) if speeds else math.nan,
         "max_load": statistics.fmean(loads) if loads else math.nan,
+        "max_load_sequence": statistics.fmean(within) if within else math.nan,
     }
 
 

@@ -43,17 +43,26 @@ def with_notes(rows: list[str], notes: list[str], quiet: list[str], balance: str
 def balance_line(results: dict[str, list[dict]]) -> str | None:
     """Under a table of MoE runs: per recipe, the busiest expert's load over the mean at the last logged step (1
     uniform, ``E`` collapsed), averaged over the MoE blocks, as mean ± std over its runs; None where no run logged
-    one (a family without MoE, or records written before 2026-12-05)."""
-    cells = []
+    one (a family without MoE, or records written before 2026-12-05); beside each, where its runs logged it (from
+    2026-12-06 on), the same within each sequence, averaged over the sequences."""
+    cells, sequences = [], False
     for name, finished in results.items():
         loads = [r["max_load"] for r in finished if not math.isnan(r.get("max_load", math.nan))]
+        within = [r["max_load_sequence"] for r in finished if not math.isnan(r.get("max_load_sequence", math.nan))]
         if loads:
-            spread = f" ± {statistics.stdev(loads):.2f}" if len(loads) > 1 else ""
-            cells.append(f"{name} {statistics.fmean(loads):.2f}{spread}")
+            cells.append(f"{name} {mean_and_spread(loads)}" + (f" (within a sequence {mean_and_spread(within)})"
+                                                              if within else ""))
+            sequences = sequences or bool(within)
     if not cells:
         return None
+    within = "; within a sequence: the same in each sequence, averaged over them" if sequences else ""
     return ("Experts' balance (the busiest expert's load over the mean at the last logged step, 1 = uniform, "
-            "averaged over the MoE blocks): " + "; ".join(cells))
+            f"averaged over the MoE blocks{within}): " + "; ".join(cells))
+
+
+def mean_and_spread(values: list[float]) -> str:
+    """``mean ± std`` to two decimals (the mean alone for one value)."""
+    return f"{statistics.fmean(values):.2f}" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
 
 
 def table(runs: list[Run]) -> str:

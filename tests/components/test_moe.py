@@ -200,6 +200,29 @@ def test_sequences_that_each_crowd_one_expert_pass_the_batch_loss_but_not_the_se
     torch.testing.assert_close(sequence_balancing_loss(probs, experts, 2), torch.tensor(2.0))
 
 
+def test_a_moe_records_each_sequences_load_as_its_tokens_assignments_within_it():
+    """``sequence_load [B, E]``: row ``b`` the fraction of sequence ``b``'s assignments (its real tokens') each expert
+    took — a loop of :func:`assignment_load` over the sequences; a sequence of padding alone a row of zeros; a flat
+    input one sequence, its row the batch's load; whatever the balance scope."""
+    from components.state.router import assignment_load, sequence_loads
+
+    torch.manual_seed(0)
+    moe = RoutedMoE(D_MODEL, n_experts=5, top_k=2, d_ff=6)
+    x = torch.randn(3, 7, D_MODEL)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, :4], pad[2] = True, True
+    moe(x, padding_mask=pad)
+    experts = moe.router(x.masked_fill(pad[..., None], 0.0).reshape(-1, D_MODEL)).experts.view(3, 7, 2)
+    for b in range(2):
+        torch.testing.assert_close(moe.sequence_load[b], assignment_load(experts[b][~pad[b]], 5))
+    assert moe.sequence_load.shape == (3, 5) and moe.sequence_load[2].abs().sum() == 0
+    assert not moe.sequence_load.requires_grad
+    moe(x[0])
+    torch.testing.assert_close(moe.sequence_load, moe.expert_load[None])
+    crowded = sequence_loads(torch.tensor([[0]] * 3 + [[1]] * 3), 2, 2)  # each sequence to its own expert
+    torch.testing.assert_close(crowded, torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+
+
 def test_a_moe_balances_each_sequence_when_told_and_names_a_bad_scope():
     """``balance="sequence"``: the MoE's ``aux_loss`` is the sequence-wise loss of its own routing over its input's
     sequences, padding left out (``[B, T, d]``: ``B`` sequences; ``[M, d]``: one); the load it records stays the

@@ -677,6 +677,30 @@ def test_one_expert_has_a_load_entropy_of_one_not_a_division_by_log_one():
                       "moe/block0-seq/load_entropy": pytest.approx(1.0), "moe/block0-seq/max_over_mean_load": 1.0}
 
 
+def test_the_busiest_experts_load_within_each_sequence_is_logged_averaged_over_the_sequences_with_tokens():
+    """Where a MoE keeps each sequence's load: the busiest expert's share over the mean within each sequence, averaged
+    over the sequences that have tokens (a row of zeros, padding alone, left out); and from a training step."""
+    from functools import partial
+
+    from components import RoutedMoE
+
+    lm = LanguageModel(16, "AM", vocab_size=20)
+    logged = {}
+    lm.log = lambda name, value, **kwargs: logged.__setitem__(name, float(value))
+    lm.model.expert_loads = lambda: {}
+    lm.model.sequence_loads = lambda: {"blocks.1.state_mixer": torch.tensor([[0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0],
+                                                                             [0.0, 0.0, 0.0, 0.0]])}
+    lm._log_expert_loads()
+    assert logged == {"moe/block1/max_over_mean_load_per_sequence": 3.0}  # (2 and 4)
+    lm = LanguageModel(16, "AR", {"R": partial(RoutedMoE, n_experts=4, top_k=1, d_ff=8)}, vocab_size=20)
+    logged.clear()
+    lm.log = lambda name, value, **kwargs: logged.__setitem__(name, float(value))
+    lm.training_step({"input_ids": torch.randint(0, 20, (2, 6)), "labels": torch.randint(0, 20, (2, 6))}, 0)
+    loads = lm.model.sequence_loads()["blocks.0.state_mixer"]
+    assert logged["moe/block0/max_over_mean_load_per_sequence"] == pytest.approx(float(loads.max(dim=1).values.mean() * 4))
+    assert logged["moe/block0/max_over_mean_load_per_sequence"] >= logged["moe/block0/max_over_mean_load"] - 1e-6
+
+
 def fit_trainer(**changes):
     """A stand-in trainer for ``setup``: what it reads, at values that pass."""
     from lightning.pytorch.accelerators import CPUAccelerator

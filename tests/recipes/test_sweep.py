@@ -128,8 +128,10 @@ def test_a_family_of_recipes_without_a_logger_gets_one_run_folder_per_recipe(tmp
 
 
 def write_run(folder, losses: dict[int, float], speeds: list[float], pattern: str = "AM", acc: float | None = None,
-              d_model: int = 64, loads: dict[int, list[float]] | None = None) -> None:
-    """A run's folder as a fit leaves it; ``loads``: MoE block → its logged busiest-expert loads over the mean."""
+              d_model: int = 64, loads: dict[int, list[float]] | None = None,
+              within: dict[int, list[float]] | None = None) -> None:
+    """A run's folder as a fit leaves it; ``loads``: MoE block → its logged busiest-expert loads over the mean;
+    ``within``: the same within each sequence."""
     folder.mkdir(parents=True)
     (folder / "hparams.yaml").write_text(f"pattern: {pattern}\nn_params: 1234\nn_active_params: 1000\nd_model: {d_model}\n")
     with SummaryWriter(str(folder)) as writer:
@@ -137,6 +139,9 @@ def write_run(folder, losses: dict[int, float], speeds: list[float], pattern: st
             for step, value in enumerate(values):
                 writer.add_scalar(f"moe/block{block}/max_over_mean_load", value, step)
                 writer.add_scalar(f"moe/block{block}/load_entropy", 0.5, step)  # (another MoE scalar, not read)
+        for block, values in (within or {}).items():
+            for step, value in enumerate(values):
+                writer.add_scalar(f"moe/block{block}/max_over_mean_load_per_sequence", value, step)
         for step, loss in losses.items():
             writer.add_scalar("val/loss", loss, step)
             if acc is not None:
@@ -215,6 +220,14 @@ def test_a_table_of_moe_runs_says_how_balanced_each_recipes_experts_ended(tmp_pa
     assert seed_table(runs).splitlines()[-1] == expected
     assert table(runs).splitlines()[-1] == expected
     assert "Experts' balance" not in seed_table(runs[2:]) + table(runs[2:])
+    write_run(tmp_path / "b0", {5: 3.0}, [], loads={1: [1.1]}, within={1: [2.0, 1.8]})
+    write_run(tmp_path / "b1", {5: 3.0}, [], loads={1: [1.3]}, within={1: [1.4]})
+    runs.append(Run(tmp_path / "b.yaml", tmp_path / "b0", seed=0))
+    runs.append(Run(tmp_path / "b.yaml", tmp_path / "b1", seed=1))
+    assert seed_table(runs).splitlines()[-1] == (
+        "Experts' balance (the busiest expert's load over the mean at the last logged step, 1 = uniform, averaged over "
+        "the MoE blocks; within a sequence: the same in each sequence, averaged over them): a 1.45 ± 0.21; "
+        "b 1.20 ± 0.14 (within a sequence 1.60 ± 0.28)")
 
 
 def test_a_run_that_logged_no_speed_shows_a_dash_not_nan(tmp_path):
