@@ -17,7 +17,7 @@ class ForwardRecords:
     ``expert_load``): the loss holds that forward's autograd graph, which neither ``copy.deepcopy`` nor pickle can
     carry, so a copy (an EMA twin, ``torch.save`` of a whole model, Lightning's ``ddp_spawn``) starts without them."""
 
-    forward_records = ("aux_loss", "expert_load", "router_z_loss", "sequence_load")
+    forward_records = ("aux_loss", "expert_load", "router_z_loss")
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), **dict.fromkeys(self.forward_records)}
