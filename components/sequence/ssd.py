@@ -218,7 +218,7 @@ class SSD(nn.Module):
         y = y.reshape(batch, T, self.d_inner)  # [b, T, d_inner]
         if self.gate_norm is not None and not self.norm_before_gate:
             y = self.gate_norm(y, gate=z)
-        elif self.gate:  # normalised (fp32 in, fp32 out) or not, then gated, in fp32 as the norm of Mamba-2's order
+        elif self.gate:  # Falcon-H1's forms: normalised first (fp32 in and out) or not at all, then gated, in fp32
             y32 = at_least_fp32(y) if self.gate_norm is None else self.gate_norm(at_least_fp32(y))
             y = (y32 * F.silu(at_least_fp32(z))).to(y.dtype)
         return self.out_proj(y)

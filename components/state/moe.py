@@ -45,7 +45,8 @@ class MoE(ForwardRecords, nn.Module):
     ``aux_loss_coef``; docs/architecture.md): Switch's over the batch, or DeepSeek-V3's within each sequence;
     ``router_z_loss`` ST-MoE's router z-loss (the recipe's ``router_z_loss`` coefficient weighs it; None for a router
     whose :class:`Routing` has no logits), ``expert_load [E]`` the fraction of assignments each expert took and
-    ``sequence_load [B, E]`` the same within each sequence (a flat ``[M, d]`` input is one sequence).
+    ``sequence_load [B, E]`` the same within each sequence (a flat ``[M, d]`` input is one sequence; in training mode,
+    None in eval).
     ``forward(x, padding_mask=None)``: with ``padding_mask [B, T]`` (True at padding; the block passes
     the model's), padded tokens are zeroed and count in neither the load nor the two losses.
 
@@ -105,7 +106,9 @@ class MoE(ForwardRecords, nn.Module):
             y = y + self.shared_expert(flat)
         self.expert_load = routing.load(self.router.n_experts, valid)
         sequences = shape[0] if x.dim() == 3 else 1
-        self.sequence_load = sequence_loads(routing.experts.detach(), self.router.n_experts, sequences, valid)
+        # (in training, where it is logged: a decoding step, one token a sequence, does not pay for it)
+        self.sequence_load = (sequence_loads(routing.experts.detach(), self.router.n_experts, sequences, valid)
+                              if self.training else None)
         if self.balance == "sequence":
             self.aux_loss = sequence_balancing_loss(routing.probs, routing.experts, sequences, valid)
         else:

@@ -219,6 +219,8 @@ def test_a_moe_records_each_sequences_load_as_its_tokens_assignments_within_it()
     assert not moe.sequence_load.requires_grad
     moe(x[0])
     torch.testing.assert_close(moe.sequence_load, moe.expert_load[None])
+    moe.eval()(x)  # (kept in training only: a decoding step does not pay for it)
+    assert moe.sequence_load is None and moe.expert_load is not None
     crowded = sequence_loads(torch.tensor([[0]] * 3 + [[1]] * 3), 2, 2)  # each sequence to its own expert
     torch.testing.assert_close(crowded, torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
 
