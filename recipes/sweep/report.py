@@ -55,9 +55,9 @@ def balance_line(results: dict[str, list[dict]]) -> str | None:
             sequences = sequences or bool(within)
     if not cells:
         return None
-    within = "; within a sequence: the same in each sequence, averaged over them" if sequences else ""
+    explained = "; within a sequence: the same in each sequence, averaged over them" if sequences else ""
     return ("Experts' balance (the busiest expert's load over the mean at the last logged step, 1 = uniform, "
-            f"averaged over the MoE blocks{within}): " + "; ".join(cells))
+            f"averaged over the MoE blocks{explained}): " + "; ".join(cells))
 
 
 def mean_and_spread(values: list[float]) -> str:
