@@ -101,12 +101,12 @@ def sequence_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, sequence
     any. ``probs [M, E]`` (normalised affinities), ``experts [M, k]`` the chosen ids, ``M = sequences · T`` tokens
     in sequence order, ``valid [M]`` (float 0/1; None: all). It is 1 when every sequence spreads its tokens evenly,
     where the batch-wide loss would accept sequences that each crowd one expert as long as the batch evens out."""
-    n_experts = probs.shape[-1]
+    n_experts, T = probs.shape[-1], sequence_length(probs.shape[0], sequences)
     weights = torch.ones(probs.shape[0], device=probs.device) if valid is None else valid.float()  # [M]
-    weights = weights.view(sequences, -1)  # [B, T]
+    weights = weights.view(sequences, T)  # [B, T]
     load = sequence_loads(experts, n_experts, sequences, valid)  # [B, E], no gradient
     tokens = weights.sum(dim=1)  # [B]
-    mean = (probs.reshape(sequences, -1, n_experts) * weights[..., None].to(probs.dtype)).sum(dim=1) / tokens.clamp_min(
+    mean = (probs.reshape(sequences, T, n_experts) * weights[..., None].to(probs.dtype)).sum(dim=1) / tokens.clamp_min(
         1.0)[:, None].to(probs.dtype)  # [B, E]
     per_sequence = n_experts * (load.to(probs.dtype) * mean).sum(dim=-1)  # [B]
     present = (tokens > 0).to(probs.dtype)  # [B]
@@ -119,11 +119,17 @@ def sequence_loads(experts: torch.Tensor, n_experts: int, sequences: int,
     of padding alone). ``experts [M, k]`` the chosen ids of ``M = sequences · T`` tokens in sequence order, ``valid
     [M]`` (float 0/1; None: all). :func:`assignment_load` within each sequence: what the sequence-wise balance loss
     evens out, and what a batch's load (the mean of these rows, weighted by their tokens) can hide."""
-    k = experts.shape[-1]
+    k, T = experts.shape[-1], sequence_length(experts.shape[0], sequences)
     weights = torch.ones(experts.shape[0], device=experts.device) if valid is None else valid.float()  # [M]
     counts = torch.zeros(sequences, n_experts, device=experts.device).scatter_add_(
-        1, experts.reshape(sequences, -1), weights.view(sequences, -1).repeat_interleave(k, dim=1))  # [B, E]
+        1, experts.reshape(sequences, T * k), weights.view(sequences, T).repeat_interleave(k, dim=1))  # [B, E]
     return counts / counts.sum(dim=1, keepdim=True).clamp_min(1.0)
+
+
+def sequence_length(tokens: int, sequences: int) -> int:
+    """``T`` of ``tokens = sequences · T`` tokens in sequence order (0 for no sequences: an empty batch, whose shapes a
+    ``-1`` cannot infer)."""
+    return tokens // sequences if sequences else 0
 
 
 def router_z_loss(logits: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:

@@ -225,6 +225,19 @@ def test_a_moe_records_each_sequences_load_as_its_tokens_assignments_within_it()
     torch.testing.assert_close(crowded, torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
 
 
+@pytest.mark.parametrize("shape", [(0, 5), (2, 0)], ids=["no sequences", "empty sequences"])
+def test_an_empty_batch_balanced_within_each_sequence_gives_empty_loads_and_a_zero_loss(shape):
+    """``B = 0`` or ``T = 0``: the per-sequence loads are ``[B, E]`` of zeros and the sequence-wise loss 0 (no sequence
+    has tokens), not a reshape that cannot infer its ``-1``."""
+    spec = {"router": {"class_path": "components.TopKRouter", "init_args": {"n_experts": 4, "top_k": 2}},
+            "experts": {"class_path": "components.state.MLPExperts", "init_args": {"n_experts": 4, "d_ff": 6}}}
+    moe = ComposedMoE(D_MODEL, **spec, balance="sequence")
+    y = moe(torch.randn(*shape, D_MODEL))
+    assert y.shape == (*shape, D_MODEL)
+    assert moe.sequence_load.shape == (shape[0], 4) and moe.sequence_load.abs().sum() == 0
+    assert float(moe.aux_loss) == 0.0
+
+
 def test_a_moe_balances_each_sequence_when_told_and_names_a_bad_scope():
     """``balance="sequence"``: the MoE's ``aux_loss`` is the sequence-wise loss of its own routing over its input's
     sequences, padding left out (``[B, T, d]``: ``B`` sequences; ``[M, d]``: one); the load it records stays the
