@@ -1181,9 +1181,11 @@ class Mamba2:
         s = model.blocks[0].sequence_mixer
         if type(s).__name__ != "SSD":
             return f"its 'S' letter is {type(s).__name__}; {why}"
-        if s.conv is None or s.rope or s.gate_norm is None or s.D is None:
-            return (f"its SSD has conv={s.conv is not None}, rope={s.rope}, gate={s.gate_norm is not None}, "
+        if s.conv is None or s.rope or not s.gate or s.D is None:
+            return (f"its SSD has conv={s.conv is not None}, rope={s.rope}, gate={s.gate}, "
                     f"D={s.D is not None}; {why}")
+        if reason := mamba2_gate_problem([s], "Mamba-2"):
+            return reason
         if model.blocks[0].sequence_residual is not None:
             return "its blocks scale their residuals, which Mamba-2 does not"
         if s.d_inner % s.d_model:
@@ -1262,11 +1264,22 @@ def hybrid_sequence_pairs(i: int, letter: str) -> list[tuple[str, list[str]]]:
     return mamba2_pairs(ours, f"{hf}.mamba") if letter == "S" else attention_pairs(ours, f"{hf}.self_attn")
 
 
+def mamba2_gate_problem(ssds: list, name: str) -> str | None:
+    """Why gated SSDs' gates are not Mamba-2's ``rms_norm_g(y ⊙ silu(z))``: a norm before the gate, or none (Falcon-H1's
+    forms, which a Mamba-2 class would compute otherwise)."""
+    if any(s.gate_norm is None or s.norm_before_gate for s in ssds):
+        return (f"its SSDs' gates are not all Mamba-2's, which normalises the gated output (norm_before_gate=False, "
+                f"gate_rms_norm=True); {name}'s does")
+    return None
+
+
 def mamba2_ssd_problem(model, ssds: list, name: str, eps_field: str) -> str | None:
     """What a hybrid (Granite, Bamba, Nemotron-H) asks of each of its SSDs: Mamba-2's (conv, D, the gate, no RoPE),
-    its gate norm of the model's one eps (the config's ``eps_field``)."""
-    if any(s.conv is None or s.rope or s.gate_norm is None or s.D is None for s in ssds):
+    its gate norm Mamba-2's (:func:`mamba2_gate_problem`) of the model's one eps (the config's ``eps_field``)."""
+    if any(s.conv is None or s.rope or not s.gate or s.D is None for s in ssds):
         return "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"
+    if reason := mamba2_gate_problem(ssds, name):
+        return reason
     if any(s.gate_norm.eps != model.norm.eps for s in ssds):
         return f"its SSDs' gate norms have another eps than its other norms ({model.norm.eps}); {name} has one {eps_field}"
     return None

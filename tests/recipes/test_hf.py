@@ -2355,3 +2355,30 @@ def test_what_a_falcon_h1_config_says_is_read_as_transformers_reads_it_and_what_
         {**a, "init_args": {"n_heads": 2, "sliding_window": 4}}, s]}}, "M": mlp})
     assert FalconH1.mismatch(windowed).startswith("its attention is not Falcon-H1's")
     assert FalconH1.mismatch(HybridLM(32, 16, "AM", {"A": a, "M": mlp})).startswith("its blocks are not all alike")
+
+
+@pytest.mark.parametrize("gate", [{"norm_before_gate": True}, {"gate_rms_norm": False}], ids=["norm first", "no norm"])
+def test_an_ssd_whose_gate_is_falcon_h1s_is_refused_by_every_mamba2_class(gate):
+    """Mamba-2, Granite, Bamba and Nemotron-H normalise the gated output; an SSD that normalises before the gate, or not
+    at all (Falcon-H1's forms), would export as one of them computing something else, so each refuses it by name;
+    Mamba-2's own gate passes."""
+    from components import HybridLM
+    from recipes.hf.architectures import Bamba, GraniteHybrid, Mamba2, NemotronH
+
+    def ssd(**extra):
+        return {"class_path": "components.SSD", "init_args": {"head_dim": 8, "d_state": 8, "conv": True, "rope": False,
+                                                             "gate": True, "expand": 2, "norm_eps": 1e-5, **extra}}
+
+    attention = {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}
+    mlp = {"class_path": "components.MLP", "init_args": {"d_ff": 24}}
+    plain = {"class_path": "components.MLP", "init_args": {"d_ff": 24, "activation": "plain", "act": "relu2"}}
+    unroped = {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "rope": False}}
+    for extra, says in (({}, None), (gate, "its SSDs' gates are not all Mamba-2's, which normalises the gated output")):
+        models = {Mamba2: HybridLM(32, 16, "S-×2", {"S": ssd(**extra)}, norm_eps=1e-5),
+                  GraniteHybrid: HybridLM(32, 16, "SM AM", {"S": ssd(**extra), "A": attention, "M": mlp}, norm_eps=1e-5),
+                  Bamba: HybridLM(32, 16, "SM AM", {"S": ssd(**extra), "A": {**attention, "init_args": {
+                      "n_heads": 2, "rope_fraction": 0.5}}, "M": mlp}, norm_eps=1e-5),
+                  NemotronH: HybridLM(32, 16, "S- A- -M", {"S": ssd(**extra), "A": unroped, "M": plain}, norm_eps=1e-5)}
+        for adapter, model in models.items():
+            reason = adapter.mismatch(model)
+            assert (reason is None) if says is None else reason.startswith(says), (adapter.name, reason)
