@@ -171,11 +171,16 @@ class SSD(nn.Module):
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
         d_skip = self.conv is not None if d_skip is None else d_skip
         self.D = nn.Parameter(torch.ones(n_heads)) if d_skip else None
-        self.gate, self.gate_rms_norm, self.norm_before_gate = gate, gate and gate_rms_norm, norm_before_gate
+        self.gate, self.norm_before_gate = gate, norm_before_gate
         self.gate_norm = GroupedRMSNorm(d_inner, n_groups, eps=norm_eps) if gate and gate_rms_norm else None
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
 
     upgrade_init_args = staticmethod(upgrade_init_args)
+
+    @property
+    def gate_rms_norm(self) -> bool:
+        """Whether the gate has its grouped RMSNorm (``gate_rms_norm``; False without a gate)."""
+        return self.gate_norm is not None
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         check_mixer_input(type(self).__name__, x, self.d_model, self.in_proj.weight, sequence=True)

@@ -110,7 +110,7 @@ class MoE(ForwardRecords, nn.Module):
         self.sequence_load = (sequence_loads(routing.experts.detach(), self.router.n_experts, sequences, valid)
                               if self.training else None)
         if self.balance == "sequence":
-            self.aux_loss = sequence_balancing_loss(routing.probs, routing.experts, sequences, valid)
+            self.aux_loss = sequence_balancing_loss(routing.probs, routing.experts, sequences, valid, self.sequence_load)
         else:
             self.aux_loss = switch_balancing_loss(routing.probs, self.expert_load, valid)
         self.router_z_loss = None if routing.logits is None else router_z_loss(routing.logits, valid)

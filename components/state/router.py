@@ -95,16 +95,17 @@ def switch_balancing_loss(probs: torch.Tensor, load: torch.Tensor, valid: torch.
 
 
 def sequence_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, sequences: int,
-                            valid: torch.Tensor | None = None) -> torch.Tensor:
+                            valid: torch.Tensor | None = None, load: torch.Tensor | None = None) -> torch.Tensor:
     """DeepSeek-V3's sequence-wise balance loss (eq. 17-20, without its ``α``): :func:`switch_balancing_loss` within
     each sequence, ``N · Σ_i f_i · P_i`` over that sequence's valid tokens, averaged over the sequences that have
     any. ``probs [M, E]`` (normalised affinities), ``experts [M, k]`` the chosen ids, ``M = sequences · T`` tokens
     in sequence order, ``valid [M]`` (float 0/1; None: all). It is 1 when every sequence spreads its tokens evenly,
-    where the batch-wide loss would accept sequences that each crowd one expert as long as the batch evens out."""
+    where the batch-wide loss would accept sequences that each crowd one expert as long as the batch evens out.
+    ``load``: the sequences' loads where the caller has them already (:func:`sequence_loads` of the same arguments)."""
     n_experts, T = probs.shape[-1], sequence_length(probs.shape[0], sequences)
     weights = torch.ones(probs.shape[0], device=probs.device) if valid is None else valid.float()  # [M]
     weights = weights.view(sequences, T)  # [B, T]
-    load = sequence_loads(experts, n_experts, sequences, valid)  # [B, E], no gradient
+    load = sequence_loads(experts, n_experts, sequences, valid) if load is None else load  # [B, E], no gradient
     tokens = weights.sum(dim=1)  # [B]
     mean = (probs.reshape(sequences, T, n_experts) * weights[..., None].to(probs.dtype)).sum(dim=1) / tokens.clamp_min(
         1.0)[:, None].to(probs.dtype)  # [B, E]

@@ -1273,14 +1273,15 @@ def mamba2_gate_problem(ssds: list, name: str) -> str | None:
     return None
 
 
-def mamba2_ssd_problem(model, ssds: list, name: str, eps_field: str) -> str | None:
-    """What a hybrid (Granite, Bamba, Nemotron-H) asks of each of its SSDs: Mamba-2's (conv, D, the gate, no RoPE),
-    its gate norm Mamba-2's (:func:`mamba2_gate_problem`) of the model's one eps (the config's ``eps_field``)."""
+def mamba2_ssd_problem(model, ssds: list, name: str, eps_field: str, any_gate: bool = False) -> str | None:
+    """What a hybrid (Granite, Bamba, Nemotron-H, Falcon-H1) asks of each of its SSDs: Mamba-2's (conv, D, the gate, no
+    RoPE), its gate Mamba-2's (:func:`mamba2_gate_problem`; ``any_gate``: any of the gate's forms, Falcon-H1's), its
+    gate norm of the model's one eps (the config's ``eps_field``)."""
     if any(s.conv is None or s.rope or not s.gate or s.D is None for s in ssds):
         return "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"
-    if reason := mamba2_gate_problem(ssds, name):
+    if not any_gate and (reason := mamba2_gate_problem(ssds, name)):
         return reason
-    if any(s.gate_norm.eps != model.norm.eps for s in ssds):
+    if any(s.gate_norm is not None and s.gate_norm.eps != model.norm.eps for s in ssds):
         return f"its SSDs' gate norms have another eps than its other norms ({model.norm.eps}); {name} has one {eps_field}"
     return None
 
@@ -1731,11 +1732,8 @@ class FalconH1:
             return "its blocks scale their residuals, which Falcon-H1 does not"
         attentions = [b.sequence_mixer.mixers[0] for b in blocks]
         ssds = [b.sequence_mixer.mixers[1] for b in blocks]
-        if any(s.conv is None or s.rope or not s.gate or s.D is None for s in ssds):
-            return "its SSDs are not all Mamba-2's (conv, D and the gate, no RoPE)"
-        if any(s.gate_norm is not None and s.gate_norm.eps != model.norm.eps for s in ssds):
-            return (f"its SSDs' gate norms have another eps than its other norms ({model.norm.eps}); Falcon-H1 has one "
-                    "rms_norm_eps")
+        if reason := mamba2_ssd_problem(model, ssds, "Falcon-H1", "rms_norm_eps", any_gate=True):
+            return reason
         if len({(s.n_heads, s.d_inner, s.d_state, s.n_groups, s.conv.kernel_size[0], s.chunk_size, s.gate_rms_norm,
                  s.norm_before_gate) for s in ssds}) > 1:
             return "its SSDs differ; Falcon-H1 has one Mamba-2 configuration"
