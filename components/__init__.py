@@ -6,11 +6,11 @@ from components.model import DEFAULT_MIXERS, HybridLM, count_active_parameters, 
 from components.norm import RMSNorm
 from components.pattern import PatternError, parse_pattern
 from components.rotary import RotaryEmbedding, apply_rotary
-from components.sequence import SSD, Expresser, InnerFuncAttention, ParallelMixers, QCAttention, ShortConv, TokenShift
+from components.sequence import SSD, Expresser, GatedDeltaNet, InnerFuncAttention, ParallelMixers, QCAttention, ShortConv, TokenShift
 from components.state import (MLP, CDMoE, CohesiveMoE, ComposedMoE, ExpansiveMoE, ForwardRecords, MoE, RoutedMoE,
                               SharedExpertMoE, SigmoidRouter, TopKRouter)
 
 __all__ = [
-    "Block", "CDMoE", "Expresser", "CohesiveMoE", "ComposedMoE", "Context", "ExpansiveMoE", "ForwardRecords", "MoE", "RoutedMoE", "SharedExpertMoE", "SigmoidRouter", "TopKRouter", "DEFAULT_MIXERS", "HybridLM", "InnerFuncAttention", "MLP", "ParallelMixers", "PatternError", "QCAttention", "RMSNorm",
+    "Block", "CDMoE", "Expresser", "CohesiveMoE", "ComposedMoE", "Context", "ExpansiveMoE", "ForwardRecords", "GatedDeltaNet", "MoE", "RoutedMoE", "SharedExpertMoE", "SigmoidRouter", "TopKRouter", "DEFAULT_MIXERS", "HybridLM", "InnerFuncAttention", "MLP", "ParallelMixers", "PatternError", "QCAttention", "RMSNorm",
     "RotaryEmbedding", "SSD", "ShortConv", "TokenShift", "WholeBlock", "apply_rotary", "count_active_parameters", "count_parameters", "parse_pattern",
 ]

@@ -7,7 +7,7 @@ sync and a whole-graph compile, bad input). Each entry is a factory ``d_model ->
 
 from functools import partial
 
-from components.sequence import SSD, Expresser, InnerFuncAttention, ParallelMixers, QCAttention, ShortConv, TokenShift
+from components.sequence import SSD, Expresser, GatedDeltaNet, InnerFuncAttention, ParallelMixers, QCAttention, ShortConv, TokenShift
 from components.state import MLP, CDMoE, CohesiveMoE, ComposedMoE, ExpansiveMoE, RoutedMoE, SharedExpertMoE
 
 SEQUENCE_MIXERS = {
@@ -35,6 +35,9 @@ SEQUENCE_MIXERS = {
                                              gate=True, norm_before_gate=True),
     "SSD conv, gate without norm": partial(SSD, head_dim=8, d_state=8, chunk_size=4, conv=True, rope=False, gate=True,
                                            gate_rms_norm=False),
+    "GatedDeltaNet": partial(GatedDeltaNet, head_dim=8, chunk_size=4),
+    "GatedDeltaNet, 2 key heads for 4, values 12 wide, no gate": partial(GatedDeltaNet, n_heads=4, head_dim=8, n_k_heads=2,
+                                                                        v_head_dim=12, gate=False, chunk_size=5),
     "Expresser": partial(Expresser, n_heads=4, n_kv_heads=2),
     "TokenShift": TokenShift,
     "ShortConv": ShortConv,

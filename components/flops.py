@@ -45,3 +45,19 @@ def ssd_flops_per_token(seq_len: int, chunk: int, heads: int, groups: int, head_
              + 2 * (chunks + 1) ** 2 * P * N * H  # the recurrence over chunk states (one matrix of decays)
              + 2 * padded * N * P * H)  # read-out of the entering state
     return total / seq_len
+
+
+def gated_delta_flops_per_token(seq_len: int, chunk: int, heads: int, key_dim: int, value_dim: int) -> float:
+    """The chunked gated delta rule's products (zoo_kernels/gated_delta/README.md): inside each chunk ``K·Kᵀ`` and
+    ``Q·Kᵀ``, the unit-triangular solve for the corrected values (``L (L - 1)`` FLOPs per right-hand column, which
+    torch's counter does not see), and per chunk the products with the state entering it: the correction, the
+    read-out, the weighted sum of corrected values and the state's update."""
+    chunks = -(-seq_len // chunk)
+    padded, L, H, K, V = chunks * chunk, chunk, heads, key_dim, value_dim
+    total = (2 * 2 * padded * L * K * H  # K·Kᵀ and Q·Kᵀ inside each chunk
+             + padded * (L - 1) * (V + K) * H  # the solve, for U (values) and W (keys) at once
+             + 2 * padded * K * V * H  # W · S: what the state already predicts
+             + 2 * padded * K * V * H  # (decayed Q) · S: the read-out of the entering state
+             + 2 * padded * L * V * H  # scores · Δ
+             + 2 * padded * K * V * H)  # Kᵀ · Δ: the state's update
+    return total / seq_len
