@@ -1,0 +1,108 @@
+"""``GatedDeltaNet`` against transformers' ``Qwen3NextGatedDeltaNet`` on copied weights (outputs, the input's and
+every weight's gradient, a left-padded batch), with key heads shared by value heads; and its arguments. The
+catalogue's contract tests compare the mixer with itself (decoding, documents, padding, causality, compile); this
+file is the independent check."""
+
+import pytest
+import torch
+
+from components import Context, GatedDeltaNet
+
+qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+
+
+def transformers_layer(d_model=32, n_heads=4, n_k_heads=2, head_dim=8, v_head_dim=6, seed=0):
+    from transformers import Qwen3NextConfig
+
+    config = Qwen3NextConfig(hidden_size=d_model, linear_num_value_heads=n_heads, linear_num_key_heads=n_k_heads,
+                             linear_key_head_dim=head_dim, linear_value_head_dim=v_head_dim, linear_conv_kernel_dim=4,
+                             num_hidden_layers=1, layer_types=["linear_attention"], rms_norm_eps=1e-6)
+    torch.manual_seed(seed)
+    layer = qwen3_next.Qwen3NextGatedDeltaNet(config, layer_idx=0).double()
+    with torch.no_grad():  # away from the ones they start at, so a weight read in the wrong place shows
+        layer.norm.weight.normal_(1.0, 0.3)
+        layer.dt_bias.normal_(0.0, 1.0)
+    return layer
+
+
+def zoo_weights(layer, tensors=None) -> dict[str, torch.Tensor]:
+    """The zoo's parameters from transformers' (or the same rearrangement of ``tensors``, their gradients): transformers
+    groups ``in_proj_qkvz``'s rows by key head, ``[q | k | v | z]`` for each, and ``in_proj_ba``'s as ``[β | a]`` for
+    each; the zoo has one ``[q | k | v | z | β | a]``, each part head after head."""
+    t = tensors or dict(layer.named_parameters())
+    Hk, r = layer.num_k_heads, layer.num_v_heads // layer.num_k_heads
+    K, V = layer.head_k_dim, layer.head_v_dim
+    qkvz = t["in_proj_qkvz.weight"].view(Hk, 2 * K + 2 * r * V, -1)  # [Hk, rows of one key head, d]
+    q, k, v, z = qkvz.split([K, K, r * V, r * V], dim=1)
+    b, a = t["in_proj_ba.weight"].view(Hk, 2 * r, -1).split([r, r], dim=1)
+    rows = [part.flatten(0, 1) for part in (q, k, v, z, b, a)]  # each [heads · dim, d], head after head
+    return {"in_proj.weight": torch.cat(rows), "conv.weight": t["conv1d.weight"], "A_log": t["A_log"],
+            "dt_bias": t["dt_bias"], "norm.weight": t["norm.weight"], "out_proj.weight": t["out_proj.weight"]}
+
+
+def close(got: torch.Tensor, want: torch.Tensor, msg: str = "") -> None:
+    """Within transformers' rounding: its rule computes in fp32 whatever the layer's dtype (the zoo's, in float64 here)."""
+    err = float((got - want).norm() / want.norm())
+    assert err <= 1e-4, f"{msg}: relative error {err:.2e}"
+
+
+def zoo_layer(layer) -> GatedDeltaNet:
+    ours = GatedDeltaNet(layer.hidden_size, n_heads=layer.num_v_heads, n_k_heads=layer.num_k_heads,
+                         head_dim=layer.head_k_dim, v_head_dim=layer.head_v_dim, chunk_size=5).double()
+    ours.load_state_dict(zoo_weights(layer))
+    return ours
+
+
+@pytest.mark.parametrize("shape", [dict(n_heads=4, n_k_heads=2), dict(n_heads=2, n_k_heads=2, v_head_dim=8)],
+                         ids=["2 key heads for 4", "a key head each"])
+def test_gated_deltanet_matches_qwen3_next_outputs_and_every_gradient(shape):
+    layer = transformers_layer(**shape)
+    ours = zoo_layer(layer)
+    x = torch.randn(2, 23, 32, dtype=torch.float64, requires_grad=True)
+    want, got = layer(x), ours(x)
+    close(got, want, "output")
+    target = torch.randn_like(want)
+    theirs = dict(zip(["x", *dict(layer.named_parameters())],
+                      torch.autograd.grad((want * target).sum(), [x, *layer.parameters()])))
+    mine = dict(zip(["x", *dict(ours.named_parameters())],
+                    torch.autograd.grad((got * target).sum(), [x, *ours.parameters()])))
+    close(mine.pop("x"), theirs.pop("x"), "x")
+    for name, grad in zoo_weights(layer, theirs).items():
+        close(mine[name], grad, name)
+
+
+def test_a_left_padded_batch_matches_qwen3_next_with_its_attention_mask():
+    layer = transformers_layer()
+    ours = zoo_layer(layer)
+    x = torch.randn(2, 19, 32, dtype=torch.float64)
+    mask = torch.ones(2, 19, dtype=torch.bool)
+    mask[0, :6] = False  # the first row left-padded by 6
+    want = layer(x, attention_mask=mask.long())
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    got = ours(x, Context(position_ids=positions, padding_mask=~mask))
+    close(got[mask], want[mask], "real positions")
+    torch.testing.assert_close(got[0, 6:], ours(x[:1, 6:])[0])  # and the padded row is the row alone
+
+
+def test_the_output_gate_and_the_norm_are_where_the_formula_puts_them():
+    """Without the gate the output is ``rms_norm(y) · w`` alone: the gated layer's output differs, and its ``z`` rows get a
+    gradient; without it there are no ``z`` rows."""
+    torch.manual_seed(0)
+    gated, plain = GatedDeltaNet(32, head_dim=8), GatedDeltaNet(32, head_dim=8, gate=False)
+    assert gated.in_proj.out_features - plain.in_proj.out_features == 32  # the z rows: n_heads · v_head_dim
+    assert gated.fused_row_blocks()["in_proj.weight"] == (32, 32, 32, 32, 4, 4)
+    assert plain.fused_row_blocks()["in_proj.weight"] == (32, 32, 32, 4, 4)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(head_dim=12), r"d_model=32 is not divisible by head_dim=12"),
+    (dict(n_heads=4, n_k_heads=3), r"n_heads=4 is not divisible by n_k_heads=3"),
+    (dict(head_dim=0), r"head_dim"),
+    (dict(v_head_dim=0), r"v_head_dim"),
+    (dict(gate="yes"), r"gate"),
+    (dict(norm_eps=-1.0), r"norm_eps"),
+    (dict(chunk_size=0), r"chunk_size"),
+])
+def test_bad_arguments_are_named(arguments, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        GatedDeltaNet(32, **arguments)
