@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from components import Context, GatedDeltaNet
+from components.cache import InferenceCache
 
 qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
 
@@ -84,14 +85,67 @@ def test_a_left_padded_batch_matches_qwen3_next_with_its_attention_mask():
     torch.testing.assert_close(got[0, 6:], ours(x[:1, 6:])[0])  # and the padded row is the row alone
 
 
-def test_the_output_gate_and_the_norm_are_where_the_formula_puts_them():
-    """Without the gate the output is ``rms_norm(y) · w`` alone: the gated layer's output differs, and its ``z`` rows get a
-    gradient; without it there are no ``z`` rows."""
+def test_decoding_one_token_at_a_time_gives_qwen3_next_full_forward():
+    """A prefill of 4 tokens, then steps (the recurrence from the chunked state, the conv from its window): what
+    transformers' full forward computes for every position."""
+    layer = transformers_layer()
+    ours = zoo_layer(layer)
+    x = torch.randn(2, 11, 32, dtype=torch.float64)
+    want = layer(x)
+    cache, outs = InferenceCache(2, 11), []
+    for start, stop in [(0, 4), *((t, t + 1) for t in range(4, 11))]:
+        cache.begin(stop - start, None)
+        context = Context(position_ids=torch.arange(start, stop).expand(2, -1), cache=cache)
+        outs.append(ours(x[:, start:stop], context))
+        cache.end(stop - start)
+    assert cache.state(ours)["state"].shape == (2, 4, 8, 6)  # [B, H, K, V]: a constant size
+    close(torch.cat(outs, dim=1), want, "decoded")
+
+
+def test_a_padded_position_neither_decays_nor_writes_the_state(monkeypatch):
+    """Padding anywhere in a row (here in its middle, where the conv still reads the real tokens before it and gives
+    a nonzero key): the rule receives ``beta = 0`` and ``g = 0`` there, and the real positions' values unchanged."""
+    import components.sequence.gated_deltanet as module
+
+    seen = {}
+    rule = module.gated_delta_rule
+    monkeypatch.setattr(module, "gated_delta_rule", lambda q, k, v, g, beta, **kw: seen.update(g=g, beta=beta, k=k)
+                        or rule(q, k, v, g, beta, **kw))
     torch.manual_seed(0)
-    gated, plain = GatedDeltaNet(32, head_dim=8), GatedDeltaNet(32, head_dim=8, gate=False)
-    assert gated.in_proj.out_features - plain.in_proj.out_features == 32  # the z rows: n_heads · v_head_dim
+    ours = GatedDeltaNet(32, head_dim=8)
+    x = torch.randn(1, 9, 32)
+    mask = torch.zeros(1, 9, dtype=torch.bool)
+    mask[0, 4] = True
+    ours(x, Context(position_ids=torch.arange(9)[None], padding_mask=mask))
+    assert seen["k"][0, 4].abs().sum() > 0  # the position still has a key ...
+    assert (seen["beta"][0, 4] == 0).all() and (seen["g"][0, 4] == 0).all()  # ... and writes nothing, decays nothing
+    assert (seen["beta"][0, ~mask[0]] > 0).all() and (seen["g"][0, ~mask[0]] < 0).all()
+
+
+def test_without_the_gate_the_output_is_the_normed_rule_alone(monkeypatch):
+    """``gate=False``: ``out = rms_norm(y) · w W_out`` with the same rule output ``y`` as the gated layer's (the same
+    weights less the ``z`` rows), whose output is ``(rms_norm(y) · w ⊙ silu(z)) W_out``."""
+    import components.sequence.gated_deltanet as module
+
+    outputs = []
+    rule = module.gated_delta_rule
+    monkeypatch.setattr(module, "gated_delta_rule", lambda *a, **kw: outputs.append(rule(*a, **kw)) or outputs[-1])
+    torch.manual_seed(0)
+    gated = GatedDeltaNet(32, head_dim=8).double()
+    plain = GatedDeltaNet(32, head_dim=8, gate=False).double()
+    with torch.no_grad():
+        gated.norm.weight.normal_(1.0, 0.3)
     assert gated.fused_row_blocks()["in_proj.weight"] == (32, 32, 32, 32, 4, 4)
     assert plain.fused_row_blocks()["in_proj.weight"] == (32, 32, 32, 4, 4)
+    q, k, v, z, b, a = gated.in_proj.weight.split(gated.fused_row_blocks()["in_proj.weight"])
+    plain.load_state_dict({**gated.state_dict(), "in_proj.weight": torch.cat([q, k, v, b, a])})
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    got_gated, got_plain = gated(x), plain(x)
+    torch.testing.assert_close(outputs[0], outputs[1])  # the same rule output y [B, T, H, V]
+    normed = torch.nn.functional.rms_norm(outputs[0], (8,), gated.norm.weight, 1e-6)
+    torch.testing.assert_close(got_plain, plain.out_proj(normed.flatten(2)))
+    gate = torch.nn.functional.silu(x @ z.t()).view(2, 9, 4, 8)
+    torch.testing.assert_close(got_gated, gated.out_proj((normed * gate).flatten(2)))
 
 
 @pytest.mark.parametrize("arguments, message", [
