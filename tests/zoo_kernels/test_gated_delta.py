@@ -128,6 +128,8 @@ def test_a_non_finite_input_reaches_only_its_position_and_after_in_its_document(
     y_clean, _ = chunked(*(clean[n] for n in NAMES[:5]), document_starts=starts, chunk_size=4)
     keep = ~bad[..., None].expand_as(y[0])
     torch.testing.assert_close(y[0][keep], y_clean[0][keep])  # and the rest is what it was
+    _, final = chunked(*(inputs[n] for n in NAMES[:5]), chunk_size=4)  # one document: the state carries what entered it
+    assert final[0].isnan().flatten(1).all(-1).tolist() == [False, name != "q", False]
 
 
 def test_a_step_from_the_chunked_state_continues_the_sequence():
