@@ -36,8 +36,8 @@ SEQUENCE_MIXERS = {
     "SSD conv, gate without norm": partial(SSD, head_dim=8, d_state=8, chunk_size=4, conv=True, rope=False, gate=True,
                                            gate_rms_norm=False),
     "GatedDeltaNet": partial(GatedDeltaNet, head_dim=8, chunk_size=4),
-    "GatedDeltaNet, 2 key heads for 4, values 12 wide, no gate": partial(GatedDeltaNet, n_heads=4, head_dim=8, n_k_heads=2,
-                                                                        v_head_dim=12, gate=False, chunk_size=5),
+    "GatedDeltaNet, 2 key heads for 4, values 12 wide, no gate, negative eigenvalues": partial(
+        GatedDeltaNet, n_heads=4, head_dim=8, n_k_heads=2, v_head_dim=12, gate=False, allow_neg_eigval=True, chunk_size=5),
     "Expresser": partial(Expresser, n_heads=4, n_kv_heads=2),
     "TokenShift": TokenShift,
     "ShortConv": ShortConv,

@@ -23,7 +23,7 @@ class GatedDeltaNet(nn.Module):
 
         [q | k | v] = silu(conv_K(x [W_q | W_k | W_v]))    depthwise causal conv, no bias
         q, k ← q / |q|, k / |k|                             unit queries and keys
-        beta = sigmoid(x W_β)    g = -exp(A_log) · softplus(x W_a + Δ_bias)      [B, T, H]
+        beta = sigmoid(x W_β) (× 2)    g = -exp(A_log) · softplus(x W_a + Δ_bias)      [B, T, H]
         S_t = exp(g_t) (I - beta_t k_t k_tᵀ) S_{t-1} + beta_t k_t v_tᵀ           state [K, V] per head
         y_t = S_tᵀ q_t / √K
         out = (rms_norm(y) · w ⊙ silu(x W_z)) W_out          the norm per head (one gain of V shared by the heads)
@@ -40,6 +40,9 @@ class GatedDeltaNet(nn.Module):
         v_head_dim: value dim ``V`` per head (default ``head_dim``).
         conv_kernel: taps of the causal conv over ``[q | k | v]`` (default 4).
         gate: the output gate ``silu(x W_z)`` after the norm (default True; False keeps the norm alone).
+        allow_neg_eigval: ``beta = 2 · sigmoid(x W_β)``, in ``(0, 2)`` (default False: ``(0, 1)``), so the transition
+            ``I - beta k kᵀ`` reaches eigenvalue -1 along ``k``: Grazzi et al., "Unlocking State-Tracking in Linear RNNs
+            Through Negative Eigenvalues" (ICLR 2025); flash-linear-attention's and OLMo-Hybrid's option of that name.
         norm_eps: epsilon of the output RMSNorm (default 1e-6).
         chunk_size: chunk length of the rule's chunked form (default 64).
 
@@ -51,10 +54,10 @@ class GatedDeltaNet(nn.Module):
 
     def __init__(self, d_model: int, *, n_heads: int | None = None, head_dim: int | None = None,
                  n_k_heads: int | None = None, v_head_dim: int | None = None, conv_kernel: int = 4, gate: bool = True,
-                 norm_eps: float = 1e-6, chunk_size: int = 64):
+                 allow_neg_eigval: bool = False, norm_eps: float = 1e-6, chunk_size: int = 64):
         super().__init__()
         check_positive("GatedDeltaNet", d_model=d_model, conv_kernel=conv_kernel, chunk_size=chunk_size)
-        check_flags("GatedDeltaNet", gate=gate)
+        check_flags("GatedDeltaNet", gate=gate, allow_neg_eigval=allow_neg_eigval)
         check_number("GatedDeltaNet", "norm_eps", norm_eps, low=0)
         head_dim = min(64, d_model) if head_dim is None else head_dim
         check_positive("GatedDeltaNet", head_dim=head_dim)
@@ -66,7 +69,7 @@ class GatedDeltaNet(nn.Module):
         check_positive("GatedDeltaNet", n_heads=n_heads, n_k_heads=n_k_heads, v_head_dim=v_head_dim)
         check_divisible("GatedDeltaNet", "n_heads", n_heads, "n_k_heads", n_k_heads)
         self.d_model, self.n_heads, self.n_k_heads, self.chunk_size = d_model, n_heads, n_k_heads, chunk_size
-        self.head_dim, self.v_head_dim, self.gate = head_dim, v_head_dim, gate
+        self.head_dim, self.v_head_dim, self.gate, self.allow_neg_eigval = head_dim, v_head_dim, gate, allow_neg_eigval
         self.d_key, self.d_value = n_k_heads * head_dim, n_heads * v_head_dim
         self.d_qkv = 2 * self.d_key + self.d_value
         # One fused input projection: [q | k | v | z | β | a] (z with gate).
@@ -89,7 +92,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v = qkv.split([self.d_key, self.d_key, self.d_value], dim=-1)
         q, k = (_unit(t.reshape(batch, T, Hk, K)).repeat_interleave(H // Hk, dim=2) for t in (q, k))  # [b, T, H, K]
         v = v.reshape(batch, T, H, V)  # [b, T, H, V]
-        beta = torch.sigmoid(b)  # [b, T, H]
+        beta = torch.sigmoid(b) * (2.0 if self.allow_neg_eigval else 1.0)  # [b, T, H]
         g = -torch.exp(at_least_fp32(self.A_log)) * F.softplus(at_least_fp32(a) + self.dt_bias)  # [b, T, H], <= 0
         if context.padding_mask is not None:  # a padded position neither decays nor writes the state
             beta = beta.masked_fill(context.padding_mask[..., None], 0.0)
@@ -123,7 +126,7 @@ class GatedDeltaNet(nn.Module):
     def extra_repr(self) -> str:
         return (f"n_heads={self.n_heads}, n_k_heads={self.n_k_heads}, head_dim={self.head_dim}, "
                 f"v_head_dim={self.v_head_dim}, conv_kernel={self.conv.kernel_size[0]}, gate={self.gate}, "
-                f"chunk_size={self.chunk_size}")
+                f"chunk_size={self.chunk_size}" + (", allow_neg_eigval=True" if self.allow_neg_eigval else ""))
 
 
 def _unit(t: torch.Tensor) -> torch.Tensor:

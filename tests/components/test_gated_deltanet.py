@@ -72,6 +72,42 @@ def test_gated_deltanet_matches_qwen3_next_outputs_and_every_gradient(shape):
         close(mine[name], grad, name)
 
 
+@pytest.mark.parametrize("allow_neg_eigval", [False, True])
+def test_gated_deltanet_matches_olmo_hybrid_outputs_and_every_gradient(allow_neg_eigval):
+    """AI2's OLMo-Hybrid layer (``OlmoHybridGatedDeltaNet``): separate projections, its own gate projection, the output
+    norm's eps 1e-5, and ``linear_allow_neg_eigval`` (``beta`` in ``(0, 2)``)."""
+    olmo = pytest.importorskip("transformers.models.olmo_hybrid.modeling_olmo_hybrid")
+    from transformers import OlmoHybridConfig
+
+    config = OlmoHybridConfig(hidden_size=32, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+                              linear_value_head_dim=6, linear_conv_kernel_dim=4, num_hidden_layers=2,
+                              layer_types=["linear_attention", "full_attention"], linear_allow_neg_eigval=allow_neg_eigval)
+    torch.manual_seed(0)
+    layer = olmo.OlmoHybridGatedDeltaNet(config, layer_idx=0).double()
+    with torch.no_grad():
+        layer.o_norm.weight.normal_(1.0, 0.3)
+        for proj in (layer.a_proj, layer.b_proj):
+            proj.weight.mul_(8.0)  # decays and write strengths spread over their range
+    ours = GatedDeltaNet(32, n_heads=4, n_k_heads=2, head_dim=8, v_head_dim=6, norm_eps=1e-5, chunk_size=5,
+                         allow_neg_eigval=allow_neg_eigval).double()
+    names = ["q_proj", "k_proj", "v_proj", "g_proj", "b_proj", "a_proj"]  # the zoo's row order
+    weights = lambda t: {"in_proj.weight": torch.cat([t[f"{n}.weight"] for n in names]),  # noqa: E731
+                         "conv.weight": t["conv1d.weight"], "A_log": t["A_log"], "dt_bias": t["dt_bias"],
+                         "norm.weight": t["o_norm.weight"], "out_proj.weight": t["o_proj.weight"]}
+    ours.load_state_dict(weights(dict(layer.named_parameters())))
+    x = torch.randn(2, 23, 32, dtype=torch.float64, requires_grad=True)
+    want, got = layer(x), ours(x)
+    close(got, want, "output")
+    target = torch.randn_like(want)
+    theirs = dict(zip(["x", *dict(layer.named_parameters())],
+                      torch.autograd.grad((want * target).sum(), [x, *layer.parameters()])))
+    mine = dict(zip(["x", *dict(ours.named_parameters())],
+                    torch.autograd.grad((got * target).sum(), [x, *ours.parameters()])))
+    close(mine.pop("x"), theirs.pop("x"), "x")
+    for name, grad in weights(theirs).items():
+        close(mine[name], grad, name)
+
+
 def test_a_left_padded_batch_matches_qwen3_next_with_its_attention_mask():
     layer = transformers_layer()
     ours = zoo_layer(layer)

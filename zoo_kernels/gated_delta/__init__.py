@@ -38,7 +38,7 @@ def gated_delta_rule(
         q, k: ``[B, T, H, K]`` queries and (unit) keys.
         v: ``[B, T, H, V]`` values.
         g: ``[B, T, H]`` log-decays, <= 0 (the state is multiplied by ``exp(g)`` before each write).
-        beta: ``[B, T, H]`` write strengths in ``[0, 1]``.
+        beta: ``[B, T, H]`` write strengths, in ``[0, 1]`` (``[0, 2]`` lets the transition's eigenvalue along ``k`` reach -1).
         scale: the queries' scale (default ``K ** -0.5``).
         chunk_size: positions per chunk (default 64; at most ``REFERENCE_CHUNK`` is taken: the same result, cheaper).
         initial_state: ``[B, H, K, V]`` state before the first position, or None (zeros).

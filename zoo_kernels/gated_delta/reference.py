@@ -1,7 +1,7 @@
 """Plain-torch gated delta rule (Gated DeltaNet): the chunked algorithm and the step recurrence.
 
 Notation: b batch, t time, c chunk, l/m position inside a chunk, h head, k key dim, v value dim. Per head, with a
-log-decay ``g_t <= 0``, a write strength ``beta_t`` in ``(0, 1)`` and a unit key ``k_t``, the state ``S [k, v]``::
+log-decay ``g_t <= 0``, a write strength ``beta_t`` in ``(0, 1)`` (or ``(0, 2)``) and a unit key ``k_t``, the state ``S [k, v]``::
 
     S_t = exp(g_t) (I - beta_t k_t k_tᵀ) S_{t-1} + beta_t k_t v_tᵀ
     y_t = S_tᵀ (scale · q_t)
