@@ -23,7 +23,7 @@ REPRESENTATIVES = ["quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", 
                    "expresser/otce_expresser.yaml", "mqar_grid/ssd_T64_d16.yaml", "english/positions/hybrid_rope.yaml",
                    "mqar_puzzle/shift.yaml", "english/transfer/finetune/otce_expresser.yaml",
                    "mqar_hard/ifa_mask_d32.yaml", "moe_balance/sigmoid_loss_free.yaml", "english/hybrid_layout/parallel_one.yaml",
-                   "english/delta_rule/hybrid_gdn.yaml"]
+                   "english/delta_rule/hybrid_gdn.yaml", "state_tracking/gdn_neg.yaml"]
 
 
 def test_every_family_has_a_representative():
@@ -186,6 +186,7 @@ def test_the_transfer_stages_share_each_model_and_split_the_domains(built):
     ("english/delta_rule", ["model.pattern", "model.mixers.A", "model.mixers.G", "model.mixers.S"]),
     ("english/transfer/finetune", ["model.pattern", "model.mixers", "model.size_to.letters", "model.aux_loss_coef"]),
     ("attention", ["model.pattern", "model.mixers.A", "model.mixers.I"]),
+    ("state_tracking", ["model.mixers.X"]),
     ("mqar", ["model.pattern", "model.mixers"]),
     ("mqar_hard", ["model.pattern", "model.mixers", "model.d_model"]),
     ("expresser", ["model.pattern", "model.mixers.O", "model.size_to.letters"]),
