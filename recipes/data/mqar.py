@@ -18,10 +18,10 @@ import zlib
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from zoo_kernels.linear_cross_entropy import IGNORE_INDEX
-from recipes.data.order import ResumableDataModule
+from recipes.data.order import GeneratedTask
 
 TEST_MODULUS = 16
 
@@ -77,7 +77,7 @@ class MQARSplit(Dataset):
         raise RuntimeError(f"MQAR: no {self.split} sequence found for example {i} in 10,000 attempts")
 
 
-class MQAR(ResumableDataModule):
+class MQAR(GeneratedTask):
     """Multi-query associative recall; accuracy on the query positions is logged as ``val/acc``.
 
     Args:
@@ -135,17 +135,4 @@ class MQAR(ResumableDataModule):
         self.vocab_size, self.batch_size, self.num_workers, self.order_seed = vocab_size, batch_size, num_workers, seed
         task = dict(vocab_size=vocab_size, seq_len=seq_len, num_pairs=num_pairs, power_a=power_a)
         self.train = MQARSplit("train", train_size, seed, min_pairs=train_min_pairs, **task)
-        self.test = MQARSplit("test", test_size, seed, **task)
-
-    def _eval_loader(self) -> DataLoader:
-        return DataLoader(self.test, batch_size=self.batch_size, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self.train_loader(self.train)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader()
-
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader()
+        self.test = self.held_out = MQARSplit("test", test_size, seed, **task)

@@ -139,3 +139,24 @@ class ResumableDataModule(L.LightningDataModule):
         if trainer is not None and trainer.training and getattr(self, "_train_loader", None) is not None:
             self._train_loader.took_batch(trainer.current_epoch)
         return batch
+
+
+class GeneratedTask(ResumableDataModule):
+    """A synthetic task made on the fly (MQAR, Parity): a training split ``self.train`` and one held-out split
+    ``self.held_out``, which validation and test both read, in order."""
+
+    train: Dataset
+    held_out: Dataset
+
+    def _held_out_loader(self) -> DataLoader:
+        return DataLoader(self.held_out, batch_size=self.batch_size, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.train_loader(self.train)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._held_out_loader()
+
+    def test_dataloader(self) -> DataLoader:
+        return self._held_out_loader()

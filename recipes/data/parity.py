@@ -16,9 +16,9 @@ import zlib
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from recipes.data.order import ResumableDataModule
+from recipes.data.order import GeneratedTask
 
 VALIDATION_MODULUS = 16
 
@@ -52,7 +52,7 @@ class ParitySplit(Dataset):
         raise RuntimeError(f"Parity: no {self.split} sequence found for example {i} in 10,000 attempts")
 
 
-class Parity(ResumableDataModule):
+class Parity(GeneratedTask):
     """Running parity of random bits; ``val/acc`` is the fraction of positions whose parity is right (chance 0.5).
 
     Args:
@@ -84,17 +84,4 @@ class Parity(ResumableDataModule):
         self.batch_size, self.num_workers, self.order_seed = batch_size, num_workers, seed
         disjoint = val_seq_len == seq_len
         self.train = ParitySplit("train", train_size, seq_len, seed, disjoint=disjoint)
-        self.val = ParitySplit("val", val_size, val_seq_len, seed, disjoint=disjoint)
-
-    def _eval_loader(self) -> DataLoader:
-        return DataLoader(self.val, batch_size=self.batch_size, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self.train_loader(self.train)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader()
-
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader()
+        self.val = self.held_out = ParitySplit("val", val_size, val_seq_len, seed, disjoint=disjoint)

@@ -47,6 +47,22 @@ def close(got: torch.Tensor, want: torch.Tensor, msg: str = "") -> None:
     assert err <= 1e-4, f"{msg}: relative error {err:.2e}"
 
 
+def same_outputs_and_gradients(layer, ours: GatedDeltaNet, as_zoo) -> None:
+    """``ours`` computes ``layer``'s output on a batch of 23 positions, and the gradients of the input and of every weight
+    (``as_zoo``: transformers' parameters, or their gradients, in the zoo's names and layout)."""
+    x = torch.randn(2, 23, 32, dtype=torch.float64, requires_grad=True)
+    want, got = layer(x), ours(x)
+    close(got, want, "output")
+    target = torch.randn_like(want)
+    theirs = dict(zip(["x", *dict(layer.named_parameters())],
+                      torch.autograd.grad((want * target).sum(), [x, *layer.parameters()])))
+    mine = dict(zip(["x", *dict(ours.named_parameters())],
+                    torch.autograd.grad((got * target).sum(), [x, *ours.parameters()])))
+    close(mine.pop("x"), theirs.pop("x"), "x")
+    for name, grad in as_zoo(theirs).items():
+        close(mine[name], grad, name)
+
+
 def zoo_layer(layer) -> GatedDeltaNet:
     ours = GatedDeltaNet(layer.hidden_size, n_heads=layer.num_v_heads, n_k_heads=layer.num_k_heads,
                          head_dim=layer.head_k_dim, v_head_dim=layer.head_v_dim, chunk_size=5).double()
@@ -59,17 +75,7 @@ def zoo_layer(layer) -> GatedDeltaNet:
 def test_gated_deltanet_matches_qwen3_next_outputs_and_every_gradient(shape):
     layer = transformers_layer(**shape)
     ours = zoo_layer(layer)
-    x = torch.randn(2, 23, 32, dtype=torch.float64, requires_grad=True)
-    want, got = layer(x), ours(x)
-    close(got, want, "output")
-    target = torch.randn_like(want)
-    theirs = dict(zip(["x", *dict(layer.named_parameters())],
-                      torch.autograd.grad((want * target).sum(), [x, *layer.parameters()])))
-    mine = dict(zip(["x", *dict(ours.named_parameters())],
-                    torch.autograd.grad((got * target).sum(), [x, *ours.parameters()])))
-    close(mine.pop("x"), theirs.pop("x"), "x")
-    for name, grad in zoo_weights(layer, theirs).items():
-        close(mine[name], grad, name)
+    same_outputs_and_gradients(layer, ours, lambda grads: zoo_weights(layer, grads))
 
 
 @pytest.mark.parametrize("allow_neg_eigval", [False, True])
@@ -95,17 +101,7 @@ def test_gated_deltanet_matches_olmo_hybrid_outputs_and_every_gradient(allow_neg
                          "conv.weight": t["conv1d.weight"], "A_log": t["A_log"], "dt_bias": t["dt_bias"],
                          "norm.weight": t["o_norm.weight"], "out_proj.weight": t["o_proj.weight"]}
     ours.load_state_dict(weights(dict(layer.named_parameters())))
-    x = torch.randn(2, 23, 32, dtype=torch.float64, requires_grad=True)
-    want, got = layer(x), ours(x)
-    close(got, want, "output")
-    target = torch.randn_like(want)
-    theirs = dict(zip(["x", *dict(layer.named_parameters())],
-                      torch.autograd.grad((want * target).sum(), [x, *layer.parameters()])))
-    mine = dict(zip(["x", *dict(ours.named_parameters())],
-                    torch.autograd.grad((got * target).sum(), [x, *ours.parameters()])))
-    close(mine.pop("x"), theirs.pop("x"), "x")
-    for name, grad in weights(theirs).items():
-        close(mine[name], grad, name)
+    same_outputs_and_gradients(layer, ours, weights)
 
 
 def test_a_left_padded_batch_matches_qwen3_next_with_its_attention_mask():
