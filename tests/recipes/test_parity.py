@@ -24,6 +24,8 @@ def test_same_seed_same_data_another_seed_other_data():
         assert torch.equal(a.train[i]["input_ids"], b.train[i]["input_ids"])
         assert torch.equal(a.val[i % 512]["input_ids"], b.val[i % 512]["input_ids"])
     assert not torch.equal(a.train[0]["input_ids"], c.train[0]["input_ids"])
+    longer = Parity(seq_len=64, val_seq_len=128)  # the splits draw from streams of their own: no shared prefixes
+    assert not any(torch.equal(longer.val[i]["input_ids"][:64], longer.train[i]["input_ids"]) for i in range(20))
 
 
 def test_at_one_length_train_and_validation_never_share_a_sequence():
