@@ -1,7 +1,7 @@
 """CPU benchmark of the plain-torch paths: attention with a per-key bias against torch's SDPA, a sliding window
 (by blocks of queries, and written out) against full causal attention, the SSD reference against the textbook four-operand einsum form, the MoE experts' grouped matmul
-against one matmul per expert, CDMoE's expert mix as its tables grow (dense against sparse
-table gradients), and the LM head's cross-entropy in chunks against the written-out logits; time and
+against one matmul per expert, the gated delta rule's chunked form against the SSD's at the same state size, CDMoE's
+expert mix as its tables grow (dense against sparse table gradients), and the LM head's cross-entropy in chunks against the written-out logits; time and
 peak memory.
 
     python -m recipes.benchmarks.ops_cpu                        # T = 1024 2048 4096, fwd+bwd, 5 repeats
@@ -15,7 +15,7 @@ building the inputs, so it counts every buffer the pass allocates, the saved act
 peak is under 1 MiB (the counters' noise) gets no memory ratio ("—"). Shapes: attention ``B=1, H=8, D=64``, causal,
 bias ``[B, H, T]``, a quarter of one sequence left-padded in the padded rows; the sliding window ``WINDOW`` = 256
 keys; SSD ``B=1, H=8, P=64,
-N=64, G=1, chunk 64``; experts ``E=8, d=256, f=704`` (a SiLU MLP per expert), ``T`` rows (token ×
+N=64, G=1, chunk 64``; the gated delta rule the same heads and state (``K=N``, ``V=P``, unit keys, chunk 64); experts ``E=8, d=256, f=704`` (a SiLU MLP per expert), ``T`` rows (token ×
 top-k assignments) spread over the experts at random; CDMoE's mix ``T`` tokens, ``d=256``, 4 heads of
 16 experts each, drawn at random from a table of 1,024 (the baseline) or 65,536 experts; the loss ``T`` tokens,
 ``d=256``, a vocabulary of 4,096 (the English recipes').
@@ -36,6 +36,7 @@ from zoo_kernels.attention.reference import attention_masked, attention_referenc
 from zoo_kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
 from zoo_kernels.linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_reference
 from zoo_kernels.retrieval.reference import expert_mix_reference
+from zoo_kernels.gated_delta.reference import gated_delta_chunked
 from zoo_kernels.ssd.reference import segment_sum, ssd_chunked
 from recipes.argtypes import positive_int
 from recipes.benchmarks.timing import interleaved_seconds, peak_growth_mib
@@ -77,6 +78,10 @@ def inputs(case: str, T: int) -> tuple:
     if case.startswith("ssd"):
         return (torch.randn(1, T, H, P, **g), F.softplus(torch.randn(1, T, H) - 3).requires_grad_(),
                 (-torch.exp(torch.rand(H) * 2.7)).requires_grad_(), torch.randn(1, T, 1, N, **g), torch.randn(1, T, 1, N, **g))
+    if case.startswith("gated delta"):
+        return (torch.randn(1, T, H, N, **g), F.normalize(torch.randn(1, T, H, N), dim=-1).requires_grad_(),
+                torch.randn(1, T, H, P, **g), (-F.softplus(torch.randn(1, T, H) - 3)).requires_grad_(),
+                torch.sigmoid(torch.randn(1, T, H)).requires_grad_())
     if case.startswith("cdmoe"):
         n = 65536 if "65,536" in case else 1024
         return (torch.randn(T, D_MODEL, **g), torch.randint(0, n, (T, MIX_HEADS, MIX_TOP_K)),
@@ -102,6 +107,8 @@ def run(case: str, tensors: tuple) -> torch.Tensor:
         return ssd_chunked(*tensors, chunk_size=CHUNK)[0]
     if case == "ssd four-operand einsum":
         return ssd_four_operand(*tensors, chunk_size=CHUNK)
+    if case == "gated delta rule (chunked)":
+        return gated_delta_chunked(*tensors, scale=N ** -0.5, chunk_size=CHUNK)[0]
     if case.startswith("cdmoe"):
         if "sparse" in case:
             return expert_mix_sparse_grads(*tensors)
@@ -157,6 +164,7 @@ PAIRS = {
                   "attention bias (written-out mask)"],
     "window": ["attention SDPA, no bias", "sliding window (blocks)", "sliding window (written-out mask)"],
     "ssd": ["ssd four-operand einsum", "ssd reference"],
+    "delta": ["ssd reference", "gated delta rule (chunked)"],
     "moe": ["experts, one matmul per expert (loop)", "experts, grouped_mm"],
     "cdmoe": ["cdmoe mix, 1,024 experts", "cdmoe mix, 65,536 experts", "cdmoe mix, 65,536 experts, sparse grads"],
     "loss": ["loss, head then cross-entropy (written-out logits)", "loss, head and cross-entropy in chunks"],

@@ -60,13 +60,18 @@ def gated_delta_chunked(
     U, W = torch.linalg.solve_triangular(M, rhs, upper=False, unitriangular=True).split([V, K], dim=-1)
     scores = (q_c @ k_c.transpose(-1, -2)) * decay  # [b, h, c, l, m], the diagonal included
 
+    # What each chunk reads of the state entering it, and writes to the state leaving it, for all chunks at once; the
+    # loop takes them apart with unbind (one gradient of the whole at the end), not by indexing (a full-size zero
+    # gradient per index: quadratic in the chunks, 28% of a T = 1024 pass before)
+    reads = q_c * from_start[..., None]  # [b, h, c, l, k]: queries decayed from the chunk's start
+    writes = (k_c * to_end[..., None]).transpose(-1, -2)  # [b, h, c, k, l]: keys decayed to the chunk's end
     state = k.new_zeros(batch, H, K, V) if initial_state is None else initial_state.to(k.dtype)  # [b, h, k, v]
     ys = []
-    for c in range(q_c.shape[2]):  # the state is a matrix recurrence: one chunk after another
-        delta = U[:, :, c] - W[:, :, c] @ state  # [b, h, l, v]
-        ys.append((q_c[:, :, c] * from_start[:, :, c, :, None]) @ state + scores[:, :, c] @ delta)  # [b, h, l, v]
-        state = (state * from_start[:, :, c, -1, None, None]
-                 + (k_c[:, :, c] * to_end[:, :, c, :, None]).transpose(-1, -2) @ delta)  # [b, h, k, v]
+    per_chunk = (t.movedim(2, 0).contiguous().unbind(0) for t in (U, W, reads, scores, writes, from_start[..., -1]))
+    for u, w, read, score, write, kept in zip(*per_chunk):  # (each a contiguous [b, h, ·, ·]: no copy per product)
+        delta = u - w @ state  # [b, h, l, v]: the state entering the chunk corrects the values
+        ys.append(read @ state + score @ delta)  # [b, h, l, v]
+        state = state * kept[..., None, None] + write @ delta  # [b, h, k, v]: the state leaving the chunk
     y = rearrange(torch.stack(ys, dim=2), "b h c l v -> b (c l) h v")[:, :T]  # [b, T, h, v]
     return y, state
 
