@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from components import MLP, SSD, QCAttention, ShortConv
+from components import MLP, SSD, GatedDeltaNet, QCAttention, ShortConv
 from recipes import LanguageModel
 from recipes.cli import main
 from recipes.module import warmup_cosine
@@ -314,10 +314,14 @@ def mixers_with_fused_weights():
              {"in_proj.weight": (32, 8, 8, 4, 32)}, {4}),
             (SSD(32, head_dim=8, d_state=8, chunk_size=4, conv=True, gate=True, norm_before_gate=True),
              {"in_proj.weight": (32, 8, 8, 4, 32)}, {4}),
-            (ShortConv(32), {"in_proj.weight": (32, 32, 32)}, {0, 1, 2})]  # (c ⊙ conv(b ⊙ h)): any of the three
+            (ShortConv(32), {"in_proj.weight": (32, 32, 32)}, {0, 1, 2}),  # (c ⊙ conv(b ⊙ h)): any of the three
+            # [q | k | v | z | β | a]: no query, key, value or gate, no output; β = σ(0) and the decay still move
+            (GatedDeltaNet(32, head_dim=8), {"in_proj.weight": (32, 32, 32, 32, 4, 4)}, {0, 1, 2, 3}),
+            (GatedDeltaNet(32, head_dim=8, gate=False, allow_neg_eigval=True), {"in_proj.weight": (32, 32, 32, 4, 4)},
+             {0, 1, 2})]
 
 
-@pytest.mark.parametrize("index", range(10))
+@pytest.mark.parametrize("index", range(12))
 def test_each_fused_projection_is_declared_as_the_forward_splits_it(index):
     """The layout each mixer declares (``fused_row_blocks``) is the one its forward reads: zeroing one declared
     block's rows silences the output exactly for the blocks the mixer's formula says."""
