@@ -747,7 +747,9 @@ def test_a_config_is_a_path_or_a_bundled_name_and_a_missing_one_names_what_it_ma
     assert resolve_config("quickstart.yaml") == "quickstart.yaml"  # a path wins over the bundled recipe of its name
     assert resolve_config("mqar/ssd.yaml") == str(CONFIG_DIR / "mqar" / "ssd.yaml")
     assert bundled_hint("quickstart") == "did you mean quickstart.yaml?"
-    assert bundled_hint("ssd.yaml") == "did you mean mqar/ssd.yaml?"  # (the same file name in a folder)
+    assert bundled_hint("ifa_mask_d32.yaml") == "did you mean mqar_hard/ifa_mask_d32.yaml?"  # (the file name in a folder)
+    assert bundled_hint("ssd.yaml") == ("did you mean english/delta_rule/ssd.yaml, mqar/ssd.yaml, "
+                                        "state_tracking/ssd.yaml?")  # (in several)
     assert bundled_hint("moe_placement/al").startswith("did you mean moe_placement/all.yaml, ")  # (close: up to 3)
     hint = bundled_hint("zzzz")
     assert hint.startswith("bundled: ablate_moe.yaml, quickstart.yaml, quickstart_bpe.yaml, and ") and "mqar/, " in hint
