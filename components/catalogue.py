@@ -16,6 +16,8 @@ SEQUENCE_MIXERS = {
     "QCAttention heads of 12, half RoPE, QK-norm, QKV bias": partial(QCAttention, n_heads=4, n_kv_heads=2, head_dim=12,
                                                                      rope_fraction=0.5, qk_norm=True, qkv_bias=True),
     "QCAttention, sliding window 5": partial(QCAttention, n_heads=4, n_kv_heads=2, sliding_window=5),
+    "QCAttention, output gate, heads of 6 (Qwen3-Next's)": partial(QCAttention, n_heads=4, n_kv_heads=2, head_dim=6,
+                                                                 output_gate=True, qk_norm=True, rope_fraction=1 / 3),
     "IFA content": partial(InnerFuncAttention, n_heads=4, n_kv_heads=2, mask="content"),
     "IFA content_exp, window 5": partial(InnerFuncAttention, n_heads=4, n_kv_heads=2, mask="content_exp", keep_window=5,
                                          qk_norm=True),

@@ -84,6 +84,10 @@ class QCAttention(nn.Module):
             take it as they are.
         qkv_bias: a learned bias on the query, key and value projections, none on the output (default False;
             Qwen2's attention).
+        output_gate: scale each head's output, channel by channel, by ``sigmoid(x W_g)`` of the token's own input
+            before the output projection (default False). Qiu et al.'s gated attention, in Qwen3-Next: a
+            head-specific non-linearity between the value and output projections that keeps heads from dumping
+            weight on the first token. Its ``gate_proj`` has ``n_heads · head_dim`` rows (with ``qkv_bias``'s bias).
         backend: attention kernel, ``auto`` | ``reference`` | ``triton``.
     """
 
@@ -91,7 +95,8 @@ class QCAttention(nn.Module):
 
     def __init__(self, d_model: int, *, n_heads: int = 8, n_kv_heads: int | None = None, head_dim: int | None = None,
                  rope: bool = True, qk_norm: bool = False, norm_eps: float = 1e-6, rope_fraction: float = 1.0,
-                 sliding_window: int | None = None, qkv_bias: bool = False, backend: str = "auto"):
+                 sliding_window: int | None = None, qkv_bias: bool = False, output_gate: bool = False,
+                 backend: str = "auto"):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         check_positive("QCAttention", d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads)
@@ -112,10 +117,11 @@ class QCAttention(nn.Module):
         self.positions = QueryKeyPositions("QCAttention", head_dim, rope=rope, qk_norm=qk_norm, norm_eps=norm_eps,
                                            rope_fraction=rope_fraction)
         self.d_model, self.sliding_window, self.backend = d_model, sliding_window, backend
-        check_flags("QCAttention", qkv_bias=qkv_bias)
+        check_flags("QCAttention", qkv_bias=qkv_bias, output_gate=output_gate)
         self.qkv_bias = qkv_bias
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=qkv_bias)
         self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * head_dim, bias=qkv_bias)  # rows [keys | values]
+        self.gate_proj = nn.Linear(d_model, n_heads * head_dim, bias=qkv_bias) if output_gate else None
         self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
@@ -127,7 +133,10 @@ class QCAttention(nn.Module):
         k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_heads, self.head_dim).unbind(2)  # 2 × [B, T, Hkv, Dh]
         q, k = self.positions(q, k, context)
         y = context.attend(self, q, k, v, keep_window=self.sliding_window, backend=self.backend)  # [B, T, H, Dh]
-        return self.out_proj(y.reshape(B, T, self.n_heads * self.head_dim))  # [B, T, d_model]
+        y = y.reshape(B, T, self.n_heads * self.head_dim)  # [B, T, H·Dh]
+        if self.gate_proj is not None:
+            y = y * torch.sigmoid(self.gate_proj(x))
+        return self.out_proj(y)  # [B, T, d_model]
 
     def fused_row_blocks(self) -> dict[str, tuple[int, ...]]:
         """``kv_proj`` fuses the key and the value projections along its rows, keys first."""
@@ -141,4 +150,5 @@ class QCAttention(nn.Module):
     def extra_repr(self) -> str:
         window = f", sliding_window={self.sliding_window}" if self.sliding_window is not None else ""
         bias = ", qkv_bias=True" if self.qkv_bias else ""
-        return f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}{window}{bias}"
+        gate = ", output_gate=True" if self.gate_proj is not None else ""
+        return f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}{window}{bias}{gate}"

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from components.model import HybridLM
+from components.sequence import QCAttention
 from recipes.hf.architectures import ADAPTERS, EXPORTABLE, audit, number, rope_settings, to_hf, to_zoo
 from recipes.outputs import refuse_overwrite
 
@@ -188,8 +189,11 @@ def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = F
 def hf_architecture(model: HybridLM):
     """The adapter of the Hugging Face class ``model`` is, or a ``ValueError`` that says why it is none."""
     reasons = {}
+    gated = any(getattr(m, "gate_proj", None) is not None for m in model.modules() if isinstance(m, QCAttention))
     for name, adapter in EXPORTABLE.items():
         reason = adapter.mismatch(model)
+        if reason is None and gated and not getattr(adapter, "gated_attention", False):
+            reason = f"its attention gates its output (output_gate), which {name}'s does not"
         if reason is None:
             return adapter
         reasons[name] = reason

@@ -52,6 +52,7 @@ def test_relative_positions_only():
         (dict(d_model=32, n_heads=4, head_dim=0), "QCAttention: head_dim=0 must be a positive integer"),
         (dict(d_model=32, n_heads=0), "n_heads=0 must be a positive integer"),
         (dict(d_model=32, backend="flash"), "QCAttention: backend='flash' is not one of"),
+        (dict(d_model=32, output_gate="yes"), "QCAttention: output_gate='yes' must be True or False"),
     ],
 )
 def test_bad_configuration_names_the_problem(kwargs, words):

@@ -70,6 +70,25 @@ def test_qcattention_matches_its_math_written_out(rope_reference, rope, qk_norm,
     torch.testing.assert_close(got[0], want, rtol=1e-5, atol=1e-8)  # (RoPE tables are fp32)
 
 
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_the_output_gate_scales_each_channel_of_each_head_by_its_own_sigmoid(rope_reference, qkv_bias):
+    """Gated attention (Qiu et al.; Qwen3-Next's): ``o = (attend(q, k, v) ⊙ σ(x W_g + b_g)) W_o``, channel by channel
+    of every head, with QK-norm and RoPE on a third of heads of 6 — written out one query at a time."""
+    torch.manual_seed(1)
+    mixer = QCAttention(32, n_heads=4, n_kv_heads=2, head_dim=6, qk_norm=True, rope_fraction=1 / 3, norm_eps=1e-5,
+                        qkv_bias=qkv_bias, output_gate=True).double()
+    T, positions = 7, list(range(7))
+    x = torch.randn(1, T, 32, dtype=torch.float64)
+    q = F.linear(x[0], mixer.q_proj.weight, mixer.q_proj.bias).view(T, 4, 6)
+    k, v = F.linear(x[0], mixer.kv_proj.weight, mixer.kv_proj.bias).view(T, 2, 2, 6).unbind(1)
+    q, k = positions_by_hand(q, k, mixer, rope_reference, positions, 1 / 3)
+    gate = torch.sigmoid(F.linear(x[0], mixer.gate_proj.weight, mixer.gate_proj.bias))  # [T, H·Dh]
+    want = (attend_by_hand(q, k, v).reshape(T, 24) * gate) @ mixer.out_proj.weight.T
+    torch.testing.assert_close(mixer(x)[0], want, rtol=1e-5, atol=1e-8)
+    assert mixer.gate_proj.weight.shape == (24, 32) and (mixer.gate_proj.bias is not None) == qkv_bias
+    assert "output_gate=True" in repr(mixer)
+
+
 @pytest.mark.parametrize("window", [1, 3, 7, 50])
 def test_a_sliding_window_attends_to_the_last_keys_only(rope_reference, window):
     """Each query over itself and the ``window - 1`` keys before it, at an odd length; a window of 1 is the value of

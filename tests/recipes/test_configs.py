@@ -23,7 +23,8 @@ REPRESENTATIVES = ["quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", 
                    "expresser/otce_expresser.yaml", "mqar_grid/ssd_T64_d16.yaml", "english/positions/hybrid_rope.yaml",
                    "mqar_puzzle/shift.yaml", "english/transfer/finetune/otce_expresser.yaml",
                    "mqar_hard/ifa_mask_d32.yaml", "moe_balance/sigmoid_loss_free.yaml", "english/hybrid_layout/parallel_one.yaml",
-                   "english/delta_rule/hybrid_gdn.yaml", "state_tracking/gdn_neg.yaml"]
+                   "english/delta_rule/hybrid_gdn.yaml", "state_tracking/gdn_neg.yaml",
+                   "english/gated_attention/gated_high_lr.yaml"]
 
 
 def test_every_family_has_a_representative():
@@ -108,7 +109,8 @@ def recipe_without(cli, *paths: str) -> dict:
 
 @pytest.mark.parametrize("folder", ["moe_placement", "moe_shared", "expresser",
                                     "english/moe_placement", "english/moe_shared", "english/expresser",
-                                    "english/hybrid_layout", "english/delta_rule"])
+                                    "english/hybrid_layout", "english/delta_rule",
+                                    "english/gated_attention"])
 def test_equal_parameter_families_land_on_their_total(built, folder):
     recipes = family(built, folder)
     assert len(recipes) >= 3
@@ -184,6 +186,7 @@ def test_the_transfer_stages_share_each_model_and_split_the_domains(built):
     ("english/expresser", ["model.pattern", "model.mixers.O", "model.size_to.letters"]),
     ("english/hybrid_layout", ["model.pattern", "model.mixers.A", "model.mixers.P", "model.mixers.S"]),
     ("english/delta_rule", ["model.pattern", "model.mixers.A", "model.mixers.G", "model.mixers.S"]),
+    ("english/gated_attention", ["model.mixers.A.init_args.output_gate", "model.lr"]),
     ("english/transfer/finetune", ["model.pattern", "model.mixers", "model.size_to.letters", "model.aux_loss_coef"]),
     ("attention", ["model.pattern", "model.mixers.A", "model.mixers.I"]),
     ("state_tracking", ["model.mixers.X"]),
