@@ -13,7 +13,8 @@ Supported both ways: ``LlamaForCausalLM`` (pattern ``AM×L``; ``MistralForCausal
 (``AM×L`` with a QK-norm), ``Mamba2ForCausalLM`` (``S-×L``),
 ``DogeForCausalLM`` (``IM×L`` dense, ``IE×L`` with CDMoE), ``GraniteMoeHybridForCausalLM`` (the hybrid: SSD and
 attention blocks, with MLPs or with ``SharedExpertMoE``, ``SM SM AM``…) and ``BambaForCausalLM`` (SSD and attention
-blocks with MLPs, the attention's RoPE on part of each head); anything else is refused by name, saying which part
+blocks with MLPs, the attention's RoPE on part of each head), ``Qwen3NextForCausalLM`` (Gated DeltaNet and gated
+attention blocks, ``GR GR GR AR``…) and more (``SUPPORTED``); anything else is refused by name, saying which part
 Hugging Face cannot express. docs/architectures.md lists the mapping of every weight.
 """
 
@@ -111,8 +112,9 @@ def from_pretrained(folder: str | Path) -> HybridLM:
     """The ``HybridLM`` equal to the Hugging Face model saved in ``folder`` (in the folder's dtype)."""
     config = read_config(folder)
     model = build(hf_recipe(config))
-    weights = convert_weights(config, read_weights(folder))
-    dtype = next(iter(weights.values())).dtype
+    files = read_weights(folder)
+    dtype = next(iter(files.values())).dtype  # (the files', not the conversion's: a fold may keep fp32 where it adds)
+    weights = convert_weights(config, files)
     model.load_state_dict({k: v.to(torch.float32) for k, v in weights.items()}, strict=True)
     return model.to(dtype) if dtype != torch.float32 else model
 

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from components.sequence import ParallelMixers, QCAttention, ShortConv
+from components.sequence import GatedDeltaNet, ParallelMixers, QCAttention, ShortConv
 from components.state.mlp import ACTIVATIONS
 from components.state.moe import MoE
 
@@ -816,16 +816,22 @@ GLM4_MOE_ROPE_FRACTION = 0.5
 """The share of each head GLM-4.5 turns by RoPE where its config says none: ``Glm4MoeConfig``'s default."""
 
 
-def glm4_moe_rope_fraction(c: dict) -> float:
-    """GLM-4.5's ``partial_rotary_factor``: in ``rope_parameters`` (as transformers 5 writes it) or at the top level (as
-    the hub's files do), 0.5 where neither says; two that disagree are refused by name."""
+def partial_rotary_factor(c: dict, default: float) -> float:
+    """A config's ``partial_rotary_factor``: in ``rope_parameters`` (as transformers 5 writes it) or at the top level (as
+    the hub's files do), ``default`` where neither says; two that disagree are refused by name (transformers takes the
+    first, other readers the second)."""
     said = {number(value) for value in ((c.get("rope_parameters") or {}).get("partial_rotary_factor"),
                                         c.get("partial_rotary_factor")) if value is not None}
     if len(said) > 1:
         raise ValueError(f"fields that disagree on RoPE: partial_rotary_factor={c['partial_rotary_factor']!r} at the "
                          f"top level and {c['rope_parameters']['partial_rotary_factor']!r} in rope_parameters; the "
                          "import would compute what one of them does not, so it is refused")
-    return said.pop() if said else GLM4_MOE_ROPE_FRACTION
+    return said.pop() if said else default
+
+
+def glm4_moe_rope_fraction(c: dict) -> float:
+    """GLM-4.5's ``partial_rotary_factor``, 0.5 where its config says none."""
+    return partial_rotary_factor(c, GLM4_MOE_ROPE_FRACTION)
 
 
 def glm4_moe_layers(c: dict) -> list[bool]:
@@ -2058,8 +2064,263 @@ class NemotronH:
         return config
 
 
+
+# ---- Qwen3-Next: Gated DeltaNet and gated attention ----------------------------------------------------------------
+
+QWEN3_NEXT_DEFAULTS = {"intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                       "rms_norm_eps": 1e-6, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+                       "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                       "decoder_sparse_step": 1, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+                       "num_experts_per_tok": 10, "num_experts": 512, "norm_topk_prob": True,
+                       "max_position_embeddings": 32768}
+"""Qwen3-Next's fields where its config has none: ``Qwen3NextConfig``'s defaults."""
+
+QWEN3_NEXT_ROPE_FRACTION, QWEN3_NEXT_ATTENTION_EVERY = 0.25, 4
+"""The share of each head Qwen3-Next's RoPE turns, and every how many layers one attends (``full_attention_interval``),
+where its config says neither: ``Qwen3NextConfig``'s defaults."""
+
+
+def qwen3_next_attending(c: dict) -> list[bool]:
+    """Which layers of a Qwen3-Next attend (``full_attention``); the others are Gated DeltaNet (``linear_attention``).
+    ``layer_types``, or where it has none every ``full_attention_interval``-th layer (4 where that is absent)."""
+    layers = c["num_hidden_layers"]
+    types = c.get("layer_types")
+    if types is None:
+        every = c.get("full_attention_interval", QWEN3_NEXT_ATTENTION_EVERY)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"full_attention_interval={every!r}: a whole number of layers, at least 1, expected")
+        return [(i + 1) % every == 0 for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or not set(types) <= {"linear_attention", "full_attention"}:
+        raise ValueError(f"layer_types={types!r}: {layers} entries (num_hidden_layers), each 'linear_attention' or "
+                         "'full_attention', expected")
+    return [kind == "full_attention" for kind in types]
+
+
+def qwen3_next_zero_centred(c: dict) -> list[str]:
+    """The zoo names of the RMSNorm gains a Qwen3-Next stores as offsets from 1 (its norm scales by ``1 + w``): each
+    layer's two, the attention's QK-norms, the final norm — not Gated DeltaNet's own norm, which scales by ``w``."""
+    attending = qwen3_next_attending(c)
+    names = ["norm.weight"]
+    for i in range(c["num_hidden_layers"]):
+        names += [f"blocks.{i}.sequence_norm.weight", f"blocks.{i}.state_norm.weight"]
+        if attending[i]:
+            names += [f"blocks.{i}.sequence_mixer.positions.{norm}.weight" for norm in ("q_norm", "k_norm")]
+    return names
+
+
+def qwen3_next_in_proj(ours: str, theirs: str, c: dict) -> tuple:
+    """Gated DeltaNet's input map: transformers' ``in_proj_qkvz`` groups its rows by key head, ``[q | k | v | z]`` for
+    each (the value heads that share it together), and ``in_proj_ba`` its rows as ``[β | a]`` per key head; the zoo's
+    one ``in_proj`` is ``[q | k | v | z | β | a]``, each part head after head."""
+    Hk, H = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    K, V, r = c["linear_key_head_dim"], c["linear_value_head_dim"], H // Hk
+    parts = [K, K, r * V, r * V]
+
+    def to_zoo(qkvz: torch.Tensor, ba: torch.Tensor) -> torch.Tensor:
+        grouped = [*qkvz.view(Hk, sum(parts), -1).split(parts, dim=1), *ba.view(Hk, 2 * r, -1).split([r, r], dim=1)]
+        return torch.cat([part.flatten(0, 1) for part in grouped])  # each [heads · dim, d], head after head
+
+    def to_hf(w: torch.Tensor) -> list[torch.Tensor]:
+        q, k, v, z, b, a = (part.view(Hk, -1, w.shape[1]) for part in w.split([Hk * K, Hk * K, H * V, H * V, H, H]))
+        return [torch.cat([q, k, v, z], dim=1).flatten(0, 1), torch.cat([b, a], dim=1).flatten(0, 1)]
+
+    return ours, [f"{theirs}.in_proj_qkvz.weight", f"{theirs}.in_proj_ba.weight"], to_zoo, to_hf
+
+
+class Qwen3Next:
+    """Qwen3-Next (``Qwen3NextForCausalLM``): Gated DeltaNet (``G``: ``GatedDeltaNet``, key heads shared by value heads,
+    ``linear_*`` shapes) in most layers and gated attention (``A``: ``QCAttention(output_gate=True)`` with a QK-norm and
+    RoPE on ``partial_rotary_factor`` of each head, 0.25 unless said) in those ``layer_types`` names
+    ``full_attention``; in the layers ``decoder_sparse_step`` and ``mlp_only_layers`` leave to it a MoE (``R``:
+    ``ComposedMoE`` of a softmax ``TopKRouter`` renormalised where ``norm_topk_prob``, SwiGLU experts of
+    ``moe_intermediate_size`` and a shared SwiGLU MLP of ``shared_expert_intermediate_size`` under a per-token
+    ``SigmoidGated``), a SwiGLU MLP of ``intermediate_size`` in the others (``M``). Its RMSNorms scale by ``1 + w``:
+    the import adds 1 to those gains and the export takes it off (:meth:`fold`), and the attention's query map, whose
+    rows hold each head's query then its gate, is split into ``q_proj`` and ``gate_proj``. Both ways."""
+
+    name, model_type = "Qwen3NextForCausalLM", "qwen3_next"
+    honoured = Llama.honoured | {"layer_types", "full_attention_interval", "partial_rotary_factor", "decoder_sparse_step",
+                                 "mlp_only_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                 "shared_expert_intermediate_size", "norm_topk_prob", "linear_conv_kernel_dim",
+                                 "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+                                 "linear_num_value_heads"}
+    ends = Llama.ends
+    gated_attention = True  # (the export's dispatcher lets a model whose attention gates its output through)
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        c = {**QWEN3_NEXT_DEFAULTS, **c}
+        attending, moe = qwen3_next_attending(c), qwen3_moe_layers(c)
+        base = decoder_recipe(c, qk_norm=True, norm_eps=c["rms_norm_eps"], output_gate=True,
+                              rope_fraction=partial_rotary_factor(c, QWEN3_NEXT_ROPE_FRACTION))
+        act = c.get("hidden_act", "silu")
+        mixers = {}
+        if any(attending):
+            mixers["A"] = base["mixers"]["A"]
+        if not all(attending):
+            mixers["G"] = spec("components.GatedDeltaNet", n_heads=c["linear_num_value_heads"],
+                               n_k_heads=c["linear_num_key_heads"], head_dim=c["linear_key_head_dim"],
+                               v_head_dim=c["linear_value_head_dim"], conv_kernel=c["linear_conv_kernel_dim"],
+                               norm_eps=c["rms_norm_eps"])
+        if not all(moe):
+            mixers["M"] = base["mixers"]["M"]
+        if any(moe):
+            shared = spec("components.MLP", d_ff=c["shared_expert_intermediate_size"], act=act)
+            mixers["R"] = spec(
+                "components.ComposedMoE",
+                router=spec("components.TopKRouter", n_experts=qwen3_moe_experts(c), top_k=c["num_experts_per_tok"],
+                            normalize=bool(c["norm_topk_prob"])),
+                experts=spec("components.state.MLPExperts", n_experts=qwen3_moe_experts(c),
+                             d_ff=c["moe_intermediate_size"], act=act),
+                shared_expert=spec("components.state.SigmoidGated", inner=shared))
+        tokens = [("A" if a else "G") + ("R" if m else "M") for a, m in zip(attending, moe)]
+        pattern = f"{tokens[0]}×{len(tokens)}" if len(set(tokens)) == 1 else " ".join(tokens)
+        return {**base, "pattern": pattern, "mixers": mixers}
+
+    @staticmethod
+    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
+        c = {**QWEN3_NEXT_DEFAULTS, **c}
+        hf, ours = f"model.layers.{i}", f"blocks.{i}"
+        mixer, state = f"{ours}.sequence_mixer", f"{ours}.state_mixer"
+        pairs = [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
+                 (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"])]
+        if qwen3_next_attending(c)[i]:  # (q_proj: each head's query and gate rows, split by fold)
+            pairs += [*attention_pairs(mixer, f"{hf}.self_attn"),
+                      *((f"{mixer}.positions.{norm}.weight", [f"{hf}.self_attn.{norm}.weight"]) for norm in ("q_norm", "k_norm"))]
+        else:
+            pairs += [(f"{mixer}.{ours_name}", [f"{hf}.linear_attn.{theirs_name}"]) for ours_name, theirs_name in
+                      (("conv.weight", "conv1d.weight"), ("A_log", "A_log"), ("dt_bias", "dt_bias"),
+                       ("norm.weight", "norm.weight"), ("out_proj.weight", "out_proj.weight"))]
+        if not qwen3_moe_layers(c)[i]:
+            return [*pairs, *swiglu_pairs(state, f"{hf}.mlp")]
+        return [*pairs, (f"{state}.router.centroids.weight", [f"{hf}.mlp.gate.weight"]),
+                (f"{state}.shared_expert.gate.weight", [f"{hf}.mlp.shared_expert_gate.weight"]),
+                *swiglu_pairs(f"{state}.shared_expert.inner", f"{hf}.mlp.shared_expert")]
+
+    @staticmethod
+    def reshaped(c: dict, i: int) -> list[tuple]:
+        c = {**QWEN3_NEXT_DEFAULTS, **c}
+        out = [] if qwen3_next_attending(c)[i] else [
+            qwen3_next_in_proj(f"blocks.{i}.sequence_mixer.in_proj.weight", f"model.layers.{i}.linear_attn", c)]
+        if qwen3_moe_layers(c)[i]:
+            out += expert_stacks(f"blocks.{i}.state_mixer.experts", f"model.layers.{i}.mlp.experts",
+                                 qwen3_moe_experts(c), "gate_proj", "up_proj", "down_proj")
+        return out
+
+    @staticmethod
+    def fold(c: dict, zoo: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``zoo`` (the files' tensors renamed) with 1 added to the zero-centred norms' gains (in fp32, where a bf16
+        ``1 + w`` would round ``w`` away) and each attention's ``[query | gate]`` rows per head split in two."""
+        c = {**QWEN3_NEXT_DEFAULTS, **c}
+        out = dict(zoo)
+        for name in qwen3_next_zero_centred(c):
+            out[name] = zoo[name].float() + 1
+        heads, head_dim = c["num_attention_heads"], c["head_dim"]
+        for i, attends in enumerate(qwen3_next_attending(c)):
+            if attends:
+                a = f"blocks.{i}.sequence_mixer"
+                rows = zoo[f"{a}.q_proj.weight"].view(heads, 2, head_dim, -1)  # [H, query | gate, Dh, d]
+                out[f"{a}.q_proj.weight"] = rows[:, 0].reshape(heads * head_dim, -1)
+                out[f"{a}.gate_proj.weight"] = rows[:, 1].reshape(heads * head_dim, -1)
+        return out
+
+    @staticmethod
+    def unfold(c: dict, zoo: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The inverse of :meth:`fold`, before an export renames the tensors."""
+        out = dict(zoo)
+        for name in qwen3_next_zero_centred(c):
+            out[name] = (zoo[name].float() - 1).to(zoo[name].dtype)
+        heads, head_dim = c["num_attention_heads"], c["head_dim"]
+        for i, attends in enumerate(qwen3_next_attending(c)):
+            if attends:
+                a = f"blocks.{i}.sequence_mixer"
+                q, gate = zoo[f"{a}.q_proj.weight"], out.pop(f"{a}.gate_proj.weight")
+                out[f"{a}.q_proj.weight"] = torch.stack([q.view(heads, head_dim, -1), gate.view(heads, head_dim, -1)],
+                                                        dim=1).reshape(2 * heads * head_dim, -1)
+        return out
+
+    @staticmethod
+    def mismatch(model) -> str | None:
+        why = ("a Qwen3NextForCausalLM is GatedDeltaNet or QCAttention with an output gate, then a SwiGLU MLP or a "
+               "ComposedMoE with a shared expert, in every block")
+        blocks = list(model.blocks)
+        if any(getattr(b, "sequence_mixer", None) is None or getattr(b, "state_mixer", None) is None for b in blocks):
+            return f"its pattern has blocks {sorted({b.token for b in blocks})}; {why}"
+        kinds = {(type(b.sequence_mixer).__name__, type(b.state_mixer).__name__) for b in blocks}
+        if not kinds <= {(s, m) for s in ("QCAttention", "GatedDeltaNet") for m in ("MLP", "ComposedMoE")}:
+            return f"its blocks hold {sorted('/'.join(k) for k in kinds)}; {why}"
+        if any(b.sequence_residual is not None for b in blocks):
+            return "its blocks scale their residuals, which Qwen3-Next does not"
+        attentions = [b.sequence_mixer for b in blocks if isinstance(b.sequence_mixer, QCAttention)]
+        rules = [b.sequence_mixer for b in blocks if isinstance(b.sequence_mixer, GatedDeltaNet)]
+        mlps = [b.state_mixer for b in blocks if not isinstance(b.state_mixer, MoE)]
+        moes = [b.state_mixer for b in blocks if isinstance(b.state_mixer, MoE)]
+        eps = model.norm.eps
+        if not attentions:
+            return "it has no attention block, and transformers' Qwen3NextForCausalLM fails without one (transformers 5.25)"
+        if len({(a.n_heads, a.n_kv_heads, a.head_dim, a.positions.rope_fraction) for a in attentions}) > 1:
+            return "its attentions differ in heads or RoPE; Qwen3-Next has one attention configuration"
+        for a in attentions:
+            norm = a.positions.q_norm
+            if (a.gate_proj is None or norm is None or norm.eps != eps or not a.positions.rope
+                    or a.sliding_window is not None or a.qkv_bias):
+                return ("its attention is not Qwen3-Next's (an output gate, a QK-norm of the model's eps, RoPE, every key, "
+                        "no biases)")
+        if len({(g.n_heads, g.n_k_heads, g.head_dim, g.v_head_dim, g.conv.kernel_size[0]) for g in rules}) > 1:
+            return "its Gated DeltaNets differ in shape; Qwen3-Next has one linear_* configuration"
+        if any(not g.gate or g.allow_neg_eigval or g.norm.eps != eps for g in rules):
+            return ("its Gated DeltaNet is not Qwen3-Next's (the output gate on, β in (0, 1), its norm of the model's "
+                    "eps)")
+        if len({(m.d_ff, m.activation) for m in mlps}) > 1 or any(m.activation != "swiglu" for m in mlps):
+            return "its MLPs are not SwiGLU of one width; Qwen3-Next's are"
+        for m in moes:
+            shared = m.shared_expert
+            if (type(m.router).__name__ != "TopKRouter" or type(m.experts).__name__ != "MLPExperts"
+                    or m.experts.activation != "swiglu" or m.cross_domain is not None
+                    or type(shared).__name__ != "SigmoidGated" or type(shared.inner).__name__ != "MLP"
+                    or shared.inner.activation != "swiglu"):
+                return ("its MoE is not Qwen3-Next's (a TopKRouter over SwiGLU experts and a shared SwiGLU MLP under a "
+                        "per-token sigmoid gate, SigmoidGated)")
+        if len({(m.router.n_experts, m.router.top_k, m.router.normalize, m.experts.d_ff, m.shared_expert.inner.d_ff)
+                for m in moes}) > 1:
+            return "its MoEs differ in experts, top-k or widths; Qwen3-Next has one MoE configuration"
+        acts = {m.act_name for m in mlps} | {act_name(m.experts.act) for m in moes} | {m.shared_expert.inner.act_name
+                                                                                     for m in moes}
+        if len(acts) > 1:
+            return f"its MLPs and experts use different activations {sorted(acts)}; a Qwen3-Next has one hidden_act"
+        return None
+
+    @staticmethod
+    def config(model) -> dict:
+        blocks = list(model.blocks)
+        a = next(b.sequence_mixer for b in blocks if isinstance(b.sequence_mixer, QCAttention))
+        g = next((b.sequence_mixer for b in blocks if isinstance(b.sequence_mixer, GatedDeltaNet)), None)
+        mlp = next((b.state_mixer for b in blocks if not isinstance(b.state_mixer, MoE)), None)
+        moe = next((b.state_mixer for b in blocks if isinstance(b.state_mixer, MoE)), None)
+        config = common_config(model, Qwen3Next.name, Qwen3Next.model_type)
+        rope = {"rope_type": "dynamic", "factor": model.rotary.scaling_factor} if config.pop("rope_scaling", None) else \
+            {"rope_type": "default"}
+        config.update(
+            rope_parameters={**rope, "rope_theta": config.pop("rope_theta"), "partial_rotary_factor": a.positions.rope_fraction},
+            rms_norm_eps=model.norm.eps, hidden_act=mlp.act_name if mlp else act_name(moe.experts.act),
+            num_attention_heads=a.n_heads, num_key_value_heads=a.n_kv_heads, head_dim=a.head_dim, attention_bias=False,
+            layer_types=["full_attention" if isinstance(b.sequence_mixer, QCAttention) else "linear_attention"
+                         for b in blocks],
+            decoder_sparse_step=1, mlp_only_layers=[i for i, b in enumerate(blocks) if not isinstance(b.state_mixer, MoE)],
+            intermediate_size=(mlp.d_ff if mlp else moe.experts.d_ff),
+            num_experts=moe.router.n_experts if moe else 0, num_experts_per_tok=moe.router.top_k if moe else 1,
+            moe_intermediate_size=moe.experts.d_ff if moe else mlp.d_ff,
+            shared_expert_intermediate_size=moe.shared_expert.inner.d_ff if moe else mlp.d_ff,
+            norm_topk_prob=bool(moe and moe.router.normalize))
+        if g is not None:
+            config.update(linear_num_value_heads=g.n_heads, linear_num_key_heads=g.n_k_heads,
+                          linear_key_head_dim=g.head_dim, linear_value_head_dim=g.v_head_dim,
+                          linear_conv_kernel_dim=g.conv.kernel_size[0])
+        return config
+
 ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2Moe, Qwen3Moe, Dots1, Glm4Moe,
-                                                  Mamba2, Doge, GraniteHybrid, Bamba, NemotronH, Lfm2, FalconH1)}
+                                                  Mamba2, Doge, GraniteHybrid, Bamba, NemotronH, Lfm2, FalconH1,
+                                                  Qwen3Next)}
 EXPORTABLE = {name: adapter for name, adapter in ADAPTERS.items() if hasattr(adapter, "config")}
 """The classes a zoo model is written as, in the order tried (a Mistral without a window is written as Llama)."""
 
@@ -2106,6 +2367,9 @@ def to_hf(config: dict, zoo: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     """The zoo's state dict → Hugging Face names and layouts (the inverse of :func:`to_zoo`)."""
     adapter = ADAPTERS[config["architectures"][0]]
     zoo = dict(zoo)
+    unfold = getattr(adapter, "unfold", None)  # (the inverse of a fold that is not a multiplier an export writes as 1)
+    if unfold is not None:
+        zoo = unfold(config, zoo)
     out = {}
     for i in range(layer_count(config)):
         for ours, theirs in adapter.layer_pairs(config, i):

@@ -2382,3 +2382,93 @@ def test_an_ssd_whose_gate_is_falcon_h1s_is_refused_by_every_mamba2_class(gate):
         for adapter, model in models.items():
             reason = adapter.mismatch(model)
             assert (reason is None) if says is None else reason.startswith(says), (adapter.name, reason)
+
+
+def qwen3_next(tmp_path, **settings):
+    """A tiny random Qwen3-Next (Gated DeltaNet with 2 key heads for 4 value heads, values 6 wide, and gated attention
+    with heads of 8 over a width of 32, RoPE on a quarter of each head; a MoE of 4 experts, top 2, with a shared expert
+    in layers 0, 1 and 3 and an MLP in layer 2), saved: transformers' model and its folder."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3NextConfig(**{
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 40, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 8, "linear_value_head_dim": 6, "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24, "mlp_only_layers": [2], "rms_norm_eps": 1e-5,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"], **settings})
+    return saved_random(transformers.Qwen3NextForCausalLM, config, tmp_path / "qwen3_next"), tmp_path / "qwen3_next"
+
+
+def qwen3_next_files(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Qwen3-Next's gradients by its modules' names → by its files' (the experts one matrix each), each zero-centred
+    norm's less 1: the import adds 1 to those gains, a constant that leaves their gradients as they are."""
+    files = moe_files(tensors, "mlp", "gate_proj", "up_proj", "down_proj")
+    zero_centred = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight")
+    return {name: t - 1 if name.endswith(zero_centred) or name == "model.norm.weight" else t for name, t in files.items()}
+
+
+@pytest.mark.parametrize("settings", [{}, {"num_experts": 0, "norm_topk_prob": False}, {"mlp_only_layers": [0, 1, 2, 3]}],
+                         ids=["MoE and an MLP", "no experts", "every layer's MLP listed"])
+def test_a_qwen3_next_imports_equal_to_transformers_and_exports_back(tmp_path, settings):
+    """An independent check of Gated DeltaNet in a model, of gated attention and of the shared expert's sigmoid gate:
+    Qwen3-Next (its norms' gains offsets from 1, its query map holding each head's gate) imports equal to transformers'
+    — logits, a left-padded batch, every gradient, decoding one token at a time (its recurrent state and key cache
+    against the zoo's) and greedy ids — and exports back to a folder transformers loads with equal logits, then imports
+    again bit for bit."""
+    theirs, folder = qwen3_next(tmp_path, **settings)
+    ours = imports_equal_to_transformers(theirs, folder, as_files=qwen3_next_files)
+    moe = settings == {}
+    assert ours.pattern == ("GR AR GM AR" if moe else "GM AM GM AM")
+    attention, rule = ours.blocks[1].sequence_mixer, ours.blocks[0].sequence_mixer
+    assert (attention.gate_proj is not None, attention.positions.rope_fraction, attention.head_dim) == (True, 0.25, 8)
+    assert (rule.n_heads, rule.n_k_heads, rule.head_dim, rule.v_head_dim) == (4, 2, 8, 6)
+    assert exports_to_transformers(ours, tmp_path / "exported") == "Qwen3NextForCausalLM"
+    again = read_config_of(tmp_path / "exported")
+    assert again["layer_types"] == ["linear_attention", "full_attention"] * 2
+    assert again["mlp_only_layers"] == ([2] if moe else [0, 1, 2, 3])
+
+
+def read_config_of(folder) -> dict:
+    return json.loads((folder / "config.json").read_text())
+
+
+def test_what_a_qwen3_next_config_says_is_read_as_transformers_reads_it_and_what_keeps_a_model_from_one():
+    """Layer kinds from ``full_attention_interval`` where ``layer_types`` is absent (every 4th attends by default),
+    RoPE's share from either place it is written (0.25 by default; two that disagree refused), bad layer kinds named;
+    and the export refuses, by name, a model it would write wrong."""
+    from components import HybridLM
+    from recipes.hf import export
+    from recipes.hf.architectures import Qwen3Next
+
+    c = {"architectures": ["Qwen3NextForCausalLM"], "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 4,
+         "num_attention_heads": 2, "head_dim": 8, "num_experts": 0, "linear_num_value_heads": 2,
+         "linear_num_key_heads": 1, "linear_key_head_dim": 8, "linear_value_head_dim": 8, "intermediate_size": 24}
+    recipe = hf_recipe(c)
+    assert recipe["pattern"] == "GM GM GM AM"
+    assert recipe["mixers"]["A"]["init_args"]["rope_fraction"] == 0.25
+    assert hf_recipe({**c, "full_attention_interval": 2})["pattern"] == "GM AM GM AM"
+    assert hf_recipe({**c, "partial_rotary_factor": 0.5})["mixers"]["A"]["init_args"]["rope_fraction"] == 0.5
+    with pytest.raises(ValueError, match="fields that disagree on RoPE"):
+        hf_recipe({**c, "partial_rotary_factor": 0.5, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                                         "partial_rotary_factor": 1.0}})
+    with pytest.raises(ValueError, match=r"layer_types=\['linear_attention', 'sliding_attention'.*'full_attention', "):
+        hf_recipe({**c, "layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]})
+    with pytest.raises(ValueError, match="attention_bias=True"):
+        hf_recipe({**c, "attention_bias": True})  # (its output map's bias too, which the zoo's has not)
+
+    mixers = {"G": {"class_path": "components.GatedDeltaNet", "init_args": {"n_heads": 2, "n_k_heads": 1, "head_dim": 8}},
+              "A": {"class_path": "components.QCAttention",
+                    "init_args": {"n_heads": 2, "qk_norm": True, "output_gate": True}}}
+    model = HybridLM(32, 16, "GM AM", mixers)
+    assert Qwen3Next.mismatch(model) is None
+    gateless = HybridLM(32, 16, "GM AM", {**mixers, "A": {"class_path": "components.QCAttention",
+                                                                "init_args": {"n_heads": 2, "qk_norm": True}}})
+    assert Qwen3Next.mismatch(gateless).startswith("its attention is not Qwen3-Next's (an output gate")
+    negative = HybridLM(32, 16, "GM AM", {**mixers, "G": {"class_path": "components.GatedDeltaNet",
+                                          "init_args": {"n_heads": 2, "n_k_heads": 1, "allow_neg_eigval": True}}})
+    assert Qwen3Next.mismatch(negative).startswith("its Gated DeltaNet is not Qwen3-Next's")
+    assert Qwen3Next.mismatch(HybridLM(32, 16, "GM×2", mixers)).startswith("it has no attention block")
+    llama_gated = HybridLM(32, 16, "AM×2", {"A": {"class_path": "components.QCAttention",
+                                                  "init_args": {"n_heads": 2, "output_gate": True}}})
+    with pytest.raises(ValueError, match=r"its attention gates its output \(output_gate\), which LlamaForCausalLM's "
+                                         "does not"):
+        export(llama_gated, "unused-folder")
