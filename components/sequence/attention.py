@@ -9,6 +9,7 @@ from components.flops import attention_flops_per_token
 from components.norm import RMSNorm
 from components.rotary import apply_rotary
 from zoo_kernels._backend import check_backend
+from zoo_kernels.attention import attention_weights
 
 
 class QueryKeyPositions(nn.Module):
@@ -129,14 +130,35 @@ class QCAttention(nn.Module):
         context = Context.for_input(type(self).__name__, x, context)
         x = context.zero_padding(x)
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # [B, T, H, Dh]
-        k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_heads, self.head_dim).unbind(2)  # 2 × [B, T, Hkv, Dh]
-        q, k = self.positions(q, k, context)
+        q, k, v = self._queries_keys_values(x, context)
         y = context.attend(self, q, k, v, keep_window=self.sliding_window, backend=self.backend)  # [B, T, H, Dh]
         y = y.reshape(B, T, self.n_heads * self.head_dim)  # [B, T, H·Dh]
         if self.gate_proj is not None:
             y = y * torch.sigmoid(self.gate_proj(x))
         return self.out_proj(y)  # [B, T, d_model]
+
+    def _queries_keys_values(self, x: torch.Tensor, context: Context) -> tuple[torch.Tensor, ...]:
+        """``x [B, T, d_model]`` (padding zeroed) → ``q [B, T, H, Dh]``, ``k, v [B, T, Hkv, Dh]``, q and k positioned."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # [B, T, H, Dh]
+        k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_heads, self.head_dim).unbind(2)  # 2 × [B, T, Hkv, Dh]
+        q, k = self.positions(q, k, context)
+        return q, k, v
+
+    def attention_weights(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        """The weights each head's queries give the keys, ``[B, H, T, T]``, for the input ``x [B, T, d_model]`` that
+        :meth:`forward` would take with ``context`` (its padding, documents and window): what the attention averages
+        the values with, before the output gate. For analysis (the first token's share, where a head looks), in plain
+        torch whatever the backend; not for decoding with a cache."""
+        check_mixer_input(type(self).__name__, x, self.d_model, self.q_proj.weight, sequence=True)
+        context = Context.for_input(type(self).__name__, x, context)
+        if context.cache is not None:
+            raise ValueError("QCAttention.attention_weights: a context with a cache (decoding) is not supported; give "
+                             "the whole sequence")
+        q, k, _ = self._queries_keys_values(context.zero_padding(x), context)
+        window = self.sliding_window if self.sliding_window is not None and self.sliding_window < x.shape[1] else None
+        return attention_weights(q, k, key_padding_mask=context.padding_mask, keep_window=window,
+                                 document_ids=context.document_ids)
 
     def fused_row_blocks(self) -> dict[str, tuple[int, ...]]:
         """``kv_proj`` fuses the key and the value projections along its rows, keys first."""

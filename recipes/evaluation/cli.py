@@ -26,7 +26,7 @@ from recipes.argtypes import bounded, close_matches, device, positive_int, text_
 from recipes.code_version import code_version
 
 
-SUITES = ("length", "passkey", "mqar")
+SUITES = ("length", "passkey", "mqar", "sink")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -50,11 +50,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--extrapolate", action="store_true",
                    help="evaluate past the model's max_seq_len (plain RoPE and the NTK stretch)")
     p.add_argument("--multiples", type=float, nargs="+", action="extend", default=None,
-                   help="lengths as multiples of the training length (length: 1 2 4 8 16; passkey: 0.5 1 2 4; mqar: 1 2 4 8)")
-    p.add_argument("--windows", type=int, default=None, help="length suite: windows per length (default 8)")
+                   help="lengths as multiples of the training length (length: 1 2 4 8 16; passkey: 0.5 1 2 4; mqar: "
+                        "1 2 4 8; sink: 1)")
+    p.add_argument("--windows", type=int, default=None, help="length and sink suites: windows per length (default 8)")
     p.add_argument("--text", type=text_path, default=None, metavar="FILE",
-                   help="length suite: the windows from this UTF-8 file, tokenized as the run's text, instead of the "
-                        "validation split")
+                   help="length and sink suites: the windows from this UTF-8 file, tokenized as the run's text, "
+                        "instead of the validation split")
     p.add_argument("--trials", type=int, default=None, help="passkey suite: keys per cell (default 8)")
     p.add_argument("--out", default=None, help="where to write the JSON (and a suite's .md and .png); files already "
                                                "there are refused unless --force")
@@ -226,18 +227,18 @@ def run_suite(model, data, recipe: dict, args) -> dict:
     trained = int(init.get("seq_len", getattr(data, "seq_len", 0)) or 0)
     if trained < 1:
         raise ValueError("the recipe's data has no seq_len: the training length the suite is relative to")
-    if args.suite == "length" and args.text is not None:  # your text, read as the run reads text
-        text = Path(args.text).read_text(encoding="utf-8-sig")  # (-sig: a leading byte-order mark is no text)
-        tokens = torch.tensor(runs.text_tokenizer(data, "--text").encode(text), dtype=torch.long)  # [n]
-        result = suites.length_suite(model, tokens, trained, **given(windows=args.windows), source=args.text,
-                                     extrapolate=args.extrapolate, **lengths(suites.LENGTH_MULTIPLES, trained))
-        return {**result, "text": args.text}
-    if args.suite == "length":
+    if args.suite in ("length", "sink"):
+        suite, defaults = {"length": (suites.length_suite, suites.LENGTH_MULTIPLES),
+                           "sink": (suites.sink_suite, suites.SINK_MULTIPLES)}[args.suite]
+        settings = dict(**given(windows=args.windows), extrapolate=args.extrapolate, **lengths(defaults, trained))
+        if args.text is not None:  # your text, read as the run reads text
+            text = Path(args.text).read_text(encoding="utf-8-sig")  # (-sig: a leading byte-order mark is no text)
+            tokens = torch.tensor(runs.text_tokenizer(data, "--text").encode(text), dtype=torch.long)  # [n]
+            return {**suite(model, tokens, trained, source=args.text, **settings), "text": args.text}
         if not hasattr(data, "validation_tokens"):
-            raise ValueError(f"--suite length needs a text corpus with a validation split (or --text FILE); this is "
-                             f"{type(data).__name__}")
-        return suites.length_suite(model, data.validation_tokens(), trained, **given(windows=args.windows),
-                                   extrapolate=args.extrapolate, **lengths(suites.LENGTH_MULTIPLES, trained))
+            raise ValueError(f"--suite {args.suite} needs a text corpus with a validation split (or --text FILE); "
+                             f"this is {type(data).__name__}")
+        return suite(model, data.validation_tokens(), trained, **settings)
     encode = runs.text_tokenizer(data, "--suite passkey").encode
     answer = len(encode(" 99999"))  # (a key's tokens follow the context of each length)
     return suites.passkey_suite(model, encode, trained, **given(trials=args.trials), extrapolate=args.extrapolate,
@@ -337,8 +338,8 @@ def content_hash(files: list[Path]) -> str:
 def unused_options(args: argparse.Namespace) -> list[str]:
     """The options given that nothing this evaluation runs would read, each with what reads it: ignored, they would
     leave a user believing a number was measured as they asked."""
-    applies = [("--windows", args.windows, "--suite length", args.suite == "length"),
-               ("--text", args.text, "--suite length", args.suite == "length"),
+    applies = [("--windows", args.windows, "--suite length or sink", args.suite in ("length", "sink")),
+               ("--text", args.text, "--suite length or sink", args.suite in ("length", "sink")),
                ("--trials", args.trials, "--suite passkey", args.suite == "passkey"),
                ("--multiples", args.multiples, "a --suite", args.suite),
                ("--extrapolate", args.extrapolate, "a --suite", args.suite),

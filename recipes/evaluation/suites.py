@@ -1,4 +1,4 @@
-"""Long-context suites that need no download (``python -m recipes eval --suite length|passkey|mqar``;
+"""Suites that need no download (``python -m recipes eval --suite length|passkey|mqar|sink``;
 docs/evaluation.md). Each returns a result dict that :func:`write_result` turns into a table and a PNG
 (``eval --out`` writes it, with the run's record, as JSON).
 
@@ -9,6 +9,8 @@ docs/evaluation.md). Each returns a result dict that :func:`write_result` turns 
   three others after "What is the pass key? The pass key is" (chance 0.25), over length × depth.
 - ``mqar``: recall accuracy of an MQAR checkpoint on sequences 1×–8× its training length, the same
   number of pairs spread over more filler.
+- ``sink``: the attention sink (Qiu et al.'s measure) — per attention layer, the mean weight the heads' queries give
+  the first token of windows of the validation split, against what a head spreading its weight evenly would give it.
 """
 
 import contextlib
@@ -133,7 +135,8 @@ def check_settings(suite: str, multiples, whole: bool, **counts) -> tuple:
 
 # ---- the suites -----------------------------------------------------------------------------------
 
-LENGTH_MULTIPLES, PASSKEY_MULTIPLES, MQAR_MULTIPLES = (1, 2, 4, 8, 16), (0.5, 1, 2, 4), (1, 2, 4, 8)  # the defaults
+LENGTH_MULTIPLES, PASSKEY_MULTIPLES, MQAR_MULTIPLES, SINK_MULTIPLES = (1, 2, 4, 8, 16), (0.5, 1, 2, 4), (1, 2, 4, 8), (1,)
+# (the defaults)
 
 
 @torch.no_grad()
@@ -171,6 +174,66 @@ def length_suite(model, tokens: torch.Tensor, trained: int, multiples=LENGTH_MUL
             rows.append({"mode": mode, "length": length, "multiple": multiple, "loss": float(per_position.mean()),
                          "buckets": buckets, "windows": len(starts)})
     return {"suite": "length", "trained": trained, "bucket": trained, "rows": rows}
+
+
+MEAN_OVER_LAYERS = "mean over layers"
+
+
+def uniform_first_share(length: int) -> float:
+    """The first token's mean share over queries 1…length−1 for heads that weigh their keys evenly: ``1 / (i + 1)``."""
+    return sum(1 / (i + 1) for i in range(1, length)) / (length - 1)
+
+
+@torch.no_grad()
+def sink_suite(model, tokens: torch.Tensor, trained: int, multiples=SINK_MULTIPLES, windows: int = 8,
+               extrapolate: bool = False, source: str = "the validation split") -> dict:
+    """The attention sink: per attention layer (each ``QCAttention``, a block's by its layer number) and length
+    ``m · trained``, the weight its heads' queries give the first token of the window, averaged over heads, over
+    queries 1…L−1 (the first has only itself to read) and over ``windows`` evenly spaced windows of ``tokens [n]``;
+    and its mean over the layers. ``uniform`` is what heads that spread their weight evenly over the keys would give
+    it. Qiu et al. report 0.47 for a baseline's layers on average and 0.05 with gated attention (their 1.7B model)."""
+    from components.sequence import QCAttention
+
+    multiples = check_settings("sink", multiples, whole=False, windows=windows)
+    model.eval()
+    layers = {name: module for name, module in model.named_modules() if isinstance(module, QCAttention)}
+    if not layers:
+        raise ValueError("--suite sink measures attention layers (QCAttention); this model has none")
+    label = {name: (f"layer {name.split('.')[1]}" if name.startswith("blocks.") and name.endswith(".sequence_mixer")
+                    and name.count(".") == 2 else name) for name in layers}
+    device = model.embedding.weight.device
+    lengths = [max(2, int(m * trained)) for m in multiples]
+    if len(tokens) < max(lengths):
+        raise ValueError(f"{source} has {len(tokens)} tokens; length {max(lengths)} needs {max(lengths)}")
+    shares: dict[str, list[float]] = {}
+
+    def measure(name):
+        def hook(module, args, kwargs):
+            x, context = args[0], (args[1] if len(args) > 1 else kwargs.get("context"))
+            weights = module.attention_weights(x, context)  # [B, H, L, L]
+            shares.setdefault(name, []).append(float(weights[:, :, 1:, 0].float().mean()))
+        return hook
+
+    rows = []
+    hooks = [module.register_forward_pre_hook(measure(name), with_kwargs=True) for name, module in layers.items()]
+    try:
+        with progress("sink", len(lengths) * windows) as bar:
+            for length in lengths:
+                check_length(model, length, extrapolate)
+                starts = np.linspace(0, len(tokens) - length, num=windows).astype(int)
+                shares.clear()
+                with position_mode(model, "plain", trained) if extrapolate else contextlib.nullcontext():
+                    for start in starts:
+                        model(tokens[start:start + length][None].to(device))
+                        bar.update()
+                per_layer = {label[name]: float(np.mean(shares[name])) for name in layers}
+                rows += [{"layer": layer, "length": length, "share": share} for layer, share in per_layer.items()]
+                rows.append({"layer": MEAN_OVER_LAYERS, "length": length, "share": float(np.mean(list(per_layer.values())))})
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {"suite": "sink", "trained": trained, "windows": windows, "rows": rows,
+            "uniform": {str(length): uniform_first_share(length) for length in lengths}}
 
 
 def passkey_prompt(encode, key: int, length: int, depth: float) -> tuple[list[int], list[int]]:
@@ -257,6 +320,11 @@ def table(result: dict) -> str:
         lines = ["| length | " + " | ".join(f"depth {d:g}" for d in depths) + " |", "|---|" + "---|" * len(depths)]
         lines += [f"| {length} | " + " | ".join(f"{a:.2f}" for a in row) + " |" for length, row in zip(lengths, grid)]
         return "\n".join(lines) + f"\n\nchance: {result['chance']:.2f}"
+    if result["suite"] == "sink":
+        lines = ["| layer | length | first token's share | spread evenly |", "|---|---|---|---|"]
+        lines += [f"| {r['layer']} | {r['length']} | {r['share']:.4f} | {result['uniform'][str(r['length'])]:.4f} |"
+                  for r in result["rows"]]
+        return "\n".join(lines)
     lines = ["| length | accuracy | queries |", "|---|---|---|"]
     lines += [f"| {r['length']} | {r['accuracy']:.4f} | {r['queries']} |" for r in result["rows"]]
     return "\n".join(lines)
@@ -289,6 +357,15 @@ def plot(result: dict, path: Path) -> None:
             axes.set(xlabel="depth of the key", ylabel="context length (tokens)",
                      title=f"passkey accuracy (chance {result['chance']:.2f})")
             figure.colorbar(image)
+        elif result["suite"] == "sink":
+            for length in sorted({r["length"] for r in result["rows"]}):
+                rows = [r for r in result["rows"] if r["length"] == length and r["layer"] != MEAN_OVER_LAYERS]
+                axes.plot([r["layer"] for r in rows], [r["share"] for r in rows], marker="o", label=f"length {length}")
+                axes.axhline(result["uniform"][str(length)], color="grey", linewidth=0.8, linestyle="--")
+            axes.set(xlabel="attention layer", ylabel="weight on the first token",
+                     title="attention sink (grey: heads that weigh every key alike)")
+            axes.tick_params(axis="x", labelsize=7)
+            axes.legend(fontsize=7)
         else:
             axes.plot([r["length"] for r in result["rows"]], [r["accuracy"] for r in result["rows"]], marker="o")
             axes.set_xscale("log", base=2)
@@ -302,6 +379,8 @@ def scalars(result: dict) -> dict[str, float]:
         return {f"eval/length/{r['mode']}/{r['length']}": r["loss"] for r in result["rows"]}
     if result["suite"] == "passkey":
         return {f"eval/passkey/{c['length']}/depth_{c['depth']:g}": c["accuracy"] for c in result["cells"]}
+    if result["suite"] == "sink":
+        return {f"eval/sink/{r['layer'].replace(' ', '_')}/{r['length']}": r["share"] for r in result["rows"]}
     return {f"eval/mqar/{r['length']}": r["accuracy"] for r in result["rows"]}
 
 

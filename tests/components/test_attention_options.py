@@ -89,6 +89,35 @@ def test_the_output_gate_scales_each_channel_of_each_head_by_its_own_sigmoid(rop
     assert "output_gate=True" in repr(mixer)
 
 
+@pytest.mark.parametrize("setting", ["plain", "left padding", "documents", "window 3, gate"])
+def test_attention_weights_rebuild_the_forward_output(setting):
+    """``QCAttention.attention_weights`` are the weights ``forward`` averages its values with: through them, the
+    values, the gate and the output map give ``forward``'s output at every real position (GQA, RoPE on all of each
+    head, a QK-norm) — with left padding, packed documents, a sliding window."""
+    torch.manual_seed(2)
+    window, gate = (3, True) if setting.startswith("window") else (None, False)
+    mixer = QCAttention(32, n_heads=4, n_kv_heads=2, qk_norm=True, sliding_window=window, output_gate=gate).double()
+    B, T = 2, 11
+    x = torch.randn(B, T, 32, dtype=torch.float64)
+    padding = torch.zeros(B, T, dtype=torch.bool)
+    if setting == "left padding":
+        padding[1, :4] = True
+    documents = torch.tensor([[0] * 5 + [1] * 6, [0] * 8 + [1] * 3]) if setting == "documents" else None
+    context = Context(position_ids=torch.arange(T).expand(B, T), padding_mask=padding if padding.any() else None,
+                      document_ids=documents)
+    weights = mixer.attention_weights(x, context)  # [B, H, T, T]
+    assert weights.shape == (B, 4, T, T)
+    x0 = x.masked_fill(padding[..., None], 0.0)
+    _, v = F.linear(x0, mixer.kv_proj.weight).view(B, T, 2, 2, 8).unbind(2)  # [B, T, 2, 8]
+    y = (weights @ v.repeat_interleave(2, dim=2).transpose(1, 2)).transpose(1, 2).reshape(B, T, 32)
+    if gate:
+        y = y * torch.sigmoid(mixer.gate_proj(x0))
+    real = ~padding
+    torch.testing.assert_close(mixer.out_proj(y)[real], mixer(x, context)[real])
+    if window:
+        assert (weights.tril(-window) == 0).all()
+
+
 @pytest.mark.parametrize("window", [1, 3, 7, 50])
 def test_a_sliding_window_attends_to_the_last_keys_only(rope_reference, window):
     """Each query over itself and the ``window - 1`` keys before it, at an odd length; a window of 1 is the value of

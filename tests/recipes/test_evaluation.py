@@ -429,6 +429,39 @@ def test_the_length_suite_is_the_full_forward_loss_by_hand():
     assert model.max_seq_len == 32 and not model.extrapolate and model.rotary.max_position == 32  # restored
 
 
+def test_the_sink_suite_is_each_layers_weight_on_the_first_token_by_hand():
+    """Per attention layer, the heads' mean weight on the first token of each window (queries 1…L−1), by hand from
+    ``attention_weights`` on each layer's normed input; heads that cannot tell keys apart (no query map) give exactly
+    the even spread; a model without attention is refused by name."""
+    from recipes.evaluation.suites import sink_suite, uniform_first_share
+
+    model = tiny(pattern="AM SM AM", max_seq_len=64)
+    tokens = TextCorpus(seq_len=8).validation_tokens()[:300]
+    result = sink_suite(model, tokens, trained=16, multiples=(1, 2), windows=3)
+    rows = {(r["layer"], r["length"]): r["share"] for r in result["rows"]}
+    assert set(rows) == {(layer, n) for layer in ("layer 0", "layer 2", "mean over layers") for n in (16, 32)}
+    starts = [0, (len(tokens) - 32) // 2, len(tokens) - 32]
+    inputs = []
+    hook = model.blocks[2].sequence_mixer.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+    with torch.no_grad():
+        for s in starts:
+            model(tokens[s:s + 32][None])
+    hook.remove()
+    with torch.no_grad():
+        by_hand = [float(model.blocks[2].sequence_mixer.attention_weights(x)[:, :, 1:, 0].mean()) for x in inputs]
+    assert rows[("layer 2", 32)] == pytest.approx(sum(by_hand) / 3, rel=1e-5)
+    assert rows[("mean over layers", 32)] == pytest.approx((rows[("layer 0", 32)] + rows[("layer 2", 32)]) / 2)
+    assert result["uniform"]["32"] == pytest.approx(sum(1 / (i + 1) for i in range(1, 32)) / 31)
+    with torch.no_grad():
+        for block in (0, 2):
+            model.blocks[block].sequence_mixer.q_proj.weight.zero_()  # every score 0: an even spread over the keys
+    even = sink_suite(model, tokens, trained=16, multiples=(1,), windows=2)
+    assert [r["share"] for r in even["rows"]] == pytest.approx([uniform_first_share(16)] * 3)
+    assert "| layer 0 | 16 |" in table(even) and "eval/sink/mean_over_layers/16" in scalars(even)
+    with pytest.raises(ValueError, match=r"--suite sink measures attention layers \(QCAttention\); this model has none"):
+        sink_suite(tiny(pattern="SM"), tokens, trained=16)
+
+
 def test_a_model_that_cannot_see_the_key_scores_chance_on_passkey():
     blind = tiny(pattern="-M -M", max_seq_len=512)  # no sequence mixer: each position sees only itself
     result = passkey_suite(blind, BYTES.encode, trained=64, multiples=(1, 2), depths=(0.0, 0.5, 1.0), trials=24)
@@ -514,7 +547,7 @@ def test_the_length_suite_reads_a_file_of_your_own_with_the_runs_tokenizer(tmp_p
         with pytest.raises(SystemExit):
             main([*common, *argv])
         assert said in capsys.readouterr().err
-    with pytest.raises(SystemExit, match=r"would not use --text \(it goes with --suite length\)"):
+    with pytest.raises(SystemExit, match=r"would not use --text \(it goes with --suite length or sink\)"):
         main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--suite", "passkey", "--text", "mine.md"])
 
 
@@ -800,8 +833,10 @@ def test_a_suite_the_recipes_data_cannot_feed_is_refused_by_name():
         with pytest.raises(ValueError, match="the recipe's data has no seq_len: the training length"):
             run_suite(model, SimpleNamespace(), {"data": {"init_args": {}}}, SimpleNamespace(**{**vars(args), "suite": suite}))
     recipe = {"data": {"init_args": {"seq_len": 16}}}
-    with pytest.raises(ValueError, match=r"--suite length needs a text corpus with a validation split \(or --text FILE\); this is MQAR"):
-        run_suite(model, mqar, recipe, SimpleNamespace(**{**vars(args), "suite": "length"}))
+    for suite in ("length", "sink"):
+        with pytest.raises(ValueError, match=rf"--suite {suite} needs a text corpus with a validation split \(or --text "
+                                             "FILE\); this is MQAR"):
+            run_suite(model, mqar, recipe, SimpleNamespace(**{**vars(args), "suite": suite}))
     with pytest.raises(ValueError, match="--suite passkey needs text, and the recipe's data module MQAR has no text"):
         run_suite(model, mqar, recipe, SimpleNamespace(**{**vars(args), "suite": "passkey"}))
     with pytest.raises(ValueError, match="has no text tokenizer"):
@@ -825,7 +860,7 @@ def test_the_zoo_tasks_are_known_beside_an_include_path_and_a_missing_folder_is_
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--suite", "passkey", "--windows", "4"], "would not use --windows (it goes with --suite length)"),
+    (["--suite", "passkey", "--windows", "4"], "would not use --windows (it goes with --suite length or sink)"),
     (["--suite", "length", "--trials", "4"], "would not use --trials (it goes with --suite passkey)"),
     (["--tasks", "zoo_cloze", "--multiples", "1", "--extrapolate"],
      "would not use --multiples (it goes with a --suite), --extrapolate (it goes with a --suite)"),
@@ -1006,6 +1041,13 @@ def test_a_familys_suite_results_tabulate_per_mode_and_length_against_the_baseli
     assert points({"suite": "mqar", "rows": [{"length": 64, "accuracy": 0.3}]}) == {("-", 64): 0.3}
     assert table({("a", 0): passkey}, None).splitlines()[:2] == ["| recipe | mode | length | runs | accuracy, mean ± std |",
                                                                 "|---|---|---|---|---|"]
+
+    sink = {"suite": "sink", "rows": [{"layer": "layer 1", "length": 64, "share": 0.4},
+                                      {"layer": "mean over layers", "length": 64, "share": 0.4}]}
+    assert points(sink) == {("layer 1", 64): 0.4, ("mean over layers", 64): 0.4}
+    assert table({("a", 0): sink}, None).splitlines()[:3] == [
+        "| recipe | layer | length | runs | first token's share, mean ± std |", "|---|---|---|---|---|",
+        "| a | layer 1 | 64 | 1 | 0.4000 ± 0.0000 |"]
 
     harness = {("a", 0): {"results": {"zoo_cloze": {"acc,none": 0.5, "acc_stderr,none": 0.1, "alias": "zoo_cloze"}}}}
     assert points(harness[("a", 0)]) == {("acc", "zoo_cloze"): 0.5}  # not the standard error, not the alias

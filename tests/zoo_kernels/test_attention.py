@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from zoo_kernels.attention import attention
+from zoo_kernels.attention import attention, attention_weights
 
 
 def direct_attention(q, k, v, bias=None, causal=True, key_padding_mask=None, keep_window=None):
@@ -89,6 +89,43 @@ def test_matches_direct_softmax_outputs_and_gradients(name):
     torch.testing.assert_close(got, want)
     for g_got, g_want in zip(grads(got, (q, k, v, bias)), grads(want, (q, k, v, bias))):
         torch.testing.assert_close(g_got, g_want)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_attention_weights_average_the_values_into_the_oracles_output(name):
+    """``attention_weights`` — the softmax weights, for looking at attention — are the weights the oracle's output
+    averages the values with (``Σ_j w_ij v_j``, kv heads repeated), in every case; rows sum to 1 where a query has a
+    key, 0 where it has none; nothing sits on a key the query may not see."""
+    case = dict(CASES[name])
+    pad, keep_window, causal = case.pop("pad", False), case.pop("keep_window", None), case.pop("causal", True)
+    case.setdefault("bias", False)
+    q, k, v, bias = make(**case)
+    mask = None
+    if pad:
+        mask = torch.zeros(q.shape[0], k.shape[1], dtype=torch.bool)
+        mask[0, :5] = True  # the first query rows of the first sequence have no key at all
+        mask[1, -3:] = True
+    kwargs = dict(bias=bias, causal=causal, key_padding_mask=mask, keep_window=keep_window)
+    weights = attention_weights(q, k, **kwargs)  # [B, H, T, S]
+    values = v.repeat_interleave(q.shape[2] // k.shape[2], dim=2).transpose(1, 2)  # [B, H, S, D]
+    torch.testing.assert_close((weights @ values).transpose(1, 2), direct_attention(q, k, v, **kwargs))
+    rows = weights.sum(-1)
+    assert torch.allclose(rows, torch.ones_like(rows)) or pad
+    if causal and weights.shape[-2] == weights.shape[-1]:
+        assert (weights.triu(1) == 0).all()
+    if pad:
+        assert (weights[1, ..., -3:] == 0).all() and (rows[0, :, 0] == 0).all()
+
+
+def test_attention_weights_keep_documents_apart_and_a_nan_visible():
+    q, k, _, _ = make(B=1, T=7, bias=False)
+    weights = attention_weights(q, k, document_ids=torch.tensor([[4, 4, 4, 9, 9, 9, 9]]))
+    assert (weights[..., 3:, :3] == 0).all() and (weights[..., :3, 3:] == 0).all()
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 4, 7, dtype=weights.dtype))
+    with torch.no_grad():
+        k[0, 2, 0, 0] = float("nan")
+    poisoned = attention_weights(q, k)
+    assert poisoned[0, 0, 2:].isnan().all() and not poisoned[0, 0, :2].isnan().any()  # (no NaN cleaned to 0)
 
 
 def test_bias_gradient_is_nonzero_and_padded_keys_get_no_attention():

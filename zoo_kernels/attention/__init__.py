@@ -5,10 +5,10 @@ import torch
 
 from zoo_kernels._backend import check_backend, resolve_backend
 from zoo_kernels._finite import any_in_document, poison, seen_so_far, split_finite
-from zoo_kernels.attention.reference import attention_reference, document_runs
+from zoo_kernels.attention.reference import attention_reference, attention_weights, document_runs
 from zoo_kernels.attention.sdpa import supports as sdpa_supports
 
-__all__ = ["attention", "attention_reference", "document_runs", "round_bias"]
+__all__ = ["attention", "attention_reference", "attention_weights", "document_runs", "round_bias"]
 
 
 def attention(

@@ -170,15 +170,44 @@ def fused_backward_fails(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
             and not any(t.requires_grad for t in (q, k, v)))
 
 
-def attention_masked(q, k, v, *, bias, causal, key_padding_mask, keep_window, scale, document_ids=None) -> torch.Tensor:
-    """The math with the ``[B, H, T, S]`` mask written out: ``q [B,H,T,D]``, ``k, v [B,H,S,D]`` →
-    ``[B,H,T,D]``; ``document_ids [B, T]`` (``S == T``) keeps each query within its document."""
+def masked_keys(q, k, *, bias, causal, key_padding_mask, keep_window, document_ids=None) -> torch.Tensor:
+    """Boolean ``[B|1, H|1, T, S]``: may query i attend to key j — causal, not padding, in its document (run numbers
+    ``document_ids [B, T]``), within the kept window (the keys of largest bias where there is one)."""
     T, S = q.shape[2], k.shape[2]
     allowed = allowed_keys(T, S, causal=causal, key_padding_mask=key_padding_mask, device=q.device)
     if document_ids is not None:
         allowed = allowed & (document_ids[:, None, :, None] == document_ids[:, None, None, :])  # [B, 1, T, S]
     if keep_window is not None:
         allowed = select_window(allowed, bias, keep_window)
+    return allowed
+
+
+def attention_weights(q, k, *, bias=None, causal=True, key_padding_mask=None, keep_window=None, scale=None,
+                      document_ids=None) -> torch.Tensor:
+    """The softmax weights each query gives each key, ``[B, H, T, S]`` from ``q [B, T, H, D]``, ``k [B, S, Hkv, D]``
+    (query head h reads key head h // (H / Hkv)), with :func:`attention_reference`'s masks: the weights its output
+    averages the values with. A query with no allowed key has all-zero weights. For looking at attention (which keys a
+    head reads, the first token's share), not for training: it holds all ``T × S`` of them."""
+    H, Hkv = q.shape[2], k.shape[2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    q, k = q.transpose(1, 2), k.repeat_interleave(H // Hkv, dim=2).transpose(1, 2)  # [B, H, T|S, D]
+    runs = document_runs(document_ids) if document_ids is not None else None
+    allowed = masked_keys(q, k, bias=bias, causal=causal, key_padding_mask=key_padding_mask, keep_window=keep_window,
+                          document_ids=runs)
+    exact = torch.promote_types(q.dtype, torch.float32)  # (half inputs: their softmax in fp32)
+    scores = (q @ k.transpose(-1, -2)).to(exact) * scale  # [B, H, T, S]
+    if bias is not None:
+        scores = scores + bias[:, :, None, :].to(exact)
+    empty = ~allowed.any(-1, keepdim=True)  # [B|1, H|1, T, 1] queries with nothing to attend to
+    weights = torch.softmax(scores.masked_fill(~(allowed | empty), float("-inf")), dim=-1)
+    return weights.masked_fill(empty, 0.0).to(q.dtype)  # (a NaN in q or k stays NaN: nothing is cleaned up)
+
+
+def attention_masked(q, k, v, *, bias, causal, key_padding_mask, keep_window, scale, document_ids=None) -> torch.Tensor:
+    """The math with the ``[B, H, T, S]`` mask written out: ``q [B,H,T,D]``, ``k, v [B,H,S,D]`` →
+    ``[B,H,T,D]``; ``document_ids [B, T]`` (``S == T``) keeps each query within its document."""
+    allowed = masked_keys(q, k, bias=bias, causal=causal, key_padding_mask=key_padding_mask, keep_window=keep_window,
+                          document_ids=document_ids)
     empty = ~allowed.any(-1, keepdim=True)  # [B|1, H|1, T, 1] queries with nothing to attend to
     allowed = allowed | empty  # avoid NaN from an all -inf row; zeroed below
     mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
