@@ -67,6 +67,7 @@ import warnings
 from pathlib import Path
 
 from recipes.argtypes import bounded, did_you_mean, positive_int
+from recipes.evaluation.cli import SUITES
 from recipes.launchers import LAUNCHERS, RECIPE_EDITED
 from recipes.sweep.launch import (SweepInterrupted, family_settings, launch, logger_root, newest_run, recipe_files,
                                   recipe_logger, resume, seed_list, starting_checkpoints)
@@ -259,8 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vs", default=None, metavar="KEY",
                         help="also plot the final --metric against this hyper-parameter (e.g. d_model) or data or "
                              "trainer setting (e.g. data.init_args.seq_len)")
-    parser.add_argument("--suite", choices=["length", "passkey", "mqar"], default=None,
-                        help="with --from: run this long-context suite on every finished run's last.ckpt and tabulate "
+    parser.add_argument("--suite", choices=SUITES, default=None,
+                        help="with --from: run this suite (long-context, or the attention sink) on every finished run's "
+                             "last.ckpt and tabulate "
                              "it over seeds (docs/evaluation.md)")
     parser.add_argument("--tasks", default=None, metavar="T1,T2",
                         help="with --from: run these lm-eval tasks on every finished run's last.ckpt and tabulate them "
