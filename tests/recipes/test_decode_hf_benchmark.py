@@ -134,3 +134,16 @@ def test_falcon_h1s_rows_are_hugging_faces_dynamic_cache_and_the_zoos_two_modes_
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| falcon_h1")]
     assert [cells[2] for cells in rows] == ["hf dynamic", "zoo eager", "zoo compiled"]
     assert all(cells[7] == "ok |" for cells in rows)
+
+
+def test_qwen3_nexts_rows_are_hugging_faces_dynamic_cache_and_the_zoos_two_modes_with_the_full_forwards_argmax(capsys):
+    """Qwen3-Next (Gated DeltaNet in three layers of four, gated attention in the fourth, imported): its dynamic cache
+    (a recurrent state and a conv window beside the keys: no static form) and the zoo's two modes, all the full
+    forward's argmax."""
+    model = decode_hf.hf_model("qwen3_next", 128, 4, 97)
+    assert model.config.layer_types == ["linear_attention"] * 3 + ["full_attention"] and model.config.num_experts == 0
+    decode_hf.main(["--models", "qwen3_next", "--batches", "2", "--width", "128", "--layers", "4", "--vocab", "97",
+                    "--prompt", "5", "--new-tokens", "4", "--rounds", "1", "--threads", "1"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| qwen3_next")]
+    assert [cells[2] for cells in rows] == ["hf dynamic", "zoo eager", "zoo compiled"]
+    assert all(cells[7] == "ok |" for cells in rows)
