@@ -191,7 +191,7 @@ def sink_suite(model, tokens: torch.Tensor, trained: int, multiples=SINK_MULTIPL
     ``m · trained``, the weight its heads' queries give the first token of the window, averaged over heads, over
     queries 1…L−1 (the first has only itself to read) and over ``windows`` evenly spaced windows of ``tokens [n]``;
     and its mean over the layers. ``uniform`` is what heads that spread their weight evenly over the keys would give
-    it. Qiu et al. report 0.47 for a baseline's layers on average and 0.05 with gated attention (their 1.7B model)."""
+    it. Qiu et al. report about 0.47 on average over a baseline's layers and 0.05 with gated attention."""
     from components.sequence import QCAttention
 
     multiples = check_settings("sink", multiples, whole=False, windows=windows)
