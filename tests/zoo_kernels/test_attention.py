@@ -69,8 +69,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_matches_direct_softmax_outputs_and_gradients(name):
+def case_inputs(name: str, left_padding: int = 2) -> tuple:
+    """``(q, k, v, pad, kwargs)`` of the case ``name``: with ``pad``, the first sequence left-padded by
+    ``left_padding`` keys and the second right-padded by 3."""
     case = dict(CASES[name])
     pad, keep_window, causal = case.pop("pad", False), case.pop("keep_window", None), case.pop("causal", True)
     case.setdefault("bias", False)
@@ -78,9 +79,15 @@ def test_matches_direct_softmax_outputs_and_gradients(name):
     mask = None
     if pad:
         mask = torch.zeros(q.shape[0], k.shape[1], dtype=torch.bool)
-        mask[0, :2] = True  # left padding in the first sequence
-        mask[1, -3:] = True  # right padding in the second
-    kwargs = dict(bias=bias, causal=causal, key_padding_mask=mask, keep_window=keep_window)
+        mask[0, :left_padding] = True
+        mask[1, -3:] = True
+    return q, k, v, pad, dict(bias=bias, causal=causal, key_padding_mask=mask, keep_window=keep_window)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_direct_softmax_outputs_and_gradients(name):
+    q, k, v, pad, kwargs = case_inputs(name)
+    bias = kwargs["bias"]
     got = attention(q, k, v, backend="reference", **kwargs)
     want = direct_attention(q, k, v, **kwargs)
     if pad:
@@ -96,16 +103,8 @@ def test_the_attention_weights_average_the_values_into_the_oracles_output(name):
     """``attention_weights`` — the softmax weights, for looking at attention — are the weights the oracle's output
     averages the values with (``Σ_j w_ij v_j``, kv heads repeated), in every case; rows sum to 1 where a query has a
     key, 0 where it has none; nothing sits on a key the query may not see."""
-    case = dict(CASES[name])
-    pad, keep_window, causal = case.pop("pad", False), case.pop("keep_window", None), case.pop("causal", True)
-    case.setdefault("bias", False)
-    q, k, v, bias = make(**case)
-    mask = None
-    if pad:
-        mask = torch.zeros(q.shape[0], k.shape[1], dtype=torch.bool)
-        mask[0, :5] = True  # the first query rows of the first sequence have no key at all
-        mask[1, -3:] = True
-    kwargs = dict(bias=bias, causal=causal, key_padding_mask=mask, keep_window=keep_window)
+    q, k, v, pad, kwargs = case_inputs(name, left_padding=5)  # (the first query rows there have no key at all)
+    causal = kwargs["causal"]
     weights = attention_weights(q, k, **kwargs)  # [B, H, T, S]
     values = v.repeat_interleave(q.shape[2] // k.shape[2], dim=2).transpose(1, 2)  # [B, H, S, D]
     torch.testing.assert_close((weights @ values).transpose(1, 2), direct_attention(q, k, v, **kwargs))
