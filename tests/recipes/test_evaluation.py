@@ -448,8 +448,13 @@ def test_the_sink_suite_is_each_layers_weight_on_the_first_token_by_hand():
             model(tokens[s:s + 32][None])
     hook.remove()
     with torch.no_grad():
-        by_hand = [float(model.blocks[2].sequence_mixer.attention_weights(x)[:, :, 1:, 0].mean()) for x in inputs]
-    assert rows[("layer 2", 32)] == pytest.approx(sum(by_hand) / 3, rel=1e-5)
+        by_hand = torch.stack([model.blocks[2].sequence_mixer.attention_weights(x)[0, :, 1:, 0].mean(1)
+                               for x in inputs]).mean(0)  # [H]: each head's share, over the windows
+    assert rows[("layer 2", 32)] == pytest.approx(float(by_hand.mean()), rel=1e-5)
+    busiest = {(r["layer"], r["length"]): r["busiest_head"] for r in result["rows"]}
+    assert busiest[("layer 2", 32)] == pytest.approx(float(by_hand.max()), rel=1e-5)
+    assert busiest[("layer 2", 32)] > rows[("layer 2", 32)]
+    assert busiest[("mean over layers", 32)] == max(busiest[("layer 0", 32)], busiest[("layer 2", 32)])
     assert rows[("mean over layers", 32)] == pytest.approx((rows[("layer 0", 32)] + rows[("layer 2", 32)]) / 2)
     assert result["uniform"]["32"] == pytest.approx(sum(1 / (i + 1) for i in range(1, 32)) / 31)
     with torch.no_grad():
