@@ -2154,6 +2154,9 @@ class Qwen3Next:
         base = decoder_recipe(c, qk_norm=True, norm_eps=c["rms_norm_eps"], output_gate=True,
                               rope_fraction=partial_rotary_factor(c, QWEN3_NEXT_ROPE_FRACTION))
         act = c.get("hidden_act", "silu")
+        if act != "silu" and not all(attending):  # (transformers' Gated DeltaNet runs its conv through hidden_act)
+            refuse_fields([f"hidden_act={act!r} (Gated DeltaNet's convolution runs through it too, and the zoo's "
+                           "through SiLU)"])
         mixers = {}
         if any(attending):
             mixers["A"] = base["mixers"]["A"]
@@ -2288,6 +2291,9 @@ class Qwen3Next:
                                                                                      for m in moes}
         if len(acts) > 1:
             return f"its MLPs and experts use different activations {sorted(acts)}; a Qwen3-Next has one hidden_act"
+        if rules and acts - {"silu"}:
+            return (f"its MLPs use {sorted(acts)[0]} beside Gated DeltaNet; Qwen3-Next's one hidden_act is also its "
+                    "Gated DeltaNet's convolution's activation, SiLU in the zoo's")
         return None
 
     @staticmethod

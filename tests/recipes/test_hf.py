@@ -2454,6 +2454,9 @@ def test_what_a_qwen3_next_config_says_is_read_as_transformers_reads_it_and_what
         hf_recipe({**c, "layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]})
     with pytest.raises(ValueError, match="attention_bias=True"):
         hf_recipe({**c, "attention_bias": True})  # (its output map's bias too, which the zoo's has not)
+    with pytest.raises(ValueError, match=r"hidden_act='gelu' \(Gated DeltaNet's convolution runs through it too"):
+        hf_recipe({**c, "hidden_act": "gelu"})
+    assert hf_recipe({**c, "hidden_act": "gelu", "full_attention_interval": 1})["pattern"] == "AM×4"  # (no such conv)
 
     mixers = {"G": {"class_path": "components.GatedDeltaNet", "init_args": {"n_heads": 2, "n_k_heads": 1, "head_dim": 8}},
               "A": {"class_path": "components.QCAttention",
@@ -2467,6 +2470,8 @@ def test_what_a_qwen3_next_config_says_is_read_as_transformers_reads_it_and_what
                                           "init_args": {"n_heads": 2, "n_k_heads": 1, "allow_neg_eigval": True}}})
     assert Qwen3Next.mismatch(negative).startswith("its Gated DeltaNet is not Qwen3-Next's")
     assert Qwen3Next.mismatch(HybridLM(32, 16, "GM×2", mixers)).startswith("it has no attention block")
+    gelu = HybridLM(32, 16, "GM AM", {**mixers, "M": {"class_path": "components.MLP", "init_args": {"act": "gelu"}}})
+    assert Qwen3Next.mismatch(gelu).startswith("its MLPs use gelu beside Gated DeltaNet; Qwen3-Next's one hidden_act")
     llama_gated = HybridLM(32, 16, "AM×2", {"A": {"class_path": "components.QCAttention",
                                                   "init_args": {"n_heads": 2, "output_gate": True}}})
     with pytest.raises(ValueError, match=r"its attention gates its output \(output_gate\), which LlamaForCausalLM's "
