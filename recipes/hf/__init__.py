@@ -14,7 +14,8 @@ Supported both ways: ``LlamaForCausalLM`` (pattern ``AM×L``; ``MistralForCausal
 ``DogeForCausalLM`` (``IM×L`` dense, ``IE×L`` with CDMoE), ``GraniteMoeHybridForCausalLM`` (the hybrid: SSD and
 attention blocks, with MLPs or with ``SharedExpertMoE``, ``SM SM AM``…) and ``BambaForCausalLM`` (SSD and attention
 blocks with MLPs, the attention's RoPE on part of each head), ``Qwen3NextForCausalLM`` (Gated DeltaNet and gated
-attention blocks, ``GR GR GR AR``…) and more (``SUPPORTED``); anything else is refused by name, saying which part
+attention blocks, ``GR GR GR AR``…), ``Qwen3_5ForCausalLM`` (those with MLPs) and more (``SUPPORTED``); anything
+else is refused by name, saying which part
 Hugging Face cannot express. docs/architectures.md lists the mapping of every weight.
 """
 
@@ -188,17 +189,22 @@ def write_checkpoint(folder: str | Path, out: str | Path, *, overwrite: bool = F
 
 # ---- export: a zoo model as a transformers folder -------------------------------------------------
 
-def hf_architecture(model: HybridLM):
-    """The adapter of the Hugging Face class ``model`` is, or a ``ValueError`` that says why it is none."""
+def hf_architecture(model: HybridLM, as_class: str | None = None):
+    """The adapter of the Hugging Face class ``model`` is — the first of :data:`EXPORTABLE` that fits, or ``as_class``
+    — or a ``ValueError`` that says why it is none."""
+    if as_class is not None and as_class not in EXPORTABLE:
+        raise ValueError(f"--as {as_class}: not a class the export writes ({', '.join(EXPORTABLE)})")
     reasons = {}
     gated = any(getattr(m, "gate_proj", None) is not None for m in model.modules() if isinstance(m, QCAttention))
-    for name, adapter in EXPORTABLE.items():
+    for name, adapter in EXPORTABLE.items() if as_class is None else [(as_class, EXPORTABLE[as_class])]:
         reason = adapter.mismatch(model)
         if reason is None and gated and not getattr(adapter, "gated_attention", False):
             reason = f"its attention gates its output (output_gate), which {name}'s does not"
         if reason is None:
             return adapter
         reasons[name] = reason
+    if as_class is not None:
+        raise ValueError(f"--as {as_class}: this model (pattern {model.pattern!r}) is not one: {reasons[as_class]}")
     closest = min(reasons, key=lambda name: 0 if "pattern" not in reasons[name] else 1)
     raise ValueError(f"this model (pattern {model.pattern!r}) has no Hugging Face class: as {closest}, "
                      f"{reasons[closest]}. Exportable: {', '.join(EXPORTABLE)}")
@@ -251,14 +257,16 @@ new weights would make ``from_pretrained`` load the old shards)."""
 
 
 def export(source, out: str | Path, *, data=None, allow_classes=(), max_shard_size: str | int = "2GB",
-           overwrite: bool = False) -> Path:
+           overwrite: bool = False, as_class: str | None = None) -> Path:
     """Write ``out``, a folder ``transformers.AutoModelForCausalLM.from_pretrained`` loads: ``config.json``,
     ``model.safetensors`` (sharded past ``max_shard_size``), ``generation_config.json``, and the tokenizer of
     ``data`` (the recipe's data module; bytes become a byte-level tokenizer ``AutoTokenizer`` loads).
 
     ``source``: a ``HybridLM``, a ``LanguageModel``, or a checkpoint path (read as data only; ``allow_classes``
     as for ``load_from_checkpoint``). A folder that holds files is refused unless ``overwrite``, which first removes
-    the files an export writes (:data:`WRITTEN_BY_EXPORT`)."""
+    the files an export writes (:data:`WRITTEN_BY_EXPORT`). ``as_class``: the Hugging Face class to write where the
+    model is more than one (a dense Gated DeltaNet hybrid is Qwen3.5's and Qwen3-Next's); the first that fits
+    otherwise."""
     from recipes.hf.tokenizer import write_tokenizer
 
     out = Path(out)
@@ -276,7 +284,7 @@ def export(source, out: str | Path, *, data=None, allow_classes=(), max_shard_si
     model = getattr(source, "model", source)
     if not isinstance(model, HybridLM):
         raise TypeError(f"export: {type(source).__name__} is not a HybridLM, a LanguageModel or a checkpoint path")
-    adapter = hf_architecture(model)
+    adapter = hf_architecture(model, as_class)
     config = adapter.config(model)
     if "z_loss_coefficient" in config:  # (a training setting of the LanguageModel, where there is one)
         config["z_loss_coefficient"] = float(getattr(source, "hparams", {}).get("z_loss", 0.0))

@@ -2146,10 +2146,16 @@ class Qwen3Next:
                                  "linear_num_value_heads"}
     ends = Llama.ends
     gated_attention = True  # (the export's dispatcher lets a model whose attention gates its output through)
+    in_proj = staticmethod(qwen3_next_in_proj)
 
     @staticmethod
-    def recipe(c: dict) -> dict:
-        c = {**QWEN3_NEXT_DEFAULTS, **c}
+    def settings(c: dict) -> dict:
+        """The config with the class's defaults where it is silent."""
+        return {**QWEN3_NEXT_DEFAULTS, **c}
+
+    @classmethod
+    def recipe(cls, c: dict) -> dict:
+        c = cls.settings(c)
         attending, moe = qwen3_next_attending(c), qwen3_moe_layers(c)
         base = decoder_recipe(c, qk_norm=True, norm_eps=c["rms_norm_eps"], output_gate=True,
                               rope_fraction=partial_rotary_factor(c, QWEN3_NEXT_ROPE_FRACTION))
@@ -2180,9 +2186,9 @@ class Qwen3Next:
         pattern = f"{tokens[0]}×{len(tokens)}" if len(set(tokens)) == 1 else " ".join(tokens)
         return {**base, "pattern": pattern, "mixers": mixers}
 
-    @staticmethod
-    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
-        c = {**QWEN3_NEXT_DEFAULTS, **c}
+    @classmethod
+    def layer_pairs(cls, c: dict, i: int) -> list[tuple[str, list[str]]]:
+        c = cls.settings(c)
         hf, ours = f"model.layers.{i}", f"blocks.{i}"
         mixer, state = f"{ours}.sequence_mixer", f"{ours}.state_mixer"
         pairs = [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
@@ -2200,21 +2206,21 @@ class Qwen3Next:
                 (f"{state}.shared_expert.gate.weight", [f"{hf}.mlp.shared_expert_gate.weight"]),
                 *swiglu_pairs(f"{state}.shared_expert.inner", f"{hf}.mlp.shared_expert")]
 
-    @staticmethod
-    def reshaped(c: dict, i: int) -> list[tuple]:
-        c = {**QWEN3_NEXT_DEFAULTS, **c}
+    @classmethod
+    def reshaped(cls, c: dict, i: int) -> list[tuple]:
+        c = cls.settings(c)
         out = [] if qwen3_next_attending(c)[i] else [
-            qwen3_next_in_proj(f"blocks.{i}.sequence_mixer.in_proj.weight", f"model.layers.{i}.linear_attn", c)]
+            cls.in_proj(f"blocks.{i}.sequence_mixer.in_proj.weight", f"model.layers.{i}.linear_attn", c)]
         if qwen3_moe_layers(c)[i]:
             out += expert_stacks(f"blocks.{i}.state_mixer.experts", f"model.layers.{i}.mlp.experts",
                                  qwen3_moe_experts(c), "gate_proj", "up_proj", "down_proj")
         return out
 
-    @staticmethod
-    def fold(c: dict, zoo: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    @classmethod
+    def fold(cls, c: dict, zoo: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``zoo`` (the files' tensors renamed) with 1 added to the zero-centred norms' gains (in fp32, where a bf16
         ``1 + w`` would round ``w`` away) and each attention's ``[query | gate]`` rows per head split in two."""
-        c = {**QWEN3_NEXT_DEFAULTS, **c}
+        c = cls.settings(c)
         out = dict(zoo)
         for name in qwen3_next_zero_centred(c):
             out[name] = zoo[name].float() + 1
@@ -2227,8 +2233,8 @@ class Qwen3Next:
                 out[f"{a}.gate_proj.weight"] = rows[:, 1].reshape(heads * head_dim, -1)
         return out
 
-    @staticmethod
-    def unfold(c: dict, zoo: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    @classmethod
+    def unfold(cls, c: dict, zoo: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The inverse of :meth:`fold`, before an export renames the tensors."""
         out = dict(zoo)
         for name in qwen3_next_zero_centred(c):
@@ -2242,8 +2248,8 @@ class Qwen3Next:
                                                         dim=1).reshape(2 * heads * head_dim, -1)
         return out
 
-    @staticmethod
-    def mismatch(model) -> str | None:
+    @classmethod
+    def mismatch(cls, model) -> str | None:
         why = ("a Qwen3NextForCausalLM is GatedDeltaNet or QCAttention with an output gate, then a SwiGLU MLP or a "
                "ComposedMoE with a shared expert, in every block")
         blocks = list(model.blocks)
@@ -2296,14 +2302,14 @@ class Qwen3Next:
                     "Gated DeltaNet's convolution's activation, SiLU in the zoo's")
         return None
 
-    @staticmethod
-    def config(model) -> dict:
+    @classmethod
+    def config(cls, model) -> dict:
         blocks = list(model.blocks)
         a = next(b.sequence_mixer for b in blocks if isinstance(b.sequence_mixer, QCAttention))
         g = next((b.sequence_mixer for b in blocks if isinstance(b.sequence_mixer, GatedDeltaNet)), None)
         mlp = next((b.state_mixer for b in blocks if not isinstance(b.state_mixer, MoE)), None)
         moe = next((b.state_mixer for b in blocks if isinstance(b.state_mixer, MoE)), None)
-        config = common_config(model, Qwen3Next.name, Qwen3Next.model_type)
+        config = common_config(model, cls.name, cls.model_type)
         rope = {"rope_type": "dynamic", "factor": model.rotary.scaling_factor} if config.pop("rope_scaling", None) else \
             {"rope_type": "default"}
         config.update(
@@ -2324,11 +2330,60 @@ class Qwen3Next:
                           linear_conv_kernel_dim=g.conv.kernel_size[0])
         return config
 
+
+QWEN3_5_DEFAULTS = {"vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32,
+                    "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
+                    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "max_position_embeddings": 32768}
+"""Qwen3.5's text fields where its config has none: ``Qwen3_5TextConfig``'s defaults."""
+
+QWEN3_NEXT_MOE_FIELDS = ("decoder_sparse_step", "mlp_only_layers", "num_experts", "num_experts_per_tok",
+                         "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob")
+
+
+def qwen3_5_in_proj(ours: str, theirs: str, c: dict) -> tuple:
+    """Qwen3.5's Gated DeltaNet input maps, ``in_proj_qkv`` (``[q | k | v]``, each head after head), ``in_proj_z``,
+    ``in_proj_b`` and ``in_proj_a``: the zoo's one ``in_proj`` ``[q | k | v | z | β | a]`` is the four stacked."""
+    Hk, H = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    K, V = c["linear_key_head_dim"], c["linear_value_head_dim"]
+    sizes = [2 * Hk * K + H * V, H * V, H, H]
+    names = [f"{theirs}.in_proj_{part}.weight" for part in ("qkv", "z", "b", "a")]
+    return ours, names, lambda *parts: torch.cat(parts), lambda w: list(w.split(sizes))
+
+
+class Qwen3_5(Qwen3Next):
+    """Qwen3.5's language model (``Qwen3_5ForCausalLM``, ``qwen3_5_text``): Qwen3-Next's layers (Gated DeltaNet, gated
+    attention, zero-centred norms; :class:`Qwen3Next`) with a SwiGLU MLP in every layer, and Gated DeltaNet's input maps
+    stored as four matrices (:func:`qwen3_5_in_proj`). Its RoPE is multimodal (``mrope_section``), which on text, every
+    section at the same position, is plain RoPE. Both ways."""
+
+    name, model_type = "Qwen3_5ForCausalLM", "qwen3_5_text"
+    honoured = Qwen3Next.honoured - set(QWEN3_NEXT_MOE_FIELDS)
+    in_proj = staticmethod(qwen3_5_in_proj)
+
+    @staticmethod
+    def settings(c: dict) -> dict:
+        return {**QWEN3_5_DEFAULTS, **c, "num_experts": 0}  # (no MoE: an MLP in every layer)
+
+    @classmethod
+    def mismatch(cls, model) -> str | None:
+        if any(isinstance(getattr(b, "state_mixer", None), MoE) for b in model.blocks):
+            return "it has MoE blocks; Qwen3.5's language model has a SwiGLU MLP in every layer"
+        return super().mismatch(model)
+
+    @classmethod
+    def config(cls, model) -> dict:
+        config = super().config(model)
+        for field in QWEN3_NEXT_MOE_FIELDS:
+            config.pop(field)
+        return config
+
 ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2Moe, Qwen3Moe, Dots1, Glm4Moe,
                                                   Mamba2, Doge, GraniteHybrid, Bamba, NemotronH, Lfm2, FalconH1,
-                                                  Qwen3Next)}
+                                                  Qwen3_5, Qwen3Next)}
 EXPORTABLE = {name: adapter for name, adapter in ADAPTERS.items() if hasattr(adapter, "config")}
-"""The classes a zoo model is written as, in the order tried (a Mistral without a window is written as Llama)."""
+"""The classes a zoo model is written as, in the order tried (a Mistral without a window is written as Llama, a
+Qwen3-Next without experts as Qwen3.5; ``export(..., as_class=...)`` picks another that fits)."""
 
 
 def layer_count(config: dict) -> int:

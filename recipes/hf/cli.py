@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> None:
                       help="the recipe the checkpoint was trained with, for its tokenizer (default: the run's "
                       "config.yaml); repeat it as for fit")
     save.add_argument("--max_shard_size", default="2GB", help="shard the weights past this size (default 2GB)")
+    save.add_argument("--as", dest="as_class", default=None, metavar="CLASS",
+                      help="the Hugging Face class to write, where the model is more than one (default: the first that "
+                           "fits; Qwen3_5ForCausalLM before Qwen3NextForCausalLM, Llama before Mistral)")
     save.add_argument("--force", action="store_true", help="write into a folder that holds files (the model's are replaced)")
     save.add_argument("--allow_classes", nargs="*", action="extend", default=[],
                       help="packages whose classes the checkpoint may name")
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         data = export_data(checkpoint, recipe, args.config, args.allow_classes)
         # the recipe's own bindings are trusted, as generate and eval trust them
         export(checkpoint, args.out, data=data, allow_classes=trusted_classes(recipe, args.allow_classes),
-               max_shard_size=args.max_shard_size, overwrite=args.force)
+               max_shard_size=args.max_shard_size, overwrite=args.force, as_class=args.as_class)
     except (FileNotFoundError, FileExistsError, ValueError, TypeError) as error:
         sys.exit(f"error: {error}")
 

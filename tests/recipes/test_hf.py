@@ -362,7 +362,12 @@ def test_an_imported_model_fine_tunes_with_its_own_end_of_sequence_token_and_emb
     assert int(tokens.max()) == 257 and (tokens == 257).sum() == (tokens == 256).sum() == run.datamodule.meta["documents"]["train"]
     assert tokens[0] == 256 and tokens[-1] == 257
     # exported again, the folder says so as it did
-    main(["export", "--config", "llama.yaml", "--ckpt_path", "llama.ckpt", "--out", "again"])
+    with pytest.raises(SystemExit, match=r"error: --as Qwen3ForCausalLM: this model \(pattern '.*'\) is not one: its "
+                                         "attention has no RoPE or no QK-norm"):
+        main(["export", "--config", "llama.yaml", "--ckpt_path", "llama.ckpt", "--out", "as-qwen3", "--as",
+              "Qwen3ForCausalLM"])
+    main(["export", "--config", "llama.yaml", "--ckpt_path", "llama.ckpt", "--out", "again", "--as", "MistralForCausalLM"])
+    assert json.loads((tmp_path / "out" / "again" / "config.json").read_text())["architectures"] == ["MistralForCausalLM"]
     config = json.loads((tmp_path / "out" / "again" / "config.json").read_text())
     assert (config["bos_token_id"], config["eos_token_id"]) == (256, 257)
     written = json.loads((tmp_path / "out" / "again" / "tokenizer_config.json").read_text())
@@ -1258,12 +1263,12 @@ def decodes_as_transformers(ours, theirs, ids: torch.Tensor, mask: torch.Tensor)
     assert ours.generate(prompts, 8, padding_mask=mask[:, :9] == 0).tolist() == greedy.tolist()
 
 
-def exports_to_transformers(ours, folder) -> str:
-    """``ours`` exported to ``folder`` loads in transformers with equal logits and imports again bit for bit; the
-    class it was written as."""
+def exports_to_transformers(ours, folder, as_class: str | None = None) -> str:
+    """``ours`` exported to ``folder`` (as ``as_class``, where given) loads in transformers with equal logits and
+    imports again bit for bit; the class it was written as."""
     from recipes.hf import export, read_config
 
-    export(ours, folder)
+    export(ours, folder, as_class=as_class)
     again = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     again.config._attn_implementation = "eager"
     ids = torch.randint(0, ours.vocab_size, (2, T))
@@ -2421,7 +2426,8 @@ def test_a_qwen3_next_imports_equal_to_transformers_and_exports_back(tmp_path, s
     attention, rule = ours.blocks[1].sequence_mixer, ours.blocks[0].sequence_mixer
     assert (attention.gate_proj is not None, attention.positions.rope_fraction, attention.head_dim) == (True, 0.25, 8)
     assert (rule.n_heads, rule.n_k_heads, rule.head_dim, rule.v_head_dim) == (4, 2, 8, 6)
-    assert exports_to_transformers(ours, tmp_path / "exported") == "Qwen3NextForCausalLM"
+    # (without experts it is Qwen3.5's language model too, which the export takes first: asked for, Qwen3-Next's)
+    assert exports_to_transformers(ours, tmp_path / "exported", as_class="Qwen3NextForCausalLM") == "Qwen3NextForCausalLM"
     again = read_config_of(tmp_path / "exported")
     assert again["layer_types"] == ["linear_attention", "full_attention"] * 2
     assert again["mlp_only_layers"] == ([2] if moe else [0, 1, 2, 3])
@@ -2477,3 +2483,45 @@ def test_what_a_qwen3_next_config_says_is_read_as_transformers_reads_it_and_what
     with pytest.raises(ValueError, match=r"its attention gates its output \(output_gate\), which LlamaForCausalLM's "
                                          "does not"):
         export(llama_gated, "unused-folder")
+
+
+def test_a_qwen3_5_language_model_imports_equal_to_transformers_and_exports_back(tmp_path):
+    """Qwen3.5's language model (Qwen3-Next's layers with an MLP in each, Gated DeltaNet's input maps as four matrices,
+    its multimodal RoPE's sections given): logits, a left-padded batch, every gradient, decoding one token at a time
+    and greedy ids equal transformers'; the export loads in transformers with equal logits and imports again bit for
+    bit; a MoE model is not one."""
+    from components import HybridLM
+    from recipes.hf.architectures import Qwen3_5
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+        linear_value_head_dim=6, rms_norm_eps=1e-5, layer_types=["linear_attention", "full_attention"] * 2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25,
+                         "mrope_section": [1, 0, 0], "mrope_interleaved": True})
+    theirs = saved_random(transformers.Qwen3_5ForCausalLM, config, tmp_path / "qwen3_5")
+    ours = imports_equal_to_transformers(theirs, tmp_path / "qwen3_5", as_files=qwen3_next_files)
+    assert ours.pattern == "GM AM GM AM"
+    assert exports_to_transformers(ours, tmp_path / "exported") == "Qwen3_5ForCausalLM"
+    assert not {"num_experts", "mlp_only_layers"} & set(read_config_of(tmp_path / "exported"))
+    moe = HybridLM(32, 16, "GR AR", {
+        "G": {"class_path": "components.GatedDeltaNet", "init_args": {"n_heads": 2, "n_k_heads": 1, "head_dim": 8}},
+        "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "qk_norm": True, "output_gate": True}},
+        "R": {"class_path": "components.ComposedMoE", "init_args": {
+            "router": {"class_path": "components.TopKRouter", "init_args": {"n_experts": 2, "top_k": 1}},
+            "experts": {"class_path": "components.state.MLPExperts", "init_args": {"n_experts": 2, "d_ff": 8}},
+            "shared_expert": {"class_path": "components.state.SigmoidGated",
+                              "init_args": {"inner": {"class_path": "components.MLP", "init_args": {"d_ff": 8}}}}}}})
+    assert Qwen3_5.mismatch(moe).startswith("it has MoE blocks; Qwen3.5's language model")
+    from recipes.hf import export
+
+    export(ours, tmp_path / "as-next", as_class="Qwen3NextForCausalLM")  # (a dense one is either; the default: 3.5)
+    assert read_config_of(tmp_path / "as-next")["architectures"] == ["Qwen3NextForCausalLM"]
+    with pytest.raises(ValueError, match=r"--as Qwen3_5ForCausalLM: this model \(pattern 'GR AR'\) is not one: it has MoE "
+                                         "blocks"):
+        export(moe, tmp_path / "moe", as_class="Qwen3_5ForCausalLM")
+    with pytest.raises(ValueError, match=r"--as Qwen9ForCausalLM: not a class the export writes \(LlamaForCausalLM, "):
+        export(moe, tmp_path / "moe", as_class="Qwen9ForCausalLM")
+    export(moe, tmp_path / "moe")  # (with experts: Qwen3-Next's, the first that fits)
+    assert read_config_of(tmp_path / "moe")["architectures"] == ["Qwen3NextForCausalLM"]
