@@ -2378,9 +2378,64 @@ class Qwen3_5(Qwen3Next):
             config.pop(field)
         return config
 
+
+def language_model_name(name: str) -> str:
+    """A text-only class's weight name as a multimodal checkpoint holds it: under ``model.language_model.``."""
+    return f"model.language_model.{name.removeprefix('model.')}" if name.startswith("model.") else name
+
+
+class Qwen3_5Multimodal:
+    """Qwen3.5 as the hub holds it (``Qwen3_5ForConditionalGeneration``): its language model is imported — the
+    ``text_config`` read as :class:`Qwen3_5` reads a config (its fields audited there), the weights under
+    ``model.language_model.`` — and its vision tower (``model.visual.``) is left out: the zoo model reads text. Import
+    only; the export writes the language model as ``Qwen3_5ForCausalLM``."""
+
+    name, model_type = "Qwen3_5ForConditionalGeneration", "qwen3_5"
+    honoured = {"text_config", "vision_config", "image_token_id", "video_token_id", "vision_start_token_id",
+                "vision_end_token_id", "tie_word_embeddings"}
+    ends = [(ours, [language_model_name(theirs)]) for ours, (theirs,) in Llama.ends]
+
+    @staticmethod
+    def text(c: dict) -> dict:
+        """The language model's config: ``text_config``, with the checkpoint's ``tie_word_embeddings``."""
+        text = c.get("text_config")
+        if not isinstance(text, dict):
+            raise ValueError(f"text_config={text!r}: a Qwen3_5ForConditionalGeneration config holds its language model's "
+                             "settings there")
+        return {**text, "tie_word_embeddings": c.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        text = Qwen3_5Multimodal.text(c)
+        audit(text, Qwen3_5.honoured | {"model_type"}, "config.json's text_config")
+        return Qwen3_5.recipe(text)
+
+    @staticmethod
+    def layer_count(c: dict) -> int:
+        return Qwen3_5.settings(Qwen3_5Multimodal.text(c))["num_hidden_layers"]
+
+    @staticmethod
+    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
+        return [(ours, [language_model_name(name) for name in theirs])
+                for ours, theirs in Qwen3_5.layer_pairs(Qwen3_5Multimodal.text(c), i)]
+
+    @staticmethod
+    def reshaped(c: dict, i: int) -> list[tuple]:
+        return [(ours, [language_model_name(name) for name in theirs] if isinstance(theirs, list)
+                 else language_model_name(theirs), forward, backward)
+                for ours, theirs, forward, backward in Qwen3_5.reshaped(Qwen3_5Multimodal.text(c), i)]
+
+    @staticmethod
+    def fold(c: dict, zoo: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return Qwen3_5.fold(Qwen3_5Multimodal.text(c), zoo)
+
+    @staticmethod
+    def unused(c: dict, name: str) -> bool:
+        return name.startswith("model.visual.")  # (the vision tower: the zoo model reads text)
+
 ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2Moe, Qwen3Moe, Dots1, Glm4Moe,
                                                   Mamba2, Doge, GraniteHybrid, Bamba, NemotronH, Lfm2, FalconH1,
-                                                  Qwen3_5, Qwen3Next)}
+                                                  Qwen3_5, Qwen3Next, Qwen3_5Multimodal)}
 EXPORTABLE = {name: adapter for name, adapter in ADAPTERS.items() if hasattr(adapter, "config")}
 """The classes a zoo model is written as, in the order tried (a Mistral without a window is written as Llama, a
 Qwen3-Next without experts as Qwen3.5; ``export(..., as_class=...)`` picks another that fits)."""

@@ -2408,7 +2408,8 @@ def qwen3_next_files(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     norm's less 1: the import adds 1 to those gains, a constant that leaves their gradients as they are."""
     files = moe_files(tensors, "mlp", "gate_proj", "up_proj", "down_proj")
     zero_centred = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight")
-    return {name: t - 1 if name.endswith(zero_centred) or name == "model.norm.weight" else t for name, t in files.items()}
+    final = ("model.norm.weight", "model.language_model.norm.weight")
+    return {name: t - 1 if name.endswith(zero_centred) or name in final else t for name, t in files.items()}
 
 
 @pytest.mark.parametrize("settings", [{}, {"num_experts": 0, "norm_topk_prob": False}, {"mlp_only_layers": [0, 1, 2, 3]}],
@@ -2525,3 +2526,28 @@ def test_a_qwen3_5_language_model_imports_equal_to_transformers_and_exports_back
         export(moe, tmp_path / "moe", as_class="Qwen9ForCausalLM")
     export(moe, tmp_path / "moe")  # (with experts: Qwen3-Next's, the first that fits)
     assert read_config_of(tmp_path / "moe")["architectures"] == ["Qwen3NextForCausalLM"]
+
+
+def test_qwen3_5_as_the_hub_holds_it_imports_its_language_model_equal_to_transformers(tmp_path):
+    """A ``Qwen3_5ForConditionalGeneration`` folder (a vision tower beside the language model, the text settings in
+    ``text_config``, the weights under ``model.language_model.``): its language model imports equal to transformers'
+    model on text — logits, a left-padded batch, every gradient, decoding one token at a time, greedy ids — the vision
+    tower left out; its text fields are audited; the export writes the language model alone."""
+    text = dict(vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2,
+                linear_key_head_dim=8, linear_value_head_dim=6, rms_norm_eps=1e-5,
+                layer_types=["linear_attention", "full_attention"])
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32, patch_size=2,
+                  temporal_patch_size=2, spatial_merge_size=1)
+    torch.manual_seed(0)
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
+    theirs = saved_random(transformers.Qwen3_5ForConditionalGeneration, config, tmp_path / "qwen3_5_vl")
+    theirs.config.vocab_size = 64  # (the helpers draw ids below it; this config keeps it in text_config)
+    ours = imports_equal_to_transformers(theirs, tmp_path / "qwen3_5_vl", as_files=qwen3_next_files)
+    assert ours.pattern == "GM AM" and not any("visual" in name for name in ours.state_dict())
+    c = read_config_of(tmp_path / "qwen3_5_vl")
+    with pytest.raises(ValueError, match=r"config.json's text_config: fields the zoo would not honour: num_experts=4"):
+        hf_recipe({**c, "text_config": {**c["text_config"], "num_experts": 4}})
+    with pytest.raises(ValueError, match="text_config=None: a Qwen3_5ForConditionalGeneration config holds"):
+        hf_recipe({**c, "text_config": None})
+    assert exports_to_transformers(ours, tmp_path / "exported") == "Qwen3_5ForCausalLM"
