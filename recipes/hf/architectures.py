@@ -2127,6 +2127,11 @@ def qwen3_next_in_proj(ours: str, theirs: str, c: dict) -> tuple:
     return ours, [f"{theirs}.in_proj_qkvz.weight", f"{theirs}.in_proj_ba.weight"], to_zoo, to_hf
 
 
+QWEN3_NEXT_MTP_FIELDS = ("mtp_num_hidden_layers", "mtp_use_dedicated_embeddings")
+"""The multi-token-prediction layers' settings in the hub's Qwen3-Next and Qwen3.5 configs: transformers never runs those
+layers (it drops their ``mtp.*`` weights on loading), nor does the import."""
+
+
 class Qwen3Next:
     """Qwen3-Next (``Qwen3NextForCausalLM``): Gated DeltaNet (``G``: ``GatedDeltaNet``, key heads shared by value heads,
     ``linear_*`` shapes) in most layers and gated attention (``A``: ``QCAttention(output_gate=True)`` with a QK-norm and
@@ -2143,7 +2148,7 @@ class Qwen3Next:
                                  "mlp_only_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                                  "shared_expert_intermediate_size", "norm_topk_prob", "linear_conv_kernel_dim",
                                  "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
-                                 "linear_num_value_heads"}
+                                 "linear_num_value_heads"} | set(QWEN3_NEXT_MTP_FIELDS)
     ends = Llama.ends
     gated_attention = True  # (the export's dispatcher lets a model whose attention gates its output through)
     in_proj = staticmethod(qwen3_next_in_proj)
@@ -2215,6 +2220,10 @@ class Qwen3Next:
             out += expert_stacks(f"blocks.{i}.state_mixer.experts", f"model.layers.{i}.mlp.experts",
                                  qwen3_moe_experts(c), "gate_proj", "up_proj", "down_proj")
         return out
+
+    @staticmethod
+    def unused(c: dict, name: str) -> bool:
+        return name.startswith("mtp.")  # (the multi-token-prediction layers, which transformers drops on loading)
 
     @classmethod
     def fold(cls, c: dict, zoo: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -2431,7 +2440,7 @@ class Qwen3_5Multimodal:
 
     @staticmethod
     def unused(c: dict, name: str) -> bool:
-        return name.startswith("model.visual.")  # (the vision tower: the zoo model reads text)
+        return name.startswith(("model.visual.", "mtp."))  # (the vision tower: the zoo reads text; the MTP layers)
 
 ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2Moe, Qwen3Moe, Dots1, Glm4Moe,
                                                   Mamba2, Doge, GraniteHybrid, Bamba, NemotronH, Lfm2, FalconH1,

@@ -2551,3 +2551,20 @@ def test_qwen3_5_as_the_hub_holds_it_imports_its_language_model_equal_to_transfo
     with pytest.raises(ValueError, match="text_config=None: a Qwen3_5ForConditionalGeneration config holds"):
         hf_recipe({**c, "text_config": None})
     assert exports_to_transformers(ours, tmp_path / "exported") == "Qwen3_5ForCausalLM"
+
+
+def test_a_qwen3_next_from_the_hub_keeps_its_multi_token_prediction_layers_out(tmp_path):
+    """The hub's Qwen3-Next and Qwen3.5 files hold multi-token-prediction layers (``mtp.*``, ``mtp_num_hidden_layers``),
+    which transformers drops on loading and never runs: the import leaves them out as well, and imports the same model."""
+    from safetensors.torch import load_file, save_file
+
+    _, folder = qwen3_next(tmp_path, num_experts=0)
+    plain = from_pretrained(folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    save_file({**weights, "mtp.fc.weight": torch.randn(32, 64), "mtp.layers.0.input_layernorm.weight": torch.randn(32)},
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = read_config_of(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1,
+                                                    "mtp_use_dedicated_embeddings": False}))
+    for (name, a), b in zip(plain.state_dict().items(), from_pretrained(folder).state_dict().values()):
+        assert torch.equal(a, b), name
