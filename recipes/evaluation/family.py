@@ -161,6 +161,8 @@ def table(results: dict, baseline: str | None) -> str:
 def plot(results: dict, path: Path, title: str) -> None:
     if is_harness(next(iter(results.values()))):
         return plot_tasks(results, path, title)
+    if next(iter(results.values()))["suite"] == "sink":
+        return plot_sink(results, path, title)
     by_line: dict[tuple[str, str], dict[int, list[float]]] = {}
     for (recipe, _), result in results.items():
         for (mode, length), value in points(result).items():
@@ -178,6 +180,29 @@ def plot(results: dict, path: Path, title: str) -> None:
         axes.set(xlabel="evaluation length (tokens)", ylabel=metric, title=title)
         axes.grid(alpha=0.3)
         axes.legend(fontsize=6, ncol=2)
+
+
+def plot_sink(results: dict, path: Path, title: str) -> None:
+    """The sink suite over seeds: per recipe and length a line over the layers (mean ± std of the first token's share),
+    the even spread dashed."""
+    by_line: dict[tuple[str, int], dict[str, list[float]]] = {}
+    uniform = {}
+    for (recipe, _), result in results.items():
+        uniform.update(result.get("uniform", {}))
+        for (layer, length), value in points(result).items():
+            by_line.setdefault((recipe, length), {}).setdefault(layer, []).append(value)
+    with png_figure(path, figsize=(7.5, 4.5)) as (_, axes):
+        for (recipe, length), values in sorted(by_line.items()):
+            layers = list(values)  # (in the order the suite gives them: by layer, the mean last)
+            axes.errorbar(range(len(layers)), [statistics.fmean(values[n]) for n in layers],
+                          yerr=[statistics.stdev(values[n]) if len(values[n]) > 1 else 0.0 for n in layers],
+                          marker="o", markersize=3, capsize=2, label=f"{recipe} (length {length})")
+            axes.set_xticks(range(len(layers)), layers, fontsize=6, rotation=30)
+        for length, share in uniform.items():
+            axes.axhline(share, color="grey", linewidth=0.8, linestyle="--")
+        axes.set(xlabel="attention layer", ylabel="weight on the first token", title=f"{title} (grey: an even spread)")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=6)
 
 
 def plot_tasks(results: dict, path: Path, title: str) -> None:

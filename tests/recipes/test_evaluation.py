@@ -1013,12 +1013,13 @@ def trained_quickstart(tmp_path_factory):
     return folder
 
 
-def test_a_familys_suite_results_tabulate_per_mode_and_length_against_the_baseline(tmp_path):
+def test_a_familys_suite_results_tabulate_per_mode_and_length_against_the_baseline(tmp_path, monkeypatch):
     """The suites' results as a family's table (no model: the results are given): the length suite's loss per mode
     and length, passkey's accuracy averaged over depths, MQAR's per length; a recipe compared with the baseline
     where both have the cell, none where either lacks it, and a report without a finished run says so."""
     from scipy import stats as scipy_stats
 
+    import recipes.evaluation.family as family_module
     from recipes.evaluation.family import plot, points, report, table
     from recipes.sweep.records import Run
 
@@ -1050,6 +1051,11 @@ def test_a_familys_suite_results_tabulate_per_mode_and_length_against_the_baseli
     sink = {"suite": "sink", "rows": [{"layer": "layer 1", "length": 64, "share": 0.4},
                                       {"layer": "mean over layers", "length": 64, "share": 0.4}]}
     assert points(sink) == {("layer 1", 64): 0.4, ("mean over layers", 64): 0.4}
+    drawn = kept_axes(monkeypatch, family_module)
+    plot({("a", 0): {**sink, "uniform": {"64": 0.07}}, ("a", 1): {**sink, "uniform": {"64": 0.07}}},
+         tmp_path / "sink.png", "sink")
+    assert [t.get_text() for t in drawn[-1].get_xticklabels()] == ["layer 1", "mean over layers"]
+    assert drawn[-1].get_ylabel() == "weight on the first token" and (tmp_path / "sink.png").stat().st_size > 0
     assert table({("a", 0): sink}, None).splitlines()[:3] == [
         "| recipe | layer | length | runs | first token's share, mean ± std |", "|---|---|---|---|---|",
         "| a | layer 1 | 64 | 1 | 0.4000 ± 0.0000 |"]
