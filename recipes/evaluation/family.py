@@ -232,5 +232,5 @@ def report(runs, logs: Path, family: str, suite: str, baseline: str | None, extr
     name = result_name(suite, extra)
     what = f"tasks {tasks_named(extra)}" if suite == "tasks" else f"{suite} suite"
     (Path(logs) / f"{name}.md").write_text(f"# {family}: {what}\n\n{text}\n")
-    plot(results, Path(logs) / f"{name}.png", f"{family}: {what} (mean ± std over seeds{'' if suite == 'tasks' else '; dashed: NTK'})")
+    plot(results, Path(logs) / f"{name}.png", f"{family}: {what} (mean ± std over seeds{'; dashed: NTK' if suite == 'length' else ''})")
     return text
