@@ -156,8 +156,7 @@ class QCAttention(nn.Module):
             raise ValueError("QCAttention.attention_weights: a context with a cache (decoding) is not supported; give "
                              "the whole sequence")
         q, k, _ = self._queries_keys_values(context.zero_padding(x), context)
-        window = self.sliding_window if self.sliding_window is not None and self.sliding_window < x.shape[1] else None
-        return attention_weights(q, k, key_padding_mask=context.padding_mask, keep_window=window,
+        return attention_weights(q, k, key_padding_mask=context.padding_mask, keep_window=self.sliding_window,
                                  document_ids=context.document_ids)
 
     def fused_row_blocks(self) -> dict[str, tuple[int, ...]]:

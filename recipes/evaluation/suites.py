@@ -190,8 +190,9 @@ def sink_suite(model, tokens: torch.Tensor, trained: int, multiples=SINK_MULTIPL
     """The attention sink: per attention layer (each ``QCAttention``, a block's by its layer number) and length
     ``m · trained``, the weight its heads' queries give the first token of the window, averaged over heads, over
     queries 1…L−1 (the first has only itself to read) and over ``windows`` evenly spaced windows of ``tokens [n]``;
-    and its mean over the layers; ``busiest_head``, the largest one head gives it (a sink may sit in a few heads). ``uniform`` is what heads that spread their weight evenly over the keys would give
-    it. Qiu et al. report about 0.47 on average over a baseline's layers and 0.05 with gated attention."""
+    and its mean over the layers; ``busiest_head``, the largest one head gives it (a sink may sit in a few heads).
+    ``uniform`` is what heads that spread their weight evenly over the keys would give it. Qiu et al. report about 0.47
+    on average over a baseline's layers and 0.05 with gated attention."""
     from components.sequence import QCAttention
 
     multiples = check_settings("sink", multiples, whole=False, windows=windows)

@@ -156,6 +156,20 @@ def attention_pairs(ours: str, theirs: str, out: str = "o_proj") -> list[tuple[s
             (f"{ours}.out_proj.weight", [f"{theirs}.{out}.weight"])]
 
 
+def compact_pattern(tokens: list[str]) -> str:
+    """A pattern from each layer's token: ``AR×4`` where they are all one, else ``AM AR AR``."""
+    return f"{tokens[0]}×{len(tokens)}" if len(set(tokens)) == 1 else " ".join(tokens)
+
+
+def partial_rope_parameters(config: dict, model, fraction: float) -> dict:
+    """``config`` (a :func:`common_config`) with its ``rope_theta`` and ``rope_scaling`` moved into ``rope_parameters``
+    beside ``partial_rotary_factor``: transformers reads a config with ``rope_theta`` alone as its class's default share."""
+    config = dict(config)
+    scaling, base = config.pop("rope_scaling", None), config.pop("rope_theta")
+    rope = {"rope_type": "dynamic", "factor": model.rotary.scaling_factor} if scaling else {"rope_type": "default"}
+    return {**config, "rope_parameters": {**rope, "rope_theta": base, "partial_rotary_factor": fraction}}
+
+
 def nothing_reshaped(c: dict, i: int) -> list[tuple]:
     """The weights of layer ``i`` that need more than a rename and a concatenation: none."""
     return []
@@ -608,7 +622,7 @@ class Qwen3Moe:
                                d_ff=c.get("moe_intermediate_size", QWEN3_MOE_WIDTH), act=c.get("hidden_act", "silu"),
                                normalize=bool(c.get("norm_topk_prob", False)))
         letters = ["AR" if layer else "AM" for layer in moe]
-        pattern = f"{letters[0]}×{len(letters)}" if len(set(letters)) == 1 else " ".join(letters)
+        pattern = compact_pattern(letters)
         return windowed({**base, "pattern": pattern, "mixers": mixers}, window, [True] * len(moe))
 
     @staticmethod
@@ -665,7 +679,7 @@ def mixed_decoder(base: dict, moe: list[bool], letter: str, moe_spec, window: in
     if any(moe):
         mixers[letter] = moe_spec()
     tokens = [("W" if w else "A") + (letter if m else "M") for w, m in zip(windowed_layers, moe)]
-    pattern = f"{tokens[0]}×{len(tokens)}" if len(set(tokens)) == 1 else " ".join(tokens)
+    pattern = compact_pattern(tokens)
     return {**base, "pattern": pattern, "mixers": mixers}
 
 
@@ -680,6 +694,25 @@ def qwen2_moe_windowed_layers(c: dict) -> tuple[int | None, list[bool]]:
         c = {**c, "layer_types": ["sliding_attention" if window is not None and i % 2 == 0 and i < last
                                   else "full_attention" for i in range(c["num_hidden_layers"])]}
     return window, windowed_layer_types(c, window, 0)
+
+
+def shared_gated_moe(experts: int, top_k: int, normalize: bool, d_ff: int, shared_d_ff: int, act: str) -> dict:
+    """Qwen2-MoE's and Qwen3-Next's MoE: ``ComposedMoE`` of a softmax ``TopKRouter`` (renormalised where
+    ``normalize``), SwiGLU experts of ``d_ff`` and a shared SwiGLU MLP of ``shared_d_ff`` under a per-token sigmoid gate
+    (``SigmoidGated``)."""
+    return spec("components.ComposedMoE",
+                router=spec("components.TopKRouter", n_experts=experts, top_k=top_k, normalize=normalize),
+                experts=spec("components.state.MLPExperts", n_experts=experts, d_ff=d_ff, act=act),
+                shared_expert=spec("components.state.SigmoidGated",
+                                   inner=spec("components.MLP", d_ff=shared_d_ff, act=act)))
+
+
+def shared_gated_moe_pairs(ours: str, theirs: str) -> list[tuple[str, list[str]]]:
+    """That MoE's router, shared MLP and its gate (``{theirs}.gate``, ``shared_expert``, ``shared_expert_gate``); its
+    experts are Qwen3-MoE's, one matrix each (:func:`expert_stacks`)."""
+    return [(f"{ours}.router.centroids.weight", [f"{theirs}.gate.weight"]),
+            (f"{ours}.shared_expert.gate.weight", [f"{theirs}.shared_expert_gate.weight"]),
+            *swiglu_pairs(f"{ours}.shared_expert.inner", f"{theirs}.shared_expert")]
 
 
 class Qwen2Moe:
@@ -701,15 +734,9 @@ class Qwen2Moe:
         window, windowed_layers = qwen2_moe_windowed_layers(c)
         moe = qwen3_moe_layers(c)
         base = decoder_recipe(c, qkv_bias=bool(c.get("qkv_bias", True)))
-        act = c.get("hidden_act", "silu")
-        shared = spec("components.MLP", d_ff=c["shared_expert_intermediate_size"], act=act)
-        return mixed_decoder(base, moe, "R", lambda: spec(
-            "components.ComposedMoE",
-            router=spec("components.TopKRouter", n_experts=c["num_experts"], top_k=c["num_experts_per_tok"],
-                        normalize=bool(c.get("norm_topk_prob", False))),
-            experts=spec("components.state.MLPExperts", n_experts=c["num_experts"], d_ff=c["moe_intermediate_size"],
-                         act=act),
-            shared_expert=spec("components.state.SigmoidGated", inner=shared)), window, windowed_layers)
+        return mixed_decoder(base, moe, "R", lambda: shared_gated_moe(
+            c["num_experts"], c["num_experts_per_tok"], bool(c.get("norm_topk_prob", False)), c["moe_intermediate_size"],
+            c["shared_expert_intermediate_size"], c.get("hidden_act", "silu")), window, windowed_layers)
 
     @staticmethod
     def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
@@ -717,9 +744,7 @@ class Qwen2Moe:
         pairs = decoder_layer_pairs(i, qkv_bias=bool(c.get("qkv_bias", True)))
         if not qwen3_moe_layers({**QWEN2_MOE_DEFAULTS, **c})[i]:
             return [*pairs, *swiglu_pairs(t, hf)]
-        return [*pairs, (f"{t}.router.centroids.weight", [f"{hf}.gate.weight"]),
-                (f"{t}.shared_expert.gate.weight", [f"{hf}.shared_expert_gate.weight"]),
-                *swiglu_pairs(f"{t}.shared_expert.inner", f"{hf}.shared_expert")]
+        return [*pairs, *shared_gated_moe_pairs(t, hf)]
 
     @staticmethod
     def reshaped(c: dict, i: int) -> list[tuple]:
@@ -968,7 +993,7 @@ class Lfm2:
         if not all(attending):
             mixers["C"] = spec("components.ShortConv", kernel_size=c["conv_L_cache"], bias=bool(c.get("conv_bias")))
         tokens = ["AM" if a else "CM" for a in attending]
-        pattern = f"{tokens[0]}×{len(tokens)}" if len(set(tokens)) == 1 else " ".join(tokens)
+        pattern = compact_pattern(tokens)
         return {**common_recipe(c, base, ntk, dynamic), "pattern": pattern, "norm_eps": c["norm_eps"], "mixers": mixers}
 
     @staticmethod
@@ -1584,15 +1609,12 @@ class Bamba:
     @staticmethod
     def config(model) -> dict:
         blocks = list(model.blocks)
-        config = hybrid_config(model, Bamba.name, Bamba.model_type)
         attention = first_attention(model)
-        rope = {"rope_type": "dynamic", "factor": model.rotary.scaling_factor} if config.pop("rope_scaling", None) else \
-            {"rope_type": "default"}
-        mlp = blocks[0].state_mixer
         # (rope_parameters, not rope_theta alone: transformers would read a config without them as turning half)
-        config.update(rope_parameters={**rope, "rope_theta": config.pop("rope_theta"),
-                                       "partial_rotary_factor": attention.positions.rope_fraction},
-                      attn_layer_indices=[i for i, b in enumerate(blocks) if type(b.sequence_mixer).__name__ == "QCAttention"],
+        config = partial_rope_parameters(hybrid_config(model, Bamba.name, Bamba.model_type), model,
+                                         attention.positions.rope_fraction)
+        mlp = blocks[0].state_mixer
+        config.update(attn_layer_indices=[i for i, b in enumerate(blocks) if type(b.sequence_mixer).__name__ == "QCAttention"],
                       intermediate_size=mlp.d_ff, hidden_act=mlp.act_name, mlp_bias=False, z_loss_coefficient=0.0)
         return config
 
@@ -2179,16 +2201,10 @@ class Qwen3Next:
         if not all(moe):
             mixers["M"] = base["mixers"]["M"]
         if any(moe):
-            shared = spec("components.MLP", d_ff=c["shared_expert_intermediate_size"], act=act)
-            mixers["R"] = spec(
-                "components.ComposedMoE",
-                router=spec("components.TopKRouter", n_experts=qwen3_moe_experts(c), top_k=c["num_experts_per_tok"],
-                            normalize=bool(c["norm_topk_prob"])),
-                experts=spec("components.state.MLPExperts", n_experts=qwen3_moe_experts(c),
-                             d_ff=c["moe_intermediate_size"], act=act),
-                shared_expert=spec("components.state.SigmoidGated", inner=shared))
+            mixers["R"] = shared_gated_moe(qwen3_moe_experts(c), c["num_experts_per_tok"], bool(c["norm_topk_prob"]),
+                                           c["moe_intermediate_size"], c["shared_expert_intermediate_size"], act)
         tokens = [("A" if a else "G") + ("R" if m else "M") for a, m in zip(attending, moe)]
-        pattern = f"{tokens[0]}×{len(tokens)}" if len(set(tokens)) == 1 else " ".join(tokens)
+        pattern = compact_pattern(tokens)
         return {**base, "pattern": pattern, "mixers": mixers}
 
     @classmethod
@@ -2207,9 +2223,7 @@ class Qwen3Next:
                        ("norm.weight", "norm.weight"), ("out_proj.weight", "out_proj.weight"))]
         if not qwen3_moe_layers(c)[i]:
             return [*pairs, *swiglu_pairs(state, f"{hf}.mlp")]
-        return [*pairs, (f"{state}.router.centroids.weight", [f"{hf}.mlp.gate.weight"]),
-                (f"{state}.shared_expert.gate.weight", [f"{hf}.mlp.shared_expert_gate.weight"]),
-                *swiglu_pairs(f"{state}.shared_expert.inner", f"{hf}.mlp.shared_expert")]
+        return [*pairs, *shared_gated_moe_pairs(state, f"{hf}.mlp")]
 
     @classmethod
     def reshaped(cls, c: dict, i: int) -> list[tuple]:
@@ -2318,11 +2332,8 @@ class Qwen3Next:
         g = next((b.sequence_mixer for b in blocks if isinstance(b.sequence_mixer, GatedDeltaNet)), None)
         mlp = next((b.state_mixer for b in blocks if not isinstance(b.state_mixer, MoE)), None)
         moe = next((b.state_mixer for b in blocks if isinstance(b.state_mixer, MoE)), None)
-        config = common_config(model, cls.name, cls.model_type)
-        rope = {"rope_type": "dynamic", "factor": model.rotary.scaling_factor} if config.pop("rope_scaling", None) else \
-            {"rope_type": "default"}
+        config = partial_rope_parameters(common_config(model, cls.name, cls.model_type), model, a.positions.rope_fraction)
         config.update(
-            rope_parameters={**rope, "rope_theta": config.pop("rope_theta"), "partial_rotary_factor": a.positions.rope_fraction},
             rms_norm_eps=model.norm.eps, hidden_act=mlp.act_name if mlp else act_name(moe.experts.act),
             num_attention_heads=a.n_heads, num_key_value_heads=a.n_kv_heads, head_dim=a.head_dim, attention_bias=False,
             layer_types=["full_attention" if isinstance(b.sequence_mixer, QCAttention) else "linear_attention"
