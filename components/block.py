@@ -1,5 +1,5 @@
-"""``Block``: a sequence mixer then a state mixer, each behind pre-RMSNorm and a residual; ``WholeBlock``: a
-block a pattern letter binds as it is."""
+"""``Block``: a sequence mixer then a state mixer, each behind an RMSNorm (before it, or after it) and a residual;
+``WholeBlock``: a block a pattern letter binds as it is."""
 
 import inspect
 
@@ -66,8 +66,11 @@ def _check_slot(mixer: nn.Module, slot: str, token: str) -> None:
 class Block(nn.Module):
     """``x += sequence_mixer(norm(x), context)``; ``x += state_mixer(norm(x))``. Either may be None.
 
-    With ``residual_scale=True`` (Doge) each residual is scaled by a learned per-channel vector,
-    ``x ← r ⊙ x + mixer(norm(x))``, ``r`` initialised to 1. A state mixer that leaves padding out of
+    With ``post_norm=True`` each norm comes after its mixer instead, on what the mixer adds to the residual stream:
+    ``x += norm(sequence_mixer(x, context))``; ``x += norm(state_mixer(x))`` — OLMo 2's reordered norm (in OLMo 2,
+    OLMo 3 and OLMo-Hybrid's attention layers), which keeps the residual stream itself un-normalised as pre-norm does,
+    but bounds each update. With ``residual_scale=True`` (Doge) each residual is scaled by a learned per-channel
+    vector, ``x ← r ⊙ x + mixer(norm(x))``, ``r`` initialised to 1. A state mixer that leaves padding out of
     what it computes across tokens (a MoE's load) sets ``reads_padding_mask = True`` and is called
     ``state_mixer(h, padding_mask=…)``.
 
@@ -78,6 +81,7 @@ class Block(nn.Module):
         token: the pattern token this block was built from (for summaries and messages).
         norm_eps: RMSNorm epsilon.
         residual_scale: learned per-channel residual scales (default False).
+        post_norm: each norm after its mixer, on the mixer's output (default False: before it, on its input).
     """
 
     def __init__(
@@ -89,11 +93,12 @@ class Block(nn.Module):
         token: str = "",
         norm_eps: float = 1e-6,
         residual_scale: bool = False,
+        post_norm: bool = False,
     ):
         super().__init__()
         if sequence_mixer is None and state_mixer is None:
             raise ValueError("Block: needs a sequence mixer, a state mixer, or both")
-        check_flags("Block", residual_scale=residual_scale)
+        check_flags("Block", residual_scale=residual_scale, post_norm=post_norm)
         for slot, mixer in (("sequence", sequence_mixer), ("state", state_mixer)):
             if isinstance(mixer, WholeBlock):
                 raise ValueError(f"block {token!r}: {type(mixer).__name__} is a whole block, not a {slot} mixer; "
@@ -101,7 +106,7 @@ class Block(nn.Module):
             if mixer is not None:
                 _check_slot(mixer, slot, token)
                 _check_call(mixer, slot, token)
-        self.token = token
+        self.token, self.post_norm = token, post_norm
         has_norm = sequence_mixer is not None
         self.sequence_norm = RMSNorm(d_model, eps=norm_eps) if has_norm else None
         self.sequence_mixer = sequence_mixer
@@ -114,13 +119,15 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         if self.sequence_mixer is not None:
-            x = self._residual(x, self.sequence_residual) + self._checked(
-                self.sequence_mixer(self.sequence_norm(x), context), x, "sequence")
+            h = x if self.post_norm else self.sequence_norm(x)
+            y = self._checked(self.sequence_mixer(h, context), x, "sequence")
+            x = self._residual(x, self.sequence_residual) + (self.sequence_norm(y) if self.post_norm else y)
         if self.state_mixer is not None:
-            h = self.state_norm(x)
+            h = x if self.post_norm else self.state_norm(x)
             padding = context.padding_mask if context is not None else None
-            y = self.state_mixer(h, padding_mask=padding) if self._state_takes_padding else self.state_mixer(h)
-            x = self._residual(x, self.state_residual) + self._checked(y, x, "state")
+            y = self._checked(self.state_mixer(h, padding_mask=padding) if self._state_takes_padding
+                              else self.state_mixer(h), x, "state")
+            x = self._residual(x, self.state_residual) + (self.state_norm(y) if self.post_norm else y)
         return x
 
     @staticmethod
@@ -142,3 +149,6 @@ class Block(nn.Module):
 
     def _mixer_name(self, slot: str) -> str:
         return type(getattr(self, f"{slot}_mixer")).__name__
+
+    def extra_repr(self) -> str:
+        return "post_norm=True" if self.post_norm else ""

@@ -89,6 +89,9 @@ class HybridLM(nn.Module):
             component's own initialisation.
         norm_eps: RMSNorm epsilon of the blocks' and the final norms (default 1e-6).
         residual_scale: learned per-channel scales on every residual, Doge's (default False).
+        post_norm: the blocks whose norms come after their mixers, on what each adds to the residual stream (OLMo 2's
+            reordered norm, :class:`Block`): False none (default), True every block, or a list of the pattern's block
+            tokens (``["AM"]``: the attention blocks of ``"GM×3 AM"``, as OLMo-Hybrid's). A whole block keeps its own.
         padding_idx: a token whose embedding row starts at zero and never learns (its gradient is zero), as
             ``nn.Embedding(padding_idx=…)`` and Hugging Face's models with a ``pad_token_id`` (default None).
         checkpoint_blocks: activation checkpointing per block (default False): in training, each block keeps
@@ -111,6 +114,7 @@ class HybridLM(nn.Module):
         init_std: float | None = None,
         norm_eps: float = 1e-6,
         residual_scale: bool = False,
+        post_norm: bool | list[str] = False,
         padding_idx: int | None = None,
         checkpoint_blocks: bool = False,
     ):
@@ -127,12 +131,14 @@ class HybridLM(nn.Module):
         tokens = parse_tokens(pattern)
         self._check_bound(tokens)
         self._warn_if_misbound(tokens, set(mixers or {}))
+        self.post_norm = self._post_norm_tokens(post_norm, tokens)
 
         if padding_idx is not None and not (isinstance(padding_idx, int) and 0 <= padding_idx < vocab_size):
             raise ValueError(f"HybridLM: padding_idx={padding_idx!r} must be a token id in [0, vocab_size={vocab_size})")
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
         self.rotary = RotaryEmbedding(max_seq_len, base=rope_base, scaling_factor=rope_ntk_factor)
-        self.blocks = nn.ModuleList(self._place(t, d_model, norm_eps, residual_scale) for t in tokens)
+        self.blocks = nn.ModuleList(self._place(t, d_model, norm_eps, residual_scale, str(t) in self.post_norm)
+                                    for t in tokens)
         self.norm = RMSNorm(d_model, eps=norm_eps)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         if init_std is not None:
@@ -176,17 +182,34 @@ class HybridLM(nn.Module):
                                        f"{place} place of {str(t)!r}, a {slot} mixer's (a token is a sequence mixer, "
                                        f"then a state mixer; {alone!r} is a {kind} mixer alone)")
 
-    def _place(self, token, d_model: int, norm_eps: float, residual_scale: bool) -> nn.Module:
+    def _post_norm_tokens(self, post_norm, tokens) -> set[str]:
+        """The block tokens ``post_norm`` names (True: every one), each checked to be the pattern's."""
+        used = [str(t) for t in tokens]
+        if isinstance(post_norm, bool):
+            return set(used) if post_norm else set()
+        if isinstance(post_norm, str) or not all(isinstance(t, str) for t in post_norm):
+            raise ValueError(f"HybridLM: post_norm={post_norm!r} must be True, False or a list of block tokens such as "
+                             "['AM']")
+        strangers = [t for t in post_norm if t not in used]
+        if strangers:
+            raise ValueError(f"HybridLM: post_norm names blocks {strangers} that pattern {self.pattern!r} does not have "
+                             f"(its blocks: {', '.join(dict.fromkeys(used))})")
+        return set(post_norm)
+
+    def _place(self, token, d_model: int, norm_eps: float, residual_scale: bool, post_norm: bool) -> nn.Module:
         """The block of one pattern token: a :class:`Block` around its mixers, or the whole block its letter binds."""
         first = self._build(token.seq, d_model)
         if isinstance(first, WholeBlock):
+            if post_norm:
+                raise ValueError(f"HybridLM: post_norm names block {str(token)!r}, whose letter binds a whole block "
+                                 f"({type(first).__name__}) with norms of its own")
             if token.state is not None:
                 raise PatternError(self.pattern, token.column + 1, f"letter {token.seq!r} binds a whole block "
                                    f"({type(first).__name__}), which has no state mixer: write its token {token.seq}-")
             first.token = str(token)
             return first
         return Block(d_model, first, self._build(token.state, d_model), token=str(token), norm_eps=norm_eps,
-                     residual_scale=residual_scale)
+                     residual_scale=residual_scale, post_norm=post_norm)
 
     def _build(self, letter: str | None, d_model: int) -> nn.Module | None:
         if letter is None:

@@ -12,15 +12,21 @@ from zoo_kernels._backend import check_backend
 from zoo_kernels.attention import attention_weights
 
 
+QK_NORM_SPANS = ("head", "all_heads")
+"""What a QK-norm normalises: each head's channels (one gain per head channel, shared by the heads; Doge's and Qwen3's)
+or every head's together (one gain per channel of the projection; OLMo 2's)."""
+
+
 class QueryKeyPositions(nn.Module):
     """What Q and K go through before the scores, shared by QCAttention and InnerFuncAttention:
-    an optional per-head RMSNorm (``qk_norm``, Doge's attention; one gain per head channel, shared by
-    the heads) and then RoPE from the context's shared table (unless ``rope=False``, as Jamba's
+    an optional RMSNorm (``qk_norm``) per head (Doge's attention; one gain per head channel, shared by
+    the heads) or, with ``heads=(H, Hkv)``, over all the heads' channels together (OLMo 2's: the norm of the whole
+    projection, a gain per channel), and then RoPE from the context's shared table (unless ``rope=False``, as Jamba's
     attention, which has no positional encoding) on the first ``rope_fraction`` of each head's channels
     (GPT-NeoX's partial rotary; Bamba rotates half); the others carry no position."""
 
     def __init__(self, owner: str, head_dim: int, *, rope: bool, qk_norm: bool, norm_eps: float,
-                 rope_fraction: float = 1.0):
+                 rope_fraction: float = 1.0, heads: tuple[int, int] | None = None):
         super().__init__()
         check_flags(owner, rope=rope, qk_norm=qk_norm)
         check_number(owner, "rope_fraction", rope_fraction, low=0, above=True)
@@ -34,13 +40,17 @@ class QueryKeyPositions(nn.Module):
                              "even whole number of channels for RoPE")
         self.head_dim, self.rope, self.rope_fraction = head_dim, rope, rope_fraction
         self.rope_dim = int(rope_dim)
-        self.q_norm = RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
+        q_width, k_width = (head_dim, head_dim) if heads is None else (heads[0] * head_dim, heads[1] * head_dim)
+        self.norm_span = "head" if heads is None else "all_heads"
+        self.q_norm = RMSNorm(q_width, eps=norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(k_width, eps=norm_eps) if qk_norm else None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, context: Context) -> tuple[torch.Tensor, torch.Tensor]:
         """``q [B,T,H,Dh]``, ``k [B,T,Hkv,Dh]`` → the same, normed and rotated."""
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.norm_span == "head":
             q, k = self.q_norm(q), self.k_norm(k)
+        elif self.q_norm is not None:  # over every head's channels: [B, T, H, Dh] → [B, T, H·Dh] → back
+            q, k = self.q_norm(q.flatten(-2)).view_as(q), self.k_norm(k.flatten(-2)).view_as(k)
         if self.rope:
             cos, sin = context.rotary_tables(self.rope_dim)  # [B, T, rope_dim]
             q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
@@ -59,7 +69,8 @@ class QueryKeyPositions(nn.Module):
 
     def extra_repr(self) -> str:
         part = f", rope_fraction={self.rope_fraction:g}" if self.rope and self.rope_fraction != 1 else ""
-        return f"rope={self.rope}{part}, qk_norm={self.q_norm is not None}"
+        span = ", over all heads" if self.q_norm is not None and self.norm_span == "all_heads" else ""
+        return f"rope={self.rope}{part}, qk_norm={self.q_norm is not None}{span}"
 
 
 class QCAttention(nn.Module):
@@ -74,7 +85,10 @@ class QCAttention(nn.Module):
             the width, as Qwen3's (``n_heads · head_dim`` need not be ``d_model``).
         rope: RoPE on Q and K over the head dim, from the context's shared table (default True; the
             head dim must then be even). False: no positional encoding (Jamba).
-        qk_norm: per-head RMSNorm on Q and K before RoPE (default False; Doge, Qwen3).
+        qk_norm: RMSNorm on Q and K before RoPE (default False; Doge, Qwen3, OLMo 2).
+        qk_norm_over: what that norm normalises (:data:`QK_NORM_SPANS`): ``"head"`` each head's channels, one gain per
+            head channel shared by the heads (default; Doge, Qwen3), or ``"all_heads"`` the whole query (and key)
+            projection, a gain per channel (OLMo 2, OLMo 3, OLMo-Hybrid).
         norm_eps: that norm's epsilon (default 1e-6).
         rope_fraction: the share of each head's channels RoPE turns, the first ones (default 1.0: all;
             Bamba 0.5, as GPT-NeoX's partial rotary); ``head_dim · rope_fraction`` must be even.
@@ -95,8 +109,8 @@ class QCAttention(nn.Module):
     mixer_slot = "sequence"  # the block slot it fills; a pattern placing it in the other is refused
 
     def __init__(self, d_model: int, *, n_heads: int = 8, n_kv_heads: int | None = None, head_dim: int | None = None,
-                 rope: bool = True, qk_norm: bool = False, norm_eps: float = 1e-6, rope_fraction: float = 1.0,
-                 sliding_window: int | None = None, qkv_bias: bool = False, output_gate: bool = False,
+                 rope: bool = True, qk_norm: bool = False, qk_norm_over: str = "head", norm_eps: float = 1e-6,
+                 rope_fraction: float = 1.0, sliding_window: int | None = None, qkv_bias: bool = False, output_gate: bool = False,
                  backend: str = "auto"):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -114,9 +128,16 @@ class QCAttention(nn.Module):
                 raise ValueError(f"QCAttention: head_dim={head_dim} must be even for RoPE")
         check_divisible("QCAttention", "n_heads", n_heads, "n_kv_heads", n_kv_heads)
         check_backend(backend, "QCAttention")
+        if qk_norm_over not in QK_NORM_SPANS:
+            raise ValueError(f"QCAttention: qk_norm_over={qk_norm_over!r} is not one of {', '.join(QK_NORM_SPANS)}")
+        if qk_norm_over != "head" and qk_norm is not True:
+            raise ValueError(f"QCAttention: qk_norm_over={qk_norm_over!r} says what a QK-norm spans, and qk_norm is "
+                             f"{qk_norm!r}: set qk_norm=True")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.positions = QueryKeyPositions("QCAttention", head_dim, rope=rope, qk_norm=qk_norm, norm_eps=norm_eps,
-                                           rope_fraction=rope_fraction)
+                                           rope_fraction=rope_fraction,
+                                           heads=(n_heads, n_kv_heads) if qk_norm_over == "all_heads" else None)
+        self.qk_norm_over = qk_norm_over
         self.d_model, self.sliding_window, self.backend = d_model, sliding_window, backend
         check_flags("QCAttention", qkv_bias=qkv_bias, output_gate=output_gate)
         self.qkv_bias = qkv_bias

@@ -195,11 +195,19 @@ def hf_architecture(model: HybridLM, as_class: str | None = None):
     if as_class is not None and as_class not in EXPORTABLE:
         raise ValueError(f"--as {as_class}: not a class the export writes ({', '.join(EXPORTABLE)})")
     reasons = {}
-    gated = any(getattr(m, "gate_proj", None) is not None for m in model.modules() if isinstance(m, QCAttention))
+    attentions = [m for m in model.modules() if isinstance(m, QCAttention)]
+    gated = any(a.gate_proj is not None for a in attentions)
+    wide_qk_norm = any(a.qk_norm_over == "all_heads" for a in attentions)
+    post_norm = any(getattr(block, "post_norm", False) for block in model.blocks)
     for name, adapter in EXPORTABLE.items() if as_class is None else [(as_class, EXPORTABLE[as_class])]:
+        # (what few classes have, refused here for all the others, whose own checks predate it)
         reason = adapter.mismatch(model)
         if reason is None and gated and not getattr(adapter, "gated_attention", False):
             reason = f"its attention gates its output (output_gate), which {name}'s does not"
+        if reason is None and wide_qk_norm and not getattr(adapter, "wide_qk_norm", False):
+            reason = f"its attention's QK-norm spans every head (qk_norm_over='all_heads'), which {name}'s does not"
+        if reason is None and post_norm and not getattr(adapter, "post_norm", False):
+            reason = f"its blocks put their norms after their mixers (post_norm), which {name}'s do not"
         if reason is None:
             return adapter
         reasons[name] = reason

@@ -1,5 +1,6 @@
-"""Block options against their formulas: Doge's residual scales, a mixer that owns its residual (OTCE's
-Expresser, checked against the authors' layer written out), and RoPE's per-sequence NTK stretch."""
+"""Block options against their formulas: Doge's residual scales, OLMo 2's norms after the mixers, a QK-norm over every
+head, a mixer that owns its residual (OTCE's Expresser, checked against the authors' layer written out), and RoPE's
+per-sequence NTK stretch."""
 
 import math
 from functools import partial
@@ -30,6 +31,63 @@ def test_residual_scales_multiply_each_residual_per_channel():
     model = HybridLM(20, 8, "AM -M", mixers, residual_scale=True)
     assert sum(n.endswith("_residual") for n, _ in model.named_parameters()) == 3
     assert not any(n.endswith("_residual") for n, _ in HybridLM(20, 8, "AM", mixers).named_parameters())
+
+
+def test_post_norm_puts_each_norm_on_what_its_mixer_adds():
+    """OLMo 2's reordered norm: ``h = x + norm(attend(x))``, ``out = h + norm(mlp(h))`` — the mixers read the raw
+    stream; with residual scales, ``r ⊙ x + norm(mixer(x))``."""
+    torch.manual_seed(0)
+    for scaled in (False, True):
+        block = Block(8, QCAttention(8, n_heads=2), MLP(8), residual_scale=scaled, post_norm=True)
+        with torch.no_grad():
+            for norm in (block.sequence_norm, block.state_norm):
+                norm.weight.uniform_(0.5, 1.5)
+        r = (lambda x, scale: x) if not scaled else (lambda x, scale: scale * x)  # noqa: E731
+        x = torch.randn(2, 5, 8)
+        h = r(x, block.sequence_residual) + rms(block.sequence_mixer(x), block.sequence_norm.weight)
+        want = r(h, block.state_residual) + rms(block.state_mixer(h), block.state_norm.weight)
+        torch.testing.assert_close(block(x), want)
+    assert Block(8, None, MLP(8), post_norm=True)(x).shape == x.shape  # a state mixer alone
+
+
+def test_post_norm_names_the_blocks_it_reorders():
+    mixers = {"A": partial(QCAttention, n_heads=2)}
+    model = HybridLM(20, 8, "SM AM SM", mixers, post_norm=["AM"])
+    assert [b.post_norm for b in model.blocks] == [False, True, False]
+    assert [b.post_norm for b in HybridLM(20, 8, "SM AM", mixers, post_norm=True).blocks] == [True, True]
+    assert not any(b.post_norm for b in HybridLM(20, 8, "SM AM", mixers).blocks)
+    with pytest.raises(ValueError, match=r"post_norm names blocks \['GM'\] that pattern 'SM AM' does not have "
+                                         r"\(its blocks: SM, AM\)"):
+        HybridLM(20, 8, "SM AM", mixers, post_norm=["GM"])
+    with pytest.raises(ValueError, match="post_norm='AM' must be True, False or a list of block tokens"):
+        HybridLM(20, 8, "SM AM", mixers, post_norm="AM")
+    with pytest.raises(ValueError, match="post_norm names block 'O-', whose letter binds a whole block"):
+        HybridLM(20, 16, "AM O-", {"A": partial(QCAttention, n_heads=4),
+                                   "O": partial(Expresser, n_heads=4, n_kv_heads=2, d_ff=24)}, post_norm=["O-"])
+
+
+def test_a_qk_norm_over_all_heads_normalises_each_projection_whole():
+    """OLMo 2's QK-norm: one RMSNorm over the query projection's ``H·Dh`` channels (and the keys' ``Hkv·Dh``), a gain
+    per channel — not one per head."""
+    torch.manual_seed(0)
+    attention = QCAttention(16, n_heads=4, n_kv_heads=2, qk_norm=True, qk_norm_over="all_heads", rope=False)
+    positions = attention.positions
+    assert positions.q_norm.weight.shape == (16,) and positions.k_norm.weight.shape == (8,)
+    with torch.no_grad():
+        positions.q_norm.weight.uniform_(0.5, 1.5)
+        positions.k_norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 6, 16)
+    q = rms(x @ attention.q_proj.weight.T, positions.q_norm.weight).view(2, 6, 4, 4).transpose(1, 2)  # [B, H, T, Dh]
+    k, v = (x @ attention.kv_proj.weight.T).split(8, dim=-1)
+    k = rms(k, positions.k_norm.weight).view(2, 6, 2, 4).transpose(1, 2).repeat_interleave(2, dim=1)
+    v = v.view(2, 6, 2, 4).transpose(1, 2).repeat_interleave(2, dim=1)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 6, 16)
+    torch.testing.assert_close(attention(x), y @ attention.out_proj.weight.T)
+    assert "over all heads" in repr(attention)
+    with pytest.raises(ValueError, match="qk_norm_over='all_heads' says what a QK-norm spans, and qk_norm is False"):
+        QCAttention(16, n_heads=4, qk_norm_over="all_heads")
+    with pytest.raises(ValueError, match="qk_norm_over='heads' is not one of head, all_heads"):
+        QCAttention(16, n_heads=4, qk_norm=True, qk_norm_over="heads")
 
 
 def test_expresser_is_the_authors_expression_layer():

@@ -28,23 +28,27 @@ def scrambled(model: HybridLM) -> HybridLM:
 
 @pytest.mark.parametrize("residual_scale", [False, True], ids=["plain", "residual-scales"])
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
-def test_hybridlm_forward_equals_its_composition_by_hand(residual_scale, tie):
+@pytest.mark.parametrize("post_norm", [[], ["AM", "-M"]], ids=["pre-norm", "post-norm"])
+def test_hybridlm_forward_equals_its_composition_by_hand(residual_scale, tie, post_norm):
     eps = 1e-2  # large enough that where the epsilon goes shows in float64
     mixers = {"A": functools.partial(QCAttention, n_heads=4), "S": functools.partial(SSD, d_state=8, chunk_size=4)}
     model = HybridLM(40, 32, "AM -M A- SM", mixers, norm_eps=eps, residual_scale=residual_scale,
-                     tie_embeddings=tie).double()
+                     tie_embeddings=tie, post_norm=post_norm).double()
     scrambled(model)
     ids = torch.randint(0, 40, (2, 11))
 
     x = model.embedding.weight[ids]  # [B, T, d]
     context = Context(position_ids=torch.arange(11).expand(2, 11), rotary=model.rotary)
     for block in model.blocks:
+        after = block.token in post_norm  # (OLMo 2's order: the norm on what the mixer adds)
         if block.sequence_mixer is not None:
             scale = block.sequence_residual if residual_scale else 1.0
-            x = scale * x + block.sequence_mixer(rms_norm(x, block.sequence_norm.weight, eps), context)
+            norm = lambda v: rms_norm(v, block.sequence_norm.weight, eps)  # noqa: E731
+            x = scale * x + (norm(block.sequence_mixer(x, context)) if after else block.sequence_mixer(norm(x), context))
         if block.state_mixer is not None:
             scale = block.state_residual if residual_scale else 1.0
-            x = scale * x + block.state_mixer(rms_norm(x, block.state_norm.weight, eps))
+            norm = lambda v: rms_norm(v, block.state_norm.weight, eps)  # noqa: E731
+            x = scale * x + (norm(block.state_mixer(x)) if after else block.state_mixer(norm(x)))
     head = model.embedding.weight if tie else model.lm_head.weight
     expected = rms_norm(x, model.norm.weight, eps) @ head.T  # [B, T, V]
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components import SSD, Context, Expresser, HybridLM, InnerFuncAttention, QCAttention
+from components import SSD, Context, Expresser, GatedDeltaNet, HybridLM, InnerFuncAttention, QCAttention
 from components.cache import InferenceCache
 from components.generation import DecodingUnsupported, restricted_logits
 from components.catalogue import SEQUENCE_MIXERS
@@ -217,6 +217,10 @@ ARCHITECTURES = {
                        "E": {"class_path": "components.CDMoE", "init_args": {"n_experts": 64, "n_heads": 1, "top_k": 4, "key_dim": None,
                                                                            "shared_mlp": "swiglu", "cross_domain": "parallel"}}},
              {"residual_scale": True, "tie_embeddings": True}),
+    "olmo_hybrid": ("GM GM AM", {"G": partial(GatedDeltaNet, n_heads=4, n_k_heads=2, head_dim=8, chunk_size=5,
+                                              allow_neg_eigval=True),
+                                 "A": partial(QCAttention, n_heads=4, rope=False, qk_norm=True, qk_norm_over="all_heads")},
+                    {"post_norm": ["AM"]}),
 }
 
 

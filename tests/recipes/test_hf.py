@@ -2568,3 +2568,56 @@ def test_a_qwen3_next_from_the_hub_keeps_its_multi_token_prediction_layers_out(t
                                                     "mtp_use_dedicated_embeddings": False}))
     for (name, a), b in zip(plain.state_dict().items(), from_pretrained(folder).state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def olmo_hybrid(tmp_path, **settings):
+    """A tiny random OLMo-Hybrid (Gated DeltaNet with 2 key heads for 4 value heads, values 6 wide, β in (0, 2), in
+    layers 0, 1 and 3; attention with 4 heads, 2 of keys, behind norms after its mixers, in layer 2), saved:
+    transformers' model and its folder."""
+    torch.manual_seed(0)
+    config = transformers.OlmoHybridConfig(**{
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 40, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 8,
+        "linear_value_head_dim": 6, "rms_norm_eps": 1e-5, "pad_token_id": 0, "eos_token_id": 1,
+        "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"], **settings})
+
+    def spread(model):  # (decays and write strengths over their range, the output norms' gains away from 1)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                if hasattr(layer, "linear_attn"):
+                    layer.linear_attn.a_proj.weight.mul_(4.0)
+                    layer.linear_attn.b_proj.weight.mul_(4.0)
+                    layer.linear_attn.o_norm.weight.normal_(1.0, 0.3)
+
+    return saved_random(transformers.OlmoHybridForCausalLM, config, tmp_path / "olmo_hybrid", spread), tmp_path / "olmo_hybrid"
+
+
+@pytest.mark.parametrize("rope", [None, 500.0], ids=["no RoPE (the released models)", "RoPE"])
+def test_an_olmo_hybrid_imports_equal_to_transformers_and_exports_back(tmp_path, rope):
+    """An independent check of norms after the mixers beside norms before them in one model, of a QK-norm over every
+    head, and of Gated DeltaNet with β in (0, 2): AI2's OLMo-Hybrid imports equal to transformers' — logits, a
+    left-padded batch, every gradient, decoding one token at a time and greedy ids — and exports back to a folder
+    transformers loads with equal logits, then imports again bit for bit."""
+    theirs, folder = olmo_hybrid(tmp_path, rope_parameters={"rope_type": "default", "rope_theta": rope})
+    ours = imports_equal_to_transformers(theirs, folder)
+    assert ours.pattern == "GM GM AM GM" and [b.post_norm for b in ours.blocks] == [False, False, True, False]
+    attention, rule = ours.blocks[2].sequence_mixer, ours.blocks[0].sequence_mixer
+    assert (attention.qk_norm_over, attention.positions.rope) == ("all_heads", rope is not None)
+    assert (rule.n_heads, rule.n_k_heads, rule.head_dim, rule.v_head_dim, rule.allow_neg_eigval) == (4, 2, 8, 6, True)
+    assert exports_to_transformers(ours, tmp_path / "exported") == "OlmoHybridForCausalLM"
+    assert read_config_of(tmp_path / "exported")["rope_parameters"] == {"rope_type": "default", "rope_theta": rope}
+
+
+def test_an_olmo2_imports_equal_to_transformers_and_exports_back(tmp_path):
+    """OLMo 2: Llama's stack with its norms after the attention and the MLP and a QK-norm over each whole projection —
+    logits, a left-padded batch, every gradient, decoding one token at a time, greedy ids; the export loads in
+    transformers with equal logits and imports again bit for bit."""
+    torch.manual_seed(0)
+    config = transformers.Olmo2Config(vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    theirs = saved_random(transformers.Olmo2ForCausalLM, config, tmp_path / "olmo2")
+    ours = imports_equal_to_transformers(theirs, tmp_path / "olmo2")
+    assert ours.pattern == "AM×3" and all(b.post_norm for b in ours.blocks)
+    assert ours.blocks[0].sequence_mixer.positions.k_norm.weight.shape == (16,)  # (2 key heads of 8)
+    assert exports_to_transformers(ours, tmp_path / "exported") == "Olmo2ForCausalLM"
