@@ -2621,3 +2621,66 @@ def test_an_olmo2_imports_equal_to_transformers_and_exports_back(tmp_path):
     assert ours.pattern == "AM×3" and all(b.post_norm for b in ours.blocks)
     assert ours.blocks[0].sequence_mixer.positions.k_norm.weight.shape == (16,)  # (2 key heads of 8)
     assert exports_to_transformers(ours, tmp_path / "exported") == "Olmo2ForCausalLM"
+
+
+def test_what_an_olmo_hybrid_config_says_is_read_as_transformers_reads_it_and_what_keeps_a_model_from_one(tmp_path):
+    """Layer kinds from ``layer_types`` or every 4th layer (the last where that gives none); the linear shapes from
+    the width where the config is silent; no RoPE where ``rope_theta`` is null, either place; a model of one kind,
+    another activation or a stretched RoPE refused by name; the hub's file names read; and the export refuses, by
+    name, a model it would write wrong — and every other class refuses norms after the mixers and a QK-norm over every
+    head."""
+    from components import HybridLM
+    from recipes.hf import export
+    from recipes.hf.architectures import Olmo2, OlmoHybrid, to_zoo
+
+    c = {"architectures": ["OlmoHybridForCausalLM"], "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 3,
+         "num_attention_heads": 2, "intermediate_size": 24, "rms_norm_eps": 1e-6}
+    recipe = hf_recipe(c)
+    assert recipe["pattern"] == "GM GM AM" and recipe["post_norm"] == ["AM"]  # (3 layers: no 4th, so the last)
+    assert hf_recipe({**c, "num_hidden_layers": 8})["pattern"] == "GM GM GM AM GM GM GM AM"
+    rule = recipe["mixers"]["G"]["init_args"]
+    assert (rule["n_heads"], rule["n_k_heads"], rule["head_dim"], rule["v_head_dim"], rule["allow_neg_eigval"],
+            rule["norm_eps"]) == (2, 2, 6, 12, True, 1e-5)  # (keys 0.75 · 16 / 2 wide, values twice that)
+    assert "rope" not in recipe["mixers"]["A"]["init_args"]  # (no rope_theta said: transformers' 10,000)
+    for nope in ({"rope_parameters": {"rope_type": "default", "rope_theta": None}}, {"rope_theta": None}):
+        assert hf_recipe({**c, **nope})["mixers"]["A"]["init_args"]["rope"] is False
+    with pytest.raises(ValueError, match="an OLMo-Hybrid has both 'linear_attention' and 'full_attention' layers"):
+        hf_recipe({**c, "layer_types": ["full_attention"] * 3})
+    with pytest.raises(ValueError, match=r"hidden_act='gelu' \(Gated DeltaNet's convolution runs through it too"):
+        hf_recipe({**c, "hidden_act": "gelu"})
+    with pytest.raises(ValueError, match=r"rope_parameters=.*'dynamic'.* \(an OLMo-Hybrid's RoPE is plain"):
+        hf_recipe({**c, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}})
+    with pytest.raises(ValueError, match="lack 'model.layers.0.linear_attn.v_conv1d.weight', which a "
+                                         "OlmoHybridForCausalLM whose files split the convolution in three has"):
+        to_zoo(c, {"model.layers.0.linear_attn.q_conv1d.weight": torch.zeros(1),
+                   "model.layers.0.linear_attn.k_conv1d.weight": torch.zeros(1)})
+
+    mixers = {"G": {"class_path": "components.GatedDeltaNet", "init_args": {"n_heads": 2, "head_dim": 8, "norm_eps": 1e-5}},
+              "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "qk_norm": True,
+                                                                          "qk_norm_over": "all_heads"}}}
+    model = HybridLM(32, 16, "GM AM", mixers, post_norm=["AM"])
+    assert OlmoHybrid.mismatch(model) is None
+    assert OlmoHybrid.mismatch(HybridLM(32, 16, "GM AM", mixers)).startswith(
+        "its attention blocks do not all norm after their mixers, or its other blocks do")
+    assert OlmoHybrid.mismatch(HybridLM(32, 16, "GM AM", mixers, post_norm=True)).startswith("its attention blocks do not")
+    per_head = {**mixers, "A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2, "qk_norm": True}}}
+    assert OlmoHybrid.mismatch(HybridLM(32, 16, "GM AM", per_head, post_norm=["AM"])).startswith(
+        "its attention's QK-norm is not OLMo-Hybrid's (one RMSNorm over every head's channels")
+    assert OlmoHybrid.mismatch(HybridLM(32, 16, "AM×2", mixers, post_norm=True)).startswith(
+        "its blocks hold ['QCAttention/MLP']")
+    other_eps = {**mixers, "G": {"class_path": "components.GatedDeltaNet", "init_args": {"n_heads": 2, "head_dim": 8}}}
+    assert OlmoHybrid.mismatch(HybridLM(32, 16, "GM AM", other_eps, post_norm=["AM"])).startswith(
+        "its Gated DeltaNet is not OLMo-Hybrid's (the output gate on, its norm's eps 1e-05)")
+    stretched = HybridLM(32, 16, "GM AM", mixers, post_norm=["AM"], extrapolate=True)
+    assert OlmoHybrid.mismatch(stretched).startswith("it stretches RoPE past its trained length")
+    olmo2 = HybridLM(32, 16, "AM×2", {"A": mixers["A"]}, post_norm=True)
+    assert Olmo2.mismatch(olmo2) is None
+    assert Olmo2.mismatch(HybridLM(32, 16, "AM×2", {"A": mixers["A"]})).startswith("its blocks norm their mixers' inputs")
+    with pytest.raises(ValueError, match=r"--as Qwen3ForCausalLM: this model \(pattern 'AM×2'\) is not one: its "
+                                         r"attention's QK-norm spans every head \(qk_norm_over='all_heads'\), which "
+                                         "Qwen3ForCausalLM's does not"):
+        export(HybridLM(32, 16, "AM×2", {"A": mixers["A"]}), tmp_path / "wide", as_class="Qwen3ForCausalLM")
+    plain = {"A": {"class_path": "components.QCAttention", "init_args": {"n_heads": 2}}}
+    with pytest.raises(ValueError, match=r"as LlamaForCausalLM, its blocks put their norms after their mixers "
+                                         r"\(post_norm\), which LlamaForCausalLM's do not"):
+        export(HybridLM(32, 16, "AM×2", plain, post_norm=True), tmp_path / "post")
