@@ -404,7 +404,8 @@ class HybridLM(nn.Module):
         for i, block in enumerate(self.blocks):
             mixers = block_mixers(block)
             rows.append((
-                str(i), block.token, *(getattr(m, "summary_name", type(m).__name__) if m is not None else "-" for m in mixers),
+                str(i), block.token + (" (post-norm)" if getattr(block, "post_norm", False) else ""),
+                *(getattr(m, "summary_name", type(m).__name__) if m is not None else "-" for m in mixers),
                 f"{count_parameters(block):,}", f"{count_active_parameters(block):,}",
             ))
         head = 0 if self.tie_embeddings else self.lm_head.weight.numel()

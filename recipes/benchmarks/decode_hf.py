@@ -8,14 +8,16 @@ in one run (docs/decoding.md).
     python -m recipes.benchmarks.decode_hf --models llama mistral --window 64        # a sliding window's cache
     python -m recipes.benchmarks.decode_hf --models falcon_h1 --batches 1 8          # attention beside Mamba-2
     python -m recipes.benchmarks.decode_hf --models qwen3_next --batches 1 8         # Gated DeltaNet, gated attention
+    python -m recipes.benchmarks.decode_hf --models olmo_hybrid --batches 1 8        # Gated DeltaNet, post-norm attention
 
 A Llama, a Mistral (Llama's shapes, every layer attending to its last ``--window`` keys), a Mamba-2, a Falcon-H1
-(Llama's attention beside a Mamba-2 twice the width wide in every layer) and a Qwen3-Next (Gated DeltaNet in three
-layers of four, gated attention in the fourth, SwiGLU MLPs; 8 layers, width 256 unless told) are built
+(Llama's attention beside a Mamba-2 twice the width wide in every layer), a Qwen3-Next (Gated DeltaNet in three
+layers of four, gated attention in the fourth, SwiGLU MLPs) and an OLMo-Hybrid (Qwen3-Next's shapes, its attention
+without RoPE or gate, behind norms after its mixers; 8 layers, width 256 unless told) are built
 with ``transformers`` from a seed and imported with :mod:`recipes.hf`; the hybrid (TransXSSM's ``SM×7 AM``) has no Hugging Face form, so only the
 zoo's two modes run for it. Every mode continues the same prompts greedily by the same number of tokens:
 Hugging Face's ``generate`` with its dynamic cache and with ``cache_implementation="static"`` (Llama's and Mistral's:
-Mamba-2's, Falcon-H1's and Qwen3-Next's keep a state, which transformers' static cache has no place for), the zoo's
+Mamba-2's, Falcon-H1's, Qwen3-Next's and OLMo-Hybrid's keep a state, which transformers' static cache has no place for), the zoo's
 ``generate`` eager and with ``compile=True`` (each step through ``torch.compile`` from a fixed-shape cache;
 compiled once, before the timed rounds; on a GPU a CUDA graph, and the run says whether torch kept any from
 being one). Rounds alternate between the modes; the table gives the median
@@ -77,6 +79,14 @@ def hf_model(kind: str, width: int, layers: int, vocab: int, window: int = WINDO
             num_attention_heads=max(width // 64, 1), num_key_value_heads=max(width // 128, 1), head_dim=64,
             linear_num_key_heads=max(width // 128, 1), linear_num_value_heads=max(width // 64, 1),
             linear_key_head_dim=64, linear_value_head_dim=64, num_experts=0, max_position_embeddings=4096,
+            tie_word_embeddings=False)).eval()
+    if kind == "olmo_hybrid":  # Qwen3-Next's shapes: Gated DeltaNet in three layers of four, attention in the fourth
+        return transformers.OlmoHybridForCausalLM(transformers.OlmoHybridConfig(
+            vocab_size=vocab, hidden_size=width, intermediate_size=688 * width // 256, num_hidden_layers=layers,
+            num_attention_heads=max(width // 64, 1), num_key_value_heads=max(width // 128, 1),
+            linear_num_key_heads=max(width // 128, 1), linear_num_value_heads=max(width // 64, 1),
+            linear_key_head_dim=64, linear_value_head_dim=64, max_position_embeddings=4096, pad_token_id=0,
+            eos_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": None},
             tie_word_embeddings=False)).eval()
     config = transformers.Mamba2Config(vocab_size=vocab, hidden_size=width, num_hidden_layers=layers, expand=2,
                                        head_dim=64, num_heads=2 * width // 64, state_size=64, n_groups=1, chunk_size=256)
@@ -182,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.decode_hf",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["llama", "mamba2", "hybrid"],
-                        choices=["llama", "mistral", "mamba2", "falcon_h1", "qwen3_next", "hybrid"])
+                        choices=["llama", "mistral", "mamba2", "falcon_h1", "qwen3_next", "olmo_hybrid", "hybrid"])
     parser.add_argument("--batches", nargs="+", type=positive_int, default=[1, 8, 32])
     parser.add_argument("--width", type=positive_int, default=256)
     parser.add_argument("--layers", type=positive_int, default=8)

@@ -2471,16 +2471,18 @@ def olmo_layer_pairs(i: int) -> list[tuple[str, list[str]]]:
             *swiglu_pairs(f"{ours}.state_mixer", f"{hf}.mlp")]
 
 
-def olmo_attention_mismatch(a, model, short: str) -> str | None:
+def olmo_attention_mismatch(a, model, short: str, windows: bool = False) -> str | None:
     """What keeps attention ``a`` from OLMo's: a QK-norm over every head's channels (``qk_norm_over="all_heads"``) of
-    the model's eps, RoPE over whole heads or none, every key, no gate, no biases."""
+    the model's eps, RoPE over whole heads or none, every key (a window too, where ``windows``: OLMo 3's), no gate, no
+    biases."""
     norm = a.positions.q_norm
     if norm is None or a.qk_norm_over != "all_heads" or norm.eps != model.norm.eps:
         return (f"its attention's QK-norm is not {short}'s (one RMSNorm over every head's channels, "
                 "qk_norm_over='all_heads', of the model's eps)")
-    if (a.gate_proj is not None or a.sliding_window is not None or a.qkv_bias
+    if (a.gate_proj is not None or (a.sliding_window is not None and not windows) or a.qkv_bias
             or (a.positions.rope and a.positions.rope_fraction != 1)):
-        return (f"its attention is not {short}'s (every key, RoPE over whole heads or none, no output gate, no "
+        keys = "every key or a window" if windows else "every key"
+        return (f"its attention is not {short}'s ({keys}, RoPE over whole heads or none, no output gate, no "
                 "biases)")
     return None
 
@@ -2516,6 +2518,87 @@ class Olmo2:
     @staticmethod
     def config(model) -> dict:
         return decoder_config(model, Olmo2.name, Olmo2.model_type)
+
+
+OLMO3_DEFAULTS = {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "hidden_act": "silu", "sliding_window": 4096}
+"""OLMo 3's fields where its config has none: ``Olmo3Config``'s defaults."""
+
+OLMO3_THETA = 500000.0
+"""OLMo 3's RoPE base for a layer kind its config gives none: ``Olmo3Config.default_theta``."""
+
+
+def olmo3_rope_parameters(c: dict) -> dict:
+    """OLMo 3's RoPE per layer kind, as ``Olmo3Config`` reads a config: ``rope_parameters`` keyed by
+    ``sliding_attention`` and ``full_attention`` (a flat one, not so keyed, is not read: both kinds take the default);
+    ``rope_scaling`` joins the full-attention layers' only; a top-level ``rope_theta`` goes to those where they have
+    none, and a kind with none takes 500,000."""
+    params = c.get("rope_parameters") or {}
+    kinds = {kind: dict(params.get(kind) or {"rope_type": "default"}) for kind in ("sliding_attention", "full_attention")}
+    kinds["full_attention"].update(c.get("rope_scaling") or {})
+    kinds["full_attention"].setdefault("rope_theta", c.get("rope_theta", OLMO3_THETA))
+    kinds["sliding_attention"].setdefault("rope_theta", OLMO3_THETA)
+    return kinds
+
+
+def olmo3_rope(c: dict, windows: list[bool]) -> dict:
+    """The one plain RoPE the zoo's model holds, as ``rope_parameters``: the layer kinds ``c`` has (``windows``: whether
+    each layer is ``sliding_attention``) must agree on it, since the zoo's attention layers read one rotary table."""
+    kinds = olmo3_rope_parameters(c)
+    used = {kinds["sliding_attention" if w else "full_attention"]["rope_type"]: None for w in windows}
+    bases = {number(kinds["sliding_attention" if w else "full_attention"]["rope_theta"]) for w in windows}
+    if set(used) != {"default"} or len(bases) > 1:
+        which = {kind: kinds[kind] for kind, w in (("sliding_attention", True), ("full_attention", False)) if w in windows}
+        refuse_fields([f"rope_parameters={which!r} (the zoo's attention layers share one plain RoPE; these layer kinds "
+                       "differ, or one is not plain)"])
+    return {"rope_type": "default", "rope_theta": bases.pop()}
+
+
+class Olmo3:
+    """OLMo 3 (``Olmo3ForCausalLM``): OLMo 2's layers (:class:`Olmo2`), those ``layer_types`` names
+    ``sliding_attention`` (three in four by default) attending to the last ``sliding_window`` keys (4,096 unless
+    said), a second attention letter ``W`` at those layers. The layer kinds may hold RoPE of their own; the zoo's
+    model holds one plain RoPE, so they must agree (the released models stretch the full-attention layers' by YaRN:
+    refused by name). Both ways."""
+
+    name, model_type = "Olmo3ForCausalLM", "olmo3"
+    honoured = Llama.honoured | {"sliding_window", "layer_types"}
+    ends, reshaped = Llama.ends, staticmethod(nothing_reshaped)
+    post_norm = wide_qk_norm = True
+
+    @staticmethod
+    def recipe(c: dict) -> dict:
+        c = {**OLMO3_DEFAULTS, **c}
+        layers = c["num_hidden_layers"]
+        default = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)]
+        window, types = checked_window(c["sliding_window"]), {**c, "layer_types": c.get("layer_types") or default}
+        rope = olmo3_rope(c, windowed_layer_types(types, 1, 0))  # (by kind: a sliding layer without a window too)
+        windows = windowed_layer_types(types, window, 0)
+        c = {key: value for key, value in c.items() if key not in ("rope_theta", "rope_scaling")}
+        recipe = Olmo2.recipe({**c, "rope_parameters": rope})
+        return windowed(recipe, window, windows)
+
+    @staticmethod
+    def layer_pairs(c: dict, i: int) -> list[tuple[str, list[str]]]:
+        return olmo_layer_pairs(i)
+
+    @staticmethod
+    def mismatch(model) -> str | None:
+        if reason := decoder_mismatch(model, Olmo3.name, qk_norm=True, windows="per layer"):
+            return reason
+        if not all(block.post_norm for block in model.blocks):
+            return "its blocks norm their mixers' inputs; OLMo 3's norm what each mixer adds (post_norm)"
+        if model.extrapolate:
+            return "it stretches RoPE past its trained length (extrapolate); the export writes OLMo 3's RoPE plain"
+        return olmo_attention_mismatch(model.blocks[0].sequence_mixer, model, "OLMo 3", windows=True)
+
+    @staticmethod
+    def config(model) -> dict:
+        window, layers = attention_windows(model)
+        config = decoder_config(model, Olmo3.name, Olmo3.model_type)
+        rope = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
+        return {**config, "rope_parameters": {"sliding_attention": rope, "full_attention": dict(rope)},
+                "sliding_window": window,
+                "layer_types": ["sliding_attention" if layer else "full_attention" for layer in layers]}
 
 
 OLMO_HYBRID_DEFAULTS = {"intermediate_size": 11008, "num_attention_heads": 30, "rms_norm_eps": 1e-6,
@@ -2715,7 +2798,7 @@ class OlmoHybrid:
 
 ADAPTERS = {adapter.name: adapter for adapter in (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2Moe, Qwen3Moe, Dots1, Glm4Moe,
                                                   Mamba2, Doge, GraniteHybrid, Bamba, NemotronH, Lfm2, FalconH1,
-                                                  Qwen3_5, Qwen3Next, Qwen3_5Multimodal, Olmo2, OlmoHybrid)}
+                                                  Qwen3_5, Qwen3Next, Qwen3_5Multimodal, Olmo2, Olmo3, OlmoHybrid)}
 EXPORTABLE = {name: adapter for name, adapter in ADAPTERS.items() if hasattr(adapter, "config")}
 """The classes a zoo model is written as, in the order tried (a Mistral without a window is written as Llama, a
 Qwen3-Next without experts as Qwen3.5; ``export(..., as_class=...)`` picks another that fits)."""

@@ -54,6 +54,7 @@ def test_post_norm_names_the_blocks_it_reorders():
     mixers = {"A": partial(QCAttention, n_heads=2)}
     model = HybridLM(20, 8, "SM AM SM", mixers, post_norm=["AM"])
     assert [b.post_norm for b in model.blocks] == [False, True, False]
+    assert "1  AM (post-norm)  QCAttention" in model.summary() and "0  SM     " in model.summary()
     assert [b.post_norm for b in HybridLM(20, 8, "SM AM", mixers, post_norm=True).blocks] == [True, True]
     assert not any(b.post_norm for b in HybridLM(20, 8, "SM AM", mixers).blocks)
     with pytest.raises(ValueError, match=r"post_norm names blocks \['GM'\] that pattern 'SM AM' does not have "

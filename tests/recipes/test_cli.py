@@ -118,8 +118,8 @@ def test_a_mistyped_key_in_a_config_file_names_the_key_it_is_close_to(tmp_path, 
      "(model.mixers.A, components.QCAttention: did you mean n_heads?)"),
     ("S: {class_path: components.SSD, init_args: {dstate: 16}}", "(model.mixers.S, components.SSD: did you mean d_state?)"),
     ("A: {class_path: components.QCAttention, init_args: {zzz: 2}}",  # nothing close: what it takes
-     "(model.mixers.A, components.QCAttention: it takes n_heads, n_kv_heads, head_dim, rope, qk_norm, norm_eps, "
-     "rope_fraction, sliding_window, qkv_bias, output_gate, backend)"),
+     "(model.mixers.A, components.QCAttention: it takes n_heads, n_kv_heads, head_dim, rope, qk_norm, qk_norm_over, "
+     "norm_eps, rope_fraction, sliding_window, qkv_bias, output_gate, backend)"),
 ])
 def test_a_mistyped_mixer_argument_in_a_config_file_names_the_letter_the_class_and_the_near_miss(
         mixers, meant, tmp_path, monkeypatch):

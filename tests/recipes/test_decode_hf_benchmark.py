@@ -147,3 +147,16 @@ def test_qwen3_nexts_rows_are_hugging_faces_dynamic_cache_and_the_zoos_two_modes
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| qwen3_next")]
     assert [cells[2] for cells in rows] == ["hf dynamic", "zoo eager", "zoo compiled"]
     assert all(cells[7] == "ok |" for cells in rows)
+
+
+def test_olmo_hybrids_rows_are_hugging_faces_dynamic_cache_and_the_zoos_two_modes_with_the_full_forwards_argmax(capsys):
+    """OLMo-Hybrid (Gated DeltaNet in three layers of four, attention without RoPE behind norms after its mixers in the
+    fourth, imported from the files transformers writes): its dynamic cache and the zoo's two modes, all the full
+    forward's argmax."""
+    model = decode_hf.hf_model("olmo_hybrid", 128, 4, 97)
+    assert model.config.layer_types == ["linear_attention"] * 3 + ["full_attention"] and model.model.rotary_emb is None
+    decode_hf.main(["--models", "olmo_hybrid", "--batches", "2", "--width", "128", "--layers", "4", "--vocab", "97",
+                    "--prompt", "5", "--new-tokens", "4", "--rounds", "1", "--threads", "1"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| olmo_hybrid")]
+    assert [cells[2] for cells in rows] == ["hf dynamic", "zoo eager", "zoo compiled"]
+    assert all(cells[7] == "ok |" for cells in rows)

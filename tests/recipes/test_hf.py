@@ -2578,7 +2578,7 @@ def olmo_hybrid(tmp_path, **settings):
     config = transformers.OlmoHybridConfig(**{
         "vocab_size": 64, "hidden_size": 32, "intermediate_size": 40, "num_hidden_layers": 4, "num_attention_heads": 4,
         "num_key_value_heads": 2, "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 8,
-        "linear_value_head_dim": 6, "rms_norm_eps": 1e-5, "pad_token_id": 0, "eos_token_id": 1,
+        "linear_value_head_dim": 6, "rms_norm_eps": 1e-5, "pad_token_id": 0, "eos_token_id": None,
         "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"], **settings})
 
     def spread(model):  # (decays and write strengths over their range, the output norms' gains away from 1)
@@ -2614,7 +2614,7 @@ def test_an_olmo2_imports_equal_to_transformers_and_exports_back(tmp_path):
     transformers with equal logits and imports again bit for bit."""
     torch.manual_seed(0)
     config = transformers.Olmo2Config(vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
-                                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1,
+                                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=None,
                                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})
     theirs = saved_random(transformers.Olmo2ForCausalLM, config, tmp_path / "olmo2")
     ours = imports_equal_to_transformers(theirs, tmp_path / "olmo2")
@@ -2684,3 +2684,33 @@ def test_what_an_olmo_hybrid_config_says_is_read_as_transformers_reads_it_and_wh
     with pytest.raises(ValueError, match=r"as LlamaForCausalLM, its blocks put their norms after their mixers "
                                          r"\(post_norm\), which LlamaForCausalLM's do not"):
         export(HybridLM(32, 16, "AM×2", plain, post_norm=True), tmp_path / "post")
+
+
+def test_an_olmo3_imports_equal_to_transformers_with_its_windowed_layers_and_exports_back(tmp_path):
+    """OLMo 3: OLMo 2's layers, three in four attending to the last ``sliding_window`` keys — logits, a left-padded
+    batch, every gradient, decoding one token at a time, greedy ids (the window, 5, shorter than the batch); the export
+    loads in transformers with equal logits and imports again bit for bit. RoPE is read per layer kind as
+    transformers reads it, and kinds that disagree are refused by name."""
+    torch.manual_seed(0)
+    rope = {"rope_type": "default", "rope_theta": 500.0}
+    config = transformers.Olmo3Config(vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=None,
+                                      sliding_window=5, rope_parameters={"sliding_attention": rope, "full_attention": rope})
+    theirs = saved_random(transformers.Olmo3ForCausalLM, config, tmp_path / "olmo3")
+    ours = imports_equal_to_transformers(theirs, tmp_path / "olmo3")
+    assert ours.pattern == "WM WM WM AM" and all(b.post_norm for b in ours.blocks)
+    assert [b.sequence_mixer.sliding_window for b in ours.blocks] == [5, 5, 5, None] and ours.rotary.base == 500.0
+    assert exports_to_transformers(ours, tmp_path / "exported") == "Olmo3ForCausalLM"
+
+    c = {"architectures": ["Olmo3ForCausalLM"], "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 4,
+         "num_attention_heads": 2, "intermediate_size": 24}
+    assert hf_recipe(c)["rope_base"] == 500000.0 and hf_recipe(c)["pattern"] == "WM WM WM AM"
+    # (a flat rope_parameters is not read, as transformers does not: both kinds take the default)
+    assert hf_recipe({**c, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})["rope_base"] == 500000.0
+    assert hf_recipe({**c, "sliding_window": None})["pattern"] == "AM×4"
+    with pytest.raises(ValueError, match=r"rope_parameters=\{'sliding_attention': .*500000.0.*'full_attention': .*"
+                                         r"1000.0.* \(the zoo's attention layers share one plain RoPE"):
+        hf_recipe({**c, "rope_theta": 1000.0})  # (transformers gives it to the full-attention layers only)
+    with pytest.raises(ValueError, match=r"'rope_type': 'yarn'.*share one plain RoPE"):
+        hf_recipe({**c, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})  # (the released models')
+    assert hf_recipe({**c, "rope_theta": 1000.0, "layer_types": ["full_attention"] * 4})["rope_base"] == 1000.0
