@@ -131,13 +131,13 @@ class HybridLM(nn.Module):
         tokens = parse_tokens(pattern)
         self._check_bound(tokens)
         self._warn_if_misbound(tokens, set(mixers or {}))
-        self.post_norm = self._post_norm_tokens(post_norm, tokens)
+        post_norm_tokens = self._post_norm_tokens(post_norm, tokens)
 
         if padding_idx is not None and not (isinstance(padding_idx, int) and 0 <= padding_idx < vocab_size):
             raise ValueError(f"HybridLM: padding_idx={padding_idx!r} must be a token id in [0, vocab_size={vocab_size})")
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
         self.rotary = RotaryEmbedding(max_seq_len, base=rope_base, scaling_factor=rope_ntk_factor)
-        self.blocks = nn.ModuleList(self._place(t, d_model, norm_eps, residual_scale, str(t) in self.post_norm)
+        self.blocks = nn.ModuleList(self._place(t, d_model, norm_eps, residual_scale, str(t) in post_norm_tokens)
                                     for t in tokens)
         self.norm = RMSNorm(d_model, eps=norm_eps)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
@@ -187,7 +187,7 @@ class HybridLM(nn.Module):
         used = [str(t) for t in tokens]
         if isinstance(post_norm, bool):
             return set(used) if post_norm else set()
-        if isinstance(post_norm, str) or not all(isinstance(t, str) for t in post_norm):
+        if not isinstance(post_norm, (list, tuple)) or not all(isinstance(t, str) for t in post_norm):
             raise ValueError(f"HybridLM: post_norm={post_norm!r} must be True, False or a list of block tokens such as "
                              "['AM']")
         strangers = [t for t in post_norm if t not in used]

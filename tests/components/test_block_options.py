@@ -3,6 +3,7 @@ head, a mixer that owns its residual (OTCE's Expresser, checked against the auth
 per-sequence NTK stretch."""
 
 import math
+import re
 from functools import partial
 
 import pytest
@@ -60,8 +61,10 @@ def test_post_norm_names_the_blocks_it_reorders():
     with pytest.raises(ValueError, match=r"post_norm names blocks \['GM'\] that pattern 'SM AM' does not have "
                                          r"\(its blocks: SM, AM\)"):
         HybridLM(20, 8, "SM AM", mixers, post_norm=["GM"])
-    with pytest.raises(ValueError, match="post_norm='AM' must be True, False or a list of block tokens"):
-        HybridLM(20, 8, "SM AM", mixers, post_norm="AM")
+    for wrong in ("AM", 1, ["AM", 2]):
+        with pytest.raises(ValueError, match=f"post_norm={re.escape(repr(wrong))} must be True, False or a list of "
+                                             "block tokens"):
+            HybridLM(20, 8, "SM AM", mixers, post_norm=wrong)
     with pytest.raises(ValueError, match="post_norm names block 'O-', whose letter binds a whole block"):
         HybridLM(20, 16, "AM O-", {"A": partial(QCAttention, n_heads=4),
                                    "O": partial(Expresser, n_heads=4, n_kv_heads=2, d_ff=24)}, post_norm=["O-"])
