@@ -26,7 +26,7 @@ from recipes.argtypes import bounded, close_matches, device, positive_int, text_
 from recipes.code_version import code_version
 
 
-SUITES = ("length", "passkey", "mqar", "sink")
+SUITES = ("length", "passkey", "mqar", "sink", "entropy")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -227,9 +227,10 @@ def run_suite(model, data, recipe: dict, args) -> dict:
     trained = int(init.get("seq_len", getattr(data, "seq_len", 0)) or 0)
     if trained < 1:
         raise ValueError("the recipe's data has no seq_len: the training length the suite is relative to")
-    if args.suite in ("length", "sink"):
+    if args.suite in ("length", "sink", "entropy"):
         suite, defaults = {"length": (suites.length_suite, suites.LENGTH_MULTIPLES),
-                           "sink": (suites.sink_suite, suites.SINK_MULTIPLES)}[args.suite]
+                           "sink": (suites.sink_suite, suites.SINK_MULTIPLES),
+                           "entropy": (suites.entropy_suite, suites.SINK_MULTIPLES)}[args.suite]
         settings = dict(**given(windows=args.windows), extrapolate=args.extrapolate, **lengths(defaults, trained))
         if args.text is not None:  # your text, read as the run reads text
             text = Path(args.text).read_text(encoding="utf-8-sig")  # (-sig: a leading byte-order mark is no text)
@@ -338,8 +339,8 @@ def content_hash(files: list[Path]) -> str:
 def unused_options(args: argparse.Namespace) -> list[str]:
     """The options given that nothing this evaluation runs would read, each with what reads it: ignored, they would
     leave a user believing a number was measured as they asked."""
-    applies = [("--windows", args.windows, "--suite length or sink", args.suite in ("length", "sink")),
-               ("--text", args.text, "--suite length or sink", args.suite in ("length", "sink")),
+    applies = [("--windows", args.windows, "--suite length, sink or entropy", args.suite in ("length", "sink", "entropy")),
+               ("--text", args.text, "--suite length, sink or entropy", args.suite in ("length", "sink", "entropy")),
                ("--trials", args.trials, "--suite passkey", args.suite == "passkey"),
                ("--multiples", args.multiples, "a --suite", args.suite),
                ("--extrapolate", args.extrapolate, "a --suite", args.suite),

@@ -117,8 +117,9 @@ def points(result: dict) -> dict[tuple[str, int], float]:
         for cell in result["cells"]:
             by_length.setdefault(cell["length"], []).append(cell["accuracy"])
         return {("all depths", length): statistics.fmean(values) for length, values in by_length.items()}
-    if result["suite"] == "sink":
-        return {(row["layer"], row["length"]): row["share"] for row in result["rows"]}
+    if result["suite"] in ("sink", "entropy"):
+        return {(row["layer"], row["length"]): row["share" if result["suite"] == "sink" else "entropy"]
+                for row in result["rows"]}
     return {("-", row["length"]): row["accuracy"] for row in result["rows"]}
 
 
@@ -130,9 +131,10 @@ def table(results: dict, baseline: str | None) -> str:
     keys = sorted({key for values in by_recipe.values() for key in values}, key=lambda k: (k[1], k[0]))
     first = next(iter(results.values()))
     metric = ("value" if is_harness(first) else "loss" if first["suite"] == "length" else
-              "first token's share" if first["suite"] == "sink" else "accuracy")
-    mode_name, column = ("metric", "task") if is_harness(first) else ("layer" if first["suite"] == "sink" else "mode",
-                                                                      "length")
+              "first token's share" if first["suite"] == "sink" else
+              "entropy ÷ log(keys)" if first["suite"] == "entropy" else "accuracy")
+    mode_name, column = ("metric", "task") if is_harness(first) else (
+        "layer" if first["suite"] in ("sink", "entropy") else "mode", "length")
     versus_heads = f" Δ vs {baseline} | p (Welch) | p (Holm, per {column}) |" if baseline else ""  # (else only dashes)
     rows = [f"| recipe | {mode_name} | {column} | runs | {metric}, mean ± std |{versus_heads}",
             "|---" * (5 + 3 * bool(baseline)) + "|"]
@@ -175,7 +177,8 @@ def plot(results: dict, path: Path, title: str) -> None:
             axes.errorbar(lengths, mean, yerr=std, marker="o", markersize=3, capsize=2,
                           linestyle="--" if mode == "ntk" else "-", label=f"{recipe} ({mode})")
         axes.set_xscale("log", base=2)
-        metric = {"length": "validation loss", "sink": "weight on the first token"}.get(
+        metric = {"length": "validation loss", "sink": "weight on the first token",
+                  "entropy": "attention entropy ÷ log(keys)"}.get(
             next(iter(results.values()))["suite"], "accuracy")
         axes.set(xlabel="evaluation length (tokens)", ylabel=metric, title=title)
         axes.grid(alpha=0.3)

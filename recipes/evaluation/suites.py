@@ -184,6 +184,16 @@ def uniform_first_share(length: int) -> float:
     return sum(1 / (i + 1) for i in range(1, length)) / (length - 1)
 
 
+def normalised_entropy(weights: torch.Tensor) -> torch.Tensor:
+    """``weights [B, H, L, L]`` (causal rows) → ``[H]``: each head's entropy of its queries 1…L−1, each over the log
+    of the keys it sees (``log(i + 1)``), averaged over the queries and the batch — 1 for an even spread, 0 for a query
+    that reads one key (entropy collapse)."""
+    rows = weights[:, :, 1:].float()  # [B, H, L-1, L]: the first query sees one key only
+    entropy = -(rows * rows.clamp_min(1e-30).log()).sum(-1)  # [B, H, L-1]
+    keys = torch.arange(2, weights.shape[-1] + 1, device=weights.device, dtype=torch.float32)  # [L-1]
+    return (entropy / keys.log()).mean((0, 2))
+
+
 @torch.no_grad()
 def sink_suite(model, tokens: torch.Tensor, trained: int, multiples=SINK_MULTIPLES, windows: int = 8,
                extrapolate: bool = False, source: str = "the validation split") -> dict:
@@ -192,7 +202,9 @@ def sink_suite(model, tokens: torch.Tensor, trained: int, multiples=SINK_MULTIPL
     queries 1…L−1 (the first has only itself to read) and over ``windows`` evenly spaced windows of ``tokens [n]``;
     and its mean over the layers; ``busiest_head``, the largest one head gives it (a sink may sit in a few heads).
     ``uniform`` is what heads that spread their weight evenly over the keys would give it. Qiu et al. report about 0.47
-    on average over a baseline's layers and 0.05 with gated attention."""
+    on average over a baseline's layers and 0.05 with gated attention. Each row also holds ``entropy``, the heads'
+    attention entropy over the log of the keys each query sees (:func:`normalised_entropy`: 1 an even spread, 0 each
+    query on one key — the entropy collapse a QK-norm prevents); ``--suite entropy`` reports that instead."""
     from components.sequence import QCAttention
 
     multiples = check_settings("sink", multiples, whole=False, windows=windows)
@@ -206,13 +218,15 @@ def sink_suite(model, tokens: torch.Tensor, trained: int, multiples=SINK_MULTIPL
     lengths = [max(2, int(m * trained)) for m in multiples]
     if len(tokens) < max(lengths):
         raise ValueError(f"{source} has {len(tokens)} tokens; length {max(lengths)} needs {max(lengths)}")
-    shares: dict[str, list[float]] = {}
+    shares: dict[str, list[torch.Tensor]] = {}
+    entropies: dict[str, list[torch.Tensor]] = {}
 
     def measure(name):
         def hook(module, args, kwargs):
             x, context = args[0], (args[1] if len(args) > 1 else kwargs.get("context"))
             weights = module.attention_weights(x, context)  # [B, H, L, L]
             shares.setdefault(name, []).append(weights[:, :, 1:, 0].float().mean((0, 2)))  # [H]
+            entropies.setdefault(name, []).append(normalised_entropy(weights))  # [H]
         return hook
 
     rows = []
@@ -223,21 +237,30 @@ def sink_suite(model, tokens: torch.Tensor, trained: int, multiples=SINK_MULTIPL
                 check_length(model, length, extrapolate)
                 starts = np.linspace(0, len(tokens) - length, num=windows).astype(int)
                 shares.clear()
+                entropies.clear()
                 with position_mode(model, "plain", trained) if extrapolate else contextlib.nullcontext():
                     for start in starts:
                         model(tokens[start:start + length][None].to(device))
                         bar.update()
                 heads = {label[name]: torch.stack(shares[name]).mean(0) for name in layers}  # {layer: [H]}
-                rows += [{"layer": layer, "length": length, "share": float(h.mean()), "busiest_head": float(h.max())}
-                         for layer, h in heads.items()]
+                spread = {label[name]: float(torch.stack(entropies[name]).mean()) for name in layers}  # {layer: mean}
+                rows += [{"layer": layer, "length": length, "share": float(h.mean()), "busiest_head": float(h.max()),
+                          "entropy": spread[layer]} for layer, h in heads.items()]
                 rows.append({"layer": MEAN_OVER_LAYERS, "length": length,
                              "share": float(np.mean([float(h.mean()) for h in heads.values()])),
-                             "busiest_head": max(float(h.max()) for h in heads.values())})
+                             "busiest_head": max(float(h.max()) for h in heads.values()),
+                             "entropy": float(np.mean(list(spread.values())))})
     finally:
         for hook in hooks:
             hook.remove()
     return {"suite": "sink", "trained": trained, "windows": windows, "rows": rows,
             "uniform": {str(length): uniform_first_share(length) for length in lengths}}
+
+
+def entropy_suite(model, tokens: torch.Tensor, trained: int, **settings) -> dict:
+    """Each attention layer's entropy (:func:`normalised_entropy`) at each length: :func:`sink_suite`'s measurement,
+    reported and compared by its ``entropy``."""
+    return {**sink_suite(model, tokens, trained, **settings), "suite": "entropy"}
 
 
 def passkey_prompt(encode, key: int, length: int, depth: float) -> tuple[list[int], list[int]]:
@@ -324,10 +347,11 @@ def table(result: dict) -> str:
         lines = ["| length | " + " | ".join(f"depth {d:g}" for d in depths) + " |", "|---|" + "---|" * len(depths)]
         lines += [f"| {length} | " + " | ".join(f"{a:.2f}" for a in row) + " |" for length, row in zip(lengths, grid)]
         return "\n".join(lines) + f"\n\nchance: {result['chance']:.2f}"
-    if result["suite"] == "sink":
-        lines = ["| layer | length | first token's share | its busiest head | spread evenly |", "|---|---|---|---|---|"]
+    if result["suite"] in ("sink", "entropy"):
+        lines = ["| layer | length | first token's share | its busiest head | spread evenly | entropy ÷ log(keys) |",
+                 "|---|---|---|---|---|---|"]
         lines += [f"| {r['layer']} | {r['length']} | {r['share']:.4f} | {r['busiest_head']:.4f} | "
-                  f"{result['uniform'][str(r['length'])]:.4f} |" for r in result["rows"]]
+                  f"{result['uniform'][str(r['length'])]:.4f} | {r['entropy']:.4f} |" for r in result["rows"]]
         return "\n".join(lines)
     lines = ["| length | accuracy | queries |", "|---|---|---|"]
     lines += [f"| {r['length']} | {r['accuracy']:.4f} | {r['queries']} |" for r in result["rows"]]
@@ -383,8 +407,9 @@ def scalars(result: dict) -> dict[str, float]:
         return {f"eval/length/{r['mode']}/{r['length']}": r["loss"] for r in result["rows"]}
     if result["suite"] == "passkey":
         return {f"eval/passkey/{c['length']}/depth_{c['depth']:g}": c["accuracy"] for c in result["cells"]}
-    if result["suite"] == "sink":
-        return {f"eval/sink/{r['layer'].replace(' ', '_')}/{r['length']}": r["share"] for r in result["rows"]}
+    if result["suite"] in ("sink", "entropy"):
+        key = "share" if result["suite"] == "sink" else "entropy"
+        return {f"eval/{result['suite']}/{r['layer'].replace(' ', '_')}/{r['length']}": r[key] for r in result["rows"]}
     return {f"eval/mqar/{r['length']}": r["accuracy"] for r in result["rows"]}
 
 

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="also plot the final --metric against this hyper-parameter (e.g. d_model) or data or "
                              "trainer setting (e.g. data.init_args.seq_len)")
     parser.add_argument("--suite", choices=SUITES, default=None,
-                        help="with --from: run this suite (long-context, or the attention sink) on every finished run's "
+                        help="with --from: run this suite (long-context, or the attention sink or entropy) on every finished run's "
                              "last.ckpt and tabulate "
                              "it over seeds (docs/evaluation.md)")
     parser.add_argument("--tasks", default=None, metavar="T1,T2",

@@ -3,6 +3,7 @@ against itself), the local tasks through the real harness, the long-context suit
 computations, and the errors a user meets."""
 
 import json
+import math
 import re
 import sys
 import tempfile
@@ -467,6 +468,46 @@ def test_the_sink_suite_is_each_layers_weight_on_the_first_token_by_hand():
         sink_suite(tiny(pattern="SM"), tokens, trained=16)
 
 
+def test_the_entropy_suite_is_each_layers_attention_entropy_over_the_log_of_its_keys_by_hand():
+    """Per attention layer, the heads' attention entropy of queries 1…L−1, each over ``log`` of the keys it sees, by
+    hand from ``attention_weights``; exactly 1 for heads that spread evenly (no query map), 0 for a query on one key;
+    the sink suite carries it beside the first token's share, and a family compares it by layer."""
+    from recipes.evaluation.family import points
+    from recipes.evaluation.suites import entropy_suite, normalised_entropy, sink_suite
+
+    one_key = torch.eye(4)[None, None].expand(1, 2, 4, 4)  # [B, H, L, L]: each query on itself alone
+    assert normalised_entropy(one_key).tolist() == [0.0, 0.0]
+    even = torch.tril(torch.ones(4, 4)) / torch.arange(1, 5)[:, None]  # each query over its keys evenly
+    assert normalised_entropy(even[None, None]).tolist() == pytest.approx([1.0])
+    model = tiny(pattern="AM SM AM", max_seq_len=64)
+    tokens = TextCorpus(seq_len=8).validation_tokens()[:300]
+    result = entropy_suite(model, tokens, trained=16, multiples=(2,), windows=2)
+    rows = {r["layer"]: r["entropy"] for r in result["rows"]}
+    inputs = []
+    hook = model.blocks[0].sequence_mixer.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+    with torch.no_grad():
+        for s in (0, len(tokens) - 32):
+            model(tokens[s:s + 32][None])
+    hook.remove()
+    with torch.no_grad():
+        weights = [model.blocks[0].sequence_mixer.attention_weights(x) for x in inputs]  # each [1, H, 32, 32]
+    by_hand = []
+    for w in weights:
+        for i in range(1, 32):  # query i sees keys 0…i
+            row = w[0, :, i, :i + 1]  # [H, i + 1]
+            by_hand.append(-(row * row.log()).sum(-1) / math.log(i + 1))  # [H]
+    assert rows["layer 0"] == pytest.approx(float(torch.stack(by_hand).mean()), rel=1e-5)
+    assert 0 < rows["layer 0"] < 1
+    assert rows["mean over layers"] == pytest.approx((rows["layer 0"] + rows["layer 2"]) / 2)
+    assert result["suite"] == "entropy" and points(result)[("layer 2", 32)] == rows["layer 2"]
+    assert "eval/entropy/layer_0/32" in scalars(result) and "entropy ÷ log(keys)" in table(result)
+    with torch.no_grad():
+        for block in (0, 2):
+            model.blocks[block].sequence_mixer.q_proj.weight.zero_()
+    even_rows = sink_suite(model, tokens, trained=16, multiples=(1,), windows=2)["rows"]
+    assert [r["entropy"] for r in even_rows] == pytest.approx([1.0] * 3)
+
+
 def test_a_model_that_cannot_see_the_key_scores_chance_on_passkey():
     blind = tiny(pattern="-M -M", max_seq_len=512)  # no sequence mixer: each position sees only itself
     result = passkey_suite(blind, BYTES.encode, trained=64, multiples=(1, 2), depths=(0.0, 0.5, 1.0), trials=24)
@@ -552,7 +593,7 @@ def test_the_length_suite_reads_a_file_of_your_own_with_the_runs_tokenizer(tmp_p
         with pytest.raises(SystemExit):
             main([*common, *argv])
         assert said in capsys.readouterr().err
-    with pytest.raises(SystemExit, match=r"would not use --text \(it goes with --suite length or sink\)"):
+    with pytest.raises(SystemExit, match=r"would not use --text \(it goes with --suite length, sink or entropy\)"):
         main(["--config", "quickstart.yaml", "--ckpt_path", "last", "--suite", "passkey", "--text", "mine.md"])
 
 
@@ -865,7 +906,7 @@ def test_the_zoo_tasks_are_known_beside_an_include_path_and_a_missing_folder_is_
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--suite", "passkey", "--windows", "4"], "would not use --windows (it goes with --suite length or sink)"),
+    (["--suite", "passkey", "--windows", "4"], "would not use --windows (it goes with --suite length, sink or entropy)"),
     (["--suite", "length", "--trials", "4"], "would not use --trials (it goes with --suite passkey)"),
     (["--tasks", "zoo_cloze", "--multiples", "1", "--extrapolate"],
      "would not use --multiples (it goes with a --suite), --extrapolate (it goes with a --suite)"),
