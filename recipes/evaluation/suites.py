@@ -385,13 +385,16 @@ def plot(result: dict, path: Path) -> None:
             axes.set(xlabel="depth of the key", ylabel="context length (tokens)",
                      title=f"passkey accuracy (chance {result['chance']:.2f})")
             figure.colorbar(image)
-        elif result["suite"] == "sink":
+        elif result["suite"] in ("sink", "entropy"):
+            sink = result["suite"] == "sink"
             for length in sorted({r["length"] for r in result["rows"]}):
                 rows = [r for r in result["rows"] if r["length"] == length and r["layer"] != MEAN_OVER_LAYERS]
-                axes.plot([r["layer"] for r in rows], [r["share"] for r in rows], marker="o", label=f"length {length}")
-                axes.axhline(result["uniform"][str(length)], color="grey", linewidth=0.8, linestyle="--")
-            axes.set(xlabel="attention layer", ylabel="weight on the first token",
-                     title="attention sink (grey: heads that weigh every key alike)")
+                axes.plot([r["layer"] for r in rows], [r["share" if sink else "entropy"] for r in rows], marker="o",
+                          label=f"length {length}")
+                axes.axhline(result["uniform"][str(length)] if sink else 1.0, color="grey", linewidth=0.8,
+                             linestyle="--")
+            axes.set(xlabel="attention layer", ylabel="weight on the first token" if sink else "entropy ÷ log(keys)",
+                     title=f"attention {'sink' if sink else 'entropy'} (grey: heads that weigh every key alike)")
             axes.tick_params(axis="x", labelsize=7)
             axes.legend(fontsize=7)
         else:

@@ -816,7 +816,13 @@ def test_each_suites_table_and_figure_are_written_where_out_says(tmp_path):
     assert (lengths, depths, grid.tolist()) == ([16, 32], [0.0, 1.0], [[1.0, 0.5], [0.0, 0.5]])
     mqar = {"suite": "mqar", "trained": 16, "num_pairs": 2, "chance": 1 / 32,
             "rows": [{"length": 16, "multiple": 1, "accuracy": 0.5, "queries": 4}]}
-    for name, result in [("length", length), ("passkey", passkey), ("mqar", mqar)]:
+    sink = {"suite": "sink", "trained": 16, "windows": 2, "uniform": {"16": 0.2},
+            "rows": [{"layer": layer, "length": 16, "share": 0.1, "busiest_head": 0.3, "entropy": 0.5}
+                     for layer in ("layer 0", "mean over layers")]}
+    assert table(sink).splitlines()[2] == "| layer 0 | 16 | 0.1000 | 0.3000 | 0.2000 | 0.5000 |"
+    assert scalars({**sink, "suite": "entropy"}) == {"eval/entropy/layer_0/16": 0.5, "eval/entropy/mean_over_layers/16": 0.5}
+    for name, result in [("length", length), ("passkey", passkey), ("mqar", mqar), ("sink", sink),
+                         ("entropy", {**sink, "suite": "entropy"})]:
         written = write_result(result, tmp_path / "new" / "folder" / name)
         assert written == [tmp_path / "new" / "folder" / f"{name}.md", tmp_path / "new" / "folder" / f"{name}.png"]
         assert written[0].read_text() == table(result) + "\n"
