@@ -163,7 +163,7 @@ def table(results: dict, baseline: str | None) -> str:
 def plot(results: dict, path: Path, title: str) -> None:
     if is_harness(next(iter(results.values()))):
         return plot_tasks(results, path, title)
-    if next(iter(results.values()))["suite"] == "sink":
+    if next(iter(results.values()))["suite"] in ("sink", "entropy"):
         return plot_sink(results, path, title)
     by_line: dict[tuple[str, str], dict[int, list[float]]] = {}
     for (recipe, _), result in results.items():
@@ -186,12 +186,13 @@ def plot(results: dict, path: Path, title: str) -> None:
 
 
 def plot_sink(results: dict, path: Path, title: str) -> None:
-    """The sink suite over seeds: per recipe and length a line over the layers (mean ± std of the first token's share),
-    the even spread dashed."""
+    """The sink (or entropy) suite over seeds: per recipe and length a line over the layers (mean ± std of the first
+    token's share, or of the entropy), the even spread dashed."""
     by_line: dict[tuple[str, int], dict[str, list[float]]] = {}
     uniform = {}
+    sink = next(iter(results.values()))["suite"] == "sink"
     for (recipe, _), result in results.items():
-        uniform.update(result.get("uniform", {}))
+        uniform.update(result.get("uniform", {}) if sink else {"even": 1.0})
         for (layer, length), value in points(result).items():
             by_line.setdefault((recipe, length), {}).setdefault(layer, []).append(value)
     with png_figure(path, figsize=(7.5, 4.5)) as (_, axes):
@@ -203,7 +204,8 @@ def plot_sink(results: dict, path: Path, title: str) -> None:
             axes.set_xticks(range(len(layers)), layers, fontsize=6, rotation=30)
         for length, share in uniform.items():
             axes.axhline(share, color="grey", linewidth=0.8, linestyle="--")
-        axes.set(xlabel="attention layer", ylabel="weight on the first token", title=f"{title} (grey: an even spread)")
+        axes.set(xlabel="attention layer", ylabel="weight on the first token" if sink else "attention entropy ÷ log(keys)",
+                 title=f"{title} (grey: an even spread)")
         axes.grid(alpha=0.3)
         axes.legend(fontsize=6)
 

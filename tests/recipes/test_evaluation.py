@@ -1106,6 +1106,12 @@ def test_a_familys_suite_results_tabulate_per_mode_and_length_against_the_baseli
     assert table({("a", 0): sink}, None).splitlines()[:3] == [
         "| recipe | layer | length | runs | first token's share, mean ± std |", "|---|---|---|---|---|",
         "| a | layer 1 | 64 | 1 | 0.4000 ± 0.0000 |"]
+    entropy = {"suite": "entropy", "rows": [{**row, "entropy": 0.9} for row in sink["rows"]]}
+    plot({("a", 0): entropy}, tmp_path / "entropy.png", "entropy")  # (by layer, as the sink's)
+    assert [t.get_text() for t in drawn[-1].get_xticklabels()] == ["layer 1", "mean over layers"]
+    assert drawn[-1].get_ylabel() == "attention entropy ÷ log(keys)"
+    assert [list(line.get_ydata()) for line in drawn[-1].get_lines() if len(line.get_ydata()) == 2][0] == [0.9, 0.9]
+    assert table({("a", 0): entropy}, None).splitlines()[2] == "| a | layer 1 | 64 | 1 | 0.9000 ± 0.0000 |"
 
     harness = {("a", 0): {"results": {"zoo_cloze": {"acc,none": 0.5, "acc_stderr,none": 0.1, "alias": "zoo_cloze"}}}}
     assert points(harness[("a", 0)]) == {("acc", "zoo_cloze"): 0.5}  # not the standard error, not the alias
