@@ -184,13 +184,16 @@ def uniform_first_share(length: int) -> float:
     return sum(1 / (i + 1) for i in range(1, length)) / (length - 1)
 
 
-def normalised_entropy(weights: torch.Tensor) -> torch.Tensor:
-    """``weights [B, H, L, L]`` (causal rows) → ``[H]``: each head's entropy of its queries 1…L−1, each over the log
-    of the keys it sees (``log(i + 1)``), averaged over the queries and the batch — 1 for an even spread, 0 for a query
-    that reads one key (entropy collapse)."""
+def normalised_entropy(weights: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """``weights [B, H, L, L]`` (causal rows, each query's keys within ``window`` of it where given) → ``[H]``: each
+    head's entropy of its queries 1…L−1, each over the log of the keys it sees (``log(min(i + 1, window))``; a window of
+    one key reads 0), averaged over the queries and the batch — 1 for an even spread, 0 for a query that reads one key
+    (entropy collapse)."""
     rows = weights[:, :, 1:].float()  # [B, H, L-1, L]: the first query sees one key only
     entropy = -(rows * rows.clamp_min(1e-30).log()).sum(-1)  # [B, H, L-1]
     keys = torch.arange(2, weights.shape[-1] + 1, device=weights.device, dtype=torch.float32)  # [L-1]
+    if window is not None:
+        keys = keys.clamp(max=max(window, 2))
     return (entropy / keys.log()).mean((0, 2))
 
 
@@ -226,7 +229,7 @@ def sink_suite(model, tokens: torch.Tensor, trained: int, multiples=SINK_MULTIPL
             x, context = args[0], (args[1] if len(args) > 1 else kwargs.get("context"))
             weights = module.attention_weights(x, context)  # [B, H, L, L]
             shares.setdefault(name, []).append(weights[:, :, 1:, 0].float().mean((0, 2)))  # [H]
-            entropies.setdefault(name, []).append(normalised_entropy(weights))  # [H]
+            entropies.setdefault(name, []).append(normalised_entropy(weights, module.sliding_window))  # [H]
         return hook
 
     rows = []

@@ -506,6 +506,11 @@ def test_the_entropy_suite_is_each_layers_attention_entropy_over_the_log_of_its_
             model.blocks[block].sequence_mixer.q_proj.weight.zero_()
     even_rows = sink_suite(model, tokens, trained=16, multiples=(1,), windows=2)["rows"]
     assert [r["entropy"] for r in even_rows] == pytest.approx([1.0] * 3)
+    windowed = tiny(pattern="AM", max_seq_len=64)
+    windowed.blocks[0].sequence_mixer.sliding_window = 5  # (each query sees at most 5 keys: an even spread over them)
+    with torch.no_grad():
+        windowed.blocks[0].sequence_mixer.q_proj.weight.zero_()
+    assert sink_suite(windowed, tokens, trained=16, multiples=(1,), windows=2)["rows"][0]["entropy"] == pytest.approx(1.0)
 
 
 def test_a_model_that_cannot_see_the_key_scores_chance_on_passkey():
