@@ -2714,3 +2714,25 @@ def test_an_olmo3_imports_equal_to_transformers_with_its_windowed_layers_and_exp
     with pytest.raises(ValueError, match=r"'rope_type': 'yarn'.*share one plain RoPE"):
         hf_recipe({**c, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})  # (the released models')
     assert hf_recipe({**c, "rope_theta": 1000.0, "layer_types": ["full_attention"] * 4})["rope_base"] == 1000.0
+
+
+def test_an_olmo2_with_dynamic_ntk_runs_past_its_positions_as_transformers_and_exports_it(tmp_path):
+    """OLMo 2's RoPE takes transformers' dynamic NTK stretch as Llama's does: imported, the zoo's model equals
+    transformers' past ``max_position_embeddings``, and its export (``rope_scaling``) is read back so."""
+    torch.manual_seed(0)
+    config = transformers.Olmo2Config(vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                      num_attention_heads=4, max_position_embeddings=16, pad_token_id=0,
+                                      eos_token_id=None, rope_parameters={"rope_type": "dynamic", "factor": 2.0,
+                                                                          "rope_theta": 500.0})
+    theirs = saved_random(transformers.Olmo2ForCausalLM, config, tmp_path / "olmo2")
+    ours = from_pretrained(tmp_path / "olmo2").eval()
+    assert ours.extrapolate and ours.rotary.scaling_factor == 2.0
+    ids = torch.randint(0, 64, (1, 40))  # past max_position_embeddings = 16
+    with torch.no_grad():
+        assert relative_error(ours(ids), theirs(ids).logits) <= 1e-5
+    from recipes.hf import export
+
+    export(ours, tmp_path / "exported")
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    with torch.no_grad():
+        assert relative_error(ours(ids), again(ids).logits) <= 1e-5
