@@ -1,7 +1,8 @@
 """One adapter per Hugging Face architecture the zoo can be: Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE,
 Qwen2-MoE, dots.llm1 and GLM-4.5 (import), Mamba-2, Doge (dense and CDMoE), the hybrids of Mamba-2 and attention
-layers, Granite 4.0, Bamba and Nemotron-H, Falcon-H1's of the two side by side, and LFM2's of gated short
-convolutions and attention.
+layers, Granite 4.0, Bamba and Nemotron-H, Falcon-H1's of the two side by side, LFM2's of gated short
+convolutions and attention, Qwen3-Next's and Qwen3.5's of Gated DeltaNet and gated attention, and AI2's OLMo 2, OLMo 3
+and OLMo-Hybrid (norms after the mixers, a QK-norm over every head; OLMo-Hybrid's beside Gated DeltaNet).
 
 Each adapter knows, for its ``transformers`` class: the zoo model a ``config.json`` describes (``recipe``),
 the weights both ways (``to_zoo``, ``to_hf``), the ``config.json`` a zoo model is (``config``, for export),
@@ -2453,7 +2454,7 @@ class Qwen3_5Multimodal:
     def unused(c: dict, name: str) -> bool:
         return name.startswith(("model.visual.", "mtp."))  # (the vision tower: the zoo reads text; the MTP layers)
 
-# ---- AI2's OLMo 2 and OLMo-Hybrid: norms after the mixers, a QK-norm over every head ------------------------------
+# ---- AI2's OLMo 2, OLMo 3 and OLMo-Hybrid: norms after the mixers, a QK-norm over every head ---------------------
 
 OLMO2_DEFAULTS = {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "hidden_act": "silu"}
 """OLMo 2's fields where its config has none: ``Olmo2Config``'s defaults."""
@@ -2487,6 +2488,18 @@ def olmo_attention_mismatch(a, model, short: str, windows: bool = False) -> str 
     return None
 
 
+def olmo_decoder_mismatch(model, name: str, short: str, windows: bool = False) -> str | None:
+    """What keeps ``model`` from OLMo 2's stack (OLMo 3's, with ``windows``): Llama's, with a QK-norm over every head
+    (:func:`olmo_attention_mismatch`) and every block's norms after its mixers."""
+    if reason := decoder_mismatch(model, name, qk_norm=True, windows="per layer" if windows else "none"):
+        return reason
+    if not all(block.post_norm for block in model.blocks):
+        return f"its blocks norm their mixers' inputs; {short}'s norm what each mixer adds (post_norm)"
+    if windows and model.extrapolate:
+        return f"it stretches RoPE past its trained length (extrapolate); the export writes {short}'s RoPE plain"
+    return olmo_attention_mismatch(model.blocks[0].sequence_mixer, model, short, windows=windows)
+
+
 class Olmo2:
     """OLMo 2 (``Olmo2ForCausalLM``): Llama's stack with its norms after the attention and the MLP instead of before
     them (``post_norm``: ``x += norm(attend(x))``, ``x += norm(mlp(x))``) and a QK-norm over each whole projection
@@ -2509,11 +2522,7 @@ class Olmo2:
 
     @staticmethod
     def mismatch(model) -> str | None:
-        if reason := decoder_mismatch(model, Olmo2.name, qk_norm=True):
-            return reason
-        if not all(block.post_norm for block in model.blocks):
-            return "its blocks norm their mixers' inputs; OLMo 2's norm what each mixer adds (post_norm)"
-        return olmo_attention_mismatch(model.blocks[0].sequence_mixer, model, "OLMo 2")
+        return olmo_decoder_mismatch(model, Olmo2.name, "OLMo 2")
 
     @staticmethod
     def config(model) -> dict:
@@ -2583,13 +2592,7 @@ class Olmo3:
 
     @staticmethod
     def mismatch(model) -> str | None:
-        if reason := decoder_mismatch(model, Olmo3.name, qk_norm=True, windows="per layer"):
-            return reason
-        if not all(block.post_norm for block in model.blocks):
-            return "its blocks norm their mixers' inputs; OLMo 3's norm what each mixer adds (post_norm)"
-        if model.extrapolate:
-            return "it stretches RoPE past its trained length (extrapolate); the export writes OLMo 3's RoPE plain"
-        return olmo_attention_mismatch(model.blocks[0].sequence_mixer, model, "OLMo 3", windows=True)
+        return olmo_decoder_mismatch(model, Olmo3.name, "OLMo 3", windows=True)
 
     @staticmethod
     def config(model) -> dict:
