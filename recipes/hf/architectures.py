@@ -2113,10 +2113,25 @@ def qwen3_next_attending(c: dict) -> list[bool]:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"full_attention_interval={every!r}: a whole number of layers, at least 1, expected")
         return [(i + 1) % every == 0 for i in range(layers)]
+    return attending_layers(types, layers)
+
+
+def attending_layers(types, layers: int) -> list[bool]:
+    """Which of ``layers`` layers a ``layer_types`` list of ``linear_attention`` and ``full_attention`` (Gated DeltaNet
+    hybrids': Qwen3-Next's, OLMo-Hybrid's) names ``full_attention``; any other list is refused by name."""
     if not isinstance(types, list) or len(types) != layers or not set(types) <= {"linear_attention", "full_attention"}:
         raise ValueError(f"layer_types={types!r}: {layers} entries (num_hidden_layers), each 'linear_attention' or "
                          "'full_attention', expected")
     return [kind == "full_attention" for kind in types]
+
+
+def gated_deltanet_pairs(ours: str, theirs: str, norm: str = "norm", out: str = "out_proj") -> list[tuple[str, list[str]]]:
+    """A Gated DeltaNet layer's weights that only change names, from the zoo's ``ours`` to transformers' ``theirs``
+    (Qwen3-Next's and Qwen3.5's; OLMo-Hybrid's with ``norm="o_norm"``, ``out="o_proj"``); ``in_proj`` is stacked
+    from the class's input maps (``in_proj`` hooks)."""
+    return [(f"{ours}.{mine}", [f"{theirs}.{name}"]) for mine, name in
+            (("conv.weight", "conv1d.weight"), ("A_log", "A_log"), ("dt_bias", "dt_bias"),
+             ("norm.weight", f"{norm}.weight"), ("out_proj.weight", f"{out}.weight"))]
 
 
 def qwen3_next_zero_centred(c: dict) -> list[str]:
@@ -2219,9 +2234,7 @@ class Qwen3Next:
             pairs += [*attention_pairs(mixer, f"{hf}.self_attn"),
                       *((f"{mixer}.positions.{norm}.weight", [f"{hf}.self_attn.{norm}.weight"]) for norm in ("q_norm", "k_norm"))]
         else:
-            pairs += [(f"{mixer}.{ours_name}", [f"{hf}.linear_attn.{theirs_name}"]) for ours_name, theirs_name in
-                      (("conv.weight", "conv1d.weight"), ("A_log", "A_log"), ("dt_bias", "dt_bias"),
-                       ("norm.weight", "norm.weight"), ("out_proj.weight", "out_proj.weight"))]
+            pairs += gated_deltanet_pairs(mixer, f"{hf}.linear_attn")
         if not qwen3_moe_layers(c)[i]:
             return [*pairs, *swiglu_pairs(state, f"{hf}.mlp")]
         return [*pairs, *shared_gated_moe_pairs(state, f"{hf}.mlp")]
@@ -2553,9 +2566,9 @@ def olmo3_rope(c: dict, windows: list[bool]) -> dict:
     """The one plain RoPE the zoo's model holds, as ``rope_parameters``: the layer kinds ``c`` has (``windows``: whether
     each layer is ``sliding_attention``) must agree on it, since the zoo's attention layers read one rotary table."""
     kinds = olmo3_rope_parameters(c)
-    used = {kinds["sliding_attention" if w else "full_attention"]["rope_type"]: None for w in windows}
-    bases = {number(kinds["sliding_attention" if w else "full_attention"]["rope_theta"]) for w in windows}
-    if set(used) != {"default"} or len(bases) > 1:
+    used = [kinds["sliding_attention" if w else "full_attention"] for w in windows]
+    bases = {number(rope["rope_theta"]) for rope in used}
+    if {rope["rope_type"] for rope in used} != {"default"} or len(bases) > 1:
         which = {kind: kinds[kind] for kind, w in (("sliding_attention", True), ("full_attention", False)) if w in windows}
         refuse_fields([f"rope_parameters={which!r} (the zoo's attention layers share one plain RoPE; these layer kinds "
                        "differ, or one is not plain)"])
@@ -2637,13 +2650,11 @@ def olmo_hybrid_attending(c: dict) -> list[bool]:
     if types is None:
         types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
         types[-1] = "full_attention" if "full_attention" not in types else types[-1]
-    if not isinstance(types, list) or len(types) != layers or not set(types) <= {"linear_attention", "full_attention"}:
-        raise ValueError(f"layer_types={types!r}: {layers} entries (num_hidden_layers), each 'linear_attention' or "
-                         "'full_attention', expected")
-    if len(set(types)) < 2:
+    attending = attending_layers(types, layers)
+    if len(set(attending)) < 2:
         raise ValueError(f"layer_types={types!r}: an OLMo-Hybrid has both 'linear_attention' and 'full_attention' "
                          "layers (transformers refuses it otherwise)")
-    return [kind == "full_attention" for kind in types]
+    return attending
 
 
 def olmo_hybrid_rope_base(c: dict) -> float | None:
@@ -2734,9 +2745,7 @@ class OlmoHybrid:
         hf, ours = f"model.layers.{i}", f"blocks.{i}"
         return [(f"{ours}.sequence_norm.weight", [f"{hf}.input_layernorm.weight"]),
                 (f"{ours}.state_norm.weight", [f"{hf}.post_attention_layernorm.weight"]),
-                *((f"{ours}.sequence_mixer.{mine}", [f"{hf}.linear_attn.{theirs}"]) for mine, theirs in
-                  (("conv.weight", "conv1d.weight"), ("A_log", "A_log"), ("dt_bias", "dt_bias"),
-                   ("norm.weight", "o_norm.weight"), ("out_proj.weight", "o_proj.weight"))),
+                *gated_deltanet_pairs(f"{ours}.sequence_mixer", f"{hf}.linear_attn", norm="o_norm", out="o_proj"),
                 *swiglu_pairs(f"{ours}.state_mixer", f"{hf}.mlp")]
 
     @classmethod
