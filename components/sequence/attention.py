@@ -137,7 +137,6 @@ class QCAttention(nn.Module):
         self.positions = QueryKeyPositions("QCAttention", head_dim, rope=rope, qk_norm=qk_norm, norm_eps=norm_eps,
                                            rope_fraction=rope_fraction,
                                            heads=(n_heads, n_kv_heads) if qk_norm_over == "all_heads" else None)
-        self.qk_norm_over = qk_norm_over
         self.d_model, self.sliding_window, self.backend = d_model, sliding_window, backend
         check_flags("QCAttention", qkv_bias=qkv_bias, output_gate=output_gate)
         self.qkv_bias = qkv_bias
@@ -157,6 +156,11 @@ class QCAttention(nn.Module):
         if self.gate_proj is not None:
             y = y * torch.sigmoid(self.gate_proj(x))
         return self.out_proj(y)  # [B, T, d_model]
+
+    @property
+    def qk_norm_over(self) -> str:
+        """What the QK-norm spans (``"head"`` or ``"all_heads"``), as its module holds it."""
+        return self.positions.norm_span
 
     def _queries_keys_values(self, x: torch.Tensor, context: Context) -> tuple[torch.Tensor, ...]:
         """``x [B, T, d_model]`` (padding zeroed) → ``q [B, T, H, Dh]``, ``k, v [B, T, Hkv, Dh]``, q and k positioned."""
