@@ -12,6 +12,7 @@ from components.context import Context
 from components.flops import gated_delta_flops_per_token
 from components.norm import RMSNorm, at_least_fp32
 from components.sequence.causal_conv import causal_conv
+from zoo_kernels._backend import check_backend
 from zoo_kernels.gated_delta import REFERENCE_CHUNK, gated_delta_rule, gated_delta_step
 
 
@@ -45,6 +46,8 @@ class GatedDeltaNet(nn.Module):
             Through Negative Eigenvalues" (ICLR 2025); flash-linear-attention's and OLMo-Hybrid's option of that name.
         norm_eps: epsilon of the output RMSNorm (default 1e-6).
         chunk_size: chunk length of the rule's chunked form (default 64).
+        backend: ``auto`` | ``reference`` | ``triton`` for the rule's recurrence over chunks (``auto``: the Triton
+            kernel on CUDA, the plain-torch loop elsewhere; zoo_kernels/gated_delta).
 
     Initialisation: ``A_log = log U(0.01, 16)`` (Qwen3-Next's; flash-linear-attention draws ``U(0, 16)``), ``Δ_bias``
     so that ``softplus(Δ_bias)`` is log-uniform in ``[1e-3, 1e-1]`` (flash-linear-attention's, Mamba-2's).
@@ -54,8 +57,10 @@ class GatedDeltaNet(nn.Module):
 
     def __init__(self, d_model: int, *, n_heads: int | None = None, head_dim: int | None = None,
                  n_k_heads: int | None = None, v_head_dim: int | None = None, conv_kernel: int = 4, gate: bool = True,
-                 allow_neg_eigval: bool = False, norm_eps: float = 1e-6, chunk_size: int = 64):
+                 allow_neg_eigval: bool = False, norm_eps: float = 1e-6, chunk_size: int = 64,
+                 backend: str = "auto"):
         super().__init__()
+        check_backend(backend, "GatedDeltaNet")
         check_positive("GatedDeltaNet", d_model=d_model, conv_kernel=conv_kernel, chunk_size=chunk_size)
         check_flags("GatedDeltaNet", gate=gate, allow_neg_eigval=allow_neg_eigval)
         check_number("GatedDeltaNet", "norm_eps", norm_eps, low=0)
@@ -69,6 +74,7 @@ class GatedDeltaNet(nn.Module):
         check_positive("GatedDeltaNet", n_heads=n_heads, n_k_heads=n_k_heads, v_head_dim=v_head_dim)
         check_divisible("GatedDeltaNet", "n_heads", n_heads, "n_k_heads", n_k_heads)
         self.d_model, self.n_heads, self.n_k_heads, self.chunk_size = d_model, n_heads, n_k_heads, chunk_size
+        self.backend = backend
         self.head_dim, self.v_head_dim, self.gate, self.allow_neg_eigval = head_dim, v_head_dim, gate, allow_neg_eigval
         self.d_key, self.d_value = n_k_heads * head_dim, n_heads * v_head_dim
         self.d_qkv = 2 * self.d_key + self.d_value
@@ -99,13 +105,15 @@ class GatedDeltaNet(nn.Module):
             g = g.masked_fill(context.padding_mask[..., None], 0.0)
         cached = context.cache.state(self) if context.cache is not None else None  # decoding: conv window, state
         if cached is None:
-            y = gated_delta_rule(q, k, v, g, beta, chunk_size=self.chunk_size, document_starts=context.document_starts)
+            y = gated_delta_rule(q, k, v, g, beta, chunk_size=self.chunk_size, document_starts=context.document_starts,
+                                 backend=self.backend)
         elif T == 1 and "state" in cached:  # a decoding step: one token of the recurrence
             y, state = gated_delta_step(cached["state"], q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], scale=K ** -0.5)
             y = y[:, None]  # [b, 1, H, V]
         else:  # prefill, or several new tokens: the chunked form from the cached state
             y, state = gated_delta_rule(q, k, v, g, beta, chunk_size=self.chunk_size,
-                                        initial_state=cached.get("state"), return_final_state=True)
+                                        initial_state=cached.get("state"), return_final_state=True,
+                                        backend=self.backend)
         if cached is not None:
             context.cache.keep(self, "state", state, T)
         y = self.norm(y)  # [b, T, H, V], each head normalised over its V

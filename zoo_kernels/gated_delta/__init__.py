@@ -1,11 +1,12 @@
 """``gated_delta_rule``: the gated delta rule of Gated DeltaNet (chunked), and ``gated_delta_step`` for decoding.
 
-Plain torch only (no Triton kernel yet): README.md beside this file gives the math and the cost.
+Two backends: the plain-torch chunked form (``reference``), and ``triton``, which runs the recurrence over chunks in one
+kernel launch (the rest is the same torch code). README.md beside this file gives the math and the cost.
 """
 
 import torch
 
-from zoo_kernels._backend import without_autocast
+from zoo_kernels._backend import KERNEL_DTYPES, check_backend, resolve_backend, without_autocast
 from zoo_kernels._finite import poison, seen_so_far, split_finite
 from zoo_kernels.gated_delta.reference import gated_delta_chunked, gated_delta_recurrent, gated_delta_step
 
@@ -29,6 +30,7 @@ def gated_delta_rule(
     return_final_state: bool = False,
     document_starts: torch.Tensor | None = None,
     check_finite: bool = True,
+    backend: str = "auto",
 ):
     """The gated delta rule over a sequence, with the arguments of flash-linear-attention's ``chunk_gated_delta_rule``
     (``q`` and ``k`` already L2-normalised: the rule assumes unit keys; heads of ``q`` and ``k`` already repeated to
@@ -47,11 +49,14 @@ def gated_delta_rule(
         check_finite: take non-finite entries out and put their reach back as NaN (default True), so a NaN reaches
             only the outputs at and after it in its document, as in the recurrence (the chunked form's masked products
             would send 0 · NaN to the past); False skips the pass for inputs known to be finite.
+        backend: ``auto`` (Triton on CUDA tensors in fp32/bf16/fp16, the reference otherwise) | ``reference`` |
+            ``triton`` (the recurrence over chunks in one kernel; it and the rest compute in fp32).
 
     Returns:
         ``y [B, T, H, V]`` in ``v``'s dtype, or ``(y, final_state [B, H, K, V])`` (fp32, or float64 for float64
         inputs) with ``return_final_state``. Computes in at least fp32 whatever the inputs and autocast say.
     """
+    check_backend(backend, "gated_delta_rule")
     _check_arguments(q, k, v, g, beta, chunk_size, initial_state, document_starts)
     batch, T, H, K = k.shape
     scale = K ** -0.5 if scale is None else scale
@@ -64,11 +69,14 @@ def gated_delta_rule(
         (g, bad_g), (beta, bad_beta) = split_finite(g, 0), split_finite(beta, 0)
         written = seen_so_far(bad_k | bad_v | bad_g | bad_beta, document_starts)  # [B, T, H]: what entered the state
         reach, last = written | bad_q, written[:, -1]  # [B, T, H], [B, H]
+    chunked = gated_delta_chunked
+    if resolve_backend(backend, v, op="gated_delta_rule", has_triton=v.dtype in KERNEL_DTYPES) == "triton":
+        from zoo_kernels.gated_delta.triton import gated_delta_triton as chunked  # imports triton only when asked for
     with without_autocast(v.device.type):  # decays are exponentials of long sums, which bf16 cannot hold
         up = lambda t: None if t is None else t.to(wide)  # noqa: E731
-        y, state = gated_delta_chunked(up(q), up(k), up(v), up(g), up(beta), scale=scale,
-                                       chunk_size=min(chunk_size, REFERENCE_CHUNK), initial_state=up(initial_state),
-                                       document_starts=document_starts)
+        y, state = chunked(up(q), up(k), up(v), up(g), up(beta), scale=scale,
+                           chunk_size=min(chunk_size, REFERENCE_CHUNK), initial_state=up(initial_state),
+                           document_starts=document_starts)
     y = y.to(v.dtype)
     if check_finite:
         y, state = poison(y, reach), poison(state, last)

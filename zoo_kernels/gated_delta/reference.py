@@ -38,7 +38,43 @@ def gated_delta_chunked(
     below is a sum of log-decays (never a difference), so ``-inf`` never meets ``-inf`` in a subtraction.
     """
     batch, T, H, K = k.shape
-    V, L = v.shape[-1], chunk_size
+    U, W, reads, scores, writes, kept = chunk_terms(q, k, v, g, beta, scale=scale, chunk_size=chunk_size,
+                                                    document_starts=document_starts)
+    # The loop takes the chunks apart with unbind (one gradient of the whole at the end), not by indexing (a
+    # full-size zero gradient per index: quadratic in the chunks, 28% of a T = 1024 pass before)
+    state = k.new_zeros(batch, H, K, v.shape[-1]) if initial_state is None else initial_state.to(k.dtype)  # [b,h,k,v]
+    ys = []
+    per_chunk = (t.movedim(2, 0).contiguous().unbind(0) for t in (U, W, reads, scores, writes.transpose(-1, -2), kept))
+    for u, w, read, score, write, kept_c in zip(*per_chunk):  # (each a contiguous [b, h, ·, ·]: no copy per product)
+        delta = u - w @ state  # [b, h, l, v]: the state entering the chunk corrects the values
+        ys.append(read @ state + score @ delta)  # [b, h, l, v]
+        state = state * kept_c[..., None, None] + write @ delta  # [b, h, k, v]: the state leaving the chunk
+    y = rearrange(torch.stack(ys, dim=2), "b h c l v -> b (c l) h v")[:, :T]  # [b, T, h, v]
+    return y, state
+
+
+def chunk_terms(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float,
+    chunk_size: int,
+    document_starts: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Everything of the chunked form that does not wait for the state, for all chunks at once (the plain-torch loop
+    and the Triton kernel of the recurrence over chunks both start here). ``q, k [b,t,h,k]``, ``v [b,t,h,v]``,
+    ``g, beta [b,t,h]``; the sequence is padded to ``nc`` whole chunks of ``L = chunk_size``. Returns
+
+    - ``U [b,h,nc,L,v]``, ``W [b,h,nc,L,k]``: the corrected values are ``Δ = U − W S_0`` (``S_0`` entering the chunk);
+    - ``reads [b,h,nc,L,k]``: the queries (scaled) decayed from the chunk's start, which read ``S_0``;
+    - ``scores [b,h,nc,L,L]``: ``(q·k) e^{γ_l − γ_m}`` on and below the diagonal, which read ``Δ``;
+    - ``writes [b,h,nc,L,k]``: the keys decayed to the chunk's end, which write ``Δ`` into the leaving state;
+    - ``kept [b,h,nc]``: ``e^{γ_L}``, what the chunk keeps of ``S_0`` (0 across a document start).
+    """
+    T, L = k.shape[1], chunk_size
     pad = (-T) % L
     if pad:
         q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))  # [b, T+pad, h, ·]
@@ -53,27 +89,16 @@ def gated_delta_chunked(
     after = torch.flip(torch.cumsum(torch.flip(g_c, [-1]), -1), [-1])  # [b, h, c, l]: Σ_{r >= l} g_r
     to_end = torch.exp(F.pad(after[..., 1:], (0, 1)))  # [b, h, c, l]: exp Σ_{r > l} g_r, to the chunk's end
 
-    # The corrected values: (I + M) Δ = β ⊙ V − (β e^γ ⊙ K) S_0 with M[l, m] = β_l e^{γ_l − γ_m} k_l·k_m for m < l,
-    # so Δ = U − W S_0: one solve for both right-hand sides, before the state entering the chunk is known.
+    # (I + M) Δ = β ⊙ V − (β e^γ ⊙ K) S_0 with M[l, m] = β_l e^{γ_l − γ_m} k_l·k_m for m < l, so Δ = U − W S_0:
+    # one solve for both right-hand sides, before the state entering the chunk is known.
     M = (beta_c[..., None] * (k_c @ k_c.transpose(-1, -2)) * decay).tril(-1)  # [b, h, c, l, m], strictly below
     rhs = torch.cat([beta_c[..., None] * v_c, (beta_c * from_start)[..., None] * k_c], dim=-1)  # [b, h, c, l, v+k]
-    U, W = torch.linalg.solve_triangular(M, rhs, upper=False, unitriangular=True).split([V, K], dim=-1)
+    U, W = torch.linalg.solve_triangular(M, rhs, upper=False, unitriangular=True).split([v.shape[-1], k.shape[-1]],
+                                                                                        dim=-1)
     scores = (q_c @ k_c.transpose(-1, -2)) * decay  # [b, h, c, l, m], the diagonal included
-
-    # What each chunk reads of the state entering it, and writes to the state leaving it, for all chunks at once; the
-    # loop takes them apart with unbind (one gradient of the whole at the end), not by indexing (a full-size zero
-    # gradient per index: quadratic in the chunks, 28% of a T = 1024 pass before)
-    reads = q_c * from_start[..., None]  # [b, h, c, l, k]: queries decayed from the chunk's start
-    writes = (k_c * to_end[..., None]).transpose(-1, -2)  # [b, h, c, k, l]: keys decayed to the chunk's end
-    state = k.new_zeros(batch, H, K, V) if initial_state is None else initial_state.to(k.dtype)  # [b, h, k, v]
-    ys = []
-    per_chunk = (t.movedim(2, 0).contiguous().unbind(0) for t in (U, W, reads, scores, writes, from_start[..., -1]))
-    for u, w, read, score, write, kept in zip(*per_chunk):  # (each a contiguous [b, h, ·, ·]: no copy per product)
-        delta = u - w @ state  # [b, h, l, v]: the state entering the chunk corrects the values
-        ys.append(read @ state + score @ delta)  # [b, h, l, v]
-        state = state * kept[..., None, None] + write @ delta  # [b, h, k, v]: the state leaving the chunk
-    y = rearrange(torch.stack(ys, dim=2), "b h c l v -> b (c l) h v")[:, :T]  # [b, T, h, v]
-    return y, state
+    reads = q_c * from_start[..., None]  # [b, h, c, l, k]
+    writes = k_c * to_end[..., None]  # [b, h, c, l, k]
+    return U, W, reads, scores, writes, from_start[..., -1]
 
 
 def gated_delta_step(
