@@ -4,7 +4,7 @@
     python -m zoo_kernels.doctor --tf32          # fp32 dots in TF32 (torch.set_float32_matmul_precision("high"))
     python -m zoo_kernels.doctor --no-timing
 
-For each kernel (``attention``, its decoding step, ``ssd_scan``, ``expert_mix``) and dtype it runs the Triton
+For each kernel (``attention``, its decoding step, ``ssd_scan``, ``gated_delta_rule``, ``expert_mix``) and dtype it runs the Triton
 kernel and the plain-torch reference on the same inputs — activations in that dtype, what a model makes from fp32
 parameters in fp32, as mixed precision launches them (``KEPT_FP32``) — and compares both with the reference in
 float64: the output and the gradient of every floating input (the decoding step: its output; it has no backward).
@@ -17,7 +17,8 @@ Without a GPU the kernels run in Triton's numpy interpreter (``TRITON_INTERPRET=
 imported; fp32 and fp16 only): a check of the kernels' logic at tiny shapes, what CI runs. On a GPU the shapes
 are those of the recipes (head dims 64 and 128, SSD heads 64 × state 128) in bf16 and fp32, and a timing table
 gives the forward + backward median of each kernel against its reference and torch's SDPA (and
-``mamba_ssm``'s ``mamba_chunk_scan_combined`` when it is installed).
+``mamba_ssm``'s ``mamba_chunk_scan_combined`` and flash-linear-attention's ``chunk_gated_delta_rule`` when they are
+installed).
 
 Last, the table says which backend ``auto`` takes for each op here. A kernel that fails its check is refused
 for the rest of the process (:func:`zoo_kernels._backend.refuse_kernel`): ``auto`` then takes the reference with a
@@ -37,8 +38,10 @@ import torch
 FACTOR = 2.5  # kernel error ≤ FACTOR × reference error in the same dtype + FLOOR[dtype]
 FLOOR = {torch.float32: 1e-5, torch.float16: 1e-4, torch.bfloat16: 1e-3}
 # The inputs a model makes from fp32 parameters: under mixed precision (bf16-mixed) they reach the kernels in fp32
-# whatever the activations' dtype — the SSD's Δ (its bias), A and D, attention's key bias, the experts' rows.
-KEPT_FP32 = {"ssd_scan": {"dt", "A", "D"}, "attention": {"bias"}, "expert_mix": {"down", "up"}}
+# whatever the activations' dtype — the SSD's Δ (its bias), A and D, attention's key bias, the experts' rows, Gated
+# DeltaNet's log-decays.
+KEPT_FP32 = {"ssd_scan": {"dt", "A", "D"}, "attention": {"bias"}, "expert_mix": {"down", "up"},
+             "gated_delta_rule": {"g"}}
 
 
 def as_a_model_launches(op: str, inputs: dict, dtype: torch.dtype) -> dict:
@@ -145,6 +148,25 @@ def ssd_case(cuda: bool, P: int, N: int, device: str) -> tuple[str, Callable, di
     return f"B{B} T{T} H{H} P{P} N{N} chunk {L}", fn, inputs
 
 
+def gated_delta_case(cuda: bool, device: str) -> tuple[str, Callable, dict]:
+    """Qwen3-Next's head dims (K = V = 128) on a GPU; unit keys, as the mixer gives them."""
+    from zoo_kernels.gated_delta import gated_delta_rule
+
+    B, T, H, K, V, L = (2, 1024, 8, 128, 128, 64) if cuda else (1, 21, 2, 16, 16, 8)
+    g = torch.Generator().manual_seed(0)
+    inputs = {"q": torch.randn(B, T, H, K, generator=g),
+              "k": torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=g), dim=-1),
+              "v": torch.randn(B, T, H, V, generator=g),
+              "g": -torch.nn.functional.softplus(torch.randn(B, T, H, generator=g) - 2.0),
+              "beta": torch.sigmoid(torch.randn(B, T, H, generator=g))}
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+
+    def fn(backend: str, **a) -> torch.Tensor:
+        return gated_delta_rule(**a, chunk_size=L, backend=backend)
+
+    return f"B{B} T{T} H{H} K{K} V{V} chunk {L}", fn, inputs
+
+
 def expert_mix_case(cuda: bool, device: str) -> tuple[str, Callable, dict]:
     from zoo_kernels.retrieval import expert_mix
 
@@ -167,6 +189,7 @@ def cases(cuda: bool, device: str) -> list[tuple[str, str, Callable, dict]]:
     out = [("attention", *attention_case(cuda, D, device)) for D in heads]
     out += [("attention", *attention_decode_case(cuda, D, device)) for D in heads[-1:]]  # refused with attention's
     out += [("ssd_scan", *ssd_case(cuda, P, N, device)) for P, N in ssd_sizes]
+    out.append(("gated_delta_rule", *gated_delta_case(cuda, device)))
     out.append(("expert_mix", *expert_mix_case(cuda, device)))
     return out
 
@@ -216,6 +239,13 @@ def timings(all_cases, dtype: torch.dtype) -> list[tuple[str, str, str, float]]:
             rows.append((op, shape, "mamba_ssm", median_ms(forward_backward(
                 lambda x, dt, B, C: mamba_chunk_scan_combined(x, dt, A.float(), B, C, chunk_size=64),
                 {"x": x, "dt": dt, "B": B, "C": C}))))
+        if op == "gated_delta_rule":
+            try:
+                from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+            except ImportError:
+                continue
+            rows.append((op, shape, "flash-linear-attention", median_ms(forward_backward(
+                lambda **a: chunk_gated_delta_rule(**a)[0], rounded))))
     return rows
 
 
@@ -225,7 +255,8 @@ def auto_backends(device: str) -> dict[str, str]:
     from zoo_kernels._backend import resolve_backend
 
     sample = torch.zeros(1, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
-    return {op: resolve_backend("auto", sample, op=op, has_triton=True) for op in ("attention", "ssd_scan", "expert_mix")}
+    return {op: resolve_backend("auto", sample, op=op, has_triton=True)
+            for op in ("attention", "ssd_scan", "gated_delta_rule", "expert_mix")}
 
 
 def run(*, timing: bool = True, out=None) -> list[Check]:

@@ -13,7 +13,9 @@ def causal_conv(owner: nn.Module, conv: nn.Conv1d, x: torch.Tensor, cache: Infer
     """Depthwise causal conv of ``x [b, T, C]`` by ``conv`` (its weights ``[C, 1, K]`` and bias, if any; never its own
     padding): each output reads its input and the ``K - 1`` before it, which are zeros before the sequence, or (decoding)
     the window the last call left in ``owner``'s entry ``conv`` of ``cache``; with ``document_ids [b, T]``, only those
-    of its own document. Returns ``[b, T, C]``."""
+    of its own document. Returns ``[b, T, C]`` in ``x``'s dtype on every path (as ``F.conv1d`` gives it under autocast:
+    the taps below would promote a half-precision ``x`` to the fp32 weights' dtype, so a CPU run under autocast would
+    hand the mixer fp32 activations where a GPU's hands it half ones)."""
     K = conv.kernel_size[0]
     if x.shape[1] == 0:
         return x
@@ -26,7 +28,7 @@ def causal_conv(owner: nn.Module, conv: nn.Conv1d, x: torch.Tensor, cache: Infer
         cache.keep(owner, "conv", full[:, full.shape[1] - (K - 1):].contiguous(), x.shape[1])  # [b, K-1, C]
     bias = conv.bias if conv.bias is not None else x.new_zeros(())
     if x.shape[1] == 1 and document_ids is None:  # a decoding step: K products per channel, a tenth of a conv
-        return (full * conv.weight[:, 0].t()).sum(dim=1, keepdim=True) + bias  # [b, 1, C]
+        return ((full * conv.weight[:, 0].t()).sum(dim=1, keepdim=True) + bias).to(x.dtype)  # [b, 1, C]
     if document_ids is None and not full.is_cpu:
         # torch's depthwise conv (cuDNN on a GPU), on [b, C, T] views; the taps below are untimed on a GPU
         out = F.conv1d(full.transpose(1, 2), conv.weight, conv.bias, groups=full.shape[2])  # [b, C, T]
@@ -42,4 +44,4 @@ def causal_conv(owner: nn.Module, conv: nn.Conv1d, x: torch.Tensor, cache: Infer
         if document_ids is not None:  # selected away, not multiplied by 0: a NaN before the document stays out
             tap = torch.where((ids[:, k:k + T] == document_ids)[..., None], tap, 0.0)
         out = torch.addcmul(out, tap, conv.weight[:, 0, k])
-    return out
+    return out.to(x.dtype)

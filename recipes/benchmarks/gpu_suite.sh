@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU measurement the docs wait for (docs/performance.md "On a GPU", docs/kernels.md "GPU targets"), in three
-# phases (step limits summing to 765, 420 and 510 s; the steps have taken half their limits or less, so the first two
+# phases (step limits summing to 765, 420 and 555 s; the steps have taken half their limits or less, so the first two
 # fit one fifteen-minute lease of an H100 or H200 when the machine starts in under a minute, as it did on 2026-11-27),
 # each step under its own time limit so a slow step costs only itself, and at most eight files written per phase:
 #
@@ -12,7 +12,8 @@
 #                                                          # the finite passes' cost
 #   bash recipes/benchmarks/gpu_suite.sh OUT_DIR lengths   # training steps at T 2K, 8K, 16K (4K is in models), the SSD
 #                                                          # against mamba_ssm at 2K and 8K, the eager decoding step's
-#                                                          # launches (510 s; the next lease first)
+#                                                          # launches, the gated delta rule's kernel at 2K-16K (555 s;
+#                                                          # the next lease first)
 #
 # mamba_ssm's rows need its Triton files first on PYTHONPATH: `python -m recipes.benchmarks.mamba_ssm_triton` writes
 # them to .gpu_extra/ (then `PYTHONPATH=$PWD/.gpu_extra bash recipes/benchmarks/gpu_suite.sh OUT kernels`). The zoo's
@@ -107,6 +108,9 @@ case "$phase" in
         # to 5 (2026-12-04, counted on a CPU: 387 -> 323 a step; the eager step was 0.68x HF's on the H200)
         step decode_ops 60 python3 -m recipes.benchmarks.decode_ops --models llama --width 256 --device cuda \
             --dtype bf16 --rounds 5
+        # the gated delta rule's Triton recurrence over chunks against its plain-torch loop (never timed on a GPU yet;
+        # flash-linear-attention's row where it is installed)
+        step ops_gated_delta 45 python3 -m recipes.benchmarks.ops --ops gated_delta --lengths 2048 8192 16384 --repeats 5
         ;;
     *)
         echo "unknown phase '$phase': kernels, models or lengths" >&2

@@ -11,7 +11,9 @@ meaningful (forward+backward counted as 3.5 × the forward's matmul FLOPs for at
 convention, and 3 × for the SSD, whose backward makes twice its forward's), and peak memory above the inputs
 (CUDA only). Optional baselines are used when installed and named when missing: mamba_ssm's
 ``mamba_chunk_scan_combined`` (SSD) and flash-dmattn (attention with a dynamic mask). Shapes: SSD ``B=4, H=32,
-P=64, N=128, chunk 256`` with the ``D`` skip (Mamba-2's layer passes it); attention ``B=4, H=16, D=64, causal``
+P=64, N=128, chunk 256`` with the ``D`` skip (Mamba-2's layer passes it); the gated delta rule ``B=4, H=16,
+K=V=128, chunk 64`` (Qwen3-Next's head dims; flash-linear-attention's ``chunk_gated_delta_rule`` beside it when
+installed); attention ``B=4, H=16, D=64, causal``
 (``--head-dim``); CDMoE retrieval ``n_experts=65536, top_k=16, heads=4``; a decoding step's attention (``decode``: one query against ``T`` cached keys,
 GQA 4:1, D 128, batch 1 and 2 × ``--batch``). Sizes follow the device: on a GPU, T = 1024 … 8192 and batch 4; on a CPU, T = 512 … 2048 and batch 1 (the dense-mask baseline alone is ``B·H·T²`` floats:
 16 GiB at GPU sizes). The inputs' dtypes are those a model launches under mixed precision (``bf16-mixed``):
@@ -31,7 +33,9 @@ import torch.nn.functional as F
 from recipes.argtypes import bounded, device, positive_int
 from recipes.benchmarks.mamba_ssm_triton import MAMBA_MISSING
 from recipes.benchmarks.timing import median_ms
+from components.flops import gated_delta_flops_per_token
 from zoo_kernels.attention import attention
+from zoo_kernels.gated_delta import gated_delta_rule
 from zoo_kernels.retrieval import expert_mix
 from zoo_kernels.ssd import ssd_scan
 from recipes.benchmarks.ssd import ssd_flops
@@ -168,6 +172,41 @@ def bench_ssd(lengths, device, dtype, repeats, use_triton, B: int, profile: int 
     yield from [""] + ([] if have_mamba else [MAMBA_MISSING])
 
 
+FLA_MISSING = ("flash-linear-attention not installed: its chunk_gated_delta_rule row is skipped "
+               "(pip install flash-linear-attention)")
+
+
+def bench_gated_delta(lengths, device, dtype, repeats, use_triton, B: int, profile: int = 0) -> Iterator[str]:
+    """The gated delta rule: the plain-torch chunked form (a Python loop over chunks) against the Triton recurrence
+    over chunks, with unit keys and the log-decays in fp32 (as the mixer gives them). TFLOP/s count the chunked form's
+    products (``components.flops``); forward+backward as 3 forwards."""
+    H, K, V, L = 16, 128, 128, 64
+    yield from [f"Gated delta rule, B={B}, H={H}, K={K}, V={V}, chunk {L}, {dtype}:", "", HEADER]
+    have_fla = importlib.util.find_spec("fla") is not None
+    for T in lengths:
+        q, v = (torch.randn(B, T, H, D, device=device, dtype=dtype, requires_grad=True) for D in (K, V))
+        k = F.normalize(torch.randn(B, T, H, K, device=device), dim=-1).to(dtype).requires_grad_()
+        g = (-F.softplus(torch.randn(B, T, H, device=device) - 2)).requires_grad_()  # fp32, from fp32 parameters
+        beta = torch.sigmoid(torch.randn(B, T, H, device=device)).to(dtype).requires_grad_()
+        ins = [q, k, v, g, beta]
+        cases = {"reference (chunked torch)": lambda: gated_delta_rule(q, k, v, g, beta, chunk_size=L,
+                                                                       backend="reference")}
+        if use_triton:
+            cases["triton (recurrence over chunks)"] = lambda: gated_delta_rule(q, k, v, g, beta, chunk_size=L,
+                                                                                backend="triton")
+            cases["triton, check_finite=False"] = lambda: gated_delta_rule(q, k, v, g, beta, chunk_size=L,
+                                                                           backend="triton", check_finite=False)
+        if have_fla and use_triton:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+            cases["flash-linear-attention chunk_gated_delta_rule"] = lambda: chunk_gated_delta_rule(q, k, v, g, beta)[0]
+        flops = gated_delta_flops_per_token(T, L, H, K, V) * T * B
+        for name, fn in cases.items():
+            yield row(name, T, measure(fn, ins, False, repeats), measure(fn, ins, True, repeats), flops, passes=3)
+        yield from profiled_rows([(name, fn, ins) for name, fn in cases.items()], T, profile)
+    yield from [""] + ([] if have_fla else [FLA_MISSING])
+
+
 def bench_decode(lengths, device, dtype, repeats, use_triton, batches: list[int]) -> Iterator[str]:
     """One decoding step's attention: one query per sequence against ``S`` cached keys with a per-key bias and a
     padding mask, as :meth:`components.context.Context.attend` calls it — the route ``auto`` takes (torch's SDPA
@@ -246,12 +285,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lengths", type=positive_int, nargs="+", action="extend",
                         help="default: 1024 … 8192 on a GPU, 512 … 2048 on a CPU")
     parser.add_argument("--batch", type=positive_int, help="default: 4 on a GPU, 1 on a CPU")
-    parser.add_argument("--ops", nargs="+", default=["attention", "ssd", "retrieval", "decode"],
-                        choices=["attention", "ssd", "retrieval", "decode"])
+    parser.add_argument("--ops", nargs="+", default=["attention", "ssd", "gated_delta", "retrieval", "decode"],
+                        choices=["attention", "ssd", "gated_delta", "retrieval", "decode"])
     parser.add_argument("--repeats", type=positive_int, default=10)
     parser.add_argument("--head-dim", type=positive_int, default=64, help="attention's head dim (default 64)")
     parser.add_argument("--profile", type=bounded(int, 0), default=0, metavar="N",
-                        help="after each length's rows of attention and the SSD, one forward and one forward+backward "
+                        help="after each length's rows of attention, the SSD and the gated delta rule, one forward and one forward+backward "
                              "of every row under torch's profiler: its N costliest kernels (default 0: none)")
     parser.add_argument("--ssd-config", metavar="FILE",
                         help="a JSON object of launch_config entries laid over the SSD kernels' own choice "
@@ -271,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
         "attention": lambda: bench_attention(lengths, args.device, dtype, args.repeats, cuda, batch, args.head_dim,
                                              args.profile),
         "ssd": lambda: bench_ssd(lengths, args.device, dtype, args.repeats, cuda, batch, args.profile),
+        "gated_delta": lambda: bench_gated_delta(lengths, args.device, dtype, args.repeats, cuda, batch, args.profile),
         "retrieval": lambda: bench_retrieval(args.device, dtype, args.repeats, cuda, tokens=4 * 1024 if cuda else 1024),
         "decode": lambda: bench_decode(lengths, args.device, dtype, args.repeats, cuda, sorted({1, batch * 2})),
     }

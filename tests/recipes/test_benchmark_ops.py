@@ -182,11 +182,12 @@ def test_the_sizes_follow_the_device(monkeypatch, capsys):
             yield f"{name} ran"
         return bench
 
-    for name in ("bench_attention", "bench_ssd", "bench_retrieval", "bench_decode"):
+    for name in ("bench_attention", "bench_ssd", "bench_gated_delta", "bench_retrieval", "bench_decode"):
         monkeypatch.setattr(ops, name, recorder(name))
     ops.main(["--device", "cpu"])
     out = capsys.readouterr().out
-    assert "No CUDA: Triton rows are skipped" in out and out.count(" ran\n") == 4 and "float32" in out
+    assert "No CUDA: Triton rows are skipped" in out and out.count(" ran\n") == 5 and "float32" in out
+    assert calls["bench_gated_delta"] == (([512, 1024, 2048], "cpu", torch.float32, 10, False, 1, 0), {})
     assert calls["bench_attention"] == (([512, 1024, 2048], "cpu", torch.float32, 10, False, 1, 64, 0), {})
     assert calls["bench_ssd"] == (([512, 1024, 2048], "cpu", torch.float32, 10, False, 1, 0), {})
     assert calls["bench_retrieval"] == (("cpu", torch.float32, 10, False), {"tokens": 1024})
@@ -252,3 +253,49 @@ def test_the_public_baselines_get_the_rows_inputs_when_installed(monkeypatch):
     bias, causal = calls["dmattn"]
     assert causal is True and bias.shape == (2, 16, 24, 24) and bias.stride(2) == 0  # a view, not a copy
     assert lines[-1].startswith("flash-dmattn: flash_dmattn_func_auto()")
+
+
+def test_the_gated_delta_rows_time_the_reference_the_kernel_and_flash_linear_attention_to_every_input(monkeypatch):
+    """With the Triton rows on (routed here to the reference, the backends recorded) and a stand-in
+    flash-linear-attention: rows in order, each measured forward then forward+backward with every input's gradient;
+    unit keys, fp32 log-decays; the kernels-alone row (and only it) without the finite checks; TFLOP/s from the
+    chunked form's FLOP count over 3 passes."""
+    import sys
+    import types
+
+    from components.flops import gated_delta_flops_per_token
+    from zoo_kernels.gated_delta import gated_delta_rule
+
+    backends, measured, fla_calls = [], [], []
+    monkeypatch.setattr(ops, "gated_delta_rule", to_reference(gated_delta_rule, backends))
+
+    def measure(fn, ins, backward, repeats):
+        ops.step(fn, ins, backward)
+        measured.append((backward, [t.grad is not None for t in ins]))
+        return 2.0, float("nan")
+
+    def chunk_gated_delta_rule(q, k, v, g, beta):
+        fla_calls.append((k.norm(dim=-1), g.dtype))
+        return gated_delta_rule(q, k, v, g, beta, backend="reference"), None
+
+    module = types.ModuleType("fla.ops.gated_delta_rule")
+    module.chunk_gated_delta_rule = chunk_gated_delta_rule
+    for name in ("fla", "fla.ops", "fla.ops.gated_delta_rule"):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(ops.importlib.util, "find_spec", lambda name, *a: object() if name == "fla" else None)
+    monkeypatch.setattr(ops, "measure", measure)
+    lines = list(ops.bench_gated_delta([20], "cpu", torch.float32, 1, True, B=1))
+    rows = [line for line in lines if line.startswith("| ") and " 20 " in line]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| reference (chunked torch)", "| triton (recurrence over chunks)", "| triton, check_finite=False",
+        "| flash-linear-attention chunk_gated_delta_rule"]
+    assert [backward for backward, _ in measured] == [False, True] * 4
+    assert all(all(grads) == backward for backward, grads in measured)
+    assert sorted(set(backends)) == [("gated_delta_rule", "reference", True), ("gated_delta_rule", "triton", False),
+                                     ("gated_delta_rule", "triton", True)]
+    norms, g_dtype = fla_calls[0]
+    torch.testing.assert_close(norms, torch.ones_like(norms))
+    assert g_dtype == torch.float32
+    tflops = gated_delta_flops_per_token(20, 64, 16, 128, 128) * 20 / 2e-3 / 1e12
+    assert rows[0].split(" | ")[3] == f"{tflops:.3g}" and rows[0].split(" | ")[5] == f"{3 * tflops:.3g}"
+    assert ops.FLA_MISSING not in lines

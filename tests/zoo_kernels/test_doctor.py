@@ -21,7 +21,7 @@ def test_every_kernel_passes_its_check_here(capsys):
     assert doctor.main(["--no-timing"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "kernel error" not in line]
-    assert {row.split("|")[1].strip() for row in rows} == {"attention", "ssd_scan", "expert_mix"}
+    assert {row.split("|")[1].strip() for row in rows} == {"attention", "ssd_scan", "gated_delta_rule", "expert_mix"}
     assert len(rows) >= 8 and all(row.rstrip().endswith("| ok |") for row in rows)
     assert sum("| decode " in row for row in rows) == 2  # the decoding step's kernel, in both dtypes
     assert f"{len(rows)} of {len(rows)} checks passed" in out and not refused_kernels()
@@ -137,8 +137,9 @@ def _stand_in_cases():
     qkv = {n: torch.randn(1, 5, 2, 4) for n in ("q", "k", "v")}
     ssd = {"x": torch.randn(1, 5, 2, 4), "dt": torch.rand(1, 5, 2), "A": -torch.rand(2), "B": torch.randn(1, 5, 1, 4),
            "C": torch.randn(1, 5, 1, 4), "D": torch.randn(2)}
+    delta = {**qkv, "g": -torch.rand(1, 5, 2), "beta": torch.rand(1, 5, 2)}
     return seen, [("attention", "B1 T5", fn, qkv), ("attention", "decode B1 S5", fn, qkv),
-                  ("ssd_scan", "B1 T5 chunk 8", fn, ssd)]
+                  ("ssd_scan", "B1 T5 chunk 8", fn, ssd), ("gated_delta_rule", "B1 T5 chunk 8", fn, delta)]
 
 
 def test_the_timing_table_times_each_kernel_its_reference_sdpa_and_mamba_ssm_on_the_same_inputs(monkeypatch):
@@ -163,15 +164,27 @@ def test_the_timing_table_times_each_kernel_its_reference_sdpa_and_mamba_ssm_on_
     for i, name in enumerate(path.split(".")):
         monkeypatch.setitem(sys.modules, ".".join(path.split(".")[:i + 1]), types.ModuleType(name))
     sys.modules[path].mamba_chunk_scan_combined = mamba_chunk_scan_combined
+
+    def chunk_gated_delta_rule(q, k, v, g, beta):
+        fla_calls.append((q.dtype, g.dtype))
+        return q * beta[..., None], None
+
+    fla_calls, path = [], "fla.ops.gated_delta_rule"
+    for i, name in enumerate(path.split(".")):
+        monkeypatch.setitem(sys.modules, ".".join(path.split(".")[:i + 1]), types.ModuleType(name))
+    sys.modules[path].chunk_gated_delta_rule = chunk_gated_delta_rule
     rows = doctor.timings(stand_in, torch.float64)
     assert [row[:3] for row in rows] == [
         ("attention", "B1 T5", "triton"), ("attention", "B1 T5", "reference"),
         ("attention", "B1 T5", "torch SDPA (no bias)"), ("ssd_scan", "B1 T5 chunk 8", "triton"),
-        ("ssd_scan", "B1 T5 chunk 8", "reference"), ("ssd_scan", "B1 T5 chunk 8", "mamba_ssm")]
+        ("ssd_scan", "B1 T5 chunk 8", "reference"), ("ssd_scan", "B1 T5 chunk 8", "mamba_ssm"),
+        ("gated_delta_rule", "B1 T5 chunk 8", "triton"), ("gated_delta_rule", "B1 T5 chunk 8", "reference"),
+        ("gated_delta_rule", "B1 T5 chunk 8", "flash-linear-attention")]
     assert all(isinstance(row[3], float) and row[3] > 0 for row in rows)
-    assert seen == ["triton"] * 11 + ["reference"] * 11 + ["triton"] * 11 + ["reference"] * 11  # a warm-up, 10 timed
+    assert seen == (["triton"] * 11 + ["reference"] * 11) * 3  # a warm-up, 10 timed
     assert sdpa_calls and all(kw == {"is_causal": True, "enable_gqa": True} for kw in sdpa_calls)
     assert mamba_calls and set(mamba_calls) == {(torch.float32, 64, torch.float64)}
+    assert fla_calls and set(fla_calls) == {(torch.float64, torch.float32)}  # the log-decays fp32, as a model gives
 
 
 def test_the_backward_is_in_what_is_timed():
@@ -208,13 +221,14 @@ def test_the_doctor_gives_each_op_the_dtypes_a_model_gives_it_under_mixed_precis
     from functools import partial
 
     import components.context
+    import components.sequence.gated_deltanet
     import components.sequence.ssd
     import components.state.cdmoe
-    from components import CDMoE, SSD, HybridLM, InnerFuncAttention
+    from components import CDMoE, SSD, GatedDeltaNet, HybridLM, InnerFuncAttention
 
     calls: dict[str, list[dict]] = {}
     for module, name in ((components.sequence.ssd, "ssd_scan"), (components.context, "attention"),
-                         (components.state.cdmoe, "expert_mix")):
+                         (components.state.cdmoe, "expert_mix"), (components.sequence.gated_deltanet, "gated_delta_rule")):
         def recording(*args, _fn=getattr(module, name), _name=name, **kwargs):
             bound = inspect.signature(_fn).bind(*args, **kwargs).arguments
             calls.setdefault(_name, []).append({k: v.dtype for k, v in bound.items()
@@ -225,8 +239,9 @@ def test_the_doctor_gives_each_op_the_dtypes_a_model_gives_it_under_mixed_precis
     torch.manual_seed(0)
     mixers = {"S": partial(SSD, head_dim=8, d_state=8, chunk_size=8, d_skip=True, backend="reference"),
               "I": partial(InnerFuncAttention, n_heads=2, mask="content_exp", backend="reference"),
-              "E": partial(CDMoE, n_experts=16, n_heads=2, top_k=2, key_dim=8, backend="reference")}
-    model = HybridLM(32, 16, "SE IE", mixers)
+              "E": partial(CDMoE, n_experts=16, n_heads=2, top_k=2, key_dim=8, backend="reference"),
+              "G": partial(GatedDeltaNet, n_heads=2, head_dim=8, chunk_size=8, backend="reference")}
+    model = HybridLM(32, 16, "SE IE GE", mixers)
     with torch.autocast("cpu", dtype=torch.float16):
         model(torch.randint(0, 32, (2, 11))).float().logsumexp(-1).sum().backward()
     assert calls.keys() == doctor.KEPT_FP32.keys()
