@@ -58,6 +58,7 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
 
     from zoo_kernels.attention import decode
     from zoo_kernels.attention import triton as attention
+    from zoo_kernels.gated_delta import triton as gated_delta
     from zoo_kernels.retrieval import triton as retrieval
     from zoo_kernels.ssd import triton as ssd
 
@@ -189,13 +190,22 @@ def cases(dtype: str, head_dim: int = 64, ssd_shape: tuple[int, int] = (64, 128)
     data = ("x_ptr", "w_ptr", "y_ptr", "dy_ptr", "dx_ptr")
     for kernel in (retrieval._mix_forward, retrieval._mix_backward):
         out.append(Case(f"retrieval {kernel.__name__}", kernel, dict(ACT=0, **cfg), warps, data, types))
+    # The gated delta rule's recurrence over chunks at Qwen3-Next's head dims (K = V = 128), chunk 64: every pointer
+    # fp32 whatever the activations' dtype (the rule computes in fp32).
+    cfg = gated_delta.launch_config(128, 128, cuda=True, arch=arch)
+    warps = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
+    tiles = dict(BLOCK_R=cfg["BLOCK_R"], BLOCK_K=cfg["BLOCK_K"], BLOCK_V=cfg["BLOCK_V"], DOT=dot)
+    for kernel, flags in ((gated_delta._delta_chunks, dict(HAS_H0=True)), (gated_delta._delta_chunks_backward, {})):
+        pointers = [n for n in inspect.signature(kernel.fn).parameters if n not in ("n_bh", "n_chunks", "L", "K", "V")
+                    and n not in flags and n not in tiles]
+        out.append(Case(f"gated_delta {kernel.__name__}", kernel, {**flags, **tiles}, warps, (), f32(*pointers)))
     return out
 
 
 def shape_cases(dtype: str, head_dims: list[int], ssd_shapes: list[tuple[int, int]], only: str | None = None,
                 arch: int = 90, ssd_documents_only: bool = False):
     """``(case, shape label)`` for each kernel at each shape asked for: the SSD's per (P, N), attention's per
-    head dim, the retrieval kernels once. ``ssd_documents_only``: each SSD kernel that has a packed-documents
+    head dim, the retrieval and gated delta kernels once. ``ssd_documents_only``: each SSD kernel that has a packed-documents
     variant in that variant alone — the other is the same code less the document masks (no branch of the kernels
     runs without documents only), so it takes no more registers or shared memory: half the compile time for the
     checks of the largest sizes."""
@@ -209,6 +219,8 @@ def shape_cases(dtype: str, head_dims: list[int], ssd_shapes: list[tuple[int, in
                 yield case, f"P={shape[0]} N={shape[1]}"
             elif case.name.startswith("retrieval") and i == 0 and only in (None, "retrieval"):
                 yield case, "d=512"
+            elif case.name.startswith("gated_delta") and i == 0 and only in (None, "gated_delta"):
+                yield case, "K=128 V=128"
     for head_dim in head_dims:
         for case in cases(dtype, head_dim=head_dim, arch=arch):
             if case.name.startswith("attention") and only in (None, "attention"):
@@ -287,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="attention head dims to compile for (default 64; the recipes use 64-128, models up to 256)")
     parser.add_argument("--ssd-shapes", nargs="+", default=["64x128"],
                         help="SSD (head dim P)x(state dim N) pairs (default 64x128; Mamba-2 also uses 128x128, 64x256)")
-    parser.add_argument("--only", choices=("ssd", "attention", "retrieval"), default=None, help="one op's kernels")
+    parser.add_argument("--only", choices=("ssd", "attention", "retrieval", "gated_delta"), default=None, help="one op's kernels")
     parser.add_argument("--aligned", action="store_true",
                         help="compile the variant a launch at the benchmarks' shapes gets: pointers 16-byte aligned, "
                              "integer arguments multiples of 16 (default: the variant for odd strides and lengths)")

@@ -17,8 +17,9 @@ CASES = {  # name: (batch, T, H, K, V, chunk, initial state)
     "T=1 one token, zero state": (1, 1, 2, 8, 6, 64, False),
     "T=17 one chunk plus one": (2, 17, 2, 8, 6, 16, True),
     "T=45 chunk 7 (tiles padded to 16), K 12, V 20": (1, 45, 3, 12, 20, 7, True),
-    "T=40 V 80: two blocks of value columns": (1, 40, 2, 16, 80, 16, True),
+    "T=40 V 40: three blocks of value columns": (1, 40, 2, 16, 40, 16, True),
     "T=48 three whole chunks: no padded row": (2, 48, 2, 16, 16, 16, False),
+    "T=70 chunk 32: each chunk's rows in two blocks": (1, 70, 2, 8, 6, 32, True),
 }
 
 
@@ -185,3 +186,24 @@ def test_the_mixer_runs_on_the_kernel_in_a_forward_and_a_prefill(monkeypatch):
             cache.end(stop - start)
     assert launched[1:] == [(2, 5, 2, 16)]  # the prefill on the kernel, the steps on the recurrence
     torch.testing.assert_close(torch.cat(outs, 1), layer(x[:, :8]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("K, V, arch, want_v", [(128, 128, 90, 32), (64, 64, 90, 32), (256, 256, 90, 16),
+                                                (128, 128, 80, 16), (128, 16, 90, 16)])
+def test_the_gpu_launch_settings_are_the_documented_ones(K, V, arch, want_v):
+    from zoo_kernels.gated_delta.triton import launch_config
+
+    assert launch_config(K, V, cuda=True, arch=arch) == {"BLOCK_R": 16, "BLOCK_K": max(16, K), "BLOCK_V": want_v,
+                                                         "num_warps": 8, "num_stages": 1}
+
+
+def test_the_gpu_tiles_under_the_interpreter(monkeypatch):
+    """Hopper's 32 value columns a program, against the interpreter's 16: V 40 in two blocks, the second part-masked."""
+    from zoo_kernels.gated_delta import triton as gd_triton
+
+    real = gd_triton.launch_config
+    monkeypatch.setattr(gd_triton, "launch_config", lambda K, V, cuda, arch=90: real(K, V, True, 90))
+    assert gd_triton.launch_config(16, 40, False)["BLOCK_V"] == 32
+    starts = torch.zeros(1, 45, dtype=torch.bool, device=DEVICE)
+    starts[0, [0, 20]] = True
+    assert_matches_the_recurrence(make(1, 45, 2, 16, 40, True), 16, starts)

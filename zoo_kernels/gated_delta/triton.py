@@ -12,13 +12,29 @@ from zoo_kernels.gated_delta.reference import chunk_terms
 from zoo_kernels.gated_delta.triton_kernels import _delta_chunks, _delta_chunks_backward
 
 
-def launch_config(K: int, V: int, cuda: bool) -> dict:
-    """Tiles of the recurrence's kernels: one program per (batch, head) and ``BLOCK_V`` value columns, holding a
-    ``[K, BLOCK_V]`` fp32 slice of the state. 64 columns up to ``K`` 128 (32 KiB of state over 4 warps, flash-linear-
-    attention's choice for its state kernel), 32 above; at least 16 a side (``tl.dot``). Not yet timed on a GPU."""
+def launch_config(K: int, V: int, cuda: bool, arch: int = 90) -> dict:
+    """Tiles of the recurrence's kernels (``arch``: the GPU's compute capability × 10): one program per (batch, head)
+    and ``BLOCK_V`` value columns, holding ``[K, BLOCK_V]`` fp32 tiles of the state (two in the forward, three in the
+    backward) and stepping through each chunk's rows ``BLOCK_R`` at a time; at least 16 a side (``tl.dot``).
+
+    On CUDA 16 rows, 8 warps, 1 stage, and 32 value columns on Hopper up to ``K`` 128, 16 elsewhere: spill-free on
+    sm_90 at K 64, 128 (32 columns) and 256 (16), with fp32 and TF32 dots, 140-240 registers a thread
+    (``python -m recipes.benchmarks.compile_check --only gated_delta``, 2026-12-06); on sm_80 the TF32 backward spills
+    24 bytes at K 128 and 232 at K 256. Whole ``[64, K]`` tiles of a chunk's rows, 4 warps or 2 stages spilled
+    (0.1-16 KB a thread at K 128). Not yet timed on a GPU."""
     block_k = max(16, triton.next_power_of_2(K))
-    block_v = max(16, min(triton.next_power_of_2(V), 64 if block_k <= 128 else 32))
-    return {"BLOCK_K": block_k, "BLOCK_V": block_v, "num_warps": 4 if cuda else 1, "num_stages": 2 if cuda else 1}
+    if not cuda:  # the interpreter: the least tiles
+        return {"BLOCK_R": 16, "BLOCK_K": block_k, "BLOCK_V": 16, "num_warps": 1, "num_stages": 1}
+    block_v = 32 if arch >= 90 and block_k <= 128 and V > 16 else 16
+    return {"BLOCK_R": 16, "BLOCK_K": block_k, "BLOCK_V": block_v, "num_warps": 8, "num_stages": 1}
+
+
+def _arch(t: torch.Tensor) -> int:
+    """``t``'s GPU's compute capability × 10 (0 off CUDA)."""
+    if not t.is_cuda:
+        return 0
+    major, minor = torch.cuda.get_device_capability(t.device)
+    return 10 * major + minor
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -38,11 +54,11 @@ def delta_chunks(U: torch.Tensor, W: torch.Tensor, writes: torch.Tensor, kept: t
     f32 = dict(dtype=torch.float32, device=U.device)
     delta, states = torch.empty(batch, H, n_chunks, L, V, **f32), torch.empty(batch, H, n_chunks, K, V, **f32)
     final = torch.empty(batch, H, K, V, **f32)
-    cfg = launch_config(K, V, U.is_cuda)
+    cfg = launch_config(K, V, U.is_cuda, _arch(U))
     h0 = _flat(initial_state) if initial_state is not None else final  # (not read without HAS_H0)
     _delta_chunks[(batch * H, triton.cdiv(V, cfg["BLOCK_V"]))](
         _flat(U), _flat(W), _flat(writes), _flat(kept), h0, delta, states, final, n_chunks, L, K, V,
-        HAS_H0=initial_state is not None, BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_K=cfg["BLOCK_K"],
+        HAS_H0=initial_state is not None, BLOCK_R=cfg["BLOCK_R"], BLOCK_K=cfg["BLOCK_K"],
         BLOCK_V=cfg["BLOCK_V"], DOT=dot_precision(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return delta, states, final
 
@@ -62,7 +78,7 @@ def delta_chunks_backward(d_delta: torch.Tensor, d_states: torch.Tensor, d_final
     """``(dU, dW, d writes, d kept, d initial_state)``, fp32, in the forward's shapes."""
     batch, H, n_chunks, L, V = delta.shape
     K = W.shape[-1]
-    cfg = launch_config(K, V, delta.is_cuda)
+    cfg = launch_config(K, V, delta.is_cuda, _arch(delta))
     n_v = triton.cdiv(V, cfg["BLOCK_V"])
     f32 = dict(dtype=torch.float32, device=delta.device)
     d_u, d_h0 = torch.empty(batch, H, n_chunks, L, V, **f32), torch.empty(batch, H, K, V, **f32)
@@ -71,7 +87,7 @@ def delta_chunks_backward(d_delta: torch.Tensor, d_states: torch.Tensor, d_final
     _delta_chunks_backward[(batch * H, n_v)](
         _flat(W), _flat(writes), _flat(kept), _flat(states), _flat(delta), _flat(d_delta), _flat(d_states),
         _flat(d_final), d_u, d_w, d_writes, d_kept, d_h0, batch * H, n_chunks, L, K, V,
-        BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_K=cfg["BLOCK_K"], BLOCK_V=cfg["BLOCK_V"],
+        BLOCK_R=cfg["BLOCK_R"], BLOCK_K=cfg["BLOCK_K"], BLOCK_V=cfg["BLOCK_V"],
         DOT=dot_precision(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return d_u, d_w.sum(0), d_writes.sum(0), d_kept.sum(0), d_h0
 

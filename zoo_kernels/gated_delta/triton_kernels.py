@@ -20,6 +20,12 @@ Backward, chunks in reverse, ``G`` the gradient of the state leaving chunk ``c``
 ``dW``, ``dWRITES`` and ``dkept`` are sums over the value columns, so each program writes its block's share
 (``[NV, …]``, summed by the host) rather than adding atomically into one tensor.
 
+Each chunk's ``L`` rows are taken ``BLOCK_R`` at a time, so that besides the state only ``[BLOCK_R, K]`` tiles of ``W``
+and ``WRITES`` are live: the rows' corrections all read the state entering the chunk, and their writes are summed into
+a second ``[K, BLOCK_V]`` tile, the leaving state (the backward likewise holds ``G``, ``S_c`` and the next ``G``).
+Whole ``[L, K]`` tiles (``L`` 64, ``K`` 128) beside the state spilled 1-16 KB a thread on sm_90
+(``python -m recipes.benchmarks.compile_check --only gated_delta``).
+
 All tensors are contiguous, fp32: ``U, DELTA [b·h, nc, L, V]``, ``W, WRITES [b·h, nc, L, K]``,
 ``STATES [b·h, nc, K, V]``, ``KEPT [b·h, nc]``, ``H0, FINAL [b·h, K, V]``. Tiles are padded to at least 16 a side
 (``tl.dot``'s least) with masked loads; a document start needs nothing here (``kept`` is 0 across it, and ``W``'s rows
@@ -38,13 +44,10 @@ def _tile(ptr, rows, cols, n_cols, mask):
 
 @triton.jit
 def _delta_chunks(U, W, WRITES, KEPT, H0, DELTA, STATES, FINAL, n_chunks, L, K, V,
-                  HAS_H0: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                  HAS_H0: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
                   DOT: tl.constexpr):
     bh, vb = tl.program_id(0), tl.program_id(1)
-    offs_l, offs_k = tl.arange(0, BLOCK_L), tl.arange(0, BLOCK_K)
-    offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
-    mask_lk = (offs_l[:, None] < L) & (offs_k[None, :] < K)
-    mask_lv = (offs_l[:, None] < L) & (offs_v[None, :] < V)
+    offs_k, offs_v = tl.arange(0, BLOCK_K), vb * BLOCK_V + tl.arange(0, BLOCK_V)
     mask_kv = (offs_k[:, None] < K) & (offs_v[None, :] < V)
     if HAS_H0:
         state = _tile(H0 + bh.to(tl.int64) * K * V, offs_k, offs_v, V, mask_kv)  # [BLOCK_K, BLOCK_V]
@@ -53,41 +56,49 @@ def _delta_chunks(U, W, WRITES, KEPT, H0, DELTA, STATES, FINAL, n_chunks, L, K, 
     for c in range(0, n_chunks):
         chunk = bh.to(tl.int64) * n_chunks + c
         tl.store(STATES + chunk * K * V + offs_k[:, None] * V + offs_v[None, :], state, mask=mask_kv)
-        w = _tile(W + chunk * L * K, offs_l, offs_k, K, mask_lk)  # [BLOCK_L, BLOCK_K]
-        u = _tile(U + chunk * L * V, offs_l, offs_v, V, mask_lv)  # [BLOCK_L, BLOCK_V]
-        delta = u - tl.dot(w, state, input_precision=DOT)  # [BLOCK_L, BLOCK_V]
-        tl.store(DELTA + chunk * L * V + offs_l[:, None] * V + offs_v[None, :], delta, mask=mask_lv)
-        writes = _tile(WRITES + chunk * L * K, offs_l, offs_k, K, mask_lk)  # [BLOCK_L, BLOCK_K]
-        state = state * tl.load(KEPT + chunk) + tl.dot(tl.trans(writes), delta, input_precision=DOT)
+        leaving = state * tl.load(KEPT + chunk)  # [BLOCK_K, BLOCK_V]
+        for r in range(0, L, BLOCK_R):
+            offs_r = r + tl.arange(0, BLOCK_R)
+            mask_rk = (offs_r[:, None] < L) & (offs_k[None, :] < K)
+            mask_rv = (offs_r[:, None] < L) & (offs_v[None, :] < V)
+            w = _tile(W + chunk * L * K, offs_r, offs_k, K, mask_rk)  # [BLOCK_R, BLOCK_K]
+            u = _tile(U + chunk * L * V, offs_r, offs_v, V, mask_rv)  # [BLOCK_R, BLOCK_V]
+            delta = u - tl.dot(w, state, input_precision=DOT)  # [BLOCK_R, BLOCK_V]
+            tl.store(DELTA + chunk * L * V + offs_r[:, None] * V + offs_v[None, :], delta, mask=mask_rv)
+            writes = _tile(WRITES + chunk * L * K, offs_r, offs_k, K, mask_rk)  # [BLOCK_R, BLOCK_K]
+            leaving += tl.dot(tl.trans(writes), delta, input_precision=DOT)
+        state = leaving
     tl.store(FINAL + bh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :], state, mask=mask_kv)
 
 
 @triton.jit
 def _delta_chunks_backward(W, WRITES, KEPT, STATES, DELTA, D_DELTA, D_STATES, D_FINAL, D_U, D_W, D_WRITES, D_KEPT,
-                           D_H0, n_bh, n_chunks, L, K, V, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
+                           D_H0, n_bh, n_chunks, L, K, V, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                            BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     bh, vb = tl.program_id(0), tl.program_id(1)
-    offs_l, offs_k = tl.arange(0, BLOCK_L), tl.arange(0, BLOCK_K)
-    offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
-    mask_lk = (offs_l[:, None] < L) & (offs_k[None, :] < K)
-    mask_lv = (offs_l[:, None] < L) & (offs_v[None, :] < V)
+    offs_k, offs_v = tl.arange(0, BLOCK_K), vb * BLOCK_V + tl.arange(0, BLOCK_V)
     mask_kv = (offs_k[:, None] < K) & (offs_v[None, :] < V)
     grad = _tile(D_FINAL + bh.to(tl.int64) * K * V, offs_k, offs_v, V, mask_kv)  # [BLOCK_K, BLOCK_V]: G
     share = vb.to(tl.int64) * n_bh + bh  # this value block's share of the sums over V: [NV, b·h, …]
     for i in range(0, n_chunks):
         c = n_chunks - 1 - i
         chunk = bh.to(tl.int64) * n_chunks + c
-        writes = _tile(WRITES + chunk * L * K, offs_l, offs_k, K, mask_lk)  # [BLOCK_L, BLOCK_K]
-        d_delta = (_tile(D_DELTA + chunk * L * V, offs_l, offs_v, V, mask_lv)
-                   + tl.dot(writes, grad, input_precision=DOT))  # [BLOCK_L, BLOCK_V]
-        tl.store(D_U + chunk * L * V + offs_l[:, None] * V + offs_v[None, :], d_delta, mask=mask_lv)
         state = _tile(STATES + chunk * K * V, offs_k, offs_v, V, mask_kv)  # [BLOCK_K, BLOCK_V]: S_c
-        delta = _tile(DELTA + chunk * L * V, offs_l, offs_v, V, mask_lv)
-        out = (share * n_chunks + c) * L * K + offs_l[:, None] * K + offs_k[None, :]
-        tl.store(D_W + out, -tl.dot(d_delta, tl.trans(state), input_precision=DOT), mask=mask_lk)
-        tl.store(D_WRITES + out, tl.dot(delta, tl.trans(grad), input_precision=DOT), mask=mask_lk)
         tl.store(D_KEPT + share * n_chunks + c, tl.sum(tl.sum(state * grad, axis=1), axis=0))
-        w = _tile(W + chunk * L * K, offs_l, offs_k, K, mask_lk)
-        grad = (grad * tl.load(KEPT + chunk) + _tile(D_STATES + chunk * K * V, offs_k, offs_v, V, mask_kv)
-                - tl.dot(tl.trans(w), d_delta, input_precision=DOT))
+        entering = grad * tl.load(KEPT + chunk) + _tile(D_STATES + chunk * K * V, offs_k, offs_v, V, mask_kv)
+        for r in range(0, L, BLOCK_R):
+            offs_r = r + tl.arange(0, BLOCK_R)
+            mask_rk = (offs_r[:, None] < L) & (offs_k[None, :] < K)
+            mask_rv = (offs_r[:, None] < L) & (offs_v[None, :] < V)
+            writes = _tile(WRITES + chunk * L * K, offs_r, offs_k, K, mask_rk)  # [BLOCK_R, BLOCK_K]
+            d_delta = (_tile(D_DELTA + chunk * L * V, offs_r, offs_v, V, mask_rv)
+                       + tl.dot(writes, grad, input_precision=DOT))  # [BLOCK_R, BLOCK_V]
+            tl.store(D_U + chunk * L * V + offs_r[:, None] * V + offs_v[None, :], d_delta, mask=mask_rv)
+            delta = _tile(DELTA + chunk * L * V, offs_r, offs_v, V, mask_rv)
+            out = (share * n_chunks + c) * L * K + offs_r[:, None] * K + offs_k[None, :]
+            tl.store(D_W + out, -tl.dot(d_delta, tl.trans(state), input_precision=DOT), mask=mask_rk)
+            tl.store(D_WRITES + out, tl.dot(delta, tl.trans(grad), input_precision=DOT), mask=mask_rk)
+            w = _tile(W + chunk * L * K, offs_r, offs_k, K, mask_rk)
+            entering -= tl.dot(tl.trans(w), d_delta, input_precision=DOT)
+        grad = entering
     tl.store(D_H0 + bh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :], grad, mask=mask_kv)
