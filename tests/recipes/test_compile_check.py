@@ -28,10 +28,13 @@ def test_every_kernel_compiles_for_sm90(dtype, tmp_path):
     result = run_check("--arch", "90", "--dtypes", dtype, *(["--ssd-documents-only"] if dtype == "fp32" else []),
                        tmp_path=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = [line for line in result.stdout.splitlines() if line.startswith(("| ssd", "| attention", "| retrieval"))]
+    rows = [line for line in result.stdout.splitlines()
+            if line.startswith(("| ssd", "| attention", "| retrieval", "| gated_delta"))]
     names = {row.split("|")[1].strip() for row in rows}
-    if dtype == "fp32":  # 14 SSD kernels with documents, _state_dots and _group_scores, 16 attention, 2 retrieval
-        assert len(rows) == 34 and "ssd _chunk_scan (y), documents" in names and "ssd _chunk_scan (y)" not in names
+    assert {"gated_delta _delta_chunks", "gated_delta _delta_chunks_backward"} <= names
+    if dtype == "fp32":  # 14 SSD kernels with documents, _state_dots and _group_scores, 16 attention, 2 retrieval,
+        # 2 gated delta
+        assert len(rows) == 36 and "ssd _chunk_scan (y), documents" in names and "ssd _chunk_scan (y)" not in names
     else:
         assert {"ssd _chunk_scan (y)", "ssd _chunk_scan_reverse (dB)", "attention _backward_kv",
                 "attention _backward_kv, documents", "retrieval _mix_backward", "ssd _chunk_scan (y), documents",
@@ -40,8 +43,8 @@ def test_every_kernel_compiles_for_sm90(dtype, tmp_path):
                 "ssd _group_scores", "ssd _chunk_scan_reverse (dx, shared scores), documents",
                 "attention _decode_partials", "attention _decode_partials, sliding window",
                 "attention _forward, bias only"} <= names
-        assert len(rows) == 48  # 14 SSD kernels with and without documents, _state_dots and _group_scores, 13 + 3
-        # attention, 2 retrieval
+        assert len(rows) == 50  # 14 SSD kernels with and without documents, _state_dots and _group_scores, 13 + 3
+        # attention, 2 retrieval, 2 gated delta
     for row in rows:
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert cells[2] == dtype and "FAILED" not in row and "TOO MUCH" not in row, row
@@ -192,20 +195,21 @@ def test_an_ssd_shape_that_is_not_p_by_n_is_named(monkeypatch, capsys):
 
 
 def test_each_op_and_shape_is_asked_for_once():
-    """``shape_cases``: the SSD's kernels at each (P, N), the retrieval kernels once, attention's at each head dim;
+    """``shape_cases``: the SSD's kernels at each (P, N), the retrieval and gated delta kernels once, attention's at
+    each head dim;
     ``only`` one op; ``ssd_documents_only`` each SSD kernel that has a documents variant in it alone."""
     from recipes.benchmarks.compile_check import shape_cases
 
     every = [(case.name, shape) for case, shape in shape_cases("bf16", [64, 128], [(64, 128), (128, 128)])]
-    assert len(every) == len(set(every)) == 2 * 30 + 2 + 2 * 16
-    assert [shape for _, shape in every] == (["P=64 N=128"] * 30 + ["d=512"] * 2 + ["P=128 N=128"] * 30
-                                             + ["D=64"] * 16 + ["D=128"] * 16)
+    assert len(every) == len(set(every)) == 2 * 30 + 2 + 2 + 2 * 16
+    assert [shape for _, shape in every] == (["P=64 N=128"] * 30 + ["d=512"] * 2 + ["K=128 V=128"] * 2
+                                             + ["P=128 N=128"] * 30 + ["D=64"] * 16 + ["D=128"] * 16)
     assert {name for name, _ in every if name.startswith("retrieval")} == {"retrieval _mix_forward",
                                                                            "retrieval _mix_backward"}
     documents = [case.name for case, _ in shape_cases("fp32", [64], [(64, 128)], only="ssd", ssd_documents_only=True)]
     assert len(documents) == 16 and "ssd _chunk_scan (y), documents" in documents
     assert "ssd _chunk_scan (y)" not in documents and {"ssd _state_dots", "ssd _group_scores"} <= set(documents)
-    for only in ("attention", "retrieval"):
+    for only in ("attention", "retrieval", "gated_delta"):
         assert {case.name.split()[0] for case, _ in shape_cases("bf16", [64], [(64, 128)], only=only)} == {only}
 
 
@@ -236,13 +240,16 @@ def record_launches(monkeypatch, compiled) -> dict[int, list[tuple[dict, dict]]]
 
 def force_cuda_tables(monkeypatch, dtype, ssd: bool = True) -> None:
     """The wrappers' launch tables as on CUDA sm_90 for ``dtype``, whatever the inputs' device and dtype (the SSD's
-    too, unless ``ssd`` is False)."""
+    too, unless ``ssd`` is False; the gated delta rule's, whose kernels are fp32 whatever the dtype)."""
     from zoo_kernels.attention import decode
     from zoo_kernels.attention import triton as attention_triton
+    from zoo_kernels.gated_delta import triton as gated_delta_triton
     from zoo_kernels.ssd import triton as ssd_triton
 
     attention_config, decode_config, ssd_config = (attention_triton.launch_config, decode.decode_config,
                                                    ssd_triton.launch_config)
+    delta_config = gated_delta_triton.launch_config
+    monkeypatch.setattr(gated_delta_triton, "launch_config", lambda K, V, cuda, arch=90: delta_config(K, V, True, 90))
     monkeypatch.setattr(attention_triton, "launch_config", lambda head_dim, cuda, _dtype, dot, arch: attention_config(
         head_dim, True, dtype, dot, 90))
     monkeypatch.setattr(decode, "decode_config", lambda head_dim, group, cuda, _dtype: decode_config(
@@ -273,13 +280,17 @@ def test_every_variant_compiled_is_one_the_wrappers_launch(table, monkeypatch):
     CUDA's launch settings for ``table`` (sm_90) forced on (the bf16 table on fp16 inputs: the interpreter has no
     bf16), at the check's shapes (SSD P 32, N 64 here; head dim 32, GQA 4:1 for the decoding step; width 512 for the
     retrieval mix), over the options that set the switches (documents, D, an initial state, per-group scores on and
-    off; attention's bias, padding, window and documents), each kernel's launches recorded. Every case the check
+    off; attention's bias, padding, window and documents; the gated delta rule at K = V = 128 with an initial state),
+    each kernel's launches recorded. Every case the check
     compiles must be one of them — constexprs, warps and stages equal, each tensor argument typed as launched (the
     inputs' dtype or the fp32/int one named; a placeholder, a tensor passed again, aside) — and no two cases alike."""
     pytest.importorskip("triton")
     import torch
 
+    import torch.nn.functional as F
+
     from zoo_kernels.attention import attention
+    from zoo_kernels.gated_delta import gated_delta_rule
     from zoo_kernels.retrieval import expert_mix
     from zoo_kernels.ssd import ssd_scan
     from zoo_kernels.ssd import triton as ssd_triton
@@ -327,6 +338,11 @@ def test_every_variant_compiled_is_one_the_wrappers_launch(table, monkeypatch):
     weights = torch.rand(M, mix_heads, top, dtype=inputs, requires_grad=True)
     y = expert_mix(x, torch.randint(0, rows, (M, mix_heads, top)), weights, down, up, act="silu", backend="triton")
     torch.autograd.grad(y.float().square().sum(), [x, weights, down, up])
+    q, k, v = randn(1, T, H, 128), F.normalize(randn(1, T, H, 128).float(), dim=-1).to(inputs), randn(1, T, H, 128)
+    g, beta, h0 = -torch.rand(1, T, H), torch.rand(1, T, H, dtype=inputs), torch.randn(1, H, 128, 128)
+    leaves = [t.requires_grad_() for t in (q, k, v, g, beta, h0)]
+    y = gated_delta_rule(*leaves[:5], initial_state=h0, backend="triton")  # the gated delta rule, K = V = 128
+    torch.autograd.grad(y.float().square().sum(), leaves)
 
     missing = [f"{case.name}: {case.constexprs} {case.options} {case.data} {case.types}" for case in compiled
                if not any(is_launch(case, kwargs, dtypes, inputs) for kwargs, dtypes in launched.get(id(case.kernel), []))]
@@ -339,7 +355,7 @@ def test_every_launch_a_model_makes_under_mixed_precision_is_a_variant_compiled(
     activations reach the kernels in bf16 but what a parameter makes stays fp32 — the SSD's Δ (its bias is fp32), the
     key biases (from fp32 ``A``), the retrieval experts' rows — and a variant compiled with those pointers in bf16 is
     one no run launches. A hybrid (the SSD at P 32, N 64; Doge's attention with a key window and its exp-content bias,
-    GQA 4:1; plain attention) trains a step, with left padding too, and decodes two tokens; the SSD and plain attention
+    GQA 4:1; plain attention; Gated DeltaNet at Qwen3-Next's head dim 128) trains a step, with left padding too, and decodes two tokens; the SSD and plain attention
     train on a row of two packed documents; and CDMoE at width 512 mixes forward and back,
     under fp16 autocast (the interpreter has no bf16) with CUDA's sm_90 launch tables for bf16 forced on. Every
     kernel launch must be a variant the check compiles: tiles, warps, stages and pointer types equal. The on/off
@@ -349,7 +365,7 @@ def test_every_launch_a_model_makes_under_mixed_precision_is_a_variant_compiled(
 
     import torch
 
-    from components import CDMoE, SSD, HybridLM, InnerFuncAttention, QCAttention
+    from components import CDMoE, SSD, GatedDeltaNet, HybridLM, InnerFuncAttention, QCAttention
     from recipes.benchmarks.compile_check import cases
 
     compiled = cases("bf16", head_dim=32, ssd_shape=(32, 64))
@@ -359,8 +375,9 @@ def test_every_launch_a_model_makes_under_mixed_precision_is_a_variant_compiled(
     mixers = {"S": partial(SSD, head_dim=32, d_state=64, chunk_size=64, d_skip=True, backend="triton"),
               "I": partial(InnerFuncAttention, n_heads=4, n_kv_heads=1, inner="linear", mask="content_exp",
                            keep_window=8, backend="triton"),
-              "A": partial(QCAttention, n_heads=4, n_kv_heads=1, backend="triton")}
-    model = HybridLM(64, 128, "SM IM AM", mixers)
+              "A": partial(QCAttention, n_heads=4, n_kv_heads=1, backend="triton"),
+              "G": partial(GatedDeltaNet, n_heads=1, head_dim=128, chunk_size=64, backend="triton")}
+    model = HybridLM(64, 128, "SM IM AM GM", mixers)
     moe = CDMoE(512, n_experts=64, n_heads=2, top_k=4, backend="triton")
     ids = torch.randint(0, 64, (1, 21))
     packed = HybridLM(64, 128, "SM AM", {name: mixers[name] for name in "SA"})  # (documents take no key window)
