@@ -11,6 +11,7 @@ import torch
 
 from zoo_kernels.attention import attention
 from zoo_kernels.attention.reference import attention_reference
+from zoo_kernels.gated_delta import gated_delta_rule
 from zoo_kernels.retrieval import expert_mix
 from zoo_kernels.ssd import ssd_scan
 from zoo_kernels.ssd.reference import ssd_chunked
@@ -161,6 +162,34 @@ def test_ssd_bf16():
         return ssd_chunked(x, dt, A, B, C, chunk_size=L, D=D, initial_state=initial_state)
 
     check_rule(kernel, torch_low, ref, inputs, ["y", "final", "dx", "ddt", "dA", "dB", "dC", "dD", "dinitial"])
+
+
+@pytest.mark.parametrize("precision", ["highest", "high"], ids=["fp32 dots", "TF32 dots"])
+def test_gated_delta_bf16_at_qwen3_next_head_dims(precision):
+    """The gated delta rule computes in fp32 on both backends (the kernel runs only the recurrence over chunks), so on
+    the same bf16 inputs the kernel and the reference agree to fp32's rounding (TF32's under ``"high"``, where both
+    take it) on the output, the final state and every gradient: K = V = 128, chunk 64, T 1001 with two packed
+    documents and an initial state (norm-wise, relative)."""
+    B, T, H, K, L = 2, 1001, 4, 128, 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g, device="cuda")  # noqa: E731
+    inputs = dict(q=r(B, T, H, K).to(LOW), k=torch.nn.functional.normalize(r(B, T, H, K), dim=-1).to(LOW),
+                  v=r(B, T, H, K).to(LOW), g=-torch.nn.functional.softplus(r(B, T, H) - 2),
+                  beta=torch.sigmoid(r(B, T, H)).to(LOW), initial_state=r(B, H, K, K))
+    starts = torch.zeros(B, T, dtype=torch.bool, device="cuda")
+    starts[:, [0, 400]] = True
+    set_weights((B, T, H, K), (B, H, K, K))
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        got, want = (outputs_and_grads(lambda **a: gated_delta_rule(**a, chunk_size=L, return_final_state=True,
+                                                                    document_starts=starts, backend=backend),
+                                       inputs, WEIGHTS) for backend in ("triton", "reference"))
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    rtol = 1e-5 if precision == "highest" else 3e-3
+    for name, a, b in zip(["y", "final", "dq", "dk", "dv", "dg", "dbeta", "dinitial"], got, want):
+        assert (a - b).norm() <= rtol * b.norm() + 1e-6, f"{name}: {(a - b).norm() / b.norm():.2e}"
 
 
 def test_expert_mix_bf16():
