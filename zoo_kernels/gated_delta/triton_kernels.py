@@ -29,7 +29,7 @@ Whole ``[L, K]`` tiles (``L`` 64, ``K`` 128) beside the state spilled 1-16 KB a 
 All tensors are contiguous, fp32: ``U, DELTA [b·h, nc, L, V]``, ``W, WRITES [b·h, nc, L, K]``,
 ``STATES [b·h, nc, K, V]``, ``KEPT [b·h, nc]``, ``H0, FINAL [b·h, K, V]``. Tiles are padded to at least 16 a side
 (``tl.dot``'s least) with masked loads; a document start needs nothing here (``kept`` is 0 across it, and ``W``'s rows
-before it are 0: ``chunk_terms`` puts the ``−inf`` log-decay into both).
+from it on are 0, so they read nothing of the entering state: ``chunk_terms`` puts the ``−inf`` log-decay into both).
 """
 
 import triton
