@@ -18,7 +18,7 @@ def launch_config(K: int, V: int, cuda: bool, arch: int = 90) -> dict:
     backward) and stepping through each chunk's rows ``BLOCK_R`` at a time; at least 16 a side (``tl.dot``).
 
     On CUDA 16 rows, 8 warps, 1 stage, and 32 value columns on Hopper up to ``K`` 128, 16 elsewhere: spill-free on
-    sm_90 at K 64, 128 (32 columns) and 256 (16), with fp32 and TF32 dots, 140-240 registers a thread
+    sm_90 at K 64, 128 (32 columns) and 256 (16), with fp32 and TF32 dots, 118-255 registers a thread
     (``python -m recipes.benchmarks.compile_check --only gated_delta``, 2026-12-06); on sm_80 the TF32 backward spills
     24 bytes at K 128 and 232 at K 256. Whole ``[64, K]`` tiles of a chunk's rows, 4 warps or 2 stages spilled
     (0.1-16 KB a thread at K 128). Not yet timed on a GPU."""
@@ -37,7 +37,7 @@ def _arch(t: torch.Tensor) -> int:
     return 10 * major + minor
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
+def _fp32(t: torch.Tensor) -> torch.Tensor:
     """``t`` as contiguous fp32: the kernels read ``[b, h, …]`` as ``[b·h, …]``."""
     return t.float().contiguous()
 
@@ -55,9 +55,9 @@ def delta_chunks(U: torch.Tensor, W: torch.Tensor, writes: torch.Tensor, kept: t
     delta, states = torch.empty(batch, H, n_chunks, L, V, **f32), torch.empty(batch, H, n_chunks, K, V, **f32)
     final = torch.empty(batch, H, K, V, **f32)
     cfg = launch_config(K, V, U.is_cuda, _arch(U))
-    h0 = _flat(initial_state) if initial_state is not None else final  # (not read without HAS_H0)
+    h0 = _fp32(initial_state) if initial_state is not None else final  # (not read without HAS_H0)
     _delta_chunks[(batch * H, triton.cdiv(V, cfg["BLOCK_V"]))](
-        _flat(U), _flat(W), _flat(writes), _flat(kept), h0, delta, states, final, n_chunks, L, K, V,
+        _fp32(U), _fp32(W), _fp32(writes), _fp32(kept), h0, delta, states, final, n_chunks, L, K, V,
         HAS_H0=initial_state is not None, BLOCK_R=cfg["BLOCK_R"], BLOCK_K=cfg["BLOCK_K"],
         BLOCK_V=cfg["BLOCK_V"], DOT=dot_precision(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return delta, states, final
@@ -85,8 +85,8 @@ def delta_chunks_backward(d_delta: torch.Tensor, d_states: torch.Tensor, d_final
     d_w, d_writes = (torch.empty(n_v, batch, H, n_chunks, L, K, **f32) for _ in range(2))  # shares over V blocks
     d_kept = torch.empty(n_v, batch, H, n_chunks, **f32)
     _delta_chunks_backward[(batch * H, n_v)](
-        _flat(W), _flat(writes), _flat(kept), _flat(states), _flat(delta), _flat(d_delta), _flat(d_states),
-        _flat(d_final), d_u, d_w, d_writes, d_kept, d_h0, batch * H, n_chunks, L, K, V,
+        _fp32(W), _fp32(writes), _fp32(kept), _fp32(states), _fp32(delta), _fp32(d_delta), _fp32(d_states),
+        _fp32(d_final), d_u, d_w, d_writes, d_kept, d_h0, batch * H, n_chunks, L, K, V,
         BLOCK_R=cfg["BLOCK_R"], BLOCK_K=cfg["BLOCK_K"], BLOCK_V=cfg["BLOCK_V"],
         DOT=dot_precision(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return d_u, d_w.sum(0), d_writes.sum(0), d_kept.sum(0), d_h0
