@@ -187,7 +187,7 @@ def test_gated_delta_bf16_at_qwen3_next_head_dims(precision):
                                        inputs, WEIGHTS) for backend in ("triton", "reference"))
     finally:
         torch.set_float32_matmul_precision(previous)
-    rtol = 1e-5 if precision == "highest" else 3e-3
+    rtol = 1e-4 if precision == "highest" else 1e-2  # (a wrong product is off by O(1))
     for name, a, b in zip(["y", "final", "dq", "dk", "dv", "dg", "dbeta", "dinitial"], got, want):
         assert (a - b).norm() <= rtol * b.norm() + 1e-6, f"{name}: {(a - b).norm() / b.norm():.2e}"
 
