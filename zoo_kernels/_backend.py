@@ -98,6 +98,15 @@ def dot_precision() -> str:
     return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
+def gpu_arch(t: torch.Tensor) -> int:
+    """The compute capability × 10 of ``t``'s GPU (90 for an H100), which the kernels' launch tables key on; 90 off
+    CUDA, where the tables are read only to check or compile the CUDA launch."""
+    if not t.is_cuda:
+        return 90
+    major, minor = torch.cuda.get_device_capability(t.device)
+    return 10 * major + minor
+
+
 def unit_stride_last(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when its last dimension is contiguous (the kernels take any other strides: a view of a wider
     projection is read in place), else a contiguous copy."""

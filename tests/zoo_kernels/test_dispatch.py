@@ -201,3 +201,11 @@ def test_a_unit_last_stride_is_read_in_place_and_any_other_is_copied():
     strided = wide[:, ::2]  # last stride 2
     out = _backend.unit_stride_last(strided)
     assert out.stride(-1) == 1 and torch.equal(out, strided)
+
+
+def test_the_launch_tables_key_on_the_tensors_gpu_and_on_hopper_off_cuda(monkeypatch):
+    """``gpu_arch``: what the SSD's, attention's and the gated delta rule's launch tables are given."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: {"cuda:1": (8, 6)}.get(device, (9, 0)))
+    assert _backend.gpu_arch(torch.zeros(1)) == 90
+    assert _backend.gpu_arch(types.SimpleNamespace(is_cuda=True, device="cuda:1")) == 86
+    assert _backend.gpu_arch(types.SimpleNamespace(is_cuda=True, device="cuda:0")) == 90

@@ -7,7 +7,7 @@ import math
 import torch
 import triton
 
-from zoo_kernels._backend import dot_precision, unit_stride_last
+from zoo_kernels._backend import dot_precision, gpu_arch, unit_stride_last
 from zoo_kernels.attention.reference import document_runs
 from zoo_kernels.attention.triton_kernels import _backward_kv, _backward_q, _delta, _forward
 from zoo_kernels.attention.window import window_thresholds
@@ -76,11 +76,7 @@ def _prepared(q, k, v, bias, key_padding_mask, document_ids, causal: bool, keep_
     pad = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else q.new_zeros(1, dtype=torch.int8)
     docs = document_spans(document_ids) if document_ids is not None else q.new_zeros(1, 1, dtype=torch.int32)
     dot = dot_precision()
-    arch = 90
-    if q.is_cuda:
-        major, minor = torch.cuda.get_device_capability(q.device)
-        arch = 10 * major + minor
-    config = launch_config(D, q.is_cuda, q.dtype, dot, arch)
+    config = launch_config(D, q.is_cuda, q.dtype, dot, gpu_arch(q))
     for name, rows, length in (("forward", "BLOCK_M", T), ("backward_q", "BLOCK_M", T), ("backward_kv", "BLOCK_N", S)):
         if triton.cdiv(length, config[name][rows]) > 65535:  # grid axis 1
             raise ValueError(f"attention: backend='triton' takes at most 65,535 blocks of {config[name][rows]} "

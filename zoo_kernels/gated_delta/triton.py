@@ -7,7 +7,7 @@ import torch
 import triton
 from einops import rearrange
 
-from zoo_kernels._backend import dot_precision
+from zoo_kernels._backend import dot_precision, gpu_arch
 from zoo_kernels.gated_delta.reference import chunk_terms
 from zoo_kernels.gated_delta.triton_kernels import _delta_chunks, _delta_chunks_backward
 
@@ -29,14 +29,6 @@ def launch_config(K: int, V: int, cuda: bool, arch: int = 90) -> dict:
     return {"BLOCK_R": 16, "BLOCK_K": block_k, "BLOCK_V": block_v, "num_warps": 8, "num_stages": 1}
 
 
-def _arch(t: torch.Tensor) -> int:
-    """``t``'s GPU's compute capability × 10 (0 off CUDA)."""
-    if not t.is_cuda:
-        return 0
-    major, minor = torch.cuda.get_device_capability(t.device)
-    return 10 * major + minor
-
-
 def _fp32(t: torch.Tensor) -> torch.Tensor:
     """``t`` as contiguous fp32: the kernels read ``[b, h, …]`` as ``[b·h, …]``."""
     return t.float().contiguous()
@@ -54,7 +46,7 @@ def delta_chunks(U: torch.Tensor, W: torch.Tensor, writes: torch.Tensor, kept: t
     f32 = dict(dtype=torch.float32, device=U.device)
     delta, states = torch.empty(batch, H, n_chunks, L, V, **f32), torch.empty(batch, H, n_chunks, K, V, **f32)
     final = torch.empty(batch, H, K, V, **f32)
-    cfg = launch_config(K, V, U.is_cuda, _arch(U))
+    cfg = launch_config(K, V, U.is_cuda, gpu_arch(U))
     h0 = _fp32(initial_state) if initial_state is not None else final  # (not read without HAS_H0)
     _delta_chunks[(batch * H, triton.cdiv(V, cfg["BLOCK_V"]))](
         _fp32(U), _fp32(W), _fp32(writes), _fp32(kept), h0, delta, states, final, n_chunks, L, K, V,
@@ -78,7 +70,7 @@ def delta_chunks_backward(d_delta: torch.Tensor, d_states: torch.Tensor, d_final
     """``(dU, dW, d writes, d kept, d initial_state)``, fp32, in the forward's shapes."""
     batch, H, n_chunks, L, V = delta.shape
     K = W.shape[-1]
-    cfg = launch_config(K, V, delta.is_cuda, _arch(delta))
+    cfg = launch_config(K, V, delta.is_cuda, gpu_arch(delta))
     n_v = triton.cdiv(V, cfg["BLOCK_V"])
     f32 = dict(dtype=torch.float32, device=delta.device)
     d_u, d_h0 = torch.empty(batch, H, n_chunks, L, V, **f32), torch.empty(batch, H, K, V, **f32)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from zoo_kernels._backend import dot_precision, unit_stride_last
+from zoo_kernels._backend import dot_precision, gpu_arch, unit_stride_last
 from zoo_kernels.ssd.triton_kernels import (_chunk_scan, _chunk_scan_reverse, _chunk_state, _decayed_scan, _group_bc_grads,
                                         _group_pair_grads, _group_scores, _log_decay_pairs, _state_dots)
 
@@ -315,8 +315,7 @@ def _blk(x, B, C) -> dict:
     """Tiles sized for the widest operand: fp32 B, C beside a bf16 x (RoPE tables under autocast) need the fp32
     tiles, or the shared memory outgrows smaller GPUs; fp32 dots as torch's matmuls."""
     widest = torch.float32 if torch.float32 in (x.dtype, B.dtype, C.dtype) else x.dtype
-    major, minor = torch.cuda.get_device_capability(x.device) if x.is_cuda else (9, 0)
-    blk = launch_config(x.shape[3], B.shape[3], x.is_cuda, widest, 10 * major + minor)
+    blk = launch_config(x.shape[3], B.shape[3], x.is_cuda, widest, gpu_arch(x))
     return {**blk, "dot": dot_precision(), "states": x.dtype if blk["narrow_states"] else torch.float32}
 
 
