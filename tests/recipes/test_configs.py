@@ -25,7 +25,8 @@ REPRESENTATIVES = ["quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", 
                    "mqar_hard/ifa_mask_d32.yaml", "moe_balance/sigmoid_loss_free.yaml", "english/hybrid_layout/parallel_one.yaml",
                    "english/delta_rule/hybrid_gdn.yaml", "state_tracking/gdn_neg.yaml",
                    "english/gated_attention/gated_high_lr.yaml", "english/gated_attention_long/gated.yaml",
-                   "english/norm_placement/olmo2.yaml", "english/delta_rule_lr/gdn_lr4x.yaml"]
+                   "english/norm_placement/olmo2.yaml", "english/delta_rule_lr/gdn_lr4x.yaml",
+                   "english/moe_placement_lr/all_lr8x.yaml"]
 
 
 def test_every_family_has_a_representative():
