@@ -269,19 +269,13 @@ def test_strided_queries_keys_and_values_are_read_in_place_and_match_the_referen
 
 
 @pytest.mark.parametrize("window", [None, 5])
-def test_a_fullgraph_compile_through_the_kernel_equals_eager(window):
+def test_a_fullgraph_compile_through_the_kernel_equals_eager(window, compiled_equals_eager):
     """The kernel is a torch.library op (hybrid_zoo::bias_attention, and its backward), opaque to torch.compile:
     traced as an autograd.Function, the wrapper's host-side settings broke the graph."""
     q, k, v, b, pad = inputs(2, 19, 19, 4, 2, 16, True, True)
     call = lambda q, k, v, b: attention(q, k, v, bias=b, key_padding_mask=pad, keep_window=window,  # noqa: E731
                                         backend="triton")
-    compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
-    out, want = compiled(q, k, v, b), call(q, k, v, b)
-    torch.testing.assert_close(out, want, rtol=0, atol=0)
-    g = torch.randn_like(out)
-    for got, expected in zip(torch.autograd.grad(out, [q, k, v, b], g), torch.autograd.grad(want, [q, k, v, b], g)):
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    torch._dynamo.reset()
+    compiled_equals_eager(call, [q, k, v, b])
 
 
 @pytest.mark.parametrize("arch, options", [(90, "documents"), (90, "window"), (80, "documents"), (80, "window")])

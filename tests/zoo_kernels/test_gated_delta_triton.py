@@ -118,21 +118,14 @@ def test_an_unknown_backend_is_named():
         gated_delta_rule(*(inputs[n] for n in NAMES[:5]), backend="fast")
 
 
-def test_a_fullgraph_compile_through_the_kernel_equals_eager():
+def test_a_fullgraph_compile_through_the_kernel_equals_eager(compiled_equals_eager):
     """hybrid_zoo::gated_delta_chunks and its backward are torch.library ops, opaque to torch.compile."""
     inputs = make(2, 21, 2, 8, 6, True)
     starts = torch.zeros(2, 21, dtype=torch.bool, device=DEVICE)
     starts[:, 9] = True
     leaves = [inputs[n].clone().requires_grad_() for n in NAMES]
     call = kernel(8, starts)
-    got, want = torch.compile(call, fullgraph=True, backend="aot_eager")(*leaves), call(*leaves)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
-    weights = [torch.randn_like(t) for t in want]
-    loss = lambda outs: sum((o * w).sum() for o, w in zip(outs, weights))  # noqa: E731
-    for g, w in zip(torch.autograd.grad(loss(got), leaves), torch.autograd.grad(loss(want), leaves)):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
-    torch._dynamo.reset()
+    compiled_equals_eager(call, leaves)
 
 
 @pytest.mark.parametrize("initial", [False, True], ids=["no initial state", "an initial state"])
