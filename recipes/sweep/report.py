@@ -205,25 +205,37 @@ def plot_curves(curves: dict, path: Path, title: str) -> None:
         axes.legend(fontsize=8)
 
 
-def vs_line(name: str, key: str) -> str:
-    """The line of a ``--vs key`` figure a recipe's point joins: its name less the part that names ``key``'s value
-    as ``recipes.sweep.grid`` writes it (``optimizer-SGD_lr0.02`` → ``optimizer-SGD``; a one-axis grid's ``lr0.02``
-    → one line, ``lr``), else less its last ``_`` part (``ssd_T64_d16`` → ``ssd_T64``)."""
+def less_value(name: str, key: str) -> str | None:
+    """``name`` less the part that names ``key``'s value, or None where it has none: ``recipes.sweep.grid``'s
+    ``optimizer-SGD_lr0.02`` → ``optimizer-SGD``, a one-axis grid's ``lr0.02`` → ``lr``, a hand-written
+    ``dense_lr4x`` → ``dense``."""
     label = key.rsplit(".", 1)[-1].replace("_", "")
     head, _, last = name.rpartition("_")
     if re.fullmatch(rf"{re.escape(label)}[-+.]?\d.*", last):
         return head or key.rsplit(".", 1)[-1]
-    return head or name
+    return None
+
+
+def vs_line(name: str, key: str, bases: frozenset[str] = frozenset()) -> str:
+    """The line of a ``--vs key`` figure a recipe's point joins: :func:`less_value`'s name where the name names the
+    value; a name that is one of ``bases`` (the others' names less their values) whole, so ``ablate_moe``, the
+    family's own rate, joins ``ablate_moe_lr4x``; else the name less its last ``_`` part (``ssd_T64_d16`` →
+    ``ssd_T64``)."""
+    stripped = less_value(name, key)
+    if stripped is not None:
+        return stripped
+    return name if name in bases else name.rpartition("_")[0] or name
 
 
 def metric_vs(runs: list[Run], key: str, metric: str = "val_acc") -> dict[str, list[tuple[float, float, float, int]]]:
-    """Per line (:func:`vs_line`: a recipe's name without its last ``_`` part), the points ``(x, mean, std, n)`` of the
-    final ``metric`` over the finished runs of each recipe, ``x`` its hyper-parameter ``key``, sorted by x."""
+    """Per line (:func:`vs_line`), the points ``(x, mean, std, n)`` of the final ``metric`` over the finished runs of
+    each recipe, ``x`` its hyper-parameter ``key``, sorted by x."""
+    bases = frozenset(filter(None, (less_value(run.config.stem, key) for run in runs)))
     values: dict[tuple[str, float], list[float]] = {}
     for run in runs:
         if run.failed:
             continue
-        line = vs_line(run.config.stem, key)
+        line = vs_line(run.config.stem, key, bases)
         value = run_result(run)[metric]
         if not math.isnan(value):
             x = hparam(run, key)

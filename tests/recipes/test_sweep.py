@@ -703,6 +703,27 @@ def test_a_metric_against_a_hyperparameter_has_one_line_per_recipe_series(tmp_pa
         metric_vs(runs, "n_layers")
 
 
+def test_a_recipe_at_the_familys_own_rate_joins_the_line_of_its_variants_at_others(tmp_path):
+    """english/moe_placement's ``ablate_moe`` (lr 3e-3) beside english/moe_placement_lr's ``ablate_moe_lr4x``: one
+    line, ``ablate_moe``, where the bare name lost its last ``_`` part (``ablate``) and drew a line of one point."""
+    from recipes.sweep.records import Run
+    from recipes.sweep.report import metric_vs
+
+    runs = []
+    for name, lr, acc in (("ablate_moe", 3e-3, 0.2), ("ablate_moe_lr4x", 1.2e-2, 0.3), ("dense", 3e-3, 0.25),
+                          ("dense_lr4x", 1.2e-2, 0.35), ("ssd_T64_d16", 3e-3, 0.1), ("ssd_T64_d32", 3e-3, 0.15)):
+        write_run(tmp_path / name, {5: 1.0}, [1.0], acc=acc)
+        with open(tmp_path / name / "hparams.yaml", "a") as hparams:
+            hparams.write(f"lr: {lr}\n")
+        runs.append(Run(tmp_path / f"{name}.yaml", tmp_path / name))
+    lines = metric_vs(runs, "lr")
+    points = {line: [(x, round(mean, 6), n) for x, mean, _, n in points] for line, points in lines.items()}
+    assert points["ablate_moe"] == [(3e-3, 0.2, 1), (1.2e-2, 0.3, 1)]  # (the accuracies logged in fp32)
+    assert points["dense"] == [(3e-3, 0.25, 1), (1.2e-2, 0.35, 1)]
+    assert [n for *_, n in lines["ssd_T64"]] == [2]  # (no name names lr: the last part dropped, as before)
+    assert set(lines) == {"ablate_moe", "dense", "ssd_T64"}
+
+
 def test_the_seed_table_gives_each_recipes_parameter_counts():
     # The family's point is a comparison at equal parameters; the seed table left the counts to the one-seed table.
     from recipes.sweep.report import counts
