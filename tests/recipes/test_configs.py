@@ -26,7 +26,8 @@ REPRESENTATIVES = ["quickstart.yaml", "quickstart_bpe.yaml", "ablate_moe.yaml", 
                    "english/delta_rule/hybrid_gdn.yaml", "state_tracking/gdn_neg.yaml",
                    "english/gated_attention/gated_high_lr.yaml", "english/gated_attention_long/gated.yaml",
                    "english/norm_placement/olmo2.yaml", "english/delta_rule_lr/gdn_lr4x.yaml",
-                   "english/moe_placement_lr/all_lr8x.yaml", "english/moe_shared_lr/cdmoe_lr4x.yaml"]
+                   "english/moe_placement_lr/all_lr8x.yaml", "english/moe_shared_lr/cdmoe_lr4x.yaml",
+                   "english/expresser_lr/otce_expresser_lr4x.yaml"]
 
 
 def test_every_family_has_a_representative():
