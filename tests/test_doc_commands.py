@@ -223,8 +223,15 @@ def test_every_sweep_family_and_recipe_name_in_the_docs_exists():
     bundled = set(bundled_configs())
     # a family the docs first write with recipes.sweep.grid (whose recipe must be bundled)
     written = {out for _, tokens in COMMANDS if tokens[0] == "recipes.sweep.grid" for out in values_of(tokens, "--out")}
-    wrong = [f"{where}: python -m {' '.join(tokens)}  (no bundled recipe {tokens[1]})" for where, tokens in COMMANDS
-             if tokens[0] == "recipes.sweep.grid" and len(tokens) > 1 and tokens[1] not in bundled]
+    wrong = []
+    for where, tokens in COMMANDS:
+        sources = tokens[1:next((i for i, t in enumerate(tokens) if is_option(t)), len(tokens))]
+        for source in sources if tokens[0] == "recipes.sweep.grid" else ():
+            if source not in bundled:  # a recipe, or a family's folder
+                try:
+                    recipe_files(source)
+                except FileNotFoundError:
+                    wrong.append(f"{where}: python -m {' '.join(tokens)}  (no bundled recipe or family {source})")
     for where, tokens in COMMANDS:
         if tokens[0] == "recipes.sweep" and len(tokens) > 1 and not tokens[1].startswith("-") \
                 and not placeholder(tokens[1]) and tokens[1] not in written:

@@ -11,6 +11,15 @@ the others. Each recipe logs under a TensorBoard name of its own, ``<OUT's folde
 runs sit apart, and is parsed as ``fit`` will parse it, its model built on the ``meta`` device, before anything is
 left written: a misspelt key, a value of the wrong type or a model that does not build is named then, not in every
 run's log.
+
+A family at other settings — is a verdict the learning rate's? — takes the family's folder (or several recipes):
+
+    python -m recipes.sweep.grid english/moe_shared --vary "model.lr=[0.006, 0.012]" --out grids/moe_shared_lr
+    python -m recipes.sweep grids/moe_shared_lr --seeds 3 --jobs 2 --vs lr
+
+Each recipe is then named ``<its name>_<values>`` (``routed_lr0.012``), so ``--vs lr`` of the sweep draws one line
+per recipe, joined by the family's own runs at its own rate when both are tabulated with ``--from``; a family's
+``_family.yaml`` comes along, its baseline the baseline recipe at the grid's first combination.
 """
 
 import argparse
@@ -24,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from recipes.recipe_files import read_config, resolve_config
+from recipes.sweep.launch import family_recipes, family_settings, recipe_files
 
 
 def parse_axis(text: str) -> tuple[str, list]:
@@ -107,9 +117,9 @@ def set_dotted(tree: dict, key: str, value) -> None:
 
 
 def grid_recipes(source: str, axes: list[tuple[str, list]], settings: list[tuple[str, object]],
-                 family: str) -> dict[str, dict]:
+                 family: str, prefix: str = "") -> dict[str, dict]:
     """``{name: recipe}`` for every combination of the axes' values, ``source``'s recipe with them and ``settings``
-    set, each logging to the TensorBoard name ``family/name``."""
+    set, each named ``prefix`` + :func:`variant_name` and logging to the TensorBoard name ``family/name``."""
     keys = [key for key, _ in axes]
     repeated = sorted({key for key in keys if keys.count(key) > 1} | (set(keys) & {key for key, _ in settings}))
     if repeated:
@@ -119,7 +129,7 @@ def grid_recipes(source: str, axes: list[tuple[str, list]], settings: list[tuple
     recipes = {}
     for values in itertools.product(*(values for _, values in axes)):
         assignment = list(zip(keys, values))
-        name = variant_name(assignment)
+        name = prefix + variant_name(assignment)
         if name in recipes:
             raise ValueError(f"two combinations are both named {name!r}: give values that read apart in a file name")
         recipe = copy.deepcopy(base)
@@ -150,19 +160,45 @@ def check_recipe(path: Path, source: str) -> None:
         raise ValueError(f"{path.name}: its model does not build: {problem}")
 
 
-def write_grid(source: str, axes: list[tuple[str, list]], settings: list[tuple[str, object]], out: Path,
-               command: str) -> list[Path]:
-    """Write the grid's recipes into ``out`` (refusing to replace a recipe there), each checked to parse."""
-    recipes = grid_recipes(source, axes, settings, out.name)
+def grid_sources(values: list[str]) -> tuple[list[str], Path | None]:
+    """The recipes a grid varies — each value a recipe (a path, or a bundled name such as ``quickstart.yaml``) or a
+    family's folder (a path, or a bundled one such as ``english/moe_shared``: its recipes) — and the folder where
+    the values are exactly one, whose ``_family.yaml`` the grid carries over."""
+    sources, folders = [], []
+    for value in values:
+        if Path(value).is_file() or value.endswith(".yaml"):
+            sources.append(resolve_config(value))
+        else:
+            files = recipe_files(value)
+            sources += [str(f) for f in files]
+            folders.append(files[0].parent)
+    stems = [Path(s).stem for s in sources]
+    twice = sorted({stem for stem in stems if stems.count(stem) > 1})
+    if twice:
+        raise ValueError(f"{', '.join(twice)}: two recipes of the grid share the name; give them from one family")
+    return sources, folders[0] if len(values) == 1 and folders else None
+
+
+def write_grid(sources: list[str], axes: list[tuple[str, list]], settings: list[tuple[str, object]], out: Path,
+               command: str, family: Path | None = None, prefixed: bool = False) -> list[Path]:
+    """Write the grid's recipes into ``out`` (refusing to replace a recipe there), each checked to parse; each
+    named for its source too where ``prefixed`` (several sources, or a folder); ``family``'s ``_family.yaml``, the
+    baseline mapped to its variant at the first combination, where there is none in ``out`` yet."""
+    recipes = {}
+    for source in sources:
+        prefix = f"{Path(source).stem}_" if prefixed else ""
+        recipes.update({name: (recipe, source) for name, recipe in
+                        grid_recipes(source, axes, settings, out.name, prefix).items()})
     existing = sorted(name for name in recipes if (out / f"{name}.yaml").exists())
     if existing:
         raise ValueError(f"{out} already holds {', '.join(f'{n}.yaml' for n in existing)}: choose another --out, or "
                          "remove them")
+    declared = family_settings(family) if family is not None else {}
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     written = []
     try:
-        for name, recipe in recipes.items():
+        for name, (recipe, source) in recipes.items():
             path = out / f"{name}.yaml"
             path.write_text(f"# {name}: a variant of {source}\n# written by: {command}\n"
                             + yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True))
@@ -174,7 +210,14 @@ def write_grid(source: str, axes: list[tuple[str, list]], settings: list[tuple[s
         if created:
             out.rmdir()
         raise
-    others = sorted(p.stem for p in out.glob("*.yaml") if p not in written)
+    if declared and not (out / "_family.yaml").exists():
+        first = variant_name([(key, values[0]) for key, values in axes])
+        kept = {key: value for key, value in declared.items() if key in ("equivalence_margin", "starts_from")}
+        if "baseline" in declared:
+            kept = {"baseline": f"{declared['baseline']}_{first}", **kept}
+        (out / "_family.yaml").write_text(f"# {family}'s, for this grid; written by: {command}\n"
+                                          + yaml.safe_dump(kept, sort_keys=False))
+    others = sorted(p.stem for p in family_recipes(out) if p not in written)
     if others:  # (a point added to a grid; or two grids mixed)
         print(f"note: {out} also holds {', '.join(others)}: python -m recipes.sweep {out} runs them too",
               file=sys.stderr)
@@ -184,7 +227,9 @@ def write_grid(source: str, axes: list[tuple[str, list]], settings: list[tuple[s
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recipes.sweep.grid", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("recipe", help="the recipe the grid varies: a path, or a bundled name such as quickstart.yaml")
+    parser.add_argument("recipes", nargs="+", metavar="RECIPE",
+                        help="the recipe the grid varies (a path, or a bundled name such as quickstart.yaml), several, "
+                             "or a family's folder (english/moe_shared): each variant named for its recipe too")
     parser.add_argument("--vary", nargs="+", action="extend", required=True, metavar="KEY=[V1,V2]",
                         help="one axis of the grid: a dotted key of the recipe and a YAML list of its values")
     parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
@@ -193,10 +238,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     command = "python -m recipes.sweep.grid " + shlex.join(sys.argv[1:] if argv is None else argv)
     try:
-        source = resolve_config(args.recipe)
+        sources, family = grid_sources(args.recipes)
         axes = [parse_axis(text) for text in args.vary]
         settings = [parse_setting(text) for text in args.set]
-        written = write_grid(source, axes, settings, Path(args.out), command)
+        written = write_grid(sources, axes, settings, Path(args.out), command, family,
+                             prefixed=len(sources) > 1 or family is not None)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"error: {error}")
     print(f"{len(written)} recipe{'s' if len(written) != 1 else ''} in {args.out}/: {', '.join(p.stem for p in written)}")

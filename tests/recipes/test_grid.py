@@ -195,3 +195,37 @@ def test_the_module_runs_as_a_command_and_names_its_required_flags():
     done = subprocess.run([sys.executable, "-m", "recipes.sweep.grid", "quickstart.yaml"], capture_output=True,
                           text=True, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 2 and "the following arguments are required: --vary, --out" in done.stderr
+
+
+def test_a_familys_folder_varies_every_recipe_named_for_it_with_its_family_file(tmp_path, capsys):
+    """Is a family's verdict the learning rate's? The whole folder at other rates in one command: each recipe named
+    ``<recipe>_<values>`` (so the sweep's ``--vs lr`` draws one line a recipe, joined by the family's own runs), the
+    family's baseline carried over at the first combination, its margin kept."""
+    from recipes.sweep.launch import family_settings
+    from recipes.sweep.report import less_value
+
+    main(["english/expresser", "--vary", "model.lr=[0.006, 0.012]", "--out", str(tmp_path / "g")])
+    recipes = {path.stem: yaml.safe_load(path.read_text()) for path in recipe_files(str(tmp_path / "g"))}
+    assert sorted(recipes) == [f"{name}_lr{lr}" for name in ("jamba", "otce_attention", "otce_expresser")
+                               for lr in ("0.006", "0.012")]
+    assert recipes["otce_expresser_lr0.012"]["model"]["lr"] == 0.012
+    assert recipes["otce_expresser_lr0.012"]["model"]["pattern"].endswith("O-")  # (each from its own recipe)
+    assert recipes["jamba_lr0.006"]["trainer"]["logger"]["init_args"]["name"] == "g/jamba_lr0.006"
+    assert family_settings(tmp_path / "g") == {"baseline": "jamba_lr0.006", "equivalence_margin": 0.01}
+    assert {less_value(name, "lr") for name in recipes} == {"jamba", "otce_attention", "otce_expresser"}
+    assert capsys.readouterr().out.splitlines()[-1].endswith("--seeds 3 --jobs 2 --vs lr")
+
+
+def test_several_recipes_are_each_named_for_themselves_and_a_name_twice_is_refused(tmp_path):
+    main(["quickstart.yaml", "ablate_moe.yaml", "--vary", "model.lr=[0.01]", "--out", str(tmp_path / "g")])
+    assert sorted(path.name for path in (tmp_path / "g").iterdir()) == ["ablate_moe_lr0.01.yaml",
+                                                                          "quickstart_lr0.01.yaml"]  # no family file
+    with pytest.raises(SystemExit, match=r"^error: jamba: two recipes of the grid share the name"):
+        main(["expresser", "english/expresser/jamba.yaml", "--vary", "model.lr=[0.01]", "--out", str(tmp_path / "h")])
+    with pytest.raises(SystemExit, match=r"recipe folder 'english/expreser' not found \(did you mean english/expresser"):
+        main(["english/expreser", "--vary", "model.lr=[0.01]", "--out", str(tmp_path / "h")])
+    assert not (tmp_path / "h").exists()
+    (tmp_path / "one").mkdir()  # a folder of one recipe: still a family, named for it
+    (tmp_path / "one" / "dense.yaml").write_text((tmp_path / "g" / "quickstart_lr0.01.yaml").read_text())
+    main([str(tmp_path / "one"), "--vary", "model.lr=[0.02]", "--out", str(tmp_path / "k")])
+    assert [path.name for path in (tmp_path / "k").iterdir()] == ["dense_lr0.02.yaml"]
