@@ -38,7 +38,9 @@ quoted in docs/results.md).
 ``--vs KEY`` adds ``<metric>_vs_<KEY>.png``: the
 final ``--metric`` (default ``val_acc``) against a model hyper-parameter such as ``d_model``, or a data or trainer
 setting of the runs' ``config.yaml`` such as ``data.init_args.seq_len``, one line per recipe name without its last
-``_`` part (``ssd_T64_d16``, ``ssd_T64_d32`` → line ``ssd_T64``; a grid's ``lr0.002``, ``lr0.006`` → one line).
+``_`` part (``ssd_T64_d16``, ``ssd_T64_d32`` → line ``ssd_T64``; a grid's ``lr0.002``, ``lr0.006`` → one line; a
+family's ``dense`` beside ``dense_lr0.012`` → one line), and under the table the same points as a table, each line's
+best value in bold.
 
 Ctrl+C (or SIGTERM) stops the sweep: no run starts, each running run gets one SIGINT (it writes its ``last.ckpt``
 and stops), and the sweep says what finished; ``--resume runs/sweep-logs/<time>`` runs the rest again as they were

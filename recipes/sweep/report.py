@@ -263,6 +263,22 @@ def plot_vs(lines: dict, path: Path, key: str, metric: str, title: str) -> None:
         axes.legend(fontsize=8)
 
 
+def vs_table(lines: dict, key: str, metric: str) -> str:
+    """:func:`metric_vs`'s points as a table, a row a line and a column a value of ``key``: mean ± std (runs), each
+    row's best in bold (the least loss or perplexity, the most accuracy) and its value named in the last column."""
+    xs = sorted({x for points in lines.values() for x, *_ in points})
+    label = key.rsplit(".", 1)[-1]
+    rows = [f"| {metric.replace('_', ' ')} against {label} | " + " | ".join(f"{x:g}" for x in xs) + " | best |",
+            "|---" * (len(xs) + 2) + "|"]
+    pick = max if metric == "val_acc" else min
+    for name, points in lines.items():
+        best = pick(points, key=lambda point: point[1])
+        cells = {x: f"{number(mean)} ± {number(std)} ({n})" for x, mean, std, n in points}
+        cells[best[0]] = f"**{cells[best[0]]}**"
+        rows.append(f"| {name} | " + " | ".join(cells.get(x, "-") for x in xs) + f" | {best[0]:g} |")
+    return "\n".join(rows)
+
+
 def report(runs: list[Run], logs: Path, family: str, seeds: bool, baseline: str | None,
            vs: str | None, metric: str, margin: float | None = None, notes: list[str] = ()) -> str:
     """The table (printed and written to ``logs/table.md``), ``notes`` under it (and one where a recipe's runs read
@@ -286,5 +302,6 @@ def report(runs: list[Run], logs: Path, family: str, seeds: bool, baseline: str 
             text += f"\n\nno {metric} against {vs} figure: {error} (--from this sweep's logs with another --vs redraws it)"
         if lines:
             plot_vs(lines, logs / f"{metric}_vs_{vs.replace('.', '_')}.png", vs, metric, f"{family}: {metric} against {vs}")
+            text += "\n\n" + vs_table(lines, vs, metric)
     (logs / "table.md").write_text(f"# {family}\n\n{text}\n")
     return text

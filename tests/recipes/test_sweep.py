@@ -722,6 +722,27 @@ def test_a_recipe_at_the_familys_own_rate_joins_the_line_of_its_variants_at_othe
     assert points["dense"] == [(3e-3, 0.25, 1), (1.2e-2, 0.35, 1)]
     assert [n for *_, n in lines["ssd_T64"]] == [2]  # (no name names lr: the last part dropped, as before)
     assert set(lines) == {"ablate_moe", "dense", "ssd_T64"}
+    from recipes.sweep.report import report, vs_table
+
+    text = report(runs, tmp_path / "logs", "moe_placement", False, None, "lr", "val_acc")  # the table, then the points
+    assert text.endswith("\n\n" + vs_table(lines, "lr", "val_acc")) and "| dense | 0.2500" in text
+    assert (tmp_path / "logs" / "val_acc_vs_lr.png").is_file() and text in (tmp_path / "logs" / "table.md").read_text()
+
+
+def test_the_metric_against_a_setting_is_a_table_too_with_each_lines_best():
+    """``--vs lr`` on a learning-rate check: which rate is each stack's best, read off a table rather than a PNG."""
+    from recipes.sweep.report import vs_table
+
+    lines = {"ssd": [(0.003, 4.7156, 0.0081, 5), (0.012, 4.4720, 0.0072, 3), (0.024, 4.4682, 0.0117, 3)],
+             "gdn": [(0.003, 4.7380, 0.0028, 5), (0.012, 4.5040, 0.0088, 3), (0.024, 4.5200, 0.0110, 3)],
+             "jamba": [(0.012, 4.4792, 0.0073, 3)]}
+    rows = vs_table(lines, "model.lr", "val_loss").splitlines()
+    assert rows[0] == "| val loss against lr | 0.003 | 0.012 | 0.024 | best |"
+    assert rows[2] == "| ssd | 4.7156 ± 0.0081 (5) | 4.4720 ± 0.0072 (3) | **4.4682 ± 0.0117 (3)** | 0.024 |"
+    assert rows[3] == "| gdn | 4.7380 ± 0.0028 (5) | **4.5040 ± 0.0088 (3)** | 4.5200 ± 0.0110 (3) | 0.012 |"
+    assert rows[4] == "| jamba | - | **4.4792 ± 0.0073 (3)** | - | 0.012 |"
+    accuracy = vs_table({"qcattn": [(16.0, 0.06, 0.0, 3), (64.0, 0.99, 0.01, 3)]}, "d_model", "val_acc")
+    assert accuracy.splitlines()[-1] == "| qcattn | 0.0600 ± 0.0000 (3) | **0.9900 ± 0.0100 (3)** | 64 |"  # the most
 
 
 def test_the_seed_table_gives_each_recipes_parameter_counts():
