@@ -183,7 +183,8 @@ def write_grid(sources: list[str], axes: list[tuple[str, list]], settings: list[
                command: str, family: Path | None = None, prefixed: bool = False) -> list[Path]:
     """Write the grid's recipes into ``out`` (refusing to replace a recipe there), each checked to parse; each
     named for its source too where ``prefixed`` (several sources, or a folder); ``family``'s ``_family.yaml``, the
-    baseline mapped to its variant at the first combination, where there is none in ``out`` yet."""
+    baseline mapped to its variant at the first combination (margin, claims and ``starts_from`` as they are), where
+    there is none in ``out`` yet."""
     recipes = {}
     for source in sources:
         prefix = f"{Path(source).stem}_" if prefixed else ""
@@ -212,7 +213,7 @@ def write_grid(sources: list[str], axes: list[tuple[str, list]], settings: list[
         raise
     if declared and not (out / "_family.yaml").exists():
         first = variant_name([(key, values[0]) for key, values in axes])
-        kept = {key: value for key, value in declared.items() if key in ("equivalence_margin", "starts_from")}
+        kept = {key: value for key, value in declared.items() if key in ("equivalence_margin", "claims", "starts_from")}
         if "baseline" in declared:
             kept = {"baseline": f"{declared['baseline']}_{first}", **kept}
         (out / "_family.yaml").write_text(f"# {family}'s, for this grid; written by: {command}\n"
