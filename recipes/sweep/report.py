@@ -216,26 +216,26 @@ def less_value(name: str, key: str) -> str | None:
     return None
 
 
-def vs_line(name: str, key: str, bases: frozenset[str] = frozenset()) -> str:
+def vs_line(name: str, key: str, values_named: bool = False) -> str:
     """The line of a ``--vs key`` figure a recipe's point joins: :func:`less_value`'s name where the name names the
-    value; a name that is one of ``bases`` (the others' names less their values) whole, so ``ablate_moe``, the
-    family's own rate, joins ``ablate_moe_lr4x``; else the name less its last ``_`` part (``ssd_T64_d16`` →
-    ``ssd_T64``)."""
+    value; where other recipes' names do (``values_named``), the name whole — a family's recipe at its own value,
+    ``ablate_moe`` beside ``ablate_moe_lr4x``, and ``routed_switanh`` apart from ``routed``; else the name less its
+    last ``_`` part (``ssd_T64_d16`` → ``ssd_T64``, a grid by hand whose names say the value otherwise)."""
     stripped = less_value(name, key)
     if stripped is not None:
         return stripped
-    return name if name in bases else name.rpartition("_")[0] or name
+    return name if values_named else name.rpartition("_")[0] or name
 
 
 def metric_vs(runs: list[Run], key: str, metric: str = "val_acc") -> dict[str, list[tuple[float, float, float, int]]]:
     """Per line (:func:`vs_line`), the points ``(x, mean, std, n)`` of the final ``metric`` over the finished runs of
     each recipe, ``x`` its hyper-parameter ``key``, sorted by x."""
-    bases = frozenset(filter(None, (less_value(run.config.stem, key) for run in runs)))
+    values_named = any(less_value(run.config.stem, key) is not None for run in runs)
     values: dict[tuple[str, float], list[float]] = {}
     for run in runs:
         if run.failed:
             continue
-        line = vs_line(run.config.stem, key, bases)
+        line = vs_line(run.config.stem, key, values_named)
         value = run_result(run)[metric]
         if not math.isnan(value):
             x = hparam(run, key)

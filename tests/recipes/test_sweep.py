@@ -705,13 +705,14 @@ def test_a_metric_against_a_hyperparameter_has_one_line_per_recipe_series(tmp_pa
 
 def test_a_recipe_at_the_familys_own_rate_joins_the_line_of_its_variants_at_others(tmp_path):
     """english/moe_placement's ``ablate_moe`` (lr 3e-3) beside english/moe_placement_lr's ``ablate_moe_lr4x``: one
-    line, ``ablate_moe``, where the bare name lost its last ``_`` part (``ablate``) and drew a line of one point."""
+    line, ``ablate_moe``, where the bare name lost its last ``_`` part (``ablate``) and drew a line of one point; and
+    english/moe_shared's ``routed_switanh`` (3e-3 only) a line of its own, not a second point at 3e-3 on routed's."""
     from recipes.sweep.records import Run
     from recipes.sweep.report import metric_vs
 
     runs = []
     for name, lr, acc in (("ablate_moe", 3e-3, 0.2), ("ablate_moe_lr4x", 1.2e-2, 0.3), ("dense", 3e-3, 0.25),
-                          ("dense_lr4x", 1.2e-2, 0.35), ("ssd_T64_d16", 3e-3, 0.1), ("ssd_T64_d32", 3e-3, 0.15)):
+                          ("dense_lr4x", 1.2e-2, 0.35), ("dense_switanh", 3e-3, 0.1)):
         write_run(tmp_path / name, {5: 1.0}, [1.0], acc=acc)
         with open(tmp_path / name / "hparams.yaml", "a") as hparams:
             hparams.write(f"lr: {lr}\n")
@@ -720,8 +721,8 @@ def test_a_recipe_at_the_familys_own_rate_joins_the_line_of_its_variants_at_othe
     points = {line: [(x, round(mean, 6), n) for x, mean, _, n in points] for line, points in lines.items()}
     assert points["ablate_moe"] == [(3e-3, 0.2, 1), (1.2e-2, 0.3, 1)]  # (the accuracies logged in fp32)
     assert points["dense"] == [(3e-3, 0.25, 1), (1.2e-2, 0.35, 1)]
-    assert [n for *_, n in lines["ssd_T64"]] == [2]  # (no name names lr: the last part dropped, as before)
-    assert set(lines) == {"ablate_moe", "dense", "ssd_T64"}
+    assert points["dense_switanh"] == [(3e-3, 0.1, 1)]
+    assert set(lines) == {"ablate_moe", "dense", "dense_switanh"}
     from recipes.sweep.report import report, vs_table
 
     text = report(runs, tmp_path / "logs", "moe_placement", False, None, "lr", "val_acc")  # the table, then the points
