@@ -48,7 +48,7 @@ from recipes.run_report import FitSummaryInWorker, choose_threads, fit_summary, 
 from recipes.training import (AtomicCheckpointIO, CheckpointPolicy, DivergenceError, RunConfigCallback, RunFolderLock,
                               TrainingInterrupted, ValidateFinalStep, averaged_weights_note, check_averaging_unsharded,
                               NAMED_CHECKPOINTS, checkpoint_folder, checkpoints_problem, default_progress_bar,
-                              loggerless_checkpoint)
+                              loggerless_checkpoint, release_process_group)
 
 DESCRIPTION = ("Train, validate and test the zoo's models (Lightning's CLI; a recipe is a --config file, bundled ones "
                "by name). Also: `python -m recipes generate --help` (continue a prompt), `python -m recipes eval "
@@ -554,17 +554,6 @@ def quiet_lightning() -> None:
             logger.addFilter(DropAdvert())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r"You're using the WeightAveraging callback with a model that overrides")
-
-
-def release_process_group() -> None:
-    """Destroy torch.distributed's default process group if this process made one (a DDP or FSDP rank). Lightning
-    leaves it to the interpreter's exit, as torch advises against: once in a full test run a finished FSDP resume
-    then aborted there ("terminate called without an active exception", exit -6), which a sweep would have taken for
-    a failed run."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def main(args: list[str] | None = None, *, run: bool = True, parse_only: bool = False) -> HybridCLI:

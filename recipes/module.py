@@ -2,6 +2,7 @@
 perplexity, AdamW with linear warm-up and cosine decay, gradient clipping with a divergence stop,
 throughput and learning-rate logging, and checkpoints that rebuild the model (docs/training.md)."""
 
+import atexit
 import inspect
 import math
 import sys
@@ -29,8 +30,8 @@ from recipes.data.corpus import tokenizer_problem
 from recipes.mfu import device_peak_flops, training_flops
 from recipes.optimizer import ADAMW_BETAS, ADAMW_EPS, MUON, build_optimizer, fused_row_blocks, optimizer_spec
 from recipes.optimizer import describe as describe_optimizer
-from recipes.training import (DivergenceError, check_averaging_resumed, check_averaging_unsharded, rng_states,
-                              set_rng_states, weight_averaging)
+from recipes.training import (DivergenceError, check_averaging_resumed, check_averaging_unsharded,
+                              release_process_group, rng_states, set_rng_states, weight_averaging)
 
 
 def model_options() -> list[str]:
@@ -523,6 +524,11 @@ class LanguageModel(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         trainer = self.trainer
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # A ddp_spawn worker ends without returning to the command, which releases the group: release it at
+            # the worker's exit rather than in the interpreter's teardown (once an abort, exit -6, after a fit).
+            atexit.unregister(release_process_group)
+            atexit.register(release_process_group)
         path, recorded = getattr(self, "_init_from", (None, None))
         problem = tokenizer_problem(trainer.datamodule, recorded) if stage == "fit" else None
         if problem:  # an embedding row would start as another token's

@@ -82,6 +82,18 @@ class StepProgressBar(RichProgressBar):
         return metrics
 
 
+def release_process_group() -> None:
+    """Destroy torch.distributed's default process group if this process made one (a DDP or FSDP rank). Lightning
+    leaves it to the interpreter's exit, as torch advises against: there, in full test runs, a finished FSDP resume
+    and a finished ``ddp_spawn`` worker each aborted once ("terminate called without an active exception", exit -6),
+    which a sweep would have taken for a failed run. The command calls it at its end; a ``ddp_spawn`` worker, which
+    never returns there, at its exit (:meth:`recipes.module.LanguageModel.setup` registers it)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def step_ended(trainer: L.Trainer, batch_idx: int) -> bool:
     """Whether the batch that just ended completed an optimizer step (the last micro-batch under accumulation)."""
     return (batch_idx + 1) % trainer.accumulate_grad_batches == 0

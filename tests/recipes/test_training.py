@@ -660,6 +660,33 @@ def test_a_command_releases_the_process_group_it_made(tmp_path):
             dist.destroy_process_group()
 
 
+def test_a_ddp_spawn_worker_releases_its_process_group_at_its_exit(tmp_path, monkeypatch):
+    """A ``ddp_spawn`` worker never returns to the command's end: the model's setup, which runs in every rank,
+    registers the release for the worker's exit (once a finished worker aborted in the interpreter's teardown, exit
+    -6, failing a full test run); a process without a group registers nothing."""
+    import atexit
+
+    import torch.distributed as dist
+
+    from recipes.cli import main
+    from recipes.training import release_process_group
+
+    registered = []
+    monkeypatch.setattr(atexit, "register", registered.append)
+    monkeypatch.chdir(tmp_path)
+    cli = main(["--config", "quickstart.yaml"], run=False)
+    cli.model.trainer = cli.trainer
+    cli.model.setup("validate")
+    assert registered == []
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        cli.model.setup("validate")
+        assert registered == [release_process_group]
+    finally:
+        atexit.unregister(release_process_group)
+        release_process_group()
+
+
 # ---- the checkpoint policy's decisions between two steps, with a stand-in trainer --------------------------------
 
 class StepTrainer:
