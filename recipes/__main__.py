@@ -8,17 +8,23 @@ def run(argv: list[str]) -> None:
 
     torch and Lightning take seconds to import: a Ctrl+C then is one line and status 130, as anywhere before
     training. (An import cut short can fail in its own way — numpy's has raised RecursionError — so what ends the
-    imports after a Ctrl+C is taken for the Ctrl+C.)"""
+    imports after a Ctrl+C is taken for the Ctrl+C; one that lands in a callback, importlib's cleanup of a module
+    lock, Python ignores with a traceback: not printed.)"""
     interrupts = []
 
     def interrupted(signum, frame):
         interrupts.append(signum)
         raise KeyboardInterrupt
 
+    def unraisable(info):  # the Ctrl+C raised inside a callback, which Python ignores and prints: it is seen above
+        if not (interrupts and issubclass(info.exc_type, KeyboardInterrupt)):
+            previous_hook(info)
+
     previous = signal.getsignal(signal.SIGINT)
     watching = previous is signal.default_int_handler  # (not where SIGINT is ignored, as in a background job)
     if watching:
         signal.signal(signal.SIGINT, interrupted)
+        previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable
     try:
         if argv[:1] == ["generate"]:
             from recipes.generate import main as generate
@@ -38,6 +44,7 @@ def run(argv: list[str]) -> None:
     finally:
         if watching:
             signal.signal(signal.SIGINT, previous)
+            sys.unraisablehook = previous_hook
     # A Ctrl+C that an import swallowed (a bare except around an optional import): the user still meant it.
     if interrupts:  # a Ctrl+C seen, whatever became of its KeyboardInterrupt
         print("interrupted (Ctrl+C) while starting: nothing was run", file=sys.stderr, flush=True)

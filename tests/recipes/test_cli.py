@@ -726,6 +726,37 @@ def test_ctrl_c_while_python_m_recipes_imports_is_a_line_and_status_130(tmp_path
         recipes.LanguageModle
 
 
+@pytest.mark.parametrize("raised", ["signal.raise_signal(signal.SIGINT)", "1 / 0"], ids=["Ctrl+C", "another error"])
+def test_a_ctrl_c_that_lands_in_a_callback_during_the_imports_is_the_line_alone(raised):
+    """A Ctrl+C that arrives while importlib runs a weakref callback (its cleanup of a module lock) is raised there,
+    and Python ignores it with a printed traceback ("Exception ignored in", a CI run's flake): the command still stops
+    on it, so the traceback is not printed; any other error in such a callback still is."""
+    import subprocess
+    import sys
+
+    code = f"""import signal, sys, types, weakref
+signal.signal(signal.SIGINT, signal.default_int_handler)
+class Importing(types.ModuleType):
+    def __getattr__(self, name):
+        class Held:
+            pass
+        held = Held()
+        ref = weakref.ref(held, lambda _: {raised})
+        del held  # the callback runs here
+        return lambda: print("ran", flush=True)
+sys.modules["recipes.cli"] = Importing("recipes.cli")
+from recipes.__main__ import run
+run(["fit"])
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if raised.startswith("signal"):
+        assert (done.returncode, done.stdout) == (130, "") and done.stderr == "interrupted (Ctrl+C) while starting: " \
+            "nothing was run\n", done.stderr
+    else:
+        assert done.returncode == 0 and done.stdout == "ran\n" and "Exception ignored in" in done.stderr
+        assert "ZeroDivisionError" in done.stderr
+
+
 def test_lightnings_barebones_mode_is_refused_at_once_with_what_measures_speed(tmp_path, monkeypatch):
     """Lightning's bare mode refuses a recipe's logger, then its logging interval, then its callbacks — one error a
     try, none saying that a recipe's run is those things."""
