@@ -19,7 +19,8 @@ A family at other settings — is a verdict the learning rate's? — takes the f
 
 Each recipe is then named ``<its name>_<values>`` (``routed_lr0.012``), so ``--vs lr`` of the sweep draws one line
 per recipe, joined by the family's own runs at its own rate when both are tabulated with ``--from``; a family's
-``_family.yaml`` comes along, its baseline the baseline recipe at the grid's first combination.
+``_family.yaml`` comes along, its baseline the baseline recipe at the grid's first combination. One recipe of a
+family at other rates, to be pooled with the family's runs, takes ``--named`` (``otce_expresser_lr0.0015``).
 """
 
 import argparse
@@ -236,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                         help="a setting the same in every recipe of the grid")
     parser.add_argument("--out", required=True, help="the folder the recipes are written to (the sweep's FAMILY)")
+    parser.add_argument("--named", action="store_true",
+                        help="name one recipe's variants for it too (otce_expresser_lr0.0015, not lr0.0015), as "
+                             "several recipes' or a folder's always are: to pool them with its family's runs")
     args = parser.parse_args(argv)
     command = "python -m recipes.sweep.grid " + shlex.join(sys.argv[1:] if argv is None else argv)
     try:
@@ -243,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         axes = [parse_axis(text) for text in args.vary]
         settings = [parse_setting(text) for text in args.set]
         written = write_grid(sources, axes, settings, Path(args.out), command, family,
-                             prefixed=len(sources) > 1 or family is not None)
+                             prefixed=args.named or len(sources) > 1 or family is not None)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"error: {error}")
     print(f"{len(written)} recipe{'s' if len(written) != 1 else ''} in {args.out}/: {', '.join(p.stem for p in written)}")

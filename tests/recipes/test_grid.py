@@ -229,3 +229,18 @@ def test_several_recipes_are_each_named_for_themselves_and_a_name_twice_is_refus
     (tmp_path / "one" / "dense.yaml").write_text((tmp_path / "g" / "quickstart_lr0.01.yaml").read_text())
     main([str(tmp_path / "one"), "--vary", "model.lr=[0.02]", "--out", str(tmp_path / "k")])
     assert [path.name for path in (tmp_path / "k").iterdir()] == ["dense_lr0.02.yaml"]
+
+
+def test_one_recipe_is_named_for_itself_when_told(tmp_path):
+    """One recipe of a family at lower rates, to pool with the family's runs: ``--named`` keeps its name, so
+    ``--vs lr`` joins the variants to the recipe's own line."""
+    from recipes.sweep.report import less_value
+
+    main(["english/expresser/otce_expresser.yaml", "--vary", "model.lr=[0.0015]", "--out", str(tmp_path / "bare")])
+    main(["english/expresser/otce_expresser.yaml", "--vary", "model.lr=[0.0015]", "--named",
+          "--out", str(tmp_path / "named")])
+    assert [path.name for path in (tmp_path / "bare").iterdir()] == ["lr0.0015.yaml"]
+    [named] = (tmp_path / "named").iterdir()
+    assert named.name == "otce_expresser_lr0.0015.yaml"
+    assert less_value(named.stem, "lr") == "otce_expresser"
+    assert yaml.safe_load(named.read_text())["trainer"]["logger"]["init_args"]["name"] == "named/otce_expresser_lr0.0015"
