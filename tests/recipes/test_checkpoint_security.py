@@ -32,17 +32,6 @@ class Evil(torch.nn.Module):
 """
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A real checkpoint of a 1-block model, written by ``python -m recipes fit``."""
-    cwd = tmp_path_factory.mktemp("trained")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(cwd)
-        main(["fit", *TINY])
-    [last] = cwd.glob("runs/**/checkpoints/last.ckpt")
-    return last
-
-
 def crafted(trained, folder, mutate) -> str:
     """``trained`` with its hyper-parameters changed by ``mutate``, saved in ``folder`` beside ``evilmod.py``."""
     checkpoint = torch.load(trained, weights_only=True)

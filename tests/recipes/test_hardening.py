@@ -73,16 +73,6 @@ def test_a_bad_option_is_named_in_a_line_or_two(tmp_path, monkeypatch, flags, ex
     assert expected in refused(tmp_path, monkeypatch, "fit", *TINY, *flags)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("trained")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(cwd)
-        main(["fit", *TINY])
-    [last] = cwd.glob("runs/**/checkpoints/last.ckpt")
-    return last
-
-
 def test_resuming_with_a_contradicting_model_flag_is_named(trained, tmp_path, monkeypatch):
     message = refused(tmp_path, monkeypatch, "fit", *TINY, "--model.d_model", "32", "--ckpt_path", str(trained))
     assert "--model.d_model 32 (the checkpoint has 16)" in message and "start a new run" in message
