@@ -64,6 +64,12 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).abs().max() / want.abs().max()).item()
 
 
+# A gradient is a long fp32 sum that the two implementations order differently, and the CPU's kernels order again:
+# 1e-4 held on the Intel CPUs these tests were written on, an AMD EPYC gives up to 1.4e-4 (Doge's A, OLMo-Hybrid's
+# out_proj). A wrong formula moves a gradient by 1e-2 or more.
+GRADIENT_TOLERANCE = 5e-4
+
+
 def saved(tmp_path, kind):
     hf = build(kind)
     hf.save_pretrained(tmp_path / kind)
@@ -106,7 +112,7 @@ def test_logits_and_every_gradient_equal_hugging_face(tmp_path, kind):
         mine = mapped_gradient(kind, name, zoo_grads, hf.config)
         if mine is None:
             continue
-        assert relative_error(mine, p.grad) <= 1e-4, name
+        assert relative_error(mine, p.grad) <= GRADIENT_TOLERANCE, name
         checked += 1
     assert checked == sum(p.grad is not None for p in hf.parameters())
 
@@ -243,7 +249,7 @@ def test_doge_moe_equals_hugging_face_decoding_one_token_at_a_time(tmp_path, set
         layer, block = hf.model.layers[i].mlp, f"blocks.{i}.state_mixer"
         for theirs, mine in ((layer.router_gate.weight, "router.weight"), (layer.down_embed.weight, "down"),
                              (layer.up_embed.weight, "up"), (layer.down_proj.weight, "shared.out_proj.weight")):
-            assert relative_error(ours[f"{block}.{mine}"].grad, theirs.grad) <= 1e-4, mine
+            assert relative_error(ours[f"{block}.{mine}"].grad, theirs.grad) <= GRADIENT_TOLERANCE, mine
 
 
 def with_tokenizer(tmp_path, kind: str = "llama"):
@@ -988,7 +994,7 @@ def test_the_routed_moes_equal_mixtrals_block_and_deepseek_v2s_moe_with_gradient
     grads = moe_as_zoo(theirs, lambda p: p.grad)
     assert grads.keys() == dict(ours.named_parameters()).keys()
     for name, grad in grads.items():
-        assert relative_error(ours.get_parameter(name).grad, grad) <= 1e-4, name
+        assert relative_error(ours.get_parameter(name).grad, grad) <= GRADIENT_TOLERANCE, name
 
 
 def granite_as_zoo(hf: dict[str, torch.Tensor], moe: bool) -> dict[str, torch.Tensor]:
@@ -1079,7 +1085,7 @@ def test_a_hybrid_of_ssd_and_attention_equals_granite_4s_hybrid_with_gradients(m
     ours_params = dict(ours.named_parameters())
     assert theirs_grads.keys() == ours_params.keys()
     for name, grad in theirs_grads.items():
-        assert relative_error(ours_params[name].grad, grad) <= 1e-4, name
+        assert relative_error(ours_params[name].grad, grad) <= GRADIENT_TOLERANCE, name
     # Decoding the hybrid (SSD states and key/value caches side by side), one token at a time: the logits equal
     # transformers' with its hybrid cache, and greedy ids of a left-padded batch its generate's.
     decodes_as_transformers(ours, theirs, ids, mask)
@@ -1229,7 +1235,7 @@ def imports_equal_to_transformers(theirs, folder, as_files=lambda tensors: tenso
         assert relative_error(ours(ids), theirs(ids).logits) <= 1e-5
     theirs_grads = convert_weights(read_config(folder), as_files({name: p.grad for name, p in theirs.named_parameters()}))
     for name, p in ours.named_parameters():
-        assert relative_error(p.grad, theirs_grads[name]) <= 1e-4, name
+        assert relative_error(p.grad, theirs_grads[name]) <= GRADIENT_TOLERANCE, name
     decodes_as_transformers(ours, theirs, ids, mask)
     return ours
 
@@ -2303,7 +2309,7 @@ def test_falcon_h1s_multipliers_are_folded_into_the_weights_they_scale_and_expor
     theirs_grads = convert_weights(config, {name: p.grad for name, p in theirs.named_parameters()})
     monkeypatch.undo()
     for name, g in ours_grads.items():
-        assert relative_error(g, theirs_grads[name]) <= 1e-4, name
+        assert relative_error(g, theirs_grads[name]) <= GRADIENT_TOLERANCE, name
     decodes_as_transformers(ours, theirs, ids, mask)
     assert exports_to_transformers(ours, tmp_path / "exported") == "FalconH1ForCausalLM"
     exported = read_config(tmp_path / "exported")
