@@ -65,7 +65,7 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 # A gradient is a long fp32 sum that the two implementations order differently, and the CPU's kernels order again:
-# 1e-4 held on the Intel CPUs these tests were written on, an AMD EPYC gives up to 1.4e-4 (Doge's A, OLMo-Hybrid's
+# 1e-4 held on every earlier session's machine, an AMD EPYC gives up to 1.4e-4 (Doge's A, OLMo-Hybrid's
 # out_proj). A wrong formula moves a gradient by 1e-2 or more.
 GRADIENT_TOLERANCE = 5e-4
 
